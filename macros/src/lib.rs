@@ -1,0 +1,3 @@
+//! # kiln-macros
+//!
+//! Owns `#[model]`: parse → op IR → shape inference → gradients → fusion plan → Rust.

@@ -1,0 +1,35 @@
+//! # Kiln
+//!
+//! The face users import. It re-exports the tensor types, the op table, autodiff and
+//! fusion, and the backends chosen by features: `cpu` (default), `wgpu`, `cuda`.
+//!
+//! ```
+//! use kiln::prelude::*;
+//! let dev = CpuDevice;
+//! let a = Tensor::<Cpu, Rank2<2, 3>>::from_slice(&[1., 2., 3., 4., 5., 6.], &dev)?;
+//! let b = Tensor::<Cpu, Rank2<3, 1>>::from_slice(&[1., 1., 1.], &dev)?;
+//! assert_eq!(a.matmul(&b)?.to_vec()?, vec![6., 15.]);
+//! # Ok::<(), kiln::Error>(())
+//! ```
+
+pub use kiln_autodiff as autodiff;
+pub use kiln_fusion as fusion;
+pub use kiln_tensor as tensor;
+pub use kiln_tensor::{Error, Result};
+
+#[cfg(feature = "cpu")]
+pub use kiln_cpu as cpu;
+
+pub use kiln_cubecl as cubecl;
+
+/// Everything a model author needs in scope.
+pub mod prelude {
+    pub use kiln_tensor::{
+        bf16, f16, Backend, Batch, Builder, BuilderExt, Const, DType, Dim, Dyn, Element, Error,
+        FloatElement, Kernel, Padding, Rank0, Rank1, Rank2, Rank3, Rank4, RawTensor, Result, Shape,
+        Stride, Tensor,
+    };
+
+    #[cfg(feature = "cpu")]
+    pub use kiln_cpu::{Cpu, CpuDevice};
+}

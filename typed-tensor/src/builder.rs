@@ -1,0 +1,663 @@
+//! `Builder`: anything that can take primitive ops, whether it runs them now (the eager
+//! executor), records them symbolically (the `#[model]` macro, the fusion JIT) or tapes
+//! them for gradients. Composite ops (softmax, layer norm, cross-entropy, conv2d...)
+//! are written once here, over `Builder`, so every path gets the same definition and
+//! autodiff and fusion see only primitives.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::op::{
+    fmt_dims, BinaryOp, CmpOp, Op, RandDist, ReduceOp, SymDim, TensorMeta, UnaryOp, Window2d,
+};
+
+/// A sink for primitive ops.
+pub trait Builder {
+    /// How this builder represents sizes.
+    type Dim: SymDim;
+    /// How this builder represents a tensor.
+    type Value: Clone;
+    /// Applies one primitive op to its inputs (source ops take none).
+    fn apply(&mut self, op: Op<Self::Dim>, inputs: &[&Self::Value]) -> Result<Self::Value>;
+    /// The dims and dtype of a value.
+    fn meta(&self, v: &Self::Value) -> TensorMeta<Self::Dim>;
+    /// A rank-0 constant `1/n` of `like`'s dtype, for means. The default needs `n` to
+    /// be literal; a symbolic builder overrides it to compute `1/n` when `n` is known.
+    fn recip_dim(&mut self, like: &Self::Value, n: &Self::Dim) -> Result<Self::Value> {
+        let dtype = self.meta(like).dtype;
+        match n.as_lit() {
+            Some(n) => self.apply(
+                Op::Full {
+                    dims: vec![],
+                    value: 1.0 / n as f64,
+                    dtype,
+                },
+                &[],
+            ),
+            None => Err(Error::invalid(
+                "mean",
+                format!("the size {n} must be known to take a mean"),
+            )),
+        }
+    }
+}
+
+/// The primitives under readable names, and the composites built from them. Every
+/// method is a default method, so any `Builder` gets all of them.
+pub trait BuilderExt: Builder {
+    /// The dims of a value.
+    fn dims(&self, v: &Self::Value) -> Vec<Self::Dim> {
+        self.meta(v).dims
+    }
+    /// The dtype of a value.
+    fn dtype(&self, v: &Self::Value) -> DType {
+        self.meta(v).dtype
+    }
+    /// The rank of a value.
+    fn rank(&self, v: &Self::Value) -> usize {
+        self.meta(v).dims.len()
+    }
+
+    // ---- primitives -------------------------------------------------------------
+
+    /// An elementwise unary op.
+    fn unary(&mut self, op: UnaryOp, x: &Self::Value) -> Result<Self::Value> {
+        self.apply(Op::Unary(op), &[x])
+    }
+    /// An elementwise binary op, broadcasting.
+    fn binary(&mut self, op: BinaryOp, a: &Self::Value, b: &Self::Value) -> Result<Self::Value> {
+        self.apply(Op::Binary(op), &[a, b])
+    }
+    /// a + b
+    fn add(&mut self, a: &Self::Value, b: &Self::Value) -> Result<Self::Value> {
+        self.binary(BinaryOp::Add, a, b)
+    }
+    /// a - b
+    fn sub(&mut self, a: &Self::Value, b: &Self::Value) -> Result<Self::Value> {
+        self.binary(BinaryOp::Sub, a, b)
+    }
+    /// a * b
+    fn mul(&mut self, a: &Self::Value, b: &Self::Value) -> Result<Self::Value> {
+        self.binary(BinaryOp::Mul, a, b)
+    }
+    /// a / b
+    fn div(&mut self, a: &Self::Value, b: &Self::Value) -> Result<Self::Value> {
+        self.binary(BinaryOp::Div, a, b)
+    }
+    /// An elementwise comparison (bool result).
+    fn compare(&mut self, op: CmpOp, a: &Self::Value, b: &Self::Value) -> Result<Self::Value> {
+        self.apply(Op::Compare(op), &[a, b])
+    }
+    /// `cond ? a : b`.
+    fn select(
+        &mut self,
+        cond: &Self::Value,
+        a: &Self::Value,
+        b: &Self::Value,
+    ) -> Result<Self::Value> {
+        self.apply(Op::Where, &[cond, a, b])
+    }
+    /// A reduction over `axes`; `keepdim` keeps them as size 1.
+    fn reduce(
+        &mut self,
+        op: ReduceOp,
+        x: &Self::Value,
+        axes: &[usize],
+        keepdim: bool,
+    ) -> Result<Self::Value> {
+        let mut axes = axes.to_vec();
+        axes.sort_unstable();
+        let kept = self.apply(
+            Op::Reduce {
+                op,
+                axes: axes.clone(),
+            },
+            &[x],
+        )?;
+        if keepdim {
+            return Ok(kept);
+        }
+        let dims: Vec<Self::Dim> = self
+            .dims(&kept)
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, d)| d)
+            .collect();
+        self.reshape(&kept, dims)
+    }
+    /// Σ over `axes`.
+    fn sum(&mut self, x: &Self::Value, axes: &[usize], keepdim: bool) -> Result<Self::Value> {
+        self.reduce(ReduceOp::Sum, x, axes, keepdim)
+    }
+    /// Maximum over `axes`.
+    fn max(&mut self, x: &Self::Value, axes: &[usize], keepdim: bool) -> Result<Self::Value> {
+        self.reduce(ReduceOp::Max, x, axes, keepdim)
+    }
+    /// Index of the maximum along `axis` (i32).
+    fn argmax(&mut self, x: &Self::Value, axis: usize, keepdim: bool) -> Result<Self::Value> {
+        self.reduce(ReduceOp::ArgMax, x, &[axis], keepdim)
+    }
+    /// Same elements, new dims.
+    fn reshape(&mut self, x: &Self::Value, dims: Vec<Self::Dim>) -> Result<Self::Value> {
+        self.apply(Op::Reshape { dims }, &[x])
+    }
+    /// Reorders dims.
+    fn permute(&mut self, x: &Self::Value, perm: &[usize]) -> Result<Self::Value> {
+        self.apply(
+            Op::Permute {
+                perm: perm.to_vec(),
+            },
+            &[x],
+        )
+    }
+    /// Swaps two axes.
+    fn transpose(&mut self, x: &Self::Value, a: usize, b: usize) -> Result<Self::Value> {
+        let r = self.rank(x);
+        if a >= r || b >= r {
+            return Err(Error::invalid(
+                "transpose",
+                format!("axes {a} and {b} on a rank-{r} tensor"),
+            ));
+        }
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(a, b);
+        self.permute(x, &perm)
+    }
+    /// Broadcasts to `dims`.
+    fn expand(&mut self, x: &Self::Value, dims: Vec<Self::Dim>) -> Result<Self::Value> {
+        self.apply(Op::Expand { dims }, &[x])
+    }
+    /// Elements `start..end` along `axis`.
+    fn slice(
+        &mut self,
+        x: &Self::Value,
+        axis: usize,
+        start: usize,
+        end: usize,
+    ) -> Result<Self::Value> {
+        self.apply(
+            Op::Slice {
+                axis,
+                start,
+                end,
+                step: 1,
+            },
+            &[x],
+        )
+    }
+    /// Joins values along `axis`.
+    fn concat(&mut self, xs: &[&Self::Value], axis: usize) -> Result<Self::Value> {
+        self.apply(Op::Concat { axis }, xs)
+    }
+    /// Pads `axis` with `before`/`after` elements of `value`.
+    fn pad(
+        &mut self,
+        x: &Self::Value,
+        axis: usize,
+        before: usize,
+        after: usize,
+        value: f64,
+    ) -> Result<Self::Value> {
+        self.apply(
+            Op::Pad {
+                axis,
+                before,
+                after,
+                value,
+            },
+            &[x],
+        )
+    }
+    /// Batched matrix product.
+    fn matmul(&mut self, a: &Self::Value, b: &Self::Value) -> Result<Self::Value> {
+        self.apply(Op::MatMul, &[a, b])
+    }
+    /// PyTorch's gather along `axis`.
+    fn gather(&mut self, x: &Self::Value, axis: usize, index: &Self::Value) -> Result<Self::Value> {
+        self.apply(Op::Gather { axis }, &[x, index])
+    }
+    /// Zeros of `dims` with `src` added at `index` along `axis`.
+    fn scatter_add(
+        &mut self,
+        dims: Vec<Self::Dim>,
+        axis: usize,
+        index: &Self::Value,
+        src: &Self::Value,
+    ) -> Result<Self::Value> {
+        self.apply(Op::ScatterAdd { axis, dims }, &[index, src])
+    }
+    /// Converts the dtype (a no-op when it already is `dtype`).
+    fn cast(&mut self, x: &Self::Value, dtype: DType) -> Result<Self::Value> {
+        if self.dtype(x) == dtype {
+            return Ok(x.clone());
+        }
+        self.apply(Op::Cast { dtype }, &[x])
+    }
+    /// A value of `dims` filled with `value`.
+    fn full(&mut self, dims: Vec<Self::Dim>, value: f64, dtype: DType) -> Result<Self::Value> {
+        self.apply(Op::Full { dims, value, dtype }, &[])
+    }
+    /// A rank-0 constant of `x`'s dtype, for broadcasting against `x`.
+    fn scalar_like(&mut self, x: &Self::Value, value: f64) -> Result<Self::Value> {
+        let dtype = self.dtype(x);
+        self.full(vec![], value, dtype)
+    }
+    /// Seeded random values.
+    fn rand(
+        &mut self,
+        dims: Vec<Self::Dim>,
+        dist: RandDist,
+        seed: u64,
+        dtype: DType,
+    ) -> Result<Self::Value> {
+        self.apply(
+            Op::Rand {
+                dims,
+                dist,
+                seed,
+                dtype,
+            },
+            &[],
+        )
+    }
+
+    // ---- small composites -------------------------------------------------------
+
+    /// x + s
+    fn add_scalar(&mut self, x: &Self::Value, s: f64) -> Result<Self::Value> {
+        let c = self.scalar_like(x, s)?;
+        self.add(x, &c)
+    }
+    /// x * s
+    fn mul_scalar(&mut self, x: &Self::Value, s: f64) -> Result<Self::Value> {
+        let c = self.scalar_like(x, s)?;
+        self.mul(x, &c)
+    }
+    /// x²
+    fn square(&mut self, x: &Self::Value) -> Result<Self::Value> {
+        self.mul(x, x)
+    }
+    /// Mean over `axes`.
+    fn mean(&mut self, x: &Self::Value, axes: &[usize], keepdim: bool) -> Result<Self::Value> {
+        let dims = self.dims(x);
+        let n = count(&dims, axes)?;
+        let s = self.sum(x, axes, keepdim)?;
+        let inv = self.recip_dim(&s, &n)?;
+        self.mul(&s, &inv)
+    }
+    /// Σ over every axis, as a rank-0 value.
+    fn sum_all(&mut self, x: &Self::Value) -> Result<Self::Value> {
+        let axes: Vec<usize> = (0..self.rank(x)).collect();
+        self.sum(x, &axes, false)
+    }
+    /// Mean over every axis, as a rank-0 value.
+    fn mean_all(&mut self, x: &Self::Value) -> Result<Self::Value> {
+        let axes: Vec<usize> = (0..self.rank(x)).collect();
+        self.mean(x, &axes, false)
+    }
+    /// Biased variance over `axes` (as batch and layer norm use it).
+    fn var(&mut self, x: &Self::Value, axes: &[usize], keepdim: bool) -> Result<Self::Value> {
+        let m = self.mean(x, axes, true)?;
+        let d = self.sub(x, &m)?;
+        let d2 = self.square(&d)?;
+        self.mean(&d2, axes, keepdim)
+    }
+    /// max(x, 0)
+    fn relu(&mut self, x: &Self::Value) -> Result<Self::Value> {
+        self.unary(UnaryOp::Relu, x)
+    }
+    /// x · sigmoid(x)
+    fn silu(&mut self, x: &Self::Value) -> Result<Self::Value> {
+        let s = self.unary(UnaryOp::Sigmoid, x)?;
+        self.mul(x, &s)
+    }
+    /// GELU, exact form: x/2 · (1 + erf(x/√2)).
+    fn gelu_erf(&mut self, x: &Self::Value) -> Result<Self::Value> {
+        let xs = self.mul_scalar(x, std::f64::consts::FRAC_1_SQRT_2)?;
+        let e = self.unary(UnaryOp::Erf, &xs)?;
+        let one = self.add_scalar(&e, 1.0)?;
+        let h = self.mul_scalar(x, 0.5)?;
+        self.mul(&h, &one)
+    }
+    /// GELU, tanh form: x/2 · (1 + tanh(√(2/π)(x + 0.044715x³))).
+    fn gelu_tanh(&mut self, x: &Self::Value) -> Result<Self::Value> {
+        let x2 = self.square(x)?;
+        let x3 = self.mul(&x2, x)?;
+        let c = self.mul_scalar(&x3, 0.044_715)?;
+        let inner = self.add(x, &c)?;
+        let k = (2.0 / std::f64::consts::PI).sqrt();
+        let scaled = self.mul_scalar(&inner, k)?;
+        let t = self.unary(UnaryOp::Tanh, &scaled)?;
+        let one = self.add_scalar(&t, 1.0)?;
+        let h = self.mul_scalar(x, 0.5)?;
+        self.mul(&h, &one)
+    }
+    /// Softmax along `axis` (max-subtracted for stability).
+    fn softmax(&mut self, x: &Self::Value, axis: usize) -> Result<Self::Value> {
+        let m = self.max(x, &[axis], true)?;
+        let z = self.sub(x, &m)?;
+        let e = self.unary(UnaryOp::Exp, &z)?;
+        let s = self.sum(&e, &[axis], true)?;
+        self.div(&e, &s)
+    }
+    /// log(Σ exp(x)) along `axis`, stable.
+    fn logsumexp(&mut self, x: &Self::Value, axis: usize, keepdim: bool) -> Result<Self::Value> {
+        let m = self.max(x, &[axis], true)?;
+        let z = self.sub(x, &m)?;
+        let e = self.unary(UnaryOp::Exp, &z)?;
+        let s = self.sum(&e, &[axis], true)?;
+        let l = self.unary(UnaryOp::Log, &s)?;
+        let r = self.add(&l, &m)?;
+        if keepdim {
+            Ok(r)
+        } else {
+            let mut dims = self.dims(&r);
+            dims.remove(axis);
+            self.reshape(&r, dims)
+        }
+    }
+    /// log(softmax(x)) along `axis`, stable.
+    fn log_softmax(&mut self, x: &Self::Value, axis: usize) -> Result<Self::Value> {
+        let lse = self.logsumexp(x, axis, true)?;
+        self.sub(x, &lse)
+    }
+    /// Normalises over the trailing `norm_rank` axes, then scales and shifts (when given).
+    fn layer_norm(
+        &mut self,
+        x: &Self::Value,
+        norm_rank: usize,
+        weight: Option<&Self::Value>,
+        bias: Option<&Self::Value>,
+        eps: f64,
+    ) -> Result<Self::Value> {
+        let r = self.rank(x);
+        if norm_rank == 0 || norm_rank > r {
+            return Err(Error::invalid(
+                "layer_norm",
+                format!("cannot normalise {norm_rank} axes of a rank-{r} tensor"),
+            ));
+        }
+        let axes: Vec<usize> = (r - norm_rank..r).collect();
+        let m = self.mean(x, &axes, true)?;
+        let d = self.sub(x, &m)?;
+        let d2 = self.square(&d)?;
+        let v = self.mean(&d2, &axes, true)?;
+        let ve = self.add_scalar(&v, eps)?;
+        let inv = self.unary(UnaryOp::Rsqrt, &ve)?;
+        let mut y = self.mul(&d, &inv)?;
+        if let Some(w) = weight {
+            y = self.mul(&y, w)?;
+        }
+        if let Some(b) = bias {
+            y = self.add(&y, b)?;
+        }
+        Ok(y)
+    }
+    /// `x @ wᵀ + b` with PyTorch's layout: `w` is `[out, in]`, `b` is `[out]`.
+    fn linear(
+        &mut self,
+        x: &Self::Value,
+        w: &Self::Value,
+        b: Option<&Self::Value>,
+    ) -> Result<Self::Value> {
+        let wt = self.transpose(w, 0, 1)?;
+        let y = self.matmul(x, &wt)?;
+        match b {
+            Some(b) => self.add(&y, b),
+            None => Ok(y),
+        }
+    }
+    /// Mean cross-entropy of `logits [N, C]` against integer `labels [N]`, with label
+    /// smoothing `smoothing` (0 for none).
+    fn cross_entropy(
+        &mut self,
+        logits: &Self::Value,
+        labels: &Self::Value,
+        smoothing: f64,
+    ) -> Result<Self::Value> {
+        let ld = self.dims(logits);
+        let yd = self.dims(labels);
+        if ld.len() != 2 || yd.len() != 1 || ld[0].matches(&yd[0]) == Some(false) {
+            return Err(Error::shape(
+                "cross_entropy",
+                format!(
+                    "logits {} need labels [{}], got {}",
+                    fmt_dims(&ld),
+                    ld.first().map_or("N".into(), |d| d.to_string()),
+                    fmt_dims(&yd)
+                ),
+            ));
+        }
+        if !(0.0..1.0).contains(&smoothing) {
+            return Err(Error::invalid(
+                "cross_entropy",
+                format!("label smoothing {smoothing} is not in [0, 1)"),
+            ));
+        }
+        let logp = self.log_softmax(logits, 1)?;
+        let idx = self.reshape(labels, vec![yd[0].clone(), Self::Dim::lit(1)])?;
+        let picked = self.gather(&logp, 1, &idx)?;
+        let nll = self.mean_all(&picked)?;
+        let nll = self.mul_scalar(&nll, -(1.0 - smoothing))?;
+        if smoothing == 0.0 {
+            return Ok(nll);
+        }
+        let all = self.mean_all(&logp)?;
+        let smooth = self.mul_scalar(&all, -smoothing)?;
+        self.add(&nll, &smooth)
+    }
+    /// Mean squared error.
+    fn mse(&mut self, a: &Self::Value, b: &Self::Value) -> Result<Self::Value> {
+        let d = self.sub(a, b)?;
+        let d2 = self.square(&d)?;
+        self.mean_all(&d2)
+    }
+    /// Rows of `weight [V, D]` picked by integer `ids` of any shape: `[..ids, D]`.
+    fn embedding(&mut self, ids: &Self::Value, weight: &Self::Value) -> Result<Self::Value> {
+        let wd = self.dims(weight);
+        if wd.len() != 2 {
+            return Err(Error::shape(
+                "embedding",
+                format!("the table must be [V, D], got {}", fmt_dims(&wd)),
+            ));
+        }
+        let id_dims = self.dims(ids);
+        let n = id_dims.iter().fold(Self::Dim::lit(1), |a, d| a.mul(d));
+        let flat = self.reshape(ids, vec![n.clone(), Self::Dim::lit(1)])?;
+        let idx = self.expand(&flat, vec![n.clone(), wd[1].clone()])?;
+        let rows = self.gather(weight, 0, &idx)?;
+        let mut out = id_dims;
+        out.push(wd[1].clone());
+        self.reshape(&rows, out)
+    }
+    /// Zeroes each element with probability `p` and scales the rest by 1/(1-p).
+    fn dropout(&mut self, x: &Self::Value, p: f64, seed: u64) -> Result<Self::Value> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::invalid(
+                "dropout",
+                format!("probability {p} is not in [0, 1)"),
+            ));
+        }
+        if p == 0.0 {
+            return Ok(x.clone());
+        }
+        let dims = self.dims(x);
+        let dtype = self.dtype(x);
+        let r = self.rand(
+            dims,
+            RandDist::Uniform {
+                low: 0.0,
+                high: 1.0,
+            },
+            seed,
+            dtype,
+        )?;
+        let pv = self.scalar_like(x, p)?;
+        let keep = self.compare(CmpOp::Ge, &r, &pv)?;
+        let scaled = self.mul_scalar(x, 1.0 / (1.0 - p))?;
+        let zero = self.scalar_like(x, 0.0)?;
+        self.select(&keep, &scaled, &zero)
+    }
+    /// 2-d convolution of `x [N, Cin, H, W]` with `w [Cout, Cin/groups, kh, kw]` (im2col
+    /// then one batched matrix product), plus `b [Cout]`.
+    fn conv2d(
+        &mut self,
+        x: &Self::Value,
+        w: &Self::Value,
+        b: Option<&Self::Value>,
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        groups: usize,
+    ) -> Result<Self::Value> {
+        let xd = self.dims(x);
+        let wd = self.dims(w);
+        if xd.len() != 4 || wd.len() != 4 || groups == 0 {
+            return Err(Error::shape(
+                "conv2d",
+                format!(
+                    "expects x [N, C, H, W] and w [O, C/g, kh, kw], got {} and {}",
+                    fmt_dims(&xd),
+                    fmt_dims(&wd)
+                ),
+            ));
+        }
+        let (kh, kw) = match (wd[2].as_lit(), wd[3].as_lit()) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return Err(Error::invalid("conv2d", "kernel sizes must be known")),
+        };
+        let g = Self::Dim::lit(groups);
+        let cin_g = wd[1].clone();
+        if xd[1].matches(&cin_g.mul(&g)) == Some(false) {
+            return Err(Error::shape(
+                "conv2d",
+                format!(
+                    "the input has {} channels but the weight {} expects {} × {groups} groups",
+                    xd[1],
+                    fmt_dims(&wd),
+                    cin_g
+                ),
+            ));
+        }
+        let window = Window2d {
+            kernel: [kh, kw],
+            stride,
+            padding,
+            dilation,
+        };
+        let cols = self.apply(Op::Unfold2d(window), &[x])?; // [N, Cin·kh·kw, L]
+        let cd = self.dims(&cols);
+        let per_group = cin_g.mul(&Self::Dim::lit(kh * kw));
+        let cols = self.reshape(
+            &cols,
+            vec![cd[0].clone(), g.clone(), per_group.clone(), cd[2].clone()],
+        )?;
+        let cout_g = Self::Dim::derive(&[&wd[0]], "output channels per group", |d| {
+            if d[0] % groups != 0 {
+                return Err(Error::shape(
+                    "conv2d",
+                    format!("{} output channels do not split into {groups} groups", d[0]),
+                ));
+            }
+            Ok(d[0] / groups)
+        })?;
+        let wm = self.reshape(w, vec![g, cout_g, per_group])?; // [g, O/g, C/g·kh·kw]
+        let y = self.matmul(&wm, &cols)?; // [N, g, O/g, L]
+        let (oh, ow) = out_hw::<Self::Dim>(&xd, &window)?;
+        let mut y = self.reshape(&y, vec![xd[0].clone(), wd[0].clone(), oh, ow])?;
+        if let Some(b) = b {
+            let b4 = self.reshape(b, vec![wd[0].clone(), Self::Dim::lit(1), Self::Dim::lit(1)])?;
+            y = self.add(&y, &b4)?;
+        }
+        Ok(y)
+    }
+    /// Max pooling over `kernel` windows moved by `stride`.
+    fn max_pool2d(
+        &mut self,
+        x: &Self::Value,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    ) -> Result<Self::Value> {
+        self.pool2d(ReduceOp::Max, x, kernel, stride, padding)
+    }
+    /// Average pooling (padding counts as zeros, as PyTorch's default).
+    fn avg_pool2d(
+        &mut self,
+        x: &Self::Value,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    ) -> Result<Self::Value> {
+        self.pool2d(ReduceOp::Sum, x, kernel, stride, padding)
+    }
+    /// Pooling as a reduction over unfolded windows (`Sum` means average).
+    fn pool2d(
+        &mut self,
+        op: ReduceOp,
+        x: &Self::Value,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    ) -> Result<Self::Value> {
+        let xd = self.dims(x);
+        if xd.len() != 4 {
+            return Err(Error::shape(
+                "pool2d",
+                format!("expects [N, C, H, W], got {}", fmt_dims(&xd)),
+            ));
+        }
+        let window = Window2d {
+            kernel,
+            stride,
+            padding,
+            dilation: [1, 1],
+        };
+        let (oh, ow) = out_hw::<Self::Dim>(&xd, &window)?;
+        let cols = self.apply(Op::Unfold2d(window), &[x])?; // [N, C·k·k, L]
+        let taps = kernel[0] * kernel[1];
+        let cd = self.dims(&cols);
+        let cols = self.reshape(
+            &cols,
+            vec![
+                cd[0].clone(),
+                xd[1].clone(),
+                Self::Dim::lit(taps),
+                cd[2].clone(),
+            ],
+        )?;
+        let r = match op {
+            ReduceOp::Sum => {
+                let s = self.sum(&cols, &[2], false)?;
+                self.mul_scalar(&s, 1.0 / taps as f64)?
+            }
+            _ => self.reduce(op, &cols, &[2], false)?,
+        };
+        self.reshape(&r, vec![xd[0].clone(), xd[1].clone(), oh, ow])
+    }
+}
+
+impl<G: Builder + ?Sized> BuilderExt for G {}
+
+/// The number of elements over `axes` of `dims`.
+fn count<D: SymDim>(dims: &[D], axes: &[usize]) -> Result<D> {
+    let mut n = D::lit(1);
+    for &a in axes {
+        let d = dims.get(a).ok_or_else(|| {
+            Error::invalid(
+                "reduce",
+                format!("axis {a} out of range for {}", fmt_dims(dims)),
+            )
+        })?;
+        n = n.mul(d);
+    }
+    Ok(n)
+}
+
+/// The output height and width of a window over `[N, C, H, W]`.
+fn out_hw<D: SymDim>(xd: &[D], w: &Window2d) -> Result<(D, D)> {
+    Ok((
+        D::derive(&[&xd[2]], "output height", |d| w.out_size(0, d[0]))?,
+        D::derive(&[&xd[3]], "output width", |d| w.out_size(1, d[0]))?,
+    ))
+}

@@ -1,0 +1,215 @@
+//! Element types: the run-time `DType` tag, the `Element` trait that ties Rust types to
+//! it, and `HostData`, the typed host buffer that crosses the host/device boundary.
+
+use half::{bf16, f16};
+use std::fmt;
+
+/// The run-time tag of a tensor's element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// 32-bit IEEE float.
+    F32,
+    /// 64-bit IEEE float (CPU; used by gradient checks).
+    F64,
+    /// 16-bit IEEE float.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// 32-bit signed integer (labels, indices).
+    I32,
+    /// 32-bit unsigned integer (labels, indices).
+    U32,
+    /// Boolean (comparison results, masks).
+    Bool,
+}
+
+impl DType {
+    /// Every dtype, in declaration order.
+    pub const ALL: [DType; 7] = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::U32,
+        DType::Bool,
+    ];
+
+    /// Bytes per element as stored.
+    pub const fn size_in_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F64 => 8,
+            DType::F16 | DType::BF16 => 2,
+            DType::Bool => 1,
+        }
+    }
+
+    /// Whether this is a floating-point dtype.
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+    }
+
+    /// Whether this is an integer dtype.
+    pub const fn is_int(self) -> bool {
+        matches!(self, DType::I32 | DType::U32)
+    }
+
+    /// The lower-case name used in messages and checkpoints (`f32`, `bf16`...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I32 => "i32",
+            DType::U32 => "u32",
+            DType::Bool => "bool",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A Rust type that can be a tensor element.
+pub trait Element: Copy + Default + PartialEq + fmt::Debug + Send + Sync + 'static {
+    /// The matching run-time tag.
+    const DTYPE: DType;
+    /// Converts to f64 (exact for every supported type).
+    fn to_f64(self) -> f64;
+    /// Converts from f64, rounding (floats) or truncating toward zero (integers).
+    fn from_f64(v: f64) -> Self;
+    /// Wraps a vector of this type as `HostData`.
+    fn into_host(v: Vec<Self>) -> HostData;
+    /// Unwraps `HostData` of this type (None for another dtype).
+    fn from_host(h: HostData) -> Option<Vec<Self>>;
+}
+
+/// Floating-point elements: the dtypes that carry gradients.
+pub trait FloatElement: Element {}
+
+macro_rules! element {
+    ($t:ty, $dt:ident, $to:expr, $from:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$dt;
+            #[inline]
+            fn to_f64(self) -> f64 {
+                let to: fn($t) -> f64 = $to;
+                to(self)
+            }
+            #[inline]
+            fn from_f64(v: f64) -> Self {
+                let from: fn(f64) -> $t = $from;
+                from(v)
+            }
+            fn into_host(v: Vec<Self>) -> HostData {
+                HostData::$dt(v)
+            }
+            fn from_host(h: HostData) -> Option<Vec<Self>> {
+                match h {
+                    HostData::$dt(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+element!(f32, F32, |x| x as f64, |v| v as f32);
+element!(f64, F64, |x| x, |v| v);
+element!(f16, F16, |x| x.to_f64(), f16::from_f64);
+element!(bf16, BF16, |x| x.to_f64(), bf16::from_f64);
+element!(i32, I32, |x| x as f64, |v| v as i32);
+element!(u32, U32, |x| x as f64, |v| v as u32);
+element!(bool, Bool, |x| if x { 1.0 } else { 0.0 }, |v| v != 0.0);
+
+impl FloatElement for f32 {}
+impl FloatElement for f64 {}
+impl FloatElement for f16 {}
+impl FloatElement for bf16 {}
+
+/// A contiguous host buffer of one dtype: what `Backend::upload` takes and
+/// `Backend::download` returns.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostData {
+    /// f32 values.
+    F32(Vec<f32>),
+    /// f64 values.
+    F64(Vec<f64>),
+    /// f16 values.
+    F16(Vec<f16>),
+    /// bf16 values.
+    BF16(Vec<bf16>),
+    /// i32 values.
+    I32(Vec<i32>),
+    /// u32 values.
+    U32(Vec<u32>),
+    /// bool values.
+    Bool(Vec<bool>),
+}
+
+/// Runs `$body` with `$v` bound to the vector inside a `HostData`, whatever its dtype.
+#[macro_export]
+macro_rules! with_host_data {
+    ($h:expr, $v:ident => $body:expr) => {
+        match $h {
+            $crate::HostData::F32($v) => $body,
+            $crate::HostData::F64($v) => $body,
+            $crate::HostData::F16($v) => $body,
+            $crate::HostData::BF16($v) => $body,
+            $crate::HostData::I32($v) => $body,
+            $crate::HostData::U32($v) => $body,
+            $crate::HostData::Bool($v) => $body,
+        }
+    };
+}
+
+impl HostData {
+    /// The dtype of the values.
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostData::F32(_) => DType::F32,
+            HostData::F64(_) => DType::F64,
+            HostData::F16(_) => DType::F16,
+            HostData::BF16(_) => DType::BF16,
+            HostData::I32(_) => DType::I32,
+            HostData::U32(_) => DType::U32,
+            HostData::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        with_host_data!(self, v => v.len())
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every value converted to f64 (for tests and printing).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        with_host_data!(self, v => v.iter().map(|x| x.to_f64()).collect())
+    }
+
+    /// Builds host data of `dtype` from f64 values (rounding as `Element::from_f64`).
+    pub fn from_f64_slice(dtype: DType, values: &[f64]) -> HostData {
+        fn conv<T: Element>(values: &[f64]) -> HostData {
+            T::into_host(values.iter().map(|&v| T::from_f64(v)).collect())
+        }
+        match dtype {
+            DType::F32 => conv::<f32>(values),
+            DType::F64 => conv::<f64>(values),
+            DType::F16 => conv::<f16>(values),
+            DType::BF16 => conv::<bf16>(values),
+            DType::I32 => conv::<i32>(values),
+            DType::U32 => conv::<u32>(values),
+            DType::Bool => conv::<bool>(values),
+        }
+    }
+}

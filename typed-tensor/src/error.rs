@@ -1,0 +1,96 @@
+//! Errors: everything a user can get wrong at run time, and everything a backend can fail at.
+
+use crate::dtype::DType;
+
+/// The result type of every fallible Kiln operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why an operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Shapes do not fit the op (names the op and both shapes).
+    #[error("shape mismatch in `{op}`: {msg}")]
+    Shape {
+        /// The op's name from the op table.
+        op: &'static str,
+        /// What did not fit, with the shapes involved.
+        msg: String,
+    },
+    /// Dtypes do not fit the op.
+    #[error("dtype mismatch in `{op}`: {msg}")]
+    DType {
+        /// The op's name from the op table.
+        op: &'static str,
+        /// What did not fit, with the dtypes involved.
+        msg: String,
+    },
+    /// An argument is out of range (an axis, a slice bound, a probability...).
+    #[error("invalid argument to `{op}`: {msg}")]
+    Invalid {
+        /// The op or function that refused the argument.
+        op: &'static str,
+        /// What was wrong with it.
+        msg: String,
+    },
+    /// The backend cannot run this op for this dtype.
+    #[error("`{op}` is not supported by the {backend} backend for dtype {dtype}")]
+    Unsupported {
+        /// The op's name.
+        op: String,
+        /// The backend's name.
+        backend: &'static str,
+        /// The dtype it was asked for.
+        dtype: DType,
+    },
+    /// Tensors on different devices met in one op.
+    #[error("device mismatch in `{op}`: {lhs} vs {rhs}")]
+    DeviceMismatch {
+        /// The op's name.
+        op: &'static str,
+        /// The first device.
+        lhs: String,
+        /// The other device.
+        rhs: String,
+    },
+    /// The device ran out of memory.
+    #[error("out of memory on {device}: could not allocate {bytes} bytes")]
+    OutOfMemory {
+        /// The device, in words.
+        device: String,
+        /// The size of the failed allocation.
+        bytes: usize,
+    },
+    /// A device or driver failure (missing device, failed launch, lost context...).
+    #[error("device error: {0}")]
+    Device(String),
+    /// A malformed or mismatched checkpoint or data file.
+    #[error("{0}")]
+    Format(String),
+    /// An I/O failure.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// A shape error for `op`.
+    pub fn shape(op: &'static str, msg: impl Into<String>) -> Self {
+        Error::Shape {
+            op,
+            msg: msg.into(),
+        }
+    }
+    /// A dtype error for `op`.
+    pub fn dtype(op: &'static str, msg: impl Into<String>) -> Self {
+        Error::DType {
+            op,
+            msg: msg.into(),
+        }
+    }
+    /// An invalid-argument error for `op`.
+    pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
+        Error::Invalid {
+            op,
+            msg: msg.into(),
+        }
+    }
+}

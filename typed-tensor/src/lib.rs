@@ -1,0 +1,48 @@
+//! # kiln-tensor
+//!
+//! Owns Kiln's tensor types and the op table: dims (`Const<N>`, `Dyn`), shapes of rank
+//! 0 to 6, dtypes (f32, f64, f16, bf16, i32, u32, bool), [`Op`], the one declaration of
+//! every primitive with its shape and dtype rules, the [`Backend`] trait, the untyped
+//! [`RawTensor`] with its eager executor, [`Builder`] with the composite ops written
+//! once over it, and the typed [`Tensor`].
+//!
+//! ## What is checked when
+//!
+//! | mistake | found by |
+//! | --- | --- |
+//! | two `Const` dims that must be equal differ (matmul inner dims, elementwise operands, labels vs logits batch) | `cargo check`: a `SameDim`/`SameShape`/`MatMulShape` error naming both |
+//! | reducing an axis a tensor does not have | `cargo check` (`ReduceAxis`) |
+//! | a reshape whose element counts differ, a broadcast of incompatible dims, a conv/pool whose output type is wrong or whose kernel is larger than its input, a static constructor on a `Dyn` shape | `cargo build`/`cargo test` only: these are post-monomorphization const assertions (`checks`), which `cargo check` never evaluates |
+//! | anything involving a `Dyn` dim | at run time: an [`Error::Shape`] naming both shapes |
+//!
+//! Inside `#[model]` the macro checks the arithmetic cases itself, at `cargo check`
+//! time, with spanned errors; the table above is for the typed API used directly.
+
+pub mod backend;
+pub mod builder;
+pub mod checks;
+pub mod dim;
+pub mod dtype;
+pub mod error;
+pub mod layout;
+pub mod op;
+pub mod raw;
+pub mod rng;
+pub mod shape;
+pub mod tensor;
+
+pub use backend::{Backend, View};
+pub use builder::{Builder, BuilderExt};
+pub use dim::{Const, Dim, Dyn, SameDim};
+pub use dtype::{DType, Element, FloatElement, HostData};
+pub use error::{Error, Result};
+pub use half::{bf16, f16};
+pub use layout::Layout;
+pub use op::{
+    Arity, BinaryOp, CmpOp, Op, OpClass, RandDist, ReduceOp, SymDim, TensorMeta, UnaryOp, Window2d,
+};
+pub use raw::{Eager, RawTensor};
+pub use shape::{
+    Batch, Dims, LastDim, Rank0, Rank1, Rank2, Rank3, Rank4, ReduceAxis, SameShape, Shape,
+};
+pub use tensor::{Kernel, MatMulShape, Padding, Stride, Tensor};

@@ -1,0 +1,1121 @@
+//! The op table: every primitive op, declared once, with its name, arity, class (what
+//! fusion groups it with), shape rule and dtype rule. Autodiff, fusion, the `#[model]`
+//! macro and every backend key on `Op`; nothing else lists the primitives.
+//!
+//! Shape rules are generic over `SymDim`, so the same rule checks `usize` sizes at run
+//! time and symbolic sizes (a generic batch `B`, a literal `784`) inside the macro.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use std::fmt;
+
+/// A dimension size as shape rules see it: a number at run time, possibly a symbol
+/// (a const generic, a run-time `Dyn`) at build time.
+pub trait SymDim: Clone + PartialEq + fmt::Debug + fmt::Display {
+    /// A literal size.
+    fn lit(n: usize) -> Self;
+    /// The literal size, if this dim is one.
+    fn as_lit(&self) -> Option<usize>;
+    /// `Some(true)` when provably equal, `Some(false)` when provably different, `None`
+    /// when only the run time can tell (then the run-time check decides).
+    fn matches(&self, other: &Self) -> Option<bool>;
+    /// The product of two dims.
+    fn mul(&self, other: &Self) -> Self;
+    /// The sum of two dims.
+    fn add(&self, other: &Self) -> Self;
+    /// A dim computed from other dims by arithmetic the symbolic form cannot express
+    /// (division, conv output sizes): `f` on literal inputs, else a dim left to the
+    /// run-time check, described by `what`.
+    fn derive(inputs: &[&Self], what: &str, f: impl Fn(&[usize]) -> Result<usize>) -> Result<Self>;
+}
+
+impl SymDim for usize {
+    fn lit(n: usize) -> Self {
+        n
+    }
+    fn as_lit(&self) -> Option<usize> {
+        Some(*self)
+    }
+    fn matches(&self, other: &Self) -> Option<bool> {
+        Some(self == other)
+    }
+    fn mul(&self, other: &Self) -> Self {
+        self * other
+    }
+    fn add(&self, other: &Self) -> Self {
+        self + other
+    }
+    fn derive(
+        inputs: &[&Self],
+        _what: &str,
+        f: impl Fn(&[usize]) -> Result<usize>,
+    ) -> Result<Self> {
+        let v: Vec<usize> = inputs.iter().map(|d| **d).collect();
+        f(&v)
+    }
+}
+
+/// Writes dims the way every message shows them: `[B, 784]`.
+pub fn fmt_dims<D: fmt::Display>(dims: &[D]) -> String {
+    let parts: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// What fusion groups an op with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpClass {
+    /// One output element from the same element of each input.
+    Elementwise,
+    /// Folds axes away (sum, max, argmax).
+    Reduction,
+    /// Moves or copies elements without arithmetic (reshape, permute, concat, pad...).
+    Movement,
+    /// Matrix products.
+    Contraction,
+    /// Reads or writes at data-dependent positions (gather, scatter).
+    Indexing,
+    /// Creates a tensor from nothing (constants, random numbers).
+    Source,
+}
+
+macro_rules! op_names {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident => $s:literal),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name { $($(#[$vm])* $v),* }
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$v),*];
+            /// The op's name in messages and plans.
+            pub const fn name(self) -> &'static str {
+                match self { $($name::$v => $s),* }
+            }
+        }
+    };
+}
+
+op_names!(
+    /// Elementwise ops of one input.
+    UnaryOp {
+        /// -x
+        Neg => "neg",
+        /// |x|
+        Abs => "abs",
+        /// -1, 0 or 1
+        Sign => "sign",
+        /// e^x
+        Exp => "exp",
+        /// ln x
+        Log => "log",
+        /// √x
+        Sqrt => "sqrt",
+        /// 1/√x
+        Rsqrt => "rsqrt",
+        /// 1/x
+        Recip => "recip",
+        /// sin x
+        Sin => "sin",
+        /// cos x
+        Cos => "cos",
+        /// tanh x
+        Tanh => "tanh",
+        /// 1/(1+e^-x)
+        Sigmoid => "sigmoid",
+        /// max(x, 0)
+        Relu => "relu",
+        /// the error function
+        Erf => "erf",
+        /// logical not (bool)
+        Not => "not",
+    }
+);
+
+op_names!(
+    /// Elementwise ops of two inputs, with NumPy broadcasting.
+    BinaryOp {
+        /// a + b
+        Add => "add",
+        /// a - b
+        Sub => "sub",
+        /// a * b
+        Mul => "mul",
+        /// a / b
+        Div => "div",
+        /// a ^ b
+        Pow => "pow",
+        /// max(a, b)
+        Max => "maximum",
+        /// min(a, b)
+        Min => "minimum",
+    }
+);
+
+op_names!(
+    /// Elementwise comparisons, with NumPy broadcasting; the result is bool.
+    CmpOp {
+        /// a == b
+        Eq => "eq",
+        /// a != b
+        Ne => "ne",
+        /// a < b
+        Lt => "lt",
+        /// a <= b
+        Le => "le",
+        /// a > b
+        Gt => "gt",
+        /// a >= b
+        Ge => "ge",
+    }
+);
+
+op_names!(
+    /// Reductions over axes; the result keeps the reduced axes with size 1.
+    ReduceOp {
+        /// Σ
+        Sum => "sum",
+        /// maximum
+        Max => "max",
+        /// minimum
+        Min => "min",
+        /// index of the (first) maximum, as i32
+        ArgMax => "argmax",
+        /// index of the (first) minimum, as i32
+        ArgMin => "argmin",
+    }
+);
+
+impl UnaryOp {
+    /// The reference definition in f64: what every kernel must agree with.
+    pub fn eval(self, x: f64) -> f64 {
+        match self {
+            UnaryOp::Neg => -x,
+            UnaryOp::Abs => x.abs(),
+            UnaryOp::Sign => {
+                if x > 0.0 {
+                    1.0
+                } else if x < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                }
+            }
+            UnaryOp::Exp => x.exp(),
+            UnaryOp::Log => x.ln(),
+            UnaryOp::Sqrt => x.sqrt(),
+            UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+            UnaryOp::Recip => 1.0 / x,
+            UnaryOp::Sin => x.sin(),
+            UnaryOp::Cos => x.cos(),
+            UnaryOp::Tanh => x.tanh(),
+            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnaryOp::Relu => x.max(0.0),
+            UnaryOp::Erf => erf_f64(x),
+            UnaryOp::Not => (x == 0.0) as u8 as f64,
+        }
+    }
+
+    /// The dtype rule: which input dtypes the op accepts.
+    pub fn accepts(self, dtype: DType) -> bool {
+        match self {
+            UnaryOp::Not => dtype == DType::Bool,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => dtype.is_float() || dtype == DType::I32,
+            UnaryOp::Relu => dtype.is_float() || dtype.is_int(),
+            _ => dtype.is_float(),
+        }
+    }
+}
+
+impl BinaryOp {
+    /// The reference definition in f64.
+    pub fn eval(self, a: f64, b: f64) -> f64 {
+        match self {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div => a / b,
+            BinaryOp::Pow => a.powf(b),
+            BinaryOp::Max => a.max(b),
+            BinaryOp::Min => a.min(b),
+        }
+    }
+
+    /// The dtype rule.
+    pub fn accepts(self, dtype: DType) -> bool {
+        match self {
+            BinaryOp::Pow => dtype.is_float(),
+            _ => dtype != DType::Bool,
+        }
+    }
+}
+
+impl CmpOp {
+    /// The reference definition in f64.
+    pub fn eval(self, a: f64, b: f64) -> bool {
+        match self {
+            CmpOp::Eq => a == b,
+            CmpOp::Ne => a != b,
+            CmpOp::Lt => a < b,
+            CmpOp::Le => a <= b,
+            CmpOp::Gt => a > b,
+            CmpOp::Ge => a >= b,
+        }
+    }
+}
+
+impl ReduceOp {
+    /// The dtype of the result for an input of `dtype`.
+    pub fn out_dtype(self, dtype: DType) -> DType {
+        match self {
+            ReduceOp::ArgMax | ReduceOp::ArgMin => DType::I32,
+            _ => dtype,
+        }
+    }
+}
+
+/// The error function, to double precision (Abramowitz–Stegun 7.1.26 is too coarse
+/// for a reference, so this uses the series / continued fraction split).
+pub fn erf_f64(x: f64) -> f64 {
+    if x.is_nan() {
+        return f64::NAN;
+    }
+    let ax = x.abs();
+    let r = if ax < 2.5 {
+        // Maclaurin series: converges quickly for small |x|.
+        let mut term = ax;
+        let mut sum = ax;
+        let x2 = ax * ax;
+        let mut n = 0.0;
+        loop {
+            n += 1.0;
+            term *= -x2 / n;
+            let add = term / (2.0 * n + 1.0);
+            sum += add;
+            if add.abs() <= 1e-17 * sum.abs() || n > 200.0 {
+                break;
+            }
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        // Continued fraction for erfc, evaluated bottom-up.
+        let mut f = 0.0;
+        for k in (1..60).rev() {
+            f = (k as f64 / 2.0) / (ax + f);
+        }
+        1.0 - (-ax * ax).exp() / std::f64::consts::PI.sqrt() / (ax + f)
+    };
+    if x < 0.0 {
+        -r
+    } else {
+        r
+    }
+}
+
+/// How a random source draws its values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RandDist {
+    /// Uniform on [low, high).
+    Uniform {
+        /// Lower bound (inclusive).
+        low: f64,
+        /// Upper bound (exclusive).
+        high: f64,
+    },
+    /// Normal with the given mean and standard deviation.
+    Normal {
+        /// The mean.
+        mean: f64,
+        /// The standard deviation.
+        std: f64,
+    },
+}
+
+/// The sliding window of `unfold2d`/`fold2d` (and so of conv2d and pooling).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Window2d {
+    /// Kernel height and width.
+    pub kernel: [usize; 2],
+    /// Step between windows.
+    pub stride: [usize; 2],
+    /// Zeros added on each side.
+    pub padding: [usize; 2],
+    /// Spacing between kernel taps.
+    pub dilation: [usize; 2],
+}
+
+impl Window2d {
+    /// A square window with the given kernel, stride and padding, no dilation.
+    pub fn square(kernel: usize, stride: usize, padding: usize) -> Self {
+        Window2d {
+            kernel: [kernel; 2],
+            stride: [stride; 2],
+            padding: [padding; 2],
+            dilation: [1; 2],
+        }
+    }
+
+    /// The output size along axis `i` (0 = height, 1 = width) for input size `n`.
+    pub fn out_size(&self, i: usize, n: usize) -> Result<usize> {
+        let span = self.dilation[i] * (self.kernel[i] - 1) + 1;
+        let padded = n + 2 * self.padding[i];
+        if self.stride[i] == 0 || self.kernel[i] == 0 {
+            return Err(Error::invalid(
+                "unfold2d",
+                "kernel and stride must be at least 1",
+            ));
+        }
+        if span > padded {
+            return Err(Error::shape(
+                "unfold2d",
+                format!(
+                    "the kernel spans {span} but the input is only {padded} wide after padding ({} + 2×{})",
+                    n, self.padding[i]
+                ),
+            ));
+        }
+        Ok((padded - span) / self.stride[i] + 1)
+    }
+}
+
+/// A primitive op, with its parameters. `D` is the dim type of parameters that hold
+/// sizes: `usize` at run time, a symbolic dim inside the macro.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op<D = usize> {
+    /// Elementwise unary.
+    Unary(UnaryOp),
+    /// Elementwise binary, broadcasting.
+    Binary(BinaryOp),
+    /// Elementwise comparison, broadcasting; bool result.
+    Compare(CmpOp),
+    /// `cond ? a : b`, broadcasting all three.
+    Where,
+    /// Reduction over `axes`, keeping them as size 1.
+    Reduce {
+        /// Which reduction.
+        op: ReduceOp,
+        /// The reduced axes (sorted, distinct).
+        axes: Vec<usize>,
+    },
+    /// Same elements, new dims.
+    Reshape {
+        /// The new dims.
+        dims: Vec<D>,
+    },
+    /// Reorders dims: result dim `i` is input dim `perm[i]`.
+    Permute {
+        /// The permutation.
+        perm: Vec<usize>,
+    },
+    /// Broadcasts to `dims` (NumPy rules).
+    Expand {
+        /// The target dims.
+        dims: Vec<D>,
+    },
+    /// `start..end` with `step` along `axis`.
+    Slice {
+        /// The sliced axis.
+        axis: usize,
+        /// First index.
+        start: usize,
+        /// One past the last index.
+        end: usize,
+        /// Step between kept indices.
+        step: usize,
+    },
+    /// Joins inputs along `axis`.
+    Concat {
+        /// The joined axis.
+        axis: usize,
+    },
+    /// Adds `before` and `after` elements of `value` along `axis`.
+    Pad {
+        /// The padded axis.
+        axis: usize,
+        /// Elements added before.
+        before: usize,
+        /// Elements added after.
+        after: usize,
+        /// The fill value.
+        value: f64,
+    },
+    /// Batched matrix product `[.., M, K] × [.., K, N]`, broadcasting batch dims.
+    MatMul,
+    /// `out[i][j] = data[i][index[i][j]]` along `axis` (PyTorch's `gather`).
+    Gather {
+        /// The indexed axis.
+        axis: usize,
+    },
+    /// The adjoint of gather: zeros of `dims`, then `out[..index..] += src` along `axis`.
+    ScatterAdd {
+        /// The indexed axis.
+        axis: usize,
+        /// The result dims.
+        dims: Vec<D>,
+    },
+    /// Converts the element type.
+    Cast {
+        /// The target dtype.
+        dtype: DType,
+    },
+    /// Sliding windows as columns: `[N, C, H, W] -> [N, C·kh·kw, OH·OW]` (im2col).
+    Unfold2d(Window2d),
+    /// The adjoint of unfold2d (col2im, summing overlaps) back to `[N, C, H, W]`.
+    Fold2d {
+        /// The window.
+        window: Window2d,
+        /// Output height.
+        height: D,
+        /// Output width.
+        width: D,
+    },
+    /// A tensor filled with one value.
+    Full {
+        /// The dims.
+        dims: Vec<D>,
+        /// The value.
+        value: f64,
+        /// The dtype.
+        dtype: DType,
+    },
+    /// Seeded random numbers from a counter-based generator (identical on every backend).
+    Rand {
+        /// The dims.
+        dims: Vec<D>,
+        /// The distribution.
+        dist: RandDist,
+        /// The seed.
+        seed: u64,
+        /// The dtype (a float dtype).
+        dtype: DType,
+    },
+}
+
+/// How many inputs an op takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arity {
+    /// Exactly this many.
+    Exact(usize),
+    /// This many or more.
+    AtLeast(usize),
+}
+
+/// What a shape rule knows about a tensor: its dims and dtype.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorMeta<D = usize> {
+    /// The dims.
+    pub dims: Vec<D>,
+    /// The dtype.
+    pub dtype: DType,
+}
+
+impl<D> TensorMeta<D> {
+    /// Meta from dims and dtype.
+    pub fn new(dims: Vec<D>, dtype: DType) -> Self {
+        TensorMeta { dims, dtype }
+    }
+}
+
+impl<D> Op<D> {
+    /// The op's name in messages and plans.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Compare(c) => c.name(),
+            Op::Where => "where",
+            Op::Reduce { op, .. } => op.name(),
+            Op::Reshape { .. } => "reshape",
+            Op::Permute { .. } => "permute",
+            Op::Expand { .. } => "expand",
+            Op::Slice { .. } => "slice",
+            Op::Concat { .. } => "concat",
+            Op::Pad { .. } => "pad",
+            Op::MatMul => "matmul",
+            Op::Gather { .. } => "gather",
+            Op::ScatterAdd { .. } => "scatter_add",
+            Op::Cast { .. } => "cast",
+            Op::Unfold2d(_) => "unfold2d",
+            Op::Fold2d { .. } => "fold2d",
+            Op::Full { .. } => "full",
+            Op::Rand { .. } => "rand",
+        }
+    }
+
+    /// How many inputs the op takes.
+    pub fn arity(&self) -> Arity {
+        match self {
+            Op::Full { .. } | Op::Rand { .. } => Arity::Exact(0),
+            Op::Unary(_)
+            | Op::Reduce { .. }
+            | Op::Reshape { .. }
+            | Op::Permute { .. }
+            | Op::Expand { .. }
+            | Op::Slice { .. }
+            | Op::Pad { .. }
+            | Op::Cast { .. }
+            | Op::Unfold2d(_)
+            | Op::Fold2d { .. } => Arity::Exact(1),
+            Op::Binary(_) | Op::Compare(_) | Op::MatMul | Op::Gather { .. } => Arity::Exact(2),
+            Op::ScatterAdd { .. } => Arity::Exact(2),
+            Op::Where => Arity::Exact(3),
+            Op::Concat { .. } => Arity::AtLeast(1),
+        }
+    }
+
+    /// What fusion groups the op with.
+    pub fn class(&self) -> OpClass {
+        match self {
+            Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Cast { .. } => {
+                OpClass::Elementwise
+            }
+            Op::Reduce { .. } => OpClass::Reduction,
+            Op::Reshape { .. }
+            | Op::Permute { .. }
+            | Op::Expand { .. }
+            | Op::Slice { .. }
+            | Op::Concat { .. }
+            | Op::Pad { .. }
+            | Op::Unfold2d(_)
+            | Op::Fold2d { .. } => OpClass::Movement,
+            Op::MatMul => OpClass::Contraction,
+            Op::Gather { .. } | Op::ScatterAdd { .. } => OpClass::Indexing,
+            Op::Full { .. } | Op::Rand { .. } => OpClass::Source,
+        }
+    }
+
+    /// Whether the op only changes the layout (a view on every backend: no kernel).
+    pub fn is_view(&self) -> bool {
+        matches!(
+            self,
+            Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. }
+        )
+    }
+}
+
+impl<D: SymDim> Op<D> {
+    /// The shape and dtype rule: the result's meta, or an error naming the op and the
+    /// shapes that do not fit.
+    pub fn infer(&self, inputs: &[&TensorMeta<D>]) -> Result<TensorMeta<D>> {
+        let name = self.name();
+        match self.arity() {
+            Arity::Exact(n) if inputs.len() != n => {
+                return Err(Error::invalid(
+                    name,
+                    format!("takes {n} inputs, got {}", inputs.len()),
+                ))
+            }
+            Arity::AtLeast(n) if inputs.len() < n => {
+                return Err(Error::invalid(
+                    name,
+                    format!("takes at least {n} inputs, got {}", inputs.len()),
+                ))
+            }
+            _ => {}
+        }
+        match self {
+            Op::Unary(u) => {
+                let x = inputs[0];
+                if !u.accepts(x.dtype) {
+                    return Err(Error::dtype(name, format!("does not accept {}", x.dtype)));
+                }
+                Ok(x.clone())
+            }
+            Op::Binary(b) => {
+                let (x, y) = (inputs[0], inputs[1]);
+                same_dtype(name, x.dtype, y.dtype)?;
+                if !b.accepts(x.dtype) {
+                    return Err(Error::dtype(name, format!("does not accept {}", x.dtype)));
+                }
+                Ok(TensorMeta::new(
+                    broadcast_dims(name, &x.dims, &y.dims)?,
+                    x.dtype,
+                ))
+            }
+            Op::Compare(_) => {
+                let (x, y) = (inputs[0], inputs[1]);
+                same_dtype(name, x.dtype, y.dtype)?;
+                Ok(TensorMeta::new(
+                    broadcast_dims(name, &x.dims, &y.dims)?,
+                    DType::Bool,
+                ))
+            }
+            Op::Where => {
+                let (c, a, b) = (inputs[0], inputs[1], inputs[2]);
+                if c.dtype != DType::Bool {
+                    return Err(Error::dtype(
+                        name,
+                        format!("the condition must be bool, not {}", c.dtype),
+                    ));
+                }
+                same_dtype(name, a.dtype, b.dtype)?;
+                let ab = broadcast_dims(name, &a.dims, &b.dims)?;
+                Ok(TensorMeta::new(
+                    broadcast_dims(name, &c.dims, &ab)?,
+                    a.dtype,
+                ))
+            }
+            Op::Reduce { op, axes } => {
+                let x = inputs[0];
+                check_axes(name, axes, x.dims.len())?;
+                if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) && axes.len() != 1 {
+                    return Err(Error::invalid(name, "reduces exactly one axis"));
+                }
+                if x.dtype == DType::Bool {
+                    return Err(Error::dtype(name, "does not accept bool"));
+                }
+                let mut dims = x.dims.clone();
+                for &a in axes {
+                    dims[a] = D::lit(1);
+                }
+                Ok(TensorMeta::new(dims, op.out_dtype(x.dtype)))
+            }
+            Op::Reshape { dims } => {
+                let x = inputs[0];
+                let from = product(&x.dims);
+                let to = product(dims);
+                if from.matches(&to) == Some(false) {
+                    return Err(Error::shape(
+                        name,
+                        format!(
+                            "cannot reshape {} ({} elements) into {} ({} elements)",
+                            fmt_dims(&x.dims),
+                            from,
+                            fmt_dims(dims),
+                            to
+                        ),
+                    ));
+                }
+                Ok(TensorMeta::new(dims.clone(), x.dtype))
+            }
+            Op::Permute { perm } => {
+                let x = inputs[0];
+                crate::layout::check_perm(perm, x.dims.len())?;
+                Ok(TensorMeta::new(
+                    perm.iter().map(|&p| x.dims[p].clone()).collect(),
+                    x.dtype,
+                ))
+            }
+            Op::Expand { dims } => {
+                let x = inputs[0];
+                let out = broadcast_dims(name, &x.dims, dims)?;
+                if out.len() != dims.len()
+                    || out
+                        .iter()
+                        .zip(dims)
+                        .any(|(o, d)| o.matches(d) == Some(false))
+                {
+                    return Err(Error::shape(
+                        name,
+                        format!("cannot expand {} to {}", fmt_dims(&x.dims), fmt_dims(dims)),
+                    ));
+                }
+                Ok(TensorMeta::new(dims.clone(), x.dtype))
+            }
+            Op::Slice {
+                axis,
+                start,
+                end,
+                step,
+            } => {
+                let x = inputs[0];
+                let (axis, start, end, step) = (*axis, *start, *end, *step);
+                if axis >= x.dims.len() || step == 0 || start > end {
+                    return Err(Error::invalid(
+                        name,
+                        format!(
+                            "{start}..{end} step {step} on axis {axis} of {}",
+                            fmt_dims(&x.dims)
+                        ),
+                    ));
+                }
+                if let Some(n) = x.dims[axis].as_lit() {
+                    if end > n {
+                        return Err(Error::shape(
+                            name,
+                            format!(
+                                "{start}..{end} is out of bounds for axis {axis} of {}",
+                                fmt_dims(&x.dims)
+                            ),
+                        ));
+                    }
+                }
+                let mut dims = x.dims.clone();
+                dims[axis] = D::lit((end - start).div_ceil(step));
+                Ok(TensorMeta::new(dims, x.dtype))
+            }
+            Op::Concat { axis } => {
+                let first = inputs[0];
+                let axis = *axis;
+                if axis >= first.dims.len() {
+                    return Err(Error::invalid(
+                        name,
+                        format!("axis {axis} out of range for {}", fmt_dims(&first.dims)),
+                    ));
+                }
+                let mut total = first.dims[axis].clone();
+                for x in &inputs[1..] {
+                    same_dtype(name, first.dtype, x.dtype)?;
+                    let fits = x.dims.len() == first.dims.len()
+                        && x.dims
+                            .iter()
+                            .zip(&first.dims)
+                            .enumerate()
+                            .all(|(i, (a, b))| i == axis || a.matches(b) != Some(false));
+                    if !fits {
+                        return Err(Error::shape(
+                            name,
+                            format!(
+                                "cannot concatenate {} with {} along axis {axis}: the other dims must match",
+                                fmt_dims(&first.dims),
+                                fmt_dims(&x.dims)
+                            ),
+                        ));
+                    }
+                    total = total.add(&x.dims[axis]);
+                }
+                let mut dims = first.dims.clone();
+                dims[axis] = total;
+                Ok(TensorMeta::new(dims, first.dtype))
+            }
+            Op::Pad {
+                axis,
+                before,
+                after,
+                ..
+            } => {
+                let x = inputs[0];
+                if *axis >= x.dims.len() {
+                    return Err(Error::invalid(
+                        name,
+                        format!("axis {axis} out of range for {}", fmt_dims(&x.dims)),
+                    ));
+                }
+                let mut dims = x.dims.clone();
+                dims[*axis] = dims[*axis].add(&D::lit(before + after));
+                Ok(TensorMeta::new(dims, x.dtype))
+            }
+            Op::MatMul => matmul_meta(inputs[0], inputs[1]),
+            Op::Gather { axis } => {
+                let (data, index) = (inputs[0], inputs[1]);
+                check_index(name, index.dtype)?;
+                check_axes(name, &[*axis], data.dims.len())?;
+                if index.dims.len() != data.dims.len() {
+                    return Err(Error::shape(
+                        name,
+                        format!(
+                            "the index {} must have the rank of the data {}",
+                            fmt_dims(&index.dims),
+                            fmt_dims(&data.dims)
+                        ),
+                    ));
+                }
+                check_within(name, &index.dims, &data.dims, *axis)?;
+                Ok(TensorMeta::new(index.dims.clone(), data.dtype))
+            }
+            Op::ScatterAdd { axis, dims } => {
+                let (index, src) = (inputs[0], inputs[1]);
+                check_index(name, index.dtype)?;
+                check_axes(name, &[*axis], dims.len())?;
+                let same = index.dims.len() == src.dims.len()
+                    && index
+                        .dims
+                        .iter()
+                        .zip(&src.dims)
+                        .all(|(a, b)| a.matches(b) != Some(false));
+                if !same || src.dims.len() != dims.len() {
+                    return Err(Error::shape(
+                        name,
+                        format!(
+                            "index {} and source {} must match, with the rank of the result {}",
+                            fmt_dims(&index.dims),
+                            fmt_dims(&src.dims),
+                            fmt_dims(dims)
+                        ),
+                    ));
+                }
+                check_within(name, &src.dims, dims, *axis)?;
+                Ok(TensorMeta::new(dims.clone(), src.dtype))
+            }
+            Op::Cast { dtype } => Ok(TensorMeta::new(inputs[0].dims.clone(), *dtype)),
+            Op::Unfold2d(w) => {
+                let x = inputs[0];
+                if x.dims.len() != 4 {
+                    return Err(Error::shape(
+                        name,
+                        format!("expects [N, C, H, W], got {}", fmt_dims(&x.dims)),
+                    ));
+                }
+                let oh = D::derive(&[&x.dims[2]], "output height", |d| w.out_size(0, d[0]))?;
+                let ow = D::derive(&[&x.dims[3]], "output width", |d| w.out_size(1, d[0]))?;
+                let taps = D::lit(w.kernel[0] * w.kernel[1]);
+                Ok(TensorMeta::new(
+                    vec![x.dims[0].clone(), x.dims[1].mul(&taps), oh.mul(&ow)],
+                    x.dtype,
+                ))
+            }
+            Op::Fold2d {
+                window,
+                height,
+                width,
+            } => {
+                let x = inputs[0];
+                if x.dims.len() != 3 {
+                    return Err(Error::shape(
+                        name,
+                        format!("expects [N, C·kh·kw, L], got {}", fmt_dims(&x.dims)),
+                    ));
+                }
+                let taps = window.kernel[0] * window.kernel[1];
+                let c = D::derive(&[&x.dims[1]], "channels", |d| {
+                    if d[0] % taps != 0 {
+                        return Err(Error::shape(
+                            "fold2d",
+                            format!(
+                                "{} columns are not a multiple of the kernel's {taps} taps",
+                                d[0]
+                            ),
+                        ));
+                    }
+                    Ok(d[0] / taps)
+                })?;
+                let l = D::derive(&[height, width], "window count", |d| {
+                    Ok(window.out_size(0, d[0])? * window.out_size(1, d[1])?)
+                })?;
+                if l.matches(&x.dims[2]) == Some(false) {
+                    return Err(Error::shape(
+                        name,
+                        format!(
+                            "{} windows do not tile a {}×{} output (that needs {})",
+                            x.dims[2], height, width, l
+                        ),
+                    ));
+                }
+                Ok(TensorMeta::new(
+                    vec![x.dims[0].clone(), c, height.clone(), width.clone()],
+                    x.dtype,
+                ))
+            }
+            Op::Full { dims, dtype, .. } => Ok(TensorMeta::new(dims.clone(), *dtype)),
+            Op::Rand { dims, dtype, .. } => {
+                if !dtype.is_float() {
+                    return Err(Error::dtype(name, format!("draws floats, not {dtype}")));
+                }
+                Ok(TensorMeta::new(dims.clone(), *dtype))
+            }
+        }
+    }
+}
+
+fn same_dtype(op: &'static str, a: DType, b: DType) -> Result<()> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(Error::dtype(
+            op,
+            format!("operands are {a} and {b}; cast one first"),
+        ))
+    }
+}
+
+fn check_index(op: &'static str, dtype: DType) -> Result<()> {
+    if dtype.is_int() {
+        Ok(())
+    } else {
+        Err(Error::dtype(
+            op,
+            format!("indices must be i32 or u32, not {dtype}"),
+        ))
+    }
+}
+
+fn check_axes(op: &'static str, axes: &[usize], rank: usize) -> Result<()> {
+    for (i, &a) in axes.iter().enumerate() {
+        if a >= rank || axes[..i].contains(&a) {
+            return Err(Error::invalid(
+                op,
+                format!("axes {axes:?} are not distinct axes of a rank-{rank} tensor"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks `inner[d] <= outer[d]` for every `d != axis` where both are known.
+fn check_within<D: SymDim>(op: &'static str, inner: &[D], outer: &[D], axis: usize) -> Result<()> {
+    for (d, (i, o)) in inner.iter().zip(outer).enumerate() {
+        if d == axis {
+            continue;
+        }
+        if let (Some(i), Some(o)) = (i.as_lit(), o.as_lit()) {
+            if i > o {
+                return Err(Error::shape(
+                    op,
+                    format!(
+                        "{} does not fit inside {} on axis {d}",
+                        fmt_dims(inner),
+                        fmt_dims(outer)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The product of dims (1 for none).
+pub fn product<D: SymDim>(dims: &[D]) -> D {
+    dims.iter().fold(D::lit(1), |acc, d| acc.mul(d))
+}
+
+/// NumPy broadcasting of two dim lists, aligned on the right.
+pub fn broadcast_dims<D: SymDim>(op: &'static str, a: &[D], b: &[D]) -> Result<Vec<D>> {
+    let n = a.len().max(b.len());
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let da = (i + a.len()).checked_sub(n).map(|j| &a[j]);
+        let db = (i + b.len()).checked_sub(n).map(|j| &b[j]);
+        let d = match (da, db) {
+            (Some(x), None) | (None, Some(x)) => x.clone(),
+            (Some(x), Some(y)) => {
+                if x.as_lit() == Some(1) {
+                    y.clone()
+                } else if y.as_lit() == Some(1) {
+                    x.clone()
+                } else {
+                    match x.matches(y) {
+                        Some(true) => x.clone(),
+                        // Unknown until run time: keep whichever is literal.
+                        None => {
+                            if x.as_lit().is_some() {
+                                x.clone()
+                            } else {
+                                y.clone()
+                            }
+                        }
+                        Some(false) => return Err(Error::shape(
+                            op,
+                            format!(
+                                "cannot broadcast {} with {}: {} and {} differ and neither is 1",
+                                fmt_dims(a),
+                                fmt_dims(b),
+                                x,
+                                y
+                            ),
+                        )),
+                    }
+                }
+            }
+            (None, None) => unreachable!("i < max rank"),
+        };
+        out.push(d);
+    }
+    Ok(out)
+}
+
+fn matmul_meta<D: SymDim>(a: &TensorMeta<D>, b: &TensorMeta<D>) -> Result<TensorMeta<D>> {
+    let name = "matmul";
+    same_dtype(name, a.dtype, b.dtype)?;
+    if !a.dtype.is_float() {
+        return Err(Error::dtype(
+            name,
+            format!("multiplies floats, not {}", a.dtype),
+        ));
+    }
+    let (ra, rb) = (a.dims.len(), b.dims.len());
+    if ra < 2 || rb < 2 {
+        return Err(Error::shape(
+            name,
+            format!(
+                "needs matrices (rank 2 or more), got {} and {}",
+                fmt_dims(&a.dims),
+                fmt_dims(&b.dims)
+            ),
+        ));
+    }
+    let k1 = &a.dims[ra - 1];
+    let k2 = &b.dims[rb - 2];
+    if k1.matches(k2) == Some(false) {
+        return Err(Error::shape(
+            name,
+            format!(
+                "inner dims differ: {} × {} ({} vs {})",
+                fmt_dims(&a.dims),
+                fmt_dims(&b.dims),
+                k1,
+                k2
+            ),
+        ));
+    }
+    let mut dims = broadcast_dims(name, &a.dims[..ra - 2], &b.dims[..rb - 2])?;
+    dims.push(a.dims[ra - 2].clone());
+    dims.push(b.dims[rb - 1].clone());
+    Ok(TensorMeta::new(dims, a.dtype))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(d: &[usize]) -> TensorMeta {
+        TensorMeta::new(d.to_vec(), DType::F32)
+    }
+
+    #[test]
+    fn binary_broadcasts() {
+        let r = Op::Binary(BinaryOp::Add)
+            .infer(&[&m(&[3, 1]), &m(&[4])])
+            .unwrap();
+        assert_eq!(r.dims, vec![3, 4]);
+        let e = Op::Binary(BinaryOp::Add)
+            .infer(&[&m(&[3]), &m(&[4])])
+            .unwrap_err();
+        assert!(e.to_string().contains("[3] with [4]"), "{e}");
+    }
+
+    #[test]
+    fn matmul_rule() {
+        let r = Op::<usize>::MatMul
+            .infer(&[&m(&[2, 1, 3, 4]), &m(&[5, 4, 6])])
+            .unwrap();
+        assert_eq!(r.dims, vec![2, 5, 3, 6]);
+        let e = Op::<usize>::MatMul
+            .infer(&[&m(&[3, 4]), &m(&[5, 6])])
+            .unwrap_err();
+        assert!(e.to_string().contains("4 vs 5"), "{e}");
+    }
+
+    #[test]
+    fn unfold_rule() {
+        let w = Window2d::square(5, 1, 0);
+        let r = Op::<usize>::Unfold2d(w)
+            .infer(&[&m(&[2, 3, 28, 28])])
+            .unwrap();
+        assert_eq!(r.dims, vec![2, 75, 576]);
+        let e = Op::<usize>::Unfold2d(w)
+            .infer(&[&m(&[2, 3, 4, 4])])
+            .unwrap_err();
+        assert!(e.to_string().contains("kernel spans 5"), "{e}");
+        let f = Op::Fold2d {
+            window: w,
+            height: 28,
+            width: 28,
+        };
+        assert_eq!(f.infer(&[&r]).unwrap().dims, vec![2, 3, 28, 28]);
+    }
+
+    #[test]
+    fn erf_reference() {
+        for (x, want) in [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (3.0, 0.999_977_909_503_001_4),
+            (-2.0, -0.995_322_265_018_952_7),
+        ] {
+            assert!(
+                (erf_f64(x) - want).abs() < 1e-14,
+                "erf({x}) = {} want {want}",
+                erf_f64(x)
+            );
+        }
+    }
+}

@@ -1,0 +1,558 @@
+//! `RawTensor`: a tensor whose shape and dtype are known only at run time, and `Eager`,
+//! the builder that runs each op as soon as it is applied. Every op is checked by the op
+//! table's rule before a backend sees it; views (reshape, permute, expand, slice) are
+//! layout changes and cost no copy. The typed `Tensor` and the dynamic path are thin
+//! layers over this.
+
+use crate::backend::{Backend, View};
+use crate::builder::{Builder, BuilderExt};
+use crate::dtype::{DType, Element, HostData};
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::op::{Op, OpClass, RandDist, TensorMeta};
+use crate::shape::Dims;
+use std::fmt;
+use std::sync::Arc;
+
+/// A tensor with run-time shape and dtype, on backend `B`.
+pub struct RawTensor<B: Backend> {
+    storage: Arc<B::Storage>,
+    layout: Layout,
+    dtype: DType,
+    device: B::Device,
+}
+
+impl<B: Backend> Clone for RawTensor<B> {
+    fn clone(&self) -> Self {
+        RawTensor {
+            storage: self.storage.clone(),
+            layout: self.layout,
+            dtype: self.dtype,
+            device: self.device.clone(),
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for RawTensor<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "RawTensor<{}>({}, {})",
+            B::NAME,
+            self.layout.dims(),
+            self.dtype
+        )
+    }
+}
+
+impl<B: Backend> RawTensor<B> {
+    /// Wraps a contiguous buffer with the given dims.
+    pub fn from_storage(storage: B::Storage, dims: Dims, device: B::Device) -> Result<Self> {
+        let len = B::storage_len(&storage);
+        if len != dims.numel() {
+            return Err(Error::shape(
+                "from_storage",
+                format!("a buffer of {len} elements cannot have shape {dims}"),
+            ));
+        }
+        Ok(RawTensor {
+            dtype: B::storage_dtype(&storage),
+            storage: Arc::new(storage),
+            layout: Layout::contiguous(dims),
+            device,
+        })
+    }
+
+    /// Uploads host values with the given dims.
+    pub fn from_host(data: HostData, dims: &[usize], device: &B::Device) -> Result<Self> {
+        let dims = Dims::new(dims)?;
+        if data.len() != dims.numel() {
+            return Err(Error::shape(
+                "from_host",
+                format!(
+                    "{} values cannot fill shape {dims} ({} elements)",
+                    data.len(),
+                    dims.numel()
+                ),
+            ));
+        }
+        let storage = B::upload(device, data)?;
+        RawTensor::from_storage(storage, dims, device.clone())
+    }
+
+    /// Uploads a vector of elements with the given dims.
+    pub fn from_vec<E: Element>(data: Vec<E>, dims: &[usize], device: &B::Device) -> Result<Self> {
+        Self::from_host(E::into_host(data), dims, device)
+    }
+
+    /// A tensor of `dims` filled with `value`.
+    pub fn full(dims: &[usize], value: f64, dtype: DType, device: &B::Device) -> Result<Self> {
+        Eager::<B>::new(device.clone()).full(dims.to_vec(), value, dtype)
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(dims: &[usize], dtype: DType, device: &B::Device) -> Result<Self> {
+        Self::full(dims, 0.0, dtype, device)
+    }
+
+    /// Seeded random values (identical on every backend for the same seed).
+    pub fn rand(
+        dims: &[usize],
+        dist: RandDist,
+        seed: u64,
+        dtype: DType,
+        device: &B::Device,
+    ) -> Result<Self> {
+        Eager::<B>::new(device.clone()).rand(dims.to_vec(), dist, seed, dtype)
+    }
+
+    /// The elements in row-major order, on the host.
+    pub fn to_host(&self) -> Result<HostData> {
+        B::download(&self.storage, &self.layout)
+    }
+
+    /// The elements as a vector of `E` (an error if the dtype is not `E`'s).
+    pub fn to_vec<E: Element>(&self) -> Result<Vec<E>> {
+        if self.dtype != E::DTYPE {
+            return Err(Error::dtype(
+                "to_vec",
+                format!("the tensor holds {}, not {}", self.dtype, E::DTYPE),
+            ));
+        }
+        Ok(E::from_host(self.to_host()?).expect("download returns the storage dtype"))
+    }
+
+    /// Every element converted to f64.
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        Ok(self.to_host()?.to_f64_vec())
+    }
+
+    /// The value of a one-element tensor as f64.
+    pub fn scalar_value(&self) -> Result<f64> {
+        if self.layout.numel() != 1 {
+            return Err(Error::shape(
+                "scalar_value",
+                format!("shape {} is not one element", self.dims()),
+            ));
+        }
+        Ok(self.to_f64_vec()?[0])
+    }
+
+    /// The dims.
+    pub fn dims(&self) -> &Dims {
+        self.layout.dims()
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> usize {
+        self.layout.rank()
+    }
+
+    /// The number of elements.
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// The layout over the storage.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The storage buffer (shared between views).
+    pub fn storage(&self) -> &Arc<B::Storage> {
+        &self.storage
+    }
+
+    /// The dims and dtype, as shape rules see them.
+    pub fn meta(&self) -> TensorMeta {
+        TensorMeta::new(self.dims().to_vec(), self.dtype)
+    }
+
+    /// This tensor as an op input.
+    pub fn view(&self) -> View<'_, B> {
+        View {
+            storage: &self.storage,
+            layout: self.layout,
+        }
+    }
+
+    /// The same tensor with a contiguous layout (copies only when needed).
+    pub fn contiguous(&self) -> Result<Self> {
+        if self.layout.is_contiguous() {
+            return Ok(self.clone());
+        }
+        let s = B::contiguous(&self.device, self.view())?;
+        RawTensor::from_storage(s, *self.dims(), self.device.clone())
+    }
+
+    fn with_layout(&self, layout: Layout) -> Self {
+        RawTensor {
+            storage: self.storage.clone(),
+            layout,
+            dtype: self.dtype,
+            device: self.device.clone(),
+        }
+    }
+
+    /// Applies one primitive op to `self` and `others` (after `self`).
+    pub fn apply(&self, op: Op, others: &[&RawTensor<B>]) -> Result<Self> {
+        let mut inputs = Vec::with_capacity(others.len() + 1);
+        inputs.push(self);
+        inputs.extend_from_slice(others);
+        Eager::<B>::new(self.device.clone()).apply(op, &inputs)
+    }
+
+    /// A builder on this tensor's device, for composites: `x.ops().softmax(&x, 1)`.
+    pub fn ops(&self) -> Eager<B> {
+        Eager::new(self.device.clone())
+    }
+}
+
+/// The builder that runs each op immediately on backend `B`.
+#[derive(Clone, Debug)]
+pub struct Eager<B: Backend> {
+    device: B::Device,
+}
+
+impl<B: Backend> Eager<B> {
+    /// An eager executor on `device`.
+    pub fn new(device: B::Device) -> Self {
+        Eager { device }
+    }
+
+    /// The device ops run on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+}
+
+impl<B: Backend> Builder for Eager<B> {
+    type Dim = usize;
+    type Value = RawTensor<B>;
+
+    fn meta(&self, v: &RawTensor<B>) -> TensorMeta {
+        v.meta()
+    }
+
+    fn apply(&mut self, op: Op, inputs: &[&RawTensor<B>]) -> Result<RawTensor<B>> {
+        let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
+        let meta_refs: Vec<&TensorMeta> = metas.iter().collect();
+        let out = op.infer(&meta_refs)?;
+        for t in inputs {
+            if t.device != self.device {
+                return Err(Error::DeviceMismatch {
+                    op: op.name(),
+                    lhs: B::device_name(&self.device),
+                    rhs: B::device_name(&t.device),
+                });
+            }
+        }
+        let out_dims = Dims::new(&out.dims)?;
+        // Views: layout changes only.
+        match &op {
+            Op::Reshape { .. } => {
+                let x = inputs[0];
+                return match x.layout.reshape(&out_dims) {
+                    Some(l) => Ok(x.with_layout(l)),
+                    None => {
+                        let c = x.contiguous()?;
+                        let l = c
+                            .layout
+                            .reshape(&out_dims)
+                            .expect("a contiguous layout reshapes");
+                        Ok(c.with_layout(l))
+                    }
+                };
+            }
+            Op::Permute { perm } => {
+                return Ok(inputs[0].with_layout(inputs[0].layout.permute(perm)?))
+            }
+            Op::Expand { .. } => {
+                return Ok(inputs[0].with_layout(inputs[0].layout.broadcast_to(&out_dims)?))
+            }
+            Op::Slice {
+                axis,
+                start,
+                end,
+                step,
+            } => {
+                return Ok(
+                    inputs[0].with_layout(inputs[0].layout.slice(*axis, *start, *end, *step)?)
+                )
+            }
+            _ => {}
+        }
+        let views: Vec<View<'_, B>> = match op.class() {
+            OpClass::Elementwise => inputs
+                .iter()
+                .map(|t| {
+                    Ok(View {
+                        storage: &*t.storage,
+                        layout: t.layout.broadcast_to(&out_dims)?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            OpClass::Contraction => {
+                // Broadcast the batch dims of both operands to the result's.
+                let r = out_dims.rank();
+                inputs
+                    .iter()
+                    .map(|t| {
+                        let d = t.dims();
+                        let mut target = out_dims;
+                        target.as_mut_slice()[r - 2] = d[d.rank() - 2];
+                        target.as_mut_slice()[r - 1] = d[d.rank() - 1];
+                        Ok(View {
+                            storage: &*t.storage,
+                            layout: t.layout.broadcast_to(&target)?,
+                        })
+                    })
+                    .collect::<Result<_>>()?
+            }
+            _ => inputs.iter().map(|t| t.view()).collect(),
+        };
+        let storage = B::execute(&self.device, &op, &views, &out)?;
+        RawTensor::from_storage(storage, out_dims, self.device.clone())
+    }
+}
+
+macro_rules! unary_methods {
+    ($($(#[$m:meta])* $name:ident => $op:ident),* $(,)?) => {
+        impl<B: Backend> RawTensor<B> {
+            $(
+                $(#[$m])*
+                pub fn $name(&self) -> Result<Self> {
+                    self.apply(Op::Unary(crate::op::UnaryOp::$op), &[])
+                }
+            )*
+        }
+    };
+}
+
+unary_methods!(
+    /// -x
+    neg => Neg,
+    /// |x|
+    abs => Abs,
+    /// sign(x)
+    sign => Sign,
+    /// e^x
+    exp => Exp,
+    /// ln x
+    log => Log,
+    /// √x
+    sqrt => Sqrt,
+    /// 1/√x
+    rsqrt => Rsqrt,
+    /// 1/x
+    recip => Recip,
+    /// sin x
+    sin => Sin,
+    /// cos x
+    cos => Cos,
+    /// tanh x
+    tanh => Tanh,
+    /// 1/(1+e^-x)
+    sigmoid => Sigmoid,
+    /// max(x, 0)
+    relu => Relu,
+    /// erf x
+    erf => Erf,
+    /// logical not
+    logical_not => Not,
+);
+
+impl<B: Backend> RawTensor<B> {
+    /// a + b, broadcasting.
+    pub fn add(&self, rhs: &Self) -> Result<Self> {
+        self.apply(Op::Binary(crate::op::BinaryOp::Add), &[rhs])
+    }
+    /// a - b, broadcasting.
+    pub fn sub(&self, rhs: &Self) -> Result<Self> {
+        self.apply(Op::Binary(crate::op::BinaryOp::Sub), &[rhs])
+    }
+    /// a * b, broadcasting.
+    pub fn mul(&self, rhs: &Self) -> Result<Self> {
+        self.apply(Op::Binary(crate::op::BinaryOp::Mul), &[rhs])
+    }
+    /// a / b, broadcasting.
+    pub fn div(&self, rhs: &Self) -> Result<Self> {
+        self.apply(Op::Binary(crate::op::BinaryOp::Div), &[rhs])
+    }
+    /// a ^ b, broadcasting.
+    pub fn pow(&self, rhs: &Self) -> Result<Self> {
+        self.apply(Op::Binary(crate::op::BinaryOp::Pow), &[rhs])
+    }
+    /// max(a, b), broadcasting.
+    pub fn maximum(&self, rhs: &Self) -> Result<Self> {
+        self.apply(Op::Binary(crate::op::BinaryOp::Max), &[rhs])
+    }
+    /// min(a, b), broadcasting.
+    pub fn minimum(&self, rhs: &Self) -> Result<Self> {
+        self.apply(Op::Binary(crate::op::BinaryOp::Min), &[rhs])
+    }
+    /// An elementwise comparison (bool result).
+    pub fn compare(&self, op: crate::op::CmpOp, rhs: &Self) -> Result<Self> {
+        self.apply(Op::Compare(op), &[rhs])
+    }
+    /// `self ? a : b` (self is the bool condition).
+    pub fn select(&self, a: &Self, b: &Self) -> Result<Self> {
+        self.apply(Op::Where, &[a, b])
+    }
+    /// x + s
+    pub fn add_scalar(&self, s: f64) -> Result<Self> {
+        self.ops().add_scalar(self, s)
+    }
+    /// x * s
+    pub fn mul_scalar(&self, s: f64) -> Result<Self> {
+        self.ops().mul_scalar(self, s)
+    }
+    /// Σ over `axes`.
+    pub fn sum(&self, axes: &[usize], keepdim: bool) -> Result<Self> {
+        self.ops().sum(self, axes, keepdim)
+    }
+    /// Σ over everything (rank 0).
+    pub fn sum_all(&self) -> Result<Self> {
+        self.ops().sum_all(self)
+    }
+    /// Mean over `axes`.
+    pub fn mean(&self, axes: &[usize], keepdim: bool) -> Result<Self> {
+        self.ops().mean(self, axes, keepdim)
+    }
+    /// Mean over everything (rank 0).
+    pub fn mean_all(&self) -> Result<Self> {
+        self.ops().mean_all(self)
+    }
+    /// Maximum over `axes`.
+    pub fn max(&self, axes: &[usize], keepdim: bool) -> Result<Self> {
+        self.ops().max(self, axes, keepdim)
+    }
+    /// Minimum over `axes`.
+    pub fn min(&self, axes: &[usize], keepdim: bool) -> Result<Self> {
+        self.ops()
+            .reduce(crate::op::ReduceOp::Min, self, axes, keepdim)
+    }
+    /// Index of the maximum along `axis` (i32).
+    pub fn argmax(&self, axis: usize, keepdim: bool) -> Result<Self> {
+        self.ops().argmax(self, axis, keepdim)
+    }
+    /// Index of the minimum along `axis` (i32).
+    pub fn argmin(&self, axis: usize, keepdim: bool) -> Result<Self> {
+        self.ops()
+            .reduce(crate::op::ReduceOp::ArgMin, self, &[axis], keepdim)
+    }
+    /// Same elements, new dims (a view when the layout allows).
+    pub fn reshape(&self, dims: &[usize]) -> Result<Self> {
+        self.apply(
+            Op::Reshape {
+                dims: dims.to_vec(),
+            },
+            &[],
+        )
+    }
+    /// Reorders dims (a view).
+    pub fn permute(&self, perm: &[usize]) -> Result<Self> {
+        self.apply(
+            Op::Permute {
+                perm: perm.to_vec(),
+            },
+            &[],
+        )
+    }
+    /// Swaps two axes (a view).
+    pub fn transpose(&self, a: usize, b: usize) -> Result<Self> {
+        self.ops().transpose(self, a, b)
+    }
+    /// Broadcasts to `dims` (a view).
+    pub fn broadcast_to(&self, dims: &[usize]) -> Result<Self> {
+        self.apply(
+            Op::Expand {
+                dims: dims.to_vec(),
+            },
+            &[],
+        )
+    }
+    /// `start..end` by `step` along `axis` (a view).
+    pub fn slice(&self, axis: usize, start: usize, end: usize, step: usize) -> Result<Self> {
+        self.apply(
+            Op::Slice {
+                axis,
+                start,
+                end,
+                step,
+            },
+            &[],
+        )
+    }
+    /// Joins tensors along `axis`.
+    pub fn concat(tensors: &[&Self], axis: usize) -> Result<Self> {
+        let first = tensors
+            .first()
+            .ok_or_else(|| Error::invalid("concat", "needs at least one tensor"))?;
+        first.ops().concat(tensors, axis)
+    }
+    /// Pads `axis` with `before`/`after` elements of `value`.
+    pub fn pad(&self, axis: usize, before: usize, after: usize, value: f64) -> Result<Self> {
+        self.apply(
+            Op::Pad {
+                axis,
+                before,
+                after,
+                value,
+            },
+            &[],
+        )
+    }
+    /// Batched matrix product.
+    pub fn matmul(&self, rhs: &Self) -> Result<Self> {
+        self.apply(Op::MatMul, &[rhs])
+    }
+    /// PyTorch's gather along `axis`.
+    pub fn gather(&self, axis: usize, index: &Self) -> Result<Self> {
+        self.apply(Op::Gather { axis }, &[index])
+    }
+    /// Zeros of `dims` with `self` (the source) added at `index` along `axis`.
+    pub fn scatter_add(&self, dims: &[usize], axis: usize, index: &Self) -> Result<Self> {
+        index.apply(
+            Op::ScatterAdd {
+                axis,
+                dims: dims.to_vec(),
+            },
+            &[self],
+        )
+    }
+    /// Converts the dtype.
+    pub fn cast(&self, dtype: DType) -> Result<Self> {
+        self.ops().cast(self, dtype)
+    }
+    /// Softmax along `axis`.
+    pub fn softmax(&self, axis: usize) -> Result<Self> {
+        self.ops().softmax(self, axis)
+    }
+    /// Log-softmax along `axis`.
+    pub fn log_softmax(&self, axis: usize) -> Result<Self> {
+        self.ops().log_softmax(self, axis)
+    }
+    /// GELU (erf form).
+    pub fn gelu(&self) -> Result<Self> {
+        self.ops().gelu_erf(self)
+    }
+    /// GELU (tanh form).
+    pub fn gelu_tanh(&self) -> Result<Self> {
+        self.ops().gelu_tanh(self)
+    }
+    /// x · sigmoid(x)
+    pub fn silu(&self) -> Result<Self> {
+        self.ops().silu(self)
+    }
+}

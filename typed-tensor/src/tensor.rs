@@ -1,0 +1,612 @@
+//! `Tensor<B, S, E>`: a tensor whose shape `S` and element type `E` are part of its type.
+//! Dims that must match are checked by rustc through `SameDim`/`SameShape`; dims that
+//! need arithmetic by const assertions (see `checks`); `Dyn` dims at run time, with an
+//! error that names both shapes.
+
+use crate::backend::Backend;
+use crate::builder::BuilderExt;
+use crate::checks::{BroadcastCheck, ReshapeCheck, StaticCheck, WindowCheck};
+use crate::dim::{Const, Dim, SameDim};
+use crate::dtype::{Element, FloatElement};
+use crate::error::{Error, Result};
+use crate::op::{fmt_dims, RandDist};
+use crate::raw::RawTensor;
+use crate::shape::{describe, Dims, LastDim, ReduceAxis, SameShape, Shape};
+use std::fmt;
+use std::marker::PhantomData;
+
+/// A tensor of shape type `S` and element type `E` on backend `B`.
+pub struct Tensor<B: Backend, S: Shape, E: Element = f32> {
+    raw: RawTensor<B>,
+    _type: PhantomData<(S, E)>,
+}
+
+impl<B: Backend, S: Shape, E: Element> Clone for Tensor<B, S, E> {
+    fn clone(&self) -> Self {
+        Tensor {
+            raw: self.raw.clone(),
+            _type: PhantomData,
+        }
+    }
+}
+
+impl<B: Backend, S: Shape, E: Element> fmt::Debug for Tensor<B, S, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor<{}, {}, {}>{}",
+            B::NAME,
+            describe::<S>(),
+            E::DTYPE,
+            self.raw.dims()
+        )
+    }
+}
+
+/// A stride for windowed ops, as a type so the output size is checked when compiled.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stride<const S: usize>;
+
+/// A padding for windowed ops, as a type so the output size is checked when compiled.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Padding<const P: usize>;
+
+/// A square pooling kernel size, as a type.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Kernel<const K: usize>;
+
+impl<B: Backend, S: Shape, E: Element> Tensor<B, S, E> {
+    /// Wraps a raw tensor, checking its dims against `S` and its dtype against `E`.
+    pub fn from_raw(raw: RawTensor<B>) -> Result<Self> {
+        if raw.dtype() != E::DTYPE {
+            return Err(Error::dtype(
+                "from_raw",
+                format!(
+                    "the tensor holds {}, its type says {}",
+                    raw.dtype(),
+                    E::DTYPE
+                ),
+            ));
+        }
+        S::check(raw.dims())?;
+        Ok(Self::wrap(raw))
+    }
+
+    /// Wraps a raw tensor already known to fit `S` and `E`.
+    fn wrap(raw: RawTensor<B>) -> Self {
+        debug_assert!(S::check(raw.dims()).is_ok() && raw.dtype() == E::DTYPE);
+        Tensor {
+            raw,
+            _type: PhantomData,
+        }
+    }
+
+    /// The untyped tensor.
+    pub fn raw(&self) -> &RawTensor<B> {
+        &self.raw
+    }
+
+    /// Unwraps the untyped tensor.
+    pub fn into_raw(self) -> RawTensor<B> {
+        self.raw
+    }
+
+    /// Uploads `data` with run-time `dims` (checked against `S`).
+    pub fn from_vec(data: Vec<E>, dims: &[usize], device: &B::Device) -> Result<Self> {
+        S::check(dims)?;
+        Ok(Self::wrap(RawTensor::from_vec(data, dims, device)?))
+    }
+
+    /// Uploads `data` into a fully static shape.
+    pub fn from_slice(data: &[E], device: &B::Device) -> Result<Self> {
+        let () = StaticCheck::<S>::OK;
+        let dims = S::static_dims().expect("checked static");
+        Self::from_vec(data.to_vec(), &dims, device)
+    }
+
+    /// A fully static tensor filled with `value`.
+    pub fn full(value: f64, device: &B::Device) -> Result<Self> {
+        let () = StaticCheck::<S>::OK;
+        let dims = S::static_dims().expect("checked static");
+        Self::full_dims(&dims, value, device)
+    }
+
+    /// A fully static tensor of zeros.
+    pub fn zeros(device: &B::Device) -> Result<Self> {
+        Self::full(0.0, device)
+    }
+
+    /// A tensor of run-time `dims` (checked against `S`) filled with `value`.
+    pub fn full_dims(dims: &[usize], value: f64, device: &B::Device) -> Result<Self> {
+        S::check(dims)?;
+        Ok(Self::wrap(RawTensor::full(dims, value, E::DTYPE, device)?))
+    }
+
+    /// The run-time dims.
+    pub fn dims(&self) -> &Dims {
+        self.raw.dims()
+    }
+
+    /// The device.
+    pub fn device(&self) -> &B::Device {
+        self.raw.device()
+    }
+
+    /// The elements in row-major order.
+    pub fn to_vec(&self) -> Result<Vec<E>> {
+        self.raw.to_vec()
+    }
+
+    /// Reinterprets the shape type after a run-time check (for `Dyn` ↔ `Const`).
+    pub fn into_shape<S2: Shape>(self) -> Result<Tensor<B, S2, E>> {
+        S2::check(self.raw.dims())
+            .map_err(|_| mismatch("into_shape", self.raw.dims(), &describe::<S2>()))?;
+        Ok(Tensor::wrap(self.raw))
+    }
+
+    /// Same elements in shape `S2`; the element counts must agree (checked when built
+    /// for static shapes, at run time for `Dyn`).
+    pub fn reshape<S2: Shape>(&self) -> Result<Tensor<B, S2, E>> {
+        let () = ReshapeCheck::<S, S2>::OK;
+        let dims = resolve_dims::<S2>(self.raw.numel(), "reshape", self.raw.dims())?;
+        Ok(Tensor::wrap(self.raw.reshape(&dims)?))
+    }
+
+    /// Same elements in run-time `dims` (checked against `S2`).
+    pub fn reshape_dims<S2: Shape>(&self, dims: &[usize]) -> Result<Tensor<B, S2, E>> {
+        S2::check(dims)?;
+        Ok(Tensor::wrap(self.raw.reshape(dims)?))
+    }
+
+    /// Broadcasts to shape `S2` (NumPy rules; checked when built for static dims).
+    pub fn broadcast_to<S2: Shape>(&self) -> Result<Tensor<B, S2, E>> {
+        let () = BroadcastCheck::<S, S2>::OK;
+        let dims = S2::static_dims().ok_or_else(|| {
+            Error::invalid(
+                "broadcast_to",
+                "the target has `Dyn` dims: use broadcast_like",
+            )
+        })?;
+        Ok(Tensor::wrap(self.raw.broadcast_to(&dims)?))
+    }
+
+    /// Broadcasts to the shape of `other`.
+    pub fn broadcast_like<S2: Shape, E2: Element>(
+        &self,
+        other: &Tensor<B, S2, E2>,
+    ) -> Result<Tensor<B, S2, E>> {
+        let () = BroadcastCheck::<S, S2>::OK;
+        Ok(Tensor::wrap(self.raw.broadcast_to(other.dims())?))
+    }
+
+    /// Reorders dims into shape `S2` (checked at run time against `S2`).
+    pub fn permute<S2: Shape>(&self, perm: &[usize]) -> Result<Tensor<B, S2, E>> {
+        let r = self.raw.permute(perm)?;
+        S2::check(r.dims()).map_err(|_| mismatch("permute", r.dims(), &describe::<S2>()))?;
+        Ok(Tensor::wrap(r))
+    }
+
+    /// Converts the element type.
+    pub fn cast<E2: Element>(&self) -> Result<Tensor<B, S, E2>> {
+        Ok(Tensor::wrap(self.raw.cast(E2::DTYPE)?))
+    }
+
+    /// Σ over `AX`, removing it.
+    pub fn sum<const AX: usize>(&self) -> Result<Tensor<B, <S as ReduceAxis<AX>>::Out, E>>
+    where
+        S: ReduceAxis<AX>,
+    {
+        Ok(Tensor::wrap(self.raw.sum(&[AX], false)?))
+    }
+
+    /// Σ over `AX`, keeping it as size 1.
+    pub fn sum_keepdim<const AX: usize>(
+        &self,
+    ) -> Result<Tensor<B, <S as ReduceAxis<AX>>::KeepDim, E>>
+    where
+        S: ReduceAxis<AX>,
+    {
+        Ok(Tensor::wrap(self.raw.sum(&[AX], true)?))
+    }
+
+    /// Maximum over `AX`, removing it.
+    pub fn max<const AX: usize>(&self) -> Result<Tensor<B, <S as ReduceAxis<AX>>::Out, E>>
+    where
+        S: ReduceAxis<AX>,
+    {
+        Ok(Tensor::wrap(self.raw.max(&[AX], false)?))
+    }
+
+    /// Index of the maximum along `AX` (i32), removing it.
+    pub fn argmax<const AX: usize>(&self) -> Result<Tensor<B, <S as ReduceAxis<AX>>::Out, i32>>
+    where
+        S: ReduceAxis<AX>,
+    {
+        Ok(Tensor::wrap(self.raw.argmax(AX, false)?))
+    }
+
+    /// Σ of every element.
+    pub fn sum_all(&self) -> Result<Tensor<B, (), E>> {
+        Ok(Tensor::wrap(self.raw.sum_all()?))
+    }
+
+    /// Elementwise equality (bool result); shapes must match.
+    pub fn eq<S2: Shape>(&self, rhs: &Tensor<B, S2, E>) -> Result<Tensor<B, S::Out, bool>>
+    where
+        S: SameShape<S2>,
+    {
+        same_dims("eq", self.dims(), rhs.dims())?;
+        Ok(Tensor::wrap(
+            self.raw.compare(crate::op::CmpOp::Eq, &rhs.raw)?,
+        ))
+    }
+}
+
+macro_rules! typed_unary {
+    ($($(#[$m:meta])* $name:ident),* $(,)?) => {
+        impl<B: Backend, S: Shape, E: FloatElement> Tensor<B, S, E> {
+            $(
+                $(#[$m])*
+                pub fn $name(&self) -> Result<Self> {
+                    Ok(Self::wrap(self.raw.$name()?))
+                }
+            )*
+        }
+    };
+}
+
+typed_unary!(
+    /// -x
+    neg,
+    /// |x|
+    abs,
+    /// e^x
+    exp,
+    /// ln x
+    log,
+    /// √x
+    sqrt,
+    /// 1/√x
+    rsqrt,
+    /// 1/x
+    recip,
+    /// sin x
+    sin,
+    /// cos x
+    cos,
+    /// tanh x
+    tanh,
+    /// 1/(1+e^-x)
+    sigmoid,
+    /// max(x, 0)
+    relu,
+    /// erf x
+    erf,
+    /// GELU (erf form)
+    gelu,
+    /// GELU (tanh form)
+    gelu_tanh,
+    /// x · sigmoid(x)
+    silu,
+);
+
+macro_rules! typed_binary {
+    ($($(#[$m:meta])* $name:ident),* $(,)?) => {
+        impl<B: Backend, S: Shape, E: Element> Tensor<B, S, E> {
+            $(
+                $(#[$m])*
+                pub fn $name<S2: Shape>(&self, rhs: &Tensor<B, S2, E>) -> Result<Tensor<B, S::Out, E>>
+                where
+                    S: SameShape<S2>,
+                {
+                    same_dims(stringify!($name), self.dims(), rhs.dims())?;
+                    Ok(Tensor::wrap(self.raw.$name(&rhs.raw)?))
+                }
+            )*
+        }
+    };
+}
+
+typed_binary!(
+    /// a + b (same shapes; broadcast explicitly with `broadcast_to`)
+    add,
+    /// a - b
+    sub,
+    /// a * b
+    mul,
+    /// a / b
+    div,
+    /// a ^ b
+    pow,
+    /// max(a, b)
+    maximum,
+    /// min(a, b)
+    minimum,
+);
+
+impl<B: Backend, S: Shape, E: FloatElement> Tensor<B, S, E> {
+    /// x + s
+    pub fn add_scalar(&self, s: f64) -> Result<Self> {
+        Ok(Self::wrap(self.raw.add_scalar(s)?))
+    }
+    /// x * s
+    pub fn mul_scalar(&self, s: f64) -> Result<Self> {
+        Ok(Self::wrap(self.raw.mul_scalar(s)?))
+    }
+    /// Mean over `AX`, removing it.
+    pub fn mean<const AX: usize>(&self) -> Result<Tensor<B, <S as ReduceAxis<AX>>::Out, E>>
+    where
+        S: ReduceAxis<AX>,
+    {
+        Ok(Tensor::wrap(self.raw.mean(&[AX], false)?))
+    }
+    /// Mean of every element.
+    pub fn mean_all(&self) -> Result<Tensor<B, (), E>> {
+        Ok(Tensor::wrap(self.raw.mean_all()?))
+    }
+    /// Mean squared error against a tensor of the same shape.
+    pub fn mse<S2: Shape>(&self, target: &Tensor<B, S2, E>) -> Result<Tensor<B, (), E>>
+    where
+        S: SameShape<S2>,
+    {
+        same_dims("mse", self.dims(), target.dims())?;
+        let mut g = self.raw.ops();
+        Ok(Tensor::wrap(g.mse(&self.raw, &target.raw)?))
+    }
+    /// Seeded uniform values on [low, high) in a fully static shape.
+    pub fn uniform(low: f64, high: f64, seed: u64, device: &B::Device) -> Result<Self> {
+        let () = StaticCheck::<S>::OK;
+        let dims = S::static_dims().expect("checked static");
+        Self::uniform_dims(&dims, low, high, seed, device)
+    }
+    /// Seeded uniform values on [low, high) with run-time dims.
+    pub fn uniform_dims(
+        dims: &[usize],
+        low: f64,
+        high: f64,
+        seed: u64,
+        device: &B::Device,
+    ) -> Result<Self> {
+        S::check(dims)?;
+        let dist = RandDist::Uniform { low, high };
+        Ok(Self::wrap(RawTensor::rand(
+            dims,
+            dist,
+            seed,
+            E::DTYPE,
+            device,
+        )?))
+    }
+    /// Seeded normal values in a fully static shape.
+    pub fn normal(mean: f64, std: f64, seed: u64, device: &B::Device) -> Result<Self> {
+        let () = StaticCheck::<S>::OK;
+        let dims = S::static_dims().expect("checked static");
+        Self::normal_dims(&dims, mean, std, seed, device)
+    }
+    /// Seeded normal values with run-time dims.
+    pub fn normal_dims(
+        dims: &[usize],
+        mean: f64,
+        std: f64,
+        seed: u64,
+        device: &B::Device,
+    ) -> Result<Self> {
+        S::check(dims)?;
+        let dist = RandDist::Normal { mean, std };
+        Ok(Self::wrap(RawTensor::rand(
+            dims,
+            dist,
+            seed,
+            E::DTYPE,
+            device,
+        )?))
+    }
+}
+
+impl<B: Backend, S: LastDim, E: FloatElement> Tensor<B, S, E> {
+    /// Softmax over the last axis.
+    pub fn softmax(&self) -> Result<Self> {
+        Ok(Self::wrap(self.raw.softmax(S::RANK - 1)?))
+    }
+    /// Log-softmax over the last axis.
+    pub fn log_softmax(&self) -> Result<Self> {
+        Ok(Self::wrap(self.raw.log_softmax(S::RANK - 1)?))
+    }
+}
+
+/// Shape pairs that multiply as matrices, with the shape of the product. Batched
+/// operands share batch dims; a rank-2 right operand is shared by every batch.
+#[diagnostic::on_unimplemented(
+    message = "cannot multiply a `{Self}` matrix by a `{Rhs}` matrix",
+    label = "the inner dims of `{Self}` × `{Rhs}` differ (or the ranks do not pair)",
+    note = "matmul needs [.., M, K] × [.., K, N] (or × [K, N])"
+)]
+pub trait MatMulShape<Rhs: Shape>: Shape {
+    /// The shape of the product.
+    type Out: Shape;
+}
+
+#[diagnostic::do_not_recommend]
+impl<M: Dim, K: SameDim<K2>, K2: Dim, N: Dim> MatMulShape<(K2, N)> for (M, K) {
+    type Out = (M, N);
+}
+
+#[diagnostic::do_not_recommend]
+impl<Bt: Dim, M: Dim, K: SameDim<K2>, K2: Dim, N: Dim> MatMulShape<(K2, N)> for (Bt, M, K) {
+    type Out = (Bt, M, N);
+}
+
+#[diagnostic::do_not_recommend]
+impl<Bt: SameDim<Bt2>, Bt2: Dim, M: Dim, K: SameDim<K2>, K2: Dim, N: Dim> MatMulShape<(Bt2, K2, N)>
+    for (Bt, M, K)
+{
+    type Out = (Bt::Out, M, N);
+}
+
+#[diagnostic::do_not_recommend]
+impl<
+        B0: SameDim<C0>,
+        C0: Dim,
+        B1: SameDim<C1>,
+        C1: Dim,
+        M: Dim,
+        K: SameDim<K2>,
+        K2: Dim,
+        N: Dim,
+    > MatMulShape<(C0, C1, K2, N)> for (B0, B1, M, K)
+{
+    type Out = (B0::Out, B1::Out, M, N);
+}
+
+#[diagnostic::do_not_recommend]
+impl<B0: Dim, B1: Dim, M: Dim, K: SameDim<K2>, K2: Dim, N: Dim> MatMulShape<(K2, N)>
+    for (B0, B1, M, K)
+{
+    type Out = (B0, B1, M, N);
+}
+
+impl<B: Backend, S: Shape, E: FloatElement> Tensor<B, S, E> {
+    /// Matrix product (batched where the shapes say so).
+    pub fn matmul<S2: Shape>(&self, rhs: &Tensor<B, S2, E>) -> Result<Tensor<B, S::Out, E>>
+    where
+        S: MatMulShape<S2>,
+    {
+        let (a, b) = (self.dims(), rhs.dims());
+        let (k1, k2) = (a[a.rank() - 1], b[b.rank() - 2]);
+        if k1 != k2 || (b.rank() == a.rank() && a[..a.rank() - 2] != b[..b.rank() - 2]) {
+            return Err(Error::shape(
+                "matmul",
+                format!("cannot multiply {a} by {b}"),
+            ));
+        }
+        Ok(Tensor::wrap(self.raw.matmul(&rhs.raw)?))
+    }
+}
+
+impl<B: Backend, M: Dim, N: Dim, E: Element> Tensor<B, (M, N), E> {
+    /// The transpose (a view).
+    pub fn t(&self) -> Result<Tensor<B, (N, M), E>> {
+        Ok(Tensor::wrap(self.raw.transpose(0, 1)?))
+    }
+}
+
+impl<B: Backend, N: Dim, C: Dim, E: FloatElement> Tensor<B, (N, C), E> {
+    /// Mean cross-entropy against integer labels, with optional label smoothing.
+    pub fn cross_entropy<N2: Dim>(
+        &self,
+        labels: &Tensor<B, (N2,), i32>,
+        smoothing: f64,
+    ) -> Result<Tensor<B, (), E>>
+    where
+        N: SameDim<N2>,
+    {
+        let mut g = self.raw.ops();
+        Ok(Tensor::wrap(g.cross_entropy(
+            &self.raw,
+            &labels.raw,
+            smoothing,
+        )?))
+    }
+}
+
+impl<B: Backend, N: Dim, C: Dim, const H: usize, const W: usize, E: FloatElement>
+    Tensor<B, (N, C, Const<H>, Const<W>), E>
+{
+    /// 2-d convolution with a square kernel; the output size is checked when built.
+    pub fn conv2d<
+        C2: Dim,
+        const O: usize,
+        const K: usize,
+        const S: usize,
+        const P: usize,
+        const OH: usize,
+        const OW: usize,
+    >(
+        &self,
+        weight: &Tensor<B, (Const<O>, C2, Const<K>, Const<K>), E>,
+        bias: Option<&Tensor<B, (Const<O>,), E>>,
+        _stride: Stride<S>,
+        _padding: Padding<P>,
+    ) -> Result<Tensor<B, (N, Const<O>, Const<OH>, Const<OW>), E>>
+    where
+        C: SameDim<C2>,
+    {
+        let () = WindowCheck::<H, K, S, P, OH>::OK;
+        let () = WindowCheck::<W, K, S, P, OW>::OK;
+        let mut g = self.raw.ops();
+        let y = g.conv2d(
+            &self.raw,
+            &weight.raw,
+            bias.map(|b| &b.raw),
+            [S; 2],
+            [P; 2],
+            [1; 2],
+            1,
+        )?;
+        Ok(Tensor::wrap(y))
+    }
+
+    /// Max pooling with a square kernel; the output size is checked when built.
+    pub fn max_pool2d<const K: usize, const S: usize, const OH: usize, const OW: usize>(
+        &self,
+        _kernel: Kernel<K>,
+        _stride: Stride<S>,
+    ) -> Result<Tensor<B, (N, C, Const<OH>, Const<OW>), E>> {
+        let () = WindowCheck::<H, K, S, 0, OH>::OK;
+        let () = WindowCheck::<W, K, S, 0, OW>::OK;
+        let mut g = self.raw.ops();
+        Ok(Tensor::wrap(
+            g.max_pool2d(&self.raw, [K; 2], [S; 2], [0; 2])?,
+        ))
+    }
+
+    /// Average pooling with a square kernel; the output size is checked when built.
+    pub fn avg_pool2d<const K: usize, const S: usize, const OH: usize, const OW: usize>(
+        &self,
+        _kernel: Kernel<K>,
+        _stride: Stride<S>,
+    ) -> Result<Tensor<B, (N, C, Const<OH>, Const<OW>), E>> {
+        let () = WindowCheck::<H, K, S, 0, OH>::OK;
+        let () = WindowCheck::<W, K, S, 0, OW>::OK;
+        let mut g = self.raw.ops();
+        Ok(Tensor::wrap(
+            g.avg_pool2d(&self.raw, [K; 2], [S; 2], [0; 2])?,
+        ))
+    }
+}
+
+/// Run-time dims for shape type `S2` holding `numel` elements: static dims as they
+/// are, one `Dyn` dim solved from the element count.
+fn resolve_dims<S2: Shape>(numel: usize, op: &'static str, from: &Dims) -> Result<Vec<usize>> {
+    let known: usize = S2::DIMS[..S2::RANK].iter().flatten().product();
+    let unknown = S2::DIMS[..S2::RANK].iter().filter(|d| d.is_none()).count();
+    let fail = || mismatch(op, from, &describe::<S2>());
+    let solved = match unknown {
+        0 if known == numel => None,
+        1 if known > 0 && numel % known == 0 => Some(numel / known),
+        1 if known == 0 && numel == 0 => Some(0),
+        _ => return Err(fail()),
+    };
+    Ok(S2::DIMS[..S2::RANK]
+        .iter()
+        .map(|d| d.or(solved).expect("one unknown dim solved"))
+        .collect())
+}
+
+fn same_dims(op: &'static str, a: &Dims, b: &Dims) -> Result<()> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(Error::shape(
+            op,
+            format!("the operands have shapes {a} and {b}"),
+        ))
+    }
+}
+
+fn mismatch(op: &'static str, dims: &Dims, want: &str) -> Error {
+    Error::shape(
+        op,
+        format!("shape {} does not fit {}", fmt_dims(dims), want),
+    )
+}

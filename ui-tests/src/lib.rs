@@ -1,0 +1,1 @@
+//! Holds the trybuild suites (see `tests/`); no library code.
