@@ -991,16 +991,18 @@ pub fn broadcast_dims<D: SymDim>(op: &'static str, a: &[D], b: &[D]) -> Result<V
                                 y.clone()
                             }
                         }
-                        Some(false) => return Err(Error::shape(
-                            op,
-                            format!(
+                        Some(false) => {
+                            return Err(Error::shape(
+                                op,
+                                format!(
                                 "cannot broadcast {} with {}: {} and {} differ and neither is 1",
                                 fmt_dims(a),
                                 fmt_dims(b),
                                 x,
                                 y
                             ),
-                        )),
+                            ))
+                        }
                     }
                 }
             }

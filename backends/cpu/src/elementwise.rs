@@ -1,0 +1,390 @@
+//! Elementwise kernels: unary, binary, comparisons, select and casts. Inputs arrive as
+//! views with the output's dims (broadcasting is a stride-0 view); the row planner
+//! turns them into inner runs, which are processed in parallel chunks.
+
+use crate::math::Real;
+use crate::storage::{with_storage, CpuElement, CpuStorage, FloatKernel};
+use crate::strided::{rows_per_task, RowPlan};
+use half::{bf16, f16};
+use kiln_tensor::{BinaryOp, CmpOp, Dims, Element, Error, Layout, Result, UnaryOp};
+use num_traits::{Float, One, Zero};
+use rayon::prelude::*;
+
+/// Elements per parallel task: below this, threading costs more than it saves.
+pub(crate) const GRAIN: usize = 1 << 15;
+
+/// Fills `out` (contiguous, the plan's row-major order) row by row, in parallel for
+/// large outputs. `f(row_out, bases)` writes one row.
+pub(crate) fn fill_rows<O: Send>(
+    plan: &RowPlan,
+    out: &mut [O],
+    f: impl Fn(&mut [O], &[usize]) + Sync,
+) {
+    let inner = plan.inner;
+    if plan.rows == 0 || inner == 0 {
+        return;
+    }
+    let per = rows_per_task(plan.rows, inner, GRAIN);
+    if per >= plan.rows {
+        let mut chunks = out.chunks_mut(inner);
+        plan.for_rows(0, plan.rows, |_, b| {
+            f(chunks.next().expect("one chunk per row"), b)
+        });
+        return;
+    }
+    out.par_chunks_mut(per * inner)
+        .enumerate()
+        .for_each(|(t, chunk)| {
+            let r0 = t * per;
+            let r1 = (r0 + per).min(plan.rows);
+            let mut rows = chunk.chunks_mut(inner);
+            plan.for_rows(r0, r1, |_, b| f(rows.next().expect("one chunk per row"), b));
+        });
+}
+
+/// out[i] = f(x[i]) over a strided view.
+pub(crate) fn map1<T: Copy + Sync, O: Copy + Default + Send>(
+    data: &[T],
+    l: &Layout,
+    f: impl Fn(T) -> O + Sync,
+) -> Vec<O> {
+    let plan = RowPlan::new(l.dims(), &[l]);
+    let mut out = vec![O::default(); l.numel()];
+    let s = plan.inner_strides[0];
+    fill_rows(&plan, &mut out, |row, b| {
+        let (b, n) = (b[0], row.len());
+        match s {
+            1 => row
+                .iter_mut()
+                .zip(&data[b..b + n])
+                .for_each(|(o, &x)| *o = f(x)),
+            0 => row.fill(f(data[b])),
+            _ => row
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, o)| *o = f(data[b + i * s])),
+        }
+    });
+    out
+}
+
+/// out[i] = f(a[i], b[i]) over two strided views of the same dims.
+pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Copy + Default + Send>(
+    dims: &Dims,
+    a: &[A],
+    la: &Layout,
+    b: &[B],
+    lb: &Layout,
+    f: impl Fn(A, B) -> O + Sync,
+) -> Vec<O> {
+    let plan = RowPlan::new(dims, &[la, lb]);
+    let mut out = vec![O::default(); dims.numel()];
+    let (sa, sb) = (plan.inner_strides[0], plan.inner_strides[1]);
+    fill_rows(&plan, &mut out, |row, base| {
+        let (ba, bb) = (base[0], base[1]);
+        let n = row.len();
+        match (sa, sb) {
+            (1, 1) => row
+                .iter_mut()
+                .zip(&a[ba..ba + n])
+                .zip(&b[bb..bb + n])
+                .for_each(|((o, &x), &y)| *o = f(x, y)),
+            (1, 0) => {
+                let y = b[bb];
+                row.iter_mut()
+                    .zip(&a[ba..ba + n])
+                    .for_each(|(o, &x)| *o = f(x, y))
+            }
+            (0, 1) => {
+                let x = a[ba];
+                row.iter_mut()
+                    .zip(&b[bb..bb + n])
+                    .for_each(|(o, &y)| *o = f(x, y))
+            }
+            _ => row
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, o)| *o = f(a[ba + i * sa], b[bb + i * sb])),
+        }
+    });
+    out
+}
+
+/// out[i] = f(c[i], a[i], b[i]) over three strided views of the same dims.
+fn map3<C: Copy + Sync, T: Copy + Sync + Default + Send>(
+    dims: &Dims,
+    c: &[C],
+    lc: &Layout,
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+    f: impl Fn(C, T, T) -> T + Sync,
+) -> Vec<T> {
+    let plan = RowPlan::new(dims, &[lc, la, lb]);
+    let mut out = vec![T::default(); dims.numel()];
+    let s = [
+        plan.inner_strides[0],
+        plan.inner_strides[1],
+        plan.inner_strides[2],
+    ];
+    fill_rows(&plan, &mut out, |row, base| {
+        row.iter_mut().enumerate().for_each(|(i, o)| {
+            *o = f(
+                c[base[0] + i * s[0]],
+                a[base[1] + i * s[1]],
+                b[base[2] + i * s[2]],
+            )
+        });
+    });
+    out
+}
+
+fn unary_float<T: FloatKernel>(op: UnaryOp, x: &[T], l: &Layout) -> Vec<T> {
+    macro_rules! go {
+        (|$v:ident| $e:expr) => {
+            map1(x, l, |t: T| {
+                let $v = t.load();
+                T::store($e)
+            })
+        };
+    }
+    let zero = T::C::zero();
+    let one = T::C::one();
+    match op {
+        UnaryOp::Neg => go!(|v| -v),
+        UnaryOp::Abs => go!(|v| v.abs()),
+        UnaryOp::Sign => go!(|v| if v > zero {
+            one
+        } else if v < zero {
+            -one
+        } else {
+            v * zero
+        }),
+        UnaryOp::Exp => go!(|v| v.exp()),
+        UnaryOp::Log => go!(|v| v.ln()),
+        UnaryOp::Sqrt => go!(|v| v.sqrt()),
+        UnaryOp::Rsqrt => go!(|v| one / v.sqrt()),
+        UnaryOp::Recip => go!(|v| one / v),
+        UnaryOp::Sin => go!(|v| v.sin()),
+        UnaryOp::Cos => go!(|v| v.cos()),
+        UnaryOp::Tanh => go!(|v| v.tanh()),
+        UnaryOp::Sigmoid => go!(|v| v.sigmoid()),
+        UnaryOp::Relu => go!(|v| if v > zero {
+            v
+        } else if v.is_nan() {
+            v
+        } else {
+            zero
+        }),
+        UnaryOp::Erf => go!(|v| v.erf()),
+        UnaryOp::Not => unreachable!("the op table rejects `not` on floats"),
+    }
+}
+
+/// Runs a unary op.
+pub fn unary(op: UnaryOp, x: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
+    Ok(match x {
+        CpuStorage::F32(v) => CpuStorage::F32(unary_float(op, v, l)),
+        CpuStorage::F64(v) => CpuStorage::F64(unary_float(op, v, l)),
+        CpuStorage::F16(v) => CpuStorage::F16(unary_float(op, v, l)),
+        CpuStorage::BF16(v) => CpuStorage::BF16(unary_float(op, v, l)),
+        CpuStorage::I32(v) => CpuStorage::I32(match op {
+            UnaryOp::Neg => map1(v, l, |a: i32| a.wrapping_neg()),
+            UnaryOp::Abs => map1(v, l, |a: i32| a.wrapping_abs()),
+            UnaryOp::Sign => map1(v, l, |a: i32| a.signum()),
+            UnaryOp::Relu => map1(v, l, |a: i32| a.max(0)),
+            _ => return Err(unsupported(op.name(), x)),
+        }),
+        CpuStorage::U32(v) => CpuStorage::U32(match op {
+            UnaryOp::Relu => map1(v, l, |a: u32| a),
+            _ => return Err(unsupported(op.name(), x)),
+        }),
+        CpuStorage::Bool(v) => CpuStorage::Bool(match op {
+            UnaryOp::Not => map1(v, l, |a: bool| !a),
+            _ => return Err(unsupported(op.name(), x)),
+        }),
+    })
+}
+
+fn binary_float<T: FloatKernel>(
+    op: BinaryOp,
+    dims: &Dims,
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+) -> Vec<T> {
+    macro_rules! go {
+        (|$x:ident, $y:ident| $e:expr) => {
+            map2(dims, a, la, b, lb, |p: T, q: T| {
+                let ($x, $y) = (p.load(), q.load());
+                T::store($e)
+            })
+        };
+    }
+    match op {
+        BinaryOp::Add => go!(|x, y| x + y),
+        BinaryOp::Sub => go!(|x, y| x - y),
+        BinaryOp::Mul => go!(|x, y| x * y),
+        BinaryOp::Div => go!(|x, y| x / y),
+        BinaryOp::Pow => go!(|x, y| x.powf(y)),
+        // NaN propagates, as in PyTorch's maximum/minimum.
+        BinaryOp::Max => go!(|x, y| if x.is_nan() || x > y { x } else { y }),
+        BinaryOp::Min => go!(|x, y| if x.is_nan() || x < y { x } else { y }),
+    }
+}
+
+macro_rules! binary_int {
+    ($t:ty, $op:expr, $dims:expr, $a:expr, $la:expr, $b:expr, $lb:expr) => {{
+        let (a, b): (&[$t], &[$t]) = ($a, $b);
+        match $op {
+            BinaryOp::Add => map2($dims, a, $la, b, $lb, |x: $t, y: $t| x.wrapping_add(y)),
+            BinaryOp::Sub => map2($dims, a, $la, b, $lb, |x: $t, y: $t| x.wrapping_sub(y)),
+            BinaryOp::Mul => map2($dims, a, $la, b, $lb, |x: $t, y: $t| x.wrapping_mul(y)),
+            BinaryOp::Div => {
+                let mut zero = false;
+                $lb.for_each_offset(|o| zero |= b[o] == 0);
+                if zero {
+                    return Err(Error::invalid("div", "integer division by zero"));
+                }
+                map2($dims, a, $la, b, $lb, |x: $t, y: $t| x.wrapping_div(y))
+            }
+            BinaryOp::Max => map2($dims, a, $la, b, $lb, |x: $t, y: $t| x.max(y)),
+            BinaryOp::Min => map2($dims, a, $la, b, $lb, |x: $t, y: $t| x.min(y)),
+            BinaryOp::Pow => unreachable!("the op table rejects integer pow"),
+        }
+    }};
+}
+
+/// Runs a binary op (operands already broadcast to `dims`).
+pub fn binary(
+    op: BinaryOp,
+    dims: &Dims,
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+) -> Result<CpuStorage> {
+    Ok(match (a, b) {
+        (CpuStorage::F32(x), CpuStorage::F32(y)) => {
+            CpuStorage::F32(binary_float(op, dims, x, la, y, lb))
+        }
+        (CpuStorage::F64(x), CpuStorage::F64(y)) => {
+            CpuStorage::F64(binary_float(op, dims, x, la, y, lb))
+        }
+        (CpuStorage::F16(x), CpuStorage::F16(y)) => {
+            CpuStorage::F16(binary_float(op, dims, x, la, y, lb))
+        }
+        (CpuStorage::BF16(x), CpuStorage::BF16(y)) => {
+            CpuStorage::BF16(binary_float(op, dims, x, la, y, lb))
+        }
+        (CpuStorage::I32(x), CpuStorage::I32(y)) => {
+            CpuStorage::I32(binary_int!(i32, op, dims, x, la, y, lb))
+        }
+        (CpuStorage::U32(x), CpuStorage::U32(y)) => {
+            CpuStorage::U32(binary_int!(u32, op, dims, x, la, y, lb))
+        }
+        _ => return Err(unsupported(op.name(), a)),
+    })
+}
+
+fn compare_typed<T: Copy + Sync + PartialOrd>(
+    op: CmpOp,
+    dims: &Dims,
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+) -> Vec<bool> {
+    match op {
+        CmpOp::Eq => map2(dims, a, la, b, lb, |x: T, y: T| x == y),
+        CmpOp::Ne => map2(dims, a, la, b, lb, |x: T, y: T| x != y),
+        CmpOp::Lt => map2(dims, a, la, b, lb, |x: T, y: T| x < y),
+        CmpOp::Le => map2(dims, a, la, b, lb, |x: T, y: T| x <= y),
+        CmpOp::Gt => map2(dims, a, la, b, lb, |x: T, y: T| x > y),
+        CmpOp::Ge => map2(dims, a, la, b, lb, |x: T, y: T| x >= y),
+    }
+}
+
+/// Runs a comparison (operands already broadcast to `dims`).
+pub fn compare(
+    op: CmpOp,
+    dims: &Dims,
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+) -> Result<CpuStorage> {
+    Ok(CpuStorage::Bool(match (a, b) {
+        (CpuStorage::F32(x), CpuStorage::F32(y)) => compare_typed(op, dims, x, la, y, lb),
+        (CpuStorage::F64(x), CpuStorage::F64(y)) => compare_typed(op, dims, x, la, y, lb),
+        (CpuStorage::F16(x), CpuStorage::F16(y)) => compare_typed(op, dims, x, la, y, lb),
+        (CpuStorage::BF16(x), CpuStorage::BF16(y)) => compare_typed(op, dims, x, la, y, lb),
+        (CpuStorage::I32(x), CpuStorage::I32(y)) => compare_typed(op, dims, x, la, y, lb),
+        (CpuStorage::U32(x), CpuStorage::U32(y)) => compare_typed(op, dims, x, la, y, lb),
+        (CpuStorage::Bool(x), CpuStorage::Bool(y)) => compare_typed(op, dims, x, la, y, lb),
+        _ => return Err(unsupported(op.name(), a)),
+    }))
+}
+
+/// Runs `cond ? a : b` (all three already broadcast to `dims`).
+pub fn select(
+    dims: &Dims,
+    c: &CpuStorage,
+    lc: &Layout,
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+) -> Result<CpuStorage> {
+    let CpuStorage::Bool(c) = c else {
+        return Err(Error::dtype("where", "the condition must be bool"));
+    };
+    macro_rules! sel {
+        ($($v:ident),*) => {
+            match (a, b) {
+                $((CpuStorage::$v(x), CpuStorage::$v(y)) => CpuStorage::$v(map3(dims, c, lc, x, la, y, lb, |k, p, q| if k { p } else { q })),)*
+                _ => return Err(unsupported("where", a)),
+            }
+        };
+    }
+    Ok(sel!(F32, F64, F16, BF16, I32, U32, Bool))
+}
+
+/// Converts a strided view to `dtype`.
+pub fn cast(x: &CpuStorage, l: &Layout, dtype: kiln_tensor::DType) -> Result<CpuStorage> {
+    use kiln_tensor::DType as D;
+    // Fast paths for the conversions mixed-precision training uses.
+    match (x, dtype) {
+        (CpuStorage::F32(v), D::F16) => return Ok(CpuStorage::F16(map1(v, l, f16::from_f32))),
+        (CpuStorage::F32(v), D::BF16) => return Ok(CpuStorage::BF16(map1(v, l, bf16::from_f32))),
+        (CpuStorage::F16(v), D::F32) => {
+            return Ok(CpuStorage::F32(map1(v, l, |h: f16| h.to_f32())))
+        }
+        (CpuStorage::BF16(v), D::F32) => {
+            return Ok(CpuStorage::F32(map1(v, l, |h: bf16| h.to_f32())))
+        }
+        _ => {}
+    }
+    fn to<T: Element + Sync, U: CpuElement>(v: &[T], l: &Layout) -> CpuStorage {
+        U::wrap(map1(v, l, |t: T| U::from_f64(t.to_f64())))
+    }
+    Ok(with_storage!(x, v, T => match dtype {
+        D::F32 => to::<T, f32>(v, l),
+        D::F64 => to::<T, f64>(v, l),
+        D::F16 => to::<T, f16>(v, l),
+        D::BF16 => to::<T, bf16>(v, l),
+        D::I32 => to::<T, i32>(v, l),
+        D::U32 => to::<T, u32>(v, l),
+        D::Bool => to::<T, bool>(v, l),
+    }))
+}
+
+pub(crate) fn unsupported(op: &str, x: &CpuStorage) -> Error {
+    Error::Unsupported {
+        op: op.to_string(),
+        backend: "cpu",
+        dtype: x.dtype(),
+    }
+}

@@ -1,0 +1,112 @@
+//! Data-dependent indexing: gather and its adjoint scatter-add. Indices are checked
+//! against the indexed axis; an out-of-range index is an error, never a wild read.
+
+use crate::storage::{with_float_storage, with_storage, CpuElement, CpuStorage, FloatKernel};
+use crate::strided::gather as gather_view;
+use kiln_tensor::{Dims, Error, Layout, Result};
+use num_traits::Zero;
+
+/// Indices of a view as `usize`, checked against `bound`.
+fn indices(index: &CpuStorage, l: &Layout, bound: usize, op: &'static str) -> Result<Vec<usize>> {
+    let check = |i: i64| -> Result<usize> {
+        if i < 0 || i as usize >= bound {
+            Err(Error::invalid(
+                op,
+                format!("index {i} is out of range for an axis of size {bound}"),
+            ))
+        } else {
+            Ok(i as usize)
+        }
+    };
+    match index {
+        CpuStorage::I32(v) => gather_view(v, l).iter().map(|&i| check(i as i64)).collect(),
+        CpuStorage::U32(v) => gather_view(v, l).iter().map(|&i| check(i as i64)).collect(),
+        other => Err(Error::dtype(
+            op,
+            format!("indices must be i32 or u32, not {}", other.dtype()),
+        )),
+    }
+}
+
+/// Visits every multi-index of `dims` in row-major order with its flat position.
+fn for_each_index(dims: &Dims, mut f: impl FnMut(usize, &[usize])) {
+    let n = dims.numel();
+    let mut idx = vec![0usize; dims.rank()];
+    for flat in 0..n {
+        f(flat, &idx);
+        for ax in (0..dims.rank()).rev() {
+            idx[ax] += 1;
+            if idx[ax] < dims[ax] {
+                break;
+            }
+            idx[ax] = 0;
+        }
+    }
+}
+
+/// `out[p] = data[p with axis := index[p]]`.
+pub fn gather(
+    data: &CpuStorage,
+    dl: &Layout,
+    index: &CpuStorage,
+    il: &Layout,
+    axis: usize,
+) -> Result<CpuStorage> {
+    let idx = indices(index, il, dl.dims()[axis], "gather")?;
+    let dims = *il.dims();
+    fn go<T: CpuElement>(
+        v: &[T],
+        dl: &Layout,
+        idx: &[usize],
+        dims: &Dims,
+        axis: usize,
+    ) -> CpuStorage {
+        let strides = dl.strides();
+        let mut out = Vec::with_capacity(idx.len());
+        for_each_index(dims, |flat, p| {
+            let mut o = dl.offset();
+            for (ax, (&i, &s)) in p.iter().zip(strides).enumerate() {
+                o += if ax == axis { idx[flat] } else { i } * s;
+            }
+            out.push(v[o]);
+        });
+        T::wrap(out)
+    }
+    Ok(with_storage!(data, v, T => go::<T>(v, dl, &idx, &dims, axis)))
+}
+
+/// Zeros of `out_dims`, then `out[p with axis := index[p]] += src[p]`.
+pub fn scatter_add(
+    index: &CpuStorage,
+    il: &Layout,
+    src: &CpuStorage,
+    sl: &Layout,
+    axis: usize,
+    out_dims: &Dims,
+) -> Result<CpuStorage> {
+    let idx = indices(index, il, out_dims[axis], "scatter_add")?;
+    let dims = *sl.dims();
+    let ostrides = out_dims.contiguous_strides();
+    fn go<T: FloatKernel>(
+        v: &[T],
+        sl: &Layout,
+        idx: &[usize],
+        dims: &Dims,
+        axis: usize,
+        out_dims: &Dims,
+        os: &[usize],
+    ) -> CpuStorage {
+        let s = gather_view(v, sl);
+        let mut acc = vec![T::C::zero(); out_dims.numel()];
+        for_each_index(dims, |flat, p| {
+            let mut o = 0;
+            for (ax, &i) in p.iter().enumerate() {
+                o += if ax == axis { idx[flat] } else { i } * os[ax];
+            }
+            acc[o] = acc[o] + s[flat].load();
+        });
+        T::wrap(acc.into_iter().map(T::store).collect())
+    }
+    with_float_storage!(src, v, T => Ok(go::<T>(v, sl, &idx, &dims, axis, out_dims, &ostrides)),
+        Err(crate::elementwise::unsupported("scatter_add", src)))
+}

@@ -1,0 +1,84 @@
+//! Batched matrix products over strided views: one GEMM call per batch element, the
+//! strides (transposes, broadcast batches) resolved by the GEMM's packing.
+
+use crate::gemm::{dgemm, sgemm, GemmInput, MatRef};
+use crate::storage::CpuStorage;
+use half::{bf16, f16};
+use kiln_tensor::{Dims, Layout, Result};
+
+/// The batch offsets of a view: the storage offset of each matrix, row-major over the
+/// batch dims.
+fn batch_offsets(l: &Layout) -> Vec<usize> {
+    let r = l.rank();
+    let batch = Layout::from_parts(
+        Dims::new(&l.dims()[..r - 2]).expect("rank fits"),
+        &l.strides()[..r - 2],
+        l.offset(),
+    );
+    let mut v = Vec::with_capacity(batch.numel());
+    batch.for_each_offset(|o| v.push(o));
+    v
+}
+
+fn mat<'a, T>(data: &'a [T], l: &Layout, offset: usize) -> MatRef<'a, T> {
+    let r = l.rank();
+    MatRef {
+        data,
+        offset,
+        row_stride: l.strides()[r - 2],
+        col_stride: l.strides()[r - 1],
+    }
+}
+
+/// `[.., M, K] × [.., K, N]` with identical batch dims.
+pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Result<CpuStorage> {
+    let r = la.rank();
+    let (m, k, n) = (la.dims()[r - 2], la.dims()[r - 1], lb.dims()[r - 1]);
+    let (oa, ob) = (batch_offsets(la), batch_offsets(lb));
+    fn f32_out<A: GemmInput, B: GemmInput>(
+        a: &[A],
+        la: &Layout,
+        oa: &[usize],
+        b: &[B],
+        lb: &Layout,
+        ob: &[usize],
+        mkn: [usize; 3],
+    ) -> Vec<f32> {
+        let [m, k, n] = mkn;
+        let mut c = vec![0f32; oa.len() * m * n];
+        if m * n > 0 {
+            for (i, cm) in c.chunks_mut(m * n).enumerate() {
+                sgemm(m, n, k, mat(a, la, oa[i]), mat(b, lb, ob[i]), cm, false);
+            }
+        }
+        c
+    }
+    let mkn = [m, k, n];
+    Ok(match (a, b) {
+        (CpuStorage::F32(x), CpuStorage::F32(y)) => {
+            CpuStorage::F32(f32_out(x, la, &oa, y, lb, &ob, mkn))
+        }
+        (CpuStorage::F16(x), CpuStorage::F16(y)) => CpuStorage::F16(
+            f32_out(x, la, &oa, y, lb, &ob, mkn)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect(),
+        ),
+        (CpuStorage::BF16(x), CpuStorage::BF16(y)) => CpuStorage::BF16(
+            f32_out(x, la, &oa, y, lb, &ob, mkn)
+                .into_iter()
+                .map(bf16::from_f32)
+                .collect(),
+        ),
+        (CpuStorage::F64(x), CpuStorage::F64(y)) => {
+            let mut c = vec![0f64; oa.len() * m * n];
+            if m * n > 0 {
+                for (i, cm) in c.chunks_mut(m * n).enumerate() {
+                    dgemm(m, n, k, mat(x, la, oa[i]), mat(y, lb, ob[i]), cm, false);
+                }
+            }
+            CpuStorage::F64(c)
+        }
+        _ => return Err(crate::elementwise::unsupported("matmul", a)),
+    })
+}

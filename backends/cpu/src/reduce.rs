@@ -1,0 +1,183 @@
+//! Reductions over axes: the reduced axes are moved innermost (copying only when the
+//! layout requires it), then each output element reduces one contiguous row.
+
+use crate::storage::{CpuStorage, FloatKernel};
+use crate::strided::gather;
+use kiln_tensor::{Error, Layout, ReduceOp, Result};
+use num_traits::{Float, Zero};
+use rayon::prelude::*;
+
+/// Splits `layout` into a row-major [outer, inner] matrix with the reduced axes inner.
+fn rows<'a, T: Copy + Send + Sync>(
+    data: &'a [T],
+    layout: &Layout,
+    axes: &[usize],
+) -> Result<(std::borrow::Cow<'a, [T]>, usize, usize)> {
+    let r = layout.rank();
+    let mut perm: Vec<usize> = (0..r).filter(|a| !axes.contains(a)).collect();
+    perm.extend_from_slice(axes);
+    let p = layout.permute(&perm)?;
+    let inner: usize = axes.iter().map(|&a| layout.dims()[a]).product();
+    let outer = if inner == 0 {
+        layout
+            .dims()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, d)| *d)
+            .product()
+    } else {
+        layout.numel() / inner
+    };
+    Ok((gather(data, &p), outer, inner))
+}
+
+fn par_rows<T: Sync, O: Send + Default + Clone>(
+    data: &[T],
+    outer: usize,
+    inner: usize,
+    f: impl Fn(&[T]) -> O + Sync + Send,
+) -> Vec<O> {
+    if inner == 0 {
+        return (0..outer).map(|_| f(&[])).collect();
+    }
+    if outer * inner >= crate::elementwise::GRAIN && outer > 1 {
+        data.par_chunks(inner).map(&f).collect()
+    } else {
+        data.chunks(inner).map(f).collect()
+    }
+}
+
+/// Sums a row in the compute type, with 8 independent partial sums so rustc can
+/// vectorise and the rounding error grows slower than a single running sum.
+#[inline]
+fn sum_row<T: FloatKernel>(row: &[T]) -> T::C {
+    let mut acc = [T::C::zero(); 8];
+    let chunks = row.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] = acc[i] + c[i].load();
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for &x in rest {
+        s = s + x.load();
+    }
+    s
+}
+
+fn reduce_float<T: FloatKernel>(
+    op: ReduceOp,
+    data: &[T],
+    layout: &Layout,
+    axes: &[usize],
+) -> Result<CpuStorage> {
+    let (d, outer, inner) = rows(data, layout, axes)?;
+    if inner == 0
+        && matches!(
+            op,
+            ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin
+        )
+    {
+        return Err(Error::invalid(op.name(), "cannot reduce an empty axis"));
+    }
+    Ok(match op {
+        ReduceOp::Sum => T::wrap(par_rows(&d, outer, inner, |r| T::store(sum_row(r)))),
+        ReduceOp::Max => T::wrap(par_rows(&d, outer, inner, |r| {
+            r.iter().copied().fold(r[0], |m, x| {
+                if x.load() > m.load() || x.load().is_nan() {
+                    x
+                } else {
+                    m
+                }
+            })
+        })),
+        ReduceOp::Min => T::wrap(par_rows(&d, outer, inner, |r| {
+            r.iter().copied().fold(r[0], |m, x| {
+                if x.load() < m.load() || x.load().is_nan() {
+                    x
+                } else {
+                    m
+                }
+            })
+        })),
+        ReduceOp::ArgMax => {
+            CpuStorage::I32(par_rows(&d, outer, inner, |r| arg_best(r, |a, b| a > b)))
+        }
+        ReduceOp::ArgMin => {
+            CpuStorage::I32(par_rows(&d, outer, inner, |r| arg_best(r, |a, b| a < b)))
+        }
+    })
+}
+
+/// Index of the first element that `better` prefers; a NaN wins, like PyTorch.
+fn arg_best<T: FloatKernel>(r: &[T], better: impl Fn(T::C, T::C) -> bool) -> i32 {
+    let mut best = 0;
+    let mut bv = r[0].load();
+    for (i, x) in r.iter().enumerate().skip(1) {
+        let v = x.load();
+        if bv.is_nan() {
+            break;
+        }
+        if better(v, bv) || v.is_nan() {
+            best = i;
+            bv = v;
+        }
+    }
+    best as i32
+}
+
+macro_rules! reduce_int {
+    ($t:ty, $op:expr, $data:expr, $layout:expr, $axes:expr) => {{
+        let (d, outer, inner) = rows($data, $layout, $axes)?;
+        if inner == 0 && !matches!($op, ReduceOp::Sum) {
+            return Err(Error::invalid($op.name(), "cannot reduce an empty axis"));
+        }
+        let idx = |r: &[$t], better: fn($t, $t) -> bool| {
+            let mut b = 0;
+            for i in 1..r.len() {
+                if better(r[i], r[b]) {
+                    b = i;
+                }
+            }
+            b as i32
+        };
+        match $op {
+            ReduceOp::Sum => {
+                <$t as crate::storage::CpuElement>::wrap(par_rows(&d, outer, inner, |r| {
+                    r.iter().fold(0 as $t, |a, &x| a.wrapping_add(x))
+                }))
+            }
+            ReduceOp::Max => {
+                <$t as crate::storage::CpuElement>::wrap(par_rows(&d, outer, inner, |r| {
+                    *r.iter().max().expect("non-empty")
+                }))
+            }
+            ReduceOp::Min => {
+                <$t as crate::storage::CpuElement>::wrap(par_rows(&d, outer, inner, |r| {
+                    *r.iter().min().expect("non-empty")
+                }))
+            }
+            ReduceOp::ArgMax => {
+                CpuStorage::I32(par_rows(&d, outer, inner, |r| idx(r, |a, b| a > b)))
+            }
+            ReduceOp::ArgMin => {
+                CpuStorage::I32(par_rows(&d, outer, inner, |r| idx(r, |a, b| a < b)))
+            }
+        }
+    }};
+}
+
+/// Runs a reduction over `axes` (keepdim layout of the result is the caller's).
+pub fn reduce(op: ReduceOp, x: &CpuStorage, layout: &Layout, axes: &[usize]) -> Result<CpuStorage> {
+    Ok(match x {
+        CpuStorage::F32(v) => reduce_float(op, v, layout, axes)?,
+        CpuStorage::F64(v) => reduce_float(op, v, layout, axes)?,
+        CpuStorage::F16(v) => reduce_float(op, v, layout, axes)?,
+        CpuStorage::BF16(v) => reduce_float(op, v, layout, axes)?,
+        CpuStorage::I32(v) => reduce_int!(i32, op, v, layout, axes),
+        CpuStorage::U32(v) => reduce_int!(u32, op, v, layout, axes),
+        CpuStorage::Bool(_) => return Err(crate::elementwise::unsupported(op.name(), x)),
+    })
+}

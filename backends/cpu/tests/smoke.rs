@@ -1,0 +1,66 @@
+//! Quick end-to-end checks of the CPU backend through the typed and raw APIs.
+
+use kiln_cpu::{Cpu, CpuDevice};
+use kiln_tensor::{BuilderExt, DType, Rank2, RawTensor, Tensor};
+
+#[test]
+fn typed_matmul_and_softmax() -> kiln_tensor::Result<()> {
+    let dev = CpuDevice;
+    let a = Tensor::<Cpu, Rank2<2, 3>>::from_slice(&[1., 2., 3., 4., 5., 6.], &dev)?;
+    let b = Tensor::<Cpu, Rank2<3, 2>>::from_slice(&[1., 0., 0., 1., 1., 1.], &dev)?;
+    let c = a.matmul(&b)?;
+    assert_eq!(c.to_vec()?, vec![4., 5., 10., 11.]);
+    let s = c.softmax()?.to_vec()?;
+    assert!((s[0] + s[1] - 1.0).abs() < 1e-6);
+    let t = a.t()?.to_vec()?;
+    assert_eq!(t, vec![1., 4., 2., 5., 3., 6.]);
+    Ok(())
+}
+
+#[test]
+fn raw_ops_views_and_errors() -> kiln_tensor::Result<()> {
+    let dev = CpuDevice;
+    let x = RawTensor::<Cpu>::from_vec((0..24).map(|v| v as f32).collect(), &[2, 3, 4], &dev)?;
+    let s = x.sum(&[1], false)?;
+    assert_eq!(s.dims().as_slice(), &[2, 4]);
+    assert_eq!(
+        s.to_vec::<f32>()?,
+        vec![12., 15., 18., 21., 48., 51., 54., 57.]
+    );
+    let p = x.permute(&[2, 0, 1])?.contiguous()?;
+    assert_eq!(&p.to_vec::<f32>()?[..4], &[0., 4., 8., 12.]);
+    let bias = RawTensor::<Cpu>::from_vec(vec![1f32, 2., 3., 4.], &[4], &dev)?;
+    let y = x.add(&bias)?;
+    assert_eq!(&y.to_vec::<f32>()?[..5], &[1., 3., 5., 7., 5.]);
+    let am = x.argmax(2, false)?;
+    assert_eq!(am.dtype(), DType::I32);
+    assert_eq!(am.to_vec::<i32>()?, vec![3; 6]);
+    let err = x.matmul(&x).unwrap_err().to_string();
+    assert!(err.contains("inner dims differ"), "{err}");
+    let labels = RawTensor::<Cpu>::from_vec(vec![0i32, 9], &[2], &dev)?;
+    let logits = RawTensor::<Cpu>::zeros(&[2, 4], DType::F32, &dev)?;
+    let err = logits
+        .ops()
+        .cross_entropy(&logits, &labels, 0.0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("out of range"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn conv_and_pool_shapes() -> kiln_tensor::Result<()> {
+    let dev = CpuDevice;
+    let x = RawTensor::<Cpu>::from_vec(
+        (0..2 * 3 * 6 * 6).map(|v| (v % 7) as f32).collect(),
+        &[2, 3, 6, 6],
+        &dev,
+    )?;
+    let w = RawTensor::<Cpu>::full(&[4, 3, 3, 3], 1.0, DType::F32, &dev)?;
+    let mut g = x.ops();
+    let y = g.conv2d(&x, &w, None, [1, 1], [1, 1], [1, 1], 1)?;
+    assert_eq!(y.dims().as_slice(), &[2, 4, 6, 6]);
+    let p = g.max_pool2d(&y, [2, 2], [2, 2], [0, 0])?;
+    assert_eq!(p.dims().as_slice(), &[2, 4, 3, 3]);
+    Ok(())
+}
