@@ -1,0 +1,300 @@
+//! The vector-Jacobian rules: for each primitive op, the gradients of its inputs given
+//! the gradient `g` of its output, written with primitives over any `Builder`. The
+//! macro runs them symbolically at build time; the tape runs them eagerly.
+
+use kiln_tensor::{
+    BinaryOp, Builder, BuilderExt, CmpOp, Error, Op, ReduceOp, Result, SymDim, UnaryOp,
+};
+
+/// Gradients of an op's inputs (`None`: the input gets no gradient, e.g. indices,
+/// conditions, or an op that is piecewise constant).
+pub type InputGrads<V> = Vec<Option<V>>;
+
+/// The gradients of `op`'s inputs, given its inputs `x`, its output `y` and the
+/// gradient `g` of `y`. Gradients have the inputs' dims (broadcasting is undone).
+pub fn vjp<G: Builder>(
+    b: &mut G,
+    op: &Op<G::Dim>,
+    x: &[&G::Value],
+    y: &G::Value,
+    g: &G::Value,
+) -> Result<InputGrads<G::Value>> {
+    let one = |v| Ok(vec![Some(v)]);
+    match op {
+        Op::Unary(u) => {
+            let x0 = x[0];
+            match u {
+                UnaryOp::Neg => one(b.unary(UnaryOp::Neg, g)?),
+                UnaryOp::Abs => {
+                    let s = b.unary(UnaryOp::Sign, x0)?;
+                    one(b.mul(g, &s)?)
+                }
+                UnaryOp::Sign | UnaryOp::Not => Ok(vec![None]),
+                UnaryOp::Exp => one(b.mul(g, y)?),
+                UnaryOp::Log => one(b.div(g, x0)?),
+                UnaryOp::Sqrt => {
+                    let h = b.div(g, y)?;
+                    one(b.mul_scalar(&h, 0.5)?)
+                }
+                UnaryOp::Rsqrt => {
+                    // d/dx x^-1/2 = -y³/2
+                    let y3 = b.mul(y, y)?;
+                    let y3 = b.mul(&y3, y)?;
+                    let t = b.mul(g, &y3)?;
+                    one(b.mul_scalar(&t, -0.5)?)
+                }
+                UnaryOp::Recip => {
+                    let y2 = b.mul(y, y)?;
+                    let t = b.mul(g, &y2)?;
+                    one(b.unary(UnaryOp::Neg, &t)?)
+                }
+                UnaryOp::Sin => {
+                    let c = b.unary(UnaryOp::Cos, x0)?;
+                    one(b.mul(g, &c)?)
+                }
+                UnaryOp::Cos => {
+                    let s = b.unary(UnaryOp::Sin, x0)?;
+                    let t = b.mul(g, &s)?;
+                    one(b.unary(UnaryOp::Neg, &t)?)
+                }
+                UnaryOp::Tanh => {
+                    // 1 - y²
+                    let y2 = b.mul(y, y)?;
+                    let d = b.mul_scalar(&y2, -1.0)?;
+                    let d = b.add_scalar(&d, 1.0)?;
+                    one(b.mul(g, &d)?)
+                }
+                UnaryOp::Sigmoid => {
+                    // y(1 - y)
+                    let my = b.mul_scalar(y, -1.0)?;
+                    let d = b.add_scalar(&my, 1.0)?;
+                    let d = b.mul(y, &d)?;
+                    one(b.mul(g, &d)?)
+                }
+                UnaryOp::Relu => {
+                    let zero = b.scalar_like(x0, 0.0)?;
+                    let pos = b.compare(CmpOp::Gt, x0, &zero)?;
+                    one(b.select(&pos, g, &zero)?)
+                }
+                UnaryOp::Erf => {
+                    // 2/√π · e^(-x²)
+                    let x2 = b.mul(x0, x0)?;
+                    let nx2 = b.mul_scalar(&x2, -1.0)?;
+                    let e = b.unary(UnaryOp::Exp, &nx2)?;
+                    let d = b.mul_scalar(&e, std::f64::consts::FRAC_2_SQRT_PI)?;
+                    one(b.mul(g, &d)?)
+                }
+            }
+        }
+        Op::Binary(op) => {
+            let (a, c) = (x[0], x[1]);
+            let (ga, gc) = match op {
+                BinaryOp::Add => (g.clone(), g.clone()),
+                BinaryOp::Sub => (g.clone(), b.unary(UnaryOp::Neg, g)?),
+                BinaryOp::Mul => (b.mul(g, c)?, b.mul(g, a)?),
+                BinaryOp::Div => {
+                    // d/dc (a/c) = -y/c
+                    let ga = b.div(g, c)?;
+                    let t = b.mul(&ga, y)?;
+                    (ga, b.unary(UnaryOp::Neg, &t)?)
+                }
+                BinaryOp::Pow => {
+                    // d/da a^c = c·a^(c-1); d/dc a^c = y·ln a (taken as 0 where a <= 0)
+                    let cm1 = b.add_scalar(c, -1.0)?;
+                    let p = b.binary(BinaryOp::Pow, a, &cm1)?;
+                    let da = b.mul(c, &p)?;
+                    let zero = b.scalar_like(a, 0.0)?;
+                    let pos = b.compare(CmpOp::Gt, a, &zero)?;
+                    let one_ = b.scalar_like(a, 1.0)?;
+                    let safe = b.select(&pos, a, &one_)?;
+                    let ln = b.unary(UnaryOp::Log, &safe)?;
+                    let dc = b.mul(y, &ln)?;
+                    (b.mul(g, &da)?, b.mul(g, &dc)?)
+                }
+                BinaryOp::Max | BinaryOp::Min => {
+                    // The winner takes the gradient; a tie splits it, as PyTorch does.
+                    let wins = if *op == BinaryOp::Max {
+                        CmpOp::Gt
+                    } else {
+                        CmpOp::Lt
+                    };
+                    let a_wins = b.compare(wins, a, c)?;
+                    let tie = b.compare(CmpOp::Eq, a, c)?;
+                    let half = b.mul_scalar(g, 0.5)?;
+                    let zero = b.scalar_like(g, 0.0)?;
+                    let a_share = b.select(&tie, &half, &zero)?;
+                    let ga = b.select(&a_wins, g, &a_share)?;
+                    let gc = b.sub(g, &ga)?;
+                    (ga, gc)
+                }
+            };
+            Ok(vec![
+                Some(unbroadcast(b, &ga, a)?),
+                Some(unbroadcast(b, &gc, c)?),
+            ])
+        }
+        Op::Compare(_) => Ok(vec![None, None]),
+        Op::Where => {
+            let (cond, a, c) = (x[0], x[1], x[2]);
+            let zero = b.scalar_like(g, 0.0)?;
+            let ga = b.select(cond, g, &zero)?;
+            let gc = b.select(cond, &zero, g)?;
+            Ok(vec![
+                None,
+                Some(unbroadcast(b, &ga, a)?),
+                Some(unbroadcast(b, &gc, c)?),
+            ])
+        }
+        Op::Reduce { op, axes } => match op {
+            ReduceOp::Sum => {
+                let d = b.dims(x[0]);
+                one(b.expand(g, d)?)
+            }
+            ReduceOp::Max | ReduceOp::Min => {
+                // Every element equal to the extremum shares the gradient evenly.
+                let hit = b.compare(CmpOp::Eq, x[0], y)?;
+                let dt = b.dtype(x[0]);
+                let ones = b.cast(&hit, dt)?;
+                let count = b.sum(&ones, axes, true)?;
+                let share = b.div(g, &count)?;
+                one(b.mul(&ones, &share)?)
+            }
+            ReduceOp::ArgMax | ReduceOp::ArgMin => Ok(vec![None]),
+        },
+        Op::Reshape { .. } => {
+            let d = b.dims(x[0]);
+            one(b.reshape(g, d)?)
+        }
+        Op::Permute { perm } => {
+            let mut inv = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            one(b.permute(g, &inv)?)
+        }
+        Op::Expand { .. } => one(unbroadcast(b, g, x[0])?),
+        Op::Slice {
+            axis,
+            start,
+            end,
+            step,
+        } => one(unslice(b, g, x[0], *axis, *start, *end, *step)?),
+        Op::Concat { axis } => {
+            let mut at = G::Dim::lit(0);
+            let mut grads = Vec::with_capacity(x.len());
+            for xi in x {
+                let n = b.dims(xi)[*axis].clone();
+                let (s, e) = match (at.as_lit(), n.as_lit()) {
+                    (Some(s), Some(n)) => (s, s + n),
+                    _ => {
+                        return Err(Error::invalid(
+                            "concat",
+                            "the gradient of concat needs known sizes along the axis",
+                        ))
+                    }
+                };
+                grads.push(Some(b.slice(g, *axis, s, e)?));
+                at = at.add(&n);
+            }
+            Ok(grads)
+        }
+        Op::Pad { axis, before, .. } => {
+            let n = b.dims(x[0])[*axis]
+                .as_lit()
+                .ok_or_else(|| Error::invalid("pad", "the gradient of pad needs a known size"))?;
+            one(b.slice(g, *axis, *before, before + n)?)
+        }
+        Op::MatMul => {
+            let (a, c) = (x[0], x[1]);
+            let (ra, rc) = (b.rank(a), b.rank(c));
+            let ct = b.transpose(c, rc - 2, rc - 1)?;
+            let at = b.transpose(a, ra - 2, ra - 1)?;
+            let ga = b.matmul(g, &ct)?;
+            let gc = b.matmul(&at, g)?;
+            Ok(vec![
+                Some(unbroadcast(b, &ga, a)?),
+                Some(unbroadcast(b, &gc, c)?),
+            ])
+        }
+        Op::Gather { axis } => {
+            let d = b.dims(x[0]);
+            Ok(vec![Some(b.scatter_add(d, *axis, x[1], g)?), None])
+        }
+        Op::ScatterAdd { axis, .. } => Ok(vec![None, Some(b.gather(g, *axis, x[0])?)]),
+        Op::Cast { .. } => {
+            let dt = b.dtype(x[0]);
+            if dt.is_float() {
+                one(b.cast(g, dt)?)
+            } else {
+                Ok(vec![None])
+            }
+        }
+        Op::Unfold2d(w) => {
+            let d = b.dims(x[0]);
+            one(b.apply(
+                Op::Fold2d {
+                    window: *w,
+                    height: d[2].clone(),
+                    width: d[3].clone(),
+                },
+                &[g],
+            )?)
+        }
+        Op::Fold2d { window, .. } => one(b.apply(Op::Unfold2d(*window), &[g])?),
+        Op::Full { .. } | Op::Rand { .. } => Ok(vec![]),
+    }
+}
+
+/// Sums `g` over the axes that broadcasting added to `like` (leading axes, and axes
+/// where `like` has size 1), so the gradient has `like`'s dims.
+pub fn unbroadcast<G: Builder>(b: &mut G, g: &G::Value, like: &G::Value) -> Result<G::Value> {
+    let gd = b.dims(g);
+    let ld = b.dims(like);
+    if gd.len() == ld.len() && gd.iter().zip(&ld).all(|(a, c)| a.matches(c) == Some(true)) {
+        return Ok(g.clone());
+    }
+    let lead = gd.len() - ld.len();
+    let mut axes: Vec<usize> = (0..lead).collect();
+    for (i, d) in ld.iter().enumerate() {
+        if d.as_lit() == Some(1) && gd[lead + i].as_lit() != Some(1) {
+            axes.push(lead + i);
+        }
+    }
+    let s = if axes.is_empty() {
+        g.clone()
+    } else {
+        b.sum(g, &axes, true)?
+    };
+    b.reshape(&s, ld)
+}
+
+/// The adjoint of a slice: `g` put back in place, zeros elsewhere (for a step, each
+/// element is followed by `step - 1` zeros before the result is trimmed).
+fn unslice<G: Builder>(
+    b: &mut G,
+    g: &G::Value,
+    x: &G::Value,
+    axis: usize,
+    start: usize,
+    end: usize,
+    step: usize,
+) -> Result<G::Value> {
+    let n = b.dims(x)[axis]
+        .as_lit()
+        .ok_or_else(|| Error::invalid("slice", "the gradient of slice needs a known size"))?;
+    let mut spread = g.clone();
+    let mut len = end.saturating_sub(start).div_ceil(step);
+    if step > 1 && len > 0 {
+        let mut d = b.dims(g);
+        d.insert(axis + 1, G::Dim::lit(1));
+        let u = b.reshape(g, d.clone())?;
+        let p = b.pad(&u, axis + 1, 0, step - 1, 0.0)?;
+        d.remove(axis + 1);
+        d[axis] = G::Dim::lit(len * step);
+        let flat = b.reshape(&p, d)?;
+        let keep = (end - start).min(len * step);
+        spread = b.slice(&flat, axis, 0, keep)?;
+        len = keep;
+    }
+    b.pad(&spread, axis, start, n - start - len, 0.0)
+}
