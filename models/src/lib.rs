@@ -1,1 +1,8 @@
-//! The model zoo and data loaders.
+//! # kiln-models
+//!
+//! Owns Kiln's real models on real data: the data loaders (`data`), the models, and
+//! the binaries `kiln-train` (the README's main job) and `kiln-bench` (the workloads of
+//! DESIGN.md, one parseable line per figure).
+
+pub mod data;
+pub mod dynamic;
