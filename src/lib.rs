@@ -15,6 +15,7 @@
 pub use kiln_autodiff as autodiff;
 pub use kiln_fusion as fusion;
 pub use kiln_tensor as tensor;
+pub use kiln_train as train;
 pub use kiln_tensor::{Error, Result};
 
 #[cfg(feature = "cpu")]

@@ -1,0 +1,358 @@
+//! The built-in layers as typed structs over a backend. Each one's forward pass is its
+//! `LayerSpec`'s, run eagerly; its parameters are typed tensors named as in PyTorch.
+
+use super::module::{join, seed_for, Module, Slot};
+use super::spec::{Init, LayerSpec, Mode, ParamSpec};
+use crate::backend::Backend;
+use crate::dim::{Const, Dim, Dyn, SameDim};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::op::RandDist;
+use crate::raw::{Eager, RawTensor};
+use crate::shape::{LastDim, Rank1, Rank2, Shape};
+use crate::tensor::Tensor;
+use std::sync::RwLock;
+
+/// A tensor initialised as `spec` says, seeded by its full name.
+pub fn init_tensor<B: Backend>(spec: &ParamSpec, device: &B::Device, seed: u64, name: &str) -> Result<RawTensor<B>> {
+    let s = seed_for(seed, name);
+    match spec.init {
+        Init::Uniform(b) => RawTensor::rand(&spec.dims, RandDist::Uniform { low: -b, high: b }, s, DType::F32, device),
+        Init::Normal(std) => RawTensor::rand(&spec.dims, RandDist::Normal { mean: 0.0, std }, s, DType::F32, device),
+        Init::Constant(v) => RawTensor::full(&spec.dims, v, DType::F32, device),
+    }
+}
+
+/// A replacement for `old` must keep its dims and dtype.
+fn same_slot<B: Backend>(name: &str, old: &RawTensor<B>, new: RawTensor<B>) -> Result<RawTensor<B>> {
+    if old.dims() != new.dims() || old.dtype() != new.dtype() {
+        return Err(Error::shape(
+            "update",
+            format!(
+                "`{name}` is {} {} but its replacement is {} {}",
+                old.dims(),
+                old.dtype(),
+                new.dims(),
+                new.dtype()
+            ),
+        ));
+    }
+    Ok(new)
+}
+
+/// A buffer: state a layer updates during training without a gradient (batch-norm's
+/// running statistics). Interior mutability lets a `&self` training step update it.
+pub struct Buffer<B: Backend, S: Shape>(RwLock<Tensor<B, S>>);
+
+impl<B: Backend, S: Shape> Buffer<B, S> {
+    /// Wraps a tensor.
+    pub fn new(t: Tensor<B, S>) -> Self {
+        Buffer(RwLock::new(t))
+    }
+    /// The current value.
+    pub fn get(&self) -> Tensor<B, S> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    /// Replaces the value.
+    pub fn set(&self, t: Tensor<B, S>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = t;
+    }
+}
+
+impl<B: Backend, S: Shape> Clone for Buffer<B, S> {
+    fn clone(&self) -> Self {
+        Buffer::new(self.get())
+    }
+}
+
+macro_rules! layer {
+    (
+        $(#[$m:meta])*
+        $name:ident $grads:ident <$($c:ident),*> spec = $spec:expr;
+        params { $($(#[$pm:meta])* $p:ident : $pt:ty),* }
+        buffers { $($(#[$bm:meta])* $b:ident : $bt:ty),* }
+    ) => {
+        $(#[$m])*
+        pub struct $name<B: Backend, $(const $c: usize),*> {
+            $($(#[$pm])* pub $p: Tensor<B, $pt>,)*
+            $($(#[$bm])* pub $b: Buffer<B, $bt>,)*
+            _backend: std::marker::PhantomData<B>,
+        }
+
+        /// Gradients of the layer's parameters, field for field.
+        pub struct $grads<B: Backend, $(const $c: usize),*> {
+            $(#[doc = concat!("Gradient of `", stringify!($p), "`.")] pub $p: Tensor<B, $pt>,)*
+            _backend: std::marker::PhantomData<B>,
+        }
+
+        impl<B: Backend, $(const $c: usize),*> $grads<B, $($c),*> {
+            /// Gradients from raw tensors in parameter order (checked against the types).
+            pub fn from_raw(mut raw: Vec<RawTensor<B>>) -> Result<Self> {
+                raw.reverse();
+                Ok($grads {
+                    $($p: Tensor::from_raw(raw.pop().ok_or_else(|| Error::invalid("grads", "too few gradients"))?)?,)*
+                    _backend: std::marker::PhantomData,
+                })
+            }
+        }
+
+        impl<B: Backend, $(const $c: usize),*> Clone for $name<B, $($c),*> {
+            fn clone(&self) -> Self {
+                $name { $($p: self.$p.clone(),)* $($b: self.$b.clone(),)* _backend: std::marker::PhantomData }
+            }
+        }
+
+        impl<B: Backend, $(const $c: usize),*> $name<B, $($c),*> {
+            /// The layer's specification.
+            pub fn spec() -> LayerSpec {
+                $spec
+            }
+
+            /// Parameters then buffers, in the spec's order.
+            pub fn tensors(&self) -> Vec<RawTensor<B>> {
+                vec![$(self.$p.raw().clone(),)* $(self.$b.get().into_raw(),)*]
+            }
+
+            /// Runs the spec's forward pass eagerly; in training, stores buffer updates.
+            pub fn forward_raw(&self, x: &RawTensor<B>, mode: Mode) -> Result<RawTensor<B>> {
+                let ts = self.tensors();
+                let refs: Vec<&RawTensor<B>> = ts.iter().collect();
+                let out = Self::spec().forward(&mut Eager::<B>::new(x.device().clone()), &refs, x, mode)?;
+                #[allow(unused_variables)]
+                for (name, value) in out.updates {
+                    $(if name == stringify!($b) { self.$b.set(Tensor::from_raw(value.clone())?); })*
+                }
+                Ok(out.y)
+            }
+        }
+
+        impl<B: Backend, $(const $c: usize),*> Module<B> for $name<B, $($c),*> {
+            type Grads = $grads<B, $($c),*>;
+
+            #[allow(unused_variables, unused_mut)]
+            fn init_named(device: &B::Device, seed: u64, prefix: &str) -> Result<Self> {
+                let spec = Self::spec();
+                let mut params = spec.params().into_iter();
+                let mut buffers = spec.buffers().into_iter();
+                Ok($name {
+                    $($p: {
+                        let ps = params.next().expect("spec lists every field");
+                        Tensor::from_raw(init_tensor(&ps, device, seed, &join(prefix, ps.name))?)?
+                    },)*
+                    $($b: {
+                        let bs = buffers.next().expect("spec lists every buffer");
+                        Buffer::new(Tensor::from_raw(init_tensor(&bs, device, seed, &join(prefix, bs.name))?)?)
+                    },)*
+                    _backend: std::marker::PhantomData,
+                })
+            }
+
+            #[allow(unused_variables)]
+            fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, B>)) {
+                $(f(Slot { name: &join(prefix, stringify!($p)), value: self.$p.raw() });)*
+            }
+
+            #[allow(unused_variables)]
+            fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, B>)) {
+                $(let v = self.$b.get(); f(Slot { name: &join(prefix, stringify!($b)), value: v.raw() });)*
+            }
+
+            #[allow(unused_variables)]
+            fn update_params(
+                &mut self,
+                grads: &Self::Grads,
+                prefix: &str,
+                f: &mut dyn FnMut(&str, &RawTensor<B>, &RawTensor<B>) -> Result<RawTensor<B>>,
+            ) -> Result<()> {
+                $({
+                    let name = join(prefix, stringify!($p));
+                    let new = f(&name, self.$p.raw(), grads.$p.raw())?;
+                    self.$p = Tensor::from_raw(same_slot(&name, self.$p.raw(), new)?)?;
+                })*
+                Ok(())
+            }
+
+            #[allow(unused_variables)]
+            fn load_named(&mut self, prefix: &str, get: &mut dyn FnMut(&str, &RawTensor<B>) -> Result<RawTensor<B>>) -> Result<()> {
+                $({
+                    let name = join(prefix, stringify!($p));
+                    let new = get(&name, self.$p.raw())?;
+                    self.$p = Tensor::from_raw(same_slot(&name, self.$p.raw(), new)?)?;
+                })*
+                $({
+                    let name = join(prefix, stringify!($b));
+                    let old = self.$b.get();
+                    let new = get(&name, old.raw())?;
+                    self.$b.set(Tensor::from_raw(same_slot(&name, old.raw(), new)?)?);
+                })*
+                Ok(())
+            }
+        }
+    };
+}
+
+layer! {
+    /// A fully connected layer, `y = x Wᵀ + b`, PyTorch's `nn.Linear`.
+    Linear LinearGrads<I, O> spec = LayerSpec::Linear { inputs: I, outputs: O };
+    params {
+        /// `[O, I]`
+        weight: Rank2<O, I>,
+        /// `[O]`
+        bias: Rank1<O>
+    }
+    buffers {}
+}
+
+layer! {
+    /// A 2-d convolution with a square kernel `K`, stride `S`, padding `P` and `G`
+    /// channel groups, PyTorch's `nn.Conv2d`.
+    Conv2d Conv2dGrads<CI, CO, K, S, P, G> spec = LayerSpec::Conv2d { inputs: CI, outputs: CO, kernel: K, stride: S, padding: P, groups: G };
+    params {
+        /// `[CO, CI/G, K, K]` (the middle dim is `Dyn`: `CI/G` is not expressible in a type)
+        weight: (Const<CO>, Dyn, Const<K>, Const<K>),
+        /// `[CO]`
+        bias: Rank1<CO>
+    }
+    buffers {}
+}
+
+layer! {
+    /// Max pooling over `K×K` windows with stride `S`.
+    MaxPool2d MaxPool2dGrads<K, S> spec = LayerSpec::MaxPool2d { kernel: K, stride: S };
+    params {}
+    buffers {}
+}
+
+layer! {
+    /// Average pooling over `K×K` windows with stride `S`.
+    AvgPool2d AvgPool2dGrads<K, S> spec = LayerSpec::AvgPool2d { kernel: K, stride: S };
+    params {}
+    buffers {}
+}
+
+layer! {
+    /// Batch normalisation of `C` channels, PyTorch's `nn.BatchNorm2d` (ε 1e-5,
+    /// momentum 0.1): batch statistics in training, running statistics in evaluation.
+    BatchNorm2d BatchNorm2dGrads<C> spec = LayerSpec::BatchNorm2d { channels: C };
+    params {
+        /// Scale, `[C]`.
+        weight: Rank1<C>,
+        /// Shift, `[C]`.
+        bias: Rank1<C>
+    }
+    buffers {
+        /// Running mean, `[C]`.
+        running_mean: Rank1<C>,
+        /// Running (unbiased) variance, `[C]`.
+        running_var: Rank1<C>
+    }
+}
+
+layer! {
+    /// Layer normalisation over a last axis of `F`, PyTorch's `nn.LayerNorm` (ε 1e-5).
+    LayerNorm LayerNormGrads<F> spec = LayerSpec::LayerNorm { features: F };
+    params {
+        /// Scale, `[F]`.
+        weight: Rank1<F>,
+        /// Shift, `[F]`.
+        bias: Rank1<F>
+    }
+    buffers {}
+}
+
+layer! {
+    /// A table of `V` embeddings of width `D`, PyTorch's `nn.Embedding`.
+    Embedding EmbeddingGrads<V, D> spec = LayerSpec::Embedding { vocab: V, features: D };
+    params {
+        /// `[V, D]`
+        weight: Rank2<V, D>
+    }
+    buffers {}
+}
+
+layer! {
+    /// Dropout of `P` percent of elements in training; the identity in evaluation.
+    Dropout DropoutGrads<P> spec = LayerSpec::Dropout { percent: P };
+    params {}
+    buffers {}
+}
+
+layer! {
+    /// Flattens every axis after the first.
+    Flatten FlattenGrads<> spec = LayerSpec::Flatten;
+    params {}
+    buffers {}
+}
+
+impl<B: Backend, const I: usize, const O: usize> Linear<B, I, O> {
+    /// `x Wᵀ + b` over the last axis of any rank.
+    pub fn forward<S: LastDim>(&self, x: &Tensor<B, S>) -> Result<Tensor<B, S::WithLast<Const<O>>>>
+    where
+        S::Last: SameDim<Const<I>>,
+    {
+        Tensor::from_raw(self.forward_raw(x.raw(), Mode::Eval)?)
+    }
+}
+
+impl<B: Backend, const F: usize> LayerNorm<B, F> {
+    /// Normalises the last axis.
+    pub fn forward<S: LastDim>(&self, x: &Tensor<B, S>) -> Result<Tensor<B, S>>
+    where
+        S::Last: SameDim<Const<F>>,
+    {
+        Tensor::from_raw(self.forward_raw(x.raw(), Mode::Eval)?)
+    }
+}
+
+impl<B: Backend, const P: usize> Dropout<B, P> {
+    /// Drops elements in `Mode::Train`; the identity in `Mode::Eval`.
+    pub fn forward<S: Shape>(&self, x: &Tensor<B, S>, mode: Mode) -> Result<Tensor<B, S>> {
+        Tensor::from_raw(self.forward_raw(x.raw(), mode)?)
+    }
+}
+
+impl<B: Backend, const V: usize, const D: usize> Embedding<B, V, D> {
+    /// Rows for a batch of sequences of ids.
+    pub fn forward<N: Dim, T: Dim>(&self, ids: &Tensor<B, (N, T), i32>) -> Result<Tensor<B, (N, T, Const<D>)>> {
+        Tensor::from_raw(self.forward_raw(ids.raw(), Mode::Eval)?)
+    }
+}
+
+impl<B: Backend> Flatten<B> {
+    /// `[N, ..] -> [N, product]`; the result type is checked against the element count.
+    pub fn forward<S: Shape, S2: Shape>(&self, x: &Tensor<B, S>) -> Result<Tensor<B, S2>> {
+        x.reshape::<S2>()
+    }
+}
+
+impl<B: Backend, const C: usize> BatchNorm2d<B, C> {
+    /// Normalises channels (`Mode::Train` uses and records batch statistics).
+    pub fn forward<N: Dim, Ch: SameDim<Const<C>>, H: Dim, W: Dim>(
+        &self,
+        x: &Tensor<B, (N, Ch, H, W)>,
+        mode: Mode,
+    ) -> Result<Tensor<B, (N, Ch, H, W)>> {
+        Tensor::from_raw(self.forward_raw(x.raw(), mode)?)
+    }
+}
+
+macro_rules! windowed_forward {
+    ($name:ident <$($c:ident),*>, $k:ident, $s:ident, $p:expr, $out_c:ty, $in_c:ty) => {
+        impl<B: Backend, $(const $c: usize),*> $name<B, $($c),*> {
+            /// The windowed forward pass; `OH`/`OW` are the output size, checked when the
+            /// code is built (`crate::checks::WindowCheck`).
+            pub fn forward<N: Dim, Ch: SameDim<$in_c>, const H: usize, const W: usize, const OH: usize, const OW: usize>(
+                &self,
+                x: &Tensor<B, (N, Ch, Const<H>, Const<W>)>,
+            ) -> Result<Tensor<B, (N, $out_c, Const<OH>, Const<OW>)>> {
+                let () = crate::checks::WindowCheck::<H, $k, $s, { $p }, OH>::OK;
+                let () = crate::checks::WindowCheck::<W, $k, $s, { $p }, OW>::OK;
+                Tensor::from_raw(self.forward_raw(x.raw(), Mode::Eval)?)
+            }
+        }
+    };
+}
+
+windowed_forward!(Conv2d<CI, CO, K, S, P, G>, K, S, P, Const<CO>, Const<CI>);
+windowed_forward!(MaxPool2d<K, S>, K, S, 0, Ch, Dyn);
+windowed_forward!(AvgPool2d<K, S>, K, S, 0, Ch, Dyn);

@@ -1,0 +1,10 @@
+//! Neural-network layers: their specifications (`spec`, shared with the `#[model]`
+//! macro), the `Module` trait of parameter owners, and the typed layer structs.
+
+pub mod layers;
+pub mod module;
+pub mod spec;
+
+pub use layers::*;
+pub use module::{join, seed_for, Module, Slot};
+pub use spec::{Init, LayerOut, LayerSpec, Mode, ParamSpec};

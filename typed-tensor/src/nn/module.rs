@@ -1,0 +1,74 @@
+//! The `Module` trait: what optimizers, checkpoints and `#[model]`-generated code need
+//! from anything holding parameters — named visits in PyTorch's naming, replacement of
+//! parameters by an update rule, seeded initialisation.
+
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::raw::RawTensor;
+
+/// A named tensor slot: a parameter or a buffer.
+pub struct Slot<'a, B: Backend> {
+    /// Its checkpoint name (`fc1.weight`).
+    pub name: &'a str,
+    /// Its value.
+    pub value: &'a RawTensor<B>,
+}
+
+/// Something that owns parameters.
+pub trait Module<B: Backend>: Sized {
+    /// Its gradients, mirroring its parameters.
+    type Grads;
+
+    /// Builds it on `device`, each tensor initialised from `seed` and its name (so a
+    /// tensor's initial value does not depend on the order fields are declared).
+    fn init_named(device: &B::Device, seed: u64, prefix: &str) -> Result<Self>;
+
+    /// Calls `f` with every trainable parameter and its name, in declaration order.
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, B>));
+
+    /// Calls `f` with every buffer (saved, not trained) and its name.
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, B>));
+
+    /// Replaces each parameter `p` with `f(name, p, grad)`; the result must keep `p`'s
+    /// dims and dtype.
+    fn update_params(
+        &mut self,
+        grads: &Self::Grads,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &RawTensor<B>, &RawTensor<B>) -> Result<RawTensor<B>>,
+    ) -> Result<()>;
+
+    /// Replaces every parameter and buffer with `get(name, dims, dtype)` (checkpoints).
+    fn load_named(&mut self, prefix: &str, get: &mut dyn FnMut(&str, &RawTensor<B>) -> Result<RawTensor<B>>) -> Result<()>;
+
+    /// Builds it on `device` from `seed`.
+    fn init(device: &B::Device, seed: u64) -> Result<Self> {
+        Self::init_named(device, seed, "")
+    }
+
+    /// The number of trainable scalars.
+    fn num_params(&self) -> usize {
+        let mut n = 0;
+        self.visit_params("", &mut |s| n += s.value.numel());
+        n
+    }
+}
+
+/// `prefix.name`, or `name` at the top level.
+pub fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+/// A per-tensor seed from the model seed and the tensor's name (FNV-1a of the name).
+pub fn seed_for(seed: u64, name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}

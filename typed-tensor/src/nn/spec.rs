@@ -1,0 +1,392 @@
+//! Layer specifications: what each built-in layer is, once. A spec lists the layer's
+//! parameters and buffers (PyTorch's names and layouts), checks its input, and builds
+//! its forward pass from primitives over any `Builder` — so the runtime layers and the
+//! `#[model]` macro (which inlines layers into its graph at build time) share one
+//! definition.
+
+use crate::builder::{Builder, BuilderExt};
+use crate::error::{Error, Result};
+use crate::op::{fmt_dims, SymDim};
+
+/// Whether a forward pass trains (dropout active, batch statistics) or evaluates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Training, with the seed of this step's random draws.
+    Train {
+        /// Seed for dropout masks.
+        seed: u64,
+    },
+    /// Evaluation: deterministic.
+    Eval,
+}
+
+/// How a parameter is initialised.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    /// Uniform on ±bound.
+    Uniform(f64),
+    /// Normal with this standard deviation.
+    Normal(f64),
+    /// A constant.
+    Constant(f64),
+}
+
+/// One tensor a layer owns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamSpec {
+    /// The field name, also the last part of its checkpoint name (`weight`, `bias`).
+    pub name: &'static str,
+    /// Its dims.
+    pub dims: Vec<usize>,
+    /// How it starts.
+    pub init: Init,
+}
+
+/// A built-in layer with its sizes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LayerSpec {
+    /// `y = x Wᵀ + b` over the last axis.
+    Linear {
+        /// Input features.
+        inputs: usize,
+        /// Output features.
+        outputs: usize,
+    },
+    /// 2-d convolution over `[N, C, H, W]`.
+    Conv2d {
+        /// Input channels.
+        inputs: usize,
+        /// Output channels.
+        outputs: usize,
+        /// Square kernel size.
+        kernel: usize,
+        /// Stride.
+        stride: usize,
+        /// Zero padding on each side.
+        padding: usize,
+        /// Channel groups.
+        groups: usize,
+    },
+    /// Max pooling over square windows.
+    MaxPool2d {
+        /// Window size.
+        kernel: usize,
+        /// Step between windows.
+        stride: usize,
+    },
+    /// Average pooling over square windows.
+    AvgPool2d {
+        /// Window size.
+        kernel: usize,
+        /// Step between windows.
+        stride: usize,
+    },
+    /// Batch normalisation over the channels of `[N, C, H, W]`.
+    BatchNorm2d {
+        /// Channels.
+        channels: usize,
+    },
+    /// Layer normalisation over the last axis.
+    LayerNorm {
+        /// Size of the last axis.
+        features: usize,
+    },
+    /// A lookup table of `vocab` rows of `features`.
+    Embedding {
+        /// Rows.
+        vocab: usize,
+        /// Row width.
+        features: usize,
+    },
+    /// Zeroes elements with probability `percent`/100 in training.
+    Dropout {
+        /// Drop probability in percent (an integer so it can be a const generic).
+        percent: usize,
+    },
+    /// `[N, ...] -> [N, product]`.
+    Flatten,
+}
+
+/// Batch-norm's ε and momentum (PyTorch's defaults).
+pub const BATCH_NORM_EPS: f64 = 1e-5;
+/// Batch-norm's running-statistics momentum.
+pub const BATCH_NORM_MOMENTUM: f64 = 0.1;
+/// Layer-norm's ε.
+pub const LAYER_NORM_EPS: f64 = 1e-5;
+
+/// What a forward pass produced: the output and, in training, new values of buffers
+/// (batch-norm's running statistics).
+pub struct LayerOut<V> {
+    /// The output.
+    pub y: V,
+    /// `(buffer name, new value)` pairs to store after the step.
+    pub updates: Vec<(&'static str, V)>,
+}
+
+impl LayerSpec {
+    /// The spec of a layer type from its name and const arguments, as written in a
+    /// model: `Linear<784, 128>`, `Conv2d<1, 32, 5>` (stride, padding, groups follow
+    /// optionally), `MaxPool2d<2>` (stride defaults to the kernel), `Dropout<10>`.
+    pub fn from_type(name: &str, args: &[usize]) -> std::result::Result<Self, String> {
+        let want = |lo: usize, hi: usize, form: &str| -> std::result::Result<(), String> {
+            if args.len() < lo || args.len() > hi {
+                Err(format!("`{name}` takes {form}, got {} argument(s)", args.len()))
+            } else {
+                Ok(())
+            }
+        };
+        let spec = match name {
+            "Linear" => {
+                want(2, 2, "<INPUTS, OUTPUTS>")?;
+                LayerSpec::Linear { inputs: args[0], outputs: args[1] }
+            }
+            "Conv2d" => {
+                want(3, 6, "<IN, OUT, KERNEL, [STRIDE, PADDING, GROUPS]>")?;
+                LayerSpec::Conv2d {
+                    inputs: args[0],
+                    outputs: args[1],
+                    kernel: args[2],
+                    stride: args.get(3).copied().unwrap_or(1),
+                    padding: args.get(4).copied().unwrap_or(0),
+                    groups: args.get(5).copied().unwrap_or(1),
+                }
+            }
+            "MaxPool2d" | "AvgPool2d" => {
+                want(1, 2, "<KERNEL, [STRIDE]>")?;
+                let (kernel, stride) = (args[0], args.get(1).copied().unwrap_or(args[0]));
+                if name == "MaxPool2d" {
+                    LayerSpec::MaxPool2d { kernel, stride }
+                } else {
+                    LayerSpec::AvgPool2d { kernel, stride }
+                }
+            }
+            "BatchNorm2d" => {
+                want(1, 1, "<CHANNELS>")?;
+                LayerSpec::BatchNorm2d { channels: args[0] }
+            }
+            "LayerNorm" => {
+                want(1, 1, "<FEATURES>")?;
+                LayerSpec::LayerNorm { features: args[0] }
+            }
+            "Embedding" => {
+                want(2, 2, "<VOCAB, FEATURES>")?;
+                LayerSpec::Embedding { vocab: args[0], features: args[1] }
+            }
+            "Dropout" => {
+                want(1, 1, "<PERCENT>")?;
+                if args[0] >= 100 {
+                    return Err(format!("`Dropout<{}>` drops {}% of elements; it must be below 100", args[0], args[0]));
+                }
+                LayerSpec::Dropout { percent: args[0] }
+            }
+            "Flatten" => {
+                want(0, 0, "no arguments")?;
+                LayerSpec::Flatten
+            }
+            _ => return Err(format!("`{name}` is not a built-in layer")),
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// The names of the built-in layer types.
+    pub const NAMES: &'static [&'static str] = &[
+        "Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm2d", "LayerNorm", "Embedding", "Dropout", "Flatten",
+    ];
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        let zero = match self {
+            LayerSpec::Linear { inputs, outputs } => *inputs == 0 || *outputs == 0,
+            LayerSpec::Conv2d { inputs, outputs, kernel, stride, groups, .. } => {
+                if *groups == 0 || inputs % groups != 0 || outputs % groups != 0 {
+                    return Err(format!("{self}: {groups} groups must divide {inputs} input and {outputs} output channels"));
+                }
+                *kernel == 0 || *stride == 0
+            }
+            LayerSpec::MaxPool2d { kernel, stride } | LayerSpec::AvgPool2d { kernel, stride } => *kernel == 0 || *stride == 0,
+            LayerSpec::BatchNorm2d { channels } => *channels == 0,
+            LayerSpec::LayerNorm { features } => *features == 0,
+            LayerSpec::Embedding { vocab, features } => *vocab == 0 || *features == 0,
+            LayerSpec::Dropout { .. } | LayerSpec::Flatten => false,
+        };
+        if zero {
+            Err(format!("{self}: sizes must be at least 1"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The trainable parameters, in PyTorch's order and layout.
+    pub fn params(&self) -> Vec<ParamSpec> {
+        let p = |name, dims: Vec<usize>, init| ParamSpec { name, dims, init };
+        match *self {
+            LayerSpec::Linear { inputs, outputs } => {
+                let bound = 1.0 / (inputs as f64).sqrt();
+                vec![
+                    p("weight", vec![outputs, inputs], Init::Uniform(bound)),
+                    p("bias", vec![outputs], Init::Uniform(bound)),
+                ]
+            }
+            LayerSpec::Conv2d { inputs, outputs, kernel, groups, .. } => {
+                let fan_in = inputs / groups * kernel * kernel;
+                let bound = 1.0 / (fan_in as f64).sqrt();
+                vec![
+                    p("weight", vec![outputs, inputs / groups, kernel, kernel], Init::Uniform(bound)),
+                    p("bias", vec![outputs], Init::Uniform(bound)),
+                ]
+            }
+            LayerSpec::BatchNorm2d { channels } => vec![
+                p("weight", vec![channels], Init::Constant(1.0)),
+                p("bias", vec![channels], Init::Constant(0.0)),
+            ],
+            LayerSpec::LayerNorm { features } => vec![
+                p("weight", vec![features], Init::Constant(1.0)),
+                p("bias", vec![features], Init::Constant(0.0)),
+            ],
+            LayerSpec::Embedding { vocab, features } => vec![p("weight", vec![vocab, features], Init::Normal(1.0))],
+            _ => vec![],
+        }
+    }
+
+    /// State that is saved but not trained (batch-norm's running statistics).
+    pub fn buffers(&self) -> Vec<ParamSpec> {
+        match *self {
+            LayerSpec::BatchNorm2d { channels } => vec![
+                ParamSpec { name: "running_mean", dims: vec![channels], init: Init::Constant(0.0) },
+                ParamSpec { name: "running_var", dims: vec![channels], init: Init::Constant(1.0) },
+            ],
+            _ => vec![],
+        }
+    }
+
+    /// The input this layer expects, for messages: `[.., 784]`.
+    pub fn expected_input(&self) -> String {
+        match self {
+            LayerSpec::Linear { inputs, .. } => format!("[.., {inputs}]"),
+            LayerSpec::Conv2d { inputs, .. } => format!("[N, {inputs}, H, W]"),
+            LayerSpec::BatchNorm2d { channels } => format!("[N, {channels}, H, W]"),
+            LayerSpec::MaxPool2d { .. } | LayerSpec::AvgPool2d { .. } => "[N, C, H, W]".into(),
+            LayerSpec::LayerNorm { features } => format!("[.., {features}]"),
+            LayerSpec::Embedding { .. } => "integer ids of any shape".into(),
+            LayerSpec::Dropout { .. } => "any shape".into(),
+            LayerSpec::Flatten => "[N, ..]".into(),
+        }
+    }
+
+    /// Checks an input's dims: `Err` says what was expected (see `expected_input`).
+    pub fn check_input<D: SymDim>(&self, dims: &[D]) -> std::result::Result<(), String> {
+        let last_is = |n: usize| dims.last().is_some_and(|d| d.matches(&D::lit(n)) != Some(false));
+        let ok = match self {
+            LayerSpec::Linear { inputs, .. } => last_is(*inputs),
+            LayerSpec::LayerNorm { features } => last_is(*features),
+            LayerSpec::Conv2d { inputs, .. } => dims.len() == 4 && dims[1].matches(&D::lit(*inputs)) != Some(false),
+            LayerSpec::BatchNorm2d { channels } => dims.len() == 4 && dims[1].matches(&D::lit(*channels)) != Some(false),
+            LayerSpec::MaxPool2d { .. } | LayerSpec::AvgPool2d { .. } => dims.len() == 4,
+            LayerSpec::Flatten => !dims.is_empty(),
+            LayerSpec::Embedding { .. } | LayerSpec::Dropout { .. } => true,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("{self} expects input {}, got {}", self.expected_input(), fmt_dims(dims)))
+        }
+    }
+
+    /// The forward pass over `params` (in `params()` order, then `buffers()` order).
+    pub fn forward<G: Builder>(&self, g: &mut G, params: &[&G::Value], x: &G::Value, mode: Mode) -> Result<LayerOut<G::Value>> {
+        let out = |y| Ok(LayerOut { y, updates: vec![] });
+        let dims = g.dims(x);
+        self.check_input(&dims).map_err(|m| Error::shape("layer", m))?;
+        match *self {
+            LayerSpec::Linear { .. } => out(g.linear(x, params[0], Some(params[1]))?),
+            LayerSpec::Conv2d { stride, padding, groups, .. } => {
+                out(g.conv2d(x, params[0], Some(params[1]), [stride; 2], [padding; 2], [1; 2], groups)?)
+            }
+            LayerSpec::MaxPool2d { kernel, stride } => out(g.max_pool2d(x, [kernel; 2], [stride; 2], [0; 2])?),
+            LayerSpec::AvgPool2d { kernel, stride } => out(g.avg_pool2d(x, [kernel; 2], [stride; 2], [0; 2])?),
+            LayerSpec::LayerNorm { .. } => out(g.layer_norm(x, 1, Some(params[0]), Some(params[1]), LAYER_NORM_EPS)?),
+            LayerSpec::Embedding { .. } => out(g.embedding(x, params[0])?),
+            LayerSpec::Dropout { percent } => match mode {
+                Mode::Train { seed } => out(g.dropout(x, percent as f64 / 100.0, seed)?),
+                Mode::Eval => out(x.clone()),
+            },
+            LayerSpec::Flatten => {
+                let rest = dims[1..].iter().fold(G::Dim::lit(1), |a, d| a.mul(d));
+                out(g.reshape(x, vec![dims[0].clone(), rest])?)
+            }
+            LayerSpec::BatchNorm2d { channels } => {
+                let c = G::Dim::lit(channels);
+                let one = G::Dim::lit(1);
+                let shape = vec![c.clone(), one.clone(), one.clone()];
+                let w = g.reshape(params[0], shape.clone())?;
+                let b = g.reshape(params[1], shape.clone())?;
+                match mode {
+                    Mode::Train { .. } => {
+                        let mean = g.mean(x, &[0, 2, 3], true)?;
+                        let centered = g.sub(x, &mean)?;
+                        let sq = g.square(&centered)?;
+                        let var = g.mean(&sq, &[0, 2, 3], true)?;
+                        let ve = g.add_scalar(&var, BATCH_NORM_EPS)?;
+                        let inv = g.unary(crate::op::UnaryOp::Rsqrt, &ve)?;
+                        let xn = g.mul(&centered, &inv)?;
+                        let y = g.mul(&xn, &w)?;
+                        let y = g.add(&y, &b)?;
+                        // Running statistics use the unbiased variance, as PyTorch does.
+                        let n = dims[0].mul(&dims[2]).mul(&dims[3]);
+                        let unbias = match n.as_lit() {
+                            Some(n) if n > 1 => n as f64 / (n - 1) as f64,
+                            Some(_) => 1.0,
+                            None => return Err(Error::invalid("batch_norm", "the batch size must be known to update running statistics")),
+                        };
+                        let m = BATCH_NORM_MOMENTUM;
+                        let flat = vec![c];
+                        let mean_c = g.reshape(&mean, flat.clone())?;
+                        let var_c = g.reshape(&var, flat)?;
+                        let rm = g.mul_scalar(params[2], 1.0 - m)?;
+                        let new_mean = g.mul_scalar(&mean_c, m)?;
+                        let new_mean = g.add(&rm, &new_mean)?;
+                        let rv = g.mul_scalar(params[3], 1.0 - m)?;
+                        let new_var = g.mul_scalar(&var_c, m * unbias)?;
+                        let new_var = g.add(&rv, &new_var)?;
+                        Ok(LayerOut { y, updates: vec![("running_mean", new_mean), ("running_var", new_var)] })
+                    }
+                    Mode::Eval => {
+                        let mean = g.reshape(params[2], shape.clone())?;
+                        let var = g.reshape(params[3], shape)?;
+                        let ve = g.add_scalar(&var, BATCH_NORM_EPS)?;
+                        let inv = g.unary(crate::op::UnaryOp::Rsqrt, &ve)?;
+                        let centered = g.sub(x, &mean)?;
+                        let xn = g.mul(&centered, &inv)?;
+                        let y = g.mul(&xn, &w)?;
+                        out(g.add(&y, &b)?)
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for LayerSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LayerSpec::Linear { inputs, outputs } => write!(f, "Linear<{inputs}, {outputs}>"),
+            LayerSpec::Conv2d { inputs, outputs, kernel, stride, padding, groups } => {
+                write!(f, "Conv2d<{inputs}, {outputs}, {kernel}")?;
+                if (*stride, *padding, *groups) != (1, 0, 1) {
+                    write!(f, ", {stride}, {padding}")?;
+                    if *groups != 1 {
+                        write!(f, ", {groups}")?;
+                    }
+                }
+                write!(f, ">")
+            }
+            LayerSpec::MaxPool2d { kernel, stride } => write!(f, "MaxPool2d<{kernel}, {stride}>"),
+            LayerSpec::AvgPool2d { kernel, stride } => write!(f, "AvgPool2d<{kernel}, {stride}>"),
+            LayerSpec::BatchNorm2d { channels } => write!(f, "BatchNorm2d<{channels}>"),
+            LayerSpec::LayerNorm { features } => write!(f, "LayerNorm<{features}>"),
+            LayerSpec::Embedding { vocab, features } => write!(f, "Embedding<{vocab}, {features}>"),
+            LayerSpec::Dropout { percent } => write!(f, "Dropout<{percent}>"),
+            LayerSpec::Flatten => write!(f, "Flatten"),
+        }
+    }
+}
