@@ -1,0 +1,540 @@
+//! Microkernels: each computes one tile of C (up to MR x NR) from a packed A
+//! panel (MR lanes x kc) and a packed B panel (kc x NR lanes), keeping the whole
+//! tile in registers for the full kc loop. Also the per-ISA blocking parameters.
+
+use super::{Elem, Isa};
+
+/// `c[i*rs_c + j] (+)= sum_p a[p*MR + i] * b[p*rs_b + j]` for `i < rows`, `j < cols`.
+///
+/// `rs_b` is NR for a packed B panel, or the source row stride when the kernel
+/// reads an f32 B matrix in place (then it prefetches rows ahead itself).
+///
+/// # Safety
+/// `kc >= 1`, `1 <= rows <= MR`, `1 <= cols <= NR`; `a` is valid for
+/// `MR*kc` reads, `b` for reads of `NR` elements at each `p*rs_b`, `p < kc`, and
+/// `c` for reads (when `load_c`) and writes of
+/// `rows` rows of `cols` contiguous elements spaced `rs_c` apart; the CPU
+/// supports the kernel's instruction set. Nothing else of C is touched.
+pub(crate) type KernelFn<T> = unsafe fn(
+    kc: usize,
+    a: *const T,
+    b: *const T,
+    rs_b: usize,
+    c: *mut T,
+    rs_c: usize,
+    rows: usize,
+    cols: usize,
+    load_c: bool,
+);
+
+/// A microkernel and the cache blocking tuned for it.
+#[derive(Clone, Copy)]
+pub(crate) struct KernelSpec<T> {
+    /// Instruction set of the kernel (also used for packing).
+    pub isa: Isa,
+    /// Rows of the register tile (lanes of a packed A panel).
+    pub mr: usize,
+    /// Columns of the register tile (lanes of a packed B panel).
+    pub nr: usize,
+    /// Reduction block: one A micro-panel (MR x kc) stays in L1 while B streams past it.
+    pub kc: usize,
+    /// Row block: the packed A block (mc x kc), shared by all threads.
+    pub mc: usize,
+    /// Column block: one thread's packed B block (kc x nc), which should stay in its L2.
+    pub nc: usize,
+    /// The tile routine.
+    pub func: KernelFn<T>,
+}
+
+/// Largest MR*NR of any kernel, for edge-tile buffers.
+pub(crate) const MAX_TILE: usize = 16 * 32;
+
+/// Applies the `KILN_GEMM_{KC,MC,NC}` overrides (read once; a tuning aid for benchmarks).
+fn tuned<T>(mut s: KernelSpec<T>) -> KernelSpec<T> {
+    use std::sync::OnceLock;
+    static OVERRIDES: OnceLock<[Option<usize>; 3]> = OnceLock::new();
+    let o = OVERRIDES.get_or_init(|| {
+        let env = |name: &str| {
+            std::env::var(name)
+                .ok()?
+                .parse()
+                .ok()
+                .filter(|&v: &usize| v > 0)
+        };
+        [
+            env("KILN_GEMM_KC"),
+            env("KILN_GEMM_MC"),
+            env("KILN_GEMM_NC"),
+        ]
+    });
+    if let Some(v) = o[0] {
+        s.kc = v;
+    }
+    if let Some(v) = o[1] {
+        s.mc = v.next_multiple_of(s.mr);
+    }
+    if let Some(v) = o[2] {
+        s.nc = v.next_multiple_of(s.nr);
+    }
+    s
+}
+
+/// The f32 kernel for `isa` (already clamped to what the CPU supports).
+///
+/// AVX-512 blocking for a Sapphire Rapids core (48 KiB L1d, 2 MiB L2): the A
+/// micro-panel is 14 x 384 x 4 B = 21 KiB of L1, a thread's B block
+/// 384 x 512 x 4 B = 768 KiB of L2, and the shared A block up to 1008 rows
+/// (1.5 MiB) sits in L2/L3.
+pub(crate) fn f32_kernel(isa: Isa) -> KernelSpec<f32> {
+    let spec = match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => KernelSpec {
+            isa,
+            mr: 14,
+            nr: 32,
+            kc: 512,
+            mc: 2016,
+            nc: 384,
+            func: x86::sgemm_avx512_14x32,
+        },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => KernelSpec {
+            isa,
+            mr: 6,
+            nr: 16,
+            kc: 256,
+            mc: 600,
+            nc: 512,
+            func: x86::sgemm_avx2_6x16,
+        },
+        _ => KernelSpec {
+            isa: Isa::Portable,
+            mr: 4,
+            nr: 8,
+            kc: 256,
+            mc: 512,
+            nc: 512,
+            func: portable_f32,
+        },
+    };
+    tuned(spec)
+}
+
+/// The f64 kernel for `isa` (already clamped to what the CPU supports).
+pub(crate) fn f64_kernel(isa: Isa) -> KernelSpec<f64> {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => KernelSpec {
+            isa,
+            mr: 14,
+            nr: 16,
+            kc: 256,
+            mc: 504,
+            nc: 512,
+            func: x86::dgemm_avx512_14x16,
+        },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => KernelSpec {
+            isa,
+            mr: 6,
+            nr: 8,
+            kc: 256,
+            mc: 504,
+            nc: 512,
+            func: x86::dgemm_avx2_6x8,
+        },
+        _ => KernelSpec {
+            isa: Isa::Portable,
+            mr: 4,
+            nr: 4,
+            kc: 256,
+            mc: 512,
+            nc: 512,
+            func: portable_f64,
+        },
+    }
+}
+
+/// Plain-Rust tile loop; with constant MR/NR the compiler unrolls it and keeps the
+/// tile in vector registers for whatever SIMD the enclosing function enables.
+/// Partial tiles are computed in full and only their valid part is written.
+///
+/// # Safety
+/// As for [`KernelFn`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn generic_kernel<T: Elem, const MR: usize, const NR: usize, const FMA: bool>(
+    kc: usize,
+    a: *const T,
+    b: *const T,
+    rs_b: usize,
+    c: *mut T,
+    rs_c: usize,
+    rows: usize,
+    cols: usize,
+    load_c: bool,
+) {
+    // SAFETY: the caller guarantees `a` covers MR*kc elements.
+    let a = unsafe { std::slice::from_raw_parts(a, MR * kc) };
+    let (a, _) = a.as_chunks::<MR>();
+    let mut acc = [[T::ZERO; NR]; MR];
+    for (p, ap) in a.iter().enumerate() {
+        // SAFETY: the caller guarantees NR readable elements at b + p*rs_b.
+        let bp = unsafe { &*b.add(p * rs_b).cast::<[T; NR]>() };
+        for i in 0..MR {
+            for j in 0..NR {
+                acc[i][j] = if FMA {
+                    T::fma(ap[i], bp[j], acc[i][j])
+                } else {
+                    acc[i][j] + ap[i] * bp[j]
+                };
+            }
+        }
+    }
+    for (i, acc) in acc.iter().enumerate().take(rows) {
+        // SAFETY: the caller guarantees `cols` elements at c + i*rs_c for i < rows.
+        let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * rs_c), cols) };
+        for (d, &v) in row.iter_mut().zip(acc) {
+            *d = if load_c { *d + v } else { v };
+        }
+    }
+}
+
+/// Portable f32 kernel (4x8).
+///
+/// # Safety
+/// As for [`KernelFn`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn portable_f32(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    rs_b: usize,
+    c: *mut f32,
+    rs_c: usize,
+    r: usize,
+    n: usize,
+    l: bool,
+) {
+    // SAFETY: forwarded contract.
+    unsafe { generic_kernel::<f32, 4, 8, false>(kc, a, b, rs_b, c, rs_c, r, n, l) }
+}
+
+/// Portable f64 kernel (4x4).
+///
+/// # Safety
+/// As for [`KernelFn`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn portable_f64(
+    kc: usize,
+    a: *const f64,
+    b: *const f64,
+    rs_b: usize,
+    c: *mut f64,
+    rs_c: usize,
+    r: usize,
+    n: usize,
+    l: bool,
+) {
+    // SAFETY: forwarded contract.
+    unsafe { generic_kernel::<f64, 4, 4, false>(kc, a, b, rs_b, c, rs_c, r, n, l) }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::generic_kernel;
+    use std::arch::x86_64::*;
+
+    /// AVX2+FMA f32 kernel (6x16: 12 ymm accumulators).
+    ///
+    /// # Safety
+    /// As for [`super::KernelFn`]; the CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn sgemm_avx2_6x16(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        rs_b: usize,
+        c: *mut f32,
+        rs_c: usize,
+        rows: usize,
+        cols: usize,
+        load_c: bool,
+    ) {
+        // SAFETY: forwarded contract; FMA is enabled here, so `mul_add` is one instruction.
+        unsafe { generic_kernel::<f32, 6, 16, true>(kc, a, b, rs_b, c, rs_c, rows, cols, load_c) }
+    }
+
+    /// AVX2+FMA f64 kernel (6x8: 12 ymm accumulators).
+    ///
+    /// # Safety
+    /// As for [`super::KernelFn`]; the CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn dgemm_avx2_6x8(
+        kc: usize,
+        a: *const f64,
+        b: *const f64,
+        rs_b: usize,
+        c: *mut f64,
+        rs_c: usize,
+        rows: usize,
+        cols: usize,
+        load_c: bool,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { generic_kernel::<f64, 6, 8, true>(kc, a, b, rs_b, c, rs_c, rows, cols, load_c) }
+    }
+
+    /// Lane masks selecting the first `cols` of two 16-lane (f32) vectors.
+    #[inline(always)]
+    fn masks16(cols: usize) -> (u16, u16) {
+        let m = if cols >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << cols) - 1
+        };
+        (m as u16, (m >> 16) as u16)
+    }
+
+    /// Lane masks selecting the first `cols` of two 8-lane (f64) vectors.
+    #[inline(always)]
+    fn masks8(cols: usize) -> (u8, u8) {
+        let m = if cols >= 16 {
+            u16::MAX
+        } else {
+            (1u16 << cols) - 1
+        };
+        (m as u8, (m >> 8) as u8)
+    }
+
+    /// AVX-512 f32 kernel, 14 x 32: dispatches on the number of valid rows so an
+    /// edge panel of A costs only its real rows (no wasted FMAs, no temp tile).
+    ///
+    /// # Safety
+    /// As for [`super::KernelFn`]; the CPU must support AVX-512F.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn sgemm_avx512_14x32(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        rs_b: usize,
+        c: *mut f32,
+        rs_c: usize,
+        rows: usize,
+        cols: usize,
+        load_c: bool,
+    ) {
+        // SAFETY (all arms): forwarded contract; R == rows <= 14.
+        unsafe {
+            if rs_b == 32 {
+                match rows {
+                    14 => s_rows::<14, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    13 => s_rows::<13, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    12 => s_rows::<12, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    11 => s_rows::<11, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    10 => s_rows::<10, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    9 => s_rows::<9, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    8 => s_rows::<8, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    7 => s_rows::<7, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    6 => s_rows::<6, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    5 => s_rows::<5, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    4 => s_rows::<4, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    3 => s_rows::<3, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    2 => s_rows::<2, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    _ => s_rows::<1, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                }
+            } else {
+                match rows {
+                    14 => s_rows::<14, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    13 => s_rows::<13, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    12 => s_rows::<12, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    11 => s_rows::<11, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    10 => s_rows::<10, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    9 => s_rows::<9, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    8 => s_rows::<8, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    7 => s_rows::<7, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    6 => s_rows::<6, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    5 => s_rows::<5, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    4 => s_rows::<4, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    3 => s_rows::<3, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    2 => s_rows::<2, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                    _ => s_rows::<1, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                }
+            }
+        }
+    }
+
+    /// The 14x32 kernel restricted to its first `R` rows. With R = 14 it holds
+    /// 28 zmm accumulators plus two for the B row and one for the broadcast A
+    /// element (31 of 32 registers). Each k step issues 2R FMAs against 2 vector
+    /// loads and R broadcasts, so the two FMA ports are the bottleneck.
+    /// `DIRECT`: B is read in place (software-prefetch its rows).
+    ///
+    /// # Safety
+    /// As for [`super::KernelFn`] with `rows == R`; the CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn s_rows<const R: usize, const DIRECT: bool>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        rs_b: usize,
+        c: *mut f32,
+        rs_c: usize,
+        cols: usize,
+        load_c: bool,
+    ) {
+        // A panel lane stride (the packing width), independent of R.
+        const MR: usize = 14;
+        const PF_ROWS: usize = 8;
+        if load_c {
+            // C is touched once per kc steps; start its fetch early so the
+            // update at the end does not stall on a cold line.
+            for i in 0..R {
+                // Prefetch is a hint and never faults, so wrapping arithmetic suffices.
+                let row = c.wrapping_add(i * rs_c) as *const i8;
+                // 128 bytes span three lines unless the row is 64-byte aligned.
+                _mm_prefetch::<_MM_HINT_T0>(row);
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64));
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(127));
+            }
+        }
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            // SAFETY: fewer than kc steps taken, so the 32 floats at b and the
+            // first R of the 14 at a are inside the panels.
+            unsafe {
+                if DIRECT {
+                    // In-place B rows are usually a page or more apart, beyond
+                    // the hardware prefetchers: fetch a few rows ahead.
+                    let ahead = b.wrapping_add(PF_ROWS * rs_b) as *const i8;
+                    _mm_prefetch::<_MM_HINT_T0>(ahead);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(127));
+                }
+                let b0 = _mm512_loadu_ps(b);
+                let b1 = _mm512_loadu_ps(b.add(16));
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let ai = _mm512_set1_ps(*a.add(i));
+                    acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(ai, b1, acc[1]);
+                }
+                a = a.add(MR);
+                b = b.wrapping_add(rs_b);
+            }
+        }
+        let (m0, m1) = masks16(cols);
+        for (i, acc) in acc.iter().enumerate() {
+            // SAFETY: row i < R of the tile has `cols` valid elements at c + i*rs_c;
+            // masked loads/stores touch only those (masked-off lanes never fault).
+            unsafe {
+                let row = c.add(i * rs_c);
+                let (mut r0, mut r1) = (acc[0], acc[1]);
+                if cols == 32 {
+                    if load_c {
+                        r0 = _mm512_add_ps(r0, _mm512_loadu_ps(row));
+                        r1 = _mm512_add_ps(r1, _mm512_loadu_ps(row.add(16)));
+                    }
+                    _mm512_storeu_ps(row, r0);
+                    _mm512_storeu_ps(row.add(16), r1);
+                } else {
+                    if load_c {
+                        r0 = _mm512_add_ps(r0, _mm512_maskz_loadu_ps(m0, row));
+                        r1 = _mm512_add_ps(r1, _mm512_maskz_loadu_ps(m1, row.wrapping_add(16)));
+                    }
+                    _mm512_mask_storeu_ps(row, m0, r0);
+                    _mm512_mask_storeu_ps(row.wrapping_add(16), m1, r1);
+                }
+            }
+        }
+    }
+
+    /// AVX-512 f64 kernel, 14 x 16 (28 zmm accumulators), dispatching on valid rows.
+    ///
+    /// # Safety
+    /// As for [`super::KernelFn`]; the CPU must support AVX-512F.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn dgemm_avx512_14x16(
+        kc: usize,
+        a: *const f64,
+        b: *const f64,
+        rs_b: usize,
+        c: *mut f64,
+        rs_c: usize,
+        rows: usize,
+        cols: usize,
+        load_c: bool,
+    ) {
+        // SAFETY (all arms): forwarded contract; R == rows <= 14.
+        unsafe {
+            match rows {
+                14 => d_rows::<14>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                13 => d_rows::<13>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                12 => d_rows::<12>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                11 => d_rows::<11>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                10 => d_rows::<10>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                9 => d_rows::<9>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                8 => d_rows::<8>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                7 => d_rows::<7>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                6 => d_rows::<6>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                5 => d_rows::<5>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                4 => d_rows::<4>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                3 => d_rows::<3>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                2 => d_rows::<2>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+                _ => d_rows::<1>(kc, a, b, rs_b, c, rs_c, cols, load_c),
+            }
+        }
+    }
+
+    /// The 14x16 f64 kernel restricted to its first `R` rows.
+    ///
+    /// # Safety
+    /// As for [`super::KernelFn`] with `rows == R`; the CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn d_rows<const R: usize>(
+        kc: usize,
+        a: *const f64,
+        b: *const f64,
+        rs_b: usize,
+        c: *mut f64,
+        rs_c: usize,
+        cols: usize,
+        load_c: bool,
+    ) {
+        const MR: usize = 14;
+        let mut acc = [[_mm512_setzero_pd(); 2]; R];
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            // SAFETY: fewer than kc steps taken, so the 16 doubles at b and the
+            // first R of the 14 at a are inside the panels.
+            unsafe {
+                let b0 = _mm512_loadu_pd(b);
+                let b1 = _mm512_loadu_pd(b.add(8));
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let ai = _mm512_set1_pd(*a.add(i));
+                    acc[0] = _mm512_fmadd_pd(ai, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_pd(ai, b1, acc[1]);
+                }
+                a = a.add(MR);
+                b = b.wrapping_add(rs_b);
+            }
+        }
+        let (m0, m1) = masks8(cols);
+        for (i, acc) in acc.iter().enumerate() {
+            // SAFETY: row i < R has `cols` valid elements; masked-off lanes never fault.
+            unsafe {
+                let row = c.add(i * rs_c);
+                let (mut r0, mut r1) = (acc[0], acc[1]);
+                if load_c {
+                    r0 = _mm512_add_pd(r0, _mm512_maskz_loadu_pd(m0, row));
+                    r1 = _mm512_add_pd(r1, _mm512_maskz_loadu_pd(m1, row.wrapping_add(8)));
+                }
+                _mm512_mask_storeu_pd(row, m0, r0);
+                _mm512_mask_storeu_pd(row.wrapping_add(8), m1, r1);
+            }
+        }
+    }
+}
