@@ -1,4 +1,34 @@
 //! # kiln-train
 //!
-//! Owns what training needs beyond gradients: optimizers, learning-rate schedules and
-//! safetensors checkpoints in PyTorch's naming.
+//! Owns what training needs beyond gradients: optimizers ([`optim`]), learning-rate
+//! schedules ([`schedule`]) and safetensors checkpoints in PyTorch's naming
+//! ([`checkpoint`]). Everything here works on any [`kiln_tensor::nn::Module`] through
+//! its named parameter visits, so a `#[model]` struct and a hand-written one are
+//! treated alike.
+//!
+//! ```no_run
+//! use kiln_tensor::nn::{Linear, Module};
+//! use kiln_train::optim::{AdamW, AdamWConfig, Optimizer};
+//! use kiln_train::schedule::{CosineWithWarmup, Schedule};
+//! # fn demo<B: kiln_tensor::Backend>(dev: B::Device, grads: kiln_tensor::nn::LinearGrads<B, 3, 2>)
+//! # -> kiln_tensor::Result<()> {
+//! let mut model = Linear::<B, 3, 2>::init(&dev, 0)?;
+//! let mut opt = AdamW::new(AdamWConfig { lr: 1e-3, ..Default::default() })?;
+//! let sched = CosineWithWarmup::new(1e-3, 1e-5, 100, 1_000)?;
+//! for step in 0..1_000 {
+//!     opt.set_lr(sched.lr_at(step))?;
+//!     // ... compute `grads` of the loss ...
+//!     opt.step(&mut model, &grads)?;
+//! }
+//! kiln_train::checkpoint::save(&model, "model.safetensors")?;
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod checkpoint;
+pub mod optim;
+pub mod schedule;
+
+pub use optim::{Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+pub use schedule::{Constant, CosineWithWarmup, Schedule};

@@ -1,0 +1,423 @@
+//! Checkpoints: safetensors files in PyTorch's naming and layout (`fc1.weight` as
+//! `[out, in]`, exactly what a [`Module`] visits), so a `state_dict` saved with
+//! `safetensors.torch.save_file` loads here and ours load there.
+//!
+//! This module owns the mapping between kiln's dtypes and safetensors' (`F32`, `F64`,
+//! `F16`, `BF16`, `I32`, `U32`, `BOOL`; other file dtypes are refused by name), the
+//! byte encoding (little-endian, as the format says), atomic writes, and the checks
+//! that make a load all-or-nothing: every mismatch between a file and a model is found
+//! before the model is touched, and reported in one error that names each tensor with
+//! both shapes and dtypes.
+//!
+//! Files are read whole into memory; parsing and validation of the header are the
+//! `safetensors` crate's.
+
+use kiln_tensor::nn::Module;
+use kiln_tensor::{bf16, f16, Backend, DType, Error, HostData, RawTensor, Result};
+use safetensors::{Dtype, SafeTensors};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Saves `model`'s parameters and buffers to a safetensors file at `path`, atomically.
+pub fn save<B: Backend, M: Module<B>>(model: &M, path: impl AsRef<Path>) -> Result<()> {
+    save_with_metadata(model, path, &BTreeMap::new())
+}
+
+/// [`save`], with string metadata in the file's `__metadata__` header entry.
+pub fn save_with_metadata<B: Backend, M: Module<B>>(
+    model: &M,
+    path: impl AsRef<Path>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let tensors = module_tensors(model);
+    let refs: Vec<(&str, &RawTensor<B>)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    write_tensors_with_metadata(path, &refs, metadata)
+}
+
+/// Replaces every parameter and buffer of `model` with the tensor of the same name in
+/// the safetensors file at `path`.
+///
+/// The file must hold exactly the model's tensors, each with the model's shape and
+/// dtype (no conversion); otherwise this returns an [`Error::Format`] listing every
+/// missing, extra or mismatched tensor, and the model is left unchanged.
+pub fn load<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    let bytes = read_file(path)?;
+    let file = parse(path, &bytes)?;
+
+    let mut expected: Vec<(String, Vec<usize>, DType, B::Device)> = Vec::new();
+    let mut push = |s: kiln_tensor::nn::Slot<'_, B>| {
+        let v = s.value;
+        expected.push((
+            s.name.to_string(),
+            v.dims().to_vec(),
+            v.dtype(),
+            v.device().clone(),
+        ))
+    };
+    model.visit_params("", &mut push);
+    model.visit_buffers("", &mut push);
+
+    let mut problems = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (name, dims, dtype, _) in &expected {
+        if !seen.insert(name.as_str()) {
+            problems.push(format!("the model has two tensors named `{name}`"));
+            continue;
+        }
+        match file.tensor(name) {
+            Err(_) => problems.push(format!(
+                "missing tensor `{name}`: the model has {dims:?} {dtype}, the file has no such tensor"
+            )),
+            Ok(view) => {
+                let file_dtype = from_st_dtype(view.dtype());
+                if view.shape() != dims.as_slice() || file_dtype != Some(*dtype) {
+                    problems.push(format!(
+                        "tensor `{name}`: the model has {dims:?} {dtype}, the file has {:?} {}",
+                        view.shape(),
+                        st_dtype_name(view.dtype())
+                    ));
+                }
+            }
+        }
+    }
+    let mut extra: Vec<&str> = file
+        .names()
+        .into_iter()
+        .filter(|n| !seen.contains(n))
+        .collect();
+    extra.sort_unstable();
+    for name in extra {
+        let view = file.tensor(name).map_err(|e| format_error(path, e))?;
+        problems.push(format!(
+            "extra tensor `{name}` ({:?} {}): the file has it, the model does not",
+            view.shape(),
+            st_dtype_name(view.dtype())
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(Error::Format(format!(
+            "cannot load `{}` into the model:\n  - {}",
+            path.display(),
+            problems.join("\n  - ")
+        )));
+    }
+
+    // Decode everything before replacing anything, so a tensor that fails to decode
+    // (a bool byte that is not 0 or 1) cannot leave the model half loaded.
+    let mut decoded = HashMap::with_capacity(expected.len());
+    for (name, _, _, device) in &expected {
+        let view = file.tensor(name).map_err(|e| format_error(path, e))?;
+        decoded.insert(name.as_str(), to_raw(path, name, &view, device)?);
+    }
+    model.load_named("", &mut |name, _old| {
+        decoded.remove(name).ok_or_else(|| {
+            Error::Format(format!(
+                "the model asked for `{name}` while loading `{}`, which it did not visit",
+                path.display()
+            ))
+        })
+    })
+}
+
+/// Every tensor in the safetensors file at `path`, sorted by name, on `device`.
+pub fn read_tensors<B: Backend>(
+    path: impl AsRef<Path>,
+    device: &B::Device,
+) -> Result<Vec<(String, RawTensor<B>)>> {
+    let path = path.as_ref();
+    let bytes = read_file(path)?;
+    let file = parse(path, &bytes)?;
+    let mut names = file.names();
+    names.sort_unstable();
+    names
+        .into_iter()
+        .map(|name| {
+            let view = file.tensor(name).map_err(|e| format_error(path, e))?;
+            Ok((name.to_string(), to_raw(path, name, &view, device)?))
+        })
+        .collect()
+}
+
+/// The string metadata (`__metadata__`) of the safetensors file at `path` (empty if
+/// it has none).
+pub fn read_metadata(path: impl AsRef<Path>) -> Result<BTreeMap<String, String>> {
+    let path = path.as_ref();
+    let bytes = read_file(path)?;
+    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| format_error(path, e))?;
+    Ok(meta
+        .metadata()
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect())
+}
+
+/// Writes named tensors to a safetensors file at `path`, atomically.
+pub fn write_tensors<B: Backend, N: AsRef<str>>(
+    path: impl AsRef<Path>,
+    tensors: &[(N, &RawTensor<B>)],
+) -> Result<()> {
+    write_tensors_with_metadata(path, tensors, &BTreeMap::new())
+}
+
+/// [`write_tensors`], with string metadata in the file's `__metadata__` header entry.
+///
+/// The file is written to a temporary file in the same folder, flushed to disk, and
+/// renamed over `path` (then the folder is flushed), so a crash leaves either the old
+/// file or the new one, never a torn one.
+pub fn write_tensors_with_metadata<B: Backend, N: AsRef<str>>(
+    path: impl AsRef<Path>,
+    tensors: &[(N, &RawTensor<B>)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let path = path.as_ref();
+    let mut names = BTreeSet::new();
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let name = name.as_ref();
+        if name == "__metadata__" {
+            return Err(Error::invalid(
+                "write_tensors",
+                "`__metadata__` is reserved by safetensors, not a tensor name",
+            ));
+        }
+        if !names.insert(name) {
+            return Err(Error::invalid(
+                "write_tensors",
+                format!("two tensors are named `{name}`"),
+            ));
+        }
+        views.push((
+            name.to_string(),
+            Encoded {
+                dtype: to_st_dtype(t.dtype()),
+                shape: t.dims().to_vec(),
+                data: encode(&t.to_host()?),
+            },
+        ));
+    }
+    let info = if metadata.is_empty() {
+        None
+    } else {
+        Some(
+            metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<HashMap<_, _>>(),
+        )
+    };
+    let bytes = safetensors::serialize(views, info)
+        .map_err(|e| Error::Format(format!("cannot serialise `{}`: {e}", path.display())))?;
+    write_atomically(path, &bytes)
+}
+
+/// Parameters then buffers of `model`, with their names.
+fn module_tensors<B: Backend, M: Module<B>>(model: &M) -> Vec<(String, RawTensor<B>)> {
+    let mut out = Vec::new();
+    let mut push =
+        |s: kiln_tensor::nn::Slot<'_, B>| out.push((s.name.to_string(), s.value.clone()));
+    model.visit_params("", &mut push);
+    model.visit_buffers("", &mut push);
+    out
+}
+
+/// A tensor's encoded bytes, as `safetensors::serialize` takes them.
+struct Encoded {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl safetensors::View for Encoded {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn to_st_dtype(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::I32 => Dtype::I32,
+        DType::U32 => Dtype::U32,
+        DType::Bool => Dtype::BOOL,
+    }
+}
+
+fn from_st_dtype(d: Dtype) -> Option<DType> {
+    Some(match d {
+        Dtype::F32 => DType::F32,
+        Dtype::F64 => DType::F64,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::I32 => DType::I32,
+        Dtype::U32 => DType::U32,
+        Dtype::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// A file dtype in kiln's lower-case spelling, marked when kiln has no such dtype.
+fn st_dtype_name(d: Dtype) -> String {
+    match from_st_dtype(d) {
+        Some(k) => k.name().to_string(),
+        None => format!("{} (not a kiln dtype)", d.to_string().to_lowercase()),
+    }
+}
+
+/// Little-endian bytes of host values, as safetensors stores them.
+fn encode(h: &HostData) -> Vec<u8> {
+    match h {
+        HostData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostData::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostData::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostData::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostData::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+    }
+}
+
+/// Decodes `N`-byte little-endian elements; the caller has checked the length.
+fn decode_le<const N: usize, T>(bytes: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+    bytes
+        .chunks_exact(N)
+        .map(|c| f(c.try_into().expect("chunks_exact yields N bytes")))
+        .collect()
+}
+
+/// Builds a tensor on `device` from a file's view of it.
+fn to_raw<B: Backend>(
+    path: &Path,
+    name: &str,
+    view: &safetensors::tensor::TensorView<'_>,
+    device: &B::Device,
+) -> Result<RawTensor<B>> {
+    let bad = |msg: String| Error::Format(format!("`{}`: tensor `{name}` {msg}", path.display()));
+    let dtype = from_st_dtype(view.dtype())
+        .ok_or_else(|| bad(format!("has dtype {}", st_dtype_name(view.dtype()))))?;
+    let bytes = view.data();
+    // The crate checks sizes on parsing; an inconsistency here is a crate bug, but a
+    // mis-sized chunk would silently drop elements, so it is checked again.
+    let numel: usize = view.shape().iter().product();
+    if bytes.len() != numel * dtype.size_in_bytes() {
+        return Err(bad(format!(
+            "has {} bytes for shape {:?} {dtype}",
+            bytes.len(),
+            view.shape()
+        )));
+    }
+    let host = match dtype {
+        DType::F32 => HostData::F32(decode_le(bytes, f32::from_le_bytes)),
+        DType::F64 => HostData::F64(decode_le(bytes, f64::from_le_bytes)),
+        DType::F16 => HostData::F16(decode_le(bytes, f16::from_le_bytes)),
+        DType::BF16 => HostData::BF16(decode_le(bytes, bf16::from_le_bytes)),
+        DType::I32 => HostData::I32(decode_le(bytes, i32::from_le_bytes)),
+        DType::U32 => HostData::U32(decode_le(bytes, u32::from_le_bytes)),
+        DType::Bool => {
+            if let Some(b) = bytes.iter().find(|&&b| b > 1) {
+                return Err(bad(format!(
+                    "holds the byte {b}, which is not a bool (0 or 1)"
+                )));
+            }
+            HostData::Bool(bytes.iter().map(|&b| b == 1).collect())
+        }
+    };
+    RawTensor::from_host(host, view.shape(), device)
+        .map_err(|e| bad(format!("cannot be built: {e}")))
+}
+
+fn format_error(path: &Path, e: safetensors::SafeTensorError) -> Error {
+    Error::Format(format!(
+        "`{}` is not a valid safetensors file: {e}",
+        path.display()
+    ))
+}
+
+fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+    SafeTensors::deserialize(bytes).map_err(|e| format_error(path, e))
+}
+
+/// An I/O error that names the file it happened on.
+fn io_error(path: &Path, what: &str, e: io::Error) -> Error {
+    Error::Io(io::Error::new(
+        e.kind(),
+        format!("cannot {what} `{}`: {e}", path.display()),
+    ))
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    fs::read(path).map_err(|e| io_error(path, "read", e))
+}
+
+/// Writes `bytes` to `path` through a temporary sibling, fsync and rename.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let file_name = path.file_name().ok_or_else(|| {
+        Error::invalid("save", format!("`{}` does not name a file", path.display()))
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    // Unique per process and call, so concurrent saves never share a temporary file;
+    // the `.safetensors.tmp` suffix is what the repository's .gitignore expects.
+    let tmp_name = format!(
+        ".{}.{}-{}.safetensors.tmp",
+        file_name.to_string_lossy(),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    let tmp = dir.join(tmp_name);
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(|e| io_error(&tmp, "create", e))?;
+    if let Err(e) = fill_and_rename(file, &tmp, path, bytes) {
+        // Best effort: the error being reported matters more than a stray temp file.
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_dir(&dir)
+}
+
+/// Writes and flushes the temporary file, then renames it over `path`.
+fn fill_and_rename(mut file: File, tmp: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+    file.write_all(bytes)
+        .map_err(|e| io_error(tmp, "write", e))?;
+    file.sync_all().map_err(|e| io_error(tmp, "flush", e))?;
+    drop(file);
+    fs::rename(tmp, path).map_err(|e| io_error(path, "replace", e))
+}
+
+/// Flushes a folder's entries, so a rename into it survives a crash.
+#[cfg(unix)]
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error(dir, "flush the folder", e))
+}
+
+/// Windows cannot open a folder to flush it; there the rename's durability is left to
+/// the file system's journal.
+#[cfg(not(unix))]
+fn sync_dir(_dir: &Path) -> Result<()> {
+    Ok(())
+}

@@ -1,0 +1,563 @@
+//! Optimizers: the [`Optimizer`] trait and [`Sgd`], [`Adam`] and [`AdamW`] with
+//! PyTorch's update rules (`torch.optim.SGD`, `Adam`, `AdamW`, default
+//! `foreach=False` path). This module owns the per-parameter state (momentum buffers,
+//! moment estimates, step counts), keyed by the parameter's checkpoint name.
+//!
+//! Updates run as eager [`RawTensor`] ops on the parameter's own device; nothing is
+//! downloaded to the host. Hyper-parameters are plain `f64`s that each op rounds to the
+//! parameter's dtype, as PyTorch's kernels do with Python scalars. Parameters of
+//! `f16`/`bf16` are updated in `f32` and rounded back once, and their optimizer state
+//! is kept in `f32`, because an `eps` of `1e-8` or a `1 - β₂` of `1e-3` does not
+//! survive a round trip through half precision.
+
+use kiln_tensor::nn::Module;
+use kiln_tensor::{Backend, DType, Error, RawTensor, Result};
+use std::collections::HashMap;
+
+/// Something that updates a model's parameters from their gradients.
+///
+/// [`Optimizer::update_param`] is the per-parameter rule (object safe, usable through
+/// `dyn Optimizer<B>`); [`Optimizer::step`] applies it to every parameter of a
+/// [`Module`].
+pub trait Optimizer<B: Backend> {
+    /// The new value of parameter `name` given its current value and its gradient,
+    /// advancing that parameter's state by one step.
+    fn update_param(
+        &mut self,
+        name: &str,
+        param: &RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<RawTensor<B>>;
+
+    /// The current learning rate.
+    fn lr(&self) -> f64;
+
+    /// Sets the learning rate (an error if it is negative or not finite).
+    fn set_lr(&mut self, lr: f64) -> Result<()>;
+
+    /// Forgets every parameter's state (momentum buffers, moments, step counts).
+    fn reset(&mut self);
+
+    /// Updates every parameter of `model` from `grads`.
+    ///
+    /// Parameters are updated in declaration order; if one fails (a gradient of the
+    /// wrong shape), those before it have already taken their step.
+    fn step<M: Module<B>>(&mut self, model: &mut M, grads: &M::Grads) -> Result<()>
+    where
+        Self: Sized,
+    {
+        model.update_params(grads, "", &mut |name, p, g| self.update_param(name, p, g))
+    }
+}
+
+/// Settings of [`Sgd`], PyTorch's `torch.optim.SGD` (`maximize` is not supported).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdConfig {
+    /// Learning rate (≥ 0; PyTorch's default 1e-3).
+    pub lr: f64,
+    /// Momentum factor (≥ 0; 0 disables momentum).
+    pub momentum: f64,
+    /// Dampening of the gradient added to the momentum buffer.
+    pub dampening: f64,
+    /// L2 penalty added to the gradient (≥ 0).
+    pub weight_decay: f64,
+    /// Nesterov momentum (needs `momentum > 0` and `dampening == 0`).
+    pub nesterov: bool,
+}
+
+impl Default for SgdConfig {
+    fn default() -> Self {
+        SgdConfig {
+            lr: 1e-3,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+        }
+    }
+}
+
+/// Stochastic gradient descent with optional momentum, dampening, Nesterov momentum
+/// and L2 weight decay, with the update rule of `torch.optim.SGD`:
+///
+/// ```text
+/// g ← grad + weight_decay · p
+/// b ← g                                   (first step)
+/// b ← momentum · b + (1 − dampening) · g  (later steps)
+/// g ← g + momentum · b  (nesterov)   or   g ← b
+/// p ← p − lr · g
+/// ```
+pub struct Sgd<B: Backend> {
+    config: SgdConfig,
+    momentum_buffers: HashMap<String, RawTensor<B>>,
+}
+
+impl<B: Backend> Sgd<B> {
+    /// An optimizer with these settings (an error for settings PyTorch rejects).
+    pub fn new(config: SgdConfig) -> Result<Self> {
+        check_lr("Sgd", config.lr)?;
+        check_non_negative("Sgd", "momentum", config.momentum)?;
+        check_non_negative("Sgd", "weight_decay", config.weight_decay)?;
+        if !config.dampening.is_finite() {
+            return Err(Error::invalid(
+                "Sgd",
+                format!("dampening must be finite, got {}", config.dampening),
+            ));
+        }
+        if config.nesterov && (config.momentum <= 0.0 || config.dampening != 0.0) {
+            return Err(Error::invalid(
+                "Sgd",
+                format!(
+                    "nesterov momentum needs momentum > 0 and dampening = 0, got momentum {} and dampening {}",
+                    config.momentum, config.dampening
+                ),
+            ));
+        }
+        Ok(Sgd {
+            config,
+            momentum_buffers: HashMap::new(),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SgdConfig {
+        &self.config
+    }
+
+    /// The momentum buffer of parameter `name`, once it has taken a step with momentum.
+    pub fn momentum_buffer(&self, name: &str) -> Option<&RawTensor<B>> {
+        self.momentum_buffers.get(name)
+    }
+}
+
+impl<B: Backend> Optimizer<B> for Sgd<B> {
+    fn update_param(
+        &mut self,
+        name: &str,
+        param: &RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<RawTensor<B>> {
+        let c = self.config;
+        let (p, g) = compute_inputs("Sgd", name, param, grad)?;
+        let mut d = if c.weight_decay != 0.0 {
+            g.add(&p.mul_scalar(c.weight_decay)?)?
+        } else {
+            g
+        };
+        if c.momentum != 0.0 {
+            let buf = match self.momentum_buffers.get(name) {
+                // PyTorch starts the buffer at the (decayed) gradient, undampened.
+                None => d.clone(),
+                Some(b) => {
+                    check_state("Sgd", name, "momentum buffer", b, &p)?;
+                    b.mul_scalar(c.momentum)?
+                        .add(&d.mul_scalar(1.0 - c.dampening)?)?
+                }
+            };
+            d = if c.nesterov {
+                d.add(&buf.mul_scalar(c.momentum)?)?
+            } else {
+                buf.clone()
+            };
+            self.momentum_buffers.insert(name.to_string(), buf);
+        }
+        finish(param, p.sub(&d.mul_scalar(c.lr)?)?)
+    }
+
+    fn lr(&self) -> f64 {
+        self.config.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        check_lr("Sgd", lr)?;
+        self.config.lr = lr;
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.momentum_buffers.clear();
+    }
+}
+
+/// Settings of [`Adam`], PyTorch's `torch.optim.Adam` (no AMSGrad).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamConfig {
+    /// Learning rate (≥ 0; default 1e-3).
+    pub lr: f64,
+    /// Decay rates (β₁, β₂) of the first and second moment estimates, each in [0, 1)
+    /// (default (0.9, 0.999)).
+    pub betas: (f64, f64),
+    /// Added to the denominator for numerical stability (≥ 0; default 1e-8).
+    pub eps: f64,
+    /// L2 penalty added to the gradient, coupled with the moments (≥ 0; default 0).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamConfig {
+    fn default() -> Self {
+        AdamConfig {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// Settings of [`AdamW`], PyTorch's `torch.optim.AdamW` (no AMSGrad).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWConfig {
+    /// Learning rate (≥ 0; default 1e-3).
+    pub lr: f64,
+    /// Decay rates (β₁, β₂) of the first and second moment estimates, each in [0, 1)
+    /// (default (0.9, 0.999)).
+    pub betas: (f64, f64),
+    /// Added to the denominator for numerical stability (≥ 0; default 1e-8).
+    pub eps: f64,
+    /// Decoupled weight decay: `p ← p · (1 − lr · weight_decay)` before the Adam step
+    /// (≥ 0; default 1e-2, as in PyTorch).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 1e-2,
+        }
+    }
+}
+
+/// Adam with coupled L2 weight decay, the update rule of `torch.optim.Adam`:
+///
+/// ```text
+/// t ← t + 1
+/// g ← grad + weight_decay · p
+/// m ← m + (1 − β₁)(g − m)           v ← β₂ v + (1 − β₂) g²
+/// p ← p − lr / (1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + eps)
+/// ```
+pub struct Adam<B: Backend> {
+    config: AdamConfig,
+    state: AdamState<B>,
+}
+
+/// AdamW: Adam with decoupled weight decay, the update rule of `torch.optim.AdamW`:
+/// `p ← p · (1 − lr · weight_decay)`, then [`Adam`]'s step without the L2 term.
+pub struct AdamW<B: Backend> {
+    config: AdamWConfig,
+    state: AdamState<B>,
+}
+
+/// One parameter's Adam state.
+struct Moments<B: Backend> {
+    step: u64,
+    exp_avg: RawTensor<B>,
+    exp_avg_sq: RawTensor<B>,
+}
+
+/// Adam's per-parameter state, shared by [`Adam`] and [`AdamW`].
+struct AdamState<B: Backend>(HashMap<String, Moments<B>>);
+
+/// The hyper-parameters of one Adam update, whichever the flavour of weight decay.
+#[derive(Clone, Copy)]
+struct AdamStep {
+    lr: f64,
+    betas: (f64, f64),
+    eps: f64,
+    l2: f64,
+    decoupled: f64,
+}
+
+fn check_adam(
+    op: &'static str,
+    lr: f64,
+    betas: (f64, f64),
+    eps: f64,
+    weight_decay: f64,
+) -> Result<()> {
+    check_lr(op, lr)?;
+    for (i, b) in [betas.0, betas.1].into_iter().enumerate() {
+        if !(0.0..1.0).contains(&b) {
+            return Err(Error::invalid(
+                op,
+                format!("beta{} must be in [0, 1), got {b}", i + 1),
+            ));
+        }
+    }
+    check_non_negative(op, "eps", eps)?;
+    check_non_negative(op, "weight_decay", weight_decay)
+}
+
+impl<B: Backend> AdamState<B> {
+    fn update(
+        &mut self,
+        op: &'static str,
+        h: AdamStep,
+        name: &str,
+        param: &RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<RawTensor<B>> {
+        let (mut p, mut g) = compute_inputs(op, name, param, grad)?;
+        if h.decoupled != 0.0 {
+            p = p.mul_scalar(1.0 - h.lr * h.decoupled)?;
+        }
+        if h.l2 != 0.0 {
+            g = g.add(&p.mul_scalar(h.l2)?)?;
+        }
+        let (b1, b2) = h.betas;
+        let s = match self.0.remove(name) {
+            Some(s) => {
+                check_state(op, name, "first moment", &s.exp_avg, &p)?;
+                check_state(op, name, "second moment", &s.exp_avg_sq, &p)?;
+                s
+            }
+            None => {
+                let zeros = RawTensor::zeros(p.dims().as_slice(), p.dtype(), p.device())?;
+                Moments {
+                    step: 0,
+                    exp_avg: zeros.clone(),
+                    exp_avg_sq: zeros,
+                }
+            }
+        };
+        let step = s.step + 1;
+        // `lerp` form, as PyTorch's `exp_avg.lerp_(grad, 1 - beta1)`.
+        let exp_avg = s.exp_avg.add(&g.sub(&s.exp_avg)?.mul_scalar(1.0 - b1)?)?;
+        let exp_avg_sq = s
+            .exp_avg_sq
+            .mul_scalar(b2)?
+            .add(&g.mul(&g)?.mul_scalar(1.0 - b2)?)?;
+        let bias_correction1 = 1.0 - b1.powf(step as f64);
+        let bias_correction2 = 1.0 - b2.powf(step as f64);
+        let step_size = h.lr / bias_correction1;
+        let denom = exp_avg_sq
+            .sqrt()?
+            .mul_scalar(1.0 / bias_correction2.sqrt())?
+            .add_scalar(h.eps)?;
+        let new = p.sub(&exp_avg.div(&denom)?.mul_scalar(step_size)?)?;
+        self.0.insert(
+            name.to_string(),
+            Moments {
+                step,
+                exp_avg,
+                exp_avg_sq,
+            },
+        );
+        finish(param, new)
+    }
+
+    fn step_count(&self, name: &str) -> Option<u64> {
+        self.0.get(name).map(|s| s.step)
+    }
+}
+
+impl<B: Backend> Adam<B> {
+    /// An optimizer with these settings (an error for settings PyTorch rejects).
+    pub fn new(config: AdamConfig) -> Result<Self> {
+        check_adam(
+            "Adam",
+            config.lr,
+            config.betas,
+            config.eps,
+            config.weight_decay,
+        )?;
+        Ok(Adam {
+            config,
+            state: AdamState(HashMap::new()),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AdamConfig {
+        &self.config
+    }
+
+    /// How many steps parameter `name` has taken.
+    pub fn step_count(&self, name: &str) -> Option<u64> {
+        self.state.step_count(name)
+    }
+}
+
+impl<B: Backend> AdamW<B> {
+    /// An optimizer with these settings (an error for settings PyTorch rejects).
+    pub fn new(config: AdamWConfig) -> Result<Self> {
+        check_adam(
+            "AdamW",
+            config.lr,
+            config.betas,
+            config.eps,
+            config.weight_decay,
+        )?;
+        Ok(AdamW {
+            config,
+            state: AdamState(HashMap::new()),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AdamWConfig {
+        &self.config
+    }
+
+    /// How many steps parameter `name` has taken.
+    pub fn step_count(&self, name: &str) -> Option<u64> {
+        self.state.step_count(name)
+    }
+}
+
+impl<B: Backend> Optimizer<B> for Adam<B> {
+    fn update_param(
+        &mut self,
+        name: &str,
+        param: &RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<RawTensor<B>> {
+        let c = self.config;
+        let h = AdamStep {
+            lr: c.lr,
+            betas: c.betas,
+            eps: c.eps,
+            l2: c.weight_decay,
+            decoupled: 0.0,
+        };
+        self.state.update("Adam", h, name, param, grad)
+    }
+
+    fn lr(&self) -> f64 {
+        self.config.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        check_lr("Adam", lr)?;
+        self.config.lr = lr;
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.state.0.clear();
+    }
+}
+
+impl<B: Backend> Optimizer<B> for AdamW<B> {
+    fn update_param(
+        &mut self,
+        name: &str,
+        param: &RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<RawTensor<B>> {
+        let c = self.config;
+        let h = AdamStep {
+            lr: c.lr,
+            betas: c.betas,
+            eps: c.eps,
+            l2: 0.0,
+            decoupled: c.weight_decay,
+        };
+        self.state.update("AdamW", h, name, param, grad)
+    }
+
+    fn lr(&self) -> f64 {
+        self.config.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        check_lr("AdamW", lr)?;
+        self.config.lr = lr;
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.state.0.clear();
+    }
+}
+
+fn check_lr(op: &'static str, lr: f64) -> Result<()> {
+    if !(lr >= 0.0 && lr.is_finite()) {
+        return Err(Error::invalid(
+            op,
+            format!("the learning rate must be finite and >= 0, got {lr}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_non_negative(op: &'static str, what: &str, v: f64) -> Result<()> {
+    if !(v >= 0.0 && v.is_finite()) {
+        return Err(Error::invalid(
+            op,
+            format!("{what} must be finite and >= 0, got {v}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The dtype an update of a `dtype` parameter is computed in.
+fn compute_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    }
+}
+
+/// The parameter and its gradient, checked against each other and cast to the
+/// compute dtype.
+fn compute_inputs<B: Backend>(
+    op: &'static str,
+    name: &str,
+    param: &RawTensor<B>,
+    grad: &RawTensor<B>,
+) -> Result<(RawTensor<B>, RawTensor<B>)> {
+    if !param.dtype().is_float() {
+        return Err(Error::dtype(
+            op,
+            format!("parameter `{name}` is {}, not a float dtype", param.dtype()),
+        ));
+    }
+    // Broadcasting would silently accept a gradient of the wrong shape.
+    if grad.dims() != param.dims() || grad.dtype() != param.dtype() {
+        return Err(Error::shape(
+            op,
+            format!(
+                "parameter `{name}` is {} {} but its gradient is {} {}",
+                param.dims(),
+                param.dtype(),
+                grad.dims(),
+                grad.dtype()
+            ),
+        ));
+    }
+    let dt = compute_dtype(param.dtype());
+    Ok((param.cast(dt)?, grad.cast(dt)?))
+}
+
+/// State from an earlier step must fit the parameter it is applied to (the same
+/// optimizer reused on another model with the same names would otherwise broadcast).
+fn check_state<B: Backend>(
+    op: &'static str,
+    name: &str,
+    what: &str,
+    state: &RawTensor<B>,
+    p: &RawTensor<B>,
+) -> Result<()> {
+    if state.dims() != p.dims() || state.dtype() != p.dtype() {
+        return Err(Error::shape(
+            op,
+            format!(
+                "the {what} of `{name}` is {} {} but the parameter is now {} {}; call `reset()` \
+                 before reusing an optimizer on another model",
+                state.dims(),
+                state.dtype(),
+                p.dims(),
+                p.dtype()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The updated value in the parameter's own dtype.
+fn finish<B: Backend>(param: &RawTensor<B>, new: RawTensor<B>) -> Result<RawTensor<B>> {
+    new.cast(param.dtype())
+}

@@ -1,0 +1,602 @@
+//! Safetensors checkpoints: bit-exact round trips (parameters and buffers, every
+//! dtype), atomic writes, every way a file can fail to fit a model, and a file written
+//! by PyTorch.
+
+use kiln_cpu::{Cpu, CpuDevice};
+use kiln_tensor::nn::{join, BatchNorm2d, BatchNorm2dGrads, Linear, LinearGrads, Module, Slot};
+use kiln_tensor::{bf16, f16, DType, Error, HostData, RawTensor, Result, Tensor};
+use kiln_train::checkpoint::{
+    load, read_metadata, read_tensors, save, save_with_metadata, write_tensors,
+    write_tensors_with_metadata,
+};
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const DEV: CpuDevice = CpuDevice;
+
+/// A fresh, empty folder for one test.
+fn scratch(test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("kiln-train-checkpoint")
+        .join(test);
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A small model with nested names and buffers, as `#[model]` would generate it.
+struct Net {
+    fc1: Linear<Cpu, 3, 4>,
+    norm: BatchNorm2d<Cpu, 4>,
+    fc2: Linear<Cpu, 4, 2>,
+}
+
+impl Module<Cpu> for Net {
+    type Grads = (
+        LinearGrads<Cpu, 3, 4>,
+        BatchNorm2dGrads<Cpu, 4>,
+        LinearGrads<Cpu, 4, 2>,
+    );
+
+    fn init_named(device: &CpuDevice, seed: u64, prefix: &str) -> Result<Self> {
+        Ok(Net {
+            fc1: Module::init_named(device, seed, &join(prefix, "fc1"))?,
+            norm: Module::init_named(device, seed, &join(prefix, "norm"))?,
+            fc2: Module::init_named(device, seed, &join(prefix, "fc2"))?,
+        })
+    }
+
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, Cpu>)) {
+        self.fc1.visit_params(&join(prefix, "fc1"), f);
+        self.norm.visit_params(&join(prefix, "norm"), f);
+        self.fc2.visit_params(&join(prefix, "fc2"), f);
+    }
+
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, Cpu>)) {
+        self.fc1.visit_buffers(&join(prefix, "fc1"), f);
+        self.norm.visit_buffers(&join(prefix, "norm"), f);
+        self.fc2.visit_buffers(&join(prefix, "fc2"), f);
+    }
+
+    fn update_params(
+        &mut self,
+        grads: &Self::Grads,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &RawTensor<Cpu>, &RawTensor<Cpu>) -> Result<RawTensor<Cpu>>,
+    ) -> Result<()> {
+        self.fc1.update_params(&grads.0, &join(prefix, "fc1"), f)?;
+        self.norm
+            .update_params(&grads.1, &join(prefix, "norm"), f)?;
+        self.fc2.update_params(&grads.2, &join(prefix, "fc2"), f)
+    }
+
+    fn load_named(
+        &mut self,
+        prefix: &str,
+        get: &mut dyn FnMut(&str, &RawTensor<Cpu>) -> Result<RawTensor<Cpu>>,
+    ) -> Result<()> {
+        self.fc1.load_named(&join(prefix, "fc1"), get)?;
+        self.norm.load_named(&join(prefix, "norm"), get)?;
+        self.fc2.load_named(&join(prefix, "fc2"), get)
+    }
+}
+
+/// A net whose buffers hold something other than their initial values.
+fn net(seed: u64) -> Result<Net> {
+    let n = Net::init(&DEV, seed)?;
+    let s = seed as f32;
+    n.norm.running_mean.set(Tensor::from_vec(
+        vec![0.5 * s, -1.0, 2.0, 1e-30],
+        &[4],
+        &DEV,
+    )?);
+    n.norm.running_var.set(Tensor::from_vec(
+        vec![3.0, s, 0.25, f32::MIN_POSITIVE / 4.0],
+        &[4],
+        &DEV,
+    )?);
+    Ok(n)
+}
+
+/// Every tensor of a module, by name, as bits (so -0.0, NaN payloads and subnormals
+/// count).
+fn contents<M: Module<Cpu>>(m: &M) -> Vec<(String, Vec<usize>, Vec<u32>)> {
+    let mut out = Vec::new();
+    let mut push = |s: Slot<'_, Cpu>| {
+        let bits = s
+            .value
+            .to_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f32::to_bits)
+            .collect();
+        out.push((s.name.to_string(), s.value.dims().to_vec(), bits));
+    };
+    m.visit_params("", &mut push);
+    m.visit_buffers("", &mut push);
+    out
+}
+
+#[test]
+fn round_trip_is_bit_exact_with_buffers() -> Result<()> {
+    let dir = scratch("round_trip");
+    let path = dir.join("net.safetensors");
+    let a = net(1)?;
+    save(&a, &path)?;
+    let mut b = net(2)?;
+    assert_ne!(contents(&a), contents(&b));
+    load(&mut b, &path)?;
+    assert_eq!(contents(&a), contents(&b));
+
+    let names: Vec<String> = read_tensors::<Cpu>(&path, &DEV)?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let want = [
+        "fc1.bias",
+        "fc1.weight",
+        "fc2.bias",
+        "fc2.weight",
+        "norm.bias",
+        "norm.running_mean",
+        "norm.running_var",
+        "norm.weight",
+    ];
+    assert_eq!(names, want);
+    Ok(())
+}
+
+#[test]
+fn every_dtype_round_trips_bit_exactly() -> Result<()> {
+    let dir = scratch("dtypes");
+    let path = dir.join("all.safetensors");
+    let nan_payload = f32::from_bits(0x7fc0_1234);
+    let tensors: Vec<(&str, RawTensor<Cpu>)> = vec![
+        (
+            "f32",
+            RawTensor::from_vec(
+                vec![1.5f32, -0.0, f32::INFINITY, nan_payload, 1e-45, f32::MAX],
+                &[2, 3],
+                &DEV,
+            )?,
+        ),
+        (
+            "f64",
+            RawTensor::from_vec(vec![std::f64::consts::PI, -1e-310, f64::MIN], &[3], &DEV)?,
+        ),
+        (
+            "f16",
+            RawTensor::from_vec(
+                vec![f16::from_f64(0.1), f16::MAX, f16::from_bits(1)],
+                &[3, 1],
+                &DEV,
+            )?,
+        ),
+        (
+            "bf16",
+            RawTensor::from_vec(
+                vec![bf16::from_f64(-3.25), bf16::from_bits(0x7f7f)],
+                &[1, 2],
+                &DEV,
+            )?,
+        ),
+        (
+            "i32",
+            RawTensor::from_vec(vec![i32::MIN, -1, 0, i32::MAX], &[2, 2], &DEV)?,
+        ),
+        (
+            "u32",
+            RawTensor::from_vec(vec![0u32, 7, u32::MAX], &[3], &DEV)?,
+        ),
+        (
+            "bool",
+            RawTensor::from_vec(vec![true, false, false, true, true], &[5], &DEV)?,
+        ),
+        ("scalar", RawTensor::from_vec(vec![42.0f32], &[], &DEV)?),
+        (
+            "rank6",
+            RawTensor::from_vec(
+                (0..64).map(|i| i as f32).collect(),
+                &[2, 2, 2, 2, 2, 2],
+                &DEV,
+            )?,
+        ),
+    ];
+    let refs: Vec<(&str, &RawTensor<Cpu>)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
+    let meta = BTreeMap::from([
+        ("epoch".to_string(), "3".to_string()),
+        ("model".to_string(), "net".to_string()),
+    ]);
+    write_tensors_with_metadata(&path, &refs, &meta)?;
+
+    let back = read_tensors::<Cpu>(&path, &DEV)?;
+    let mut want = tensors.clone();
+    want.sort_by_key(|(n, _)| *n);
+    assert_eq!(back.len(), want.len());
+    for ((name, got), (want_name, want)) in back.iter().zip(&want) {
+        assert_eq!(name, want_name);
+        assert_eq!(got.dims(), want.dims(), "{name}");
+        assert_eq!(got.dtype(), want.dtype(), "{name}");
+        assert_eq!(bits(&got.to_host()?), bits(&want.to_host()?), "{name}");
+    }
+    assert_eq!(read_metadata(&path)?, meta);
+    Ok(())
+}
+
+/// Host values as bit patterns.
+fn bits(h: &HostData) -> Vec<u64> {
+    match h {
+        HostData::F32(v) => v.iter().map(|x| x.to_bits() as u64).collect(),
+        HostData::F64(v) => v.iter().map(|x| x.to_bits()).collect(),
+        HostData::F16(v) => v.iter().map(|x| x.to_bits() as u64).collect(),
+        HostData::BF16(v) => v.iter().map(|x| x.to_bits() as u64).collect(),
+        HostData::I32(v) => v.iter().map(|&x| x as u32 as u64).collect(),
+        HostData::U32(v) => v.iter().map(|&x| x as u64).collect(),
+        HostData::Bool(v) => v.iter().map(|&x| x as u64).collect(),
+    }
+}
+
+#[test]
+fn strided_views_are_written_in_logical_order() -> Result<()> {
+    let dir = scratch("strided");
+    let path = dir.join("t.safetensors");
+    let t = RawTensor::<Cpu>::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], &DEV)?
+        .transpose(0, 1)?;
+    write_tensors(&path, &[("t", &t)])?;
+    let back = read_tensors::<Cpu>(&path, &DEV)?;
+    assert_eq!(back[0].1.dims().as_slice(), &[3, 2]);
+    assert_eq!(
+        back[0].1.to_vec::<f32>()?,
+        vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]
+    );
+    Ok(())
+}
+
+#[test]
+fn saving_replaces_atomically_and_leaves_no_temporary_file() -> Result<()> {
+    let dir = scratch("atomic");
+    let path = dir.join("net.safetensors");
+    save(&net(1)?, &path)?;
+    let second = net(2)?;
+    save_with_metadata(
+        &second,
+        &path,
+        &BTreeMap::from([("step".to_string(), "200".to_string())]),
+    )?;
+    let entries: Vec<_> = fs::read_dir(&dir)?
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(entries, vec![std::ffi::OsString::from("net.safetensors")]);
+    let mut loaded = net(3)?;
+    load(&mut loaded, &path)?;
+    assert_eq!(contents(&loaded), contents(&second));
+    assert_eq!(
+        read_metadata(&path)?.get("step").map(String::as_str),
+        Some("200")
+    );
+
+    // A folder that does not exist: an I/O error naming the path, nothing created.
+    let missing = dir.join("no-such-folder").join("net.safetensors");
+    match save(&second, &missing) {
+        Err(Error::Io(e)) => assert!(e.to_string().contains("no-such-folder"), "{e}"),
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+    assert!(!dir.join("no-such-folder").exists());
+    Ok(())
+}
+
+#[test]
+fn write_tensors_refuses_duplicate_and_reserved_names() -> Result<()> {
+    let dir = scratch("names");
+    let t = RawTensor::<Cpu>::zeros(&[2], DType::F32, &DEV)?;
+    let e = write_tensors(dir.join("a.safetensors"), &[("w", &t), ("w", &t)]).unwrap_err();
+    assert!(e.to_string().contains("`w`"), "{e}");
+    assert!(write_tensors(dir.join("b.safetensors"), &[("__metadata__", &t)]).is_err());
+    assert_eq!(
+        fs::read_dir(&dir)?.count(),
+        0,
+        "a refused write must create nothing"
+    );
+    Ok(())
+}
+
+/// Loads `path` into a fresh `Linear<3, 2>`, expecting a format error; checks the
+/// model is unchanged and returns the message.
+fn load_error(path: &Path) -> String {
+    let mut model = Linear::<Cpu, 3, 2>::init(&DEV, 9).unwrap();
+    let before = contents(&model);
+    let e = match load(&mut model, path) {
+        Err(e @ Error::Format(_)) => e.to_string(),
+        Err(e) => panic!("expected a format error, got {e:?}"),
+        Ok(()) => panic!("loading {} should fail", path.display()),
+    };
+    assert_eq!(
+        contents(&model),
+        before,
+        "a failed load must leave the model as it was"
+    );
+    e
+}
+
+fn f32s(dims: &[usize]) -> RawTensor<Cpu> {
+    let n = dims.iter().product::<usize>();
+    RawTensor::from_vec((0..n).map(|i| i as f32 * 0.5).collect(), dims, &DEV).unwrap()
+}
+
+fn write(path: &Path, tensors: &[(&str, RawTensor<Cpu>)]) {
+    let refs: Vec<(&str, &RawTensor<Cpu>)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
+    write_tensors(path, &refs).unwrap();
+}
+
+#[test]
+fn mismatched_files_name_the_tensor_and_both_sides() -> Result<()> {
+    let dir = scratch("mismatch");
+
+    let p = dir.join("wrong_shape.safetensors");
+    write(&p, &[("weight", f32s(&[3, 2])), ("bias", f32s(&[2]))]);
+    let e = load_error(&p);
+    assert!(
+        e.contains("tensor `weight`: the model has [2, 3] f32, the file has [3, 2] f32"),
+        "{e}"
+    );
+
+    let p = dir.join("wrong_dtype.safetensors");
+    write(
+        &p,
+        &[
+            ("weight", f32s(&[2, 3]).cast(DType::F64)?),
+            ("bias", f32s(&[2])),
+        ],
+    );
+    let e = load_error(&p);
+    assert!(
+        e.contains("tensor `weight`: the model has [2, 3] f32, the file has [2, 3] f64"),
+        "{e}"
+    );
+
+    let p = dir.join("missing.safetensors");
+    write(&p, &[("weight", f32s(&[2, 3]))]);
+    let e = load_error(&p);
+    assert!(
+        e.contains("missing tensor `bias`: the model has [2] f32"),
+        "{e}"
+    );
+
+    let p = dir.join("extra.safetensors");
+    write(
+        &p,
+        &[
+            ("weight", f32s(&[2, 3])),
+            ("bias", f32s(&[2])),
+            ("fc9.weight", f32s(&[1, 2])),
+        ],
+    );
+    let e = load_error(&p);
+    assert!(e.contains("extra tensor `fc9.weight` ([1, 2] f32)"), "{e}");
+    assert!(
+        e.contains(&p.display().to_string()),
+        "the message names the file: {e}"
+    );
+
+    // Several problems at once are all reported.
+    let p = dir.join("several.safetensors");
+    write(&p, &[("weight", f32s(&[2, 2])), ("other", f32s(&[1]))]);
+    let e = load_error(&p);
+    assert!(
+        e.contains("`weight`") && e.contains("`bias`") && e.contains("`other`"),
+        "{e}"
+    );
+
+    // The good file loads.
+    let p = dir.join("good.safetensors");
+    write(&p, &[("weight", f32s(&[2, 3])), ("bias", f32s(&[2]))]);
+    let mut model = Linear::<Cpu, 3, 2>::init(&DEV, 9)?;
+    load(&mut model, &p)?;
+    assert_eq!(model.weight.to_vec()?, vec![0.0, 0.5, 1.0, 1.5, 2.0, 2.5]);
+    Ok(())
+}
+
+/// A safetensors file from a header written by hand.
+fn raw_file(path: &Path, header: &str, data: &[u8]) {
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn dtypes_kiln_lacks_and_invalid_bools_are_errors() {
+    let dir = scratch("foreign_dtypes");
+    let p = dir.join("i64.safetensors");
+    raw_file(
+        &p,
+        r#"{"weight":{"dtype":"I64","shape":[2,3],"data_offsets":[0,48]},"bias":{"dtype":"F32","shape":[2],"data_offsets":[48,56]}}"#,
+        &[0; 56],
+    );
+    let e = load_error(&p);
+    assert!(
+        e.contains("the file has [2, 3] i64 (not a kiln dtype)"),
+        "{e}"
+    );
+    let e = read_tensors::<Cpu>(&p, &DEV).unwrap_err().to_string();
+    assert!(e.contains("`weight`") && e.contains("i64"), "{e}");
+
+    let p = dir.join("bool.safetensors");
+    raw_file(
+        &p,
+        r#"{"mask":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}}"#,
+        &[1, 0, 2],
+    );
+    let e = read_tensors::<Cpu>(&p, &DEV).unwrap_err().to_string();
+    assert!(e.contains("`mask`") && e.contains("byte 2"), "{e}");
+}
+
+#[test]
+fn corrupt_files_are_errors() -> Result<()> {
+    let dir = scratch("corrupt");
+    let good = dir.join("good.safetensors");
+    write(&good, &[("weight", f32s(&[2, 3])), ("bias", f32s(&[2]))]);
+    let bytes = fs::read(&good)?;
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", vec![]),
+        ("shorter than the length field", bytes[..5].to_vec()),
+        (
+            "cut inside the header",
+            bytes[..8 + header_len / 2].to_vec(),
+        ),
+        ("cut inside the data", bytes[..bytes.len() - 3].to_vec()),
+        ("one byte too long", [bytes.as_slice(), &[0]].concat()),
+        (
+            "not safetensors",
+            b"PK\x03\x04 this is a zip file, not a checkpoint".to_vec(),
+        ),
+    ];
+    let mut flip = |what, at: usize, xor: u8| {
+        let mut b = bytes.clone();
+        b[at] ^= xor;
+        cases.push((what, b));
+    };
+    flip("header length's high byte", 7, 0x40);
+    flip("header length's low byte", 0, 0x01);
+    flip("header's opening brace", 8, 0x01);
+    let header = String::from_utf8_lossy(&bytes[8..8 + header_len]).into_owned();
+    let offsets = 8 + header.find("data_offsets").unwrap() + "data_offsets\":[".len();
+    flip("a data offset", offsets, 0x02);
+    let dtype = 8 + header.find("F32").unwrap() + 1;
+    flip("a dtype's name", dtype, 0x20);
+
+    for (what, b) in cases {
+        let p = dir.join("bad.safetensors");
+        fs::write(&p, &b)?;
+        let e = load_error(&p);
+        assert!(e.contains("not a valid safetensors file"), "{what}: {e}");
+        assert!(read_tensors::<Cpu>(&p, &DEV).is_err(), "{what}");
+    }
+
+    match load(
+        &mut Linear::<Cpu, 3, 2>::init(&DEV, 0)?,
+        dir.join("absent.safetensors"),
+    ) {
+        Err(Error::Io(e)) => assert!(e.to_string().contains("absent.safetensors"), "{e}"),
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn pytorch_fixture_loads_into_linear() -> Result<()> {
+    // Written by `tests/fixtures/make_linear_3_2.py` with `safetensors.torch.save_file`.
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/linear_3_2.safetensors"
+    );
+    let mut model = Linear::<Cpu, 3, 2>::init(&DEV, 0)?;
+    load(&mut model, path)?;
+    assert_eq!(
+        model.weight.to_vec()?,
+        vec![0.5, -1.25, 2.0, 0.125, 3.0, -0.75]
+    );
+    assert_eq!(model.bias.to_vec()?, vec![0.25, -0.5]);
+    assert_eq!(
+        read_metadata(path)?.get("format").map(String::as_str),
+        Some("pt")
+    );
+    // The layout is PyTorch's [out, in]: y = W x + b for x = [1, 2, 3].
+    let x = Tensor::<Cpu, kiln_tensor::Rank2<1, 3>>::from_vec(vec![1.0, 2.0, 3.0], &[1, 3], &DEV)?;
+    assert_eq!(
+        model.forward(&x)?.to_vec()?,
+        vec![0.5 - 2.5 + 6.0 + 0.25, 0.125 + 6.0 - 2.25 - 0.5]
+    );
+    Ok(())
+}
+
+/// A module with a bool buffer, which no built-in layer has.
+struct Masked {
+    weight: RawTensor<Cpu>,
+    mask: RawTensor<Cpu>,
+}
+
+impl Module<Cpu> for Masked {
+    type Grads = RawTensor<Cpu>;
+
+    fn init_named(device: &CpuDevice, _seed: u64, _prefix: &str) -> Result<Self> {
+        Ok(Masked {
+            weight: RawTensor::from_vec(vec![1.0f32, 2.0], &[2], device)?,
+            mask: RawTensor::from_vec(vec![true, false], &[2], device)?,
+        })
+    }
+
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, Cpu>)) {
+        f(Slot {
+            name: &join(prefix, "weight"),
+            value: &self.weight,
+        });
+    }
+
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, Cpu>)) {
+        f(Slot {
+            name: &join(prefix, "mask"),
+            value: &self.mask,
+        });
+    }
+
+    fn update_params(
+        &mut self,
+        grads: &RawTensor<Cpu>,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &RawTensor<Cpu>, &RawTensor<Cpu>) -> Result<RawTensor<Cpu>>,
+    ) -> Result<()> {
+        self.weight = f(&join(prefix, "weight"), &self.weight, grads)?;
+        Ok(())
+    }
+
+    fn load_named(
+        &mut self,
+        prefix: &str,
+        get: &mut dyn FnMut(&str, &RawTensor<Cpu>) -> Result<RawTensor<Cpu>>,
+    ) -> Result<()> {
+        self.weight = get(&join(prefix, "weight"), &self.weight)?;
+        self.mask = get(&join(prefix, "mask"), &self.mask)?;
+        Ok(())
+    }
+}
+
+#[test]
+fn a_tensor_that_fails_to_decode_leaves_the_model_unchanged() -> Result<()> {
+    let dir = scratch("decode_failure");
+    // `weight` (visited first) is fine; `mask` holds a byte that is not a bool.
+    let p = dir.join("masked.safetensors");
+    raw_file(
+        &p,
+        r#"{"mask":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]},"weight":{"dtype":"F32","shape":[2],"data_offsets":[2,10]}}"#,
+        &[
+            [1u8, 7].as_slice(),
+            &5.0f32.to_le_bytes(),
+            &6.0f32.to_le_bytes(),
+        ]
+        .concat(),
+    );
+    let mut m = Masked::init(&DEV, 0)?;
+    let e = load(&mut m, &p).unwrap_err().to_string();
+    assert!(e.contains("`mask`") && e.contains("byte 7"), "{e}");
+    assert_eq!(m.weight.to_vec::<f32>()?, vec![1.0, 2.0]);
+
+    // With a valid mask both load, the bool buffer included.
+    raw_file(
+        &p,
+        r#"{"mask":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]},"weight":{"dtype":"F32","shape":[2],"data_offsets":[2,10]}}"#,
+        &[
+            [0u8, 1].as_slice(),
+            &5.0f32.to_le_bytes(),
+            &6.0f32.to_le_bytes(),
+        ]
+        .concat(),
+    );
+    load(&mut m, &p)?;
+    assert_eq!(m.weight.to_vec::<f32>()?, vec![5.0, 6.0]);
+    assert_eq!(m.mask.to_vec::<bool>()?, vec![false, true]);
+    Ok(())
+}
