@@ -121,11 +121,40 @@ macro_rules! element {
 
 element!(f32, F32, |x| x as f64, |v| v as f32);
 element!(f64, F64, |x| x, |v| v);
-element!(f16, F16, |x| x.to_f64(), f16::from_f64);
-element!(bf16, BF16, |x| x.to_f64(), bf16::from_f64);
+element!(f16, F16, |x| x.to_f64(), f16_from_f64);
+element!(bf16, BF16, |x| x.to_f64(), bf16_from_f64);
 element!(i32, I32, |x| x as f64, |v| v as i32);
 element!(u32, U32, |x| x as f64, |v| v as u32);
 element!(bool, Bool, |x| if x { 1.0 } else { 0.0 }, |v| v != 0.0);
+
+/// f64 to f16, rounded to nearest (ties to even). `half`'s own `from_f64` misrounds
+/// inputs just above a rounding tie (half-rs issue #151), and a plain `v as f32` first
+/// would round twice; rounding to odd first and then to f16 rounds correctly.
+fn f16_from_f64(v: f64) -> f16 {
+    f16::from_f32(f32_round_to_odd(v))
+}
+
+/// f64 to bf16, rounded to nearest (ties to even), for the same reasons as f16.
+fn bf16_from_f64(v: f64) -> bf16 {
+    bf16::from_f32(f32_round_to_odd(v))
+}
+
+/// `v` as f32, rounded to odd: exact values are kept and inexact ones take the
+/// neighbour whose last bit is 1, so a second rounding to a format at least two bits
+/// narrower (f16, bf16) gives the correctly rounded result of `v` itself.
+fn f32_round_to_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if !f.is_finite() || f as f64 == v || f.to_bits() & 1 == 1 {
+        return f;
+    }
+    let (sign, mag) = (f.to_bits() & 0x8000_0000, f.to_bits() & 0x7fff_ffff);
+    let toward_v = if f.abs() as f64 > v.abs() {
+        mag - 1
+    } else {
+        mag + 1
+    };
+    f32::from_bits(sign | toward_v)
+}
 
 impl FloatElement for f32 {}
 impl FloatElement for f64 {}
@@ -211,5 +240,31 @@ impl HostData {
             DType::U32 => conv::<u32>(values),
             DType::Bool => conv::<bool>(values),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_precision_rounds_f64_correctly() {
+        // Just above the tie between 1 and 1 + 2^-10: up, not down (half-rs #151).
+        let above = 1.0 + 2f64.powi(-11) + 2f64.powi(-22);
+        assert_eq!(<f16 as Element>::from_f64(above).to_bits(), 0x3c01);
+        // An exact tie goes to the even neighbour.
+        assert_eq!(
+            <f16 as Element>::from_f64(1.0 + 2f64.powi(-11)).to_bits(),
+            0x3c00
+        );
+        // An f32 just above a bf16 tie, as a cast from f32 through f64 sees it.
+        let x = f32::from_bits(0x3dce_8001);
+        assert_eq!(<bf16 as Element>::from_f64(x as f64), bf16::from_f32(x));
+        // 2^24 + 2^16 + 1 rounds up; through a plain `as f32` it would tie down.
+        assert_eq!(<bf16 as Element>::from_f64(16_842_753.0).to_bits(), 0x4b81);
+        // Out of range, tiny and NaN inputs.
+        assert!(<f16 as Element>::from_f64(1e6).is_infinite());
+        assert_eq!(<f16 as Element>::from_f64(1e-300).to_f64(), 0.0);
+        assert!(<bf16 as Element>::from_f64(f64::NAN).is_nan());
     }
 }

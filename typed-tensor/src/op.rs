@@ -185,7 +185,8 @@ op_names!(
 );
 
 impl UnaryOp {
-    /// The reference definition in f64: what every kernel must agree with.
+    /// The reference definition in f64: what every kernel must agree with. A NaN input
+    /// gives a NaN (as PyTorch's relu and NumPy's sign do).
     pub fn eval(self, x: f64) -> f64 {
         match self {
             UnaryOp::Neg => -x,
@@ -195,6 +196,8 @@ impl UnaryOp {
                     1.0
                 } else if x < 0.0 {
                     -1.0
+                } else if x.is_nan() {
+                    x
                 } else {
                     0.0
                 }
@@ -208,7 +211,14 @@ impl UnaryOp {
             UnaryOp::Cos => x.cos(),
             UnaryOp::Tanh => x.tanh(),
             UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            UnaryOp::Relu => x.max(0.0),
+            // `f64::max` would return 0 for a NaN.
+            UnaryOp::Relu => {
+                if x.is_nan() {
+                    x
+                } else {
+                    x.max(0.0)
+                }
+            }
             UnaryOp::Erf => erf_f64(x),
             UnaryOp::Not => (x == 0.0) as u8 as f64,
         }
@@ -226,7 +236,8 @@ impl UnaryOp {
 }
 
 impl BinaryOp {
-    /// The reference definition in f64.
+    /// The reference definition in f64. `maximum` and `minimum` propagate NaN, as
+    /// PyTorch's do (`f64::max`/`min` would drop it).
     pub fn eval(self, a: f64, b: f64) -> f64 {
         match self {
             BinaryOp::Add => a + b,
@@ -234,6 +245,7 @@ impl BinaryOp {
             BinaryOp::Mul => a * b,
             BinaryOp::Div => a / b,
             BinaryOp::Pow => a.powf(b),
+            BinaryOp::Max | BinaryOp::Min if a.is_nan() || b.is_nan() => f64::NAN,
             BinaryOp::Max => a.max(b),
             BinaryOp::Min => a.min(b),
         }
@@ -353,16 +365,26 @@ impl Window2d {
         }
     }
 
-    /// The output size along axis `i` (0 = height, 1 = width) for input size `n`.
-    pub fn out_size(&self, i: usize, n: usize) -> Result<usize> {
-        let span = self.dilation[i] * (self.kernel[i] - 1) + 1;
-        let padded = n + 2 * self.padding[i];
-        if self.stride[i] == 0 || self.kernel[i] == 0 {
+    /// Checks that kernel, stride and dilation are at least 1 on both axes.
+    pub fn check(&self) -> Result<()> {
+        if self.kernel.contains(&0) || self.stride.contains(&0) || self.dilation.contains(&0) {
             return Err(Error::invalid(
                 "unfold2d",
-                "kernel and stride must be at least 1",
+                format!(
+                    "kernel, stride and dilation must be at least 1, got kernel {:?}, stride {:?}, dilation {:?}",
+                    self.kernel, self.stride, self.dilation
+                ),
             ));
         }
+        Ok(())
+    }
+
+    /// The output size along axis `i` (0 = height, 1 = width) for input size `n`.
+    pub fn out_size(&self, i: usize, n: usize) -> Result<usize> {
+        // Before any arithmetic: a zero kernel would underflow the span.
+        self.check()?;
+        let span = self.dilation[i] * (self.kernel[i] - 1) + 1;
+        let padded = n + 2 * self.padding[i];
         if span > padded {
             return Err(Error::shape(
                 "unfold2d",
@@ -659,9 +681,7 @@ impl<D: SymDim> Op<D> {
                 if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) && axes.len() != 1 {
                     return Err(Error::invalid(name, "reduces exactly one axis"));
                 }
-                if x.dtype == DType::Bool {
-                    return Err(Error::dtype(name, "does not accept bool"));
-                }
+                check_summable(name, x.dtype)?;
                 let mut dims = x.dims.clone();
                 for &a in axes {
                     dims[a] = D::lit(1);
@@ -814,6 +834,7 @@ impl<D: SymDim> Op<D> {
             Op::ScatterAdd { axis, dims } => {
                 let (index, src) = (inputs[0], inputs[1]);
                 check_index(name, index.dtype)?;
+                check_summable(name, src.dtype)?;
                 check_axes(name, &[*axis], dims.len())?;
                 let same = index.dims.len() == src.dims.len()
                     && index
@@ -838,14 +859,23 @@ impl<D: SymDim> Op<D> {
             Op::Cast { dtype } => Ok(TensorMeta::new(inputs[0].dims.clone(), *dtype)),
             Op::Unfold2d(w) => {
                 let x = inputs[0];
+                w.check()?;
                 if x.dims.len() != 4 {
                     return Err(Error::shape(
                         name,
                         format!("expects [N, C, H, W], got {}", fmt_dims(&x.dims)),
                     ));
                 }
-                let oh = D::derive(&[&x.dims[2]], "output height", |d| w.out_size(0, d[0]))?;
-                let ow = D::derive(&[&x.dims[3]], "output width", |d| w.out_size(1, d[0]))?;
+                let with_input = |e: Error| match e {
+                    Error::Shape { op, msg } => {
+                        Error::shape(op, format!("{msg}, for the input {}", fmt_dims(&x.dims)))
+                    }
+                    e => e,
+                };
+                let oh = D::derive(&[&x.dims[2]], "output height", |d| w.out_size(0, d[0]))
+                    .map_err(with_input)?;
+                let ow = D::derive(&[&x.dims[3]], "output width", |d| w.out_size(1, d[0]))
+                    .map_err(with_input)?;
                 let taps = D::lit(w.kernel[0] * w.kernel[1]);
                 Ok(TensorMeta::new(
                     vec![x.dims[0].clone(), x.dims[1].mul(&taps), oh.mul(&ow)],
@@ -858,6 +888,8 @@ impl<D: SymDim> Op<D> {
                 width,
             } => {
                 let x = inputs[0];
+                window.check()?;
+                check_summable(name, x.dtype)?;
                 if x.dims.len() != 3 {
                     return Err(Error::shape(
                         name,
@@ -914,6 +946,14 @@ fn same_dtype(op: &'static str, a: DType, b: DType) -> Result<()> {
             format!("operands are {a} and {b}; cast one first"),
         ))
     }
+}
+
+/// Ops that add elements up (reductions, scatter-add, fold) take numbers, not bools.
+fn check_summable(op: &'static str, dtype: DType) -> Result<()> {
+    if dtype == DType::Bool {
+        return Err(Error::dtype(op, "does not accept bool"));
+    }
+    Ok(())
 }
 
 fn check_index(op: &'static str, dtype: DType) -> Result<()> {

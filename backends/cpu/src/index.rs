@@ -1,10 +1,9 @@
 //! Data-dependent indexing: gather and its adjoint scatter-add. Indices are checked
 //! against the indexed axis; an out-of-range index is an error, never a wild read.
 
-use crate::storage::{with_float_storage, with_storage, CpuElement, CpuStorage, FloatKernel};
+use crate::storage::{with_storage, with_sum_storage, Accumulate, CpuElement, CpuStorage};
 use crate::strided::gather as gather_view;
 use kiln_tensor::{Dims, Error, Layout, Result};
-use num_traits::Zero;
 
 /// Indices of a view as `usize`, checked against `bound`.
 fn indices(index: &CpuStorage, l: &Layout, bound: usize, op: &'static str) -> Result<Vec<usize>> {
@@ -87,7 +86,7 @@ pub fn scatter_add(
     let idx = indices(index, il, out_dims[axis], "scatter_add")?;
     let dims = *sl.dims();
     let ostrides = out_dims.contiguous_strides();
-    fn go<T: FloatKernel>(
+    fn go<T: Accumulate>(
         v: &[T],
         sl: &Layout,
         idx: &[usize],
@@ -97,16 +96,16 @@ pub fn scatter_add(
         os: &[usize],
     ) -> CpuStorage {
         let s = gather_view(v, sl);
-        let mut acc = vec![T::C::zero(); out_dims.numel()];
+        let mut acc = vec![T::zero(); out_dims.numel()];
         for_each_index(dims, |flat, p| {
             let mut o = 0;
             for (ax, &i) in p.iter().enumerate() {
                 o += if ax == axis { idx[flat] } else { i } * os[ax];
             }
-            acc[o] = acc[o] + s[flat].load();
+            acc[o] = T::add(acc[o], s[flat]);
         });
-        T::wrap(acc.into_iter().map(T::store).collect())
+        T::wrap(acc.into_iter().map(T::finish).collect())
     }
-    with_float_storage!(src, v, T => Ok(go::<T>(v, sl, &idx, &dims, axis, out_dims, &ostrides)),
+    with_sum_storage!(src, v, T => Ok(go::<T>(v, sl, &idx, &dims, axis, out_dims, &ostrides)),
         Err(crate::elementwise::unsupported("scatter_add", src)))
 }

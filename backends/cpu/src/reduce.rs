@@ -18,17 +18,13 @@ fn rows<'a, T: Copy + Send + Sync>(
     perm.extend_from_slice(axes);
     let p = layout.permute(&perm)?;
     let inner: usize = axes.iter().map(|&a| layout.dims()[a]).product();
-    let outer = if inner == 0 {
-        layout
-            .dims()
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !axes.contains(i))
-            .map(|(_, d)| *d)
-            .product()
-    } else {
-        layout.numel() / inner
-    };
+    let outer = layout
+        .dims()
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !axes.contains(i))
+        .map(|(_, d)| *d)
+        .product();
     Ok((gather(data, &p), outer, inner))
 }
 
@@ -48,10 +44,19 @@ fn par_rows<T: Sync, O: Send + Default + Clone>(
     }
 }
 
-/// Sums a row in the compute type, with 8 independent partial sums so rustc can
-/// vectorise and the rounding error grows slower than a single running sum.
-#[inline]
+/// Rows longer than this are summed pairwise.
+const PAIRWISE_BLOCK: usize = 128;
+
+/// Sums a row in the compute type: blocks of up to `PAIRWISE_BLOCK` elements with 8
+/// independent partial sums (so rustc can vectorise), longer rows as the sum of their
+/// two halves. The rounding error then grows with log n, not n: a running sum of 40k
+/// equal f32 values is off by 1e-4 relative, this by about 1e-7 (NumPy's scheme).
 fn sum_row<T: FloatKernel>(row: &[T]) -> T::C {
+    if row.len() > PAIRWISE_BLOCK {
+        // The first half a multiple of 8, so its blocks stay whole lanes.
+        let half = (row.len() / 2) & !7;
+        return sum_row(&row[..half]) + sum_row(&row[half..]);
+    }
     let mut acc = [T::C::zero(); 8];
     let chunks = row.chunks_exact(8);
     let rest = chunks.remainder();

@@ -219,3 +219,77 @@ impl FloatKernel for bf16 {
         bf16::from_f32(c)
     }
 }
+
+/// Like `with_storage!` for the dtypes that sum (floats and integers); `$other` runs
+/// for bool.
+macro_rules! with_sum_storage {
+    ($s:expr, $v:ident, $T:ident => $body:expr, $other:expr) => {
+        match $s {
+            $crate::storage::CpuStorage::I32($v) => {
+                type $T = i32;
+                $body
+            }
+            $crate::storage::CpuStorage::U32($v) => {
+                type $T = u32;
+                $body
+            }
+            other => $crate::storage::with_float_storage!(other, $v, $T => $body, $other),
+        }
+    };
+}
+pub(crate) use with_sum_storage;
+
+/// An element that sums into an accumulator: floats in their compute type (so f16 and
+/// bf16 round once, at the end), integers with two's-complement wrapping.
+pub trait Accumulate: CpuElement {
+    /// The running sum.
+    type Acc: Copy + Send + Sync;
+    /// The empty sum.
+    fn zero() -> Self::Acc;
+    /// `acc + x`.
+    fn add(acc: Self::Acc, x: Self) -> Self::Acc;
+    /// The sum as an element.
+    fn finish(acc: Self::Acc) -> Self;
+}
+
+macro_rules! accumulate_float {
+    ($($t:ty),*) => {$(
+        impl Accumulate for $t {
+            type Acc = <$t as FloatKernel>::C;
+            #[inline(always)]
+            fn zero() -> Self::Acc {
+                num_traits::Zero::zero()
+            }
+            #[inline(always)]
+            fn add(acc: Self::Acc, x: Self) -> Self::Acc {
+                acc + x.load()
+            }
+            #[inline(always)]
+            fn finish(acc: Self::Acc) -> Self {
+                <$t as FloatKernel>::store(acc)
+            }
+        }
+    )*};
+}
+accumulate_float!(f32, f64, f16, bf16);
+
+macro_rules! accumulate_int {
+    ($($t:ty),*) => {$(
+        impl Accumulate for $t {
+            type Acc = $t;
+            #[inline(always)]
+            fn zero() -> $t {
+                0
+            }
+            #[inline(always)]
+            fn add(acc: $t, x: $t) -> $t {
+                acc.wrapping_add(x)
+            }
+            #[inline(always)]
+            fn finish(acc: $t) -> $t {
+                acc
+            }
+        }
+    )*};
+}
+accumulate_int!(i32, u32);

@@ -1,10 +1,9 @@
 //! Sliding windows: unfold2d (im2col) and its adjoint fold2d (col2im), the movement
 //! primitives that conv2d and pooling are built from.
 
-use crate::storage::{with_float_storage, CpuStorage, FloatKernel};
+use crate::storage::{with_storage, with_sum_storage, Accumulate, CpuElement, CpuStorage};
 use crate::strided::gather;
 use kiln_tensor::{Layout, Result, Window2d};
-use num_traits::Zero;
 use rayon::prelude::*;
 
 /// The input coordinate of output position `o` and tap `k` along one axis, if inside.
@@ -20,7 +19,8 @@ pub fn unfold2d(x: &CpuStorage, l: &Layout, w: &Window2d) -> Result<CpuStorage> 
     let (h, wd) = (d[2], d[3]);
     let (oh, ow) = (w.out_size(0, h)?, w.out_size(1, wd)?);
     let (kh, kw) = (w.kernel[0], w.kernel[1]);
-    fn go<T: FloatKernel>(v: &[T], l: &Layout, w: &Window2d, dims: [usize; 7]) -> CpuStorage {
+    // Pure data movement, so every dtype; `T::default()` is the zero of padding.
+    fn go<T: CpuElement>(v: &[T], l: &Layout, w: &Window2d, dims: [usize; 7]) -> CpuStorage {
         let [images, h, wd, oh, ow, kh, kw] = dims;
         let x = gather(v, l);
         let plane = kh * kw * oh * ow;
@@ -43,7 +43,7 @@ pub fn unfold2d(x: &CpuStorage, l: &Layout, w: &Window2d) -> Result<CpuStorage> 
                             for oj in 0..ow {
                                 row[oi * ow + oj] = match src(oj, kj, w, 1, wd) {
                                     Some(sj) => img[si * wd + sj],
-                                    None => T::store(T::C::zero()),
+                                    None => T::default(),
                                 };
                             }
                         }
@@ -53,7 +53,7 @@ pub fn unfold2d(x: &CpuStorage, l: &Layout, w: &Window2d) -> Result<CpuStorage> 
         T::wrap(out)
     }
     let dims = [d[0] * d[1], h, wd, oh, ow, kh, kw];
-    with_float_storage!(x, v, T => Ok(go::<T>(v, l, w, dims)), Err(crate::elementwise::unsupported("unfold2d", x)))
+    Ok(with_storage!(x, v, T => go::<T>(v, l, w, dims)))
 }
 
 /// `[N, C·kh·kw, OH·OW] -> [N, C, H, W]`, summing where windows overlap.
@@ -68,11 +68,11 @@ pub fn fold2d(
     let (kh, kw) = (w.kernel[0], w.kernel[1]);
     let d = l.dims();
     let nc = d[0] * d[1] / (kh * kw);
-    fn go<T: FloatKernel>(v: &[T], l: &Layout, w: &Window2d, dims: [usize; 7]) -> CpuStorage {
+    fn go<T: Accumulate>(v: &[T], l: &Layout, w: &Window2d, dims: [usize; 7]) -> CpuStorage {
         let [nc, h, wd, oh, ow, kh, kw] = dims;
         let cols = gather(v, l);
         let plane = kh * kw * oh * ow;
-        let mut acc = vec![T::C::zero(); nc * h * wd];
+        let mut acc = vec![T::zero(); nc * h * wd];
         if h * wd > 0 {
             acc.par_chunks_mut(h * wd).enumerate().for_each(|(p, img)| {
                 let cols = &cols[p * plane..(p + 1) * plane];
@@ -86,7 +86,7 @@ pub fn fold2d(
                             for oj in 0..ow {
                                 if let Some(sj) = src(oj, kj, w, 1, wd) {
                                     img[si * wd + sj] =
-                                        img[si * wd + sj] + row[oi * ow + oj].load();
+                                        T::add(img[si * wd + sj], row[oi * ow + oj]);
                                 }
                             }
                         }
@@ -94,8 +94,8 @@ pub fn fold2d(
                 }
             });
         }
-        T::wrap(acc.into_iter().map(T::store).collect())
+        T::wrap(acc.into_iter().map(T::finish).collect())
     }
     let dims = [nc, height, width, oh, ow, kh, kw];
-    with_float_storage!(x, v, T => Ok(go::<T>(v, l, w, dims)), Err(crate::elementwise::unsupported("fold2d", x)))
+    with_sum_storage!(x, v, T => Ok(go::<T>(v, l, w, dims)), Err(crate::elementwise::unsupported("fold2d", x)))
 }
