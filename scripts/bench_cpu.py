@@ -1,68 +1,98 @@
 #!/usr/bin/env python3
 """Runs Kiln's CPU benchmarks beside PyTorch's on the same work, alternating rounds so
-both see the same machine load, and prints each figure's median and the ratio.
+both see the same machine load, and prints each figure's median and the ratio to
+PyTorch (a ratio above 1 means Kiln is faster).
 
-Usage: python3 scripts/bench_cpu.py [--rounds 3] [--threads 2] [--workloads w2,w4]
+Usage: python3 scripts/bench_cpu.py [--rounds 3] [--threads 2] [--workloads w1,w2,w4]
 (build first: cargo build --release -p kiln-models)
 """
-import argparse, os, re, statistics, subprocess, sys, time
+import argparse, os, statistics, subprocess, time
+
+
+def median_ms(f, reps):
+    f()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f()
+        ts.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ts)
+
 
 def torch_figures(workloads, reps, threads):
+    """{key: ms} for PyTorch, keys as Kiln's lines build them."""
     import torch
     torch.set_num_threads(threads)
-    out = []
-    def med(f):
-        f()
-        ts = []
-        for _ in range(reps):
-            t = time.perf_counter(); f(); ts.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(ts)
+    out = {}
+    if "w1" in workloads:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(),
+                                    torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                    torch.nn.Linear(1024, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x = torch.randn(256, 784)
+        y = torch.arange(256) % 10
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        out[("W1", "train", "256")] = median_ms(step, reps)
+        x1 = torch.randn(1, 784)
+        with torch.no_grad():
+            out[("W1", "infer", "1")] = median_ms(lambda: model(x1), reps * 20)
     if "w4" in workloads:
         n = 1024
         a, b = torch.randn(n, n), torch.randn(n, n)
-        ms = med(lambda: a @ b)
-        out.append(("W4", ms, 2 * n**3 / (ms * 1e-3) / 1e9, "gflops"))
+        out[("W4", "", "")] = median_ms(lambda: a @ b, reps)
     if "w2" in workloads:
-        n = 1 << 26
-        x = torch.randn(n)
-        ms = med(lambda: torch.relu(x * 1.5 + 0.5) * torch.sigmoid(x))
-        out.append(("W2", ms, n * 8 / (ms * 1e-3) / 1e9, "gbps"))
+        x = torch.randn(1 << 26)
+        out[("W2", "", "")] = median_ms(lambda: torch.relu(x * 1.5 + 0.5) * torch.sigmoid(x), reps)
     return out
 
+
 def kiln_figures(binary, workloads, reps, threads):
+    """{(key, variant): ms} for Kiln."""
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     text = subprocess.run([binary, "--workloads", ",".join(workloads), "--reps", str(reps)],
                           env=env, check=True, capture_output=True, text=True).stdout
-    out = []
+    out = {}
     for line in text.splitlines():
         kv = dict(p.split("=", 1) for p in line.split())
-        unit = "gflops" if "gflops" in kv else "gbps"
-        out.append((kv["bench"], float(kv["ms"]), float(kv[unit]), unit))
+        key = (kv["bench"], kv.get("task", ""), kv.get("batch", ""))
+        out[(key, kv.get("variant", ""))] = float(kv["ms"])
     return out
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--workloads", default="w2,w4")
+    ap.add_argument("--workloads", default="w1,w2,w4")
     ap.add_argument("--binary", default="target/release/kiln-bench")
     a = ap.parse_args()
     wl = a.workloads.split(",")
-    runs = {}
+    kiln, torch_ms = {}, {}
     for _ in range(a.rounds):
-        for impl, fig in (("kiln", kiln_figures(a.binary, wl, a.reps, a.threads)),
-                          ("torch", torch_figures(wl, a.reps, a.threads))):
-            for name, ms, rate, unit in fig:
-                runs.setdefault((name, impl), []).append((ms, rate, unit))
+        for k, v in kiln_figures(a.binary, wl, a.reps, a.threads).items():
+            kiln.setdefault(k, []).append(v)
+        for k, v in torch_figures(wl, a.reps, a.threads).items():
+            torch_ms.setdefault(k, []).append(v)
     import torch
     print(f"# torch {torch.__version__}, threads={a.threads}, rounds={a.rounds}, reps={a.reps}")
-    for name in sorted({k[0] for k in runs}):
-        k, t = runs[(name, "kiln")], runs[(name, "torch")]
-        km, tm = statistics.median(r[1] for r in k), statistics.median(r[1] for r in t)
-        unit = k[0][2]
-        print(f"bench={name} kiln_{unit}={km:.1f} torch_{unit}={tm:.1f} ratio={km / tm:.2f} "
-              f"kiln_ms={statistics.median(r[0] for r in k):.3f} torch_ms={statistics.median(r[0] for r in t):.3f}")
+    for (key, variant), ms in sorted(kiln.items()):
+        km = statistics.median(ms)
+        tm = statistics.median(torch_ms[key])
+        bench, task, batch = key
+        extra = ""
+        if bench == "W4":
+            extra = f" kiln_gflops={2 * 1024**3 / km / 1e6:.1f} torch_gflops={2 * 1024**3 / tm / 1e6:.1f}"
+        if bench == "W2":
+            extra = f" kiln_gbps={(1 << 26) * 8 / km / 1e6:.2f} torch_gbps={(1 << 26) * 8 / tm / 1e6:.2f}"
+        print(f"bench={bench} task={task or '-'} batch={batch or '-'} variant={variant or '-'} "
+              f"kiln_ms={km:.3f} torch_ms={tm:.3f} speedup_vs_torch={tm / km:.2f}{extra}")
+
 
 if __name__ == "__main__":
     main()

@@ -15,16 +15,25 @@
 pub use kiln_autodiff as autodiff;
 pub use kiln_fusion as fusion;
 pub use kiln_tensor as tensor;
-pub use kiln_train as train;
 pub use kiln_tensor::{Error, Result};
+pub use kiln_train as train;
 
 #[cfg(feature = "cpu")]
 pub use kiln_cpu as cpu;
 
 pub use kiln_cubecl as cubecl;
 
+pub use kiln_macros::model;
+
+#[doc(hidden)]
+pub mod __private {
+    pub use kiln_macros::model_impl;
+}
+
 /// Everything a model author needs in scope.
 pub mod prelude {
+    pub use crate::model;
+    pub use kiln_tensor::nn::{Mode, Module};
     pub use kiln_tensor::{
         bf16, f16, Backend, Batch, Builder, BuilderExt, Const, DType, Dim, Dyn, Element, Error,
         FloatElement, Kernel, Padding, Rank0, Rank1, Rank2, Rank3, Rank4, RawTensor, Result, Shape,

@@ -3,6 +3,7 @@
 
 use kiln::autodiff::{gradcheck, Tape, Tolerance, Var};
 use kiln::cpu::{Cpu, CpuDevice};
+use kiln::tensor::builder::Conv2dOptions;
 use kiln::tensor::{
     BinaryOp, Builder, BuilderExt, CmpOp, DType, Op, RawTensor, ReduceOp, Result, UnaryOp, Window2d,
 };
@@ -33,12 +34,15 @@ fn tensor() -> impl Strategy<Value = (Vec<f64>, Vec<usize>)> {
     dims().prop_flat_map(|d| (values(&d), Just(d)))
 }
 
-fn positive(t: (Vec<f64>, Vec<usize>)) -> (Vec<f64>, Vec<usize>) {
+/// Values and dims of one input.
+type Case = (Vec<f64>, Vec<usize>);
+
+fn positive(t: Case) -> Case {
     (t.0.into_iter().map(|v| v.abs() + 0.2).collect(), t.1)
 }
 
 /// Two tensors whose dims broadcast against each other.
-fn broadcast_pair() -> impl Strategy<Value = ((Vec<f64>, Vec<usize>), (Vec<f64>, Vec<usize>))> {
+fn broadcast_pair() -> impl Strategy<Value = (Case, Case)> {
     (dims(), prop::collection::vec(any::<bool>(), 3), 0usize..=2).prop_flat_map(
         |(d, ones, drop)| {
             let mut e: Vec<usize> = d
@@ -68,7 +72,9 @@ proptest! {
     fn binary_rules((a, b) in broadcast_pair(), which in 0usize..7) {
         let ops = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Max, BinaryOp::Min];
         let op = ops[which];
-        let (a, b) = if op == BinaryOp::Pow { (positive(a), b) } else if op == BinaryOp::Div { (a, positive(b)) } else { (a, b) };
+        // Both operands positive for pow and div: the swapped call below makes either
+        // one the base or the divisor.
+        let (a, b) = if matches!(op, BinaryOp::Pow | BinaryOp::Div) { (positive(a), positive(b)) } else { (a, b) };
         check(vec![a.clone(), b.clone()], &move |g, x| g.binary(op, &x[0], &x[1]))?;
         // Operands swapped, so broadcasting is undone on the other side too.
         check(vec![b, a], &move |g, x| g.binary(op, &x[0], &x[1]))?;
@@ -199,7 +205,19 @@ fn composite_gradients() {
             (wt, vec![6, 2, 3, 3]),
             (vec![0.1, 0.2, -0.1, 0.0, 0.3, 0.05], vec![6]),
         ],
-        &|g, x| g.conv2d(&x[0], &x[1], Some(&x[2]), [2, 1], [1, 1], [1, 1], 2),
+        &|g, x| {
+            g.conv2d(
+                &x[0],
+                &x[1],
+                Some(&x[2]),
+                Conv2dOptions {
+                    stride: [2, 1],
+                    padding: [1, 1],
+                    dilation: [1, 1],
+                    groups: 2,
+                },
+            )
+        },
     )
     .unwrap();
     check(vec![(img.clone(), vec![2, 4, 5, 5])], &|g, x| {

@@ -1,3 +1,126 @@
 //! # kiln-macros
 //!
-//! Owns `#[model]`: parse → op IR → shape inference → gradients → fusion plan → Rust.
+//! Owns `#[model]`: parse → op IR → shape inference → gradients → Rust code.
+//!
+//! ## The grammar
+//!
+//! ```text
+//! #[model] struct Name { field: Layer<sizes..>, blocks: [Layer<sizes..>; N], .. }
+//! #[model] impl Name { fn method<const B: usize, ..>(&self, x: Tensor<dims..>, ..) -> Tensor<dims..> { body } .. }
+//! ```
+//!
+//! - **Layers** (fields): `Linear<IN, OUT>`, `Conv2d<IN, OUT, K>` (then optional
+//!   `STRIDE, PADDING, GROUPS`), `MaxPool2d<K>` / `AvgPool2d<K>` (optional `STRIDE`,
+//!   default `K`), `BatchNorm2d<C>`, `LayerNorm<F>`, `Embedding<VOCAB, D>`,
+//!   `Dropout<PERCENT>`, `Flatten`, and arrays of them `[Linear<64, 64>; 4]`. Sizes
+//!   are integer literals. The struct gets a backend parameter `Be`.
+//! - **Tensor types**: `Tensor<B, 784>` lists the dims — integer literals, the
+//!   method's const generics, or `Dyn` (a size checked at run time) — then an optional
+//!   dtype (`f32` default, `f16`, `bf16`, `f64`, `i32`, `u32`, `bool`). Plain `Tensor`
+//!   is a scalar. (`Tensor<[B, 784]>` cannot be used: rustc rejects it before any
+//!   macro runs.)
+//! - **Bodies**: `let` bindings (names, tuples, optional tensor type annotations that
+//!   are checked), assignments, `for layer in &self.blocks { h = layer(h); }` over
+//!   arrays of layers (unrolled), a final expression (a tensor or a tuple).
+//! - **Expressions**: layer calls `self.fc1(x)` (or `self.fc1.forward(x)`,
+//!   `self.blocks[2](x)`), calls of other methods of the impl `self.block(x)`
+//!   (inlined for shape checking and differentiation), `+ - * /` between tensors
+//!   (NumPy broadcasting) or with numbers, unary `-`, and tensor methods:
+//!   `relu sigmoid tanh exp log sqrt rsqrt recip sin cos abs neg erf gelu gelu_tanh
+//!   silu square`, `softmax()` / `log_softmax()` (last axis, or an axis argument),
+//!   `sum::<AX>() mean::<AX>() max::<AX>() argmax::<AX>() sum_all() mean_all()`,
+//!   `flatten()`, `reshape::<dims..>()`, `permute::<axes..>()`, `t()`,
+//!   `matmul(y)`, `concat::<AX>(y)`, `cross_entropy(labels)`,
+//!   `cross_entropy_smoothed(labels, 0.1)`, `mse(y)`, `cast::<f16>()`.
+//!
+//! ## What is generated
+//!
+//! For `struct Mlp`: `Mlp<Be: Backend>` with typed layer fields, `MlpGrads<Be>`
+//! mirroring them, `impl Module<Be>` (named parameter visits, updates, checkpoints,
+//! seeded `init`). For each method: a typed method returning `Result<Tensor<..>>`
+//! whose body is the original one with the inferred types written on every binding;
+//! for a method returning a scalar, also `<name>_and_grad` returning the value and an
+//! `MlpGrads`, computed by a backward pass derived at build time.
+//!
+//! Shape mistakes are errors on the exact sub-expression, naming both shapes. A
+//! `#[model] impl` must follow its `#[model] struct` in the same module (the struct
+//! passes its fields to the impl through a hidden `macro_rules!`).
+
+mod dsl;
+mod graph;
+mod impls;
+mod lower;
+mod structs;
+mod sym;
+mod train;
+
+use proc_macro::TokenStream;
+use syn::parse::{Parse, ParseStream};
+use syn::{Item, ItemImpl, ItemStruct, Token};
+
+/// Marks a model: on a struct of layers, and on the impl holding its methods.
+#[proc_macro_attribute]
+pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
+    if !attr.is_empty() {
+        let a = proc_macro2::TokenStream::from(attr);
+        return syn::Error::new_spanned(a, "#[model] takes no arguments")
+            .to_compile_error()
+            .into();
+    }
+    match syn::parse::<Item>(item) {
+        Ok(Item::Struct(s)) => structs::expand_struct(s)
+            .unwrap_or_else(|e| e.to_compile_error())
+            .into(),
+        Ok(Item::Impl(i)) => {
+            let syn::Type::Path(tp) = &*i.self_ty else {
+                return syn::Error::new_spanned(
+                    &i.self_ty,
+                    "#[model] impl needs a model struct name",
+                )
+                .to_compile_error()
+                .into();
+            };
+            let Some(name) = tp.path.get_ident() else {
+                return syn::Error::new_spanned(
+                    &i.self_ty,
+                    "write `#[model] impl Name`, with the model's plain name",
+                )
+                .to_compile_error()
+                .into();
+            };
+            let cb = structs::callback_name(name);
+            quote::quote!(#cb! { #i }).into()
+        }
+        Ok(other) => {
+            syn::Error::new_spanned(other, "#[model] goes on a struct of layers and on its impl")
+                .to_compile_error()
+                .into()
+        }
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+struct ImplInput {
+    item: ItemStruct,
+    imp: ItemImpl,
+}
+
+impl Parse for ImplInput {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let item = input.parse()?;
+        input.parse::<Token![;]>()?;
+        let imp = input.parse()?;
+        Ok(ImplInput { item, imp })
+    }
+}
+
+/// Internal: the second half of `#[model] impl`, reached through the struct's hidden
+/// callback macro with the struct's definition prepended.
+#[doc(hidden)]
+#[proc_macro]
+pub fn model_impl(input: TokenStream) -> TokenStream {
+    match syn::parse::<ImplInput>(input) {
+        Ok(i) => impls::expand_impl(i.item, i.imp).into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}

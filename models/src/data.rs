@@ -13,7 +13,8 @@ pub fn data_dir() -> PathBuf {
 
 /// Reads a whole IDX file, un-gzipping it when its name ends in `.gz`.
 fn read_file(path: &Path) -> Result<Vec<u8>> {
-    let raw = std::fs::read(path).map_err(|e| Error::Format(format!("cannot read {}: {e}", path.display())))?;
+    let raw = std::fs::read(path)
+        .map_err(|e| Error::Format(format!("cannot read {}: {e}", path.display())))?;
     if path.extension().is_some_and(|e| e == "gz") {
         let mut out = Vec::new();
         GzDecoder::new(&raw[..])
@@ -30,13 +31,20 @@ fn read_file(path: &Path) -> Result<Vec<u8>> {
 pub fn parse_idx(bytes: &[u8], ndim: usize, what: &str) -> Result<(Vec<usize>, Vec<u8>)> {
     let header = 4 + 4 * ndim;
     if bytes.len() < header {
-        return Err(Error::Format(format!("{what}: {} bytes is too short for an IDX header", bytes.len())));
+        return Err(Error::Format(format!(
+            "{what}: {} bytes is too short for an IDX header",
+            bytes.len()
+        )));
     }
-    let be = |i: usize| u32::from_be_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]) as usize;
+    let be = |i: usize| {
+        u32::from_be_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]) as usize
+    };
     let magic = be(0);
     let want = 0x0800 | ndim;
     if magic != want {
-        return Err(Error::Format(format!("{what}: IDX magic {magic:#010x}, expected {want:#010x}")));
+        return Err(Error::Format(format!(
+            "{what}: IDX magic {magic:#010x}, expected {want:#010x}"
+        )));
     }
     let dims: Vec<usize> = (0..ndim).map(|i| be(4 + 4 * i)).collect();
     let n: usize = dims.iter().product();
@@ -112,11 +120,16 @@ impl ImageDataset {
                 )));
             }
             if let Some(bad) = labels.iter().find(|&&l| l > 9) {
-                return Err(Error::Format(format!("{label_file}: label {bad} is not a class 0-9")));
+                return Err(Error::Format(format!(
+                    "{label_file}: label {bad} is not a class 0-9"
+                )));
             }
             let (mean, std) = norm;
             Ok(Split {
-                images: pixels.iter().map(|&p| (p as f32 / 255.0 - mean) / std).collect(),
+                images: pixels
+                    .iter()
+                    .map(|&p| (p as f32 / 255.0 - mean) / std)
+                    .collect(),
                 labels: labels.iter().map(|&l| l as i32).collect(),
                 pixels: idims[1] * idims[2],
                 hw: [idims[1], idims[2]],
@@ -140,7 +153,7 @@ pub fn shuffled(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..n).collect();
     let key = rng::stream_key(seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15), 7);
     for i in (1..n).rev() {
-        let j = (rng::bits(key, i as u32) as u64 * (i as u64 + 1) >> 32) as usize;
+        let j = ((rng::bits(key, i as u32) as u64 * (i as u64 + 1)) >> 32) as usize;
         idx.swap(i, j);
     }
     idx
@@ -156,7 +169,11 @@ pub struct Batch {
 }
 
 /// Batches of `split` in the order `order`, `size` at a time (the last may be short).
-pub fn batches<'a>(split: &'a Split, order: &'a [usize], size: usize) -> impl Iterator<Item = Batch> + 'a {
+pub fn batches<'a>(
+    split: &'a Split,
+    order: &'a [usize],
+    size: usize,
+) -> impl Iterator<Item = Batch> + 'a {
     order.chunks(size.max(1)).map(move |ids| {
         let mut images = Vec::with_capacity(ids.len() * split.pixels);
         for &i in ids {
@@ -175,11 +192,20 @@ mod tests {
 
     #[test]
     fn idx_errors_are_clear() {
-        assert!(parse_idx(&[0, 0, 8], 1, "x").unwrap_err().to_string().contains("too short"));
+        assert!(parse_idx(&[0, 0, 8], 1, "x")
+            .unwrap_err()
+            .to_string()
+            .contains("too short"));
         let bad_magic = [0, 0, 8, 3, 0, 0, 0, 1, 7];
-        assert!(parse_idx(&bad_magic, 1, "x").unwrap_err().to_string().contains("magic"));
+        assert!(parse_idx(&bad_magic, 1, "x")
+            .unwrap_err()
+            .to_string()
+            .contains("magic"));
         let short = [0, 0, 8, 1, 0, 0, 0, 2, 7];
-        assert!(parse_idx(&short, 1, "x").unwrap_err().to_string().contains("payload"));
+        assert!(parse_idx(&short, 1, "x")
+            .unwrap_err()
+            .to_string()
+            .contains("payload"));
         let ok = [0, 0, 8, 1, 0, 0, 0, 2, 7, 9];
         assert_eq!(parse_idx(&ok, 1, "x").unwrap(), (vec![2], vec![7, 9]));
     }
@@ -197,7 +223,10 @@ mod tests {
     #[test]
     fn mnist_loads() {
         let d = ImageDataset::mnist().unwrap();
-        assert_eq!((d.train.len(), d.test.len(), d.train.pixels), (60_000, 10_000, 784));
+        assert_eq!(
+            (d.train.len(), d.test.len(), d.train.pixels),
+            (60_000, 10_000, 784)
+        );
         let mean: f32 = d.train.images.iter().sum::<f32>() / d.train.images.len() as f32;
         assert!(mean.abs() < 1e-3, "normalised mean {mean}");
     }

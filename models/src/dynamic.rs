@@ -2,9 +2,12 @@
 //! a `Tape`, gradients come from the tape and SGD with momentum updates in place. It
 //! is the baseline the `#[model]` path is measured against.
 
-use crate::data::{batches, shuffled, Split};
+use crate::data::{batches, Split};
 use kiln::autodiff::{Tape, Var};
 use kiln::tensor::{Backend, BuilderExt, DType, RandDist, RawTensor, Result};
+
+/// One layer's (weight, bias) leaves on a tape.
+type LayerVars<B> = (Var<B>, Var<B>);
 
 /// A multi-layer perceptron with ReLU between layers, PyTorch's parameter layout.
 pub struct DynamicMlp<B: Backend> {
@@ -21,7 +24,10 @@ impl<B: Backend> DynamicMlp<B> {
         let mut velocity = Vec::new();
         for (i, w) in widths.windows(2).enumerate() {
             let bound = 1.0 / (w[0] as f64).sqrt();
-            let dist = RandDist::Uniform { low: -bound, high: bound };
+            let dist = RandDist::Uniform {
+                low: -bound,
+                high: bound,
+            };
             let s = seed.wrapping_add(2 * i as u64);
             layers.push((
                 RawTensor::rand(&[w[1], w[0]], dist, s, DType::F32, device)?,
@@ -36,7 +42,7 @@ impl<B: Backend> DynamicMlp<B> {
     }
 
     /// Logits of a batch, recorded on `tape`; returns the parameter leaves too.
-    fn forward_on(&self, tape: &mut Tape<B>, x: Var<B>) -> Result<(Var<B>, Vec<(Var<B>, Var<B>)>)> {
+    fn forward_on(&self, tape: &mut Tape<B>, x: Var<B>) -> Result<(Var<B>, Vec<LayerVars<B>>)> {
         let mut h = x;
         let mut leaves = Vec::new();
         for (i, (w, b)) in self.layers.iter().enumerate() {
@@ -58,7 +64,13 @@ impl<B: Backend> DynamicMlp<B> {
     }
 
     /// One SGD step with momentum on a batch; returns the loss.
-    pub fn train_step(&mut self, x: &RawTensor<B>, y: &RawTensor<B>, lr: f64, momentum: f64) -> Result<f64> {
+    pub fn train_step(
+        &mut self,
+        x: &RawTensor<B>,
+        y: &RawTensor<B>,
+        lr: f64,
+        momentum: f64,
+    ) -> Result<f64> {
         let mut tape = Tape::new(x.device().clone());
         let xv = tape.constant(x.clone());
         let yv = tape.constant(y.clone());
@@ -66,7 +78,10 @@ impl<B: Backend> DynamicMlp<B> {
         let loss = tape.cross_entropy(&logits, &yv, 0.0)?;
         let grads = tape.gradients(&loss)?;
         for ((param, vel), leaf) in self.layers.iter_mut().zip(&mut self.velocity).zip(&leaves) {
-            for (p, v, l) in [(&mut param.0, &mut vel.0, &leaf.0), (&mut param.1, &mut vel.1, &leaf.1)] {
+            for (p, v, l) in [
+                (&mut param.0, &mut vel.0, &leaf.0),
+                (&mut param.1, &mut vel.1, &leaf.1),
+            ] {
                 let g = grads.get_or_zeros(l)?;
                 *v = v.mul_scalar(momentum)?.add(&g)?;
                 *p = p.sub(&v.mul_scalar(lr)?)?;
@@ -87,28 +102,4 @@ impl<B: Backend> DynamicMlp<B> {
         }
         Ok(correct as f64 / split.len().max(1) as f64)
     }
-}
-
-/// Trains on `train` for `epochs`, calling `progress(epoch, batch, loss)` after each step.
-pub fn fit<B: Backend>(
-    model: &mut DynamicMlp<B>,
-    train: &Split,
-    epochs: usize,
-    batch: usize,
-    lr: f64,
-    seed: u64,
-    device: &B::Device,
-    mut progress: impl FnMut(usize, usize, f64),
-) -> Result<()> {
-    for epoch in 0..epochs {
-        let order = shuffled(train.len(), seed, epoch as u64);
-        for (i, b) in batches(train, &order, batch).enumerate() {
-            let n = b.labels.len();
-            let x = RawTensor::from_vec(b.images, &[n, train.pixels], device)?;
-            let y = RawTensor::from_vec(b.labels, &[n], device)?;
-            let loss = model.train_step(&x, &y, lr, 0.9)?;
-            progress(epoch, i, loss);
-        }
-    }
-    Ok(())
 }

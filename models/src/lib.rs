@@ -4,5 +4,8 @@
 //! the binaries `kiln-train` (the README's main job) and `kiln-bench` (the workloads of
 //! DESIGN.md, one parseable line per figure).
 
+pub mod classify;
 pub mod data;
 pub mod dynamic;
+pub mod lenet;
+pub mod mlp;

@@ -3,7 +3,9 @@
 //! by PyTorch.
 
 use kiln_cpu::{Cpu, CpuDevice};
-use kiln_tensor::nn::{join, BatchNorm2d, BatchNorm2dGrads, Linear, LinearGrads, Module, Slot};
+use kiln_tensor::nn::{
+    join, BatchNorm2d, BatchNorm2dGrads, Linear, LinearGrads, LoadFn, Module, Slot, UpdateFn,
+};
 use kiln_tensor::{bf16, f16, DType, Error, HostData, RawTensor, Result, Tensor};
 use kiln_train::checkpoint::{
     load, read_metadata, read_tensors, save, save_with_metadata, write_tensors,
@@ -63,7 +65,7 @@ impl Module<Cpu> for Net {
         &mut self,
         grads: &Self::Grads,
         prefix: &str,
-        f: &mut dyn FnMut(&str, &RawTensor<Cpu>, &RawTensor<Cpu>) -> Result<RawTensor<Cpu>>,
+        f: &mut UpdateFn<'_, Cpu>,
     ) -> Result<()> {
         self.fc1.update_params(&grads.0, &join(prefix, "fc1"), f)?;
         self.norm
@@ -71,11 +73,7 @@ impl Module<Cpu> for Net {
         self.fc2.update_params(&grads.2, &join(prefix, "fc2"), f)
     }
 
-    fn load_named(
-        &mut self,
-        prefix: &str,
-        get: &mut dyn FnMut(&str, &RawTensor<Cpu>) -> Result<RawTensor<Cpu>>,
-    ) -> Result<()> {
+    fn load_named(&mut self, prefix: &str, get: &mut LoadFn<'_, Cpu>) -> Result<()> {
         self.fc1.load_named(&join(prefix, "fc1"), get)?;
         self.norm.load_named(&join(prefix, "norm"), get)?;
         self.fc2.load_named(&join(prefix, "fc2"), get)
@@ -547,17 +545,13 @@ impl Module<Cpu> for Masked {
         &mut self,
         grads: &RawTensor<Cpu>,
         prefix: &str,
-        f: &mut dyn FnMut(&str, &RawTensor<Cpu>, &RawTensor<Cpu>) -> Result<RawTensor<Cpu>>,
+        f: &mut UpdateFn<'_, Cpu>,
     ) -> Result<()> {
         self.weight = f(&join(prefix, "weight"), &self.weight, grads)?;
         Ok(())
     }
 
-    fn load_named(
-        &mut self,
-        prefix: &str,
-        get: &mut dyn FnMut(&str, &RawTensor<Cpu>) -> Result<RawTensor<Cpu>>,
-    ) -> Result<()> {
+    fn load_named(&mut self, prefix: &str, get: &mut LoadFn<'_, Cpu>) -> Result<()> {
         self.weight = get(&join(prefix, "weight"), &self.weight)?;
         self.mask = get(&join(prefix, "mask"), &self.mask)?;
         Ok(())

@@ -277,13 +277,22 @@ pub trait BuilderExt: Builder {
     fn square(&mut self, x: &Self::Value) -> Result<Self::Value> {
         self.mul(x, x)
     }
-    /// Mean over `axes`.
+    /// Mean over `axes` (f16 and bf16 are summed in f32, as PyTorch does).
     fn mean(&mut self, x: &Self::Value, axes: &[usize], keepdim: bool) -> Result<Self::Value> {
         let dims = self.dims(x);
         let n = count(&dims, axes)?;
-        let s = self.sum(x, axes, keepdim)?;
+        let dtype = self.dtype(x);
+        // An f16 sum overflows (past 65504) long before the mean does.
+        let half = matches!(dtype, DType::F16 | DType::BF16);
+        let wide = if half {
+            self.cast(x, DType::F32)?
+        } else {
+            x.clone()
+        };
+        let s = self.sum(&wide, axes, keepdim)?;
         let inv = self.recip_dim(&s, &n)?;
-        self.mul(&s, &inv)
+        let m = self.mul(&s, &inv)?;
+        self.cast(&m, dtype)
     }
     /// Σ over every axis, as a rank-0 value.
     fn sum_all(&mut self, x: &Self::Value) -> Result<Self::Value> {
@@ -505,11 +514,14 @@ pub trait BuilderExt: Builder {
         x: &Self::Value,
         w: &Self::Value,
         b: Option<&Self::Value>,
-        stride: [usize; 2],
-        padding: [usize; 2],
-        dilation: [usize; 2],
-        groups: usize,
+        options: Conv2dOptions,
     ) -> Result<Self::Value> {
+        let Conv2dOptions {
+            stride,
+            padding,
+            dilation,
+            groups,
+        } = options;
         let xd = self.dims(x);
         let wd = self.dims(w);
         if xd.len() != 4 || wd.len() != 4 || groups == 0 {
@@ -571,7 +583,8 @@ pub trait BuilderExt: Builder {
         }
         Ok(y)
     }
-    /// Max pooling over `kernel` windows moved by `stride`.
+    /// Max pooling over `kernel` windows moved by `stride` (padding never wins: it is
+    /// -inf, as in PyTorch).
     fn max_pool2d(
         &mut self,
         x: &Self::Value,
@@ -614,7 +627,20 @@ pub trait BuilderExt: Builder {
             dilation: [1, 1],
         };
         let (oh, ow) = out_hw::<Self::Dim>(&xd, &window)?;
-        let cols = self.apply(Op::Unfold2d(window), &[x])?; // [N, C·k·k, L]
+        // Unfold pads with zeros, which would win a max over negative values: max
+        // pooling pads with -inf itself (PyTorch's semantics) and unfolds unpadded.
+        let (x, window) = if op == ReduceOp::Max && padding != [0, 0] {
+            let p = self.pad(x, 2, padding[0], padding[0], f64::NEG_INFINITY)?;
+            let p = self.pad(&p, 3, padding[1], padding[1], f64::NEG_INFINITY)?;
+            let unpadded = Window2d {
+                padding: [0, 0],
+                ..window
+            };
+            (p, unpadded)
+        } else {
+            (x.clone(), window)
+        };
+        let cols = self.apply(Op::Unfold2d(window), &[&x])?; // [N, C·k·k, L]
         let taps = kernel[0] * kernel[1];
         let cd = self.dims(&cols);
         let cols = self.reshape(
@@ -638,6 +664,30 @@ pub trait BuilderExt: Builder {
 }
 
 impl<G: Builder + ?Sized> BuilderExt for G {}
+
+/// The settings of a 2-d convolution besides its kernel (which the weight's shape gives).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Conv2dOptions {
+    /// Step between windows (height, width).
+    pub stride: [usize; 2],
+    /// Zeros added on each side.
+    pub padding: [usize; 2],
+    /// Spacing between kernel taps.
+    pub dilation: [usize; 2],
+    /// Channel groups.
+    pub groups: usize,
+}
+
+impl Default for Conv2dOptions {
+    fn default() -> Self {
+        Conv2dOptions {
+            stride: [1; 2],
+            padding: [0; 2],
+            dilation: [1; 2],
+            groups: 1,
+        }
+    }
+}
 
 /// The number of elements over `axes` of `dims`.
 fn count<D: SymDim>(dims: &[D], axes: &[usize]) -> Result<D> {

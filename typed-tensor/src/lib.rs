@@ -24,15 +24,19 @@ pub mod checks;
 pub mod dim;
 pub mod dtype;
 pub mod error;
+pub mod ir;
 pub mod layout;
+pub mod nn;
 pub mod op;
 pub mod raw;
 pub mod rng;
 pub mod shape;
 pub mod tensor;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use backend::{Backend, View};
-pub use builder::{Builder, BuilderExt};
+pub use builder::{Builder, BuilderExt, Conv2dOptions};
 pub use dim::{Const, Dim, Dyn, SameDim};
 pub use dtype::{DType, Element, FloatElement, HostData};
 pub use error::{Error, Result};

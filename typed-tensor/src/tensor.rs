@@ -4,7 +4,7 @@
 //! error that names both shapes.
 
 use crate::backend::Backend;
-use crate::builder::BuilderExt;
+use crate::builder::{BuilderExt, Conv2dOptions};
 use crate::checks::{BroadcastCheck, ReshapeCheck, StaticCheck, WindowCheck};
 use crate::dim::{Const, Dim, SameDim};
 use crate::dtype::{Element, FloatElement};
@@ -42,6 +42,9 @@ impl<B: Backend, S: Shape, E: Element> fmt::Debug for Tensor<B, S, E> {
         )
     }
 }
+
+/// An image-batch shape `[N, C, H, W]` with static height and width.
+pub type Nchw<N, C, const H: usize, const W: usize> = (N, C, Const<H>, Const<W>);
 
 /// A stride for windowed ops, as a type so the output size is checked when compiled.
 #[derive(Clone, Copy, Debug, Default)]
@@ -527,22 +530,19 @@ impl<B: Backend, N: Dim, C: Dim, const H: usize, const W: usize, E: FloatElement
         bias: Option<&Tensor<B, (Const<O>,), E>>,
         _stride: Stride<S>,
         _padding: Padding<P>,
-    ) -> Result<Tensor<B, (N, Const<O>, Const<OH>, Const<OW>), E>>
+    ) -> Result<Tensor<B, Nchw<N, Const<O>, OH, OW>, E>>
     where
         C: SameDim<C2>,
     {
         let () = WindowCheck::<H, K, S, P, OH>::OK;
         let () = WindowCheck::<W, K, S, P, OW>::OK;
         let mut g = self.raw.ops();
-        let y = g.conv2d(
-            &self.raw,
-            &weight.raw,
-            bias.map(|b| &b.raw),
-            [S; 2],
-            [P; 2],
-            [1; 2],
-            1,
-        )?;
+        let options = Conv2dOptions {
+            stride: [S; 2],
+            padding: [P; 2],
+            ..Conv2dOptions::default()
+        };
+        let y = g.conv2d(&self.raw, &weight.raw, bias.map(|b| &b.raw), options)?;
         Ok(Tensor::wrap(y))
     }
 
@@ -551,7 +551,7 @@ impl<B: Backend, N: Dim, C: Dim, const H: usize, const W: usize, E: FloatElement
         &self,
         _kernel: Kernel<K>,
         _stride: Stride<S>,
-    ) -> Result<Tensor<B, (N, C, Const<OH>, Const<OW>), E>> {
+    ) -> Result<Tensor<B, Nchw<N, C, OH, OW>, E>> {
         let () = WindowCheck::<H, K, S, 0, OH>::OK;
         let () = WindowCheck::<W, K, S, 0, OW>::OK;
         let mut g = self.raw.ops();
@@ -565,7 +565,7 @@ impl<B: Backend, N: Dim, C: Dim, const H: usize, const W: usize, E: FloatElement
         &self,
         _kernel: Kernel<K>,
         _stride: Stride<S>,
-    ) -> Result<Tensor<B, (N, C, Const<OH>, Const<OW>), E>> {
+    ) -> Result<Tensor<B, Nchw<N, C, OH, OW>, E>> {
         let () = WindowCheck::<H, K, S, 0, OH>::OK;
         let () = WindowCheck::<W, K, S, 0, OW>::OK;
         let mut g = self.raw.ops();
@@ -583,7 +583,7 @@ fn resolve_dims<S2: Shape>(numel: usize, op: &'static str, from: &Dims) -> Resul
     let fail = || mismatch(op, from, &describe::<S2>());
     let solved = match unknown {
         0 if known == numel => None,
-        1 if known > 0 && numel % known == 0 => Some(numel / known),
+        1 if known > 0 && numel.is_multiple_of(known) => Some(numel / known),
         1 if known == 0 && numel == 0 => Some(0),
         _ => return Err(fail()),
     };

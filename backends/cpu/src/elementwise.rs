@@ -113,12 +113,9 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Copy + Default + Send>(
 /// out[i] = f(c[i], a[i], b[i]) over three strided views of the same dims.
 fn map3<C: Copy + Sync, T: Copy + Sync + Default + Send>(
     dims: &Dims,
-    c: &[C],
-    lc: &Layout,
-    a: &[T],
-    la: &Layout,
-    b: &[T],
-    lb: &Layout,
+    (c, lc): (&[C], &Layout),
+    (a, la): (&[T], &Layout),
+    (b, lb): (&[T], &Layout),
     f: impl Fn(C, T, T) -> T + Sync,
 ) -> Vec<T> {
     let plan = RowPlan::new(dims, &[lc, la, lb]);
@@ -170,13 +167,7 @@ fn unary_float<T: FloatKernel>(op: UnaryOp, x: &[T], l: &Layout) -> Vec<T> {
         UnaryOp::Cos => go!(|v| v.cos()),
         UnaryOp::Tanh => go!(|v| v.tanh()),
         UnaryOp::Sigmoid => go!(|v| v.sigmoid()),
-        UnaryOp::Relu => go!(|v| if v > zero {
-            v
-        } else if v.is_nan() {
-            v
-        } else {
-            zero
-        }),
+        UnaryOp::Relu => go!(|v| if v > zero || v.is_nan() { v } else { zero }),
         UnaryOp::Erf => go!(|v| v.erf()),
         UnaryOp::Not => unreachable!("the op table rejects `not` on floats"),
     }
@@ -344,7 +335,7 @@ pub fn select(
     macro_rules! sel {
         ($($v:ident),*) => {
             match (a, b) {
-                $((CpuStorage::$v(x), CpuStorage::$v(y)) => CpuStorage::$v(map3(dims, c, lc, x, la, y, lb, |k, p, q| if k { p } else { q })),)*
+                $((CpuStorage::$v(x), CpuStorage::$v(y)) => CpuStorage::$v(map3(dims, (c, lc), (x, la), (y, lb), |k, p, q| if k { p } else { q })),)*
                 _ => return Err(unsupported("where", a)),
             }
         };

@@ -1,7 +1,7 @@
 //! Quick end-to-end checks of the CPU backend through the typed and raw APIs.
 
 use kiln_cpu::{Cpu, CpuDevice};
-use kiln_tensor::{BuilderExt, DType, Rank2, RawTensor, Tensor};
+use kiln_tensor::{BuilderExt, Conv2dOptions, DType, Rank2, RawTensor, Tensor};
 
 #[test]
 fn typed_matmul_and_softmax() -> kiln_tensor::Result<()> {
@@ -58,7 +58,15 @@ fn conv_and_pool_shapes() -> kiln_tensor::Result<()> {
     )?;
     let w = RawTensor::<Cpu>::full(&[4, 3, 3, 3], 1.0, DType::F32, &dev)?;
     let mut g = x.ops();
-    let y = g.conv2d(&x, &w, None, [1, 1], [1, 1], [1, 1], 1)?;
+    let y = g.conv2d(
+        &x,
+        &w,
+        None,
+        Conv2dOptions {
+            padding: [1, 1],
+            ..Conv2dOptions::default()
+        },
+    )?;
     assert_eq!(y.dims().as_slice(), &[2, 4, 6, 6]);
     let p = g.max_pool2d(&y, [2, 2], [2, 2], [0, 0])?;
     assert_eq!(p.dims().as_slice(), &[2, 4, 3, 3]);

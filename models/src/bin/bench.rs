@@ -4,15 +4,19 @@
 
 use clap::Parser;
 use kiln::cpu::{Cpu, CpuDevice};
-use kiln::tensor::{DType, RandDist, RawTensor, Result};
+use kiln::prelude::*;
+use kiln::tensor::{DType, RandDist};
+use kiln::train::optim::{Optimizer, Sgd, SgdConfig};
+use kiln_models::dynamic::DynamicMlp;
+use kiln_models::mlp::Mlp;
 use std::time::Instant;
 
 /// Run Kiln's benchmark workloads on the CPU.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Workloads to run (comma-separated): w2, w4.
-    #[arg(long, default_value = "w2,w4")]
+    /// Workloads to run (comma-separated): w1, w2, w4.
+    #[arg(long, default_value = "w1,w2,w4")]
     workloads: String,
     /// Timed repetitions per figure (the median is printed).
     #[arg(long, default_value_t = 10)]
@@ -35,19 +39,33 @@ fn time_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
 fn w4(reps: usize) -> Result<()> {
     let dev = CpuDevice;
     let n = 1024;
-    let dist = RandDist::Normal { mean: 0.0, std: 1.0 };
+    let dist = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
     let a = RawTensor::<Cpu>::rand(&[n, n], dist, 1, DType::F32, &dev)?;
     let b = RawTensor::<Cpu>::rand(&[n, n], dist, 2, DType::F32, &dev)?;
     let ms = time_ms(reps, || a.matmul(&b).map(|_| ()))?;
     let gflops = 2.0 * (n * n * n) as f64 / (ms * 1e-3) / 1e9;
-    println!("bench=W4 impl=kiln backend=cpu dtype=f32 shape={n}x{n}x{n} ms={ms:.3} gflops={gflops:.1}");
+    println!(
+        "bench=W4 impl=kiln backend=cpu dtype=f32 shape={n}x{n}x{n} ms={ms:.3} gflops={gflops:.1}"
+    );
     Ok(())
 }
 
 fn w2(reps: usize) -> Result<()> {
     let dev = CpuDevice;
     let n = 1usize << 26;
-    let x = RawTensor::<Cpu>::rand(&[n], RandDist::Normal { mean: 0.0, std: 1.0 }, 3, DType::F32, &dev)?;
+    let x = RawTensor::<Cpu>::rand(
+        &[n],
+        RandDist::Normal {
+            mean: 0.0,
+            std: 1.0,
+        },
+        3,
+        DType::F32,
+        &dev,
+    )?;
     let chain = || -> Result<RawTensor<Cpu>> {
         let h = x.mul_scalar(1.5)?.add_scalar(0.5)?.relu()?;
         h.mul(&x.sigmoid()?)
@@ -59,13 +77,50 @@ fn w2(reps: usize) -> Result<()> {
     Ok(())
 }
 
+/// W1 at one batch size: a training step (gradients + SGD) of the `#[model]` MLP, of
+/// the same MLP on the dynamic path (runtime tape), and batch-1 inference latency.
+fn w1_batch<const B: usize>(reps: usize) -> Result<()> {
+    let dev = CpuDevice;
+    let mut model = Mlp::<Cpu>::init(&dev, 1)?;
+    let mut opt = Sgd::<Cpu>::new(SgdConfig {
+        lr: 0.01,
+        momentum: 0.9,
+        ..SgdConfig::default()
+    })?;
+    let x = Tensor::<Cpu, Rank2<B, 784>>::normal(0.0, 1.0, 5, &dev)?;
+    let labels: Vec<i32> = (0..B as i32).map(|i| i % 10).collect();
+    let y = Tensor::<Cpu, (Const<B>,), i32>::from_vec(labels, &[B], &dev)?;
+    let ms = time_ms(reps, || {
+        let (_, grads) = model.loss_and_grad(&x, &y)?;
+        opt.step(&mut model, &grads)
+    })?;
+    println!("bench=W1 impl=kiln backend=cpu variant=static task=train batch={B} ms={ms:.3}");
+    let mut dynamic = DynamicMlp::<Cpu>::new(&[784, 1024, 1024, 10], 1, &dev)?;
+    let ms = time_ms(reps, || {
+        dynamic.train_step(x.raw(), y.raw(), 0.01, 0.9).map(|_| ())
+    })?;
+    println!("bench=W1 impl=kiln backend=cpu variant=dynamic task=train batch={B} ms={ms:.3}");
+    Ok(())
+}
+
+fn w1(reps: usize) -> Result<()> {
+    w1_batch::<256>(reps)?;
+    let dev = CpuDevice;
+    let model = Mlp::<Cpu>::init(&dev, 1)?;
+    let x = Tensor::<Cpu, Rank2<1, 784>>::normal(0.0, 1.0, 6, &dev)?;
+    let ms = time_ms(reps * 20, || model.forward(&x).map(|_| ()))?;
+    println!("bench=W1 impl=kiln backend=cpu variant=static task=infer batch=1 ms={ms:.4}");
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     for w in args.workloads.split(',') {
         match w.trim() {
+            "w1" => w1(args.reps)?,
             "w2" => w2(args.reps)?,
             "w4" => w4(args.reps)?,
-            other => eprintln!("unknown workload {other:?} (known: w2, w4)"),
+            other => eprintln!("unknown workload {other:?} (known: w1, w2, w4)"),
         }
     }
     Ok(())

@@ -1,67 +1,254 @@
-//! `kiln-train`: trains a model on MNIST on the CPU and reports test accuracy.
+//! `kiln-train`: trains a zoo model on MNIST or Fashion-MNIST on the CPU, reports test
+//! accuracy after every epoch and saves a safetensors checkpoint.
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::cpu::{Cpu, CpuDevice};
-use kiln_models::data::ImageDataset;
-use kiln_models::dynamic::{fit, DynamicMlp};
+use kiln::prelude::*;
+use kiln::train::checkpoint;
+use kiln::train::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
+use kiln::train::schedule::CosineWithWarmup;
+use kiln_models::classify::{accuracy, fit, Classifier};
+use kiln_models::data::{data_dir, ImageDataset, FASHION_NORM, MNIST_NORM};
+use kiln_models::{lenet::LeNet, mlp::Mlp};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Instant;
 
-/// Train an MLP on MNIST (dynamic path) and report test accuracy.
+/// Which model to train.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ModelKind {
+    /// MLP 784-1024-1024-10.
+    Mlp,
+    /// LeNet-style CNN with batch norm and dropout.
+    Cnn,
+}
+
+/// Which data set to train on.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Dataset {
+    /// Handwritten digits.
+    Mnist,
+    /// Clothing images.
+    Fashion,
+}
+
+/// Which optimizer to use.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Opt {
+    /// SGD with momentum.
+    Sgd,
+    /// AdamW.
+    Adamw,
+}
+
+/// Train a model on MNIST-style images and save a checkpoint.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
+    /// The model.
+    #[arg(long, value_enum, default_value = "mlp")]
+    model: ModelKind,
+    /// The data set.
+    #[arg(long, value_enum, default_value = "mnist")]
+    dataset: Dataset,
     /// Passes over the training set.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     epochs: usize,
-    /// Examples per step.
+    /// Examples per step: 16, 32, 64, 128, 256 or 512 (a model's batch is static).
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
-    /// SGD learning rate (momentum 0.9).
-    #[arg(long, default_value_t = 0.02)]
+    /// The optimizer.
+    #[arg(long, value_enum, default_value = "sgd")]
+    optimizer: Opt,
+    /// Peak learning rate (cosine decay after a linear warm-up).
+    #[arg(long, default_value_t = 0.05)]
     lr: f64,
-    /// Hidden layer width.
-    #[arg(long, default_value_t = 256)]
-    hidden: usize,
+    /// Warm-up steps.
+    #[arg(long, default_value_t = 200)]
+    warmup: u64,
+    /// Momentum (SGD).
+    #[arg(long, default_value_t = 0.9)]
+    momentum: f64,
+    /// Weight decay.
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f64,
     /// Use only the first N training examples (0: all).
     #[arg(long, default_value_t = 0)]
     limit: usize,
     /// Seed for initialisation and shuffling.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Where to save the checkpoint (default: models/runs/<model>-<dataset>.safetensors).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
-fn main() -> kiln::Result<()> {
-    let args = Args::parse();
+fn run<M: Classifier<Cpu, BATCH> + Classifier<Cpu, 500>, const BATCH: usize>(
+    args: &Args,
+) -> Result<()> {
     let dev = CpuDevice;
-    let mut data = ImageDataset::mnist()?;
+    let (dir, norm) = match args.dataset {
+        Dataset::Mnist => ("mnist", MNIST_NORM),
+        Dataset::Fashion => ("fashion-mnist", FASHION_NORM),
+    };
+    let mut data = ImageDataset::load(&data_dir().join(dir), norm)?;
     if args.limit > 0 {
         data.train = data.train.take(args.limit);
     }
-    let mut model = DynamicMlp::<Cpu>::new(&[784, args.hidden, 10], args.seed, &dev)?;
-    let steps = data.train.len().div_ceil(args.batch_size) * args.epochs;
-    let bar = ProgressBar::new(steps as u64);
+    let mut model = M::init(&dev, args.seed)?;
+    let steps_per_epoch = (data.train.len() / BATCH) as u64;
+    let total = steps_per_epoch * args.epochs as u64;
+    let schedule = CosineWithWarmup::new(
+        args.lr,
+        args.lr * 0.01,
+        args.warmup.min(total / 2),
+        total.max(1),
+    )?;
+    println!(
+        "training {:?} ({} parameters) on {:?}: {} examples, batch {BATCH}, {} epochs, {:?} lr {}",
+        args.model,
+        model.num_params(),
+        args.dataset,
+        data.train.len(),
+        args.epochs,
+        args.optimizer,
+        args.lr
+    );
+    let bar = ProgressBar::new(total);
     bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]")
-            .expect("static template"),
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
+        )
+        .expect("static template"),
     );
     let start = Instant::now();
-    let mut avg = 0.0;
-    let mut done = 0usize;
-    fit(&mut model, &data.train, args.epochs, args.batch_size, args.lr, args.seed, &dev, |epoch, _, loss| {
-        done += 1;
-        avg = if done == 1 { loss } else { 0.98 * avg + 0.02 * loss };
-        let rate = (done * args.batch_size) as f64 / start.elapsed().as_secs_f64();
-        bar.set_message(format!("epoch {} loss {avg:.4} {rate:.0} samples/s", epoch + 1));
+    let mut avg = f32::NAN;
+    let mut last_acc = String::from("-");
+    let test = data.test.clone();
+    let mut on_step = |m: &M, r: kiln_models::classify::StepReport| -> Result<()> {
+        avg = if avg.is_nan() {
+            r.loss
+        } else {
+            0.98 * avg + 0.02 * r.loss
+        };
+        if !r.loss.is_finite() {
+            return Err(Error::invalid(
+                "train",
+                format!("the loss became {} at step {}", r.loss, r.step),
+            ));
+        }
+        if (r.step + 1).is_multiple_of(steps_per_epoch) {
+            last_acc = format!("{:.2}%", 100.0 * accuracy::<Cpu, M, 500>(m, &test, &dev)?);
+            bar.println(format!(
+                "epoch {} done: loss {avg:.4}, test accuracy {last_acc}",
+                r.epoch + 1
+            ));
+        }
+        let rate = ((r.step + 1) * BATCH as u64) as f64 / start.elapsed().as_secs_f64();
+        bar.set_message(format!(
+            "epoch {} loss {avg:.4} acc {last_acc} {rate:.0} samples/s",
+            r.epoch + 1
+        ));
         bar.inc(1);
-    })?;
-    bar.finish();
-    let acc = model.accuracy(&data.test, 1000, &dev)?;
+        Ok(())
+    };
+    match args.optimizer {
+        Opt::Sgd => {
+            let mut opt = Sgd::<Cpu>::new(SgdConfig {
+                lr: args.lr,
+                momentum: args.momentum,
+                weight_decay: args.weight_decay,
+                ..SgdConfig::default()
+            })?;
+            fit::<Cpu, M, BATCH>(
+                &mut model,
+                &mut opt,
+                &schedule,
+                &data.train,
+                args.epochs,
+                args.seed,
+                &dev,
+                &mut on_step,
+            )?;
+        }
+        Opt::Adamw => {
+            let mut opt = AdamW::<Cpu>::new(AdamWConfig {
+                lr: args.lr,
+                weight_decay: args.weight_decay,
+                ..AdamWConfig::default()
+            })?;
+            fit::<Cpu, M, BATCH>(
+                &mut model,
+                &mut opt,
+                &schedule,
+                &data.train,
+                args.epochs,
+                args.seed,
+                &dev,
+                &mut on_step,
+            )?;
+        }
+    }
+    bar.finish_and_clear();
+    let acc = accuracy::<Cpu, M, 500>(&model, &data.test, &dev)?;
+    let secs = start.elapsed().as_secs_f64();
     println!(
-        "trained {} epochs in {:.1}s; test accuracy {:.2}%",
+        "trained {} epochs in {secs:.1}s ({:.1}s/epoch, {:.0} samples/s); test accuracy {:.2}%",
         args.epochs,
-        start.elapsed().as_secs_f64(),
+        secs / args.epochs.max(1) as f64,
+        (total * BATCH as u64) as f64 / secs,
         acc * 100.0
     );
+    let out = args.out.clone().unwrap_or_else(|| {
+        let name = format!("{:?}-{:?}.safetensors", args.model, args.dataset).to_lowercase();
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("runs")
+            .join(name)
+    });
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut meta = BTreeMap::new();
+    meta.insert(
+        "model".to_string(),
+        format!("{:?}", args.model).to_lowercase(),
+    );
+    meta.insert(
+        "dataset".to_string(),
+        format!("{:?}", args.dataset).to_lowercase(),
+    );
+    meta.insert("test_accuracy".to_string(), format!("{acc:.4}"));
+    checkpoint::save_with_metadata(&model, &out, &meta)?;
+    println!("saved {}", out.display());
     Ok(())
+}
+
+macro_rules! dispatch {
+    ($model:ty, $args:expr) => {
+        match $args.batch_size {
+            16 => run::<$model, 16>($args),
+            32 => run::<$model, 32>($args),
+            64 => run::<$model, 64>($args),
+            128 => run::<$model, 128>($args),
+            256 => run::<$model, 256>($args),
+            512 => run::<$model, 512>($args),
+            other => Err(Error::invalid(
+                "kiln-train",
+                format!("batch size {other} is not one of 16, 32, 64, 128, 256, 512"),
+            )),
+        }
+    };
+}
+
+fn main() {
+    let args = Args::parse();
+    let r = match args.model {
+        ModelKind::Mlp => dispatch!(Mlp<Cpu>, &args),
+        ModelKind::Cnn => dispatch!(LeNet<Cpu>, &args),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
 }

@@ -14,17 +14,38 @@ use crate::tensor::Tensor;
 use std::sync::RwLock;
 
 /// A tensor initialised as `spec` says, seeded by its full name.
-pub fn init_tensor<B: Backend>(spec: &ParamSpec, device: &B::Device, seed: u64, name: &str) -> Result<RawTensor<B>> {
+pub fn init_tensor<B: Backend>(
+    spec: &ParamSpec,
+    device: &B::Device,
+    seed: u64,
+    name: &str,
+) -> Result<RawTensor<B>> {
     let s = seed_for(seed, name);
     match spec.init {
-        Init::Uniform(b) => RawTensor::rand(&spec.dims, RandDist::Uniform { low: -b, high: b }, s, DType::F32, device),
-        Init::Normal(std) => RawTensor::rand(&spec.dims, RandDist::Normal { mean: 0.0, std }, s, DType::F32, device),
+        Init::Uniform(b) => RawTensor::rand(
+            &spec.dims,
+            RandDist::Uniform { low: -b, high: b },
+            s,
+            DType::F32,
+            device,
+        ),
+        Init::Normal(std) => RawTensor::rand(
+            &spec.dims,
+            RandDist::Normal { mean: 0.0, std },
+            s,
+            DType::F32,
+            device,
+        ),
         Init::Constant(v) => RawTensor::full(&spec.dims, v, DType::F32, device),
     }
 }
 
 /// A replacement for `old` must keep its dims and dtype.
-fn same_slot<B: Backend>(name: &str, old: &RawTensor<B>, new: RawTensor<B>) -> Result<RawTensor<B>> {
+fn same_slot<B: Backend>(
+    name: &str,
+    old: &RawTensor<B>,
+    new: RawTensor<B>,
+) -> Result<RawTensor<B>> {
     if old.dims() != new.dims() || old.dtype() != new.dtype() {
         return Err(Error::shape(
             "update",
@@ -162,7 +183,7 @@ macro_rules! layer {
                 &mut self,
                 grads: &Self::Grads,
                 prefix: &str,
-                f: &mut dyn FnMut(&str, &RawTensor<B>, &RawTensor<B>) -> Result<RawTensor<B>>,
+                f: &mut super::module::UpdateFn<'_, B>,
             ) -> Result<()> {
                 $({
                     let name = join(prefix, stringify!($p));
@@ -173,7 +194,7 @@ macro_rules! layer {
             }
 
             #[allow(unused_variables)]
-            fn load_named(&mut self, prefix: &str, get: &mut dyn FnMut(&str, &RawTensor<B>) -> Result<RawTensor<B>>) -> Result<()> {
+            fn load_named(&mut self, prefix: &str, get: &mut super::module::LoadFn<'_, B>) -> Result<()> {
                 $({
                     let name = join(prefix, stringify!($p));
                     let new = get(&name, self.$p.raw())?;
@@ -313,7 +334,10 @@ impl<B: Backend, const P: usize> Dropout<B, P> {
 
 impl<B: Backend, const V: usize, const D: usize> Embedding<B, V, D> {
     /// Rows for a batch of sequences of ids.
-    pub fn forward<N: Dim, T: Dim>(&self, ids: &Tensor<B, (N, T), i32>) -> Result<Tensor<B, (N, T, Const<D>)>> {
+    pub fn forward<N: Dim, T: Dim>(
+        &self,
+        ids: &Tensor<B, (N, T), i32>,
+    ) -> Result<Tensor<B, (N, T, Const<D>)>> {
         Tensor::from_raw(self.forward_raw(ids.raw(), Mode::Eval)?)
     }
 }

@@ -14,6 +14,14 @@ pub struct Slot<'a, B: Backend> {
     pub value: &'a RawTensor<B>,
 }
 
+/// How `Module::update_params` computes a parameter's new value: `(name, value,
+/// gradient) -> new value`.
+pub type UpdateFn<'a, B> =
+    dyn FnMut(&str, &RawTensor<B>, &RawTensor<B>) -> Result<RawTensor<B>> + 'a;
+
+/// How `Module::load_named` gets a tensor's new value: `(name, current) -> new value`.
+pub type LoadFn<'a, B> = dyn FnMut(&str, &RawTensor<B>) -> Result<RawTensor<B>> + 'a;
+
 /// Something that owns parameters.
 pub trait Module<B: Backend>: Sized {
     /// Its gradients, mirroring its parameters.
@@ -35,11 +43,11 @@ pub trait Module<B: Backend>: Sized {
         &mut self,
         grads: &Self::Grads,
         prefix: &str,
-        f: &mut dyn FnMut(&str, &RawTensor<B>, &RawTensor<B>) -> Result<RawTensor<B>>,
+        f: &mut UpdateFn<'_, B>,
     ) -> Result<()>;
 
     /// Replaces every parameter and buffer with `get(name, dims, dtype)` (checkpoints).
-    fn load_named(&mut self, prefix: &str, get: &mut dyn FnMut(&str, &RawTensor<B>) -> Result<RawTensor<B>>) -> Result<()>;
+    fn load_named(&mut self, prefix: &str, get: &mut LoadFn<'_, B>) -> Result<()>;
 
     /// Builds it on `device` from `seed`.
     fn init(device: &B::Device, seed: u64) -> Result<Self> {
@@ -63,6 +71,12 @@ pub fn join(prefix: &str, name: &str) -> String {
     }
 }
 
+/// The seed of a model's `n`-th training step (what `#[model]`'s `_and_grad` methods
+/// draw dropout masks from: the mask of the `i`-th dropout layer uses `step_seed(n) ^ i`).
+pub fn step_seed(n: u64) -> u64 {
+    n.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x6b69_6c6e
+}
+
 /// A per-tensor seed from the model seed and the tensor's name (FNV-1a of the name).
 pub fn seed_for(seed: u64, name: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -71,4 +85,48 @@ pub fn seed_for(seed: u64, name: &str) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// An array of modules is a module: PyTorch's `ModuleList` naming (`blocks.0.weight`).
+impl<B: Backend, M: Module<B>, const N: usize> Module<B> for [M; N] {
+    type Grads = [M::Grads; N];
+
+    fn init_named(device: &B::Device, seed: u64, prefix: &str) -> Result<Self> {
+        let v: Vec<M> = (0..N)
+            .map(|i| M::init_named(device, seed, &join(prefix, &i.to_string())))
+            .collect::<Result<_>>()?;
+        Ok(v.try_into()
+            .unwrap_or_else(|_| unreachable!("collected exactly N modules")))
+    }
+
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, B>)) {
+        for (i, m) in self.iter().enumerate() {
+            m.visit_params(&join(prefix, &i.to_string()), f);
+        }
+    }
+
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, B>)) {
+        for (i, m) in self.iter().enumerate() {
+            m.visit_buffers(&join(prefix, &i.to_string()), f);
+        }
+    }
+
+    fn update_params(
+        &mut self,
+        grads: &Self::Grads,
+        prefix: &str,
+        f: &mut UpdateFn<'_, B>,
+    ) -> Result<()> {
+        for (i, (m, g)) in self.iter_mut().zip(grads).enumerate() {
+            m.update_params(g, &join(prefix, &i.to_string()), f)?;
+        }
+        Ok(())
+    }
+
+    fn load_named(&mut self, prefix: &str, get: &mut LoadFn<'_, B>) -> Result<()> {
+        for (i, m) in self.iter_mut().enumerate() {
+            m.load_named(&join(prefix, &i.to_string()), get)?;
+        }
+        Ok(())
+    }
 }

@@ -4,7 +4,7 @@
 //! `#[model]` macro (which inlines layers into its graph at build time) share one
 //! definition.
 
-use crate::builder::{Builder, BuilderExt};
+use crate::builder::{Builder, BuilderExt, Conv2dOptions};
 use crate::error::{Error, Result};
 use crate::op::{fmt_dims, SymDim};
 
@@ -130,7 +130,10 @@ impl LayerSpec {
     pub fn from_type(name: &str, args: &[usize]) -> std::result::Result<Self, String> {
         let want = |lo: usize, hi: usize, form: &str| -> std::result::Result<(), String> {
             if args.len() < lo || args.len() > hi {
-                Err(format!("`{name}` takes {form}, got {} argument(s)", args.len()))
+                Err(format!(
+                    "`{name}` takes {form}, got {} argument(s)",
+                    args.len()
+                ))
             } else {
                 Ok(())
             }
@@ -138,7 +141,10 @@ impl LayerSpec {
         let spec = match name {
             "Linear" => {
                 want(2, 2, "<INPUTS, OUTPUTS>")?;
-                LayerSpec::Linear { inputs: args[0], outputs: args[1] }
+                LayerSpec::Linear {
+                    inputs: args[0],
+                    outputs: args[1],
+                }
             }
             "Conv2d" => {
                 want(3, 6, "<IN, OUT, KERNEL, [STRIDE, PADDING, GROUPS]>")?;
@@ -170,12 +176,18 @@ impl LayerSpec {
             }
             "Embedding" => {
                 want(2, 2, "<VOCAB, FEATURES>")?;
-                LayerSpec::Embedding { vocab: args[0], features: args[1] }
+                LayerSpec::Embedding {
+                    vocab: args[0],
+                    features: args[1],
+                }
             }
             "Dropout" => {
                 want(1, 1, "<PERCENT>")?;
                 if args[0] >= 100 {
-                    return Err(format!("`Dropout<{}>` drops {}% of elements; it must be below 100", args[0], args[0]));
+                    return Err(format!(
+                        "`Dropout<{}>` drops {}% of elements; it must be below 100",
+                        args[0], args[0]
+                    ));
                 }
                 LayerSpec::Dropout { percent: args[0] }
             }
@@ -191,19 +203,36 @@ impl LayerSpec {
 
     /// The names of the built-in layer types.
     pub const NAMES: &'static [&'static str] = &[
-        "Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm2d", "LayerNorm", "Embedding", "Dropout", "Flatten",
+        "Linear",
+        "Conv2d",
+        "MaxPool2d",
+        "AvgPool2d",
+        "BatchNorm2d",
+        "LayerNorm",
+        "Embedding",
+        "Dropout",
+        "Flatten",
     ];
 
     fn validate(&self) -> std::result::Result<(), String> {
         let zero = match self {
             LayerSpec::Linear { inputs, outputs } => *inputs == 0 || *outputs == 0,
-            LayerSpec::Conv2d { inputs, outputs, kernel, stride, groups, .. } => {
+            LayerSpec::Conv2d {
+                inputs,
+                outputs,
+                kernel,
+                stride,
+                groups,
+                ..
+            } => {
                 if *groups == 0 || inputs % groups != 0 || outputs % groups != 0 {
                     return Err(format!("{self}: {groups} groups must divide {inputs} input and {outputs} output channels"));
                 }
                 *kernel == 0 || *stride == 0
             }
-            LayerSpec::MaxPool2d { kernel, stride } | LayerSpec::AvgPool2d { kernel, stride } => *kernel == 0 || *stride == 0,
+            LayerSpec::MaxPool2d { kernel, stride } | LayerSpec::AvgPool2d { kernel, stride } => {
+                *kernel == 0 || *stride == 0
+            }
             LayerSpec::BatchNorm2d { channels } => *channels == 0,
             LayerSpec::LayerNorm { features } => *features == 0,
             LayerSpec::Embedding { vocab, features } => *vocab == 0 || *features == 0,
@@ -227,11 +256,21 @@ impl LayerSpec {
                     p("bias", vec![outputs], Init::Uniform(bound)),
                 ]
             }
-            LayerSpec::Conv2d { inputs, outputs, kernel, groups, .. } => {
+            LayerSpec::Conv2d {
+                inputs,
+                outputs,
+                kernel,
+                groups,
+                ..
+            } => {
                 let fan_in = inputs / groups * kernel * kernel;
                 let bound = 1.0 / (fan_in as f64).sqrt();
                 vec![
-                    p("weight", vec![outputs, inputs / groups, kernel, kernel], Init::Uniform(bound)),
+                    p(
+                        "weight",
+                        vec![outputs, inputs / groups, kernel, kernel],
+                        Init::Uniform(bound),
+                    ),
                     p("bias", vec![outputs], Init::Uniform(bound)),
                 ]
             }
@@ -243,7 +282,9 @@ impl LayerSpec {
                 p("weight", vec![features], Init::Constant(1.0)),
                 p("bias", vec![features], Init::Constant(0.0)),
             ],
-            LayerSpec::Embedding { vocab, features } => vec![p("weight", vec![vocab, features], Init::Normal(1.0))],
+            LayerSpec::Embedding { vocab, features } => {
+                vec![p("weight", vec![vocab, features], Init::Normal(1.0))]
+            }
             _ => vec![],
         }
     }
@@ -252,8 +293,16 @@ impl LayerSpec {
     pub fn buffers(&self) -> Vec<ParamSpec> {
         match *self {
             LayerSpec::BatchNorm2d { channels } => vec![
-                ParamSpec { name: "running_mean", dims: vec![channels], init: Init::Constant(0.0) },
-                ParamSpec { name: "running_var", dims: vec![channels], init: Init::Constant(1.0) },
+                ParamSpec {
+                    name: "running_mean",
+                    dims: vec![channels],
+                    init: Init::Constant(0.0),
+                },
+                ParamSpec {
+                    name: "running_var",
+                    dims: vec![channels],
+                    init: Init::Constant(1.0),
+                },
             ],
             _ => vec![],
         }
@@ -275,12 +324,19 @@ impl LayerSpec {
 
     /// Checks an input's dims: `Err` says what was expected (see `expected_input`).
     pub fn check_input<D: SymDim>(&self, dims: &[D]) -> std::result::Result<(), String> {
-        let last_is = |n: usize| dims.last().is_some_and(|d| d.matches(&D::lit(n)) != Some(false));
+        let last_is = |n: usize| {
+            dims.last()
+                .is_some_and(|d| d.matches(&D::lit(n)) != Some(false))
+        };
         let ok = match self {
             LayerSpec::Linear { inputs, .. } => last_is(*inputs),
             LayerSpec::LayerNorm { features } => last_is(*features),
-            LayerSpec::Conv2d { inputs, .. } => dims.len() == 4 && dims[1].matches(&D::lit(*inputs)) != Some(false),
-            LayerSpec::BatchNorm2d { channels } => dims.len() == 4 && dims[1].matches(&D::lit(*channels)) != Some(false),
+            LayerSpec::Conv2d { inputs, .. } => {
+                dims.len() == 4 && dims[1].matches(&D::lit(*inputs)) != Some(false)
+            }
+            LayerSpec::BatchNorm2d { channels } => {
+                dims.len() == 4 && dims[1].matches(&D::lit(*channels)) != Some(false)
+            }
             LayerSpec::MaxPool2d { .. } | LayerSpec::AvgPool2d { .. } => dims.len() == 4,
             LayerSpec::Flatten => !dims.is_empty(),
             LayerSpec::Embedding { .. } | LayerSpec::Dropout { .. } => true,
@@ -288,23 +344,51 @@ impl LayerSpec {
         if ok {
             Ok(())
         } else {
-            Err(format!("{self} expects input {}, got {}", self.expected_input(), fmt_dims(dims)))
+            Err(format!(
+                "{self} expects input {}, got {}",
+                self.expected_input(),
+                fmt_dims(dims)
+            ))
         }
     }
 
     /// The forward pass over `params` (in `params()` order, then `buffers()` order).
-    pub fn forward<G: Builder>(&self, g: &mut G, params: &[&G::Value], x: &G::Value, mode: Mode) -> Result<LayerOut<G::Value>> {
+    pub fn forward<G: Builder>(
+        &self,
+        g: &mut G,
+        params: &[&G::Value],
+        x: &G::Value,
+        mode: Mode,
+    ) -> Result<LayerOut<G::Value>> {
         let out = |y| Ok(LayerOut { y, updates: vec![] });
         let dims = g.dims(x);
-        self.check_input(&dims).map_err(|m| Error::shape("layer", m))?;
+        self.check_input(&dims)
+            .map_err(|m| Error::shape("layer", m))?;
         match *self {
             LayerSpec::Linear { .. } => out(g.linear(x, params[0], Some(params[1]))?),
-            LayerSpec::Conv2d { stride, padding, groups, .. } => {
-                out(g.conv2d(x, params[0], Some(params[1]), [stride; 2], [padding; 2], [1; 2], groups)?)
+            LayerSpec::Conv2d {
+                stride,
+                padding,
+                groups,
+                ..
+            } => {
+                let options = Conv2dOptions {
+                    stride: [stride; 2],
+                    padding: [padding; 2],
+                    dilation: [1; 2],
+                    groups,
+                };
+                out(g.conv2d(x, params[0], Some(params[1]), options)?)
             }
-            LayerSpec::MaxPool2d { kernel, stride } => out(g.max_pool2d(x, [kernel; 2], [stride; 2], [0; 2])?),
-            LayerSpec::AvgPool2d { kernel, stride } => out(g.avg_pool2d(x, [kernel; 2], [stride; 2], [0; 2])?),
-            LayerSpec::LayerNorm { .. } => out(g.layer_norm(x, 1, Some(params[0]), Some(params[1]), LAYER_NORM_EPS)?),
+            LayerSpec::MaxPool2d { kernel, stride } => {
+                out(g.max_pool2d(x, [kernel; 2], [stride; 2], [0; 2])?)
+            }
+            LayerSpec::AvgPool2d { kernel, stride } => {
+                out(g.avg_pool2d(x, [kernel; 2], [stride; 2], [0; 2])?)
+            }
+            LayerSpec::LayerNorm { .. } => {
+                out(g.layer_norm(x, 1, Some(params[0]), Some(params[1]), LAYER_NORM_EPS)?)
+            }
             LayerSpec::Embedding { .. } => out(g.embedding(x, params[0])?),
             LayerSpec::Dropout { percent } => match mode {
                 Mode::Train { seed } => out(g.dropout(x, percent as f64 / 100.0, seed)?),
@@ -331,24 +415,34 @@ impl LayerSpec {
                         let xn = g.mul(&centered, &inv)?;
                         let y = g.mul(&xn, &w)?;
                         let y = g.add(&y, &b)?;
-                        // Running statistics use the unbiased variance, as PyTorch does.
+                        // Running statistics use the unbiased variance, as PyTorch does:
+                        // var · n/(n-1), written 1/(1 - 1/n) so a symbolic n works too.
                         let n = dims[0].mul(&dims[2]).mul(&dims[3]);
-                        let unbias = match n.as_lit() {
-                            Some(n) if n > 1 => n as f64 / (n - 1) as f64,
-                            Some(_) => 1.0,
-                            None => return Err(Error::invalid("batch_norm", "the batch size must be known to update running statistics")),
-                        };
                         let m = BATCH_NORM_MOMENTUM;
                         let flat = vec![c];
                         let mean_c = g.reshape(&mean, flat.clone())?;
                         let var_c = g.reshape(&var, flat)?;
+                        let var_u = match n.as_lit() {
+                            Some(n) if n > 1 => g.mul_scalar(&var_c, n as f64 / (n - 1) as f64)?,
+                            Some(_) => var_c.clone(),
+                            None => {
+                                let r = g.recip_dim(&var_c, &n)?;
+                                let r = g.mul_scalar(&r, -1.0)?;
+                                let r = g.add_scalar(&r, 1.0)?;
+                                let f = g.unary(crate::op::UnaryOp::Recip, &r)?;
+                                g.mul(&var_c, &f)?
+                            }
+                        };
                         let rm = g.mul_scalar(params[2], 1.0 - m)?;
                         let new_mean = g.mul_scalar(&mean_c, m)?;
                         let new_mean = g.add(&rm, &new_mean)?;
                         let rv = g.mul_scalar(params[3], 1.0 - m)?;
-                        let new_var = g.mul_scalar(&var_c, m * unbias)?;
+                        let new_var = g.mul_scalar(&var_u, m)?;
                         let new_var = g.add(&rv, &new_var)?;
-                        Ok(LayerOut { y, updates: vec![("running_mean", new_mean), ("running_var", new_var)] })
+                        Ok(LayerOut {
+                            y,
+                            updates: vec![("running_mean", new_mean), ("running_var", new_var)],
+                        })
                     }
                     Mode::Eval => {
                         let mean = g.reshape(params[2], shape.clone())?;
@@ -370,7 +464,14 @@ impl std::fmt::Display for LayerSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             LayerSpec::Linear { inputs, outputs } => write!(f, "Linear<{inputs}, {outputs}>"),
-            LayerSpec::Conv2d { inputs, outputs, kernel, stride, padding, groups } => {
+            LayerSpec::Conv2d {
+                inputs,
+                outputs,
+                kernel,
+                stride,
+                padding,
+                groups,
+            } => {
                 write!(f, "Conv2d<{inputs}, {outputs}, {kernel}")?;
                 if (*stride, *padding, *groups) != (1, 0, 1) {
                     write!(f, ", {stride}, {padding}")?;

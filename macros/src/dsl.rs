@@ -1,0 +1,309 @@
+//! The model DSL's types: `Tensor<B, 784>` (dims as generic arguments, an optional
+//! dtype last, plain `Tensor` for a scalar) and layer fields (`Linear<784, 128>`,
+//! arrays of layers `[Linear<64, 64>; 4]`), parsed into specs and written back as
+//! the real types.
+
+use crate::sym::SDim;
+use kiln_tensor::nn::LayerSpec;
+use kiln_tensor::DType;
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote};
+use syn::spanned::Spanned;
+use syn::{Expr, GenericArgument, Ident, PathArguments, Type};
+
+/// One dim as written in a tensor type.
+#[derive(Clone, Debug)]
+pub enum DimTok {
+    /// A literal size.
+    Lit(usize),
+    /// A const generic parameter of the method.
+    Param(Ident),
+    /// `Dyn`: a size known at run time.
+    Dyn,
+}
+
+/// A tensor type as written in a signature.
+#[derive(Clone, Debug)]
+pub struct TensorTy {
+    /// The dims.
+    pub dims: Vec<DimTok>,
+    /// The element type.
+    pub dtype: DType,
+}
+
+impl TensorTy {
+    /// The real type: `::kiln::tensor::Tensor<Be, (Const<B>, Const<784>), f32>`.
+    pub fn real_type(&self) -> TokenStream {
+        let dims = self.dims.iter().map(|d| match d {
+            DimTok::Lit(n) => {
+                let n = proc_macro2::Literal::usize_unsuffixed(*n);
+                quote!(::kiln::tensor::Const<#n>)
+            }
+            DimTok::Param(p) => quote!(::kiln::tensor::Const<#p>),
+            DimTok::Dyn => quote!(::kiln::tensor::Dyn),
+        });
+        let e = dtype_type(self.dtype);
+        quote!(::kiln::tensor::Tensor<Be, (#(#dims,)*), #e>)
+    }
+}
+
+/// The real tensor type for inferred dims.
+pub fn real_type(dims: &[SDim], dtype: DType) -> TokenStream {
+    let d = dims.iter().map(|d| d.to_type());
+    let e = dtype_type(dtype);
+    quote!(::kiln::tensor::Tensor<Be, (#(#d,)*), #e>)
+}
+
+/// The shape type alone: `(Const<B>, Const<784>,)`.
+pub fn shape_type(dims: &[SDim]) -> TokenStream {
+    let d = dims.iter().map(|d| d.to_type());
+    quote!((#(#d,)*))
+}
+
+/// The Rust type of a dtype's elements.
+pub fn dtype_type(d: DType) -> TokenStream {
+    match d {
+        DType::F32 => quote!(f32),
+        DType::F64 => quote!(f64),
+        DType::F16 => quote!(::kiln::tensor::f16),
+        DType::BF16 => quote!(::kiln::tensor::bf16),
+        DType::I32 => quote!(i32),
+        DType::U32 => quote!(u32),
+        DType::Bool => quote!(bool),
+    }
+}
+
+/// The dtype named by an identifier, if it names one.
+pub fn dtype_named(s: &str) -> Option<DType> {
+    DType::ALL.iter().copied().find(|d| d.name() == s)
+}
+
+/// The `DType` variant as a path.
+pub fn dtype_path(d: DType) -> TokenStream {
+    let v = format_ident!(
+        "{}",
+        match d {
+            DType::F32 => "F32",
+            DType::F64 => "F64",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::I32 => "I32",
+            DType::U32 => "U32",
+            DType::Bool => "Bool",
+        }
+    );
+    quote!(::kiln::tensor::DType::#v)
+}
+
+fn int_literal(e: &Expr) -> Option<usize> {
+    match e {
+        Expr::Lit(l) => match &l.lit {
+            syn::Lit::Int(i) => i.base10_parse().ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Parses `Tensor<...>`; `Ok(None)` when `ty` is not a `Tensor` type at all.
+pub fn parse_tensor_type(ty: &Type, consts: &[Ident]) -> syn::Result<Option<TensorTy>> {
+    let Type::Path(tp) = ty else { return Ok(None) };
+    if tp.qself.is_some() || tp.path.segments.len() != 1 {
+        return Ok(None);
+    }
+    let seg = &tp.path.segments[0];
+    if seg.ident != "Tensor" {
+        return Ok(None);
+    }
+    let args: Vec<&GenericArgument> = match &seg.arguments {
+        PathArguments::None => vec![],
+        PathArguments::AngleBracketed(a) => a.args.iter().collect(),
+        PathArguments::Parenthesized(p) => {
+            return Err(syn::Error::new(
+                p.span(),
+                "write a tensor type as `Tensor<B, 784>` (dims, then an optional dtype)",
+            ))
+        }
+    };
+    let mut dims = Vec::new();
+    let mut dtype = DType::F32;
+    for (i, arg) in args.iter().enumerate() {
+        let last = i + 1 == args.len();
+        match arg {
+            GenericArgument::Const(e) => match int_literal(e) {
+                Some(n) => dims.push(DimTok::Lit(n)),
+                None => {
+                    return Err(syn::Error::new(
+                        e.span(),
+                        "a dim must be an integer literal, a const generic or `Dyn`",
+                    ))
+                }
+            },
+            GenericArgument::Type(Type::Path(p))
+                if p.qself.is_none()
+                    && p.path.segments.len() == 1
+                    && p.path.segments[0].arguments.is_none() =>
+            {
+                let id = &p.path.segments[0].ident;
+                let name = id.to_string();
+                if name == "Dyn" {
+                    dims.push(DimTok::Dyn);
+                } else if let Some(d) = dtype_named(&name) {
+                    if !last {
+                        return Err(syn::Error::new(
+                            id.span(),
+                            format!("the dtype `{name}` must come last: `Tensor<dims.., {name}>`"),
+                        ));
+                    }
+                    dtype = d;
+                } else if consts.iter().any(|c| c == id) {
+                    dims.push(DimTok::Param(id.clone()));
+                } else {
+                    return Err(syn::Error::new(
+                        id.span(),
+                        format!("unknown dim `{name}`: declare it as a const generic of the method (`const {name}: usize`), or use a literal or `Dyn`"),
+                    ));
+                }
+            }
+            other => {
+                return Err(syn::Error::new(
+                    other.span(),
+                    "a dim must be an integer literal, a const generic or `Dyn`",
+                ))
+            }
+        }
+    }
+    if dims.len() > 6 {
+        return Err(syn::Error::new(
+            ty.span(),
+            format!("tensor types have rank 0 to 6; this one has {}", dims.len()),
+        ));
+    }
+    Ok(Some(TensorTy { dims, dtype }))
+}
+
+/// A field of a model struct.
+#[derive(Clone, Debug)]
+pub enum FieldKind {
+    /// A built-in layer.
+    Layer(LayerSpec),
+    /// An array of `n` of the same thing.
+    Array(Box<FieldKind>, usize),
+}
+
+impl FieldKind {
+    /// The real field type.
+    pub fn real_type(&self) -> TokenStream {
+        match self {
+            FieldKind::Layer(spec) => layer_type(spec),
+            FieldKind::Array(inner, n) => {
+                let t = inner.real_type();
+                let n = proc_macro2::Literal::usize_unsuffixed(*n);
+                quote!([#t; #n])
+            }
+        }
+    }
+}
+
+/// The runtime type of a layer spec, with every const argument spelled out.
+pub fn layer_type(spec: &LayerSpec) -> TokenStream {
+    let l = |n: usize| proc_macro2::Literal::usize_unsuffixed(n);
+    match *spec {
+        LayerSpec::Linear { inputs, outputs } => {
+            let (i, o) = (l(inputs), l(outputs));
+            quote!(::kiln::tensor::nn::Linear<Be, #i, #o>)
+        }
+        LayerSpec::Conv2d {
+            inputs,
+            outputs,
+            kernel,
+            stride,
+            padding,
+            groups,
+        } => {
+            let a = [inputs, outputs, kernel, stride, padding, groups].map(l);
+            quote!(::kiln::tensor::nn::Conv2d<Be, #(#a),*>)
+        }
+        LayerSpec::MaxPool2d { kernel, stride } => {
+            let (k, s) = (l(kernel), l(stride));
+            quote!(::kiln::tensor::nn::MaxPool2d<Be, #k, #s>)
+        }
+        LayerSpec::AvgPool2d { kernel, stride } => {
+            let (k, s) = (l(kernel), l(stride));
+            quote!(::kiln::tensor::nn::AvgPool2d<Be, #k, #s>)
+        }
+        LayerSpec::BatchNorm2d { channels } => {
+            let c = l(channels);
+            quote!(::kiln::tensor::nn::BatchNorm2d<Be, #c>)
+        }
+        LayerSpec::LayerNorm { features } => {
+            let f = l(features);
+            quote!(::kiln::tensor::nn::LayerNorm<Be, #f>)
+        }
+        LayerSpec::Embedding { vocab, features } => {
+            let (v, f) = (l(vocab), l(features));
+            quote!(::kiln::tensor::nn::Embedding<Be, #v, #f>)
+        }
+        LayerSpec::Dropout { percent } => {
+            let p = l(percent);
+            quote!(::kiln::tensor::nn::Dropout<Be, #p>)
+        }
+        LayerSpec::Flatten => quote!(::kiln::tensor::nn::Flatten<Be>),
+    }
+}
+
+/// Parses a field type: a built-in layer or an array of them.
+pub fn parse_field_type(ty: &Type) -> syn::Result<FieldKind> {
+    match ty {
+        Type::Array(a) => {
+            let n = int_literal(&a.len).ok_or_else(|| {
+                syn::Error::new(
+                    a.len.span(),
+                    "the length of an array of layers must be an integer literal",
+                )
+            })?;
+            Ok(FieldKind::Array(Box::new(parse_field_type(&a.elem)?), n))
+        }
+        Type::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
+            let seg = &p.path.segments[0];
+            let name = seg.ident.to_string();
+            let mut args = Vec::new();
+            match &seg.arguments {
+                PathArguments::None => {}
+                PathArguments::AngleBracketed(a) => {
+                    for arg in &a.args {
+                        let n = match arg {
+                            GenericArgument::Const(e) => int_literal(e),
+                            _ => None,
+                        };
+                        args.push(n.ok_or_else(|| {
+                            syn::Error::new(arg.span(), "layer sizes must be integer literals")
+                        })?);
+                    }
+                }
+                PathArguments::Parenthesized(x) => {
+                    return Err(syn::Error::new(
+                        x.span(),
+                        "expected a layer type like `Linear<784, 128>`",
+                    ))
+                }
+            }
+            if !LayerSpec::NAMES.contains(&name.as_str()) {
+                return Err(syn::Error::new(
+                    seg.ident.span(),
+                    format!(
+                        "unknown layer type `{name}`; the built-in layers are {}",
+                        LayerSpec::NAMES.join(", ")
+                    ),
+                ));
+            }
+            LayerSpec::from_type(&name, &args)
+                .map(FieldKind::Layer)
+                .map_err(|m| syn::Error::new(ty.span(), m))
+        }
+        other => Err(syn::Error::new(
+            other.span(),
+            "expected a layer type like `Linear<784, 128>` or an array of layers",
+        )),
+    }
+}

@@ -1,0 +1,150 @@
+//! The macro's graph: `kiln_tensor::ir::Graph` over symbolic dims, plus what code
+//! generation needs to know about it — what each leaf is (an input, a parameter, a
+//! buffer), where each run-time size can be read, and readable names for nodes.
+
+use crate::sym::SDim;
+use kiln_tensor::ir::{Graph, NodeId};
+use kiln_tensor::nn::ParamSpec;
+use kiln_tensor::{Builder, DType, Op, Result, TensorMeta};
+use proc_macro2::TokenStream;
+use std::collections::HashMap;
+use syn::Ident;
+
+/// What a leaf of the graph stands for.
+#[derive(Clone)]
+pub enum Leaf {
+    /// The method argument of this name.
+    Input(Ident),
+    /// A parameter `layer.field` (checkpoint name `key`).
+    Param {
+        /// The layer expression (`self.fc1`).
+        layer: TokenStream,
+        /// The parameter's field.
+        field: Ident,
+        /// The checkpoint name.
+        key: String,
+    },
+    /// A buffer `layer.field` (read with `.get()`).
+    Buffer {
+        /// The layer expression.
+        layer: TokenStream,
+        /// The buffer's field.
+        field: Ident,
+    },
+}
+
+/// A buffer update produced by a training forward pass.
+#[derive(Clone)]
+pub struct Update {
+    /// The layer expression.
+    pub layer: TokenStream,
+    /// The buffer's field.
+    pub field: Ident,
+    /// The node holding the new value.
+    pub node: NodeId,
+}
+
+/// The graph under construction.
+#[derive(Default)]
+pub struct MGraph {
+    /// The nodes.
+    pub g: Graph<SDim>,
+    /// Leaf keys index this.
+    pub leaves: Vec<Leaf>,
+    /// For each run-time size, a node and axis where it can be read.
+    pub origin: HashMap<u32, (NodeId, usize)>,
+    /// Readable names, where a `let` gave one.
+    pub names: Vec<Option<String>>,
+    /// Buffer updates (training only).
+    pub updates: Vec<Update>,
+    /// Dropout layers seen so far (each gets its own seed offset).
+    pub dropouts: u64,
+    /// Parameter leaves by checkpoint name, so a reused layer shares its leaves.
+    param_nodes: HashMap<String, NodeId>,
+}
+
+impl MGraph {
+    fn register(&mut self, node: NodeId) {
+        self.names.resize(self.g.nodes.len(), None);
+        let dims = self.g.nodes[node].meta.dims.clone();
+        for (axis, d) in dims.iter().enumerate() {
+            if let Some(id) = d.as_runtime() {
+                self.origin.entry(id).or_insert((node, axis));
+            }
+        }
+    }
+
+    /// Adds an input leaf.
+    pub fn input(&mut self, name: Ident, dims: Vec<SDim>, dtype: DType) -> NodeId {
+        self.leaves.push(Leaf::Input(name.clone()));
+        let n = self.g.leaf(self.leaves.len() - 1, dims, dtype);
+        self.register(n);
+        self.names[n] = Some(name.to_string());
+        n
+    }
+
+    /// The leaf of a parameter or buffer of `layer` (shared when seen before).
+    pub fn param(
+        &mut self,
+        layer: &TokenStream,
+        layer_key: &str,
+        spec: &ParamSpec,
+        buffer: bool,
+    ) -> NodeId {
+        let key = kiln_tensor::nn::join(layer_key, spec.name);
+        if let Some(&n) = self.param_nodes.get(&key) {
+            return n;
+        }
+        let field = quote::format_ident!("{}", spec.name);
+        self.leaves.push(if buffer {
+            Leaf::Buffer {
+                layer: layer.clone(),
+                field,
+            }
+        } else {
+            Leaf::Param {
+                layer: layer.clone(),
+                field,
+                key: key.clone(),
+            }
+        });
+        let dims = spec
+            .dims
+            .iter()
+            .map(|&d| kiln_tensor::SymDim::lit(d))
+            .collect();
+        let n = self.g.leaf(self.leaves.len() - 1, dims, DType::F32);
+        self.register(n);
+        self.names[n] = Some(key.replace('.', "_"));
+        self.param_nodes.insert(key, n);
+        n
+    }
+
+    /// Names a node (the first name wins).
+    pub fn name(&mut self, node: NodeId, name: &str) {
+        if self.names[node].is_none() {
+            self.names[node] = Some(name.to_string());
+        }
+    }
+}
+
+impl Builder for MGraph {
+    type Dim = SDim;
+    type Value = NodeId;
+
+    fn apply(&mut self, op: Op<SDim>, inputs: &[&NodeId]) -> Result<NodeId> {
+        let n = self.g.apply(op, inputs)?;
+        self.register(n);
+        Ok(n)
+    }
+
+    fn meta(&self, v: &NodeId) -> TensorMeta<SDim> {
+        self.g.meta(v)
+    }
+
+    fn recip_dim(&mut self, like: &NodeId, n: &SDim) -> Result<NodeId> {
+        let r = self.g.recip_dim(like, n)?;
+        self.register(r);
+        Ok(r)
+    }
+}

@@ -1,0 +1,1775 @@
+//! Lowering a method body: every expression becomes nodes of the graph (shapes
+//! inferred symbolically, mismatches reported on the exact sub-expression) and, for
+//! the evaluation pass, the typed Rust that computes it with the inferred types
+//! written back for rustc to re-check.
+
+use crate::dsl::{dtype_type, parse_tensor_type, real_type, shape_type, FieldKind, TensorTy};
+use crate::graph::MGraph;
+use crate::structs::ModelField;
+use crate::sym::{f64_tokens, SDim};
+use kiln_tensor::ir::NodeId;
+use kiln_tensor::nn::{LayerSpec, Mode};
+use kiln_tensor::op::fmt_dims;
+use kiln_tensor::{BinaryOp, BuilderExt, DType, Error, SymDim, UnaryOp};
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote, ToTokens};
+use std::collections::HashMap;
+use syn::spanned::Spanned;
+use syn::{Expr, FnArg, GenericParam, Ident, ImplItemFn, Pat, ReturnType, Stmt, Type};
+
+/// The last statement of a method's body, or its braces when it is empty: where a
+/// result mismatch is reported.
+struct FinalExpr<'m>(&'m MethodSig);
+
+impl ToTokens for FinalExpr<'_> {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        let b = &self.0.item.block;
+        match b.stmts.last() {
+            Some(s) => s.to_tokens(tokens),
+            None => b.to_tokens(tokens),
+        }
+    }
+}
+
+/// A method of the `#[model] impl`, with its signature parsed.
+#[derive(Clone)]
+pub struct MethodSig {
+    /// The method as written.
+    pub item: ImplItemFn,
+    /// Its const generic parameters.
+    pub consts: Vec<Ident>,
+    /// Its tensor arguments.
+    pub args: Vec<(Ident, TensorTy)>,
+    /// Its result (one tensor, or the elements of a tuple).
+    pub ret: Vec<TensorTy>,
+    /// Whether the result is a tuple.
+    pub ret_tuple: bool,
+}
+
+impl MethodSig {
+    /// The method's name.
+    pub fn name(&self) -> &Ident {
+        &self.item.sig.ident
+    }
+
+    /// Whether it returns one scalar (then it gets a `_and_grad` twin).
+    pub fn is_scalar_loss(&self) -> bool {
+        !self.ret_tuple
+            && self.ret.len() == 1
+            && self.ret[0].dims.is_empty()
+            && self.ret[0].dtype.is_float()
+    }
+}
+
+/// Parses a method's signature: `&self`, const generics, tensor arguments and result.
+pub fn parse_method(item: &ImplItemFn) -> syn::Result<MethodSig> {
+    let sig = &item.sig;
+    let mut consts = Vec::new();
+    for p in &sig.generics.params {
+        match p {
+            GenericParam::Const(c) => consts.push(c.ident.clone()),
+            other => {
+                return Err(syn::Error::new(
+                    other.span(),
+                    "model methods take only const generic parameters (`const B: usize`); the backend is `Be`",
+                ))
+            }
+        }
+    }
+    let mut inputs = sig.inputs.iter();
+    match inputs.next() {
+        Some(FnArg::Receiver(r)) if r.reference.is_some() && r.mutability.is_none() => {}
+        _ => {
+            return Err(syn::Error::new(
+                sig.span(),
+                "model methods take `&self` first",
+            ))
+        }
+    }
+    let mut args = Vec::new();
+    for a in inputs {
+        let FnArg::Typed(pt) = a else {
+            unreachable!("only the first argument can be self")
+        };
+        let Pat::Ident(pi) = &*pt.pat else {
+            return Err(syn::Error::new(
+                pt.pat.span(),
+                "name each argument with a plain identifier",
+            ));
+        };
+        let ty = parse_tensor_type(&pt.ty, &consts)?.ok_or_else(|| {
+            syn::Error::new(
+                pt.ty.span(),
+                "model method arguments are tensors: `Tensor<B, 784>`",
+            )
+        })?;
+        args.push((pi.ident.clone(), ty));
+    }
+    let (ret, ret_tuple) = match &sig.output {
+        ReturnType::Default => {
+            return Err(syn::Error::new(
+                sig.span(),
+                "a model method returns a tensor (or a tuple of tensors)",
+            ))
+        }
+        ReturnType::Type(_, t) => match &**t {
+            Type::Tuple(tt) => {
+                let r = tt
+                    .elems
+                    .iter()
+                    .map(|e| {
+                        parse_tensor_type(e, &consts)?
+                            .ok_or_else(|| syn::Error::new(e.span(), "expected a tensor type"))
+                    })
+                    .collect::<syn::Result<Vec<_>>>()?;
+                (r, true)
+            }
+            t => (
+                vec![parse_tensor_type(t, &consts)?.ok_or_else(|| {
+                    syn::Error::new(t.span(), "expected a tensor type like `Tensor<B, 10>`")
+                })?],
+                false,
+            ),
+        },
+    };
+    Ok(MethodSig {
+        item: item.clone(),
+        consts,
+        args,
+        ret,
+        ret_tuple,
+    })
+}
+
+/// A layer reachable from `self`.
+#[derive(Clone)]
+pub struct LayerRef {
+    /// The expression for it (`self.fc1`, `self.blocks[2]`).
+    pub path: TokenStream,
+    /// How messages name it (`self.fc1`).
+    pub display: String,
+    /// Its checkpoint prefix (`fc1`, `blocks.2`).
+    pub key: String,
+    /// What it is.
+    pub kind: FieldKind,
+}
+
+/// A value during lowering.
+#[derive(Clone)]
+pub enum Val {
+    /// A tensor: its node, and (evaluation pass) the typed expression computing it.
+    T(NodeId, TokenStream),
+    /// A layer or an array of layers.
+    Layer(LayerRef),
+    /// A tuple.
+    Tuple(Vec<Val>),
+    /// A numeric literal.
+    Scalar(f64),
+    /// The result of an expression that failed to lower (already reported).
+    Unknown,
+}
+
+/// Lowers method bodies of one model.
+pub struct Lower<'a> {
+    /// The model's fields.
+    pub fields: &'a [ModelField],
+    /// Every method of the impl (for inlining calls between them).
+    pub methods: &'a [MethodSig],
+    /// The graph.
+    pub mg: MGraph,
+    /// Training or evaluation semantics.
+    pub mode: Mode,
+    /// Whether to emit typed code (the evaluation pass).
+    typed: bool,
+    /// Errors found so far.
+    pub errors: Vec<syn::Error>,
+    scopes: Vec<HashMap<String, (Val, Ident)>>,
+    /// Typed statements emitted so far.
+    pub stmts: Vec<TokenStream>,
+    /// The const generics in scope (inlined methods map theirs to the caller's dims).
+    consts: Vec<HashMap<String, SDim>>,
+    used_names: HashMap<String, usize>,
+    depth: usize,
+}
+
+type LResult<T> = Result<T, ()>;
+
+/// Source-like text of an expression for messages: `self.fc1(x)`, not `self . fc1 (x)`.
+fn src(e: &impl ToTokens) -> String {
+    let mut s = e.to_token_stream().to_string();
+    for (from, to) in [
+        (" . ", "."),
+        (" (", "("),
+        ("( ", "("),
+        (" )", ")"),
+        (" ,", ","),
+        (" :: ", "::"),
+        (" [", "["),
+        ("[ ", "["),
+        (" ]", "]"),
+        ("& ", "&"),
+        (" ?", "?"),
+        (" < ", "<"),
+        ("< ", "<"),
+        (" >", ">"),
+        ("! (", "!("),
+    ] {
+        s = s.replace(from, to);
+    }
+    s
+}
+
+impl<'a> Lower<'a> {
+    /// A lowering of `methods` of a model with `fields`.
+    pub fn new(
+        fields: &'a [ModelField],
+        methods: &'a [MethodSig],
+        mode: Mode,
+        typed: bool,
+    ) -> Self {
+        Lower {
+            fields,
+            methods,
+            mg: MGraph::default(),
+            mode,
+            typed,
+            errors: Vec::new(),
+            scopes: vec![HashMap::new()],
+            stmts: Vec::new(),
+            consts: vec![],
+            used_names: HashMap::new(),
+            depth: 0,
+        }
+    }
+
+    /// Reports an error underlining all of `at` (a whole sub-expression on stable
+    /// rustc too: `new_spanned` spans the first to the last token).
+    fn err(&mut self, at: &dyn ToTokens, msg: impl Into<String>) {
+        self.errors
+            .push(syn::Error::new_spanned(at.to_token_stream(), msg.into()));
+    }
+
+    fn dims(&self, n: NodeId) -> Vec<SDim> {
+        self.mg.g.nodes[n].meta.dims.clone()
+    }
+
+    fn dtype(&self, n: NodeId) -> DType {
+        self.mg.g.nodes[n].meta.dtype
+    }
+
+    fn shape_str(&self, n: NodeId) -> String {
+        fmt_dims(&self.dims(n))
+    }
+
+    /// A fresh emitted variable name for a user binding `name`.
+    fn fresh(&mut self, name: &str) -> Ident {
+        let c = self.used_names.entry(name.to_string()).or_insert(0);
+        *c += 1;
+        if *c == 1 {
+            format_ident!("{}", name)
+        } else {
+            format_ident!("{}_{}", name, c)
+        }
+    }
+
+    fn bind(&mut self, name: &str, v: Val, emitted: Ident) {
+        self.scopes
+            .last_mut()
+            .expect("a scope")
+            .insert(name.to_string(), (v, emitted));
+    }
+
+    fn lookup(&self, name: &str) -> Option<(Val, Ident)> {
+        self.scopes.iter().rev().find_map(|s| s.get(name).cloned())
+    }
+
+    fn resolve_dims(&self, ty: &TensorTy) -> Vec<SDim> {
+        let frame = self.consts.last();
+        ty.dims
+            .iter()
+            .map(|d| match d {
+                crate::dsl::DimTok::Lit(n) => SDim::lit(*n),
+                crate::dsl::DimTok::Param(p) => frame
+                    .and_then(|f| f.get(&p.to_string()).cloned())
+                    .unwrap_or_else(|| SDim::param(&p.to_string())),
+                crate::dsl::DimTok::Dyn => SDim::fresh_runtime(),
+            })
+            .collect()
+    }
+
+    /// The typed type of a node.
+    fn ty(&self, n: NodeId) -> TokenStream {
+        real_type(&self.dims(n), self.dtype(n))
+    }
+
+    /// A typed expression wrapping a raw expression as the node's inferred type.
+    fn wrap_raw(&self, n: NodeId, raw: TokenStream) -> TokenStream {
+        let ty = self.ty(n);
+        quote!(<#ty>::from_raw(#raw)?)
+    }
+
+    // ---- method bodies ------------------------------------------------------------
+
+    /// Lowers a top-level method: arguments become inputs; returns the result value.
+    pub fn lower_method(&mut self, m: &MethodSig) -> LResult<Val> {
+        let frame: HashMap<String, SDim> = m
+            .consts
+            .iter()
+            .map(|c| (c.to_string(), SDim::param(&c.to_string())))
+            .collect();
+        self.consts.push(frame);
+        for (name, ty) in &m.args {
+            let dims = self.resolve_dims(ty);
+            let n = self.mg.input(name.clone(), dims, ty.dtype);
+            let id = self.fresh(&name.to_string());
+            if self.typed {
+                self.stmts.push(quote!(let #id = #name.clone();));
+            }
+            self.bind(&name.to_string(), Val::T(n, quote!(#id)), id);
+        }
+        let r = self.lower_block_stmts(&m.item.block.stmts, &m.item.block);
+        let r = r.and_then(|v| self.check_result(m, v, &FinalExpr(m)));
+        self.consts.pop();
+        r
+    }
+
+    /// Checks the body's value against the declared result.
+    fn check_result(&mut self, m: &MethodSig, v: Val, span: &dyn ToTokens) -> LResult<Val> {
+        let parts: Vec<Val> = match (&v, m.ret_tuple) {
+            (Val::Unknown, _) => return Err(()),
+            (Val::Tuple(p), true) => p.clone(),
+            (Val::T(..), false) => vec![v.clone()],
+            _ => {
+                let want = if m.ret_tuple {
+                    "a tuple of tensors"
+                } else {
+                    "a tensor"
+                };
+                self.err(
+                    span,
+                    format!(
+                        "`{}` returns {want}, but the body produces something else",
+                        m.name()
+                    ),
+                );
+                return Err(());
+            }
+        };
+        if parts.len() != m.ret.len() {
+            self.err(
+                span,
+                format!(
+                    "`{}` returns {} tensors, but the body produces {}",
+                    m.name(),
+                    m.ret.len(),
+                    parts.len()
+                ),
+            );
+            return Err(());
+        }
+        for (p, want) in parts.iter().zip(&m.ret) {
+            let Val::T(n, _) = p else {
+                self.err(span, "expected a tensor here");
+                return Err(());
+            };
+            let want_dims = self.resolve_dims(want);
+            let got = self.dims(*n);
+            let rank_ok = got.len() == want_dims.len();
+            let mut bad = !rank_ok;
+            let mut dyn_for_static = false;
+            if rank_ok {
+                for (g, w) in got.iter().zip(&want_dims) {
+                    match g.matches(w) {
+                        Some(false) => bad = true,
+                        None if w.as_runtime().is_none() && g.as_runtime().is_some() => {
+                            dyn_for_static = true
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            if bad {
+                self.err(
+                    span,
+                    format!(
+                        "shape mismatch: `{}` returns {} but the body produces {}",
+                        m.name(),
+                        fmt_dims(&want_dims),
+                        fmt_dims(&got)
+                    ),
+                );
+                return Err(());
+            }
+            if dyn_for_static {
+                self.err(
+                    span,
+                    format!(
+                        "`{}` returns {}, but the body produces {}: a size known only at run time (Dyn) where the signature requires a static one",
+                        m.name(),
+                        fmt_dims(&want_dims),
+                        fmt_dims(&got)
+                    ),
+                );
+                return Err(());
+            }
+            if self.dtype(*n) != want.dtype {
+                self.err(
+                    span,
+                    format!(
+                        "dtype mismatch: `{}` returns {} but the body produces {}",
+                        m.name(),
+                        want.dtype,
+                        self.dtype(*n)
+                    ),
+                );
+                return Err(());
+            }
+        }
+        Ok(v)
+    }
+
+    fn lower_block_stmts(&mut self, stmts: &[Stmt], span: &dyn ToTokens) -> LResult<Val> {
+        let mut last = None;
+        for (i, s) in stmts.iter().enumerate() {
+            let is_last = i + 1 == stmts.len();
+            match s {
+                Stmt::Local(local) => {
+                    let Some(init) = &local.init else {
+                        self.err(&local, "a `let` in a model method needs a value");
+                        continue;
+                    };
+                    if init.diverge.is_some() {
+                        self.err(&local, "`let ... else` is not supported in model methods");
+                        continue;
+                    }
+                    let v = self.lower_expr(&init.expr).unwrap_or(Val::Unknown);
+                    self.bind_pat(&local.pat, v, &init.expr);
+                }
+                Stmt::Expr(e, semi) => {
+                    if let Expr::ForLoop(f) = e {
+                        self.lower_for(f);
+                        continue;
+                    }
+                    if let Expr::Assign(a) = e {
+                        let v = self.lower_expr(&a.right).unwrap_or(Val::Unknown);
+                        match &*a.left {
+                            Expr::Path(p) if p.path.get_ident().is_some() => {
+                                let name = p.path.get_ident().expect("checked").to_string();
+                                if self.lookup(&name).is_none() {
+                                    self.err(
+                                        &p,
+                                        format!("cannot assign to unknown variable `{name}`"),
+                                    );
+                                    continue;
+                                }
+                                self.bind_name(&name, v, &a.right);
+                            }
+                            other => self.err(
+                                &other,
+                                "only plain variables can be assigned in model methods",
+                            ),
+                        }
+                        continue;
+                    }
+                    if semi.is_some() || !is_last {
+                        self.err(&e, "a statement in a model method must be a `let`, an assignment or a `for` loop over layers");
+                        continue;
+                    }
+                    last = Some(self.lower_expr(e));
+                }
+                Stmt::Item(it) => self.err(&it, "items cannot be declared inside model methods"),
+                Stmt::Macro(m) => self.err(&m, "macros are not supported inside model methods"),
+            }
+        }
+        match last {
+            Some(v) => v,
+            None => {
+                self.err(
+                    span,
+                    "a model method block must end with the value it returns",
+                );
+                Err(())
+            }
+        }
+    }
+
+    fn bind_pat(&mut self, pat: &Pat, v: Val, expr: &Expr) {
+        match pat {
+            Pat::Ident(pi) => self.bind_name(&pi.ident.to_string(), v, expr),
+            Pat::Type(pt) => {
+                let consts: Vec<Ident> = self
+                    .consts
+                    .last()
+                    .map(|f| f.keys().map(|k| format_ident!("{}", k)).collect())
+                    .unwrap_or_default();
+                match parse_tensor_type(&pt.ty, &consts) {
+                    Ok(Some(ty)) => {
+                        if let Val::T(n, _) = &v {
+                            let want = self.resolve_dims(&ty);
+                            let got = self.dims(*n);
+                            let ok = want.len() == got.len()
+                                && want
+                                    .iter()
+                                    .zip(&got)
+                                    .all(|(a, b)| a.matches(b) != Some(false));
+                            if !ok || ty.dtype != self.dtype(*n) {
+                                self.err(
+                                    &expr,
+                                    format!(
+                                        "shape mismatch: `{}` is annotated {} {} but the expression has shape {} {}",
+                                        src(&pt.pat),
+                                        fmt_dims(&want),
+                                        ty.dtype,
+                                        fmt_dims(&got),
+                                        self.dtype(*n)
+                                    ),
+                                );
+                                self.bind_pat(&pt.pat, Val::Unknown, expr);
+                                return;
+                            }
+                        }
+                        self.bind_pat(&pt.pat, v, expr)
+                    }
+                    Ok(None) => self.err(&pt.ty, "expected a tensor type like `Tensor<B, 10>`"),
+                    Err(e) => self.errors.push(e),
+                }
+            }
+            Pat::Tuple(pt) => match v {
+                Val::Tuple(parts) if parts.len() == pt.elems.len() => {
+                    for (p, part) in pt.elems.iter().zip(parts) {
+                        self.bind_pat(p, part, expr);
+                    }
+                }
+                Val::Unknown => {
+                    for p in &pt.elems {
+                        self.bind_pat(p, Val::Unknown, expr);
+                    }
+                }
+                _ => self.err(&pat, "this pattern does not match the value's tuple shape"),
+            },
+            Pat::Wild(_) => {}
+            other => self.err(&other, "use a name or a tuple of names here"),
+        }
+    }
+
+    fn bind_name(&mut self, name: &str, v: Val, _expr: &Expr) {
+        let id = self.fresh(name);
+        let v = match v {
+            Val::T(n, code) => {
+                self.mg.name(n, name);
+                if self.typed {
+                    let ty = self.ty(n);
+                    self.stmts.push(quote!(let #id: #ty = #code;));
+                }
+                Val::T(n, quote!(#id))
+            }
+            other => other,
+        };
+        self.bind(name, v, id);
+    }
+
+    fn lower_for(&mut self, f: &syn::ExprForLoop) {
+        let iter = match &*f.expr {
+            Expr::Reference(r) => &*r.expr,
+            Expr::MethodCall(mc) if mc.method == "iter" && mc.args.is_empty() => &*mc.receiver,
+            other => other,
+        };
+        let Ok(Val::Layer(arr)) = self.lower_expr(iter) else {
+            self.err(&f.expr, "a `for` loop in a model method must run over an array of layers: `for layer in &self.blocks`");
+            return;
+        };
+        let FieldKind::Array(inner, n) = &arr.kind else {
+            self.err(
+                &f.expr,
+                format!(
+                    "`{}` is a single layer, not an array of layers",
+                    arr.display
+                ),
+            );
+            return;
+        };
+        let Pat::Ident(pi) = &*f.pat else {
+            self.err(&f.pat, "name the loop variable with a plain identifier");
+            return;
+        };
+        for i in 0..*n {
+            let path = &arr.path;
+            let idx = proc_macro2::Literal::usize_unsuffixed(i);
+            let layer = LayerRef {
+                path: quote!(#path[#idx]),
+                display: format!("{}[{i}]", arr.display),
+                key: kiln_tensor::nn::join(&arr.key, &i.to_string()),
+                kind: (**inner).clone(),
+            };
+            self.scopes.push(HashMap::new());
+            self.bind(&pi.ident.to_string(), Val::Layer(layer), pi.ident.clone());
+            for s in &f.body.stmts {
+                match s {
+                    Stmt::Expr(Expr::Assign(a), _) => {
+                        let v = self.lower_expr(&a.right).unwrap_or(Val::Unknown);
+                        match &*a.left {
+                            Expr::Path(p) if p.path.get_ident().is_some() => {
+                                let name = p.path.get_ident().expect("checked").to_string();
+                                // Assignments inside the loop rebind the outer variable.
+                                self.scopes.pop();
+                                if self.lookup(&name).is_none() {
+                                    self.err(
+                                        &p,
+                                        format!("cannot assign to unknown variable `{name}`"),
+                                    );
+                                } else {
+                                    self.bind_name(&name, v, &a.right);
+                                }
+                                self.scopes.push(HashMap::new());
+                                let layer_val = Val::Layer(LayerRef {
+                                    path: quote!(#path[#idx]),
+                                    display: format!("{}[{i}]", arr.display),
+                                    key: kiln_tensor::nn::join(&arr.key, &i.to_string()),
+                                    kind: (**inner).clone(),
+                                });
+                                self.bind(&pi.ident.to_string(), layer_val, pi.ident.clone());
+                            }
+                            other => self.err(
+                                &other,
+                                "only plain variables can be assigned in model methods",
+                            ),
+                        }
+                    }
+                    Stmt::Local(local) => {
+                        let Some(init) = &local.init else {
+                            self.err(&local, "a `let` needs a value");
+                            continue;
+                        };
+                        let v = self.lower_expr(&init.expr).unwrap_or(Val::Unknown);
+                        self.bind_pat(&local.pat, v, &init.expr);
+                    }
+                    other => self.err(
+                        &other,
+                        "a loop body may hold `let` statements and assignments",
+                    ),
+                }
+            }
+            self.scopes.pop();
+        }
+    }
+
+    // ---- expressions ----------------------------------------------------------------
+
+    /// Lowers an expression. `Err(())` means an error was reported.
+    pub fn lower_expr(&mut self, e: &Expr) -> LResult<Val> {
+        match e {
+            Expr::Paren(p) => self.lower_expr(&p.expr),
+            Expr::Group(g) => self.lower_expr(&g.expr),
+            Expr::Reference(r) => self.lower_expr(&r.expr),
+            Expr::Lit(l) => match &l.lit {
+                syn::Lit::Float(f) => Ok(Val::Scalar(f.base10_parse().map_err(|_| ())?)),
+                syn::Lit::Int(i) => {
+                    Ok(Val::Scalar(i.base10_parse::<i64>().map_err(|_| ())? as f64))
+                }
+                _ => {
+                    self.err(&l, "only numeric literals can appear in model methods");
+                    Err(())
+                }
+            },
+            Expr::Path(p) => {
+                let Some(id) = p.path.get_ident() else {
+                    self.err(&p, "unknown name in a model method");
+                    return Err(());
+                };
+                match self.lookup(&id.to_string()) {
+                    Some((Val::Unknown, _)) => Err(()),
+                    Some((v, _)) => Ok(v),
+                    None => {
+                        self.err(&id, format!("unknown variable `{id}`"));
+                        Err(())
+                    }
+                }
+            }
+            Expr::Tuple(t) => {
+                let parts: Vec<Val> = t
+                    .elems
+                    .iter()
+                    .map(|x| self.lower_expr(x).unwrap_or(Val::Unknown))
+                    .collect();
+                if parts.iter().any(|p| matches!(p, Val::Unknown)) {
+                    return Err(());
+                }
+                Ok(Val::Tuple(parts))
+            }
+            Expr::Block(b) => {
+                self.scopes.push(HashMap::new());
+                let r = self.lower_block_stmts(&b.block.stmts, b);
+                self.scopes.pop();
+                r
+            }
+            Expr::Field(f) => self.lower_field(f),
+            Expr::Index(ix) => {
+                let base = self.lower_expr(&ix.expr)?;
+                let Val::Layer(arr) = base else {
+                    self.err(&ix, "only arrays of layers can be indexed in model methods");
+                    return Err(());
+                };
+                let FieldKind::Array(inner, n) = &arr.kind else {
+                    self.err(&ix, format!("`{}` is not an array of layers", arr.display));
+                    return Err(());
+                };
+                let i = match &*ix.index {
+                    Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Int(i),
+                        ..
+                    }) => i.base10_parse::<usize>().map_err(|_| ())?,
+                    other => {
+                        self.err(&other, "index arrays of layers with an integer literal");
+                        return Err(());
+                    }
+                };
+                if i >= *n {
+                    self.err(
+                        &ix.index,
+                        format!(
+                            "index {i} is out of bounds for `{}`, which holds {n} layers",
+                            arr.display
+                        ),
+                    );
+                    return Err(());
+                }
+                let path = &arr.path;
+                let idx = proc_macro2::Literal::usize_unsuffixed(i);
+                Ok(Val::Layer(LayerRef {
+                    path: quote!(#path[#idx]),
+                    display: format!("{}[{i}]", arr.display),
+                    key: kiln_tensor::nn::join(&arr.key, &i.to_string()),
+                    kind: (**inner).clone(),
+                }))
+            }
+            Expr::Call(c) => {
+                let f = self.lower_expr(&c.func)?;
+                match f {
+                    Val::Layer(l) => {
+                        self.call_layer_args(&l, &c.args.iter().collect::<Vec<_>>(), c)
+                    }
+                    _ => {
+                        self.err(
+                            &c.func,
+                            "only layers can be called like functions in model methods",
+                        );
+                        Err(())
+                    }
+                }
+            }
+            Expr::MethodCall(mc) => self.lower_method_call(mc),
+            Expr::Binary(b) => self.lower_binary(b),
+            Expr::Unary(u) => match u.op {
+                syn::UnOp::Neg(_) => match self.lower_expr(&u.expr)? {
+                    Val::Scalar(s) => Ok(Val::Scalar(-s)),
+                    Val::T(n, code) => self.unary(n, code, UnaryOp::Neg, u),
+                    _ => {
+                        self.err(&u, "only tensors and numbers can be negated");
+                        Err(())
+                    }
+                },
+                _ => {
+                    self.err(&u, "this operator is not supported in model methods");
+                    Err(())
+                }
+            },
+            other => {
+                self.err(&other, "this expression is not supported in model methods");
+                Err(())
+            }
+        }
+    }
+
+    fn field(&self, name: &str) -> Option<&'a ModelField> {
+        self.fields.iter().find(|f| f.ident == name)
+    }
+
+    fn is_self(e: &Expr) -> bool {
+        matches!(e, Expr::Path(p) if p.path.is_ident("self"))
+    }
+
+    fn lower_field(&mut self, f: &syn::ExprField) -> LResult<Val> {
+        if !Self::is_self(&f.base) {
+            self.err(
+                &f,
+                "only the model's own layers (`self.name`) can be accessed in model methods",
+            );
+            return Err(());
+        }
+        let syn::Member::Named(name) = &f.member else {
+            self.err(&f.member, "model fields have names");
+            return Err(());
+        };
+        match self.field(&name.to_string()) {
+            Some(field) => Ok(Val::Layer(LayerRef {
+                path: quote!(self.#name),
+                display: format!("self.{name}"),
+                key: name.to_string(),
+                kind: field.kind.clone(),
+            })),
+            None => {
+                let known: Vec<String> = self.fields.iter().map(|f| f.ident.to_string()).collect();
+                self.err(
+                    &name,
+                    format!(
+                        "the model has no layer `{name}`; its layers are {}",
+                        known.join(", ")
+                    ),
+                );
+                Err(())
+            }
+        }
+    }
+
+    fn call_layer_args(
+        &mut self,
+        l: &LayerRef,
+        args: &[&Expr],
+        span: &dyn ToTokens,
+    ) -> LResult<Val> {
+        if args.len() != 1 {
+            self.err(
+                span,
+                format!("`{}` takes one input, got {}", l.display, args.len()),
+            );
+            return Err(());
+        }
+        let x = self.lower_expr(args[0])?;
+        self.call_layer(l, x, args[0], span)
+    }
+
+    /// Applies a layer to a value.
+    fn call_layer(
+        &mut self,
+        l: &LayerRef,
+        x: Val,
+        arg: &Expr,
+        span: &dyn ToTokens,
+    ) -> LResult<Val> {
+        let spec = match &l.kind {
+            FieldKind::Layer(s) => s.clone(),
+            FieldKind::Array(_, n) => {
+                self.err(
+                    span,
+                    format!(
+                        "`{}` is an array of {n} layers; call one (`{}[0]`) or loop over them",
+                        l.display, l.display
+                    ),
+                );
+                return Err(());
+            }
+        };
+        let Val::T(xn, xcode) = x else {
+            if !matches!(x, Val::Unknown) {
+                self.err(&arg, format!("`{}` takes a tensor", l.display));
+            }
+            return Err(());
+        };
+        let dims = self.dims(xn);
+        if let Err(_m) = spec.check_input(&dims) {
+            self.err(
+                &arg,
+                format!(
+                    "shape mismatch: `{}` is {spec} and expects input {}, but `{}` has shape {}",
+                    l.display,
+                    spec.expected_input(),
+                    src(arg),
+                    fmt_dims(&dims)
+                ),
+            );
+            return Err(());
+        }
+        let wants_ids = matches!(spec, LayerSpec::Embedding { .. });
+        let dt = self.dtype(xn);
+        if wants_ids != dt.is_int() || (!wants_ids && !dt.is_float()) {
+            let want = if wants_ids {
+                "integer ids (i32)"
+            } else {
+                "a float tensor"
+            };
+            self.err(
+                &arg,
+                format!(
+                    "dtype mismatch: `{}` is {spec} and takes {want}, but `{}` is {dt}",
+                    l.display,
+                    src(arg)
+                ),
+            );
+            return Err(());
+        }
+        let mut leaves = Vec::new();
+        for p in spec.params() {
+            leaves.push(self.mg.param(&l.path, &l.key, &p, false));
+        }
+        for b in spec.buffers() {
+            leaves.push(self.mg.param(&l.path, &l.key, &b, true));
+        }
+        let refs: Vec<&NodeId> = leaves.iter().collect();
+        let mode = match self.mode {
+            Mode::Train { .. } => {
+                let ordinal = self.mg.dropouts;
+                if matches!(spec, LayerSpec::Dropout { .. }) {
+                    self.mg.dropouts += 1;
+                }
+                Mode::Train { seed: ordinal }
+            }
+            Mode::Eval => Mode::Eval,
+        };
+        let out = match spec.forward(&mut self.mg, &refs, &xn, mode) {
+            Ok(o) => o,
+            Err(e) => {
+                self.err(
+                    span,
+                    format!(
+                        "`{}` ({spec}) cannot run on `{}` of shape {}: {}",
+                        l.display,
+                        src(arg),
+                        fmt_dims(&dims),
+                        describe(&e)
+                    ),
+                );
+                return Err(());
+            }
+        };
+        for (name, node) in out.updates {
+            self.mg.updates.push(crate::graph::Update {
+                layer: l.path.clone(),
+                field: format_ident!("{}", name),
+                node,
+            });
+        }
+        let y = out.y;
+        let code = if self.typed {
+            self.layer_code(l, &spec, xn, &xcode, y, span)?
+        } else {
+            quote!()
+        };
+        Ok(Val::T(y, code))
+    }
+
+    /// The typed call of a layer.
+    fn layer_code(
+        &mut self,
+        l: &LayerRef,
+        spec: &LayerSpec,
+        x: NodeId,
+        xcode: &TokenStream,
+        y: NodeId,
+        span: &dyn ToTokens,
+    ) -> LResult<TokenStream> {
+        let path = &l.path;
+        let eval = quote!(::kiln::tensor::nn::Mode::Eval);
+        Ok(match spec {
+            LayerSpec::Linear { .. } | LayerSpec::LayerNorm { .. } => {
+                quote!(#path.forward(&#xcode)?)
+            }
+            LayerSpec::BatchNorm2d { .. } | LayerSpec::Dropout { .. } => {
+                quote!(#path.forward(&#xcode, #eval)?)
+            }
+            LayerSpec::Conv2d { .. }
+            | LayerSpec::MaxPool2d { .. }
+            | LayerSpec::AvgPool2d { .. } => {
+                let (xd, yd) = (self.dims(x), self.dims(y));
+                let lits: Option<Vec<usize>> = [&xd[2], &xd[3], &yd[2], &yd[3]]
+                    .iter()
+                    .map(|d| d.as_lit())
+                    .collect();
+                let Some(l4) = lits else {
+                    self.err(span, format!("`{}` needs the height and width of its input to be literal sizes, but they are {} and {}", l.display, xd[2], xd[3]));
+                    return Err(());
+                };
+                let [h, w, oh, ow] =
+                    [l4[0], l4[1], l4[2], l4[3]].map(proc_macro2::Literal::usize_unsuffixed);
+                quote!(#path.forward::<_, _, #h, #w, #oh, #ow>(&#xcode)?)
+            }
+            LayerSpec::Flatten => {
+                let s = shape_type(&self.dims(y));
+                quote!(#xcode.reshape::<#s>()?)
+            }
+            LayerSpec::Embedding { .. } => {
+                if self.dims(x).len() == 2 {
+                    quote!(#path.forward(&#xcode)?)
+                } else {
+                    self.wrap_raw(y, quote!(#path.forward_raw(#xcode.raw(), #eval)?))
+                }
+            }
+        })
+    }
+
+    fn lower_method_call(&mut self, mc: &syn::ExprMethodCall) -> LResult<Val> {
+        let method = mc.method.to_string();
+        // `self.fc1(x)`: a layer call; `self.helper(x)`: an inlined method call.
+        if Self::is_self(&mc.receiver) {
+            if let Some(field) = self.field(&method) {
+                let l = LayerRef {
+                    path: {
+                        let m = &mc.method;
+                        quote!(self.#m)
+                    },
+                    display: format!("self.{method}"),
+                    key: method.clone(),
+                    kind: field.kind.clone(),
+                };
+                return self.call_layer_args(&l, &mc.args.iter().collect::<Vec<_>>(), mc);
+            }
+            if let Some(m) = self.methods.iter().find(|m| *m.name() == method).cloned() {
+                return self.inline_call(&m, mc);
+            }
+            let known: Vec<String> = self
+                .fields
+                .iter()
+                .map(|f| f.ident.to_string())
+                .chain(self.methods.iter().map(|m| m.name().to_string()))
+                .collect();
+            self.err(
+                &mc.method,
+                format!(
+                    "unknown layer or method `{method}`; this model has {}",
+                    known.join(", ")
+                ),
+            );
+            return Err(());
+        }
+        let recv = self.lower_expr(&mc.receiver)?;
+        if let Val::Layer(l) = &recv {
+            if method == "forward" {
+                return self.call_layer_args(l, &mc.args.iter().collect::<Vec<_>>(), mc);
+            }
+            self.err(
+                &mc.method,
+                format!(
+                    "`{}` is a layer; call it with `{}(x)` or `.forward(x)`",
+                    l.display, l.display
+                ),
+            );
+            return Err(());
+        }
+        let Val::T(n, code) = recv else {
+            self.err(&mc.receiver, format!("`.{method}()` needs a tensor"));
+            return Err(());
+        };
+        self.tensor_method(n, code, mc)
+    }
+
+    fn inline_call(&mut self, m: &MethodSig, mc: &syn::ExprMethodCall) -> LResult<Val> {
+        if self.depth > 16 {
+            self.err(
+                &mc,
+                "model methods call each other too deeply (recursion is not supported)",
+            );
+            return Err(());
+        }
+        if mc.args.len() != m.args.len() {
+            self.err(
+                &mc,
+                format!(
+                    "`{}` takes {} arguments, got {}",
+                    m.name(),
+                    m.args.len(),
+                    mc.args.len()
+                ),
+            );
+            return Err(());
+        }
+        let mut frame: HashMap<String, SDim> = HashMap::new();
+        let mut bound = Vec::new();
+        let mut codes = Vec::new();
+        for (arg, (pname, pty)) in mc.args.iter().zip(&m.args) {
+            let v = self.lower_expr(arg)?;
+            let Val::T(n, code) = v else {
+                self.err(&arg, format!("`{}` takes a tensor for `{pname}`", m.name()));
+                return Err(());
+            };
+            let got = self.dims(n);
+            if got.len() != pty.dims.len() || self.dtype(n) != pty.dtype {
+                self.err(
+                    &arg,
+                    format!(
+                        "`{}` takes `{pname}` of rank {} {}, but `{}` has shape {} {}",
+                        m.name(),
+                        pty.dims.len(),
+                        pty.dtype,
+                        src(arg),
+                        fmt_dims(&got),
+                        self.dtype(n)
+                    ),
+                );
+                return Err(());
+            }
+            for (d, g) in pty.dims.iter().zip(&got) {
+                match d {
+                    crate::dsl::DimTok::Lit(l) => {
+                        if g.matches(&SDim::lit(*l)) == Some(false) {
+                            self.err(&arg, format!("shape mismatch: `{}` takes `{pname}` with a dim of {l}, but `{}` has shape {}", m.name(), src(arg), fmt_dims(&got)));
+                            return Err(());
+                        }
+                    }
+                    crate::dsl::DimTok::Param(p) => {
+                        let key = p.to_string();
+                        if let Some(prev) = frame.get(&key) {
+                            if prev.matches(g) == Some(false) {
+                                self.err(&arg, format!("shape mismatch: `{}` needs `{key}` = {prev} from an earlier argument, but `{}` has {g} there", m.name(), src(arg)));
+                                return Err(());
+                            }
+                        } else {
+                            frame.insert(key, g.clone());
+                        }
+                    }
+                    crate::dsl::DimTok::Dyn => {}
+                }
+            }
+            bound.push((pname.to_string(), n));
+            codes.push(code);
+        }
+        for c in &m.consts {
+            if !frame.contains_key(&c.to_string()) {
+                self.err(&mc, format!("`{}`'s const generic `{c}` does not appear in its arguments, so it cannot be inferred", m.name()));
+                return Err(());
+            }
+        }
+        // Lower the callee's body in its own scope, without emitting typed code: the
+        // typed program calls the generated method instead.
+        let saved_scopes = std::mem::replace(&mut self.scopes, vec![HashMap::new()]);
+        let saved_typed = self.typed;
+        self.typed = false;
+        self.consts.push(frame);
+        self.depth += 1;
+        for (name, n) in &bound {
+            self.bind(name, Val::T(*n, quote!()), format_ident!("{}", name));
+        }
+        let r = self.lower_block_stmts(&m.item.block.stmts, &m.item.block);
+        let r = r.and_then(|v| self.check_result(m, v, mc));
+        self.depth -= 1;
+        self.consts.pop();
+        self.typed = saved_typed;
+        self.scopes = saved_scopes;
+        let v = r?;
+        if !self.typed {
+            return Ok(v);
+        }
+        let name = m.name();
+        let call = quote!(self.#name(#(&#codes),*)?);
+        Ok(match v {
+            Val::T(n, _) => Val::T(n, call),
+            Val::Tuple(parts) => {
+                // Bind the tuple once, then refer to its elements.
+                let tmp = self.fresh(&format!("{name}_out"));
+                self.stmts.push(quote!(let #tmp = #call;));
+                Val::Tuple(
+                    parts
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, p)| match p {
+                            Val::T(n, _) => {
+                                let i = syn::Index::from(i);
+                                Val::T(n, quote!(#tmp.#i.clone()))
+                            }
+                            other => other,
+                        })
+                        .collect(),
+                )
+            }
+            other => other,
+        })
+    }
+
+    fn unary(
+        &mut self,
+        n: NodeId,
+        code: TokenStream,
+        op: UnaryOp,
+        span: &dyn ToTokens,
+    ) -> LResult<Val> {
+        match self.mg.unary(op, &n) {
+            Ok(y) => {
+                let m = format_ident!(
+                    "{}",
+                    if op == UnaryOp::Not {
+                        "logical_not"
+                    } else {
+                        op.name()
+                    }
+                );
+                Ok(Val::T(y, quote!(#code.#m()?)))
+            }
+            Err(e) => {
+                self.err(span, describe(&e));
+                Err(())
+            }
+        }
+    }
+
+    fn tensor_method(
+        &mut self,
+        n: NodeId,
+        code: TokenStream,
+        mc: &syn::ExprMethodCall,
+    ) -> LResult<Val> {
+        let method = mc.method.to_string();
+        let span: &dyn ToTokens = mc;
+        let nargs = mc.args.len();
+        let turbofish: Vec<&syn::GenericArgument> = mc
+            .turbofish
+            .as_ref()
+            .map(|t| t.args.iter().collect())
+            .unwrap_or_default();
+        let want_args = |s: &mut Self, k: usize| -> LResult<()> {
+            if nargs != k {
+                s.err(
+                    span,
+                    format!("`.{method}()` takes {k} argument(s), got {nargs}"),
+                );
+                return Err(());
+            }
+            Ok(())
+        };
+        let unary = |m: &str| -> Option<UnaryOp> {
+            UnaryOp::ALL
+                .iter()
+                .copied()
+                .find(|u| u.name() == m && *u != UnaryOp::Not)
+        };
+        if let Some(op) = unary(&method) {
+            want_args(self, 0)?;
+            return self.unary(n, code, op, span);
+        }
+        let rank = self.dims(n).len();
+        let res = match method.as_str() {
+            "gelu" | "gelu_tanh" | "silu" | "square" => {
+                want_args(self, 0)?;
+                let y = match method.as_str() {
+                    "gelu" => self.mg.gelu_erf(&n),
+                    "gelu_tanh" => self.mg.gelu_tanh(&n),
+                    "silu" => self.mg.silu(&n),
+                    _ => self.mg.square(&n),
+                };
+                y.map(|y| {
+                    let c = if method == "square" {
+                        quote!(#code.mul(&#code)?)
+                    } else {
+                        let m = &mc.method;
+                        quote!(#code.#m()?)
+                    };
+                    (y, c)
+                })
+            }
+            "softmax" | "log_softmax" => {
+                let axis = self.axis_arg(mc, rank)?.unwrap_or(rank.saturating_sub(1));
+                let y = if method == "softmax" {
+                    self.mg.softmax(&n, axis)
+                } else {
+                    self.mg.log_softmax(&n, axis)
+                };
+                y.map(|y| {
+                    let c = if axis + 1 == rank {
+                        let m = &mc.method;
+                        quote!(#code.#m()?)
+                    } else {
+                        let m = &mc.method;
+                        self.wrap_raw(y, quote!(#code.raw().#m(#axis)?))
+                    };
+                    (y, c)
+                })
+            }
+            "sum" | "mean" | "max" | "argmax" => {
+                want_args(self, 0)?;
+                let axis = match turbofish.as_slice() {
+                    [a] => self.const_usize(a)?,
+                    _ => {
+                        self.err(
+                            span,
+                            format!("write `.{method}::<AXIS>()` (or `.{method}_all()`)"),
+                        );
+                        return Err(());
+                    }
+                };
+                if axis >= rank {
+                    self.err(
+                        span,
+                        format!(
+                            "axis {axis} is out of range for `{}` of shape {}",
+                            src(&mc.receiver),
+                            self.shape_str(n)
+                        ),
+                    );
+                    return Err(());
+                }
+                let y = match method.as_str() {
+                    "sum" => self.mg.sum(&n, &[axis], false),
+                    "mean" => self.mg.mean(&n, &[axis], false),
+                    "max" => self.mg.max(&n, &[axis], false),
+                    _ => self.mg.argmax(&n, axis, false),
+                };
+                y.map(|y| {
+                    let m = &mc.method;
+                    (y, quote!(#code.#m::<#axis>()?))
+                })
+            }
+            "sum_all" | "mean_all" => {
+                want_args(self, 0)?;
+                let y = if method == "sum_all" {
+                    self.mg.sum_all(&n)
+                } else {
+                    self.mg.mean_all(&n)
+                };
+                y.map(|y| {
+                    let m = &mc.method;
+                    (y, quote!(#code.#m()?))
+                })
+            }
+            "flatten" => {
+                want_args(self, 0)?;
+                if rank == 0 {
+                    self.err(span, "cannot flatten a scalar");
+                    return Err(());
+                }
+                let dims = self.dims(n);
+                let rest = dims[1..].iter().fold(SDim::lit(1), |a, d| a.mul(d));
+                self.mg.reshape(&n, vec![dims[0].clone(), rest]).map(|y| {
+                    let s = shape_type(&self.dims(y));
+                    (y, quote!(#code.reshape::<#s>()?))
+                })
+            }
+            "reshape" => {
+                want_args(self, 0)?;
+                let mut dims = Vec::new();
+                for a in &turbofish {
+                    dims.push(self.dim_arg(a)?);
+                }
+                let from = self.dims(n);
+                let (pf, pt) = (
+                    kiln_tensor::op::product(&from),
+                    kiln_tensor::op::product(&dims),
+                );
+                if pf.matches(&pt) == Some(false) {
+                    self.err(
+                        span,
+                        format!(
+                            "shape mismatch: cannot reshape `{}` of shape {} ({pf} elements) into {} ({pt} elements)",
+                            src(&mc.receiver),
+                            fmt_dims(&from),
+                            fmt_dims(&dims)
+                        ),
+                    );
+                    return Err(());
+                }
+                self.mg.reshape(&n, dims).map(|y| {
+                    let s = shape_type(&self.dims(y));
+                    (y, quote!(#code.reshape::<#s>()?))
+                })
+            }
+            "permute" => {
+                want_args(self, 0)?;
+                let perm: Vec<usize> = turbofish
+                    .iter()
+                    .map(|a| self.const_usize(a))
+                    .collect::<LResult<_>>()?;
+                self.mg.permute(&n, &perm).map(|y| {
+                    let s = shape_type(&self.dims(y));
+                    (y, quote!(#code.permute::<#s>(&[#(#perm),*])?))
+                })
+            }
+            "t" => {
+                want_args(self, 0)?;
+                if rank < 2 {
+                    self.err(
+                        span,
+                        format!(
+                            "`.t()` swaps the last two axes, but `{}` has shape {}",
+                            src(&mc.receiver),
+                            self.shape_str(n)
+                        ),
+                    );
+                    return Err(());
+                }
+                self.mg.transpose(&n, rank - 2, rank - 1).map(|y| {
+                    let c = if rank == 2 {
+                        quote!(#code.t()?)
+                    } else {
+                        self.wrap_raw(y, quote!(#code.raw().transpose(#rank - 2, #rank - 1)?))
+                    };
+                    (y, c)
+                })
+            }
+            "matmul" | "cross_entropy" | "mse" | "concat" | "cross_entropy_smoothed" => {
+                let k = if method == "cross_entropy_smoothed" {
+                    2
+                } else {
+                    1
+                };
+                want_args(self, k)?;
+                let rhs_e = &mc.args[0];
+                let Val::T(r, rcode) = self.lower_expr(rhs_e)? else {
+                    self.err(&rhs_e, format!("`.{method}()` takes a tensor"));
+                    return Err(());
+                };
+                return self.tensor_pair(n, code, r, rcode, mc);
+            }
+            "cast" => {
+                want_args(self, 0)?;
+                let dt = match turbofish.as_slice() {
+                    [syn::GenericArgument::Type(Type::Path(p))] => p
+                        .path
+                        .get_ident()
+                        .and_then(|i| crate::dsl::dtype_named(&i.to_string())),
+                    _ => None,
+                };
+                let Some(dt) = dt else {
+                    self.err(
+                        span,
+                        "write `.cast::<f16>()` with one of f32, f64, f16, bf16, i32, u32, bool",
+                    );
+                    return Err(());
+                };
+                self.mg.cast(&n, dt).map(|y| {
+                    let e = dtype_type(dt);
+                    (y, quote!(#code.cast::<#e>()?))
+                })
+            }
+            _ => {
+                self.err(&mc.method, format!("unknown tensor method `.{method}()`; see the kiln-macros docs for the methods model bodies support"));
+                return Err(());
+            }
+        };
+        match res {
+            Ok((y, c)) => Ok(Val::T(y, c)),
+            Err(e) => {
+                self.err(span, format!("`{}`: {}", src(mc), describe(&e)));
+                Err(())
+            }
+        }
+    }
+
+    fn tensor_pair(
+        &mut self,
+        a: NodeId,
+        acode: TokenStream,
+        b: NodeId,
+        bcode: TokenStream,
+        mc: &syn::ExprMethodCall,
+    ) -> LResult<Val> {
+        let method = mc.method.to_string();
+        let (asrc, bsrc) = (src(&mc.receiver), src(&mc.args[0]));
+        let (ad, bd) = (self.shape_str(a), self.shape_str(b));
+        let span: &dyn ToTokens = mc;
+        match method.as_str() {
+            "matmul" => {
+                let (ra, rb) = (self.dims(a).len(), self.dims(b).len());
+                if ra >= 2 && rb >= 2 {
+                    let (k1, k2) = (self.dims(a)[ra - 1].clone(), self.dims(b)[rb - 2].clone());
+                    if k1.matches(&k2) == Some(false) {
+                        self.err(span, format!("shape mismatch in `matmul`: `{asrc}` has shape {ad} and `{bsrc}` has shape {bd}; the inner dims {k1} and {k2} differ"));
+                        return Err(());
+                    }
+                }
+                match self.mg.matmul(&a, &b) {
+                    Ok(y) => Ok(Val::T(y, quote!(#acode.matmul(&#bcode)?))),
+                    Err(e) => {
+                        self.err(
+                            span,
+                            format!(
+                                "`matmul` of `{asrc}` {ad} and `{bsrc}` {bd}: {}",
+                                describe(&e)
+                            ),
+                        );
+                        Err(())
+                    }
+                }
+            }
+            "cross_entropy" | "cross_entropy_smoothed" => {
+                let smoothing = if method == "cross_entropy_smoothed" {
+                    match self.lower_expr(&mc.args[1])? {
+                        Val::Scalar(s) => s,
+                        _ => {
+                            self.err(&mc.args[1], "label smoothing must be a number");
+                            return Err(());
+                        }
+                    }
+                } else {
+                    0.0
+                };
+                let (adims, bdims) = (self.dims(a), self.dims(b));
+                if adims.len() != 2 || bdims.len() != 1 {
+                    self.err(span, format!("`cross_entropy` takes logits [N, C] and labels [N], but `{asrc}` has shape {ad} and `{bsrc}` has shape {bd}"));
+                    return Err(());
+                }
+                if adims[0].matches(&bdims[0]) == Some(false) {
+                    self.err(&mc.args[0], format!("shape mismatch: the logits `{asrc}` have shape {ad} ({} rows) but the labels `{bsrc}` have shape {bd}", adims[0]));
+                    return Err(());
+                }
+                if !self.dtype(b).is_int() {
+                    self.err(&mc.args[0], format!("dtype mismatch: labels must be integer class ids (i32), but `{bsrc}` is {}", self.dtype(b)));
+                    return Err(());
+                }
+                match self.mg.cross_entropy(&a, &b, smoothing) {
+                    Ok(y) => {
+                        let s = f64_tokens(smoothing);
+                        Ok(Val::T(y, quote!(#acode.cross_entropy(&#bcode, #s)?)))
+                    }
+                    Err(e) => {
+                        self.err(span, describe(&e));
+                        Err(())
+                    }
+                }
+            }
+            "mse" => {
+                if self.dims(a) != self.dims(b) {
+                    self.err(span, format!("shape mismatch in `mse`: `{asrc}` has shape {ad} but `{bsrc}` has shape {bd}"));
+                    return Err(());
+                }
+                match self.mg.mse(&a, &b) {
+                    Ok(y) => Ok(Val::T(y, quote!(#acode.mse(&#bcode)?))),
+                    Err(e) => {
+                        self.err(span, describe(&e));
+                        Err(())
+                    }
+                }
+            }
+            _ => {
+                // concat::<AXIS>(other)
+                let axis = match mc
+                    .turbofish
+                    .as_ref()
+                    .map(|t| t.args.iter().collect::<Vec<_>>())
+                {
+                    Some(v) if v.len() == 1 => self.const_usize(v[0])?,
+                    _ => {
+                        self.err(span, "write `.concat::<AXIS>(other)`");
+                        return Err(());
+                    }
+                };
+                match self.mg.concat(&[&a, &b], axis) {
+                    Ok(y) => {
+                        let c = self.wrap_raw(y, quote!(::kiln::tensor::RawTensor::concat(&[#acode.raw(), #bcode.raw()], #axis)?));
+                        Ok(Val::T(y, c))
+                    }
+                    Err(e) => {
+                        self.err(span, format!("shape mismatch in `concat`: `{asrc}` has shape {ad} and `{bsrc}` has shape {bd}; {}", describe_inner(&e)));
+                        Err(())
+                    }
+                }
+            }
+        }
+    }
+
+    fn lower_binary(&mut self, b: &syn::ExprBinary) -> LResult<Val> {
+        let op = match b.op {
+            syn::BinOp::Add(_) => BinaryOp::Add,
+            syn::BinOp::Sub(_) => BinaryOp::Sub,
+            syn::BinOp::Mul(_) => BinaryOp::Mul,
+            syn::BinOp::Div(_) => BinaryOp::Div,
+            _ => {
+                self.err(
+                    &b.op,
+                    "only + - * / are supported between tensors in model methods",
+                );
+                return Err(());
+            }
+        };
+        let sym = match op {
+            BinaryOp::Add => "+",
+            BinaryOp::Sub => "-",
+            BinaryOp::Mul => "*",
+            _ => "/",
+        };
+        let l = self.lower_expr(&b.left);
+        let r = self.lower_expr(&b.right);
+        let (l, r) = (l?, r?);
+        let span: &dyn ToTokens = b;
+        match (l, r) {
+            (Val::Scalar(x), Val::Scalar(y)) => Ok(Val::Scalar(op.eval(x, y))),
+            (Val::T(n, code), Val::Scalar(s)) => {
+                let (y, c) = match op {
+                    BinaryOp::Add => (self.mg.add_scalar(&n, s), {
+                        let s = f64_tokens(s);
+                        quote!(#code.add_scalar(#s)?)
+                    }),
+                    BinaryOp::Sub => (self.mg.add_scalar(&n, -s), {
+                        let ns = f64_tokens(-s);
+                        quote!(#code.add_scalar(#ns)?)
+                    }),
+                    BinaryOp::Mul => (self.mg.mul_scalar(&n, s), {
+                        let s = f64_tokens(s);
+                        quote!(#code.mul_scalar(#s)?)
+                    }),
+                    _ => (self.mg.mul_scalar(&n, 1.0 / s), {
+                        let inv = f64_tokens(1.0 / s);
+                        quote!(#code.mul_scalar(#inv)?)
+                    }),
+                };
+                self.scalar_result(y, c, span)
+            }
+            (Val::Scalar(s), Val::T(n, code)) => {
+                let (y, c) = match op {
+                    BinaryOp::Add => (self.mg.add_scalar(&n, s), {
+                        let s = f64_tokens(s);
+                        quote!(#code.add_scalar(#s)?)
+                    }),
+                    BinaryOp::Mul => (self.mg.mul_scalar(&n, s), {
+                        let s = f64_tokens(s);
+                        quote!(#code.mul_scalar(#s)?)
+                    }),
+                    BinaryOp::Sub => {
+                        let y = self
+                            .mg
+                            .unary(UnaryOp::Neg, &n)
+                            .and_then(|m| self.mg.add_scalar(&m, s));
+                        (y, {
+                            let s = f64_tokens(s);
+                            quote!(#code.neg()?.add_scalar(#s)?)
+                        })
+                    }
+                    _ => {
+                        let y = self
+                            .mg
+                            .unary(UnaryOp::Recip, &n)
+                            .and_then(|m| self.mg.mul_scalar(&m, s));
+                        (y, {
+                            let s = f64_tokens(s);
+                            quote!(#code.recip()?.mul_scalar(#s)?)
+                        })
+                    }
+                };
+                self.scalar_result(y, c, span)
+            }
+            (Val::T(a, acode), Val::T(bn, bcode)) => {
+                let (ad, bd) = (self.dims(a), self.dims(bn));
+                let (at, bt) = (self.dtype(a), self.dtype(bn));
+                if at != bt {
+                    self.err(span, format!("dtype mismatch in `{sym}`: `{}` is {at} and `{}` is {bt}; cast one with `.cast::<..>()`", src(&b.left), src(&b.right)));
+                    return Err(());
+                }
+                match self.mg.binary(op, &a, &bn) {
+                    Ok(y) => {
+                        let same = ad.len() == bd.len()
+                            && ad.iter().zip(&bd).all(|(x, z)| x.matches(z) == Some(true));
+                        let m = format_ident!("{}", op.name());
+                        let raw_m = format_ident!("{}", op.name());
+                        let c = if same {
+                            quote!(#acode.#m(&#bcode)?)
+                        } else {
+                            self.wrap_raw(y, quote!(#acode.raw().#raw_m(#bcode.raw())?))
+                        };
+                        Ok(Val::T(y, c))
+                    }
+                    Err(_) => {
+                        self.err(
+                            span,
+                            format!(
+                                "shape mismatch in `{sym}`: `{}` has shape {} and `{}` has shape {}; they do not broadcast",
+                                src(&b.left),
+                                fmt_dims(&ad),
+                                src(&b.right),
+                                fmt_dims(&bd)
+                            ),
+                        );
+                        Err(())
+                    }
+                }
+            }
+            _ => {
+                self.err(span, format!("`{sym}` works on tensors and numbers"));
+                Err(())
+            }
+        }
+    }
+
+    fn scalar_result(
+        &mut self,
+        y: kiln_tensor::Result<NodeId>,
+        c: TokenStream,
+        span: &dyn ToTokens,
+    ) -> LResult<Val> {
+        match y {
+            Ok(y) => Ok(Val::T(y, c)),
+            Err(e) => {
+                self.err(span, describe(&e));
+                Err(())
+            }
+        }
+    }
+
+    fn axis_arg(&mut self, mc: &syn::ExprMethodCall, rank: usize) -> LResult<Option<usize>> {
+        match mc.args.len() {
+            0 => Ok(None),
+            1 => match &mc.args[0] {
+                Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Int(i),
+                    ..
+                }) => {
+                    let a: usize = i.base10_parse().map_err(|_| ())?;
+                    if a >= rank {
+                        self.err(
+                            &i,
+                            format!("axis {a} is out of range for a rank-{rank} tensor"),
+                        );
+                        return Err(());
+                    }
+                    Ok(Some(a))
+                }
+                other => {
+                    self.err(&other, "the axis must be an integer literal");
+                    Err(())
+                }
+            },
+            _ => {
+                self.err(&mc, "expected at most one argument (the axis)");
+                Err(())
+            }
+        }
+    }
+
+    fn const_usize(&mut self, a: &syn::GenericArgument) -> LResult<usize> {
+        if let syn::GenericArgument::Const(Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(i),
+            ..
+        })) = a
+        {
+            if let Ok(v) = i.base10_parse() {
+                return Ok(v);
+            }
+        }
+        self.err(&a, "expected an integer literal");
+        Err(())
+    }
+
+    fn dim_arg(&mut self, a: &syn::GenericArgument) -> LResult<SDim> {
+        match a {
+            syn::GenericArgument::Const(_) => self.const_usize(a).map(SDim::lit),
+            syn::GenericArgument::Type(Type::Path(p)) if p.path.get_ident().is_some() => {
+                let id = p.path.get_ident().expect("checked").to_string();
+                if id == "Dyn" {
+                    return Ok(SDim::fresh_runtime());
+                }
+                match self.consts.last().and_then(|f| f.get(&id)) {
+                    Some(d) => Ok(d.clone()),
+                    None => {
+                        self.err(&a, format!("unknown dim `{id}`"));
+                        Err(())
+                    }
+                }
+            }
+            other => {
+                self.err(
+                    &other,
+                    "a dim must be an integer literal, a const generic or `Dyn`",
+                );
+                Err(())
+            }
+        }
+    }
+}
+
+/// A kiln error as the macro shows it.
+pub fn describe(e: &Error) -> String {
+    e.to_string()
+}
+
+fn describe_inner(e: &Error) -> String {
+    match e {
+        Error::Shape { msg, .. } | Error::DType { msg, .. } | Error::Invalid { msg, .. } => {
+            msg.clone()
+        }
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,156 @@
+//! `#[model]` on a struct: the fields become layers generic over the backend `Be`; the
+//! expansion adds the `Grads` struct, the `Module` impl (named visits, updates,
+//! checkpoints, seeded init) and a hidden `macro_rules!` through which the
+//! `#[model] impl` of the same struct receives the field list.
+
+use crate::dsl::{parse_field_type, FieldKind};
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote};
+use syn::spanned::Spanned;
+use syn::{Fields, Ident, ItemStruct};
+
+/// A parsed field.
+pub struct ModelField {
+    /// Its name.
+    pub ident: Ident,
+    /// What it holds.
+    pub kind: FieldKind,
+}
+
+/// Parses the fields of a model struct.
+pub fn parse_fields(item: &ItemStruct) -> syn::Result<Vec<ModelField>> {
+    if !item.generics.params.is_empty() {
+        return Err(syn::Error::new(
+            item.generics.span(),
+            "a #[model] struct takes no generic parameters: the backend parameter `Be` is added for you",
+        ));
+    }
+    let Fields::Named(named) = &item.fields else {
+        return Err(syn::Error::new(
+            item.span(),
+            "a #[model] struct needs named fields, one per layer",
+        ));
+    };
+    let mut out = Vec::new();
+    let mut errors: Option<syn::Error> = None;
+    for f in &named.named {
+        let ident = f.ident.clone().expect("named fields have names");
+        match parse_field_type(&f.ty) {
+            Ok(kind) => out.push(ModelField { ident, kind }),
+            Err(e) => match &mut errors {
+                Some(all) => all.combine(e),
+                None => errors = Some(e),
+            },
+        }
+    }
+    match errors {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// The name of the hidden callback macro of a model.
+pub fn callback_name(model: &Ident) -> Ident {
+    format_ident!("__kiln_model_{}", model)
+}
+
+/// Expands `#[model] struct`.
+pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
+    let fields = parse_fields(&item)?;
+    let name = &item.ident;
+    let vis = &item.vis;
+    let attrs = &item.attrs;
+    let grads = format_ident!("{}Grads", name);
+    let callback = callback_name(name);
+    let Fields::Named(named) = &item.fields else {
+        unreachable!("checked by parse_fields")
+    };
+
+    let field_defs = named.named.iter().zip(&fields).map(|(f, mf)| {
+        let (fattrs, fvis, id) = (&f.attrs, &f.vis, &mf.ident);
+        let ty = mf.kind.real_type();
+        quote!(#(#fattrs)* #fvis #id: #ty)
+    });
+    let grad_defs = fields.iter().map(|mf| {
+        let id = &mf.ident;
+        let ty = mf.kind.real_type();
+        let doc = format!("Gradients of `{id}`.");
+        quote!(#[doc = #doc] pub #id: <#ty as ::kiln::tensor::nn::Module<Be>>::Grads)
+    });
+    let ids: Vec<&Ident> = fields.iter().map(|f| &f.ident).collect();
+    let names: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    let struct_doc = format!("Gradients of every parameter of [`{name}`], field for field.");
+
+    Ok(quote! {
+        #(#attrs)*
+        #vis struct #name<Be: ::kiln::tensor::Backend> {
+            #(#field_defs,)*
+            #[doc(hidden)]
+            pub __kiln_steps: ::std::sync::atomic::AtomicU64,
+        }
+
+        #[doc = #struct_doc]
+        #vis struct #grads<Be: ::kiln::tensor::Backend> {
+            #(#grad_defs,)*
+        }
+
+        impl<Be: ::kiln::tensor::Backend> ::kiln::tensor::nn::Module<Be> for #name<Be> {
+            type Grads = #grads<Be>;
+
+            fn init_named(device: &Be::Device, seed: u64, prefix: &str) -> ::kiln::tensor::Result<Self> {
+                Ok(#name {
+                    #(#ids: ::kiln::tensor::nn::Module::init_named(device, seed, &::kiln::tensor::nn::join(prefix, #names))?,)*
+                    __kiln_steps: ::std::sync::atomic::AtomicU64::new(seed),
+                })
+            }
+
+            fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(::kiln::tensor::nn::Slot<'_, Be>)) {
+                #(self.#ids.visit_params(&::kiln::tensor::nn::join(prefix, #names), f);)*
+            }
+
+            fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(::kiln::tensor::nn::Slot<'_, Be>)) {
+                #(self.#ids.visit_buffers(&::kiln::tensor::nn::join(prefix, #names), f);)*
+            }
+
+            fn update_params(
+                &mut self,
+                grads: &Self::Grads,
+                prefix: &str,
+                f: &mut ::kiln::tensor::nn::UpdateFn<'_, Be>,
+            ) -> ::kiln::tensor::Result<()> {
+                #(self.#ids.update_params(&grads.#ids, &::kiln::tensor::nn::join(prefix, #names), f)?;)*
+                Ok(())
+            }
+
+            fn load_named(
+                &mut self,
+                prefix: &str,
+                get: &mut ::kiln::tensor::nn::LoadFn<'_, Be>,
+            ) -> ::kiln::tensor::Result<()> {
+                #(self.#ids.load_named(&::kiln::tensor::nn::join(prefix, #names), get)?;)*
+                Ok(())
+            }
+        }
+
+        impl<Be: ::kiln::tensor::Backend> #name<Be> {
+            /// Builds the model on `device`, every parameter initialised from `seed`.
+            pub fn init(device: &Be::Device, seed: u64) -> ::kiln::tensor::Result<Self> {
+                <Self as ::kiln::tensor::nn::Module<Be>>::init_named(device, seed, "")
+            }
+
+            /// A fresh seed for one training step's random draws (dropout masks).
+            #[doc(hidden)]
+            pub fn __kiln_step_seed(&self) -> u64 {
+                ::kiln::tensor::nn::step_seed(self.__kiln_steps.fetch_add(1, ::std::sync::atomic::Ordering::Relaxed))
+            }
+        }
+
+        #[doc(hidden)]
+        #[allow(unused_macros)]
+        macro_rules! #callback {
+            ($($body:tt)*) => {
+                ::kiln::__private::model_impl! { #item ; $($body)* }
+            };
+        }
+    })
+}

@@ -1,0 +1,108 @@
+//! `kiln-infer`: loads a checkpoint written by `kiln-train`, reports test accuracy and
+//! the latency of classifying one image at a time.
+
+use clap::{Parser, ValueEnum};
+use kiln::cpu::{Cpu, CpuDevice};
+use kiln::prelude::*;
+use kiln::train::checkpoint;
+use kiln_models::classify::{accuracy, images, Classifier};
+use kiln_models::data::{data_dir, ImageDataset, FASHION_NORM, MNIST_NORM};
+use kiln_models::{lenet::LeNet, mlp::Mlp};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Which model the checkpoint holds.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ModelKind {
+    /// MLP 784-1024-1024-10.
+    Mlp,
+    /// LeNet-style CNN.
+    Cnn,
+}
+
+/// Which data set to evaluate on.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Dataset {
+    /// Handwritten digits.
+    Mnist,
+    /// Clothing images.
+    Fashion,
+}
+
+/// Evaluate a trained checkpoint.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// The model.
+    #[arg(long, value_enum, default_value = "mlp")]
+    model: ModelKind,
+    /// The data set.
+    #[arg(long, value_enum, default_value = "mnist")]
+    dataset: Dataset,
+    /// The checkpoint (default: models/runs/<model>-<dataset>.safetensors).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Images timed one at a time.
+    #[arg(long, default_value_t = 1000)]
+    latency_images: usize,
+}
+
+fn run<M: Classifier<Cpu, 1> + Classifier<Cpu, 500>>(args: &Args) -> Result<()> {
+    let dev = CpuDevice;
+    let (dir, norm) = match args.dataset {
+        Dataset::Mnist => ("mnist", MNIST_NORM),
+        Dataset::Fashion => ("fashion-mnist", FASHION_NORM),
+    };
+    let data = ImageDataset::load(&data_dir().join(dir), norm)?;
+    let path = args.checkpoint.clone().unwrap_or_else(|| {
+        let name = format!("{:?}-{:?}.safetensors", args.model, args.dataset).to_lowercase();
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("runs")
+            .join(name)
+    });
+    let mut model = M::init(&dev, 0)?;
+    checkpoint::load(&mut model, &path)?;
+    let acc = accuracy::<Cpu, M, 500>(&model, &data.test, &dev)?;
+    println!(
+        "{}: test accuracy {:.2}% on {} images",
+        path.display(),
+        acc * 100.0,
+        data.test.len()
+    );
+
+    let n = args.latency_images.min(data.test.len());
+    let mut times = Vec::with_capacity(n);
+    let mut correct = 0;
+    for i in 0..n {
+        let px = data.test.images[i * data.test.pixels..(i + 1) * data.test.pixels].to_vec();
+        let start = Instant::now();
+        let x = images::<Cpu, <M as Classifier<Cpu, 1>>::Input>(px, &dev)?;
+        let pred = <M as Classifier<Cpu, 1>>::logits(&model, &x)?
+            .argmax::<1>()?
+            .to_vec()?[0];
+        times.push(start.elapsed().as_secs_f64() * 1e6);
+        correct += usize::from(pred == data.test.labels[i]);
+    }
+    times.sort_by(f64::total_cmp);
+    if n > 0 {
+        println!(
+            "latency per image (batch 1, {n} images): median {:.1} µs, p90 {:.1} µs; accuracy on them {:.2}%",
+            times[n / 2],
+            times[n * 9 / 10],
+            100.0 * correct as f64 / n as f64
+        );
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = Args::parse();
+    let r = match args.model {
+        ModelKind::Mlp => run::<Mlp<Cpu>>(&args),
+        ModelKind::Cnn => run::<LeNet<Cpu>>(&args),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
