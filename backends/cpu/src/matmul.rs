@@ -1,10 +1,14 @@
 //! Batched matrix products over strided views: one GEMM call per batch element, the
 //! strides (transposes, broadcast batches) resolved by the GEMM's packing.
 
-use crate::gemm::{dgemm, sgemm, GemmInput, MatRef};
+use crate::gemm::{dgemm, sgemm, sgemm_with, GemmInput, GemmOptions, MatRef};
 use crate::storage::CpuStorage;
 use half::{bf16, f16};
 use kiln_tensor::{Dims, Layout, Result};
+use rayon::prelude::*;
+
+/// Multiply-adds below which a product of a batch runs on one thread.
+const SMALL_PRODUCT: usize = 1 << 24;
 
 /// The batch offsets of a view: the storage offset of each matrix, row-major over the
 /// batch dims.
@@ -46,7 +50,30 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     ) -> Vec<f32> {
         let [m, k, n] = mkn;
         let mut c = vec![0f32; oa.len() * m * n];
-        if m * n > 0 {
+        if m * n == 0 {
+            return c;
+        }
+        // Many small products (conv as a batched matmul, attention heads): one thread per
+        // product beats splitting each small product across threads.
+        let per = m * n * k;
+        if oa.len() >= rayon::current_num_threads() && per < SMALL_PRODUCT {
+            let single = GemmOptions {
+                threads: Some(1),
+                ..GemmOptions::default()
+            };
+            c.par_chunks_mut(m * n).enumerate().for_each(|(i, cm)| {
+                sgemm_with(
+                    &single,
+                    m,
+                    n,
+                    k,
+                    mat(a, la, oa[i]),
+                    mat(b, lb, ob[i]),
+                    cm,
+                    false,
+                );
+            });
+        } else {
             for (i, cm) in c.chunks_mut(m * n).enumerate() {
                 sgemm(m, n, k, mat(a, la, oa[i]), mat(b, lb, ob[i]), cm, false);
             }

@@ -13,6 +13,25 @@ fn src(o: usize, k: usize, w: &Window2d, ax: usize, n: usize) -> Option<usize> {
     (p >= 0 && (p as usize) < n).then_some(p as usize)
 }
 
+/// The output positions `lo..hi` (of `out_n`) whose tap `k` lands inside an input of
+/// size `n` along axis `ax`; outside it the tap reads padding.
+#[inline]
+fn valid(k: usize, w: &Window2d, ax: usize, n: usize, out_n: usize) -> (usize, usize) {
+    let (s, off) = (
+        w.stride[ax] as isize,
+        (k * w.dilation[ax]) as isize - w.padding[ax] as isize,
+    );
+    // Smallest o with o·s + off >= 0, and one past the largest with o·s + off < n.
+    let lo = if off >= 0 { 0 } else { (-off + s - 1) / s };
+    let hi = if (n as isize) - off <= 0 {
+        0
+    } else {
+        ((n as isize) - off + s - 1) / s
+    };
+    let lo = (lo as usize).min(out_n);
+    (lo, (hi as usize).clamp(lo, out_n))
+}
+
 /// `[N, C, H, W] -> [N, C·kh·kw, OH·OW]`.
 pub fn unfold2d(x: &CpuStorage, l: &Layout, w: &Window2d) -> Result<CpuStorage> {
     let d = l.dims();
@@ -35,16 +54,25 @@ pub fn unfold2d(x: &CpuStorage, l: &Layout, w: &Window2d) -> Result<CpuStorage> 
                 for ki in 0..kh {
                     for kj in 0..kw {
                         let row = &mut cols[(ki * kw + kj) * oh * ow..][..oh * ow];
+                        let (lo, hi) = valid(kj, w, 1, wd, ow);
+                        let (sw, shift) = (w.stride[1], kj * w.dilation[1]);
                         for oi in 0..oh {
+                            let out_row = &mut row[oi * ow..(oi + 1) * ow];
                             let Some(si) = src(oi, ki, w, 0, h) else {
-                                row[oi * ow..(oi + 1) * ow].fill(T::default());
+                                out_row.fill(T::default());
                                 continue;
                             };
-                            for oj in 0..ow {
-                                row[oi * ow + oj] = match src(oj, kj, w, 1, wd) {
-                                    Some(sj) => img[si * wd + sj],
-                                    None => T::default(),
-                                };
+                            out_row[..lo].fill(T::default());
+                            out_row[hi..].fill(T::default());
+                            // Input column of output position `oj` is oj·sw + shift − pad.
+                            let base = si * wd + shift;
+                            let first = base + lo * sw - w.padding[1];
+                            if sw == 1 {
+                                out_row[lo..hi].copy_from_slice(&img[first..first + (hi - lo)]);
+                            } else {
+                                for (j, o) in out_row[lo..hi].iter_mut().enumerate() {
+                                    *o = img[first + j * sw];
+                                }
                             }
                         }
                     }
@@ -79,14 +107,24 @@ pub fn fold2d(
                 for ki in 0..kh {
                     for kj in 0..kw {
                         let row = &cols[(ki * kw + kj) * oh * ow..][..oh * ow];
+                        let (lo, hi) = valid(kj, w, 1, wd, ow);
+                        let (sw, shift) = (w.stride[1], kj * w.dilation[1]);
                         for oi in 0..oh {
                             let Some(si) = src(oi, ki, w, 0, h) else {
                                 continue;
                             };
-                            for oj in 0..ow {
-                                if let Some(sj) = src(oj, kj, w, 1, wd) {
-                                    img[si * wd + sj] =
-                                        T::add(img[si * wd + sj], row[oi * ow + oj]);
+                            let first = si * wd + shift + lo * sw - w.padding[1];
+                            let src_row = &row[oi * ow + lo..oi * ow + hi];
+                            if sw == 1 {
+                                for (dst, &v) in
+                                    img[first..first + (hi - lo)].iter_mut().zip(src_row)
+                                {
+                                    *dst = T::add(*dst, v);
+                                }
+                            } else {
+                                for (j, &v) in src_row.iter().enumerate() {
+                                    let at = first + j * sw;
+                                    img[at] = T::add(img[at], v);
                                 }
                             }
                         }

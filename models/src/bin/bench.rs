@@ -3,6 +3,9 @@
 //! beside PyTorch in the same run and prints the ratios.
 
 use clap::Parser;
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 use kiln::tensor::{DType, RandDist};

@@ -2,6 +2,9 @@
 //! the latency of classifying one image at a time.
 
 use clap::{Parser, ValueEnum};
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 use kiln::train::checkpoint;

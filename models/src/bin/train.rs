@@ -2,6 +2,9 @@
 //! accuracy after every epoch and saves a safetensors checkpoint.
 
 use clap::{Parser, ValueEnum};
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
@@ -140,10 +143,13 @@ fn run<M: Classifier<Cpu, BATCH> + Classifier<Cpu, 500>, const BATCH: usize>(
         }
         if (r.step + 1).is_multiple_of(steps_per_epoch) {
             last_acc = format!("{:.2}%", 100.0 * accuracy::<Cpu, M, 500>(m, &test, &dev)?);
-            bar.println(format!(
-                "epoch {} done: loss {avg:.4}, test accuracy {last_acc}",
-                r.epoch + 1
-            ));
+            // `suspend` prints even when the bar is hidden (output not a terminal).
+            bar.suspend(|| {
+                println!(
+                    "epoch {} done: loss {avg:.4}, test accuracy {last_acc}",
+                    r.epoch + 1
+                )
+            });
         }
         let rate = ((r.step + 1) * BATCH as u64) as f64 / start.elapsed().as_secs_f64();
         bar.set_message(format!(
