@@ -64,6 +64,11 @@ pub fn unfold2d(x: &CpuStorage, l: &Layout, w: &Window2d) -> Result<CpuStorage> 
                             };
                             out_row[..lo].fill(T::default());
                             out_row[hi..].fill(T::default());
+                            if lo == hi {
+                                // Every tap of this row reads padding; `first` below
+                                // would point before the image.
+                                continue;
+                            }
                             // Input column of output position `oj` is oj·sw + shift − pad.
                             let base = si * wd + shift;
                             let first = base + lo * sw - w.padding[1];
@@ -113,6 +118,9 @@ pub fn fold2d(
                             let Some(si) = src(oi, ki, w, 0, h) else {
                                 continue;
                             };
+                            if lo == hi {
+                                continue;
+                            }
                             let first = si * wd + shift + lo * sw - w.padding[1];
                             let src_row = &row[oi * ow + lo..oi * ow + hi];
                             if sw == 1 {

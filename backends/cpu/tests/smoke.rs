@@ -72,3 +72,45 @@ fn conv_and_pool_shapes() -> kiln_tensor::Result<()> {
     assert_eq!(p.dims().as_slice(), &[2, 4, 3, 3]);
     Ok(())
 }
+
+/// A window row whose every tap reads padding (kernel wider than the padded input
+/// along one axis) once computed its source offset before the image and underflowed.
+#[test]
+fn windows_whose_rows_read_only_padding() {
+    use kiln_tensor::testing::strategy::Input;
+    use kiln_tensor::testing::{check_op, OpCase, RefTensor};
+    use kiln_tensor::{Op, Window2d};
+    let window = Window2d {
+        kernel: [2, 3],
+        stride: [1, 1],
+        padding: [2, 2],
+        dilation: [2, 2],
+    };
+    let (h, w) = (6, 1);
+    let (oh, ow) = (
+        window.out_size(0, h).unwrap(),
+        window.out_size(1, w).unwrap(),
+    );
+    for dtype in [DType::F32, DType::I32] {
+        let cols = (0..12 * oh * ow).map(|v| (v % 7) as f64 - 3.0).collect();
+        let fold = OpCase {
+            op: Op::Fold2d {
+                window,
+                height: h,
+                width: w,
+            },
+            inputs: vec![Input::fresh(RefTensor::new(
+                vec![1, 12, oh * ow],
+                cols,
+                dtype,
+            ))],
+        };
+        check_op::<Cpu>(&CpuDevice, &fold).unwrap();
+        let image = (0..2 * h * w).map(|v| v as f64).collect();
+        let unfold = OpCase {
+            op: Op::Unfold2d(window),
+            inputs: vec![Input::fresh(RefTensor::new(vec![1, 2, h, w], image, dtype))],
+        };
+        check_op::<Cpu>(&CpuDevice, &unfold).unwrap();
+    }
+}
