@@ -3,7 +3,7 @@
 //! arrays of layers `[Linear<64, 64>; 4]`), parsed into specs and written back as
 //! the real types.
 
-use crate::sym::SDim;
+use crate::sym::{DimTokens, SDim};
 use kiln_tensor::nn::LayerSpec;
 use kiln_tensor::DType;
 use proc_macro2::TokenStream;

@@ -37,16 +37,44 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
         }
     }
     let mut out = Vec::new();
-    for m in &methods {
+    // (title, plan const) of every planned method, for the printouts.
+    let mut plans: Vec<(String, syn::Ident)> = Vec::new();
+    for (mi, m) in methods.iter().enumerate() {
         let mut lower = Lower::new(&fields, &methods, Mode::Eval, true);
         let result = lower.lower_method(m);
         let method_errors = std::mem::take(&mut lower.errors);
         if method_errors.is_empty() {
             if let Ok(v) = result {
-                out.push(typed_method(m, &lower.stmts, &v));
+                let fused = match &v {
+                    crate::lower::Val::T(node, _) if !m.ret_tuple => {
+                        let name = quote::format_ident!(
+                            "__KILN_PLAN_{}",
+                            m.name().to_string().to_uppercase()
+                        );
+                        plans.push((m.name().to_string(), name.clone()));
+                        Some(crate::fuse::fuse(
+                            &lower.mg,
+                            &[*node],
+                            2 * mi,
+                            &name,
+                            &m.consts,
+                        ))
+                    }
+                    _ => None,
+                };
+                out.push(typed_method(m, &lower.stmts, &v, fused.as_ref(), &fields));
                 if m.is_scalar_loss() {
-                    match value_and_grad(model, &fields, &methods, m) {
-                        Ok(t) => out.push(t),
+                    match value_and_grad(model, &fields, &methods, m, 2 * mi + 1) {
+                        Ok(t) => {
+                            plans.push((
+                                format!("{}_and_grad", m.name()),
+                                quote::format_ident!(
+                                    "__KILN_PLAN_{}_AND_GRAD",
+                                    m.name().to_string().to_uppercase()
+                                ),
+                            ));
+                            out.push(t)
+                        }
                         Err(es) => errors.extend(es),
                     }
                 }
@@ -57,9 +85,28 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
         out.push(stub_method(m));
     }
     let compile_errors = errors.iter().map(|e| e.to_compile_error());
+    let titles: Vec<String> = plans.iter().map(|(t, _)| format!("{model}::{t}")).collect();
+    let consts: Vec<&syn::Ident> = plans.iter().map(|(_, c)| c).collect();
     quote! {
         impl<Be: ::kiln::tensor::Backend> #model<Be> {
             #(#out)*
+
+            /// The build-time fusion plans of this model's methods, as `(method, plan
+            /// text)`: the forward methods and the value-and-gradient entries.
+            pub fn fusion_plans() -> &'static [(&'static str, &'static str)] {
+                &[#((#titles, Self::#consts)),*]
+            }
+
+            /// A printout of every fusion plan: kernels, what each fuses, and the bytes
+            /// each reads and writes per call (in terms of the size parameters).
+            pub fn fusion_report() -> ::kiln::tensor::Result<::std::string::String> {
+                ::kiln::fusion::report::report_all(Self::fusion_plans())
+            }
+
+            /// Every fusion plan as one Graphviz DOT graph, a cluster per kernel.
+            pub fn fusion_dot() -> ::kiln::tensor::Result<::std::string::String> {
+                ::kiln::fusion::report::dot_all(Self::fusion_plans())
+            }
         }
         #(#compile_errors)*
     }
@@ -84,11 +131,40 @@ fn signature(m: &MethodSig) -> TokenStream {
     }
 }
 
-fn typed_method(m: &MethodSig, stmts: &[TokenStream], v: &crate::lower::Val) -> TokenStream {
+fn typed_method(
+    m: &MethodSig,
+    stmts: &[TokenStream],
+    v: &crate::lower::Val,
+    fused: Option<&crate::fuse::Fused>,
+    fields: &[crate::structs::ModelField],
+) -> TokenStream {
     let sig = signature(m);
     let value = result_code(v);
+    let Some(fused) = fused else {
+        return quote! {
+            #sig {
+                #(#stmts)*
+                Ok(#value)
+            }
+        };
+    };
+    let device = match m.args.first() {
+        Some((a, _)) => quote!(#a.device().clone()),
+        None => crate::train::first_param_device(fields)
+            .unwrap_or_else(|| quote!(::core::default::Default::default())),
+    };
+    let (plan_const, run) = (&fused.plan_const, &fused.run);
     quote! {
+        #plan_const
+
         #sig {
+            if self.__kiln_plans.fused() {
+                let __dev = #device;
+                // Evaluation mode draws nothing at random.
+                let __seed = 0u64;
+                let (__out,) = #run;
+                return ::kiln::tensor::Tensor::from_raw(__out);
+            }
             #(#stmts)*
             Ok(#value)
         }

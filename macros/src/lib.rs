@@ -47,6 +47,7 @@
 //! passes its fields to the impl through a hidden `macro_rules!`).
 
 mod dsl;
+mod fuse;
 mod graph;
 mod impls;
 mod lower;

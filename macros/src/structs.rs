@@ -87,11 +87,15 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
             #(#field_defs,)*
             #[doc(hidden)]
             pub __kiln_steps: ::std::sync::atomic::AtomicU64,
+            #[doc(hidden)]
+            pub __kiln_plans: ::kiln::fusion::Programs<Be>,
         }
 
         #[doc = #struct_doc]
         #vis struct #grads<Be: ::kiln::tensor::Backend> {
             #(#grad_defs,)*
+            #[doc(hidden)]
+            pub __kiln_backend: ::core::marker::PhantomData<Be>,
         }
 
         impl<Be: ::kiln::tensor::Backend> ::kiln::tensor::nn::Module<Be> for #name<Be> {
@@ -101,6 +105,7 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
                 Ok(#name {
                     #(#ids: ::kiln::tensor::nn::Module::init_named(device, seed, &::kiln::tensor::nn::join(prefix, #names))?,)*
                     __kiln_steps: ::std::sync::atomic::AtomicU64::new(seed),
+                    __kiln_plans: ::core::default::Default::default(),
                 })
             }
 
@@ -118,7 +123,7 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
                 prefix: &str,
                 f: &mut ::kiln::tensor::nn::UpdateFn<'_, Be>,
             ) -> ::kiln::tensor::Result<()> {
-                #(self.#ids.update_params(&grads.#ids, &::kiln::tensor::nn::join(prefix, #names), f)?;)*
+                #(::kiln::tensor::nn::with_name(prefix, #names, |name| self.#ids.update_params(&grads.#ids, name, f))?;)*
                 Ok(())
             }
 
@@ -136,6 +141,17 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
             /// Builds the model on `device`, every parameter initialised from `seed`.
             pub fn init(device: &Be::Device, seed: u64) -> ::kiln::tensor::Result<Self> {
                 <Self as ::kiln::tensor::nn::Module<Be>>::init_named(device, seed, "")
+            }
+
+            /// Whether methods run through their build-time fused plans (the default).
+            pub fn fused(&self) -> bool {
+                self.__kiln_plans.fused()
+            }
+
+            /// Runs methods through their fused plans (`true`) or op by op (`false`,
+            /// the unfused reference path).
+            pub fn set_fused(&self, on: bool) {
+                self.__kiln_plans.set_fused(on)
             }
 
             /// A fresh seed for one training step's random draws (dropout masks).

@@ -7,7 +7,7 @@ use crate::dsl::{dtype_path, layer_type, FieldKind};
 use crate::graph::{Leaf, MGraph};
 use crate::lower::{describe, Lower, MethodSig, Val};
 use crate::structs::ModelField;
-use crate::sym::{f64_tokens, SDim};
+use crate::sym::{f64_tokens, DimTokens, SDim};
 use kiln_autodiff::vjp;
 use kiln_tensor::ir::{NodeId, NodeKind};
 use kiln_tensor::nn::{join, Mode};
@@ -307,6 +307,7 @@ pub fn value_and_grad(
     fields: &[ModelField],
     methods: &[MethodSig],
     m: &MethodSig,
+    plan_id: usize,
 ) -> Result<TokenStream, Vec<syn::Error>> {
     let mut lower = Lower::new(fields, methods, Mode::Train { seed: 0 }, false);
     let v = lower.lower_method(m);
@@ -339,7 +340,10 @@ pub fn value_and_grad(
     }
     let mut outputs = vec![loss];
     let mut grad_of: HashMap<String, NodeId> = HashMap::new();
-    for (key, &n) in &param_node {
+    // Sorted, so that the plan (and its snapshot) is the same on every build.
+    let mut params: Vec<(&String, &NodeId)> = param_node.iter().collect();
+    params.sort();
+    for (key, &n) in params {
         if let Some(&g) = grads.get(&n) {
             outputs.push(g);
             grad_of.insert(key.clone(), g);
@@ -347,9 +351,22 @@ pub fn value_and_grad(
     }
     outputs.extend(mg.updates.iter().map(|u| u.node));
 
+    outputs.dedup();
+    let mut unique: Vec<NodeId> = Vec::new();
+    for &o in &outputs {
+        if !unique.contains(&o) {
+            unique.push(o);
+        }
+    }
+    let const_name = format_ident!(
+        "__KILN_PLAN_{}_AND_GRAD",
+        m.name().to_string().to_uppercase()
+    );
+    let fused = crate::fuse::fuse(&mg, &unique, plan_id, &const_name, &m.consts);
     let mut em = Emitter::new(&mg);
-    let live = em.live(&outputs);
+    let live = em.live(&unique);
     let body = em.emit(&live);
+    let out_vars: Vec<Ident> = unique.iter().map(|&o| em.var(o)).collect();
     let loss_var = em.var(loss);
     let updates: Vec<TokenStream> = mg
         .updates
@@ -384,21 +401,30 @@ pub fn value_and_grad(
     let doc = format!(
         "The value of [`Self::{name}`] and the gradient of every parameter, computed by the backward pass `#[model]` derived at build time (training mode: dropout active, batch statistics used and recorded)."
     );
+    let plan_const = &fused.plan_const;
+    let fused_run = &fused.run;
     Ok(quote! {
+        #plan_const
+
         #[doc = #doc]
         #[allow(unused_variables, clippy::let_and_return, clippy::redundant_clone)]
         pub fn #fname<#(const #consts: usize),*>(&self, #(#arg_names: &#arg_tys),*) -> ::kiln::tensor::Result<(#ret, #grads_ty<Be>)> {
             let __dev = #device;
             let __seed = self.__kiln_step_seed();
-            #(#body)*
+            let (#(#out_vars,)*) = if self.__kiln_plans.fused() {
+                #fused_run
+            } else {
+                #(#body)*
+                (#(#out_vars,)*)
+            };
             #(#updates)*
-            let grads = #grads_ty { #(#grad_fields,)* };
+            let grads = #grads_ty { #(#grad_fields,)* __kiln_backend: ::core::marker::PhantomData };
             Ok((::kiln::tensor::Tensor::from_raw(#loss_var)?, grads))
         }
     })
 }
 
-fn first_param_device(fields: &[ModelField]) -> Option<TokenStream> {
+pub(crate) fn first_param_device(fields: &[ModelField]) -> Option<TokenStream> {
     for f in fields {
         let id = &f.ident;
         match &f.kind {
@@ -436,7 +462,7 @@ fn grads_value(
                     }
                 })
                 .collect();
-            quote!(<<#ty as ::kiln::tensor::nn::Module<Be>>::Grads>::from_raw(vec![#(#parts),*])?)
+            quote!(<<#ty as ::kiln::tensor::nn::Module<Be>>::Grads>::from_raw([#(#parts),*])?)
         }
         FieldKind::Array(inner, n) => {
             let items: Vec<TokenStream> = (0..*n)

@@ -10,6 +10,7 @@
 //! is kept in `f32`, because an `eps` of `1e-8` or a `1 - β₂` of `1e-3` does not
 //! survive a round trip through half precision.
 
+use kiln_tensor::fused::{ExprStep, FusedExpr};
 use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, DType, Error, RawTensor, Result};
 use std::collections::HashMap;
@@ -38,6 +39,18 @@ pub trait Optimizer<B: Backend> {
     /// Forgets every parameter's state (momentum buffers, moments, step counts).
     fn reset(&mut self);
 
+    /// [`Optimizer::update_param`] in place. Optimizers override it to write into the
+    /// parameter's buffer (one fused pass, no allocation) when nobody else holds it.
+    fn update_param_in_place(
+        &mut self,
+        name: &str,
+        param: &mut RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<()> {
+        *param = self.update_param(name, param, grad)?;
+        Ok(())
+    }
+
     /// Updates every parameter of `model` from `grads`.
     ///
     /// Parameters are updated in declaration order; if one fails (a gradient of the
@@ -46,7 +59,9 @@ pub trait Optimizer<B: Backend> {
     where
         Self: Sized,
     {
-        model.update_params(grads, "", &mut |name, p, g| self.update_param(name, p, g))
+        model.update_params(grads, "", &mut |name, p, g| {
+            self.update_param_in_place(name, p, g)
+        })
     }
 }
 
@@ -90,6 +105,8 @@ impl Default for SgdConfig {
 pub struct Sgd<B: Backend> {
     config: SgdConfig,
     momentum_buffers: HashMap<String, RawTensor<B>>,
+    /// The fused update for the current settings, built on first use.
+    fused: Option<FusedExpr>,
 }
 
 impl<B: Backend> Sgd<B> {
@@ -116,6 +133,7 @@ impl<B: Backend> Sgd<B> {
         Ok(Sgd {
             config,
             momentum_buffers: HashMap::new(),
+            fused: None,
         })
     }
 
@@ -127,6 +145,77 @@ impl<B: Backend> Sgd<B> {
     /// The momentum buffer of parameter `name`, once it has taken a step with momentum.
     pub fn momentum_buffer(&self, name: &str) -> Option<&RawTensor<B>> {
         self.momentum_buffers.get(name)
+    }
+
+    /// The update of an f32 parameter and its momentum buffer as one fused kernel,
+    /// outputs `[param, buffer]` read and written in place, input `[grad]`; the same
+    /// ops in the same order as `update_param`, so the results are bit-identical.
+    fn fused_expr(c: &SgdConfig) -> FusedExpr {
+        use kiln_tensor::fused::ExprStep::*;
+        use kiln_tensor::BinaryOp::{Add, Mul, Sub};
+        let mut s = vec![Input(0), Output(0), Output(1)];
+        let push = |s: &mut Vec<ExprStep>, e: ExprStep| {
+            s.push(e);
+            s.len() - 1
+        };
+        let (g, p, b) = (0, 1, 2);
+        let d = if c.weight_decay != 0.0 {
+            let wd = push(&mut s, Const(c.weight_decay as f32));
+            let t = push(&mut s, Binary(Mul, p, wd));
+            push(&mut s, Binary(Add, g, t))
+        } else {
+            g
+        };
+        let m = push(&mut s, Const(c.momentum as f32));
+        let bm = push(&mut s, Binary(Mul, b, m));
+        let damp = push(&mut s, Const((1.0 - c.dampening) as f32));
+        let dd = push(&mut s, Binary(Mul, d, damp));
+        let nb = push(&mut s, Binary(Add, bm, dd));
+        let step = if c.nesterov {
+            let t = push(&mut s, Binary(Mul, nb, m));
+            push(&mut s, Binary(Add, d, t))
+        } else {
+            nb
+        };
+        let lr = push(&mut s, Const(c.lr as f32));
+        let t = push(&mut s, Binary(Mul, step, lr));
+        let np = push(&mut s, Binary(Sub, p, t));
+        FusedExpr {
+            steps: s,
+            results: vec![np, nb],
+            inputs: 1,
+        }
+    }
+
+    /// Runs the fused update when it applies (f32, momentum, a buffer from an earlier
+    /// step, parameter and buffer held by nobody else); `false` otherwise.
+    fn update_fused(
+        &mut self,
+        name: &str,
+        param: &mut RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<bool> {
+        let c = self.config;
+        if c.momentum == 0.0
+            || param.dtype() != DType::F32
+            || grad.dtype() != DType::F32
+            || grad.dims() != param.dims()
+        {
+            return Ok(false);
+        }
+        let Some(buf) = self.momentum_buffers.get_mut(name) else {
+            return Ok(false);
+        };
+        if buf.dims() != param.dims() || buf.dtype() != DType::F32 {
+            return Ok(false);
+        }
+        let expr = self.fused.get_or_insert_with(|| Self::fused_expr(&c));
+        let (dims, device) = (*param.dims(), param.device().clone());
+        let (Some(p), Some(b)) = (param.storage_mut(), buf.storage_mut()) else {
+            return Ok(false);
+        };
+        B::fused_elementwise(&device, expr, None, &[grad.view()], &dims, &mut [p, b])?;
+        Ok(true)
     }
 }
 
@@ -146,8 +235,10 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
         };
         if c.momentum != 0.0 {
             let buf = match self.momentum_buffers.get(name) {
-                // PyTorch starts the buffer at the (decayed) gradient, undampened.
-                None => d.clone(),
+                // PyTorch starts the buffer at the (decayed) gradient, undampened. A
+                // copy, so the buffer owns its storage and later steps update it in
+                // place (the gradient's buffer may be reused by whoever produced it).
+                None => d.deep_copy()?,
                 Some(b) => {
                     check_state("Sgd", name, "momentum buffer", b, &p)?;
                     b.mul_scalar(c.momentum)?
@@ -164,6 +255,18 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
         finish(param, p.sub(&d.mul_scalar(c.lr)?)?)
     }
 
+    fn update_param_in_place(
+        &mut self,
+        name: &str,
+        param: &mut RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<()> {
+        if !self.update_fused(name, param, grad)? {
+            *param = self.update_param(name, param, grad)?;
+        }
+        Ok(())
+    }
+
     fn lr(&self) -> f64 {
         self.config.lr
     }
@@ -171,6 +274,7 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
     fn set_lr(&mut self, lr: f64) -> Result<()> {
         check_lr("Sgd", lr)?;
         self.config.lr = lr;
+        self.fused = None;
         Ok(())
     }
 

@@ -547,7 +547,7 @@ impl Module<Cpu> for Masked {
         prefix: &str,
         f: &mut UpdateFn<'_, Cpu>,
     ) -> Result<()> {
-        self.weight = f(&join(prefix, "weight"), &self.weight, grads)?;
+        f(&join(prefix, "weight"), &mut self.weight, grads)?;
         Ok(())
     }
 

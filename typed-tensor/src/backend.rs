@@ -4,9 +4,11 @@
 //! reach a backend: they are layout changes made by the tensor.
 
 use crate::dtype::{DType, HostData};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::fused::{ExprStep, FusedExpr, NativeFn};
 use crate::layout::Layout;
-use crate::op::{Op, TensorMeta};
+use crate::op::{CmpOp, Op, TensorMeta};
+use crate::shape::Dims;
 use std::fmt::Debug;
 
 /// A storage buffer seen through a layout: one input of an op.
@@ -63,4 +65,156 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
     fn contiguous(device: &Self::Device, input: View<'_, Self>) -> Result<Self::Storage>;
     /// Waits until every queued operation on `device` has finished.
     fn synchronize(device: &Self::Device) -> Result<()>;
+
+    /// A contiguous buffer of `len` elements of `dtype` (contents unspecified). The
+    /// default fills zeros through `execute`.
+    fn alloc(device: &Self::Device, dtype: DType, len: usize) -> Result<Self::Storage> {
+        let op = Op::Full {
+            dims: vec![len],
+            value: 0.0,
+            dtype,
+        };
+        Self::execute(device, &op, &[], &TensorMeta::new(vec![len], dtype))
+    }
+
+    /// Runs one primitive op into `out`, a contiguous buffer of at least `meta`'s
+    /// element count and its dtype, which a backend may reuse instead of allocating.
+    /// The default runs [`Backend::execute`] and replaces `out`.
+    fn execute_into(
+        device: &Self::Device,
+        op: &Op,
+        inputs: &[View<'_, Self>],
+        meta: &TensorMeta,
+        out: &mut Self::Storage,
+    ) -> Result<()> {
+        *out = Self::execute(device, op, inputs, meta)?;
+        Ok(())
+    }
+
+    /// Runs a fused elementwise kernel: each output (contiguous f32 of at least
+    /// `dims`' element count) takes its result of `expr` at every element of `dims`;
+    /// every input view has `dims` (broadcast by strides). `native` is the kernel as a
+    /// compiled loop, where the caller has one. The default runs the steps op by op
+    /// through [`Backend::execute`].
+    fn fused_elementwise(
+        device: &Self::Device,
+        expr: &FusedExpr,
+        native: Option<NativeFn>,
+        inputs: &[View<'_, Self>],
+        dims: &Dims,
+        outputs: &mut [&mut Self::Storage],
+    ) -> Result<()> {
+        let _ = native;
+        fused_by_ops::<Self>(device, expr, inputs, dims, outputs)
+    }
+}
+
+/// [`Backend::fused_elementwise`] step by step with [`Backend::execute`].
+pub fn fused_by_ops<B: Backend>(
+    device: &B::Device,
+    expr: &FusedExpr,
+    inputs: &[View<'_, B>],
+    dims: &Dims,
+    outputs: &mut [&mut B::Storage],
+) -> Result<()> {
+    let f32_meta = TensorMeta::new(dims.to_vec(), DType::F32);
+    let bool_meta = TensorMeta::new(dims.to_vec(), DType::Bool);
+    let whole = Layout::contiguous(*dims);
+    let mut regs: Vec<B::Storage> = Vec::with_capacity(expr.steps.len());
+    let zero = B::execute(
+        device,
+        &Op::Full {
+            dims: dims.to_vec(),
+            value: 0.0,
+            dtype: DType::F32,
+        },
+        &[],
+        &f32_meta,
+    )?;
+    let zview = || View::<B> {
+        storage: &zero,
+        layout: whole,
+    };
+    for step in &expr.steps {
+        let reg = |i: usize| View::<B> {
+            storage: &regs[i],
+            layout: whole,
+        };
+        let as_bool =
+            |v: View<'_, B>| B::execute(device, &Op::Compare(CmpOp::Ne), &[v, zview()], &bool_meta);
+        let to_f32 = |b: B::Storage| {
+            B::execute(
+                device,
+                &Op::Cast { dtype: DType::F32 },
+                &[View {
+                    storage: &b,
+                    layout: whole,
+                }],
+                &f32_meta,
+            )
+        };
+        let value = match *step {
+            ExprStep::Input(k) => {
+                let v = inputs
+                    .get(k)
+                    .ok_or_else(|| Error::invalid("fused", format!("input {k} is missing")))?;
+                B::contiguous(device, v.clone())?
+            }
+            ExprStep::Output(k) => B::contiguous(
+                device,
+                View {
+                    storage: &*outputs[k],
+                    layout: whole,
+                },
+            )?,
+            ExprStep::Const(c) => B::execute(
+                device,
+                &Op::Full {
+                    dims: dims.to_vec(),
+                    value: c as f64,
+                    dtype: DType::F32,
+                },
+                &[],
+                &f32_meta,
+            )?,
+            ExprStep::Unary(op, a) => B::execute(device, &Op::Unary(op), &[reg(a)], &f32_meta)?,
+            ExprStep::Binary(op, a, b) => {
+                B::execute(device, &Op::Binary(op), &[reg(a), reg(b)], &f32_meta)?
+            }
+            ExprStep::Compare(op, a, b) => to_f32(B::execute(
+                device,
+                &Op::Compare(op),
+                &[reg(a), reg(b)],
+                &bool_meta,
+            )?)?,
+            ExprStep::Select(c, a, b) => {
+                let c = as_bool(reg(c))?;
+                B::execute(
+                    device,
+                    &Op::Where,
+                    &[
+                        View {
+                            storage: &c,
+                            layout: whole,
+                        },
+                        reg(a),
+                        reg(b),
+                    ],
+                    &f32_meta,
+                )?
+            }
+            ExprStep::ToBool(a) => to_f32(as_bool(reg(a))?)?,
+        };
+        regs.push(value);
+    }
+    for (out, &r) in outputs.iter_mut().zip(&expr.results) {
+        **out = B::contiguous(
+            device,
+            View {
+                storage: &regs[r],
+                layout: whole,
+            },
+        )?;
+    }
+    Ok(())
 }

@@ -24,6 +24,7 @@ pub mod checks;
 pub mod dim;
 pub mod dtype;
 pub mod error;
+pub mod fused;
 pub mod ir;
 pub mod layout;
 pub mod nn;
@@ -45,7 +46,7 @@ pub use layout::Layout;
 pub use op::{
     Arity, BinaryOp, CmpOp, Op, OpClass, RandDist, ReduceOp, SymDim, TensorMeta, UnaryOp, Window2d,
 };
-pub use raw::{Eager, RawTensor};
+pub use raw::{fit_views, Eager, RawTensor};
 pub use shape::{
     Batch, Dims, LastDim, Rank0, Rank1, Rank2, Rank3, Rank4, ReduceAxis, SameShape, Shape,
 };

@@ -63,6 +63,25 @@ impl<B: Backend> RawTensor<B> {
         })
     }
 
+    /// Wraps a shared buffer seen through `layout` (which must stay inside it).
+    pub fn from_arc(storage: Arc<B::Storage>, layout: Layout, device: B::Device) -> Result<Self> {
+        if layout.storage_extent() > B::storage_len(&storage) {
+            return Err(Error::invalid(
+                "from_arc",
+                format!(
+                    "layout {layout:?} reaches past a buffer of {} elements",
+                    B::storage_len(&storage)
+                ),
+            ));
+        }
+        Ok(RawTensor {
+            dtype: B::storage_dtype(&storage),
+            storage,
+            layout,
+            device,
+        })
+    }
+
     /// Uploads host values with the given dims.
     pub fn from_host(data: HostData, dims: &[usize], device: &B::Device) -> Result<Self> {
         let dims = Dims::new(dims)?;
@@ -212,10 +231,59 @@ impl<B: Backend> RawTensor<B> {
         Eager::<B>::new(self.device.clone()).apply(op, &inputs)
     }
 
+    /// A copy in a buffer of its own (even when this tensor is contiguous already).
+    pub fn deep_copy(&self) -> Result<Self> {
+        let storage = B::contiguous(&self.device, self.view())?;
+        RawTensor::from_storage(storage, *self.dims(), self.device.clone())
+    }
+
+    /// The buffer, for writing in place: only when this tensor is its sole owner and
+    /// views all of it in order (so a write changes this tensor and nothing else).
+    pub fn storage_mut(&mut self) -> Option<&mut B::Storage> {
+        let whole = self.layout.is_contiguous()
+            && self.layout.offset() == 0
+            && self.layout.numel() == B::storage_len(&self.storage);
+        if whole {
+            Arc::get_mut(&mut self.storage)
+        } else {
+            None
+        }
+    }
+
     /// A builder on this tensor's device, for composites: `x.ops().softmax(&x, 1)`.
     pub fn ops(&self) -> Eager<B> {
         Eager::new(self.device.clone())
     }
+}
+
+/// Fits views to what an op's kernel receives under the `Backend::execute` contract:
+/// elementwise inputs broadcast to the output's dims, matmul batch dims broadcast to
+/// the output's, every other op's inputs as they are. In place, so callers that keep
+/// views on the stack allocate nothing.
+pub fn fit_views<B: Backend>(op: &Op, views: &mut [View<'_, B>], out_dims: &Dims) -> Result<()> {
+    match op.class() {
+        OpClass::Elementwise => {
+            for v in views.iter_mut() {
+                if v.layout.dims() != out_dims {
+                    v.layout = v.layout.broadcast_to(out_dims)?;
+                }
+            }
+        }
+        OpClass::Contraction => {
+            let r = out_dims.rank();
+            for v in views.iter_mut() {
+                let d = v.layout.dims();
+                let mut target = *out_dims;
+                target.as_mut_slice()[r - 2] = d[d.rank() - 2];
+                target.as_mut_slice()[r - 1] = d[d.rank() - 1];
+                if *d != target {
+                    v.layout = v.layout.broadcast_to(&target)?;
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The builder that runs each op immediately on backend `B`.
@@ -292,35 +360,8 @@ impl<B: Backend> Builder for Eager<B> {
             }
             _ => {}
         }
-        let views: Vec<View<'_, B>> = match op.class() {
-            OpClass::Elementwise => inputs
-                .iter()
-                .map(|t| {
-                    Ok(View {
-                        storage: &*t.storage,
-                        layout: t.layout.broadcast_to(&out_dims)?,
-                    })
-                })
-                .collect::<Result<_>>()?,
-            OpClass::Contraction => {
-                // Broadcast the batch dims of both operands to the result's.
-                let r = out_dims.rank();
-                inputs
-                    .iter()
-                    .map(|t| {
-                        let d = t.dims();
-                        let mut target = out_dims;
-                        target.as_mut_slice()[r - 2] = d[d.rank() - 2];
-                        target.as_mut_slice()[r - 1] = d[d.rank() - 1];
-                        Ok(View {
-                            storage: &*t.storage,
-                            layout: t.layout.broadcast_to(&target)?,
-                        })
-                    })
-                    .collect::<Result<_>>()?
-            }
-            _ => inputs.iter().map(|t| t.view()).collect(),
-        };
+        let mut views: Vec<View<'_, B>> = inputs.iter().map(|t| t.view()).collect();
+        fit_views(&op, &mut views, &out_dims)?;
         let storage = B::execute(&self.device, &op, &views, &out)?;
         RawTensor::from_storage(storage, out_dims, self.device.clone())
     }

@@ -89,6 +89,24 @@ impl<B: Backend, S: Shape, E: Element> Tensor<B, S, E> {
         &self.raw
     }
 
+    /// Lets `f` change the untyped tensor in place (an optimizer's update); an error
+    /// if it leaves other dims or another dtype than the type says.
+    pub fn update_raw(&mut self, f: impl FnOnce(&mut RawTensor<B>) -> Result<()>) -> Result<()> {
+        let (dims, dtype) = (*self.raw.dims(), self.raw.dtype());
+        f(&mut self.raw)?;
+        if *self.raw.dims() != dims || self.raw.dtype() != dtype {
+            return Err(Error::shape(
+                "update",
+                format!(
+                    "a {dtype} {dims} tensor was replaced by a {} {}",
+                    self.raw.dtype(),
+                    self.raw.dims()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Unwraps the untyped tensor.
     pub fn into_raw(self) -> RawTensor<B> {
         self.raw

@@ -109,3 +109,50 @@ pub fn scatter_add(
     with_sum_storage!(src, v, T => Ok(go::<T>(v, sl, &idx, &dims, axis, out_dims, &ostrides)),
         Err(crate::elementwise::unsupported("scatter_add", src)))
 }
+
+/// The one-index-per-row case of gather and scatter-add on f32 (picking or scattering
+/// the label's logit in cross-entropy), written into `out` without staging: `data` is
+/// `[rows, n]` (gather) or `[rows, 1]` (scatter-add into `out` `[rows, n]`), `index`
+/// `[rows, 1]` of i32, any strides. `Ok(false)` for any other case.
+pub fn pick_rows_f32_into(
+    data: &CpuStorage,
+    dl: &Layout,
+    index: &CpuStorage,
+    il: &Layout,
+    n: usize,
+    scatter: bool,
+    out: &mut [f32],
+) -> Result<bool> {
+    let (CpuStorage::F32(v), CpuStorage::I32(ix)) = (data, index) else {
+        return Ok(false);
+    };
+    let (id, dd) = (il.dims(), dl.dims());
+    if id.rank() != 2 || dd.rank() != 2 || id[1] != 1 || dd[0] != id[0] {
+        return Ok(false);
+    }
+    let rows = id[0];
+    let (is, ds) = (il.strides(), dl.strides());
+    let at = |r: usize| ix[il.offset() + r * is[0]];
+    for r in 0..rows {
+        let i = at(r);
+        if i < 0 || i as usize >= n {
+            let op = if scatter { "scatter_add" } else { "gather" };
+            return Err(kiln_tensor::Error::invalid(
+                op,
+                format!("index {i} is out of bounds for an axis of {n}"),
+            ));
+        }
+    }
+    if scatter {
+        let out = &mut out[..rows * n];
+        out.fill(0.0);
+        for r in 0..rows {
+            out[r * n + at(r) as usize] = v[dl.offset() + r * ds[0]];
+        }
+    } else {
+        for (r, o) in out[..rows].iter_mut().enumerate() {
+            *o = v[dl.offset() + r * ds[0] + at(r) as usize * ds[1]];
+        }
+    }
+    Ok(true)
+}

@@ -7,6 +7,7 @@
 //! `matmul`.
 
 pub mod elementwise;
+pub mod fused;
 pub mod gemm;
 pub mod index;
 pub mod math;
@@ -64,6 +65,99 @@ impl Backend for Cpu {
 
     fn synchronize(_: &CpuDevice) -> Result<()> {
         Ok(())
+    }
+
+    fn alloc(_: &CpuDevice, dtype: DType, len: usize) -> Result<CpuStorage> {
+        Ok(source::full(len, 0.0, dtype))
+    }
+
+    fn execute_into(
+        device: &CpuDevice,
+        op: &Op,
+        inputs: &[View<'_, Cpu>],
+        meta: &TensorMeta,
+        out: &mut CpuStorage,
+    ) -> Result<()> {
+        let numel: usize = meta.dims.iter().product();
+        match (op, &mut *out) {
+            (Op::Reduce { op: r, axes }, CpuStorage::F32(o)) if o.len() >= numel => {
+                let x = &inputs[0];
+                check_extent(x.storage, &x.layout)?;
+                if reduce::reduce_f32_into(*r, x.storage, &x.layout, axes, o) {
+                    return Ok(());
+                }
+            }
+            (Op::Gather { axis: 1 }, CpuStorage::F32(o))
+                if o.len() >= numel && inputs[0].layout.rank() == 2 =>
+            {
+                let (x, i) = (&inputs[0], &inputs[1]);
+                check_extent(x.storage, &x.layout)?;
+                check_extent(i.storage, &i.layout)?;
+                let n = x.layout.dims()[1];
+                if index::pick_rows_f32_into(
+                    x.storage, &x.layout, i.storage, &i.layout, n, false, o,
+                )? {
+                    return Ok(());
+                }
+            }
+            (Op::ScatterAdd { axis: 1, dims }, CpuStorage::F32(o))
+                if o.len() >= numel && dims.len() == 2 =>
+            {
+                let (i, src) = (&inputs[0], &inputs[1]);
+                check_extent(i.storage, &i.layout)?;
+                check_extent(src.storage, &src.layout)?;
+                if index::pick_rows_f32_into(
+                    src.storage,
+                    &src.layout,
+                    i.storage,
+                    &i.layout,
+                    dims[1],
+                    true,
+                    o,
+                )? {
+                    return Ok(());
+                }
+            }
+            (
+                Op::Full {
+                    value,
+                    dtype: DType::F32,
+                    ..
+                },
+                CpuStorage::F32(o),
+            ) if o.len() >= numel => {
+                o[..numel].fill(*value as f32);
+                return Ok(());
+            }
+            _ => {}
+        }
+        if let (Op::MatMul, CpuStorage::F32(c)) = (op, &mut *out) {
+            for v in inputs {
+                check_extent(v.storage, &v.layout)?;
+            }
+            if c.len() >= numel {
+                let (a, b) = (&inputs[0], &inputs[1]);
+                if matmul::matmul_f32_into(a.storage, &a.layout, b.storage, &b.layout, c) {
+                    return Ok(());
+                }
+            }
+        }
+        *out = Self::execute(device, op, inputs, meta)?;
+        Ok(())
+    }
+
+    fn fused_elementwise(
+        device: &CpuDevice,
+        expr: &kiln_tensor::fused::FusedExpr,
+        native: Option<kiln_tensor::fused::NativeFn>,
+        inputs: &[View<'_, Cpu>],
+        dims: &Dims,
+        outputs: &mut [&mut CpuStorage],
+    ) -> Result<()> {
+        if fused::fused_elementwise(expr, native, inputs, dims, outputs)? {
+            return Ok(());
+        }
+        kiln_tensor::backend::fused_by_ops::<Cpu>(device, expr, inputs, dims, outputs)
     }
 
     fn execute(

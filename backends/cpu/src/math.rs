@@ -43,25 +43,5 @@ impl Real for f32 {
     }
 }
 
-/// erf in f32: Numerical Recipes' Chebyshev fit of erfc (fractional error under
-/// 1.2e-7), so the absolute error of erf stays near f32 rounding everywhere.
-#[inline]
-pub fn erf_f32(x: f32) -> f32 {
-    let a = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * a);
-    let poly = -1.265_512_2
-        + t * (1.000_023_7
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_204
-                                + t * (1.488_515_9 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    let erfc = t * (-a * a + poly).exp();
-    let r = 1.0 - erfc;
-    if x < 0.0 {
-        -r
-    } else {
-        r
-    }
-}
+/// erf in f32 (shared with fused kernels, so that fused and unfused agree bit for bit).
+pub use kiln_tensor::op::erf_f32;

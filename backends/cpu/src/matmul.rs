@@ -48,36 +48,9 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
         ob: &[usize],
         mkn: [usize; 3],
     ) -> Vec<f32> {
-        let [m, k, n] = mkn;
+        let [m, _, n] = mkn;
         let mut c = vec![0f32; oa.len() * m * n];
-        if m * n == 0 {
-            return c;
-        }
-        // Many small products (conv as a batched matmul, attention heads): one thread per
-        // product beats splitting each small product across threads.
-        let per = m * n * k;
-        if oa.len() >= rayon::current_num_threads() && per < SMALL_PRODUCT {
-            let single = GemmOptions {
-                threads: Some(1),
-                ..GemmOptions::default()
-            };
-            c.par_chunks_mut(m * n).enumerate().for_each(|(i, cm)| {
-                sgemm_with(
-                    &single,
-                    m,
-                    n,
-                    k,
-                    mat(a, la, oa[i]),
-                    mat(b, lb, ob[i]),
-                    cm,
-                    false,
-                );
-            });
-        } else {
-            for (i, cm) in c.chunks_mut(m * n).enumerate() {
-                sgemm(m, n, k, mat(a, la, oa[i]), mat(b, lb, ob[i]), cm, false);
-            }
-        }
+        f32_into(a, la, oa, b, lb, ob, mkn, &mut c);
         c
     }
     let mkn = [m, k, n];
@@ -108,4 +81,81 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
         }
         _ => return Err(crate::elementwise::unsupported("matmul", a)),
     })
+}
+
+/// The products of `a` and `b` (strided views as [`matmul`] takes them) into `c`.
+#[allow(clippy::too_many_arguments)]
+fn f32_into<A: GemmInput, B: GemmInput>(
+    a: &[A],
+    la: &Layout,
+    oa: &[usize],
+    b: &[B],
+    lb: &Layout,
+    ob: &[usize],
+    mkn: [usize; 3],
+    c: &mut [f32],
+) {
+    let [m, k, n] = mkn;
+    if m * n == 0 {
+        return;
+    }
+    // Many small products (conv as a batched matmul, attention heads): one thread per
+    // product beats splitting each small product across threads.
+    let per = m * n * k;
+    if oa.len() >= rayon::current_num_threads() && per < SMALL_PRODUCT {
+        let single = GemmOptions {
+            threads: Some(1),
+            ..GemmOptions::default()
+        };
+        c.par_chunks_mut(m * n).enumerate().for_each(|(i, cm)| {
+            sgemm_with(
+                &single,
+                m,
+                n,
+                k,
+                mat(a, la, oa[i]),
+                mat(b, lb, ob[i]),
+                cm,
+                false,
+            );
+        });
+    } else {
+        for (i, cm) in c.chunks_mut(m * n).enumerate() {
+            sgemm(m, n, k, mat(a, la, oa[i]), mat(b, lb, ob[i]), cm, false);
+        }
+    }
+}
+
+/// An f32 product `[.., M, K] × [.., K, N]` written into the first elements of `c`
+/// (which must hold them); `false` when the inputs are not both f32.
+pub fn matmul_f32_into(
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+    c: &mut [f32],
+) -> bool {
+    let (CpuStorage::F32(x), CpuStorage::F32(y)) = (a, b) else {
+        return false;
+    };
+    let r = la.rank();
+    let mkn = [la.dims()[r - 2], la.dims()[r - 1], lb.dims()[r - 1]];
+    let len = la.dims().as_slice()[..r - 2].iter().product::<usize>() * mkn[0] * mkn[2];
+    if r == 2 {
+        // No batch: no offset lists to build (a steady-state step allocates nothing).
+        f32_into(
+            x,
+            la,
+            &[la.offset()],
+            y,
+            lb,
+            &[lb.offset()],
+            mkn,
+            &mut c[..len],
+        );
+    } else {
+        let (oa, ob) = (batch_offsets(la), batch_offsets(lb));
+        f32_into(x, la, &oa, y, lb, &ob, mkn, &mut c[..len]);
+    }
+    true
 }

@@ -186,3 +186,81 @@ pub fn reduce(op: ReduceOp, x: &CpuStorage, layout: &Layout, axes: &[usize]) -> 
         CpuStorage::Bool(_) => return Err(crate::elementwise::unsupported(op.name(), x)),
     })
 }
+
+/// An f32 sum, max or min written into `out` without staging copies, when `layout` is
+/// contiguous and `axes` are its leading or its trailing axes (bias gradients, row
+/// statistics); `false` for every other case, which [`reduce`] handles.
+pub fn reduce_f32_into(
+    op: ReduceOp,
+    x: &CpuStorage,
+    layout: &Layout,
+    axes: &[usize],
+    out: &mut [f32],
+) -> bool {
+    let CpuStorage::F32(data) = x else {
+        return false;
+    };
+    if !layout.is_contiguous() || !matches!(op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min) {
+        return false;
+    }
+    let (r, d) = (layout.rank(), layout.dims());
+    let k = axes.len();
+    let mut sorted = [0usize; kiln_tensor::shape::MAX_RANK];
+    sorted[..k].copy_from_slice(axes);
+    sorted[..k].sort_unstable();
+    let prefix = (0..k).all(|i| sorted[i] == i);
+    let suffix = (0..k).all(|i| sorted[i] == r - k + i);
+    let n = layout.numel();
+    let x = &data[layout.offset()..layout.offset() + n];
+    if k == 0 || n == 0 {
+        return false;
+    }
+    let pick = move |m: f32, v: f32| match op {
+        ReduceOp::Max if v > m || v.is_nan() => v,
+        ReduceOp::Min if v < m || v.is_nan() => v,
+        _ => m,
+    };
+    if suffix {
+        let inner: usize = d[r - k..].iter().product();
+        let rows = &mut out[..n / inner];
+        let row = |(o, row): (&mut f32, &[f32])| {
+            *o = match op {
+                ReduceOp::Sum => sum_row(row),
+                _ => row.iter().fold(row[0], |m, &v| pick(m, v)),
+            }
+        };
+        if n >= crate::elementwise::GRAIN && rows.len() > 1 {
+            rows.par_iter_mut().zip(x.par_chunks(inner)).for_each(row);
+        } else {
+            rows.iter_mut().zip(x.chunks(inner)).for_each(row);
+        }
+        return true;
+    }
+    if prefix {
+        let inner: usize = d[k..].iter().product();
+        let outer = n / inner;
+        // Columns in chunks, each accumulating the rows in order.
+        let cols = |(c, acc): (usize, &mut [f32])| {
+            let c0 = c * COLUMN_CHUNK;
+            acc.copy_from_slice(&x[c0..c0 + acc.len()]);
+            for i in 1..outer {
+                let src = &x[i * inner + c0..i * inner + c0 + acc.len()];
+                match op {
+                    ReduceOp::Sum => acc.iter_mut().zip(src).for_each(|(a, &v)| *a += v),
+                    _ => acc.iter_mut().zip(src).for_each(|(a, &v)| *a = pick(*a, v)),
+                }
+            }
+        };
+        let out = &mut out[..inner];
+        if n >= crate::elementwise::GRAIN && inner > COLUMN_CHUNK {
+            out.par_chunks_mut(COLUMN_CHUNK).enumerate().for_each(cols);
+        } else {
+            out.chunks_mut(COLUMN_CHUNK).enumerate().for_each(cols);
+        }
+        return true;
+    }
+    false
+}
+
+/// Columns per task of a reduction over leading axes.
+const COLUMN_CHUNK: usize = 256;

@@ -56,6 +56,18 @@ fn w4(reps: usize) -> Result<()> {
     Ok(())
 }
 
+/// W2's chain as a `#[model]`: planned at build time into one fused kernel.
+#[model]
+pub struct Chain {}
+
+#[model]
+impl Chain {
+    /// relu(x·1.5 + 0.5) · sigmoid(x).
+    pub fn forward<const N: usize>(&self, x: Tensor<N>) -> Tensor<N> {
+        (x * 1.5 + 0.5).relu() * x.sigmoid()
+    }
+}
+
 fn w2(reps: usize) -> Result<()> {
     let dev = CpuDevice;
     let n = 1usize << 26;
@@ -76,7 +88,17 @@ fn w2(reps: usize) -> Result<()> {
     let ms = time_ms(reps, || chain().map(|_| ()))?;
     // Counted as one read and one write of f32 per element, whatever the kernels do.
     let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
-    println!("bench=W2 impl=kiln backend=cpu variant=unfused n={n} ms={ms:.3} gbps={gbps:.2}");
+    // What the kernels move: each op reads its inputs and writes its output.
+    let unfused_bytes = n * 4 * (2 + 2 + 2 + 2 + 3);
+    println!("bench=W2 impl=kiln backend=cpu variant=unfused n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={unfused_bytes}");
+    let chain = Chain::<Cpu>::init(&dev, 0)?;
+    let typed = Tensor::<Cpu, (Const<{ 1usize << 26 }>,)>::from_raw(x.clone())?;
+    let ms = time_ms(reps, || chain.forward(&typed).map(|_| ()))?;
+    let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
+    let plan = kiln::fusion::Plan::parse(Chain::<Cpu>::fusion_plans()[0].1)?;
+    let (r, w) = plan.total_bytes();
+    let fused_bytes = r.eval(&|_| Some(n), &|_| None)? + w.eval(&|_| Some(n), &|_| None)?;
+    println!("bench=W2 impl=kiln backend=cpu variant=fused n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={fused_bytes}");
     Ok(())
 }
 
@@ -93,11 +115,17 @@ fn w1_batch<const B: usize>(reps: usize) -> Result<()> {
     let x = Tensor::<Cpu, Rank2<B, 784>>::normal(0.0, 1.0, 5, &dev)?;
     let labels: Vec<i32> = (0..B as i32).map(|i| i % 10).collect();
     let y = Tensor::<Cpu, (Const<B>,), i32>::from_vec(labels, &[B], &dev)?;
-    let ms = time_ms(reps, || {
-        let (_, grads) = model.loss_and_grad(&x, &y)?;
-        opt.step(&mut model, &grads)
-    })?;
-    println!("bench=W1 impl=kiln backend=cpu variant=static task=train batch={B} ms={ms:.3}");
+    for fused in [true, false] {
+        model.set_fused(fused);
+        let ms = time_ms(reps, || {
+            let (_, grads) = model.loss_and_grad(&x, &y)?;
+            opt.step(&mut model, &grads)
+        })?;
+        let variant = if fused { "static" } else { "static-unfused" };
+        println!(
+            "bench=W1 impl=kiln backend=cpu variant={variant} task=train batch={B} ms={ms:.3}"
+        );
+    }
     let mut dynamic = DynamicMlp::<Cpu>::new(&[784, 1024, 1024, 10], 1, &dev)?;
     let ms = time_ms(reps, || {
         dynamic.train_step(x.raw(), y.raw(), 0.01, 0.9).map(|_| ())

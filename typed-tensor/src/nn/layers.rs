@@ -108,10 +108,10 @@ macro_rules! layer {
 
         impl<B: Backend, $(const $c: usize),*> $grads<B, $($c),*> {
             /// Gradients from raw tensors in parameter order (checked against the types).
-            pub fn from_raw(mut raw: Vec<RawTensor<B>>) -> Result<Self> {
-                raw.reverse();
+            pub fn from_raw(raw: impl IntoIterator<Item = RawTensor<B>>) -> Result<Self> {
+                let mut raw = raw.into_iter();
                 Ok($grads {
-                    $($p: Tensor::from_raw(raw.pop().ok_or_else(|| Error::invalid("grads", "too few gradients"))?)?,)*
+                    $($p: Tensor::from_raw(raw.next().ok_or_else(|| Error::invalid("grads", "too few gradients"))?)?,)*
                     _backend: std::marker::PhantomData,
                 })
             }
@@ -185,11 +185,11 @@ macro_rules! layer {
                 prefix: &str,
                 f: &mut super::module::UpdateFn<'_, B>,
             ) -> Result<()> {
-                $({
-                    let name = join(prefix, stringify!($p));
-                    let new = f(&name, self.$p.raw(), grads.$p.raw())?;
-                    self.$p = Tensor::from_raw(same_slot(&name, self.$p.raw(), new)?)?;
-                })*
+                $(
+                    super::module::with_name(prefix, stringify!($p), |name| {
+                        self.$p.update_raw(|raw| f(name, raw, grads.$p.raw()))
+                    })?;
+                )*
                 Ok(())
             }
 

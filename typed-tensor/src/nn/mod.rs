@@ -6,5 +6,5 @@ pub mod module;
 pub mod spec;
 
 pub use layers::*;
-pub use module::{join, seed_for, step_seed, LoadFn, Module, Slot, UpdateFn};
+pub use module::{join, seed_for, step_seed, with_name, LoadFn, Module, Slot, UpdateFn};
 pub use spec::{Init, LayerOut, LayerSpec, Mode, ParamSpec};

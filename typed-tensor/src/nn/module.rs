@@ -14,10 +14,8 @@ pub struct Slot<'a, B: Backend> {
     pub value: &'a RawTensor<B>,
 }
 
-/// How `Module::update_params` computes a parameter's new value: `(name, value,
-/// gradient) -> new value`.
-pub type UpdateFn<'a, B> =
-    dyn FnMut(&str, &RawTensor<B>, &RawTensor<B>) -> Result<RawTensor<B>> + 'a;
+/// How `Module::update_params` updates a parameter in place: `(name, value, gradient)`.
+pub type UpdateFn<'a, B> = dyn FnMut(&str, &mut RawTensor<B>, &RawTensor<B>) -> Result<()> + 'a;
 
 /// How `Module::load_named` gets a tensor's new value: `(name, current) -> new value`.
 pub type LoadFn<'a, B> = dyn FnMut(&str, &RawTensor<B>) -> Result<RawTensor<B>> + 'a;
@@ -71,6 +69,27 @@ pub fn join(prefix: &str, name: &str) -> String {
     }
 }
 
+thread_local! {
+    /// Spare name buffers for `with_name` (one per nesting level in use).
+    static NAMES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Calls `f` with `join(prefix, name)` built in a reused buffer, so that walking a
+/// model's parameters every training step allocates nothing once warm.
+pub fn with_name<R>(prefix: &str, name: impl std::fmt::Display, f: impl FnOnce(&str) -> R) -> R {
+    use std::fmt::Write;
+    let mut buf = NAMES.with(|n| n.borrow_mut().pop()).unwrap_or_default();
+    buf.clear();
+    if !prefix.is_empty() {
+        buf.push_str(prefix);
+        buf.push('.');
+    }
+    let _ = write!(buf, "{name}");
+    let r = f(&buf);
+    NAMES.with(|n| n.borrow_mut().push(buf));
+    r
+}
+
 /// The seed of a model's `n`-th training step (what `#[model]`'s `_and_grad` methods
 /// draw dropout masks from: the mask of the `i`-th dropout layer uses `step_seed(n) ^ i`).
 pub fn step_seed(n: u64) -> u64 {
@@ -118,7 +137,7 @@ impl<B: Backend, M: Module<B>, const N: usize> Module<B> for [M; N] {
         f: &mut UpdateFn<'_, B>,
     ) -> Result<()> {
         for (i, (m, g)) in self.iter_mut().zip(grads).enumerate() {
-            m.update_params(g, &join(prefix, &i.to_string()), f)?;
+            with_name(prefix, i, |name| m.update_params(g, name, f))?;
         }
         Ok(())
     }

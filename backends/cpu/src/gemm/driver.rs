@@ -205,7 +205,11 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
     let b_native = B::as_native(b.data).filter(|_| b.col_stride == 1 && m <= 2 * mr && n >= nr);
     with_scratch(&SHARED_SCRATCH, |shared| {
         let abuf = shared.slice::<T>(kc_blk * mc_blk);
-        let states: Vec<AtomicU8> = (0..mc_blk / mr).map(|_| AtomicU8::new(EMPTY)).collect();
+        // Panel states, kept between calls (steady-state products allocate nothing).
+        let mut states = STATES.with(|s| s.take());
+        if states.len() < mc_blk / mr {
+            states.resize_with(mc_blk / mr, || AtomicU8::new(EMPTY));
+        }
         for ic in (0..m).step_by(mc_blk) {
             let mc = mc_blk.min(m - ic);
             let apanels = mc.div_ceil(mr);
@@ -295,7 +299,13 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
                 }
             }
         }
+        STATES.with(|s| s.set(states));
     });
+}
+
+thread_local! {
+    /// Panel states of this thread's products (a nested call gets an empty list).
+    static STATES: std::cell::Cell<Vec<AtomicU8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 const EMPTY: u8 = 0;

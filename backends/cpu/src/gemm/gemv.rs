@@ -58,7 +58,8 @@ pub(crate) fn try_skinny<A: GemmInput, B: GemmInput>(
     if m <= DOT_MAX_SMALL && b.row_stride == 1 {
         if let Some(w) = B::as_f32_slice(b.data) {
             // W rows = columns of B; X rows = rows of A; C[i][j] = Y[j][i].
-            let x = gather_rows(a.data, a.offset, a.row_stride, a.col_stride, m, k);
+            let mut x = take_rows_buffer();
+            gather_rows(&mut x, a.data, a.offset, a.row_stride, a.col_stride, m, k);
             let dot = Dot {
                 w,
                 w_off: b.offset,
@@ -74,13 +75,15 @@ pub(crate) fn try_skinny<A: GemmInput, B: GemmInput>(
                 ys_x: n,
             };
             dot.run(isa, threads, y, accumulate);
+            give_rows_buffer(x);
             return true;
         }
     }
     if n <= DOT_MAX_SMALL && a.col_stride == 1 {
         if let Some(w) = A::as_f32_slice(a.data) {
             // W rows = rows of A; X rows = columns of B; C[i][j] = Y[i][j].
-            let x = gather_rows(b.data, b.offset, b.col_stride, b.row_stride, n, k);
+            let mut x = take_rows_buffer();
+            gather_rows(&mut x, b.data, b.offset, b.col_stride, b.row_stride, n, k);
             let dot = Dot {
                 w,
                 w_off: a.offset,
@@ -96,6 +99,7 @@ pub(crate) fn try_skinny<A: GemmInput, B: GemmInput>(
                 ys_x: 1,
             };
             dot.run(isa, threads, y, accumulate);
+            give_rows_buffer(x);
             return true;
         }
     }
@@ -105,14 +109,16 @@ pub(crate) fn try_skinny<A: GemmInput, B: GemmInput>(
 /// The small operand as `rows` contiguous f32 rows of `k`:
 /// `out[r*k + p] = f32(data[off + r*rs + p*ps])`.
 fn gather_rows<X: GemmInput>(
+    out: &mut Vec<f32>,
     data: &[X],
     off: usize,
     rs: usize,
     ps: usize,
     rows: usize,
     k: usize,
-) -> Vec<f32> {
-    let mut out = vec![0.0f32; rows * k];
+) {
+    out.clear();
+    out.resize(rows * k, 0.0);
     if ps == 1 || rs != 1 {
         for (r, row) in out.chunks_exact_mut(k.max(1)).enumerate() {
             let base = off + r * rs;
@@ -130,7 +136,22 @@ fn gather_rows<X: GemmInput>(
             }
         }
     }
-    out
+}
+
+thread_local! {
+    /// The gathered small operand, kept between calls so that steady-state products
+    /// allocate nothing.
+    static ROWS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// This thread's gather buffer (a nested call on the same thread gets an empty one).
+fn take_rows_buffer() -> Vec<f32> {
+    ROWS.with(|r| r.take())
+}
+
+/// Returns the gather buffer for the next call.
+fn give_rows_buffer(v: Vec<f32>) {
+    ROWS.with(|r| r.set(v));
 }
 
 /// y (+)= sum_p x[p] * mat[off + p*ks ..][..y.len()], split across threads by columns.

@@ -1,0 +1,437 @@
+//! The fusion planner: groups the nodes of an op graph into kernels and assigns the
+//! values that kernels write to reusable buffer slots. The result, a `Plan`, is plain
+//! data: the `#[model]` macro builds it at build time (symbolic dims) and embeds its
+//! text form; a run-time JIT can build the same thing from a graph with `usize` dims.
+//!
+//! Grouping rules (all decided on the graph alone):
+//! - **Elementwise groups** are trees: an elementwise node joins its consumer's group
+//!   when it has exactly one consumer, that consumer is elementwise, and both have the
+//!   same dims (a broadcast operand is read from memory, not recomputed). Rank-0
+//!   constants are inlined into every group that uses them. Only f32 (and bool values
+//!   that stay inside a group) fuse; other dtypes run op by op.
+//! - **Reductions** take an elementwise group as a *prologue* when the group's root
+//!   feeds only the reduction, and an elementwise group as an *epilogue* when the
+//!   reduction feeds only that group and the group runs over the reduced shape.
+//! - **Matrix products** take an elementwise *epilogue* over their output (bias,
+//!   activation) on the same condition.
+//! - **Views** (permute, expand, slice, reshape) are not kernels: they re-read their
+//!   input's buffer with another layout (a reshape of a layout that cannot be viewed
+//!   copies into its own slot).
+//! - Everything else runs as a single-op kernel.
+
+use kiln_tensor::ir::{Graph, NodeId, NodeKind};
+use kiln_tensor::{DType, Op, OpClass, SymDim};
+use std::collections::HashMap;
+
+/// What a kernel does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// A fused group of elementwise ops.
+    Elementwise,
+    /// A reduction, with an optional elementwise prologue and epilogue.
+    Reduce,
+    /// A matrix product, with an optional elementwise epilogue.
+    MatMul,
+    /// One primitive op, unfused.
+    Single,
+    /// A layout change of a buffer (copies only when a reshape needs to).
+    View,
+}
+
+impl KernelKind {
+    /// The kind's name in plan text.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelKind::Elementwise => "elementwise",
+            KernelKind::Reduce => "reduce",
+            KernelKind::MatMul => "matmul",
+            KernelKind::Single => "single",
+            KernelKind::View => "view",
+        }
+    }
+
+    /// The kind named `s`.
+    pub fn from_name(s: &str) -> Option<Self> {
+        [
+            KernelKind::Elementwise,
+            KernelKind::Reduce,
+            KernelKind::MatMul,
+            KernelKind::Single,
+            KernelKind::View,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
+    }
+}
+
+/// One kernel of a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    /// What it does.
+    pub kind: KernelKind,
+    /// The nodes it computes, in order (for `Reduce`/`MatMul`, the prologue, the main
+    /// node, then the epilogue).
+    pub nodes: Vec<NodeId>,
+    /// The node of the reduction or product (`None` for other kinds).
+    pub main: Option<NodeId>,
+    /// Nodes computed elsewhere that it reads.
+    pub inputs: Vec<NodeId>,
+    /// The nodes it writes to memory.
+    pub outputs: Vec<NodeId>,
+}
+
+/// A graph, its kernels in execution order, and where their outputs live.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan<D> {
+    /// The op graph (only the nodes the outputs need).
+    pub graph: Graph<D>,
+    /// The leaf nodes, in the order inputs are passed when the plan runs.
+    pub inputs: Vec<NodeId>,
+    /// The nodes the plan returns.
+    pub outputs: Vec<NodeId>,
+    /// The kernels, in execution order.
+    pub kernels: Vec<Kernel>,
+    /// For each node, the buffer slot it is written to (`None`: computed inside a
+    /// kernel, a leaf, or a view of another node's buffer).
+    pub slot_of: Vec<Option<usize>>,
+    /// The dtype of each slot.
+    pub slots: Vec<DType>,
+    /// For run-time sizes (`Dyn` dims): atom id, and the node and axis to read it from.
+    pub atoms: Vec<(u32, NodeId, usize)>,
+    /// Readable names of nodes, where the source gave one (`h`, `fc1.weight`).
+    pub names: Vec<Option<String>>,
+}
+
+/// Whether an op's result can be part of an elementwise group.
+fn fusable_elementwise<D: SymDim>(g: &Graph<D>, n: NodeId) -> bool {
+    let node = &g.nodes[n];
+    let NodeKind::Op(op) = &node.kind else {
+        return false;
+    };
+    if op.class() != OpClass::Elementwise {
+        return false;
+    }
+    let ok = |d: DType| d == DType::F32 || d == DType::Bool;
+    ok(node.meta.dtype) && node.inputs.iter().all(|&i| ok(g.nodes[i].meta.dtype))
+}
+
+/// Whether a node is a rank-0 constant that groups inline.
+fn inline_constant<D: SymDim>(g: &Graph<D>, n: NodeId) -> bool {
+    match &g.nodes[n].kind {
+        NodeKind::Op(Op::Full { dims, dtype, .. }) => {
+            dims.is_empty() && (*dtype == DType::F32 || *dtype == DType::Bool)
+        }
+        NodeKind::RecipDim(_) => g.nodes[n].meta.dtype == DType::F32,
+        _ => false,
+    }
+}
+
+fn is_view<D>(op: &Op<D>) -> bool {
+    op.is_view()
+}
+
+/// Plans `graph` for computing `outputs` from the leaves `inputs` (in run order).
+pub fn plan<D: SymDim + 'static>(
+    graph: &Graph<D>,
+    inputs: &[NodeId],
+    outputs: &[NodeId],
+) -> Plan<D> {
+    plan_named(graph, inputs, outputs, &[])
+}
+
+/// `plan`, keeping readable node names (`names[i]` for node `i` of `graph`).
+pub fn plan_named<D: SymDim + 'static>(
+    graph: &Graph<D>,
+    inputs: &[NodeId],
+    outputs: &[NodeId],
+    names: &[Option<String>],
+) -> Plan<D> {
+    // Keep only what the outputs need, renumbered in order.
+    let live = graph.live(outputs);
+    let mut new_id = vec![usize::MAX; graph.nodes.len()];
+    let mut g = Graph::<D>::new();
+    let mut kept_names = Vec::new();
+    for (i, n) in graph.nodes.iter().enumerate() {
+        if live[i] || inputs.contains(&i) {
+            new_id[i] = g.nodes.len();
+            kept_names.push(names.get(i).cloned().flatten());
+            let mut n = n.clone();
+            n.inputs = n.inputs.iter().map(|&j| new_id[j]).collect();
+            g.nodes.push(n);
+        }
+    }
+    let inputs: Vec<NodeId> = inputs.iter().map(|&i| new_id[i]).collect();
+    let outputs: Vec<NodeId> = outputs.iter().map(|&i| new_id[i]).collect();
+    let n = g.nodes.len();
+
+    let mut consumers: Vec<Vec<NodeId>> = vec![Vec::new(); n];
+    for (i, node) in g.nodes.iter().enumerate() {
+        for &j in &node.inputs {
+            if !consumers[j].contains(&i) {
+                consumers[j].push(i);
+            }
+        }
+    }
+    let is_output = |i: NodeId| outputs.contains(&i);
+
+    // Elementwise trees, built from the roots down (reverse order).
+    let mut group: Vec<Option<usize>> = vec![None; n];
+    let mut groups: Vec<Vec<NodeId>> = Vec::new();
+    for i in (0..n).rev() {
+        if !fusable_elementwise(&g, i) {
+            continue;
+        }
+        let joined = match consumers[i].as_slice() {
+            [c] if !is_output(i)
+                && fusable_elementwise(&g, *c)
+                && g.nodes[*c].meta.dims == g.nodes[i].meta.dims =>
+            {
+                group[*c]
+            }
+            _ => None,
+        };
+        let gi = joined.unwrap_or_else(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        group[i] = Some(gi);
+        groups[gi].push(i);
+    }
+    for grp in groups.iter_mut() {
+        grp.sort_unstable();
+    }
+    let root = |gi: usize| *groups[gi].last().expect("groups are not empty");
+
+    // Which group becomes a prologue or an epilogue of which reduction / product.
+    let mut prologue_of: HashMap<NodeId, usize> = HashMap::new();
+    let mut epilogue_of: HashMap<NodeId, usize> = HashMap::new();
+    let mut absorbed = vec![false; groups.len()];
+    for (i, node) in g.nodes.iter().enumerate() {
+        let NodeKind::Op(op) = &node.kind else {
+            continue;
+        };
+        let main = matches!(op, Op::Reduce { .. }) || matches!(op, Op::MatMul);
+        if !main || node.meta.dtype != DType::F32 {
+            continue;
+        }
+        if matches!(op, Op::Reduce { .. }) {
+            let x = node.inputs[0];
+            if let Some(gi) = group[x] {
+                if root(gi) == x && consumers[x] == [i] && !is_output(x) && !absorbed[gi] {
+                    prologue_of.insert(i, gi);
+                    absorbed[gi] = true;
+                }
+            }
+        }
+        if let [c] = consumers[i].as_slice() {
+            if let Some(gi) = group[*c] {
+                let domain = &g.nodes[root(gi)].meta.dims;
+                if !is_output(i) && !absorbed[gi] && *domain == node.meta.dims {
+                    epilogue_of.insert(i, gi);
+                    absorbed[gi] = true;
+                }
+            }
+        }
+    }
+
+    // Assemble kernels; the order of their last node is a valid execution order.
+    let mut kernels: Vec<Kernel> = Vec::new();
+    for (gi, nodes) in groups.iter().enumerate() {
+        if absorbed[gi] {
+            continue;
+        }
+        kernels.push(Kernel {
+            kind: KernelKind::Elementwise,
+            nodes: nodes.clone(),
+            main: None,
+            inputs: vec![],
+            outputs: vec![root(gi)],
+        });
+    }
+    for (i, node) in g.nodes.iter().enumerate() {
+        if group[i].is_some() {
+            continue;
+        }
+        let kind = match &node.kind {
+            NodeKind::Leaf(_) => continue,
+            // A constant only elementwise groups read is inlined into them instead.
+            _ if inline_constant(&g, i)
+                && !is_output(i)
+                && consumers[i].iter().all(|&c| group[c].is_some()) =>
+            {
+                continue
+            }
+            NodeKind::RecipDim(_) => KernelKind::Single,
+            NodeKind::Op(op) if is_view(op) => KernelKind::View,
+            NodeKind::Op(Op::Reduce { .. }) if node.meta.dtype == DType::F32 => KernelKind::Reduce,
+            NodeKind::Op(Op::MatMul) => KernelKind::MatMul,
+            NodeKind::Op(_) => KernelKind::Single,
+        };
+        let mut nodes = Vec::new();
+        if let Some(&gi) = prologue_of.get(&i) {
+            nodes.extend(groups[gi].iter().copied());
+        }
+        nodes.push(i);
+        let mut out = i;
+        if let Some(&gi) = epilogue_of.get(&i) {
+            nodes.extend(groups[gi].iter().copied());
+            out = root(gi);
+        }
+        let main = matches!(kind, KernelKind::Reduce | KernelKind::MatMul).then_some(i);
+        kernels.push(Kernel {
+            kind,
+            nodes,
+            main,
+            inputs: vec![],
+            outputs: vec![out],
+        });
+    }
+    // Group members compute rank-0 constants inline, rather than reading them.
+    for k in kernels.iter_mut() {
+        let mut extra = Vec::new();
+        for &m in &k.nodes {
+            if group[m].is_none() {
+                continue;
+            }
+            for &j in &g.nodes[m].inputs {
+                if inline_constant(&g, j) && !k.nodes.contains(&j) && !extra.contains(&j) {
+                    extra.push(j);
+                }
+            }
+        }
+        k.nodes.extend(extra);
+        k.nodes.sort_unstable();
+    }
+    for k in kernels.iter_mut() {
+        let mut ins = Vec::new();
+        for &m in &k.nodes {
+            for &j in &g.nodes[m].inputs {
+                if !k.nodes.contains(&j) && !ins.contains(&j) {
+                    ins.push(j);
+                }
+            }
+        }
+        ins.sort_unstable();
+        k.inputs = ins;
+    }
+    kernels.sort_by_key(|k| *k.nodes.iter().max().expect("kernels have nodes"));
+
+    let (slot_of, slots) = assign_slots(&g, &kernels, &outputs);
+    let atoms = find_atoms(&g);
+    Plan {
+        graph: g,
+        inputs,
+        outputs,
+        kernels,
+        slot_of,
+        slots,
+        atoms,
+        names: kept_names,
+    }
+}
+
+/// The slot-holding nodes whose buffers node `n` may read (itself, or through views
+/// the node it views).
+fn buffer_roots<D: SymDim>(g: &Graph<D>, has_slot: &[bool], n: NodeId, out: &mut Vec<NodeId>) {
+    if has_slot[n] {
+        out.push(n);
+    }
+    if let NodeKind::Op(op) = &g.nodes[n].kind {
+        if op.is_view() {
+            buffer_roots(g, has_slot, g.nodes[n].inputs[0], out);
+        }
+    }
+}
+
+/// Assigns every value a kernel writes to a slot, reusing slots whose values are dead.
+fn assign_slots<D: SymDim>(
+    g: &Graph<D>,
+    kernels: &[Kernel],
+    outputs: &[NodeId],
+) -> (Vec<Option<usize>>, Vec<DType>) {
+    let n = g.nodes.len();
+    let mut has_slot = vec![false; n];
+    let mut def = vec![usize::MAX; n];
+    for (k, kernel) in kernels.iter().enumerate() {
+        for &o in &kernel.outputs {
+            let reshape = matches!(&g.nodes[o].kind, NodeKind::Op(Op::Reshape { .. }));
+            has_slot[o] = kernel.kind != KernelKind::View || reshape;
+            def[o] = k;
+        }
+    }
+    // Last kernel reading each slot-holding node (through views too); outputs live on.
+    let mut last = vec![None::<usize>; n];
+    let mut pinned = vec![false; n];
+    for (k, kernel) in kernels.iter().enumerate() {
+        for &i in &kernel.inputs {
+            let mut roots = Vec::new();
+            buffer_roots(g, &has_slot, i, &mut roots);
+            for r in roots {
+                last[r] = Some(last[r].map_or(k, |l: usize| l.max(k)));
+            }
+        }
+    }
+    for &o in outputs {
+        let mut roots = Vec::new();
+        buffer_roots(g, &has_slot, o, &mut roots);
+        for r in roots {
+            pinned[r] = true;
+        }
+    }
+    let mut slot_of = vec![None; n];
+    let mut slots: Vec<DType> = Vec::new();
+    // Free slots, with the dims of the value that last held each.
+    let mut free: Vec<(usize, Vec<D>)> = Vec::new();
+    for (k, kernel) in kernels.iter().enumerate() {
+        for &o in &kernel.outputs {
+            if !has_slot[o] {
+                continue;
+            }
+            let meta = &g.nodes[o].meta;
+            let same_dtype = |s: &usize| slots[*s] == meta.dtype;
+            let pick = free
+                .iter()
+                .position(|(s, d)| same_dtype(s) && *d == meta.dims)
+                .or_else(|| free.iter().position(|(s, _)| same_dtype(s)));
+            let s = match pick {
+                Some(p) => free.swap_remove(p).0,
+                None => {
+                    slots.push(meta.dtype);
+                    slots.len() - 1
+                }
+            };
+            slot_of[o] = Some(s);
+        }
+        // Release what this kernel read for the last time (or wrote and nobody reads).
+        for m in 0..n {
+            if has_slot[m] && !pinned[m] && def[m] <= k && last[m].unwrap_or(def[m]) == k {
+                if let Some(s) = slot_of[m] {
+                    free.push((s, g.nodes[m].meta.dims.clone()));
+                }
+            }
+        }
+    }
+    (slot_of, slots)
+}
+
+/// Where each run-time size can first be read: (atom id, node, axis).
+fn find_atoms<D: SymDim + 'static>(g: &Graph<D>) -> Vec<(u32, NodeId, usize)> {
+    let mut seen = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        for (ax, d) in node.meta.dims.iter().enumerate() {
+            if let Some(id) = runtime_atom(d) {
+                if !seen.iter().any(|(a, _, _)| *a == id) {
+                    seen.push((id, i, ax));
+                }
+            }
+        }
+    }
+    seen
+}
+
+/// A dim that is exactly one run-time size, if `D` has such things.
+fn runtime_atom<D: SymDim + 'static>(d: &D) -> Option<u32> {
+    (d as &dyn std::any::Any)
+        .downcast_ref::<crate::sym::SDim>()
+        .and_then(|s| s.as_runtime())
+}

@@ -1,0 +1,153 @@
+//! Build-time fusion: plans a method's graph with `kiln_fusion`, embeds the plan's text
+//! as an associated const, compiles each elementwise group whose constants are known
+//! into a native Rust loop, and writes the code that runs the plan through the model's
+//! `Programs` (the fused path; the op-by-op code stays as the unfused path).
+
+use crate::graph::{Leaf, MGraph};
+use kiln_fusion::{native_expr, plan_named};
+use kiln_tensor::fused::{ExprStep, FusedExpr};
+use kiln_tensor::ir::{NodeId, NodeKind};
+use proc_macro2::{Literal, TokenStream};
+use quote::{format_ident, quote};
+use syn::Ident;
+
+/// What the fused path of one method needs.
+pub struct Fused {
+    /// The associated const holding the plan's text.
+    pub plan_const: TokenStream,
+    /// An expression evaluating to the tuple of the plan's outputs (`RawTensor`s).
+    pub run: TokenStream,
+}
+
+/// Plans `outputs` of `mg` as program `id` of its model; `consts` are the method's
+/// const generic sizes.
+pub fn fuse(
+    mg: &MGraph,
+    outputs: &[NodeId],
+    id: usize,
+    const_name: &Ident,
+    consts: &[Ident],
+) -> Fused {
+    let live = mg.g.live(outputs);
+    let leaves: Vec<NodeId> = (0..mg.g.nodes.len())
+        .filter(|&i| live[i] && matches!(mg.g.nodes[i].kind, NodeKind::Leaf(_)))
+        .collect();
+    let plan = plan_named(&mg.g, &leaves, outputs, &mg.names);
+    let text = plan.to_text();
+    let plan_const = quote! {
+        #[doc(hidden)]
+        pub const #const_name: &'static str = #text;
+    };
+
+    let mut fns = Vec::new();
+    let mut natives = Vec::new();
+    for k in 0..plan.kernels.len() {
+        match native_expr(&plan, k) {
+            Some(expr) => {
+                let f = format_ident!("__kiln_native_{}", k);
+                fns.push(native_fn(&f, &expr));
+                natives.push(
+                    quote!(::core::option::Option::Some(#f as ::kiln::tensor::fused::NativeFn)),
+                );
+            }
+            None => natives.push(quote!(::core::option::Option::None)),
+        }
+    }
+    let count = natives.len();
+    let leaf_vars: Vec<Ident> = (0..leaves.len())
+        .map(|i| format_ident!("__kiln_in{}", i))
+        .collect();
+    let leaf_exprs: Vec<TokenStream> = leaves
+        .iter()
+        .map(|&n| {
+            let NodeKind::Leaf(k) = mg.g.nodes[n].kind else {
+                unreachable!("leaves only")
+            };
+            match &mg.leaves[k] {
+                Leaf::Input(name) => quote!(#name.raw().clone()),
+                Leaf::Param { layer, field, .. } => quote!(#layer.#field.raw().clone()),
+                Leaf::Buffer { layer, field, .. } => quote!(#layer.#field.get().into_raw()),
+            }
+        })
+        .collect();
+    let const_names: Vec<String> = consts.iter().map(|c| c.to_string()).collect();
+    let nexts = outputs
+        .iter()
+        .map(|_| quote!(__o.next().expect("a plan returns each of its outputs")));
+    let id = Literal::usize_unsuffixed(id);
+    let run = quote! {{
+        #(let #leaf_vars: ::kiln::tensor::RawTensor<Be> = #leaf_exprs;)*
+        #(#fns)*
+        static __KILN_NATIVES: [::core::option::Option<::kiln::tensor::fused::NativeFn>; #count] = [#(#natives),*];
+        self.__kiln_plans.with(#id, Self::#const_name, &__KILN_NATIVES, |__p| {
+            let mut __o = __p.run(&__dev, &[#((#const_names, #consts)),*], &[#(&#leaf_vars),*], __seed)?;
+            Ok((#(#nexts,)*))
+        })?
+    }};
+    Fused { plan_const, run }
+}
+
+/// A native loop for `expr`: every step a local, the ops as the shared inline f32
+/// functions (their `match` folds away), so rustc sees one straight-line loop body.
+fn native_fn(name: &Ident, expr: &FusedExpr) -> TokenStream {
+    let ins: Vec<Ident> = (0..expr.inputs).map(|i| format_ident!("i{}", i)).collect();
+    let idx: Vec<Literal> = (0..expr.inputs).map(Literal::usize_unsuffixed).collect();
+    let r = |i: usize| format_ident!("r{}", i);
+    let f = quote!(::kiln::tensor::fused);
+    let steps: Vec<TokenStream> = expr
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(s, step)| {
+            let v = r(s);
+            let e = match *step {
+                ExprStep::Input(k) => {
+                    let i = &ins[k];
+                    quote!(#i[j])
+                }
+                ExprStep::Output(k) => {
+                    let k = Literal::usize_unsuffixed(k);
+                    quote!(outs[#k][j])
+                }
+                ExprStep::Const(c) => {
+                    let bits = Literal::u32_suffixed(c.to_bits());
+                    quote!(f32::from_bits(#bits))
+                }
+                ExprStep::Unary(op, a) => {
+                    let (op, a) = (format_ident!("{}", format!("{op:?}")), r(a));
+                    quote!(#f::unary_f32(::kiln::tensor::UnaryOp::#op, #a))
+                }
+                ExprStep::Binary(op, a, b) => {
+                    let (op, a, b) = (format_ident!("{}", format!("{op:?}")), r(a), r(b));
+                    quote!(#f::binary_f32(::kiln::tensor::BinaryOp::#op, #a, #b))
+                }
+                ExprStep::Compare(op, a, b) => {
+                    let (op, a, b) = (format_ident!("{}", format!("{op:?}")), r(a), r(b));
+                    quote!(#f::compare_f32(::kiln::tensor::CmpOp::#op, #a, #b))
+                }
+                ExprStep::Select(c, a, b) => {
+                    let (c, a, b) = (r(c), r(a), r(b));
+                    quote!(#f::select_f32(#c, #a, #b))
+                }
+                ExprStep::ToBool(a) => {
+                    let a = r(a);
+                    quote!(#f::to_bool_f32(#a))
+                }
+            };
+            quote!(let #v = #e;)
+        })
+        .collect();
+    let result = r(expr.results[0]);
+    quote! {
+        #[allow(clippy::all, unused_variables)]
+        fn #name(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            #(let #ins = &ins[#idx][..n];)*
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                #(#steps)*
+                out[j] = #result;
+            }
+        }
+    }
+}

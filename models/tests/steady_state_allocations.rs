@@ -1,0 +1,83 @@
+//! With static shapes, a training step's memory plan is static: after the first steps
+//! the fused step (forward, backward, SGD update) reuses every buffer it allocated.
+//! A counting global allocator verifies it.
+//!
+//! The step runs inside rayon's pool (as a training loop should): a parallel loop
+//! started from outside the pool goes through rayon's global queue, which allocates a
+//! block every 63 submissions.
+
+use kiln::cpu::{Cpu, CpuDevice};
+use kiln::prelude::*;
+use kiln::train::optim::{Optimizer, Sgd, SgdConfig};
+use kiln_models::mlp::Mlp;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The system allocator, counting allocations and bytes.
+struct Counting;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+static BYTES: AtomicUsize = AtomicUsize::new(0);
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(new_size, Ordering::Relaxed);
+        LARGEST.fetch_max(new_size, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn a_steady_state_training_step_allocates_nothing() -> Result<()> {
+    let dev = CpuDevice;
+    let mut model = Mlp::<Cpu>::init(&dev, 1)?;
+    let mut opt = Sgd::<Cpu>::new(SgdConfig {
+        lr: 0.01,
+        momentum: 0.9,
+        ..SgdConfig::default()
+    })?;
+    let x = Tensor::<Cpu, Rank2<64, 784>>::normal(0.0, 1.0, 5, &dev)?;
+    let y =
+        Tensor::<Cpu, (Const<64>,), i32>::from_vec((0..64).map(|i| i % 10).collect(), &[64], &dev)?;
+    let mut step = || -> Result<()> {
+        rayon::scope(|_| {
+            let (_, grads) = model.loss_and_grad(&x, &y)?;
+            opt.step(&mut model, &grads)
+        })
+    };
+    for _ in 0..3 {
+        step()?;
+    }
+    let (a0, b0) = (
+        ALLOCS.load(Ordering::Relaxed),
+        BYTES.load(Ordering::Relaxed),
+    );
+    LARGEST.store(0, Ordering::Relaxed);
+    step()?;
+    let (allocs, bytes) = (
+        ALLOCS.load(Ordering::Relaxed) - a0,
+        BYTES.load(Ordering::Relaxed) - b0,
+    );
+    let largest = LARGEST.load(Ordering::Relaxed);
+    println!("steady-state step: {allocs} allocations, {bytes} bytes, largest {largest}");
+    assert_eq!(
+        (allocs, bytes),
+        (0, 0),
+        "largest allocation {largest} bytes"
+    );
+    Ok(())
+}

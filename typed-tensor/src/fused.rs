@@ -1,0 +1,247 @@
+//! Fused elementwise expressions: the data a backend needs to run a group of
+//! elementwise ops as one kernel (a short straight-line program over f32 registers),
+//! the per-element f32 semantics every fused kernel shares with the unfused kernels,
+//! and the signature of the native loops `#[model]` generates for the CPU.
+//!
+//! Bools live in registers as 1.0 / 0.0, so comparisons, `where` and casts between
+//! f32 and bool fuse with arithmetic.
+
+use crate::op::{erf_f32, BinaryOp, CmpOp, UnaryOp};
+
+/// One step of a fused expression; operands are indices of earlier steps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExprStep {
+    /// The element of input `k` (broadcast to the kernel's dims by its layout).
+    Input(usize),
+    /// The current element of output `k` (for in-place updates such as optimizers).
+    Output(usize),
+    /// A constant.
+    Const(f32),
+    /// A unary op.
+    Unary(UnaryOp, usize),
+    /// A binary op.
+    Binary(BinaryOp, usize, usize),
+    /// A comparison, as 1.0 or 0.0.
+    Compare(CmpOp, usize, usize),
+    /// `cond != 0 ? a : b`.
+    Select(usize, usize, usize),
+    /// A cast to bool: 1.0 where the operand is non-zero (NaN included), else 0.0.
+    ToBool(usize),
+}
+
+/// A fused elementwise kernel: its steps and which step each output takes.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct FusedExpr {
+    /// The program, in order.
+    pub steps: Vec<ExprStep>,
+    /// For each output, the step whose value it stores.
+    pub results: Vec<usize>,
+    /// The number of inputs it reads.
+    pub inputs: usize,
+}
+
+/// A native fused loop: `outs[k][j]` from `ins[..][j]` for every `j` (all slices have
+/// the same length; outputs may be read first, for in-place updates).
+pub type NativeFn = fn(ins: &[&[f32]], outs: &mut [&mut [f32]]);
+
+/// A unary op on one f32, exactly as the unfused CPU kernels compute it.
+#[inline(always)]
+pub fn unary_f32(op: UnaryOp, v: f32) -> f32 {
+    match op {
+        UnaryOp::Neg => -v,
+        UnaryOp::Abs => v.abs(),
+        UnaryOp::Sign => {
+            if v > 0.0 {
+                1.0
+            } else if v < 0.0 {
+                -1.0
+            } else {
+                v * 0.0
+            }
+        }
+        UnaryOp::Exp => v.exp(),
+        UnaryOp::Log => v.ln(),
+        UnaryOp::Sqrt => v.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / v.sqrt(),
+        UnaryOp::Recip => 1.0 / v,
+        UnaryOp::Sin => v.sin(),
+        UnaryOp::Cos => v.cos(),
+        UnaryOp::Tanh => v.tanh(),
+        UnaryOp::Sigmoid => {
+            if v >= 0.0 {
+                1.0 / (1.0 + (-v).exp())
+            } else {
+                let e = v.exp();
+                e / (1.0 + e)
+            }
+        }
+        UnaryOp::Relu => {
+            if v > 0.0 || v.is_nan() {
+                v
+            } else {
+                0.0
+            }
+        }
+        UnaryOp::Erf => erf_f32(v),
+        UnaryOp::Not => (v == 0.0) as u8 as f32,
+    }
+}
+
+/// A binary op on two f32s, exactly as the unfused CPU kernels compute it.
+#[inline(always)]
+pub fn binary_f32(op: BinaryOp, x: f32, y: f32) -> f32 {
+    match op {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Pow => x.powf(y),
+        BinaryOp::Max => {
+            if x.is_nan() || x > y {
+                x
+            } else {
+                y
+            }
+        }
+        BinaryOp::Min => {
+            if x.is_nan() || x < y {
+                x
+            } else {
+                y
+            }
+        }
+    }
+}
+
+/// A comparison of two f32s, as 1.0 or 0.0.
+#[inline(always)]
+pub fn compare_f32(op: CmpOp, x: f32, y: f32) -> f32 {
+    (match op {
+        CmpOp::Eq => x == y,
+        CmpOp::Ne => x != y,
+        CmpOp::Lt => x < y,
+        CmpOp::Le => x <= y,
+        CmpOp::Gt => x > y,
+        CmpOp::Ge => x >= y,
+    }) as u8 as f32
+}
+
+/// `cond ? a : b` with a register bool.
+#[inline(always)]
+pub fn select_f32(cond: f32, a: f32, b: f32) -> f32 {
+    if cond != 0.0 {
+        a
+    } else {
+        b
+    }
+}
+
+/// A register value cast to bool.
+#[inline(always)]
+pub fn to_bool_f32(v: f32) -> f32 {
+    (v != 0.0) as u8 as f32
+}
+
+impl FusedExpr {
+    /// Interprets the expression over one chunk: `regs` is scratch of at least
+    /// `steps.len() * len` floats; every slice of `ins` and `outs` has length `len`.
+    pub fn eval_chunk(&self, ins: &[&[f32]], outs: &mut [&mut [f32]], regs: &mut [f32]) {
+        let len = outs.first().map_or(0, |o| o.len());
+        for (s, step) in self.steps.iter().enumerate() {
+            let (done, rest) = regs.split_at_mut(s * len);
+            let dst = &mut rest[..len];
+            let reg = |i: usize| &done[i * len..(i + 1) * len];
+            match *step {
+                ExprStep::Input(k) => dst.copy_from_slice(&ins[k][..len]),
+                ExprStep::Output(k) => dst.copy_from_slice(&outs[k][..len]),
+                ExprStep::Const(c) => dst.fill(c),
+                ExprStep::Unary(op, a) => {
+                    for (d, &x) in dst.iter_mut().zip(reg(a)) {
+                        *d = unary_f32(op, x);
+                    }
+                }
+                ExprStep::Binary(op, a, b) => {
+                    for ((d, &x), &y) in dst.iter_mut().zip(reg(a)).zip(reg(b)) {
+                        *d = binary_f32(op, x, y);
+                    }
+                }
+                ExprStep::Compare(op, a, b) => {
+                    for ((d, &x), &y) in dst.iter_mut().zip(reg(a)).zip(reg(b)) {
+                        *d = compare_f32(op, x, y);
+                    }
+                }
+                ExprStep::Select(c, a, b) => {
+                    for (((d, &c), &x), &y) in dst.iter_mut().zip(reg(c)).zip(reg(a)).zip(reg(b)) {
+                        *d = select_f32(c, x, y);
+                    }
+                }
+                ExprStep::ToBool(a) => {
+                    for (d, &x) in dst.iter_mut().zip(reg(a)) {
+                        *d = to_bool_f32(x);
+                    }
+                }
+            }
+        }
+        for (out, &r) in outs.iter_mut().zip(&self.results) {
+            out.copy_from_slice(&regs[r * len..(r + 1) * len]);
+        }
+    }
+
+    /// Evaluates the expression at one element (a reference for tests).
+    pub fn eval_element(&self, ins: &[f32], outs: &[f32]) -> Vec<f32> {
+        let mut regs: Vec<f32> = Vec::with_capacity(self.steps.len());
+        for step in &self.steps {
+            let v = match *step {
+                ExprStep::Input(k) => ins[k],
+                ExprStep::Output(k) => outs[k],
+                ExprStep::Const(c) => c,
+                ExprStep::Unary(op, a) => unary_f32(op, regs[a]),
+                ExprStep::Binary(op, a, b) => binary_f32(op, regs[a], regs[b]),
+                ExprStep::Compare(op, a, b) => compare_f32(op, regs[a], regs[b]),
+                ExprStep::Select(c, a, b) => select_f32(regs[c], regs[a], regs[b]),
+                ExprStep::ToBool(a) => to_bool_f32(regs[a]),
+            };
+            regs.push(v);
+        }
+        self.results.iter().map(|&r| regs[r]).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_interpreter_matches_elements() {
+        // out0 = relu(x*1.5+0.5) * sigmoid(x); out1 = out1_old + (x > 0)
+        let e = FusedExpr {
+            steps: vec![
+                ExprStep::Input(0),
+                ExprStep::Const(1.5),
+                ExprStep::Binary(BinaryOp::Mul, 0, 1),
+                ExprStep::Const(0.5),
+                ExprStep::Binary(BinaryOp::Add, 2, 3),
+                ExprStep::Unary(UnaryOp::Relu, 4),
+                ExprStep::Unary(UnaryOp::Sigmoid, 0),
+                ExprStep::Binary(BinaryOp::Mul, 5, 6),
+                ExprStep::Output(1),
+                ExprStep::Const(0.0),
+                ExprStep::Compare(CmpOp::Gt, 0, 9),
+                ExprStep::Binary(BinaryOp::Add, 8, 10),
+            ],
+            results: vec![7, 11],
+            inputs: 1,
+        };
+        let x = [-2.0f32, -0.1, 0.0, 0.3, 4.0];
+        let mut o0 = [0f32; 5];
+        let mut o1 = [1f32, 2., 3., 4., 5.];
+        let old = o1;
+        let mut regs = vec![0f32; e.steps.len() * 5];
+        e.eval_chunk(&[&x], &mut [&mut o0, &mut o1], &mut regs);
+        for j in 0..5 {
+            let want = e.eval_element(&[x[j]], &[0.0, old[j]]);
+            assert_eq!([o0[j], o1[j]], [want[0], want[1]]);
+        }
+        assert_eq!(o1, [1., 2., 3., 5., 6.]);
+    }
+}
