@@ -92,6 +92,13 @@ def main():
             extra = f" kiln_gbps={(1 << 26) * 8 / km / 1e6:.2f} torch_gbps={(1 << 26) * 8 / tm / 1e6:.2f}"
         print(f"bench={bench} task={task or '-'} batch={batch or '-'} variant={variant or '-'} "
               f"kiln_ms={km:.3f} torch_ms={tm:.3f} speedup_vs_torch={tm / km:.2f}{extra}")
+    # Build-time fusion against Kiln's own op-by-op path, in the same run.
+    med = {k: statistics.median(v) for k, v in kiln.items()}
+    for (key, variant), ms in sorted(med.items()):
+        base = {"static": "static-unfused", "fused": "unfused"}.get(variant)
+        if base and (key, base) in med:
+            print(f"bench={key[0]} task={key[1] or '-'} batch={key[2] or '-'} fused_ms={ms:.3f} "
+                  f"unfused_ms={med[(key, base)]:.3f} fused_speedup={med[(key, base)] / ms:.2f}")
 
 
 if __name__ == "__main__":

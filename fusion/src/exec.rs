@@ -42,8 +42,8 @@ enum Step {
     /// epilogue run in place on its output.
     Main {
         main: NodeId,
-        prologue: Option<(FusedExpr, Vec<NodeId>, NodeId)>,
-        epilogue: Option<(FusedExpr, Vec<NodeId>)>,
+        prologue: Option<(FusedExpr, Option<NativeFn>, Vec<NodeId>, NodeId)>,
+        epilogue: Option<(FusedExpr, Option<NativeFn>, Vec<NodeId>)>,
         output: NodeId,
     },
     /// One op into its slot.
@@ -245,13 +245,67 @@ fn build_expr<G, D: std::fmt::Debug>(
     })
 }
 
-/// Kernel `k`'s fused expression when it is an elementwise group whose constants are
-/// all known at build time: what `#[model]` compiles into a native loop.
-pub fn native_expr(plan: &Plan<SDim>, k: usize) -> Option<FusedExpr> {
-    let kern = &plan.kernels[k];
-    if kern.kind != KernelKind::Elementwise {
-        return None;
+/// The fused expressions of one kernel: an elementwise group's, or a reduction's or
+/// product's prologue (with its inputs and root) and epilogue (with its inputs).
+struct KernelExprs {
+    group: Option<FusedExpr>,
+    prologue: Option<(FusedExpr, Vec<NodeId>, NodeId)>,
+    epilogue: Option<(FusedExpr, Vec<NodeId>)>,
+}
+
+/// Builds kernel `k`'s expressions over `graph` with `ops` (symbolic or resolved).
+fn kernel_exprs<G, D: std::fmt::Debug>(
+    graph: &Graph<G>,
+    ops: &[Option<Op<D>>],
+    k: &Kernel,
+) -> Result<KernelExprs> {
+    let mut out = KernelExprs {
+        group: None,
+        prologue: None,
+        epilogue: None,
+    };
+    match k.kind {
+        KernelKind::Elementwise => {
+            out.group = Some(build_expr(
+                graph,
+                ops,
+                &k.nodes,
+                &k.inputs,
+                None,
+                k.outputs[0],
+            )?);
+        }
+        KernelKind::Reduce | KernelKind::MatMul => {
+            let (pro, main, epi) = split_main(graph, k, ops);
+            let reads = |group: &[NodeId]| -> Vec<NodeId> {
+                k.inputs
+                    .iter()
+                    .copied()
+                    .filter(|i| group.iter().any(|&p| graph.nodes[p].inputs.contains(i)))
+                    .collect()
+            };
+            if !pro.is_empty() {
+                let root = graph.nodes[main].inputs[0];
+                let ins = reads(&pro);
+                out.prologue = Some((build_expr(graph, ops, &pro, &ins, None, root)?, ins, root));
+            }
+            if !epi.is_empty() {
+                let ins = reads(&epi);
+                out.epilogue = Some((
+                    build_expr(graph, ops, &epi, &ins, Some(main), k.outputs[0])?,
+                    ins,
+                ));
+            }
+        }
+        KernelKind::Single | KernelKind::View => {}
     }
+    Ok(out)
+}
+
+/// The expressions of kernel `k` that `#[model]` compiles into native loops, at the
+/// positions [`Program::new`] expects them: `[group or prologue, epilogue]`. An
+/// expression with a constant known only at run time (`1/B`) has none.
+pub fn native_exprs(plan: &Plan<SDim>, k: usize) -> [Option<FusedExpr>; 2] {
     let ops: Vec<Option<Op<SDim>>> = plan
         .graph
         .nodes
@@ -261,15 +315,10 @@ pub fn native_expr(plan: &Plan<SDim>, k: usize) -> Option<FusedExpr> {
             _ => None,
         })
         .collect();
-    build_expr(
-        &plan.graph,
-        &ops,
-        &kern.nodes,
-        &kern.inputs,
-        None,
-        kern.outputs[0],
-    )
-    .ok()
+    let Ok(e) = kernel_exprs(&plan.graph, &ops, &plan.kernels[k]) else {
+        return [None, None];
+    };
+    [e.group.or(e.prologue.map(|p| p.0)), e.epilogue.map(|e| e.0)]
 }
 
 /// The compiled programs of one model, one per planned method, built on first use;
@@ -336,10 +385,10 @@ impl<B: Backend> Programs<B> {
 /// Splits a reduce/matmul kernel's nodes into the prologue (the group computing the
 /// main node's input) and the epilogue (the rest), rank-0 constants aside: expressions
 /// compute them where they read them.
-fn split_main<G>(
+fn split_main<G, D>(
     graph: &Graph<G>,
     k: &Kernel,
-    ops: &[Option<Op>],
+    ops: &[Option<Op<D>>],
 ) -> (Vec<NodeId>, NodeId, Vec<NodeId>) {
     let main = k.main.expect("reduce and matmul kernels have a main node");
     let is_const = |j: NodeId| matches!(&ops[j], Some(Op::Full { dims, .. }) if dims.is_empty());
@@ -374,7 +423,8 @@ fn split_main<G>(
 }
 
 impl<B: Backend> Program<B> {
-    /// A program for `plan`; `natives[k]` is kernel `k`'s compiled loop, if any.
+    /// A program for `plan`; `natives[2k]` and `natives[2k + 1]` are kernel `k`'s
+    /// compiled loops, if any (see [`native_exprs`]).
     pub fn new(plan: Plan<SDim>, natives: &'static [Option<NativeFn>]) -> Self {
         let n = plan.graph.nodes.len();
         Program {
@@ -478,57 +528,23 @@ impl<B: Backend> Program<B> {
         }
         let mut steps = Vec::with_capacity(plan.kernels.len());
         for (ki, k) in plan.kernels.iter().enumerate() {
-            let native = self.natives.get(ki).copied().flatten();
+            let native = |i: usize| self.natives.get(2 * ki + i).copied().flatten();
+            let exprs = kernel_exprs(&plan.graph, &ops, k)?;
             steps.push(match k.kind {
-                KernelKind::Elementwise => {
-                    let output = k.outputs[0];
-                    let expr = build_expr(&plan.graph, &ops, &k.nodes, &k.inputs, None, output)?;
-                    Step::Fused {
-                        expr,
-                        native,
-                        inputs: k.inputs.clone(),
-                        output,
-                    }
-                }
-                KernelKind::Reduce | KernelKind::MatMul => {
-                    let (pro, main, epi) = split_main(&plan.graph, k, &ops);
-                    let prologue = if pro.is_empty() {
-                        None
-                    } else {
-                        let root = plan.graph.nodes[main].inputs[0];
-                        let ins: Vec<NodeId> = k
-                            .inputs
-                            .iter()
-                            .copied()
-                            .filter(|i| pro.iter().any(|&p| plan.graph.nodes[p].inputs.contains(i)))
-                            .collect();
-                        Some((
-                            build_expr(&plan.graph, &ops, &pro, &ins, None, root)?,
-                            ins,
-                            root,
-                        ))
-                    };
-                    let epilogue = if epi.is_empty() {
-                        None
-                    } else {
-                        let ins: Vec<NodeId> = k
-                            .inputs
-                            .iter()
-                            .copied()
-                            .filter(|i| epi.iter().any(|&e| plan.graph.nodes[e].inputs.contains(i)))
-                            .collect();
-                        Some((
-                            build_expr(&plan.graph, &ops, &epi, &ins, Some(main), k.outputs[0])?,
-                            ins,
-                        ))
-                    };
-                    Step::Main {
-                        main,
-                        prologue,
-                        epilogue,
-                        output: k.outputs[0],
-                    }
-                }
+                KernelKind::Elementwise => Step::Fused {
+                    expr: exprs.group.expect("elementwise kernels have a group"),
+                    native: native(0),
+                    inputs: k.inputs.clone(),
+                    output: k.outputs[0],
+                },
+                KernelKind::Reduce | KernelKind::MatMul => Step::Main {
+                    main: k.main.expect("reduce and matmul kernels have a main node"),
+                    prologue: exprs
+                        .prologue
+                        .map(|(e, ins, root)| (e, native(0), ins, root)),
+                    epilogue: exprs.epilogue.map(|(e, ins)| (e, native(1), ins)),
+                    output: k.outputs[0],
+                },
                 KernelKind::Single => {
                     let node = k.outputs[0];
                     Step::Single {
@@ -809,7 +825,7 @@ impl<B: Backend> Program<B> {
         let Step::Main { prologue, .. } = &self.steps[si] else {
             unreachable!()
         };
-        if let Some((_, _, root)) = prologue {
+        if let Some((_, _, _, root)) = prologue {
             let root = *root;
             let len = self.dims[root].numel();
             let fits = self
@@ -822,7 +838,7 @@ impl<B: Backend> Program<B> {
             };
             let result = (|| {
                 let Step::Main {
-                    prologue: Some((expr, ins, _)),
+                    prologue: Some((expr, native, ins, _)),
                     ..
                 } = &self.steps[si]
                 else {
@@ -830,7 +846,7 @@ impl<B: Backend> Program<B> {
                 };
                 let dims = self.dims[root];
                 let views = self.views(inputs, ins, &dims)?;
-                B::fused_elementwise(device, expr, None, &views, &dims, &mut [&mut scratch])
+                B::fused_elementwise(device, expr, *native, &views, &dims, &mut [&mut scratch])
             })();
             self.scratch = Some(scratch);
             result?;
@@ -859,10 +875,10 @@ impl<B: Backend> Program<B> {
         else {
             unreachable!()
         };
-        if let Some((expr, ins)) = epilogue {
+        if let Some((expr, native, ins)) = epilogue {
             let dims = self.dims[*output];
             let views = self.views(inputs, ins, &dims)?;
-            B::fused_elementwise(device, expr, None, &views, &dims, &mut [out])?;
+            B::fused_elementwise(device, expr, *native, &views, &dims, &mut [out])?;
         }
         Ok(())
     }

@@ -12,6 +12,6 @@ pub mod report;
 pub mod sym;
 pub mod text;
 
-pub use exec::{native_expr, Program, Programs};
+pub use exec::{native_exprs, Program, Programs};
 pub use plan::{plan, plan_named, Kernel, KernelKind, Plan};
 pub use sym::SDim;

@@ -20,7 +20,7 @@
 //! - Everything else runs as a single-op kernel.
 
 use kiln_tensor::ir::{Graph, NodeId, NodeKind};
-use kiln_tensor::{DType, Op, OpClass, SymDim};
+use kiln_tensor::{Builder, DType, Op, OpClass, SymDim};
 use std::collections::HashMap;
 
 /// What a kernel does.
@@ -148,10 +148,32 @@ pub fn plan_named<D: SymDim + 'static>(
 ) -> Plan<D> {
     // Keep only what the outputs need, renumbered in order.
     let live = graph.live(outputs);
+    let transposed = transposed_products(graph, &live, outputs);
     let mut new_id = vec![usize::MAX; graph.nodes.len()];
     let mut g = Graph::<D>::new();
     let mut kept_names = Vec::new();
     for (i, n) in graph.nodes.iter().enumerate() {
+        if let Some(&(m, _)) = transposed.iter().find(|(_, p)| *p == i) {
+            // Already computed in its transposed form, at the product's position.
+            new_id[i] = new_id[m];
+            kept_names[new_id[m]] = names.get(i).cloned().flatten();
+            continue;
+        }
+        if transposed.iter().any(|(m, _)| *m == i) {
+            // (a·b)ᵀ = bᵀ·aᵀ: the permutes are views, the product writes the
+            // transposed result contiguously (weight gradients in PyTorch's layout,
+            // which optimizers then read in order).
+            let swap = Op::Permute { perm: vec![1, 0] };
+            let (a, b) = (new_id[n.inputs[0]], new_id[n.inputs[1]]);
+            let bt = g.apply(swap.clone(), &[&b]).expect("a rank-2 permute");
+            let at = g.apply(swap, &[&a]).expect("a rank-2 permute");
+            kept_names.extend([None, None]);
+            new_id[i] = g
+                .apply(Op::MatMul, &[&bt, &at])
+                .expect("the transposed product is valid");
+            kept_names.push(names.get(i).cloned().flatten());
+            continue;
+        }
         if live[i] || inputs.contains(&i) {
             new_id[i] = g.nodes.len();
             kept_names.push(names.get(i).cloned().flatten());
@@ -328,6 +350,37 @@ pub fn plan_named<D: SymDim + 'static>(
         atoms,
         names: kept_names,
     }
+}
+
+/// Rank-2 products whose only use is a transpose `[1, 0]` (and which are not outputs
+/// themselves), as `(product, transpose)` pairs.
+fn transposed_products<D: SymDim>(
+    g: &Graph<D>,
+    live: &[bool],
+    outputs: &[NodeId],
+) -> Vec<(NodeId, NodeId)> {
+    let mut uses = vec![Vec::new(); g.nodes.len()];
+    for (i, n) in g.nodes.iter().enumerate() {
+        if live[i] {
+            for &j in &n.inputs {
+                uses[j].push(i);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (m, node) in g.nodes.iter().enumerate() {
+        let product =
+            live[m] && matches!(node.kind, NodeKind::Op(Op::MatMul)) && node.meta.dims.len() == 2;
+        if !product || outputs.contains(&m) {
+            continue;
+        }
+        if let [p] = uses[m].as_slice() {
+            if matches!(&g.nodes[*p].kind, NodeKind::Op(Op::Permute { perm }) if perm == &[1, 0]) {
+                out.push((m, *p));
+            }
+        }
+    }
+    out
 }
 
 /// The slot-holding nodes whose buffers node `n` may read (itself, or through views

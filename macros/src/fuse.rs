@@ -4,7 +4,7 @@
 //! `Programs` (the fused path; the op-by-op code stays as the unfused path).
 
 use crate::graph::{Leaf, MGraph};
-use kiln_fusion::{native_expr, plan_named};
+use kiln_fusion::{native_exprs, plan_named};
 use kiln_tensor::fused::{ExprStep, FusedExpr};
 use kiln_tensor::ir::{NodeId, NodeKind};
 use proc_macro2::{Literal, TokenStream};
@@ -42,15 +42,17 @@ pub fn fuse(
     let mut fns = Vec::new();
     let mut natives = Vec::new();
     for k in 0..plan.kernels.len() {
-        match native_expr(&plan, k) {
-            Some(expr) => {
-                let f = format_ident!("__kiln_native_{}", k);
-                fns.push(native_fn(&f, &expr));
-                natives.push(
-                    quote!(::core::option::Option::Some(#f as ::kiln::tensor::fused::NativeFn)),
-                );
+        for (i, e) in native_exprs(&plan, k).into_iter().enumerate() {
+            match e {
+                Some(expr) => {
+                    let f = format_ident!("__kiln_native_{}_{}", k, i);
+                    fns.push(native_fn(&f, &expr));
+                    natives.push(
+                        quote!(::core::option::Option::Some(#f as ::kiln::tensor::fused::NativeFn)),
+                    );
+                }
+                None => natives.push(quote!(::core::option::Option::None)),
             }
-            None => natives.push(quote!(::core::option::Option::None)),
         }
     }
     let count = natives.len();
@@ -105,10 +107,8 @@ fn native_fn(name: &Ident, expr: &FusedExpr) -> TokenStream {
                     let i = &ins[k];
                     quote!(#i[j])
                 }
-                ExprStep::Output(k) => {
-                    let k = Literal::usize_unsuffixed(k);
-                    quote!(outs[#k][j])
-                }
+                // Plans have one output per kernel: an epilogue reads it in place.
+                ExprStep::Output(_) => quote!(out[j]),
                 ExprStep::Const(c) => {
                     let bits = Literal::u32_suffixed(c.to_bits());
                     quote!(f32::from_bits(#bits))

@@ -42,6 +42,13 @@
 //! for a method returning a scalar, also `<name>_and_grad` returning the value and an
 //! `MlpGrads`, computed by a backward pass derived at build time.
 //!
+//! Each method returning one tensor and each `<name>_and_grad` is also planned by
+//! `kiln-fusion` at build time: the macro embeds the plan's text as an associated
+//! const, writes a native Rust loop for every fused expression whose constants it
+//! knows, and makes the method run the plan through the model's program cache (the
+//! op-by-op code stays, run when `model.set_fused(false)`). `Mlp::fusion_plans()`,
+//! `fusion_report()` and `fusion_dot()` show the plans.
+//!
 //! Shape mistakes are errors on the exact sub-expression, naming both shapes. A
 //! `#[model] impl` must follow its `#[model] struct` in the same module (the struct
 //! passes its fields to the impl through a hidden `macro_rules!`).

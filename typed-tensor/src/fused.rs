@@ -40,6 +40,9 @@ pub struct FusedExpr {
     pub inputs: usize,
 }
 
+/// Expressions up to this many steps are interpreted without copying operands.
+const MAX_DIRECT_STEPS: usize = 64;
+
 /// A native fused loop: `outs[k][j]` from `ins[..][j]` for every `j` (all slices have
 /// the same length; outputs may be read first, for in-place updates).
 pub type NativeFn = fn(ins: &[&[f32]], outs: &mut [&mut [f32]]);
@@ -142,10 +145,136 @@ pub fn to_bool_f32(v: f32) -> f32 {
     (v != 0.0) as u8 as f32
 }
 
+/// `dst[i] = f(a[i])`, monomorphised per op so that the loop vectorises.
+#[inline(always)]
+fn map1(dst: &mut [f32], a: &[f32], f: impl Fn(f32) -> f32) {
+    for (d, &x) in dst.iter_mut().zip(a) {
+        *d = f(x);
+    }
+}
+
+/// `dst[i] = f(a[i], b[i])`, monomorphised per op.
+#[inline(always)]
+fn map2(dst: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
+    for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
+        *d = f(x, y);
+    }
+}
+
+/// A unary op over a chunk: the `match` outside the loop.
+fn unary_chunk(op: UnaryOp, dst: &mut [f32], a: &[f32]) {
+    macro_rules! each {
+        ($($v:ident),*) => {
+            match op {
+                $(UnaryOp::$v => map1(dst, a, |x| unary_f32(UnaryOp::$v, x)),)*
+            }
+        };
+    }
+    each!(Neg, Abs, Sign, Exp, Log, Sqrt, Rsqrt, Recip, Sin, Cos, Tanh, Sigmoid, Relu, Erf, Not)
+}
+
+/// A binary op over a chunk.
+fn binary_chunk(op: BinaryOp, dst: &mut [f32], a: &[f32], b: &[f32]) {
+    macro_rules! each {
+        ($($v:ident),*) => {
+            match op {
+                $(BinaryOp::$v => map2(dst, a, b, |x, y| binary_f32(BinaryOp::$v, x, y)),)*
+            }
+        };
+    }
+    each!(Add, Sub, Mul, Div, Pow, Max, Min)
+}
+
+/// A comparison over a chunk.
+fn compare_chunk(op: CmpOp, dst: &mut [f32], a: &[f32], b: &[f32]) {
+    macro_rules! each {
+        ($($v:ident),*) => {
+            match op {
+                $(CmpOp::$v => map2(dst, a, b, |x, y| compare_f32(CmpOp::$v, x, y)),)*
+            }
+        };
+    }
+    each!(Eq, Ne, Lt, Le, Gt, Ge)
+}
+
 impl FusedExpr {
     /// Interprets the expression over one chunk: `regs` is scratch of at least
     /// `steps.len() * len` floats; every slice of `ins` and `outs` has length `len`.
+    /// Inputs are read in place and a result is computed straight into its output
+    /// where that is safe, so the chunk is not copied around.
     pub fn eval_chunk(&self, ins: &[&[f32]], outs: &mut [&mut [f32]], regs: &mut [f32]) {
+        let len = outs.first().map_or(0, |o| o.len());
+        let n = self.steps.len();
+        if n > MAX_DIRECT_STEPS {
+            return self.eval_chunk_copying(ins, outs, regs);
+        }
+        // Where each step's values live: its scratch row, an input, or an output.
+        let mut at: [*const f32; MAX_DIRECT_STEPS] = [std::ptr::null(); MAX_DIRECT_STEPS];
+        let mut dst: [*mut f32; MAX_DIRECT_STEPS] = [std::ptr::null_mut(); MAX_DIRECT_STEPS];
+        let last_output_read = self
+            .steps
+            .iter()
+            .rposition(|s| matches!(s, ExprStep::Output(_)));
+        let mut direct = [false; MAX_DIRECT_STEPS];
+        for (k, &r) in self.results.iter().enumerate() {
+            // Straight into output k only after every read of the old outputs, and once.
+            let after_reads = last_output_read.is_none_or(|l| r > l);
+            let computed = !matches!(self.steps[r], ExprStep::Input(_) | ExprStep::Output(_));
+            if after_reads && computed && !direct[r] {
+                direct[r] = true;
+                dst[r] = outs[k].as_mut_ptr();
+            }
+        }
+        for (s, step) in self.steps.iter().enumerate() {
+            match *step {
+                ExprStep::Input(k) => at[s] = ins[k].as_ptr(),
+                _ if direct[s] => at[s] = dst[s],
+                _ => {
+                    dst[s] = regs[s * len..].as_mut_ptr();
+                    at[s] = dst[s];
+                }
+            }
+        }
+        // SAFETY: every pointer covers `len` floats (inputs and outputs have `len`
+        // elements, scratch rows are `len` apart within `regs`). A step writes only its
+        // own row or its own output, and reads earlier steps' values, which live in
+        // other rows, inputs (never written), or outputs whose result step came
+        // earlier (a direct result is written after every `Output` read and only by
+        // its step).
+        unsafe {
+            let reg = |i: usize| std::slice::from_raw_parts(at[i], len);
+            for (s, step) in self.steps.iter().enumerate() {
+                if let ExprStep::Input(_) = step {
+                    continue;
+                }
+                let d = std::slice::from_raw_parts_mut(dst[s], len);
+                match *step {
+                    ExprStep::Input(_) => unreachable!("skipped above"),
+                    ExprStep::Output(k) => d.copy_from_slice(&outs[k][..len]),
+                    ExprStep::Const(c) => d.fill(c),
+                    ExprStep::Unary(op, a) => unary_chunk(op, d, reg(a)),
+                    ExprStep::Binary(op, a, b) => binary_chunk(op, d, reg(a), reg(b)),
+                    ExprStep::Compare(op, a, b) => compare_chunk(op, d, reg(a), reg(b)),
+                    ExprStep::Select(c, a, b) => {
+                        for (((o, &c), &x), &y) in d.iter_mut().zip(reg(c)).zip(reg(a)).zip(reg(b))
+                        {
+                            *o = select_f32(c, x, y);
+                        }
+                    }
+                    ExprStep::ToBool(a) => map1(d, reg(a), to_bool_f32),
+                }
+            }
+            for (k, &r) in self.results.iter().enumerate() {
+                if at[r] != outs[k].as_ptr() {
+                    let v = reg(r);
+                    outs[k].copy_from_slice(v);
+                }
+            }
+        }
+    }
+
+    /// [`FusedExpr::eval_chunk`] for long expressions: every step in its scratch row.
+    fn eval_chunk_copying(&self, ins: &[&[f32]], outs: &mut [&mut [f32]], regs: &mut [f32]) {
         let len = outs.first().map_or(0, |o| o.len());
         for (s, step) in self.steps.iter().enumerate() {
             let (done, rest) = regs.split_at_mut(s * len);
@@ -155,31 +284,15 @@ impl FusedExpr {
                 ExprStep::Input(k) => dst.copy_from_slice(&ins[k][..len]),
                 ExprStep::Output(k) => dst.copy_from_slice(&outs[k][..len]),
                 ExprStep::Const(c) => dst.fill(c),
-                ExprStep::Unary(op, a) => {
-                    for (d, &x) in dst.iter_mut().zip(reg(a)) {
-                        *d = unary_f32(op, x);
-                    }
-                }
-                ExprStep::Binary(op, a, b) => {
-                    for ((d, &x), &y) in dst.iter_mut().zip(reg(a)).zip(reg(b)) {
-                        *d = binary_f32(op, x, y);
-                    }
-                }
-                ExprStep::Compare(op, a, b) => {
-                    for ((d, &x), &y) in dst.iter_mut().zip(reg(a)).zip(reg(b)) {
-                        *d = compare_f32(op, x, y);
-                    }
-                }
+                ExprStep::Unary(op, a) => unary_chunk(op, dst, reg(a)),
+                ExprStep::Binary(op, a, b) => binary_chunk(op, dst, reg(a), reg(b)),
+                ExprStep::Compare(op, a, b) => compare_chunk(op, dst, reg(a), reg(b)),
                 ExprStep::Select(c, a, b) => {
                     for (((d, &c), &x), &y) in dst.iter_mut().zip(reg(c)).zip(reg(a)).zip(reg(b)) {
                         *d = select_f32(c, x, y);
                     }
                 }
-                ExprStep::ToBool(a) => {
-                    for (d, &x) in dst.iter_mut().zip(reg(a)) {
-                        *d = to_bool_f32(x);
-                    }
-                }
+                ExprStep::ToBool(a) => map1(dst, reg(a), to_bool_f32),
             }
         }
         for (out, &r) in outs.iter_mut().zip(&self.results) {

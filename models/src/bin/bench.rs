@@ -21,6 +21,9 @@ struct Args {
     /// Workloads to run (comma-separated): w1, w2, w4.
     #[arg(long, default_value = "w1,w2,w4")]
     workloads: String,
+    /// W1 variants to run (comma-separated): static, static-unfused, dynamic, infer.
+    #[arg(long, default_value = "static,static-unfused,dynamic,infer")]
+    variants: String,
     /// Timed repetitions per figure (the median is printed).
     #[arg(long, default_value_t = 10)]
     reps: usize,
@@ -104,7 +107,7 @@ fn w2(reps: usize) -> Result<()> {
 
 /// W1 at one batch size: a training step (gradients + SGD) of the `#[model]` MLP, of
 /// the same MLP on the dynamic path (runtime tape), and batch-1 inference latency.
-fn w1_batch<const B: usize>(reps: usize) -> Result<()> {
+fn w1_batch<const B: usize>(reps: usize, variants: &[&str]) -> Result<()> {
     let dev = CpuDevice;
     let mut model = Mlp::<Cpu>::init(&dev, 1)?;
     let mut opt = Sgd::<Cpu>::new(SgdConfig {
@@ -116,15 +119,29 @@ fn w1_batch<const B: usize>(reps: usize) -> Result<()> {
     let labels: Vec<i32> = (0..B as i32).map(|i| i % 10).collect();
     let y = Tensor::<Cpu, (Const<B>,), i32>::from_vec(labels, &[B], &dev)?;
     for fused in [true, false] {
+        let variant = if fused { "static" } else { "static-unfused" };
+        if !variants.contains(&variant) {
+            continue;
+        }
         model.set_fused(fused);
         let ms = time_ms(reps, || {
             let (_, grads) = model.loss_and_grad(&x, &y)?;
-            opt.step(&mut model, &grads)
+            if fused {
+                opt.step(&mut model, &grads)
+            } else {
+                // Op by op throughout: the optimizer's eager update too.
+                model.update_params(&grads, "", &mut |name, p, g| {
+                    *p = opt.update_param(name, p, g)?;
+                    Ok(())
+                })
+            }
         })?;
-        let variant = if fused { "static" } else { "static-unfused" };
         println!(
             "bench=W1 impl=kiln backend=cpu variant={variant} task=train batch={B} ms={ms:.3}"
         );
+    }
+    if !variants.contains(&"dynamic") {
+        return Ok(());
     }
     let mut dynamic = DynamicMlp::<Cpu>::new(&[784, 1024, 1024, 10], 1, &dev)?;
     let ms = time_ms(reps, || {
@@ -134,8 +151,11 @@ fn w1_batch<const B: usize>(reps: usize) -> Result<()> {
     Ok(())
 }
 
-fn w1(reps: usize) -> Result<()> {
-    w1_batch::<256>(reps)?;
+fn w1(reps: usize, variants: &[&str]) -> Result<()> {
+    w1_batch::<256>(reps, variants)?;
+    if !variants.contains(&"infer") {
+        return Ok(());
+    }
     let dev = CpuDevice;
     let model = Mlp::<Cpu>::init(&dev, 1)?;
     let x = Tensor::<Cpu, Rank2<1, 784>>::normal(0.0, 1.0, 6, &dev)?;
@@ -148,7 +168,10 @@ fn main() -> Result<()> {
     let args = Args::parse();
     for w in args.workloads.split(',') {
         match w.trim() {
-            "w1" => w1(args.reps)?,
+            "w1" => w1(
+                args.reps,
+                &args.variants.split(',').map(str::trim).collect::<Vec<_>>(),
+            )?,
             "w2" => w2(args.reps)?,
             "w4" => w4(args.reps)?,
             other => eprintln!("unknown workload {other:?} (known: w1, w2, w4)"),

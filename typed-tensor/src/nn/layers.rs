@@ -106,6 +106,7 @@ macro_rules! layer {
             _backend: std::marker::PhantomData<B>,
         }
 
+        #[allow(unused_mut, unused_variables)]
         impl<B: Backend, $(const $c: usize),*> $grads<B, $($c),*> {
             /// Gradients from raw tensors in parameter order (checked against the types).
             pub fn from_raw(raw: impl IntoIterator<Item = RawTensor<B>>) -> Result<Self> {

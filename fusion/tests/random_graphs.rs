@@ -1,0 +1,169 @@
+//! The planner and executor against op-by-op execution on random graphs of
+//! elementwise ops (with broadcasting, comparisons and `where`) and reductions (whose
+//! neighbours become prologues and epilogues): a plan run by a `Program` on the CPU
+//! must give what the eager ops give, for every output, twice in a row (the second run
+//! reuses the buffers of the first).
+
+use kiln_cpu::{Cpu, CpuDevice};
+use kiln_fusion::{plan, Program, SDim};
+use kiln_tensor::ir::Graph;
+use kiln_tensor::{
+    BinaryOp, Builder, BuilderExt, CmpOp, DType, Eager, RandDist, RawTensor, ReduceOp, Result,
+    SymDim, UnaryOp,
+};
+use proptest::prelude::*;
+
+/// One step of a random graph; operands index earlier values (modulo their count).
+#[derive(Clone, Debug)]
+enum Step {
+    Unary(UnaryOp, usize),
+    Binary(BinaryOp, usize, usize),
+    Where(CmpOp, usize, usize, usize),
+    Reduce(ReduceOp, usize, usize),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let unary = prop::sample::select(vec![
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Relu,
+        UnaryOp::Sigmoid,
+        UnaryOp::Tanh,
+        UnaryOp::Sin,
+        UnaryOp::Exp,
+    ]);
+    let binary = prop::sample::select(vec![
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Max,
+        BinaryOp::Min,
+    ]);
+    let cmp = prop::sample::select(vec![CmpOp::Lt, CmpOp::Ge, CmpOp::Eq]);
+    let reduce = prop::sample::select(vec![ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min]);
+    prop_oneof![
+        3 => (unary, any::<usize>()).prop_map(|(o, a)| Step::Unary(o, a)),
+        4 => (binary, any::<usize>(), any::<usize>()).prop_map(|(o, a, b)| Step::Binary(o, a, b)),
+        1 => (cmp, any::<usize>(), any::<usize>(), any::<usize>()).prop_map(|(o, a, b, c)| Step::Where(o, a, b, c)),
+        2 => (reduce, any::<usize>(), 0..2usize).prop_map(|(o, a, ax)| Step::Reduce(o, a, ax)),
+    ]
+}
+
+/// Builds the steps on any builder from `inputs`; returns every value.
+fn build<Bd: Builder>(b: &mut Bd, inputs: Vec<Bd::Value>, steps: &[Step]) -> Result<Vec<Bd::Value>>
+where
+    Bd::Value: Clone,
+{
+    let mut vals = inputs;
+    for s in steps {
+        let n = vals.len();
+        let v = match *s {
+            Step::Unary(op, a) => b.unary(op, &vals[a % n])?,
+            Step::Binary(op, a, c) => b.binary(op, &vals[a % n], &vals[c % n])?,
+            Step::Where(op, a, c, d) => {
+                let cond = b.compare(op, &vals[a % n], &vals[c % n])?;
+                b.select(&cond, &vals[c % n], &vals[d % n])?
+            }
+            // Keepdim, so the result still broadcasts against the others.
+            Step::Reduce(op, a, axis) => b.reduce(op, &vals[a % n], &[axis], true)?,
+        };
+        vals.push(v);
+    }
+    Ok(vals)
+}
+
+fn check(
+    rows: usize,
+    cols: usize,
+    steps: &[Step],
+    extra: usize,
+) -> std::result::Result<(), TestCaseError> {
+    let dev = CpuDevice;
+    let shapes = [vec![rows, cols], vec![1, cols], vec![rows, 1]];
+    let tensors: Vec<RawTensor<Cpu>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            RawTensor::rand(
+                d,
+                RandDist::Uniform {
+                    low: -2.0,
+                    high: 2.0,
+                },
+                i as u64 + 1,
+                DType::F32,
+                &dev,
+            )
+        })
+        .collect::<Result<_>>()
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let mut eager = Eager::<Cpu>::new(dev);
+    let want = build(&mut eager, tensors.clone(), steps)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+
+    let mut g = Graph::<SDim>::new();
+    let leaves: Vec<usize> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, d)| g.leaf(i, d.iter().map(|&x| SDim::lit(x)).collect(), DType::F32))
+        .collect();
+    let vals =
+        build(&mut g, leaves.clone(), steps).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    // The last value and one more from anywhere: outputs that other kernels also read.
+    let (last, other) = (vals.len() - 1, extra % vals.len());
+    let p = plan(&g, &leaves, &[vals[last], vals[other]]);
+    let mut program = Program::<Cpu>::new(p, &[]);
+    let ins: Vec<&RawTensor<Cpu>> = tensors.iter().collect();
+    for run in 0..2 {
+        let got: Vec<RawTensor<Cpu>> = program
+            .run(&dev, &[], &ins, 0)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?
+            .collect();
+        for (g, w) in got.iter().zip([&want[last], &want[other]]) {
+            let (g, w) = (g.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+            prop_assert_eq!(g.len(), w.len());
+            for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                let same =
+                    a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+                prop_assert!(
+                    same,
+                    "run {}: element {} is {} fused, {} unfused ({:?})",
+                    run,
+                    i,
+                    a,
+                    b,
+                    steps
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn plans_run_like_eager_ops(
+        rows in 1..40usize,
+        cols in 1..70usize,
+        steps in prop::collection::vec(step(), 1..14),
+        extra in any::<usize>(),
+    ) {
+        check(rows, cols, &steps, extra)?;
+    }
+}
+
+#[test]
+fn large_graphs_run_in_parallel_chunks() {
+    // Big enough for the CPU kernels' parallel, chunked paths.
+    let steps = [
+        Step::Binary(BinaryOp::Mul, 0, 1),
+        Step::Unary(UnaryOp::Sigmoid, 3),
+        Step::Reduce(ReduceOp::Sum, 4, 1),
+        Step::Binary(BinaryOp::Sub, 4, 5),
+        Step::Reduce(ReduceOp::Max, 6, 0),
+        Step::Binary(BinaryOp::Add, 6, 7),
+    ];
+    check(300, 700, &steps, 5).unwrap();
+}
