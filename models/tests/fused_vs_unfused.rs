@@ -192,8 +192,7 @@ fn a_wrong_runtime_shape_is_a_clear_error() -> Result<()> {
     ins.extend(ps.iter().map(|(_, t)| t));
     let err = program
         .run(&CpuDevice, &[("B", 3)], &ins, 0)
-        .err()
-        .expect("a shape error")
+        .expect_err("a shape error")
         .to_string();
     assert!(
         err.contains("[3, 783]") && err.contains("[3, 784]"),

@@ -158,7 +158,7 @@ pub fn fused_by_ops<B: Backend>(
                 let v = inputs
                     .get(k)
                     .ok_or_else(|| Error::invalid("fused", format!("input {k} is missing")))?;
-                B::contiguous(device, v.clone())?
+                B::contiguous(device, *v)?
             }
             ExprStep::Output(k) => B::contiguous(
                 device,
