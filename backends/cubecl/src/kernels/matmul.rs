@@ -1,0 +1,101 @@
+//! Kiln's own batched matrix product for runtimes without a vendor library (wgpu):
+//! 64×64 output tiles per cube of 256 units, each unit accumulating a 4×4 block
+//! (rows `ty + 16i`, columns `tx + 16j`, so shared-memory reads and global writes are
+//! consecutive across units), K in steps of 16 through shared memory. Operands are
+//! read through their strides (transposed and broadcast operands need no copy);
+//! accumulation is in `A`.
+//!
+//! Metadata: `[M, N, K, batch dims (br), a offset, a row stride, a k stride, a batch
+//! strides (br), b offset, b k stride, b column stride, b batch strides (br)]`.
+
+use super::common::offset_of;
+use cubecl::prelude::*;
+
+/// Tile edge (rows and columns of output per cube).
+pub const TILE: u32 = 64;
+/// Depth of one K step.
+pub const DEPTH: u32 = 16;
+
+/// One 64×64 tile of `out[b] = a[b] · b[b]` for batch `CUBE_POS_Z + batch_base`.
+#[cube(launch_unchecked)]
+pub fn matmul<F: Float, A: Float>(
+    a: &Array<F>,
+    b: &Array<F>,
+    out: &mut Array<F>,
+    meta: &Array<u32>,
+    batch_base: u32,
+    #[comptime] br: u32,
+) {
+    let m = meta[0];
+    let n = meta[1];
+    let k = meta[2];
+    let a_at = 3 + br;
+    let b_at = a_at + 3 + br;
+    let batch = CUBE_POS_Z + batch_base;
+    let a_base = meta[a_at as usize] + offset_of(meta, batch, 3, a_at + 3, br);
+    let b_base = meta[b_at as usize] + offset_of(meta, batch, 3, b_at + 3, br);
+    let (a_sm, a_sk) = (meta[(a_at + 1) as usize], meta[(a_at + 2) as usize]);
+    let (b_sk, b_sn) = (meta[(b_at + 1) as usize], meta[(b_at + 2) as usize]);
+    let tx = UNIT_POS_X % 16;
+    let ty = UNIT_POS_X / 16;
+    let row0 = CUBE_POS_Y * 64;
+    let col0 = CUBE_POS_X * 64;
+
+    let mut sa = SharedMemory::<A>::new(1024usize);
+    let mut sb = SharedMemory::<A>::new(1024usize);
+    let mut acc = Array::<A>::new(16usize);
+    #[unroll]
+    for i in 0..16u32 {
+        acc[i as usize] = A::new(0.0);
+    }
+    let mut k0 = 0u32;
+    while k0 < k {
+        #[unroll]
+        for l in 0..4u32 {
+            let idx = UNIT_POS_X + l * 256;
+            // A tile: 64 rows × 16 k, stored k-major.
+            let r = idx / 16;
+            let kk = idx % 16;
+            let mut va = A::new(0.0);
+            if row0 + r < m && k0 + kk < k {
+                va = A::cast_from(a[(a_base + (row0 + r) * a_sm + (k0 + kk) * a_sk) as usize]);
+            }
+            sa[(kk * 64 + r) as usize] = va;
+            // B tile: 16 k × 64 columns.
+            let kb = idx / 64;
+            let cb = idx % 64;
+            let mut vb = A::new(0.0);
+            if k0 + kb < k && col0 + cb < n {
+                vb = A::cast_from(b[(b_base + (k0 + kb) * b_sk + (col0 + cb) * b_sn) as usize]);
+            }
+            sb[(kb * 64 + cb) as usize] = vb;
+        }
+        sync_cube();
+        #[unroll]
+        for kk in 0..16u32 {
+            #[unroll]
+            for i in 0..4u32 {
+                let av = sa[(kk * 64 + ty + 16 * i) as usize];
+                #[unroll]
+                for j in 0..4u32 {
+                    let bv = sb[(kk * 64 + tx + 16 * j) as usize];
+                    acc[(i * 4 + j) as usize] += av * bv;
+                }
+            }
+        }
+        sync_cube();
+        k0 += 16;
+    }
+    let out_base = batch * m * n;
+    #[unroll]
+    for i in 0..4u32 {
+        #[unroll]
+        for j in 0..4u32 {
+            let r = row0 + ty + 16 * i;
+            let c = col0 + tx + 16 * j;
+            if r < m && c < n {
+                out[(out_base + r * n + c) as usize] = F::cast_from(acc[(i * 4 + j) as usize]);
+            }
+        }
+    }
+}
