@@ -1,14 +1,13 @@
 //! Devices: the [`KilnRuntime`] trait that adapts a CubeCL runtime to Kiln (how a device
 //! is opened, what it cannot do, which dtypes it holds), the per-device state every
-//! buffer points back to, and the device error flag through which kernels report bad
-//! indices and integer division by zero.
+//! buffer points back to, and the per-launch error flags through which kernels report
+//! bad indices and integer division by zero.
 
 use crate::storage::CubeStorage;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use kiln_tensor::{DType, Error, Result, TensorMeta, View};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::CubeBackend;
@@ -76,10 +75,6 @@ pub struct DeviceState<R: KilnRuntime> {
     pub(crate) max_buffer_bytes: u64,
     pub(crate) dtypes: Vec<DType>,
     pub(crate) extra: R::Extra,
-    /// One u32 that failing kernels set to a nonzero code; read (and replaced by a
-    /// fresh zero) at the next download or synchronisation after such a kernel ran.
-    flag: Mutex<Handle>,
-    flag_pending: AtomicBool,
 }
 
 impl<R: KilnRuntime> DeviceState<R> {
@@ -93,43 +88,28 @@ impl<R: KilnRuntime> DeviceState<R> {
         &self.client
     }
 
-    /// The error flag for a kernel that may fail; marks the flag for checking.
-    pub(crate) fn flag_for_launch(&self) -> Handle {
-        self.flag_pending.store(true, Ordering::SeqCst);
-        self.flag.lock().expect("flag lock").clone()
+    /// A fresh zeroed error flag for one launch of a kernel that may fail: two words,
+    /// the error code and a detail (the bad index's bits).
+    pub(crate) fn new_flag(&self) -> Handle {
+        self.client.create_from_slice(&[0u8; 8])
     }
 
-    /// Reads the error flag if a kernel that may fail ran since the last check, and
-    /// turns a nonzero code into the error it stands for.
-    pub(crate) fn check_flag(&self) -> Result<()> {
-        if !self.flag_pending.swap(false, Ordering::SeqCst) {
-            return Ok(());
-        }
-        let mut flag = self.flag.lock().expect("flag lock");
+    /// Reads the error flag of a launch that may fail, once it ran: `None` when the
+    /// kernel reported nothing, else its code and detail.
+    ///
+    /// Each launch gets its own flag and the op reads it before it returns, so an
+    /// error is reported by the op that caused it, on the thread that ran it (a
+    /// device-wide flag read later would be reported by whichever op synchronised
+    /// next, on any thread). The cost is one synchronisation per gather, scatter-add
+    /// or integer division.
+    pub(crate) fn read_flag(&self, flag: Handle) -> Result<Option<(u32, u32)>> {
+        R::fence(self)?;
         let bytes = self
             .client
-            .read_one(flag.clone())
+            .read_one(flag)
             .map_err(|e| server_error(&self.name, e))?;
-        let code = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        if code == 0 {
-            return Ok(());
-        }
-        *flag = self.client.create_from_slice(&0u32.to_le_bytes());
-        Err(match code {
-            flag::GATHER => Error::invalid(
-                "gather",
-                "an index is out of range for the gathered axis (checked on the device, reported at the next synchronisation)",
-            ),
-            flag::SCATTER => Error::invalid(
-                "scatter_add",
-                "an index is out of range for the result's axis (checked on the device, reported at the next synchronisation)",
-            ),
-            flag::DIV_ZERO => Error::invalid(
-                "div",
-                "integer division by zero (checked on the device, reported at the next synchronisation)",
-            ),
-            other => Error::Device(format!("a kernel reported the unknown error code {other}")),
-        })
+        let word = |i: usize| u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]);
+        Ok((word(0) != 0).then(|| (word(0), word(1))))
     }
 
     /// Checks that a buffer of `bytes` fits what one kernel may bind.
@@ -200,7 +180,6 @@ impl<R: KilnRuntime> CubeDevice<R> {
         }
         let opened = R::open(ordinal)?;
         let client = R::client(&opened.device);
-        let flag = client.create_from_slice(&0u32.to_le_bytes());
         let device = CubeDevice {
             state: Arc::new(DeviceState {
                 client,
@@ -209,8 +188,6 @@ impl<R: KilnRuntime> CubeDevice<R> {
                 max_buffer_bytes: opened.max_buffer_bytes,
                 dtypes: opened.dtypes,
                 extra: opened.extra,
-                flag: Mutex::new(flag),
-                flag_pending: AtomicBool::new(false),
             }),
         };
         registry.push((ordinal, device.clone()));

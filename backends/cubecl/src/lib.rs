@@ -5,7 +5,7 @@
 //! WGSL compiler) and [`Cuda`] (feature `cuda`: CUDA C++ through NVRTC, matrix
 //! products through cuBLASLt).
 //!
-//! It owns the device (adapter or GPU selection, limits, the error flag: [`device`]),
+//! It owns the device (adapter or GPU selection, limits, the error flags: [`device`]),
 //! device buffers ([`storage`]), the `#[cube]` kernels ([`kernels`]) and their
 //! launches ([`ops`]). Every primitive of the op table runs as a kernel whose inputs are
 //! strided views (views never reach a backend, so a transposed or broadcast input is
@@ -36,8 +36,8 @@
 //! what to install. A buffer larger than the device binds (lavapipe caps a storage
 //! buffer at 128 MiB, and over that launches were silently skipped) is refused before
 //! anything is queued. Out-of-range gather/scatter indices and integer division by
-//! zero are detected by the kernels and reported, like CUDA's own asynchronous errors,
-//! at the next download or [`Backend::synchronize`].
+//! zero are detected by the kernels, each launch writing its own flag, which the op reads
+//! before it returns (one synchronisation per gather, scatter-add or integer division).
 //!
 //! ## Random numbers
 //!
@@ -158,8 +158,7 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
         let dev = &device.state;
         R::fence(dev)?;
         cubecl::future::block_on(dev.client.sync())
-            .map_err(|e| device::server_error(&dev.name, e))?;
-        dev.check_flag()
+            .map_err(|e| device::server_error(&dev.name, e))
     }
 
     fn execute(

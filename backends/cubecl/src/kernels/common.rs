@@ -66,3 +66,15 @@ pub fn offset_of(
     }
     off
 }
+
+/// Whether a float is NaN, as a scalar bool (CubeCL's `is_nan` is typed per vector).
+#[cube]
+pub fn nan<A: Float>(x: A) -> bool {
+    bool::cast_from(x.is_nan())
+}
+
+/// Whether a float is ±infinity, as a scalar bool.
+#[cube]
+pub fn inf<A: Float>(x: A) -> bool {
+    bool::cast_from(x.is_inf())
+}

@@ -4,7 +4,7 @@
 //! once to the storage type, as the CPU backend does; integers compute in their own
 //! type with wrapping arithmetic. Bools are stored as u32 0/1.
 
-use super::common::{linear_pos, strided_offset};
+use super::common::{linear_pos, nan, strided_offset};
 use cubecl::prelude::*;
 use kiln_tensor::{BinaryOp, CmpOp, UnaryOp};
 
@@ -137,7 +137,7 @@ pub fn unary_float<F: Float, A: Float>(
 ) {
     let pos = linear_pos();
     if pos < meta[0] {
-        let v = A::cast_from(x[strided_offset(meta, pos, rank, 0) as usize]);
+        let v = A::cast_from(x[strided_offset(meta, pos, rank, 0u32) as usize]);
         out[pos as usize] = F::cast_from(float_unary::<A>(v, op));
     }
 }
@@ -154,7 +154,7 @@ pub fn unary_int<I: Int>(
 ) {
     let pos = linear_pos();
     if pos < meta[0] {
-        let v = x[strided_offset(meta, pos, rank, 0) as usize];
+        let v = x[strided_offset(meta, pos, rank, 0u32) as usize];
         let zero = I::from_int(0);
         let mut r = v;
         if comptime!(op == unary::NEG) {
@@ -195,15 +195,15 @@ fn float_binary<A: Float>(a: A, b: A, #[comptime] op: u32) -> A {
         r = a.powf(b);
     } else if comptime!(op == binary::MAX) {
         // NaN propagates (PyTorch's maximum); the hardware max would drop it.
-        if b.is_nan() {
+        if nan::<A>(b) {
             r = b;
-        } else if !a.is_nan() && b > a {
+        } else if !nan::<A>(a) && b > a {
             r = b;
         }
     } else if comptime!(op == binary::MIN) {
-        if b.is_nan() {
+        if nan::<A>(b) {
             r = b;
-        } else if !a.is_nan() && b < a {
+        } else if !nan::<A>(a) && b < a {
             r = b;
         }
     }
@@ -222,8 +222,8 @@ pub fn binary_float<F: Float, A: Float>(
 ) {
     let pos = linear_pos();
     if pos < meta[0] {
-        let x = A::cast_from(a[strided_offset(meta, pos, rank, 0) as usize]);
-        let y = A::cast_from(b[strided_offset(meta, pos, rank, 1) as usize]);
+        let x = A::cast_from(a[strided_offset(meta, pos, rank, 0u32) as usize]);
+        let y = A::cast_from(b[strided_offset(meta, pos, rank, 1u32) as usize]);
         out[pos as usize] = F::cast_from(float_binary::<A>(x, y, op));
     }
 }
@@ -243,8 +243,8 @@ pub fn binary_int<I: Int>(
 ) {
     let pos = linear_pos();
     if pos < meta[0] {
-        let x = a[strided_offset(meta, pos, rank, 0) as usize];
-        let y = b[strided_offset(meta, pos, rank, 1) as usize];
+        let x = a[strided_offset(meta, pos, rank, 0u32) as usize];
+        let y = b[strided_offset(meta, pos, rank, 1u32) as usize];
         let zero = I::from_int(0);
         let mut r = x;
         if comptime!(op == binary::ADD) {
@@ -286,7 +286,8 @@ fn compare_values<T: Numeric>(a: T, b: T, #[comptime] op: u32) -> bool {
     if comptime!(op == cmp::EQ) {
         r = a == b;
     } else if comptime!(op == cmp::NE) {
-        r = a != b;
+        // Not `a != b`: WGSL compiles that to an ordered comparison, false for NaN.
+        r = !(a == b);
     } else if comptime!(op == cmp::LT) {
         r = a < b;
     } else if comptime!(op == cmp::LE) {
@@ -312,8 +313,8 @@ pub fn compare<T: Numeric, C: Numeric>(
 ) {
     let pos = linear_pos();
     if pos < meta[0] {
-        let x = C::cast_from(a[strided_offset(meta, pos, rank, 0) as usize]);
-        let y = C::cast_from(b[strided_offset(meta, pos, rank, 1) as usize]);
+        let x = C::cast_from(a[strided_offset(meta, pos, rank, 0u32) as usize]);
+        let y = C::cast_from(b[strided_offset(meta, pos, rank, 1u32) as usize]);
         out[pos as usize] = u32::cast_from(compare_values::<C>(x, y, op));
     }
 }
@@ -330,11 +331,11 @@ pub fn select<T: CubePrimitive>(
 ) {
     let pos = linear_pos();
     if pos < meta[0] {
-        let cond = c[strided_offset(meta, pos, rank, 0) as usize];
+        let cond = c[strided_offset(meta, pos, rank, 0u32) as usize];
         if cond != 0 {
-            out[pos as usize] = a[strided_offset(meta, pos, rank, 1) as usize];
+            out[pos as usize] = a[strided_offset(meta, pos, rank, 1u32) as usize];
         } else {
-            out[pos as usize] = b[strided_offset(meta, pos, rank, 2) as usize];
+            out[pos as usize] = b[strided_offset(meta, pos, rank, 2u32) as usize];
         }
     }
 }
@@ -359,7 +360,7 @@ pub mod cast_kind {
 /// A dtype conversion from `I` to `O`, with Rust's saturating `as` semantics for
 /// float-to-integer and the integer ranges (values go through the reference's f64).
 #[cube(launch_unchecked)]
-pub fn cast<I: Numeric, O: Numeric>(
+pub fn convert<I: Numeric, O: Numeric>(
     x: &Array<I>,
     out: &mut Array<O>,
     meta: &Array<u32>,
@@ -368,17 +369,18 @@ pub fn cast<I: Numeric, O: Numeric>(
 ) {
     let pos = linear_pos();
     if pos < meta[0] {
-        let v = x[strided_offset(meta, pos, rank, 0) as usize];
+        let v = x[strided_offset(meta, pos, rank, 0u32) as usize];
         let mut r = O::from_int(0);
         if comptime!(kind == cast_kind::CONVERT) {
             r = O::cast_from(v);
         } else if comptime!(kind == cast_kind::TO_BOOL) {
-            r = O::cast_from(v != I::from_int(0));
+            // `!(v == 0)`, so that NaN is true (see `compare_values`).
+            r = O::cast_from(!(v == I::from_int(0)));
         } else if comptime!(kind == cast_kind::FLOAT_TO_I32) {
             // Compared in the source type: 2^31 is exact in every float type (infinite
             // in f16, whose values never reach it).
             #[allow(clippy::eq_op)]
-            let nan = v != v;
+            let nan = !(v == v);
             if nan {
                 r = O::from_int(0);
             } else if v >= I::from_int(2147483648) {
@@ -390,7 +392,7 @@ pub fn cast<I: Numeric, O: Numeric>(
             }
         } else if comptime!(kind == cast_kind::FLOAT_TO_U32) {
             #[allow(clippy::eq_op)]
-            let nan = v != v;
+            let nan = !(v == v);
             if nan || v <= I::from_int(0) {
                 r = O::from_int(0);
             } else if v >= I::from_int(4294967296) {
@@ -427,8 +429,8 @@ pub fn copy<T: CubePrimitive>(
 ) {
     let pos = linear_pos();
     if pos < meta[0] {
-        let src = strided_offset(meta, pos, rank, 0);
-        let dst = strided_offset(meta, pos, rank, 1);
+        let src = strided_offset(meta, pos, rank, 0u32);
+        let dst = strided_offset(meta, pos, rank, 1u32);
         out[dst as usize] = x[src as usize];
     }
 }

@@ -1,7 +1,7 @@
 //! Gather and scatter-add along one axis. Scatter-add is computed per output element
 //! (each one sums, in index order, the source elements whose index points at it), so
 //! it needs no float atomics (which WGSL lacks) and is deterministic. Out-of-range
-//! indices set the device error flag.
+//! indices set the launch's error flag: `[code, the index's bits]`.
 
 use super::common::linear_pos;
 use crate::device::flag;
@@ -56,6 +56,7 @@ pub fn gather<T: CubePrimitive, I: Int>(
             out[pos as usize] = data[d_off as usize];
         } else {
             flags[0] = flag::GATHER;
+            flags[1] = u32::cast_from(v);
             out[pos as usize] = zero[0];
         }
     }
@@ -113,6 +114,7 @@ pub fn scatter_add<T: Numeric, A: Numeric, I: Int>(
                 } else if target == 0 {
                     // Each source element is range-checked once, by the target-0 unit.
                     flags[0] = flag::SCATTER;
+                    flags[1] = u32::cast_from(v);
                 }
             }
         }

@@ -6,7 +6,7 @@
 //! strides]`. Cubes past the last output compute a clamped copy and write nothing, so
 //! every barrier stays in uniform control flow (WGSL requires it).
 
-use super::common::{cube_index, offset_of};
+use super::common::{cube_index, inf, nan, offset_of};
 use cubecl::prelude::*;
 use kiln_tensor::ReduceOp;
 
@@ -32,16 +32,17 @@ fn input_offset(meta: &Array<u32>, o: u32, r: u32, #[comptime] kr: u32, #[compti
 
 #[cube]
 fn is_special<A: Float>(x: A) -> bool {
-    x.is_nan() || x.is_inf()
+    nan::<A>(x) || inf::<A>(x)
 }
 
 /// Whether `v` replaces `best` in a max (or min) that lets NaN win.
+#[allow(unused_assignments)]
 #[cube]
 fn float_better<A: Float>(v: A, best: A, #[comptime] wants_max: bool) -> bool {
     let mut r = false;
-    if best.is_nan() {
+    if nan::<A>(best) {
         r = false;
-    } else if v.is_nan() {
+    } else if nan::<A>(v) {
         r = true;
     } else if comptime!(wants_max) {
         r = v > best;
@@ -52,6 +53,10 @@ fn float_better<A: Float>(v: A, best: A, #[comptime] wants_max: bool) -> bool {
 }
 
 /// Sum, max or min over floats of storage type `F`, accumulated in `A`.
+///
+/// Max and min start from the first element a unit reads (a `has` mark per partial)
+/// rather than from ±infinity: CubeCL's WGSL compiler writes infinite constants as
+/// `f32(inf)`, which WGSL rejects, and the launch is then dropped.
 #[cube(launch_unchecked)]
 pub fn reduce_float<F: Float, A: Float>(
     x: &Array<F>,
@@ -68,11 +73,7 @@ pub fn reduce_float<F: Float, A: Float>(
     let o = select(real < n_out, real, n_out - 1);
     let mut acc = A::new(0.0);
     let mut comp = A::new(0.0);
-    if comptime!(op == MAX) {
-        acc = A::new(f32::NEG_INFINITY);
-    } else if comptime!(op == MIN) {
-        acc = A::new(f32::INFINITY);
-    }
+    let mut any = false;
     let mut r = UNIT_POS_X;
     while r < extent {
         let v = A::cast_from(x[input_offset(meta, o, r, kr, rr) as usize]);
@@ -88,9 +89,10 @@ pub fn reduce_float<F: Float, A: Float>(
                 }
             }
             acc = t;
-        } else if float_better::<A>(v, acc, comptime!(op == MAX)) {
+        } else if !any || float_better::<A>(v, acc, comptime!(op == MAX)) {
             acc = v;
         }
+        any = true;
         r += block;
     }
     if comptime!(op == SUM) {
@@ -99,7 +101,9 @@ pub fn reduce_float<F: Float, A: Float>(
         }
     }
     let mut shared = SharedMemory::<A>::new(block as usize);
+    let mut has = SharedMemory::<u32>::new(block as usize);
     shared[UNIT_POS_X as usize] = acc;
+    has[UNIT_POS_X as usize] = u32::cast_from(any);
     sync_cube();
     let mut s = comptime!(block / 2).runtime();
     while s > 0 {
@@ -108,8 +112,12 @@ pub fn reduce_float<F: Float, A: Float>(
             let b = shared[(UNIT_POS_X + s) as usize];
             if comptime!(op == SUM) {
                 shared[UNIT_POS_X as usize] = a + b;
-            } else if float_better::<A>(b, a, comptime!(op == MAX)) {
-                shared[UNIT_POS_X as usize] = b;
+            } else if has[(UNIT_POS_X + s) as usize] != 0 {
+                let ha = has[UNIT_POS_X as usize];
+                if ha == 0 || float_better::<A>(b, a, comptime!(op == MAX)) {
+                    shared[UNIT_POS_X as usize] = b;
+                    has[UNIT_POS_X as usize] = 1;
+                }
             }
         }
         sync_cube();
@@ -191,12 +199,15 @@ pub fn reduce_int<I: Int>(
 
 /// Whether candidate (vb, ib) beats (va, ia) in an argmax/argmin: a NaN wins, ties and
 /// NaN against NaN go to the lower index, `u32::MAX` marks "no candidate".
+#[allow(unused_assignments)]
 #[cube]
 fn arg_better<A: Numeric>(va: A, ia: u32, vb: A, ib: u32, #[comptime] wants_max: bool) -> bool {
+    // NaN is the value unequal to itself; `!(x == x)` rather than `x != x`, which
+    // WGSL compiles to an ordered comparison that is false for NaN.
     #[allow(clippy::eq_op)]
-    let na = va != va;
+    let na = !(va == va);
     #[allow(clippy::eq_op)]
-    let nb = vb != vb;
+    let nb = !(vb == vb);
     let mut r = false;
     if ib == u32::MAX {
         r = false;
@@ -236,7 +247,7 @@ pub fn reduce_arg<T: Numeric, A: Numeric>(
     let o = select(real < n_out, real, n_out - 1);
     let wants_max = comptime!(op == ARGMAX);
     let mut best = A::from_int(0);
-    let mut best_i = u32::MAX;
+    let mut best_i = comptime!(u32::MAX).runtime();
     let mut r = UNIT_POS_X;
     while r < extent {
         let v = A::cast_from(x[input_offset(meta, o, r, kr, rr) as usize]);

@@ -91,10 +91,11 @@ pub fn binary<R: KilnRuntime>(
     with_float_type!(dtype, F, A => unsafe {
         k::binary_float::launch_unchecked::<F, A, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&out), arg(&m), code, rank)
     }, {
+        let checked = op == BinaryOp::Div;
         let flag = CubeStorage {
-            handle: if op == BinaryOp::Div { dev.flag_for_launch() } else { m.handle.clone() },
+            handle: dev.new_flag(),
             dtype: DType::U32,
-            len: 1,
+            len: 2,
             device: dev.clone(),
         };
         match dtype {
@@ -104,6 +105,9 @@ pub fn binary<R: KilnRuntime>(
             _ => unsafe {
                 k::binary_int::launch_unchecked::<u32, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&out), arg(&m), arg(&flag), code, rank, false)
             },
+        }
+        if checked && dev.read_flag(flag.handle)?.is_some() {
+            return Err(Error::invalid("div", "integer division by zero"));
         }
     });
     Ok(out)
@@ -201,7 +205,7 @@ pub fn cast<R: KilnRuntime>(
     let kind = cast_kind(from, to);
     let c = &dev.client;
     with_device_type!(from, I => with_device_type!(to, O => unsafe {
-        k::cast::launch_unchecked::<I, O, R>(c, count, dim, arg(x.storage), arg(&out), arg(&m), kind, rank)
+        k::convert::launch_unchecked::<I, O, R>(c, count, dim, arg(x.storage), arg(&out), arg(&m), kind, rank)
     }));
     Ok(out)
 }

@@ -11,12 +11,18 @@ use std::sync::Arc;
 
 type V<'a, R> = View<'a, CubeBackend<R>>;
 
+/// The message of an out-of-range index the kernel reported (its bits in `detail`).
+fn bad_index(op: &'static str, detail: u32, signed: bool, axis: usize, size: usize) -> Error {
+    let index = if signed { (detail as i32) as i64 } else { detail as i64 };
+    Error::invalid(op, format!("index {index} is out of range for axis {axis} of size {size}"))
+}
+
 /// The error flag as a kernel argument.
 fn flag_storage<R: KilnRuntime>(dev: &Arc<DeviceState<R>>) -> CubeStorage<R> {
     CubeStorage {
-        handle: dev.flag_for_launch(),
+        handle: dev.new_flag(),
         dtype: DType::U32,
-        len: 1,
+        len: 2,
         device: dev.clone(),
     }
 }
@@ -72,6 +78,9 @@ pub fn gather<R: KilnRuntime>(
         (2, false) => go!(u16, u32),
         (_, true) => go!(u32, i32),
         (_, false) => go!(u32, u32),
+    }
+    if let Some((_, detail)) = dev.read_flag(flags.handle)? {
+        return Err(bad_index("gather", detail, signed, axis, data.layout.dims()[axis]));
     }
     Ok(result)
 }
@@ -143,6 +152,10 @@ pub fn scatter_add<R: KilnRuntime>(
         DType::Bool => {
             return Err(Error::dtype("scatter_add", "does not accept bool"));
         }
+    }
+    if let Some((_, detail)) = dev.read_flag(flags.handle)? {
+        let signed = index.storage.dtype == DType::I32;
+        return Err(bad_index("scatter_add", detail, signed, axis, out.dims[axis]));
     }
     Ok(result)
 }
