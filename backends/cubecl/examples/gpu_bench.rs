@@ -11,6 +11,7 @@
 use kiln_models::classify::{accuracy, fit};
 use kiln_models::data::{ImageDataset, MNIST_NORM};
 use kiln_models::mlp::Mlp;
+use kiln_tensor::testing::Config;
 use kiln_tensor::{Backend, Const, DType, RandDist, RawTensor, Rank2, Result, Tensor};
 use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
 use kiln_train::schedule::CosineWithWarmup;
@@ -75,7 +76,18 @@ fn w4<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
         let ms = time_ms::<B>(dev, reps, || a.matmul(&b).map(|_| ()))?;
         let tflops = 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e12;
         println!(
-            "bench=W4 impl=kiln backend={name} dtype={label} shape={n}x{n}x{n} ms={ms:.3} tflops={tflops:.1} max_rel_err={err:.2e}"
+            "bench=W4 impl=kiln backend={name} dtype={label} mode=latency shape={n}x{n}x{n} ms={ms:.3} tflops={tflops:.1} max_rel_err={err:.2e}"
+        );
+        // Throughput: 10 products queued back to back, one synchronisation.
+        let ms = time_ms::<B>(dev, reps.div_ceil(4), || {
+            for _ in 0..10 {
+                a.matmul(&b)?;
+            }
+            Ok(())
+        })? / 10.0;
+        let tflops = 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e12;
+        println!(
+            "bench=W4 impl=kiln backend={name} dtype={label} mode=throughput shape={n}x{n}x{n} ms={ms:.3} tflops={tflops:.1}"
         );
     }
     #[cfg(feature = "cuda")]
@@ -163,6 +175,84 @@ fn mnist<B: Backend>(dev: &B::Device, name: &str, epochs: usize, dir: &str) -> R
     Ok(())
 }
 
+/// Times single ops at the shapes of the MLP's batch-64 training step.
+fn ops<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
+    let dist = RandDist::Normal { mean: 0.0, std: 1.0 };
+    let r = |d: &[usize], seed| RawTensor::<B>::rand(d, dist, seed, DType::F32, dev);
+    let (x, w1, w2, h) = (r(&[64, 784], 1)?, r(&[784, 1024], 2)?, r(&[1024, 1024], 3)?, r(&[64, 1024], 4)?);
+    let xt = r(&[784, 64], 5)?;
+    let cases: Vec<(&str, Box<dyn Fn() -> Result<RawTensor<B>>>)> = vec![
+        ("matmul_64x784x1024", Box::new(|| x.matmul(&w1))),
+        ("matmul_64x1024x1024", Box::new(|| h.matmul(&w2))),
+        ("matmul_tn_784x64x1024", Box::new(|| xt.matmul(&h))),
+        ("matmul_nt_64x1024x1024", Box::new(|| h.matmul(&w2.transpose(0, 1)?))),
+        ("relu_64x1024", Box::new(|| h.relu())),
+        ("sum_rows_64x1024", Box::new(|| h.sum(&[0], false))),
+        ("softmax_64x1024", Box::new(|| h.softmax(1))),
+    ];
+    for (label, f) in cases {
+        let ms = time_ms::<B>(dev, reps, || f().map(|_| ()))?;
+        println!("bench=op impl=kiln backend={name} op={label} ms={ms:.3}");
+    }
+    Ok(())
+}
+
+/// Runs every family of the conformance suite (what `conformance_tests!` expands to),
+/// catching each family's panic, one line per family.
+fn conformance<B: Backend>(dev: &B::Device, name: &str, config: &Config) -> Result<()> {
+    use kiln_tensor::testing::{composites as c, errors as e, primitives as p};
+    type Family<B> = (&'static str, fn(&<B as Backend>::Device, &Config));
+    let families: Vec<Family<B>> = vec![
+        ("unary", p::unary::<B>),
+        ("binary", p::binary::<B>),
+        ("compare", p::compare::<B>),
+        ("select_where", p::select_where::<B>),
+        ("reduce", p::reduce::<B>),
+        ("views", p::views::<B>),
+        ("concat", p::concat::<B>),
+        ("pad", p::pad::<B>),
+        ("matmul", p::matmul::<B>),
+        ("gather", p::gather::<B>),
+        ("scatter_add", p::scatter_add::<B>),
+        ("cast", p::cast::<B>),
+        ("unfold2d", p::unfold2d::<B>),
+        ("fold2d", p::fold2d::<B>),
+        ("full", p::full::<B>),
+        ("rand", p::rand::<B>),
+        ("softmax", c::softmax::<B>),
+        ("norms", c::norms::<B>),
+        ("activations", c::activations::<B>),
+        ("cross_entropy", c::cross_entropy::<B>),
+        ("mse", c::mse::<B>),
+        ("linear", c::linear::<B>),
+        ("conv2d", c::conv2d::<B>),
+        ("pool2d", c::pool2d::<B>),
+        ("embedding", c::embedding::<B>),
+        ("dropout", c::dropout::<B>),
+        ("bad_shapes", e::bad_shapes::<B>),
+    ];
+    let (mut ok, mut failed) = (0, Vec::new());
+    let start = Instant::now();
+    for (family, f) in families {
+        let t = Instant::now();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(dev, config)));
+        let status = if r.is_ok() { "ok" } else { "FAILED" };
+        println!("conformance={family} backend={name} result={status} secs={:.1}", t.elapsed().as_secs_f64());
+        if r.is_ok() {
+            ok += 1;
+        } else {
+            failed.push(family);
+        }
+    }
+    println!(
+        "conformance=all backend={name} passed={ok} failed={} secs={:.1} dtypes={:?} failures={failed:?}",
+        failed.len(),
+        start.elapsed().as_secs_f64(),
+        config.dtypes
+    );
+    Ok(())
+}
+
 #[allow(dead_code)]
 fn run<B: Backend>(
     dev: &B::Device,
@@ -178,6 +268,16 @@ fn run<B: Backend>(
             "w2" => w2::<B>(dev, name, reps),
             "w4" => w4::<B>(dev, name, reps),
             "mnist" => mnist::<B>(dev, name, epochs, data),
+            "ops" => ops::<B>(dev, name, reps),
+            "conformance" => {
+                let mut config = Config::all();
+                if name == "wgpu" {
+                    for d in [DType::F64, DType::F16, DType::BF16] {
+                        config = config.without(d);
+                    }
+                }
+                conformance::<B>(dev, name, &config)
+            }
             other => {
                 eprintln!("unknown workload {other:?} (known: w1, w2, w4, mnist)");
                 Ok(())

@@ -203,6 +203,7 @@ impl KilnRuntime for CudaRuntime {
                 // CubeCL's CUDA memory pages are a quarter of the device memory.
                 max_buffer_bytes: total as u64 / 4,
                 dtypes: DType::ALL.to_vec(),
+                cpu_adapter: false,
                 extra: CudaExtra {
                     ordinal,
                     blas: Mutex::new(None),

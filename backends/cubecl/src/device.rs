@@ -22,6 +22,8 @@ pub struct Opened<R: KilnRuntime> {
     pub max_buffer_bytes: u64,
     /// The dtypes this device stores and computes.
     pub dtypes: Vec<DType>,
+    /// Whether the device is a CPU driver (lavapipe), which some kernels special-case.
+    pub cpu_adapter: bool,
     /// Runtime-specific state (cuBLASLt on CUDA).
     pub extra: R::Extra,
 }
@@ -74,6 +76,7 @@ pub struct DeviceState<R: KilnRuntime> {
     pub(crate) name: String,
     pub(crate) max_buffer_bytes: u64,
     pub(crate) dtypes: Vec<DType>,
+    pub(crate) cpu_adapter: bool,
     pub(crate) extra: R::Extra,
 }
 
@@ -187,6 +190,7 @@ impl<R: KilnRuntime> CubeDevice<R> {
                 name: opened.name,
                 max_buffer_bytes: opened.max_buffer_bytes,
                 dtypes: opened.dtypes,
+                cpu_adapter: opened.cpu_adapter,
                 extra: opened.extra,
             }),
         };

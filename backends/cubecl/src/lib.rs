@@ -53,8 +53,12 @@
 //! without compiling CubeCL).
 
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
+#![warn(missing_docs)]
 
 pub mod device;
+// `#[cube]` generates undocumented launch items (a struct and functions per kernel);
+// every kernel itself is documented.
+#[allow(missing_docs)]
 pub mod kernels;
 pub mod ops;
 pub mod storage;

@@ -49,9 +49,14 @@ impl KilnRuntime for WgpuRuntime {
         let (device, queue) = cubecl::future::block_on(adapter.request_device(
             &wgpu::DeviceDescriptor {
                 label: Some("kiln"),
-                required_features: adapter
-                    .features()
-                    .difference(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS),
+                // Everything the adapter offers (CubeCL reads the device's features to
+                // pick instructions), except mappable primary buffers and the
+                // experimental features, which a device refuses unless asked for
+                // through `ExperimentalFeatures` (the NVIDIA driver offers several).
+                required_features: adapter.features().difference(
+                    wgpu::Features::MAPPABLE_PRIMARY_BUFFERS
+                        | wgpu::Features::all_experimental_mask(),
+                ),
                 required_limits: limits.clone(),
                 ..Default::default()
             },
@@ -81,6 +86,7 @@ impl KilnRuntime for WgpuRuntime {
             ),
             max_buffer_bytes,
             dtypes: vec![DType::F32, DType::I32, DType::U32, DType::Bool],
+            cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,
             extra: (),
         })
     }

@@ -358,9 +358,10 @@ pub mod cast_kind {
 }
 
 /// A dtype conversion from `I` to `O`, with Rust's saturating `as` semantics for
-/// float-to-integer and the integer ranges (values go through the reference's f64).
+/// float-to-integer and the integer ranges (values go through the reference's f64);
+/// float-to-integer range checks compare in `C` (f32 for half floats).
 #[cube(launch_unchecked)]
-pub fn convert<I: Numeric, O: Numeric>(
+pub fn convert<I: Numeric, C: Numeric, O: Numeric>(
     x: &Array<I>,
     out: &mut Array<O>,
     meta: &Array<u32>,
@@ -377,25 +378,27 @@ pub fn convert<I: Numeric, O: Numeric>(
             // `!(v == 0)`, so that NaN is true (see `compare_values`).
             r = O::cast_from(!(v == I::from_int(0)));
         } else if comptime!(kind == cast_kind::FLOAT_TO_I32) {
-            // Compared in the source type: 2^31 is exact in every float type (infinite
-            // in f16, whose values never reach it).
+            // Compared in `C` (f32 for half floats, whose literal 2^31 would be an
+            // infinite constant, which CUDA C++ and WGSL cannot spell).
+            let v = C::cast_from(v);
             #[allow(clippy::eq_op)]
             let nan = !(v == v);
             if nan {
                 r = O::from_int(0);
-            } else if v >= I::from_int(2147483648) {
+            } else if v >= C::from_int(2147483648) {
                 r = O::cast_from(i32::MAX);
-            } else if v <= I::from_int(-2147483648) {
+            } else if v <= C::from_int(-2147483648) {
                 r = O::cast_from(i32::MIN);
             } else {
                 r = O::cast_from(i32::cast_from(v));
             }
         } else if comptime!(kind == cast_kind::FLOAT_TO_U32) {
+            let v = C::cast_from(v);
             #[allow(clippy::eq_op)]
             let nan = !(v == v);
-            if nan || v <= I::from_int(0) {
+            if nan || v <= C::from_int(0) {
                 r = O::from_int(0);
-            } else if v >= I::from_int(4294967296) {
+            } else if v >= C::from_int(4294967296) {
                 r = O::cast_from(u32::MAX);
             } else {
                 r = O::cast_from(u32::cast_from(v));

@@ -99,3 +99,67 @@ pub fn matmul<F: Float, A: Float>(
         }
     }
 }
+
+/// Rows of output per unit of [`matmul_direct`].
+pub const DIRECT_ROWS: u32 = 8;
+/// Units (columns) per cube of [`matmul_direct`].
+pub const DIRECT_COLS: u32 = 64;
+
+/// The matrix product for CPU adapters (Mesa's lavapipe): no shared memory and no
+/// barriers, which a CPU driver runs by switching between the invocations of a
+/// workgroup. Each unit owns one column and [`DIRECT_ROWS`] rows of the output and
+/// walks K directly in global memory; neighbouring units read neighbouring columns of
+/// `b` and the same elements of `a`. Same metadata as [`matmul`]; accumulation in `A`
+/// in the order of K, like the tiled kernel.
+#[cube(launch_unchecked)]
+pub fn matmul_direct<F: Float, A: Float>(
+    a: &Array<F>,
+    b: &Array<F>,
+    out: &mut Array<F>,
+    meta: &Array<u32>,
+    batch_base: u32,
+    #[comptime] br: u32,
+) {
+    let m = meta[0];
+    let n = meta[1];
+    let k = meta[2];
+    let a_at = 3 + br;
+    let b_at = a_at + 3 + br;
+    let batch = CUBE_POS_Z + batch_base;
+    let a_base = meta[a_at as usize] + offset_of(meta, batch, 3, a_at + 3, br);
+    let b_base = meta[b_at as usize] + offset_of(meta, batch, 3, b_at + 3, br);
+    let (a_sm, a_sk) = (meta[(a_at + 1) as usize], meta[(a_at + 2) as usize]);
+    let (b_sk, b_sn) = (meta[(b_at + 1) as usize], meta[(b_at + 2) as usize]);
+    let col = CUBE_POS_X * DIRECT_COLS + UNIT_POS_X;
+    let row0 = CUBE_POS_Y * DIRECT_ROWS;
+    // Out-of-range units compute a clamped copy and write nothing.
+    let c = select(col < n, col, n - 1);
+    let mut a_row = Array::<u32>::new(DIRECT_ROWS as usize);
+    let mut acc = Array::<A>::new(DIRECT_ROWS as usize);
+    #[unroll]
+    for i in 0..DIRECT_ROWS {
+        let r = select(row0 + i < m, row0 + i, m - 1);
+        a_row[i as usize] = a_base + r * a_sm;
+        acc[i as usize] = A::new(0.0);
+    }
+    let mut b_off = b_base + c * b_sn;
+    let mut a_k = 0u32;
+    for _ in 0..k {
+        let bv = A::cast_from(b[b_off as usize]);
+        #[unroll]
+        for i in 0..DIRECT_ROWS {
+            acc[i as usize] += A::cast_from(a[(a_row[i as usize] + a_k) as usize]) * bv;
+        }
+        b_off += b_sk;
+        a_k += a_sk;
+    }
+    let out_base = batch * m * n;
+    if col < n {
+        #[unroll]
+        for i in 0..DIRECT_ROWS {
+            if row0 + i < m {
+                out[(out_base + (row0 + i) * n + col) as usize] = F::cast_from(acc[i as usize]);
+            }
+        }
+    }
+}

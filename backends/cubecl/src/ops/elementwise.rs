@@ -204,9 +204,18 @@ pub fn cast<R: KilnRuntime>(
     let (count, dim) = grid(n, BLOCK);
     let kind = cast_kind(from, to);
     let c = &dev.client;
-    with_device_type!(from, I => with_device_type!(to, O => unsafe {
-        k::convert::launch_unchecked::<I, O, R>(c, count, dim, arg(x.storage), arg(&out), arg(&m), kind, rank)
-    }));
+    // Half floats are range-checked in f32, everything else in its own type.
+    match from {
+        DType::F16 => with_device_type!(to, O => unsafe {
+            k::convert::launch_unchecked::<half::f16, f32, O, R>(c, count, dim, arg(x.storage), arg(&out), arg(&m), kind, rank)
+        }),
+        DType::BF16 => with_device_type!(to, O => unsafe {
+            k::convert::launch_unchecked::<half::bf16, f32, O, R>(c, count, dim, arg(x.storage), arg(&out), arg(&m), kind, rank)
+        }),
+        _ => with_device_type!(from, I => with_device_type!(to, O => unsafe {
+            k::convert::launch_unchecked::<I, I, O, R>(c, count, dim, arg(x.storage), arg(&out), arg(&m), kind, rank)
+        })),
+    }
     Ok(out)
 }
 

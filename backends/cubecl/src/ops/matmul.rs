@@ -62,16 +62,35 @@ pub fn matmul<R: KilnRuntime>(
             format!("a {m}×{n} result needs more than {MAX_GRID} tiles along one side"),
         ));
     }
+    let direct = (
+        word(n.div_ceil(k::DIRECT_COLS as usize))?,
+        word(m.div_ceil(k::DIRECT_ROWS as usize))?,
+    );
+    if dev.cpu_adapter && (direct.0 > MAX_GRID || direct.1 > MAX_GRID) {
+        return Err(Error::invalid(
+            "matmul",
+            format!("a {m}×{n} result needs more than {MAX_GRID} cubes along one side"),
+        ));
+    }
     let c = &dev.client;
     let mut base = 0usize;
     while base < batch {
         let chunk = (batch - base).min(MAX_GRID as usize) as u32;
-        let count = CubeCount::Static(tiles.0, tiles.1, chunk);
-        let dim = CubeDim::new_1d(256);
         let b0 = word(base)?;
-        with_float_type!(out.dtype, F, A => unsafe {
-            k::matmul::launch_unchecked::<F, A, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&result), arg(&mt), b0, br)
-        }, return Err(Error::dtype("matmul", format!("multiplies floats, not {}", out.dtype))));
+        if dev.cpu_adapter {
+            // CPU drivers run barriers by switching invocations: the kernel without them.
+            let count = CubeCount::Static(direct.0, direct.1, chunk);
+            let dim = CubeDim::new_1d(k::DIRECT_COLS);
+            with_float_type!(out.dtype, F, A => unsafe {
+                k::matmul_direct::launch_unchecked::<F, A, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&result), arg(&mt), b0, br)
+            }, return Err(Error::dtype("matmul", format!("multiplies floats, not {}", out.dtype))));
+        } else {
+            let count = CubeCount::Static(tiles.0, tiles.1, chunk);
+            let dim = CubeDim::new_1d(256);
+            with_float_type!(out.dtype, F, A => unsafe {
+                k::matmul::launch_unchecked::<F, A, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&result), arg(&mt), b0, br)
+            }, return Err(Error::dtype("matmul", format!("multiplies floats, not {}", out.dtype))));
+        }
         base += chunk as usize;
     }
     Ok(result)
