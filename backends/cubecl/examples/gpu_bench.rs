@@ -6,20 +6,27 @@
 //! `cargo run --release -p kiln-cubecl --features cuda,wgpu --example gpu_bench -- \
 //!     --backend cuda --workloads w1,w2,w4,mnist`
 
-#![cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code, unused_imports, unused_variables))]
+#![cfg_attr(
+    not(any(feature = "cuda", feature = "wgpu")),
+    allow(dead_code, unused_imports, unused_variables)
+)]
 
 use kiln_models::classify::{accuracy, fit};
 use kiln_models::data::{ImageDataset, MNIST_NORM};
 use kiln_models::mlp::Mlp;
 use kiln_tensor::testing::Config;
-use kiln_tensor::{Backend, Const, DType, RandDist, RawTensor, Rank2, Result, Tensor};
+use kiln_tensor::{Backend, Const, DType, RandDist, Rank2, RawTensor, Result, Tensor};
 use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
 use kiln_train::schedule::CosineWithWarmup;
 use std::time::Instant;
 
 /// Median wall time in milliseconds of `reps` runs of `f`, each followed by a device
 /// synchronisation, after two warm-up runs.
-fn time_ms<B: Backend>(dev: &B::Device, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+fn time_ms<B: Backend>(
+    dev: &B::Device,
+    reps: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
     for _ in 0..2 {
         f()?;
         B::synchronize(dev)?;
@@ -55,7 +62,10 @@ fn check_rows(a: &[f32], b: &[f32], c: &[f32], n: usize, rows: &[usize]) -> f64 
 
 fn w4<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     let n = 4096;
-    let dist = RandDist::Normal { mean: 0.0, std: 1.0 };
+    let dist = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
     let a32 = RawTensor::<B>::rand(&[n, n], dist, 1, DType::F32, dev)?;
     let b32 = RawTensor::<B>::rand(&[n, n], dist, 2, DType::F32, dev)?;
     let (ha, hb) = (a32.to_vec::<f32>()?, b32.to_vec::<f32>()?);
@@ -98,7 +108,16 @@ fn w4<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
 fn w2<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     // 2^26 f32 is 256 MiB: over lavapipe's 128 MiB binding cap, fine on real GPUs.
     let n = 1usize << 26;
-    let x = RawTensor::<B>::rand(&[n], RandDist::Normal { mean: 0.0, std: 1.0 }, 3, DType::F32, dev)?;
+    let x = RawTensor::<B>::rand(
+        &[n],
+        RandDist::Normal {
+            mean: 0.0,
+            std: 1.0,
+        },
+        3,
+        DType::F32,
+        dev,
+    )?;
     let chain = || -> Result<RawTensor<B>> {
         let h = x.mul_scalar(1.5)?.add_scalar(0.5)?.relu()?;
         h.mul(&x.sigmoid()?)
@@ -113,7 +132,9 @@ fn w2<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
         worst = worst.max((got[i] - want).abs() / want.abs().max(1e-3));
     }
     if worst > 1e-4 {
-        return Err(kiln_tensor::Error::Device(format!("W2 chain wrong: relative error {worst}")));
+        return Err(kiln_tensor::Error::Device(format!(
+            "W2 chain wrong: relative error {worst}"
+        )));
     }
     let ms = time_ms::<B>(dev, reps, || chain().map(|_| ()))?;
     let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
@@ -121,13 +142,13 @@ fn w2<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     Ok(())
 }
 
-fn w1_batch<B: Backend, const BS: usize>(
-    dev: &B::Device,
-    name: &str,
-    reps: usize,
-) -> Result<()> {
+fn w1_batch<B: Backend, const BS: usize>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     let mut model = Mlp::<B>::init(dev, 1)?;
-    let mut opt = Sgd::<B>::new(SgdConfig { lr: 0.01, momentum: 0.9, ..SgdConfig::default() })?;
+    let mut opt = Sgd::<B>::new(SgdConfig {
+        lr: 0.01,
+        momentum: 0.9,
+        ..SgdConfig::default()
+    })?;
     let x = Tensor::<B, Rank2<BS, 784>>::normal(0.0, 1.0, 5, dev)?;
     let labels: Vec<i32> = (0..BS as i32).map(|i| i % 10).collect();
     let y = Tensor::<B, (Const<BS>,), i32>::from_vec(labels, &[BS], dev)?;
@@ -157,15 +178,28 @@ fn mnist<B: Backend>(dev: &B::Device, name: &str, epochs: usize, dir: &str) -> R
         ImageDataset::load(std::path::Path::new(dir), MNIST_NORM)?
     };
     let mut model = Mlp::<B>::init(dev, 1)?;
-    let mut opt = Sgd::<B>::new(SgdConfig { lr: 0.05, momentum: 0.9, ..SgdConfig::default() })?;
+    let mut opt = Sgd::<B>::new(SgdConfig {
+        lr: 0.05,
+        momentum: 0.9,
+        ..SgdConfig::default()
+    })?;
     let steps = (data.train.len() / 64 * epochs) as u64;
     let schedule = CosineWithWarmup::new(0.05, 0.0005, 200, steps)?;
     let start = Instant::now();
     let mut last = f32::NAN;
-    fit::<B, Mlp<B>, 64>(&mut model, &mut opt, &schedule, &data.train, epochs, 1, dev, |_, r| {
-        last = r.loss;
-        Ok(())
-    })?;
+    fit::<B, Mlp<B>, 64>(
+        &mut model,
+        &mut opt,
+        &schedule,
+        &data.train,
+        epochs,
+        1,
+        dev,
+        |_, r| {
+            last = r.loss;
+            Ok(())
+        },
+    )?;
     let secs = start.elapsed().as_secs_f64();
     let acc = accuracy::<B, Mlp<B>, 500>(&model, &data.test, dev)?;
     println!(
@@ -177,15 +211,26 @@ fn mnist<B: Backend>(dev: &B::Device, name: &str, epochs: usize, dir: &str) -> R
 
 /// Times single ops at the shapes of the MLP's batch-64 training step.
 fn ops<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
-    let dist = RandDist::Normal { mean: 0.0, std: 1.0 };
+    let dist = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
     let r = |d: &[usize], seed| RawTensor::<B>::rand(d, dist, seed, DType::F32, dev);
-    let (x, w1, w2, h) = (r(&[64, 784], 1)?, r(&[784, 1024], 2)?, r(&[1024, 1024], 3)?, r(&[64, 1024], 4)?);
+    let (x, w1, w2, h) = (
+        r(&[64, 784], 1)?,
+        r(&[784, 1024], 2)?,
+        r(&[1024, 1024], 3)?,
+        r(&[64, 1024], 4)?,
+    );
     let xt = r(&[784, 64], 5)?;
     let cases: Vec<(&str, Box<dyn Fn() -> Result<RawTensor<B>>>)> = vec![
         ("matmul_64x784x1024", Box::new(|| x.matmul(&w1))),
         ("matmul_64x1024x1024", Box::new(|| h.matmul(&w2))),
         ("matmul_tn_784x64x1024", Box::new(|| xt.matmul(&h))),
-        ("matmul_nt_64x1024x1024", Box::new(|| h.matmul(&w2.transpose(0, 1)?))),
+        (
+            "matmul_nt_64x1024x1024",
+            Box::new(|| h.matmul(&w2.transpose(0, 1)?)),
+        ),
         ("relu_64x1024", Box::new(|| h.relu())),
         ("sum_rows_64x1024", Box::new(|| h.sum(&[0], false))),
         ("softmax_64x1024", Box::new(|| h.softmax(1))),
@@ -237,7 +282,10 @@ fn conformance<B: Backend>(dev: &B::Device, name: &str, config: &Config) -> Resu
         let t = Instant::now();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(dev, config)));
         let status = if r.is_ok() { "ok" } else { "FAILED" };
-        println!("conformance={family} backend={name} result={status} secs={:.1}", t.elapsed().as_secs_f64());
+        println!(
+            "conformance={family} backend={name} result={status} secs={:.1}",
+            t.elapsed().as_secs_f64()
+        );
         if r.is_ok() {
             ok += 1;
         } else {
@@ -300,7 +348,9 @@ fn main() {
     let backend = get("--backend", "cuda");
     let workloads = get("--workloads", "w1,w2,w4");
     let reps: usize = get("--reps", "20").parse().expect("--reps takes a number");
-    let epochs: usize = get("--epochs", "5").parse().expect("--epochs takes a number");
+    let epochs: usize = get("--epochs", "5")
+        .parse()
+        .expect("--epochs takes a number");
     // The MNIST folder (default: the one beside kiln-models' sources at build time).
     let data = get("--data", "");
     match backend.as_str() {

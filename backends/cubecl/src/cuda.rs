@@ -96,13 +96,16 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 impl Blas {
     fn new(ordinal: usize) -> Result<Blas> {
         guarded("cuBLASLt", || unsafe {
-            let dev = drv::device::get(ordinal as i32).map_err(|e| driver_error("cuDeviceGet", e))?;
-            let ctx = drv::primary_ctx::retain(dev).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e))?;
+            let dev =
+                drv::device::get(ordinal as i32).map_err(|e| driver_error("cuDeviceGet", e))?;
+            let ctx = drv::primary_ctx::retain(dev)
+                .map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e))?;
             drv::ctx::set_current(ctx).map_err(|e| driver_error("cuCtxSetCurrent", e))?;
             let handle = lt::create_handle().map_err(|e| blas_error("cublasLtCreate", e))?;
             let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
                 .map_err(|e| driver_error("cuStreamCreate", e))?;
-            let workspace = drv::malloc_sync(WORKSPACE).map_err(|e| driver_error("cuMemAlloc", e))?;
+            let workspace =
+                drv::malloc_sync(WORKSPACE).map_err(|e| driver_error("cuMemAlloc", e))?;
             Ok(Blas {
                 ctx,
                 handle,
@@ -179,16 +182,21 @@ impl KilnRuntime for CudaRuntime {
     fn open(ordinal: usize) -> Result<Opened<Self>> {
         guarded("opening a CUDA device", || {
             drv::init().map_err(|e| {
-                Error::Device(format!("the CUDA driver did not initialise ({e:?}): {INSTALL_HINT}"))
+                Error::Device(format!(
+                    "the CUDA driver did not initialise ({e:?}): {INSTALL_HINT}"
+                ))
             })?;
-            let count = drv::device::get_count().map_err(|e| driver_error("cuDeviceGetCount", e))?;
+            let count =
+                drv::device::get_count().map_err(|e| driver_error("cuDeviceGetCount", e))?;
             if ordinal >= count as usize {
                 return Err(Error::Device(format!(
                     "no CUDA device {ordinal} (found {count}): {INSTALL_HINT}"
                 )));
             }
-            let dev = drv::device::get(ordinal as i32).map_err(|e| driver_error("cuDeviceGet", e))?;
-            let name = drv::device::get_name(dev).map_err(|e| driver_error("cuDeviceGetName", e))?;
+            let dev =
+                drv::device::get(ordinal as i32).map_err(|e| driver_error("cuDeviceGet", e))?;
+            let name =
+                drv::device::get_name(dev).map_err(|e| driver_error("cuDeviceGetName", e))?;
             let total = unsafe { drv::device::total_mem(dev) }
                 .map_err(|e| driver_error("cuDeviceTotalMem", e))?;
             if cubecl::cuda::install::cuda_path().is_none_or(|p| !p.join("include").exists()) {
@@ -243,8 +251,14 @@ impl KilnRuntime for CudaRuntime {
         let (bd, ops) = coalesce(
             batch_dims,
             &[
-                Operand { offset: 0, strides: sa[..r - 2].to_vec() },
-                Operand { offset: 0, strides: sb[..r - 2].to_vec() },
+                Operand {
+                    offset: 0,
+                    strides: sa[..r - 2].to_vec(),
+                },
+                Operand {
+                    offset: 0,
+                    strides: sb[..r - 2].to_vec(),
+                },
                 Operand::contiguous(batch_dims, 0),
             ],
         );
@@ -298,7 +312,12 @@ fn lt_matmul(
             ltsys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
             ltsys::cudaDataType::CUDA_R_64F,
         ),
-        other => return Err(Error::dtype("matmul", format!("multiplies floats, not {other}"))),
+        other => {
+            return Err(Error::dtype(
+                "matmul",
+                format!("multiplies floats, not {other}"),
+            ))
+        }
     };
     let result = dev.alloc_unfenced("matmul", dtype, out.dims.iter().product())?;
     let mut guard = dev.extra().blas.lock().expect("cuBLASLt lock");
@@ -335,14 +354,21 @@ fn lt_matmul(
         alignment(pc)
     );
     unsafe {
-        let desc = lt::create_matmul_desc(compute, scale).map_err(|e| blas_error("matmul desc", e))?;
+        let desc =
+            lt::create_matmul_desc(compute, scale).map_err(|e| blas_error("matmul desc", e))?;
         let set_desc = |attr, v: i32| {
             lt::set_matmul_desc_attribute(desc, attr, &v as *const i32 as *const c_void, 4)
         };
-        set_desc(ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, x.trans as i32)
-            .map_err(|e| blas_error("TRANSA", e))?;
-        set_desc(ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, y.trans as i32)
-            .map_err(|e| blas_error("TRANSB", e))?;
+        set_desc(
+            ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            x.trans as i32,
+        )
+        .map_err(|e| blas_error("TRANSA", e))?;
+        set_desc(
+            ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+            y.trans as i32,
+        )
+        .map_err(|e| blas_error("TRANSB", e))?;
         let layout = |mx: &LtMatrix| -> Result<ltsys::cublasLtMatrixLayout_t> {
             let l = lt::create_matrix_layout(data_type, mx.rows, mx.cols, mx.ld)
                 .map_err(|e| blas_error("matrix layout", e))?;

@@ -111,7 +111,14 @@ impl<R: KilnRuntime> DeviceState<R> {
             .client
             .read_one(flag)
             .map_err(|e| server_error(&self.name, e))?;
-        let word = |i: usize| u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]);
+        let word = |i: usize| {
+            u32::from_le_bytes([
+                bytes[4 * i],
+                bytes[4 * i + 1],
+                bytes[4 * i + 2],
+                bytes[4 * i + 3],
+            ])
+        };
         Ok((word(0) != 0).then(|| (word(0), word(1))))
     }
 
@@ -168,7 +175,13 @@ impl<R: KilnRuntime> PartialEq for CubeDevice<R> {
 
 impl<R: KilnRuntime> fmt::Debug for CubeDevice<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{} ({})", R::NAME, self.state.ordinal, self.state.name)
+        write!(
+            f,
+            "{}:{} ({})",
+            R::NAME,
+            self.state.ordinal,
+            self.state.name
+        )
     }
 }
 

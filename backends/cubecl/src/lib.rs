@@ -45,7 +45,13 @@
 //! integer bits to values through f64 (`ln`, `cos`, an f64 affine map). Devices
 //! without f64 cannot reproduce that rounding, so draws are computed on the host and
 //! uploaded; a device-side generator is future work.
-
+//!
+//! ## Not yet here
+//!
+//! The fused-plan kernel (one `#[cube]` kernel taking a build-time plan from
+//! `#[model]` as comptime data), allocation-free steady-state steps, CUDA graph
+//! capture and cuBLASLt epilogues (bias, ReLU, GELU): every op is its own kernel for
+//! now. BENCHMARKS.md has the H200 figures and what stands in their way.
 //!
 //! ## Features
 //!
@@ -149,7 +155,13 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
         if layout.is_contiguous() && layout.offset() == 0 && layout.numel() == s.len {
             return dev.read(s);
         }
-        let c = ops::contiguous(dev, View { storage: s, layout: *layout })?;
+        let c = ops::contiguous(
+            dev,
+            View {
+                storage: s,
+                layout: *layout,
+            },
+        )?;
         dev.read(&c)
     }
 
@@ -161,8 +173,7 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
     fn synchronize(device: &CubeDevice<R>) -> Result<()> {
         let dev = &device.state;
         R::fence(dev)?;
-        cubecl::future::block_on(dev.client.sync())
-            .map_err(|e| device::server_error(&dev.name, e))
+        cubecl::future::block_on(dev.client.sync()).map_err(|e| device::server_error(&dev.name, e))
     }
 
     fn execute(

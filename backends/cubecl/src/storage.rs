@@ -19,13 +19,7 @@ pub struct CubeStorage<R: KilnRuntime> {
 
 impl<R: KilnRuntime> fmt::Debug for CubeStorage<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "CubeStorage<{}>({} × {})",
-            R::NAME,
-            self.len,
-            self.dtype
-        )
+        write!(f, "CubeStorage<{}>({} × {})", R::NAME, self.len, self.dtype)
     }
 }
 
@@ -150,18 +144,40 @@ pub fn bytes_to_host(dtype: DType, bytes: &[u8], len: usize) -> Result<HostData>
     }
     let chunks = bytes[..len * size].chunks_exact(size);
     Ok(match dtype {
-        DType::F32 => HostData::F32(chunks.map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
-        DType::F64 => HostData::F64(chunks.map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
+        DType::F32 => HostData::F32(
+            chunks
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect(),
+        ),
+        DType::F64 => HostData::F64(
+            chunks
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+        ),
         DType::F16 => HostData::F16(
-            chunks.map(|c| f16::from_bits(u16::from_le_bytes(c.try_into().expect("2 bytes")))).collect(),
+            chunks
+                .map(|c| f16::from_bits(u16::from_le_bytes(c.try_into().expect("2 bytes"))))
+                .collect(),
         ),
         DType::BF16 => HostData::BF16(
-            chunks.map(|c| bf16::from_bits(u16::from_le_bytes(c.try_into().expect("2 bytes")))).collect(),
+            chunks
+                .map(|c| bf16::from_bits(u16::from_le_bytes(c.try_into().expect("2 bytes"))))
+                .collect(),
         ),
-        DType::I32 => HostData::I32(chunks.map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
-        DType::U32 => HostData::U32(chunks.map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
+        DType::I32 => HostData::I32(
+            chunks
+                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect(),
+        ),
+        DType::U32 => HostData::U32(
+            chunks
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect(),
+        ),
         DType::Bool => HostData::Bool(
-            chunks.map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) != 0).collect(),
+            chunks
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) != 0)
+                .collect(),
         ),
     })
 }

@@ -150,10 +150,19 @@ mod tests {
             offset: 0,
             strides: vec![0, 1],
         };
-        let (d, ops) = coalesce(&[4, 1, 3], &[
-            Operand { offset: 0, strides: vec![3, 3, 1] },
-            Operand { offset: 0, strides: vec![0, 0, 1] },
-        ]);
+        let (d, ops) = coalesce(
+            &[4, 1, 3],
+            &[
+                Operand {
+                    offset: 0,
+                    strides: vec![3, 3, 1],
+                },
+                Operand {
+                    offset: 0,
+                    strides: vec![0, 0, 1],
+                },
+            ],
+        );
         assert_eq!(d, vec![4, 3]);
         assert_eq!(ops[1].strides, vec![0, 1]);
         let (d2, _) = coalesce(&[4, 3], &[a, b]);

@@ -46,8 +46,8 @@ impl KilnRuntime for WgpuRuntime {
         let adapter = adapters.swap_remove(ordinal);
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let (device, queue) = cubecl::future::block_on(adapter.request_device(
-            &wgpu::DeviceDescriptor {
+        let (device, queue) =
+            cubecl::future::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
                 label: Some("kiln"),
                 // Everything the adapter offers (CubeCL reads the device's features to
                 // pick instructions), except mappable primary buffers and the
@@ -59,14 +59,13 @@ impl KilnRuntime for WgpuRuntime {
                 ),
                 required_limits: limits.clone(),
                 ..Default::default()
-            },
-        ))
-        .map_err(|e| {
-            Error::Device(format!(
-                "the wgpu adapter {} refused a device: {e}; {INSTALL_HINT}",
-                info.name
-            ))
-        })?;
+            }))
+            .map_err(|e| {
+                Error::Device(format!(
+                    "the wgpu adapter {} refused a device: {e}; {INSTALL_HINT}",
+                    info.name
+                ))
+            })?;
         let backend = info.backend;
         let setup = WgpuSetup {
             instance,
@@ -76,8 +75,8 @@ impl KilnRuntime for WgpuRuntime {
             backend,
         };
         let cube_device = init_device(setup, RuntimeOptions::default());
-        let max_buffer_bytes = (limits.max_storage_buffer_binding_size as u64)
-            .min(limits.max_buffer_size);
+        let max_buffer_bytes =
+            (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
         Ok(Opened {
             device: cube_device,
             name: format!(

@@ -28,7 +28,10 @@ fn grads<B: Backend>(
     for (i, s) in shapes.iter().enumerate() {
         let t = RawTensor::<B>::rand(
             s,
-            RandDist::Normal { mean: 0.0, std: 0.5 },
+            RandDist::Normal {
+                mean: 0.0,
+                std: 0.5,
+            },
             100 + i as u64,
             kiln_tensor::DType::F32,
             dev,
@@ -81,7 +84,10 @@ macro_rules! both {
 
 #[test]
 fn mlp_cross_entropy() {
-    fn f<B: Backend>(t: &mut Tape<B>, v: &[kiln_autodiff::Var<B>]) -> Result<kiln_autodiff::Var<B>> {
+    fn f<B: Backend>(
+        t: &mut Tape<B>,
+        v: &[kiln_autodiff::Var<B>],
+    ) -> Result<kiln_autodiff::Var<B>> {
         let h = t.linear(&v[0], &v[1], Some(&v[2]))?;
         let h = t.relu(&h)?;
         let o = t.linear(&h, &v[3], Some(&v[4]))?;
@@ -100,7 +106,10 @@ fn mlp_cross_entropy() {
 
 #[test]
 fn conv_pool_layer_norm() {
-    fn f<B: Backend>(t: &mut Tape<B>, v: &[kiln_autodiff::Var<B>]) -> Result<kiln_autodiff::Var<B>> {
+    fn f<B: Backend>(
+        t: &mut Tape<B>,
+        v: &[kiln_autodiff::Var<B>],
+    ) -> Result<kiln_autodiff::Var<B>> {
         let opts = Conv2dOptions {
             padding: [1, 1],
             ..Conv2dOptions::default()

@@ -23,7 +23,13 @@ pub const ARGMIN: u32 = ReduceOp::ArgMin as u32;
 
 /// The input offset of reduced element `r` of output `o`.
 #[cube]
-fn input_offset(meta: &Array<u32>, o: u32, r: u32, #[comptime] kr: u32, #[comptime] rr: u32) -> u32 {
+fn input_offset(
+    meta: &Array<u32>,
+    o: u32,
+    r: u32,
+    #[comptime] kr: u32,
+    #[comptime] rr: u32,
+) -> u32 {
     let base_at = 2 + kr + rr;
     meta[base_at as usize]
         + offset_of(meta, o, 2, base_at + 1, kr)

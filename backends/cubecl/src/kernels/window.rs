@@ -9,7 +9,12 @@ use cubecl::prelude::*;
 
 /// `[N, C, H, W] -> [N, C·kh·kw, oh·ow]`, zeros where a window reaches into padding.
 #[cube(launch_unchecked)]
-pub fn unfold2d<T: CubePrimitive>(x: &Array<T>, out: &mut Array<T>, meta: &Array<u32>, zero: &Array<T>) {
+pub fn unfold2d<T: CubePrimitive>(
+    x: &Array<T>,
+    out: &mut Array<T>,
+    meta: &Array<u32>,
+    zero: &Array<T>,
+) {
     let pos = linear_pos();
     if pos < meta[0] {
         let (c_in, h, w) = (meta[2], meta[3], meta[4]);
@@ -28,7 +33,11 @@ pub fn unfold2d<T: CubePrimitive>(x: &Array<T>, out: &mut Array<T>, meta: &Array
         let yi = oi * sh + ki * dh;
         let xj = oj * sw + kj * dw;
         if yi >= ph && yi - ph < h && xj >= pw && xj - pw < w {
-            let off = meta[15] + n * meta[16] + c * meta[17] + (yi - ph) * meta[18] + (xj - pw) * meta[19];
+            let off = meta[15]
+                + n * meta[16]
+                + c * meta[17]
+                + (yi - ph) * meta[18]
+                + (xj - pw) * meta[19];
             out[pos as usize] = x[off as usize];
         } else {
             out[pos as usize] = zero[0];
@@ -61,7 +70,8 @@ pub fn fold2d<T: Numeric, A: Numeric>(cols: &Array<T>, out: &mut Array<T>, meta:
                     if tx >= kj * dw && (tx - kj * dw) % sw == 0 && (tx - kj * dw) / sw < ow {
                         let oj = (tx - kj * dw) / sw;
                         let row = c * kh * kw + ki * kw + kj;
-                        let off = meta[15] + n * meta[16] + row * meta[17] + (oi * ow + oj) * meta[18];
+                        let off =
+                            meta[15] + n * meta[16] + row * meta[17] + (oi * ow + oj) * meta[18];
                         acc += A::cast_from(cols[off as usize]);
                     }
                 }

@@ -135,10 +135,30 @@ pub fn compare<R: KilnRuntime>(
     // Half floats compare exactly in f32; everything else in its own type.
     match dtype {
         DType::F16 => unsafe {
-            k::compare::launch_unchecked::<half::f16, f32, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&out), arg(&m), code, rank)
+            k::compare::launch_unchecked::<half::f16, f32, R>(
+                c,
+                count,
+                dim,
+                arg(a.storage),
+                arg(b.storage),
+                arg(&out),
+                arg(&m),
+                code,
+                rank,
+            )
         },
         DType::BF16 => unsafe {
-            k::compare::launch_unchecked::<half::bf16, f32, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&out), arg(&m), code, rank)
+            k::compare::launch_unchecked::<half::bf16, f32, R>(
+                c,
+                count,
+                dim,
+                arg(a.storage),
+                arg(b.storage),
+                arg(&out),
+                arg(&m),
+                code,
+                rank,
+            )
         },
         _ => with_device_type!(dtype, T => unsafe {
             k::compare::launch_unchecked::<T, T, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&out), arg(&m), code, rank)
@@ -250,10 +270,20 @@ pub fn copy_strided<R: KilnRuntime>(
     let c = &dev.client;
     // Same-width dtypes share a kernel: a copy moves bits.
     match crate::storage::device_size(src.dtype) {
-        8 => unsafe { k::copy::launch_unchecked::<u64, R>(c, count, dim, arg(src), arg(out), arg(&m), rank) },
-        2 => unsafe { k::copy::launch_unchecked::<u16, R>(c, count, dim, arg(src), arg(out), arg(&m), rank) },
-        4 => unsafe { k::copy::launch_unchecked::<u32, R>(c, count, dim, arg(src), arg(out), arg(&m), rank) },
-        other => return Err(Error::Device(format!("no copy kernel for {other}-byte elements"))),
+        8 => unsafe {
+            k::copy::launch_unchecked::<u64, R>(c, count, dim, arg(src), arg(out), arg(&m), rank)
+        },
+        2 => unsafe {
+            k::copy::launch_unchecked::<u16, R>(c, count, dim, arg(src), arg(out), arg(&m), rank)
+        },
+        4 => unsafe {
+            k::copy::launch_unchecked::<u32, R>(c, count, dim, arg(src), arg(out), arg(&m), rank)
+        },
+        other => {
+            return Err(Error::Device(format!(
+                "no copy kernel for {other}-byte elements"
+            )))
+        }
     }
     Ok(())
 }

@@ -13,8 +13,15 @@ type V<'a, R> = View<'a, CubeBackend<R>>;
 
 /// The message of an out-of-range index the kernel reported (its bits in `detail`).
 fn bad_index(op: &'static str, detail: u32, signed: bool, axis: usize, size: usize) -> Error {
-    let index = if signed { (detail as i32) as i64 } else { detail as i64 };
-    Error::invalid(op, format!("index {index} is out of range for axis {axis} of size {size}"))
+    let index = if signed {
+        (detail as i32) as i64
+    } else {
+        detail as i64
+    };
+    Error::invalid(
+        op,
+        format!("index {index} is out of range for axis {axis} of size {size}"),
+    )
 }
 
 /// The error flag as a kernel argument.
@@ -64,8 +71,17 @@ pub fn gather<R: KilnRuntime>(
         ($T:ty, $I:ty) => {
             unsafe {
                 k::gather::launch_unchecked::<$T, $I, R>(
-                    c, count, dim, arg(data.storage), arg(index.storage), arg(&result), arg(&m),
-                    arg(&flags), arg(&zero), r, a,
+                    c,
+                    count,
+                    dim,
+                    arg(data.storage),
+                    arg(index.storage),
+                    arg(&result),
+                    arg(&m),
+                    arg(&flags),
+                    arg(&zero),
+                    r,
+                    a,
                 )
             }
         };
@@ -80,7 +96,13 @@ pub fn gather<R: KilnRuntime>(
         (_, false) => go!(u32, u32),
     }
     if let Some((_, detail)) = dev.read_flag(flags.handle)? {
-        return Err(bad_index("gather", detail, signed, axis, data.layout.dims()[axis]));
+        return Err(bad_index(
+            "gather",
+            detail,
+            signed,
+            axis,
+            data.layout.dims()[axis],
+        ));
     }
     Ok(result)
 }
@@ -127,8 +149,16 @@ pub fn scatter_add<R: KilnRuntime>(
         ($T:ty, $A:ty, $I:ty) => {
             unsafe {
                 k::scatter_add::launch_unchecked::<$T, $A, $I, R>(
-                    c, count, dim, arg(index.storage), arg(src.storage), arg(&result), arg(&m),
-                    arg(&flags), r, a,
+                    c,
+                    count,
+                    dim,
+                    arg(index.storage),
+                    arg(src.storage),
+                    arg(&result),
+                    arg(&m),
+                    arg(&flags),
+                    r,
+                    a,
                 )
             }
         };
@@ -155,7 +185,13 @@ pub fn scatter_add<R: KilnRuntime>(
     }
     if let Some((_, detail)) = dev.read_flag(flags.handle)? {
         let signed = index.storage.dtype == DType::I32;
-        return Err(bad_index("scatter_add", detail, signed, axis, out.dims[axis]));
+        return Err(bad_index(
+            "scatter_add",
+            detail,
+            signed,
+            axis,
+            out.dims[axis],
+        ));
     }
     Ok(result)
 }

@@ -28,7 +28,11 @@ pub fn matmul<R: KilnRuntime>(
         return Ok(result);
     }
     if kdim == 0 {
-        super::elementwise::fill(dev, &result, &kiln_tensor::HostData::from_f64_slice(out.dtype, &[0.0]))?;
+        super::elementwise::fill(
+            dev,
+            &result,
+            &kiln_tensor::HostData::from_f64_slice(out.dtype, &[0.0]),
+        )?;
         return Ok(result);
     }
     let batch_dims = &out.dims[..r - 2];
@@ -37,8 +41,14 @@ pub fn matmul<R: KilnRuntime>(
     let (bd, ops) = coalesce(
         batch_dims,
         &[
-            Operand { offset: 0, strides: sa[..r - 2].to_vec() },
-            Operand { offset: 0, strides: sb[..r - 2].to_vec() },
+            Operand {
+                offset: 0,
+                strides: sa[..r - 2].to_vec(),
+            },
+            Operand {
+                offset: 0,
+                strides: sb[..r - 2].to_vec(),
+            },
         ],
     );
     let mut w = vec![word(m)?, word(n)?, word(kdim)?];
@@ -55,7 +65,10 @@ pub fn matmul<R: KilnRuntime>(
     }
     let mt = meta(dev, &w);
     let br = bd.len() as u32;
-    let tiles = (word(n.div_ceil(k::TILE as usize))?, word(m.div_ceil(k::TILE as usize))?);
+    let tiles = (
+        word(n.div_ceil(k::TILE as usize))?,
+        word(m.div_ceil(k::TILE as usize))?,
+    );
     if tiles.0 > MAX_GRID || tiles.1 > MAX_GRID {
         return Err(Error::invalid(
             "matmul",

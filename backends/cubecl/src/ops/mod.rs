@@ -96,7 +96,14 @@ fn concat<R: KilnRuntime>(
             offset: start * full.strides[axis],
             strides: full.strides.clone(),
         };
-        elementwise::copy_strided(dev, x.storage, &Operand::of(&x.layout), &result, &dst, &dims)?;
+        elementwise::copy_strided(
+            dev,
+            x.storage,
+            &Operand::of(&x.layout),
+            &result,
+            &dst,
+            &dims,
+        )?;
         start += dims[axis];
     }
     Ok(result)
@@ -120,7 +127,14 @@ fn pad<R: KilnRuntime>(
         strides: full.strides.clone(),
     };
     let dims = x.layout.dims().to_vec();
-    elementwise::copy_strided(dev, x.storage, &Operand::of(&x.layout), &result, &dst, &dims)?;
+    elementwise::copy_strided(
+        dev,
+        x.storage,
+        &Operand::of(&x.layout),
+        &result,
+        &dst,
+        &dims,
+    )?;
     Ok(result)
 }
 

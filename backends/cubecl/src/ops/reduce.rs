@@ -35,7 +35,13 @@ pub fn reduce<R: KilnRuntime>(
             .collect();
         let d: Vec<usize> = idx.iter().map(|&i| dims[i]).collect();
         let s: Vec<usize> = idx.iter().map(|&i| strides[i]).collect();
-        coalesce(&d, &[Operand { offset: 0, strides: s }])
+        coalesce(
+            &d,
+            &[Operand {
+                offset: 0,
+                strides: s,
+            }],
+        )
     };
     let (kd, ko) = split(true);
     let (rd, ro) = split(false);
@@ -58,22 +64,88 @@ pub fn reduce<R: KilnRuntime>(
     if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
         match dtype {
             DType::F16 => unsafe {
-                k::reduce_arg::launch_unchecked::<half::f16, f32, R>(c, count, dim, arg(xs), arg(os), arg(ms), code, kr, rr, block)
+                k::reduce_arg::launch_unchecked::<half::f16, f32, R>(
+                    c,
+                    count,
+                    dim,
+                    arg(xs),
+                    arg(os),
+                    arg(ms),
+                    code,
+                    kr,
+                    rr,
+                    block,
+                )
             },
             DType::BF16 => unsafe {
-                k::reduce_arg::launch_unchecked::<half::bf16, f32, R>(c, count, dim, arg(xs), arg(os), arg(ms), code, kr, rr, block)
+                k::reduce_arg::launch_unchecked::<half::bf16, f32, R>(
+                    c,
+                    count,
+                    dim,
+                    arg(xs),
+                    arg(os),
+                    arg(ms),
+                    code,
+                    kr,
+                    rr,
+                    block,
+                )
             },
             DType::F32 => unsafe {
-                k::reduce_arg::launch_unchecked::<f32, f32, R>(c, count, dim, arg(xs), arg(os), arg(ms), code, kr, rr, block)
+                k::reduce_arg::launch_unchecked::<f32, f32, R>(
+                    c,
+                    count,
+                    dim,
+                    arg(xs),
+                    arg(os),
+                    arg(ms),
+                    code,
+                    kr,
+                    rr,
+                    block,
+                )
             },
             DType::F64 => unsafe {
-                k::reduce_arg::launch_unchecked::<f64, f64, R>(c, count, dim, arg(xs), arg(os), arg(ms), code, kr, rr, block)
+                k::reduce_arg::launch_unchecked::<f64, f64, R>(
+                    c,
+                    count,
+                    dim,
+                    arg(xs),
+                    arg(os),
+                    arg(ms),
+                    code,
+                    kr,
+                    rr,
+                    block,
+                )
             },
             DType::I32 => unsafe {
-                k::reduce_arg::launch_unchecked::<i32, i32, R>(c, count, dim, arg(xs), arg(os), arg(ms), code, kr, rr, block)
+                k::reduce_arg::launch_unchecked::<i32, i32, R>(
+                    c,
+                    count,
+                    dim,
+                    arg(xs),
+                    arg(os),
+                    arg(ms),
+                    code,
+                    kr,
+                    rr,
+                    block,
+                )
             },
             _ => unsafe {
-                k::reduce_arg::launch_unchecked::<u32, u32, R>(c, count, dim, arg(xs), arg(os), arg(ms), code, kr, rr, block)
+                k::reduce_arg::launch_unchecked::<u32, u32, R>(
+                    c,
+                    count,
+                    dim,
+                    arg(xs),
+                    arg(os),
+                    arg(ms),
+                    code,
+                    kr,
+                    rr,
+                    block,
+                )
             },
         }
         return Ok(result);

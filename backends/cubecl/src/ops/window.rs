@@ -21,9 +21,22 @@ fn window_meta(
     strides: &[usize],
 ) -> Result<Vec<u32>> {
     let vals = [
-        n, image[0], image[1], image[2], image[3], w.kernel[0], w.kernel[1], w.stride[0],
-        w.stride[1], w.padding[0], w.padding[1], w.dilation[0], w.dilation[1], out_hw[0],
-        out_hw[1], offset,
+        n,
+        image[0],
+        image[1],
+        image[2],
+        image[3],
+        w.kernel[0],
+        w.kernel[1],
+        w.stride[0],
+        w.stride[1],
+        w.padding[0],
+        w.padding[1],
+        w.dilation[0],
+        w.dilation[1],
+        out_hw[0],
+        out_hw[1],
+        offset,
     ];
     vals.iter().chain(strides).map(|&v| word(v)).collect()
 }
@@ -42,15 +55,52 @@ pub fn unfold2d<R: KilnRuntime>(
     }
     let d = x.layout.dims();
     let (oh, ow) = (w.out_size(0, d[2])?, w.out_size(1, d[3])?);
-    let words = window_meta(n, [d[0], d[1], d[2], d[3]], w, [oh, ow], x.layout.offset(), x.layout.strides())?;
+    let words = window_meta(
+        n,
+        [d[0], d[1], d[2], d[3]],
+        w,
+        [oh, ow],
+        x.layout.offset(),
+        x.layout.strides(),
+    )?;
     let m = meta(dev, &words);
     let zero = dev.upload(&HostData::from_f64_slice(out.dtype, &[0.0]))?;
     let (count, dim) = grid(n, BLOCK);
     let c = &dev.client;
     match device_size(out.dtype) {
-        8 => unsafe { k::unfold2d::launch_unchecked::<u64, R>(c, count, dim, arg(x.storage), arg(&result), arg(&m), arg(&zero)) },
-        2 => unsafe { k::unfold2d::launch_unchecked::<u16, R>(c, count, dim, arg(x.storage), arg(&result), arg(&m), arg(&zero)) },
-        _ => unsafe { k::unfold2d::launch_unchecked::<u32, R>(c, count, dim, arg(x.storage), arg(&result), arg(&m), arg(&zero)) },
+        8 => unsafe {
+            k::unfold2d::launch_unchecked::<u64, R>(
+                c,
+                count,
+                dim,
+                arg(x.storage),
+                arg(&result),
+                arg(&m),
+                arg(&zero),
+            )
+        },
+        2 => unsafe {
+            k::unfold2d::launch_unchecked::<u16, R>(
+                c,
+                count,
+                dim,
+                arg(x.storage),
+                arg(&result),
+                arg(&m),
+                arg(&zero),
+            )
+        },
+        _ => unsafe {
+            k::unfold2d::launch_unchecked::<u32, R>(
+                c,
+                count,
+                dim,
+                arg(x.storage),
+                arg(&result),
+                arg(&m),
+                arg(&zero),
+            )
+        },
     }
     Ok(result)
 }
@@ -71,13 +121,29 @@ pub fn fold2d<R: KilnRuntime>(
     let (oh, ow) = (w.out_size(0, o[2])?, w.out_size(1, o[3])?);
     let mut strides = cols.layout.strides().to_vec();
     strides.push(0);
-    let words = window_meta(n, [o[0], o[1], o[2], o[3]], w, [oh, ow], cols.layout.offset(), &strides)?;
+    let words = window_meta(
+        n,
+        [o[0], o[1], o[2], o[3]],
+        w,
+        [oh, ow],
+        cols.layout.offset(),
+        &strides,
+    )?;
     let m = meta(dev, &words);
     let (count, dim) = grid(n, BLOCK);
     let c = &dev.client;
     macro_rules! go {
         ($T:ty, $A:ty) => {
-            unsafe { k::fold2d::launch_unchecked::<$T, $A, R>(c, count, dim, arg(cols.storage), arg(&result), arg(&m)) }
+            unsafe {
+                k::fold2d::launch_unchecked::<$T, $A, R>(
+                    c,
+                    count,
+                    dim,
+                    arg(cols.storage),
+                    arg(&result),
+                    arg(&m),
+                )
+            }
         };
     }
     match out.dtype {
