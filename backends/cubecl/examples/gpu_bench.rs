@@ -223,7 +223,8 @@ fn ops<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
         r(&[64, 1024], 4)?,
     );
     let xt = r(&[784, 64], 5)?;
-    let cases: Vec<(&str, Box<dyn Fn() -> Result<RawTensor<B>>>)> = vec![
+    type Case<'a, B> = (&'static str, Box<dyn Fn() -> Result<RawTensor<B>> + 'a>);
+    let cases: Vec<Case<'_, B>> = vec![
         ("matmul_64x784x1024", Box::new(|| x.matmul(&w1))),
         ("matmul_64x1024x1024", Box::new(|| h.matmul(&w2))),
         ("matmul_tn_784x64x1024", Box::new(|| xt.matmul(&h))),

@@ -274,6 +274,7 @@ impl KilnRuntime for CudaRuntime {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn lt_matmul(
     device: &CubeDevice<CudaRuntime>,
     a: View<'_, CubeBackend<CudaRuntime>>,
