@@ -180,6 +180,8 @@ pub fn unary_int<I: Int>(
     }
 }
 
+// Comptime branches (`comptime!(op == …)`) stay apart from the runtime ones inside them.
+#[allow(clippy::collapsible_if, clippy::collapsible_else_if)]
 #[cube]
 fn float_binary<A: Float>(a: A, b: A, #[comptime] op: u32) -> A {
     let mut r = a;
@@ -195,15 +197,11 @@ fn float_binary<A: Float>(a: A, b: A, #[comptime] op: u32) -> A {
         r = a.powf(b);
     } else if comptime!(op == binary::MAX) {
         // NaN propagates (PyTorch's maximum); the hardware max would drop it.
-        if nan::<A>(b) {
-            r = b;
-        } else if !nan::<A>(a) && b > a {
+        if nan::<A>(b) || (!nan::<A>(a) && b > a) {
             r = b;
         }
     } else if comptime!(op == binary::MIN) {
-        if nan::<A>(b) {
-            r = b;
-        } else if !nan::<A>(a) && b < a {
+        if nan::<A>(b) || (!nan::<A>(a) && b < a) {
             r = b;
         }
     }
@@ -228,6 +226,8 @@ pub fn binary_float<F: Float, A: Float>(
     }
 }
 
+// Comptime branches (`comptime!(op == …)`) stay apart from the runtime ones inside them.
+#[allow(clippy::collapsible_if, clippy::collapsible_else_if)]
 /// A binary op on integer tensors: wrapping add/sub/mul, division truncating toward
 /// zero (a zero divisor sets `flag` and writes 0), max/min.
 #[cube(launch_unchecked)]

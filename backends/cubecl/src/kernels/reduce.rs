@@ -63,6 +63,8 @@ fn float_better<A: Float>(v: A, best: A, #[comptime] wants_max: bool) -> bool {
 /// Max and min start from the first element a unit reads (a `has` mark per partial)
 /// rather than from ±infinity: CubeCL's WGSL compiler writes infinite constants as
 /// `f32(inf)`, which WGSL rejects, and the launch is then dropped.
+// Comptime branches (`comptime!(op == …)`) stay apart from the runtime ones inside them.
+#[allow(clippy::collapsible_if)]
 #[cube(launch_unchecked)]
 pub fn reduce_float<F: Float, A: Float>(
     x: &Array<F>,

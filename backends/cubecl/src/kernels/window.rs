@@ -47,6 +47,8 @@ pub fn unfold2d<T: CubePrimitive>(
 
 /// `[N, C·kh·kw, L] -> [N, C, H, W]`, summing every column entry that was read from a
 /// position (accumulated in `A`).
+// CubeCL's kernel language has `%` but not `is_multiple_of`.
+#[allow(clippy::manual_is_multiple_of)]
 #[cube(launch_unchecked)]
 pub fn fold2d<T: Numeric, A: Numeric>(cols: &Array<T>, out: &mut Array<T>, meta: &Array<u32>) {
     let pos = linear_pos();
