@@ -42,4 +42,8 @@ pub mod prelude {
 
     #[cfg(feature = "cpu")]
     pub use kiln_cpu::{Cpu, CpuDevice};
+    #[cfg(feature = "cuda")]
+    pub use kiln_cubecl::{Cuda, CudaDevice};
+    #[cfg(feature = "wgpu")]
+    pub use kiln_cubecl::{Wgpu, WgpuDevice};
 }

@@ -1,12 +1,199 @@
 //! # kiln-cubecl
 //!
-//! Will own Kiln's GPU backend, one implementation generic over CubeCL runtimes
-//! (wgpu/Vulkan and CUDA). It is not ready: the crate compiles so the workspace and the
-//! `wgpu`/`cuda` features have a home, and [`status`] says so at run time.
+//! Kiln's GPU backend: one [`Backend`] implementation, [`CubeBackend<R>`], generic over
+//! CubeCL runtimes, with [`Wgpu`] (feature `wgpu`: Vulkan, Metal, DX12 through CubeCL's
+//! WGSL compiler) and [`Cuda`] (feature `cuda`: CUDA C++ through NVRTC, matrix
+//! products through cuBLASLt).
+//!
+//! It owns the device (adapter or GPU selection, limits, the error flags: [`device`]),
+//! device buffers ([`storage`]), the `#[cube]` kernels ([`kernels`]) and their
+//! launches ([`ops`]). Every primitive of the op table runs as a kernel whose inputs are
+//! strided views (views never reach a backend, so a transposed or broadcast input is
+//! read in place) and whose op is comptime data, so CubeCL compiles one specialised
+//! kernel per op, dtype and rank and caches it.
+//!
+//! ## The CubeCL version: 0.10.0, for both runtimes
+//!
+//! cubecl-cuda 0.11 depends on cubecl-llvm, whose build script downloads a prebuilt
+//! LLVM: that fails on machines that reach only the package registries (CI, Kiln's
+//! developers). cubecl-cuda 0.10.0 has no such dependency, and cubecl 0.10.0's wgpu
+//! runtime runs on Mesa's lavapipe, so one version serves both and a fresh machine
+//! builds it from crates.io alone, with no build script that downloads anything.
+//!
+//! ## Dtypes
+//!
+//! | runtime | dtypes |
+//! | --- | --- |
+//! | wgpu | f32, i32, u32, bool (WGSL has no f64 or bf16; f16 is an optional extension lavapipe lacks) |
+//! | cuda | every dtype: f32, f64, f16, bf16, i32, u32, bool |
+//!
+//! Half floats compute in f32 and round once, as on the CPU; bools are stored as u32.
+//! An op on a dtype a device lacks is an [`Error::Unsupported`].
+//!
+//! ## Errors
+//!
+//! Opening a device without a driver or adapter is an [`Error::Device`] that says
+//! what to install. A buffer larger than the device binds (lavapipe caps a storage
+//! buffer at 128 MiB, and over that launches were silently skipped) is refused before
+//! anything is queued. Out-of-range gather/scatter indices and integer division by
+//! zero are detected by the kernels, each launch writing its own flag, which the op reads
+//! before it returns (one synchronisation per gather, scatter-add or integer division).
+//!
+//! ## Random numbers
+//!
+//! `rand` must equal `kiln_tensor::rng` bit for bit, and that generator maps its 32-bit
+//! integer bits to values through f64 (`ln`, `cos`, an f64 affine map). Devices
+//! without f64 cannot reproduce that rounding, so draws are computed on the host and
+//! uploaded; a device-side generator is future work.
+//!
+//! ## Not yet here
+//!
+//! The fused-plan kernel (one `#[cube]` kernel taking a build-time plan from
+//! `#[model]` as comptime data), allocation-free steady-state steps, CUDA graph
+//! capture and cuBLASLt epilogues (bias, ReLU, GELU): every op is its own kernel for
+//! now. BENCHMARKS.md has the H200 figures and what stands in their way.
+//!
+//! ## Features
+//!
+//! Without `wgpu` or `cuda` the crate is empty (so the rest of the workspace builds
+//! without compiling CubeCL).
 
-/// Why this backend cannot be used yet.
-pub fn status() -> kiln_tensor::Result<()> {
-    Err(kiln_tensor::Error::Device(
-        "the CubeCL backend (wgpu, cuda) is not implemented yet; use the cpu backend".into(),
-    ))
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
+#![warn(missing_docs)]
+
+pub mod device;
+// `#[cube]` generates undocumented launch items (a struct and functions per kernel);
+// every kernel itself is documented.
+#[allow(missing_docs)]
+pub mod kernels;
+pub mod ops;
+pub mod storage;
+pub mod strided;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
+
+pub use device::{CubeDevice, DeviceState, KilnRuntime};
+pub use storage::CubeStorage;
+
+use kiln_tensor::{Backend, DType, Error, HostData, Layout, Op, Result, TensorMeta, View};
+use std::fmt;
+use std::marker::PhantomData;
+
+/// Kiln's backend over the CubeCL runtime `R`.
+pub struct CubeBackend<R: KilnRuntime>(PhantomData<R>);
+
+/// The wgpu backend (Vulkan, Metal, DX12; lavapipe on machines without a GPU).
+#[cfg(feature = "wgpu")]
+pub type Wgpu = CubeBackend<cubecl::wgpu::WgpuRuntime>;
+/// A wgpu device.
+#[cfg(feature = "wgpu")]
+pub type WgpuDevice = CubeDevice<cubecl::wgpu::WgpuRuntime>;
+
+/// The CUDA backend.
+#[cfg(feature = "cuda")]
+pub type Cuda = CubeBackend<cubecl::cuda::CudaRuntime>;
+/// A CUDA device.
+#[cfg(feature = "cuda")]
+pub type CudaDevice = CubeDevice<cubecl::cuda::CudaRuntime>;
+
+impl<R: KilnRuntime> Clone for CubeBackend<R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<R: KilnRuntime> Copy for CubeBackend<R> {}
+impl<R: KilnRuntime> Default for CubeBackend<R> {
+    fn default() -> Self {
+        CubeBackend(PhantomData)
+    }
+}
+impl<R: KilnRuntime> fmt::Debug for CubeBackend<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CubeBackend<{}>", R::NAME)
+    }
+}
+
+/// A layout must stay inside its buffer: a broken view is reported, never read.
+fn check_extent<R: KilnRuntime>(s: &CubeStorage<R>, l: &Layout) -> Result<()> {
+    if l.storage_extent() > s.len {
+        return Err(Error::invalid(
+            "view",
+            format!("layout {l:?} reaches past a buffer of {} elements", s.len),
+        ));
+    }
+    Ok(())
+}
+
+impl<R: KilnRuntime> Backend for CubeBackend<R> {
+    type Device = CubeDevice<R>;
+    type Storage = CubeStorage<R>;
+
+    const NAME: &'static str = R::NAME;
+
+    fn device_name(device: &CubeDevice<R>) -> String {
+        format!("{device:?}")
+    }
+
+    fn storage_dtype(s: &CubeStorage<R>) -> DType {
+        s.dtype
+    }
+
+    fn storage_len(s: &CubeStorage<R>) -> usize {
+        s.len
+    }
+
+    fn upload(device: &CubeDevice<R>, data: HostData) -> Result<CubeStorage<R>> {
+        device.state.upload(&data)
+    }
+
+    fn download(s: &CubeStorage<R>, layout: &Layout) -> Result<HostData> {
+        check_extent(s, layout)?;
+        let dev = &s.device;
+        if layout.is_contiguous() && layout.offset() == 0 && layout.numel() == s.len {
+            return dev.read(s);
+        }
+        let c = ops::contiguous(
+            dev,
+            View {
+                storage: s,
+                layout: *layout,
+            },
+        )?;
+        dev.read(&c)
+    }
+
+    fn contiguous(device: &CubeDevice<R>, x: View<'_, Self>) -> Result<CubeStorage<R>> {
+        check_extent(x.storage, &x.layout)?;
+        ops::contiguous(&device.state, x)
+    }
+
+    fn synchronize(device: &CubeDevice<R>) -> Result<()> {
+        let dev = &device.state;
+        R::fence(dev)?;
+        cubecl::future::block_on(dev.client.sync()).map_err(|e| device::server_error(&dev.name, e))
+    }
+
+    fn execute(
+        device: &CubeDevice<R>,
+        op: &Op,
+        inputs: &[View<'_, Self>],
+        out: &TensorMeta,
+    ) -> Result<CubeStorage<R>> {
+        for v in inputs {
+            check_extent(v.storage, &v.layout)?;
+            if v.storage.device.ordinal != device.state.ordinal
+                || !std::sync::Arc::ptr_eq(&v.storage.device, &device.state)
+            {
+                return Err(Error::DeviceMismatch {
+                    op: op.name(),
+                    lhs: Self::device_name(device),
+                    rhs: format!("{}:{}", R::NAME, v.storage.device.ordinal),
+                });
+            }
+        }
+        ops::execute(device, op, inputs, out)
+    }
 }

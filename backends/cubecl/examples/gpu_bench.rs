@@ -1,0 +1,376 @@
+//! `gpu_bench`: DESIGN.md's shared workloads on a GPU backend, one parseable line per
+//! figure (`bench=W4 impl=kiln backend=cuda dtype=bf16 ... ms=… tflops=…`), and a short
+//! MNIST training run. `scripts/bench_gpu.py` prints PyTorch's figures for the same
+//! work on the same machine.
+//!
+//! `cargo run --release -p kiln-cubecl --features cuda,wgpu --example gpu_bench -- \
+//!     --backend cuda --workloads w1,w2,w4,mnist`
+
+#![cfg_attr(
+    not(any(feature = "cuda", feature = "wgpu")),
+    allow(dead_code, unused_imports, unused_variables)
+)]
+
+use kiln_models::classify::{accuracy, fit};
+use kiln_models::data::{ImageDataset, MNIST_NORM};
+use kiln_models::mlp::Mlp;
+use kiln_tensor::testing::Config;
+use kiln_tensor::{Backend, Const, DType, RandDist, Rank2, RawTensor, Result, Tensor};
+use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
+use kiln_train::schedule::CosineWithWarmup;
+use std::time::Instant;
+
+/// Median wall time in milliseconds of `reps` runs of `f`, each followed by a device
+/// synchronisation, after two warm-up runs.
+fn time_ms<B: Backend>(
+    dev: &B::Device,
+    reps: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    for _ in 0..2 {
+        f()?;
+        B::synchronize(dev)?;
+    }
+    let mut t = Vec::with_capacity(reps);
+    for _ in 0..reps.max(1) {
+        let s = Instant::now();
+        f()?;
+        B::synchronize(dev)?;
+        t.push(s.elapsed().as_secs_f64() * 1e3);
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[t.len() / 2])
+}
+
+/// Largest relative error of `got` against an f64 reference product of a few rows.
+fn check_rows(a: &[f32], b: &[f32], c: &[f32], n: usize, rows: &[usize]) -> f64 {
+    let mut worst = 0f64;
+    for &i in rows {
+        for j in (0..n).step_by(97) {
+            let mut s = 0f64;
+            let mut mag = 0f64;
+            for k in 0..n {
+                let p = a[i * n + k] as f64 * b[k * n + j] as f64;
+                s += p;
+                mag += p.abs();
+            }
+            worst = worst.max((c[i * n + j] as f64 - s).abs() / mag.max(1e-30));
+        }
+    }
+    worst
+}
+
+fn w4<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
+    let n = 4096;
+    let dist = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    let a32 = RawTensor::<B>::rand(&[n, n], dist, 1, DType::F32, dev)?;
+    let b32 = RawTensor::<B>::rand(&[n, n], dist, 2, DType::F32, dev)?;
+    let (ha, hb) = (a32.to_vec::<f32>()?, b32.to_vec::<f32>()?);
+    let mut variants: Vec<(&str, DType, bool)> = vec![("f32", DType::F32, false)];
+    if name == "cuda" {
+        variants.push(("tf32", DType::F32, true));
+        variants.push(("bf16", DType::BF16, false));
+        variants.push(("f16", DType::F16, false));
+    }
+    for (label, dtype, tf32) in variants {
+        #[cfg(feature = "cuda")]
+        kiln_cubecl::cuda::set_allow_tf32(tf32);
+        #[cfg(not(feature = "cuda"))]
+        let _ = tf32;
+        let (a, b) = (a32.cast(dtype)?, b32.cast(dtype)?);
+        let c = a.matmul(&b)?.cast(DType::F32)?.to_vec::<f32>()?;
+        let err = check_rows(&ha, &hb, &c, n, &[0, 1234, n - 1]);
+        let ms = time_ms::<B>(dev, reps, || a.matmul(&b).map(|_| ()))?;
+        let tflops = 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e12;
+        println!(
+            "bench=W4 impl=kiln backend={name} dtype={label} mode=latency shape={n}x{n}x{n} ms={ms:.3} tflops={tflops:.1} max_rel_err={err:.2e}"
+        );
+        // Throughput: 10 products queued back to back, one synchronisation.
+        let ms = time_ms::<B>(dev, reps.div_ceil(4), || {
+            for _ in 0..10 {
+                a.matmul(&b)?;
+            }
+            Ok(())
+        })? / 10.0;
+        let tflops = 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e12;
+        println!(
+            "bench=W4 impl=kiln backend={name} dtype={label} mode=throughput shape={n}x{n}x{n} ms={ms:.3} tflops={tflops:.1}"
+        );
+    }
+    #[cfg(feature = "cuda")]
+    kiln_cubecl::cuda::set_allow_tf32(false);
+    Ok(())
+}
+
+fn w2<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
+    // 2^26 f32 is 256 MiB: over lavapipe's 128 MiB binding cap, fine on real GPUs.
+    let n = 1usize << 26;
+    let x = RawTensor::<B>::rand(
+        &[n],
+        RandDist::Normal {
+            mean: 0.0,
+            std: 1.0,
+        },
+        3,
+        DType::F32,
+        dev,
+    )?;
+    let chain = || -> Result<RawTensor<B>> {
+        let h = x.mul_scalar(1.5)?.add_scalar(0.5)?.relu()?;
+        h.mul(&x.sigmoid()?)
+    };
+    // Correctness first (a skipped launch would time as infinitely fast).
+    let got = chain()?.to_vec::<f32>()?;
+    let hx = x.to_vec::<f32>()?;
+    let mut worst = 0f32;
+    for i in (0..n).step_by(4099) {
+        let v = hx[i];
+        let want = (v * 1.5 + 0.5).max(0.0) * (1.0 / (1.0 + (-v).exp()));
+        worst = worst.max((got[i] - want).abs() / want.abs().max(1e-3));
+    }
+    if worst > 1e-4 {
+        return Err(kiln_tensor::Error::Device(format!(
+            "W2 chain wrong: relative error {worst}"
+        )));
+    }
+    let ms = time_ms::<B>(dev, reps, || chain().map(|_| ()))?;
+    let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
+    println!("bench=W2 impl=kiln backend={name} variant=unfused n={n} ms={ms:.3} gbps={gbps:.1} max_rel_err={worst:.1e}");
+    Ok(())
+}
+
+fn w1_batch<B: Backend, const BS: usize>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
+    let mut model = Mlp::<B>::init(dev, 1)?;
+    let mut opt = Sgd::<B>::new(SgdConfig {
+        lr: 0.01,
+        momentum: 0.9,
+        ..SgdConfig::default()
+    })?;
+    let x = Tensor::<B, Rank2<BS, 784>>::normal(0.0, 1.0, 5, dev)?;
+    let labels: Vec<i32> = (0..BS as i32).map(|i| i % 10).collect();
+    let y = Tensor::<B, (Const<BS>,), i32>::from_vec(labels, &[BS], dev)?;
+    let ms = time_ms::<B>(dev, reps, || {
+        let (_, grads) = model.loss_and_grad(&x, &y)?;
+        opt.step(&mut model, &grads)
+    })?;
+    println!("bench=W1 impl=kiln backend={name} variant=static task=train batch={BS} ms={ms:.3}");
+    Ok(())
+}
+
+fn w1<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
+    w1_batch::<B, 256>(dev, name, reps)?;
+    w1_batch::<B, 4096>(dev, name, reps)?;
+    let model = Mlp::<B>::init(dev, 1)?;
+    let x = Tensor::<B, Rank2<1, 784>>::normal(0.0, 1.0, 6, dev)?;
+    // Latency of one image: the logits downloaded, as an application would.
+    let ms = time_ms::<B>(dev, reps * 20, || model.forward(&x)?.to_vec().map(|_| ()))?;
+    println!("bench=W1 impl=kiln backend={name} variant=static task=infer batch=1 ms={ms:.4}");
+    Ok(())
+}
+
+fn mnist<B: Backend>(dev: &B::Device, name: &str, epochs: usize, dir: &str) -> Result<()> {
+    let data = if dir.is_empty() {
+        ImageDataset::mnist()?
+    } else {
+        ImageDataset::load(std::path::Path::new(dir), MNIST_NORM)?
+    };
+    let mut model = Mlp::<B>::init(dev, 1)?;
+    let mut opt = Sgd::<B>::new(SgdConfig {
+        lr: 0.05,
+        momentum: 0.9,
+        ..SgdConfig::default()
+    })?;
+    let steps = (data.train.len() / 64 * epochs) as u64;
+    let schedule = CosineWithWarmup::new(0.05, 0.0005, 200, steps)?;
+    let start = Instant::now();
+    let mut last = f32::NAN;
+    fit::<B, Mlp<B>, 64>(
+        &mut model,
+        &mut opt,
+        &schedule,
+        &data.train,
+        epochs,
+        1,
+        dev,
+        |_, r| {
+            last = r.loss;
+            Ok(())
+        },
+    )?;
+    let secs = start.elapsed().as_secs_f64();
+    let acc = accuracy::<B, Mlp<B>, 500>(&model, &data.test, dev)?;
+    println!(
+        "bench=MNIST impl=kiln backend={name} model=mlp epochs={epochs} batch=64 secs={secs:.1} last_loss={last:.4} test_acc={:.2}",
+        acc * 100.0
+    );
+    Ok(())
+}
+
+/// Times single ops at the shapes of the MLP's batch-64 training step.
+fn ops<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
+    let dist = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    let r = |d: &[usize], seed| RawTensor::<B>::rand(d, dist, seed, DType::F32, dev);
+    let (x, w1, w2, h) = (
+        r(&[64, 784], 1)?,
+        r(&[784, 1024], 2)?,
+        r(&[1024, 1024], 3)?,
+        r(&[64, 1024], 4)?,
+    );
+    let xt = r(&[784, 64], 5)?;
+    type Case<'a, B> = (&'static str, Box<dyn Fn() -> Result<RawTensor<B>> + 'a>);
+    let cases: Vec<Case<'_, B>> = vec![
+        ("matmul_64x784x1024", Box::new(|| x.matmul(&w1))),
+        ("matmul_64x1024x1024", Box::new(|| h.matmul(&w2))),
+        ("matmul_tn_784x64x1024", Box::new(|| xt.matmul(&h))),
+        (
+            "matmul_nt_64x1024x1024",
+            Box::new(|| h.matmul(&w2.transpose(0, 1)?)),
+        ),
+        ("relu_64x1024", Box::new(|| h.relu())),
+        ("sum_rows_64x1024", Box::new(|| h.sum(&[0], false))),
+        ("softmax_64x1024", Box::new(|| h.softmax(1))),
+    ];
+    for (label, f) in cases {
+        let ms = time_ms::<B>(dev, reps, || f().map(|_| ()))?;
+        println!("bench=op impl=kiln backend={name} op={label} ms={ms:.3}");
+    }
+    Ok(())
+}
+
+/// Runs every family of the conformance suite (what `conformance_tests!` expands to),
+/// catching each family's panic, one line per family.
+fn conformance<B: Backend>(dev: &B::Device, name: &str, config: &Config) -> Result<()> {
+    use kiln_tensor::testing::{composites as c, errors as e, primitives as p};
+    type Family<B> = (&'static str, fn(&<B as Backend>::Device, &Config));
+    let families: Vec<Family<B>> = vec![
+        ("unary", p::unary::<B>),
+        ("binary", p::binary::<B>),
+        ("compare", p::compare::<B>),
+        ("select_where", p::select_where::<B>),
+        ("reduce", p::reduce::<B>),
+        ("views", p::views::<B>),
+        ("concat", p::concat::<B>),
+        ("pad", p::pad::<B>),
+        ("matmul", p::matmul::<B>),
+        ("gather", p::gather::<B>),
+        ("scatter_add", p::scatter_add::<B>),
+        ("cast", p::cast::<B>),
+        ("unfold2d", p::unfold2d::<B>),
+        ("fold2d", p::fold2d::<B>),
+        ("full", p::full::<B>),
+        ("rand", p::rand::<B>),
+        ("softmax", c::softmax::<B>),
+        ("norms", c::norms::<B>),
+        ("activations", c::activations::<B>),
+        ("cross_entropy", c::cross_entropy::<B>),
+        ("mse", c::mse::<B>),
+        ("linear", c::linear::<B>),
+        ("conv2d", c::conv2d::<B>),
+        ("pool2d", c::pool2d::<B>),
+        ("embedding", c::embedding::<B>),
+        ("dropout", c::dropout::<B>),
+        ("bad_shapes", e::bad_shapes::<B>),
+    ];
+    let (mut ok, mut failed) = (0, Vec::new());
+    let start = Instant::now();
+    for (family, f) in families {
+        let t = Instant::now();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(dev, config)));
+        let status = if r.is_ok() { "ok" } else { "FAILED" };
+        println!(
+            "conformance={family} backend={name} result={status} secs={:.1}",
+            t.elapsed().as_secs_f64()
+        );
+        if r.is_ok() {
+            ok += 1;
+        } else {
+            failed.push(family);
+        }
+    }
+    println!(
+        "conformance=all backend={name} passed={ok} failed={} secs={:.1} dtypes={:?} failures={failed:?}",
+        failed.len(),
+        start.elapsed().as_secs_f64(),
+        config.dtypes
+    );
+    Ok(())
+}
+
+#[allow(dead_code)]
+fn run<B: Backend>(
+    dev: &B::Device,
+    name: &str,
+    workloads: &str,
+    reps: usize,
+    epochs: usize,
+    data: &str,
+) {
+    for w in workloads.split(',') {
+        let r = match w.trim() {
+            "w1" => w1::<B>(dev, name, reps),
+            "w2" => w2::<B>(dev, name, reps),
+            "w4" => w4::<B>(dev, name, reps),
+            "mnist" => mnist::<B>(dev, name, epochs, data),
+            "ops" => ops::<B>(dev, name, reps),
+            "conformance" => {
+                let mut config = Config::all();
+                if name == "wgpu" {
+                    for d in [DType::F64, DType::F16, DType::BF16] {
+                        config = config.without(d);
+                    }
+                }
+                conformance::<B>(dev, name, &config)
+            }
+            other => {
+                eprintln!("unknown workload {other:?} (known: w1, w2, w4, mnist)");
+                Ok(())
+            }
+        };
+        if let Err(e) = r {
+            println!("bench={w} impl=kiln backend={name} error={e}");
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let get = |flag: &str, default: &str| -> String {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+            .unwrap_or_else(|| default.to_string())
+    };
+    let backend = get("--backend", "cuda");
+    let workloads = get("--workloads", "w1,w2,w4");
+    let reps: usize = get("--reps", "20").parse().expect("--reps takes a number");
+    let epochs: usize = get("--epochs", "5")
+        .parse()
+        .expect("--epochs takes a number");
+    // The MNIST folder (default: the one beside kiln-models' sources at build time).
+    let data = get("--data", "");
+    match backend.as_str() {
+        #[cfg(feature = "cuda")]
+        "cuda" => match kiln_cubecl::CudaDevice::first() {
+            Ok(d) => {
+                println!("# device {}", d.name());
+                run::<kiln_cubecl::Cuda>(&d, "cuda", &workloads, reps, epochs, &data)
+            }
+            Err(e) => println!("bench=open backend=cuda error={e}"),
+        },
+        #[cfg(feature = "wgpu")]
+        "wgpu" => match kiln_cubecl::WgpuDevice::first() {
+            Ok(d) => {
+                println!("# device {}", d.name());
+                run::<kiln_cubecl::Wgpu>(&d, "wgpu", &workloads, reps, epochs, &data)
+            }
+            Err(e) => println!("bench=open backend=wgpu error={e}"),
+        },
+        other => eprintln!("backend {other:?} is not built in (features: cuda, wgpu)"),
+    }
+}

@@ -1,0 +1,471 @@
+//! The CUDA runtime: CubeCL's CUDA C++ kernels through NVRTC, and matrix products
+//! through cuBLASLt (3 to 4 times CubeCL's own matmuls on an H200).
+//!
+//! Libraries are loaded at run time (cudarc's dynamic loading, CUDA 13 bindings):
+//! libcuda from the driver, and NVRTC and cuBLASLt from a CUDA 13 install or PyTorch's
+//! bundled `nvidia/cu13/lib`, named in `LD_LIBRARY_PATH`. NVRTC compiles against the
+//! CUDA headers at run time, so `CUDA_PATH` must name an install with `include/` (and
+//! `include/cccl`).
+//!
+//! cuBLASLt runs on a stream of its own: CubeCL 0.10 does not expose the stream its
+//! kernels run on. Before a product the CubeCL stream is synchronised (the inputs are
+//! ready); afterwards the product's buffers are kept alive and the next CubeCL
+//! operation waits for the cuBLASLt stream ([`KilnRuntime::fence`]), so back-to-back
+//! products queue without a host round trip and no buffer is reused while a product
+//! still reads it.
+
+use crate::device::{CubeDevice, DeviceState, KilnRuntime, Opened};
+use crate::storage::{device_size, CubeStorage};
+use crate::strided::{coalesce, Operand};
+use crate::CubeBackend;
+use cubecl::cuda::CudaRuntime;
+use cubecl::server::Handle;
+use cudarc::cublaslt::{result as lt, sys as ltsys};
+use cudarc::driver::{result as drv, sys as dsys};
+use kiln_tensor::{DType, Error, Result, TensorMeta, View};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// What to install when no CUDA driver or device is found.
+pub const INSTALL_HINT: &str = "install the NVIDIA driver (libcuda.so) and a CUDA 13 toolkit or \
+     PyTorch's CUDA 13 libraries (NVRTC, cuBLASLt), name their folders in LD_LIBRARY_PATH, and \
+     set CUDA_PATH to a CUDA install with include/ and include/cccl";
+
+/// Bytes of cuBLASLt workspace (its heuristics pick faster algorithms with one).
+const WORKSPACE: usize = 32 << 20;
+
+static TF32: AtomicBool = AtomicBool::new(false);
+
+/// Lets f32 products use TF32 tensor cores (10-bit mantissa inputs, f32 accumulation),
+/// as PyTorch's `allow_tf32`. Off by default: f32 products are then exact f32 GEMMs.
+pub fn set_allow_tf32(allow: bool) {
+    TF32.store(allow, Ordering::SeqCst);
+}
+
+/// Whether f32 products may use TF32.
+pub fn allow_tf32() -> bool {
+    TF32.load(Ordering::SeqCst)
+}
+
+/// cuBLASLt state of one device, made on first use.
+struct Blas {
+    ctx: dsys::CUcontext,
+    handle: ltsys::cublasLtHandle_t,
+    stream: dsys::CUstream,
+    workspace: dsys::CUdeviceptr,
+    /// Buffers of products queued on `stream` and not yet waited for.
+    pending: Vec<Handle>,
+    /// The fastest algorithm per problem, from cuBLASLt's heuristic.
+    algos: HashMap<String, ltsys::cublasLtMatmulAlgo_t>,
+}
+
+// SAFETY: the raw handles are only used under the `Mutex` of `CudaExtra`, after making
+// the device's context current on the calling thread.
+unsafe impl Send for Blas {}
+
+/// The CUDA runtime's per-device state: cuBLASLt, made on first use.
+pub struct CudaExtra {
+    ordinal: usize,
+    blas: Mutex<Option<Blas>>,
+}
+
+fn driver_error(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Device(format!("CUDA {what} failed: {e:?}"))
+}
+
+fn blas_error(what: &str, e: lt::CublasError) -> Error {
+    Error::Device(format!("cuBLASLt {what} failed: {e:?}"))
+}
+
+/// Runs a call that may panic because a library could not be loaded.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        Err(Error::Device(format!(
+            "{what}: a CUDA library could not be loaded ({msg}); {INSTALL_HINT}"
+        )))
+    })
+}
+
+impl Blas {
+    fn new(ordinal: usize) -> Result<Blas> {
+        guarded("cuBLASLt", || unsafe {
+            let dev =
+                drv::device::get(ordinal as i32).map_err(|e| driver_error("cuDeviceGet", e))?;
+            let ctx = drv::primary_ctx::retain(dev)
+                .map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e))?;
+            drv::ctx::set_current(ctx).map_err(|e| driver_error("cuCtxSetCurrent", e))?;
+            let handle = lt::create_handle().map_err(|e| blas_error("cublasLtCreate", e))?;
+            let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
+                .map_err(|e| driver_error("cuStreamCreate", e))?;
+            let workspace =
+                drv::malloc_sync(WORKSPACE).map_err(|e| driver_error("cuMemAlloc", e))?;
+            Ok(Blas {
+                ctx,
+                handle,
+                stream,
+                workspace,
+                pending: Vec::new(),
+                algos: HashMap::new(),
+            })
+        })
+    }
+
+    fn make_current(&self) -> Result<()> {
+        unsafe { drv::ctx::set_current(self.ctx) }.map_err(|e| driver_error("cuCtxSetCurrent", e))
+    }
+
+    fn wait(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.make_current()?;
+        unsafe { drv::stream::synchronize(self.stream) }
+            .map_err(|e| driver_error("cuStreamSynchronize (cuBLASLt)", e))?;
+        self.pending.clear();
+        Ok(())
+    }
+}
+
+/// One operand of a column-major cuBLASLt call.
+struct LtMatrix {
+    rows: u64,
+    cols: u64,
+    ld: i64,
+    trans: bool,
+    batch_stride: i64,
+}
+
+/// A row-major `[rows, cols]` operand with strides `(sr, sc)`, as cuBLASLt sees it in
+/// column-major order (the transpose of a row-major matrix is column-major).
+fn as_lt(rows: usize, cols: usize, sr: usize, sc: usize, batch_stride: usize) -> Option<LtMatrix> {
+    if sc == 1 || cols == 1 && sr != 1 {
+        // Row-major: column-major view is the transpose, cols × rows.
+        let ld = if rows == 1 { cols } else { sr };
+        (ld >= cols.max(1)).then_some(LtMatrix {
+            rows: cols as u64,
+            cols: rows as u64,
+            ld: ld as i64,
+            trans: false,
+            batch_stride: batch_stride as i64,
+        })
+    } else if sr == 1 {
+        // Column-major: column-major view is the matrix itself, rows × cols.
+        let ld = if cols == 1 { rows } else { sc };
+        (ld >= rows.max(1)).then_some(LtMatrix {
+            rows: rows as u64,
+            cols: cols as u64,
+            ld: ld as i64,
+            trans: true,
+            batch_stride: batch_stride as i64,
+        })
+    } else {
+        None
+    }
+}
+
+/// The largest power of two (at most 256) dividing an address.
+fn alignment(ptr: u64) -> u32 {
+    (ptr.trailing_zeros().min(8)) as u32
+}
+
+impl KilnRuntime for CudaRuntime {
+    const NAME: &'static str = "cuda";
+    type Extra = CudaExtra;
+
+    fn open(ordinal: usize) -> Result<Opened<Self>> {
+        guarded("opening a CUDA device", || {
+            drv::init().map_err(|e| {
+                Error::Device(format!(
+                    "the CUDA driver did not initialise ({e:?}): {INSTALL_HINT}"
+                ))
+            })?;
+            let count =
+                drv::device::get_count().map_err(|e| driver_error("cuDeviceGetCount", e))?;
+            if ordinal >= count as usize {
+                return Err(Error::Device(format!(
+                    "no CUDA device {ordinal} (found {count}): {INSTALL_HINT}"
+                )));
+            }
+            let dev =
+                drv::device::get(ordinal as i32).map_err(|e| driver_error("cuDeviceGet", e))?;
+            let name =
+                drv::device::get_name(dev).map_err(|e| driver_error("cuDeviceGetName", e))?;
+            let total = unsafe { drv::device::total_mem(dev) }
+                .map_err(|e| driver_error("cuDeviceTotalMem", e))?;
+            if cubecl::cuda::install::cuda_path().is_none_or(|p| !p.join("include").exists()) {
+                return Err(Error::Device(format!(
+                    "CubeCL compiles CUDA kernels with NVRTC against the CUDA headers, but none were \
+                     found (CUDA_PATH unset and /usr/local/cuda missing): {INSTALL_HINT}"
+                )));
+            }
+            Ok(Opened {
+                device: cubecl::cuda::CudaDevice::new(ordinal),
+                name: format!("{name} (CUDA device {ordinal})"),
+                // CubeCL's CUDA memory pages are a quarter of the device memory.
+                max_buffer_bytes: total as u64 / 4,
+                dtypes: DType::ALL.to_vec(),
+                cpu_adapter: false,
+                extra: CudaExtra {
+                    ordinal,
+                    blas: Mutex::new(None),
+                },
+            })
+        })
+    }
+
+    fn registry() -> &'static Mutex<Vec<(usize, CubeDevice<Self>)>> {
+        static DEVICES: Mutex<Vec<(usize, CubeDevice<CudaRuntime>)>> = Mutex::new(Vec::new());
+        &DEVICES
+    }
+
+    fn fence(device: &DeviceState<Self>) -> Result<()> {
+        let mut blas = device.extra().blas.lock().expect("cuBLASLt lock");
+        match blas.as_mut() {
+            Some(b) => b.wait(),
+            None => Ok(()),
+        }
+    }
+
+    fn vendor_matmul(
+        device: &CubeDevice<Self>,
+        a: View<'_, CubeBackend<Self>>,
+        b: View<'_, CubeBackend<Self>>,
+        out: &TensorMeta,
+    ) -> Option<Result<CubeStorage<Self>>> {
+        let r = out.dims.len();
+        let (m, n) = (out.dims[r - 2], out.dims[r - 1]);
+        let k = a.layout.dims()[r - 1];
+        if m == 0 || n == 0 || k == 0 {
+            return None;
+        }
+        // One batch stride per operand: the batch dims must coalesce to at most one.
+        let batch_dims = &out.dims[..r - 2];
+        let (sa, sb) = (a.layout.strides(), b.layout.strides());
+        let (bd, ops) = coalesce(
+            batch_dims,
+            &[
+                Operand {
+                    offset: 0,
+                    strides: sa[..r - 2].to_vec(),
+                },
+                Operand {
+                    offset: 0,
+                    strides: sb[..r - 2].to_vec(),
+                },
+                Operand::contiguous(batch_dims, 0),
+            ],
+        );
+        if bd.len() > 1 {
+            return None;
+        }
+        let batch = bd.first().copied().unwrap_or(1);
+        let bs = |i: usize| ops[i].strides.first().copied().unwrap_or(0);
+        // Cᵀ = Bᵀ·Aᵀ in column-major: B is cuBLASLt's first operand, A its second.
+        let x = as_lt(k, n, sb[r - 2], sb[r - 1], bs(1))?;
+        let y = as_lt(m, k, sa[r - 2], sa[r - 1], bs(0))?;
+        Some(lt_matmul(device, a, b, out, x, y, (m, n, k), batch))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn lt_matmul(
+    device: &CubeDevice<CudaRuntime>,
+    a: View<'_, CubeBackend<CudaRuntime>>,
+    b: View<'_, CubeBackend<CudaRuntime>>,
+    out: &TensorMeta,
+    x: LtMatrix,
+    y: LtMatrix,
+    (m, n, k): (usize, usize, usize),
+    batch: usize,
+) -> Result<CubeStorage<CudaRuntime>> {
+    let dev = &device.state;
+    let dtype = out.dtype;
+    let (data_type, compute, scale) = match dtype {
+        DType::F32 if allow_tf32() => (
+            ltsys::cudaDataType::CUDA_R_32F,
+            ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+            ltsys::cudaDataType::CUDA_R_32F,
+        ),
+        DType::F32 => (
+            ltsys::cudaDataType::CUDA_R_32F,
+            ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ltsys::cudaDataType::CUDA_R_32F,
+        ),
+        DType::F16 => (
+            ltsys::cudaDataType::CUDA_R_16F,
+            ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ltsys::cudaDataType::CUDA_R_32F,
+        ),
+        DType::BF16 => (
+            ltsys::cudaDataType::CUDA_R_16BF,
+            ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ltsys::cudaDataType::CUDA_R_32F,
+        ),
+        DType::F64 => (
+            ltsys::cudaDataType::CUDA_R_64F,
+            ltsys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
+            ltsys::cudaDataType::CUDA_R_64F,
+        ),
+        other => {
+            return Err(Error::dtype(
+                "matmul",
+                format!("multiplies floats, not {other}"),
+            ))
+        }
+    };
+    let result = dev.alloc_unfenced("matmul", dtype, out.dims.iter().product())?;
+    let mut guard = dev.extra().blas.lock().expect("cuBLASLt lock");
+    if guard.is_none() {
+        *guard = Some(Blas::new(dev.extra().ordinal)?);
+    }
+    let blas = guard.as_mut().expect("made above");
+    // The inputs were written on CubeCL's stream.
+    cubecl::future::block_on(dev.client.sync())
+        .map_err(|e| crate::device::server_error(&dev.name, e))?;
+    blas.make_current()?;
+    let esize = device_size(dtype) as u64;
+    let ptr = |h: &Handle| -> Result<u64> {
+        dev.client
+            .get_resource(h.clone())
+            .map(|r| r.resource().ptr)
+            .map_err(|e| crate::device::server_error(&dev.name, e))
+    };
+    let pa = ptr(&a.storage.handle)? + a.layout.offset() as u64 * esize;
+    let pb = ptr(&b.storage.handle)? + b.layout.offset() as u64 * esize;
+    let pc = ptr(&result.handle)?;
+    let key = format!(
+        "{dtype}{} {}x{}x{} {} {} {} {} {} {} {}",
+        allow_tf32(),
+        m,
+        n,
+        k,
+        x.ld,
+        y.ld,
+        x.trans,
+        y.trans,
+        batch,
+        alignment(pa).min(alignment(pb)),
+        alignment(pc)
+    );
+    unsafe {
+        let desc =
+            lt::create_matmul_desc(compute, scale).map_err(|e| blas_error("matmul desc", e))?;
+        let set_desc = |attr, v: i32| {
+            lt::set_matmul_desc_attribute(desc, attr, &v as *const i32 as *const c_void, 4)
+        };
+        set_desc(
+            ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            x.trans as i32,
+        )
+        .map_err(|e| blas_error("TRANSA", e))?;
+        set_desc(
+            ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+            y.trans as i32,
+        )
+        .map_err(|e| blas_error("TRANSB", e))?;
+        let layout = |mx: &LtMatrix| -> Result<ltsys::cublasLtMatrixLayout_t> {
+            let l = lt::create_matrix_layout(data_type, mx.rows, mx.cols, mx.ld)
+                .map_err(|e| blas_error("matrix layout", e))?;
+            if batch > 1 {
+                let count = batch as i32;
+                lt::set_matrix_layout_attribute(
+                    l,
+                    ltsys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                    &count as *const i32 as *const c_void,
+                    4,
+                )
+                .map_err(|e| blas_error("batch count", e))?;
+                lt::set_matrix_layout_attribute(
+                    l,
+                    ltsys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                    &mx.batch_stride as *const i64 as *const c_void,
+                    8,
+                )
+                .map_err(|e| blas_error("batch stride", e))?;
+            }
+            Ok(l)
+        };
+        let lx = layout(&x)?;
+        let ly = layout(&y)?;
+        let d = LtMatrix {
+            rows: n as u64,
+            cols: m as u64,
+            ld: n as i64,
+            trans: false,
+            batch_stride: (m * n) as i64,
+        };
+        let ld = layout(&d)?;
+        let algo = match blas.algos.get(&key) {
+            Some(a) => *a,
+            None => {
+                let pref = lt::create_matmul_pref().map_err(|e| blas_error("preference", e))?;
+                let ws = WORKSPACE as u64;
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &ws as *const u64 as *const c_void,
+                    8,
+                )
+                .map_err(|e| blas_error("workspace preference", e))?;
+                for (attr, p) in [
+                    (ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, pb),
+                    (ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, pa),
+                    (ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, pc),
+                    (ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, pc),
+                ] {
+                    let align: u32 = 1 << alignment(p);
+                    lt::set_matmul_pref_attribute(pref, attr, &align as *const u32 as *const c_void, 4)
+                        .map_err(|e| blas_error("alignment preference", e))?;
+                }
+                let h = lt::get_matmul_algo_heuristic(blas.handle, desc, lx, ly, ld, ld, pref)
+                    .map_err(|e| blas_error("heuristic", e));
+                let _ = lt::destroy_matmul_pref(pref);
+                let algo = h?.algo;
+                blas.algos.insert(key, algo);
+                algo
+            }
+        };
+        let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
+        let (alpha, beta): (*const c_void, *const c_void) = if dtype == DType::F64 {
+            (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+        } else {
+            (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+        };
+        let status = lt::matmul(
+            blas.handle,
+            desc,
+            alpha,
+            beta,
+            pb as *const c_void,
+            lx,
+            pa as *const c_void,
+            ly,
+            pc as *const c_void,
+            ld,
+            pc as *mut c_void,
+            ld,
+            &algo,
+            blas.workspace as *mut c_void,
+            WORKSPACE,
+            blas.stream as ltsys::cudaStream_t,
+        );
+        let _ = lt::destroy_matrix_layout(lx);
+        let _ = lt::destroy_matrix_layout(ly);
+        let _ = lt::destroy_matrix_layout(ld);
+        let _ = lt::destroy_matmul_desc(desc);
+        status.map_err(|e| blas_error("cublasLtMatmul", e))?;
+    }
+    blas.pending.extend([
+        a.storage.handle.clone(),
+        b.storage.handle.clone(),
+        result.handle.clone(),
+    ]);
+    Ok(result)
+}

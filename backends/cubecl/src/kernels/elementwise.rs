@@ -1,0 +1,449 @@
+//! Elementwise kernels: unary, binary, comparison, `where` and casts, each over strided
+//! inputs (already broadcast to the output's dims by the tensor layer) into a
+//! contiguous output. Floats compute in `A` (f32, or f64 for f64 tensors) and round
+//! once to the storage type, as the CPU backend does; integers compute in their own
+//! type with wrapping arithmetic. Bools are stored as u32 0/1.
+
+use super::common::{linear_pos, nan, strided_offset};
+use cubecl::prelude::*;
+use kiln_tensor::{BinaryOp, CmpOp, UnaryOp};
+
+/// Comptime codes of the unary ops (their declaration order in the op table).
+pub mod unary {
+    use super::UnaryOp;
+    /// -x
+    pub const NEG: u32 = UnaryOp::Neg as u32;
+    /// |x|
+    pub const ABS: u32 = UnaryOp::Abs as u32;
+    /// sign
+    pub const SIGN: u32 = UnaryOp::Sign as u32;
+    /// e^x
+    pub const EXP: u32 = UnaryOp::Exp as u32;
+    /// ln x
+    pub const LOG: u32 = UnaryOp::Log as u32;
+    /// √x
+    pub const SQRT: u32 = UnaryOp::Sqrt as u32;
+    /// 1/√x
+    pub const RSQRT: u32 = UnaryOp::Rsqrt as u32;
+    /// 1/x
+    pub const RECIP: u32 = UnaryOp::Recip as u32;
+    /// sin
+    pub const SIN: u32 = UnaryOp::Sin as u32;
+    /// cos
+    pub const COS: u32 = UnaryOp::Cos as u32;
+    /// tanh
+    pub const TANH: u32 = UnaryOp::Tanh as u32;
+    /// sigmoid
+    pub const SIGMOID: u32 = UnaryOp::Sigmoid as u32;
+    /// relu
+    pub const RELU: u32 = UnaryOp::Relu as u32;
+    /// erf
+    pub const ERF: u32 = UnaryOp::Erf as u32;
+    /// logical not
+    pub const NOT: u32 = UnaryOp::Not as u32;
+}
+
+/// Comptime codes of the binary ops.
+pub mod binary {
+    use super::BinaryOp;
+    /// a + b
+    pub const ADD: u32 = BinaryOp::Add as u32;
+    /// a - b
+    pub const SUB: u32 = BinaryOp::Sub as u32;
+    /// a * b
+    pub const MUL: u32 = BinaryOp::Mul as u32;
+    /// a / b
+    pub const DIV: u32 = BinaryOp::Div as u32;
+    /// a ^ b
+    pub const POW: u32 = BinaryOp::Pow as u32;
+    /// max
+    pub const MAX: u32 = BinaryOp::Max as u32;
+    /// min
+    pub const MIN: u32 = BinaryOp::Min as u32;
+}
+
+/// Comptime codes of the comparisons.
+pub mod cmp {
+    use super::CmpOp;
+    /// ==
+    pub const EQ: u32 = CmpOp::Eq as u32;
+    /// !=
+    pub const NE: u32 = CmpOp::Ne as u32;
+    /// <
+    pub const LT: u32 = CmpOp::Lt as u32;
+    /// <=
+    pub const LE: u32 = CmpOp::Le as u32;
+    /// >
+    pub const GT: u32 = CmpOp::Gt as u32;
+    /// >=
+    pub const GE: u32 = CmpOp::Ge as u32;
+}
+
+/// The error code an integer division by zero leaves in the device's error flag.
+pub const FLAG_DIV_ZERO: u32 = 3;
+
+#[cube]
+fn float_unary<A: Float>(v: A, #[comptime] op: u32) -> A {
+    let mut r = v;
+    if comptime!(op == unary::NEG) {
+        r = -v;
+    } else if comptime!(op == unary::ABS) {
+        r = v.abs();
+    } else if comptime!(op == unary::SIGN) {
+        // NaN and ±0 fall through unchanged.
+        if v > A::new(0.0) {
+            r = A::new(1.0);
+        } else if v < A::new(0.0) {
+            r = A::new(-1.0);
+        }
+    } else if comptime!(op == unary::EXP) {
+        r = v.exp();
+    } else if comptime!(op == unary::LOG) {
+        r = v.ln();
+    } else if comptime!(op == unary::SQRT) {
+        r = v.sqrt();
+    } else if comptime!(op == unary::RSQRT) {
+        // 1/sqrt rounds twice but stays within an ulp or two; the hardware rsqrt does not.
+        r = A::new(1.0) / v.sqrt();
+    } else if comptime!(op == unary::RECIP) {
+        r = A::new(1.0) / v;
+    } else if comptime!(op == unary::SIN) {
+        r = v.sin();
+    } else if comptime!(op == unary::COS) {
+        r = v.cos();
+    } else if comptime!(op == unary::TANH) {
+        r = v.tanh();
+    } else if comptime!(op == unary::SIGMOID) {
+        r = A::new(1.0) / (A::new(1.0) + (-v).exp());
+    } else if comptime!(op == unary::RELU) {
+        // NaN < 0 is false: relu(NaN) stays NaN, as in PyTorch.
+        if v < A::new(0.0) {
+            r = A::new(0.0);
+        }
+    } else if comptime!(op == unary::ERF) {
+        r = v.erf();
+    }
+    r
+}
+
+/// A unary op on a float tensor of storage type `F`, computed in `A`.
+#[cube(launch_unchecked)]
+pub fn unary_float<F: Float, A: Float>(
+    x: &Array<F>,
+    out: &mut Array<F>,
+    meta: &Array<u32>,
+    #[comptime] op: u32,
+    #[comptime] rank: u32,
+) {
+    let pos = linear_pos();
+    if pos < meta[0] {
+        let v = A::cast_from(x[strided_offset(meta, pos, rank, 0u32) as usize]);
+        out[pos as usize] = F::cast_from(float_unary::<A>(v, op));
+    }
+}
+
+/// A unary op on an integer (or bool-as-u32) tensor: neg/abs/sign wrap like i32, relu
+/// clamps at 0, not flips 0/1.
+#[cube(launch_unchecked)]
+pub fn unary_int<I: Int>(
+    x: &Array<I>,
+    out: &mut Array<I>,
+    meta: &Array<u32>,
+    #[comptime] op: u32,
+    #[comptime] rank: u32,
+) {
+    let pos = linear_pos();
+    if pos < meta[0] {
+        let v = x[strided_offset(meta, pos, rank, 0u32) as usize];
+        let zero = I::from_int(0);
+        let mut r = v;
+        if comptime!(op == unary::NEG) {
+            r = zero - v;
+        } else if comptime!(op == unary::ABS) {
+            if v < zero {
+                r = zero - v;
+            }
+        } else if comptime!(op == unary::SIGN) {
+            if v > zero {
+                r = I::from_int(1);
+            } else if v < zero {
+                r = I::from_int(-1);
+            }
+        } else if comptime!(op == unary::RELU) {
+            if v < zero {
+                r = zero;
+            }
+        } else if comptime!(op == unary::NOT) {
+            r = I::cast_from(v == zero);
+        }
+        out[pos as usize] = r;
+    }
+}
+
+// Comptime branches (`comptime!(op == …)`) stay apart from the runtime ones inside them.
+#[allow(clippy::collapsible_if, clippy::collapsible_else_if)]
+#[cube]
+fn float_binary<A: Float>(a: A, b: A, #[comptime] op: u32) -> A {
+    let mut r = a;
+    if comptime!(op == binary::ADD) {
+        r = a + b;
+    } else if comptime!(op == binary::SUB) {
+        r = a - b;
+    } else if comptime!(op == binary::MUL) {
+        r = a * b;
+    } else if comptime!(op == binary::DIV) {
+        r = a / b;
+    } else if comptime!(op == binary::POW) {
+        r = a.powf(b);
+    } else if comptime!(op == binary::MAX) {
+        // NaN propagates (PyTorch's maximum); the hardware max would drop it.
+        if nan::<A>(b) || (!nan::<A>(a) && b > a) {
+            r = b;
+        }
+    } else if comptime!(op == binary::MIN) {
+        if nan::<A>(b) || (!nan::<A>(a) && b < a) {
+            r = b;
+        }
+    }
+    r
+}
+
+/// A binary op on float tensors of storage type `F`, computed in `A`.
+#[cube(launch_unchecked)]
+pub fn binary_float<F: Float, A: Float>(
+    a: &Array<F>,
+    b: &Array<F>,
+    out: &mut Array<F>,
+    meta: &Array<u32>,
+    #[comptime] op: u32,
+    #[comptime] rank: u32,
+) {
+    let pos = linear_pos();
+    if pos < meta[0] {
+        let x = A::cast_from(a[strided_offset(meta, pos, rank, 0u32) as usize]);
+        let y = A::cast_from(b[strided_offset(meta, pos, rank, 1u32) as usize]);
+        out[pos as usize] = F::cast_from(float_binary::<A>(x, y, op));
+    }
+}
+
+// Comptime branches (`comptime!(op == …)`) stay apart from the runtime ones inside them.
+#[allow(clippy::collapsible_if, clippy::collapsible_else_if)]
+/// A binary op on integer tensors: wrapping add/sub/mul, division truncating toward
+/// zero (a zero divisor sets `flag` and writes 0), max/min.
+#[cube(launch_unchecked)]
+pub fn binary_int<I: Int>(
+    a: &Array<I>,
+    b: &Array<I>,
+    out: &mut Array<I>,
+    meta: &Array<u32>,
+    flag: &mut Array<u32>,
+    #[comptime] op: u32,
+    #[comptime] rank: u32,
+    #[comptime] signed: bool,
+) {
+    let pos = linear_pos();
+    if pos < meta[0] {
+        let x = a[strided_offset(meta, pos, rank, 0u32) as usize];
+        let y = b[strided_offset(meta, pos, rank, 1u32) as usize];
+        let zero = I::from_int(0);
+        let mut r = x;
+        if comptime!(op == binary::ADD) {
+            r = x + y;
+        } else if comptime!(op == binary::SUB) {
+            r = x - y;
+        } else if comptime!(op == binary::MUL) {
+            r = x * y;
+        } else if comptime!(op == binary::DIV) {
+            if y == zero {
+                flag[0] = FLAG_DIV_ZERO;
+                r = zero;
+            } else if comptime!(signed) {
+                // MIN / -1 overflows in hardware; it wraps to MIN, like -MIN.
+                if y == I::from_int(-1) {
+                    r = zero - x;
+                } else {
+                    r = x / y;
+                }
+            } else {
+                r = x / y;
+            }
+        } else if comptime!(op == binary::MAX) {
+            if y > x {
+                r = y;
+            }
+        } else if comptime!(op == binary::MIN) {
+            if y < x {
+                r = y;
+            }
+        }
+        out[pos as usize] = r;
+    }
+}
+
+#[cube]
+fn compare_values<T: Numeric>(a: T, b: T, #[comptime] op: u32) -> bool {
+    let mut r = false;
+    if comptime!(op == cmp::EQ) {
+        r = a == b;
+    } else if comptime!(op == cmp::NE) {
+        // Not `a != b`: WGSL compiles that to an ordered comparison, false for NaN.
+        r = !(a == b);
+    } else if comptime!(op == cmp::LT) {
+        r = a < b;
+    } else if comptime!(op == cmp::LE) {
+        r = a <= b;
+    } else if comptime!(op == cmp::GT) {
+        r = a > b;
+    } else if comptime!(op == cmp::GE) {
+        r = a >= b;
+    }
+    r
+}
+
+/// A comparison of two tensors of type `T` (compared in `C`, which is exact), written
+/// as u32 0/1.
+#[cube(launch_unchecked)]
+pub fn compare<T: Numeric, C: Numeric>(
+    a: &Array<T>,
+    b: &Array<T>,
+    out: &mut Array<u32>,
+    meta: &Array<u32>,
+    #[comptime] op: u32,
+    #[comptime] rank: u32,
+) {
+    let pos = linear_pos();
+    if pos < meta[0] {
+        let x = C::cast_from(a[strided_offset(meta, pos, rank, 0u32) as usize]);
+        let y = C::cast_from(b[strided_offset(meta, pos, rank, 1u32) as usize]);
+        out[pos as usize] = u32::cast_from(compare_values::<C>(x, y, op));
+    }
+}
+
+/// `cond ? a : b`, with the condition stored as u32.
+#[cube(launch_unchecked)]
+pub fn select<T: CubePrimitive>(
+    c: &Array<u32>,
+    a: &Array<T>,
+    b: &Array<T>,
+    out: &mut Array<T>,
+    meta: &Array<u32>,
+    #[comptime] rank: u32,
+) {
+    let pos = linear_pos();
+    if pos < meta[0] {
+        let cond = c[strided_offset(meta, pos, rank, 0u32) as usize];
+        if cond != 0 {
+            out[pos as usize] = a[strided_offset(meta, pos, rank, 1u32) as usize];
+        } else {
+            out[pos as usize] = b[strided_offset(meta, pos, rank, 2u32) as usize];
+        }
+    }
+}
+
+/// How a cast converts, chosen on the host from the two dtypes.
+pub mod cast_kind {
+    /// Same representation class: a plain conversion (float to float rounds to
+    /// nearest, integer to integer saturates as decided by the host's kind).
+    pub const CONVERT: u32 = 0;
+    /// Float to i32: truncate toward zero, saturate, NaN to 0 (Rust's `as`).
+    pub const FLOAT_TO_I32: u32 = 1;
+    /// Float to u32: truncate toward zero, saturate at 0 and u32::MAX, NaN to 0.
+    pub const FLOAT_TO_U32: u32 = 2;
+    /// Anything to bool: nonzero (NaN included) is 1.
+    pub const TO_BOOL: u32 = 3;
+    /// i32 to u32: negatives saturate to 0.
+    pub const I32_TO_U32: u32 = 4;
+    /// u32 to i32: values above i32::MAX saturate.
+    pub const U32_TO_I32: u32 = 5;
+}
+
+/// A dtype conversion from `I` to `O`, with Rust's saturating `as` semantics for
+/// float-to-integer and the integer ranges (values go through the reference's f64);
+/// float-to-integer range checks compare in `C` (f32 for half floats).
+#[cube(launch_unchecked)]
+pub fn convert<I: Numeric, C: Numeric, O: Numeric>(
+    x: &Array<I>,
+    out: &mut Array<O>,
+    meta: &Array<u32>,
+    #[comptime] kind: u32,
+    #[comptime] rank: u32,
+) {
+    let pos = linear_pos();
+    if pos < meta[0] {
+        let v = x[strided_offset(meta, pos, rank, 0u32) as usize];
+        let mut r = O::from_int(0);
+        if comptime!(kind == cast_kind::CONVERT) {
+            r = O::cast_from(v);
+        } else if comptime!(kind == cast_kind::TO_BOOL) {
+            // `!(v == 0)`, so that NaN is true (see `compare_values`).
+            r = O::cast_from(!(v == I::from_int(0)));
+        } else if comptime!(kind == cast_kind::FLOAT_TO_I32) {
+            // Compared in `C` (f32 for half floats, whose literal 2^31 would be an
+            // infinite constant, which CUDA C++ and WGSL cannot spell).
+            let v = C::cast_from(v);
+            #[allow(clippy::eq_op)]
+            let nan = !(v == v);
+            if nan {
+                r = O::from_int(0);
+            } else if v >= C::from_int(2147483648) {
+                r = O::cast_from(i32::MAX);
+            } else if v <= C::from_int(-2147483648) {
+                r = O::cast_from(i32::MIN);
+            } else {
+                r = O::cast_from(i32::cast_from(v));
+            }
+        } else if comptime!(kind == cast_kind::FLOAT_TO_U32) {
+            let v = C::cast_from(v);
+            #[allow(clippy::eq_op)]
+            let nan = !(v == v);
+            if nan || v <= C::from_int(0) {
+                r = O::from_int(0);
+            } else if v >= C::from_int(4294967296) {
+                r = O::cast_from(u32::MAX);
+            } else {
+                r = O::cast_from(u32::cast_from(v));
+            }
+        } else if comptime!(kind == cast_kind::I32_TO_U32) {
+            if v < I::from_int(0) {
+                r = O::from_int(0);
+            } else {
+                r = O::cast_from(v);
+            }
+        } else if comptime!(kind == cast_kind::U32_TO_I32) {
+            let u = u32::cast_from(v);
+            if u > 2147483647u32 {
+                r = O::cast_from(i32::MAX);
+            } else {
+                r = O::cast_from(u);
+            }
+        }
+        out[pos as usize] = r;
+    }
+}
+
+/// Copies a strided view into a strided destination (contiguous copies, concat parts,
+/// the interior of a pad): operand 0 describes the source, operand 1 the destination.
+#[cube(launch_unchecked)]
+pub fn copy<T: CubePrimitive>(
+    x: &Array<T>,
+    out: &mut Array<T>,
+    meta: &Array<u32>,
+    #[comptime] rank: u32,
+) {
+    let pos = linear_pos();
+    if pos < meta[0] {
+        let src = strided_offset(meta, pos, rank, 0u32);
+        let dst = strided_offset(meta, pos, rank, 1u32);
+        out[dst as usize] = x[src as usize];
+    }
+}
+
+/// Fills `n` elements with `value[0]` (the value is converted on the host, exactly as
+/// the reference converts it).
+#[cube(launch_unchecked)]
+pub fn fill<T: CubePrimitive>(value: &Array<T>, out: &mut Array<T>, n: u32) {
+    let pos = linear_pos();
+    if pos < n {
+        out[pos as usize] = value[0];
+    }
+}

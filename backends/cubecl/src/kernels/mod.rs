@@ -1,0 +1,11 @@
+//! The `#[cube]` kernels, one module per op family. Every kernel takes its inputs as
+//! strided views (offset, strides and dims in a small u32 metadata buffer) and writes a
+//! contiguous output; the op is comptime data, so CubeCL compiles one specialised
+//! kernel per op, dtype and rank and caches it.
+
+pub mod common;
+pub mod elementwise;
+pub mod index;
+pub mod matmul;
+pub mod reduce;
+pub mod window;

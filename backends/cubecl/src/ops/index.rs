@@ -1,0 +1,197 @@
+//! Launching gather and scatter-add.
+
+use super::elementwise::{arg, meta};
+use crate::device::{DeviceState, KilnRuntime};
+use crate::kernels::index as k;
+use crate::storage::{device_size, CubeStorage};
+use crate::strided::{grid, word, BLOCK};
+use crate::CubeBackend;
+use kiln_tensor::{DType, Error, HostData, Result, TensorMeta, View};
+use std::sync::Arc;
+
+type V<'a, R> = View<'a, CubeBackend<R>>;
+
+/// The message of an out-of-range index the kernel reported (its bits in `detail`).
+fn bad_index(op: &'static str, detail: u32, signed: bool, axis: usize, size: usize) -> Error {
+    let index = if signed {
+        (detail as i32) as i64
+    } else {
+        detail as i64
+    };
+    Error::invalid(
+        op,
+        format!("index {index} is out of range for axis {axis} of size {size}"),
+    )
+}
+
+/// The error flag as a kernel argument.
+fn flag_storage<R: KilnRuntime>(dev: &Arc<DeviceState<R>>) -> CubeStorage<R> {
+    CubeStorage {
+        handle: dev.new_flag(),
+        dtype: DType::U32,
+        len: 2,
+        device: dev.clone(),
+    }
+}
+
+/// `torch.gather` along `axis`.
+pub fn gather<R: KilnRuntime>(
+    dev: &Arc<DeviceState<R>>,
+    data: V<'_, R>,
+    index: V<'_, R>,
+    axis: usize,
+    out: &TensorMeta,
+) -> Result<CubeStorage<R>> {
+    let n: usize = out.dims.iter().product();
+    let result = dev.alloc("gather", out.dtype, n)?;
+    if n == 0 {
+        return Ok(result);
+    }
+    let rank = out.dims.len();
+    let mut w = vec![word(n)?];
+    for &d in &out.dims {
+        w.push(word(d)?);
+    }
+    w.push(word(data.layout.dims()[axis])?);
+    w.push(word(data.layout.offset())?);
+    for &s in data.layout.strides() {
+        w.push(word(s)?);
+    }
+    w.push(word(index.layout.offset())?);
+    for &s in index.layout.strides() {
+        w.push(word(s)?);
+    }
+    let m = meta(dev, &w);
+    let zero = dev.upload(&HostData::from_f64_slice(out.dtype, &[0.0]))?;
+    let flags = flag_storage(dev);
+    let (count, dim) = grid(n, BLOCK);
+    let (r, a) = (rank as u32, axis as u32);
+    let c = &dev.client;
+    macro_rules! go {
+        ($T:ty, $I:ty) => {
+            unsafe {
+                k::gather::launch_unchecked::<$T, $I, R>(
+                    c,
+                    count,
+                    dim,
+                    arg(data.storage),
+                    arg(index.storage),
+                    arg(&result),
+                    arg(&m),
+                    arg(&flags),
+                    arg(&zero),
+                    r,
+                    a,
+                )
+            }
+        };
+    }
+    let signed = index.storage.dtype == DType::I32;
+    match (device_size(out.dtype), signed) {
+        (8, true) => go!(u64, i32),
+        (8, false) => go!(u64, u32),
+        (2, true) => go!(u16, i32),
+        (2, false) => go!(u16, u32),
+        (_, true) => go!(u32, i32),
+        (_, false) => go!(u32, u32),
+    }
+    if let Some((_, detail)) = dev.read_flag(flags.handle)? {
+        return Err(bad_index(
+            "gather",
+            detail,
+            signed,
+            axis,
+            data.layout.dims()[axis],
+        ));
+    }
+    Ok(result)
+}
+
+/// Zeros of `out`'s dims with `src` added at `index` along `axis`.
+pub fn scatter_add<R: KilnRuntime>(
+    dev: &Arc<DeviceState<R>>,
+    index: V<'_, R>,
+    src: V<'_, R>,
+    axis: usize,
+    out: &TensorMeta,
+) -> Result<CubeStorage<R>> {
+    let n: usize = out.dims.iter().product();
+    let result = dev.alloc("scatter_add", out.dtype, n)?;
+    if n == 0 {
+        if src.layout.numel() > 0 {
+            // Every index points into an axis of size 0.
+            return Err(Error::invalid(
+                "scatter_add",
+                format!("indices cannot address axis {axis} of size 0"),
+            ));
+        }
+        return Ok(result);
+    }
+    let rank = out.dims.len();
+    let mut w = vec![word(n)?];
+    for &d in out.dims.iter().chain(src.layout.dims().iter()) {
+        w.push(word(d)?);
+    }
+    w.push(word(index.layout.offset())?);
+    for &s in index.layout.strides() {
+        w.push(word(s)?);
+    }
+    w.push(word(src.layout.offset())?);
+    for &s in src.layout.strides() {
+        w.push(word(s)?);
+    }
+    let m = meta(dev, &w);
+    let flags = flag_storage(dev);
+    let (count, dim) = grid(n, BLOCK);
+    let (r, a) = (rank as u32, axis as u32);
+    let c = &dev.client;
+    macro_rules! go {
+        ($T:ty, $A:ty, $I:ty) => {
+            unsafe {
+                k::scatter_add::launch_unchecked::<$T, $A, $I, R>(
+                    c,
+                    count,
+                    dim,
+                    arg(index.storage),
+                    arg(src.storage),
+                    arg(&result),
+                    arg(&m),
+                    arg(&flags),
+                    r,
+                    a,
+                )
+            }
+        };
+    }
+    macro_rules! by_index {
+        ($T:ty, $A:ty) => {
+            if index.storage.dtype == DType::I32 {
+                go!($T, $A, i32)
+            } else {
+                go!($T, $A, u32)
+            }
+        };
+    }
+    match out.dtype {
+        DType::F32 => by_index!(f32, f32),
+        DType::F64 => by_index!(f64, f64),
+        DType::F16 => by_index!(half::f16, f32),
+        DType::BF16 => by_index!(half::bf16, f32),
+        DType::I32 => by_index!(i32, i32),
+        DType::U32 => by_index!(u32, u32),
+        DType::Bool => {
+            return Err(Error::dtype("scatter_add", "does not accept bool"));
+        }
+    }
+    if let Some((_, detail)) = dev.read_flag(flags.handle)? {
+        let signed = index.storage.dtype == DType::I32;
+        return Err(bad_index(
+            "scatter_add",
+            detail,
+            signed,
+            axis,
+            out.dims[axis],
+        ));
+    }
+    Ok(result)
+}

@@ -1,0 +1,164 @@
+//! The host side of every op: the dispatch from the op table to kernel launches, and
+//! the ops built from the generic copy and fill kernels (contiguous, concat, pad,
+//! full) or from the host (rand).
+
+pub mod elementwise;
+pub mod index;
+pub mod matmul;
+pub mod reduce;
+pub mod window;
+
+use crate::device::{CubeDevice, DeviceState, KilnRuntime};
+use crate::storage::CubeStorage;
+use crate::strided::Operand;
+use crate::CubeBackend;
+use kiln_tensor::{rng, DType, Error, HostData, Op, RandDist, Result, TensorMeta, View};
+use std::sync::Arc;
+
+type V<'a, R> = View<'a, CubeBackend<R>>;
+
+/// Runs one primitive op (the `Backend::execute` contract).
+pub fn execute<R: KilnRuntime>(
+    device: &CubeDevice<R>,
+    op: &Op,
+    inputs: &[V<'_, R>],
+    out: &TensorMeta,
+) -> Result<CubeStorage<R>> {
+    let dev = &device.state;
+    let dims = &out.dims[..];
+    for v in inputs {
+        dev.check_dtype(op.name(), v.storage.dtype)?;
+    }
+    match op {
+        Op::Unary(u) => elementwise::unary(dev, *u, inputs[0], dims),
+        Op::Binary(b) => elementwise::binary(dev, *b, inputs[0], inputs[1], dims),
+        Op::Compare(c) => elementwise::compare(dev, *c, inputs[0], inputs[1], dims),
+        Op::Where => elementwise::select(dev, inputs[0], inputs[1], inputs[2], dims),
+        Op::Cast { dtype } => elementwise::cast(dev, inputs[0], *dtype, dims),
+        Op::Reduce { op: r, axes } => reduce::reduce(dev, *r, inputs[0], axes, out),
+        Op::Concat { axis } => concat(dev, inputs, *axis, out),
+        Op::Pad {
+            axis,
+            before,
+            value,
+            ..
+        } => pad(dev, inputs[0], *axis, *before, *value, out),
+        Op::MatMul => match R::vendor_matmul(device, inputs[0], inputs[1], out) {
+            Some(r) => r,
+            None => matmul::matmul(dev, inputs[0], inputs[1], out),
+        },
+        Op::Gather { axis } => index::gather(dev, inputs[0], inputs[1], *axis, out),
+        Op::ScatterAdd { axis, .. } => index::scatter_add(dev, inputs[0], inputs[1], *axis, out),
+        Op::Unfold2d(w) => window::unfold2d(dev, inputs[0], w, out),
+        Op::Fold2d { window: w, .. } => window::fold2d(dev, inputs[0], w, out),
+        Op::Full { value, dtype, .. } => {
+            let n: usize = dims.iter().product();
+            let s = dev.alloc("full", *dtype, n)?;
+            elementwise::fill(dev, &s, &HostData::from_f64_slice(*dtype, &[*value]))?;
+            Ok(s)
+        }
+        Op::Rand {
+            dist, seed, dtype, ..
+        } => rand(dev, dims.iter().product(), *dist, *seed, *dtype),
+        Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. } => {
+            Err(Error::invalid(
+                op.name(),
+                "views are layout changes and never reach a backend",
+            ))
+        }
+    }
+}
+
+/// A contiguous copy of a view.
+pub fn contiguous<R: KilnRuntime>(
+    dev: &Arc<DeviceState<R>>,
+    x: V<'_, R>,
+) -> Result<CubeStorage<R>> {
+    let dims = x.layout.dims().to_vec();
+    let out = dev.alloc("contiguous", x.storage.dtype, x.layout.numel())?;
+    elementwise::copy_into(dev, x.storage, &Operand::of(&x.layout), out, &dims)
+}
+
+/// Inputs joined along `axis`: each copied into its slab of the result.
+fn concat<R: KilnRuntime>(
+    dev: &Arc<DeviceState<R>>,
+    inputs: &[V<'_, R>],
+    axis: usize,
+    out: &TensorMeta,
+) -> Result<CubeStorage<R>> {
+    let n: usize = out.dims.iter().product();
+    let result = dev.alloc("concat", out.dtype, n)?;
+    let full = Operand::contiguous(&out.dims, 0);
+    let mut start = 0;
+    for x in inputs {
+        let dims = x.layout.dims().to_vec();
+        let dst = Operand {
+            offset: start * full.strides[axis],
+            strides: full.strides.clone(),
+        };
+        elementwise::copy_strided(
+            dev,
+            x.storage,
+            &Operand::of(&x.layout),
+            &result,
+            &dst,
+            &dims,
+        )?;
+        start += dims[axis];
+    }
+    Ok(result)
+}
+
+/// `value` everywhere, then the input copied into the interior.
+fn pad<R: KilnRuntime>(
+    dev: &Arc<DeviceState<R>>,
+    x: V<'_, R>,
+    axis: usize,
+    before: usize,
+    value: f64,
+    out: &TensorMeta,
+) -> Result<CubeStorage<R>> {
+    let n: usize = out.dims.iter().product();
+    let result = dev.alloc("pad", out.dtype, n)?;
+    elementwise::fill(dev, &result, &HostData::from_f64_slice(out.dtype, &[value]))?;
+    let full = Operand::contiguous(&out.dims, 0);
+    let dst = Operand {
+        offset: before * full.strides[axis],
+        strides: full.strides.clone(),
+    };
+    let dims = x.layout.dims().to_vec();
+    elementwise::copy_strided(
+        dev,
+        x.storage,
+        &Operand::of(&x.layout),
+        &result,
+        &dst,
+        &dims,
+    )?;
+    Ok(result)
+}
+
+/// Seeded draws, computed on the host by `kiln_tensor::rng` and uploaded (see the crate
+/// docs: its f64 mapping cannot be reproduced bit for bit without f64 on the device).
+fn rand<R: KilnRuntime>(
+    dev: &Arc<DeviceState<R>>,
+    n: usize,
+    dist: RandDist,
+    seed: u64,
+    dtype: DType,
+) -> Result<CubeStorage<R>> {
+    dev.check_dtype("rand", dtype)?;
+    if n > u32::MAX as usize {
+        return Err(Error::invalid(
+            "rand",
+            format!("{n} values exceed the generator's 2^32 counter"),
+        ));
+    }
+    let values: Vec<f64> = (0..n as u32)
+        .map(|i| match dist {
+            RandDist::Uniform { low, high } => rng::uniform(seed, i, low, high),
+            RandDist::Normal { mean, std } => mean + std * rng::standard_normal(seed, i),
+        })
+        .collect();
+    dev.upload(&HostData::from_f64_slice(dtype, &values))
+}

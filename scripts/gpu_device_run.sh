@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist>
+#
+# .device-bin holds what the run carries: gpu_bench.xz (the stripped example
+# `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
+# bench_gpu.py (scripts/), this script, and gl/*.deb (libvulkan1 and the glvnd
+# libraries, `apt-get download`ed, as the device README says). CUDA 13 headers come
+# from the machine's /usr/local/cuda, NVRTC and cuBLASLt from PyTorch's nvidia/cu13.
+set -u
+B=.device-bin
+W=${1:-all}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+[ -x $B/gpu_bench ] || python3 -c "import lzma,shutil;shutil.copyfileobj(lzma.open('$B/gpu_bench.xz'),open('$B/gpu_bench','wb'))" && chmod +x $B/gpu_bench
+for f in $B/gl/*.deb; do dpkg -x $f /; done; ldconfig
+ls /usr/share/vulkan/icd.d/ /etc/vulkan/icd.d/ 2>/dev/null | grep -qi nvidia || export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+SP=$(python3 -c "import site; print(site.getsitepackages()[0])")
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:$SP/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}
+for d in /usr/local/cuda /usr/local/cuda-13.0 $SP/nvidia/cu13; do
+  if [ -f $d/include/cuda_runtime.h ]; then export CUDA_PATH=$d; break; fi
+done
+echo "CUDA_PATH=${CUDA_PATH:-none} cccl: $(ls -d ${CUDA_PATH:-/x}/include/cccl 2>&1)"
+nvidia-smi -L; date -u
+run() { echo "== $*"; timeout "$@" 2>&1 | grep -v XDG_RUNTIME; }
+case $W in
+  second)
+    run 100 $B/gpu_bench --backend wgpu --workloads w4,w2,w1,ops --reps 10
+    run 150 $B/gpu_bench --backend wgpu --workloads conformance
+    run 150 $B/gpu_bench --backend cuda --workloads conformance
+    run 60 $B/gpu_bench --backend cuda --workloads w4 --reps 20
+    run 60 python3 $B/bench_gpu.py --reps 20 ;;
+  cuda|all)
+    run 240 $B/gpu_bench --backend cuda --workloads conformance
+    run 120 $B/gpu_bench --backend cuda --workloads w4,w2,w1,ops --reps 20 ;;&
+  torch|all)
+    run 150 python3 $B/bench_gpu.py --reps 20 --compile ;;&
+  mnist|all)
+    run 150 $B/gpu_bench --backend cuda --workloads mnist --epochs 5 --data models/data/mnist ;;&
+  wgpu|all)
+    run 100 $B/gpu_bench --backend wgpu --workloads w4,w2,w1,ops --reps 10
+    run 120 $B/gpu_bench --backend wgpu --workloads conformance ;;
+esac
+date -u
