@@ -101,6 +101,11 @@ fn check(
     let want = build(&mut eager, tensors.clone(), steps)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
 
+    let scale = want
+        .iter()
+        .flat_map(|t| t.to_vec::<f32>().unwrap())
+        .filter(|v| v.is_finite())
+        .fold(0f32, |m, v| m.max(v.abs()));
     let mut g = Graph::<SDim>::new();
     let leaves: Vec<usize> = shapes
         .iter()
@@ -123,8 +128,10 @@ fn check(
             let (g, w) = (g.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
             prop_assert_eq!(g.len(), w.len());
             for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-                let same =
-                    a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+                // Sums may add in another order than the eager kernels: their rounding
+                // scales with the largest value in the graph, not with the result.
+                let tol = 1e-5 * (1.0 + b.abs().max(scale));
+                let same = a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol;
                 prop_assert!(
                     same,
                     "run {}: element {} is {} fused, {} unfused ({:?})",
@@ -141,7 +148,13 @@ fn check(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+    // A fixed seed keeps CI deterministic; change it (or the case count) to explore.
+    #![proptest_config(ProptestConfig {
+        cases: 96,
+        failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x6b69_6c6e),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn plans_run_like_eager_ops(
