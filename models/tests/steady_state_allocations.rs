@@ -53,15 +53,26 @@ fn a_steady_state_training_step_allocates_nothing() -> Result<()> {
     let x = Tensor::<Cpu, Rank2<64, 784>>::normal(0.0, 1.0, 5, &dev)?;
     let y =
         Tensor::<Cpu, (Const<64>,), i32>::from_vec((0..64).map(|i| i % 10).collect(), &[64], &dev)?;
-    let mut step = || -> Result<()> {
-        rayon::scope(|_| {
-            let (_, grads) = model.loss_and_grad(&x, &y)?;
-            opt.step(&mut model, &grads)
-        })
+    let step = |model: &mut Mlp<Cpu>, opt: &mut Sgd<Cpu>| -> Result<()> {
+        let (_, grads) = model.loss_and_grad(&x, &y)?;
+        opt.step(model, &grads)
     };
-    // Warm-up: every pool thread has by now run each kind of task and grown its
-    // per-thread scratch (which thread runs what is up to rayon's scheduling).
-    for _ in 0..10 {
+    // Warm-up on every pool thread in turn (`broadcast`), so that whichever thread
+    // runs the measured steps has grown its per-thread scratch (GEMM panels, fused
+    // kernel staging) before.
+    let shared = std::sync::Mutex::new((&mut model, &mut opt));
+    for _ in 0..4 {
+        for r in rayon::broadcast(|_| {
+            let mut guard = shared.lock().unwrap();
+            let (m, o) = &mut *guard;
+            step(m, o)
+        }) {
+            r?;
+        }
+    }
+    let (model, opt) = shared.into_inner().unwrap();
+    let mut step = || -> Result<()> { rayon::scope(|_| step(model, opt)) };
+    for _ in 0..4 {
         step()?;
     }
     let (a0, b0) = (

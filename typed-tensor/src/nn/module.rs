@@ -69,16 +69,16 @@ pub fn join(prefix: &str, name: &str) -> String {
     }
 }
 
-thread_local! {
-    /// Spare name buffers for `with_name` (one per nesting level in use).
-    static NAMES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
-}
+/// Spare name buffers for `with_name` (one per nesting level in use). Shared by all
+/// threads, so a step that runs on a thread for the first time still allocates nothing.
+static NAMES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 /// Calls `f` with `join(prefix, name)` built in a reused buffer, so that walking a
 /// model's parameters every training step allocates nothing once warm.
 pub fn with_name<R>(prefix: &str, name: impl std::fmt::Display, f: impl FnOnce(&str) -> R) -> R {
     use std::fmt::Write;
-    let mut buf = NAMES.with(|n| n.borrow_mut().pop()).unwrap_or_default();
+    let spare = NAMES.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    let mut buf = spare.unwrap_or_default();
     buf.clear();
     if !prefix.is_empty() {
         buf.push_str(prefix);
@@ -86,7 +86,7 @@ pub fn with_name<R>(prefix: &str, name: impl std::fmt::Display, f: impl FnOnce(&
     }
     let _ = write!(buf, "{name}");
     let r = f(&buf);
-    NAMES.with(|n| n.borrow_mut().push(buf));
+    NAMES.lock().unwrap_or_else(|e| e.into_inner()).push(buf);
     r
 }
 

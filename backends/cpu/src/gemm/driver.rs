@@ -273,15 +273,23 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
                             let ct = unsafe { c.at(ic + q * mr, jc) };
                             panel_row(spec, rows, nc, kc, ap, &bblock, ct, load_c);
                         };
-                        let mut deferred = Vec::new();
+                        // Panels another task is packing right now, for later: on the
+                        // stack (whether any are busy depends on timing, and a steady-state
+                        // step must not allocate), spilling to the heap past 32.
+                        let (mut deferred, mut n_deferred) = ([0usize; 32], 0);
+                        let mut spilled = Vec::new();
                         for s in 0..q1 - q0 {
                             let q = q0 + (start + s) % (q1 - q0);
                             match apack.try_get(q, pack_a) {
                                 Some(ap) => row_of_tiles(q, ap),
-                                None => deferred.push(q),
+                                None if n_deferred < deferred.len() => {
+                                    deferred[n_deferred] = q;
+                                    n_deferred += 1;
+                                }
+                                None => spilled.push(q),
                             }
                         }
-                        for q in deferred {
+                        for &q in deferred[..n_deferred].iter().chain(&spilled) {
                             match apack.try_get(q, pack_a) {
                                 Some(ap) => row_of_tiles(q, ap),
                                 None => {
