@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
+# fused_test.xz (the stripped `cargo test -p kiln-cubecl --features wgpu,cuda --test fused
+# --no-run` binary: the fused-kernel tests on CUDA and Vulkan),
 # bench_gpu.py (scripts/), this script, and gl/*.deb (libvulkan1 and the glvnd
 # libraries, `apt-get download`ed, as the device README says). CUDA 13 headers come
 # from the machine's /usr/local/cuda, NVRTC and cuBLASLt from PyTorch's nvidia/cu13.
@@ -13,7 +15,9 @@ W=${1:-all}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
-[ -x $B/gpu_bench ] || python3 -c "import lzma,shutil;shutil.copyfileobj(lzma.open('$B/gpu_bench.xz'),open('$B/gpu_bench','wb'))" && chmod +x $B/gpu_bench
+for x in $B/*.xz; do
+  [ -x ${x%.xz} ] || python3 -c "import lzma,shutil;shutil.copyfileobj(lzma.open('$x'),open('${x%.xz}','wb'))" && chmod +x ${x%.xz}
+done
 for f in $B/gl/*.deb; do dpkg -x $f /; done; ldconfig
 ls /usr/share/vulkan/icd.d/ /etc/vulkan/icd.d/ 2>/dev/null | grep -qi nvidia || export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 SP=$(python3 -c "import site; print(site.getsitepackages()[0])")
@@ -31,6 +35,8 @@ case $W in
     run 150 $B/gpu_bench --backend cuda --workloads conformance
     run 60 $B/gpu_bench --backend cuda --workloads w4 --reps 20
     run 60 python3 $B/bench_gpu.py --reps 20 ;;
+  fused|all)
+    [ -x $B/fused_test ] && run 200 $B/fused_test --test-threads 1 ;;&
   cuda|all)
     run 240 $B/gpu_bench --backend cuda --workloads conformance
     run 120 $B/gpu_bench --backend cuda --workloads w4,w2,w1,ops --reps 20 ;;&

@@ -4,6 +4,7 @@
 //! the binaries `kiln-train` (the README's main job) and `kiln-bench` (the workloads of
 //! DESIGN.md, one parseable line per figure).
 
+pub mod chain;
 pub mod classify;
 pub mod data;
 pub mod dynamic;

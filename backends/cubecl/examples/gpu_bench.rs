@@ -11,6 +11,7 @@
     allow(dead_code, unused_imports, unused_variables)
 )]
 
+use kiln_models::chain::Chain;
 use kiln_models::classify::{accuracy, fit};
 use kiln_models::data::{ImageDataset, MNIST_NORM};
 use kiln_models::mlp::Mlp;
@@ -122,23 +123,34 @@ fn w2<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
         let h = x.mul_scalar(1.5)?.add_scalar(0.5)?.relu()?;
         h.mul(&x.sigmoid()?)
     };
-    // Correctness first (a skipped launch would time as infinitely fast).
-    let got = chain()?.to_vec::<f32>()?;
     let hx = x.to_vec::<f32>()?;
-    let mut worst = 0f32;
-    for i in (0..n).step_by(4099) {
-        let v = hx[i];
-        let want = (v * 1.5 + 0.5).max(0.0) * (1.0 / (1.0 + (-v).exp()));
-        worst = worst.max((got[i] - want).abs() / want.abs().max(1e-3));
-    }
-    if worst > 1e-4 {
-        return Err(kiln_tensor::Error::Device(format!(
-            "W2 chain wrong: relative error {worst}"
-        )));
-    }
+    // Correctness first (a skipped launch would time as infinitely fast).
+    let check = |got: Vec<f32>| -> Result<f32> {
+        let mut worst = 0f32;
+        for i in (0..n).step_by(4099) {
+            let v = hx[i];
+            let want = (v * 1.5 + 0.5).max(0.0) * (1.0 / (1.0 + (-v).exp()));
+            worst = worst.max((got[i] - want).abs() / want.abs().max(1e-3));
+        }
+        if worst > 1e-4 {
+            return Err(kiln_tensor::Error::Device(format!(
+                "W2 chain wrong: relative error {worst}"
+            )));
+        }
+        Ok(worst)
+    };
+    let worst = check(chain()?.to_vec::<f32>()?)?;
     let ms = time_ms::<B>(dev, reps, || chain().map(|_| ()))?;
+    // Counted as one read and one write of f32 per element, whatever the kernels do.
     let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
     println!("bench=W2 impl=kiln backend={name} variant=unfused n={n} ms={ms:.3} gbps={gbps:.1} max_rel_err={worst:.1e}");
+    // The same chain as a `#[model]`: one fused kernel planned at build time.
+    let model = Chain::<B>::init(dev, 0)?;
+    let typed = Tensor::<B, (Const<{ 1usize << 26 }>,)>::from_raw(x.clone())?;
+    let worst = check(model.forward(&typed)?.raw().to_vec::<f32>()?)?;
+    let ms = time_ms::<B>(dev, reps, || model.forward(&typed).map(|_| ()))?;
+    let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
+    println!("bench=W2 impl=kiln backend={name} variant=fused n={n} ms={ms:.3} gbps={gbps:.1} max_rel_err={worst:.1e}");
     Ok(())
 }
 
@@ -152,11 +164,17 @@ fn w1_batch<B: Backend, const BS: usize>(dev: &B::Device, name: &str, reps: usiz
     let x = Tensor::<B, Rank2<BS, 784>>::normal(0.0, 1.0, 5, dev)?;
     let labels: Vec<i32> = (0..BS as i32).map(|i| i % 10).collect();
     let y = Tensor::<B, (Const<BS>,), i32>::from_vec(labels, &[BS], dev)?;
-    let ms = time_ms::<B>(dev, reps, || {
-        let (_, grads) = model.loss_and_grad(&x, &y)?;
-        opt.step(&mut model, &grads)
-    })?;
-    println!("bench=W1 impl=kiln backend={name} variant=static task=train batch={BS} ms={ms:.3}");
+    for fused in [true, false] {
+        model.set_fused(fused);
+        let ms = time_ms::<B>(dev, reps, || {
+            let (_, grads) = model.loss_and_grad(&x, &y)?;
+            opt.step(&mut model, &grads)
+        })?;
+        let variant = if fused { "static" } else { "static-unfused" };
+        println!(
+            "bench=W1 impl=kiln backend={name} variant={variant} task=train batch={BS} ms={ms:.3}"
+        );
+    }
     Ok(())
 }
 

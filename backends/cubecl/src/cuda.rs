@@ -7,14 +7,13 @@
 //! CUDA headers at run time, so `CUDA_PATH` must name an install with `include/` (and
 //! `include/cccl`).
 //!
-//! cuBLASLt runs on a stream of its own: CubeCL 0.10 does not expose the stream its
-//! kernels run on. Before a product the CubeCL stream is synchronised (the inputs are
-//! ready); afterwards the product's buffers are kept alive and the next CubeCL
-//! operation waits for the cuBLASLt stream ([`KilnRuntime::fence`]), so back-to-back
-//! products queue without a host round trip and no buffer is reused while a product
-//! still reads it.
+//! cuBLASLt queues its products on the CUDA stream CubeCL's kernels run on (CubeCL 0.10
+//! keeps that stream private; Kiln's patched cubecl-cuda, vendor/README.md, hands it
+//! out with a buffer's resource), so a product is ordered after the kernels that wrote
+//! its inputs and before those that read its result, with no host synchronisation, and
+//! buffers freed afterwards are reused in stream order.
 
-use crate::device::{CubeDevice, DeviceState, KilnRuntime, Opened};
+use crate::device::{CubeDevice, KilnRuntime, Opened};
 use crate::storage::{device_size, CubeStorage};
 use crate::strided::{coalesce, Operand};
 use crate::CubeBackend;
@@ -53,10 +52,9 @@ pub fn allow_tf32() -> bool {
 struct Blas {
     ctx: dsys::CUcontext,
     handle: ltsys::cublasLtHandle_t,
-    stream: dsys::CUstream,
     workspace: dsys::CUdeviceptr,
-    /// Buffers of products queued on `stream` and not yet waited for.
-    pending: Vec<Handle>,
+    /// The stream of the last product: the workspace is in use in its order.
+    workspace_stream: dsys::CUstream,
     /// The fastest algorithm per problem, from cuBLASLt's heuristic.
     algos: HashMap<String, ltsys::cublasLtMatmulAlgo_t>,
 }
@@ -102,16 +100,13 @@ impl Blas {
                 .map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e))?;
             drv::ctx::set_current(ctx).map_err(|e| driver_error("cuCtxSetCurrent", e))?;
             let handle = lt::create_handle().map_err(|e| blas_error("cublasLtCreate", e))?;
-            let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
-                .map_err(|e| driver_error("cuStreamCreate", e))?;
             let workspace =
                 drv::malloc_sync(WORKSPACE).map_err(|e| driver_error("cuMemAlloc", e))?;
             Ok(Blas {
                 ctx,
                 handle,
-                stream,
                 workspace,
-                pending: Vec::new(),
+                workspace_stream: std::ptr::null_mut(),
                 algos: HashMap::new(),
             })
         })
@@ -121,14 +116,14 @@ impl Blas {
         unsafe { drv::ctx::set_current(self.ctx) }.map_err(|e| driver_error("cuCtxSetCurrent", e))
     }
 
-    fn wait(&mut self) -> Result<()> {
-        if self.pending.is_empty() {
-            return Ok(());
+    /// Makes the workspace safe to use on `stream`: products queued on another stream
+    /// (another thread's CubeCL stream) may still use it, so that stream is waited for.
+    fn claim_workspace(&mut self, stream: dsys::CUstream) -> Result<()> {
+        if !self.workspace_stream.is_null() && self.workspace_stream != stream {
+            unsafe { drv::stream::synchronize(self.workspace_stream) }
+                .map_err(|e| driver_error("cuStreamSynchronize (cuBLASLt workspace)", e))?;
         }
-        self.make_current()?;
-        unsafe { drv::stream::synchronize(self.stream) }
-            .map_err(|e| driver_error("cuStreamSynchronize (cuBLASLt)", e))?;
-        self.pending.clear();
+        self.workspace_stream = stream;
         Ok(())
     }
 }
@@ -172,7 +167,7 @@ fn as_lt(rows: usize, cols: usize, sr: usize, sc: usize, batch_stride: usize) ->
 
 /// The largest power of two (at most 256) dividing an address.
 fn alignment(ptr: u64) -> u32 {
-    (ptr.trailing_zeros().min(8)) as u32
+    ptr.trailing_zeros().min(8)
 }
 
 impl KilnRuntime for CudaRuntime {
@@ -223,14 +218,6 @@ impl KilnRuntime for CudaRuntime {
     fn registry() -> &'static Mutex<Vec<(usize, CubeDevice<Self>)>> {
         static DEVICES: Mutex<Vec<(usize, CubeDevice<CudaRuntime>)>> = Mutex::new(Vec::new());
         &DEVICES
-    }
-
-    fn fence(device: &DeviceState<Self>) -> Result<()> {
-        let mut blas = device.extra().blas.lock().expect("cuBLASLt lock");
-        match blas.as_mut() {
-            Some(b) => b.wait(),
-            None => Ok(()),
-        }
     }
 
     fn vendor_matmul(
@@ -320,26 +307,26 @@ fn lt_matmul(
             ))
         }
     };
-    let result = dev.alloc_unfenced("matmul", dtype, out.dims.iter().product())?;
+    let result = dev.alloc("matmul", dtype, out.dims.iter().product())?;
     let mut guard = dev.extra().blas.lock().expect("cuBLASLt lock");
     if guard.is_none() {
         *guard = Some(Blas::new(dev.extra().ordinal)?);
     }
     let blas = guard.as_mut().expect("made above");
-    // The inputs were written on CubeCL's stream.
-    cubecl::future::block_on(dev.client.sync())
-        .map_err(|e| crate::device::server_error(&dev.name, e))?;
     blas.make_current()?;
     let esize = device_size(dtype) as u64;
-    let ptr = |h: &Handle| -> Result<u64> {
+    // Asking CubeCL for a buffer's resource orders the buffer on the calling thread's
+    // stream (inputs written on another stream are waited for there, on the device).
+    let resource = |h: &Handle| -> Result<(u64, dsys::CUstream)> {
         dev.client
             .get_resource(h.clone())
-            .map(|r| r.resource().ptr)
+            .map(|r| (r.resource().ptr, r.resource().stream))
             .map_err(|e| crate::device::server_error(&dev.name, e))
     };
-    let pa = ptr(&a.storage.handle)? + a.layout.offset() as u64 * esize;
-    let pb = ptr(&b.storage.handle)? + b.layout.offset() as u64 * esize;
-    let pc = ptr(&result.handle)?;
+    let pa = resource(&a.storage.handle)?.0 + a.layout.offset() as u64 * esize;
+    let pb = resource(&b.storage.handle)?.0 + b.layout.offset() as u64 * esize;
+    let (pc, stream) = resource(&result.handle)?;
+    blas.claim_workspace(stream)?;
     let key = format!(
         "{dtype}{} {}x{}x{} {} {} {} {} {} {} {}",
         allow_tf32(),
@@ -454,7 +441,7 @@ fn lt_matmul(
             &algo,
             blas.workspace as *mut c_void,
             WORKSPACE,
-            blas.stream as ltsys::cudaStream_t,
+            stream as ltsys::cudaStream_t,
         );
         let _ = lt::destroy_matrix_layout(lx);
         let _ = lt::destroy_matrix_layout(ly);
@@ -462,10 +449,5 @@ fn lt_matmul(
         let _ = lt::destroy_matmul_desc(desc);
         status.map_err(|e| blas_error("cublasLtMatmul", e))?;
     }
-    blas.pending.extend([
-        a.storage.handle.clone(),
-        b.storage.handle.clone(),
-        result.handle.clone(),
-    ]);
     Ok(result)
 }

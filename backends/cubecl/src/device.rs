@@ -51,12 +51,6 @@ pub trait KilnRuntime: Runtime + Sized {
     ) -> Option<Result<CubeStorage<Self>>> {
         None
     }
-
-    /// Waits for work queued outside CubeCL (vendor libraries on their own stream)
-    /// before CubeCL touches memory again.
-    fn fence(_device: &DeviceState<Self>) -> Result<()> {
-        Ok(())
-    }
 }
 
 /// Codes kernels leave in the device error flag.
@@ -106,7 +100,6 @@ impl<R: KilnRuntime> DeviceState<R> {
     /// next, on any thread). The cost is one synchronisation per gather, scatter-add
     /// or integer division.
     pub(crate) fn read_flag(&self, flag: Handle) -> Result<Option<(u32, u32)>> {
-        R::fence(self)?;
         let bytes = self
             .client
             .read_one(flag)

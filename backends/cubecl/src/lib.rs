@@ -78,7 +78,8 @@ pub mod wgpu;
 pub use device::{CubeDevice, DeviceState, KilnRuntime};
 pub use storage::CubeStorage;
 
-use kiln_tensor::{Backend, DType, Error, HostData, Layout, Op, Result, TensorMeta, View};
+use kiln_tensor::fused::{FusedExpr, NativeFn};
+use kiln_tensor::{Backend, DType, Dims, Error, HostData, Layout, Op, Result, TensorMeta, View};
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -117,7 +118,7 @@ impl<R: KilnRuntime> fmt::Debug for CubeBackend<R> {
 }
 
 /// A layout must stay inside its buffer: a broken view is reported, never read.
-fn check_extent<R: KilnRuntime>(s: &CubeStorage<R>, l: &Layout) -> Result<()> {
+pub(crate) fn check_extent<R: KilnRuntime>(s: &CubeStorage<R>, l: &Layout) -> Result<()> {
     if l.storage_extent() > s.len {
         return Err(Error::invalid(
             "view",
@@ -172,7 +173,6 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
 
     fn synchronize(device: &CubeDevice<R>) -> Result<()> {
         let dev = &device.state;
-        R::fence(dev)?;
         cubecl::future::block_on(dev.client.sync()).map_err(|e| device::server_error(&dev.name, e))
     }
 
@@ -195,5 +195,22 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
             }
         }
         ops::execute(device, op, inputs, out)
+    }
+
+    fn alloc(device: &CubeDevice<R>, dtype: DType, len: usize) -> Result<CubeStorage<R>> {
+        device.state.alloc("alloc", dtype, len)
+    }
+
+    fn fused_elementwise(
+        device: &CubeDevice<R>,
+        expr: &FusedExpr,
+        native: Option<NativeFn>,
+        inputs: &[View<'_, Self>],
+        dims: &Dims,
+        outputs: &mut [&mut CubeStorage<R>],
+    ) -> Result<()> {
+        // The native loop is host code; the device runs the expression as one kernel.
+        let _ = native;
+        ops::fused::fused_elementwise(device, expr, inputs, dims, outputs)
     }
 }

@@ -203,18 +203,6 @@ impl<R: KilnRuntime> DeviceState<R> {
         dtype: DType,
         len: usize,
     ) -> Result<CubeStorage<R>> {
-        R::fence(self)?;
-        self.alloc_unfenced(op, dtype, len)
-    }
-
-    /// [`Self::alloc`] without waiting for work outside CubeCL (for that work itself,
-    /// which keeps the buffers it uses alive until it is waited for).
-    pub(crate) fn alloc_unfenced(
-        self: &Arc<Self>,
-        op: &str,
-        dtype: DType,
-        len: usize,
-    ) -> Result<CubeStorage<R>> {
         self.check_dtype(op, dtype)?;
         let bytes = (len * device_size(dtype)) as u64;
         self.check_size(op, bytes)?;
@@ -240,7 +228,6 @@ impl<R: KilnRuntime> DeviceState<R> {
         self.check_dtype("upload", dtype)?;
         let mut bytes = host_to_bytes(data);
         self.check_size("upload", bytes.len() as u64)?;
-        R::fence(self)?;
         if bytes.is_empty() {
             bytes = vec![0; 4];
         }
@@ -255,7 +242,6 @@ impl<R: KilnRuntime> DeviceState<R> {
 
     /// The values of a whole contiguous buffer, after every queued kernel finished.
     pub(crate) fn read(&self, s: &CubeStorage<R>) -> Result<HostData> {
-        R::fence(self)?;
         if s.len == 0 {
             return bytes_to_host(s.dtype, &[], 0);
         }

@@ -10,6 +10,7 @@ use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 use kiln::tensor::{DType, RandDist};
 use kiln::train::optim::{Optimizer, Sgd, SgdConfig};
+use kiln_models::chain::Chain;
 use kiln_models::dynamic::DynamicMlp;
 use kiln_models::mlp::Mlp;
 use std::time::Instant;
@@ -57,18 +58,6 @@ fn w4(reps: usize) -> Result<()> {
         "bench=W4 impl=kiln backend=cpu dtype=f32 shape={n}x{n}x{n} ms={ms:.3} gflops={gflops:.1}"
     );
     Ok(())
-}
-
-/// W2's chain as a `#[model]`: planned at build time into one fused kernel.
-#[model]
-pub struct Chain {}
-
-#[model]
-impl Chain {
-    /// relu(x·1.5 + 0.5) · sigmoid(x).
-    pub fn forward<const N: usize>(&self, x: Tensor<N>) -> Tensor<N> {
-        (x * 1.5 + 0.5).relu() * x.sigmoid()
-    }
 }
 
 fn w2(reps: usize) -> Result<()> {

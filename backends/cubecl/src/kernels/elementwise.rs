@@ -83,7 +83,7 @@ pub mod cmp {
 pub const FLAG_DIV_ZERO: u32 = 3;
 
 #[cube]
-fn float_unary<A: Float>(v: A, #[comptime] op: u32) -> A {
+pub(crate) fn float_unary<A: Float>(v: A, #[comptime] op: u32) -> A {
     let mut r = v;
     if comptime!(op == unary::NEG) {
         r = -v;
@@ -183,7 +183,7 @@ pub fn unary_int<I: Int>(
 // Comptime branches (`comptime!(op == …)`) stay apart from the runtime ones inside them.
 #[allow(clippy::collapsible_if, clippy::collapsible_else_if)]
 #[cube]
-fn float_binary<A: Float>(a: A, b: A, #[comptime] op: u32) -> A {
+pub(crate) fn float_binary<A: Float>(a: A, b: A, #[comptime] op: u32) -> A {
     let mut r = a;
     if comptime!(op == binary::ADD) {
         r = a + b;
@@ -281,7 +281,7 @@ pub fn binary_int<I: Int>(
 }
 
 #[cube]
-fn compare_values<T: Numeric>(a: T, b: T, #[comptime] op: u32) -> bool {
+pub(crate) fn compare_values<T: Numeric>(a: T, b: T, #[comptime] op: u32) -> bool {
     let mut r = false;
     if comptime!(op == cmp::EQ) {
         r = a == b;

@@ -5,6 +5,7 @@
 
 pub mod common;
 pub mod elementwise;
+pub mod fused;
 pub mod index;
 pub mod matmul;
 pub mod reduce;

@@ -3,6 +3,7 @@
 //! full) or from the host (rand).
 
 pub mod elementwise;
+pub mod fused;
 pub mod index;
 pub mod matmul;
 pub mod reduce;

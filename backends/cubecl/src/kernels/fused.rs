@@ -1,0 +1,285 @@
+//! The fused elementwise kernel: one generic `#[cube]` kernel that takes a fused
+//! expression (a build-time plan's elementwise group, prologue or epilogue) as comptime
+//! data and unrolls it into straight-line code over f32 registers. CubeCL keys its
+//! kernel cache on the comptime data, so each expression of a plan compiles once per
+//! device and is then only launched.
+//!
+//! Two variants: a vectorised one for the common case (every input contiguous from the
+//! start of its buffer or a single broadcast value, the element count a multiple of the
+//! vector size), which moves 16-byte vectors and needs no metadata buffer; and a strided
+//! one for broadcasts and views, which reads each input through the metadata of
+//! [`super::common::strided_offset`].
+
+use super::common::{linear_pos, strided_offset};
+use super::elementwise::{compare_values, float_binary, float_unary, unary};
+use cubecl::prelude::*;
+use kiln_tensor::fused::{ExprStep, FusedExpr};
+
+/// One step of a fused kernel, as hashable comptime data (operands index earlier steps).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Step {
+    /// Input `k`'s element.
+    Input(u32),
+    /// Output `k`'s current element (in-place updates).
+    Output(u32),
+    /// A finite constant, as its f32 bits.
+    Const(u32),
+    /// A non-finite constant (±∞, NaN), as its f32 bits: CUDA C++ and WGSL cannot
+    /// spell these as literals, so the kernel computes them from a run-time zero.
+    NonFinite(u32),
+    /// A unary op (its op-table code) of a step.
+    Unary(u32, u32),
+    /// A binary op of two steps.
+    Binary(u32, u32, u32),
+    /// A comparison of two steps, as 1.0 or 0.0.
+    Compare(u32, u32, u32),
+    /// `cond != 0 ? a : b`.
+    Select(u32, u32, u32),
+    /// 1.0 where the step is non-zero (NaN included), else 0.0.
+    ToBool(u32),
+}
+
+/// A fused expression as the kernel's comptime configuration.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct FusedConfig {
+    /// The program, in order.
+    pub steps: Vec<Step>,
+    /// For each output, the step it stores.
+    pub results: Vec<u32>,
+    /// Vectorised variant: for each input, whether it is one value broadcast to every
+    /// element (read from element 0) rather than a contiguous buffer.
+    pub broadcast: Vec<bool>,
+    /// Strided variant: the rank of the (coalesced) dims.
+    pub rank: u32,
+    /// Vectorised variant: vectors per unit.
+    pub per_unit: u32,
+}
+
+impl FusedConfig {
+    /// The configuration of `expr`; `broadcast`, `rank` and `per_unit` are the launch's.
+    pub fn new(expr: &FusedExpr, broadcast: Vec<bool>, rank: u32, per_unit: u32) -> Self {
+        let w = |i: usize| i as u32;
+        let steps = expr
+            .steps
+            .iter()
+            .map(|s| match *s {
+                ExprStep::Input(k) => Step::Input(w(k)),
+                ExprStep::Output(k) => Step::Output(w(k)),
+                ExprStep::Const(c) if c.is_finite() => Step::Const(c.to_bits()),
+                ExprStep::Const(c) => Step::NonFinite(c.to_bits()),
+                ExprStep::Unary(op, a) => Step::Unary(op as u32, w(a)),
+                ExprStep::Binary(op, a, b) => Step::Binary(op as u32, w(a), w(b)),
+                ExprStep::Compare(op, a, b) => Step::Compare(op as u32, w(a), w(b)),
+                ExprStep::Select(c, a, b) => Step::Select(w(c), w(a), w(b)),
+                ExprStep::ToBool(a) => Step::ToBool(w(a)),
+            })
+            .collect();
+        FusedConfig {
+            steps,
+            results: expr.results.iter().map(|&r| r as u32).collect(),
+            broadcast,
+            rank,
+            per_unit,
+        }
+    }
+}
+
+// `zero / zero` is NaN on purpose (see `Step::NonFinite`).
+#[allow(clippy::eq_op)]
+/// The value of one step, given the registers of the earlier steps; `input` and
+/// `output` are the step's operand when it reads one (the caller loads it).
+#[cube]
+fn eval_step(regs: &Sequence<f32>, input: f32, zero: f32, #[comptime] step: Step) -> f32 {
+    let mut r = input;
+    match step {
+        Step::Input(_) | Step::Output(_) => {}
+        Step::Const(bits) => {
+            r = f32::new(comptime!(f32::from_bits(bits)));
+        }
+        Step::NonFinite(bits) => {
+            let c = comptime!(f32::from_bits(bits));
+            if comptime!(c.is_nan()) {
+                r = zero / zero;
+            } else if comptime!(c > 0.0) {
+                r = 1.0 / zero;
+            } else {
+                r = -1.0 / zero;
+            }
+        }
+        Step::Unary(op, a) => {
+            let v = *regs.index(comptime!(a as usize));
+            if comptime!(op == unary::NOT) {
+                // Bools live in f32 registers: not(x) is 1.0 where x is 0.0.
+                r = f32::cast_from(v == 0.0);
+            } else {
+                r = float_unary::<f32>(v, op);
+            }
+        }
+        Step::Binary(op, a, b) => {
+            r = float_binary::<f32>(
+                *regs.index(comptime!(a as usize)),
+                *regs.index(comptime!(b as usize)),
+                op,
+            );
+        }
+        Step::Compare(op, a, b) => {
+            r = f32::cast_from(compare_values::<f32>(
+                *regs.index(comptime!(a as usize)),
+                *regs.index(comptime!(b as usize)),
+                op,
+            ));
+        }
+        Step::Select(c, a, b) => {
+            // `!(c == 0)`, so that a NaN condition selects `a`, as on the CPU.
+            if !(*regs.index(comptime!(c as usize)) == 0.0) {
+                r = *regs.index(comptime!(a as usize));
+            } else {
+                r = *regs.index(comptime!(b as usize));
+            }
+        }
+        Step::ToBool(a) => {
+            r = f32::cast_from(!(*regs.index(comptime!(a as usize)) == 0.0));
+        }
+    }
+    r
+}
+
+/// The fused kernel over contiguous inputs, `N` elements per vector and
+/// `config.per_unit` vectors per unit (spaced a grid apart, all loaded before any is
+/// stored, so that each unit keeps several loads in flight): `vectors` holds the
+/// contiguous inputs and `scalars` the broadcast ones (one value each), in input order;
+/// `units` is the element count in vectors, `zero` a run-time 0.0 (for non-finite
+/// constants).
+#[cube(launch_unchecked)]
+pub fn fused_vectorized<N: Size>(
+    vectors: &Sequence<Array<Vector<f32, N>>>,
+    scalars: &Sequence<Array<f32>>,
+    outputs: &mut Sequence<Array<Vector<f32, N>>>,
+    units: u32,
+    zero: f32,
+    #[comptime] config: FusedConfig,
+) {
+    let first = linear_pos();
+    let grid = CUBE_COUNT_X * CUBE_COUNT_Y * CUBE_DIM_X;
+    let inputs = comptime!(config.broadcast.len());
+    let outs = comptime!(config.results.len());
+    // Loads first: vector `j`'s input `k` at `j * inputs + k`, its output `o`'s current
+    // value at `j * outs + o`. Positions past the end read the last vector (never stored).
+    let mut loaded = Sequence::<Vector<f32, N>>::new();
+    let mut current = Sequence::<Vector<f32, N>>::new();
+    #[unroll]
+    for j in 0..config.per_unit {
+        let pos = min(first + j * grid, units - 1);
+        #[unroll]
+        for k in 0..inputs {
+            if comptime!(config.broadcast[k]) {
+                let src = scalars.index(comptime!(slot(&config.broadcast, k)));
+                loaded.push(Vector::<f32, N>::new(src[0]));
+            } else {
+                let src = vectors.index(comptime!(slot(&config.broadcast, k)));
+                loaded.push(src[pos as usize]);
+            }
+        }
+        #[unroll]
+        for o in 0..outs {
+            if comptime!(reads_output(&config.steps, o)) {
+                current.push(outputs.index(o)[pos as usize]);
+            } else {
+                current.push(Vector::<f32, N>::new(zero));
+            }
+        }
+    }
+    #[unroll]
+    for j in 0..config.per_unit {
+        // Lane-major results: lane `l`'s value of output `o` at `l * outs + o`.
+        let mut lane_results = Sequence::<f32>::new();
+        #[unroll]
+        for lane in 0..N::value() {
+            let mut regs = Sequence::<f32>::new();
+            #[unroll]
+            for i in 0..config.steps.len() {
+                let step = comptime!(config.steps[i]);
+                let mut operand = zero;
+                match step {
+                    Step::Input(k) => {
+                        operand = loaded.index(comptime!(j as usize * inputs + k as usize))[lane];
+                    }
+                    Step::Output(k) => {
+                        operand = current.index(comptime!(j as usize * outs + k as usize))[lane];
+                    }
+                    _ => {}
+                }
+                let v = eval_step(&regs, operand, zero, step);
+                regs.push(v);
+            }
+            #[unroll]
+            for o in 0..outs {
+                lane_results.push(*regs.index(comptime!(config.results[o] as usize)));
+            }
+        }
+        let pos = first + j * grid;
+        if pos < units {
+            #[unroll]
+            for o in 0..outs {
+                let mut line = Vector::<f32, N>::new(zero);
+                #[unroll]
+                for lane in 0..N::value() {
+                    line[lane] = *lane_results.index(comptime!(lane * outs + o));
+                }
+                let out = outputs.index_mut(o);
+                out[pos as usize] = line;
+            }
+        }
+    }
+}
+
+/// The fused kernel over strided inputs (metadata as in `strided_offset`, one operand
+/// per input; outputs are contiguous). `zero` is a run-time 0.0.
+#[cube(launch_unchecked)]
+pub fn fused_strided(
+    inputs: &Sequence<Array<f32>>,
+    outputs: &mut Sequence<Array<f32>>,
+    meta: &Array<u32>,
+    zero: f32,
+    #[comptime] config: FusedConfig,
+) {
+    let pos = linear_pos();
+    if pos < meta[0] {
+        let mut regs = Sequence::<f32>::new();
+        #[unroll]
+        for i in 0..config.steps.len() {
+            let step = comptime!(config.steps[i]);
+            let mut operand = zero;
+            match step {
+                Step::Input(k) => {
+                    let src = inputs.index(comptime!(k as usize));
+                    operand = src[strided_offset(meta, pos, config.rank, k) as usize];
+                }
+                Step::Output(k) => {
+                    operand = outputs.index(comptime!(k as usize))[pos as usize];
+                }
+                _ => {}
+            }
+            let v = eval_step(&regs, operand, zero, step);
+            regs.push(v);
+        }
+        #[unroll]
+        for o in 0..config.results.len() {
+            let out = outputs.index_mut(o);
+            out[pos as usize] = *regs.index(comptime!(config.results[o] as usize));
+        }
+    }
+}
+
+/// Whether a step reads output `o`'s current element.
+fn reads_output(steps: &[Step], o: usize) -> bool {
+    steps.contains(&Step::Output(o as u32))
+}
+
+/// Input `k`'s index among the inputs of its kind (broadcast or contiguous).
+fn slot(broadcast: &[bool], k: usize) -> usize {
+    broadcast[..k]
+        .iter()
+        .filter(|&&b| b == broadcast[k])
+        .count()
+}

@@ -1,0 +1,171 @@
+//! Launching the fused elementwise kernel (`Backend::fused_elementwise`): checks the
+//! operands, picks the vectorised or the strided variant, and launches one kernel for
+//! the whole expression.
+
+use crate::device::{CubeDevice, KilnRuntime};
+use crate::kernels::fused::{self as k, FusedConfig};
+use crate::ops::elementwise::{arg, meta};
+use crate::storage::CubeStorage;
+use crate::strided::{elementwise_meta, grid, word, Operand, BLOCK};
+use crate::CubeBackend;
+use cubecl::prelude::*;
+use kiln_tensor::fused::FusedExpr;
+use kiln_tensor::{DType, Dims, Error, Result, View};
+
+type V<'a, R> = View<'a, CubeBackend<R>>;
+
+/// Elements per unit of the vectorised variant: 16-byte loads and stores.
+const VECTOR: usize = 4;
+
+/// Runs `expr` over `dims` (the `Backend::fused_elementwise` contract).
+pub fn fused_elementwise<R: KilnRuntime>(
+    device: &CubeDevice<R>,
+    expr: &FusedExpr,
+    inputs: &[V<'_, R>],
+    dims: &Dims,
+    outputs: &mut [&mut CubeStorage<R>],
+) -> Result<()> {
+    let dev = &device.state;
+    let n: usize = dims.iter().product();
+    check_operands(device, expr, inputs, dims, outputs, n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let c = &dev.client;
+    let broadcast: Vec<bool> = inputs
+        .iter()
+        .map(|v| v.layout.strides().iter().all(|&s| s == 0))
+        .collect();
+    let vectorizable = n.is_multiple_of(VECTOR)
+        && inputs
+            .iter()
+            .zip(&broadcast)
+            .all(|(v, &b)| v.layout.offset() == 0 && (b || v.layout.is_contiguous()));
+    if vectorizable {
+        let units = n / VECTOR;
+        // Large launches give each unit several vectors (more loads in flight).
+        let per_unit = if units >= 1 << 20 { 4 } else { 1 };
+        let config = FusedConfig::new(expr, broadcast.clone(), 0, per_unit);
+        let mut vectors = SequenceArg::new();
+        let mut scalars = SequenceArg::new();
+        for (v, &b) in inputs.iter().zip(&broadcast) {
+            if b {
+                scalars.push(arg(v.storage));
+            } else {
+                vectors.push(vector_arg(v.storage));
+            }
+        }
+        let mut outs = SequenceArg::new();
+        for o in outputs.iter() {
+            outs.push(vector_arg(o));
+        }
+        let (count, dim) = grid(units.div_ceil(per_unit as usize), BLOCK);
+        // SAFETY: every vector array covers at least `units` vectors (inputs are
+        // contiguous with `n` elements from offset 0, outputs hold at least `n`), scalar
+        // inputs hold their element 0, and the kernel reads below `units` and stores
+        // only there.
+        unsafe {
+            k::fused_vectorized::launch_unchecked::<R>(
+                c,
+                count,
+                dim,
+                VECTOR,
+                vectors,
+                scalars,
+                outs,
+                word(units)?,
+                0.0,
+                config,
+            )
+        }
+        return Ok(());
+    }
+    let operands: Vec<Operand> = inputs.iter().map(|v| Operand::of(&v.layout)).collect();
+    let (rank, words) = elementwise_meta(dims, &operands)?;
+    let m = meta(dev, &words);
+    let config = FusedConfig::new(expr, Vec::new(), rank, 1);
+    let mut ins = SequenceArg::new();
+    for v in inputs {
+        ins.push(arg(v.storage));
+    }
+    let mut outs = SequenceArg::new();
+    for o in outputs.iter() {
+        outs.push(arg(o));
+    }
+    let (count, dim) = grid(n, BLOCK);
+    // SAFETY: every input's layout was checked against its buffer, every output holds
+    // at least `n` elements, and the kernel checks `pos < n`.
+    unsafe {
+        k::fused_strided::launch_unchecked::<R>(c, count, dim, ins, outs, arg(&m), 0.0, config)
+    }
+    Ok(())
+}
+
+/// A whole f32 buffer as an array of vectors (its length rounded down).
+fn vector_arg<R: KilnRuntime>(s: &CubeStorage<R>) -> ArrayArg<R> {
+    // SAFETY: the length in vectors never exceeds the buffer.
+    unsafe { ArrayArg::from_raw_parts(s.handle.clone(), (s.len / VECTOR).max(1)) }
+}
+
+/// Refuses operands that do not match the expression, the dims or the device.
+fn check_operands<R: KilnRuntime>(
+    device: &CubeDevice<R>,
+    expr: &FusedExpr,
+    inputs: &[V<'_, R>],
+    dims: &Dims,
+    outputs: &[&mut CubeStorage<R>],
+    n: usize,
+) -> Result<()> {
+    const OP: &str = "fused_elementwise";
+    if inputs.len() != expr.inputs || outputs.len() != expr.results.len() {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "the expression reads {} inputs and writes {} outputs, given {} and {}",
+                expr.inputs,
+                expr.results.len(),
+                inputs.len(),
+                outputs.len()
+            ),
+        ));
+    }
+    let same_device = |s: &CubeStorage<R>| std::sync::Arc::ptr_eq(&s.device, &device.state);
+    for (i, v) in inputs.iter().enumerate() {
+        if v.storage.dtype != DType::F32 || v.layout.dims() != dims {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "input {i} is {:?} {:?}, the kernel reads f32 {:?}",
+                    v.storage.dtype,
+                    v.layout.dims(),
+                    &dims[..]
+                ),
+            ));
+        }
+        if !same_device(v.storage) {
+            return Err(Error::invalid(
+                OP,
+                format!("input {i} is on another device"),
+            ));
+        }
+        crate::check_extent(v.storage, &v.layout)?;
+    }
+    for (i, o) in outputs.iter().enumerate() {
+        if o.dtype != DType::F32 || o.len < n {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "output {i} is {:?} of {} elements, the kernel writes {n} f32",
+                    o.dtype, o.len
+                ),
+            ));
+        }
+        if !same_device(o) {
+            return Err(Error::invalid(
+                OP,
+                format!("output {i} is on another device"),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,404 @@
+//! The fused elementwise kernel on the GPU backends (wgpu in CI; CUDA where a GPU is)
+//! against the CPU backend's fused kernels: random
+//! expressions (arithmetic, comparisons, `where`, casts to bool, constants including
+//! infinities, in-place reads of outputs) over inputs that are contiguous, broadcast,
+//! transposed or offset views, through both the vectorised and the strided variant;
+//! bad operands are errors; and a whole model's fused plans on the device agree with
+//! its op-by-op path.
+
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
+
+use kiln_cpu::{Cpu, CpuDevice};
+use kiln_tensor::fused::{ExprStep, FusedExpr};
+use kiln_tensor::{Backend, BinaryOp, CmpOp, DType, Dims, RawTensor, Result, UnaryOp};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+/// The four checks below for one backend, as tests named after it.
+macro_rules! fused_tests {
+    ($module:ident, $B:ty, $device:expr) => {
+        mod $module {
+            use super::*;
+            #[test]
+            fn random_expressions_match_the_cpu() {
+                super::random_expressions_match_the_cpu::<$B>(&$device)
+            }
+            #[test]
+            fn both_variants_run_a_large_expression() -> Result<()> {
+                super::both_variants_run_a_large_expression::<$B>(&$device)
+            }
+            #[test]
+            fn bad_operands_are_errors() -> Result<()> {
+                super::bad_operands_are_errors::<$B>(&$device)
+            }
+            #[test]
+            fn mlp_plans_match_the_op_by_op_path() -> Result<()> {
+                super::mlp_plans_match_the_op_by_op_path::<$B>(&$device)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "wgpu")]
+fused_tests!(
+    wgpu,
+    kiln_cubecl::Wgpu,
+    kiln_cubecl::WgpuDevice::first()
+        .unwrap_or_else(|e| panic!("no wgpu device for the fused tests: {e}"))
+);
+#[cfg(feature = "cuda")]
+fused_tests!(
+    cuda,
+    kiln_cubecl::Cuda,
+    kiln_cubecl::CudaDevice::first()
+        .unwrap_or_else(|e| panic!("no CUDA device for the fused tests: {e}"))
+);
+
+/// How an input view is laid out over the kernel's dims `[r, c]`.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Contiguous,
+    /// One value broadcast everywhere (all strides 0).
+    Scalar,
+    /// A row `[1, c]` broadcast down.
+    Row,
+    /// The transpose of a `[c, r]` buffer.
+    Transposed,
+    /// Rows 1.. of an `[r + 1, c]` buffer (a non-zero offset).
+    Offset,
+}
+
+/// The view of `kind` over `[r, c]` built on backend `B` from `values` (as many values
+/// as the kind's buffer holds).
+fn view<B: Backend>(
+    dev: &B::Device,
+    kind: Kind,
+    values: &[f32],
+    r: usize,
+    c: usize,
+) -> Result<RawTensor<B>> {
+    let t = |dims: &[usize]| RawTensor::<B>::from_vec(values.to_vec(), dims, dev);
+    match kind {
+        Kind::Contiguous => t(&[r, c]),
+        Kind::Scalar => t(&[1, 1])?.broadcast_to(&[r, c]),
+        Kind::Row => t(&[1, c])?.broadcast_to(&[r, c]),
+        Kind::Transposed => t(&[c, r])?.transpose(0, 1),
+        Kind::Offset => t(&[r + 1, c])?.slice(0, 1, r + 1, 1),
+    }
+}
+
+fn buffer_len(kind: Kind, r: usize, c: usize) -> usize {
+    match kind {
+        Kind::Contiguous | Kind::Transposed => r * c,
+        Kind::Scalar => 1,
+        Kind::Row => c,
+        Kind::Offset => (r + 1) * c,
+    }
+}
+
+/// A random expression with its input kinds, dims and values.
+#[derive(Clone)]
+struct Case {
+    expr: FusedExpr,
+    kinds: Vec<Kind>,
+    dims: [usize; 2],
+    inputs: Vec<Vec<f32>>,
+    outputs: Vec<Vec<f32>>,
+}
+
+// The values are left out: a failing case's seed reproduces them.
+impl std::fmt::Debug for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} over {:?} {:?}", self.expr, self.kinds, self.dims)
+    }
+}
+
+/// Values on a quarter grid, so that sums and products are exact on every device.
+fn value() -> impl Strategy<Value = f32> {
+    (-8i32..=8).prop_map(|q| q as f32 * 0.25)
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let kind = prop::sample::select(vec![
+        Kind::Contiguous,
+        Kind::Contiguous,
+        Kind::Scalar,
+        Kind::Row,
+        Kind::Transposed,
+        Kind::Offset,
+    ]);
+    let dims = prop_oneof![
+        4 => (1usize..7, 1usize..9),
+        1 => Just((96usize, 100usize)),
+    ];
+    (
+        prop::collection::vec(kind, 1..4),
+        dims,
+        prop::collection::vec(
+            (
+                0u8..9,
+                any::<u16>(),
+                any::<u16>(),
+                any::<u16>(),
+                any::<u8>(),
+            ),
+            1..14,
+        ),
+        1usize..3,
+        any::<bool>(),
+    )
+        .prop_flat_map(|(kinds, (r, c), raw_steps, outs, in_place)| {
+            let mut steps: Vec<ExprStep> = (0..kinds.len()).map(ExprStep::Input).collect();
+            if in_place {
+                steps.push(ExprStep::Output(0));
+            }
+            for (code, a, b, s, op) in raw_steps {
+                let n = steps.len();
+                let (a, s) = (a as usize % n, s as usize % n);
+                // Distinct operands: lavapipe's shader compiler folds `x / x` to 1 and
+                // `x - x` to 0 (fast-math), which differs from IEEE for 0, ∞ and NaN;
+                // CUDA (no fast-math) does not, and separate kernels never see one value twice.
+                let b = (a + 1 + b as usize % (n - 1).max(1)) % n;
+                let unary = [
+                    UnaryOp::Neg,
+                    UnaryOp::Abs,
+                    UnaryOp::Relu,
+                    UnaryOp::Sigmoid,
+                    UnaryOp::Tanh,
+                    UnaryOp::Exp,
+                    UnaryOp::Sign,
+                    UnaryOp::Not,
+                ];
+                let binary = [
+                    BinaryOp::Add,
+                    BinaryOp::Sub,
+                    BinaryOp::Mul,
+                    BinaryOp::Max,
+                    BinaryOp::Min,
+                    BinaryOp::Div,
+                ];
+                let cmp = [CmpOp::Lt, CmpOp::Ge, CmpOp::Eq, CmpOp::Ne];
+                let consts = [0.5, -2.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, 3.0];
+                steps.push(match code {
+                    0 | 1 => ExprStep::Unary(unary[op as usize % unary.len()], a),
+                    2..=4 => ExprStep::Binary(binary[op as usize % binary.len()], a, b),
+                    5 => ExprStep::Compare(cmp[op as usize % cmp.len()], a, b),
+                    6 => ExprStep::Select(s, a, b),
+                    7 => ExprStep::ToBool(a),
+                    _ => ExprStep::Const(consts[op as usize % consts.len()]),
+                });
+            }
+            let last = steps.len() - 1;
+            let results: Vec<usize> = (0..outs).map(|k| last - k.min(last)).collect();
+            let expr = FusedExpr {
+                inputs: kinds.len(),
+                steps,
+                results,
+            };
+            let inputs: Vec<_> = kinds
+                .iter()
+                .map(|&k| prop::collection::vec(value(), buffer_len(k, r, c)))
+                .collect();
+            let outputs = prop::collection::vec(prop::collection::vec(value(), r * c), outs);
+            (Just(expr), Just(kinds), Just([r, c]), inputs, outputs)
+        })
+        .prop_map(|(expr, kinds, dims, inputs, outputs)| Case {
+            expr,
+            kinds,
+            dims,
+            inputs,
+            outputs,
+        })
+}
+
+/// Runs the case's expression on backend `B`: the outputs' values afterwards.
+fn run<B: Backend>(dev: &B::Device, case: &Case) -> Result<Vec<Vec<f32>>> {
+    let [r, c] = case.dims;
+    let inputs = case
+        .kinds
+        .iter()
+        .zip(&case.inputs)
+        .map(|(&k, v)| view::<B>(dev, k, v, r, c))
+        .collect::<Result<Vec<_>>>()?;
+    let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
+    let mut outs = case
+        .outputs
+        .iter()
+        .map(|v| RawTensor::<B>::from_vec(v.clone(), &[r * c], dev))
+        .collect::<Result<Vec<_>>>()?;
+    let mut storages: Vec<&mut B::Storage> = outs
+        .iter_mut()
+        .map(|t| t.storage_mut().expect("a fresh tensor owns its buffer"))
+        .collect();
+    B::fused_elementwise(
+        dev,
+        &case.expr,
+        None,
+        &views,
+        &Dims::new(&case.dims)?,
+        &mut storages,
+    )?;
+    drop(storages);
+    outs.iter().map(|t| t.to_vec::<f32>()).collect()
+}
+
+/// Whether two results agree: equal NaN-ness and infinities, else within a tolerance
+/// scaled by the largest finite reference value (sums of inexact terms may cancel).
+fn agree(gpu: &[f32], cpu: &[f32]) -> std::result::Result<(), String> {
+    let scale = cpu
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(1.0f32, |m, v| m.max(v.abs()));
+    for (i, (&g, &c)) in gpu.iter().zip(cpu).enumerate() {
+        let ok = if c.is_nan() || g.is_nan() {
+            c.is_nan() && g.is_nan()
+        } else if c.is_infinite() || g.is_infinite() {
+            c == g
+        } else {
+            (g - c).abs() <= 1e-5 * scale
+        };
+        if !ok {
+            return Err(format!("element {i}: wgpu {g}, cpu {c}"));
+        }
+    }
+    Ok(())
+}
+
+fn random_expressions_match_the_cpu<G: Backend>(dev: &G::Device) {
+    let config = Config {
+        cases: 96,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    // A fixed seed: every run checks the same expressions (each compiles a kernel).
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]);
+    let mut runner = TestRunner::new_with_rng(config, rng);
+    runner
+        .run(&case(), |case| {
+            let gpu = run::<G>(dev, &case).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let cpu =
+                run::<Cpu>(&CpuDevice, &case).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            for (k, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
+                agree(g, c).map_err(|e| TestCaseError::fail(format!("output {k}: {e}")))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+fn both_variants_run_a_large_expression<G: Backend>(dev: &G::Device) -> Result<()> {
+    // About 2^22 elements, contiguous (vectorised, several vectors per unit, a partial
+    // last cube) and transposed (strided): the multi-row grid and every unit's index.
+    let (r, c) = (2047, 2052);
+    let values: Vec<f32> = (0..r * c).map(|i| (i % 97) as f32 - 48.0).collect();
+    let expr = FusedExpr {
+        inputs: 1,
+        steps: vec![
+            ExprStep::Input(0),
+            ExprStep::Const(2.0),
+            ExprStep::Binary(BinaryOp::Mul, 0, 1),
+            ExprStep::Unary(UnaryOp::Relu, 2),
+        ],
+        results: vec![3],
+    };
+    for kind in [Kind::Contiguous, Kind::Transposed] {
+        let case = Case {
+            expr: expr.clone(),
+            kinds: vec![kind],
+            dims: [r, c],
+            inputs: vec![values.clone()],
+            outputs: vec![vec![0.0; r * c]],
+        };
+        let got = &run::<G>(dev, &case)?[0];
+        let want = &run::<Cpu>(&CpuDevice, &case)?[0];
+        assert!(got == want, "{kind:?}: results differ");
+    }
+    Ok(())
+}
+
+fn bad_operands_are_errors<G: Backend>(dev: &G::Device) -> Result<()> {
+    let expr = FusedExpr {
+        inputs: 1,
+        steps: vec![ExprStep::Input(0), ExprStep::Unary(UnaryOp::Neg, 0)],
+        results: vec![1],
+    };
+    let dims = Dims::new(&[8])?;
+    let ints = RawTensor::<G>::from_vec(vec![1i32; 8], &[8], dev)?;
+    let floats = RawTensor::<G>::from_vec(vec![1f32; 8], &[8], dev)?;
+    let mut out = G::alloc(dev, DType::F32, 8)?;
+    let mut short = G::alloc(dev, DType::F32, 4)?;
+    let e = G::fused_elementwise(dev, &expr, None, &[ints.view()], &dims, &mut [&mut out]);
+    assert!(e.unwrap_err().to_string().contains("input 0 is I32"));
+    let e = G::fused_elementwise(dev, &expr, None, &[floats.view()], &dims, &mut [&mut short]);
+    assert!(e.unwrap_err().to_string().contains("output 0"));
+    let e = G::fused_elementwise(dev, &expr, None, &[], &dims, &mut [&mut out]);
+    assert!(e.unwrap_err().to_string().contains("reads 1 inputs"));
+    Ok(())
+}
+
+/// Parameters and buffers of a model, by name, on the host.
+fn state<G: Backend, M: kiln_tensor::nn::Module<G>>(m: &M) -> Vec<(String, Vec<f32>)> {
+    let mut out = Vec::new();
+    let mut take = |s: kiln_tensor::nn::Slot<'_, G>| {
+        out.push((
+            s.name.to_string(),
+            s.value.to_vec::<f32>().expect("download"),
+        ))
+    };
+    m.visit_params("", &mut take);
+    m.visit_buffers("", &mut take);
+    out
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn mlp_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> {
+    use kiln_models::mlp::Mlp;
+    use kiln_tensor::{Const, RandDist, Rank2, Tensor};
+    use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
+    let (mut fused, mut unfused) = (Mlp::<G>::init(dev, 3)?, Mlp::<G>::init(dev, 3)?);
+    unfused.set_fused(false);
+    let normal = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    let x = Tensor::<G, Rank2<16, 784>>::from_raw(RawTensor::rand(
+        &[16, 784],
+        normal,
+        1,
+        DType::F32,
+        dev,
+    )?)?;
+    let y =
+        Tensor::<G, (Const<16>,), i32>::from_vec((0..16).map(|i| i % 10).collect(), &[16], dev)?;
+    let d = max_diff(
+        &fused.forward(&x)?.raw().to_vec::<f32>()?,
+        &unfused.forward(&x)?.raw().to_vec::<f32>()?,
+    );
+    assert!(d <= 1e-5, "forward differs by {d}");
+    let config = SgdConfig {
+        lr: 0.05,
+        momentum: 0.9,
+        weight_decay: 1e-4,
+        ..SgdConfig::default()
+    };
+    let (mut opt_f, mut opt_u) = (Sgd::<G>::new(config)?, Sgd::<G>::new(config)?);
+    for step in 0..2 {
+        let (lf, gf) = fused.loss_and_grad(&x, &y)?;
+        let (lu, gu) = unfused.loss_and_grad(&x, &y)?;
+        let d = max_diff(&lf.raw().to_vec::<f32>()?, &lu.raw().to_vec::<f32>()?);
+        assert!(d <= 1e-5, "step {step}: losses differ by {d}");
+        opt_f.step(&mut fused, &gf)?;
+        opt_u.step(&mut unfused, &gu)?;
+        for ((name, a), (_, b)) in state::<G, _>(&fused).iter().zip(&state::<G, _>(&unfused)) {
+            let d = max_diff(a, b);
+            assert!(d <= 1e-5, "step {step}: `{name}` differs by {d}");
+        }
+    }
+    Ok(())
+}
