@@ -35,6 +35,10 @@ impl<B: Backend> Copy for View<'_, B> {}
 /// - `MatMul`: inputs `[..batch, M, K]` and `[..batch, K, N]` with identical batch dims;
 /// - every other op gets its inputs as the op table describes them;
 /// - the result is a new contiguous buffer with `out`'s dims and dtype.
+///
+/// Errors only a kernel can see (an index out of range, an integer division by zero)
+/// may be returned by the op or, on devices that run kernels asynchronously, by the
+/// launching thread's next [`Backend::download`] or [`Backend::synchronize`].
 pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
     /// Which device of this backend (a GPU ordinal, the CPU).
     type Device: Clone + Debug + PartialEq + Send + Sync + 'static;

@@ -175,6 +175,49 @@ fn w1_batch<B: Backend, const BS: usize>(dev: &B::Device, name: &str, reps: usiz
             "bench=W1 impl=kiln backend={name} variant={variant} task=train batch={BS} ms={ms:.3}"
         );
     }
+    // Steps queued back to back with one synchronisation at the end: the host's cost
+    // per step when it runs ahead of the device (against the latency above, it shows
+    // whether a step waits on the host or on the device).
+    model.set_fused(true);
+    let steps = reps.max(1) * 5;
+    let ms = time_ms::<B>(dev, 3, || {
+        for _ in 0..steps {
+            let (_, grads) = model.loss_and_grad(&x, &y)?;
+            opt.step(&mut model, &grads)?;
+        }
+        Ok(())
+    })? / steps as f64;
+    println!("bench=W1 impl=kiln backend={name} variant=static task=train-pipelined batch={BS} ms={ms:.3}");
+    Ok(())
+}
+
+/// One steady-state W1 training step (batch 256) between `cuProfilerStart` and
+/// `cuProfilerStop`, for `ncu --profile-from-start off`: the kernels of exactly one step.
+#[cfg(feature = "cuda")]
+fn w1_profile(dev: &kiln_cubecl::CudaDevice) -> Result<()> {
+    type B = kiln_cubecl::Cuda;
+    let mut model = Mlp::<B>::init(dev, 1)?;
+    let mut opt = Sgd::<B>::new(SgdConfig {
+        lr: 0.01,
+        momentum: 0.9,
+        ..SgdConfig::default()
+    })?;
+    let x = Tensor::<B, Rank2<256, 784>>::normal(0.0, 1.0, 5, dev)?;
+    let labels: Vec<i32> = (0..256).map(|i| i % 10).collect();
+    let y = Tensor::<B, (Const<256>,), i32>::from_vec(labels, &[256], dev)?;
+    let mut step = || -> Result<()> {
+        let (_, grads) = model.loss_and_grad(&x, &y)?;
+        opt.step(&mut model, &grads)?;
+        B::synchronize(dev)
+    };
+    for _ in 0..3 {
+        step()?;
+    }
+    // SAFETY: plain driver calls on the current context; failures only mean no profile.
+    unsafe { cudarc::driver::sys::cuProfilerStart() };
+    step()?;
+    unsafe { cudarc::driver::sys::cuProfilerStop() };
+    println!("bench=W1 impl=kiln backend=cuda task=profiled-step batch=256");
     Ok(())
 }
 
@@ -336,6 +379,10 @@ fn run<B: Backend>(
             "w4" => w4::<B>(dev, name, reps),
             "mnist" => mnist::<B>(dev, name, epochs, data),
             "ops" => ops::<B>(dev, name, reps),
+            #[cfg(feature = "cuda")]
+            "w1profile" if name == "cuda" => {
+                kiln_cubecl::CudaDevice::first().and_then(|d| w1_profile(&d))
+            }
             "conformance" => {
                 let mut config = Config::all();
                 if name == "wgpu" {

@@ -72,7 +72,24 @@ pub struct DeviceState<R: KilnRuntime> {
     pub(crate) dtypes: Vec<DType>,
     pub(crate) cpu_adapter: bool,
     pub(crate) extra: R::Extra,
+    /// Error flags of launches not read yet, per thread, in launch order.
+    pub(crate) pending: Mutex<Vec<PendingCheck>>,
 }
+
+/// How a failed launch is reported: its error, from the code and detail in its flag.
+pub(crate) type Report = Box<dyn Fn(u32, u32) -> Error + Send + Sync>;
+
+/// The error flag of one launch that may fail, read at its thread's next
+/// synchronisation point.
+pub(crate) struct PendingCheck {
+    flag: Handle,
+    thread: std::thread::ThreadId,
+    report: Report,
+}
+
+/// Unread flags one thread may leave before a launch waits to read them (a loop that
+/// never reads a result would otherwise collect flags without bound).
+const MAX_PENDING: usize = 64;
 
 impl<R: KilnRuntime> DeviceState<R> {
     /// The runtime-specific state.
@@ -91,28 +108,61 @@ impl<R: KilnRuntime> DeviceState<R> {
         self.client.create_from_slice(&[0u8; 8])
     }
 
-    /// Reads the error flag of a launch that may fail, once it ran: `None` when the
-    /// kernel reported nothing, else its code and detail.
-    ///
-    /// Each launch gets its own flag and the op reads it before it returns, so an
-    /// error is reported by the op that caused it, on the thread that ran it (a
-    /// device-wide flag read later would be reported by whichever op synchronised
-    /// next, on any thread). The cost is one synchronisation per gather, scatter-add
-    /// or integer division.
-    pub(crate) fn read_flag(&self, flag: Handle) -> Result<Option<(u32, u32)>> {
-        let bytes = self
-            .client
-            .read_one(flag)
-            .map_err(|e| server_error(&self.name, e))?;
-        let word = |i: usize| {
-            u32::from_le_bytes([
-                bytes[4 * i],
-                bytes[4 * i + 1],
-                bytes[4 * i + 2],
-                bytes[4 * i + 3],
-            ])
+    /// Registers the error flag of a launch that may fail (a gather or scatter-add index
+    /// out of range, an integer division by zero). Kernels run asynchronously, so the
+    /// flag is read at the launching thread's next synchronisation point (a download,
+    /// `synchronize`), where the error is returned, as CUDA and PyTorch report device-side
+    /// errors; reading it here would stall the host until the device caught up, once per
+    /// gather in every training step.
+    pub(crate) fn defer_check(&self, flag: Handle, report: Report) -> Result<()> {
+        let thread = std::thread::current().id();
+        let waiting = {
+            let mut pending = self.pending.lock().expect("pending flags");
+            pending.push(PendingCheck {
+                flag,
+                thread,
+                report,
+            });
+            pending.iter().filter(|p| p.thread == thread).count()
         };
-        Ok((word(0) != 0).then(|| (word(0), word(1))))
+        if waiting >= MAX_PENDING {
+            self.check_pending()?;
+        }
+        Ok(())
+    }
+
+    /// Reads the flags the calling thread's launches left (one synchronisation) and
+    /// returns the first error among them, in launch order.
+    pub(crate) fn check_pending(&self) -> Result<()> {
+        let thread = std::thread::current().id();
+        let mine: Vec<PendingCheck> = {
+            let mut pending = self.pending.lock().expect("pending flags");
+            let (mine, others) = std::mem::take(&mut *pending)
+                .into_iter()
+                .partition(|p| p.thread == thread);
+            *pending = others;
+            mine
+        };
+        if mine.is_empty() {
+            return Ok(());
+        }
+        let handles = mine.iter().map(|p| p.flag.clone()).collect();
+        let flags = cubecl::future::block_on(self.client.read_async(handles))
+            .map_err(|e| server_error(&self.name, e))?;
+        for (check, bytes) in mine.iter().zip(flags) {
+            let word = |i: usize| {
+                u32::from_le_bytes([
+                    bytes[4 * i],
+                    bytes[4 * i + 1],
+                    bytes[4 * i + 2],
+                    bytes[4 * i + 3],
+                ])
+            };
+            if word(0) != 0 {
+                return Err((check.report)(word(0), word(1)));
+            }
+        }
+        Ok(())
     }
 
     /// Checks that a buffer of `bytes` fits what one kernel may bind.
@@ -179,6 +229,18 @@ impl<R: KilnRuntime> fmt::Debug for CubeDevice<R> {
 }
 
 impl<R: KilnRuntime> CubeDevice<R> {
+    /// Device memory of the calling thread's stream, in bytes: `(in use, reserved)`
+    /// (CubeCL's pools reserve pages and reuse them; a step that reserves nothing new
+    /// allocates no device memory).
+    pub fn memory_usage(&self) -> Result<(u64, u64)> {
+        let u = self
+            .state
+            .client
+            .memory_usage()
+            .map_err(|e| server_error(&self.state.name, e))?;
+        Ok((u.bytes_in_use, u.bytes_reserved))
+    }
+
     /// Opens device `ordinal` of this runtime (once per process; later calls return
     /// the same device). On wgpu, hardware adapters come first, then software ones
     /// (lavapipe), so ordinal 0 is the GPU where there is one.
@@ -198,6 +260,7 @@ impl<R: KilnRuntime> CubeDevice<R> {
                 dtypes: opened.dtypes,
                 cpu_adapter: opened.cpu_adapter,
                 extra: opened.extra,
+                pending: Mutex::new(Vec::new()),
             }),
         };
         registry.push((ordinal, device.clone()));

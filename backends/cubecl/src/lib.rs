@@ -36,8 +36,11 @@
 //! what to install. A buffer larger than the device binds (lavapipe caps a storage
 //! buffer at 128 MiB, and over that launches were silently skipped) is refused before
 //! anything is queued. Out-of-range gather/scatter indices and integer division by
-//! zero are detected by the kernels, each launch writing its own flag, which the op reads
-//! before it returns (one synchronisation per gather, scatter-add or integer division).
+//! zero are detected by the kernels, each launch writing its own flag. Kernels run
+//! asynchronously, so the flags are read at the launching thread's next download or
+//! `synchronize` (or after 64 unread ones), which returns the first error, naming the op
+//! and the bad index, as CUDA and PyTorch report device-side errors: reading each flag
+//! in its op would stall the host once per gather in every training step.
 //!
 //! ## Random numbers
 //!
@@ -173,7 +176,9 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
 
     fn synchronize(device: &CubeDevice<R>) -> Result<()> {
         let dev = &device.state;
-        cubecl::future::block_on(dev.client.sync()).map_err(|e| device::server_error(&dev.name, e))
+        cubecl::future::block_on(dev.client.sync())
+            .map_err(|e| device::server_error(&dev.name, e))?;
+        dev.check_pending()
     }
 
     fn execute(

@@ -242,6 +242,9 @@ impl<R: KilnRuntime> DeviceState<R> {
 
     /// The values of a whole contiguous buffer, after every queued kernel finished.
     pub(crate) fn read(&self, s: &CubeStorage<R>) -> Result<HostData> {
+        // Errors of earlier launches on this thread come first: their results may be
+        // what is being read.
+        self.check_pending()?;
         if s.len == 0 {
             return bytes_to_host(s.dtype, &[], 0);
         }

@@ -14,7 +14,7 @@ use kiln_tensor::{Backend, BinaryOp, CmpOp, DType, Dims, RawTensor, Result, Unar
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
-/// The four checks below for one backend, as tests named after it.
+/// The checks below for one backend, as tests named after it.
 macro_rules! fused_tests {
     ($module:ident, $B:ty, $device:expr) => {
         mod $module {
@@ -34,6 +34,10 @@ macro_rules! fused_tests {
             #[test]
             fn mlp_plans_match_the_op_by_op_path() -> Result<()> {
                 super::mlp_plans_match_the_op_by_op_path::<$B>(&$device)
+            }
+            #[test]
+            fn steady_state_steps_take_no_new_device_memory() -> Result<()> {
+                super::steady_state_steps_take_no_new_device_memory(&$device)
             }
         }
     };
@@ -400,5 +404,43 @@ fn mlp_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> 
             assert!(d <= 1e-5, "step {step}: `{name}` differs by {d}");
         }
     }
+    Ok(())
+}
+
+fn steady_state_steps_take_no_new_device_memory<R: kiln_cubecl::KilnRuntime>(
+    dev: &kiln_cubecl::CubeDevice<R>,
+) -> Result<()> {
+    use kiln_cubecl::CubeBackend;
+    use kiln_models::mlp::Mlp;
+    use kiln_tensor::{Const, Rank2, Tensor};
+    use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
+    type G<R> = CubeBackend<R>;
+    let mut model = Mlp::<G<R>>::init(dev, 3)?;
+    let x = Tensor::<G<R>, Rank2<32, 784>>::normal(0.0, 1.0, 4, dev)?;
+    let y =
+        Tensor::<G<R>, (Const<32>,), i32>::from_vec((0..32).map(|i| i % 10).collect(), &[32], dev)?;
+    let mut opt = Sgd::<G<R>>::new(SgdConfig {
+        lr: 0.01,
+        momentum: 0.9,
+        ..SgdConfig::default()
+    })?;
+    let mut step = || -> Result<()> {
+        let (_, grads) = model.loss_and_grad(&x, &y)?;
+        opt.step(&mut model, &grads)?;
+        G::<R>::synchronize(dev)
+    };
+    // The first steps compile kernels, plan buffers and make the momentum buffers.
+    for _ in 0..3 {
+        step()?;
+    }
+    let before = dev.memory_usage()?;
+    for _ in 0..5 {
+        step()?;
+    }
+    let after = dev.memory_usage()?;
+    assert_eq!(
+        before, after,
+        "device memory (in use, reserved) changed over steady-state steps"
+    );
     Ok(())
 }

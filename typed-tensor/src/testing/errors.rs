@@ -176,8 +176,14 @@ pub fn check_bad<B: Backend>(device: &B::Device, case: &BadCase) -> Result<(), S
             let mut idx = vec![0i32; n];
             idx[n - 1] = *bad as i32;
             let index = RawTensor::<B>::from_vec(idx, a, device).map_err(setup)?;
+            // Devices detect a bad index in the kernel and may report it when the
+            // result is read (kernels run asynchronously), not when the op returns.
             (
-                f32z(a).map_err(setup)?.gather(*axis, &index).map(drop),
+                f32z(a)
+                    .map_err(setup)?
+                    .gather(*axis, &index)
+                    .and_then(|t| t.to_host())
+                    .map(drop),
                 "invalid",
                 vec![bad.to_string()],
             )

@@ -106,8 +106,17 @@ pub fn binary<R: KilnRuntime>(
                 k::binary_int::launch_unchecked::<u32, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&out), arg(&m), arg(&flag), code, rank, false)
             },
         }
-        if checked && dev.read_flag(flag.handle)?.is_some() {
-            return Err(Error::invalid("div", "integer division by zero"));
+        if checked {
+            dev.defer_check(
+                flag.handle,
+                Box::new(|_, _| {
+                    Error::invalid(
+                        "div",
+                        "integer division by zero (kernels run asynchronously: reported at \
+                         the next read or synchronisation)",
+                    )
+                }),
+            )?;
         }
     });
     Ok(out)

@@ -20,7 +20,10 @@ fn bad_index(op: &'static str, detail: u32, signed: bool, axis: usize, size: usi
     };
     Error::invalid(
         op,
-        format!("index {index} is out of range for axis {axis} of size {size}"),
+        format!(
+            "index {index} is out of range for axis {axis} of size {size} (kernels run \
+             asynchronously: reported at the next read or synchronisation)"
+        ),
     )
 }
 
@@ -95,15 +98,11 @@ pub fn gather<R: KilnRuntime>(
         (_, true) => go!(u32, i32),
         (_, false) => go!(u32, u32),
     }
-    if let Some((_, detail)) = dev.read_flag(flags.handle)? {
-        return Err(bad_index(
-            "gather",
-            detail,
-            signed,
-            axis,
-            data.layout.dims()[axis],
-        ));
-    }
+    let size = data.layout.dims()[axis];
+    dev.defer_check(
+        flags.handle,
+        Box::new(move |_, detail| bad_index("gather", detail, signed, axis, size)),
+    )?;
     Ok(result)
 }
 
@@ -183,15 +182,11 @@ pub fn scatter_add<R: KilnRuntime>(
             return Err(Error::dtype("scatter_add", "does not accept bool"));
         }
     }
-    if let Some((_, detail)) = dev.read_flag(flags.handle)? {
-        let signed = index.storage.dtype == DType::I32;
-        return Err(bad_index(
-            "scatter_add",
-            detail,
-            signed,
-            axis,
-            out.dims[axis],
-        ));
-    }
+    let signed = index.storage.dtype == DType::I32;
+    let size = out.dims[axis];
+    dev.defer_check(
+        flags.handle,
+        Box::new(move |_, detail| bad_index("scatter_add", detail, signed, axis, size)),
+    )?;
     Ok(result)
 }
