@@ -4,8 +4,9 @@
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
-# fused_test.xz (the stripped `cargo test -p kiln-cubecl --features wgpu,cuda --test fused
-# --no-run` binary: the fused-kernel tests on CUDA and Vulkan),
+# fused_test.xz and kernel_cache_test.xz (the stripped `cargo test -p kiln-cubecl
+# --features wgpu,cuda --test fused --test kernel_cache --no-run` binaries: the
+# fused-kernel tests on CUDA and Vulkan), ncu_sum.py (scripts/: sums an `ncu --csv` dump),
 # bench_gpu.py (scripts/), this script, and gl/*.deb (libvulkan1 and the glvnd
 # libraries, `apt-get download`ed, as the device README says). CUDA 13 headers come
 # from the machine's /usr/local/cuda, NVRTC and cuBLASLt from PyTorch's nvidia/cu13.
@@ -36,7 +37,14 @@ case $W in
     run 60 $B/gpu_bench --backend cuda --workloads w4 --reps 20
     run 60 python3 $B/bench_gpu.py --reps 20 ;;
   fused|all)
-    [ -x $B/fused_test ] && run 200 $B/fused_test --test-threads 1 ;;&
+    [ -x $B/fused_test ] && run 200 $B/fused_test --test-threads 1
+    [ -x $B/kernel_cache_test ] && run 60 $B/kernel_cache_test ;;&
+  profile|all)
+    # The kernels of one steady-state W1 step (batch 256) and their GPU time.
+    timeout 120 /usr/local/cuda/bin/ncu --profile-from-start off --clock-control none \
+      --metrics gpu__time_duration.sum --csv $B/gpu_bench --backend cuda \
+      --workloads w1profile > "$OUT/w1prof.csv" 2>/dev/null
+    python3 $B/ncu_sum.py "$OUT/w1prof.csv" ;;&
   cuda|all)
     run 240 $B/gpu_bench --backend cuda --workloads conformance
     run 120 $B/gpu_bench --backend cuda --workloads w4,w2,w1,ops --reps 20 ;;&

@@ -74,6 +74,8 @@ pub struct DeviceState<R: KilnRuntime> {
     pub(crate) extra: R::Extra,
     /// Error flags of launches not read yet, per thread, in launch order.
     pub(crate) pending: Mutex<Vec<PendingCheck>>,
+    /// The fused-kernel configurations launched so far (each is one compiled kernel).
+    pub(crate) fused_kernels: Mutex<std::collections::HashSet<crate::kernels::fused::FusedConfig>>,
 }
 
 /// How a failed launch is reported: its error, from the code and detail in its flag.
@@ -229,6 +231,16 @@ impl<R: KilnRuntime> fmt::Debug for CubeDevice<R> {
 }
 
 impl<R: KilnRuntime> CubeDevice<R> {
+    /// How many distinct fused kernels this device has compiled (one per expression
+    /// shape and launch variant; constants are run-time values and do not count).
+    pub fn fused_kernels(&self) -> usize {
+        self.state
+            .fused_kernels
+            .lock()
+            .expect("fused kernels")
+            .len()
+    }
+
     /// Device memory of the calling thread's stream, in bytes: `(in use, reserved)`
     /// (CubeCL's pools reserve pages and reuse them; a step that reserves nothing new
     /// allocates no device memory).
@@ -261,6 +273,7 @@ impl<R: KilnRuntime> CubeDevice<R> {
                 cpu_adapter: opened.cpu_adapter,
                 extra: opened.extra,
                 pending: Mutex::new(Vec::new()),
+                fused_kernels: Mutex::new(Default::default()),
             }),
         };
         registry.push((ordinal, device.clone()));

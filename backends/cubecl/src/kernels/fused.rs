@@ -22,11 +22,11 @@ pub enum Step {
     Input(u32),
     /// Output `k`'s current element (in-place updates).
     Output(u32),
-    /// A finite constant, as its f32 bits.
+    /// Constant `k` of the launch's constants (run-time values: a kernel is compiled
+    /// per expression shape, not per value, so an optimizer whose learning rate changes
+    /// every step reuses one kernel; and ±∞ and NaN, which CUDA C++ and WGSL cannot
+    /// spell as literals, need no special case).
     Const(u32),
-    /// A non-finite constant (±∞, NaN), as its f32 bits: CUDA C++ and WGSL cannot
-    /// spell these as literals, so the kernel computes them from a run-time zero.
-    NonFinite(u32),
     /// A unary op (its op-table code) of a step.
     Unary(u32, u32),
     /// A binary op of two steps.
@@ -56,17 +56,26 @@ pub struct FusedConfig {
 }
 
 impl FusedConfig {
-    /// The configuration of `expr`; `broadcast`, `rank` and `per_unit` are the launch's.
-    pub fn new(expr: &FusedExpr, broadcast: Vec<bool>, rank: u32, per_unit: u32) -> Self {
+    /// The configuration of `expr` and its constants in order; `broadcast`, `rank` and
+    /// `per_unit` are the launch's.
+    pub fn new(
+        expr: &FusedExpr,
+        broadcast: Vec<bool>,
+        rank: u32,
+        per_unit: u32,
+    ) -> (Self, Vec<f32>) {
         let w = |i: usize| i as u32;
+        let mut consts = Vec::new();
         let steps = expr
             .steps
             .iter()
             .map(|s| match *s {
                 ExprStep::Input(k) => Step::Input(w(k)),
                 ExprStep::Output(k) => Step::Output(w(k)),
-                ExprStep::Const(c) if c.is_finite() => Step::Const(c.to_bits()),
-                ExprStep::Const(c) => Step::NonFinite(c.to_bits()),
+                ExprStep::Const(c) => {
+                    consts.push(c);
+                    Step::Const(w(consts.len() - 1))
+                }
                 ExprStep::Unary(op, a) => Step::Unary(op as u32, w(a)),
                 ExprStep::Binary(op, a, b) => Step::Binary(op as u32, w(a), w(b)),
                 ExprStep::Compare(op, a, b) => Step::Compare(op as u32, w(a), w(b)),
@@ -74,38 +83,25 @@ impl FusedConfig {
                 ExprStep::ToBool(a) => Step::ToBool(w(a)),
             })
             .collect();
-        FusedConfig {
+        let config = FusedConfig {
             steps,
             results: expr.results.iter().map(|&r| r as u32).collect(),
             broadcast,
             rank,
             per_unit,
-        }
+        };
+        (config, consts)
     }
 }
 
-// `zero / zero` is NaN on purpose (see `Step::NonFinite`).
-#[allow(clippy::eq_op)]
-/// The value of one step, given the registers of the earlier steps; `input` and
-/// `output` are the step's operand when it reads one (the caller loads it).
+/// The value of one step, given the registers of the earlier steps; `operand` is the
+/// step's value when it reads one (an input, an output or a constant: the caller loads
+/// it).
 #[cube]
-fn eval_step(regs: &Sequence<f32>, input: f32, zero: f32, #[comptime] step: Step) -> f32 {
-    let mut r = input;
+fn eval_step(regs: &Sequence<f32>, operand: f32, #[comptime] step: Step) -> f32 {
+    let mut r = operand;
     match step {
-        Step::Input(_) | Step::Output(_) => {}
-        Step::Const(bits) => {
-            r = f32::new(comptime!(f32::from_bits(bits)));
-        }
-        Step::NonFinite(bits) => {
-            let c = comptime!(f32::from_bits(bits));
-            if comptime!(c.is_nan()) {
-                r = zero / zero;
-            } else if comptime!(c > 0.0) {
-                r = 1.0 / zero;
-            } else {
-                r = -1.0 / zero;
-            }
-        }
+        Step::Input(_) | Step::Output(_) | Step::Const(_) => {}
         Step::Unary(op, a) => {
             let v = *regs.index(comptime!(a as usize));
             if comptime!(op == unary::NOT) {
@@ -148,8 +144,8 @@ fn eval_step(regs: &Sequence<f32>, input: f32, zero: f32, #[comptime] step: Step
 /// `config.per_unit` vectors per unit (spaced a grid apart, all loaded before any is
 /// stored, so that each unit keeps several loads in flight): `vectors` holds the
 /// contiguous inputs and `scalars` the broadcast ones (one value each), in input order;
-/// `units` is the element count in vectors, `zero` a run-time 0.0 (for non-finite
-/// constants).
+/// `units` is the element count in vectors, `zero` a run-time 0.0, `consts` the
+/// expression's constants.
 #[cube(launch_unchecked)]
 pub fn fused_vectorized<N: Size>(
     vectors: &Sequence<Array<Vector<f32, N>>>,
@@ -157,6 +153,7 @@ pub fn fused_vectorized<N: Size>(
     outputs: &mut Sequence<Array<Vector<f32, N>>>,
     units: u32,
     zero: f32,
+    consts: &Sequence<f32>,
     #[comptime] config: FusedConfig,
 ) {
     let first = linear_pos();
@@ -207,9 +204,12 @@ pub fn fused_vectorized<N: Size>(
                     Step::Output(k) => {
                         operand = current.index(comptime!(j as usize * outs + k as usize))[lane];
                     }
+                    Step::Const(k) => {
+                        operand = *consts.index(comptime!(k as usize));
+                    }
                     _ => {}
                 }
-                let v = eval_step(&regs, operand, zero, step);
+                let v = eval_step(&regs, operand, step);
                 regs.push(v);
             }
             #[unroll]
@@ -234,13 +234,15 @@ pub fn fused_vectorized<N: Size>(
 }
 
 /// The fused kernel over strided inputs (metadata as in `strided_offset`, one operand
-/// per input; outputs are contiguous). `zero` is a run-time 0.0.
+/// per input; outputs are contiguous). `zero` is a run-time 0.0, `consts` the
+/// expression's constants.
 #[cube(launch_unchecked)]
 pub fn fused_strided(
     inputs: &Sequence<Array<f32>>,
     outputs: &mut Sequence<Array<f32>>,
     meta: &Array<u32>,
     zero: f32,
+    consts: &Sequence<f32>,
     #[comptime] config: FusedConfig,
 ) {
     let pos = linear_pos();
@@ -258,9 +260,12 @@ pub fn fused_strided(
                 Step::Output(k) => {
                     operand = outputs.index(comptime!(k as usize))[pos as usize];
                 }
+                Step::Const(k) => {
+                    operand = *consts.index(comptime!(k as usize));
+                }
                 _ => {}
             }
-            let v = eval_step(&regs, operand, zero, step);
+            let v = eval_step(&regs, operand, step);
             regs.push(v);
         }
         #[unroll]

@@ -2,7 +2,7 @@
 //! operands, picks the vectorised or the strided variant, and launches one kernel for
 //! the whole expression.
 
-use crate::device::{CubeDevice, KilnRuntime};
+use crate::device::{CubeDevice, DeviceState, KilnRuntime};
 use crate::kernels::fused::{self as k, FusedConfig};
 use crate::ops::elementwise::{arg, meta};
 use crate::storage::CubeStorage;
@@ -45,7 +45,8 @@ pub fn fused_elementwise<R: KilnRuntime>(
         let units = n / VECTOR;
         // Large launches give each unit several vectors (more loads in flight).
         let per_unit = if units >= 1 << 20 { 4 } else { 1 };
-        let config = FusedConfig::new(expr, broadcast.clone(), 0, per_unit);
+        let (config, consts) = FusedConfig::new(expr, broadcast.clone(), 0, per_unit);
+        note_kernel(dev, &config);
         let mut vectors = SequenceArg::new();
         let mut scalars = SequenceArg::new();
         for (v, &b) in inputs.iter().zip(&broadcast) {
@@ -75,6 +76,7 @@ pub fn fused_elementwise<R: KilnRuntime>(
                 outs,
                 word(units)?,
                 0.0,
+                constants(consts),
                 config,
             )
         }
@@ -83,7 +85,8 @@ pub fn fused_elementwise<R: KilnRuntime>(
     let operands: Vec<Operand> = inputs.iter().map(|v| Operand::of(&v.layout)).collect();
     let (rank, words) = elementwise_meta(dims, &operands)?;
     let m = meta(dev, &words);
-    let config = FusedConfig::new(expr, Vec::new(), rank, 1);
+    let (config, consts) = FusedConfig::new(expr, Vec::new(), rank, 1);
+    note_kernel(dev, &config);
     let mut ins = SequenceArg::new();
     for v in inputs {
         ins.push(arg(v.storage));
@@ -96,9 +99,36 @@ pub fn fused_elementwise<R: KilnRuntime>(
     // SAFETY: every input's layout was checked against its buffer, every output holds
     // at least `n` elements, and the kernel checks `pos < n`.
     unsafe {
-        k::fused_strided::launch_unchecked::<R>(c, count, dim, ins, outs, arg(&m), 0.0, config)
+        k::fused_strided::launch_unchecked::<R>(
+            c,
+            count,
+            dim,
+            ins,
+            outs,
+            arg(&m),
+            0.0,
+            constants(consts),
+            config,
+        )
     }
     Ok(())
+}
+
+/// Records a configuration CubeCL compiles (once) and caches.
+fn note_kernel<R: KilnRuntime>(dev: &DeviceState<R>, config: &FusedConfig) {
+    let mut seen = dev.fused_kernels.lock().expect("fused kernels");
+    if !seen.contains(config) {
+        seen.insert(config.clone());
+    }
+}
+
+/// An expression's constants as scalar kernel arguments.
+fn constants<R: KilnRuntime>(values: Vec<f32>) -> SequenceArg<R, f32> {
+    let mut seq = SequenceArg::new();
+    for v in values {
+        seq.push(v);
+    }
+    seq
 }
 
 /// A whole f32 buffer as an array of vectors (its length rounded down).
