@@ -49,12 +49,22 @@
 //! without f64 cannot reproduce that rounding, so draws are computed on the host and
 //! uploaded; a device-side generator is future work.
 //!
+//! ## Fused plans
+//!
+//! `Backend::fused_elementwise` runs a fused expression of a build-time plan (an
+//! elementwise group, a reduction's prologue or epilogue, a product's epilogue, an
+//! optimizer update) as one generic `#[cube]` kernel ([`kernels::fused`]) whose
+//! comptime data is the expression's structure; CubeCL compiles it once per device and
+//! caches it, and constants are run-time scalars. Contiguous launches move 16-byte
+//! vectors (several per unit on large tensors); broadcasts and views take a strided
+//! variant. cuBLASLt products queue on CubeCL's own CUDA stream (through a patched
+//! cubecl-cuda, `vendor/README.md`), so a step never waits on the host.
+//!
 //! ## Not yet here
 //!
-//! The fused-plan kernel (one `#[cube]` kernel taking a build-time plan from
-//! `#[model]` as comptime data), allocation-free steady-state steps, CUDA graph
-//! capture and cuBLASLt epilogues (bias, ReLU, GELU): every op is its own kernel for
-//! now. BENCHMARKS.md has the H200 figures and what stands in their way.
+//! CUDA graph capture (a step is bound by host work per launch, see BENCHMARKS.md),
+//! cuBLASLt epilogues (a product's epilogue is one fused kernel after it), device-side
+//! random numbers (below), metadata uploads without a buffer per strided launch.
 //!
 //! ## Features
 //!
