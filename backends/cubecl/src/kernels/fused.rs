@@ -1,16 +1,17 @@
-//! The fused elementwise kernel: one generic `#[cube]` kernel that takes a fused
-//! expression (a build-time plan's elementwise group, prologue or epilogue) as comptime
-//! data and unrolls it into straight-line code over f32 registers. CubeCL keys its
-//! kernel cache on the comptime data, so each expression of a plan compiles once per
-//! device and is then only launched.
+//! The fused elementwise kernel: one generic `#[cube]` kernel that takes the structure
+//! of a fused expression (a build-time plan's elementwise group, prologue or epilogue)
+//! as comptime data and unrolls it into straight-line code over f32 registers; the
+//! expression's constants are run-time scalars. CubeCL keys its kernel cache on the
+//! comptime data, so each expression of a plan compiles once per device and is then
+//! only launched, whatever its constants.
 //!
 //! Two variants: a vectorised one for the common case (every input contiguous from the
 //! start of its buffer or a single broadcast value, the element count a multiple of the
 //! vector size), which moves 16-byte vectors and needs no metadata buffer; and a strided
-//! one for broadcasts and views, which reads each input through the metadata of
-//! [`super::common::strided_offset`].
+//! one for broadcasts and views, which reads each input through strided metadata
+//! passed as scalar arguments.
 
-use super::common::{linear_pos, strided_offset};
+use super::common::linear_pos;
 use super::elementwise::{compare_values, float_binary, float_unary, unary};
 use cubecl::prelude::*;
 use kiln_tensor::fused::{ExprStep, FusedExpr};
@@ -234,19 +235,19 @@ pub fn fused_vectorized<N: Size>(
 }
 
 /// The fused kernel over strided inputs (metadata as in `strided_offset`, one operand
-/// per input; outputs are contiguous). `zero` is a run-time 0.0, `consts` the
+/// per input, as scalar arguments; outputs are contiguous). `zero` is a run-time 0.0, `consts` the
 /// expression's constants.
 #[cube(launch_unchecked)]
 pub fn fused_strided(
     inputs: &Sequence<Array<f32>>,
     outputs: &mut Sequence<Array<f32>>,
-    meta: &Array<u32>,
+    meta: &Sequence<u32>,
     zero: f32,
     consts: &Sequence<f32>,
     #[comptime] config: FusedConfig,
 ) {
     let pos = linear_pos();
-    if pos < meta[0] {
+    if pos < *meta.index(comptime!(0usize)) {
         let mut regs = Sequence::<f32>::new();
         #[unroll]
         for i in 0..config.steps.len() {
@@ -255,7 +256,7 @@ pub fn fused_strided(
             match step {
                 Step::Input(k) => {
                     let src = inputs.index(comptime!(k as usize));
-                    operand = src[strided_offset(meta, pos, config.rank, k) as usize];
+                    operand = src[offset_in(meta, pos, config.rank, k) as usize];
                 }
                 Step::Output(k) => {
                     operand = outputs.index(comptime!(k as usize))[pos as usize];
@@ -274,6 +275,30 @@ pub fn fused_strided(
             out[pos as usize] = *regs.index(comptime!(config.results[o] as usize));
         }
     }
+}
+
+/// The storage offset of element `pos` of operand `operand`, from metadata laid out as
+/// in [`super::common::strided_offset`] but held in scalar kernel arguments (every index is comptime,
+/// so the metadata travels with the launch, as kernel parameters on CUDA, instead of
+/// in a buffer uploaded per launch).
+#[cube]
+fn offset_in(
+    meta: &Sequence<u32>,
+    pos: u32,
+    #[comptime] rank: u32,
+    #[comptime] operand: u32,
+) -> u32 {
+    let base = comptime!((1 + rank + operand * (rank + 1)) as usize);
+    let mut off = *meta.index(base);
+    let mut rem = pos;
+    #[unroll]
+    for i in 0..rank {
+        let d = comptime!((rank - 1 - i) as usize);
+        let size = *meta.index(comptime!(1 + d));
+        off += (rem % size) * *meta.index(comptime!(base + 1 + d));
+        rem /= size;
+    }
+    off
 }
 
 /// Whether a step reads output `o`'s current element.

@@ -4,7 +4,7 @@
 
 use crate::device::{CubeDevice, DeviceState, KilnRuntime};
 use crate::kernels::fused::{self as k, FusedConfig};
-use crate::ops::elementwise::{arg, meta};
+use crate::ops::elementwise::arg;
 use crate::storage::CubeStorage;
 use crate::strided::{elementwise_meta, grid, word, Operand, BLOCK};
 use crate::CubeBackend;
@@ -84,7 +84,10 @@ pub fn fused_elementwise<R: KilnRuntime>(
     }
     let operands: Vec<Operand> = inputs.iter().map(|v| Operand::of(&v.layout)).collect();
     let (rank, words) = elementwise_meta(dims, &operands)?;
-    let m = meta(dev, &words);
+    let mut meta = SequenceArg::new();
+    for w in words {
+        meta.push(w);
+    }
     let (config, consts) = FusedConfig::new(expr, Vec::new(), rank, 1);
     note_kernel(dev, &config);
     let mut ins = SequenceArg::new();
@@ -105,7 +108,7 @@ pub fn fused_elementwise<R: KilnRuntime>(
             dim,
             ins,
             outs,
-            arg(&m),
+            meta,
             0.0,
             constants(consts),
             config,
