@@ -64,7 +64,8 @@
 //!
 //! CUDA graph capture (a step is bound by host work per launch, see BENCHMARKS.md),
 //! cuBLASLt epilogues (a product's epilogue is one fused kernel after it), device-side
-//! random numbers (below), metadata uploads without a buffer per strided launch.
+//! random numbers (below), the metadata of reductions and gathers as kernel parameters
+//! (strided fused launches already pass theirs so, rather than as a buffer per launch).
 //!
 //! ## Features
 //!
