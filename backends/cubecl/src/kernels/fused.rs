@@ -95,14 +95,22 @@ impl FusedConfig {
     }
 }
 
-/// The value of one step, given the registers of the earlier steps; `operand` is the
-/// step's value when it reads one (an input, an output or a constant: the caller loads
-/// it).
+/// The value of one step, given the registers of the earlier steps and the launch's
+/// constants; `operand` is the step's value when it reads an input or an output (the
+/// caller loads it, each variant its own way).
 #[cube]
-fn eval_step(regs: &Sequence<f32>, operand: f32, #[comptime] step: Step) -> f32 {
+fn eval_step(
+    regs: &Sequence<f32>,
+    consts: &Sequence<f32>,
+    operand: f32,
+    #[comptime] step: Step,
+) -> f32 {
     let mut r = operand;
     match step {
-        Step::Input(_) | Step::Output(_) | Step::Const(_) => {}
+        Step::Input(_) | Step::Output(_) => {}
+        Step::Const(k) => {
+            r = *consts.index(comptime!(k as usize));
+        }
         Step::Unary(op, a) => {
             let v = *regs.index(comptime!(a as usize));
             if comptime!(op == unary::NOT) {
@@ -205,12 +213,9 @@ pub fn fused_vectorized<N: Size>(
                     Step::Output(k) => {
                         operand = current.index(comptime!(j as usize * outs + k as usize))[lane];
                     }
-                    Step::Const(k) => {
-                        operand = *consts.index(comptime!(k as usize));
-                    }
                     _ => {}
                 }
-                let v = eval_step(&regs, operand, step);
+                let v = eval_step(&regs, consts, operand, step);
                 regs.push(v);
             }
             #[unroll]
@@ -261,12 +266,9 @@ pub fn fused_strided(
                 Step::Output(k) => {
                     operand = outputs.index(comptime!(k as usize))[pos as usize];
                 }
-                Step::Const(k) => {
-                    operand = *consts.index(comptime!(k as usize));
-                }
                 _ => {}
             }
-            let v = eval_step(&regs, operand, step);
+            let v = eval_step(&regs, consts, operand, step);
             regs.push(v);
         }
         #[unroll]
