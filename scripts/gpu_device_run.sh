@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
 # fused_test.xz and kernel_cache_test.xz (the stripped `cargo test -p kiln-cubecl
 # --features wgpu,cuda --test fused --test kernel_cache --no-run` binaries: the
-# fused-kernel tests on CUDA and Vulkan), ncu_sum.py (scripts/: sums an `ncu --csv` dump),
+# fused-kernel tests on CUDA and Vulkan), cuda_graph_test.xz (`--test cuda_graph`),
+# ncu_sum.py (scripts/: sums an `ncu --csv` dump),
 # bench_gpu.py (scripts/), this script, and gl/*.deb (libvulkan1 and the glvnd
 # libraries, `apt-get download`ed, as the device README says). CUDA 13 headers come
 # from the machine's /usr/local/cuda, NVRTC and cuBLASLt from PyTorch's nvidia/cu13.
@@ -39,6 +40,9 @@ case $W in
   fused|all)
     [ -x $B/fused_test ] && run 200 $B/fused_test --test-threads 1
     [ -x $B/kernel_cache_test ] && run 60 $B/kernel_cache_test ;;&
+  graph|all)
+    [ -x $B/cuda_graph_test ] && run 120 $B/cuda_graph_test --test-threads 1
+    run 120 $B/gpu_bench --backend cuda --workloads w1graph,w1 --reps 20 ;;&
   profile|all)
     # The kernels of one steady-state W1 step (batch 256) and their GPU time.
     timeout 120 /usr/local/cuda/bin/ncu --profile-from-start off --clock-control none \

@@ -854,6 +854,40 @@ impl<B: Backend> Program<B> {
             self.layout[root] = Layout::contiguous(self.dims[root]);
         }
         let out = Arc::get_mut(buf).expect("taken slots are unique");
+        // A product whose epilogue the device fuses into it (one library call).
+        if let Step::Main {
+            epilogue: Some((expr, _, ins)),
+            output,
+            ..
+        } = &self.steps[si]
+        {
+            let op = self.ops[main].as_ref().expect("main nodes are ops");
+            if matches!(op, Op::MatMul) {
+                let nodes = &self.plan.graph.nodes[main].inputs;
+                let mut views = nodes
+                    .iter()
+                    .map(|&n| {
+                        Ok(View {
+                            storage: self.storage(inputs, n)?,
+                            layout: self.layout[n],
+                        })
+                    })
+                    .collect::<Result<smallvec::SmallVec<[View<'_, B>; 2]>>>()?;
+                fit_views(op, &mut views, &self.dims[main])?;
+                let epilogue_views = self.views(inputs, ins, &self.dims[*output])?;
+                if let Some(fused) = B::matmul_with_epilogue(
+                    device,
+                    views[0],
+                    views[1],
+                    &self.metas[main],
+                    expr,
+                    &epilogue_views,
+                )? {
+                    *out = fused;
+                    return Ok(());
+                }
+            }
+        }
         {
             let op = self.ops[main].as_ref().expect("main nodes are ops");
             let ins = &self.plan.graph.nodes[main].inputs;

@@ -95,6 +95,23 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
         Ok(())
     }
 
+    /// Runs a matrix product (`a` and `b` as [`Backend::execute`] takes them for
+    /// `Op::MatMul`, result `out`) followed by `epilogue` over its result, as one call
+    /// where the device fuses the two (cuBLASLt's bias and ReLU epilogues). The product's
+    /// result is the epilogue's `Output(0)`, `inputs` its inputs (with `out`'s dims).
+    /// `Ok(None)` leaves both to the caller; the default never fuses.
+    fn matmul_with_epilogue(
+        device: &Self::Device,
+        a: View<'_, Self>,
+        b: View<'_, Self>,
+        out: &TensorMeta,
+        epilogue: &FusedExpr,
+        inputs: &[View<'_, Self>],
+    ) -> Result<Option<Self::Storage>> {
+        let _ = (device, a, b, out, epilogue, inputs);
+        Ok(None)
+    }
+
     /// Runs a fused elementwise kernel: each output (contiguous f32 of at least
     /// `dims`' element count) takes its result of `expr` at every element of `dims`;
     /// every input view has `dims` (broadcast by strides). `native` is the kernel as a

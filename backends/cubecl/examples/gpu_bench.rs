@@ -232,6 +232,67 @@ fn w1<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     Ok(())
 }
 
+/// W1 with the training step (and the batch-1 forward pass) captured once as a CUDA
+/// graph and replayed: the host's per-kernel work leaves the step.
+#[cfg(feature = "cuda")]
+fn w1_graph<const BS: usize>(dev: &kiln_cubecl::CudaDevice, reps: usize) -> Result<()> {
+    type B = kiln_cubecl::Cuda;
+    let mut model = Mlp::<B>::init(dev, 1)?;
+    let mut opt = Sgd::<B>::new(SgdConfig {
+        lr: 0.01,
+        momentum: 0.9,
+        ..SgdConfig::default()
+    })?;
+    let x = Tensor::<B, Rank2<BS, 784>>::normal(0.0, 1.0, 5, dev)?;
+    let labels: Vec<i32> = (0..BS as i32).map(|i| i % 10).collect();
+    let y = Tensor::<B, (Const<BS>,), i32>::from_vec(labels, &[BS], dev)?;
+    let (_, grads) = model.loss_and_grad(&x, &y)?;
+    opt.step(&mut model, &grads)?;
+    drop(grads);
+    let (graph, loss) = dev.capture(|| {
+        let (loss, grads) = model.loss_and_grad(&x, &y)?;
+        opt.step(&mut model, &grads)?;
+        Ok(loss)
+    })?;
+    let ms = time_ms::<B>(dev, reps, || graph.replay())?;
+    let last = loss.to_vec()?[0];
+    println!(
+        "bench=W1 impl=kiln backend=cuda variant=graph task=train batch={BS} ms={ms:.3} nodes={} loss={last:.4}",
+        graph.nodes()
+    );
+    let steps = reps.max(1) * 5;
+    let ms = time_ms::<B>(dev, 3, || {
+        for _ in 0..steps {
+            graph.replay()?;
+        }
+        Ok(())
+    })? / steps as f64;
+    println!("bench=W1 impl=kiln backend=cuda variant=graph task=train-pipelined batch={BS} ms={ms:.3}");
+    Ok(())
+}
+
+/// Batch-1 inference replayed as a CUDA graph, the logits downloaded each time.
+#[cfg(feature = "cuda")]
+fn w1_graph_infer(dev: &kiln_cubecl::CudaDevice, reps: usize) -> Result<()> {
+    type B = kiln_cubecl::Cuda;
+    let model = Mlp::<B>::init(dev, 1)?;
+    let x = Tensor::<B, Rank2<1, 784>>::normal(0.0, 1.0, 6, dev)?;
+    let eager = model.forward(&x)?.to_vec()?;
+    let (graph, logits) = dev.capture(|| model.forward(&x))?;
+    graph.replay()?;
+    if logits.to_vec()? != eager {
+        return Err(kiln_tensor::Error::Device(
+            "the replayed forward pass differs from the eager one".into(),
+        ));
+    }
+    let ms = time_ms::<B>(dev, reps * 20, || {
+        graph.replay()?;
+        logits.to_vec().map(|_| ())
+    })?;
+    println!("bench=W1 impl=kiln backend=cuda variant=graph task=infer batch=1 ms={ms:.4} nodes={}", graph.nodes());
+    Ok(())
+}
+
 fn mnist<B: Backend>(dev: &B::Device, name: &str, epochs: usize, dir: &str) -> Result<()> {
     let data = if dir.is_empty() {
         ImageDataset::mnist()?
@@ -380,6 +441,12 @@ fn run<B: Backend>(
             "mnist" => mnist::<B>(dev, name, epochs, data),
             "ops" => ops::<B>(dev, name, reps),
             #[cfg(feature = "cuda")]
+            "w1graph" if name == "cuda" => kiln_cubecl::CudaDevice::first().and_then(|d| {
+                w1_graph::<256>(&d, reps)?;
+                w1_graph::<4096>(&d, reps)?;
+                w1_graph_infer(&d, reps)
+            }),
+            #[cfg(feature = "cuda")]
             "w1profile" if name == "cuda" => {
                 kiln_cubecl::CudaDevice::first().and_then(|d| w1_profile(&d))
             }
@@ -393,7 +460,7 @@ fn run<B: Backend>(
                 conformance::<B>(dev, name, &config)
             }
             other => {
-                eprintln!("unknown workload {other:?} (known: w1, w2, w4, mnist)");
+                eprintln!("unknown workload {other:?} (known: w1, w2, w4, mnist, ops, conformance; on cuda also w1graph, w1profile)");
                 Ok(())
             }
         };

@@ -13,7 +13,7 @@
 //! its inputs and before those that read its result, with no host synchronisation, and
 //! buffers freed afterwards are reused in stream order.
 
-use crate::device::{CubeDevice, KilnRuntime, Opened};
+use crate::device::{CubeDevice, DeviceState, KilnRuntime, Opened};
 use crate::storage::{device_size, CubeStorage};
 use crate::strided::{coalesce, Operand};
 use crate::CubeBackend;
@@ -67,9 +67,21 @@ unsafe impl Send for Blas {}
 pub struct CudaExtra {
     ordinal: usize,
     blas: Mutex<Option<Blas>>,
+    /// The primary context's address, retained on first use outside CubeCL.
+    context: std::sync::OnceLock<std::result::Result<usize, String>>,
+    /// Products that added a bias in cuBLASLt's epilogue.
+    bias_epilogues: std::sync::atomic::AtomicUsize,
 }
 
-fn driver_error(what: &str, e: impl std::fmt::Debug) -> Error {
+impl CubeDevice<CudaRuntime> {
+    /// How many products so far added their bias inside cuBLASLt (a fused epilogue)
+    /// instead of in a kernel after the product.
+    pub fn bias_epilogues(&self) -> usize {
+        self.state.extra().bias_epilogues.load(Ordering::Relaxed)
+    }
+}
+
+pub(crate) fn driver_error(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Device(format!("CUDA {what} failed: {e:?}"))
 }
 
@@ -165,6 +177,25 @@ fn as_lt(rows: usize, cols: usize, sr: usize, sc: usize, batch_stride: usize) ->
     }
 }
 
+/// Makes the device's primary context (the one CubeCL runs in) current on the calling
+/// thread, for driver calls made outside CubeCL.
+pub(crate) fn make_current(state: &DeviceState<CudaRuntime>) -> Result<()> {
+    let ctx = *state
+        .extra()
+        .context
+        .get_or_init(|| unsafe {
+            drv::device::get(state.extra().ordinal as i32)
+                .and_then(|d| drv::primary_ctx::retain(d))
+                .map(|c| c as usize)
+                .map_err(|e| format!("{e:?}"))
+        })
+        .as_ref()
+        .map_err(|e| Error::Device(format!("CUDA cuDevicePrimaryCtxRetain failed: {e}")))?;
+    // SAFETY: the device's primary context, retained above for the process's life.
+    unsafe { drv::ctx::set_current(ctx as dsys::CUcontext) }
+        .map_err(|e| driver_error("cuCtxSetCurrent", e))
+}
+
 /// The largest power of two (at most 256) dividing an address.
 fn alignment(ptr: u64) -> u32 {
     ptr.trailing_zeros().min(8)
@@ -210,6 +241,8 @@ impl KilnRuntime for CudaRuntime {
                 extra: CudaExtra {
                     ordinal,
                     blas: Mutex::new(None),
+                    context: std::sync::OnceLock::new(),
+                    bias_epilogues: Default::default(),
                 },
             })
         })
@@ -220,11 +253,20 @@ impl KilnRuntime for CudaRuntime {
         &DEVICES
     }
 
+    fn fill_zeros(state: &DeviceState<Self>, handle: &Handle) -> Result<()> {
+        let (ptr, stream) = raw_resource(state, handle)?;
+        let bytes = handle.size_in_used() as usize;
+        // SAFETY: the address and size are the live buffer's, on the stream that orders it.
+        unsafe { drv::memset_d8_async(ptr, 0, bytes, stream) }
+            .map_err(|e| driver_error("cuMemsetD8Async", e))
+    }
+
     fn vendor_matmul(
         device: &CubeDevice<Self>,
         a: View<'_, CubeBackend<Self>>,
         b: View<'_, CubeBackend<Self>>,
         out: &TensorMeta,
+        bias: Option<View<'_, CubeBackend<Self>>>,
     ) -> Option<Result<CubeStorage<Self>>> {
         let r = out.dims.len();
         let (m, n) = (out.dims[r - 2], out.dims[r - 1]);
@@ -257,8 +299,20 @@ impl KilnRuntime for CudaRuntime {
         // Cᵀ = Bᵀ·Aᵀ in column-major: B is cuBLASLt's first operand, A its second.
         let x = as_lt(k, n, sb[r - 2], sb[r - 1], bs(1))?;
         let y = as_lt(m, k, sa[r - 2], sa[r - 1], bs(0))?;
-        Some(lt_matmul(device, a, b, out, x, y, (m, n, k), batch))
+        Some(lt_matmul(device, a, b, out, x, y, (m, n, k), batch, bias))
     }
+}
+
+/// A buffer's device address and the calling thread's CUDA stream, which orders it
+/// (asking CubeCL for the resource makes work queued on other streams wait there).
+pub(crate) fn raw_resource(
+    dev: &DeviceState<CudaRuntime>,
+    h: &Handle,
+) -> Result<(u64, dsys::CUstream)> {
+    dev.client
+        .get_resource(h.clone())
+        .map(|r| (r.resource().ptr, r.resource().stream))
+        .map_err(|e| crate::device::server_error(&dev.name, e))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -271,6 +325,7 @@ fn lt_matmul(
     y: LtMatrix,
     (m, n, k): (usize, usize, usize),
     batch: usize,
+    bias: Option<View<'_, CubeBackend<CudaRuntime>>>,
 ) -> Result<CubeStorage<CudaRuntime>> {
     let dev = &device.state;
     let dtype = out.dtype;
@@ -317,18 +372,22 @@ fn lt_matmul(
     let esize = device_size(dtype) as u64;
     // Asking CubeCL for a buffer's resource orders the buffer on the calling thread's
     // stream (inputs written on another stream are waited for there, on the device).
-    let resource = |h: &Handle| -> Result<(u64, dsys::CUstream)> {
-        dev.client
-            .get_resource(h.clone())
-            .map(|r| (r.resource().ptr, r.resource().stream))
-            .map_err(|e| crate::device::server_error(&dev.name, e))
+    let resource = |s: &CubeStorage<CudaRuntime>| -> Result<(u64, dsys::CUstream)> {
+        dev.note_bound(s);
+        raw_resource(dev, &s.handle)
     };
-    let pa = resource(&a.storage.handle)?.0 + a.layout.offset() as u64 * esize;
-    let pb = resource(&b.storage.handle)?.0 + b.layout.offset() as u64 * esize;
-    let (pc, stream) = resource(&result.handle)?;
+    let pa = resource(a.storage)?.0 + a.layout.offset() as u64 * esize;
+    let pb = resource(b.storage)?.0 + b.layout.offset() as u64 * esize;
+    let (pc, stream) = resource(&result)?;
+    // The bias row (f32, one value per output column: per row of cuBLASLt's
+    // column-major result), added by the product's epilogue.
+    let pbias = match bias {
+        Some(v) => Some(resource(v.storage)?.0 + v.layout.offset() as u64 * 4),
+        None => None,
+    };
     blas.claim_workspace(stream)?;
     let key = format!(
-        "{dtype}{} {}x{}x{} {} {} {} {} {} {} {}",
+        "{dtype}{} {}x{}x{} {} {} {} {} {} {} {} {:?}",
         allow_tf32(),
         m,
         n,
@@ -339,7 +398,8 @@ fn lt_matmul(
         y.trans,
         batch,
         alignment(pa).min(alignment(pb)),
-        alignment(pc)
+        alignment(pc),
+        pbias.map(alignment)
     );
     unsafe {
         let desc =
@@ -357,6 +417,29 @@ fn lt_matmul(
             y.trans as i32,
         )
         .map_err(|e| blas_error("TRANSB", e))?;
+        if let Some(p) = pbias {
+            set_desc(
+                ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as i32,
+            )
+            .map_err(|e| blas_error("EPILOGUE", e))?;
+            lt::set_matmul_desc_attribute(
+                desc,
+                ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                &p as *const u64 as *const c_void,
+                8,
+            )
+            .map_err(|e| blas_error("BIAS_POINTER", e))?;
+            // One row for every matrix of a batch.
+            let batch_stride = 0i64;
+            lt::set_matmul_desc_attribute(
+                desc,
+                ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                &batch_stride as *const i64 as *const c_void,
+                8,
+            )
+            .map_err(|e| blas_error("BIAS_BATCH_STRIDE", e))?;
+        }
         let layout = |mx: &LtMatrix| -> Result<ltsys::cublasLtMatrixLayout_t> {
             let l = lt::create_matrix_layout(data_type, mx.rows, mx.cols, mx.ld)
                 .map_err(|e| blas_error("matrix layout", e))?;
@@ -448,6 +531,9 @@ fn lt_matmul(
         let _ = lt::destroy_matrix_layout(ld);
         let _ = lt::destroy_matmul_desc(desc);
         status.map_err(|e| blas_error("cublasLtMatmul", e))?;
+    }
+    if pbias.is_some() {
+        dev.extra().bias_epilogues.fetch_add(1, Ordering::Relaxed);
     }
     Ok(result)
 }

@@ -7,8 +7,11 @@ use crate::storage::CubeStorage;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use kiln_tensor::{DType, Error, Result, TensorMeta, View};
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 
 use crate::CubeBackend;
 
@@ -42,14 +45,26 @@ pub trait KilnRuntime: Runtime + Sized {
     fn registry() -> &'static Mutex<Vec<(usize, CubeDevice<Self>)>>;
 
     /// A matrix product the runtime runs through a vendor library, or `None` to use
-    /// Kiln's own kernel.
+    /// Kiln's own kernel. `bias`, where given, is an f32 row `[N]` broadcast over the
+    /// result (stride 0 but along the last dim) that the library adds to it as its
+    /// epilogue; a runtime that cannot add it returns `None`.
     fn vendor_matmul(
         _device: &CubeDevice<Self>,
         _a: View<'_, CubeBackend<Self>>,
         _b: View<'_, CubeBackend<Self>>,
         _out: &TensorMeta,
+        _bias: Option<View<'_, CubeBackend<Self>>>,
     ) -> Option<Result<CubeStorage<Self>>> {
         None
+    }
+
+    /// Queues zeros over a whole buffer on the calling thread's stream (re-arms the
+    /// error flags of a captured graph). Runtimes without graph capture never need it.
+    fn fill_zeros(_state: &DeviceState<Self>, _handle: &Handle) -> Result<()> {
+        Err(Error::Device(format!(
+            "{} cannot zero a buffer in place",
+            Self::NAME
+        )))
     }
 }
 
@@ -76,22 +91,53 @@ pub struct DeviceState<R: KilnRuntime> {
     pub(crate) pending: Mutex<Vec<PendingCheck>>,
     /// The fused-kernel configurations launched so far (each is one compiled kernel).
     pub(crate) fused_kernels: Mutex<std::collections::HashSet<crate::kernels::fused::FusedConfig>>,
+    /// Read-only metadata buffers (kernels' extents and strides) by content: uploaded
+    /// the first time a launch needs them and bound by every later launch with the same
+    /// metadata, so steady-state steps copy nothing from the host.
+    pub(crate) metadata: Mutex<HashMap<Vec<u32>, Handle>>,
+    /// The graph capture in progress on this device, if any.
+    pub(crate) recording: Mutex<Option<Recording>>,
+    /// Whether `recording` is set (read on every launch and buffer drop, without a lock).
+    pub(crate) recording_active: AtomicBool,
+    /// The id the next buffer takes (ids order buffers by creation).
+    pub(crate) next_buffer: AtomicU64,
 }
 
 /// How a failed launch is reported: its error, from the code and detail in its flag.
-pub(crate) type Report = Box<dyn Fn(u32, u32) -> Error + Send + Sync>;
+pub(crate) type Report = Arc<dyn Fn(u32, u32) -> Error + Send + Sync>;
 
 /// The error flag of one launch that may fail, read at its thread's next
 /// synchronisation point.
 pub(crate) struct PendingCheck {
     flag: Handle,
-    thread: std::thread::ThreadId,
+    thread: ThreadId,
     report: Report,
+    /// A flag a graph writes on every replay: zeroed again once its error is reported,
+    /// and registered once however many replays are waiting to be read.
+    rearm: Option<u64>,
 }
 
 /// Unread flags one thread may leave before a launch waits to read them (a loop that
 /// never reads a result would otherwise collect flags without bound).
 const MAX_PENDING: usize = 64;
+
+/// Distinct metadata buffers a device keeps before it starts the cache afresh.
+const MAX_METADATA: usize = 4096;
+
+/// What a graph capture collects while the step runs (see `cuda::CudaGraph`).
+pub(crate) struct Recording {
+    /// The capturing thread: only its launches go into the graph.
+    pub(crate) thread: ThreadId,
+    /// Buffers made before the capture have ids below this one.
+    pub(crate) first_buffer: u64,
+    /// Every buffer a captured launch binds, by id: the graph keeps them alive, since
+    /// each replay reads and writes them where they were at capture.
+    pub(crate) bound: HashMap<u64, Handle>,
+    /// The error flags of captured launches, with their reports.
+    pub(crate) checks: Vec<(u64, Handle, Report)>,
+    /// The first thing the step did that a replay could not repeat.
+    pub(crate) refused: Option<String>,
+}
 
 impl<R: KilnRuntime> DeviceState<R> {
     /// The runtime-specific state.
@@ -105,9 +151,124 @@ impl<R: KilnRuntime> DeviceState<R> {
     }
 
     /// A fresh zeroed error flag for one launch of a kernel that may fail: two words,
-    /// the error code and a detail (the bad index's bits).
-    pub(crate) fn new_flag(&self) -> Handle {
-        self.client.create_from_slice(&[0u8; 8])
+    /// the error code and a detail (the bad index's bits). Under a graph capture the
+    /// flag is left for the capture to zero once it ends (a copy from the host cannot
+    /// be captured).
+    pub(crate) fn new_flag(self: &Arc<Self>) -> CubeStorage<R> {
+        let handle = if self.recording_here() {
+            self.client.empty(8)
+        } else {
+            self.client.create_from_slice(&[0u8; 8])
+        };
+        self.wrap(handle, DType::U32, 2)
+    }
+
+    /// A new buffer id.
+    pub(crate) fn buffer_id(&self) -> u64 {
+        self.next_buffer.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Wraps a CubeCL handle as a buffer of this device.
+    pub(crate) fn wrap(self: &Arc<Self>, handle: Handle, dtype: DType, len: usize) -> CubeStorage<R> {
+        CubeStorage {
+            handle,
+            dtype,
+            len,
+            id: self.buffer_id(),
+            device: self.clone(),
+        }
+    }
+
+    /// The metadata buffer holding `words` (read-only; shared by every launch that
+    /// needs the same words).
+    pub(crate) fn metadata(self: &Arc<Self>, words: &[u32]) -> Result<CubeStorage<R>> {
+        let cache = self.metadata.lock().expect("metadata cache");
+        if let Some(h) = cache.get(words) {
+            return Ok(self.wrap(h.clone(), DType::U32, words.len()));
+        }
+        drop(cache);
+        self.refuse_in_capture(
+            "uploading a kernel's metadata (extents or strides seen for the first time)",
+        )?;
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let handle = self.client.create_from_slice(&bytes);
+        let mut cache = self.metadata.lock().expect("metadata cache");
+        if cache.len() >= MAX_METADATA {
+            // Launches keep their own handles; dropping the cache only costs uploads.
+            cache.clear();
+        }
+        cache.insert(words.to_vec(), handle.clone());
+        Ok(self.wrap(handle, DType::U32, words.len()))
+    }
+
+    /// Whether a graph capture is in progress on the calling thread.
+    pub(crate) fn recording_here(&self) -> bool {
+        self.recording_active.load(Ordering::Acquire)
+            && self
+                .recording
+                .lock()
+                .expect("recording")
+                .as_ref()
+                .is_some_and(|r| r.thread == std::thread::current().id())
+    }
+
+    /// An error if a graph capture is in progress on the calling thread: `what` (a
+    /// host copy, a read, a synchronisation) cannot be replayed by a graph. The capture
+    /// remembers it, so it fails even if the step swallowed the error.
+    pub(crate) fn refuse_in_capture(&self, what: &str) -> Result<()> {
+        if !self.recording_active.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut guard = self.recording.lock().expect("recording");
+        match guard.as_mut() {
+            Some(r) if r.thread == std::thread::current().id() => {
+                let msg = format!(
+                    "{what} cannot be captured into a CUDA graph: a replay repeats only device \
+                     work; move it out of the captured step (upload inputs before capturing and \
+                     write new values into them between replays, read results after a replay)"
+                );
+                r.refused.get_or_insert_with(|| msg.clone());
+                Err(Error::Device(msg))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Notes that a launch binds `s`: under a capture on this thread the graph keeps it.
+    pub(crate) fn note_bound(&self, s: &CubeStorage<R>) {
+        if !self.recording_active.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(r) = self.recording.lock().expect("recording").as_mut() {
+            if r.thread == std::thread::current().id() {
+                r.bound.entry(s.id).or_insert_with(|| s.handle.clone());
+            }
+        }
+    }
+
+    /// Notes that buffer `id` is no longer referenced: under a capture, a buffer made
+    /// before the capture and read by it would be read again by every replay, so
+    /// releasing it means the step replaced state (a parameter, an optimizer buffer)
+    /// instead of updating it in place, and replays would never see the new value.
+    pub(crate) fn note_released(&self, id: u64) {
+        let mut guard = self.recording.lock().expect("recording");
+        let Some(r) = guard.as_mut() else {
+            return;
+        };
+        if r.thread == std::thread::current().id()
+            && id < r.first_buffer
+            && r.bound.contains_key(&id)
+            && r.refused.is_none()
+        {
+            r.refused = Some(
+                "the captured step released a buffer made before the capture after reading it: \
+                 it replaced state (a parameter or an optimizer buffer) instead of updating it \
+                 in place, so replays would keep reading the old value. Run the step once \
+                 before capturing (optimizers create their buffers on the first step) and use an \
+                 optimizer that updates in place (SGD with momentum, Adam)"
+                    .to_string(),
+            );
+        }
     }
 
     /// Registers the error flag of a launch that may fail (a gather or scatter-add index
@@ -116,14 +277,40 @@ impl<R: KilnRuntime> DeviceState<R> {
     /// `synchronize`), where the error is returned, as CUDA and PyTorch report device-side
     /// errors; reading it here would stall the host until the device caught up, once per
     /// gather in every training step.
-    pub(crate) fn defer_check(&self, flag: Handle, report: Report) -> Result<()> {
+    pub(crate) fn defer_check(&self, flag: &CubeStorage<R>, report: Report) -> Result<()> {
+        if self.recording_active.load(Ordering::Acquire) {
+            let mut guard = self.recording.lock().expect("recording");
+            if let Some(r) = guard.as_mut() {
+                if r.thread == std::thread::current().id() {
+                    r.checks.push((flag.id, flag.handle.clone(), report));
+                    return Ok(());
+                }
+            }
+        }
+        self.push_check(flag.handle.clone(), report, None)
+    }
+
+    /// Registers the flags of one graph replay (each flag once however many replays
+    /// are waiting to be read: a flag keeps its first error until it is reported).
+    pub(crate) fn defer_replay_checks(&self, checks: &[(u64, Handle, Report)]) -> Result<()> {
+        for (id, flag, report) in checks {
+            self.push_check(flag.clone(), report.clone(), Some(*id))?;
+        }
+        Ok(())
+    }
+
+    fn push_check(&self, flag: Handle, report: Report, rearm: Option<u64>) -> Result<()> {
         let thread = std::thread::current().id();
         let waiting = {
             let mut pending = self.pending.lock().expect("pending flags");
+            if rearm.is_some() && pending.iter().any(|p| p.rearm == rearm && p.thread == thread) {
+                return Ok(());
+            }
             pending.push(PendingCheck {
                 flag,
                 thread,
                 report,
+                rearm,
             });
             pending.iter().filter(|p| p.thread == thread).count()
         };
@@ -136,6 +323,7 @@ impl<R: KilnRuntime> DeviceState<R> {
     /// Reads the flags the calling thread's launches left (one synchronisation) and
     /// returns the first error among them, in launch order.
     pub(crate) fn check_pending(&self) -> Result<()> {
+        self.refuse_in_capture("reading kernels' error flags (a synchronisation)")?;
         let thread = std::thread::current().id();
         let mine: Vec<PendingCheck> = {
             let mut pending = self.pending.lock().expect("pending flags");
@@ -161,7 +349,13 @@ impl<R: KilnRuntime> DeviceState<R> {
                 ])
             };
             if word(0) != 0 {
-                return Err((check.report)(word(0), word(1)));
+                let error = (check.report)(word(0), word(1));
+                // A graph's flag is written by every replay: clear it, or every later
+                // read would report this error again.
+                for c in mine.iter().filter(|c| c.rearm.is_some()) {
+                    R::fill_zeros(self, &c.flag)?;
+                }
+                return Err(error);
             }
         }
         Ok(())
@@ -274,6 +468,10 @@ impl<R: KilnRuntime> CubeDevice<R> {
                 extra: opened.extra,
                 pending: Mutex::new(Vec::new()),
                 fused_kernels: Mutex::new(Default::default()),
+                metadata: Mutex::new(HashMap::new()),
+                recording: Mutex::new(None),
+                recording_active: AtomicBool::new(false),
+                next_buffer: AtomicU64::new(0),
             }),
         };
         registry.push((ordinal, device.clone()));

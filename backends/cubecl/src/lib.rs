@@ -60,12 +60,21 @@
 //! variant. cuBLASLt products queue on CubeCL's own CUDA stream (through a patched
 //! cubecl-cuda, `vendor/README.md`), so a step never waits on the host.
 //!
+//! ## CUDA graphs
+//!
+//! [`CudaDevice::capture`] records the device work of a step (a static training step:
+//! forward, backward and the optimizer's in-place update) into a CUDA graph, and
+//! [`CudaGraph::replay`] runs it with one driver call, so a step no longer pays the
+//! host's work per kernel. New inputs are written into the captured input tensors
+//! between replays ([`write_into`]). A capture refuses what a replay could not repeat
+//! (a copy from the host, a read, state replaced instead of updated in place) with an
+//! error naming it; kernel metadata comes from a per-device cache of read-only buffers,
+//! so steady-state steps upload nothing (module [`graph`]).
+//!
 //! ## Not yet here
 //!
-//! CUDA graph capture (a step is bound by host work per launch, see BENCHMARKS.md),
 //! cuBLASLt epilogues (a product's epilogue is one fused kernel after it), device-side
-//! random numbers (below), the metadata of reductions and gathers as kernel parameters
-//! (strided fused launches already pass theirs so, rather than as a buffer per launch).
+//! random numbers (above; a step with dropout cannot be captured).
 //!
 //! ## Features
 //!
@@ -86,11 +95,15 @@ pub mod strided;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod graph;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
 pub use device::{CubeDevice, DeviceState, KilnRuntime};
 pub use storage::CubeStorage;
+#[cfg(feature = "cuda")]
+pub use graph::{write_into, CudaGraph};
 
 use kiln_tensor::fused::{FusedExpr, NativeFn};
 use kiln_tensor::{Backend, DType, Dims, Error, HostData, Layout, Op, Result, TensorMeta, View};
@@ -187,6 +200,7 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
 
     fn synchronize(device: &CubeDevice<R>) -> Result<()> {
         let dev = &device.state;
+        dev.refuse_in_capture("synchronising the device")?;
         cubecl::future::block_on(dev.client.sync())
             .map_err(|e| device::server_error(&dev.name, e))?;
         dev.check_pending()
@@ -215,6 +229,37 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
 
     fn alloc(device: &CubeDevice<R>, dtype: DType, len: usize) -> Result<CubeStorage<R>> {
         device.state.alloc("alloc", dtype, len)
+    }
+
+    fn matmul_with_epilogue(
+        device: &CubeDevice<R>,
+        a: View<'_, Self>,
+        b: View<'_, Self>,
+        out: &TensorMeta,
+        epilogue: &FusedExpr,
+        inputs: &[View<'_, Self>],
+    ) -> Result<Option<CubeStorage<R>>> {
+        let Some(k) = ops::matmul::bias_epilogue_input(epilogue) else {
+            return Ok(None);
+        };
+        let bias = inputs[k];
+        if out.dtype != DType::F32
+            || bias.storage.dtype != DType::F32
+            || !ops::matmul::is_broadcast_row(&bias.layout, &out.dims)
+        {
+            return Ok(None);
+        }
+        for v in [a, b, bias] {
+            check_extent(v.storage, &v.layout)?;
+            if !std::sync::Arc::ptr_eq(&v.storage.device, &device.state) {
+                return Err(Error::DeviceMismatch {
+                    op: "matmul",
+                    lhs: Self::device_name(device),
+                    rhs: format!("{}:{}", R::NAME, v.storage.device.ordinal),
+                });
+            }
+        }
+        R::vendor_matmul(device, a, b, out, Some(bias)).transpose()
     }
 
     fn fused_elementwise(

@@ -14,7 +14,22 @@ pub struct CubeStorage<R: KilnRuntime> {
     pub(crate) handle: Handle,
     pub(crate) dtype: DType,
     pub(crate) len: usize,
+    /// Unique per device, increasing with creation (graph captures tell buffers made
+    /// before them from their own by it).
+    pub(crate) id: u64,
     pub(crate) device: Arc<DeviceState<R>>,
+}
+
+impl<R: KilnRuntime> Drop for CubeStorage<R> {
+    fn drop(&mut self) {
+        if self
+            .device
+            .recording_active
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            self.device.note_released(self.id);
+        }
+    }
 }
 
 impl<R: KilnRuntime> fmt::Debug for CubeStorage<R> {
@@ -214,30 +229,21 @@ impl<R: KilnRuntime> DeviceState<R> {
         }
         // CubeCL refuses empty buffers; an empty tensor still gets a (never read) word.
         let handle = self.client.empty((bytes as usize).max(4));
-        Ok(CubeStorage {
-            handle,
-            dtype,
-            len,
-            device: self.clone(),
-        })
+        Ok(self.wrap(handle, dtype, len))
     }
 
     /// A new buffer holding host values.
     pub(crate) fn upload(self: &Arc<Self>, data: &HostData) -> Result<CubeStorage<R>> {
         let dtype = data.dtype();
         self.check_dtype("upload", dtype)?;
+        self.refuse_in_capture("copying host values to the device")?;
         let mut bytes = host_to_bytes(data);
         self.check_size("upload", bytes.len() as u64)?;
         if bytes.is_empty() {
             bytes = vec![0; 4];
         }
         let handle = self.client.create_from_slice(&bytes);
-        Ok(CubeStorage {
-            handle,
-            dtype,
-            len: data.len(),
-            device: self.clone(),
-        })
+        Ok(self.wrap(handle, dtype, data.len()))
     }
 
     /// The values of a whole contiguous buffer, after every queued kernel finished.

@@ -13,20 +13,33 @@ type V<'a, R> = View<'a, CubeBackend<R>>;
 
 /// An array argument over a whole buffer.
 pub(crate) fn arg<R: KilnRuntime>(s: &CubeStorage<R>) -> ArrayArg<R> {
+    s.device.note_bound(s);
     // SAFETY: the length is the buffer's element count; kernels index within the
     // extents the host checked against it.
     unsafe { ArrayArg::from_raw_parts(s.handle.clone(), s.len.max(1)) }
 }
 
-/// Uploads a metadata buffer.
-pub(crate) fn meta<R: KilnRuntime>(dev: &Arc<DeviceState<R>>, words: &[u32]) -> CubeStorage<R> {
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    CubeStorage {
-        handle: dev.client.create_from_slice(&bytes),
-        dtype: DType::U32,
-        len: words.len(),
-        device: dev.clone(),
-    }
+/// The metadata buffer holding `words` (uploaded once per distinct content).
+pub(crate) fn meta<R: KilnRuntime>(
+    dev: &Arc<DeviceState<R>>,
+    words: &[u32],
+) -> Result<CubeStorage<R>> {
+    dev.metadata(words)
+}
+
+/// A buffer holding one host value (at least 8 bytes, so any dtype's kernel reads it),
+/// shared through the metadata cache: a step fills with the same values every time.
+pub(crate) fn constant<R: KilnRuntime>(
+    dev: &Arc<DeviceState<R>>,
+    value: &kiln_tensor::HostData,
+) -> Result<CubeStorage<R>> {
+    let mut bytes = crate::storage::host_to_bytes(value);
+    bytes.resize(bytes.len().div_ceil(4).max(2) * 4, 0);
+    let words: Vec<u32> = bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    dev.metadata(&words)
 }
 
 /// The metadata of an elementwise op writing a contiguous result of `dims`.
@@ -37,7 +50,7 @@ fn views_meta<R: KilnRuntime>(
 ) -> Result<(u32, CubeStorage<R>)> {
     let ops: Vec<Operand> = inputs.iter().map(|v| Operand::of(&v.layout)).collect();
     let (rank, words) = elementwise_meta(dims, &ops)?;
-    Ok((rank, meta(dev, &words)))
+    Ok((rank, meta(dev, &words)?))
 }
 
 /// A unary op.
@@ -92,12 +105,7 @@ pub fn binary<R: KilnRuntime>(
         k::binary_float::launch_unchecked::<F, A, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&out), arg(&m), code, rank)
     }, {
         let checked = op == BinaryOp::Div;
-        let flag = CubeStorage {
-            handle: dev.new_flag(),
-            dtype: DType::U32,
-            len: 2,
-            device: dev.clone(),
-        };
+        let flag = dev.new_flag();
         match dtype {
             DType::I32 => unsafe {
                 k::binary_int::launch_unchecked::<i32, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&out), arg(&m), arg(&flag), code, rank, true)
@@ -108,8 +116,8 @@ pub fn binary<R: KilnRuntime>(
         }
         if checked {
             dev.defer_check(
-                flag.handle,
-                Box::new(|_, _| {
+                &flag,
+                Arc::new(|_, _| {
                     Error::invalid(
                         "div",
                         "integer division by zero (kernels run asynchronously: reported at \
@@ -274,7 +282,7 @@ pub fn copy_strided<R: KilnRuntime>(
         return Ok(());
     }
     let (rank, words) = elementwise_meta(dims, &[src_op.clone(), dst_op.clone()])?;
-    let m = meta(dev, &words);
+    let m = meta(dev, &words)?;
     let (count, dim) = grid(n, BLOCK);
     let c = &dev.client;
     // Same-width dtypes share a kernel: a copy moves bits.
@@ -306,7 +314,7 @@ pub fn fill<R: KilnRuntime>(
     if out.len == 0 {
         return Ok(());
     }
-    let v = dev.upload(value)?;
+    let v = constant(dev, value)?;
     let (count, dim) = grid(out.len, BLOCK);
     let n = crate::strided::word(out.len)?;
     let c = &dev.client;

@@ -136,6 +136,7 @@ fn constants<R: KilnRuntime>(values: Vec<f32>) -> SequenceArg<R, f32> {
 
 /// A whole f32 buffer as an array of vectors (its length rounded down).
 fn vector_arg<R: KilnRuntime>(s: &CubeStorage<R>) -> ArrayArg<R> {
+    s.device.note_bound(s);
     // SAFETY: the length in vectors never exceeds the buffer.
     unsafe { ArrayArg::from_raw_parts(s.handle.clone(), (s.len / VECTOR).max(1)) }
 }

@@ -6,7 +6,7 @@ use crate::kernels::index as k;
 use crate::storage::{device_size, CubeStorage};
 use crate::strided::{grid, word, BLOCK};
 use crate::CubeBackend;
-use kiln_tensor::{DType, Error, HostData, Result, TensorMeta, View};
+use kiln_tensor::{DType, Error, Result, TensorMeta, View};
 use std::sync::Arc;
 
 type V<'a, R> = View<'a, CubeBackend<R>>;
@@ -25,16 +25,6 @@ fn bad_index(op: &'static str, detail: u32, signed: bool, axis: usize, size: usi
              asynchronously: reported at the next read or synchronisation)"
         ),
     )
-}
-
-/// The error flag as a kernel argument.
-fn flag_storage<R: KilnRuntime>(dev: &Arc<DeviceState<R>>) -> CubeStorage<R> {
-    CubeStorage {
-        handle: dev.new_flag(),
-        dtype: DType::U32,
-        len: 2,
-        device: dev.clone(),
-    }
 }
 
 /// `torch.gather` along `axis`.
@@ -64,9 +54,10 @@ pub fn gather<R: KilnRuntime>(
     for &s in index.layout.strides() {
         w.push(word(s)?);
     }
-    let m = meta(dev, &w);
-    let zero = dev.upload(&HostData::from_f64_slice(out.dtype, &[0.0]))?;
-    let flags = flag_storage(dev);
+    let m = meta(dev, &w)?;
+    // Zero in any dtype (the kernel writes it where an index is out of range).
+    let zero = meta(dev, &[0, 0])?;
+    let flags = dev.new_flag();
     let (count, dim) = grid(n, BLOCK);
     let (r, a) = (rank as u32, axis as u32);
     let c = &dev.client;
@@ -100,8 +91,8 @@ pub fn gather<R: KilnRuntime>(
     }
     let size = data.layout.dims()[axis];
     dev.defer_check(
-        flags.handle,
-        Box::new(move |_, detail| bad_index("gather", detail, signed, axis, size)),
+        &flags,
+        Arc::new(move |_, detail| bad_index("gather", detail, signed, axis, size)),
     )?;
     Ok(result)
 }
@@ -139,8 +130,8 @@ pub fn scatter_add<R: KilnRuntime>(
     for &s in src.layout.strides() {
         w.push(word(s)?);
     }
-    let m = meta(dev, &w);
-    let flags = flag_storage(dev);
+    let m = meta(dev, &w)?;
+    let flags = dev.new_flag();
     let (count, dim) = grid(n, BLOCK);
     let (r, a) = (rank as u32, axis as u32);
     let c = &dev.client;
@@ -185,8 +176,8 @@ pub fn scatter_add<R: KilnRuntime>(
     let signed = index.storage.dtype == DType::I32;
     let size = out.dims[axis];
     dev.defer_check(
-        flags.handle,
-        Box::new(move |_, detail| bad_index("scatter_add", detail, signed, axis, size)),
+        &flags,
+        Arc::new(move |_, detail| bad_index("scatter_add", detail, signed, axis, size)),
     )?;
     Ok(result)
 }

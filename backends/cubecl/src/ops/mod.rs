@@ -44,7 +44,7 @@ pub fn execute<R: KilnRuntime>(
             value,
             ..
         } => pad(dev, inputs[0], *axis, *before, *value, out),
-        Op::MatMul => match R::vendor_matmul(device, inputs[0], inputs[1], out) {
+        Op::MatMul => match R::vendor_matmul(device, inputs[0], inputs[1], out, None) {
             Some(r) => r,
             None => matmul::matmul(dev, inputs[0], inputs[1], out),
         },

@@ -53,7 +53,7 @@ pub fn reduce<R: KilnRuntime>(
     for &s in ko[0].strides.iter().chain(&ro[0].strides) {
         w.push(word(s)?);
     }
-    let m = meta(dev, &w);
+    let m = meta(dev, &w)?;
     let (kr, rr) = (kd.len() as u32, rd.len() as u32);
     let block = (extent.next_power_of_two() as u32).clamp(32, 256);
     let (count, dim) = grid_per_item(n_out, block);

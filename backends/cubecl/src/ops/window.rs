@@ -6,7 +6,7 @@ use crate::kernels::window as k;
 use crate::storage::{device_size, CubeStorage};
 use crate::strided::{grid, word, BLOCK};
 use crate::CubeBackend;
-use kiln_tensor::{DType, Error, HostData, Result, TensorMeta, View, Window2d};
+use kiln_tensor::{DType, Error, Result, TensorMeta, View, Window2d};
 use std::sync::Arc;
 
 type V<'a, R> = View<'a, CubeBackend<R>>;
@@ -63,8 +63,9 @@ pub fn unfold2d<R: KilnRuntime>(
         x.layout.offset(),
         x.layout.strides(),
     )?;
-    let m = meta(dev, &words);
-    let zero = dev.upload(&HostData::from_f64_slice(out.dtype, &[0.0]))?;
+    let m = meta(dev, &words)?;
+    // Zero in any dtype (written where the window reaches into the padding).
+    let zero = meta(dev, &[0, 0])?;
     let (count, dim) = grid(n, BLOCK);
     let c = &dev.client;
     match device_size(out.dtype) {
@@ -129,7 +130,7 @@ pub fn fold2d<R: KilnRuntime>(
         cols.layout.offset(),
         &strides,
     )?;
-    let m = meta(dev, &words);
+    let m = meta(dev, &words)?;
     let (count, dim) = grid(n, BLOCK);
     let c = &dev.client;
     macro_rules! go {

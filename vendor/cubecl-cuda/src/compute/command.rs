@@ -400,6 +400,17 @@ impl<'a> Command<'a> {
     /// * `Ok(Handle)` - A handle to the newly allocated and populated GPU memory.
     /// * `Err(IoError)` - If the allocation or data copy fails.
     pub fn create_with_data(&mut self, data: &[u8]) -> Result<Handle, IoError> {
+        // Kiln patch: a copy from pinned staging memory captured into a CUDA graph would
+        // replay whatever the reused staging buffer holds then; refuse it instead.
+        let capturing = unsafe { cudarc::driver::result::stream::is_capturing(self.streams.current().sys) }
+            .map(|s| s != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+            .unwrap_or(false);
+        if capturing {
+            return Err(IoError::Unknown {
+                backtrace: BackTrace::capture(),
+                description: "a host-to-device copy cannot be captured into a CUDA graph".into(),
+            });
+        }
         let mut staging =
             self.reserve_pinned(data.len(), None)
                 .ok_or_else(|| IoError::Unknown {

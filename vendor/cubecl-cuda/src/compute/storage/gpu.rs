@@ -185,7 +185,20 @@ impl ComputeStorage for GpuStorage {
         // SAFETY: Calling CUDA driver FFI to allocate device memory. First tries async
         // allocation on the stream; falls back to synchronous allocation if that fails.
         // The returned pointer is stored in `self.memory` and freed on deallocation.
-        let ptr = unsafe { cudarc::driver::result::malloc_async(self.stream, size as usize) };
+        // Kiln patch: while the stream is being captured into a CUDA graph, a
+        // stream-ordered allocation would become a node of the graph (memory valid only
+        // while the graph runs), yet the pool keeps the page for later use; plain
+        // allocations are allowed in relaxed capture mode and stay ordinary memory.
+        let capturing = unsafe { cudarc::driver::result::stream::is_capturing(self.stream) }
+            .map(|s| s != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+            .unwrap_or(false);
+        let ptr = if capturing {
+            Err(cudarc::driver::DriverError(
+                cudarc::driver::sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            ))
+        } else {
+            unsafe { cudarc::driver::result::malloc_async(self.stream, size as usize) }
+        };
         let (ptr, kind) = match ptr {
             Ok(ptr) => (ptr, AllocationKind::Async),
             Err(_) => unsafe {
