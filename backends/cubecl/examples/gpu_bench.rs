@@ -267,7 +267,9 @@ fn w1_graph<const BS: usize>(dev: &kiln_cubecl::CudaDevice, reps: usize) -> Resu
         }
         Ok(())
     })? / steps as f64;
-    println!("bench=W1 impl=kiln backend=cuda variant=graph task=train-pipelined batch={BS} ms={ms:.3}");
+    println!(
+        "bench=W1 impl=kiln backend=cuda variant=graph task=train-pipelined batch={BS} ms={ms:.3}"
+    );
     Ok(())
 }
 
@@ -289,7 +291,10 @@ fn w1_graph_infer(dev: &kiln_cubecl::CudaDevice, reps: usize) -> Result<()> {
         graph.replay()?;
         logits.to_vec().map(|_| ())
     })?;
-    println!("bench=W1 impl=kiln backend=cuda variant=graph task=infer batch=1 ms={ms:.4} nodes={}", graph.nodes());
+    println!(
+        "bench=W1 impl=kiln backend=cuda variant=graph task=infer batch=1 ms={ms:.4} nodes={}",
+        graph.nodes()
+    );
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use cubecl::server::Handle;
 use kiln_tensor::{DType, Error, Result, TensorMeta, View};
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
@@ -95,10 +95,11 @@ pub struct DeviceState<R: KilnRuntime> {
     /// the first time a launch needs them and bound by every later launch with the same
     /// metadata, so steady-state steps copy nothing from the host.
     pub(crate) metadata: Mutex<HashMap<Vec<u32>, Handle>>,
-    /// The graph capture in progress on this device, if any.
-    pub(crate) recording: Mutex<Option<Recording>>,
-    /// Whether `recording` is set (read on every launch and buffer drop, without a lock).
-    pub(crate) recording_active: AtomicBool,
+    /// The graph capture (or capture-rule check) in progress on this device, if any.
+    pub(crate) recording: Mutex<HashMap<ThreadId, crate::recording::Recording>>,
+    /// How many threads are recording (read on every launch and buffer drop, without a
+    /// lock).
+    pub(crate) recording_active: AtomicUsize,
     /// The id the next buffer takes (ids order buffers by creation).
     pub(crate) next_buffer: AtomicU64,
 }
@@ -124,21 +125,6 @@ const MAX_PENDING: usize = 64;
 /// Distinct metadata buffers a device keeps before it starts the cache afresh.
 const MAX_METADATA: usize = 4096;
 
-/// What a graph capture collects while the step runs (see `cuda::CudaGraph`).
-pub(crate) struct Recording {
-    /// The capturing thread: only its launches go into the graph.
-    pub(crate) thread: ThreadId,
-    /// Buffers made before the capture have ids below this one.
-    pub(crate) first_buffer: u64,
-    /// Every buffer a captured launch binds, by id: the graph keeps them alive, since
-    /// each replay reads and writes them where they were at capture.
-    pub(crate) bound: HashMap<u64, Handle>,
-    /// The error flags of captured launches, with their reports.
-    pub(crate) checks: Vec<(u64, Handle, Report)>,
-    /// The first thing the step did that a replay could not repeat.
-    pub(crate) refused: Option<String>,
-}
-
 impl<R: KilnRuntime> DeviceState<R> {
     /// The runtime-specific state.
     pub fn extra(&self) -> &R::Extra {
@@ -155,7 +141,7 @@ impl<R: KilnRuntime> DeviceState<R> {
     /// flag is left for the capture to zero once it ends (a copy from the host cannot
     /// be captured).
     pub(crate) fn new_flag(self: &Arc<Self>) -> CubeStorage<R> {
-        let handle = if self.recording_here() {
+        let handle = if self.capturing_graph_here() {
             self.client.empty(8)
         } else {
             self.client.create_from_slice(&[0u8; 8])
@@ -169,7 +155,12 @@ impl<R: KilnRuntime> DeviceState<R> {
     }
 
     /// Wraps a CubeCL handle as a buffer of this device.
-    pub(crate) fn wrap(self: &Arc<Self>, handle: Handle, dtype: DType, len: usize) -> CubeStorage<R> {
+    pub(crate) fn wrap(
+        self: &Arc<Self>,
+        handle: Handle,
+        dtype: DType,
+        len: usize,
+    ) -> CubeStorage<R> {
         CubeStorage {
             handle,
             dtype,
@@ -201,76 +192,6 @@ impl<R: KilnRuntime> DeviceState<R> {
         Ok(self.wrap(handle, DType::U32, words.len()))
     }
 
-    /// Whether a graph capture is in progress on the calling thread.
-    pub(crate) fn recording_here(&self) -> bool {
-        self.recording_active.load(Ordering::Acquire)
-            && self
-                .recording
-                .lock()
-                .expect("recording")
-                .as_ref()
-                .is_some_and(|r| r.thread == std::thread::current().id())
-    }
-
-    /// An error if a graph capture is in progress on the calling thread: `what` (a
-    /// host copy, a read, a synchronisation) cannot be replayed by a graph. The capture
-    /// remembers it, so it fails even if the step swallowed the error.
-    pub(crate) fn refuse_in_capture(&self, what: &str) -> Result<()> {
-        if !self.recording_active.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let mut guard = self.recording.lock().expect("recording");
-        match guard.as_mut() {
-            Some(r) if r.thread == std::thread::current().id() => {
-                let msg = format!(
-                    "{what} cannot be captured into a CUDA graph: a replay repeats only device \
-                     work; move it out of the captured step (upload inputs before capturing and \
-                     write new values into them between replays, read results after a replay)"
-                );
-                r.refused.get_or_insert_with(|| msg.clone());
-                Err(Error::Device(msg))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Notes that a launch binds `s`: under a capture on this thread the graph keeps it.
-    pub(crate) fn note_bound(&self, s: &CubeStorage<R>) {
-        if !self.recording_active.load(Ordering::Acquire) {
-            return;
-        }
-        if let Some(r) = self.recording.lock().expect("recording").as_mut() {
-            if r.thread == std::thread::current().id() {
-                r.bound.entry(s.id).or_insert_with(|| s.handle.clone());
-            }
-        }
-    }
-
-    /// Notes that buffer `id` is no longer referenced: under a capture, a buffer made
-    /// before the capture and read by it would be read again by every replay, so
-    /// releasing it means the step replaced state (a parameter, an optimizer buffer)
-    /// instead of updating it in place, and replays would never see the new value.
-    pub(crate) fn note_released(&self, id: u64) {
-        let mut guard = self.recording.lock().expect("recording");
-        let Some(r) = guard.as_mut() else {
-            return;
-        };
-        if r.thread == std::thread::current().id()
-            && id < r.first_buffer
-            && r.bound.contains_key(&id)
-            && r.refused.is_none()
-        {
-            r.refused = Some(
-                "the captured step released a buffer made before the capture after reading it: \
-                 it replaced state (a parameter or an optimizer buffer) instead of updating it \
-                 in place, so replays would keep reading the old value. Run the step once \
-                 before capturing (optimizers create their buffers on the first step) and use an \
-                 optimizer that updates in place (SGD with momentum, Adam)"
-                    .to_string(),
-            );
-        }
-    }
-
     /// Registers the error flag of a launch that may fail (a gather or scatter-add index
     /// out of range, an integer division by zero). Kernels run asynchronously, so the
     /// flag is read at the launching thread's next synchronisation point (a download,
@@ -278,16 +199,22 @@ impl<R: KilnRuntime> DeviceState<R> {
     /// errors; reading it here would stall the host until the device caught up, once per
     /// gather in every training step.
     pub(crate) fn defer_check(&self, flag: &CubeStorage<R>, report: Report) -> Result<()> {
-        if self.recording_active.load(Ordering::Acquire) {
-            let mut guard = self.recording.lock().expect("recording");
-            if let Some(r) = guard.as_mut() {
-                if r.thread == std::thread::current().id() {
-                    r.checks.push((flag.id, flag.handle.clone(), report));
-                    return Ok(());
-                }
+        if self.recording_active.load(Ordering::Acquire) > 0 {
+            let mut recordings = self.recording.lock().expect("recording");
+            if let Some(r) = recordings.get_mut(&std::thread::current().id()) {
+                r.checks.push((flag.id, flag.handle.clone(), report));
+                return Ok(());
             }
         }
         self.push_check(flag.handle.clone(), report, None)
+    }
+
+    /// Registers the flags of launches run (not captured) under the capture rules.
+    pub(crate) fn defer_checks(&self, checks: Vec<(u64, Handle, Report)>) -> Result<()> {
+        for (_, flag, report) in checks {
+            self.push_check(flag, report, None)?;
+        }
+        Ok(())
     }
 
     /// Registers the flags of one graph replay (each flag once however many replays
@@ -299,11 +226,20 @@ impl<R: KilnRuntime> DeviceState<R> {
         Ok(())
     }
 
-    fn push_check(&self, flag: Handle, report: Report, rearm: Option<u64>) -> Result<()> {
+    pub(crate) fn push_check(
+        &self,
+        flag: Handle,
+        report: Report,
+        rearm: Option<u64>,
+    ) -> Result<()> {
         let thread = std::thread::current().id();
         let waiting = {
             let mut pending = self.pending.lock().expect("pending flags");
-            if rearm.is_some() && pending.iter().any(|p| p.rearm == rearm && p.thread == thread) {
+            if rearm.is_some()
+                && pending
+                    .iter()
+                    .any(|p| p.rearm == rearm && p.thread == thread)
+            {
                 return Ok(());
             }
             pending.push(PendingCheck {
@@ -469,8 +405,8 @@ impl<R: KilnRuntime> CubeDevice<R> {
                 pending: Mutex::new(Vec::new()),
                 fused_kernels: Mutex::new(Default::default()),
                 metadata: Mutex::new(HashMap::new()),
-                recording: Mutex::new(None),
-                recording_active: AtomicBool::new(false),
+                recording: Mutex::new(HashMap::new()),
+                recording_active: AtomicUsize::new(0),
                 next_buffer: AtomicU64::new(0),
             }),
         };

@@ -5,10 +5,11 @@
 //!
 //! A replay repeats the captured device work exactly: the same kernels on the same
 //! buffers with the same scalar arguments. So a capture refuses what a replay could not
-//! repeat, with an error that says what to move out of the step: copies from the host
-//! (inputs are written into their buffers between replays, [`write_into`]), reads and
-//! synchronisations, and a step that replaces state it read (a parameter updated by
-//! allocating a new buffer) instead of updating it in place. Scalars are captured as
+//! repeat (the rules are in [`crate::recording`]), with an error that says what to move
+//! out of the step: copies from the host (inputs are written into their buffers between
+//! replays, [`write_into`]), reads and synchronisations, and a step that replaces state
+//! it read (a parameter updated by allocating a new buffer) instead of updating it in
+//! place. Scalars are captured as
 //! they were: a learning rate changed after capturing needs a new capture. Kernel
 //! metadata comes from the device's metadata cache, filled by running the step once
 //! before capturing it; error flags (gather and scatter indices, integer division) are
@@ -19,15 +20,14 @@
 //! (CubeCL orders a thread's work on that thread's stream).
 
 use crate::cuda::{driver_error, make_current, raw_resource};
-use crate::device::{Recording, Report};
+use crate::device::Report;
+use crate::recording::Recording;
 use crate::storage::{host_to_bytes, CubeStorage};
 use crate::{Cuda, CudaDevice, KilnRuntime};
 use cubecl::cuda::CudaRuntime;
 use cubecl::server::Handle;
 use cudarc::driver::{result as drv, sys as dsys};
 use kiln_tensor::{Error, HostData, RawTensor, Result};
-use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::thread::ThreadId;
 
 /// A captured sequence of device work, replayed with [`CudaGraph::replay`].
@@ -63,15 +63,7 @@ impl CaptureGuard<'_> {
                  cannot hold (a synchronisation, or work on another stream)"
             ))
         });
-        let state = &self.device.state;
-        state.recording_active.store(false, Ordering::Release);
-        let recording = state
-            .recording
-            .lock()
-            .expect("recording")
-            .take()
-            .expect("a capture in progress records");
-        (graph, recording)
+        (graph, self.device.state.end_recording())
     }
 }
 
@@ -107,23 +99,7 @@ impl CudaDevice {
         let (_, stream) = raw_resource(state, &probe.handle)?;
         drop(probe);
         make_current(state)?;
-        {
-            let mut recording = state.recording.lock().expect("recording");
-            if recording.is_some() {
-                return Err(Error::Device(format!(
-                    "{}: a CUDA graph capture is already in progress",
-                    state.name
-                )));
-            }
-            *recording = Some(Recording {
-                thread,
-                first_buffer: state.next_buffer.load(Ordering::Relaxed),
-                bound: HashMap::new(),
-                checks: Vec::new(),
-                refused: None,
-            });
-            state.recording_active.store(true, Ordering::Release);
-        }
+        state.begin_recording(true)?;
         let mut guard = CaptureGuard {
             device: self,
             stream,
@@ -138,6 +114,7 @@ impl CudaDevice {
             )
         }
         .map_err(|e| driver_error("cuStreamBeginCapture", e))?;
+        // A panic in the step ends the capture (the guard) and goes on unwinding.
         let out = step();
         let (graph, recording) = guard.end();
         let destroy = |g: dsys::CUgraph| unsafe {
@@ -167,15 +144,14 @@ impl CudaDevice {
             .result()
             .map_err(|e| driver_error("cuGraphGetNodes", e))?;
         // SAFETY: a complete graph from the capture above.
-        let exec = match unsafe {
-            drv::graph::instantiate(graph, dsys::CUgraphInstantiate_flags(0))
-        } {
-            Ok(exec) => exec,
-            Err(e) => {
-                destroy(graph);
-                return Err(driver_error("cuGraphInstantiate", e));
-            }
-        };
+        let exec =
+            match unsafe { drv::graph::instantiate(graph, dsys::CUgraphInstantiate_flags(0)) } {
+                Ok(exec) => exec,
+                Err(e) => {
+                    destroy(graph);
+                    return Err(driver_error("cuGraphInstantiate", e));
+                }
+            };
         let result = CudaGraph {
             device: self.clone(),
             thread,
@@ -183,7 +159,7 @@ impl CudaDevice {
             graph,
             exec,
             nodes,
-            _bound: recording.bound.into_values().collect(),
+            _bound: recording.bound.into_values().map(|b| b.handle).collect(),
             checks: recording.checks,
         };
         // The flags were made without a host copy; zero them once, outside the graph.

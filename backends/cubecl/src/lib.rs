@@ -90,6 +90,7 @@ pub mod device;
 #[allow(missing_docs)]
 pub mod kernels;
 pub mod ops;
+pub mod recording;
 pub mod storage;
 pub mod strided;
 
@@ -101,9 +102,9 @@ pub mod graph;
 pub mod wgpu;
 
 pub use device::{CubeDevice, DeviceState, KilnRuntime};
-pub use storage::CubeStorage;
 #[cfg(feature = "cuda")]
 pub use graph::{write_into, CudaGraph};
+pub use storage::CubeStorage;
 
 use kiln_tensor::fused::{FusedExpr, NativeFn};
 use kiln_tensor::{Backend, DType, Dims, Error, HostData, Layout, Op, Result, TensorMeta, View};

@@ -26,6 +26,7 @@ impl<R: KilnRuntime> Drop for CubeStorage<R> {
             .device
             .recording_active
             .load(std::sync::atomic::Ordering::Acquire)
+            > 0
         {
             self.device.note_released(self.id);
         }

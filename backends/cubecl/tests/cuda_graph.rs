@@ -165,9 +165,7 @@ fn bad_labels_in_a_replay_are_reported_at_the_next_read() -> Result<()> {
     write_into(y.raw(), &HostData::I32(bad))?;
     graph.replay()?;
     graph.replay()?;
-    let err = Cuda::synchronize(&dev)
-        .err()
-        .expect("an out-of-range label is an error");
+    let err = Cuda::synchronize(&dev).expect_err("an out-of-range label is an error");
     assert!(format!("{err}").contains("out of range"), "{err}");
     // Reported once; good labels replay cleanly again.
     Cuda::synchronize(&dev)?;

@@ -31,6 +31,18 @@ pub fn fused_elementwise<R: KilnRuntime>(
     if n == 0 {
         return Ok(());
     }
+    // Outputs the expression neither reads nor takes as an input are overwritten (for a
+    // graph capture's rules: they carry no state into the step). A buffer longer than
+    // the kernel's extent counts too: it is a reused slot, read only as far as written.
+    for (k, o) in outputs.iter().enumerate() {
+        let read = expr
+            .steps
+            .contains(&kiln_tensor::fused::ExprStep::Output(k))
+            || inputs.iter().any(|v| v.storage.id == o.id);
+        if !read {
+            dev.note_overwritten(o);
+        }
+    }
     let c = &dev.client;
     let broadcast: Vec<bool> = inputs
         .iter()

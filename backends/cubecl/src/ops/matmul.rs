@@ -163,7 +163,12 @@ mod tests {
         let sub = expr(vec![Output(0), Input(0), Binary(BinaryOp::Sub, 0, 1)], 1);
         assert_eq!(bias_epilogue_input(&sub), None);
         let relu = expr(
-            vec![Output(0), Input(0), Binary(BinaryOp::Add, 0, 1), Unary(UnaryOp::Relu, 2)],
+            vec![
+                Output(0),
+                Input(0),
+                Binary(BinaryOp::Add, 0, 1),
+                Unary(UnaryOp::Relu, 2),
+            ],
             1,
         );
         assert_eq!(bias_epilogue_input(&relu), None);

@@ -1,0 +1,164 @@
+//! The rules of a CUDA graph capture, checked on every runtime (wgpu over lavapipe in
+//! CI) with `CubeDevice::check_capturable`, which runs a step under them: a static
+//! training step passes once it has run before, and what a replay could not repeat (a
+//! host copy, a read, a first-seen kernel shape, state replaced instead of updated in
+//! place) is an error naming it.
+
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
+
+use kiln_cubecl::{CubeBackend, CubeDevice, KilnRuntime};
+use kiln_models::mlp::Mlp;
+use kiln_tensor::{Backend, Const, Rank2, Result, Tensor};
+use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
+
+/// The checks below for one runtime, as tests named after it.
+macro_rules! capture_rule_tests {
+    ($module:ident, $R:ty, $device:expr) => {
+        mod $module {
+            use super::*;
+            #[test]
+            fn a_warmed_up_training_step_follows_the_rules() -> Result<()> {
+                super::a_warmed_up_training_step_follows_the_rules::<$R>(&$device)
+            }
+            #[test]
+            fn what_a_replay_cannot_repeat_is_refused() -> Result<()> {
+                super::what_a_replay_cannot_repeat_is_refused::<$R>(&$device)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "wgpu")]
+capture_rule_tests!(
+    wgpu,
+    cubecl::wgpu::WgpuRuntime,
+    kiln_cubecl::WgpuDevice::first()
+        .unwrap_or_else(|e| panic!("no wgpu device for the capture-rule tests: {e}"))
+);
+#[cfg(feature = "cuda")]
+capture_rule_tests!(
+    cuda,
+    cubecl::cuda::CudaRuntime,
+    kiln_cubecl::CudaDevice::first()
+        .unwrap_or_else(|e| panic!("no CUDA device for the capture-rule tests: {e}"))
+);
+
+const BATCH: usize = 16;
+
+fn sgd<R: KilnRuntime>(momentum: f64) -> Result<Sgd<CubeBackend<R>>> {
+    Sgd::new(SgdConfig {
+        lr: 0.05,
+        momentum,
+        ..SgdConfig::default()
+    })
+}
+
+type Step<R> = (
+    Tensor<CubeBackend<R>, Rank2<BATCH, 784>>,
+    Tensor<CubeBackend<R>, (Const<BATCH>,), i32>,
+);
+
+fn inputs<R: KilnRuntime>(dev: &CubeDevice<R>, labels: Vec<i32>) -> Result<Step<R>> {
+    Ok((
+        Tensor::normal(0.0, 1.0, 3, dev)?,
+        Tensor::from_vec(labels, &[BATCH], dev)?,
+    ))
+}
+
+fn a_warmed_up_training_step_follows_the_rules<R: KilnRuntime>(dev: &CubeDevice<R>) -> Result<()> {
+    let mut model = Mlp::<CubeBackend<R>>::init(dev, 5)?;
+    let mut opt = sgd::<R>(0.9)?;
+    let (x, y) = inputs(dev, (0..BATCH as i32).map(|i| i % 10).collect())?;
+    let mut losses = Vec::new();
+    let mut step = |model: &mut Mlp<CubeBackend<R>>| -> Result<_> {
+        let (loss, grads) = model.loss_and_grad(&x, &y)?;
+        opt.step(model, &grads)?;
+        Ok(loss)
+    };
+    losses.push(step(&mut model)?.to_vec()?[0]);
+    for _ in 0..3 {
+        let loss = dev.check_capturable(|| step(&mut model))?;
+        losses.push(loss.to_vec()?[0]);
+    }
+    // The checked steps ran: the loss went down.
+    assert!(losses[3] < losses[0], "{losses:?}");
+    // A forward pass is capturable too, once its shapes have been seen.
+    model.forward(&x)?;
+    dev.check_capturable(|| model.forward(&x))?;
+
+    // Bad labels in a checked step are reported at the next read, as outside.
+    let (_, bad) = inputs(dev, (0..BATCH as i32).map(|i| i % 10 + 5).collect())?;
+    dev.check_capturable(|| model.loss_and_grad(&x, &bad))?;
+    let err = CubeBackend::<R>::synchronize(dev).expect_err("labels out of range are an error");
+    assert!(format!("{err}").contains("out of range"), "{err}");
+    CubeBackend::<R>::synchronize(dev)
+}
+
+fn what_a_replay_cannot_repeat_is_refused<R: KilnRuntime>(dev: &CubeDevice<R>) -> Result<()> {
+    let refused = |r: Result<()>, what: &str| {
+        let err = r.err().unwrap_or_else(|| panic!("{what} was not refused"));
+        assert!(format!("{err}").contains("captured"), "{what}: {err}");
+    };
+    let mut model = Mlp::<CubeBackend<R>>::init(dev, 6)?;
+    let (x, y) = inputs(dev, (0..BATCH as i32).map(|i| i % 10).collect())?;
+    model.forward(&x)?;
+    let values = vec![0.5f32; BATCH * 784];
+    refused(
+        dev.check_capturable(|| {
+            Tensor::<CubeBackend<R>, Rank2<BATCH, 784>>::from_vec(
+                values.clone(),
+                &[BATCH, 784],
+                dev,
+            )
+            .map(|_| ())
+        }),
+        "an upload",
+    );
+    refused(
+        dev.check_capturable(|| model.forward(&x)?.to_vec().map(|_| ())),
+        "a read",
+    );
+    refused(
+        dev.check_capturable(|| CubeBackend::<R>::synchronize(dev)),
+        "a synchronisation",
+    );
+    // The step swallows the refused upload: the check still fails.
+    refused(
+        dev.check_capturable(|| {
+            let _ = Tensor::<CubeBackend<R>, Rank2<BATCH, 784>>::from_vec(
+                values.clone(),
+                &[BATCH, 784],
+                dev,
+            );
+            model.forward(&x).map(|_| ())
+        }),
+        "a swallowed upload",
+    );
+    // A batch size never run before needs new kernel metadata (a host copy) on wgpu,
+    // whose matmul reads its extents from a buffer (CUDA's cuBLASLt and fused kernels
+    // take theirs as launch arguments).
+    if R::NAME == "wgpu" {
+        let x3 = Tensor::<CubeBackend<R>, Rank2<3, 784>>::normal(0.0, 1.0, 4, dev)?;
+        refused(
+            dev.check_capturable(|| model.forward(&x3).map(|_| ())),
+            "first-seen shapes",
+        );
+    }
+    // Plain SGD replaces every parameter with a new buffer.
+    let mut plain = sgd::<R>(0.0)?;
+    let mut step = |model: &mut Mlp<CubeBackend<R>>| -> Result<()> {
+        let (_, grads) = model.loss_and_grad(&x, &y)?;
+        plain.step(model, &grads)
+    };
+    step(&mut model)?;
+    let err = dev
+        .check_capturable(|| step(&mut model))
+        .expect_err("replaced parameters are refused");
+    assert!(format!("{err}").contains("in place"), "{err}");
+    // The device works on after every refusal.
+    let mut opt = sgd::<R>(0.9)?;
+    let (loss, grads) = model.loss_and_grad(&x, &y)?;
+    opt.step(&mut model, &grads)?;
+    assert!(loss.to_vec()?[0].is_finite());
+    Ok(())
+}
