@@ -1,7 +1,9 @@
-//! The counter-based random generator every backend implements bit for bit: element
-//! `i` of a draw with seed `s` depends only on `(s, i)`, so draws are parallel,
-//! reproducible and identical across devices. Only 32-bit integer arithmetic is used,
-//! so GPU backends without 64-bit integers can match it.
+//! The counter-based random generator every backend implements: element `i` of a draw
+//! with seed `s` depends only on `(s, i)`, so draws are parallel and reproducible. Its
+//! bits use only 32-bit integer arithmetic, so every device (GPUs without 64-bit
+//! integers too) computes them exactly; the mapping to values below runs in f64 here,
+//! and devices map in their compute type (f32 for f32 and the half floats), so their
+//! values agree with these to a few ulps of that type.
 
 /// A 32-bit avalanche mix (the "lowbias32" constants).
 #[inline]

@@ -44,10 +44,11 @@
 //!
 //! ## Random numbers
 //!
-//! `rand` must equal `kiln_tensor::rng` bit for bit, and that generator maps its 32-bit
-//! integer bits to values through f64 (`ln`, `cos`, an f64 affine map). Devices
-//! without f64 cannot reproduce that rounding, so draws are computed on the host and
-//! uploaded; a device-side generator is future work.
+//! `rand` runs on the device ([`kernels::random`]): `kiln_tensor::rng`'s counter-based
+//! bits exactly, mapped to values in the compute type (f32 for f32 and the half floats,
+//! f64 for f64) with the device's `ln`, `sqrt` and `cos`, so values agree with the
+//! CPU's f64 mapping to a few ulps, not bit for bit. A draw cannot be captured into a
+//! CUDA graph (its seed is a launch argument, so each replay would repeat it).
 //!
 //! ## Fused plans
 //!
@@ -73,8 +74,10 @@
 //!
 //! ## Not yet here
 //!
-//! cuBLASLt epilogues (a product's epilogue is one fused kernel after it), device-side
-//! random numbers (above; a step with dropout cannot be captured).
+//! cuBLASLt's ReLU and GELU epilogues (they turn NaN into 0, where Kiln's activations
+//! keep it; a product's bias is added by cuBLASLt, activations run as one fused kernel
+//! after it), and random draws inside a captured graph (a step with dropout cannot be
+//! captured: it needs a seed read from device memory and advanced by each replay).
 //!
 //! ## Features
 //!

@@ -8,5 +8,6 @@ pub mod elementwise;
 pub mod fused;
 pub mod index;
 pub mod matmul;
+pub mod random;
 pub mod reduce;
 pub mod window;

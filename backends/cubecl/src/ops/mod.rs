@@ -139,8 +139,9 @@ fn pad<R: KilnRuntime>(
     Ok(result)
 }
 
-/// Seeded draws, computed on the host by `kiln_tensor::rng` and uploaded (see the crate
-/// docs: its f64 mapping cannot be reproduced bit for bit without f64 on the device).
+/// Seeded draws computed on the device ([`crate::kernels::random`]): the generator's
+/// bits exactly, the values to the compute type's accuracy (f32 for f32 and the half
+/// floats, f64 for f64).
 fn rand<R: KilnRuntime>(
     dev: &Arc<DeviceState<R>>,
     n: usize,
@@ -155,11 +156,36 @@ fn rand<R: KilnRuntime>(
             format!("{n} values exceed the generator's 2^32 counter"),
         ));
     }
-    let values: Vec<f64> = (0..n as u32)
-        .map(|i| match dist {
-            RandDist::Uniform { low, high } => rng::uniform(seed, i, low, high),
-            RandDist::Normal { mean, std } => mean + std * rng::standard_normal(seed, i),
-        })
-        .collect();
-    dev.upload(&HostData::from_f64_slice(dtype, &values))
+    // A replay would draw the same values again: the seed is a launch argument.
+    dev.refuse_in_capture("drawing random numbers (a replay would repeat the same draw)")?;
+    let result = dev.alloc("rand", dtype, n)?;
+    if n == 0 {
+        return Ok(result);
+    }
+    let (key0, key1) = (rng::stream_key(seed, 0), rng::stream_key(seed, 1));
+    let (a, b, normal) = match dist {
+        RandDist::Uniform { low, high } => (low, high - low, false),
+        RandDist::Normal { mean, std } => (mean, std, true),
+    };
+    let (count, dim) = crate::strided::grid(n, crate::strided::BLOCK);
+    let c = &dev.client;
+    let n32 = n as u32;
+    crate::storage::with_float_type!(dtype, F, A => unsafe {
+        crate::kernels::random::random::launch_unchecked::<F, A, R>(
+            c,
+            count,
+            dim,
+            elementwise::arg(&result),
+            n32,
+            key0,
+            key1,
+            a as A,
+            b as A,
+            std::f64::consts::TAU as A,
+            normal,
+        )
+    }, {
+        return Err(Error::dtype("rand", format!("draws floats, not {dtype}")));
+    });
+    Ok(result)
 }
