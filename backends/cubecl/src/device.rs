@@ -91,10 +91,12 @@ pub struct DeviceState<R: KilnRuntime> {
     pub(crate) pending: Mutex<Vec<PendingCheck>>,
     /// The fused-kernel configurations launched so far (each is one compiled kernel).
     pub(crate) fused_kernels: Mutex<std::collections::HashSet<crate::kernels::fused::FusedConfig>>,
-    /// Read-only metadata buffers (kernels' extents and strides) by content: uploaded
-    /// the first time a launch needs them and bound by every later launch with the same
-    /// metadata, so steady-state steps copy nothing from the host.
-    pub(crate) metadata: Mutex<HashMap<Vec<u32>, Handle>>,
+    /// Read-only metadata buffers (kernels' extents and strides) by thread and content:
+    /// uploaded the first time a launch needs them and bound by every later launch with
+    /// the same metadata, so steady-state steps copy nothing from the host. Per thread,
+    /// because each thread's work runs on its own stream: a shared buffer would make
+    /// streams wait on each other (and a graph capture cannot wait on another stream).
+    pub(crate) metadata: Mutex<HashMap<ThreadId, HashMap<Vec<u32>, Handle>>>,
     /// The graph capture (or capture-rule check) in progress on this device, if any.
     pub(crate) recording: Mutex<HashMap<ThreadId, crate::recording::Recording>>,
     /// How many threads are recording (read on every launch and buffer drop, without a
@@ -122,8 +124,11 @@ pub(crate) struct PendingCheck {
 /// never reads a result would otherwise collect flags without bound).
 const MAX_PENDING: usize = 64;
 
-/// Distinct metadata buffers a device keeps before it starts the cache afresh.
+/// Distinct metadata buffers a thread keeps before its cache starts afresh.
 const MAX_METADATA: usize = 4096;
+
+/// Threads with a metadata cache before all caches start afresh.
+const MAX_METADATA_THREADS: usize = 64;
 
 impl<R: KilnRuntime> DeviceState<R> {
     /// The runtime-specific state.
@@ -173,8 +178,9 @@ impl<R: KilnRuntime> DeviceState<R> {
     /// The metadata buffer holding `words` (read-only; shared by every launch that
     /// needs the same words).
     pub(crate) fn metadata(self: &Arc<Self>, words: &[u32]) -> Result<CubeStorage<R>> {
+        let thread = std::thread::current().id();
         let cache = self.metadata.lock().expect("metadata cache");
-        if let Some(h) = cache.get(words) {
+        if let Some(h) = cache.get(&thread).and_then(|mine| mine.get(words)) {
             return Ok(self.wrap(h.clone(), DType::U32, words.len()));
         }
         drop(cache);
@@ -184,11 +190,16 @@ impl<R: KilnRuntime> DeviceState<R> {
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let handle = self.client.create_from_slice(&bytes);
         let mut cache = self.metadata.lock().expect("metadata cache");
-        if cache.len() >= MAX_METADATA {
-            // Launches keep their own handles; dropping the cache only costs uploads.
+        if cache.len() >= MAX_METADATA_THREADS && !cache.contains_key(&thread) {
+            // Threads that ended leave their caches behind; start afresh.
             cache.clear();
         }
-        cache.insert(words.to_vec(), handle.clone());
+        let mine = cache.entry(thread).or_default();
+        if mine.len() >= MAX_METADATA {
+            // Launches keep their own handles; dropping the cache only costs uploads.
+            mine.clear();
+        }
+        mine.insert(words.to_vec(), handle.clone());
         Ok(self.wrap(handle, DType::U32, words.len()))
     }
 
@@ -219,6 +230,7 @@ impl<R: KilnRuntime> DeviceState<R> {
 
     /// Registers the flags of one graph replay (each flag once however many replays
     /// are waiting to be read: a flag keeps its first error until it is reported).
+    #[cfg(feature = "cuda")]
     pub(crate) fn defer_replay_checks(&self, checks: &[(u64, Handle, Report)]) -> Result<()> {
         for (id, flag, report) in checks {
             self.push_check(flag.clone(), report.clone(), Some(*id))?;

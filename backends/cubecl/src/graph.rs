@@ -1,19 +1,20 @@
 //! CUDA graphs: the launches of a step (a static training step, an inference pass)
 //! recorded once and replayed as one graph launch, so a replay costs the host one
 //! driver call instead of its per-kernel work (about 10 to 19 µs per launch on the H200
-//! host, BENCHMARKS.md).
+//! host, BENCHMARKS.md). Capturing runs the step once (the recorded graph is launched),
+//! so it has the effects of an eager call.
 //!
 //! A replay repeats the captured device work exactly: the same kernels on the same
 //! buffers with the same scalar arguments. So a capture refuses what a replay could not
 //! repeat (the rules are in [`crate::recording`]), with an error that says what to move
 //! out of the step: copies from the host (inputs are written into their buffers between
-//! replays, [`write_into`]), reads and synchronisations, and a step that replaces state
-//! it read (a parameter updated by allocating a new buffer) instead of updating it in
-//! place. Scalars are captured as
-//! they were: a learning rate changed after capturing needs a new capture. Kernel
-//! metadata comes from the device's metadata cache, filled by running the step once
-//! before capturing it; error flags (gather and scatter indices, integer division) are
-//! zeroed once and read at the next synchronisation after a replay.
+//! replays, [`write_into`]), reads, synchronisations and random draws, and a step that
+//! replaces state it read (a parameter updated by allocating a new buffer) instead of
+//! updating it in place. Scalars are captured as they were: a learning rate changed
+//! after capturing needs a new capture. Kernel metadata comes from the device's metadata
+//! cache, filled by running the step once before capturing it; error flags (gather and
+//! scatter indices, integer division) are zeroed once and read at the next
+//! synchronisation after a replay; a flag keeps its first error until it is reported.
 //!
 //! The graph keeps every buffer it binds alive, so its addresses stay valid however the
 //! caller's tensors are dropped or replaced; it replays on the thread that captured it
@@ -82,14 +83,17 @@ impl Drop for CaptureGuard<'_> {
 }
 
 impl CudaDevice {
-    /// Records the device work of `step` into a CUDA graph instead of running it, and
-    /// returns the graph with what `step` returned (tensors whose buffers each replay
-    /// writes, such as the loss). Nothing runs until [`CudaGraph::replay`].
+    /// Runs `step` once, recording its device work into a CUDA graph, and returns the
+    /// graph with what `step` returned (tensors whose buffers each replay writes, such
+    /// as the loss). The step runs as an eager call would (the graph is launched once),
+    /// so the host state it changes matches the device whether or not it can be
+    /// captured.
     ///
     /// Run the step once before capturing it: that compiles its kernels, picks its
     /// cuBLASLt algorithms, fills the metadata cache and creates optimizer state, none
-    /// of which a capture can do. Errors (the step's own, or what it did that a replay
-    /// could not repeat) leave nothing captured.
+    /// of which a capture can do. An error (the step's own, or what it did that a
+    /// replay could not repeat, see [`crate::recording`]) returns no graph; the step has
+    /// still run, with what was refused failing inside it.
     pub fn capture<T>(&self, step: impl FnOnce() -> Result<T>) -> Result<(CudaGraph, T)> {
         let state = &self.state;
         // Errors of earlier launches belong to them, not to the graph.
@@ -117,22 +121,15 @@ impl CudaDevice {
         // A panic in the step ends the capture (the guard) and goes on unwinding.
         let out = step();
         let (graph, recording) = guard.end();
+        let graph = graph.map_err(|e| {
+            Error::Device(format!(
+                "{e}; the step's device work did not run, so what it changed on the host \
+                 (optimizer state, replaced buffers) may not match the device"
+            ))
+        })?;
         let destroy = |g: dsys::CUgraph| unsafe {
             let _ = drv::graph::destroy(g);
         };
-        let out = match (out, recording.refused, graph) {
-            (Err(e), _, g) => {
-                g.map(destroy).ok();
-                return Err(e);
-            }
-            (_, Some(msg), g) => {
-                g.map(destroy).ok();
-                return Err(Error::Device(msg));
-            }
-            (_, _, Err(e)) => return Err(e),
-            (Ok(out), None, Ok(g)) => (out, g),
-        };
-        let (out, graph) = out;
         // A launch CubeCL refused mid-capture is reported by its stream.
         if let Err(e) = state.client.flush() {
             destroy(graph);
@@ -140,9 +137,12 @@ impl CudaDevice {
         }
         let mut nodes = 0usize;
         // SAFETY: a valid graph; a null node array asks for the count only.
-        unsafe { dsys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes) }
-            .result()
-            .map_err(|e| driver_error("cuGraphGetNodes", e))?;
+        if let Err(e) =
+            unsafe { dsys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes) }.result()
+        {
+            destroy(graph);
+            return Err(driver_error("cuGraphGetNodes", e));
+        }
         // SAFETY: a complete graph from the capture above.
         let exec =
             match unsafe { drv::graph::instantiate(graph, dsys::CUgraphInstantiate_flags(0)) } {
@@ -152,7 +152,7 @@ impl CudaDevice {
                     return Err(driver_error("cuGraphInstantiate", e));
                 }
             };
-        let result = CudaGraph {
+        let captured = CudaGraph {
             device: self.clone(),
             thread,
             stream,
@@ -163,10 +163,18 @@ impl CudaDevice {
             checks: recording.checks,
         };
         // The flags were made without a host copy; zero them once, outside the graph.
-        for (_, flag, _) in &result.checks {
+        for (_, flag, _) in &captured.checks {
             CudaRuntime::fill_zeros(state, flag)?;
         }
-        Ok((result, out))
+        // The recorded work runs once now, so that the step has run as an eager call
+        // would have (what was refused failing), whether or not it can be replayed: the
+        // host state it changed (optimizer buffers, a program's slots) matches the device.
+        captured.replay()?;
+        match (out, recording.refused) {
+            (Err(e), _) => Err(e),
+            (_, Some(msg)) => Err(Error::Device(msg)),
+            (Ok(out), None) => Ok((captured, out)),
+        }
     }
 }
 

@@ -22,7 +22,8 @@ use std::sync::atomic::Ordering;
 
 /// A buffer a recorded launch binds.
 pub(crate) struct Bound {
-    /// Kept alive for the graph.
+    /// Kept alive for the graph (and, when only checking, until the check ends).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) handle: Handle,
     /// Whether its first use in the step read it (rather than overwrote it whole).
     pub(crate) read_first: bool,
@@ -142,7 +143,7 @@ impl<R: KilnRuntime> DeviceState<R> {
                      it with a new one (a parameter or an optimizer buffer not updated in place), \
                      so replays would keep reading the old value. Run the step once before \
                      capturing (optimizers create their buffers on the first step) and use an \
-                     optimizer that updates in place (SGD with momentum, Adam)"
+                     optimizer that updates in place (SGD with momentum)"
                         .to_string(),
                 );
             }

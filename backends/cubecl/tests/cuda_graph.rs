@@ -1,5 +1,6 @@
-//! CUDA graph capture of a static training step (runs where a CUDA GPU is): replays
-//! with new inputs written between them train exactly as eager steps do; what a replay
+//! CUDA graph capture of a static training step (runs where a CUDA GPU is): the capture
+//! runs the step once and replays with new inputs written between them train exactly
+//! as eager steps do; what a replay
 //! could not repeat (a host copy, a synchronisation, state replaced instead of updated
 //! in place) makes the capture fail with an error and leaves the device usable; bad
 //! labels in a replay are reported at the next read, once, and the graph goes on.
@@ -70,8 +71,11 @@ fn replays_train_exactly_as_eager_steps() -> Result<()> {
     // The warm-up step (kernels, algorithms, metadata, momentum buffers).
     eager_step(&mut eager, &mut opt_e, &x, &y)?;
     eager_step(&mut graphed, &mut opt_g, &x, &y)?;
+    // Capturing runs the step once, as an eager call would.
     let (graph, loss) = capture_step(&dev, &mut graphed, &mut opt_g, &x, &y)?;
     assert!(graph.nodes() >= 20, "{} nodes", graph.nodes());
+    let loss_e = eager_step(&mut eager, &mut opt_e, &x, &y)?;
+    assert_eq!(loss.to_vec()?[0].to_bits(), loss_e.to_vec()?[0].to_bits());
     let probe = Images::normal(0.0, 1.0, 999, &dev)?;
     for i in 1..=4 {
         let (xi, yi) = batch(i, &dev)?;
