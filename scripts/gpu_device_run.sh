@@ -6,7 +6,8 @@
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
 # fused_test.xz and kernel_cache_test.xz (the stripped `cargo test -p kiln-cubecl
 # --features wgpu,cuda --test fused --test kernel_cache --no-run` binaries: the
-# fused-kernel tests on CUDA and Vulkan), cuda_graph_test.xz (`--test cuda_graph`),
+# fused-kernel tests on CUDA and Vulkan), cuda_graph_test.xz and capture_rules_test.xz
+# (`--test cuda_graph --test capture_rules`),
 # ncu_sum.py (scripts/: sums an `ncu --csv` dump),
 # bench_gpu.py (scripts/), this script, and gl/*.deb (libvulkan1 and the glvnd
 # libraries, `apt-get download`ed, as the device README says). CUDA 13 headers come
@@ -42,6 +43,7 @@ case $W in
     [ -x $B/kernel_cache_test ] && run 60 $B/kernel_cache_test ;;&
   graph|all)
     [ -x $B/cuda_graph_test ] && run 120 $B/cuda_graph_test --test-threads 1
+    [ -x $B/capture_rules_test ] && run 120 $B/capture_rules_test
     run 120 $B/gpu_bench --backend cuda --workloads w1graph,w1 --reps 20 ;;&
   profile|all)
     # The kernels of one steady-state W1 step (batch 256) and their GPU time.
