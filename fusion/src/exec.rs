@@ -657,6 +657,27 @@ impl<B: Backend> Program<B> {
     }
 
     /// Views of `nodes` with the layouts an op of `class` at `dims` reads them with.
+    /// The input views of op node `node`, fitted to what the backend's op expects.
+    fn op_views<'a>(
+        &'a self,
+        inputs: &[&'a RawTensor<B>],
+        node: NodeId,
+        op: &Op,
+    ) -> Result<smallvec::SmallVec<[View<'a, B>; 4]>> {
+        let mut views = self.plan.graph.nodes[node]
+            .inputs
+            .iter()
+            .map(|&n| {
+                Ok(View {
+                    storage: self.storage(inputs, n)?,
+                    layout: self.layout[n],
+                })
+            })
+            .collect::<Result<smallvec::SmallVec<[View<'a, B>; 4]>>>()?;
+        fit_views(op, &mut views, &self.dims[node])?;
+        Ok(views)
+    }
+
     fn views<'a>(
         &'a self,
         inputs: &[&'a RawTensor<B>],
@@ -747,17 +768,7 @@ impl<B: Backend> Program<B> {
                         }
                         op => op,
                     };
-                    let ins = &self.plan.graph.nodes[node].inputs;
-                    let mut views = ins
-                        .iter()
-                        .map(|&n| {
-                            Ok(View {
-                                storage: self.storage(inputs, n)?,
-                                layout: self.layout[n],
-                            })
-                        })
-                        .collect::<Result<smallvec::SmallVec<[View<'_, B>; 4]>>>()?;
-                    fit_views(op, &mut views, &self.dims[node])?;
+                    let views = self.op_views(inputs, node, op)?;
                     let out = Arc::get_mut(&mut buf).expect("taken slots are unique");
                     B::execute_into(device, op, &views, &self.metas[node], out)
                 })();
@@ -854,55 +865,32 @@ impl<B: Backend> Program<B> {
             self.layout[root] = Layout::contiguous(self.dims[root]);
         }
         let out = Arc::get_mut(buf).expect("taken slots are unique");
+        let op = self.ops[main].as_ref().expect("main nodes are ops");
+        let views = self.op_views(inputs, main, op)?;
         // A product whose epilogue the device fuses into it (one library call).
-        if let Step::Main {
-            epilogue: Some((expr, _, ins)),
-            output,
-            ..
-        } = &self.steps[si]
+        if let (
+            Op::MatMul,
+            Step::Main {
+                epilogue: Some((expr, _, ins)),
+                output,
+                ..
+            },
+        ) = (op, &self.steps[si])
         {
-            let op = self.ops[main].as_ref().expect("main nodes are ops");
-            if matches!(op, Op::MatMul) {
-                let nodes = &self.plan.graph.nodes[main].inputs;
-                let mut views = nodes
-                    .iter()
-                    .map(|&n| {
-                        Ok(View {
-                            storage: self.storage(inputs, n)?,
-                            layout: self.layout[n],
-                        })
-                    })
-                    .collect::<Result<smallvec::SmallVec<[View<'_, B>; 2]>>>()?;
-                fit_views(op, &mut views, &self.dims[main])?;
-                let epilogue_views = self.views(inputs, ins, &self.dims[*output])?;
-                if let Some(fused) = B::matmul_with_epilogue(
-                    device,
-                    views[0],
-                    views[1],
-                    &self.metas[main],
-                    expr,
-                    &epilogue_views,
-                )? {
-                    *out = fused;
-                    return Ok(());
-                }
+            let epilogue_views = self.views(inputs, ins, &self.dims[*output])?;
+            if let Some(fused) = B::matmul_with_epilogue(
+                device,
+                views[0],
+                views[1],
+                &self.metas[main],
+                expr,
+                &epilogue_views,
+            )? {
+                *out = fused;
+                return Ok(());
             }
         }
-        {
-            let op = self.ops[main].as_ref().expect("main nodes are ops");
-            let ins = &self.plan.graph.nodes[main].inputs;
-            let mut views = ins
-                .iter()
-                .map(|&n| {
-                    Ok(View {
-                        storage: self.storage(inputs, n)?,
-                        layout: self.layout[n],
-                    })
-                })
-                .collect::<Result<smallvec::SmallVec<[View<'_, B>; 4]>>>()?;
-            fit_views(op, &mut views, &self.dims[main])?;
-            B::execute_into(device, op, &views, &self.metas[main], out)?;
-        }
+        B::execute_into(device, op, &views, &self.metas[main], out)?;
         let Step::Main {
             epilogue, output, ..
         } = &self.steps[si]

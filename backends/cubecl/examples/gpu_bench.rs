@@ -154,16 +154,31 @@ fn w2<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     Ok(())
 }
 
-fn w1_batch<B: Backend, const BS: usize>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
-    let mut model = Mlp::<B>::init(dev, 1)?;
-    let mut opt = Sgd::<B>::new(SgdConfig {
+/// W1's model (seed 1), its SGD (lr 0.01, momentum 0.9) and one batch of `BS` random
+/// images with cycling labels.
+#[allow(clippy::type_complexity)]
+fn w1_setup<B: Backend, const BS: usize>(
+    dev: &B::Device,
+) -> Result<(
+    Mlp<B>,
+    Sgd<B>,
+    Tensor<B, Rank2<BS, 784>>,
+    Tensor<B, (Const<BS>,), i32>,
+)> {
+    let model = Mlp::<B>::init(dev, 1)?;
+    let opt = Sgd::<B>::new(SgdConfig {
         lr: 0.01,
         momentum: 0.9,
         ..SgdConfig::default()
     })?;
-    let x = Tensor::<B, Rank2<BS, 784>>::normal(0.0, 1.0, 5, dev)?;
+    let x = Tensor::normal(0.0, 1.0, 5, dev)?;
     let labels: Vec<i32> = (0..BS as i32).map(|i| i % 10).collect();
-    let y = Tensor::<B, (Const<BS>,), i32>::from_vec(labels, &[BS], dev)?;
+    let y = Tensor::from_vec(labels, &[BS], dev)?;
+    Ok((model, opt, x, y))
+}
+
+fn w1_batch<B: Backend, const BS: usize>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
+    let (mut model, mut opt, x, y) = w1_setup::<B, BS>(dev)?;
     for fused in [true, false] {
         model.set_fused(fused);
         let ms = time_ms::<B>(dev, reps, || {
@@ -196,15 +211,7 @@ fn w1_batch<B: Backend, const BS: usize>(dev: &B::Device, name: &str, reps: usiz
 #[cfg(feature = "cuda")]
 fn w1_profile(dev: &kiln_cubecl::CudaDevice) -> Result<()> {
     type B = kiln_cubecl::Cuda;
-    let mut model = Mlp::<B>::init(dev, 1)?;
-    let mut opt = Sgd::<B>::new(SgdConfig {
-        lr: 0.01,
-        momentum: 0.9,
-        ..SgdConfig::default()
-    })?;
-    let x = Tensor::<B, Rank2<256, 784>>::normal(0.0, 1.0, 5, dev)?;
-    let labels: Vec<i32> = (0..256).map(|i| i % 10).collect();
-    let y = Tensor::<B, (Const<256>,), i32>::from_vec(labels, &[256], dev)?;
+    let (mut model, mut opt, x, y) = w1_setup::<B, 256>(dev)?;
     let mut step = || -> Result<()> {
         let (_, grads) = model.loss_and_grad(&x, &y)?;
         opt.step(&mut model, &grads)?;
@@ -237,15 +244,7 @@ fn w1<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
 #[cfg(feature = "cuda")]
 fn w1_graph<const BS: usize>(dev: &kiln_cubecl::CudaDevice, reps: usize) -> Result<()> {
     type B = kiln_cubecl::Cuda;
-    let mut model = Mlp::<B>::init(dev, 1)?;
-    let mut opt = Sgd::<B>::new(SgdConfig {
-        lr: 0.01,
-        momentum: 0.9,
-        ..SgdConfig::default()
-    })?;
-    let x = Tensor::<B, Rank2<BS, 784>>::normal(0.0, 1.0, 5, dev)?;
-    let labels: Vec<i32> = (0..BS as i32).map(|i| i % 10).collect();
-    let y = Tensor::<B, (Const<BS>,), i32>::from_vec(labels, &[BS], dev)?;
+    let (mut model, mut opt, x, y) = w1_setup::<B, BS>(dev)?;
     let (_, grads) = model.loss_and_grad(&x, &y)?;
     opt.step(&mut model, &grads)?;
     drop(grads);

@@ -19,14 +19,6 @@ pub(crate) fn arg<R: KilnRuntime>(s: &CubeStorage<R>) -> ArrayArg<R> {
     unsafe { ArrayArg::from_raw_parts(s.handle.clone(), s.len.max(1)) }
 }
 
-/// The metadata buffer holding `words` (uploaded once per distinct content).
-pub(crate) fn meta<R: KilnRuntime>(
-    dev: &Arc<DeviceState<R>>,
-    words: &[u32],
-) -> Result<CubeStorage<R>> {
-    dev.metadata(words)
-}
-
 /// A buffer holding one host value (at least 8 bytes, so any dtype's kernel reads it),
 /// shared through the metadata cache: a step fills with the same values every time.
 pub(crate) fn constant<R: KilnRuntime>(
@@ -50,7 +42,7 @@ fn views_meta<R: KilnRuntime>(
 ) -> Result<(u32, CubeStorage<R>)> {
     let ops: Vec<Operand> = inputs.iter().map(|v| Operand::of(&v.layout)).collect();
     let (rank, words) = elementwise_meta(dims, &ops)?;
-    Ok((rank, meta(dev, &words)?))
+    Ok((rank, dev.metadata(&words)?))
 }
 
 /// A unary op.
@@ -282,7 +274,7 @@ pub fn copy_strided<R: KilnRuntime>(
         return Ok(());
     }
     let (rank, words) = elementwise_meta(dims, &[src_op.clone(), dst_op.clone()])?;
-    let m = meta(dev, &words)?;
+    let m = dev.metadata(&words)?;
     let (count, dim) = grid(n, BLOCK);
     let c = &dev.client;
     // Same-width dtypes share a kernel: a copy moves bits.

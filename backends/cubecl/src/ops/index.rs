@@ -1,6 +1,6 @@
 //! Launching gather and scatter-add.
 
-use super::elementwise::{arg, meta};
+use super::elementwise::arg;
 use crate::device::{DeviceState, KilnRuntime};
 use crate::kernels::index as k;
 use crate::storage::{device_size, CubeStorage};
@@ -54,9 +54,9 @@ pub fn gather<R: KilnRuntime>(
     for &s in index.layout.strides() {
         w.push(word(s)?);
     }
-    let m = meta(dev, &w)?;
+    let m = dev.metadata(&w)?;
     // Zero in any dtype (the kernel writes it where an index is out of range).
-    let zero = meta(dev, &[0, 0])?;
+    let zero = dev.metadata(&[0, 0])?;
     let flags = dev.new_flag();
     let (count, dim) = grid(n, BLOCK);
     let (r, a) = (rank as u32, axis as u32);
@@ -130,7 +130,7 @@ pub fn scatter_add<R: KilnRuntime>(
     for &s in src.layout.strides() {
         w.push(word(s)?);
     }
-    let m = meta(dev, &w)?;
+    let m = dev.metadata(&w)?;
     let flags = dev.new_flag();
     let (count, dim) = grid(n, BLOCK);
     let (r, a) = (rank as u32, axis as u32);

@@ -1,7 +1,7 @@
 //! Launching Kiln's own tiled matmul (wgpu; CUDA uses cuBLASLt instead), and which
 //! product epilogues a vendor library can run inside the product.
 
-use super::elementwise::{arg, meta};
+use super::elementwise::arg;
 use crate::device::{DeviceState, KilnRuntime};
 use crate::kernels::matmul as k;
 use crate::storage::{with_float_type, CubeStorage};
@@ -64,7 +64,7 @@ pub fn matmul<R: KilnRuntime>(
     for &s in &ops[1].strides {
         w.push(word(s)?);
     }
-    let mt = meta(dev, &w)?;
+    let mt = dev.metadata(&w)?;
     let br = bd.len() as u32;
     let tiles = (
         word(n.div_ceil(k::TILE as usize))?,

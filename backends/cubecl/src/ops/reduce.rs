@@ -1,7 +1,7 @@
 //! Launching reductions: the kept and reduced dims are coalesced separately, and the
 //! cube size follows the reduced extent (32 to 256 units).
 
-use super::elementwise::{arg, meta};
+use super::elementwise::arg;
 use crate::device::{DeviceState, KilnRuntime};
 use crate::kernels::reduce as k;
 use crate::storage::{with_float_type, CubeStorage};
@@ -53,7 +53,7 @@ pub fn reduce<R: KilnRuntime>(
     for &s in ko[0].strides.iter().chain(&ro[0].strides) {
         w.push(word(s)?);
     }
-    let m = meta(dev, &w)?;
+    let m = dev.metadata(&w)?;
     let (kr, rr) = (kd.len() as u32, rd.len() as u32);
     let block = (extent.next_power_of_two() as u32).clamp(32, 256);
     let (count, dim) = grid_per_item(n_out, block);

@@ -1,6 +1,6 @@
 //! Launching unfold2d and fold2d.
 
-use super::elementwise::{arg, meta};
+use super::elementwise::arg;
 use crate::device::{DeviceState, KilnRuntime};
 use crate::kernels::window as k;
 use crate::storage::{device_size, CubeStorage};
@@ -63,9 +63,9 @@ pub fn unfold2d<R: KilnRuntime>(
         x.layout.offset(),
         x.layout.strides(),
     )?;
-    let m = meta(dev, &words)?;
+    let m = dev.metadata(&words)?;
     // Zero in any dtype (written where the window reaches into the padding).
-    let zero = meta(dev, &[0, 0])?;
+    let zero = dev.metadata(&[0, 0])?;
     let (count, dim) = grid(n, BLOCK);
     let c = &dev.client;
     match device_size(out.dtype) {
@@ -130,7 +130,7 @@ pub fn fold2d<R: KilnRuntime>(
         cols.layout.offset(),
         &strides,
     )?;
-    let m = meta(dev, &words)?;
+    let m = dev.metadata(&words)?;
     let (count, dim) = grid(n, BLOCK);
     let c = &dev.client;
     macro_rules! go {
