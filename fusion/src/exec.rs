@@ -8,7 +8,8 @@
 use crate::plan::{Kernel, KernelKind, Plan};
 use crate::sym::SDim;
 use kiln_tensor::fused::{ExprStep, FusedExpr, NativeFn};
-use kiln_tensor::ir::{Graph, NodeId, NodeKind};
+use kiln_tensor::ir::{Graph, KeptGuard, NodeId, NodeKind};
+use kiln_tensor::op::fmt_dims;
 use kiln_tensor::{
     fit_views, Backend, DType, Dims, Error, Layout, Op, RawTensor, Result, TensorMeta, View,
 };
@@ -57,8 +58,10 @@ enum Step {
 pub struct Program<B: Backend> {
     plan: Plan<SDim>,
     natives: &'static [Option<NativeFn>],
-    /// The size parameters and input dims the program was resolved for.
-    key: Vec<usize>,
+    /// The size parameters and input dims the program was resolved for, if any.
+    key: Option<Vec<usize>>,
+    /// Whether the plan describes the inputs of `key` (else they run op by op).
+    planned: bool,
     metas: Vec<TensorMeta>,
     dims: Vec<Dims>,
     ops: Vec<Option<Op>>,
@@ -78,6 +81,48 @@ fn resolve_dims(
     rt: &dyn Fn(u32) -> Option<usize>,
 ) -> Result<Vec<usize>> {
     ds.iter().map(|d| d.eval(param, rt)).collect()
+}
+
+/// The value bound to run-time size `id`, if any yet.
+fn lookup(atoms: &[(u32, usize)], id: u32) -> Option<usize> {
+    atoms.iter().find(|(a, _)| *a == id).map(|(_, v)| *v)
+}
+
+/// Runs a kept guard on the resolved metas of its inputs.
+fn run_guard(k: &KeptGuard, metas: &[TensorMeta]) -> Result<()> {
+    let ins = k
+        .inputs
+        .iter()
+        .map(|&j| {
+            metas.get(j).ok_or_else(|| {
+                Error::invalid("plan", format!("a guard reads node {j} before it exists"))
+            })
+        })
+        .collect::<Result<Vec<&TensorMeta>>>()?;
+    k.guard.check(&ins)
+}
+
+/// A reshape's target dims: a run-time size that no input gives is left open and
+/// solved from the element count, as the typed `reshape` solves a `Dyn`.
+fn reshape_dims(
+    dims: &[SDim],
+    from: &[usize],
+    param: &dyn Fn(&str) -> Option<usize>,
+    rt: &dyn Fn(u32) -> Option<usize>,
+) -> Result<Vec<usize>> {
+    let to = dims
+        .iter()
+        .map(|d| match d.eval(param, rt) {
+            Ok(v) => Ok(Some(v)),
+            Err(_) if d.as_runtime().is_some() => Ok(None),
+            Err(e) => Err(e),
+        })
+        .collect::<Result<Vec<Option<usize>>>>()?;
+    if to.iter().all(Option::is_some) {
+        // Nothing to solve: the reshape's own rule checks the count.
+        return Ok(to.into_iter().flatten().collect());
+    }
+    kiln_tensor::op::solve_reshape(from, &to)
 }
 
 /// The op with its symbolic dims resolved.
@@ -431,7 +476,8 @@ impl<B: Backend> Program<B> {
             arena: (0..plan.slots.len()).map(|_| None).collect(),
             plan,
             natives,
-            key: Vec::new(),
+            key: None,
+            planned: false,
             metas: Vec::new(),
             dims: Vec::new(),
             ops: Vec::new(),
@@ -450,7 +496,10 @@ impl<B: Backend> Program<B> {
     }
 
     fn key_matches(&self, params: &[(&str, usize)], inputs: &[&RawTensor<B>]) -> bool {
-        let mut it = self.key.iter();
+        let Some(key) = &self.key else {
+            return false;
+        };
+        let mut it = key.iter();
         params.iter().all(|(_, v)| it.next() == Some(v))
             && inputs
                 .iter()
@@ -458,63 +507,104 @@ impl<B: Backend> Program<B> {
             && it.next().is_none()
     }
 
-    /// Resolves dims, ops and kernels for these parameters and inputs.
-    fn resolve(&mut self, params: &[(&str, usize)], inputs: &[&RawTensor<B>]) -> Result<()> {
+    /// Resolves dims, ops and kernels for these parameters and inputs. Every node's
+    /// dims and dtype follow from the inputs' by the op table's rules, and the guards
+    /// the graph kept run again, so a plan refuses what op-by-op execution refuses,
+    /// with the same message, and no kernel sees a buffer of another size than its
+    /// shape says. Run-time sizes (`Dyn`) bind to what the inputs give; a reshape to a
+    /// `Dyn` that no input gives takes the size its element count leaves. Returns
+    /// `false` when the inputs are valid but the plan's symbolic dims do not describe
+    /// them (two `Dyn` sizes that broadcast): then the caller runs op by op.
+    fn resolve(&mut self, params: &[(&str, usize)], inputs: &[&RawTensor<B>]) -> Result<bool> {
+        let mut key: Vec<usize> = params.iter().map(|(_, v)| *v).collect();
+        for t in inputs {
+            key.extend_from_slice(t.dims());
+        }
+        self.key = Some(key);
+        self.planned = false;
         let plan = &self.plan;
         let param = |name: &str| params.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
-        let atoms: Vec<(u32, usize)> = plan
-            .atoms
-            .iter()
-            .map(|&(id, node, axis)| {
-                let k = plan.inputs.iter().position(|&i| i == node).ok_or_else(|| {
-                    Error::invalid(
-                        "plan",
-                        format!("run-time size ${id} does not come from an input"),
-                    )
-                })?;
-                Ok((id, inputs[k].dims()[axis]))
-            })
-            .collect::<Result<_>>()?;
-        let rt = |id: u32| atoms.iter().find(|(a, _)| *a == id).map(|(_, v)| *v);
-        let mut metas = Vec::with_capacity(plan.graph.nodes.len());
-        let mut ops = Vec::with_capacity(plan.graph.nodes.len());
-        for node in &plan.graph.nodes {
-            let dims = resolve_dims(&node.meta.dims, &param, &rt)?;
-            ops.push(match &node.kind {
-                NodeKind::Op(op) => Some(resolve_op(op, &param, &rt)?),
-                NodeKind::RecipDim(d) => {
-                    let n = d.eval(&param, &rt)?;
-                    Some(Op::Full {
-                        dims: vec![],
-                        value: 1.0 / n as f64,
-                        dtype: node.meta.dtype,
-                    })
-                }
-                NodeKind::Leaf(_) => None,
-            });
-            metas.push(TensorMeta::new(dims, node.meta.dtype));
-        }
-        // Inputs must have the dims the plan expects.
-        for (k, (&leaf, t)) in plan.inputs.iter().zip(inputs).enumerate() {
-            let want = &metas[leaf];
-            if t.dims().as_slice() != want.dims.as_slice() || t.dtype() != want.dtype {
-                let name = plan
-                    .names
-                    .get(leaf)
-                    .cloned()
-                    .flatten()
-                    .unwrap_or_else(|| format!("input {k}"));
-                return Err(Error::shape(
-                    "run",
-                    format!(
-                        "`{name}` is {} {:?} but the plan was built for {} {:?}",
-                        t.dtype(),
-                        t.dims().as_slice(),
-                        want.dtype,
-                        want.dims
-                    ),
-                ));
+        let n = plan.graph.nodes.len();
+        let mut atoms: Vec<(u32, usize)> = Vec::new();
+        let mut metas: Vec<TensorMeta> = Vec::with_capacity(n);
+        let mut ops: Vec<Option<Op>> = Vec::with_capacity(n);
+        let mut guards = plan.graph.guards.iter().peekable();
+        for (i, node) in plan.graph.nodes.iter().enumerate() {
+            while let Some(k) = guards.next_if(|k| k.at <= i) {
+                run_guard(k, &metas)?;
             }
+            let rt = |id: u32| lookup(&atoms, id);
+            let (op, meta) = match &node.kind {
+                NodeKind::Leaf(_) => {
+                    let k = plan.inputs.iter().position(|&l| l == i).ok_or_else(|| {
+                        Error::invalid("plan", format!("leaf {i} is not one of its inputs"))
+                    })?;
+                    let t = inputs[k];
+                    (None, TensorMeta::new(t.dims().to_vec(), t.dtype()))
+                }
+                NodeKind::RecipDim(d) => {
+                    let count = d.eval(&param, &rt)?;
+                    let op = Op::Full {
+                        dims: vec![],
+                        value: 1.0 / count as f64,
+                        dtype: node.meta.dtype,
+                    };
+                    (Some(op), TensorMeta::new(vec![], node.meta.dtype))
+                }
+                NodeKind::Op(op) => {
+                    let ins: Vec<&TensorMeta> = node.inputs.iter().map(|&j| &metas[j]).collect();
+                    let op = match op {
+                        Op::Reshape { dims } => Op::Reshape {
+                            dims: reshape_dims(dims, &ins[0].dims, &param, &rt)?,
+                        },
+                        op => resolve_op(op, &param, &rt)?,
+                    };
+                    let meta = op.infer(&ins)?;
+                    (Some(op), meta)
+                }
+            };
+            let mut described =
+                meta.dtype == node.meta.dtype && meta.dims.len() == node.meta.dims.len();
+            for (sym, &size) in node.meta.dims.iter().zip(&meta.dims) {
+                if !described {
+                    break;
+                }
+                match sym.as_runtime() {
+                    Some(id) if lookup(&atoms, id).is_none() => atoms.push((id, size)),
+                    _ => described = sym.eval(&param, &|id| lookup(&atoms, id)).ok() == Some(size),
+                }
+            }
+            if !described {
+                if let NodeKind::Leaf(_) = node.kind {
+                    let name = plan.names.get(i).cloned().flatten();
+                    let name = name.unwrap_or_else(|| format!("input {i}"));
+                    let want: Vec<String> = node
+                        .meta
+                        .dims
+                        .iter()
+                        .map(|d| {
+                            d.eval(&param, &|_| None)
+                                .map_or(d.to_string(), |v| v.to_string())
+                        })
+                        .collect();
+                    return Err(Error::shape(
+                        "run",
+                        format!(
+                            "`{name}` is {} {} but the plan was built for {} [{}]",
+                            meta.dtype,
+                            fmt_dims(&meta.dims),
+                            node.meta.dtype,
+                            want.join(", ")
+                        ),
+                    ));
+                }
+                return Ok(false);
+            }
+            metas.push(meta);
+            ops.push(op);
+        }
+        for k in guards {
+            run_guard(k, &metas)?;
         }
         let dims: Vec<Dims> = metas
             .iter()
@@ -555,29 +645,27 @@ impl<B: Backend> Program<B> {
                 KernelKind::View => Step::View { node: k.outputs[0] },
             });
         }
-        let mut key: Vec<usize> = params.iter().map(|(_, v)| *v).collect();
-        for t in inputs {
-            key.extend_from_slice(t.dims());
-        }
-        self.key = key;
         self.metas = metas;
         self.dims = dims;
         self.ops = ops;
         self.steps = steps;
         self.slot_len = slot_len;
-        Ok(())
+        self.planned = true;
+        Ok(true)
     }
 
     /// Runs the plan on `inputs` (in the plan's input order) with the size parameters
     /// `params` (`("B", 256)`); random ops draw with their seed mixed with `seed`.
-    /// Returns the plan's outputs, in order.
+    /// Returns the plan's outputs, in order, or `None` when the inputs are valid but
+    /// the plan does not describe their shapes (see `resolve`): run them op by op.
+    /// Inputs that op-by-op execution would refuse are refused with its message.
     pub fn run(
         &mut self,
         device: &B::Device,
         params: &[(&str, usize)],
         inputs: &[&RawTensor<B>],
         seed: u64,
-    ) -> Result<std::vec::Drain<'_, RawTensor<B>>> {
+    ) -> Result<Option<std::vec::Drain<'_, RawTensor<B>>>> {
         if inputs.len() != self.plan.inputs.len() {
             return Err(Error::invalid(
                 "run",
@@ -589,7 +677,14 @@ impl<B: Backend> Program<B> {
             ));
         }
         if !self.key_matches(params, inputs) {
-            self.resolve(params, inputs)?;
+            if let Err(e) = self.resolve(params, inputs) {
+                // Refused shapes are not remembered: the next call checks them again.
+                self.key = None;
+                return Err(e);
+            }
+        }
+        if !self.planned {
+            return Ok(None);
         }
         for (k, (&leaf, t)) in self.plan.inputs.iter().zip(inputs).enumerate() {
             self.src[leaf] = Src::Input(k);
@@ -616,7 +711,7 @@ impl<B: Backend> Program<B> {
                 device.clone(),
             )?);
         }
-        Ok(self.results.drain(..))
+        Ok(Some(self.results.drain(..)))
     }
 
     /// The buffer behind a node's value.

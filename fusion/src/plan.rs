@@ -19,7 +19,7 @@
 //!   copies into its own slot).
 //! - Everything else runs as a single-op kernel.
 
-use kiln_tensor::ir::{Graph, NodeId, NodeKind};
+use kiln_tensor::ir::{Graph, KeptGuard, NodeId, NodeKind};
 use kiln_tensor::{Builder, DType, Op, OpClass, SymDim};
 use std::collections::HashMap;
 
@@ -152,7 +152,10 @@ pub fn plan_named<D: SymDim + 'static>(
     let mut new_id = vec![usize::MAX; graph.nodes.len()];
     let mut g = Graph::<D>::new();
     let mut kept_names = Vec::new();
+    // How many kept nodes precede each original node (where its guards run again).
+    let mut position = vec![0; graph.nodes.len() + 1];
     for (i, n) in graph.nodes.iter().enumerate() {
+        position[i] = g.nodes.len();
         if let Some(&(m, _)) = transposed.iter().find(|(_, p)| *p == i) {
             // Already computed in its transposed form, at the product's position.
             new_id[i] = new_id[m];
@@ -182,6 +185,18 @@ pub fn plan_named<D: SymDim + 'static>(
             g.nodes.push(n);
         }
     }
+    position[graph.nodes.len()] = g.nodes.len();
+    // A guard of values the outputs do not need guards nothing the plan computes.
+    g.guards = graph
+        .guards
+        .iter()
+        .filter(|k| k.inputs.iter().all(|&i| new_id[i] != usize::MAX))
+        .map(|k| KeptGuard {
+            guard: k.guard.clone(),
+            inputs: k.inputs.iter().map(|&i| new_id[i]).collect(),
+            at: position[k.at],
+        })
+        .collect();
     let inputs: Vec<NodeId> = inputs.iter().map(|&i| new_id[i]).collect();
     let outputs: Vec<NodeId> = outputs.iter().map(|&i| new_id[i]).collect();
     let n = g.nodes.len();

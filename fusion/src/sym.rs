@@ -206,6 +206,10 @@ impl SymDim for SDim {
         }
     }
 
+    fn is_runtime(&self) -> bool {
+        !self.runtime_atoms().is_empty()
+    }
+
     fn matches(&self, other: &Self) -> Option<bool> {
         if self == other {
             Some(true)

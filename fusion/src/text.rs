@@ -4,9 +4,10 @@
 
 use crate::plan::{Kernel, KernelKind, Plan};
 use crate::sym::SDim;
-use kiln_tensor::ir::{Graph, Node, NodeKind};
+use kiln_tensor::ir::{Graph, KeptGuard, Node, NodeKind};
 use kiln_tensor::{
-    BinaryOp, CmpOp, DType, Error, Op, RandDist, ReduceOp, Result, TensorMeta, UnaryOp, Window2d,
+    BinaryOp, CmpOp, DType, Error, Guard, Op, RandDist, ReduceOp, Result, TensorMeta, UnaryOp,
+    Window2d,
 };
 
 fn dims(d: &[SDim]) -> String {
@@ -295,6 +296,14 @@ impl Plan<SDim> {
         for (a, n, ax) in &self.atoms {
             out += &format!("atom {a} node={n} axis={ax}\n");
         }
+        for k in &self.graph.guards {
+            out += &format!(
+                "guard at={} in={} {}\n",
+                k.at,
+                list(&k.inputs),
+                k.guard.to_text()
+            );
+        }
         for (i, name) in self.names.iter().enumerate() {
             if let Some(name) = name {
                 out += &format!("name node={i} {name}\n");
@@ -397,6 +406,16 @@ impl Plan<SDim> {
                         plan.names.resize(n + 1, None);
                     }
                     plan.names[n] = Some(name.to_string());
+                }
+                "guard" => {
+                    // The check's own text (which may hold spaces) follows the fields.
+                    let mut words = rest.splitn(3, ' ');
+                    let (_, _, check) = (words.next(), words.next(), words.next());
+                    plan.graph.guards.push(KeptGuard {
+                        at: num(field("at")?)?,
+                        inputs: parse_list(field("in")?)?,
+                        guard: Guard::parse(check.ok_or_else(|| bad(line))?)?,
+                    });
                 }
                 "atom" => {
                     let id = num(rest.split(' ').next().unwrap_or(""))?;

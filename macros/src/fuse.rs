@@ -15,7 +15,8 @@ use syn::Ident;
 pub struct Fused {
     /// The associated const holding the plan's text.
     pub plan_const: TokenStream,
-    /// An expression evaluating to the tuple of the plan's outputs (`RawTensor`s).
+    /// An expression evaluating to the tuple of the plan's outputs (`RawTensor`s), or
+    /// `None` when the plan does not describe these inputs' shapes (run op by op).
     pub run: TokenStream,
 }
 
@@ -82,8 +83,8 @@ pub fn fuse(
         #(#fns)*
         static __KILN_NATIVES: [::core::option::Option<::kiln::tensor::fused::NativeFn>; #count] = [#(#natives),*];
         self.__kiln_plans.with(#id, Self::#const_name, &__KILN_NATIVES, |__p| {
-            let mut __o = __p.run(&__dev, &[#((#const_names, #consts)),*], &[#(&#leaf_vars),*], __seed)?;
-            Ok((#(#nexts,)*))
+            let __run = __p.run(&__dev, &[#((#const_names, #consts)),*], &[#(&#leaf_vars),*], __seed)?;
+            Ok(__run.map(|mut __o| (#(#nexts,)*)))
         })?
     }};
     Fused { plan_const, run }

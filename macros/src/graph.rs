@@ -142,6 +142,10 @@ impl Builder for MGraph {
         self.g.meta(v)
     }
 
+    fn guard(&mut self, guard: kiln_tensor::Guard, inputs: &[&NodeId]) -> Result<()> {
+        self.g.guard(guard, inputs)
+    }
+
     fn recip_dim(&mut self, like: &NodeId, n: &SDim) -> Result<NodeId> {
         let r = self.g.recip_dim(like, n)?;
         self.register(r);

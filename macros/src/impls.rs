@@ -162,8 +162,9 @@ fn typed_method(
                 let __dev = #device;
                 // Evaluation mode draws nothing at random.
                 let __seed = 0u64;
-                let (__out,) = #run;
-                return ::kiln::tensor::Tensor::from_raw(__out);
+                if let ::core::option::Option::Some((__out,)) = #run {
+                    return ::kiln::tensor::Tensor::from_raw(__out);
+                }
             }
             #(#stmts)*
             Ok(#value)

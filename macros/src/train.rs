@@ -9,9 +9,9 @@ use crate::lower::{describe, Lower, MethodSig, Val};
 use crate::structs::ModelField;
 use crate::sym::{f64_tokens, DimTokens, SDim};
 use kiln_autodiff::vjp;
-use kiln_tensor::ir::{NodeId, NodeKind};
+use kiln_tensor::ir::{KeptGuard, NodeId, NodeKind};
 use kiln_tensor::nn::{join, Mode};
-use kiln_tensor::{BuilderExt, Op, RandDist, Window2d};
+use kiln_tensor::{BuilderExt, Guard, Op, RandDist, Window2d};
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 use std::collections::{HashMap, HashSet};
@@ -150,7 +150,9 @@ impl<'a> Emitter<'a> {
     /// `let` statements for every live node, in order.
     pub fn emit(&mut self, live: &[bool]) -> Vec<TokenStream> {
         let mut out = Vec::new();
+        let n = self.mg.g.nodes.len();
         for (i, node) in self.mg.g.nodes.iter().enumerate() {
+            out.extend(self.guards_at(i, live));
             if !live[i] {
                 continue;
             }
@@ -173,7 +175,44 @@ impl<'a> Emitter<'a> {
             };
             out.push(quote!(let #v = #expr;));
         }
+        out.extend(self.guards_at(n, live));
         out
+    }
+
+    /// The checks of the guards that run before node `at` (see `KeptGuard`) on live
+    /// values: what the composites check eagerly, which the primitives here do not.
+    fn guards_at(&mut self, at: NodeId, live: &[bool]) -> Vec<TokenStream> {
+        let kept: Vec<&KeptGuard> = self
+            .mg
+            .g
+            .guards
+            .iter()
+            .filter(|k| k.at == at && k.inputs.iter().all(|&j| live[j]))
+            .collect();
+        kept.into_iter()
+            .map(|k| {
+                let guard = match &k.guard {
+                    Guard::LayerInput(spec) => {
+                        let ty = layer_type(spec);
+                        quote!(::kiln::tensor::Guard::LayerInput(<#ty>::spec()))
+                    }
+                    Guard::CrossEntropy => quote!(::kiln::tensor::Guard::CrossEntropy),
+                    Guard::Conv2d { groups } => {
+                        quote!(::kiln::tensor::Guard::Conv2d { groups: #groups })
+                    }
+                };
+                let vars: Vec<Ident> = k
+                    .inputs
+                    .iter()
+                    .map(|&j| {
+                        self.vars[j]
+                            .clone()
+                            .expect("live values are emitted before their guards")
+                    })
+                    .collect();
+                quote!(#guard.check(&[#(&#vars.meta()),*])?;)
+            })
+            .collect()
     }
 
     fn op_expr(&mut self, op: &Op<SDim>, ins: &[Ident], dtype: &TokenStream) -> TokenStream {
@@ -411,11 +450,17 @@ pub fn value_and_grad(
         pub fn #fname<#(const #consts: usize),*>(&self, #(#arg_names: &#arg_tys),*) -> ::kiln::tensor::Result<(#ret, #grads_ty<Be>)> {
             let __dev = #device;
             let __seed = self.__kiln_step_seed();
-            let (#(#out_vars,)*) = if self.__kiln_plans.fused() {
+            let __planned = if self.__kiln_plans.fused() {
                 #fused_run
             } else {
-                #(#body)*
-                (#(#out_vars,)*)
+                ::core::option::Option::None
+            };
+            let (#(#out_vars,)*) = match __planned {
+                ::core::option::Option::Some(__outs) => __outs,
+                ::core::option::Option::None => {
+                    #(#body)*
+                    (#(#out_vars,)*)
+                }
             };
             #(#updates)*
             let grads = #grads_ty { #(#grad_fields,)* __kiln_backend: ::core::marker::PhantomData };

@@ -6,6 +6,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::guard::Guard;
 use crate::op::{
     fmt_dims, BinaryOp, CmpOp, Op, RandDist, ReduceOp, SymDim, TensorMeta, UnaryOp, Window2d,
 };
@@ -20,6 +21,12 @@ pub trait Builder {
     fn apply(&mut self, op: Op<Self::Dim>, inputs: &[&Self::Value]) -> Result<Self::Value>;
     /// The dims and dtype of a value.
     fn meta(&self, v: &Self::Value) -> TensorMeta<Self::Dim>;
+    /// Checks a composite's or a layer's inputs (see [`Guard`]). A builder whose dims
+    /// can be symbolic also keeps the guard, to run again once the sizes are numbers.
+    fn guard(&mut self, guard: Guard, inputs: &[&Self::Value]) -> Result<()> {
+        let metas: Vec<TensorMeta<Self::Dim>> = inputs.iter().map(|v| self.meta(v)).collect();
+        guard.check(&metas.iter().collect::<Vec<_>>())
+    }
     /// A rank-0 constant `1/n` of `like`'s dtype, for means. The default needs `n` to
     /// be literal; a symbolic builder overrides it to compute `1/n` when `n` is known.
     fn recip_dim(&mut self, like: &Self::Value, n: &Self::Dim) -> Result<Self::Value> {
@@ -424,19 +431,8 @@ pub trait BuilderExt: Builder {
         labels: &Self::Value,
         smoothing: f64,
     ) -> Result<Self::Value> {
-        let ld = self.dims(logits);
+        self.guard(Guard::CrossEntropy, &[logits, labels])?;
         let yd = self.dims(labels);
-        if ld.len() != 2 || yd.len() != 1 || ld[0].matches(&yd[0]) == Some(false) {
-            return Err(Error::shape(
-                "cross_entropy",
-                format!(
-                    "logits {} need labels [{}], got {}",
-                    fmt_dims(&ld),
-                    ld.first().map_or("N".into(), |d| d.to_string()),
-                    fmt_dims(&yd)
-                ),
-            ));
-        }
         if !(0.0..1.0).contains(&smoothing) {
             return Err(Error::invalid(
                 "cross_entropy",
@@ -522,35 +518,15 @@ pub trait BuilderExt: Builder {
             dilation,
             groups,
         } = options;
+        self.guard(Guard::Conv2d { groups }, &[x, w])?;
         let xd = self.dims(x);
         let wd = self.dims(w);
-        if xd.len() != 4 || wd.len() != 4 || groups == 0 {
-            return Err(Error::shape(
-                "conv2d",
-                format!(
-                    "expects x [N, C, H, W] and w [O, C/g, kh, kw], got {} and {}",
-                    fmt_dims(&xd),
-                    fmt_dims(&wd)
-                ),
-            ));
-        }
         let (kh, kw) = match (wd[2].as_lit(), wd[3].as_lit()) {
             (Some(a), Some(b)) => (a, b),
             _ => return Err(Error::invalid("conv2d", "kernel sizes must be known")),
         };
         let g = Self::Dim::lit(groups);
         let cin_g = wd[1].clone();
-        if xd[1].matches(&cin_g.mul(&g)) == Some(false) {
-            return Err(Error::shape(
-                "conv2d",
-                format!(
-                    "the input has {} channels but the weight {} expects {} × {groups} groups",
-                    xd[1],
-                    fmt_dims(&wd),
-                    cin_g
-                ),
-            ));
-        }
         let window = Window2d {
             kernel: [kh, kw],
             stride,

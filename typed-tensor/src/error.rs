@@ -72,6 +72,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// An index outside the axis it indexes (gather, scatter-add, embedding ids): one
+    /// message whichever kernel found it.
+    pub fn index_out_of_range(op: &'static str, index: i64, bound: usize) -> Self {
+        Error::invalid(
+            op,
+            format!("index {index} is out of range for an axis of size {bound}"),
+        )
+    }
+
     /// A shape error for `op`.
     pub fn shape(op: &'static str, msg: impl Into<String>) -> Self {
         Error::Shape {

@@ -6,6 +6,7 @@
 use crate::builder::Builder;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::guard::Guard;
 use crate::op::{Op, SymDim, TensorMeta};
 
 /// The index of a node in its graph.
@@ -34,16 +35,34 @@ pub struct Node<D> {
     pub meta: TensorMeta<D>,
 }
 
-/// A graph of primitive ops in creation (and so topological) order.
+/// A guard the graph keeps because it depends on a size only the run time knows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeptGuard {
+    /// The check.
+    pub guard: Guard,
+    /// The nodes it checks.
+    pub inputs: Vec<NodeId>,
+    /// How many nodes the graph had when the guard ran: it runs again before node
+    /// `at`, so that checks and shape rules fail in the order they would eagerly.
+    pub at: NodeId,
+}
+
+/// A graph of primitive ops in creation (and so topological) order, with the guards
+/// that only the run time can decide.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Graph<D> {
     /// The nodes.
     pub nodes: Vec<Node<D>>,
+    /// Guards to run again when the sizes are numbers.
+    pub guards: Vec<KeptGuard>,
 }
 
 impl<D> Default for Graph<D> {
     fn default() -> Self {
-        Graph { nodes: Vec::new() }
+        Graph {
+            nodes: Vec::new(),
+            guards: Vec::new(),
+        }
     }
 }
 
@@ -110,6 +129,19 @@ impl<D: SymDim> Builder for Graph<D> {
 
     fn meta(&self, v: &NodeId) -> TensorMeta<D> {
         self.nodes[*v].meta.clone()
+    }
+
+    fn guard(&mut self, guard: Guard, inputs: &[&NodeId]) -> Result<()> {
+        let metas: Vec<&TensorMeta<D>> = inputs.iter().map(|&&i| &self.nodes[i].meta).collect();
+        guard.check(&metas)?;
+        if metas.iter().any(|m| m.dims.iter().any(|d| d.is_runtime())) {
+            self.guards.push(KeptGuard {
+                guard,
+                inputs: inputs.iter().map(|&&i| i).collect(),
+                at: self.nodes.len(),
+            });
+        }
+        Ok(())
     }
 
     fn recip_dim(&mut self, like: &NodeId, n: &D) -> Result<NodeId> {

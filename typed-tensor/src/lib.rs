@@ -25,6 +25,7 @@ pub mod dim;
 pub mod dtype;
 pub mod error;
 pub mod fused;
+pub mod guard;
 pub mod ir;
 pub mod layout;
 pub mod nn;
@@ -41,6 +42,7 @@ pub use builder::{Builder, BuilderExt, Conv2dOptions};
 pub use dim::{Const, Dim, Dyn, SameDim};
 pub use dtype::{DType, Element, FloatElement, HostData};
 pub use error::{Error, Result};
+pub use guard::Guard;
 pub use half::{bf16, f16};
 pub use layout::Layout;
 pub use op::{

@@ -19,6 +19,11 @@ pub trait SymDim: Clone + PartialEq + fmt::Debug + fmt::Display {
     /// `Some(true)` when provably equal, `Some(false)` when provably different, `None`
     /// when only the run time can tell (then the run-time check decides).
     fn matches(&self, other: &Self) -> Option<bool>;
+    /// Whether the dim depends on a size only the run time knows (a `Dyn`), so that
+    /// checks involving it must run again when it is a number.
+    fn is_runtime(&self) -> bool {
+        false
+    }
     /// The product of two dims.
     fn mul(&self, other: &Self) -> Self;
     /// The sum of two dims.
@@ -1022,6 +1027,57 @@ fn check_within<D: SymDim>(op: &'static str, inner: &[D], outer: &[D], axis: usi
         }
     }
     Ok(())
+}
+
+/// A reshape's target dims with at most one left open (`None`, PyTorch's `-1`), the
+/// open one solved from the element count. The typed `reshape` and plans both resolve
+/// their targets with it, so they refuse the same reshapes with the same message.
+pub fn solve_reshape(from: &[usize], to: &[Option<usize>]) -> Result<Vec<usize>> {
+    let numel: usize = from.iter().product();
+    let known: usize = to.iter().flatten().product();
+    let target = || {
+        let parts: Vec<String> = to
+            .iter()
+            .map(|d| d.map_or("?".to_string(), |n| n.to_string()))
+            .collect();
+        format!("[{}]", parts.join(", "))
+    };
+    let solved = match to.iter().filter(|d| d.is_none()).count() {
+        0 if known == numel => None,
+        1 if known > 0 && numel % known == 0 => Some(numel / known),
+        1 if known == 0 && numel == 0 => Some(0),
+        0 => {
+            return Err(Error::shape(
+                "reshape",
+                format!(
+                    "cannot reshape {} ({numel} elements) into {} ({known} elements)",
+                    fmt_dims(from),
+                    target()
+                ),
+            ))
+        }
+        1 => {
+            return Err(Error::shape(
+                "reshape",
+                format!(
+                    "cannot reshape {} ({numel} elements) into {}: {numel} is not a multiple of {known}",
+                    fmt_dims(from),
+                    target()
+                ),
+            ))
+        }
+        n => {
+            return Err(Error::shape(
+                "reshape",
+                format!(
+                    "cannot reshape {} into {}: {n} sizes are left open, at most one can be",
+                    fmt_dims(from),
+                    target()
+                ),
+            ))
+        }
+    };
+    Ok(to.iter().map(|d| d.or(solved).unwrap_or(0)).collect())
 }
 
 /// The product of dims (1 for none).

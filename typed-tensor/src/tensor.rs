@@ -169,7 +169,7 @@ impl<B: Backend, S: Shape, E: Element> Tensor<B, S, E> {
     /// for static shapes, at run time for `Dyn`).
     pub fn reshape<S2: Shape>(&self) -> Result<Tensor<B, S2, E>> {
         let () = ReshapeCheck::<S, S2>::OK;
-        let dims = resolve_dims::<S2>(self.raw.numel(), "reshape", self.raw.dims())?;
+        let dims = resolve_dims::<S2>(self.raw.dims())?;
         Ok(Tensor::wrap(self.raw.reshape(&dims)?))
     }
 
@@ -595,20 +595,8 @@ impl<B: Backend, N: Dim, C: Dim, const H: usize, const W: usize, E: FloatElement
 
 /// Run-time dims for shape type `S2` holding `numel` elements: static dims as they
 /// are, one `Dyn` dim solved from the element count.
-fn resolve_dims<S2: Shape>(numel: usize, op: &'static str, from: &Dims) -> Result<Vec<usize>> {
-    let known: usize = S2::DIMS[..S2::RANK].iter().flatten().product();
-    let unknown = S2::DIMS[..S2::RANK].iter().filter(|d| d.is_none()).count();
-    let fail = || mismatch(op, from, &describe::<S2>());
-    let solved = match unknown {
-        0 if known == numel => None,
-        1 if known > 0 && numel.is_multiple_of(known) => Some(numel / known),
-        1 if known == 0 && numel == 0 => Some(0),
-        _ => return Err(fail()),
-    };
-    Ok(S2::DIMS[..S2::RANK]
-        .iter()
-        .map(|d| d.or(solved).expect("one unknown dim solved"))
-        .collect())
+fn resolve_dims<S2: Shape>(from: &Dims) -> Result<Vec<usize>> {
+    crate::op::solve_reshape(from, &S2::DIMS[..S2::RANK])
 }
 
 fn same_dims(op: &'static str, a: &Dims, b: &Dims) -> Result<()> {

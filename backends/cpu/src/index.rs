@@ -9,10 +9,7 @@ use kiln_tensor::{Dims, Error, Layout, Result};
 fn indices(index: &CpuStorage, l: &Layout, bound: usize, op: &'static str) -> Result<Vec<usize>> {
     let check = |i: i64| -> Result<usize> {
         if i < 0 || i as usize >= bound {
-            Err(Error::invalid(
-                op,
-                format!("index {i} is out of range for an axis of size {bound}"),
-            ))
+            Err(Error::index_out_of_range(op, i, bound))
         } else {
             Ok(i as usize)
         }
@@ -137,10 +134,7 @@ pub fn pick_rows_f32_into(
         let i = at(r);
         if i < 0 || i as usize >= n {
             let op = if scatter { "scatter_add" } else { "gather" };
-            return Err(kiln_tensor::Error::invalid(
-                op,
-                format!("index {i} is out of bounds for an axis of {n}"),
-            ));
+            return Err(kiln_tensor::Error::index_out_of_range(op, i as i64, n));
         }
     }
     if scatter {

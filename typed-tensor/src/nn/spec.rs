@@ -5,7 +5,8 @@
 //! definition.
 
 use crate::builder::{Builder, BuilderExt, Conv2dOptions};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::guard::Guard;
 use crate::op::{fmt_dims, SymDim};
 
 /// Whether a forward pass trains (dropout active, batch statistics) or evaluates.
@@ -201,6 +202,25 @@ impl LayerSpec {
         Ok(spec)
     }
 
+    /// Reads a layer type as `Display` writes it: `Linear<784, 128>`, `Flatten`.
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        let (name, args) = match s.split_once('<') {
+            Some((name, rest)) => {
+                let inner = rest
+                    .strip_suffix('>')
+                    .ok_or_else(|| format!("`{s}` is not a layer type"))?;
+                let args = inner
+                    .split(',')
+                    .map(|a| a.trim().parse::<usize>())
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|_| format!("`{s}` is not a layer type"))?;
+                (name, args)
+            }
+            None => (s, vec![]),
+        };
+        Self::from_type(name, &args)
+    }
+
     /// The names of the built-in layer types.
     pub const NAMES: &'static [&'static str] = &[
         "Linear",
@@ -362,8 +382,7 @@ impl LayerSpec {
     ) -> Result<LayerOut<G::Value>> {
         let out = |y| Ok(LayerOut { y, updates: vec![] });
         let dims = g.dims(x);
-        self.check_input(&dims)
-            .map_err(|m| Error::shape("layer", m))?;
+        g.guard(Guard::LayerInput(self.clone()), &[x])?;
         match *self {
             LayerSpec::Linear { .. } => out(g.linear(x, params[0], Some(params[1]))?),
             LayerSpec::Conv2d {

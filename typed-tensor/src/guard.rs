@@ -1,0 +1,165 @@
+//! Guards: the input checks of composites and layers, written once. A composite that
+//! needs more of its inputs than its primitives' rules check (cross-entropy's labels
+//! must have one row per logit row, a layer's input must have its width) checks them
+//! through [`Builder::guard`](crate::Builder::guard). On numbers the check runs then
+//! and there; on symbolic dims it runs too (an error when provably wrong), and a graph
+//! keeps every guard that depends on a size only the run time knows, so a plan runs it
+//! again when it binds its inputs: the planned path refuses what the op-by-op path
+//! refuses, with the same message.
+
+use crate::error::{Error, Result};
+use crate::nn::LayerSpec;
+use crate::op::{fmt_dims, SymDim, TensorMeta};
+
+/// One input check of a composite op or a layer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Guard {
+    /// A layer's input (`LayerSpec::check_input`): one input, the layer's argument.
+    LayerInput(LayerSpec),
+    /// Cross-entropy's inputs: logits `[N, C]` and labels `[N]`.
+    CrossEntropy,
+    /// A convolution's input `[N, C, H, W]` against its weight `[O, C/groups, kh, kw]`.
+    Conv2d {
+        /// Channel groups.
+        groups: usize,
+    },
+}
+
+impl Guard {
+    /// The guard's name in plan text.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Guard::LayerInput(_) => "layer",
+            Guard::CrossEntropy => "cross_entropy",
+            Guard::Conv2d { .. } => "conv2d",
+        }
+    }
+
+    /// Runs the check: an error when the inputs provably do not fit (on symbolic dims,
+    /// a size only the run time knows passes).
+    pub fn check<D: SymDim>(&self, inputs: &[&TensorMeta<D>]) -> Result<()> {
+        let want = match self {
+            Guard::LayerInput(_) => 1,
+            Guard::CrossEntropy | Guard::Conv2d { .. } => 2,
+        };
+        if inputs.len() != want {
+            return Err(Error::invalid(
+                self.name(),
+                format!("the check takes {want} inputs, got {}", inputs.len()),
+            ));
+        }
+        match self {
+            Guard::LayerInput(spec) => spec
+                .check_input(&inputs[0].dims)
+                .map_err(|m| Error::shape("layer", m)),
+            Guard::CrossEntropy => {
+                let (ld, yd) = (&inputs[0].dims, &inputs[1].dims);
+                if ld.len() != 2 || yd.len() != 1 || ld[0].matches(&yd[0]) == Some(false) {
+                    return Err(Error::shape(
+                        "cross_entropy",
+                        format!(
+                            "logits {} need labels [{}], got {}",
+                            fmt_dims(ld),
+                            ld.first().map_or("N".into(), |d| d.to_string()),
+                            fmt_dims(yd)
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Guard::Conv2d { groups } => {
+                let (xd, wd) = (&inputs[0].dims, &inputs[1].dims);
+                if xd.len() != 4 || wd.len() != 4 || *groups == 0 {
+                    return Err(Error::shape(
+                        "conv2d",
+                        format!(
+                            "expects x [N, C, H, W] and w [O, C/g, kh, kw], got {} and {}",
+                            fmt_dims(xd),
+                            fmt_dims(wd)
+                        ),
+                    ));
+                }
+                let cin = wd[1].mul(&D::lit(*groups));
+                if xd[1].matches(&cin) == Some(false) {
+                    return Err(Error::shape(
+                        "conv2d",
+                        format!(
+                            "the input has {} channels but the weight {} expects {} × {groups} groups",
+                            xd[1],
+                            fmt_dims(wd),
+                            wd[1]
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The guard as one line of plan text (`parse` reads it back).
+    pub fn to_text(&self) -> String {
+        match self {
+            Guard::LayerInput(spec) => format!("layer {spec}"),
+            Guard::CrossEntropy => "cross_entropy".into(),
+            Guard::Conv2d { groups } => format!("conv2d {groups}"),
+        }
+    }
+
+    /// Reads `to_text`'s form.
+    pub fn parse(s: &str) -> Result<Self> {
+        let bad = || Error::Format(format!("`{s}` is not a guard"));
+        let (head, rest) = s.split_once(' ').unwrap_or((s, ""));
+        match head {
+            "layer" => LayerSpec::parse(rest)
+                .map(Guard::LayerInput)
+                .map_err(|_| bad()),
+            "cross_entropy" if rest.is_empty() => Ok(Guard::CrossEntropy),
+            "conv2d" => Ok(Guard::Conv2d {
+                groups: rest.parse().map_err(|_| bad())?,
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    #[test]
+    fn text_round_trips() {
+        for g in [
+            Guard::CrossEntropy,
+            Guard::Conv2d { groups: 3 },
+            Guard::LayerInput(LayerSpec::Linear {
+                inputs: 784,
+                outputs: 10,
+            }),
+            Guard::LayerInput(LayerSpec::Conv2d {
+                inputs: 4,
+                outputs: 8,
+                kernel: 3,
+                stride: 2,
+                padding: 1,
+                groups: 2,
+            }),
+            Guard::LayerInput(LayerSpec::Flatten),
+        ] {
+            assert_eq!(Guard::parse(&g.to_text()).unwrap(), g);
+        }
+        assert!(Guard::parse("layer Linear<3>").is_err());
+        assert!(Guard::parse("sideways").is_err());
+    }
+
+    #[test]
+    fn cross_entropy_needs_a_label_per_row() {
+        let logits = TensorMeta::new(vec![3usize, 10], DType::F32);
+        let labels = TensorMeta::new(vec![5usize], DType::I32);
+        let e = Guard::CrossEntropy.check(&[&logits, &labels]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "shape mismatch in `cross_entropy`: logits [3, 10] need labels [3], got [5]"
+        );
+    }
+}
