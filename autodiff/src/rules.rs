@@ -72,9 +72,11 @@ pub fn vjp<G: Builder>(
                     one(b.mul(g, &d)?)
                 }
                 UnaryOp::Relu => {
+                    // Zero where x <= 0 (PyTorch's threshold_backward): a NaN passes
+                    // its gradient on.
                     let zero = b.scalar_like(x0, 0.0)?;
-                    let pos = b.compare(CmpOp::Gt, x0, &zero)?;
-                    one(b.select(&pos, g, &zero)?)
+                    let off = b.compare(CmpOp::Le, x0, &zero)?;
+                    one(b.select(&off, &zero, g)?)
                 }
                 UnaryOp::Erf => {
                     // 2/√π · e^(-x²)
@@ -112,20 +114,24 @@ pub fn vjp<G: Builder>(
                     (b.mul(g, &da)?, b.mul(g, &dc)?)
                 }
                 BinaryOp::Max | BinaryOp::Min => {
-                    // The winner takes the gradient; a tie splits it, as PyTorch does.
-                    let wins = if *op == BinaryOp::Max {
-                        CmpOp::Gt
+                    // The winner takes the gradient and a tie splits it, as in PyTorch,
+                    // whose rule also zeroes only a provable loser: where either side
+                    // is NaN, both take the whole gradient.
+                    let (a_loses, c_loses) = if *op == BinaryOp::Max {
+                        (CmpOp::Lt, CmpOp::Gt)
                     } else {
-                        CmpOp::Lt
+                        (CmpOp::Gt, CmpOp::Lt)
                     };
-                    let a_wins = b.compare(wins, a, c)?;
                     let tie = b.compare(CmpOp::Eq, a, c)?;
                     let half = b.mul_scalar(g, 0.5)?;
+                    let share = b.select(&tie, &half, g)?;
                     let zero = b.scalar_like(g, 0.0)?;
-                    let a_share = b.select(&tie, &half, &zero)?;
-                    let ga = b.select(&a_wins, g, &a_share)?;
-                    let gc = b.sub(g, &ga)?;
-                    (ga, gc)
+                    let a_lost = b.compare(a_loses, a, c)?;
+                    let c_lost = b.compare(c_loses, a, c)?;
+                    (
+                        b.select(&a_lost, &zero, &share)?,
+                        b.select(&c_lost, &zero, &share)?,
+                    )
                 }
             };
             Ok(vec![

@@ -197,6 +197,7 @@ impl<'a> Emitter<'a> {
                         quote!(::kiln::tensor::Guard::LayerInput(<#ty>::spec()))
                     }
                     Guard::CrossEntropy => quote!(::kiln::tensor::Guard::CrossEntropy),
+                    Guard::BatchNormTraining => quote!(::kiln::tensor::Guard::BatchNormTraining),
                     Guard::Conv2d { groups } => {
                         quote!(::kiln::tensor::Guard::Conv2d { groups: #groups })
                     }

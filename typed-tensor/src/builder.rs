@@ -289,6 +289,13 @@ pub trait BuilderExt: Builder {
         let dims = self.dims(x);
         let n = count(&dims, axes)?;
         let dtype = self.dtype(x);
+        if !dtype.is_float() {
+            // Its 1/n would be 0 in an integer dtype (PyTorch refuses too).
+            return Err(Error::dtype(
+                "mean",
+                format!("averages floats, not {dtype}: cast to a float dtype first"),
+            ));
+        }
         // An f16 sum overflows (past 65504) long before the mean does.
         let half = matches!(dtype, DType::F16 | DType::BF16);
         let wide = if half {
@@ -359,11 +366,23 @@ pub trait BuilderExt: Builder {
     /// log(Σ exp(x)) along `axis`, stable.
     fn logsumexp(&mut self, x: &Self::Value, axis: usize, keepdim: bool) -> Result<Self::Value> {
         let m = self.max(x, &[axis], true)?;
-        let z = self.sub(x, &m)?;
+        // The shift is the maximum clamped to finite values: a row whose maximum is
+        // ±inf then gives that infinity (as in PyTorch) instead of inf - inf = NaN.
+        // (A clamp rather than a select on a finiteness mask: no bool crosses kernels.)
+        let shift = match self.dtype(x).finite_max() {
+            Some(big) => {
+                let hi = self.scalar_like(&m, big)?;
+                let lo = self.scalar_like(&m, -big)?;
+                let below = self.binary(BinaryOp::Min, &m, &hi)?;
+                self.binary(BinaryOp::Max, &below, &lo)?
+            }
+            None => m,
+        };
+        let z = self.sub(x, &shift)?;
         let e = self.unary(UnaryOp::Exp, &z)?;
         let s = self.sum(&e, &[axis], true)?;
         let l = self.unary(UnaryOp::Log, &s)?;
-        let r = self.add(&l, &m)?;
+        let r = self.add(&l, &shift)?;
         if keepdim {
             Ok(r)
         } else {
@@ -589,6 +608,23 @@ pub trait BuilderExt: Builder {
         stride: [usize; 2],
         padding: [usize; 2],
     ) -> Result<Self::Value> {
+        let name = if op == ReduceOp::Max {
+            "max_pool2d"
+        } else {
+            "avg_pool2d"
+        };
+        for i in 0..2 {
+            // PyTorch's rule: more would make windows of padding alone.
+            if padding[i] * 2 > kernel[i] {
+                return Err(Error::invalid(
+                    name,
+                    format!(
+                        "padding {:?} is more than half the kernel {:?}",
+                        padding, kernel
+                    ),
+                ));
+            }
+        }
         let xd = self.dims(x);
         if xd.len() != 4 {
             return Err(Error::shape(

@@ -50,6 +50,17 @@ impl DType {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }
 
+    /// The largest finite value of a float dtype (`None` for the others).
+    pub const fn finite_max(self) -> Option<f64> {
+        match self {
+            DType::F32 => Some(f32::MAX as f64),
+            DType::F64 => Some(f64::MAX),
+            DType::F16 => Some(65504.0),
+            DType::BF16 => Some(3.389_531_389_251_535_5e38),
+            _ => None,
+        }
+    }
+
     /// Whether this is an integer dtype.
     pub const fn is_int(self) -> bool {
         matches!(self, DType::I32 | DType::U32)

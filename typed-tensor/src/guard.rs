@@ -18,6 +18,9 @@ pub enum Guard {
     LayerInput(LayerSpec),
     /// Cross-entropy's inputs: logits `[N, C]` and labels `[N]`.
     CrossEntropy,
+    /// Batch statistics of `[N, C, H, W]` in training need more than one value per
+    /// channel (one value has no variance; PyTorch refuses it too).
+    BatchNormTraining,
     /// A convolution's input `[N, C, H, W]` against its weight `[O, C/groups, kh, kw]`.
     Conv2d {
         /// Channel groups.
@@ -32,6 +35,7 @@ impl Guard {
             Guard::LayerInput(_) => "layer",
             Guard::CrossEntropy => "cross_entropy",
             Guard::Conv2d { .. } => "conv2d",
+            Guard::BatchNormTraining => "batch_norm_training",
         }
     }
 
@@ -39,7 +43,7 @@ impl Guard {
     /// a size only the run time knows passes).
     pub fn check<D: SymDim>(&self, inputs: &[&TensorMeta<D>]) -> Result<()> {
         let want = match self {
-            Guard::LayerInput(_) => 1,
+            Guard::LayerInput(_) | Guard::BatchNormTraining => 1,
             Guard::CrossEntropy | Guard::Conv2d { .. } => 2,
         };
         if inputs.len() != want {
@@ -62,6 +66,24 @@ impl Guard {
                             fmt_dims(ld),
                             ld.first().map_or("N".into(), |d| d.to_string()),
                             fmt_dims(yd)
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Guard::BatchNormTraining => {
+                let d = &inputs[0].dims;
+                let per_channel = d
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| i != 1)
+                    .fold(D::lit(1), |n, (_, x)| n.mul(x));
+                if per_channel.as_lit().is_some_and(|n| n <= 1) {
+                    return Err(Error::shape(
+                        "batch_norm",
+                        format!(
+                            "training needs more than one value per channel, got input {}",
+                            fmt_dims(d)
                         ),
                     ));
                 }
@@ -102,6 +124,7 @@ impl Guard {
             Guard::LayerInput(spec) => format!("layer {spec}"),
             Guard::CrossEntropy => "cross_entropy".into(),
             Guard::Conv2d { groups } => format!("conv2d {groups}"),
+            Guard::BatchNormTraining => "batch_norm_training".into(),
         }
     }
 
@@ -114,6 +137,7 @@ impl Guard {
                 .map(Guard::LayerInput)
                 .map_err(|_| bad()),
             "cross_entropy" if rest.is_empty() => Ok(Guard::CrossEntropy),
+            "batch_norm_training" if rest.is_empty() => Ok(Guard::BatchNormTraining),
             "conv2d" => Ok(Guard::Conv2d {
                 groups: rest.parse().map_err(|_| bad())?,
             }),
@@ -131,6 +155,7 @@ mod tests {
     fn text_round_trips() {
         for g in [
             Guard::CrossEntropy,
+            Guard::BatchNormTraining,
             Guard::Conv2d { groups: 3 },
             Guard::LayerInput(LayerSpec::Linear {
                 inputs: 784,

@@ -100,12 +100,40 @@ impl Walk {
     }
 }
 
-/// A raw output buffer shared by the tasks of one kernel, which write disjoint ranges.
+/// A raw output buffer shared by the tasks of one kernel, which write disjoint ranges:
+/// f32, or bool (a comparison whose result other kernels read), written through a
+/// staged f32 chunk.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+enum OutPtr {
+    F32(*mut f32),
+    Bool(*mut bool),
+}
 // SAFETY: each task writes a range of the output no other task touches (see `run`).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
+
+/// An input's elements: f32, or bool (read as 0.0 and 1.0, as expressions compute).
+#[derive(Clone, Copy)]
+enum Operand<'a> {
+    F32(&'a [f32]),
+    Bool(&'a [bool]),
+}
+
+impl Operand<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Operand::F32(d) => d.len(),
+            Operand::Bool(d) => d.len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> f32 {
+        match self {
+            Operand::F32(d) => d[i],
+            Operand::Bool(d) => d[i] as u8 as f32,
+        }
+    }
+}
 
 /// Runs `expr` (or `native`) over `dims` into `outputs`; see
 /// [`kiln_tensor::Backend::fused_elementwise`].
@@ -120,33 +148,37 @@ pub fn fused_elementwise(
     if inputs.len() > MAX_OPERANDS || outputs.len() > MAX_OPERANDS || outputs.is_empty() {
         return Ok(false);
     }
-    let mut datas: [&[f32]; MAX_OPERANDS] = [&[]; MAX_OPERANDS];
+    let mut datas: [Operand<'_>; MAX_OPERANDS] = [Operand::F32(&[]); MAX_OPERANDS];
     let mut layouts = [Layout::contiguous(*dims); MAX_OPERANDS];
     for (i, v) in inputs.iter().enumerate() {
-        let CpuStorage::F32(d) = v.storage else {
-            return Ok(false);
+        let data = match v.storage {
+            CpuStorage::F32(d) => Operand::F32(d),
+            CpuStorage::Bool(d) => Operand::Bool(d),
+            _ => return Ok(false),
         };
-        if v.layout.dims() != dims || v.layout.storage_extent() > d.len() {
+        if v.layout.dims() != dims || v.layout.storage_extent() > data.len() {
             return Err(Error::invalid(
                 "fused",
                 format!("input {i} with layout {:?} does not cover {dims}", v.layout),
             ));
         }
-        datas[i] = d;
+        datas[i] = data;
         layouts[i] = v.layout;
     }
-    let mut outs = [OutPtr(std::ptr::null_mut()); MAX_OPERANDS];
+    let mut outs = [OutPtr::F32(std::ptr::null_mut()); MAX_OPERANDS];
     for (k, o) in outputs.iter_mut().enumerate() {
-        let CpuStorage::F32(d) = &mut **o else {
-            return Ok(false);
+        let (len, ptr) = match &mut **o {
+            CpuStorage::F32(d) => (d.len(), OutPtr::F32(d.as_mut_ptr())),
+            CpuStorage::Bool(d) => (d.len(), OutPtr::Bool(d.as_mut_ptr())),
+            _ => return Ok(false),
         };
-        if d.len() < n {
+        if len < n {
             return Err(Error::invalid(
                 "fused",
-                format!("output {k} holds {} < {n} elements", d.len()),
+                format!("output {k} holds {len} < {n} elements"),
             ));
         }
-        outs[k] = OutPtr(d.as_mut_ptr());
+        outs[k] = ptr;
     }
     if n == 0 {
         return Ok(true);
@@ -155,6 +187,10 @@ pub fn fused_elementwise(
     let chunks_per_row = walk.inner.div_ceil(CHUNK);
     let tasks = walk.rows() * chunks_per_row;
     let (n_in, n_out) = (inputs.len(), outputs.len());
+    let bool_outs = outs[..n_out]
+        .iter()
+        .filter(|o| matches!(o, OutPtr::Bool(_)))
+        .count();
     let task = |t: usize| {
         let (row, c) = (t / chunks_per_row, t % chunks_per_row);
         let start = c * CHUNK;
@@ -162,31 +198,31 @@ pub fn fused_elementwise(
         let at = row * walk.inner + start;
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            let need = (n_in
-                + if native.is_some() {
-                    0
-                } else {
-                    expr.steps.len()
-                })
-                * CHUNK;
+            let registers = if native.is_some() {
+                0
+            } else {
+                expr.steps.len()
+            };
+            let need = (n_in + bool_outs + registers) * CHUNK;
             if s.len() < need {
                 s.resize(need, 0.0);
             }
-            let (staged, regs) = s.split_at_mut(n_in * CHUNK);
+            let (staged, rest) = s.split_at_mut(n_in * CHUNK);
+            let (bool_staged, regs) = rest.split_at_mut(bool_outs * CHUNK);
             let mut staged_parts = staged.chunks_mut(CHUNK);
             let mut ins: [&[f32]; MAX_OPERANDS] = [&[]; MAX_OPERANDS];
             for i in 0..n_in {
                 let base = walk.base(i, row) + start * walk.inner_strides[i];
                 let part = staged_parts.next().expect("one part per input");
-                ins[i] = match walk.inner_strides[i] {
-                    1 => &datas[i][base..base + len],
-                    0 => {
-                        part[..len].fill(datas[i][base]);
+                ins[i] = match (datas[i], walk.inner_strides[i]) {
+                    (Operand::F32(d), 1) => &d[base..base + len],
+                    (d, 0) => {
+                        part[..len].fill(d.get(base));
                         &part[..len]
                     }
-                    st => {
+                    (d, st) => {
                         for (j, p) in part[..len].iter_mut().enumerate() {
-                            *p = datas[i][base + j * st];
+                            *p = d.get(base + j * st);
                         }
                         &part[..len]
                     }
@@ -195,12 +231,27 @@ pub fn fused_elementwise(
             // SAFETY: task `t` alone writes elements `at..at + len` of every output,
             // and each output holds at least `n` elements (checked above).
             let mut out_slices: [&mut [f32]; MAX_OPERANDS] = Default::default();
+            let mut bool_parts = bool_staged.chunks_mut(CHUNK);
             for k in 0..n_out {
-                out_slices[k] = unsafe { std::slice::from_raw_parts_mut(outs[k].0.add(at), len) };
+                out_slices[k] = match outs[k] {
+                    OutPtr::F32(p) => unsafe { std::slice::from_raw_parts_mut(p.add(at), len) },
+                    OutPtr::Bool(_) => {
+                        &mut bool_parts.next().expect("one part per bool output")[..len]
+                    }
+                };
             }
             match native {
                 Some(f) => f(&ins[..n_in], &mut out_slices[..n_out]),
                 None => expr.eval_chunk(&ins[..n_in], &mut out_slices[..n_out], regs),
+            }
+            for k in 0..n_out {
+                if let OutPtr::Bool(p) = outs[k] {
+                    // SAFETY: as above, elements `at..at + len` are this task's.
+                    let out = unsafe { std::slice::from_raw_parts_mut(p.add(at), len) };
+                    for (o, v) in out.iter_mut().zip(out_slices[k].iter()) {
+                        *o = *v != 0.0;
+                    }
+                }
             }
         });
     };

@@ -425,9 +425,18 @@ fn conformance<B: Backend>(dev: &B::Device, name: &str, config: &Config) -> Resu
         start.elapsed().as_secs_f64(),
         config.dtypes
     );
-    Ok(())
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(kiln_tensor::Error::Device(format!(
+            "{} conformance famil{} failed: {failed:?}",
+            failed.len(),
+            if failed.len() == 1 { "y" } else { "ies" }
+        )))
+    }
 }
 
+/// Runs each workload, one line per figure or failure; `false` when any failed.
 #[allow(dead_code)]
 fn run<B: Backend>(
     dev: &B::Device,
@@ -436,7 +445,8 @@ fn run<B: Backend>(
     reps: usize,
     epochs: usize,
     data: &str,
-) {
+) -> bool {
+    let mut all_ok = true;
     for w in workloads.split(',') {
         let r = match w.trim() {
             "w1" => w1::<B>(dev, name, reps),
@@ -463,15 +473,17 @@ fn run<B: Backend>(
                 }
                 conformance::<B>(dev, name, &config)
             }
-            other => {
-                eprintln!("unknown workload {other:?} (known: w1, w2, w4, mnist, ops, conformance; on cuda also w1graph, w1profile)");
-                Ok(())
-            }
+            other => Err(kiln_tensor::Error::invalid(
+                "gpu_bench",
+                format!("unknown workload {other:?} (known: w1, w2, w4, mnist, ops, conformance; on cuda also w1graph, w1profile)"),
+            )),
         };
         if let Err(e) = r {
             println!("bench={w} impl=kiln backend={name} error={e}");
+            all_ok = false;
         }
     }
+    all_ok
 }
 
 fn main() {
@@ -484,20 +496,30 @@ fn main() {
     };
     let backend = get("--backend", "cuda");
     let workloads = get("--workloads", "w1,w2,w4");
-    let reps: usize = get("--reps", "20").parse().expect("--reps takes a number");
-    let epochs: usize = get("--epochs", "5")
-        .parse()
-        .expect("--epochs takes a number");
+    let number = |flag: &str, default: &str| -> usize {
+        let v = get(flag, default);
+        v.parse().unwrap_or_else(|_| {
+            eprintln!("error: {flag} takes a whole number, got {v:?}");
+            std::process::exit(2)
+        })
+    };
+    let reps = number("--reps", "20");
+    let epochs = number("--epochs", "5");
     // The MNIST folder (default: the one beside kiln-models' sources at build time).
     let data = get("--data", "");
-    match backend.as_str() {
+    // Every failure (a workload, a device that does not open, an unknown backend)
+    // makes the exit status non-zero, so scripts and CI see it.
+    let ok = match backend.as_str() {
         #[cfg(feature = "cuda")]
         "cuda" => match kiln_cubecl::CudaDevice::first() {
             Ok(d) => {
                 println!("# device {}", d.name());
                 run::<kiln_cubecl::Cuda>(&d, "cuda", &workloads, reps, epochs, &data)
             }
-            Err(e) => println!("bench=open backend=cuda error={e}"),
+            Err(e) => {
+                println!("bench=open backend=cuda error={e}");
+                false
+            }
         },
         #[cfg(feature = "wgpu")]
         "wgpu" => match kiln_cubecl::WgpuDevice::first() {
@@ -505,8 +527,17 @@ fn main() {
                 println!("# device {}", d.name());
                 run::<kiln_cubecl::Wgpu>(&d, "wgpu", &workloads, reps, epochs, &data)
             }
-            Err(e) => println!("bench=open backend=wgpu error={e}"),
+            Err(e) => {
+                println!("bench=open backend=wgpu error={e}");
+                false
+            }
         },
-        other => eprintln!("backend {other:?} is not built in (features: cuda, wgpu)"),
+        other => {
+            eprintln!("error: backend {other:?} is not built in (features: cuda, wgpu)");
+            false
+        }
+    };
+    if !ok {
+        std::process::exit(1);
     }
 }
