@@ -89,7 +89,7 @@ impl SDim {
         let mut out: Vec<(usize, Vec<Atom>)> = Vec::new();
         for (c, a) in terms {
             match out.last_mut() {
-                Some(last) if last.1 == a => last.0 += c,
+                Some(last) if last.1 == a => last.0 = last.0.saturating_add(c),
                 _ => out.push((c, a)),
             }
         }
@@ -226,7 +226,7 @@ impl SymDim for SDim {
             for (c2, a2) in &other.0 {
                 let mut a = a1.clone();
                 a.extend(a2.iter().cloned());
-                terms.push((c1 * c2, a));
+                terms.push((c1.saturating_mul(*c2), a));
             }
         }
         SDim::normalize(terms)

@@ -105,6 +105,35 @@ fn int_literal(e: &Expr) -> Option<usize> {
     }
 }
 
+/// The largest size a layer or tensor dim may have: 2^40 elements is far past any
+/// memory; past it, products of sizes could overflow while the macro infers shapes.
+pub const MAX_SIZE: usize = 1 << 40;
+
+/// One size argument of a layer type: an integer literal, not zero, not absurd.
+fn layer_size(arg: &GenericArgument) -> syn::Result<usize> {
+    let err = |m: String| Err(syn::Error::new(arg.span(), m));
+    match arg {
+        GenericArgument::Const(Expr::Lit(l)) => match &l.lit {
+            syn::Lit::Int(i) => match i.base10_parse::<usize>() {
+                Ok(n) if n <= MAX_SIZE => Ok(n),
+                _ => err(format!(
+                    "the size {} is too large: sizes are at most 2^40 ({MAX_SIZE})",
+                    i.base10_digits()
+                )),
+            },
+            _ => err("layer sizes are integer literals, like `Linear<784, 128>`".into()),
+        },
+        GenericArgument::Type(Type::Path(p)) if p.path.get_ident().is_some() => err(format!(
+            "`{}` is a name: layer sizes must be integer literals for now; write its value",
+            p.path.get_ident().expect("checked")
+        )),
+        GenericArgument::Const(_) => {
+            err("a computed size is not supported: layer sizes must be integer literals for now; write its value".into())
+        }
+        _ => err("layer sizes are integer literals, like `Linear<784, 128>`".into()),
+    }
+}
+
 /// Parses `Tensor<...>`; `Ok(None)` when `ty` is not a `Tensor` type at all.
 pub fn parse_tensor_type(ty: &Type, consts: &[Ident]) -> syn::Result<Option<TensorTy>> {
     let Type::Path(tp) = ty else { return Ok(None) };
@@ -131,8 +160,14 @@ pub fn parse_tensor_type(ty: &Type, consts: &[Ident]) -> syn::Result<Option<Tens
         let last = i + 1 == args.len();
         match arg {
             GenericArgument::Const(e) => match int_literal(e) {
-                Some(n) => dims.push(DimTok::Lit(n)),
-                None => {
+                Some(n) if n <= MAX_SIZE => dims.push(DimTok::Lit(n)),
+                _ if matches!(e, Expr::Lit(l) if matches!(l.lit, syn::Lit::Int(_))) => {
+                    return Err(syn::Error::new(
+                        e.span(),
+                        format!("this dim is too large: sizes are at most 2^40 ({MAX_SIZE})"),
+                    ))
+                }
+                _ => {
                     return Err(syn::Error::new(
                         e.span(),
                         "a dim must be an integer literal, a const generic or `Dyn`",
@@ -267,26 +302,14 @@ pub fn parse_field_type(ty: &Type) -> syn::Result<FieldKind> {
         Type::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
             let seg = &p.path.segments[0];
             let name = seg.ident.to_string();
-            let mut args = Vec::new();
-            match &seg.arguments {
-                PathArguments::None => {}
-                PathArguments::AngleBracketed(a) => {
-                    for arg in &a.args {
-                        let n = match arg {
-                            GenericArgument::Const(e) => int_literal(e),
-                            _ => None,
-                        };
-                        args.push(n.ok_or_else(|| {
-                            syn::Error::new(arg.span(), "layer sizes must be integer literals")
-                        })?);
-                    }
-                }
-                PathArguments::Parenthesized(x) => {
-                    return Err(syn::Error::new(
-                        x.span(),
-                        "expected a layer type like `Linear<784, 128>`",
-                    ))
-                }
+            if matches!(
+                name.as_str(),
+                "Vec" | "VecDeque" | "Box" | "Option" | "HashMap"
+            ) {
+                return Err(syn::Error::new(
+                    ty.span(),
+                    format!("a `{name}` of layers is not supported: a model's layers are fixed at build time; use an array, `[Linear<64, 64>; 4]`, and loop over it with `for layer in &self.field`"),
+                ));
             }
             if !LayerSpec::NAMES.contains(&name.as_str()) {
                 return Err(syn::Error::new(
@@ -296,6 +319,21 @@ pub fn parse_field_type(ty: &Type) -> syn::Result<FieldKind> {
                         LayerSpec::NAMES.join(", ")
                     ),
                 ));
+            }
+            let mut args = Vec::new();
+            match &seg.arguments {
+                PathArguments::None => {}
+                PathArguments::AngleBracketed(a) => {
+                    for arg in &a.args {
+                        args.push(layer_size(arg)?);
+                    }
+                }
+                PathArguments::Parenthesized(x) => {
+                    return Err(syn::Error::new(
+                        x.span(),
+                        "expected a layer type like `Linear<784, 128>`",
+                    ))
+                }
             }
             LayerSpec::from_type(&name, &args)
                 .map(FieldKind::Layer)

@@ -133,7 +133,25 @@ impl Builder for MGraph {
     type Value = NodeId;
 
     fn apply(&mut self, op: Op<SDim>, inputs: &[&NodeId]) -> Result<NodeId> {
+        let name = op.name();
         let n = self.g.apply(op, inputs)?;
+        // Dims are at most 2^40, but their products can still pass what any memory
+        // holds (and what a usize counts): refuse rather than wrap.
+        let dims = self.g.nodes[n].meta.dims.clone();
+        let count = dims.iter().try_fold(1usize, |acc, d| {
+            let largest = d.terms().iter().map(|(c, _)| *c).max().unwrap_or(1);
+            acc.checked_mul(largest.max(1))
+        });
+        if count.is_none_or(|c| c > 1 << 50) {
+            self.g.nodes.pop();
+            return Err(kiln_tensor::Error::shape(
+                name,
+                format!(
+                    "the result {} would hold more than 2^50 elements",
+                    kiln_tensor::op::fmt_dims(&dims)
+                ),
+            ));
+        }
         self.register(n);
         Ok(n)
     }

@@ -49,9 +49,12 @@
 //! op-by-op code stays, run when `model.set_fused(false)`). `Mlp::fusion_plans()`,
 //! `fusion_report()` and `fusion_dot()` show the plans.
 //!
-//! Shape mistakes are errors on the exact sub-expression, naming both shapes. A
-//! `#[model] impl` must follow its `#[model] struct` in the same module (the struct
-//! passes its fields to the impl through a hidden `macro_rules!`).
+//! Shape mistakes are errors on the exact sub-expression, naming both shapes; every
+//! independent mistake of a method is reported, without a cascade. A `#[model] impl`
+//! goes in the module of its `#[model] struct`, before or after it (the struct passes
+//! its fields to the impl through a hidden `macro_rules!`, reached by path).
+//! Checks a `Dyn` size leaves open at build time run when the method runs, on the
+//! planned and the op-by-op path alike (see `kiln_tensor::Guard`).
 
 mod dsl;
 mod fuse;

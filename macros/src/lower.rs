@@ -743,6 +743,17 @@ impl<'a> Lower<'a> {
                 }))
             }
             Expr::Call(c) => {
+                if let Expr::Path(p) = &*c.func {
+                    if let Some(name) = p.path.get_ident().map(|i| i.to_string()) {
+                        if self.lookup(&name).is_none() {
+                            self.err(
+                                &c.func,
+                                format!("calling a free function (`{name}`) is not supported in model methods: make it a method of this #[model] impl and call `self.{name}(..)`"),
+                            );
+                            return Err(());
+                        }
+                    }
+                }
                 let f = self.lower_expr(&c.func)?;
                 match f {
                     Val::Layer(l) => {
@@ -774,7 +785,7 @@ impl<'a> Lower<'a> {
                 }
             },
             other => {
-                self.err(&other, "this expression is not supported in model methods");
+                self.err(&other, unsupported_expression(other));
                 Err(())
             }
         }
@@ -1223,6 +1234,23 @@ impl<'a> Lower<'a> {
             }
             Ok(())
         };
+        // A turbofish the method would not read is an error, never ignored.
+        let no_turbofish = |s: &mut Self| -> LResult<()> {
+            let Some(t) = &mc.turbofish else {
+                return Ok(());
+            };
+            let hint = match method.as_str() {
+                "softmax" | "log_softmax" => {
+                    format!(": the axis is an argument, `.{method}(AXIS)`")
+                }
+                _ => String::new(),
+            };
+            s.err(
+                t,
+                format!("`.{method}()` takes no `::<..>` arguments{hint}"),
+            );
+            Err(())
+        };
         let unary = |m: &str| -> Option<UnaryOp> {
             UnaryOp::ALL
                 .iter()
@@ -1230,12 +1258,14 @@ impl<'a> Lower<'a> {
                 .find(|u| u.name() == m && *u != UnaryOp::Not)
         };
         if let Some(op) = unary(&method) {
+            no_turbofish(self)?;
             want_args(self, 0)?;
             return self.unary(n, code, op, span);
         }
         let rank = self.dims(n).len();
         let res = match method.as_str() {
             "gelu" | "gelu_tanh" | "silu" | "square" => {
+                no_turbofish(self)?;
                 want_args(self, 0)?;
                 let y = match method.as_str() {
                     "gelu" => self.mg.gelu_erf(&n),
@@ -1254,6 +1284,7 @@ impl<'a> Lower<'a> {
                 })
             }
             "softmax" | "log_softmax" => {
+                no_turbofish(self)?;
                 let axis = self.axis_arg(mc, rank)?.unwrap_or(rank.saturating_sub(1));
                 let y = if method == "softmax" {
                     self.mg.softmax(&n, axis)
@@ -1306,6 +1337,7 @@ impl<'a> Lower<'a> {
                 })
             }
             "sum_all" | "mean_all" => {
+                no_turbofish(self)?;
                 want_args(self, 0)?;
                 let y = if method == "sum_all" {
                     self.mg.sum_all(&n)
@@ -1318,6 +1350,7 @@ impl<'a> Lower<'a> {
                 })
             }
             "flatten" => {
+                no_turbofish(self)?;
                 want_args(self, 0)?;
                 if rank == 0 {
                     self.err(span, "cannot flatten a scalar");
@@ -1370,6 +1403,7 @@ impl<'a> Lower<'a> {
                 })
             }
             "t" => {
+                no_turbofish(self)?;
                 want_args(self, 0)?;
                 if rank < 2 {
                     self.err(
@@ -1392,6 +1426,9 @@ impl<'a> Lower<'a> {
                 })
             }
             "matmul" | "cross_entropy" | "mse" | "concat" | "cross_entropy_smoothed" => {
+                if method != "concat" {
+                    no_turbofish(self)?;
+                }
                 let k = if method == "cross_entropy_smoothed" {
                     2
                 } else {
@@ -1771,5 +1808,28 @@ fn describe_inner(e: &Error) -> String {
             msg.clone()
         }
         other => other.to_string(),
+    }
+}
+
+/// Why an expression cannot be in a model method, and what to write instead.
+fn unsupported_expression(e: &Expr) -> String {
+    let fixed = "a model method is one graph, fixed at build time";
+    match e {
+        Expr::If(_) | Expr::Match(_) => format!(
+            "`{}` is not supported in model methods ({fixed}): compute with tensor ops, or branch in plain Rust around the calls",
+            if matches!(e, Expr::If(_)) { "if" } else { "match" }
+        ),
+        Expr::While(_) | Expr::Loop(_) => format!(
+            "`while` and `loop` are not supported in model methods ({fixed}): loop over an array of layers with `for layer in &self.blocks {{ .. }}`"
+        ),
+        Expr::Try(_) => "`?` is not needed in model methods: the generated method returns a `Result` and passes every error on; remove the `?`".into(),
+        Expr::Return(_) => "`return` is not supported in model methods: end the body with the value".into(),
+        Expr::Closure(_) => "closures are not supported in model methods: write a method of this #[model] impl".into(),
+        Expr::Macro(m) => format!(
+            "macros (`{}!`) are not supported in model methods",
+            src(&m.mac.path)
+        ),
+        Expr::Reference(_) => "`&` is not needed in model methods: pass tensors by name".into(),
+        _ => "this expression is not supported in model methods; see the kiln-macros docs for what bodies may hold".into(),
     }
 }

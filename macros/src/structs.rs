@@ -56,7 +56,10 @@ pub fn callback_name(model: &Ident) -> Ident {
 
 /// Expands `#[model] struct`.
 pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
-    let fields = parse_fields(&item)?;
+    let fields = match parse_fields(&item) {
+        Ok(f) => f,
+        Err(e) => return Ok(placeholder(&item, e)),
+    };
     let name = &item.ident;
     let vis = &item.vis;
     let attrs = &item.attrs;
@@ -168,5 +171,34 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
                 ::kiln::__private::model_impl! { #item ; $($body)* }
             };
         }
+        // A path to the callback, so the impl may come before the struct.
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        pub(crate) use #callback;
     })
+}
+
+/// What a struct whose fields have errors expands to: the errors, the struct without
+/// its fields, and a callback that drops the impl (whose errors would only repeat
+/// these), so the build reports the fields' mistakes and nothing after them.
+fn placeholder(item: &ItemStruct, errors: syn::Error) -> TokenStream {
+    let (attrs, vis, name) = (&item.attrs, &item.vis, &item.ident);
+    let callback = callback_name(name);
+    let errors = errors.to_compile_error();
+    quote! {
+        #errors
+        #(#attrs)*
+        #vis struct #name<Be: ::kiln::tensor::Backend> {
+            #[doc(hidden)]
+            pub __kiln_backend: ::core::marker::PhantomData<Be>,
+        }
+        #[doc(hidden)]
+        #[allow(unused_macros)]
+        macro_rules! #callback {
+            ($($body:tt)*) => {};
+        }
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        pub(crate) use #callback;
+    }
 }

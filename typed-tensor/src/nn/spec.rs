@@ -108,6 +108,10 @@ pub enum LayerSpec {
     Flatten,
 }
 
+/// The most elements one parameter may hold (2^40: far past any memory, and products
+/// of its dims still fit a `usize`).
+pub const MAX_PARAM_ELEMENTS: usize = 1 << 40;
+
 /// Batch-norm's ε and momentum (PyTorch's defaults).
 pub const BATCH_NORM_EPS: f64 = 1e-5;
 /// Batch-norm's running-statistics momentum.
@@ -259,10 +263,19 @@ impl LayerSpec {
             LayerSpec::Dropout { .. } | LayerSpec::Flatten => false,
         };
         if zero {
-            Err(format!("{self}: sizes must be at least 1"))
-        } else {
-            Ok(())
+            return Err(format!("{self}: sizes must be at least 1"));
         }
+        for p in self.params().iter().chain(&self.buffers()) {
+            let count = p.dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+            if count.is_none_or(|n| n > MAX_PARAM_ELEMENTS) {
+                return Err(format!(
+                    "{self}: its {} {} would hold more than 2^40 elements",
+                    p.name,
+                    fmt_dims(&p.dims)
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The trainable parameters, in PyTorch's order and layout.
@@ -425,6 +438,7 @@ impl LayerSpec {
                 let b = g.reshape(params[1], shape.clone())?;
                 match mode {
                     Mode::Train { .. } => {
+                        g.guard(Guard::BatchNormTraining, &[x])?;
                         let mean = g.mean(x, &[0, 2, 3], true)?;
                         let centered = g.sub(x, &mean)?;
                         let sq = g.square(&centered)?;
