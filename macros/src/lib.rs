@@ -61,6 +61,8 @@ mod fuse;
 mod graph;
 mod impls;
 mod lower;
+#[cfg(test)]
+mod snapshot;
 mod structs;
 mod sym;
 mod train;
