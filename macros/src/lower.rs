@@ -10,7 +10,7 @@ use crate::sym::{f64_tokens, SDim};
 use kiln_tensor::ir::NodeId;
 use kiln_tensor::nn::{LayerSpec, Mode};
 use kiln_tensor::op::fmt_dims;
-use kiln_tensor::{BinaryOp, BuilderExt, DType, Error, SymDim, UnaryOp};
+use kiln_tensor::{BinaryOp, BuilderExt, DType, Error, Guard, SymDim, TensorMeta, UnaryOp};
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, ToTokens};
 use std::collections::HashMap;
@@ -877,35 +877,24 @@ impl<'a> Lower<'a> {
             return Err(());
         };
         let dims = self.dims(xn);
-        if let Err(_m) = spec.check_input(&dims) {
-            self.err(
-                &arg,
-                format!(
+        let meta = TensorMeta::new(dims.clone(), self.dtype(xn));
+        if let Err(e) = Guard::LayerInput(spec.clone()).check(&[&meta]) {
+            let msg = match e {
+                Error::Shape { .. } => format!(
                     "shape mismatch: `{}` is {spec} and expects input {}, but `{}` has shape {}",
                     l.display,
                     spec.expected_input(),
                     src(arg),
                     fmt_dims(&dims)
                 ),
-            );
-            return Err(());
-        }
-        let wants_ids = matches!(spec, LayerSpec::Embedding { .. });
-        let dt = self.dtype(xn);
-        if wants_ids != dt.is_int() || (!wants_ids && !dt.is_float()) {
-            let want = if wants_ids {
-                "integer ids (i32)"
-            } else {
-                "a float tensor"
-            };
-            self.err(
-                &arg,
-                format!(
-                    "dtype mismatch: `{}` is {spec} and takes {want}, but `{}` is {dt}",
+                e => format!(
+                    "dtype mismatch: `{}` of `{}`: {}",
                     l.display,
-                    src(arg)
+                    src(arg),
+                    describe_inner(&e)
                 ),
-            );
+            };
+            self.err(&arg, msg);
             return Err(());
         }
         let mut leaves = Vec::new();
@@ -1314,17 +1303,6 @@ impl<'a> Lower<'a> {
                         return Err(());
                     }
                 };
-                if axis >= rank {
-                    self.err(
-                        span,
-                        format!(
-                            "axis {axis} is out of range for `{}` of shape {}",
-                            src(&mc.receiver),
-                            self.shape_str(n)
-                        ),
-                    );
-                    return Err(());
-                }
                 let y = match method.as_str() {
                     "sum" => self.mg.sum(&n, &[axis], false),
                     "mean" => self.mg.mean(&n, &[axis], false),
@@ -1368,23 +1346,6 @@ impl<'a> Lower<'a> {
                 let mut dims = Vec::new();
                 for a in &turbofish {
                     dims.push(self.dim_arg(a)?);
-                }
-                let from = self.dims(n);
-                let (pf, pt) = (
-                    kiln_tensor::op::product(&from),
-                    kiln_tensor::op::product(&dims),
-                );
-                if pf.matches(&pt) == Some(false) {
-                    self.err(
-                        span,
-                        format!(
-                            "shape mismatch: cannot reshape `{}` of shape {} ({pf} elements) into {} ({pt} elements)",
-                            src(&mc.receiver),
-                            fmt_dims(&from),
-                            fmt_dims(&dims)
-                        ),
-                    );
-                    return Err(());
                 }
                 self.mg.reshape(&n, dims).map(|y| {
                     let s = shape_type(&self.dims(y));
@@ -1471,7 +1432,7 @@ impl<'a> Lower<'a> {
         match res {
             Ok((y, c)) => Ok(Val::T(y, c)),
             Err(e) => {
-                self.err(span, format!("`{}`: {}", src(mc), describe(&e)));
+                self.err(span, refusal(&method, &[src(&mc.receiver)], &e));
                 Err(())
             }
         }
@@ -1490,29 +1451,13 @@ impl<'a> Lower<'a> {
         let (ad, bd) = (self.shape_str(a), self.shape_str(b));
         let span: &dyn ToTokens = mc;
         match method.as_str() {
-            "matmul" => {
-                let (ra, rb) = (self.dims(a).len(), self.dims(b).len());
-                if ra >= 2 && rb >= 2 {
-                    let (k1, k2) = (self.dims(a)[ra - 1].clone(), self.dims(b)[rb - 2].clone());
-                    if k1.matches(&k2) == Some(false) {
-                        self.err(span, format!("shape mismatch in `matmul`: `{asrc}` has shape {ad} and `{bsrc}` has shape {bd}; the inner dims {k1} and {k2} differ"));
-                        return Err(());
-                    }
+            "matmul" => match self.mg.matmul(&a, &b) {
+                Ok(y) => Ok(Val::T(y, quote!(#acode.matmul(&#bcode)?))),
+                Err(e) => {
+                    self.err(span, refusal("matmul", &[asrc, bsrc], &e));
+                    Err(())
                 }
-                match self.mg.matmul(&a, &b) {
-                    Ok(y) => Ok(Val::T(y, quote!(#acode.matmul(&#bcode)?))),
-                    Err(e) => {
-                        self.err(
-                            span,
-                            format!(
-                                "`matmul` of `{asrc}` {ad} and `{bsrc}` {bd}: {}",
-                                describe(&e)
-                            ),
-                        );
-                        Err(())
-                    }
-                }
-            }
+            },
             "cross_entropy" | "cross_entropy_smoothed" => {
                 let smoothing = if method == "cross_entropy_smoothed" {
                     match self.lower_expr(&mc.args[1])? {
@@ -1525,43 +1470,24 @@ impl<'a> Lower<'a> {
                 } else {
                     0.0
                 };
-                let (adims, bdims) = (self.dims(a), self.dims(b));
-                if adims.len() != 2 || bdims.len() != 1 {
-                    self.err(span, format!("`cross_entropy` takes logits [N, C] and labels [N], but `{asrc}` has shape {ad} and `{bsrc}` has shape {bd}"));
-                    return Err(());
-                }
-                if adims[0].matches(&bdims[0]) == Some(false) {
-                    self.err(&mc.args[0], format!("shape mismatch: the logits `{asrc}` have shape {ad} ({} rows) but the labels `{bsrc}` have shape {bd}", adims[0]));
-                    return Err(());
-                }
-                if !self.dtype(b).is_int() {
-                    self.err(&mc.args[0], format!("dtype mismatch: labels must be integer class ids (i32), but `{bsrc}` is {}", self.dtype(b)));
-                    return Err(());
-                }
                 match self.mg.cross_entropy(&a, &b, smoothing) {
                     Ok(y) => {
                         let s = f64_tokens(smoothing);
                         Ok(Val::T(y, quote!(#acode.cross_entropy(&#bcode, #s)?)))
                     }
                     Err(e) => {
-                        self.err(span, describe(&e));
+                        self.err(&mc.args[0], refusal(&method, &[asrc, bsrc], &e));
                         Err(())
                     }
                 }
             }
-            "mse" => {
-                if self.dims(a) != self.dims(b) {
-                    self.err(span, format!("shape mismatch in `mse`: `{asrc}` has shape {ad} but `{bsrc}` has shape {bd}"));
-                    return Err(());
+            "mse" => match self.mg.mse(&a, &b) {
+                Ok(y) => Ok(Val::T(y, quote!(#acode.mse(&#bcode)?))),
+                Err(e) => {
+                    self.err(span, refusal("mse", &[asrc, bsrc], &e));
+                    Err(())
                 }
-                match self.mg.mse(&a, &b) {
-                    Ok(y) => Ok(Val::T(y, quote!(#acode.mse(&#bcode)?))),
-                    Err(e) => {
-                        self.err(span, describe(&e));
-                        Err(())
-                    }
-                }
-            }
+            },
             _ => {
                 // concat::<AXIS>(other)
                 let axis = match mc
@@ -1671,35 +1597,21 @@ impl<'a> Lower<'a> {
             }
             (Val::T(a, acode), Val::T(bn, bcode)) => {
                 let (ad, bd) = (self.dims(a), self.dims(bn));
-                let (at, bt) = (self.dtype(a), self.dtype(bn));
-                if at != bt {
-                    self.err(span, format!("dtype mismatch in `{sym}`: `{}` is {at} and `{}` is {bt}; cast one with `.cast::<..>()`", src(&b.left), src(&b.right)));
-                    return Err(());
-                }
                 match self.mg.binary(op, &a, &bn) {
                     Ok(y) => {
                         let same = ad.len() == bd.len()
                             && ad.iter().zip(&bd).all(|(x, z)| x.matches(z) == Some(true));
                         let m = format_ident!("{}", op.name());
-                        let raw_m = format_ident!("{}", op.name());
                         let c = if same {
                             quote!(#acode.#m(&#bcode)?)
                         } else {
-                            self.wrap_raw(y, quote!(#acode.raw().#raw_m(#bcode.raw())?))
+                            self.wrap_raw(y, quote!(#acode.raw().#m(#bcode.raw())?))
                         };
                         Ok(Val::T(y, c))
                     }
-                    Err(_) => {
-                        self.err(
-                            span,
-                            format!(
-                                "shape mismatch in `{sym}`: `{}` has shape {} and `{}` has shape {}; they do not broadcast",
-                                src(&b.left),
-                                fmt_dims(&ad),
-                                src(&b.right),
-                                fmt_dims(&bd)
-                            ),
-                        );
+                    Err(e) => {
+                        let operands = [src(&b.left), src(&b.right)];
+                        self.err(span, refusal(&sym, &operands, &e));
                         Err(())
                     }
                 }
@@ -1800,6 +1712,22 @@ impl<'a> Lower<'a> {
 /// A kiln error as the macro shows it.
 pub fn describe(e: &Error) -> String {
     e.to_string()
+}
+
+/// A library rule's refusal, as the macro reports it: what kind of mistake, in which
+/// op, of which operands (as the user wrote them), then the rule's own words.
+fn refusal(op: &str, operands: &[String], e: &Error) -> String {
+    let kind = match e {
+        Error::Shape { .. } => "shape mismatch",
+        Error::DType { .. } => "dtype mismatch",
+        _ => "invalid argument",
+    };
+    let names: Vec<String> = operands.iter().map(|o| format!("`{o}`")).collect();
+    format!(
+        "{kind} in `{op}` of {}: {}",
+        names.join(" and "),
+        describe_inner(e)
+    )
 }
 
 fn describe_inner(e: &Error) -> String {

@@ -53,9 +53,25 @@ impl Guard {
             ));
         }
         match self {
-            Guard::LayerInput(spec) => spec
-                .check_input(&inputs[0].dims)
-                .map_err(|m| Error::shape("layer", m)),
+            Guard::LayerInput(spec) => {
+                spec.check_input(&inputs[0].dims)
+                    .map_err(|m| Error::shape("layer", m))?;
+                let dtype = inputs[0].dtype;
+                let ids = matches!(spec, LayerSpec::Embedding { .. });
+                if ids && !dtype.is_int() {
+                    return Err(Error::dtype(
+                        "layer",
+                        format!("{spec} takes integer ids (i32 or u32), got {dtype}"),
+                    ));
+                }
+                if !ids && !dtype.is_float() {
+                    return Err(Error::dtype(
+                        "layer",
+                        format!("{spec} takes a float tensor, got {dtype}"),
+                    ));
+                }
+                Ok(())
+            }
             Guard::CrossEntropy => {
                 let (ld, yd) = (&inputs[0].dims, &inputs[1].dims);
                 if ld.len() != 2 || yd.len() != 1 || ld[0].matches(&yd[0]) == Some(false) {
@@ -67,6 +83,13 @@ impl Guard {
                             ld.first().map_or("N".into(), |d| d.to_string()),
                             fmt_dims(yd)
                         ),
+                    ));
+                }
+                let (logits, labels) = (inputs[0].dtype, inputs[1].dtype);
+                if !logits.is_float() || !labels.is_int() {
+                    return Err(Error::dtype(
+                        "cross_entropy",
+                        format!("takes float logits and integer class ids (i32 or u32) as labels, got {logits} and {labels}"),
                     ));
                 }
                 Ok(())

@@ -997,10 +997,16 @@ fn check_index(op: &'static str, dtype: DType) -> Result<()> {
 
 fn check_axes(op: &'static str, axes: &[usize], rank: usize) -> Result<()> {
     for (i, &a) in axes.iter().enumerate() {
-        if a >= rank || axes[..i].contains(&a) {
+        if a >= rank {
             return Err(Error::invalid(
                 op,
-                format!("axes {axes:?} are not distinct axes of a rank-{rank} tensor"),
+                format!("axis {a} is out of range for a rank-{rank} tensor"),
+            ));
+        }
+        if axes[..i].contains(&a) {
+            return Err(Error::invalid(
+                op,
+                format!("axis {a} appears twice in {axes:?}"),
             ));
         }
     }
