@@ -21,73 +21,7 @@ pub fn vjp<G: Builder>(
 ) -> Result<InputGrads<G::Value>> {
     let one = |v| Ok(vec![Some(v)]);
     match op {
-        Op::Unary(u) => {
-            let x0 = x[0];
-            match u {
-                UnaryOp::Neg => one(b.unary(UnaryOp::Neg, g)?),
-                UnaryOp::Abs => {
-                    let s = b.unary(UnaryOp::Sign, x0)?;
-                    one(b.mul(g, &s)?)
-                }
-                UnaryOp::Sign | UnaryOp::Not => Ok(vec![None]),
-                UnaryOp::Exp => one(b.mul(g, y)?),
-                UnaryOp::Log => one(b.div(g, x0)?),
-                UnaryOp::Sqrt => {
-                    let h = b.div(g, y)?;
-                    one(b.mul_scalar(&h, 0.5)?)
-                }
-                UnaryOp::Rsqrt => {
-                    // d/dx x^-1/2 = -y³/2
-                    let y3 = b.mul(y, y)?;
-                    let y3 = b.mul(&y3, y)?;
-                    let t = b.mul(g, &y3)?;
-                    one(b.mul_scalar(&t, -0.5)?)
-                }
-                UnaryOp::Recip => {
-                    let y2 = b.mul(y, y)?;
-                    let t = b.mul(g, &y2)?;
-                    one(b.unary(UnaryOp::Neg, &t)?)
-                }
-                UnaryOp::Sin => {
-                    let c = b.unary(UnaryOp::Cos, x0)?;
-                    one(b.mul(g, &c)?)
-                }
-                UnaryOp::Cos => {
-                    let s = b.unary(UnaryOp::Sin, x0)?;
-                    let t = b.mul(g, &s)?;
-                    one(b.unary(UnaryOp::Neg, &t)?)
-                }
-                UnaryOp::Tanh => {
-                    // 1 - y²
-                    let y2 = b.mul(y, y)?;
-                    let d = b.mul_scalar(&y2, -1.0)?;
-                    let d = b.add_scalar(&d, 1.0)?;
-                    one(b.mul(g, &d)?)
-                }
-                UnaryOp::Sigmoid => {
-                    // y(1 - y)
-                    let my = b.mul_scalar(y, -1.0)?;
-                    let d = b.add_scalar(&my, 1.0)?;
-                    let d = b.mul(y, &d)?;
-                    one(b.mul(g, &d)?)
-                }
-                UnaryOp::Relu => {
-                    // Zero where x <= 0 (PyTorch's threshold_backward): a NaN passes
-                    // its gradient on.
-                    let zero = b.scalar_like(x0, 0.0)?;
-                    let off = b.compare(CmpOp::Le, x0, &zero)?;
-                    one(b.select(&off, &zero, g)?)
-                }
-                UnaryOp::Erf => {
-                    // 2/√π · e^(-x²)
-                    let x2 = b.mul(x0, x0)?;
-                    let nx2 = b.mul_scalar(&x2, -1.0)?;
-                    let e = b.unary(UnaryOp::Exp, &nx2)?;
-                    let d = b.mul_scalar(&e, std::f64::consts::FRAC_2_SQRT_PI)?;
-                    one(b.mul(g, &d)?)
-                }
-            }
-        }
+        Op::Unary(u) => Ok(vec![u.vjp(b, x[0], y, g)?]),
         Op::Binary(op) => {
             let (a, c) = (x[0], x[1]);
             let (ga, gc) = match op {

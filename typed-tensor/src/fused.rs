@@ -6,7 +6,8 @@
 //! Bools live in registers as 1.0 / 0.0, so comparisons, `where` and casts between
 //! f32 and bool fuse with arithmetic.
 
-use crate::op::{erf_f32, BinaryOp, CmpOp, UnaryOp};
+use crate::op::{BinaryOp, CmpOp, UnaryOp};
+use crate::unary::UnaryKernel;
 
 /// One step of a fused expression; operands are indices of earlier steps.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,47 +48,10 @@ const MAX_DIRECT_STEPS: usize = 64;
 /// the same length; outputs may be read first, for in-place updates).
 pub type NativeFn = fn(ins: &[&[f32]], outs: &mut [&mut [f32]]);
 
-/// A unary op on one f32, exactly as the unfused CPU kernels compute it.
+/// A unary op on one f32: the op table's formula, as the unfused CPU kernels compute it.
 #[inline(always)]
 pub fn unary_f32(op: UnaryOp, v: f32) -> f32 {
-    match op {
-        UnaryOp::Neg => -v,
-        UnaryOp::Abs => v.abs(),
-        UnaryOp::Sign => {
-            if v > 0.0 {
-                1.0
-            } else if v < 0.0 {
-                -1.0
-            } else {
-                v * 0.0
-            }
-        }
-        UnaryOp::Exp => v.exp(),
-        UnaryOp::Log => v.ln(),
-        UnaryOp::Sqrt => v.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / v.sqrt(),
-        UnaryOp::Recip => 1.0 / v,
-        UnaryOp::Sin => v.sin(),
-        UnaryOp::Cos => v.cos(),
-        UnaryOp::Tanh => v.tanh(),
-        UnaryOp::Sigmoid => {
-            if v >= 0.0 {
-                1.0 / (1.0 + (-v).exp())
-            } else {
-                let e = v.exp();
-                e / (1.0 + e)
-            }
-        }
-        UnaryOp::Relu => {
-            if v > 0.0 || v.is_nan() {
-                v
-            } else {
-                0.0
-            }
-        }
-        UnaryOp::Erf => erf_f32(v),
-        UnaryOp::Not => (v == 0.0) as u8 as f32,
-    }
+    op.compute(v)
 }
 
 /// A binary op on two f32s, exactly as the unfused CPU kernels compute it.
@@ -163,14 +127,18 @@ fn map2(dst: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
 
 /// A unary op over a chunk: the `match` outside the loop.
 fn unary_chunk(op: UnaryOp, dst: &mut [f32], a: &[f32]) {
-    macro_rules! each {
-        ($($v:ident),*) => {
-            match op {
-                $(UnaryOp::$v => map1(dst, a, |x| unary_f32(UnaryOp::$v, x)),)*
-            }
-        };
+    struct Chunk<'a> {
+        dst: &'a mut [f32],
+        a: &'a [f32],
     }
-    each!(Neg, Abs, Sign, Exp, Log, Sqrt, Rsqrt, Recip, Sin, Cos, Tanh, Sigmoid, Relu, Erf, Not)
+    impl UnaryKernel<f32> for Chunk<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn run(self, f: impl Fn(f32) -> f32 + Copy + Send + Sync) {
+            map1(self.dst, self.a, f)
+        }
+    }
+    op.dispatch(Chunk { dst, a })
 }
 
 /// A binary op over a chunk.

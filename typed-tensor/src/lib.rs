@@ -31,11 +31,13 @@ pub mod layout;
 pub mod nn;
 pub mod op;
 pub mod raw;
+pub mod real;
 pub mod rng;
 pub mod shape;
 pub mod tensor;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod unary;
 
 pub use backend::{Backend, View};
 pub use builder::{Builder, BuilderExt, Conv2dOptions};

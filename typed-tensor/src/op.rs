@@ -7,6 +7,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+pub use crate::unary::UnaryOp;
 use std::fmt;
 
 /// A dimension size as shape rules see it: a number at run time, possibly a symbol
@@ -100,42 +101,6 @@ macro_rules! op_names {
 }
 
 op_names!(
-    /// Elementwise ops of one input.
-    UnaryOp {
-        /// -x
-        Neg => "neg",
-        /// |x|
-        Abs => "abs",
-        /// -1, 0 or 1
-        Sign => "sign",
-        /// e^x
-        Exp => "exp",
-        /// ln x
-        Log => "log",
-        /// √x
-        Sqrt => "sqrt",
-        /// 1/√x
-        Rsqrt => "rsqrt",
-        /// 1/x
-        Recip => "recip",
-        /// sin x
-        Sin => "sin",
-        /// cos x
-        Cos => "cos",
-        /// tanh x
-        Tanh => "tanh",
-        /// 1/(1+e^-x)
-        Sigmoid => "sigmoid",
-        /// max(x, 0)
-        Relu => "relu",
-        /// the error function
-        Erf => "erf",
-        /// logical not (bool)
-        Not => "not",
-    }
-);
-
-op_names!(
     /// Elementwise ops of two inputs, with NumPy broadcasting.
     BinaryOp {
         /// a + b
@@ -188,57 +153,6 @@ op_names!(
         ArgMin => "argmin",
     }
 );
-
-impl UnaryOp {
-    /// The reference definition in f64: what every kernel must agree with. A NaN input
-    /// gives a NaN (as PyTorch's relu and NumPy's sign do).
-    pub fn eval(self, x: f64) -> f64 {
-        match self {
-            UnaryOp::Neg => -x,
-            UnaryOp::Abs => x.abs(),
-            UnaryOp::Sign => {
-                if x > 0.0 {
-                    1.0
-                } else if x < 0.0 {
-                    -1.0
-                } else if x.is_nan() {
-                    x
-                } else {
-                    0.0
-                }
-            }
-            UnaryOp::Exp => x.exp(),
-            UnaryOp::Log => x.ln(),
-            UnaryOp::Sqrt => x.sqrt(),
-            UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-            UnaryOp::Recip => 1.0 / x,
-            UnaryOp::Sin => x.sin(),
-            UnaryOp::Cos => x.cos(),
-            UnaryOp::Tanh => x.tanh(),
-            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            // `f64::max` would return 0 for a NaN.
-            UnaryOp::Relu => {
-                if x.is_nan() {
-                    x
-                } else {
-                    x.max(0.0)
-                }
-            }
-            UnaryOp::Erf => erf_f64(x),
-            UnaryOp::Not => (x == 0.0) as u8 as f64,
-        }
-    }
-
-    /// The dtype rule: which input dtypes the op accepts.
-    pub fn accepts(self, dtype: DType) -> bool {
-        match self {
-            UnaryOp::Not => dtype == DType::Bool,
-            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => dtype.is_float() || dtype == DType::I32,
-            UnaryOp::Relu => dtype.is_float() || dtype.is_int(),
-            _ => dtype.is_float(),
-        }
-    }
-}
 
 impl BinaryOp {
     /// The reference definition in f64. `maximum` and `minimum` propagate NaN, as

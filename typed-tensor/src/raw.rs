@@ -367,51 +367,23 @@ impl<B: Backend> Builder for Eager<B> {
     }
 }
 
+/// One method per unary op of the op table (`x.relu()`, `x.logical_not()`).
 macro_rules! unary_methods {
-    ($($(#[$m:meta])* $name:ident => $op:ident),* $(,)?) => {
+    ($($(#[$doc:meta])* $v:ident $method:ident $name:literal [$dtypes:ident, $domain:ident]
+        compute($x:ident) $formula:block
+        grad($b:ident, $gx:ident, $gy:ident, $gg:ident) $rule:block)*) => {
         impl<B: Backend> RawTensor<B> {
             $(
-                $(#[$m])*
-                pub fn $name(&self) -> Result<Self> {
-                    self.apply(Op::Unary(crate::op::UnaryOp::$op), &[])
+                $(#[$doc])*
+                pub fn $method(&self) -> Result<Self> {
+                    self.apply(Op::Unary(crate::op::UnaryOp::$v), &[])
                 }
             )*
         }
     };
 }
 
-unary_methods!(
-    /// -x
-    neg => Neg,
-    /// |x|
-    abs => Abs,
-    /// sign(x)
-    sign => Sign,
-    /// e^x
-    exp => Exp,
-    /// ln x
-    log => Log,
-    /// √x
-    sqrt => Sqrt,
-    /// 1/√x
-    rsqrt => Rsqrt,
-    /// 1/x
-    recip => Recip,
-    /// sin x
-    sin => Sin,
-    /// cos x
-    cos => Cos,
-    /// tanh x
-    tanh => Tanh,
-    /// 1/(1+e^-x)
-    sigmoid => Sigmoid,
-    /// max(x, 0)
-    relu => Relu,
-    /// erf x
-    erf => Erf,
-    /// logical not
-    logical_not => Not,
-);
+crate::for_each_unary!(unary_methods);
 
 impl<B: Backend> RawTensor<B> {
     /// a + b, broadcasting.

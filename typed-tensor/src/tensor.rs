@@ -277,32 +277,6 @@ macro_rules! typed_unary {
 }
 
 typed_unary!(
-    /// -x
-    neg,
-    /// |x|
-    abs,
-    /// e^x
-    exp,
-    /// ln x
-    log,
-    /// √x
-    sqrt,
-    /// 1/√x
-    rsqrt,
-    /// 1/x
-    recip,
-    /// sin x
-    sin,
-    /// cos x
-    cos,
-    /// tanh x
-    tanh,
-    /// 1/(1+e^-x)
-    sigmoid,
-    /// max(x, 0)
-    relu,
-    /// erf x
-    erf,
     /// GELU (erf form)
     gelu,
     /// GELU (tanh form)
@@ -310,6 +284,21 @@ typed_unary!(
     /// x · sigmoid(x)
     silu,
 );
+
+/// The float unary ops of the op table as typed methods (bool ops have their own).
+macro_rules! typed_unary_ops {
+    ($($(#[$doc:meta])* $v:ident $method:ident $name:literal [$dtypes:ident, $domain:ident]
+        compute($x:ident) $formula:block
+        grad($b:ident, $gx:ident, $gy:ident, $gg:ident) $rule:block)*) => {
+        $(typed_unary_ops!(@one [$dtypes] $(#[$doc])* $method);)*
+    };
+    (@one [Bool] $(#[$doc:meta])* $method:ident) => {};
+    (@one [$dtypes:ident] $(#[$doc:meta])* $method:ident) => {
+        typed_unary!($(#[$doc])* $method);
+    };
+}
+
+crate::for_each_unary!(typed_unary_ops);
 
 macro_rules! typed_binary {
     ($($(#[$m:meta])* $name:ident),* $(,)?) => {

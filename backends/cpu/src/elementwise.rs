@@ -2,12 +2,12 @@
 //! views with the output's dims (broadcasting is a stride-0 view); the row planner
 //! turns them into inner runs, which are processed in parallel chunks.
 
-use crate::math::Real;
 use crate::storage::{with_storage, CpuElement, CpuStorage, FloatKernel};
 use crate::strided::{rows_per_task, RowPlan};
 use half::{bf16, f16};
+use kiln_tensor::unary::UnaryKernel;
 use kiln_tensor::{BinaryOp, CmpOp, Dims, Element, Error, Layout, Result, UnaryOp};
-use num_traits::{Float, One, Zero};
+use num_traits::Float;
 use rayon::prelude::*;
 
 /// Elements per parallel task: below this, threading costs more than it saves.
@@ -138,39 +138,18 @@ fn map3<C: Copy + Sync, T: Copy + Sync + Default + Send>(
 }
 
 fn unary_float<T: FloatKernel>(op: UnaryOp, x: &[T], l: &Layout) -> Vec<T> {
-    macro_rules! go {
-        (|$v:ident| $e:expr) => {
-            map1(x, l, |t: T| {
-                let $v = t.load();
-                T::store($e)
-            })
-        };
+    struct Map<'a, T> {
+        x: &'a [T],
+        l: &'a Layout,
     }
-    let zero = T::C::zero();
-    let one = T::C::one();
-    match op {
-        UnaryOp::Neg => go!(|v| -v),
-        UnaryOp::Abs => go!(|v| v.abs()),
-        UnaryOp::Sign => go!(|v| if v > zero {
-            one
-        } else if v < zero {
-            -one
-        } else {
-            v * zero
-        }),
-        UnaryOp::Exp => go!(|v| v.exp()),
-        UnaryOp::Log => go!(|v| v.ln()),
-        UnaryOp::Sqrt => go!(|v| v.sqrt()),
-        UnaryOp::Rsqrt => go!(|v| one / v.sqrt()),
-        UnaryOp::Recip => go!(|v| one / v),
-        UnaryOp::Sin => go!(|v| v.sin()),
-        UnaryOp::Cos => go!(|v| v.cos()),
-        UnaryOp::Tanh => go!(|v| v.tanh()),
-        UnaryOp::Sigmoid => go!(|v| v.sigmoid()),
-        UnaryOp::Relu => go!(|v| if v > zero || v.is_nan() { v } else { zero }),
-        UnaryOp::Erf => go!(|v| v.erf()),
-        UnaryOp::Not => unreachable!("the op table rejects `not` on floats"),
+    impl<T: FloatKernel> UnaryKernel<T::C> for Map<'_, T> {
+        type Output = Vec<T>;
+        #[inline(always)]
+        fn run(self, f: impl Fn(T::C) -> T::C + Copy + Send + Sync) -> Vec<T> {
+            map1(self.x, self.l, |t: T| T::store(f(t.load())))
+        }
     }
+    op.dispatch(Map { x, l })
 }
 
 /// Runs a unary op.

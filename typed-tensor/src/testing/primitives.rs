@@ -19,18 +19,18 @@ use crate::builder::BuilderExt;
 use crate::dtype::DType;
 use crate::op::{BinaryOp, CmpOp, Op, RandDist, ReduceOp, UnaryOp};
 use crate::raw::Eager;
+use crate::unary::TestDomain;
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::select;
 
-/// The input domain each unary op is tested on.
+/// The input domain each unary op is tested on (its declaration's).
 fn unary_domain(u: UnaryOp) -> Domain {
-    match u {
-        UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => Domain::Positive,
-        UnaryOp::Recip => Domain::NonZero,
-        // Ops with a specified NaN behaviour see NaNs.
-        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Relu => Domain::WithNan,
-        _ => Domain::Any,
+    match u.test_domain() {
+        TestDomain::Any => Domain::Any,
+        TestDomain::Positive => Domain::Positive,
+        TestDomain::NonZero => Domain::NonZero,
+        TestDomain::WithNan => Domain::WithNan,
     }
 }
 

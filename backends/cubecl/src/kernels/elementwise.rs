@@ -8,41 +8,6 @@ use super::common::{linear_pos, nan, strided_offset};
 use cubecl::prelude::*;
 use kiln_tensor::{BinaryOp, CmpOp, UnaryOp};
 
-/// Comptime codes of the unary ops (their declaration order in the op table).
-pub mod unary {
-    use super::UnaryOp;
-    /// -x
-    pub const NEG: u32 = UnaryOp::Neg as u32;
-    /// |x|
-    pub const ABS: u32 = UnaryOp::Abs as u32;
-    /// sign
-    pub const SIGN: u32 = UnaryOp::Sign as u32;
-    /// e^x
-    pub const EXP: u32 = UnaryOp::Exp as u32;
-    /// ln x
-    pub const LOG: u32 = UnaryOp::Log as u32;
-    /// √x
-    pub const SQRT: u32 = UnaryOp::Sqrt as u32;
-    /// 1/√x
-    pub const RSQRT: u32 = UnaryOp::Rsqrt as u32;
-    /// 1/x
-    pub const RECIP: u32 = UnaryOp::Recip as u32;
-    /// sin
-    pub const SIN: u32 = UnaryOp::Sin as u32;
-    /// cos
-    pub const COS: u32 = UnaryOp::Cos as u32;
-    /// tanh
-    pub const TANH: u32 = UnaryOp::Tanh as u32;
-    /// sigmoid
-    pub const SIGMOID: u32 = UnaryOp::Sigmoid as u32;
-    /// relu
-    pub const RELU: u32 = UnaryOp::Relu as u32;
-    /// erf
-    pub const ERF: u32 = UnaryOp::Erf as u32;
-    /// logical not
-    pub const NOT: u32 = UnaryOp::Not as u32;
-}
-
 /// Comptime codes of the binary ops.
 pub mod binary {
     use super::BinaryOp;
@@ -82,49 +47,126 @@ pub mod cmp {
 /// The error code an integer division by zero leaves in the device's error flag.
 pub const FLAG_DIV_ZERO: u32 = 3;
 
-#[cube]
-pub(crate) fn float_unary<A: Float>(v: A, #[comptime] op: u32) -> A {
-    let mut r = v;
-    if comptime!(op == unary::NEG) {
-        r = -v;
-    } else if comptime!(op == unary::ABS) {
-        r = v.abs();
-    } else if comptime!(op == unary::SIGN) {
-        // NaN and ±0 fall through unchanged.
+/// Each unary op's formula on the device, in the kernel's compute type `A`, named as
+/// its method in the op table. `float_unary` below is generated from the op table's
+/// list, so an op without a formula here is a build error, never a silent identity.
+pub(crate) mod unary_formulas {
+    use cubecl::prelude::*;
+
+    #[cube]
+    pub fn neg<A: Float>(v: A) -> A {
+        -v
+    }
+
+    #[cube]
+    pub fn abs<A: Float>(v: A) -> A {
+        v.abs()
+    }
+
+    /// NaN and ±0 fall through unchanged.
+    #[cube]
+    pub fn sign<A: Float>(v: A) -> A {
+        let mut r = v;
         if v > A::new(0.0) {
             r = A::new(1.0);
         } else if v < A::new(0.0) {
             r = A::new(-1.0);
         }
-    } else if comptime!(op == unary::EXP) {
-        r = v.exp();
-    } else if comptime!(op == unary::LOG) {
-        r = v.ln();
-    } else if comptime!(op == unary::SQRT) {
-        r = v.sqrt();
-    } else if comptime!(op == unary::RSQRT) {
-        // 1/sqrt rounds twice but stays within an ulp or two; the hardware rsqrt does not.
-        r = A::new(1.0) / v.sqrt();
-    } else if comptime!(op == unary::RECIP) {
-        r = A::new(1.0) / v;
-    } else if comptime!(op == unary::SIN) {
-        r = v.sin();
-    } else if comptime!(op == unary::COS) {
-        r = v.cos();
-    } else if comptime!(op == unary::TANH) {
-        r = v.tanh();
-    } else if comptime!(op == unary::SIGMOID) {
-        r = A::new(1.0) / (A::new(1.0) + (-v).exp());
-    } else if comptime!(op == unary::RELU) {
-        // NaN < 0 is false: relu(NaN) stays NaN, as in PyTorch.
+        r
+    }
+
+    #[cube]
+    pub fn exp<A: Float>(v: A) -> A {
+        v.exp()
+    }
+
+    #[cube]
+    pub fn log<A: Float>(v: A) -> A {
+        v.ln()
+    }
+
+    #[cube]
+    pub fn sqrt<A: Float>(v: A) -> A {
+        v.sqrt()
+    }
+
+    /// 1/sqrt rounds twice but stays within an ulp or two; the hardware rsqrt does not.
+    #[cube]
+    pub fn rsqrt<A: Float>(v: A) -> A {
+        A::new(1.0) / v.sqrt()
+    }
+
+    #[cube]
+    pub fn recip<A: Float>(v: A) -> A {
+        A::new(1.0) / v
+    }
+
+    #[cube]
+    pub fn sin<A: Float>(v: A) -> A {
+        v.sin()
+    }
+
+    #[cube]
+    pub fn cos<A: Float>(v: A) -> A {
+        v.cos()
+    }
+
+    #[cube]
+    pub fn tanh<A: Float>(v: A) -> A {
+        v.tanh()
+    }
+
+    #[cube]
+    pub fn sigmoid<A: Float>(v: A) -> A {
+        A::new(1.0) / (A::new(1.0) + (-v).exp())
+    }
+
+    /// NaN < 0 is false: relu(NaN) stays NaN, as in PyTorch.
+    #[cube]
+    pub fn relu<A: Float>(v: A) -> A {
+        let mut r = v;
         if v < A::new(0.0) {
             r = A::new(0.0);
         }
-    } else if comptime!(op == unary::ERF) {
-        r = v.erf();
+        r
     }
-    r
+
+    #[cube]
+    pub fn erf<A: Float>(v: A) -> A {
+        v.erf()
+    }
+
+    /// Bools reach the float path only inside fused expressions, as 0.0 and 1.0.
+    #[cube]
+    pub fn logical_not<A: Float>(v: A) -> A {
+        let mut r = A::new(0.0);
+        if v == A::new(0.0) {
+            r = A::new(1.0);
+        }
+        r
+    }
 }
+
+/// The float unary kernel's dispatch, one comptime branch per op of the op table.
+macro_rules! float_unary_dispatch {
+    ($($(#[$doc:meta])* $v:ident $method:ident $name:literal [$dtypes:ident, $domain:ident]
+        compute($x:ident) $formula:block
+        grad($b:ident, $gx:ident, $gy:ident, $gg:ident) $rule:block)*) => {
+        /// A unary op (`op` is its `UnaryOp as u32`) on one value of compute type `A`.
+        #[cube]
+        pub(crate) fn float_unary<A: Float>(v: A, #[comptime] op: u32) -> A {
+            let mut r = v;
+            $(
+                if comptime!(op == UnaryOp::$v as u32) {
+                    r = unary_formulas::$method::<A>(v);
+                }
+            )*
+            r
+        }
+    };
+}
+
+kiln_tensor::for_each_unary!(float_unary_dispatch);
 
 /// A unary op on a float tensor of storage type `F`, computed in `A`.
 #[cube(launch_unchecked)]
@@ -157,23 +199,23 @@ pub fn unary_int<I: Int>(
         let v = x[strided_offset(meta, pos, rank, 0u32) as usize];
         let zero = I::from_int(0);
         let mut r = v;
-        if comptime!(op == unary::NEG) {
+        if comptime!(op == UnaryOp::Neg as u32) {
             r = zero - v;
-        } else if comptime!(op == unary::ABS) {
+        } else if comptime!(op == UnaryOp::Abs as u32) {
             if v < zero {
                 r = zero - v;
             }
-        } else if comptime!(op == unary::SIGN) {
+        } else if comptime!(op == UnaryOp::Sign as u32) {
             if v > zero {
                 r = I::from_int(1);
             } else if v < zero {
                 r = I::from_int(-1);
             }
-        } else if comptime!(op == unary::RELU) {
+        } else if comptime!(op == UnaryOp::Relu as u32) {
             if v < zero {
                 r = zero;
             }
-        } else if comptime!(op == unary::NOT) {
+        } else if comptime!(op == UnaryOp::Not as u32) {
             r = I::cast_from(v == zero);
         }
         out[pos as usize] = r;

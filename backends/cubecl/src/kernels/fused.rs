@@ -12,9 +12,10 @@
 //! passed as scalar arguments.
 
 use super::common::linear_pos;
-use super::elementwise::{compare_values, float_binary, float_unary, unary};
+use super::elementwise::{compare_values, float_binary, float_unary};
 use cubecl::prelude::*;
 use kiln_tensor::fused::{ExprStep, FusedExpr};
+use kiln_tensor::UnaryOp;
 
 /// One step of a fused kernel, as hashable comptime data (operands index earlier steps).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -113,7 +114,7 @@ fn eval_step(
         }
         Step::Unary(op, a) => {
             let v = *regs.index(comptime!(a as usize));
-            if comptime!(op == unary::NOT) {
+            if comptime!(op == UnaryOp::Not as u32) {
                 // Bools live in f32 registers: not(x) is 1.0 where x is 0.0.
                 r = f32::cast_from(v == 0.0);
             } else {
