@@ -2,9 +2,7 @@
 //! the gradient `g` of its output, written with primitives over any `Builder`. The
 //! macro runs them symbolically at build time; the tape runs them eagerly.
 
-use kiln_tensor::{
-    BinaryOp, Builder, BuilderExt, CmpOp, Error, Op, ReduceOp, Result, SymDim, UnaryOp,
-};
+use kiln_tensor::{Builder, BuilderExt, CmpOp, Error, Op, ReduceOp, Result, SymDim};
 
 /// Gradients of an op's inputs (`None`: the input gets no gradient, e.g. indices,
 /// conditions, or an op that is piecewise constant).
@@ -24,50 +22,7 @@ pub fn vjp<G: Builder>(
         Op::Unary(u) => Ok(vec![u.vjp(b, x[0], y, g)?]),
         Op::Binary(op) => {
             let (a, c) = (x[0], x[1]);
-            let (ga, gc) = match op {
-                BinaryOp::Add => (g.clone(), g.clone()),
-                BinaryOp::Sub => (g.clone(), b.unary(UnaryOp::Neg, g)?),
-                BinaryOp::Mul => (b.mul(g, c)?, b.mul(g, a)?),
-                BinaryOp::Div => {
-                    // d/dc (a/c) = -y/c
-                    let ga = b.div(g, c)?;
-                    let t = b.mul(&ga, y)?;
-                    (ga, b.unary(UnaryOp::Neg, &t)?)
-                }
-                BinaryOp::Pow => {
-                    // d/da a^c = c·a^(c-1); d/dc a^c = y·ln a (taken as 0 where a <= 0)
-                    let cm1 = b.add_scalar(c, -1.0)?;
-                    let p = b.binary(BinaryOp::Pow, a, &cm1)?;
-                    let da = b.mul(c, &p)?;
-                    let zero = b.scalar_like(a, 0.0)?;
-                    let pos = b.compare(CmpOp::Gt, a, &zero)?;
-                    let one_ = b.scalar_like(a, 1.0)?;
-                    let safe = b.select(&pos, a, &one_)?;
-                    let ln = b.unary(UnaryOp::Log, &safe)?;
-                    let dc = b.mul(y, &ln)?;
-                    (b.mul(g, &da)?, b.mul(g, &dc)?)
-                }
-                BinaryOp::Max | BinaryOp::Min => {
-                    // The winner takes the gradient and a tie splits it, as in PyTorch,
-                    // whose rule also zeroes only a provable loser: where either side
-                    // is NaN, both take the whole gradient.
-                    let (a_loses, c_loses) = if *op == BinaryOp::Max {
-                        (CmpOp::Lt, CmpOp::Gt)
-                    } else {
-                        (CmpOp::Gt, CmpOp::Lt)
-                    };
-                    let tie = b.compare(CmpOp::Eq, a, c)?;
-                    let half = b.mul_scalar(g, 0.5)?;
-                    let share = b.select(&tie, &half, g)?;
-                    let zero = b.scalar_like(g, 0.0)?;
-                    let a_lost = b.compare(a_loses, a, c)?;
-                    let c_lost = b.compare(c_loses, a, c)?;
-                    (
-                        b.select(&a_lost, &zero, &share)?,
-                        b.select(&c_lost, &zero, &share)?,
-                    )
-                }
-            };
+            let (ga, gc) = op.vjp(b, (a, c), y, g)?;
             Ok(vec![
                 Some(unbroadcast(b, &ga, a)?),
                 Some(unbroadcast(b, &gc, c)?),

@@ -6,6 +6,7 @@
 //! Bools live in registers as 1.0 / 0.0, so comparisons, `where` and casts between
 //! f32 and bool fuse with arithmetic.
 
+use crate::binary::BinaryKernel;
 use crate::op::{BinaryOp, CmpOp, UnaryOp};
 use crate::unary::UnaryKernel;
 
@@ -54,30 +55,10 @@ pub fn unary_f32(op: UnaryOp, v: f32) -> f32 {
     op.compute(v)
 }
 
-/// A binary op on two f32s, exactly as the unfused CPU kernels compute it.
+/// A binary op on two f32s: the op table's formula, as the unfused CPU kernels compute it.
 #[inline(always)]
 pub fn binary_f32(op: BinaryOp, x: f32, y: f32) -> f32 {
-    match op {
-        BinaryOp::Add => x + y,
-        BinaryOp::Sub => x - y,
-        BinaryOp::Mul => x * y,
-        BinaryOp::Div => x / y,
-        BinaryOp::Pow => x.powf(y),
-        BinaryOp::Max => {
-            if x.is_nan() || x > y {
-                x
-            } else {
-                y
-            }
-        }
-        BinaryOp::Min => {
-            if x.is_nan() || x < y {
-                x
-            } else {
-                y
-            }
-        }
-    }
+    op.compute(x, y)
 }
 
 /// A comparison of two f32s, as 1.0 or 0.0.
@@ -143,14 +124,19 @@ fn unary_chunk(op: UnaryOp, dst: &mut [f32], a: &[f32]) {
 
 /// A binary op over a chunk.
 fn binary_chunk(op: BinaryOp, dst: &mut [f32], a: &[f32], b: &[f32]) {
-    macro_rules! each {
-        ($($v:ident),*) => {
-            match op {
-                $(BinaryOp::$v => map2(dst, a, b, |x, y| binary_f32(BinaryOp::$v, x, y)),)*
-            }
-        };
+    struct Chunk<'a> {
+        dst: &'a mut [f32],
+        a: &'a [f32],
+        b: &'a [f32],
     }
-    each!(Add, Sub, Mul, Div, Pow, Max, Min)
+    impl BinaryKernel<f32> for Chunk<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn run(self, f: impl Fn(f32, f32) -> f32 + Copy + Send + Sync) {
+            map2(self.dst, self.a, self.b, f)
+        }
+    }
+    op.dispatch(Chunk { dst, a, b })
 }
 
 /// A comparison over a chunk.

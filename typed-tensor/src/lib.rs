@@ -19,6 +19,7 @@
 //! time, with spanned errors; the table above is for the typed API used directly.
 
 pub mod backend;
+pub mod binary;
 pub mod builder;
 pub mod checks;
 pub mod dim;

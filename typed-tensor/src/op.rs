@@ -5,6 +5,7 @@
 //! Shape rules are generic over `SymDim`, so the same rule checks `usize` sizes at run
 //! time and symbolic sizes (a generic batch `B`, a literal `784`) inside the macro.
 
+pub use crate::binary::BinaryOp;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 pub use crate::unary::UnaryOp;
@@ -101,26 +102,6 @@ macro_rules! op_names {
 }
 
 op_names!(
-    /// Elementwise ops of two inputs, with NumPy broadcasting.
-    BinaryOp {
-        /// a + b
-        Add => "add",
-        /// a - b
-        Sub => "sub",
-        /// a * b
-        Mul => "mul",
-        /// a / b
-        Div => "div",
-        /// a ^ b
-        Pow => "pow",
-        /// max(a, b)
-        Max => "maximum",
-        /// min(a, b)
-        Min => "minimum",
-    }
-);
-
-op_names!(
     /// Elementwise comparisons, with NumPy broadcasting; the result is bool.
     CmpOp {
         /// a == b
@@ -153,31 +134,6 @@ op_names!(
         ArgMin => "argmin",
     }
 );
-
-impl BinaryOp {
-    /// The reference definition in f64. `maximum` and `minimum` propagate NaN, as
-    /// PyTorch's do (`f64::max`/`min` would drop it).
-    pub fn eval(self, a: f64, b: f64) -> f64 {
-        match self {
-            BinaryOp::Add => a + b,
-            BinaryOp::Sub => a - b,
-            BinaryOp::Mul => a * b,
-            BinaryOp::Div => a / b,
-            BinaryOp::Pow => a.powf(b),
-            BinaryOp::Max | BinaryOp::Min if a.is_nan() || b.is_nan() => f64::NAN,
-            BinaryOp::Max => a.max(b),
-            BinaryOp::Min => a.min(b),
-        }
-    }
-
-    /// The dtype rule.
-    pub fn accepts(self, dtype: DType) -> bool {
-        match self {
-            BinaryOp::Pow => dtype.is_float(),
-            _ => dtype != DType::Bool,
-        }
-    }
-}
 
 impl CmpOp {
     /// The reference definition in f64.

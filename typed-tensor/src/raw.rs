@@ -385,35 +385,25 @@ macro_rules! unary_methods {
 
 crate::for_each_unary!(unary_methods);
 
+/// One method per binary op of the op table (`a.add(&b)`, `a.maximum(&b)`), broadcasting.
+macro_rules! binary_methods {
+    ($($(#[$doc:meta])* $v:ident $method:ident $name:literal [$dtypes:ident, $da:ident, $db:ident]
+        compute($x:ident, $y:ident) $formula:block
+        grad($bd:ident, $ga:ident, $gb:ident, $gy:ident, $gg:ident) $rule:block)*) => {
+        impl<B: Backend> RawTensor<B> {
+            $(
+                $(#[$doc])*
+                pub fn $method(&self, rhs: &Self) -> Result<Self> {
+                    self.apply(Op::Binary(crate::op::BinaryOp::$v), &[rhs])
+                }
+            )*
+        }
+    };
+}
+
+crate::for_each_binary!(binary_methods);
+
 impl<B: Backend> RawTensor<B> {
-    /// a + b, broadcasting.
-    pub fn add(&self, rhs: &Self) -> Result<Self> {
-        self.apply(Op::Binary(crate::op::BinaryOp::Add), &[rhs])
-    }
-    /// a - b, broadcasting.
-    pub fn sub(&self, rhs: &Self) -> Result<Self> {
-        self.apply(Op::Binary(crate::op::BinaryOp::Sub), &[rhs])
-    }
-    /// a * b, broadcasting.
-    pub fn mul(&self, rhs: &Self) -> Result<Self> {
-        self.apply(Op::Binary(crate::op::BinaryOp::Mul), &[rhs])
-    }
-    /// a / b, broadcasting.
-    pub fn div(&self, rhs: &Self) -> Result<Self> {
-        self.apply(Op::Binary(crate::op::BinaryOp::Div), &[rhs])
-    }
-    /// a ^ b, broadcasting.
-    pub fn pow(&self, rhs: &Self) -> Result<Self> {
-        self.apply(Op::Binary(crate::op::BinaryOp::Pow), &[rhs])
-    }
-    /// max(a, b), broadcasting.
-    pub fn maximum(&self, rhs: &Self) -> Result<Self> {
-        self.apply(Op::Binary(crate::op::BinaryOp::Max), &[rhs])
-    }
-    /// min(a, b), broadcasting.
-    pub fn minimum(&self, rhs: &Self) -> Result<Self> {
-        self.apply(Op::Binary(crate::op::BinaryOp::Min), &[rhs])
-    }
     /// An elementwise comparison (bool result).
     pub fn compare(&self, op: crate::op::CmpOp, rhs: &Self) -> Result<Self> {
         self.apply(Op::Compare(op), &[rhs])

@@ -152,6 +152,8 @@ pub enum Dtypes {
     Signed,
     /// The floats and the integers.
     Numeric,
+    /// Every dtype but bool.
+    NotBool,
     /// bool only.
     Bool,
 }
@@ -163,6 +165,7 @@ impl Dtypes {
             Dtypes::Float => dtype.is_float(),
             Dtypes::Signed => dtype.is_float() || dtype == DType::I32,
             Dtypes::Numeric => dtype.is_float() || dtype.is_int(),
+            Dtypes::NotBool => dtype != DType::Bool,
             Dtypes::Bool => dtype == DType::Bool,
         }
     }
@@ -179,6 +182,8 @@ pub enum TestDomain {
     NonZero,
     /// Finite values and NaNs (the op's NaN behaviour is specified).
     WithNan,
+    /// Small integers (exponents).
+    Small,
 }
 
 /// A loop over elements that `UnaryOp::dispatch` instantiates once per op, with the

@@ -5,9 +5,9 @@
 use crate::storage::{with_storage, CpuElement, CpuStorage, FloatKernel};
 use crate::strided::{rows_per_task, RowPlan};
 use half::{bf16, f16};
+use kiln_tensor::binary::BinaryKernel;
 use kiln_tensor::unary::UnaryKernel;
 use kiln_tensor::{BinaryOp, CmpOp, Dims, Element, Error, Layout, Result, UnaryOp};
-use num_traits::Float;
 use rayon::prelude::*;
 
 /// Elements per parallel task: below this, threading costs more than it saves.
@@ -185,24 +185,26 @@ fn binary_float<T: FloatKernel>(
     b: &[T],
     lb: &Layout,
 ) -> Vec<T> {
-    macro_rules! go {
-        (|$x:ident, $y:ident| $e:expr) => {
-            map2(dims, a, la, b, lb, |p: T, q: T| {
-                let ($x, $y) = (p.load(), q.load());
-                T::store($e)
+    struct Map<'a, T> {
+        dims: &'a Dims,
+        a: (&'a [T], &'a Layout),
+        b: (&'a [T], &'a Layout),
+    }
+    impl<T: FloatKernel> BinaryKernel<T::C> for Map<'_, T> {
+        type Output = Vec<T>;
+        #[inline(always)]
+        fn run(self, f: impl Fn(T::C, T::C) -> T::C + Copy + Send + Sync) -> Vec<T> {
+            let ((a, la), (b, lb)) = (self.a, self.b);
+            map2(self.dims, a, la, b, lb, |p: T, q: T| {
+                T::store(f(p.load(), q.load()))
             })
-        };
+        }
     }
-    match op {
-        BinaryOp::Add => go!(|x, y| x + y),
-        BinaryOp::Sub => go!(|x, y| x - y),
-        BinaryOp::Mul => go!(|x, y| x * y),
-        BinaryOp::Div => go!(|x, y| x / y),
-        BinaryOp::Pow => go!(|x, y| x.powf(y)),
-        // NaN propagates, as in PyTorch's maximum/minimum.
-        BinaryOp::Max => go!(|x, y| if x.is_nan() || x > y { x } else { y }),
-        BinaryOp::Min => go!(|x, y| if x.is_nan() || x < y { x } else { y }),
-    }
+    op.dispatch(Map {
+        dims,
+        a: (a, la),
+        b: (b, lb),
+    })
 }
 
 macro_rules! binary_int {

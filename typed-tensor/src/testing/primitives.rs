@@ -26,11 +26,17 @@ use proptest::sample::select;
 
 /// The input domain each unary op is tested on (its declaration's).
 fn unary_domain(u: UnaryOp) -> Domain {
-    match u.test_domain() {
+    domain(u.test_domain())
+}
+
+/// The strategy's domain for a declared one.
+fn domain(d: TestDomain) -> Domain {
+    match d {
         TestDomain::Any => Domain::Any,
         TestDomain::Positive => Domain::Positive,
         TestDomain::NonZero => Domain::NonZero,
         TestDomain::WithNan => Domain::WithNan,
+        TestDomain::Small => Domain::Small,
     }
 }
 
@@ -66,12 +72,10 @@ pub fn binary_cases(config: &Config, b: BinaryOp) -> BoxedStrategy<OpCase> {
     (dtype_choice(), shape(4), prop::bool::weighted(0.1))
         .prop_flat_map(move |((rejected, k), out, zeros)| {
             let dt = pick_dtype(&dtypes, |d| b.accepts(d), rejected, k);
-            let (da, db) = match b {
-                BinaryOp::Pow => (Domain::Positive, Domain::Small),
+            let (da, db) = match (b, b.test_domains()) {
                 // Integer division by zero is an error: now and then a divisor may be 0.
-                BinaryOp::Div if !zeros => (Domain::Any, Domain::NonZero),
-                BinaryOp::Max | BinaryOp::Min => (Domain::WithNan, Domain::WithNan),
-                _ => (Domain::Any, Domain::Any),
+                (BinaryOp::Div, (da, _)) if zeros => (domain(da), Domain::Any),
+                (_, (da, db)) => (domain(da), domain(db)),
             };
             (broadcast_operand(&out), broadcast_operand(&out)).prop_flat_map(move |(sa, sb)| {
                 (input(sa, dt, da), input(sb, dt, db)).prop_map(move |(x, y)| OpCase {

@@ -4,28 +4,9 @@
 //! once to the storage type, as the CPU backend does; integers compute in their own
 //! type with wrapping arithmetic. Bools are stored as u32 0/1.
 
-use super::common::{linear_pos, nan, strided_offset};
+use super::common::{linear_pos, strided_offset};
 use cubecl::prelude::*;
 use kiln_tensor::{BinaryOp, CmpOp, UnaryOp};
-
-/// Comptime codes of the binary ops.
-pub mod binary {
-    use super::BinaryOp;
-    /// a + b
-    pub const ADD: u32 = BinaryOp::Add as u32;
-    /// a - b
-    pub const SUB: u32 = BinaryOp::Sub as u32;
-    /// a * b
-    pub const MUL: u32 = BinaryOp::Mul as u32;
-    /// a / b
-    pub const DIV: u32 = BinaryOp::Div as u32;
-    /// a ^ b
-    pub const POW: u32 = BinaryOp::Pow as u32;
-    /// max
-    pub const MAX: u32 = BinaryOp::Max as u32;
-    /// min
-    pub const MIN: u32 = BinaryOp::Min as u32;
-}
 
 /// Comptime codes of the comparisons.
 pub mod cmp {
@@ -222,33 +203,77 @@ pub fn unary_int<I: Int>(
     }
 }
 
-// Comptime branches (`comptime!(op == …)`) stay apart from the runtime ones inside them.
-#[allow(clippy::collapsible_if, clippy::collapsible_else_if)]
-#[cube]
-pub(crate) fn float_binary<A: Float>(a: A, b: A, #[comptime] op: u32) -> A {
-    let mut r = a;
-    if comptime!(op == binary::ADD) {
-        r = a + b;
-    } else if comptime!(op == binary::SUB) {
-        r = a - b;
-    } else if comptime!(op == binary::MUL) {
-        r = a * b;
-    } else if comptime!(op == binary::DIV) {
-        r = a / b;
-    } else if comptime!(op == binary::POW) {
-        r = a.powf(b);
-    } else if comptime!(op == binary::MAX) {
-        // NaN propagates (PyTorch's maximum); the hardware max would drop it.
+/// Each binary op's formula on the device, in the kernel's compute type `A`, named as
+/// its method in the op table; `float_binary` is generated from the op table's list.
+pub(crate) mod binary_formulas {
+    use super::super::common::nan;
+    use cubecl::prelude::*;
+
+    #[cube]
+    pub fn add<A: Float>(a: A, b: A) -> A {
+        a + b
+    }
+
+    #[cube]
+    pub fn sub<A: Float>(a: A, b: A) -> A {
+        a - b
+    }
+
+    #[cube]
+    pub fn mul<A: Float>(a: A, b: A) -> A {
+        a * b
+    }
+
+    #[cube]
+    pub fn div<A: Float>(a: A, b: A) -> A {
+        a / b
+    }
+
+    #[cube]
+    pub fn pow<A: Float>(a: A, b: A) -> A {
+        a.powf(b)
+    }
+
+    /// NaN propagates (PyTorch's maximum); the hardware max would drop it.
+    #[cube]
+    pub fn maximum<A: Float>(a: A, b: A) -> A {
+        let mut r = a;
         if nan::<A>(b) || (!nan::<A>(a) && b > a) {
             r = b;
         }
-    } else if comptime!(op == binary::MIN) {
+        r
+    }
+
+    #[cube]
+    pub fn minimum<A: Float>(a: A, b: A) -> A {
+        let mut r = a;
         if nan::<A>(b) || (!nan::<A>(a) && b < a) {
             r = b;
         }
+        r
     }
-    r
 }
+
+/// The float binary kernel's dispatch, one comptime branch per op of the op table.
+macro_rules! float_binary_dispatch {
+    ($($(#[$doc:meta])* $v:ident $method:ident $name:literal [$dtypes:ident, $da:ident, $db:ident]
+        compute($x:ident, $y:ident) $formula:block
+        grad($bd:ident, $ga:ident, $gb:ident, $gy:ident, $gg:ident) $rule:block)*) => {
+        /// A binary op (`op` is its `BinaryOp as u32`) on two values of compute type `A`.
+        #[cube]
+        pub(crate) fn float_binary<A: Float>(a: A, b: A, #[comptime] op: u32) -> A {
+            let mut r = a;
+            $(
+                if comptime!(op == BinaryOp::$v as u32) {
+                    r = binary_formulas::$method::<A>(a, b);
+                }
+            )*
+            r
+        }
+    };
+}
+
+kiln_tensor::for_each_binary!(float_binary_dispatch);
 
 /// A binary op on float tensors of storage type `F`, computed in `A`.
 #[cube(launch_unchecked)]
@@ -289,13 +314,13 @@ pub fn binary_int<I: Int>(
         let y = b[strided_offset(meta, pos, rank, 1u32) as usize];
         let zero = I::from_int(0);
         let mut r = x;
-        if comptime!(op == binary::ADD) {
+        if comptime!(op == BinaryOp::Add as u32) {
             r = x + y;
-        } else if comptime!(op == binary::SUB) {
+        } else if comptime!(op == BinaryOp::Sub as u32) {
             r = x - y;
-        } else if comptime!(op == binary::MUL) {
+        } else if comptime!(op == BinaryOp::Mul as u32) {
             r = x * y;
-        } else if comptime!(op == binary::DIV) {
+        } else if comptime!(op == BinaryOp::Div as u32) {
             if y == zero {
                 flag[0] = FLAG_DIV_ZERO;
                 r = zero;
@@ -309,11 +334,11 @@ pub fn binary_int<I: Int>(
             } else {
                 r = x / y;
             }
-        } else if comptime!(op == binary::MAX) {
+        } else if comptime!(op == BinaryOp::Max as u32) {
             if y > x {
                 r = y;
             }
-        } else if comptime!(op == binary::MIN) {
+        } else if comptime!(op == BinaryOp::Min as u32) {
             if y < x {
                 r = y;
             }
