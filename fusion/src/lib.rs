@@ -4,14 +4,19 @@
 //! each written value lives in), the [`Plan`] data type with its text form (what
 //! `#[model]` embeds at build time) and printouts (`report`, `to_dot`), symbolic dims
 //! ([`sym::SDim`]), and the executor that runs a plan on any backend
-//! ([`exec::Program`], through [`exec::FusionBackend`]).
+//! ([`exec::Program`]; [`exprs`] turns kernels into fused expressions, [`programs`]
+//! caches a model's programs).
 
 pub mod exec;
+pub mod exprs;
 pub mod plan;
+pub mod programs;
 pub mod report;
 pub mod sym;
 pub mod text;
 
-pub use exec::{native_exprs, Program, Programs};
+pub use exec::Program;
+pub use exprs::native_exprs;
 pub use plan::{plan, plan_named, Kernel, KernelKind, Plan};
+pub use programs::Programs;
 pub use sym::SDim;

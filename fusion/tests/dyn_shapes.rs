@@ -56,13 +56,16 @@ fn step() -> impl Strategy<Value = Step> {
 /// `[K, C]` and bias `[K]`. Values are built from the first two onwards.
 const LEAVES: usize = 5;
 
+/// Makes the dims of a reshape of a value to `[?, k]` on a builder.
+type OpenDims<Bd> = dyn Fn(&Bd, &<Bd as Builder>::Value, usize) -> Result<Vec<<Bd as Builder>::Dim>>;
+
 /// Builds the steps on any builder; `open` makes the dims of a reshape to `[?, k]`.
 /// Returns every value (leaves first).
 fn build<Bd: Builder>(
     b: &mut Bd,
     leaves: Vec<Bd::Value>,
     steps: &[Step],
-    open: &dyn Fn(&Bd, &Bd::Value, usize) -> Result<Vec<Bd::Dim>>,
+    open: &OpenDims<Bd>,
 ) -> Result<Vec<Bd::Value>> {
     let (labels, w, bias) = (leaves[2].clone(), leaves[3].clone(), leaves[4].clone());
     let mut vals: Vec<Bd::Value> = leaves[..2].to_vec();

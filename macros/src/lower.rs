@@ -1611,7 +1611,7 @@ impl<'a> Lower<'a> {
                     }
                     Err(e) => {
                         let operands = [src(&b.left), src(&b.right)];
-                        self.err(span, refusal(&sym, &operands, &e));
+                        self.err(span, refusal(sym, &operands, &e));
                         Err(())
                     }
                 }

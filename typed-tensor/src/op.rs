@@ -920,7 +920,7 @@ pub fn solve_reshape(from: &[usize], to: &[Option<usize>]) -> Result<Vec<usize>>
     };
     let solved = match to.iter().filter(|d| d.is_none()).count() {
         0 if known == numel => None,
-        1 if known > 0 && numel % known == 0 => Some(numel / known),
+        1 if known > 0 && numel.is_multiple_of(known) => Some(numel / known),
         1 if known == 0 && numel == 0 => Some(0),
         0 => {
             return Err(Error::shape(

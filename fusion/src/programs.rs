@@ -1,0 +1,71 @@
+//! The compiled programs of one model: one [`Program`] per planned method, built from
+//! its embedded plan text on first use, and the model's switch between fused plans and
+//! op-by-op execution.
+
+use crate::exec::Program;
+use crate::plan::Plan;
+use kiln_tensor::fused::NativeFn;
+use kiln_tensor::{Backend, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// The compiled programs of one model, one per planned method, built on first use;
+/// and whether the model runs its plans (fused) or op by op (unfused).
+pub struct Programs<B: Backend> {
+    unfused: AtomicBool,
+    programs: Mutex<Vec<Option<Program<B>>>>,
+}
+
+impl<B: Backend> Default for Programs<B> {
+    fn default() -> Self {
+        Programs {
+            unfused: AtomicBool::new(false),
+            programs: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for Programs<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Programs {{ fused: {} }}", self.fused())
+    }
+}
+
+impl<B: Backend> Clone for Programs<B> {
+    /// A clone starts without compiled programs (they hold buffers of the original).
+    fn clone(&self) -> Self {
+        let p = Programs::default();
+        p.set_fused(self.fused());
+        p
+    }
+}
+
+impl<B: Backend> Programs<B> {
+    /// Whether methods run through their fused plans (the default).
+    pub fn fused(&self) -> bool {
+        !self.unfused.load(Ordering::Relaxed)
+    }
+
+    /// Chooses fused plans (`true`) or op-by-op execution (`false`).
+    pub fn set_fused(&self, on: bool) {
+        self.unfused.store(!on, Ordering::Relaxed);
+    }
+
+    /// Runs `f` on program `id`, built from `plan_text` and `natives` on first use.
+    pub fn with<R>(
+        &self,
+        id: usize,
+        plan_text: &str,
+        natives: &'static [Option<NativeFn>],
+        f: impl FnOnce(&mut Program<B>) -> Result<R>,
+    ) -> Result<R> {
+        let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
+        if programs.len() <= id {
+            programs.resize_with(id + 1, || None);
+        }
+        if programs[id].is_none() {
+            programs[id] = Some(Program::new(Plan::parse(plan_text)?, natives));
+        }
+        f(programs[id].as_mut().expect("built above"))
+    }
+}
