@@ -57,7 +57,8 @@ fn step() -> impl Strategy<Value = Step> {
 const LEAVES: usize = 5;
 
 /// Makes the dims of a reshape of a value to `[?, k]` on a builder.
-type OpenDims<Bd> = dyn Fn(&Bd, &<Bd as Builder>::Value, usize) -> Result<Vec<<Bd as Builder>::Dim>>;
+type OpenDims<Bd> =
+    dyn Fn(&Bd, &<Bd as Builder>::Value, usize) -> Result<Vec<<Bd as Builder>::Dim>>;
 
 /// Builds the steps on any builder; `open` makes the dims of a reshape to `[?, k]`.
 /// Returns every value (leaves first).

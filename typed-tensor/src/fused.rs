@@ -7,6 +7,7 @@
 //! f32 and bool fuse with arithmetic.
 
 use crate::binary::BinaryKernel;
+use crate::compare::CompareKernel;
 use crate::op::{BinaryOp, CmpOp, UnaryOp};
 use crate::unary::UnaryKernel;
 
@@ -61,17 +62,10 @@ pub fn binary_f32(op: BinaryOp, x: f32, y: f32) -> f32 {
     op.compute(x, y)
 }
 
-/// A comparison of two f32s, as 1.0 or 0.0.
+/// A comparison of two f32s, as 1.0 or 0.0 (the op table's comparison).
 #[inline(always)]
 pub fn compare_f32(op: CmpOp, x: f32, y: f32) -> f32 {
-    (match op {
-        CmpOp::Eq => x == y,
-        CmpOp::Ne => x != y,
-        CmpOp::Lt => x < y,
-        CmpOp::Le => x <= y,
-        CmpOp::Gt => x > y,
-        CmpOp::Ge => x >= y,
-    }) as u8 as f32
+    op.compute(x, y) as u8 as f32
 }
 
 /// `cond ? a : b` with a register bool.
@@ -141,14 +135,19 @@ fn binary_chunk(op: BinaryOp, dst: &mut [f32], a: &[f32], b: &[f32]) {
 
 /// A comparison over a chunk.
 fn compare_chunk(op: CmpOp, dst: &mut [f32], a: &[f32], b: &[f32]) {
-    macro_rules! each {
-        ($($v:ident),*) => {
-            match op {
-                $(CmpOp::$v => map2(dst, a, b, |x, y| compare_f32(CmpOp::$v, x, y)),)*
-            }
-        };
+    struct Chunk<'a> {
+        dst: &'a mut [f32],
+        a: &'a [f32],
+        b: &'a [f32],
     }
-    each!(Eq, Ne, Lt, Le, Gt, Ge)
+    impl CompareKernel<f32> for Chunk<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn run(self, f: impl Fn(f32, f32) -> bool + Copy + Send + Sync) {
+            map2(self.dst, self.a, self.b, |x, y| f(x, y) as u8 as f32)
+        }
+    }
+    op.dispatch(Chunk { dst, a, b })
 }
 
 impl FusedExpr {

@@ -22,6 +22,7 @@ pub mod backend;
 pub mod binary;
 pub mod builder;
 pub mod checks;
+pub mod compare;
 pub mod dim;
 pub mod dtype;
 pub mod error;

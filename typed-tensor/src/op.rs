@@ -6,6 +6,7 @@
 //! time and symbolic sizes (a generic batch `B`, a literal `784`) inside the macro.
 
 pub use crate::binary::BinaryOp;
+pub use crate::compare::CmpOp;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 pub use crate::unary::UnaryOp;
@@ -102,24 +103,6 @@ macro_rules! op_names {
 }
 
 op_names!(
-    /// Elementwise comparisons, with NumPy broadcasting; the result is bool.
-    CmpOp {
-        /// a == b
-        Eq => "eq",
-        /// a != b
-        Ne => "ne",
-        /// a < b
-        Lt => "lt",
-        /// a <= b
-        Le => "le",
-        /// a > b
-        Gt => "gt",
-        /// a >= b
-        Ge => "ge",
-    }
-);
-
-op_names!(
     /// Reductions over axes; the result keeps the reduced axes with size 1.
     ReduceOp {
         /// Σ
@@ -134,20 +117,6 @@ op_names!(
         ArgMin => "argmin",
     }
 );
-
-impl CmpOp {
-    /// The reference definition in f64.
-    pub fn eval(self, a: f64, b: f64) -> bool {
-        match self {
-            CmpOp::Eq => a == b,
-            CmpOp::Ne => a != b,
-            CmpOp::Lt => a < b,
-            CmpOp::Le => a <= b,
-            CmpOp::Gt => a > b,
-            CmpOp::Ge => a >= b,
-        }
-    }
-}
 
 impl ReduceOp {
     /// The dtype of the result for an input of `dtype`.

@@ -6,6 +6,7 @@ use crate::storage::{with_storage, CpuElement, CpuStorage, FloatKernel};
 use crate::strided::{rows_per_task, RowPlan};
 use half::{bf16, f16};
 use kiln_tensor::binary::BinaryKernel;
+use kiln_tensor::compare::CompareKernel;
 use kiln_tensor::unary::UnaryKernel;
 use kiln_tensor::{BinaryOp, CmpOp, Dims, Element, Error, Layout, Result, UnaryOp};
 use rayon::prelude::*;
@@ -269,14 +270,24 @@ fn compare_typed<T: Copy + Sync + PartialOrd>(
     b: &[T],
     lb: &Layout,
 ) -> Vec<bool> {
-    match op {
-        CmpOp::Eq => map2(dims, a, la, b, lb, |x: T, y: T| x == y),
-        CmpOp::Ne => map2(dims, a, la, b, lb, |x: T, y: T| x != y),
-        CmpOp::Lt => map2(dims, a, la, b, lb, |x: T, y: T| x < y),
-        CmpOp::Le => map2(dims, a, la, b, lb, |x: T, y: T| x <= y),
-        CmpOp::Gt => map2(dims, a, la, b, lb, |x: T, y: T| x > y),
-        CmpOp::Ge => map2(dims, a, la, b, lb, |x: T, y: T| x >= y),
+    struct Map<'a, T> {
+        dims: &'a Dims,
+        a: (&'a [T], &'a Layout),
+        b: (&'a [T], &'a Layout),
     }
+    impl<T: Copy + Sync + PartialOrd> CompareKernel<T> for Map<'_, T> {
+        type Output = Vec<bool>;
+        #[inline(always)]
+        fn run(self, f: impl Fn(T, T) -> bool + Copy + Send + Sync) -> Vec<bool> {
+            let ((a, la), (b, lb)) = (self.a, self.b);
+            map2(self.dims, a, la, b, lb, f)
+        }
+    }
+    op.dispatch(Map {
+        dims,
+        a: (a, la),
+        b: (b, lb),
+    })
 }
 
 /// Runs a comparison (operands already broadcast to `dims`).

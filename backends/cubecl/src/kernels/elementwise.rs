@@ -8,23 +8,6 @@ use super::common::{linear_pos, strided_offset};
 use cubecl::prelude::*;
 use kiln_tensor::{BinaryOp, CmpOp, UnaryOp};
 
-/// Comptime codes of the comparisons.
-pub mod cmp {
-    use super::CmpOp;
-    /// ==
-    pub const EQ: u32 = CmpOp::Eq as u32;
-    /// !=
-    pub const NE: u32 = CmpOp::Ne as u32;
-    /// <
-    pub const LT: u32 = CmpOp::Lt as u32;
-    /// <=
-    pub const LE: u32 = CmpOp::Le as u32;
-    /// >
-    pub const GT: u32 = CmpOp::Gt as u32;
-    /// >=
-    pub const GE: u32 = CmpOp::Ge as u32;
-}
-
 /// The error code an integer division by zero leaves in the device's error flag.
 pub const FLAG_DIV_ZERO: u32 = 3;
 
@@ -347,25 +330,61 @@ pub fn binary_int<I: Int>(
     }
 }
 
-#[cube]
-pub(crate) fn compare_values<T: Numeric>(a: T, b: T, #[comptime] op: u32) -> bool {
-    let mut r = false;
-    if comptime!(op == cmp::EQ) {
-        r = a == b;
-    } else if comptime!(op == cmp::NE) {
-        // Not `a != b`: WGSL compiles that to an ordered comparison, false for NaN.
-        r = !(a == b);
-    } else if comptime!(op == cmp::LT) {
-        r = a < b;
-    } else if comptime!(op == cmp::LE) {
-        r = a <= b;
-    } else if comptime!(op == cmp::GT) {
-        r = a > b;
-    } else if comptime!(op == cmp::GE) {
-        r = a >= b;
+/// Each comparison on the device, named as in the op table; `compare_values` is
+/// generated from the op table's list.
+pub(crate) mod compare_formulas {
+    use cubecl::prelude::*;
+
+    #[cube]
+    pub fn eq<T: Numeric>(a: T, b: T) -> bool {
+        a == b
     }
-    r
+
+    /// Not `a != b`: WGSL compiles that to an ordered comparison, false for NaN.
+    #[cube]
+    pub fn ne<T: Numeric>(a: T, b: T) -> bool {
+        !(a == b)
+    }
+
+    #[cube]
+    pub fn lt<T: Numeric>(a: T, b: T) -> bool {
+        a < b
+    }
+
+    #[cube]
+    pub fn le<T: Numeric>(a: T, b: T) -> bool {
+        a <= b
+    }
+
+    #[cube]
+    pub fn gt<T: Numeric>(a: T, b: T) -> bool {
+        a > b
+    }
+
+    #[cube]
+    pub fn ge<T: Numeric>(a: T, b: T) -> bool {
+        a >= b
+    }
 }
+
+/// The comparison kernels' dispatch, one comptime branch per comparison of the op table.
+macro_rules! compare_dispatch {
+    ($($(#[$doc:meta])* $v:ident $method:ident $name:literal compute($x:ident, $y:ident) $formula:block)*) => {
+        /// A comparison (`op` is its `CmpOp as u32`) of two values of type `T`.
+        #[cube]
+        pub(crate) fn compare_values<T: Numeric>(a: T, b: T, #[comptime] op: u32) -> bool {
+            let mut r = false;
+            $(
+                if comptime!(op == CmpOp::$v as u32) {
+                    r = compare_formulas::$method::<T>(a, b);
+                }
+            )*
+            r
+        }
+    };
+}
+
+kiln_tensor::for_each_compare!(compare_dispatch);
 
 /// A comparison of two tensors of type `T` (compared in `C`, which is exact), written
 /// as u32 0/1.
