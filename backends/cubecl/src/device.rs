@@ -3,13 +3,15 @@
 //! buffer points back to, and the per-launch error flags through which kernels report
 //! bad indices and integer division by zero.
 
+pub(crate) use crate::recording::Report;
+use crate::recording::{Recorder, Recording};
 use crate::storage::CubeStorage;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use kiln_tensor::{DType, Error, Result, TensorMeta, View};
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
@@ -97,17 +99,11 @@ pub struct DeviceState<R: KilnRuntime> {
     /// because each thread's work runs on its own stream: a shared buffer would make
     /// streams wait on each other (and a graph capture cannot wait on another stream).
     pub(crate) metadata: Mutex<HashMap<ThreadId, HashMap<Vec<u32>, Handle>>>,
-    /// The graph capture (or capture-rule check) in progress on this device, if any.
-    pub(crate) recording: Mutex<HashMap<ThreadId, crate::recording::Recording>>,
-    /// How many threads are recording (read on every launch and buffer drop, without a
-    /// lock).
-    pub(crate) recording_active: AtomicUsize,
+    /// The graph captures (or capture-rule checks) in progress on this device.
+    pub(crate) recorder: Recorder,
     /// The id the next buffer takes (ids order buffers by creation).
     pub(crate) next_buffer: AtomicU64,
 }
-
-/// How a failed launch is reported: its error, from the code and detail in its flag.
-pub(crate) type Report = Arc<dyn Fn(u32, u32) -> Error + Send + Sync>;
 
 /// The error flag of one launch that may fail, read at its thread's next
 /// synchronisation point.
@@ -152,6 +148,42 @@ impl<R: KilnRuntime> DeviceState<R> {
             self.client.create_from_slice(&[0u8; 8])
         };
         self.wrap(handle, DType::U32, 2)
+    }
+
+    /// Starts recording the calling thread's launches (`graph`: for a CUDA graph).
+    pub(crate) fn begin_recording(&self, graph: bool) -> Result<()> {
+        let first_buffer = self.next_buffer.load(Ordering::Relaxed);
+        self.recorder.begin(&self.name, graph, first_buffer)
+    }
+
+    /// Stops the calling thread's recording and returns what was recorded.
+    pub(crate) fn end_recording(&self) -> Recording {
+        self.recorder.end()
+    }
+
+    /// Whether a CUDA graph is being captured on the calling thread.
+    pub(crate) fn capturing_graph_here(&self) -> bool {
+        self.recorder.capturing_graph_here()
+    }
+
+    /// An error if the calling thread is recording: `what` cannot be replayed.
+    pub(crate) fn refuse_in_capture(&self, what: &str) -> Result<()> {
+        self.recorder.refuse(what)
+    }
+
+    /// Notes that a launch binds `s` (reading it, or writing part of it).
+    pub(crate) fn note_bound(&self, s: &CubeStorage<R>) {
+        self.recorder.note_bound(s.id, &s.handle);
+    }
+
+    /// Notes that a launch overwrites the whole of `s` without reading it.
+    pub(crate) fn note_overwritten(&self, s: &CubeStorage<R>) {
+        self.recorder.note_overwritten(s.id, &s.handle);
+    }
+
+    /// Notes that buffer `id` is no longer referenced.
+    pub(crate) fn note_released(&self, id: u64) {
+        self.recorder.note_released(id);
     }
 
     /// A new buffer id.
@@ -210,12 +242,8 @@ impl<R: KilnRuntime> DeviceState<R> {
     /// errors; reading it here would stall the host until the device caught up, once per
     /// gather in every training step.
     pub(crate) fn defer_check(&self, flag: &CubeStorage<R>, report: Report) -> Result<()> {
-        if self.recording_active.load(Ordering::Acquire) > 0 {
-            let mut recordings = self.recording.lock().expect("recording");
-            if let Some(r) = recordings.get_mut(&std::thread::current().id()) {
-                r.checks.push((flag.id, flag.handle.clone(), report));
-                return Ok(());
-            }
+        if self.recorder.keep_check(flag.id, &flag.handle, &report) {
+            return Ok(());
         }
         self.push_check(flag.handle.clone(), report, None)
     }
@@ -417,8 +445,7 @@ impl<R: KilnRuntime> CubeDevice<R> {
                 pending: Mutex::new(Vec::new()),
                 fused_kernels: Mutex::new(Default::default()),
                 metadata: Mutex::new(HashMap::new()),
-                recording: Mutex::new(HashMap::new()),
-                recording_active: AtomicUsize::new(0),
+                recorder: Recorder::default(),
                 next_buffer: AtomicU64::new(0),
             }),
         };
@@ -449,5 +476,25 @@ impl<R: KilnRuntime> CubeDevice<R> {
     /// The shared state (client, limits).
     pub fn state(&self) -> &Arc<DeviceState<R>> {
         &self.state
+    }
+}
+
+impl<R: KilnRuntime> CubeDevice<R> {
+    /// Runs `step` (for real) under the rules of a CUDA graph capture, on any runtime:
+    /// an error where capturing it would fail (a host copy, a read, state replaced
+    /// instead of updated in place), else what `step` returned. Kernel errors of the
+    /// step are reported as usual, at the next read.
+    pub fn check_capturable<T>(&self, step: impl FnOnce() -> Result<T>) -> Result<T> {
+        let state = &self.state;
+        state.check_pending()?;
+        state.begin_recording(false)?;
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(step));
+        let recording = state.end_recording();
+        let out = out.unwrap_or_else(|p| std::panic::resume_unwind(p));
+        state.defer_checks(recording.checks)?;
+        match recording.refused {
+            Some(msg) => Err(Error::Device(msg)),
+            None => out,
+        }
     }
 }

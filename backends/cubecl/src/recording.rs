@@ -2,7 +2,7 @@
 //! its launches bind (a graph keeps them alive and replays on them), which error flags
 //! they leave, and the first thing the step did that a replay could not repeat. A CUDA
 //! graph capture (`graph::CudaGraph`) records under these rules; on any runtime,
-//! [`CubeDevice::check_capturable`] runs a step under them without capturing it, so
+//! [`crate::CubeDevice::check_capturable`] runs a step under them without capturing it, so
 //! that the rules are tested where no CUDA device is (CI's lavapipe).
 //!
 //! What a replay cannot repeat: a copy from the host (an upload, a new kernel metadata
@@ -12,13 +12,15 @@
 //! keep reading the old value. A buffer the step wrote before reading (a program's
 //! scratch slot) may be released: each replay writes it again first.
 
-use crate::device::{DeviceState, KilnRuntime, Report};
-use crate::storage::CubeStorage;
-use crate::CubeDevice;
 use cubecl::server::Handle;
 use kiln_tensor::{Error, Result};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+
+/// How a failed launch is reported: its error, from the code and detail in its flag.
+pub(crate) type Report = Arc<dyn Fn(u32, u32) -> Error + Send + Sync>;
 
 /// A buffer a recorded launch binds.
 pub(crate) struct Bound {
@@ -44,48 +46,63 @@ pub(crate) struct Recording {
     pub(crate) refused: Option<String>,
 }
 
-impl<R: KilnRuntime> DeviceState<R> {
-    /// Starts recording the calling thread's launches (`graph`: for a CUDA graph).
-    /// Threads record independently (each has its own stream).
-    pub(crate) fn begin_recording(&self, graph: bool) -> Result<()> {
+/// The recordings of one device, one per recording thread (threads record
+/// independently: each has its own stream). It owns its state; the device calls it
+/// with buffer ids and handles, so the rules depend on nothing else in the crate.
+#[derive(Default)]
+pub(crate) struct Recorder {
+    recordings: Mutex<HashMap<ThreadId, Recording>>,
+    /// How many threads are recording (read on every launch and buffer drop, without a
+    /// lock).
+    active: AtomicUsize,
+}
+
+impl Recorder {
+    /// Starts recording the calling thread's launches on device `device` (`graph`: for
+    /// a CUDA graph); buffers with ids below `first_buffer` were made before.
+    pub(crate) fn begin(&self, device: &str, graph: bool, first_buffer: u64) -> Result<()> {
         let thread = std::thread::current().id();
-        let mut recordings = self.recording.lock().expect("recording");
+        let mut recordings = self.recordings.lock().expect("recording");
         if recordings.contains_key(&thread) {
             return Err(Error::Device(format!(
-                "{}: this thread is already capturing (or checking) a step",
-                self.name
+                "{device}: this thread is already capturing (or checking) a step"
             )));
         }
         recordings.insert(
             thread,
             Recording {
                 graph,
-                first_buffer: self.next_buffer.load(Ordering::Relaxed),
+                first_buffer,
                 bound: HashMap::new(),
                 checks: Vec::new(),
                 refused: None,
             },
         );
-        self.recording_active.fetch_add(1, Ordering::AcqRel);
+        self.active.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
     /// Stops the calling thread's recording and returns what was recorded.
-    pub(crate) fn end_recording(&self) -> Recording {
-        let mut recordings = self.recording.lock().expect("recording");
+    pub(crate) fn end(&self) -> Recording {
+        let mut recordings = self.recordings.lock().expect("recording");
         let r = recordings
             .remove(&std::thread::current().id())
             .expect("a recording in progress on this thread");
-        self.recording_active.fetch_sub(1, Ordering::AcqRel);
+        self.active.fetch_sub(1, Ordering::AcqRel);
         r
+    }
+
+    /// Whether any thread is recording (a lock-free test for the hot paths).
+    pub(crate) fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire) > 0
     }
 
     /// The calling thread's recording, if it has one, under the lock.
     fn with_mine<T>(&self, f: impl FnOnce(&mut Recording) -> T) -> Option<T> {
-        if self.recording_active.load(Ordering::Acquire) == 0 {
+        if !self.is_active() {
             return None;
         }
-        let mut recordings = self.recording.lock().expect("recording");
+        let mut recordings = self.recordings.lock().expect("recording");
         recordings.get_mut(&std::thread::current().id()).map(f)
     }
 
@@ -97,7 +114,7 @@ impl<R: KilnRuntime> DeviceState<R> {
     /// An error if the calling thread is recording: `what` (a host copy, a read, a
     /// synchronisation) cannot be replayed by a graph. The recording remembers it, so
     /// it fails even if the step swallowed the error.
-    pub(crate) fn refuse_in_capture(&self, what: &str) -> Result<()> {
+    pub(crate) fn refuse(&self, what: &str) -> Result<()> {
         match self.with_mine(|r| {
             let msg = format!(
                 "{what} cannot be captured into a CUDA graph: a replay repeats only device \
@@ -112,24 +129,30 @@ impl<R: KilnRuntime> DeviceState<R> {
         }
     }
 
-    /// Notes that a launch binds `s` (reading it, or writing part of it).
-    pub(crate) fn note_bound(&self, s: &CubeStorage<R>) {
+    /// Notes that a launch binds buffer `id` (reading it, or writing part of it).
+    pub(crate) fn note_bound(&self, id: u64, handle: &Handle) {
+        self.note(id, handle, true);
+    }
+
+    /// Notes that a launch overwrites the whole of buffer `id` without reading it.
+    pub(crate) fn note_overwritten(&self, id: u64, handle: &Handle) {
+        self.note(id, handle, false);
+    }
+
+    fn note(&self, id: u64, handle: &Handle, read_first: bool) {
         self.with_mine(|r| {
-            r.bound.entry(s.id).or_insert_with(|| Bound {
-                handle: s.handle.clone(),
-                read_first: true,
+            r.bound.entry(id).or_insert_with(|| Bound {
+                handle: handle.clone(),
+                read_first,
             });
         });
     }
 
-    /// Notes that a launch overwrites the whole of `s` without reading it.
-    pub(crate) fn note_overwritten(&self, s: &CubeStorage<R>) {
-        self.with_mine(|r| {
-            r.bound.entry(s.id).or_insert_with(|| Bound {
-                handle: s.handle.clone(),
-                read_first: false,
-            });
-        });
+    /// Keeps a launch's error flag with the calling thread's recording, if it has one
+    /// (the flag is read after the recording ends); `false` when it has none.
+    pub(crate) fn keep_check(&self, id: u64, flag: &Handle, report: &Report) -> bool {
+        self.with_mine(|r| r.checks.push((id, flag.clone(), report.clone())))
+            .is_some()
     }
 
     /// Notes that buffer `id` is no longer referenced (see the module docs).
@@ -148,25 +171,5 @@ impl<R: KilnRuntime> DeviceState<R> {
                 );
             }
         });
-    }
-}
-
-impl<R: KilnRuntime> CubeDevice<R> {
-    /// Runs `step` (for real) under the rules of a CUDA graph capture, on any runtime:
-    /// an error where capturing it would fail (a host copy, a read, state replaced
-    /// instead of updated in place), else what `step` returned. Kernel errors of the
-    /// step are reported as usual, at the next read.
-    pub fn check_capturable<T>(&self, step: impl FnOnce() -> Result<T>) -> Result<T> {
-        let state = &self.state;
-        state.check_pending()?;
-        state.begin_recording(false)?;
-        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(step));
-        let recording = state.end_recording();
-        let out = out.unwrap_or_else(|p| std::panic::resume_unwind(p));
-        state.defer_checks(recording.checks)?;
-        match recording.refused {
-            Some(msg) => Err(Error::Device(msg)),
-            None => out,
-        }
     }
 }

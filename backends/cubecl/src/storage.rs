@@ -22,12 +22,7 @@ pub struct CubeStorage<R: KilnRuntime> {
 
 impl<R: KilnRuntime> Drop for CubeStorage<R> {
     fn drop(&mut self) {
-        if self
-            .device
-            .recording_active
-            .load(std::sync::atomic::Ordering::Acquire)
-            > 0
-        {
+        if self.device.recorder.is_active() {
             self.device.note_released(self.id);
         }
     }
