@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Edit-compile time of a model change, as a user meets it (issue 9, item 6):
+#  1. a one-line edit of the MLP (`relu` -> `gelu` in its first layer), then a release
+#     rebuild of `kiln-train` (the binary that dispatches the MLP and the CNN over its
+#     batch sizes);
+#  2. a shape mistake in the MLP (`fc3` fed 1000 features), then `cargo check` of
+#     kiln-models until the error shows.
+# Each is timed `--runs` times (alternating with the original source, so every timed
+# build starts from a warm build of the other side) and the median is printed as one
+# parseable line. The source is restored on exit, whatever happens.
+#
+# Usage: bash scripts/edit_compile_time.sh [--runs N]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNS=3
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --runs)
+            [ $# -ge 2 ] || { echo "error: --runs takes a number" >&2; exit 2; }
+            RUNS="$2"
+            shift 2
+            ;;
+        *) echo "error: unknown argument '$1' (usage: $0 [--runs N])" >&2; exit 2 ;;
+    esac
+done
+case "$RUNS" in
+    '' | *[!0-9]* | 0) echo "error: --runs takes a whole number of at least 1, got '$RUNS'" >&2; exit 2 ;;
+esac
+
+MODEL=models/src/mlp.rs
+BACKUP=$(mktemp)
+cp "$MODEL" "$BACKUP"
+trap 'cp "$BACKUP" "$MODEL"; rm -f "$BACKUP"' EXIT
+
+grep -q 'self.fc1(x).relu()' "$MODEL" || { echo "error: $MODEL no longer has the line this script edits" >&2; exit 1; }
+
+now() { date +%s.%N; }
+median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+
+edit_activation() { sed -i 's/self.fc1(x).relu()/self.fc1(x).gelu()/' "$MODEL"; }
+edit_shape() { sed -i 's/fc3: Linear<1024, 10>/fc3: Linear<1000, 10>/' "$MODEL"; }
+restore() { cp "$BACKUP" "$MODEL"; }
+
+echo "# warming up the release build and the check"
+cargo build --release -p kiln-models --bin kiln-train >/dev/null 2>&1
+cargo check -p kiln-models >/dev/null 2>&1
+
+build_times=()
+check_times=()
+for _ in $(seq "$RUNS"); do
+    restore
+    cargo build --release -p kiln-models --bin kiln-train >/dev/null 2>&1
+    edit_activation
+    t0=$(now)
+    cargo build --release -p kiln-models --bin kiln-train >/dev/null 2>&1
+    t1=$(now)
+    build_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')")
+
+    restore
+    cargo check -p kiln-models >/dev/null 2>&1
+    edit_shape
+    t0=$(now)
+    if cargo check -p kiln-models >/tmp/kiln_check.log 2>&1; then
+        echo "error: the shape mistake was not reported by cargo check" >&2
+        exit 1
+    fi
+    t1=$(now)
+    grep -q "shape mismatch" /tmp/kiln_check.log || { echo "error: cargo check failed without a shape error:" >&2; cat /tmp/kiln_check.log >&2; exit 1; }
+    check_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')")
+done
+restore
+
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+echo "# cpu: $cpu, $(nproc) cores; commit $(git rev-parse --short HEAD)"
+echo "bench=edit_rebuild target=kiln-train profile=release runs=$RUNS median_s=$(printf '%s\n' "${build_times[@]}" | median) all=${build_times[*]}"
+echo "bench=edit_check target=kiln-models runs=$RUNS median_s=$(printf '%s\n' "${check_times[@]}" | median) all=${check_times[*]}"
