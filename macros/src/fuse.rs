@@ -20,14 +20,63 @@ pub struct Fused {
     pub run: TokenStream,
 }
 
+/// The native loops of one model's plans, one function per distinct expression (the
+/// forward pass's loops recur in the loss and in its training entry), emitted once in
+/// a hidden module beside the impl.
+pub struct Natives {
+    module: Ident,
+    /// `(the expression, as its debug form, the loop's name, the loop)`.
+    loops: Vec<(String, Ident, TokenStream)>,
+}
+
+impl Natives {
+    /// No loops yet, for model `model`.
+    pub fn new(model: &Ident) -> Self {
+        Natives {
+            module: format_ident!("__kiln_natives_{}", model),
+            loops: Vec::new(),
+        }
+    }
+
+    /// The path of the loop computing `expr`, written on first use.
+    fn path(&mut self, expr: &FusedExpr) -> TokenStream {
+        let key = format!("{expr:?}");
+        let name = match self.loops.iter().find(|(k, _, _)| *k == key) {
+            Some((_, name, _)) => name.clone(),
+            None => {
+                let name = format_ident!("loop_{}", self.loops.len());
+                let f = native_fn(&name, expr);
+                self.loops.push((key, name.clone(), f));
+                name
+            }
+        };
+        let module = &self.module;
+        quote!(#module::#name)
+    }
+
+    /// The module holding every loop.
+    pub fn module(&self) -> TokenStream {
+        let module = &self.module;
+        let loops = self.loops.iter().map(|(_, _, f)| f);
+        quote! {
+            #[doc(hidden)]
+            #[allow(non_snake_case)]
+            mod #module {
+                #(#loops)*
+            }
+        }
+    }
+}
+
 /// Plans `outputs` of `mg` as program `id` of its model; `consts` are the method's
-/// const generic sizes.
+/// const generic sizes; the native loops go to `natives`.
 pub fn fuse(
     mg: &MGraph,
     outputs: &[NodeId],
     id: usize,
     const_name: &Ident,
     consts: &[Ident],
+    natives_of_model: &mut Natives,
 ) -> Fused {
     let live = mg.g.live(outputs);
     let leaves: Vec<NodeId> = (0..mg.g.nodes.len())
@@ -40,14 +89,12 @@ pub fn fuse(
         pub const #const_name: &'static str = #text;
     };
 
-    let mut fns = Vec::new();
     let mut natives = Vec::new();
     for k in 0..plan.kernels.len() {
-        for (i, e) in native_exprs(&plan, k).into_iter().enumerate() {
+        for e in native_exprs(&plan, k) {
             match e {
                 Some(expr) => {
-                    let f = format_ident!("__kiln_native_{}_{}", k, i);
-                    fns.push(native_fn(&f, &expr));
+                    let f = natives_of_model.path(&expr);
                     natives.push(
                         quote!(::core::option::Option::Some(#f as ::kiln::tensor::fused::NativeFn)),
                     );
@@ -80,7 +127,6 @@ pub fn fuse(
     let id = Literal::usize_unsuffixed(id);
     let run = quote! {{
         #(let #leaf_vars: ::kiln::tensor::RawTensor<Be> = #leaf_exprs;)*
-        #(#fns)*
         static __KILN_NATIVES: [::core::option::Option<::kiln::tensor::fused::NativeFn>; #count] = [#(#natives),*];
         self.__kiln_plans.with(#id, Self::#const_name, &__KILN_NATIVES, |__p| {
             let __run = __p.run(&__dev, &[#((#const_names, #consts)),*], &[#(&#leaf_vars),*], __seed)?;
@@ -141,7 +187,7 @@ fn native_fn(name: &Ident, expr: &FusedExpr) -> TokenStream {
     let result = r(expr.results[0]);
     quote! {
         #[allow(clippy::all, unused_variables)]
-        fn #name(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        pub(super) fn #name(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
             let n = outs[0].len();
             #(let #ins = &ins[#idx][..n];)*
             let out = &mut outs[0][..n];

@@ -37,6 +37,7 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
         }
     }
     let mut out = Vec::new();
+    let mut natives = crate::fuse::Natives::new(model);
     // (title, plan const) of every planned method, for the printouts.
     let mut plans: Vec<(String, syn::Ident)> = Vec::new();
     for (mi, m) in methods.iter().enumerate() {
@@ -58,13 +59,14 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
                             2 * mi,
                             &name,
                             &m.consts,
+                            &mut natives,
                         ))
                     }
                     _ => None,
                 };
                 out.push(typed_method(m, &lower.stmts, &v, fused.as_ref(), &fields));
                 if m.is_scalar_loss() {
-                    match value_and_grad(model, &fields, &methods, m, 2 * mi + 1) {
+                    match value_and_grad(model, &fields, &methods, m, 2 * mi + 1, &mut natives) {
                         Ok(t) => {
                             plans.push((
                                 format!("{}_and_grad", m.name()),
@@ -85,6 +87,7 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
         out.push(stub_method(m));
     }
     let compile_errors = errors.iter().map(|e| e.to_compile_error());
+    let natives = natives.module();
     let titles: Vec<String> = plans.iter().map(|(t, _)| format!("{model}::{t}")).collect();
     let consts: Vec<&syn::Ident> = plans.iter().map(|(_, c)| c).collect();
     quote! {
@@ -108,6 +111,7 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
                 ::kiln::fusion::report::dot_all(Self::fusion_plans())
             }
         }
+        #natives
         #(#compile_errors)*
     }
 }

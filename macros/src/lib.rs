@@ -44,8 +44,8 @@
 //!
 //! Each method returning one tensor and each `<name>_and_grad` is also planned by
 //! `kiln-fusion` at build time: the macro embeds the plan's text as an associated
-//! const, writes a native Rust loop for every fused expression whose constants it
-//! knows, and makes the method run the plan through the model's program cache (the
+//! const, writes a native Rust loop for every distinct fused expression whose
+//! constants it knows (once per model, in a hidden module), and makes the method run the plan through the model's program cache (the
 //! op-by-op code stays, run when `model.set_fused(false)`). `Mlp::fusion_plans()`,
 //! `fusion_report()` and `fusion_dot()` show the plans.
 //!

@@ -348,6 +348,7 @@ pub fn value_and_grad(
     methods: &[MethodSig],
     m: &MethodSig,
     plan_id: usize,
+    natives: &mut crate::fuse::Natives,
 ) -> Result<TokenStream, Vec<syn::Error>> {
     let mut lower = Lower::new(fields, methods, Mode::Train { seed: 0 }, false);
     let v = lower.lower_method(m);
@@ -402,7 +403,7 @@ pub fn value_and_grad(
         "__KILN_PLAN_{}_AND_GRAD",
         m.name().to_string().to_uppercase()
     );
-    let fused = crate::fuse::fuse(&mg, &unique, plan_id, &const_name, &m.consts);
+    let fused = crate::fuse::fuse(&mg, &unique, plan_id, &const_name, &m.consts, natives);
     let mut em = Emitter::new(&mg);
     let live = em.live(&unique);
     let body = em.emit(&live);

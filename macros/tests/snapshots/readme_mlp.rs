@@ -196,62 +196,6 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                     .bias
                     .raw()
                     .clone();
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_1_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = out[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r1,
-                            r0,
-                        );
-                        let r3 = ::kiln::tensor::fused::unary_f32(
-                            ::kiln::tensor::UnaryOp::Relu,
-                            r2,
-                        );
-                        out[j] = r3;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_3_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = out[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r1,
-                            r0,
-                        );
-                        let r3 = ::kiln::tensor::fused::unary_f32(
-                            ::kiln::tensor::UnaryOp::Relu,
-                            r2,
-                        );
-                        out[j] = r3;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_5_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = out[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r1,
-                            r0,
-                        );
-                        out[j] = r2;
-                    }
-                }
                 static __KILN_NATIVES: [::core::option::Option<
                     ::kiln::tensor::fused::NativeFn,
                 >; 12usize] = [
@@ -259,19 +203,19 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_1_1 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_3_1 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_5_1 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
                     ),
                 ];
                 self.__kiln_plans
@@ -368,141 +312,6 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                     .bias
                     .raw()
                     .clone();
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_1_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = out[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r1,
-                            r0,
-                        );
-                        let r3 = ::kiln::tensor::fused::unary_f32(
-                            ::kiln::tensor::UnaryOp::Relu,
-                            r2,
-                        );
-                        out[j] = r3;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_3_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = out[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r1,
-                            r0,
-                        );
-                        let r3 = ::kiln::tensor::fused::unary_f32(
-                            ::kiln::tensor::UnaryOp::Relu,
-                            r2,
-                        );
-                        out[j] = r3;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_5_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = out[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r1,
-                            r0,
-                        );
-                        out[j] = r2;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_6_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = out[j];
-                        let r1 = f32::from_bits(2139095039u32);
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Min,
-                            r0,
-                            r1,
-                        );
-                        let r3 = f32::from_bits(4286578687u32);
-                        let r4 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Max,
-                            r2,
-                            r3,
-                        );
-                        out[j] = r4;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_7_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let i1 = &ins[1][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = i1[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Sub,
-                            r0,
-                            r1,
-                        );
-                        let r3 = ::kiln::tensor::fused::unary_f32(
-                            ::kiln::tensor::UnaryOp::Exp,
-                            r2,
-                        );
-                        out[j] = r3;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_7_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = out[j];
-                        let r2 = ::kiln::tensor::fused::unary_f32(
-                            ::kiln::tensor::UnaryOp::Log,
-                            r1,
-                        );
-                        let r3 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r2,
-                            r0,
-                        );
-                        out[j] = r3;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_8_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let i1 = &ins[1][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = i1[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Sub,
-                            r0,
-                            r1,
-                        );
-                        out[j] = r2;
-                    }
-                }
                 static __KILN_NATIVES: [::core::option::Option<
                     ::kiln::tensor::fused::NativeFn,
                 >; 28usize] = [
@@ -510,32 +319,32 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_1_1 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_3_1 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_5_1 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_6_1 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_2 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::Some(
-                        __kiln_native_7_0 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_3 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::Some(
-                        __kiln_native_7_1 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_4 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::Some(
-                        __kiln_native_8_0 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_5 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::None,
@@ -636,406 +445,6 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                     .bias
                     .raw()
                     .clone();
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_1_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = out[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r1,
-                            r0,
-                        );
-                        out[j] = r2;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_2_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = ::kiln::tensor::fused::unary_f32(
-                            ::kiln::tensor::UnaryOp::Relu,
-                            r0,
-                        );
-                        out[j] = r1;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_4_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = out[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r1,
-                            r0,
-                        );
-                        out[j] = r2;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_5_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = ::kiln::tensor::fused::unary_f32(
-                            ::kiln::tensor::UnaryOp::Relu,
-                            r0,
-                        );
-                        out[j] = r1;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_7_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = out[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r1,
-                            r0,
-                        );
-                        out[j] = r2;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_9_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = f32::from_bits(2139095039u32);
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Min,
-                            r0,
-                            r1,
-                        );
-                        out[j] = r2;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_10_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = f32::from_bits(4286578687u32);
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Max,
-                            r0,
-                            r1,
-                        );
-                        out[j] = r2;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_11_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let i1 = &ins[1][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = i1[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Sub,
-                            r0,
-                            r1,
-                        );
-                        let r3 = ::kiln::tensor::fused::unary_f32(
-                            ::kiln::tensor::UnaryOp::Exp,
-                            r2,
-                        );
-                        out[j] = r3;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_13_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let i1 = &ins[1][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = i1[j];
-                        let r2 = ::kiln::tensor::fused::unary_f32(
-                            ::kiln::tensor::UnaryOp::Log,
-                            r1,
-                        );
-                        let r3 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r2,
-                            r0,
-                        );
-                        out[j] = r3;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_14_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let i1 = &ins[1][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = i1[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Sub,
-                            r0,
-                            r1,
-                        );
-                        out[j] = r2;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_24_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = ::kiln::tensor::fused::unary_f32(
-                            ::kiln::tensor::UnaryOp::Neg,
-                            r0,
-                        );
-                        out[j] = r1;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_26_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let i1 = &ins[1][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = i1[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Div,
-                            r1,
-                            r0,
-                        );
-                        out[j] = r2;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_28_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let i1 = &ins[1][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = i1[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Mul,
-                            r1,
-                            r0,
-                        );
-                        out[j] = r2;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_29_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = ::kiln::tensor::fused::unary_f32(
-                            ::kiln::tensor::UnaryOp::Neg,
-                            r0,
-                        );
-                        out[j] = r1;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_31_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let i1 = &ins[1][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = i1[j];
-                        let r2 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r0,
-                            r1,
-                        );
-                        out[j] = r2;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_32_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let i1 = &ins[1][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = i1[j];
-                        let r2 = f32::from_bits(4286578687u32);
-                        let r3 = ::kiln::tensor::fused::compare_f32(
-                            ::kiln::tensor::CmpOp::Eq,
-                            r0,
-                            r2,
-                        );
-                        let r4 = f32::from_bits(1056964608u32);
-                        let r5 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Mul,
-                            r1,
-                            r4,
-                        );
-                        let r6 = ::kiln::tensor::fused::select_f32(r3, r5, r1);
-                        let r7 = ::kiln::tensor::fused::compare_f32(
-                            ::kiln::tensor::CmpOp::Lt,
-                            r0,
-                            r2,
-                        );
-                        let r8 = f32::from_bits(0u32);
-                        let r9 = ::kiln::tensor::fused::select_f32(r7, r8, r6);
-                        out[j] = r9;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_33_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let i1 = &ins[1][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = i1[j];
-                        let r2 = ::kiln::tensor::fused::compare_f32(
-                            ::kiln::tensor::CmpOp::Eq,
-                            r0,
-                            r1,
-                        );
-                        out[j] = r2;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_34_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let i1 = &ins[1][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = i1[j];
-                        let r2 = out[j];
-                        let r3 = f32::from_bits(2139095039u32);
-                        let r4 = ::kiln::tensor::fused::compare_f32(
-                            ::kiln::tensor::CmpOp::Eq,
-                            r0,
-                            r3,
-                        );
-                        let r5 = f32::from_bits(1056964608u32);
-                        let r6 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Mul,
-                            r1,
-                            r5,
-                        );
-                        let r7 = ::kiln::tensor::fused::select_f32(r4, r6, r1);
-                        let r8 = ::kiln::tensor::fused::compare_f32(
-                            ::kiln::tensor::CmpOp::Gt,
-                            r0,
-                            r3,
-                        );
-                        let r9 = f32::from_bits(0u32);
-                        let r10 = ::kiln::tensor::fused::select_f32(r8, r9, r7);
-                        let r11 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Div,
-                            r10,
-                            r2,
-                        );
-                        out[j] = r11;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_35_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let i1 = &ins[1][..n];
-                    let i2 = &ins[2][..n];
-                    let i3 = &ins[3][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = i1[j];
-                        let r2 = i2[j];
-                        let r3 = i3[j];
-                        let r4 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r0,
-                            r1,
-                        );
-                        let r5 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Mul,
-                            r2,
-                            r3,
-                        );
-                        let r6 = ::kiln::tensor::fused::binary_f32(
-                            ::kiln::tensor::BinaryOp::Add,
-                            r4,
-                            r5,
-                        );
-                        out[j] = r6;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_43_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = out[j];
-                        let r2 = f32::from_bits(0u32);
-                        let r3 = ::kiln::tensor::fused::compare_f32(
-                            ::kiln::tensor::CmpOp::Le,
-                            r0,
-                            r2,
-                        );
-                        let r4 = ::kiln::tensor::fused::select_f32(r3, r2, r1);
-                        out[j] = r4;
-                    }
-                }
-                #[allow(clippy::all, unused_variables)]
-                fn __kiln_native_51_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-                    let n = outs[0].len();
-                    let i0 = &ins[0][..n];
-                    let out = &mut outs[0][..n];
-                    for j in 0..n {
-                        let r0 = i0[j];
-                        let r1 = out[j];
-                        let r2 = f32::from_bits(0u32);
-                        let r3 = ::kiln::tensor::fused::compare_f32(
-                            ::kiln::tensor::CmpOp::Le,
-                            r0,
-                            r2,
-                        );
-                        let r4 = ::kiln::tensor::fused::select_f32(r3, r2, r1);
-                        out[j] = r4;
-                    }
-                }
                 static __KILN_NATIVES: [::core::option::Option<
                     ::kiln::tensor::fused::NativeFn,
                 >; 116usize] = [
@@ -1043,110 +452,50 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_1_1 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::Some(
-                        __kiln_native_2_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_native_4_1 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::Some(
-                        __kiln_native_5_0 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_6 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_7_1 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
                     ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_9_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_native_10_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_native_11_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_native_13_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_native_14_0 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_6 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
+                    ::core::option::Option::Some(
+                        __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
+                    ),
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_24_0 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_7 as ::kiln::tensor::fused::NativeFn,
+                    ),
+                    ::core::option::Option::None,
+                    ::core::option::Option::Some(
+                        __kiln_natives_Mlp::loop_8 as ::kiln::tensor::fused::NativeFn,
+                    ),
+                    ::core::option::Option::None,
+                    ::core::option::Option::Some(
+                        __kiln_natives_Mlp::loop_3 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_26_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_native_28_0 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_9 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_29_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_native_31_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_native_32_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_native_33_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_native_34_1 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::Some(
-                        __kiln_native_35_0 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_5 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::None,
@@ -1164,8 +513,68 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_43_1 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_10 as ::kiln::tensor::fused::NativeFn,
+                    ),
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::Some(
+                        __kiln_natives_Mlp::loop_11 as ::kiln::tensor::fused::NativeFn,
+                    ),
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::Some(
+                        __kiln_natives_Mlp::loop_12 as ::kiln::tensor::fused::NativeFn,
+                    ),
+                    ::core::option::Option::None,
+                    ::core::option::Option::Some(
+                        __kiln_natives_Mlp::loop_10 as ::kiln::tensor::fused::NativeFn,
+                    ),
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::Some(
+                        __kiln_natives_Mlp::loop_13 as ::kiln::tensor::fused::NativeFn,
+                    ),
+                    ::core::option::Option::None,
+                    ::core::option::Option::Some(
+                        __kiln_natives_Mlp::loop_14 as ::kiln::tensor::fused::NativeFn,
+                    ),
+                    ::core::option::Option::None,
+                    ::core::option::Option::Some(
+                        __kiln_natives_Mlp::loop_15 as ::kiln::tensor::fused::NativeFn,
+                    ),
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::Some(
+                        __kiln_natives_Mlp::loop_16 as ::kiln::tensor::fused::NativeFn,
+                    ),
+                    ::core::option::Option::Some(
+                        __kiln_natives_Mlp::loop_17 as ::kiln::tensor::fused::NativeFn,
+                    ),
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::None,
+                    ::core::option::Option::Some(
+                        __kiln_natives_Mlp::loop_18 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::None,
@@ -1183,7 +592,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                     ::core::option::Option::None,
                     ::core::option::Option::None,
                     ::core::option::Option::Some(
-                        __kiln_native_51_1 as ::kiln::tensor::fused::NativeFn,
+                        __kiln_natives_Mlp::loop_18 as ::kiln::tensor::fused::NativeFn,
                     ),
                     ::core::option::Option::None,
                     ::core::option::Option::None,
@@ -1498,5 +907,374 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
     /// Every fusion plan as one Graphviz DOT graph, a cluster per kernel.
     pub fn fusion_dot() -> ::kiln::tensor::Result<::std::string::String> {
         ::kiln::fusion::report::dot_all(Self::fusion_plans())
+    }
+}
+#[doc(hidden)]
+#[allow(non_snake_case)]
+mod __kiln_natives_Mlp {
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = out[j];
+            let r2 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Add,
+                r1,
+                r0,
+            );
+            let r3 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Relu, r2);
+            out[j] = r3;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = out[j];
+            let r2 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Add,
+                r1,
+                r0,
+            );
+            out[j] = r2;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = out[j];
+            let r1 = f32::from_bits(2139095039u32);
+            let r2 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Min,
+                r0,
+                r1,
+            );
+            let r3 = f32::from_bits(4286578687u32);
+            let r4 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Max,
+                r2,
+                r3,
+            );
+            out[j] = r4;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_3(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let i1 = &ins[1][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = i1[j];
+            let r2 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Sub,
+                r0,
+                r1,
+            );
+            let r3 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Exp, r2);
+            out[j] = r3;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_4(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = out[j];
+            let r2 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Log, r1);
+            let r3 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Add,
+                r2,
+                r0,
+            );
+            out[j] = r3;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_5(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let i1 = &ins[1][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = i1[j];
+            let r2 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Sub,
+                r0,
+                r1,
+            );
+            out[j] = r2;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_6(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Relu, r0);
+            out[j] = r1;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_7(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = f32::from_bits(2139095039u32);
+            let r2 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Min,
+                r0,
+                r1,
+            );
+            out[j] = r2;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_8(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = f32::from_bits(4286578687u32);
+            let r2 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Max,
+                r0,
+                r1,
+            );
+            out[j] = r2;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_9(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let i1 = &ins[1][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = i1[j];
+            let r2 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Log, r1);
+            let r3 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Add,
+                r2,
+                r0,
+            );
+            out[j] = r3;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_10(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Neg, r0);
+            out[j] = r1;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_11(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let i1 = &ins[1][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = i1[j];
+            let r2 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Div,
+                r1,
+                r0,
+            );
+            out[j] = r2;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_12(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let i1 = &ins[1][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = i1[j];
+            let r2 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Mul,
+                r1,
+                r0,
+            );
+            out[j] = r2;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_13(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let i1 = &ins[1][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = i1[j];
+            let r2 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Add,
+                r0,
+                r1,
+            );
+            out[j] = r2;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_14(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let i1 = &ins[1][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = i1[j];
+            let r2 = f32::from_bits(4286578687u32);
+            let r3 = ::kiln::tensor::fused::compare_f32(
+                ::kiln::tensor::CmpOp::Eq,
+                r0,
+                r2,
+            );
+            let r4 = f32::from_bits(1056964608u32);
+            let r5 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Mul,
+                r1,
+                r4,
+            );
+            let r6 = ::kiln::tensor::fused::select_f32(r3, r5, r1);
+            let r7 = ::kiln::tensor::fused::compare_f32(
+                ::kiln::tensor::CmpOp::Lt,
+                r0,
+                r2,
+            );
+            let r8 = f32::from_bits(0u32);
+            let r9 = ::kiln::tensor::fused::select_f32(r7, r8, r6);
+            out[j] = r9;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_15(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let i1 = &ins[1][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = i1[j];
+            let r2 = ::kiln::tensor::fused::compare_f32(
+                ::kiln::tensor::CmpOp::Eq,
+                r0,
+                r1,
+            );
+            out[j] = r2;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_16(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let i1 = &ins[1][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = i1[j];
+            let r2 = out[j];
+            let r3 = f32::from_bits(2139095039u32);
+            let r4 = ::kiln::tensor::fused::compare_f32(
+                ::kiln::tensor::CmpOp::Eq,
+                r0,
+                r3,
+            );
+            let r5 = f32::from_bits(1056964608u32);
+            let r6 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Mul,
+                r1,
+                r5,
+            );
+            let r7 = ::kiln::tensor::fused::select_f32(r4, r6, r1);
+            let r8 = ::kiln::tensor::fused::compare_f32(
+                ::kiln::tensor::CmpOp::Gt,
+                r0,
+                r3,
+            );
+            let r9 = f32::from_bits(0u32);
+            let r10 = ::kiln::tensor::fused::select_f32(r8, r9, r7);
+            let r11 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Div,
+                r10,
+                r2,
+            );
+            out[j] = r11;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_17(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let i1 = &ins[1][..n];
+        let i2 = &ins[2][..n];
+        let i3 = &ins[3][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = i1[j];
+            let r2 = i2[j];
+            let r3 = i3[j];
+            let r4 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Add,
+                r0,
+                r1,
+            );
+            let r5 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Mul,
+                r2,
+                r3,
+            );
+            let r6 = ::kiln::tensor::fused::binary_f32(
+                ::kiln::tensor::BinaryOp::Add,
+                r4,
+                r5,
+            );
+            out[j] = r6;
+        }
+    }
+    #[allow(clippy::all, unused_variables)]
+    pub(super) fn loop_18(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+        let n = outs[0].len();
+        let i0 = &ins[0][..n];
+        let out = &mut outs[0][..n];
+        for j in 0..n {
+            let r0 = i0[j];
+            let r1 = out[j];
+            let r2 = f32::from_bits(0u32);
+            let r3 = ::kiln::tensor::fused::compare_f32(
+                ::kiln::tensor::CmpOp::Le,
+                r0,
+                r2,
+            );
+            let r4 = ::kiln::tensor::fused::select_f32(r3, r2, r1);
+            out[j] = r4;
+        }
     }
 }
