@@ -263,9 +263,9 @@ fn resolve_op(
 /// the graph kept run again, so a plan refuses what op-by-op execution refuses,
 /// with the same message, and no kernel sees a buffer of another size than its
 /// shape says. Run-time sizes (`Dyn`) bind to what the inputs give; a reshape to a
-/// `Dyn` that no input gives takes the size its element count leaves. Returns
-/// `false` when the inputs are valid but the plan's symbolic dims do not describe
-/// them (two `Dyn` sizes that broadcast): then the caller runs op by op.
+/// `Dyn` that no input gives takes the size its element count leaves. The result is
+/// declined (not `planned`) when the inputs are valid but the plan's symbolic dims do
+/// not describe them (two `Dyn` sizes that broadcast): then the caller runs op by op.
 fn resolve<B: Backend>(
     plan: &Plan<SDim>,
     natives: &[Option<NativeFn>],

@@ -1182,14 +1182,7 @@ impl<'a> Lower<'a> {
     ) -> LResult<Val> {
         match self.mg.unary(op, &n) {
             Ok(y) => {
-                let m = format_ident!(
-                    "{}",
-                    if op == UnaryOp::Not {
-                        "logical_not"
-                    } else {
-                        op.name()
-                    }
-                );
+                let m = format_ident!("{}", op.method());
                 Ok(Val::T(y, quote!(#code.#m()?)))
             }
             Err(e) => {
@@ -1244,7 +1237,8 @@ impl<'a> Lower<'a> {
             UnaryOp::ALL
                 .iter()
                 .copied()
-                .find(|u| u.name() == m && *u != UnaryOp::Not)
+                // Model bodies compute in floats: the ops a float tensor takes.
+                .find(|u| u.method() == m && u.accepts(DType::F32))
         };
         if let Some(op) = unary(&method) {
             no_turbofish(self)?;
@@ -1448,7 +1442,6 @@ impl<'a> Lower<'a> {
     ) -> LResult<Val> {
         let method = mc.method.to_string();
         let (asrc, bsrc) = (src(&mc.receiver), src(&mc.args[0]));
-        let (ad, bd) = (self.shape_str(a), self.shape_str(b));
         let span: &dyn ToTokens = mc;
         match method.as_str() {
             "matmul" => match self.mg.matmul(&a, &b) {
@@ -1507,7 +1500,7 @@ impl<'a> Lower<'a> {
                         Ok(Val::T(y, c))
                     }
                     Err(e) => {
-                        self.err(span, format!("shape mismatch in `concat`: `{asrc}` has shape {ad} and `{bsrc}` has shape {bd}; {}", describe_inner(&e)));
+                        self.err(span, refusal("concat", &[asrc, bsrc], &e));
                         Err(())
                     }
                 }
@@ -1601,7 +1594,7 @@ impl<'a> Lower<'a> {
                     Ok(y) => {
                         let same = ad.len() == bd.len()
                             && ad.iter().zip(&bd).all(|(x, z)| x.matches(z) == Some(true));
-                        let m = format_ident!("{}", op.name());
+                        let m = format_ident!("{}", op.method());
                         let c = if same {
                             quote!(#acode.#m(&#bcode)?)
                         } else {

@@ -222,18 +222,11 @@ impl<'a> Emitter<'a> {
         let rt = quote!(::kiln::tensor::RawTensor::<Be>);
         match op {
             Op::Unary(u) => {
-                let m = format_ident!(
-                    "{}",
-                    if *u == kiln_tensor::UnaryOp::Not {
-                        "logical_not"
-                    } else {
-                        u.name()
-                    }
-                );
+                let m = format_ident!("{}", u.method());
                 quote!(#a.#m()?)
             }
             Op::Binary(bo) => {
-                let m = format_ident!("{}", bo.name());
+                let m = format_ident!("{}", bo.method());
                 quote!(#a.#m(&#b)?)
             }
             Op::Compare(c) => {
