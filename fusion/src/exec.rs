@@ -258,29 +258,33 @@ fn resolve_op(
     })
 }
 
-/// Resolves dims, ops and kernels for these parameters and inputs. Every node's
-/// dims and dtype follow from the inputs' by the op table's rules, and the guards
-/// the graph kept run again, so a plan refuses what op-by-op execution refuses,
-/// with the same message, and no kernel sees a buffer of another size than its
-/// shape says. Run-time sizes (`Dyn`) bind to what the inputs give; a reshape to a
-/// `Dyn` that no input gives takes the size its element count leaves. The result is
-/// declined (not `planned`) when the inputs are valid but the plan's symbolic dims do
-/// not describe them (two `Dyn` sizes that broadcast): then the caller runs op by op.
-fn resolve<B: Backend>(
+/// Every node's dims and dtype, and its op with dims resolved, for one set of
+/// parameters and inputs.
+struct Inferred {
+    metas: Vec<TensorMeta>,
+    ops: Vec<Option<Op>>,
+    /// Whether the plan's symbolic dims describe every node (else the inputs are
+    /// valid but only op-by-op execution handles them).
+    described: bool,
+}
+
+/// Derives every node's dims and dtype from the inputs' by the op table's rules and
+/// runs the guards the graph kept, so what op-by-op execution refuses is refused here,
+/// with its message. Run-time sizes (`Dyn`) bind to what the inputs give, at the
+/// first node whose dims name them; a reshape to a `Dyn` that no input gives takes the
+/// size its element count leaves. A leaf that disagrees with the plan is an error; a
+/// computed node that does (two `Dyn` sizes that broadcast) clears `described`.
+fn infer_nodes<B: Backend>(
     plan: &Plan<SDim>,
-    natives: &[Option<NativeFn>],
     params: &[(&str, usize)],
     inputs: &[&RawTensor<B>],
-) -> Result<Resolved> {
-    let mut key: Vec<usize> = params.iter().map(|(_, v)| *v).collect();
-    for t in inputs {
-        key.extend_from_slice(t.dims());
-    }
+) -> Result<Inferred> {
     let param = |name: &str| params.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
     let n = plan.graph.nodes.len();
     let mut atoms: Vec<(u32, usize)> = Vec::new();
     let mut metas: Vec<TensorMeta> = Vec::with_capacity(n);
     let mut ops: Vec<Option<Op>> = Vec::with_capacity(n);
+    let mut all_described = true;
     let mut guards = plan.graph.guards.iter().peekable();
     for (i, node) in plan.graph.nodes.iter().enumerate() {
         while let Some(k) = guards.next_if(|k| k.at <= i) {
@@ -319,12 +323,9 @@ fn resolve<B: Backend>(
         let mut described =
             meta.dtype == node.meta.dtype && meta.dims.len() == node.meta.dims.len();
         for (sym, &size) in node.meta.dims.iter().zip(&meta.dims) {
-            if !described {
-                break;
-            }
             match sym.as_runtime() {
                 Some(id) if lookup(&atoms, id).is_none() => atoms.push((id, size)),
-                _ => described = sym.eval(&param, &|id| lookup(&atoms, id)).ok() == Some(size),
+                _ => described &= sym.eval(&param, &|id| lookup(&atoms, id)).ok() == Some(size),
             }
         }
         if !described {
@@ -351,13 +352,42 @@ fn resolve<B: Backend>(
                     ),
                 ));
             }
-            return Ok(Resolved::declined(key));
+            all_described = false;
         }
         metas.push(meta);
         ops.push(op);
     }
     for k in guards {
         run_guard(k, &metas)?;
+    }
+    Ok(Inferred {
+        metas,
+        ops,
+        described: all_described,
+    })
+}
+
+/// Resolves dims, ops and kernels for these parameters and inputs (see
+/// `infer_nodes`): no kernel sees a buffer of another size than its shape says. The
+/// result is declined (not `planned`) when the inputs are valid but the plan's
+/// symbolic dims do not describe them: then the caller runs op by op.
+fn resolve<B: Backend>(
+    plan: &Plan<SDim>,
+    natives: &[Option<NativeFn>],
+    params: &[(&str, usize)],
+    inputs: &[&RawTensor<B>],
+) -> Result<Resolved> {
+    let mut key: Vec<usize> = params.iter().map(|(_, v)| *v).collect();
+    for t in inputs {
+        key.extend_from_slice(t.dims());
+    }
+    let Inferred {
+        metas,
+        ops,
+        described,
+    } = infer_nodes(plan, params, inputs)?;
+    if !described {
+        return Ok(Resolved::declined(key));
     }
     let dims: Vec<Dims> = metas
         .iter()
@@ -510,6 +540,68 @@ impl<B: Backend> Program<B> {
             )?);
         }
         Ok(Some(results.drain(..)))
+    }
+}
+
+impl<B: Backend> Program<B> {
+    /// Runs the plan's graph op by op: one backend call per node the outputs need, no
+    /// fused kernels, no buffer reuse: the reference path (a model's `set_fused(false)`)
+    /// and what a plan falls back to when its symbolic dims do not describe the inputs.
+    /// Takes what [`Program::run`] takes and checks the same (the guards, every node's
+    /// shape rule), so both paths refuse the same inputs with the same message.
+    pub fn run_op_by_op(
+        &self,
+        device: &B::Device,
+        params: &[(&str, usize)],
+        inputs: &[&RawTensor<B>],
+        seed: u64,
+    ) -> Result<Vec<RawTensor<B>>> {
+        let plan = &self.plan;
+        if inputs.len() != plan.inputs.len() {
+            return Err(Error::invalid(
+                "run",
+                format!(
+                    "the plan takes {} inputs, not {}",
+                    plan.inputs.len(),
+                    inputs.len()
+                ),
+            ));
+        }
+        let Inferred { ops, .. } = infer_nodes(plan, params, inputs)?;
+        let live = plan.graph.live(&plan.outputs);
+        let mut eager = kiln_tensor::Eager::<B>::new(device.clone());
+        let mut values: Vec<Option<RawTensor<B>>> = vec![None; plan.graph.nodes.len()];
+        for (k, &leaf) in plan.inputs.iter().enumerate() {
+            values[leaf] = Some(inputs[k].clone());
+        }
+        for (i, node) in plan.graph.nodes.iter().enumerate() {
+            if !live[i] || values[i].is_some() {
+                continue;
+            }
+            let op = ops[i]
+                .as_ref()
+                .ok_or_else(|| Error::invalid("run", format!("node {i} has no op")))?;
+            let ins = node
+                .inputs
+                .iter()
+                .map(|&j| {
+                    values[j].as_ref().ok_or_else(|| {
+                        Error::invalid("run", format!("node {j} read before it was computed"))
+                    })
+                })
+                .collect::<Result<Vec<&RawTensor<B>>>>()?;
+            let value =
+                kiln_tensor::Builder::apply(&mut eager, seeded(op, seed).into_owned(), &ins)?;
+            values[i] = Some(value);
+        }
+        plan.outputs
+            .iter()
+            .map(|&o| {
+                values[o].clone().ok_or_else(|| {
+                    Error::invalid("run", format!("output node {o} was not computed"))
+                })
+            })
+            .collect()
     }
 }
 

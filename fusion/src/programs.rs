@@ -5,7 +5,7 @@
 use crate::exec::Program;
 use crate::plan::Plan;
 use kiln_tensor::fused::NativeFn;
-use kiln_tensor::{Backend, Result};
+use kiln_tensor::{Backend, RawTensor, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -67,5 +67,35 @@ impl<B: Backend> Programs<B> {
             programs[id] = Some(Program::new(Plan::parse(plan_text)?, natives));
         }
         f(programs[id].as_mut().expect("built above"))
+    }
+
+    /// Runs program `id` (built from `plan_text` and `natives` on first use) on
+    /// `inputs` with the size parameters `params`: through its fused plan when the
+    /// model runs fused and the plan describes these inputs, else op by op. `take`
+    /// receives the outputs in order (a fused run hands over its buffers without
+    /// allocating). What the generated methods of a `#[model]` call; see
+    /// [`Program::run`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn call<R>(
+        &self,
+        id: usize,
+        plan_text: &str,
+        natives: &'static [Option<NativeFn>],
+        device: &B::Device,
+        params: &[(&str, usize)],
+        inputs: &[&RawTensor<B>],
+        seed: u64,
+        take: impl FnOnce(&mut dyn Iterator<Item = RawTensor<B>>) -> R,
+    ) -> Result<R> {
+        let fused = self.fused();
+        self.with(id, plan_text, natives, |p| {
+            if fused {
+                if let Some(mut outputs) = p.run(device, params, inputs, seed)? {
+                    return Ok(take(&mut outputs));
+                }
+            }
+            let outputs = p.run_op_by_op(device, params, inputs, seed)?;
+            Ok(take(&mut outputs.into_iter()))
+        })
     }
 }

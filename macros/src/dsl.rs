@@ -7,7 +7,7 @@ use crate::sym::{DimTokens, SDim};
 use kiln_tensor::nn::LayerSpec;
 use kiln_tensor::DType;
 use proc_macro2::TokenStream;
-use quote::{format_ident, quote};
+use quote::quote;
 use syn::spanned::Spanned;
 use syn::{Expr, GenericArgument, Ident, PathArguments, Type};
 
@@ -76,23 +76,6 @@ pub fn dtype_type(d: DType) -> TokenStream {
 /// The dtype named by an identifier, if it names one.
 pub fn dtype_named(s: &str) -> Option<DType> {
     DType::ALL.iter().copied().find(|d| d.name() == s)
-}
-
-/// The `DType` variant as a path.
-pub fn dtype_path(d: DType) -> TokenStream {
-    let v = format_ident!(
-        "{}",
-        match d {
-            DType::F32 => "F32",
-            DType::F64 => "F64",
-            DType::F16 => "F16",
-            DType::BF16 => "BF16",
-            DType::I32 => "I32",
-            DType::U32 => "U32",
-            DType::Bool => "Bool",
-        }
-    );
-    quote!(::kiln::tensor::DType::#v)
 }
 
 fn int_literal(e: &Expr) -> Option<usize> {

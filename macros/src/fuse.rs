@@ -1,7 +1,7 @@
 //! Build-time fusion: plans a method's graph with `kiln_fusion`, embeds the plan's text
 //! as an associated const, compiles each elementwise group whose constants are known
 //! into a native Rust loop, and writes the code that runs the plan through the model's
-//! `Programs` (the fused path; the op-by-op code stays as the unfused path).
+//! `Programs` (fused, or op by op when the model is set unfused).
 
 use crate::graph::{Leaf, MGraph};
 use kiln_fusion::{native_exprs, plan_named};
@@ -15,9 +15,24 @@ use syn::Ident;
 pub struct Fused {
     /// The associated const holding the plan's text.
     pub plan_const: TokenStream,
-    /// An expression evaluating to the tuple of the plan's outputs (`RawTensor`s), or
-    /// `None` when the plan does not describe these inputs' shapes (run op by op).
-    pub run: TokenStream,
+    /// What the call needs first (the buffers it reads, the native loops).
+    setup: TokenStream,
+    /// The arguments of `Programs::call` before its `take` closure; they read `__dev`,
+    /// `__sizes` (the size parameters), `__seed`, and the method's arguments as
+    /// `&RawTensor`s.
+    args: TokenStream,
+}
+
+impl Fused {
+    /// An expression running the plan, fused or op by op (see `Programs::call`), and
+    /// evaluating to what `take` (a closure over the iterator of outputs) returns.
+    pub fn run(&self, take: TokenStream) -> TokenStream {
+        let (setup, args) = (&self.setup, &self.args);
+        quote!({
+            #setup
+            self.__kiln_plans.call(#args, #take)?
+        })
+    }
 }
 
 /// The native loops of one model's plans, one function per distinct expression (the
@@ -68,14 +83,13 @@ impl Natives {
     }
 }
 
-/// Plans `outputs` of `mg` as program `id` of its model; `consts` are the method's
-/// const generic sizes; the native loops go to `natives`.
+/// Plans `outputs` of `mg` as program `id` of its model; the native loops go to
+/// `natives`.
 pub fn fuse(
     mg: &MGraph,
     outputs: &[NodeId],
     id: usize,
     const_name: &Ident,
-    consts: &[Ident],
     natives_of_model: &mut Natives,
 ) -> Fused {
     let live = mg.g.live(outputs);
@@ -104,9 +118,7 @@ pub fn fuse(
         }
     }
     let count = natives.len();
-    let leaf_vars: Vec<Ident> = (0..leaves.len())
-        .map(|i| format_ident!("__kiln_in{}", i))
-        .collect();
+    let mut buffers = Vec::new();
     let leaf_exprs: Vec<TokenStream> = leaves
         .iter()
         .map(|&n| {
@@ -114,26 +126,27 @@ pub fn fuse(
                 unreachable!("leaves only")
             };
             match &mg.leaves[k] {
-                Leaf::Input(name) => quote!(#name.raw().clone()),
-                Leaf::Param { layer, field, .. } => quote!(#layer.#field.raw().clone()),
-                Leaf::Buffer { layer, field, .. } => quote!(#layer.#field.get().into_raw()),
+                Leaf::Input(name) => quote!(#name),
+                Leaf::Param { layer, field, .. } => quote!(#layer.#field.raw()),
+                Leaf::Buffer { layer, field, .. } => {
+                    let b = format_ident!("__kiln_buffer{}", buffers.len());
+                    buffers.push(quote!(let #b = #layer.#field.get().into_raw();));
+                    quote!(&#b)
+                }
             }
         })
         .collect();
-    let const_names: Vec<String> = consts.iter().map(|c| c.to_string()).collect();
-    let nexts = outputs
-        .iter()
-        .map(|_| quote!(__o.next().expect("a plan returns each of its outputs")));
     let id = Literal::usize_unsuffixed(id);
-    let run = quote! {{
-        #(let #leaf_vars: ::kiln::tensor::RawTensor<Be> = #leaf_exprs;)*
+    let setup = quote! {
+        #(#buffers)*
         static __KILN_NATIVES: [::core::option::Option<::kiln::tensor::fused::NativeFn>; #count] = [#(#natives),*];
-        self.__kiln_plans.with(#id, Self::#const_name, &__KILN_NATIVES, |__p| {
-            let __run = __p.run(&__dev, &[#((#const_names, #consts)),*], &[#(&#leaf_vars),*], __seed)?;
-            Ok(__run.map(|mut __o| (#(#nexts,)*)))
-        })?
-    }};
-    Fused { plan_const, run }
+    };
+    let args = quote!(#id, Self::#const_name, &__KILN_NATIVES, &__dev, __sizes, &[#(#leaf_exprs),*], __seed);
+    Fused {
+        plan_const,
+        setup,
+        args,
+    }
 }
 
 /// A native loop for `expr`: every step a local, the ops as the shared inline f32

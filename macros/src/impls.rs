@@ -1,14 +1,18 @@
-//! `#[model]` on an impl: each method becomes a typed method of `Model<Be>` (its body
-//! lowered, checked, and re-emitted with the inferred types), and each method that
-//! returns a scalar also gets `<name>_and_grad`.
+//! `#[model]` on an impl: each method's body is lowered to a graph (every shape
+//! checked) and planned; the method becomes a typed method of `Model<Be>` that is a
+//! thin shim over a hidden raw method generic over the backend only, which runs the
+//! plan with the sizes given at run time (fused, or op by op). Each method that returns
+//! a scalar also gets `<name>_and_grad`.
 
-use crate::lower::{parse_method, Lower, MethodSig};
+use crate::lower::{parse_method, Lower, MethodSig, Val};
 use crate::structs::parse_fields;
 use crate::train::value_and_grad;
+use kiln_tensor::ir::NodeId;
 use kiln_tensor::nn::Mode;
 use proc_macro2::TokenStream;
 use quote::quote;
 use syn::spanned::Spanned;
+use syn::Ident;
 use syn::{ImplItem, ItemImpl, ItemStruct};
 
 /// Expands the impl of a model whose struct is `item`.
@@ -41,30 +45,33 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
     // (title, plan const) of every planned method, for the printouts.
     let mut plans: Vec<(String, syn::Ident)> = Vec::new();
     for (mi, m) in methods.iter().enumerate() {
-        let mut lower = Lower::new(&fields, &methods, Mode::Eval, true);
+        let mut lower = Lower::new(&fields, &methods, Mode::Eval, false);
         let result = lower.lower_method(m);
         let method_errors = std::mem::take(&mut lower.errors);
         if method_errors.is_empty() {
             if let Ok(v) = result {
-                let fused = match &v {
-                    crate::lower::Val::T(node, _) if !m.ret_tuple => {
-                        let name = quote::format_ident!(
-                            "__KILN_PLAN_{}",
-                            m.name().to_string().to_uppercase()
-                        );
-                        plans.push((m.name().to_string(), name.clone()));
-                        Some(crate::fuse::fuse(
-                            &lower.mg,
-                            &[*node],
-                            2 * mi,
-                            &name,
-                            &m.consts,
-                            &mut natives,
-                        ))
+                let name =
+                    quote::format_ident!("__KILN_PLAN_{}", m.name().to_string().to_uppercase());
+                plans.push((m.name().to_string(), name.clone()));
+                let results = result_nodes(&v);
+                // A value returned twice is one output of the plan.
+                let mut outputs: Vec<NodeId> = Vec::new();
+                for &n in &results {
+                    if !outputs.contains(&n) {
+                        outputs.push(n);
                     }
-                    _ => None,
-                };
-                out.push(typed_method(m, &lower.stmts, &v, fused.as_ref(), &fields));
+                }
+                let fused = crate::fuse::fuse(&lower.mg, &outputs, 2 * mi, &name, &mut natives);
+                let picks: Vec<usize> = results
+                    .iter()
+                    .map(|n| {
+                        outputs
+                            .iter()
+                            .position(|o| o == n)
+                            .expect("deduplicated from these")
+                    })
+                    .collect();
+                out.push(planned_method(m, &fused, outputs.len(), &picks, &fields));
                 if m.is_scalar_loss() {
                     match value_and_grad(model, &fields, &methods, m, 2 * mi + 1, &mut natives) {
                         Ok(t) => {
@@ -130,60 +137,95 @@ fn signature(m: &MethodSig) -> TokenStream {
     };
     quote! {
         #(#attrs)*
-        #[allow(clippy::let_and_return, clippy::redundant_clone)]
         #vis fn #name<#(const #consts: usize),*>(&self, #(#names: &#tys),*) -> ::kiln::tensor::Result<#ret>
     }
 }
 
-fn typed_method(
+/// The nodes a method returns, in order (one, or the parts of its tuple).
+fn result_nodes(v: &Val) -> Vec<NodeId> {
+    match v {
+        Val::T(n, _) => vec![*n],
+        Val::Tuple(parts) => parts.iter().flat_map(result_nodes).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The size parameters of a call, as `Programs::call` takes them: `&[("B", B)]`.
+pub(crate) fn size_params(m: &MethodSig) -> TokenStream {
+    let consts = &m.consts;
+    let names = consts.iter().map(|c| c.to_string());
+    quote!(&[#((#names, #consts)),*])
+}
+
+/// The hidden method behind a typed one: `__kiln_<name>`, generic over the backend
+/// only (sizes arrive at run time), so one copy serves every batch size.
+pub(crate) fn raw_name(name: &Ident) -> Ident {
+    quote::format_ident!("__kiln_{}", name)
+}
+
+/// A planned method: the typed method the user declared, a thin shim over the hidden
+/// raw method that runs the plan (`plan_outputs` values, returned as `picks`).
+fn planned_method(
     m: &MethodSig,
-    stmts: &[TokenStream],
-    v: &crate::lower::Val,
-    fused: Option<&crate::fuse::Fused>,
+    fused: &crate::fuse::Fused,
+    plan_outputs: usize,
+    picks: &[usize],
     fields: &[crate::structs::ModelField],
 ) -> TokenStream {
     let sig = signature(m);
-    let value = result_code(v);
-    let Some(fused) = fused else {
-        return quote! {
-            #sig {
-                #(#stmts)*
-                Ok(#value)
-            }
-        };
-    };
-    let device = match m.args.first() {
-        Some((a, _)) => quote!(#a.device().clone()),
+    let raw = raw_name(m.name());
+    let sizes = size_params(m);
+    let args: Vec<&Ident> = m.args.iter().map(|(n, _)| n).collect();
+    let device = match args.first() {
+        Some(a) => quote!(#a.device().clone()),
         None => crate::train::first_param_device(fields)
             .unwrap_or_else(|| quote!(::core::default::Default::default())),
     };
-    let (plan_const, run) = (&fused.plan_const, &fused.run);
+    let raw_ty = quote!(::kiln::tensor::RawTensor<Be>);
+    let next = quote!(__outs.next().expect("a plan returns each of its outputs"));
+    let (raw_ret, take, value) = if m.ret_tuple {
+        let outs: Vec<Ident> = (0..plan_outputs)
+            .map(|i| quote::format_ident!("__out{}", i))
+            .collect();
+        let tys = outs.iter().map(|_| &raw_ty);
+        let nexts = outs.iter().map(|_| &next);
+        // A value returned twice is one output of the plan, so each part is a clone.
+        let parts = picks.iter().map(|&i| {
+            let o = &outs[i];
+            quote!(::kiln::tensor::Tensor::from_raw(#o.clone())?)
+        });
+        (
+            quote!((#(#tys,)*)),
+            quote!(|__outs| (#(#nexts,)*)),
+            quote! {
+                let (#(#outs,)*) = self.#raw(#sizes, #(#args.raw()),*)?;
+                Ok((#(#parts,)*))
+            },
+        )
+    } else {
+        (
+            raw_ty.clone(),
+            quote!(|__outs| #next),
+            quote!(::kiln::tensor::Tensor::from_raw(self.#raw(#sizes, #(#args.raw()),*)?)),
+        )
+    };
+    let run = fused.run(take);
+    let plan_const = &fused.plan_const;
     quote! {
         #plan_const
 
         #sig {
-            if self.__kiln_plans.fused() {
-                let __dev = #device;
-                // Evaluation mode draws nothing at random.
-                let __seed = 0u64;
-                if let ::core::option::Option::Some((__out,)) = #run {
-                    return ::kiln::tensor::Tensor::from_raw(__out);
-                }
-            }
-            #(#stmts)*
-            Ok(#value)
+            #value
         }
-    }
-}
 
-fn result_code(v: &crate::lower::Val) -> TokenStream {
-    match v {
-        crate::lower::Val::T(_, code) => quote!(#code.clone()),
-        crate::lower::Val::Tuple(parts) => {
-            let p = parts.iter().map(result_code);
-            quote!((#(#p,)*))
+        #[doc(hidden)]
+        #[allow(clippy::too_many_arguments)]
+        fn #raw(&self, __sizes: &[(&str, usize)], #(#args: &#raw_ty),*) -> ::kiln::tensor::Result<#raw_ret> {
+            let __dev = #device;
+            // Evaluation mode draws nothing at random.
+            let __seed = 0u64;
+            Ok(#run)
         }
-        _ => quote!(unreachable_value()),
     }
 }
 

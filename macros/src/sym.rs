@@ -2,7 +2,7 @@
 //! and run-time sizes, shared with the planner so plans keep the same dims) plus how
 //! the macro writes them back as Rust types and expressions.
 
-pub use kiln_fusion::sym::{Atom, SDim};
+pub use kiln_fusion::sym::SDim;
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 
@@ -10,8 +10,6 @@ use quote::{format_ident, quote};
 pub trait DimTokens {
     /// The dim as a type: `Const<784>`, `Const<B>`, or `Dyn` for anything else.
     fn to_type(&self) -> TokenStream;
-    /// The dim as a `usize` expression; `runtime(id)` gives each run-time atom's.
-    fn to_expr(&self, runtime: &dyn Fn(u32) -> TokenStream) -> TokenStream;
 }
 
 impl DimTokens for SDim {
@@ -26,43 +24,6 @@ impl DimTokens for SDim {
             return quote!(::kiln::tensor::Const<#p>);
         }
         quote!(::kiln::tensor::Dyn)
-    }
-
-    fn to_expr(&self, runtime: &dyn Fn(u32) -> TokenStream) -> TokenStream {
-        let terms_of = self.terms();
-        if terms_of.is_empty() {
-            return quote!(0usize);
-        }
-        let terms: Vec<TokenStream> = terms_of
-            .iter()
-            .map(|(c, atoms)| {
-                let mut factors: Vec<TokenStream> = atoms
-                    .iter()
-                    .map(|a| match a {
-                        Atom::Param(p) => {
-                            let p = format_ident!("{}", p);
-                            quote!(#p)
-                        }
-                        Atom::Runtime(i) => runtime(*i),
-                    })
-                    .collect();
-                if *c != 1 || factors.is_empty() {
-                    let c = proc_macro2::Literal::usize_unsuffixed(*c);
-                    factors.insert(0, quote!(#c));
-                }
-                let mut it = factors.into_iter();
-                let first = it.next().expect("at least one factor");
-                it.fold(first, |acc, f| quote!(#acc * #f))
-            })
-            .collect();
-        let mut it = terms.into_iter();
-        let first = it.next().expect("non-empty");
-        let sum = it.fold(first, |acc, t| quote!(#acc + #t));
-        if terms_of.len() > 1 || terms_of[0].1.len() + usize::from(terms_of[0].0 != 1) > 1 {
-            quote!((#sum))
-        } else {
-            sum
-        }
     }
 }
 
@@ -96,8 +57,8 @@ mod tests {
         let b = SDim::param("B");
         assert_eq!(b.to_type().to_string(), ":: kiln :: tensor :: Const < B >");
         assert_eq!(
-            SDim::lit(784).mul(&b).to_expr(&|_| quote!(n)).to_string(),
-            "(784 * B)"
+            SDim::lit(784).mul(&b).to_type().to_string(),
+            ":: kiln :: tensor :: Dyn"
         );
         assert_eq!(
             SDim::fresh_runtime().to_type().to_string(),

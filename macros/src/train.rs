@@ -1,17 +1,17 @@
 //! The training entry of a scalar-valued method: its graph is built in training mode,
 //! differentiated at build time by the VJP rules of `kiln-autodiff` (reverse order,
-//! gradients of reused values summed), and emitted as straight-line Rust over
-//! `RawTensor` — forward, backward, buffer updates, and the `Grads` struct.
+//! gradients of reused values summed), planned with the forward pass as one program,
+//! and emitted as a typed method over a hidden raw one that runs the plan, records the
+//! buffer updates and assembles the `Grads` struct.
 
-use crate::dsl::{dtype_path, layer_type, FieldKind};
+use crate::dsl::{layer_type, FieldKind};
 use crate::graph::{Leaf, MGraph};
 use crate::lower::{describe, Lower, MethodSig, Val};
 use crate::structs::ModelField;
-use crate::sym::{f64_tokens, DimTokens, SDim};
 use kiln_autodiff::vjp;
-use kiln_tensor::ir::{KeptGuard, NodeId, NodeKind};
+use kiln_tensor::ir::{NodeId, NodeKind};
 use kiln_tensor::nn::{join, Mode};
-use kiln_tensor::{BuilderExt, Guard, Op, RandDist, Window2d};
+use kiln_tensor::BuilderExt;
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 use std::collections::{HashMap, HashSet};
@@ -48,23 +48,24 @@ pub fn backward(mg: &mut MGraph, loss: NodeId) -> kiln_tensor::Result<HashMap<No
     Ok(grads)
 }
 
-/// Emits straight-line code for the live nodes that `outputs` need.
-pub struct Emitter<'a> {
+/// Readable, distinct variable names for the values a training entry returns: a
+/// node's name from the model's code (`loss`, `d_fc1_weight`), else `t<node>`.
+struct Names<'a> {
     mg: &'a MGraph,
     vars: Vec<Option<Ident>>,
     used: HashSet<String>,
 }
 
-impl<'a> Emitter<'a> {
-    /// An emitter over a finished graph.
-    pub fn new(mg: &'a MGraph) -> Self {
-        Emitter {
+impl<'a> Names<'a> {
+    fn new(mg: &'a MGraph) -> Self {
+        Names {
             mg,
             vars: vec![None; mg.g.nodes.len()],
             used: HashSet::new(),
         }
     }
 
+    /// The variable holding node `n`.
     fn var(&mut self, n: NodeId) -> Ident {
         if let Some(v) = &self.vars[n] {
             return v.clone();
@@ -91,246 +92,6 @@ impl<'a> Emitter<'a> {
         let id = format_ident!("{}", name);
         self.vars[n] = Some(id.clone());
         id
-    }
-
-    fn dim(&mut self, d: &SDim) -> TokenStream {
-        let origins: Vec<(u32, NodeId, usize)> = d
-            .runtime_atoms()
-            .into_iter()
-            .map(|a| {
-                let (n, ax) = self.mg.origin[&a];
-                (a, n, ax)
-            })
-            .collect();
-        let mut exprs = HashMap::new();
-        for (a, n, ax) in origins {
-            let v = self.var(n);
-            exprs.insert(a, quote!(#v.dims()[#ax]));
-        }
-        d.to_expr(&|a| exprs[&a].clone())
-    }
-
-    fn dims(&mut self, ds: &[SDim]) -> TokenStream {
-        let d: Vec<TokenStream> = ds.iter().map(|d| self.dim(d)).collect();
-        quote!(&[#(#d),*])
-    }
-
-    /// The nodes `outputs` need, including where run-time sizes are read.
-    pub fn live(&self, outputs: &[NodeId]) -> Vec<bool> {
-        let mut outs: Vec<NodeId> = outputs.to_vec();
-        loop {
-            let live = self.mg.g.live(&outs);
-            let mut more = Vec::new();
-            for (i, n) in self.mg.g.nodes.iter().enumerate() {
-                if !live[i] {
-                    continue;
-                }
-                let mut atoms = Vec::new();
-                match &n.kind {
-                    NodeKind::Op(op) => op_dims(op)
-                        .iter()
-                        .for_each(|d| atoms.extend(d.runtime_atoms())),
-                    NodeKind::RecipDim(d) => atoms.extend(d.runtime_atoms()),
-                    NodeKind::Leaf(_) => {}
-                }
-                for a in atoms {
-                    let (o, _) = self.mg.origin[&a];
-                    if !live[o] && !more.contains(&o) {
-                        more.push(o);
-                    }
-                }
-            }
-            if more.is_empty() {
-                return live;
-            }
-            outs.extend(more);
-        }
-    }
-
-    /// `let` statements for every live node, in order.
-    pub fn emit(&mut self, live: &[bool]) -> Vec<TokenStream> {
-        let mut out = Vec::new();
-        let n = self.mg.g.nodes.len();
-        for (i, node) in self.mg.g.nodes.iter().enumerate() {
-            out.extend(self.guards_at(i, live));
-            if !live[i] {
-                continue;
-            }
-            let v = self.var(i);
-            let dtype = dtype_path(node.meta.dtype);
-            let expr = match &node.kind {
-                NodeKind::Leaf(k) => match &self.mg.leaves[*k] {
-                    Leaf::Input(name) => quote!(#name.raw().clone()),
-                    Leaf::Param { layer, field, .. } => quote!(#layer.#field.raw().clone()),
-                    Leaf::Buffer { layer, field, .. } => quote!(#layer.#field.get().into_raw()),
-                },
-                NodeKind::RecipDim(d) => {
-                    let e = self.dim(d);
-                    quote!(::kiln::tensor::RawTensor::<Be>::full(&[], 1.0 / (#e as f64), #dtype, &__dev)?)
-                }
-                NodeKind::Op(op) => {
-                    let ins: Vec<Ident> = node.inputs.iter().map(|&j| self.var(j)).collect();
-                    self.op_expr(op, &ins, &dtype)
-                }
-            };
-            out.push(quote!(let #v = #expr;));
-        }
-        out.extend(self.guards_at(n, live));
-        out
-    }
-
-    /// The checks of the guards that run before node `at` (see `KeptGuard`) on live
-    /// values: what the composites check eagerly, which the primitives here do not.
-    fn guards_at(&mut self, at: NodeId, live: &[bool]) -> Vec<TokenStream> {
-        let kept: Vec<&KeptGuard> = self
-            .mg
-            .g
-            .guards
-            .iter()
-            .filter(|k| k.at == at && k.inputs.iter().all(|&j| live[j]))
-            .collect();
-        kept.into_iter()
-            .map(|k| {
-                let guard = match &k.guard {
-                    Guard::LayerInput(spec) => {
-                        let ty = layer_type(spec);
-                        quote!(::kiln::tensor::Guard::LayerInput(<#ty>::spec()))
-                    }
-                    Guard::CrossEntropy => quote!(::kiln::tensor::Guard::CrossEntropy),
-                    Guard::BatchNormTraining => quote!(::kiln::tensor::Guard::BatchNormTraining),
-                    Guard::Conv2d { groups } => {
-                        quote!(::kiln::tensor::Guard::Conv2d { groups: #groups })
-                    }
-                };
-                let vars: Vec<Ident> = k
-                    .inputs
-                    .iter()
-                    .map(|&j| {
-                        self.vars[j]
-                            .clone()
-                            .expect("live values are emitted before their guards")
-                    })
-                    .collect();
-                quote!(#guard.check(&[#(&#vars.meta()),*])?;)
-            })
-            .collect()
-    }
-
-    fn op_expr(&mut self, op: &Op<SDim>, ins: &[Ident], dtype: &TokenStream) -> TokenStream {
-        let a = ins.first();
-        let b = ins.get(1);
-        let rt = quote!(::kiln::tensor::RawTensor::<Be>);
-        match op {
-            Op::Unary(u) => {
-                let m = format_ident!("{}", u.method());
-                quote!(#a.#m()?)
-            }
-            Op::Binary(bo) => {
-                let m = format_ident!("{}", bo.method());
-                quote!(#a.#m(&#b)?)
-            }
-            Op::Compare(c) => {
-                let v = format_ident!("{}", format!("{c:?}"));
-                quote!(#a.compare(::kiln::tensor::CmpOp::#v, &#b)?)
-            }
-            Op::Where => {
-                let c = &ins[2];
-                quote!(#a.select(&#b, &#c)?)
-            }
-            Op::Reduce { op, axes } => {
-                let v = format_ident!("{}", format!("{op:?}"));
-                quote!(#a.apply(::kiln::tensor::Op::Reduce { op: ::kiln::tensor::ReduceOp::#v, axes: vec![#(#axes),*] }, &[])?)
-            }
-            Op::Reshape { dims } => {
-                let d = self.dims(dims);
-                quote!(#a.reshape(#d)?)
-            }
-            Op::Permute { perm } => quote!(#a.permute(&[#(#perm),*])?),
-            Op::Expand { dims } => {
-                let d = self.dims(dims);
-                quote!(#a.broadcast_to(#d)?)
-            }
-            Op::Slice {
-                axis,
-                start,
-                end,
-                step,
-            } => quote!(#a.slice(#axis, #start, #end, #step)?),
-            Op::Concat { axis } => quote!(#rt::concat(&[#(&#ins),*], #axis)?),
-            Op::Pad {
-                axis,
-                before,
-                after,
-                value,
-            } => {
-                let v = f64_tokens(*value);
-                quote!(#a.pad(#axis, #before, #after, #v)?)
-            }
-            Op::MatMul => quote!(#a.matmul(&#b)?),
-            Op::Gather { axis } => quote!(#a.gather(#axis, &#b)?),
-            Op::ScatterAdd { axis, dims } => {
-                let d = self.dims(dims);
-                quote!(#b.scatter_add(#d, #axis, &#a)?)
-            }
-            Op::Cast { dtype } => {
-                let d = dtype_path(*dtype);
-                quote!(#a.cast(#d)?)
-            }
-            Op::Unfold2d(w) => {
-                let w = window(w);
-                quote!(#a.apply(::kiln::tensor::Op::Unfold2d(#w), &[])?)
-            }
-            Op::Fold2d {
-                window: w,
-                height,
-                width,
-            } => {
-                let w = window(w);
-                let (h, wd) = (self.dim(height), self.dim(width));
-                quote!(#a.apply(::kiln::tensor::Op::Fold2d { window: #w, height: #h, width: #wd }, &[])?)
-            }
-            Op::Full { dims, value, .. } => {
-                let d = self.dims(dims);
-                let v = f64_tokens(*value);
-                quote!(#rt::full(#d, #v, #dtype, &__dev)?)
-            }
-            Op::Rand {
-                dims, dist, seed, ..
-            } => {
-                let d = self.dims(dims);
-                let dist = match dist {
-                    RandDist::Uniform { low, high } => {
-                        let (l, h) = (f64_tokens(*low), f64_tokens(*high));
-                        quote!(::kiln::tensor::RandDist::Uniform { low: #l, high: #h })
-                    }
-                    RandDist::Normal { mean, std } => {
-                        let (m, s) = (f64_tokens(*mean), f64_tokens(*std));
-                        quote!(::kiln::tensor::RandDist::Normal { mean: #m, std: #s })
-                    }
-                };
-                // The graph's seed is the dropout layer's ordinal; the step seed varies per call.
-                quote!(#rt::rand(#d, #dist, __seed ^ #seed, #dtype, &__dev)?)
-            }
-        }
-    }
-}
-
-fn window(w: &Window2d) -> TokenStream {
-    let (k, s, p, d) = (w.kernel, w.stride, w.padding, w.dilation);
-    let [k0, k1, s0, s1, p0, p1, d0, d1] = [k[0], k[1], s[0], s[1], p[0], p[1], d[0], d[1]];
-    quote!(::kiln::tensor::Window2d { kernel: [#k0, #k1], stride: [#s0, #s1], padding: [#p0, #p1], dilation: [#d0, #d1] })
-}
-
-/// The dims an op carries as parameters (their run-time sizes must be readable).
-fn op_dims(op: &Op<SDim>) -> Vec<SDim> {
-    match op {
-        Op::Reshape { dims }
-        | Op::Expand { dims }
-        | Op::ScatterAdd { dims, .. }
-        | Op::Full { dims, .. }
-        | Op::Rand { dims, .. } => dims.clone(),
-        Op::Fold2d { height, width, .. } => vec![height.clone(), width.clone()],
-        _ => vec![],
     }
 }
 
@@ -396,18 +157,16 @@ pub fn value_and_grad(
         "__KILN_PLAN_{}_AND_GRAD",
         m.name().to_string().to_uppercase()
     );
-    let fused = crate::fuse::fuse(&mg, &unique, plan_id, &const_name, &m.consts, natives);
-    let mut em = Emitter::new(&mg);
-    let live = em.live(&unique);
-    let body = em.emit(&live);
-    let out_vars: Vec<Ident> = unique.iter().map(|&o| em.var(o)).collect();
-    let loss_var = em.var(loss);
+    let fused = crate::fuse::fuse(&mg, &unique, plan_id, &const_name, natives);
+    let mut names = Names::new(&mg);
+    let out_vars: Vec<Ident> = unique.iter().map(|&o| names.var(o)).collect();
+    let loss_var = names.var(loss);
     let updates: Vec<TokenStream> = mg
         .updates
         .iter()
         .map(|u| {
             let (layer, field) = (&u.layer, &u.field);
-            let v = em.var(u.node);
+            let v = names.var(u.node);
             quote!(#layer.#field.set(::kiln::tensor::Tensor::from_raw(#v.clone())?);)
         })
         .collect();
@@ -415,13 +174,15 @@ pub fn value_and_grad(
         .iter()
         .map(|f| {
             let id = &f.ident;
-            let value = grads_value(&f.kind, &id.to_string(), &grad_of, &mut em);
+            let value = grads_value(&f.kind, &id.to_string(), &grad_of, &mut names);
             quote!(#id: #value)
         })
         .collect();
 
     let name = m.name();
     let fname = format_ident!("{}_and_grad", name);
+    let raw = crate::impls::raw_name(&fname);
+    let sizes = crate::impls::size_params(m);
     let consts = &m.consts;
     let arg_names: Vec<&Ident> = m.args.iter().map(|(n, _)| n).collect();
     let arg_tys: Vec<TokenStream> = m.args.iter().map(|(_, t)| t.real_type()).collect();
@@ -436,30 +197,28 @@ pub fn value_and_grad(
         "The value of [`Self::{name}`] and the gradient of every parameter, computed by the backward pass `#[model]` derived at build time (training mode: dropout active, batch statistics used and recorded)."
     );
     let plan_const = &fused.plan_const;
-    let fused_run = &fused.run;
+    let nexts = out_vars
+        .iter()
+        .map(|_| quote!(__outs.next().expect("a plan returns each of its outputs")));
+    let run = fused.run(quote!(|__outs| (#(#nexts,)*)));
     Ok(quote! {
         #plan_const
 
         #[doc = #doc]
-        #[allow(unused_variables, clippy::let_and_return, clippy::redundant_clone)]
         pub fn #fname<#(const #consts: usize),*>(&self, #(#arg_names: &#arg_tys),*) -> ::kiln::tensor::Result<(#ret, #grads_ty<Be>)> {
+            let (loss, grads) = self.#raw(#sizes, #(#arg_names.raw()),*)?;
+            Ok((::kiln::tensor::Tensor::from_raw(loss)?, grads))
+        }
+
+        #[doc(hidden)]
+        #[allow(clippy::too_many_arguments, clippy::redundant_clone)]
+        fn #raw(&self, __sizes: &[(&str, usize)], #(#arg_names: &::kiln::tensor::RawTensor<Be>),*) -> ::kiln::tensor::Result<(::kiln::tensor::RawTensor<Be>, #grads_ty<Be>)> {
             let __dev = #device;
             let __seed = self.__kiln_step_seed();
-            let __planned = if self.__kiln_plans.fused() {
-                #fused_run
-            } else {
-                ::core::option::Option::None
-            };
-            let (#(#out_vars,)*) = match __planned {
-                ::core::option::Option::Some(__outs) => __outs,
-                ::core::option::Option::None => {
-                    #(#body)*
-                    (#(#out_vars,)*)
-                }
-            };
+            let (#(#out_vars,)*) = #run;
             #(#updates)*
             let grads = #grads_ty { #(#grad_fields,)* __kiln_backend: ::core::marker::PhantomData };
-            Ok((::kiln::tensor::Tensor::from_raw(#loss_var)?, grads))
+            Ok((#loss_var, grads))
         }
     })
 }
@@ -483,7 +242,7 @@ fn grads_value(
     kind: &FieldKind,
     key: &str,
     grad_of: &HashMap<String, NodeId>,
-    em: &mut Emitter,
+    em: &mut Names,
 ) -> TokenStream {
     match kind {
         FieldKind::Layer(spec) => {

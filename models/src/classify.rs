@@ -1,62 +1,138 @@
 //! Training and evaluating image classifiers: the `Classifier` trait the zoo's models
-//! implement (their generated `loss_and_grad` and `forward` with a batch of `BATCH`),
-//! and generic loops over a data split.
+//! implement (their generated `loss_and_grad` and `forward`, for each batch size in
+//! [`BATCH_SIZES`]), and loops over a data split that take the batch size at run time.
+//!
+//! A `#[model]` method's batch is a const generic; a training loop's is a command-line
+//! value. The loops here are generic over the model only, and `Classifier` turns the
+//! run-time batch into the const one in one `match` per method, so a binary compiles
+//! each loop once per model, not once per batch size.
 
 use crate::data::{batches, shuffled, Split};
 use crate::lenet::LeNet;
 use crate::mlp::Mlp;
 use kiln::prelude::*;
 use kiln::tensor::nn::Module;
+use kiln::tensor::RawTensor;
 use kiln::train::optim::Optimizer;
 use kiln::train::schedule::Schedule;
 
-/// An image classifier over batches of `BATCH` examples.
-pub trait Classifier<B: Backend, const BATCH: usize>: Module<B> {
-    /// The input shape of one batch.
-    type Input: Shape;
-    /// The loss and the gradients of a batch (training mode).
+/// The batch sizes the zoo's classifiers run: 1 (latency), the training batches, and
+/// 500 (evaluation).
+pub const BATCH_SIZES: [usize; 8] = [1, 16, 32, 64, 128, 256, 500, 512];
+
+/// The batch the evaluation loop uses.
+pub const EVAL_BATCH: usize = 500;
+
+/// An image classifier whose batch size is one of [`BATCH_SIZES`], given at run time
+/// as the first dim of its inputs.
+pub trait Classifier<B: Backend>: Module<B> {
+    /// The dims of one example (`[784]` for the MLP, `[1, 28, 28]` for the CNN).
+    const EXAMPLE: &'static [usize];
+    /// The loss (a scalar) and the gradients of a batch, in training mode: images of
+    /// dims `[batch, EXAMPLE..]` and `[batch]` integer labels.
     fn loss_and_grad(
         &self,
-        x: &Tensor<B, Self::Input>,
-        y: &Tensor<B, (Const<BATCH>,), i32>,
-    ) -> Result<(Tensor<B, ()>, Self::Grads)>;
-    /// Class logits of a batch (evaluation mode).
-    fn logits(&self, x: &Tensor<B, Self::Input>) -> Result<Tensor<B, (Const<BATCH>, Const<10>)>>;
+        x: &RawTensor<B>,
+        y: &RawTensor<B>,
+    ) -> Result<(RawTensor<B>, Self::Grads)>;
+    /// The `[batch, 10]` class logits of a batch, in evaluation mode.
+    fn logits(&self, x: &RawTensor<B>) -> Result<RawTensor<B>>;
 }
 
-impl<B: Backend, const BATCH: usize> Classifier<B, BATCH> for Mlp<B> {
-    type Input = (Const<BATCH>, Const<784>);
-    fn loss_and_grad(
-        &self,
-        x: &Tensor<B, Self::Input>,
-        y: &Tensor<B, (Const<BATCH>,), i32>,
-    ) -> Result<(Tensor<B, ()>, Self::Grads)> {
-        Mlp::loss_and_grad(self, x, y)
-    }
-    fn logits(&self, x: &Tensor<B, Self::Input>) -> Result<Tensor<B, (Const<BATCH>, Const<10>)>> {
-        self.forward(x)
-    }
+/// Runs `$body` with `$batch` a const equal to the run-time batch `$n`, when that is
+/// one of [`BATCH_SIZES`].
+macro_rules! with_batch {
+    ($n:expr, $batch:ident => $body:expr) => {
+        match $n {
+            1 => {
+                const $batch: usize = 1;
+                $body
+            }
+            16 => {
+                const $batch: usize = 16;
+                $body
+            }
+            32 => {
+                const $batch: usize = 32;
+                $body
+            }
+            64 => {
+                const $batch: usize = 64;
+                $body
+            }
+            128 => {
+                const $batch: usize = 128;
+                $body
+            }
+            256 => {
+                const $batch: usize = 256;
+                $body
+            }
+            500 => {
+                const $batch: usize = 500;
+                $body
+            }
+            512 => {
+                const $batch: usize = 512;
+                $body
+            }
+            other => Err(Error::invalid(
+                "classifier",
+                format!("batch size {other} is not one of {BATCH_SIZES:?}"),
+            )),
+        }
+    };
 }
 
-impl<B: Backend, const BATCH: usize> Classifier<B, BATCH> for LeNet<B> {
-    type Input = (Const<BATCH>, Const<1>, Const<28>, Const<28>);
-    fn loss_and_grad(
-        &self,
-        x: &Tensor<B, Self::Input>,
-        y: &Tensor<B, (Const<BATCH>,), i32>,
-    ) -> Result<(Tensor<B, ()>, Self::Grads)> {
-        LeNet::loss_and_grad(self, x, y)
-    }
-    fn logits(&self, x: &Tensor<B, Self::Input>) -> Result<Tensor<B, (Const<BATCH>, Const<10>)>> {
-        self.forward(x)
-    }
+/// Implements [`Classifier`] for a zoo model with a `loss_and_grad` and a `forward`
+/// const-generic over the batch.
+macro_rules! classifier {
+    ($model:ident, [$($example:literal),*]) => {
+        impl<B: Backend> Classifier<B> for $model<B> {
+            const EXAMPLE: &'static [usize] = &[$($example),*];
+            fn loss_and_grad(
+                &self,
+                x: &RawTensor<B>,
+                y: &RawTensor<B>,
+            ) -> Result<(RawTensor<B>, Self::Grads)> {
+                with_batch!(batch_of(x)?, BATCH => {
+                    let (loss, grads) = $model::loss_and_grad::<BATCH>(
+                        self,
+                        &Tensor::from_raw(x.clone())?,
+                        &Tensor::from_raw(y.clone())?,
+                    )?;
+                    Ok((loss.into_raw(), grads))
+                })
+            }
+            fn logits(&self, x: &RawTensor<B>) -> Result<RawTensor<B>> {
+                with_batch!(batch_of(x)?, BATCH => {
+                    Ok(self.forward::<BATCH>(&Tensor::from_raw(x.clone())?)?.into_raw())
+                })
+            }
+        }
+    };
 }
 
-/// Uploads a batch of images in the classifier's input shape.
-pub fn images<B: Backend, S: Shape>(pixels: Vec<f32>, device: &B::Device) -> Result<Tensor<B, S>> {
-    let dims = S::static_dims()
-        .ok_or_else(|| Error::invalid("images", "classifier inputs have static shapes"))?;
-    Tensor::from_vec(pixels, &dims, device)
+classifier!(Mlp, [784]);
+classifier!(LeNet, [1, 28, 28]);
+
+/// The batch size of a batch of images: its first dim.
+fn batch_of<B: Backend>(x: &RawTensor<B>) -> Result<usize> {
+    x.dims()
+        .first()
+        .copied()
+        .ok_or_else(|| Error::invalid("classifier", "a batch of images has a batch dim"))
+}
+
+/// Uploads `batch` images (flattened, in order) in the classifier's input dims.
+pub fn images<B: Backend, M: Classifier<B>>(
+    pixels: Vec<f32>,
+    batch: usize,
+    device: &B::Device,
+) -> Result<RawTensor<B>> {
+    let mut dims = vec![batch];
+    dims.extend_from_slice(M::EXAMPLE);
+    RawTensor::from_vec(pixels, &dims, device)
 }
 
 /// What one training step reports.
@@ -72,28 +148,35 @@ pub struct StepReport {
     pub lr: f64,
 }
 
-/// Trains for `epochs` over `train` in shuffled batches of `BATCH` (a final partial
+/// Trains for `epochs` over `train` in shuffled batches of `batch` (a final partial
 /// batch is dropped), setting the learning rate from `schedule` before each step.
 #[allow(clippy::too_many_arguments)]
-pub fn fit<B: Backend, M: Classifier<B, BATCH>, const BATCH: usize>(
+pub fn fit<B: Backend, M: Classifier<B>>(
     model: &mut M,
     opt: &mut impl Optimizer<B>,
     schedule: &dyn Schedule,
     train: &Split,
+    batch: usize,
     epochs: usize,
     seed: u64,
     device: &B::Device,
-    mut on_step: impl FnMut(&M, StepReport) -> Result<()>,
+    on_step: &mut dyn FnMut(&M, StepReport) -> Result<()>,
 ) -> Result<()> {
+    if !BATCH_SIZES.contains(&batch) {
+        return Err(Error::invalid(
+            "fit",
+            format!("batch size {batch} is not one of {BATCH_SIZES:?}"),
+        ));
+    }
     let mut step = 0u64;
     for epoch in 0..epochs {
         let order = shuffled(train.len(), seed, epoch as u64);
-        for b in batches(train, &order, BATCH) {
-            if b.labels.len() < BATCH {
+        for b in batches(train, &order, batch) {
+            if b.labels.len() < batch {
                 continue;
             }
-            let x = images::<B, M::Input>(b.images, device)?;
-            let y = Tensor::from_vec(b.labels, &[BATCH], device)?;
+            let x = images::<B, M>(b.images, batch, device)?;
+            let y = RawTensor::from_vec(b.labels, &[batch], device)?;
             let lr = schedule.lr_at(step);
             opt.set_lr(lr)?;
             let (loss, grads) = model.loss_and_grad(&x, &y)?;
@@ -103,7 +186,7 @@ pub fn fit<B: Backend, M: Classifier<B, BATCH>, const BATCH: usize>(
                 StepReport {
                     epoch,
                     step,
-                    loss: loss.to_vec()?[0],
+                    loss: loss.to_vec::<f32>()?[0],
                     lr,
                 },
             )?;
@@ -113,24 +196,24 @@ pub fn fit<B: Backend, M: Classifier<B, BATCH>, const BATCH: usize>(
     Ok(())
 }
 
-/// The fraction of `split` classified correctly, in batches of `BATCH` (the last one
-/// padded with copies of its first example, whose predictions are ignored).
-pub fn accuracy<B: Backend, M: Classifier<B, BATCH>, const BATCH: usize>(
+/// The fraction of `split` classified correctly, in batches of [`EVAL_BATCH`] (the
+/// last one padded with copies of its first example, whose predictions are ignored).
+pub fn accuracy<B: Backend, M: Classifier<B>>(
     model: &M,
     split: &Split,
     device: &B::Device,
 ) -> Result<f64> {
     let order: Vec<usize> = (0..split.len()).collect();
     let mut correct = 0usize;
-    for b in batches(split, &order, BATCH) {
+    for b in batches(split, &order, EVAL_BATCH) {
         let n = b.labels.len();
         let mut px = b.images;
         let first: Vec<f32> = px[..split.pixels].to_vec();
-        for _ in n..BATCH {
+        for _ in n..EVAL_BATCH {
             px.extend_from_slice(&first);
         }
-        let x = images::<B, M::Input>(px, device)?;
-        let pred = model.logits(&x)?.argmax::<1>()?.to_vec()?;
+        let x = images::<B, M>(px, EVAL_BATCH, device)?;
+        let pred = model.logits(&x)?.argmax(1, false)?.to_vec::<i32>()?;
         correct += pred.iter().zip(&b.labels).filter(|(p, l)| p == l).count();
     }
     Ok(correct as f64 / split.len().max(1) as f64)
@@ -189,20 +272,21 @@ pub fn short_mnist_run<B: Backend>(device: &B::Device) -> Result<ShortRun<B>> {
     let steps = (data.train.len() / 64) as u64;
     let schedule = CosineWithWarmup::new(0.05, 0.0005, 50, steps)?;
     let mut losses = Vec::new();
-    fit::<B, Mlp<B>, 64>(
+    fit(
         &mut model,
         &mut opt,
         &schedule,
         &data.train,
+        64,
         1,
         1,
         device,
-        |_, r| {
+        &mut |_, r| {
             losses.push(r.loss);
             Ok(())
         },
     )?;
-    let accuracy = accuracy::<B, Mlp<B>, 500>(&model, &data.test, device)?;
+    let accuracy = accuracy(&model, &data.test, device)?;
     Ok(ShortRun {
         model,
         losses,

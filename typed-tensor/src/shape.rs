@@ -23,23 +23,7 @@ pub trait Shape: Copy + Default + fmt::Debug + Send + Sync + 'static {
 
     /// Checks run-time sizes against this shape type: the rank and every `Const` dim.
     fn check(dims: &[usize]) -> Result<Dims> {
-        let ok = dims.len() == Self::RANK
-            && dims
-                .iter()
-                .zip(Self::DIMS.iter())
-                .all(|(d, s)| s.is_none_or(|s| s == *d));
-        if ok {
-            Dims::new(dims)
-        } else {
-            Err(Error::shape(
-                "check",
-                format!(
-                    "the tensor has shape {:?} but its type says {}",
-                    dims,
-                    describe::<Self>()
-                ),
-            ))
-        }
+        check_dims(dims, &Self::DIMS[..Self::RANK])
     }
 
     /// The run-time dims when every dimension is static.
@@ -54,7 +38,33 @@ pub trait Shape: Copy + Default + fmt::Debug + Send + Sync + 'static {
 
 /// Writes a shape type the way messages show it: `[32, 784]`, `[?, 10]` for `Dyn`.
 pub fn describe<S: Shape>() -> String {
-    let parts: Vec<String> = S::DIMS[..S::RANK]
+    describe_dims(&S::DIMS[..S::RANK])
+}
+
+/// Checks run-time sizes against a shape type's dims (`None` for `Dyn`).
+fn check_dims(dims: &[usize], want: &[Option<usize>]) -> Result<Dims> {
+    let ok = dims.len() == want.len()
+        && dims
+            .iter()
+            .zip(want)
+            .all(|(d, s)| s.is_none_or(|s| s == *d));
+    if ok {
+        Dims::new(dims)
+    } else {
+        Err(Error::shape(
+            "check",
+            format!(
+                "the tensor has shape {:?} but its type says {}",
+                dims,
+                describe_dims(want)
+            ),
+        ))
+    }
+}
+
+/// Writes a shape type's dims the way messages show them.
+fn describe_dims(dims: &[Option<usize>]) -> String {
+    let parts: Vec<String> = dims
         .iter()
         .map(|d| d.map_or("?".to_string(), |n| n.to_string()))
         .collect();

@@ -313,21 +313,22 @@ fn mnist<B: Backend>(dev: &B::Device, name: &str, epochs: usize, dir: &str) -> R
     let schedule = CosineWithWarmup::new(0.05, 0.0005, 200, steps)?;
     let start = Instant::now();
     let mut last = f32::NAN;
-    fit::<B, Mlp<B>, 64>(
+    fit(
         &mut model,
         &mut opt,
         &schedule,
         &data.train,
+        64,
         epochs,
         1,
         dev,
-        |_, r| {
+        &mut |_, r| {
             last = r.loss;
             Ok(())
         },
     )?;
     let secs = start.elapsed().as_secs_f64();
-    let acc = accuracy::<B, Mlp<B>, 500>(&model, &data.test, dev)?;
+    let acc = accuracy(&model, &data.test, dev)?;
     println!(
         "bench=MNIST impl=kiln backend={name} model=mlp epochs={epochs} batch=64 secs={secs:.1} last_loss={last:.4} test_acc={:.2}",
         acc * 100.0

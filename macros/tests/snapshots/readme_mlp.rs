@@ -146,7 +146,6 @@ pub(crate) use __kiln_model_Mlp;
 impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
     #[doc(hidden)]
     pub const __KILN_PLAN_FORWARD: &'static str = "kiln-plan 1\nnode 0 leaf 0 in=[] f32 [1*B;784]\nnode 1 leaf 1 in=[] f32 [1024;784]\nnode 2 leaf 2 in=[] f32 [1024]\nnode 3 op permute{perm=[1;0]} in=[1] f32 [784;1024]\nnode 4 op matmul in=[0;3] f32 [1*B;1024]\nnode 5 op add in=[4;2] f32 [1*B;1024]\nnode 6 op relu in=[5] f32 [1*B;1024]\nnode 7 leaf 3 in=[] f32 [1024;1024]\nnode 8 leaf 4 in=[] f32 [1024]\nnode 9 op permute{perm=[1;0]} in=[7] f32 [1024;1024]\nnode 10 op matmul in=[6;9] f32 [1*B;1024]\nnode 11 op add in=[10;8] f32 [1*B;1024]\nnode 12 op relu in=[11] f32 [1*B;1024]\nnode 13 leaf 5 in=[] f32 [10;1024]\nnode 14 leaf 6 in=[] f32 [10]\nnode 15 op permute{perm=[1;0]} in=[13] f32 [1024;10]\nnode 16 op matmul in=[12;15] f32 [1*B;10]\nnode 17 op add in=[16;14] f32 [1*B;10]\ninputs [0;1;2;7;8;13;14]\noutputs [17]\nkernel view main=- nodes=[3] in=[1] out=[3]\nkernel matmul main=4 nodes=[4;5;6] in=[0;2;3] out=[6]\nkernel view main=- nodes=[9] in=[7] out=[9]\nkernel matmul main=10 nodes=[10;11;12] in=[6;8;9] out=[12]\nkernel view main=- nodes=[15] in=[13] out=[15]\nkernel matmul main=16 nodes=[16;17] in=[12;14;15] out=[17]\nslot node=6 slot=0\nslot node=12 slot=1\nslot node=17 slot=0\nslots [f32,f32]\nname node=0 x\nname node=1 fc1_weight\nname node=2 fc1_bias\nname node=6 h\nname node=7 fc2_weight\nname node=8 fc2_bias\nname node=12 h\nname node=13 fc3_weight\nname node=14 fc3_bias\n";
-    #[allow(clippy::let_and_return, clippy::redundant_clone)]
     pub fn forward<const B: usize>(
         &self,
         x: &::kiln::tensor::Tensor<
@@ -161,112 +160,63 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
             f32,
         >,
     > {
-        if self.__kiln_plans.fused() {
-            let __dev = x.device().clone();
-            let __seed = 0u64;
-            if let ::core::option::Option::Some((__out,)) = {
-                let __kiln_in0: ::kiln::tensor::RawTensor<Be> = x.raw().clone();
-                let __kiln_in1: ::kiln::tensor::RawTensor<Be> = self
-                    .fc1
-                    .weight
-                    .raw()
-                    .clone();
-                let __kiln_in2: ::kiln::tensor::RawTensor<Be> = self
-                    .fc1
-                    .bias
-                    .raw()
-                    .clone();
-                let __kiln_in3: ::kiln::tensor::RawTensor<Be> = self
-                    .fc2
-                    .weight
-                    .raw()
-                    .clone();
-                let __kiln_in4: ::kiln::tensor::RawTensor<Be> = self
-                    .fc2
-                    .bias
-                    .raw()
-                    .clone();
-                let __kiln_in5: ::kiln::tensor::RawTensor<Be> = self
-                    .fc3
-                    .weight
-                    .raw()
-                    .clone();
-                let __kiln_in6: ::kiln::tensor::RawTensor<Be> = self
-                    .fc3
-                    .bias
-                    .raw()
-                    .clone();
-                static __KILN_NATIVES: [::core::option::Option<
-                    ::kiln::tensor::fused::NativeFn,
-                >; 12usize] = [
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                ];
-                self.__kiln_plans
-                    .with(
-                        0,
-                        Self::__KILN_PLAN_FORWARD,
-                        &__KILN_NATIVES,
-                        |__p| {
-                            let __run = __p
-                                .run(
-                                    &__dev,
-                                    &[("B", B)],
-                                    &[
-                                        &__kiln_in0,
-                                        &__kiln_in1,
-                                        &__kiln_in2,
-                                        &__kiln_in3,
-                                        &__kiln_in4,
-                                        &__kiln_in5,
-                                        &__kiln_in6,
-                                    ],
-                                    __seed,
-                                )?;
-                            Ok(
-                                __run
-                                    .map(|mut __o| (
-                                        __o.next().expect("a plan returns each of its outputs"),
-                                    )),
-                            )
-                        },
-                    )?
-            } {
-                return ::kiln::tensor::Tensor::from_raw(__out);
-            }
-        }
-        let x = x.clone();
-        let h: ::kiln::tensor::Tensor<
-            Be,
-            (::kiln::tensor::Const<B>, ::kiln::tensor::Const<1024>),
-            f32,
-        > = self.fc1.forward(&x)?.relu()?;
-        let h_2: ::kiln::tensor::Tensor<
-            Be,
-            (::kiln::tensor::Const<B>, ::kiln::tensor::Const<1024>),
-            f32,
-        > = self.fc2.forward(&h)?.relu()?;
-        Ok(self.fc3.forward(&h_2)?.clone())
+        ::kiln::tensor::Tensor::from_raw(self.__kiln_forward(&[("B", B)], x.raw())?)
+    }
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn __kiln_forward(
+        &self,
+        __sizes: &[(&str, usize)],
+        x: &::kiln::tensor::RawTensor<Be>,
+    ) -> ::kiln::tensor::Result<::kiln::tensor::RawTensor<Be>> {
+        let __dev = x.device().clone();
+        let __seed = 0u64;
+        Ok({
+            static __KILN_NATIVES: [::core::option::Option<
+                ::kiln::tensor::fused::NativeFn,
+            >; 12usize] = [
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
+                ),
+            ];
+            self.__kiln_plans
+                .call(
+                    0,
+                    Self::__KILN_PLAN_FORWARD,
+                    &__KILN_NATIVES,
+                    &__dev,
+                    __sizes,
+                    &[
+                        x,
+                        self.fc1.weight.raw(),
+                        self.fc1.bias.raw(),
+                        self.fc2.weight.raw(),
+                        self.fc2.bias.raw(),
+                        self.fc3.weight.raw(),
+                        self.fc3.bias.raw(),
+                    ],
+                    __seed,
+                    |__outs| __outs.next().expect("a plan returns each of its outputs"),
+                )?
+        })
     }
     #[doc(hidden)]
     pub const __KILN_PLAN_LOSS: &'static str = "kiln-plan 1\nnode 0 leaf 0 in=[] f32 [1*B;784]\nnode 1 leaf 1 in=[] i32 [1*B]\nnode 2 leaf 2 in=[] f32 [1024;784]\nnode 3 leaf 3 in=[] f32 [1024]\nnode 4 op permute{perm=[1;0]} in=[2] f32 [784;1024]\nnode 5 op matmul in=[0;4] f32 [1*B;1024]\nnode 6 op add in=[5;3] f32 [1*B;1024]\nnode 7 op relu in=[6] f32 [1*B;1024]\nnode 8 leaf 4 in=[] f32 [1024;1024]\nnode 9 leaf 5 in=[] f32 [1024]\nnode 10 op permute{perm=[1;0]} in=[8] f32 [1024;1024]\nnode 11 op matmul in=[7;10] f32 [1*B;1024]\nnode 12 op add in=[11;9] f32 [1*B;1024]\nnode 13 op relu in=[12] f32 [1*B;1024]\nnode 14 leaf 6 in=[] f32 [10;1024]\nnode 15 leaf 7 in=[] f32 [10]\nnode 16 op permute{perm=[1;0]} in=[14] f32 [1024;10]\nnode 17 op matmul in=[13;16] f32 [1*B;10]\nnode 18 op add in=[17;15] f32 [1*B;10]\nnode 19 op max{axes=[1]} in=[18] f32 [1*B;1]\nnode 20 op full{dims=[],value=3.4028234663852886e38,dtype=f32} in=[] f32 []\nnode 21 op full{dims=[],value=-3.4028234663852886e38,dtype=f32} in=[] f32 []\nnode 22 op minimum in=[19;20] f32 [1*B;1]\nnode 23 op maximum in=[22;21] f32 [1*B;1]\nnode 24 op sub in=[18;23] f32 [1*B;10]\nnode 25 op exp in=[24] f32 [1*B;10]\nnode 26 op sum{axes=[1]} in=[25] f32 [1*B;1]\nnode 27 op log in=[26] f32 [1*B;1]\nnode 28 op add in=[27;23] f32 [1*B;1]\nnode 29 op sub in=[18;28] f32 [1*B;10]\nnode 30 op reshape{dims=[1*B;1]} in=[1] i32 [1*B;1]\nnode 31 op gather{axis=1} in=[29;30] f32 [1*B;1]\nnode 32 op sum{axes=[0;1]} in=[31] f32 [1;1]\nnode 33 op reshape{dims=[]} in=[32] f32 []\nnode 34 recip_dim 1*B in=[] f32 []\nnode 35 op mul in=[33;34] f32 []\nnode 36 op full{dims=[],value=-1.0,dtype=f32} in=[] f32 []\nnode 37 op mul in=[35;36] f32 []\ninputs [0;1;2;3;8;9;14;15]\noutputs [37]\nkernel view main=- nodes=[4] in=[2] out=[4]\nkernel matmul main=5 nodes=[5;6;7] in=[0;3;4] out=[7]\nkernel view main=- nodes=[10] in=[8] out=[10]\nkernel matmul main=11 nodes=[11;12;13] in=[7;9;10] out=[13]\nkernel view main=- nodes=[16] in=[14] out=[16]\nkernel matmul main=17 nodes=[17;18] in=[13;15;16] out=[18]\nkernel reduce main=19 nodes=[19;20;21;22;23] in=[18] out=[23]\nkernel reduce main=26 nodes=[24;25;26;27;28] in=[18;23] out=[28]\nkernel elementwise main=- nodes=[29] in=[18;28] out=[29]\nkernel view main=- nodes=[30] in=[1] out=[30]\nkernel single main=- nodes=[31] in=[29;30] out=[31]\nkernel reduce main=32 nodes=[32] in=[31] out=[32]\nkernel view main=- nodes=[33] in=[32] out=[33]\nkernel elementwise main=- nodes=[34;35;36;37] in=[33] out=[37]\nslot node=7 slot=0\nslot node=13 slot=1\nslot node=18 slot=0\nslot node=23 slot=1\nslot node=28 slot=2\nslot node=29 slot=1\nslot node=30 slot=3\nslot node=31 slot=2\nslot node=32 slot=0\nslot node=33 slot=1\nslot node=37 slot=2\nslots [f32,f32,f32,i32]\nname node=0 x\nname node=1 y\nname node=2 fc1_weight\nname node=3 fc1_bias\nname node=7 h\nname node=8 fc2_weight\nname node=9 fc2_bias\nname node=13 h\nname node=14 fc3_weight\nname node=15 fc3_bias\n";
-    #[allow(clippy::let_and_return, clippy::redundant_clone)]
     pub fn loss<const B: usize>(
         &self,
         x: &::kiln::tensor::Tensor<
@@ -276,130 +226,92 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         >,
         y: &::kiln::tensor::Tensor<Be, (::kiln::tensor::Const<B>,), i32>,
     ) -> ::kiln::tensor::Result<::kiln::tensor::Tensor<Be, (), f32>> {
-        if self.__kiln_plans.fused() {
-            let __dev = x.device().clone();
-            let __seed = 0u64;
-            if let ::core::option::Option::Some((__out,)) = {
-                let __kiln_in0: ::kiln::tensor::RawTensor<Be> = x.raw().clone();
-                let __kiln_in1: ::kiln::tensor::RawTensor<Be> = y.raw().clone();
-                let __kiln_in2: ::kiln::tensor::RawTensor<Be> = self
-                    .fc1
-                    .weight
-                    .raw()
-                    .clone();
-                let __kiln_in3: ::kiln::tensor::RawTensor<Be> = self
-                    .fc1
-                    .bias
-                    .raw()
-                    .clone();
-                let __kiln_in4: ::kiln::tensor::RawTensor<Be> = self
-                    .fc2
-                    .weight
-                    .raw()
-                    .clone();
-                let __kiln_in5: ::kiln::tensor::RawTensor<Be> = self
-                    .fc2
-                    .bias
-                    .raw()
-                    .clone();
-                let __kiln_in6: ::kiln::tensor::RawTensor<Be> = self
-                    .fc3
-                    .weight
-                    .raw()
-                    .clone();
-                let __kiln_in7: ::kiln::tensor::RawTensor<Be> = self
-                    .fc3
-                    .bias
-                    .raw()
-                    .clone();
-                static __KILN_NATIVES: [::core::option::Option<
-                    ::kiln::tensor::fused::NativeFn,
-                >; 28usize] = [
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_2 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_3 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_4 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_5 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                ];
-                self.__kiln_plans
-                    .with(
-                        2,
-                        Self::__KILN_PLAN_LOSS,
-                        &__KILN_NATIVES,
-                        |__p| {
-                            let __run = __p
-                                .run(
-                                    &__dev,
-                                    &[("B", B)],
-                                    &[
-                                        &__kiln_in0,
-                                        &__kiln_in1,
-                                        &__kiln_in2,
-                                        &__kiln_in3,
-                                        &__kiln_in4,
-                                        &__kiln_in5,
-                                        &__kiln_in6,
-                                        &__kiln_in7,
-                                    ],
-                                    __seed,
-                                )?;
-                            Ok(
-                                __run
-                                    .map(|mut __o| (
-                                        __o.next().expect("a plan returns each of its outputs"),
-                                    )),
-                            )
-                        },
-                    )?
-            } {
-                return ::kiln::tensor::Tensor::from_raw(__out);
-            }
-        }
-        let x = x.clone();
-        let y = y.clone();
-        Ok(self.forward(&x)?.cross_entropy(&y, 0f64)?.clone())
+        ::kiln::tensor::Tensor::from_raw(
+            self.__kiln_loss(&[("B", B)], x.raw(), y.raw())?,
+        )
+    }
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn __kiln_loss(
+        &self,
+        __sizes: &[(&str, usize)],
+        x: &::kiln::tensor::RawTensor<Be>,
+        y: &::kiln::tensor::RawTensor<Be>,
+    ) -> ::kiln::tensor::Result<::kiln::tensor::RawTensor<Be>> {
+        let __dev = x.device().clone();
+        let __seed = 0u64;
+        Ok({
+            static __KILN_NATIVES: [::core::option::Option<
+                ::kiln::tensor::fused::NativeFn,
+            >; 28usize] = [
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_2 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_3 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_4 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_5 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+            ];
+            self.__kiln_plans
+                .call(
+                    2,
+                    Self::__KILN_PLAN_LOSS,
+                    &__KILN_NATIVES,
+                    &__dev,
+                    __sizes,
+                    &[
+                        x,
+                        y,
+                        self.fc1.weight.raw(),
+                        self.fc1.bias.raw(),
+                        self.fc2.weight.raw(),
+                        self.fc2.bias.raw(),
+                        self.fc3.weight.raw(),
+                        self.fc3.bias.raw(),
+                    ],
+                    __seed,
+                    |__outs| __outs.next().expect("a plan returns each of its outputs"),
+                )?
+        })
     }
     #[doc(hidden)]
     pub const __KILN_PLAN_LOSS_AND_GRAD: &'static str = "kiln-plan 1\nnode 0 leaf 0 in=[] f32 [1*B;784]\nnode 1 leaf 1 in=[] i32 [1*B]\nnode 2 leaf 2 in=[] f32 [1024;784]\nnode 3 leaf 3 in=[] f32 [1024]\nnode 4 op permute{perm=[1;0]} in=[2] f32 [784;1024]\nnode 5 op matmul in=[0;4] f32 [1*B;1024]\nnode 6 op add in=[5;3] f32 [1*B;1024]\nnode 7 op relu in=[6] f32 [1*B;1024]\nnode 8 leaf 4 in=[] f32 [1024;1024]\nnode 9 leaf 5 in=[] f32 [1024]\nnode 10 op permute{perm=[1;0]} in=[8] f32 [1024;1024]\nnode 11 op matmul in=[7;10] f32 [1*B;1024]\nnode 12 op add in=[11;9] f32 [1*B;1024]\nnode 13 op relu in=[12] f32 [1*B;1024]\nnode 14 leaf 6 in=[] f32 [10;1024]\nnode 15 leaf 7 in=[] f32 [10]\nnode 16 op permute{perm=[1;0]} in=[14] f32 [1024;10]\nnode 17 op matmul in=[13;16] f32 [1*B;10]\nnode 18 op add in=[17;15] f32 [1*B;10]\nnode 19 op max{axes=[1]} in=[18] f32 [1*B;1]\nnode 20 op full{dims=[],value=3.4028234663852886e38,dtype=f32} in=[] f32 []\nnode 21 op full{dims=[],value=-3.4028234663852886e38,dtype=f32} in=[] f32 []\nnode 22 op minimum in=[19;20] f32 [1*B;1]\nnode 23 op maximum in=[22;21] f32 [1*B;1]\nnode 24 op sub in=[18;23] f32 [1*B;10]\nnode 25 op exp in=[24] f32 [1*B;10]\nnode 26 op sum{axes=[1]} in=[25] f32 [1*B;1]\nnode 27 op log in=[26] f32 [1*B;1]\nnode 28 op add in=[27;23] f32 [1*B;1]\nnode 29 op sub in=[18;28] f32 [1*B;10]\nnode 30 op reshape{dims=[1*B;1]} in=[1] i32 [1*B;1]\nnode 31 op gather{axis=1} in=[29;30] f32 [1*B;1]\nnode 32 op sum{axes=[0;1]} in=[31] f32 [1;1]\nnode 33 op reshape{dims=[]} in=[32] f32 []\nnode 34 recip_dim 1*B in=[] f32 []\nnode 35 op mul in=[33;34] f32 []\nnode 36 op full{dims=[],value=-1.0,dtype=f32} in=[] f32 []\nnode 37 op mul in=[35;36] f32 []\nnode 38 op full{dims=[],value=1.0,dtype=f32} in=[] f32 []\nnode 39 op mul in=[38;36] f32 []\nnode 40 op mul in=[39;34] f32 []\nnode 41 op reshape{dims=[1;1]} in=[40] f32 [1;1]\nnode 42 op expand{dims=[1*B;1]} in=[41] f32 [1*B;1]\nnode 43 op scatter_add{axis=1,dims=[1*B;10]} in=[30;42] f32 [1*B;10]\nnode 44 op neg in=[43] f32 [1*B;10]\nnode 45 op sum{axes=[1]} in=[44] f32 [1*B;1]\nnode 46 op reshape{dims=[1*B;1]} in=[45] f32 [1*B;1]\nnode 47 op div in=[46;26] f32 [1*B;1]\nnode 48 op expand{dims=[1*B;10]} in=[47] f32 [1*B;10]\nnode 49 op mul in=[48;25] f32 [1*B;10]\nnode 50 op neg in=[49] f32 [1*B;10]\nnode 51 op sum{axes=[1]} in=[50] f32 [1*B;1]\nnode 52 op reshape{dims=[1*B;1]} in=[51] f32 [1*B;1]\nnode 53 op add in=[43;49] f32 [1*B;10]\nnode 54 op add in=[46;52] f32 [1*B;1]\nnode 55 op eq in=[22;21] bool [1*B;1]\nnode 56 op full{dims=[],value=0.5,dtype=f32} in=[] f32 []\nnode 57 op mul in=[54;56] f32 [1*B;1]\nnode 58 op where in=[55;57;54] f32 [1*B;1]\nnode 59 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 60 op lt in=[22;21] bool [1*B;1]\nnode 61 op where in=[60;59;58] f32 [1*B;1]\nnode 62 op eq in=[19;20] bool [1*B;1]\nnode 63 op full{dims=[],value=0.5,dtype=f32} in=[] f32 []\nnode 64 op mul in=[61;63] f32 [1*B;1]\nnode 65 op where in=[62;64;61] f32 [1*B;1]\nnode 66 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 67 op gt in=[19;20] bool [1*B;1]\nnode 68 op where in=[67;66;65] f32 [1*B;1]\nnode 69 op eq in=[18;19] bool [1*B;10]\nnode 70 op cast{dtype=f32} in=[69] f32 [1*B;10]\nnode 71 op sum{axes=[1]} in=[70] f32 [1*B;1]\nnode 72 op div in=[68;71] f32 [1*B;1]\nnode 73 op mul in=[70;72] f32 [1*B;10]\nnode 74 op add in=[53;73] f32 [1*B;10]\nnode 75 op sum{axes=[0]} in=[74] f32 [1;10]\nnode 76 op reshape{dims=[10]} in=[75] f32 [10]\nnode 77 op permute{perm=[1;0]} in=[16] f32 [10;1024]\nnode 78 op permute{perm=[1;0]} in=[13] f32 [1024;1*B]\nnode 79 op matmul in=[74;77] f32 [1*B;1024]\nnode 80 op permute{perm=[1;0]} in=[74] f32 [10;1*B]\nnode 81 op permute{perm=[1;0]} in=[78] f32 [1*B;1024]\nnode 82 op matmul in=[80;81] f32 [10;1024]\nnode 83 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 84 op le in=[12;83] bool [1*B;1024]\nnode 85 op where in=[84;83;79] f32 [1*B;1024]\nnode 86 op sum{axes=[0]} in=[85] f32 [1;1024]\nnode 87 op reshape{dims=[1024]} in=[86] f32 [1024]\nnode 88 op permute{perm=[1;0]} in=[10] f32 [1024;1024]\nnode 89 op permute{perm=[1;0]} in=[7] f32 [1024;1*B]\nnode 90 op matmul in=[85;88] f32 [1*B;1024]\nnode 91 op permute{perm=[1;0]} in=[85] f32 [1024;1*B]\nnode 92 op permute{perm=[1;0]} in=[89] f32 [1*B;1024]\nnode 93 op matmul in=[91;92] f32 [1024;1024]\nnode 94 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 95 op le in=[6;94] bool [1*B;1024]\nnode 96 op where in=[95;94;90] f32 [1*B;1024]\nnode 97 op sum{axes=[0]} in=[96] f32 [1;1024]\nnode 98 op reshape{dims=[1024]} in=[97] f32 [1024]\nnode 99 op permute{perm=[1;0]} in=[0] f32 [784;1*B]\nnode 100 op permute{perm=[1;0]} in=[96] f32 [1024;1*B]\nnode 101 op permute{perm=[1;0]} in=[99] f32 [1*B;784]\nnode 102 op matmul in=[100;101] f32 [1024;784]\ninputs [0;1;2;3;8;9;14;15]\noutputs [37;98;102;87;93;76;82]\nkernel view main=- nodes=[4] in=[2] out=[4]\nkernel matmul main=5 nodes=[5;6] in=[0;3;4] out=[6]\nkernel elementwise main=- nodes=[7] in=[6] out=[7]\nkernel view main=- nodes=[10] in=[8] out=[10]\nkernel matmul main=11 nodes=[11;12] in=[7;9;10] out=[12]\nkernel elementwise main=- nodes=[13] in=[12] out=[13]\nkernel view main=- nodes=[16] in=[14] out=[16]\nkernel matmul main=17 nodes=[17;18] in=[13;15;16] out=[18]\nkernel reduce main=19 nodes=[19] in=[18] out=[19]\nkernel elementwise main=- nodes=[20;22] in=[19] out=[22]\nkernel elementwise main=- nodes=[21;23] in=[22] out=[23]\nkernel elementwise main=- nodes=[24;25] in=[18;23] out=[25]\nkernel reduce main=26 nodes=[26] in=[25] out=[26]\nkernel elementwise main=- nodes=[27;28] in=[23;26] out=[28]\nkernel elementwise main=- nodes=[29] in=[18;28] out=[29]\nkernel view main=- nodes=[30] in=[1] out=[30]\nkernel single main=- nodes=[31] in=[29;30] out=[31]\nkernel reduce main=32 nodes=[32] in=[31] out=[32]\nkernel view main=- nodes=[33] in=[32] out=[33]\nkernel elementwise main=- nodes=[34;35;36;37] in=[33] out=[37]\nkernel elementwise main=- nodes=[34;36;38;39;40] in=[] out=[40]\nkernel view main=- nodes=[41] in=[40] out=[41]\nkernel view main=- nodes=[42] in=[41] out=[42]\nkernel single main=- nodes=[43] in=[30;42] out=[43]\nkernel reduce main=45 nodes=[44;45] in=[43] out=[45]\nkernel view main=- nodes=[46] in=[45] out=[46]\nkernel elementwise main=- nodes=[47] in=[26;46] out=[47]\nkernel view main=- nodes=[48] in=[47] out=[48]\nkernel elementwise main=- nodes=[49] in=[25;48] out=[49]\nkernel reduce main=51 nodes=[50;51] in=[49] out=[51]\nkernel view main=- nodes=[52] in=[51] out=[52]\nkernel elementwise main=- nodes=[54] in=[46;52] out=[54]\nkernel elementwise main=- nodes=[21;55;56;57;58;59;60;61] in=[22;54] out=[61]\nkernel elementwise main=- nodes=[69;70] in=[18;19] out=[70]\nkernel reduce main=71 nodes=[20;62;63;64;65;66;67;68;71;72] in=[19;61;70] out=[72]\nkernel elementwise main=- nodes=[53;73;74] in=[43;49;70;72] out=[74]\nkernel reduce main=75 nodes=[75] in=[74] out=[75]\nkernel view main=- nodes=[76] in=[75] out=[76]\nkernel view main=- nodes=[77] in=[16] out=[77]\nkernel view main=- nodes=[78] in=[13] out=[78]\nkernel view main=- nodes=[80] in=[74] out=[80]\nkernel view main=- nodes=[81] in=[78] out=[81]\nkernel matmul main=82 nodes=[82] in=[80;81] out=[82]\nkernel matmul main=79 nodes=[79;83;84;85] in=[12;74;77] out=[85]\nkernel reduce main=86 nodes=[86] in=[85] out=[86]\nkernel view main=- nodes=[87] in=[86] out=[87]\nkernel view main=- nodes=[88] in=[10] out=[88]\nkernel view main=- nodes=[89] in=[7] out=[89]\nkernel view main=- nodes=[91] in=[85] out=[91]\nkernel view main=- nodes=[92] in=[89] out=[92]\nkernel matmul main=93 nodes=[93] in=[91;92] out=[93]\nkernel matmul main=90 nodes=[90;94;95;96] in=[6;85;88] out=[96]\nkernel reduce main=97 nodes=[97] in=[96] out=[97]\nkernel view main=- nodes=[98] in=[97] out=[98]\nkernel view main=- nodes=[99] in=[0] out=[99]\nkernel view main=- nodes=[100] in=[96] out=[100]\nkernel view main=- nodes=[101] in=[99] out=[101]\nkernel matmul main=102 nodes=[102] in=[100;101] out=[102]\nslot node=6 slot=0\nslot node=7 slot=1\nslot node=12 slot=2\nslot node=13 slot=3\nslot node=18 slot=4\nslot node=19 slot=5\nslot node=22 slot=6\nslot node=23 slot=7\nslot node=25 slot=8\nslot node=26 slot=9\nslot node=28 slot=10\nslot node=29 slot=7\nslot node=30 slot=11\nslot node=31 slot=10\nslot node=32 slot=7\nslot node=33 slot=10\nslot node=37 slot=12\nslot node=40 slot=10\nslot node=41 slot=7\nslot node=43 slot=13\nslot node=45 slot=10\nslot node=46 slot=7\nslot node=47 slot=14\nslot node=49 slot=9\nslot node=51 slot=14\nslot node=52 slot=8\nslot node=54 slot=15\nslot node=61 slot=10\nslot node=70 slot=8\nslot node=72 slot=15\nslot node=74 slot=4\nslot node=75 slot=10\nslot node=76 slot=15\nslot node=82 slot=8\nslot node=85 slot=3\nslot node=86 slot=9\nslot node=87 slot=4\nslot node=93 slot=2\nslot node=96 slot=1\nslot node=97 slot=13\nslot node=98 slot=3\nslot node=102 slot=0\nslots [f32,f32,f32,f32,f32,f32,f32,f32,f32,f32,f32,i32,f32,f32,f32,f32]\nname node=0 x\nname node=1 y\nname node=2 fc1_weight\nname node=3 fc1_bias\nname node=7 h\nname node=8 fc2_weight\nname node=9 fc2_bias\nname node=13 h\nname node=14 fc3_weight\nname node=15 fc3_bias\nname node=37 loss\nname node=38 d_loss\nname node=76 d_fc3_bias\nname node=79 d_h\nname node=82 d_fc3_weight\nname node=87 d_fc2_bias\nname node=90 d_h\nname node=93 d_fc2_weight\nname node=98 d_fc1_bias\nname node=102 d_fc1_weight\n";
     ///The value of [`Self::loss`] and the gradient of every parameter, computed by the backward pass `#[model]` derived at build time (training mode: dropout active, batch statistics used and recorded).
-    #[allow(unused_variables, clippy::let_and_return, clippy::redundant_clone)]
     pub fn loss_and_grad<const B: usize>(
         &self,
         x: &::kiln::tensor::Tensor<
@@ -409,244 +321,19 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         >,
         y: &::kiln::tensor::Tensor<Be, (::kiln::tensor::Const<B>,), i32>,
     ) -> ::kiln::tensor::Result<(::kiln::tensor::Tensor<Be, (), f32>, MlpGrads<Be>)> {
+        let (loss, grads) = self.__kiln_loss_and_grad(&[("B", B)], x.raw(), y.raw())?;
+        Ok((::kiln::tensor::Tensor::from_raw(loss)?, grads))
+    }
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments, clippy::redundant_clone)]
+    fn __kiln_loss_and_grad(
+        &self,
+        __sizes: &[(&str, usize)],
+        x: &::kiln::tensor::RawTensor<Be>,
+        y: &::kiln::tensor::RawTensor<Be>,
+    ) -> ::kiln::tensor::Result<(::kiln::tensor::RawTensor<Be>, MlpGrads<Be>)> {
         let __dev = x.device().clone();
         let __seed = self.__kiln_step_seed();
-        let __planned = if self.__kiln_plans.fused() {
-            {
-                let __kiln_in0: ::kiln::tensor::RawTensor<Be> = x.raw().clone();
-                let __kiln_in1: ::kiln::tensor::RawTensor<Be> = y.raw().clone();
-                let __kiln_in2: ::kiln::tensor::RawTensor<Be> = self
-                    .fc1
-                    .weight
-                    .raw()
-                    .clone();
-                let __kiln_in3: ::kiln::tensor::RawTensor<Be> = self
-                    .fc1
-                    .bias
-                    .raw()
-                    .clone();
-                let __kiln_in4: ::kiln::tensor::RawTensor<Be> = self
-                    .fc2
-                    .weight
-                    .raw()
-                    .clone();
-                let __kiln_in5: ::kiln::tensor::RawTensor<Be> = self
-                    .fc2
-                    .bias
-                    .raw()
-                    .clone();
-                let __kiln_in6: ::kiln::tensor::RawTensor<Be> = self
-                    .fc3
-                    .weight
-                    .raw()
-                    .clone();
-                let __kiln_in7: ::kiln::tensor::RawTensor<Be> = self
-                    .fc3
-                    .bias
-                    .raw()
-                    .clone();
-                static __KILN_NATIVES: [::core::option::Option<
-                    ::kiln::tensor::fused::NativeFn,
-                >; 116usize] = [
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_6 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_6 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_7 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_8 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_3 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_9 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_5 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_10 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_11 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_12 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_10 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_13 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_14 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_15 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_16 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_17 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_18 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::Some(
-                        __kiln_natives_Mlp::loop_18 as ::kiln::tensor::fused::NativeFn,
-                    ),
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                    ::core::option::Option::None,
-                ];
-                self.__kiln_plans
-                    .with(
-                        3,
-                        Self::__KILN_PLAN_LOSS_AND_GRAD,
-                        &__KILN_NATIVES,
-                        |__p| {
-                            let __run = __p
-                                .run(
-                                    &__dev,
-                                    &[("B", B)],
-                                    &[
-                                        &__kiln_in0,
-                                        &__kiln_in1,
-                                        &__kiln_in2,
-                                        &__kiln_in3,
-                                        &__kiln_in4,
-                                        &__kiln_in5,
-                                        &__kiln_in6,
-                                        &__kiln_in7,
-                                    ],
-                                    __seed,
-                                )?;
-                            Ok(
-                                __run
-                                    .map(|mut __o| (
-                                        __o.next().expect("a plan returns each of its outputs"),
-                                        __o.next().expect("a plan returns each of its outputs"),
-                                        __o.next().expect("a plan returns each of its outputs"),
-                                        __o.next().expect("a plan returns each of its outputs"),
-                                        __o.next().expect("a plan returns each of its outputs"),
-                                        __o.next().expect("a plan returns each of its outputs"),
-                                        __o.next().expect("a plan returns each of its outputs"),
-                                    )),
-                            )
-                        },
-                    )?
-            }
-        } else {
-            ::core::option::Option::None
-        };
         let (
             loss,
             d_fc1_bias,
@@ -655,214 +342,197 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
             d_fc2_weight,
             d_fc3_bias,
             d_fc3_weight,
-        ) = match __planned {
-            ::core::option::Option::Some(__outs) => __outs,
-            ::core::option::Option::None => {
-                let x = x.raw().clone();
-                let y = y.raw().clone();
-                let fc1_weight = self.fc1.weight.raw().clone();
-                let fc1_bias = self.fc1.bias.raw().clone();
-                let t4 = fc1_weight.permute(&[1usize, 0usize])?;
-                let t5 = x.matmul(&t4)?;
-                let t6 = t5.add(&fc1_bias)?;
-                let h = t6.relu()?;
-                let fc2_weight = self.fc2.weight.raw().clone();
-                let fc2_bias = self.fc2.bias.raw().clone();
-                let t10 = fc2_weight.permute(&[1usize, 0usize])?;
-                let t11 = h.matmul(&t10)?;
-                let t12 = t11.add(&fc2_bias)?;
-                let h_2 = t12.relu()?;
-                let fc3_weight = self.fc3.weight.raw().clone();
-                let fc3_bias = self.fc3.bias.raw().clone();
-                let t16 = fc3_weight.permute(&[1usize, 0usize])?;
-                let t17 = h_2.matmul(&t16)?;
-                let t18 = t17.add(&fc3_bias)?;
-                let t19 = t18
-                    .apply(
-                        ::kiln::tensor::Op::Reduce {
-                            op: ::kiln::tensor::ReduceOp::Max,
-                            axes: vec![1usize],
-                        },
-                        &[],
-                    )?;
-                let t20 = ::kiln::tensor::RawTensor::<
-                    Be,
-                >::full(
-                    &[],
-                    340282346638528860000000000000000000000f64,
-                    ::kiln::tensor::DType::F32,
+        ) = {
+            static __KILN_NATIVES: [::core::option::Option<
+                ::kiln::tensor::fused::NativeFn,
+            >; 116usize] = [
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_6 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_6 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_7 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_8 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_3 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_9 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_5 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_10 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_11 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_12 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_10 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_13 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_14 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_15 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_16 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_17 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_18 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::Some(
+                    __kiln_natives_Mlp::loop_18 as ::kiln::tensor::fused::NativeFn,
+                ),
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+                ::core::option::Option::None,
+            ];
+            self.__kiln_plans
+                .call(
+                    3,
+                    Self::__KILN_PLAN_LOSS_AND_GRAD,
+                    &__KILN_NATIVES,
                     &__dev,
-                )?;
-                let t21 = ::kiln::tensor::RawTensor::<
-                    Be,
-                >::full(
-                    &[],
-                    -340282346638528860000000000000000000000f64,
-                    ::kiln::tensor::DType::F32,
-                    &__dev,
-                )?;
-                let t22 = t19.minimum(&t20)?;
-                let t23 = t22.maximum(&t21)?;
-                let t24 = t18.sub(&t23)?;
-                let t25 = t24.exp()?;
-                let t26 = t25
-                    .apply(
-                        ::kiln::tensor::Op::Reduce {
-                            op: ::kiln::tensor::ReduceOp::Sum,
-                            axes: vec![1usize],
-                        },
-                        &[],
-                    )?;
-                let t27 = t26.log()?;
-                let t28 = t27.add(&t23)?;
-                let t29 = t18.sub(&t28)?;
-                let t30 = y.reshape(&[B, 1])?;
-                let t31 = t29.gather(1usize, &t30)?;
-                let t32 = t31
-                    .apply(
-                        ::kiln::tensor::Op::Reduce {
-                            op: ::kiln::tensor::ReduceOp::Sum,
-                            axes: vec![0usize, 1usize],
-                        },
-                        &[],
-                    )?;
-                let t33 = t32.reshape(&[])?;
-                let t34 = ::kiln::tensor::RawTensor::<
-                    Be,
-                >::full(&[], 1.0 / (B as f64), ::kiln::tensor::DType::F32, &__dev)?;
-                let t35 = t33.mul(&t34)?;
-                let t36 = ::kiln::tensor::RawTensor::<
-                    Be,
-                >::full(&[], -1f64, ::kiln::tensor::DType::F32, &__dev)?;
-                let loss = t35.mul(&t36)?;
-                let d_loss = ::kiln::tensor::RawTensor::<
-                    Be,
-                >::full(&[], 1f64, ::kiln::tensor::DType::F32, &__dev)?;
-                let t39 = d_loss.mul(&t36)?;
-                let t41 = t39.mul(&t34)?;
-                let t43 = t41.reshape(&[1, 1])?;
-                let t44 = t43.broadcast_to(&[B, 1])?;
-                let t45 = t44.scatter_add(&[B, 10], 1usize, &t30)?;
-                let t46 = t45.neg()?;
-                let t47 = t46
-                    .apply(
-                        ::kiln::tensor::Op::Reduce {
-                            op: ::kiln::tensor::ReduceOp::Sum,
-                            axes: vec![1usize],
-                        },
-                        &[],
-                    )?;
-                let t48 = t47.reshape(&[B, 1])?;
-                let t49 = t48.div(&t26)?;
-                let t50 = t49.broadcast_to(&[B, 10])?;
-                let t51 = t50.mul(&t25)?;
-                let t52 = t51.neg()?;
-                let t53 = t52
-                    .apply(
-                        ::kiln::tensor::Op::Reduce {
-                            op: ::kiln::tensor::ReduceOp::Sum,
-                            axes: vec![1usize],
-                        },
-                        &[],
-                    )?;
-                let t54 = t53.reshape(&[B, 1])?;
-                let t55 = t45.add(&t51)?;
-                let t56 = t48.add(&t54)?;
-                let t57 = t22.compare(::kiln::tensor::CmpOp::Eq, &t21)?;
-                let t58 = ::kiln::tensor::RawTensor::<
-                    Be,
-                >::full(&[], 0.5f64, ::kiln::tensor::DType::F32, &__dev)?;
-                let t59 = t56.mul(&t58)?;
-                let t60 = t57.select(&t59, &t56)?;
-                let t61 = ::kiln::tensor::RawTensor::<
-                    Be,
-                >::full(&[], 0f64, ::kiln::tensor::DType::F32, &__dev)?;
-                let t62 = t22.compare(::kiln::tensor::CmpOp::Lt, &t21)?;
-                let t64 = t62.select(&t61, &t60)?;
-                let t68 = t19.compare(::kiln::tensor::CmpOp::Eq, &t20)?;
-                let t69 = ::kiln::tensor::RawTensor::<
-                    Be,
-                >::full(&[], 0.5f64, ::kiln::tensor::DType::F32, &__dev)?;
-                let t70 = t64.mul(&t69)?;
-                let t71 = t68.select(&t70, &t64)?;
-                let t72 = ::kiln::tensor::RawTensor::<
-                    Be,
-                >::full(&[], 0f64, ::kiln::tensor::DType::F32, &__dev)?;
-                let t73 = t19.compare(::kiln::tensor::CmpOp::Gt, &t20)?;
-                let t75 = t73.select(&t72, &t71)?;
-                let t79 = t18.compare(::kiln::tensor::CmpOp::Eq, &t19)?;
-                let t80 = t79.cast(::kiln::tensor::DType::F32)?;
-                let t81 = t80
-                    .apply(
-                        ::kiln::tensor::Op::Reduce {
-                            op: ::kiln::tensor::ReduceOp::Sum,
-                            axes: vec![1usize],
-                        },
-                        &[],
-                    )?;
-                let t82 = t75.div(&t81)?;
-                let t83 = t80.mul(&t82)?;
-                let t84 = t55.add(&t83)?;
-                let t85 = t84
-                    .apply(
-                        ::kiln::tensor::Op::Reduce {
-                            op: ::kiln::tensor::ReduceOp::Sum,
-                            axes: vec![0usize],
-                        },
-                        &[],
-                    )?;
-                let d_fc3_bias = t85.reshape(&[10])?;
-                let t87 = t16.permute(&[1usize, 0usize])?;
-                let t88 = h_2.permute(&[1usize, 0usize])?;
-                let d_h = t84.matmul(&t87)?;
-                let t90 = t88.matmul(&t84)?;
-                let d_fc3_weight = t90.permute(&[1usize, 0usize])?;
-                let t92 = ::kiln::tensor::RawTensor::<
-                    Be,
-                >::full(&[], 0f64, ::kiln::tensor::DType::F32, &__dev)?;
-                let t93 = t12.compare(::kiln::tensor::CmpOp::Le, &t92)?;
-                let t94 = t93.select(&t92, &d_h)?;
-                let t95 = t94
-                    .apply(
-                        ::kiln::tensor::Op::Reduce {
-                            op: ::kiln::tensor::ReduceOp::Sum,
-                            axes: vec![0usize],
-                        },
-                        &[],
-                    )?;
-                let d_fc2_bias = t95.reshape(&[1024])?;
-                let t97 = t10.permute(&[1usize, 0usize])?;
-                let t98 = h.permute(&[1usize, 0usize])?;
-                let d_h_2 = t94.matmul(&t97)?;
-                let t100 = t98.matmul(&t94)?;
-                let d_fc2_weight = t100.permute(&[1usize, 0usize])?;
-                let t102 = ::kiln::tensor::RawTensor::<
-                    Be,
-                >::full(&[], 0f64, ::kiln::tensor::DType::F32, &__dev)?;
-                let t103 = t6.compare(::kiln::tensor::CmpOp::Le, &t102)?;
-                let t104 = t103.select(&t102, &d_h_2)?;
-                let t105 = t104
-                    .apply(
-                        ::kiln::tensor::Op::Reduce {
-                            op: ::kiln::tensor::ReduceOp::Sum,
-                            axes: vec![0usize],
-                        },
-                        &[],
-                    )?;
-                let d_fc1_bias = t105.reshape(&[1024])?;
-                let t108 = x.permute(&[1usize, 0usize])?;
-                let t110 = t108.matmul(&t104)?;
-                let d_fc1_weight = t110.permute(&[1usize, 0usize])?;
-                (
-                    loss,
-                    d_fc1_bias,
-                    d_fc1_weight,
-                    d_fc2_bias,
-                    d_fc2_weight,
-                    d_fc3_bias,
-                    d_fc3_weight,
-                )
-            }
+                    __sizes,
+                    &[
+                        x,
+                        y,
+                        self.fc1.weight.raw(),
+                        self.fc1.bias.raw(),
+                        self.fc2.weight.raw(),
+                        self.fc2.bias.raw(),
+                        self.fc3.weight.raw(),
+                        self.fc3.bias.raw(),
+                    ],
+                    __seed,
+                    |__outs| (
+                        __outs.next().expect("a plan returns each of its outputs"),
+                        __outs.next().expect("a plan returns each of its outputs"),
+                        __outs.next().expect("a plan returns each of its outputs"),
+                        __outs.next().expect("a plan returns each of its outputs"),
+                        __outs.next().expect("a plan returns each of its outputs"),
+                        __outs.next().expect("a plan returns each of its outputs"),
+                        __outs.next().expect("a plan returns each of its outputs"),
+                    ),
+                )?
         };
         let grads = MlpGrads {
             fc1: <<::kiln::tensor::nn::Linear<
@@ -888,7 +558,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
             >>::Grads>::from_raw([d_fc3_weight.clone(), d_fc3_bias.clone()])?,
             __kiln_backend: ::core::marker::PhantomData,
         };
-        Ok((::kiln::tensor::Tensor::from_raw(loss)?, grads))
+        Ok((loss, grads))
     }
     /// The build-time fusion plans of this model's methods, as `(method, plan
     /// text)`: the forward methods and the value-and-gradient entries.

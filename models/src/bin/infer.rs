@@ -50,7 +50,7 @@ struct Args {
     latency_images: usize,
 }
 
-fn run<M: Classifier<Cpu, 1> + Classifier<Cpu, 500>>(args: &Args) -> Result<()> {
+fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
     let dev = CpuDevice;
     let (dir, norm) = match args.dataset {
         Dataset::Mnist => ("mnist", MNIST_NORM),
@@ -65,7 +65,7 @@ fn run<M: Classifier<Cpu, 1> + Classifier<Cpu, 500>>(args: &Args) -> Result<()> 
     });
     let mut model = M::init(&dev, 0)?;
     checkpoint::load(&mut model, &path)?;
-    let acc = accuracy::<Cpu, M, 500>(&model, &data.test, &dev)?;
+    let acc = accuracy(&model, &data.test, &dev)?;
     println!(
         "{}: test accuracy {:.2}% on {} images",
         path.display(),
@@ -79,10 +79,8 @@ fn run<M: Classifier<Cpu, 1> + Classifier<Cpu, 500>>(args: &Args) -> Result<()> 
     for i in 0..n {
         let px = data.test.images[i * data.test.pixels..(i + 1) * data.test.pixels].to_vec();
         let start = Instant::now();
-        let x = images::<Cpu, <M as Classifier<Cpu, 1>>::Input>(px, &dev)?;
-        let pred = <M as Classifier<Cpu, 1>>::logits(&model, &x)?
-            .argmax::<1>()?
-            .to_vec()?[0];
+        let x = images::<Cpu, M>(px, 1, &dev)?;
+        let pred = model.logits(&x)?.argmax(1, false)?.to_vec::<i32>()?[0];
         times.push(start.elapsed().as_secs_f64() * 1e6);
         correct += usize::from(pred == data.test.labels[i]);
     }

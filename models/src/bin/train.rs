@@ -87,10 +87,15 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-fn run<M: Classifier<Cpu, BATCH> + Classifier<Cpu, 500>, const BATCH: usize>(
-    args: &Args,
-) -> Result<()> {
+fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
     let dev = CpuDevice;
+    let batch = args.batch_size;
+    if !TRAIN_BATCHES.contains(&batch) {
+        return Err(Error::invalid(
+            "kiln-train",
+            format!("batch size {batch} is not one of 16, 32, 64, 128, 256, 512"),
+        ));
+    }
     let (dir, norm) = match args.dataset {
         Dataset::Mnist => ("mnist", MNIST_NORM),
         Dataset::Fashion => ("fashion-mnist", FASHION_NORM),
@@ -100,7 +105,7 @@ fn run<M: Classifier<Cpu, BATCH> + Classifier<Cpu, 500>, const BATCH: usize>(
         data.train = data.train.take(args.limit);
     }
     let mut model = M::init(&dev, args.seed)?;
-    let steps_per_epoch = (data.train.len() / BATCH) as u64;
+    let steps_per_epoch = (data.train.len() / batch) as u64;
     let total = steps_per_epoch * args.epochs as u64;
     let schedule = CosineWithWarmup::new(
         args.lr,
@@ -109,7 +114,7 @@ fn run<M: Classifier<Cpu, BATCH> + Classifier<Cpu, 500>, const BATCH: usize>(
         total.max(1),
     )?;
     println!(
-        "training {:?} ({} parameters) on {:?}: {} examples, batch {BATCH}, {} epochs, {:?} lr {}",
+        "training {:?} ({} parameters) on {:?}: {} examples, batch {batch}, {} epochs, {:?} lr {}",
         args.model,
         model.num_params(),
         args.dataset,
@@ -142,7 +147,7 @@ fn run<M: Classifier<Cpu, BATCH> + Classifier<Cpu, 500>, const BATCH: usize>(
             ));
         }
         if (r.step + 1).is_multiple_of(steps_per_epoch) {
-            last_acc = format!("{:.2}%", 100.0 * accuracy::<Cpu, M, 500>(m, &test, &dev)?);
+            last_acc = format!("{:.2}%", 100.0 * accuracy(m, &test, &dev)?);
             // `suspend` prints even when the bar is hidden (output not a terminal).
             bar.suspend(|| {
                 println!(
@@ -151,7 +156,7 @@ fn run<M: Classifier<Cpu, BATCH> + Classifier<Cpu, 500>, const BATCH: usize>(
                 )
             });
         }
-        let rate = ((r.step + 1) * BATCH as u64) as f64 / start.elapsed().as_secs_f64();
+        let rate = ((r.step + 1) * batch as u64) as f64 / start.elapsed().as_secs_f64();
         bar.set_message(format!(
             "epoch {} loss {avg:.4} acc {last_acc} {rate:.0} samples/s",
             r.epoch + 1
@@ -167,11 +172,12 @@ fn run<M: Classifier<Cpu, BATCH> + Classifier<Cpu, 500>, const BATCH: usize>(
                 weight_decay: args.weight_decay,
                 ..SgdConfig::default()
             })?;
-            fit::<Cpu, M, BATCH>(
+            fit(
                 &mut model,
                 &mut opt,
                 &schedule,
                 &data.train,
+                batch,
                 args.epochs,
                 args.seed,
                 &dev,
@@ -184,11 +190,12 @@ fn run<M: Classifier<Cpu, BATCH> + Classifier<Cpu, 500>, const BATCH: usize>(
                 weight_decay: args.weight_decay,
                 ..AdamWConfig::default()
             })?;
-            fit::<Cpu, M, BATCH>(
+            fit(
                 &mut model,
                 &mut opt,
                 &schedule,
                 &data.train,
+                batch,
                 args.epochs,
                 args.seed,
                 &dev,
@@ -197,13 +204,13 @@ fn run<M: Classifier<Cpu, BATCH> + Classifier<Cpu, 500>, const BATCH: usize>(
         }
     }
     bar.finish_and_clear();
-    let acc = accuracy::<Cpu, M, 500>(&model, &data.test, &dev)?;
+    let acc = accuracy(&model, &data.test, &dev)?;
     let secs = start.elapsed().as_secs_f64();
     println!(
         "trained {} epochs in {secs:.1}s ({:.1}s/epoch, {:.0} samples/s); test accuracy {:.2}%",
         args.epochs,
         secs / args.epochs.max(1) as f64,
-        (total * BATCH as u64) as f64 / secs,
+        (total * batch as u64) as f64 / secs,
         acc * 100.0
     );
     let out = args.out.clone().unwrap_or_else(|| {
@@ -230,28 +237,14 @@ fn run<M: Classifier<Cpu, BATCH> + Classifier<Cpu, 500>, const BATCH: usize>(
     Ok(())
 }
 
-macro_rules! dispatch {
-    ($model:ty, $args:expr) => {
-        match $args.batch_size {
-            16 => run::<$model, 16>($args),
-            32 => run::<$model, 32>($args),
-            64 => run::<$model, 64>($args),
-            128 => run::<$model, 128>($args),
-            256 => run::<$model, 256>($args),
-            512 => run::<$model, 512>($args),
-            other => Err(Error::invalid(
-                "kiln-train",
-                format!("batch size {other} is not one of 16, 32, 64, 128, 256, 512"),
-            )),
-        }
-    };
-}
+/// The batch sizes `--batch-size` takes (the zoo's classifiers are built for these).
+const TRAIN_BATCHES: [usize; 6] = [16, 32, 64, 128, 256, 512];
 
 fn main() {
     let args = Args::parse();
     let r = match args.model {
-        ModelKind::Mlp => dispatch!(Mlp<Cpu>, &args),
-        ModelKind::Cnn => dispatch!(LeNet<Cpu>, &args),
+        ModelKind::Mlp => run::<Mlp<Cpu>>(&args),
+        ModelKind::Cnn => run::<LeNet<Cpu>>(&args),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");

@@ -76,6 +76,15 @@ static NAMES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 /// Calls `f` with `join(prefix, name)` built in a reused buffer, so that walking a
 /// model's parameters every training step allocates nothing once warm.
 pub fn with_name<R>(prefix: &str, name: impl std::fmt::Display, f: impl FnOnce(&str) -> R) -> R {
+    let buf = take_name(prefix, &name);
+    let r = f(&buf);
+    give_back_name(buf);
+    r
+}
+
+/// A spare name buffer holding `prefix.name` (the generic `with_name` stays a few
+/// instructions per caller: this part is compiled once).
+fn take_name(prefix: &str, name: &dyn std::fmt::Display) -> String {
     use std::fmt::Write;
     let spare = NAMES.lock().unwrap_or_else(|e| e.into_inner()).pop();
     let mut buf = spare.unwrap_or_default();
@@ -85,9 +94,12 @@ pub fn with_name<R>(prefix: &str, name: impl std::fmt::Display, f: impl FnOnce(&
         buf.push('.');
     }
     let _ = write!(buf, "{name}");
-    let r = f(&buf);
+    buf
+}
+
+/// Returns a name buffer to the spares.
+fn give_back_name(buf: String) {
     NAMES.lock().unwrap_or_else(|e| e.into_inner()).push(buf);
-    r
 }
 
 /// The seed of a model's `n`-th training step (what `#[model]`'s `_and_grad` methods
