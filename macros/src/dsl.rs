@@ -3,7 +3,6 @@
 //! arrays of layers `[Linear<64, 64>; 4]`), parsed into specs and written back as
 //! the real types.
 
-use crate::sym::{DimTokens, SDim};
 use kiln_tensor::nn::LayerSpec;
 use kiln_tensor::DType;
 use proc_macro2::TokenStream;
@@ -45,19 +44,6 @@ impl TensorTy {
         let e = dtype_type(self.dtype);
         quote!(::kiln::tensor::Tensor<Be, (#(#dims,)*), #e>)
     }
-}
-
-/// The real tensor type for inferred dims.
-pub fn real_type(dims: &[SDim], dtype: DType) -> TokenStream {
-    let d = dims.iter().map(|d| d.to_type());
-    let e = dtype_type(dtype);
-    quote!(::kiln::tensor::Tensor<Be, (#(#d,)*), #e>)
-}
-
-/// The shape type alone: `(Const<B>, Const<784>,)`.
-pub fn shape_type(dims: &[SDim]) -> TokenStream {
-    let d = dims.iter().map(|d| d.to_type());
-    quote!((#(#d,)*))
 }
 
 /// The Rust type of a dtype's elements.

@@ -2,7 +2,7 @@
 //! generation needs to know about it — what each leaf is (an input, a parameter, a
 //! buffer), where each run-time size can be read, and readable names for nodes.
 
-use crate::sym::SDim;
+use kiln_fusion::SDim;
 use kiln_tensor::ir::{Graph, NodeId};
 use kiln_tensor::nn::ParamSpec;
 use kiln_tensor::{Builder, DType, Op, Result, TensorMeta};

@@ -45,7 +45,7 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
     // (title, plan const) of every planned method, for the printouts.
     let mut plans: Vec<(String, syn::Ident)> = Vec::new();
     for (mi, m) in methods.iter().enumerate() {
-        let mut lower = Lower::new(&fields, &methods, Mode::Eval, false);
+        let mut lower = Lower::new(&fields, &methods, Mode::Eval);
         let result = lower.lower_method(m);
         let method_errors = std::mem::take(&mut lower.errors);
         if method_errors.is_empty() {
@@ -144,7 +144,7 @@ fn signature(m: &MethodSig) -> TokenStream {
 /// The nodes a method returns, in order (one, or the parts of its tuple).
 fn result_nodes(v: &Val) -> Vec<NodeId> {
     match v {
-        Val::T(n, _) => vec![*n],
+        Val::T(n) => vec![*n],
         Val::Tuple(parts) => parts.iter().flat_map(result_nodes).collect(),
         _ => Vec::new(),
     }

@@ -37,17 +37,19 @@
 //!
 //! For `struct Mlp`: `Mlp<Be: Backend>` with typed layer fields, `MlpGrads<Be>`
 //! mirroring them, `impl Module<Be>` (named parameter visits, updates, checkpoints,
-//! seeded `init`). For each method: a typed method returning `Result<Tensor<..>>`
-//! whose body is the original one with the inferred types written on every binding;
-//! for a method returning a scalar, also `<name>_and_grad` returning the value and an
-//! `MlpGrads`, computed by a backward pass derived at build time.
-//!
-//! Each method returning one tensor and each `<name>_and_grad` is also planned by
-//! `kiln-fusion` at build time: the macro embeds the plan's text as an associated
-//! const, writes a native Rust loop for every distinct fused expression whose
-//! constants it knows (once per model, in a hidden module), and makes the method run the plan through the model's program cache (the
-//! op-by-op code stays, run when `model.set_fused(false)`). `Mlp::fusion_plans()`,
-//! `fusion_report()` and `fusion_dot()` show the plans.
+//! seeded `init`). Each method's body is lowered to a graph of the op table's
+//! primitives (every shape checked symbolically) and planned by `kiln-fusion` at build
+//! time; the macro embeds the plan's text as an associated const and writes a native
+//! Rust loop for every distinct fused expression whose constants it knows (once per
+//! model, in a hidden module). The method the user declared becomes a typed shim over
+//! a hidden raw method, generic over the backend only, that runs the plan through the
+//! model's program cache with the sizes given at run time: fused, or op by op (one
+//! backend call per node) when `model.set_fused(false)` or when the plan's symbolic
+//! dims do not describe the inputs. So a binary compiles each method once per backend,
+//! not once per batch size. A method returning a scalar also gets `<name>_and_grad`,
+//! returning the value and an `MlpGrads` computed by a backward pass derived at build
+//! time and planned with the forward one. `Mlp::fusion_plans()`, `fusion_report()` and
+//! `fusion_dot()` show the plans.
 //!
 //! Shape mistakes are errors on the exact sub-expression, naming both shapes; every
 //! independent mistake of a method is reported, without a cascade. A `#[model] impl`
@@ -64,7 +66,6 @@ mod lower;
 #[cfg(test)]
 mod snapshot;
 mod structs;
-mod sym;
 mod train;
 
 use proc_macro::TokenStream;

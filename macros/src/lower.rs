@@ -1,12 +1,11 @@
-//! Lowering a method body: every expression becomes nodes of the graph (shapes
-//! inferred symbolically, mismatches reported on the exact sub-expression) and, for
-//! the evaluation pass, the typed Rust that computes it with the inferred types
-//! written back for rustc to re-check.
+//! Lowering a method body: every expression becomes nodes of the graph, built by the
+//! op table's rules on symbolic dims; a refusal is reported on the exact
+//! sub-expression, naming both shapes.
 
-use crate::dsl::{dtype_type, parse_tensor_type, real_type, shape_type, FieldKind, TensorTy};
+use crate::dsl::{parse_tensor_type, FieldKind, TensorTy};
 use crate::graph::MGraph;
 use crate::structs::ModelField;
-use crate::sym::{f64_tokens, SDim};
+use kiln_fusion::SDim;
 use kiln_tensor::ir::NodeId;
 use kiln_tensor::nn::{LayerSpec, Mode};
 use kiln_tensor::op::fmt_dims;
@@ -157,8 +156,8 @@ pub struct LayerRef {
 /// A value during lowering.
 #[derive(Clone)]
 pub enum Val {
-    /// A tensor: its node, and (evaluation pass) the typed expression computing it.
-    T(NodeId, TokenStream),
+    /// A tensor: its node.
+    T(NodeId),
     /// A layer or an array of layers.
     Layer(LayerRef),
     /// A tuple.
@@ -179,16 +178,11 @@ pub struct Lower<'a> {
     pub mg: MGraph,
     /// Training or evaluation semantics.
     pub mode: Mode,
-    /// Whether to emit typed code (the evaluation pass).
-    typed: bool,
     /// Errors found so far.
     pub errors: Vec<syn::Error>,
-    scopes: Vec<HashMap<String, (Val, Ident)>>,
-    /// Typed statements emitted so far.
-    pub stmts: Vec<TokenStream>,
+    scopes: Vec<HashMap<String, Val>>,
     /// The const generics in scope (inlined methods map theirs to the caller's dims).
     consts: Vec<HashMap<String, SDim>>,
-    used_names: HashMap<String, usize>,
     depth: usize,
 }
 
@@ -221,23 +215,15 @@ fn src(e: &impl ToTokens) -> String {
 
 impl<'a> Lower<'a> {
     /// A lowering of `methods` of a model with `fields`.
-    pub fn new(
-        fields: &'a [ModelField],
-        methods: &'a [MethodSig],
-        mode: Mode,
-        typed: bool,
-    ) -> Self {
+    pub fn new(fields: &'a [ModelField], methods: &'a [MethodSig], mode: Mode) -> Self {
         Lower {
             fields,
             methods,
             mg: MGraph::default(),
             mode,
-            typed,
             errors: Vec::new(),
             scopes: vec![HashMap::new()],
-            stmts: Vec::new(),
             consts: vec![],
-            used_names: HashMap::new(),
             depth: 0,
         }
     }
@@ -261,25 +247,14 @@ impl<'a> Lower<'a> {
         fmt_dims(&self.dims(n))
     }
 
-    /// A fresh emitted variable name for a user binding `name`.
-    fn fresh(&mut self, name: &str) -> Ident {
-        let c = self.used_names.entry(name.to_string()).or_insert(0);
-        *c += 1;
-        if *c == 1 {
-            format_ident!("{}", name)
-        } else {
-            format_ident!("{}_{}", name, c)
-        }
-    }
-
-    fn bind(&mut self, name: &str, v: Val, emitted: Ident) {
+    fn bind(&mut self, name: &str, v: Val) {
         self.scopes
             .last_mut()
             .expect("a scope")
-            .insert(name.to_string(), (v, emitted));
+            .insert(name.to_string(), v);
     }
 
-    fn lookup(&self, name: &str) -> Option<(Val, Ident)> {
+    fn lookup(&self, name: &str) -> Option<Val> {
         self.scopes.iter().rev().find_map(|s| s.get(name).cloned())
     }
 
@@ -297,17 +272,6 @@ impl<'a> Lower<'a> {
             .collect()
     }
 
-    /// The typed type of a node.
-    fn ty(&self, n: NodeId) -> TokenStream {
-        real_type(&self.dims(n), self.dtype(n))
-    }
-
-    /// A typed expression wrapping a raw expression as the node's inferred type.
-    fn wrap_raw(&self, n: NodeId, raw: TokenStream) -> TokenStream {
-        let ty = self.ty(n);
-        quote!(<#ty>::from_raw(#raw)?)
-    }
-
     // ---- method bodies ------------------------------------------------------------
 
     /// Lowers a top-level method: arguments become inputs; returns the result value.
@@ -321,11 +285,7 @@ impl<'a> Lower<'a> {
         for (name, ty) in &m.args {
             let dims = self.resolve_dims(ty);
             let n = self.mg.input(name.clone(), dims, ty.dtype);
-            let id = self.fresh(&name.to_string());
-            if self.typed {
-                self.stmts.push(quote!(let #id = #name.clone();));
-            }
-            self.bind(&name.to_string(), Val::T(n, quote!(#id)), id);
+            self.bind(&name.to_string(), Val::T(n));
         }
         let r = self.lower_block_stmts(&m.item.block.stmts, &m.item.block);
         let r = r.and_then(|v| self.check_result(m, v, &FinalExpr(m)));
@@ -368,7 +328,7 @@ impl<'a> Lower<'a> {
             return Err(());
         }
         for (p, want) in parts.iter().zip(&m.ret) {
-            let Val::T(n, _) = p else {
+            let Val::T(n) = p else {
                 self.err(span, "expected a tensor here");
                 return Err(());
             };
@@ -504,7 +464,7 @@ impl<'a> Lower<'a> {
                     .unwrap_or_default();
                 match parse_tensor_type(&pt.ty, &consts) {
                     Ok(Some(ty)) => {
-                        if let Val::T(n, _) = &v {
+                        if let Val::T(n) = &v {
                             let want = self.resolve_dims(&ty);
                             let got = self.dims(*n);
                             let ok = want.len() == got.len()
@@ -553,19 +513,10 @@ impl<'a> Lower<'a> {
     }
 
     fn bind_name(&mut self, name: &str, v: Val, _expr: &Expr) {
-        let id = self.fresh(name);
-        let v = match v {
-            Val::T(n, code) => {
-                self.mg.name(n, name);
-                if self.typed {
-                    let ty = self.ty(n);
-                    self.stmts.push(quote!(let #id: #ty = #code;));
-                }
-                Val::T(n, quote!(#id))
-            }
-            other => other,
-        };
-        self.bind(name, v, id);
+        if let Val::T(n) = v {
+            self.mg.name(n, name);
+        }
+        self.bind(name, v);
     }
 
     fn lower_for(&mut self, f: &syn::ExprForLoop) {
@@ -602,7 +553,7 @@ impl<'a> Lower<'a> {
                 kind: (**inner).clone(),
             };
             self.scopes.push(HashMap::new());
-            self.bind(&pi.ident.to_string(), Val::Layer(layer), pi.ident.clone());
+            self.bind(&pi.ident.to_string(), Val::Layer(layer));
             for s in &f.body.stmts {
                 match s {
                     Stmt::Expr(Expr::Assign(a), _) => {
@@ -627,7 +578,7 @@ impl<'a> Lower<'a> {
                                     key: kiln_tensor::nn::join(&arr.key, &i.to_string()),
                                     kind: (**inner).clone(),
                                 });
-                                self.bind(&pi.ident.to_string(), layer_val, pi.ident.clone());
+                                self.bind(&pi.ident.to_string(), layer_val);
                             }
                             other => self.err(
                                 &other,
@@ -677,8 +628,8 @@ impl<'a> Lower<'a> {
                     return Err(());
                 };
                 match self.lookup(&id.to_string()) {
-                    Some((Val::Unknown, _)) => Err(()),
-                    Some((v, _)) => Ok(v),
+                    Some(Val::Unknown) => Err(()),
+                    Some(v) => Ok(v),
                     None => {
                         self.err(&id, format!("unknown variable `{id}`"));
                         Err(())
@@ -773,7 +724,7 @@ impl<'a> Lower<'a> {
             Expr::Unary(u) => match u.op {
                 syn::UnOp::Neg(_) => match self.lower_expr(&u.expr)? {
                     Val::Scalar(s) => Ok(Val::Scalar(-s)),
-                    Val::T(n, code) => self.unary(n, code, UnaryOp::Neg, u),
+                    Val::T(n) => self.unary(n, UnaryOp::Neg, u),
                     _ => {
                         self.err(&u, "only tensors and numbers can be negated");
                         Err(())
@@ -870,7 +821,7 @@ impl<'a> Lower<'a> {
                 return Err(());
             }
         };
-        let Val::T(xn, xcode) = x else {
+        let Val::T(xn) = x else {
             if !matches!(x, Val::Unknown) {
                 self.err(&arg, format!("`{}` takes a tensor", l.display));
             }
@@ -896,6 +847,25 @@ impl<'a> Lower<'a> {
             };
             self.err(&arg, msg);
             return Err(());
+        }
+        if let LayerSpec::Conv2d { .. }
+        | LayerSpec::MaxPool2d { .. }
+        | LayerSpec::AvgPool2d { .. } = spec
+        {
+            // Window output sizes divide; symbolic dims cannot, so a plan could not
+            // resolve them when it runs.
+            if dims.len() == 4 && (dims[2].as_lit().is_none() || dims[3].as_lit().is_none()) {
+                self.err(
+                    &arg,
+                    format!(
+                        "`{}` ({spec}) needs the height and width of its input to be integer literals, but `{}` has shape {}; only the batch and channel dims may be `Dyn` or const generics",
+                        l.display,
+                        src(arg),
+                        fmt_dims(&dims)
+                    ),
+                );
+                return Err(());
+            }
         }
         let mut leaves = Vec::new();
         for p in spec.params() {
@@ -938,62 +908,7 @@ impl<'a> Lower<'a> {
                 node,
             });
         }
-        let y = out.y;
-        let code = if self.typed {
-            self.layer_code(l, &spec, xn, &xcode, y, span)?
-        } else {
-            quote!()
-        };
-        Ok(Val::T(y, code))
-    }
-
-    /// The typed call of a layer.
-    fn layer_code(
-        &mut self,
-        l: &LayerRef,
-        spec: &LayerSpec,
-        x: NodeId,
-        xcode: &TokenStream,
-        y: NodeId,
-        span: &dyn ToTokens,
-    ) -> LResult<TokenStream> {
-        let path = &l.path;
-        let eval = quote!(::kiln::tensor::nn::Mode::Eval);
-        Ok(match spec {
-            LayerSpec::Linear { .. } | LayerSpec::LayerNorm { .. } => {
-                quote!(#path.forward(&#xcode)?)
-            }
-            LayerSpec::BatchNorm2d { .. } | LayerSpec::Dropout { .. } => {
-                quote!(#path.forward(&#xcode, #eval)?)
-            }
-            LayerSpec::Conv2d { .. }
-            | LayerSpec::MaxPool2d { .. }
-            | LayerSpec::AvgPool2d { .. } => {
-                let (xd, yd) = (self.dims(x), self.dims(y));
-                let lits: Option<Vec<usize>> = [&xd[2], &xd[3], &yd[2], &yd[3]]
-                    .iter()
-                    .map(|d| d.as_lit())
-                    .collect();
-                let Some(l4) = lits else {
-                    self.err(span, format!("`{}` needs the height and width of its input to be literal sizes, but they are {} and {}", l.display, xd[2], xd[3]));
-                    return Err(());
-                };
-                let [h, w, oh, ow] =
-                    [l4[0], l4[1], l4[2], l4[3]].map(proc_macro2::Literal::usize_unsuffixed);
-                quote!(#path.forward::<_, _, #h, #w, #oh, #ow>(&#xcode)?)
-            }
-            LayerSpec::Flatten => {
-                let s = shape_type(&self.dims(y));
-                quote!(#xcode.reshape::<#s>()?)
-            }
-            LayerSpec::Embedding { .. } => {
-                if self.dims(x).len() == 2 {
-                    quote!(#path.forward(&#xcode)?)
-                } else {
-                    self.wrap_raw(y, quote!(#path.forward_raw(#xcode.raw(), #eval)?))
-                }
-            }
-        })
+        Ok(Val::T(out.y))
     }
 
     fn lower_method_call(&mut self, mc: &syn::ExprMethodCall) -> LResult<Val> {
@@ -1044,11 +959,11 @@ impl<'a> Lower<'a> {
             );
             return Err(());
         }
-        let Val::T(n, code) = recv else {
+        let Val::T(n) = recv else {
             self.err(&mc.receiver, format!("`.{method}()` needs a tensor"));
             return Err(());
         };
-        self.tensor_method(n, code, mc)
+        self.tensor_method(n, mc)
     }
 
     fn inline_call(&mut self, m: &MethodSig, mc: &syn::ExprMethodCall) -> LResult<Val> {
@@ -1073,10 +988,9 @@ impl<'a> Lower<'a> {
         }
         let mut frame: HashMap<String, SDim> = HashMap::new();
         let mut bound = Vec::new();
-        let mut codes = Vec::new();
         for (arg, (pname, pty)) in mc.args.iter().zip(&m.args) {
             let v = self.lower_expr(arg)?;
-            let Val::T(n, code) = v else {
+            let Val::T(n) = v else {
                 self.err(&arg, format!("`{}` takes a tensor for `{pname}`", m.name()));
                 return Err(());
             };
@@ -1119,7 +1033,6 @@ impl<'a> Lower<'a> {
                 }
             }
             bound.push((pname.to_string(), n));
-            codes.push(code);
         }
         for c in &m.consts {
             if !frame.contains_key(&c.to_string()) {
@@ -1127,64 +1040,25 @@ impl<'a> Lower<'a> {
                 return Err(());
             }
         }
-        // Lower the callee's body in its own scope, without emitting typed code: the
-        // typed program calls the generated method instead.
+        // Lower the callee's body in its own scope, its const generics bound to the
+        // caller's dims.
         let saved_scopes = std::mem::replace(&mut self.scopes, vec![HashMap::new()]);
-        let saved_typed = self.typed;
-        self.typed = false;
         self.consts.push(frame);
         self.depth += 1;
         for (name, n) in &bound {
-            self.bind(name, Val::T(*n, quote!()), format_ident!("{}", name));
+            self.bind(name, Val::T(*n));
         }
         let r = self.lower_block_stmts(&m.item.block.stmts, &m.item.block);
         let r = r.and_then(|v| self.check_result(m, v, mc));
         self.depth -= 1;
         self.consts.pop();
-        self.typed = saved_typed;
         self.scopes = saved_scopes;
-        let v = r?;
-        if !self.typed {
-            return Ok(v);
-        }
-        let name = m.name();
-        let call = quote!(self.#name(#(&#codes),*)?);
-        Ok(match v {
-            Val::T(n, _) => Val::T(n, call),
-            Val::Tuple(parts) => {
-                // Bind the tuple once, then refer to its elements.
-                let tmp = self.fresh(&format!("{name}_out"));
-                self.stmts.push(quote!(let #tmp = #call;));
-                Val::Tuple(
-                    parts
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, p)| match p {
-                            Val::T(n, _) => {
-                                let i = syn::Index::from(i);
-                                Val::T(n, quote!(#tmp.#i.clone()))
-                            }
-                            other => other,
-                        })
-                        .collect(),
-                )
-            }
-            other => other,
-        })
+        r
     }
 
-    fn unary(
-        &mut self,
-        n: NodeId,
-        code: TokenStream,
-        op: UnaryOp,
-        span: &dyn ToTokens,
-    ) -> LResult<Val> {
+    fn unary(&mut self, n: NodeId, op: UnaryOp, span: &dyn ToTokens) -> LResult<Val> {
         match self.mg.unary(op, &n) {
-            Ok(y) => {
-                let m = format_ident!("{}", op.method());
-                Ok(Val::T(y, quote!(#code.#m()?)))
-            }
+            Ok(y) => Ok(Val::T(y)),
             Err(e) => {
                 self.err(span, describe(&e));
                 Err(())
@@ -1192,12 +1066,7 @@ impl<'a> Lower<'a> {
         }
     }
 
-    fn tensor_method(
-        &mut self,
-        n: NodeId,
-        code: TokenStream,
-        mc: &syn::ExprMethodCall,
-    ) -> LResult<Val> {
+    fn tensor_method(&mut self, n: NodeId, mc: &syn::ExprMethodCall) -> LResult<Val> {
         let method = mc.method.to_string();
         let span: &dyn ToTokens = mc;
         let nargs = mc.args.len();
@@ -1243,47 +1112,28 @@ impl<'a> Lower<'a> {
         if let Some(op) = unary(&method) {
             no_turbofish(self)?;
             want_args(self, 0)?;
-            return self.unary(n, code, op, span);
+            return self.unary(n, op, span);
         }
         let rank = self.dims(n).len();
         let res = match method.as_str() {
             "gelu" | "gelu_tanh" | "silu" | "square" => {
                 no_turbofish(self)?;
                 want_args(self, 0)?;
-                let y = match method.as_str() {
+                match method.as_str() {
                     "gelu" => self.mg.gelu_erf(&n),
                     "gelu_tanh" => self.mg.gelu_tanh(&n),
                     "silu" => self.mg.silu(&n),
                     _ => self.mg.square(&n),
-                };
-                y.map(|y| {
-                    let c = if method == "square" {
-                        quote!(#code.mul(&#code)?)
-                    } else {
-                        let m = &mc.method;
-                        quote!(#code.#m()?)
-                    };
-                    (y, c)
-                })
+                }
             }
             "softmax" | "log_softmax" => {
                 no_turbofish(self)?;
                 let axis = self.axis_arg(mc, rank)?.unwrap_or(rank.saturating_sub(1));
-                let y = if method == "softmax" {
+                if method == "softmax" {
                     self.mg.softmax(&n, axis)
                 } else {
                     self.mg.log_softmax(&n, axis)
-                };
-                y.map(|y| {
-                    let c = if axis + 1 == rank {
-                        let m = &mc.method;
-                        quote!(#code.#m()?)
-                    } else {
-                        let m = &mc.method;
-                        self.wrap_raw(y, quote!(#code.raw().#m(#axis)?))
-                    };
-                    (y, c)
-                })
+                }
             }
             "sum" | "mean" | "max" | "argmax" => {
                 want_args(self, 0)?;
@@ -1297,29 +1147,21 @@ impl<'a> Lower<'a> {
                         return Err(());
                     }
                 };
-                let y = match method.as_str() {
+                match method.as_str() {
                     "sum" => self.mg.sum(&n, &[axis], false),
                     "mean" => self.mg.mean(&n, &[axis], false),
                     "max" => self.mg.max(&n, &[axis], false),
                     _ => self.mg.argmax(&n, axis, false),
-                };
-                y.map(|y| {
-                    let m = &mc.method;
-                    (y, quote!(#code.#m::<#axis>()?))
-                })
+                }
             }
             "sum_all" | "mean_all" => {
                 no_turbofish(self)?;
                 want_args(self, 0)?;
-                let y = if method == "sum_all" {
+                if method == "sum_all" {
                     self.mg.sum_all(&n)
                 } else {
                     self.mg.mean_all(&n)
-                };
-                y.map(|y| {
-                    let m = &mc.method;
-                    (y, quote!(#code.#m()?))
-                })
+                }
             }
             "flatten" => {
                 no_turbofish(self)?;
@@ -1330,10 +1172,7 @@ impl<'a> Lower<'a> {
                 }
                 let dims = self.dims(n);
                 let rest = dims[1..].iter().fold(SDim::lit(1), |a, d| a.mul(d));
-                self.mg.reshape(&n, vec![dims[0].clone(), rest]).map(|y| {
-                    let s = shape_type(&self.dims(y));
-                    (y, quote!(#code.reshape::<#s>()?))
-                })
+                self.mg.reshape(&n, vec![dims[0].clone(), rest])
             }
             "reshape" => {
                 want_args(self, 0)?;
@@ -1341,10 +1180,7 @@ impl<'a> Lower<'a> {
                 for a in &turbofish {
                     dims.push(self.dim_arg(a)?);
                 }
-                self.mg.reshape(&n, dims).map(|y| {
-                    let s = shape_type(&self.dims(y));
-                    (y, quote!(#code.reshape::<#s>()?))
-                })
+                self.mg.reshape(&n, dims)
             }
             "permute" => {
                 want_args(self, 0)?;
@@ -1352,10 +1188,7 @@ impl<'a> Lower<'a> {
                     .iter()
                     .map(|a| self.const_usize(a))
                     .collect::<LResult<_>>()?;
-                self.mg.permute(&n, &perm).map(|y| {
-                    let s = shape_type(&self.dims(y));
-                    (y, quote!(#code.permute::<#s>(&[#(#perm),*])?))
-                })
+                self.mg.permute(&n, &perm)
             }
             "t" => {
                 no_turbofish(self)?;
@@ -1371,14 +1204,7 @@ impl<'a> Lower<'a> {
                     );
                     return Err(());
                 }
-                self.mg.transpose(&n, rank - 2, rank - 1).map(|y| {
-                    let c = if rank == 2 {
-                        quote!(#code.t()?)
-                    } else {
-                        self.wrap_raw(y, quote!(#code.raw().transpose(#rank - 2, #rank - 1)?))
-                    };
-                    (y, c)
-                })
+                self.mg.transpose(&n, rank - 2, rank - 1)
             }
             "matmul" | "cross_entropy" | "mse" | "concat" | "cross_entropy_smoothed" => {
                 if method != "concat" {
@@ -1391,11 +1217,11 @@ impl<'a> Lower<'a> {
                 };
                 want_args(self, k)?;
                 let rhs_e = &mc.args[0];
-                let Val::T(r, rcode) = self.lower_expr(rhs_e)? else {
+                let Val::T(r) = self.lower_expr(rhs_e)? else {
                     self.err(&rhs_e, format!("`.{method}()` takes a tensor"));
                     return Err(());
                 };
-                return self.tensor_pair(n, code, r, rcode, mc);
+                return self.tensor_pair(n, r, mc);
             }
             "cast" => {
                 want_args(self, 0)?;
@@ -1413,10 +1239,7 @@ impl<'a> Lower<'a> {
                     );
                     return Err(());
                 };
-                self.mg.cast(&n, dt).map(|y| {
-                    let e = dtype_type(dt);
-                    (y, quote!(#code.cast::<#e>()?))
-                })
+                self.mg.cast(&n, dt)
             }
             _ => {
                 self.err(&mc.method, format!("unknown tensor method `.{method}()`; see the kiln-macros docs for the methods model bodies support"));
@@ -1424,7 +1247,7 @@ impl<'a> Lower<'a> {
             }
         };
         match res {
-            Ok((y, c)) => Ok(Val::T(y, c)),
+            Ok(y) => Ok(Val::T(y)),
             Err(e) => {
                 self.err(span, refusal(&method, &[src(&mc.receiver)], &e));
                 Err(())
@@ -1432,20 +1255,13 @@ impl<'a> Lower<'a> {
         }
     }
 
-    fn tensor_pair(
-        &mut self,
-        a: NodeId,
-        acode: TokenStream,
-        b: NodeId,
-        bcode: TokenStream,
-        mc: &syn::ExprMethodCall,
-    ) -> LResult<Val> {
+    fn tensor_pair(&mut self, a: NodeId, b: NodeId, mc: &syn::ExprMethodCall) -> LResult<Val> {
         let method = mc.method.to_string();
         let (asrc, bsrc) = (src(&mc.receiver), src(&mc.args[0]));
         let span: &dyn ToTokens = mc;
         match method.as_str() {
             "matmul" => match self.mg.matmul(&a, &b) {
-                Ok(y) => Ok(Val::T(y, quote!(#acode.matmul(&#bcode)?))),
+                Ok(y) => Ok(Val::T(y)),
                 Err(e) => {
                     self.err(span, refusal("matmul", &[asrc, bsrc], &e));
                     Err(())
@@ -1464,10 +1280,7 @@ impl<'a> Lower<'a> {
                     0.0
                 };
                 match self.mg.cross_entropy(&a, &b, smoothing) {
-                    Ok(y) => {
-                        let s = f64_tokens(smoothing);
-                        Ok(Val::T(y, quote!(#acode.cross_entropy(&#bcode, #s)?)))
-                    }
+                    Ok(y) => Ok(Val::T(y)),
                     Err(e) => {
                         self.err(&mc.args[0], refusal(&method, &[asrc, bsrc], &e));
                         Err(())
@@ -1475,7 +1288,7 @@ impl<'a> Lower<'a> {
                 }
             }
             "mse" => match self.mg.mse(&a, &b) {
-                Ok(y) => Ok(Val::T(y, quote!(#acode.mse(&#bcode)?))),
+                Ok(y) => Ok(Val::T(y)),
                 Err(e) => {
                     self.err(span, refusal("mse", &[asrc, bsrc], &e));
                     Err(())
@@ -1495,10 +1308,7 @@ impl<'a> Lower<'a> {
                     }
                 };
                 match self.mg.concat(&[&a, &b], axis) {
-                    Ok(y) => {
-                        let c = self.wrap_raw(y, quote!(::kiln::tensor::RawTensor::concat(&[#acode.raw(), #bcode.raw()], #axis)?));
-                        Ok(Val::T(y, c))
-                    }
+                    Ok(y) => Ok(Val::T(y)),
                     Err(e) => {
                         self.err(span, refusal("concat", &[asrc, bsrc], &e));
                         Err(())
@@ -1534,81 +1344,38 @@ impl<'a> Lower<'a> {
         let span: &dyn ToTokens = b;
         match (l, r) {
             (Val::Scalar(x), Val::Scalar(y)) => Ok(Val::Scalar(op.eval(x, y))),
-            (Val::T(n, code), Val::Scalar(s)) => {
-                let (y, c) = match op {
-                    BinaryOp::Add => (self.mg.add_scalar(&n, s), {
-                        let s = f64_tokens(s);
-                        quote!(#code.add_scalar(#s)?)
-                    }),
-                    BinaryOp::Sub => (self.mg.add_scalar(&n, -s), {
-                        let ns = f64_tokens(-s);
-                        quote!(#code.add_scalar(#ns)?)
-                    }),
-                    BinaryOp::Mul => (self.mg.mul_scalar(&n, s), {
-                        let s = f64_tokens(s);
-                        quote!(#code.mul_scalar(#s)?)
-                    }),
-                    _ => (self.mg.mul_scalar(&n, 1.0 / s), {
-                        let inv = f64_tokens(1.0 / s);
-                        quote!(#code.mul_scalar(#inv)?)
-                    }),
+            (Val::T(n), Val::Scalar(s)) => {
+                let y = match op {
+                    BinaryOp::Add => self.mg.add_scalar(&n, s),
+                    BinaryOp::Sub => self.mg.add_scalar(&n, -s),
+                    BinaryOp::Mul => self.mg.mul_scalar(&n, s),
+                    _ => self.mg.mul_scalar(&n, 1.0 / s),
                 };
-                self.scalar_result(y, c, span)
+                self.scalar_result(y, span)
             }
-            (Val::Scalar(s), Val::T(n, code)) => {
-                let (y, c) = match op {
-                    BinaryOp::Add => (self.mg.add_scalar(&n, s), {
-                        let s = f64_tokens(s);
-                        quote!(#code.add_scalar(#s)?)
-                    }),
-                    BinaryOp::Mul => (self.mg.mul_scalar(&n, s), {
-                        let s = f64_tokens(s);
-                        quote!(#code.mul_scalar(#s)?)
-                    }),
-                    BinaryOp::Sub => {
-                        let y = self
-                            .mg
-                            .unary(UnaryOp::Neg, &n)
-                            .and_then(|m| self.mg.add_scalar(&m, s));
-                        (y, {
-                            let s = f64_tokens(s);
-                            quote!(#code.neg()?.add_scalar(#s)?)
-                        })
-                    }
-                    _ => {
-                        let y = self
-                            .mg
-                            .unary(UnaryOp::Recip, &n)
-                            .and_then(|m| self.mg.mul_scalar(&m, s));
-                        (y, {
-                            let s = f64_tokens(s);
-                            quote!(#code.recip()?.mul_scalar(#s)?)
-                        })
-                    }
+            (Val::Scalar(s), Val::T(n)) => {
+                let y = match op {
+                    BinaryOp::Add => self.mg.add_scalar(&n, s),
+                    BinaryOp::Mul => self.mg.mul_scalar(&n, s),
+                    BinaryOp::Sub => self
+                        .mg
+                        .unary(UnaryOp::Neg, &n)
+                        .and_then(|m| self.mg.add_scalar(&m, s)),
+                    _ => self
+                        .mg
+                        .unary(UnaryOp::Recip, &n)
+                        .and_then(|m| self.mg.mul_scalar(&m, s)),
                 };
-                self.scalar_result(y, c, span)
+                self.scalar_result(y, span)
             }
-            (Val::T(a, acode), Val::T(bn, bcode)) => {
-                let (ad, bd) = (self.dims(a), self.dims(bn));
-                match self.mg.binary(op, &a, &bn) {
-                    Ok(y) => {
-                        let same = ad.len() == bd.len()
-                            && ad.iter().zip(&bd).all(|(x, z)| x.matches(z) == Some(true));
-                        let m = format_ident!("{}", op.method());
-                        let c = if same {
-                            quote!(#acode.#m(&#bcode)?)
-                        } else {
-                            self.wrap_raw(y, quote!(#acode.raw().#m(#bcode.raw())?))
-                        };
-                        Ok(Val::T(y, c))
-                    }
-                    Err(e) => {
-                        let operands = [src(&b.left), src(&b.right)];
-                        self.err(span, refusal(sym, &operands, &e));
-                        Err(())
-                    }
+            (Val::T(a), Val::T(bn)) => match self.mg.binary(op, &a, &bn) {
+                Ok(y) => Ok(Val::T(y)),
+                Err(e) => {
+                    let operands = [src(&b.left), src(&b.right)];
+                    self.err(span, refusal(sym, &operands, &e));
+                    Err(())
                 }
-            }
+            },
             _ => {
                 self.err(span, format!("`{sym}` works on tensors and numbers"));
                 Err(())
@@ -1619,11 +1386,10 @@ impl<'a> Lower<'a> {
     fn scalar_result(
         &mut self,
         y: kiln_tensor::Result<NodeId>,
-        c: TokenStream,
         span: &dyn ToTokens,
     ) -> LResult<Val> {
         match y {
-            Ok(y) => Ok(Val::T(y, c)),
+            Ok(y) => Ok(Val::T(y)),
             Err(e) => {
                 self.err(span, describe(&e));
                 Err(())

@@ -104,12 +104,12 @@ pub fn value_and_grad(
     plan_id: usize,
     natives: &mut crate::fuse::Natives,
 ) -> Result<TokenStream, Vec<syn::Error>> {
-    let mut lower = Lower::new(fields, methods, Mode::Train { seed: 0 }, false);
+    let mut lower = Lower::new(fields, methods, Mode::Train { seed: 0 });
     let v = lower.lower_method(m);
     if !lower.errors.is_empty() {
         return Err(lower.errors);
     }
-    let Ok(Val::T(loss, _)) = v else {
+    let Ok(Val::T(loss)) = v else {
         return Err(vec![syn::Error::new(
             m.name().span(),
             "the loss must be a tensor",
