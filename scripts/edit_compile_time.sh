@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Edit-compile time of a model change, as a user meets it (issue 9, item 6):
 #  1. a one-line edit of the MLP (`relu` -> `gelu` in its first layer), then a release
-#     rebuild of `kiln-train` (the binary that dispatches the MLP and the CNN over its
-#     batch sizes);
+#     rebuild of the one-model binary (`examples/mnist_mlp.rs`: the MLP trained on
+#     MNIST) and of `kiln-train` (both zoo models, the command line, checkpoints);
 #  2. a shape mistake in the MLP (`fc3` fed 1000 features), then `cargo check` of
 #     kiln-models until the error shows.
 # Each is timed `--runs` times (alternating with the original source, so every timed
@@ -42,20 +42,36 @@ edit_activation() { sed -i 's/self.fc1(x).relu()/self.fc1(x).gelu()/' "$MODEL"; 
 edit_shape() { sed -i 's/fc3: Linear<1024, 10>/fc3: Linear<1000, 10>/' "$MODEL"; }
 restore() { cp "$BACKUP" "$MODEL"; }
 
-echo "# warming up the release build and the check"
-cargo build --release -p kiln-models --bin kiln-train >/dev/null 2>&1
+# The two release builds the edit is timed on.
+ONE_MODEL=(cargo build --release -p kiln-models --example mnist_mlp)
+TRAIN=(cargo build --release -p kiln-models --bin kiln-train)
+
+# Times one build of "$@" after the activation edit (from a warm build of the original).
+time_edit() {
+    restore
+    "$@" >/dev/null 2>&1 || { echo "error: $* failed before the edit" >&2; exit 1; }
+    edit_activation
+    local t0 t1
+    t0=$(now)
+    "$@" >/dev/null 2>&1 || { echo "error: $* failed after the edit" >&2; exit 1; }
+    t1=$(now)
+    awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }'
+}
+
+echo "# warming up the release builds and the check"
+"${ONE_MODEL[@]}" >/dev/null 2>&1
+"${TRAIN[@]}" >/dev/null 2>&1
 cargo check -p kiln-models >/dev/null 2>&1
 
+one_model_times=()
 build_times=()
 check_times=()
 for _ in $(seq "$RUNS"); do
-    restore
-    cargo build --release -p kiln-models --bin kiln-train >/dev/null 2>&1
-    edit_activation
-    t0=$(now)
-    cargo build --release -p kiln-models --bin kiln-train >/dev/null 2>&1
-    t1=$(now)
-    build_times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')")
+    # A failed build exits the subshell only: an empty time stops the script here.
+    t=$(time_edit "${ONE_MODEL[@]}") && [ -n "$t" ] || exit 1
+    one_model_times+=("$t")
+    t=$(time_edit "${TRAIN[@]}") && [ -n "$t" ] || exit 1
+    build_times+=("$t")
 
     restore
     cargo check -p kiln-models >/dev/null 2>&1
@@ -73,5 +89,6 @@ restore
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 echo "# cpu: $cpu, $(nproc) cores; commit $(git rev-parse --short HEAD)"
+echo "bench=edit_rebuild target=mnist_mlp profile=release runs=$RUNS median_s=$(printf '%s\n' "${one_model_times[@]}" | median) all=${one_model_times[*]}"
 echo "bench=edit_rebuild target=kiln-train profile=release runs=$RUNS median_s=$(printf '%s\n' "${build_times[@]}" | median) all=${build_times[*]}"
 echo "bench=edit_check target=kiln-models runs=$RUNS median_s=$(printf '%s\n' "${check_times[@]}" | median) all=${check_times[*]}"

@@ -274,10 +274,10 @@ struct Inferred {
 /// first node whose dims name them; a reshape to a `Dyn` that no input gives takes the
 /// size its element count leaves. A leaf that disagrees with the plan is an error; a
 /// computed node that does (two `Dyn` sizes that broadcast) clears `described`.
-fn infer_nodes<B: Backend>(
+fn infer_nodes(
     plan: &Plan<SDim>,
     params: &[(&str, usize)],
-    inputs: &[&RawTensor<B>],
+    inputs: &[TensorMeta],
 ) -> Result<Inferred> {
     let param = |name: &str| params.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
     let n = plan.graph.nodes.len();
@@ -296,8 +296,7 @@ fn infer_nodes<B: Backend>(
                 let k = plan.inputs.iter().position(|&l| l == i).ok_or_else(|| {
                     Error::invalid("plan", format!("leaf {i} is not one of its inputs"))
                 })?;
-                let t = inputs[k];
-                (None, TensorMeta::new(t.dims().to_vec(), t.dtype()))
+                (None, inputs[k].clone())
             }
             NodeKind::RecipDim(d) => {
                 let count = d.eval(&param, &rt)?;
@@ -316,7 +315,7 @@ fn infer_nodes<B: Backend>(
                     },
                     op => resolve_op(op, &param, &rt)?,
                 };
-                let meta = op.infer(&ins)?;
+                let meta = op.infer_sizes(&ins)?;
                 (Some(op), meta)
             }
         };
@@ -371,15 +370,15 @@ fn infer_nodes<B: Backend>(
 /// `infer_nodes`): no kernel sees a buffer of another size than its shape says. The
 /// result is declined (not `planned`) when the inputs are valid but the plan's
 /// symbolic dims do not describe them: then the caller runs op by op.
-fn resolve<B: Backend>(
+fn resolve(
     plan: &Plan<SDim>,
     natives: &[Option<NativeFn>],
     params: &[(&str, usize)],
-    inputs: &[&RawTensor<B>],
+    inputs: &[TensorMeta],
 ) -> Result<Resolved> {
     let mut key: Vec<usize> = params.iter().map(|(_, v)| *v).collect();
     for t in inputs {
-        key.extend_from_slice(t.dims());
+        key.extend_from_slice(&t.dims);
     }
     let Inferred {
         metas,
@@ -492,7 +491,8 @@ impl<B: Backend> Program<B> {
         {
             // Refused shapes are not remembered: the next call checks them again.
             self.resolved = None;
-            self.resolved = Some(resolve(&self.plan, self.natives, params, inputs)?);
+            let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
+            self.resolved = Some(resolve(&self.plan, self.natives, params, &metas)?);
         }
         let Program {
             plan,
@@ -567,7 +567,8 @@ impl<B: Backend> Program<B> {
                 ),
             ));
         }
-        let Inferred { ops, .. } = infer_nodes(plan, params, inputs)?;
+        let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
+        let Inferred { ops, .. } = infer_nodes(plan, params, &metas)?;
         let live = plan.graph.live(&plan.outputs);
         let mut eager = kiln_tensor::Eager::<B>::new(device.clone());
         let mut values: Vec<Option<RawTensor<B>>> = vec![None; plan.graph.nodes.len()];

@@ -480,6 +480,15 @@ impl<D> Op<D> {
     }
 }
 
+impl Op {
+    /// [`Op::infer`] on run-time sizes. Not generic, so it is compiled once, here:
+    /// the executors that call it on every op stay small in every binary.
+    #[inline(never)]
+    pub fn infer_sizes(&self, inputs: &[&TensorMeta]) -> Result<TensorMeta> {
+        self.infer(inputs)
+    }
+}
+
 impl<D: SymDim> Op<D> {
     /// The shape and dtype rule: the result's meta, or an error naming the op and the
     /// shapes that do not fit.

@@ -315,7 +315,7 @@ impl<B: Backend> Builder for Eager<B> {
     fn apply(&mut self, op: Op, inputs: &[&RawTensor<B>]) -> Result<RawTensor<B>> {
         let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
         let meta_refs: Vec<&TensorMeta> = metas.iter().collect();
-        let out = op.infer(&meta_refs)?;
+        let out = op.infer_sizes(&meta_refs)?;
         for t in inputs {
             if t.device != self.device {
                 return Err(Error::DeviceMismatch {

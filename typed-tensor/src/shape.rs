@@ -42,7 +42,7 @@ pub fn describe<S: Shape>() -> String {
 }
 
 /// Checks run-time sizes against a shape type's dims (`None` for `Dyn`).
-fn check_dims(dims: &[usize], want: &[Option<usize>]) -> Result<Dims> {
+pub(crate) fn check_dims(dims: &[usize], want: &[Option<usize>]) -> Result<Dims> {
     let ok = dims.len() == want.len()
         && dims
             .iter()

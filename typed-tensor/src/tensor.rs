@@ -7,7 +7,7 @@ use crate::backend::Backend;
 use crate::builder::{BuilderExt, Conv2dOptions};
 use crate::checks::{BroadcastCheck, ReshapeCheck, StaticCheck, WindowCheck};
 use crate::dim::{Const, Dim, SameDim};
-use crate::dtype::{Element, FloatElement};
+use crate::dtype::{DType, Element, FloatElement};
 use crate::error::{Error, Result};
 use crate::op::{fmt_dims, RandDist};
 use crate::raw::RawTensor;
@@ -58,20 +58,41 @@ pub struct Padding<const P: usize>;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Kernel<const K: usize>;
 
+/// Whether a raw tensor of `dtype` and `dims` fits a typed tensor of `want_dtype` and
+/// `want_dims` (`None` for `Dyn`). Not generic: compiled once, not per tensor type.
+fn check_fits(
+    dtype: DType,
+    dims: &Dims,
+    want_dtype: DType,
+    want_dims: &[Option<usize>],
+) -> Result<()> {
+    if dtype != want_dtype {
+        return Err(Error::dtype(
+            "from_raw",
+            format!("the tensor holds {dtype}, its type says {want_dtype}"),
+        ));
+    }
+    crate::shape::check_dims(dims, want_dims).map(|_| ())
+}
+
+/// An update left a tensor's dims and dtype as they were.
+fn check_unchanged(before: (&Dims, DType), after: (&Dims, DType)) -> Result<()> {
+    if before.0 != after.0 || before.1 != after.1 {
+        return Err(Error::shape(
+            "update",
+            format!(
+                "a {} {} tensor was replaced by a {} {}",
+                before.1, before.0, after.1, after.0
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl<B: Backend, S: Shape, E: Element> Tensor<B, S, E> {
     /// Wraps a raw tensor, checking its dims against `S` and its dtype against `E`.
     pub fn from_raw(raw: RawTensor<B>) -> Result<Self> {
-        if raw.dtype() != E::DTYPE {
-            return Err(Error::dtype(
-                "from_raw",
-                format!(
-                    "the tensor holds {}, its type says {}",
-                    raw.dtype(),
-                    E::DTYPE
-                ),
-            ));
-        }
-        S::check(raw.dims())?;
+        check_fits(raw.dtype(), raw.dims(), E::DTYPE, &S::DIMS[..S::RANK])?;
         Ok(Self::wrap(raw))
     }
 
@@ -94,17 +115,7 @@ impl<B: Backend, S: Shape, E: Element> Tensor<B, S, E> {
     pub fn update_raw(&mut self, f: impl FnOnce(&mut RawTensor<B>) -> Result<()>) -> Result<()> {
         let (dims, dtype) = (*self.raw.dims(), self.raw.dtype());
         f(&mut self.raw)?;
-        if *self.raw.dims() != dims || self.raw.dtype() != dtype {
-            return Err(Error::shape(
-                "update",
-                format!(
-                    "a {dtype} {dims} tensor was replaced by a {} {}",
-                    self.raw.dtype(),
-                    self.raw.dims()
-                ),
-            ));
-        }
-        Ok(())
+        check_unchanged((&dims, dtype), (self.raw.dims(), self.raw.dtype()))
     }
 
     /// Unwraps the untyped tensor.
