@@ -130,14 +130,6 @@ pub struct Program<B: Backend> {
     results: Vec<RawTensor<B>>,
 }
 
-fn resolve_dims(
-    ds: &[SDim],
-    param: &dyn Fn(&str) -> Option<usize>,
-    rt: &dyn Fn(u32) -> Option<usize>,
-) -> Result<Vec<usize>> {
-    ds.iter().map(|d| d.eval(param, rt)).collect()
-}
-
 /// The value bound to run-time size `id`, if any yet.
 fn lookup(atoms: &[(u32, usize)], id: u32) -> Option<usize> {
     atoms.iter().find(|(a, _)| *a == id).map(|(_, v)| *v)
@@ -178,84 +170,6 @@ fn reshape_dims(
         return Ok(to.into_iter().flatten().collect());
     }
     kiln_tensor::op::solve_reshape(from, &to)
-}
-
-/// The op with its symbolic dims resolved.
-fn resolve_op(
-    op: &Op<SDim>,
-    param: &dyn Fn(&str) -> Option<usize>,
-    rt: &dyn Fn(u32) -> Option<usize>,
-) -> Result<Op> {
-    let ds = |d: &[SDim]| resolve_dims(d, param, rt);
-    Ok(match op {
-        Op::Unary(u) => Op::Unary(*u),
-        Op::Binary(b) => Op::Binary(*b),
-        Op::Compare(c) => Op::Compare(*c),
-        Op::Where => Op::Where,
-        Op::Reduce { op, axes } => Op::Reduce {
-            op: *op,
-            axes: axes.clone(),
-        },
-        Op::Reshape { dims } => Op::Reshape { dims: ds(dims)? },
-        Op::Permute { perm } => Op::Permute { perm: perm.clone() },
-        Op::Expand { dims } => Op::Expand { dims: ds(dims)? },
-        Op::Slice {
-            axis,
-            start,
-            end,
-            step,
-        } => Op::Slice {
-            axis: *axis,
-            start: *start,
-            end: *end,
-            step: *step,
-        },
-        Op::Concat { axis } => Op::Concat { axis: *axis },
-        Op::Pad {
-            axis,
-            before,
-            after,
-            value,
-        } => Op::Pad {
-            axis: *axis,
-            before: *before,
-            after: *after,
-            value: *value,
-        },
-        Op::MatMul => Op::MatMul,
-        Op::Gather { axis } => Op::Gather { axis: *axis },
-        Op::ScatterAdd { axis, dims } => Op::ScatterAdd {
-            axis: *axis,
-            dims: ds(dims)?,
-        },
-        Op::Cast { dtype } => Op::Cast { dtype: *dtype },
-        Op::Unfold2d(w) => Op::Unfold2d(*w),
-        Op::Fold2d {
-            window,
-            height,
-            width,
-        } => Op::Fold2d {
-            window: *window,
-            height: height.eval(param, rt)?,
-            width: width.eval(param, rt)?,
-        },
-        Op::Full { dims, value, dtype } => Op::Full {
-            dims: ds(dims)?,
-            value: *value,
-            dtype: *dtype,
-        },
-        Op::Rand {
-            dims,
-            dist,
-            seed,
-            dtype,
-        } => Op::Rand {
-            dims: ds(dims)?,
-            dist: *dist,
-            seed: *seed,
-            dtype: *dtype,
-        },
-    })
 }
 
 /// Every node's dims and dtype, and its op with dims resolved, for one set of
@@ -313,7 +227,7 @@ fn infer_nodes(
                     Op::Reshape { dims } => Op::Reshape {
                         dims: reshape_dims(dims, &ins[0].dims, &param, &rt)?,
                     },
-                    op => resolve_op(op, &param, &rt)?,
+                    op => op.try_map_dims(|d| d.eval(&param, &rt))?,
                 };
                 let meta = op.infer_sizes(&ins)?;
                 (Some(op), meta)

@@ -404,6 +404,82 @@ impl<D> TensorMeta<D> {
 }
 
 impl<D> Op<D> {
+    /// The same op with every dim it carries (reshape, expand and scatter targets,
+    /// fold sizes, source dims) mapped by `f`: how a plan's symbolic op becomes the op
+    /// for the sizes of one call.
+    pub fn try_map_dims<E>(&self, mut f: impl FnMut(&D) -> Result<E>) -> Result<Op<E>> {
+        let mut all = |ds: &[D]| ds.iter().map(&mut f).collect::<Result<Vec<E>>>();
+        Ok(match self {
+            Op::Unary(u) => Op::Unary(*u),
+            Op::Binary(b) => Op::Binary(*b),
+            Op::Compare(c) => Op::Compare(*c),
+            Op::Where => Op::Where,
+            Op::Reduce { op, axes } => Op::Reduce {
+                op: *op,
+                axes: axes.clone(),
+            },
+            Op::Reshape { dims } => Op::Reshape { dims: all(dims)? },
+            Op::Permute { perm } => Op::Permute { perm: perm.clone() },
+            Op::Expand { dims } => Op::Expand { dims: all(dims)? },
+            Op::Slice {
+                axis,
+                start,
+                end,
+                step,
+            } => Op::Slice {
+                axis: *axis,
+                start: *start,
+                end: *end,
+                step: *step,
+            },
+            Op::Concat { axis } => Op::Concat { axis: *axis },
+            Op::Pad {
+                axis,
+                before,
+                after,
+                value,
+            } => Op::Pad {
+                axis: *axis,
+                before: *before,
+                after: *after,
+                value: *value,
+            },
+            Op::MatMul => Op::MatMul,
+            Op::Gather { axis } => Op::Gather { axis: *axis },
+            Op::ScatterAdd { axis, dims } => Op::ScatterAdd {
+                axis: *axis,
+                dims: all(dims)?,
+            },
+            Op::Cast { dtype } => Op::Cast { dtype: *dtype },
+            Op::Unfold2d(w) => Op::Unfold2d(*w),
+            Op::Fold2d {
+                window,
+                height,
+                width,
+            } => Op::Fold2d {
+                window: *window,
+                height: f(height)?,
+                width: f(width)?,
+            },
+            Op::Full { dims, value, dtype } => Op::Full {
+                dims: all(dims)?,
+                value: *value,
+                dtype: *dtype,
+            },
+            Op::Rand {
+                dims,
+                dist,
+                seed,
+                dtype,
+            } => Op::Rand {
+                dims: all(dims)?,
+                dist: *dist,
+                seed: *seed,
+                dtype: *dtype,
+            },
+        })
+    }
+
     /// The op's name in messages and plans.
     pub fn name(&self) -> &'static str {
         match self {
