@@ -191,6 +191,8 @@ pub fn parse_tensor_type(ty: &Type, consts: &[Ident]) -> syn::Result<Option<Tens
 pub enum FieldKind {
     /// A built-in layer.
     Layer(LayerSpec),
+    /// Another `#[model]`, by the path written in the field (`Block`, `blocks::Block`).
+    Model(syn::Path),
     /// An array of `n` of the same thing.
     Array(Box<FieldKind>, usize),
 }
@@ -200,6 +202,7 @@ impl FieldKind {
     pub fn real_type(&self) -> TokenStream {
         match self {
             FieldKind::Layer(spec) => layer_type(spec),
+            FieldKind::Model(path) => model_type(path),
             FieldKind::Array(inner, n) => {
                 let t = inner.real_type();
                 let n = proc_macro2::Literal::usize_unsuffixed(*n);
@@ -207,6 +210,24 @@ impl FieldKind {
             }
         }
     }
+}
+
+/// The type of a nested model: its path with the backend parameter, `Block<Be>`.
+pub fn model_type(path: &syn::Path) -> TokenStream {
+    let mut p = path.clone();
+    if let Some(last) = p.segments.last_mut() {
+        last.arguments = PathArguments::AngleBracketed(syn::parse_quote!(<Be>));
+    }
+    quote!(#p)
+}
+
+/// The name a nested model goes by in messages and as a definition's key: the last
+/// segment of its path.
+pub fn model_name(path: &syn::Path) -> String {
+    path.segments
+        .last()
+        .map(|s| s.ident.to_string())
+        .unwrap_or_default()
 }
 
 /// The runtime type of a layer spec, with every const argument spelled out.
@@ -256,7 +277,34 @@ pub fn layer_type(spec: &LayerSpec) -> TokenStream {
     }
 }
 
-/// Parses a field type: a built-in layer or an array of them.
+/// The built-in layer whose name `name` misspells (one or two edits away), if any.
+fn near_layer_name(name: &str) -> Option<&'static str> {
+    fn distance(a: &str, b: &str) -> usize {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut prev = row[0];
+            row[0] = i + 1;
+            for (j, &cb) in b.iter().enumerate() {
+                let cur = row[j + 1];
+                row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+                prev = cur;
+            }
+        }
+        row[b.len()]
+    }
+    LayerSpec::NAMES
+        .iter()
+        .copied()
+        .find(|l| *l != name && distance(&name.to_lowercase(), &l.to_lowercase()) <= 2)
+}
+
+/// Whether `name` is a standard collection (a field's layers must be fixed at build time).
+fn is_collection(name: &str) -> bool {
+    matches!(name, "Vec" | "VecDeque" | "Box" | "Option" | "HashMap")
+}
+
+/// Parses a field type: a built-in layer, another `#[model]`, or an array of them.
 pub fn parse_field_type(ty: &Type) -> syn::Result<FieldKind> {
     match ty {
         Type::Array(a) => {
@@ -268,13 +316,34 @@ pub fn parse_field_type(ty: &Type) -> syn::Result<FieldKind> {
             })?;
             Ok(FieldKind::Array(Box::new(parse_field_type(&a.elem)?), n))
         }
+        // A built-in layer's name misspelt (`Flaten`), not another model.
+        Type::Path(p)
+            if p.qself.is_none()
+                && p.path.segments.len() == 1
+                && near_layer_name(&p.path.segments[0].ident.to_string()).is_some() =>
+        {
+            let name = p.path.segments[0].ident.to_string();
+            let near = near_layer_name(&name).unwrap_or_default();
+            Err(syn::Error::new(
+                ty.span(),
+                format!("unknown layer type `{name}`; did you mean `{near}`? (the built-in layers are {}; a field may also hold another #[model])", LayerSpec::NAMES.join(", ")),
+            ))
+        }
+        // Another model: a path naming no built-in layer, without arguments.
+        Type::Path(p)
+            if p.qself.is_none()
+                && p.path.segments.iter().all(|s| s.arguments.is_none())
+                && !(p.path.segments.len() == 1
+                    && (LayerSpec::NAMES
+                        .contains(&p.path.segments[0].ident.to_string().as_str())
+                        || is_collection(&p.path.segments[0].ident.to_string()))) =>
+        {
+            Ok(FieldKind::Model(p.path.clone()))
+        }
         Type::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
             let seg = &p.path.segments[0];
             let name = seg.ident.to_string();
-            if matches!(
-                name.as_str(),
-                "Vec" | "VecDeque" | "Box" | "Option" | "HashMap"
-            ) {
+            if is_collection(&name) {
                 return Err(syn::Error::new(
                     ty.span(),
                     format!("a `{name}` of layers is not supported: a model's layers are fixed at build time; use an array, `[Linear<64, 64>; 4]`, and loop over it with `for layer in &self.field`"),

@@ -4,8 +4,10 @@
 //! plan with the sizes given at run time (fused, or op by op). Each method that returns
 //! a scalar also gets `<name>_and_grad`.
 
-use crate::lower::{parse_method, Lower, MethodSig, Val};
+use crate::dsl::FieldKind;
+use crate::lower::{parse_method, Defs, Lower, MethodSig, ModelDef, Val};
 use crate::structs::parse_fields;
+use crate::structs::ModelField;
 use crate::train::value_and_grad;
 use kiln_tensor::ir::NodeId;
 use kiln_tensor::nn::Mode;
@@ -15,14 +17,134 @@ use syn::spanned::Spanned;
 use syn::Ident;
 use syn::{ImplItem, ItemImpl, ItemStruct};
 
-/// Expands the impl of a model whose struct is `item`.
-pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
+/// A nested model's definition as its definition macro hands it over:
+/// `def { struct Block { .. } ; impl Block { .. } }`, or `broken_def { .. }` for a
+/// model whose own expansion reported mistakes (calls into it report nothing more).
+pub struct Def {
+    item: ItemStruct,
+    imp: ItemImpl,
+    broken: bool,
+}
+
+impl syn::parse::Parse for Def {
+    fn parse(input: syn::parse::ParseStream) -> syn::Result<Self> {
+        let kw: Ident = input.parse()?;
+        if kw != "def" && kw != "broken_def" {
+            return Err(syn::Error::new(kw.span(), "expected `def { .. }`"));
+        }
+        let body;
+        syn::braced!(body in input);
+        let item = body.parse()?;
+        body.parse::<syn::Token![;]>()?;
+        let imp = body.parse()?;
+        Ok(Def {
+            item,
+            imp,
+            broken: kw == "broken_def",
+        })
+    }
+}
+
+impl quote::ToTokens for Def {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        let (item, imp) = (&self.item, &self.imp);
+        let kw = quote::format_ident!("{}", if self.broken { "broken_def" } else { "def" });
+        tokens.extend(quote!(#kw { #item ; #imp }));
+    }
+}
+
+/// The path of the first nested model, among `fields` and those of `defs`, whose
+/// definition is not in `defs` yet.
+fn missing_def(fields: &[ModelField], defs: &Defs) -> Option<syn::Path> {
+    fn walk(kind: &FieldKind, defs: &Defs) -> Option<syn::Path> {
+        match kind {
+            FieldKind::Layer(_) => None,
+            FieldKind::Array(inner, _) => walk(inner, defs),
+            FieldKind::Model(path) => {
+                (!defs.contains_key(&crate::dsl::model_name(path))).then(|| path.clone())
+            }
+        }
+    }
+    fields
+        .iter()
+        .chain(defs.values().flat_map(|d| d.fields.iter()))
+        .find_map(|f| walk(&f.kind, defs))
+}
+
+/// The nested models' definitions, parsed (a definition with mistakes was reported by
+/// its own expansion: what parses of it is kept).
+fn parse_defs(defs: &[Def]) -> Defs {
+    let mut out = Defs::new();
+    for d in defs {
+        let fields = parse_fields(&d.item).unwrap_or_default();
+        let methods = d
+            .imp
+            .items
+            .iter()
+            .filter_map(|it| match it {
+                ImplItem::Fn(f) => parse_method(f).ok(),
+                _ => None,
+            })
+            .collect();
+        out.insert(
+            d.item.ident.to_string(),
+            ModelDef {
+                fields,
+                methods,
+                broken: d.broken,
+            },
+        );
+    }
+    out
+}
+
+/// The macro through which other models reach this one's definition: named like the
+/// struct (a `use` of the struct brings it along, a path to the struct reaches it),
+/// it hands the struct, the impl and the definitions of this model's own nested
+/// models to `model_impl!`, appended to what it was given.
+pub(crate) fn def_macro(
+    item: &ItemStruct,
+    imp: &ItemImpl,
+    defs: &[Def],
+    broken: bool,
+) -> TokenStream {
+    let name = &item.ident;
+    let kw = quote::format_ident!("{}", if broken { "broken_def" } else { "def" });
+    let module = quote::format_ident!("__kiln_def_{}", name);
+    quote! {
+        #[doc(hidden)]
+        #[allow(non_snake_case)]
+        mod #module {
+            #[doc(hidden)]
+            #[allow(unused_macros)]
+            macro_rules! #name {
+                ($($given:tt)*) => {
+                    ::kiln::__private::model_impl! { $($given)* #kw { #item ; #imp } #(#defs)* }
+                };
+            }
+            #[allow(unused_imports)]
+            pub(crate) use #name;
+        }
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        pub(crate) use #module::#name;
+    }
+}
+
+/// Expands the impl of a model whose struct is `item`, given the definitions of its
+/// nested models gathered so far: while one is missing, the expansion asks that
+/// model's definition macro for it (which calls back with it appended).
+pub fn expand_impl(item: ItemStruct, imp: ItemImpl, def_items: Vec<Def>) -> TokenStream {
     let model = &item.ident;
     let fields = match parse_fields(&item) {
         Ok(f) => f,
         // The struct's own expansion already reports these.
         Err(_) => return quote!(),
     };
+    let defs = parse_defs(&def_items);
+    if let Some(path) = missing_def(&fields, &defs) {
+        return quote!(#path! { #item ; #imp #(#def_items)* });
+    }
     let mut errors: Vec<syn::Error> = Vec::new();
     if !imp.generics.params.is_empty() || imp.trait_.is_some() {
         errors.push(syn::Error::new(imp.span(), "write `#[model] impl Model { .. }`: no generics, no trait (the backend `Be` is added for you)"));
@@ -45,7 +167,7 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
     // (title, plan const) of every planned method, for the printouts.
     let mut plans: Vec<(String, syn::Ident)> = Vec::new();
     for (mi, m) in methods.iter().enumerate() {
-        let mut lower = Lower::new(&fields, &methods, Mode::Eval);
+        let mut lower = Lower::new(&fields, &methods, &defs, Mode::Eval);
         let result = lower.lower_method(m);
         let method_errors = std::mem::take(&mut lower.errors);
         if method_errors.is_empty() {
@@ -73,7 +195,15 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
                     .collect();
                 out.push(planned_method(m, &fused, outputs.len(), &picks, &fields));
                 if m.is_scalar_loss() {
-                    match value_and_grad(model, &fields, &methods, m, 2 * mi + 1, &mut natives) {
+                    match value_and_grad(
+                        model,
+                        &fields,
+                        &methods,
+                        &defs,
+                        m,
+                        2 * mi + 1,
+                        &mut natives,
+                    ) {
                         Ok(t) => {
                             plans.push((
                                 format!("{}_and_grad", m.name()),
@@ -95,6 +225,7 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
     }
     let compile_errors = errors.iter().map(|e| e.to_compile_error());
     let natives = natives.module();
+    let def = def_macro(&item, &imp, &def_items, !errors.is_empty());
     let titles: Vec<String> = plans.iter().map(|(t, _)| format!("{model}::{t}")).collect();
     let consts: Vec<&syn::Ident> = plans.iter().map(|(_, c)| c).collect();
     quote! {
@@ -119,6 +250,7 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl) -> TokenStream {
             }
         }
         #natives
+        #def
         #(#compile_errors)*
     }
 }

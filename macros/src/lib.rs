@@ -117,6 +117,7 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
 struct ImplInput {
     item: ItemStruct,
     imp: ItemImpl,
+    defs: Vec<impls::Def>,
 }
 
 impl Parse for ImplInput {
@@ -124,17 +125,22 @@ impl Parse for ImplInput {
         let item = input.parse()?;
         input.parse::<Token![;]>()?;
         let imp = input.parse()?;
-        Ok(ImplInput { item, imp })
+        let mut defs = Vec::new();
+        while !input.is_empty() {
+            defs.push(input.parse()?);
+        }
+        Ok(ImplInput { item, imp, defs })
     }
 }
 
 /// Internal: the second half of `#[model] impl`, reached through the struct's hidden
-/// callback macro with the struct's definition prepended.
+/// callback macro with the struct's definition prepended, then through each nested
+/// model's definition macro with that model's definition appended (`def { .. }`).
 #[doc(hidden)]
 #[proc_macro]
 pub fn model_impl(input: TokenStream) -> TokenStream {
     match syn::parse::<ImplInput>(input) {
-        Ok(i) => impls::expand_impl(i.item, i.imp).into(),
+        Ok(i) => impls::expand_impl(i.item, i.imp, i.defs).into(),
         Err(e) => e.to_compile_error().into(),
     }
 }

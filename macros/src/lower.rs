@@ -153,6 +153,68 @@ pub struct LayerRef {
     pub kind: FieldKind,
 }
 
+/// A nested model's definition, as its `#[model]` impl handed it over.
+pub struct ModelDef {
+    /// Its fields.
+    pub fields: Vec<ModelField>,
+    /// Its methods.
+    pub methods: Vec<MethodSig>,
+    /// Whether its own expansion reported mistakes (calls into it then report none).
+    pub broken: bool,
+}
+
+/// The nested models' definitions, by name (the last segment of their path).
+pub type Defs = HashMap<String, ModelDef>;
+
+/// Where `self` of the body being lowered is, seen from the top model.
+#[derive(Clone)]
+struct Frame {
+    /// The expression (`self`, `self.blocks[0]`).
+    path: TokenStream,
+    /// How messages name it (`self`, `self.blocks[0]`).
+    display: String,
+    /// Its checkpoint prefix (empty, `blocks.0`).
+    key: String,
+}
+
+impl Frame {
+    /// The top model's `self`.
+    fn top() -> Self {
+        Frame {
+            path: quote!(self),
+            display: "self".into(),
+            key: String::new(),
+        }
+    }
+
+    /// The frame of a nested model reached as `l`.
+    fn of(l: &LayerRef) -> Self {
+        Frame {
+            path: l.path.clone(),
+            display: l.display.clone(),
+            key: l.key.clone(),
+        }
+    }
+
+    /// The field `name` of this frame's model: read directly from the top model, through
+    /// its hidden accessor from a nested one (whose fields may be private to its module).
+    fn field(&self, name: &Ident, kind: FieldKind) -> LayerRef {
+        let path = &self.path;
+        let path = if self.key.is_empty() {
+            quote!(#path.#name)
+        } else {
+            let accessor = format_ident!("__kiln_field_{}", name);
+            quote!(#path.#accessor())
+        };
+        LayerRef {
+            path,
+            display: format!("{}.{name}", self.display),
+            key: kiln_tensor::nn::join(&self.key, &name.to_string()),
+            kind,
+        }
+    }
+}
+
 /// A value during lowering.
 #[derive(Clone)]
 pub enum Val {
@@ -170,10 +232,15 @@ pub enum Val {
 
 /// Lowers method bodies of one model.
 pub struct Lower<'a> {
-    /// The model's fields.
+    /// The fields of the model whose body is being lowered (a nested model's while
+    /// one of its methods is inlined).
     pub fields: &'a [ModelField],
-    /// Every method of the impl (for inlining calls between them).
+    /// Its methods (for inlining calls between them).
     pub methods: &'a [MethodSig],
+    /// The definitions of the nested models, by name.
+    defs: &'a Defs,
+    /// Where `self` of the current body is, seen from the top model.
+    frame: Frame,
     /// The graph.
     pub mg: MGraph,
     /// Training or evaluation semantics.
@@ -215,10 +282,17 @@ fn src(e: &impl ToTokens) -> String {
 
 impl<'a> Lower<'a> {
     /// A lowering of `methods` of a model with `fields`.
-    pub fn new(fields: &'a [ModelField], methods: &'a [MethodSig], mode: Mode) -> Self {
+    pub fn new(
+        fields: &'a [ModelField],
+        methods: &'a [MethodSig],
+        defs: &'a Defs,
+        mode: Mode,
+    ) -> Self {
         Lower {
             fields,
             methods,
+            defs,
+            frame: Frame::top(),
             mg: MGraph::default(),
             mode,
             errors: Vec::new(),
@@ -763,12 +837,7 @@ impl<'a> Lower<'a> {
             return Err(());
         };
         match self.field(&name.to_string()) {
-            Some(field) => Ok(Val::Layer(LayerRef {
-                path: quote!(self.#name),
-                display: format!("self.{name}"),
-                key: name.to_string(),
-                kind: field.kind.clone(),
-            })),
+            Some(field) => Ok(Val::Layer(self.frame.field(name, field.kind.clone()))),
             None => {
                 let known: Vec<String> = self.fields.iter().map(|f| f.ident.to_string()).collect();
                 self.err(
@@ -810,6 +879,7 @@ impl<'a> Lower<'a> {
     ) -> LResult<Val> {
         let spec = match &l.kind {
             FieldKind::Layer(s) => s.clone(),
+            FieldKind::Model(_) => return self.call_model(l, "forward", &[(x, arg)], span),
             FieldKind::Array(_, n) => {
                 self.err(
                     span,
@@ -916,19 +986,13 @@ impl<'a> Lower<'a> {
         // `self.fc1(x)`: a layer call; `self.helper(x)`: an inlined method call.
         if Self::is_self(&mc.receiver) {
             if let Some(field) = self.field(&method) {
-                let l = LayerRef {
-                    path: {
-                        let m = &mc.method;
-                        quote!(self.#m)
-                    },
-                    display: format!("self.{method}"),
-                    key: method.clone(),
-                    kind: field.kind.clone(),
-                };
+                let l = self.frame.field(&mc.method, field.kind.clone());
                 return self.call_layer_args(&l, &mc.args.iter().collect::<Vec<_>>(), mc);
             }
             if let Some(m) = self.methods.iter().find(|m| *m.name() == method).cloned() {
-                return self.inline_call(&m, mc);
+                let args = self.lower_args(&mc.args)?;
+                let callee = m.name().to_string();
+                return self.inline_call(&m, &callee, &args, mc);
             }
             let known: Vec<String> = self
                 .fields
@@ -947,6 +1011,10 @@ impl<'a> Lower<'a> {
         }
         let recv = self.lower_expr(&mc.receiver)?;
         if let Val::Layer(l) = &recv {
+            if let FieldKind::Model(_) = &l.kind {
+                let args = self.lower_args(&mc.args)?;
+                return self.call_model(l, &method, &args, mc);
+            }
             if method == "forward" {
                 return self.call_layer_args(l, &mc.args.iter().collect::<Vec<_>>(), mc);
             }
@@ -966,32 +1034,111 @@ impl<'a> Lower<'a> {
         self.tensor_method(n, mc)
     }
 
-    fn inline_call(&mut self, m: &MethodSig, mc: &syn::ExprMethodCall) -> LResult<Val> {
+    /// Lowers call arguments in the caller's frame: each value with its expression.
+    fn lower_args<'e>(
+        &mut self,
+        args: &'e syn::punctuated::Punctuated<Expr, syn::Token![,]>,
+    ) -> LResult<Vec<(Val, &'e Expr)>> {
+        let vals: Vec<LResult<Val>> = args.iter().map(|a| self.lower_expr(a)).collect();
+        vals.into_iter()
+            .zip(args)
+            .map(|(v, a)| v.map(|v| (v, a)))
+            .collect()
+    }
+
+    /// Calls `method` of the nested model `l` with `args`: its body is inlined with
+    /// `self` being `l` (its layers' parameters are the top model's, named
+    /// `blocks.0.fc1.weight`), its arguments checked against its signature.
+    fn call_model(
+        &mut self,
+        l: &LayerRef,
+        method: &str,
+        args: &[(Val, &Expr)],
+        span: &dyn ToTokens,
+    ) -> LResult<Val> {
+        let FieldKind::Model(path) = &l.kind else {
+            unreachable!("only called on nested models")
+        };
+        let name = crate::dsl::model_name(path);
+        let defs: &'a Defs = self.defs;
+        let Some(def) = defs.get(&name) else {
+            self.err(
+                span,
+                format!(
+                    "`{}` is a `{name}`, whose `#[model] impl` was not found",
+                    l.display
+                ),
+            );
+            return Err(());
+        };
+        if def.broken {
+            return Err(());
+        }
+        let Some(m) = def.methods.iter().find(|m| *m.name() == method) else {
+            let known: Vec<String> = def
+                .methods
+                .iter()
+                .map(|m| format!("`{}`", m.name()))
+                .collect();
+            self.err(
+                span,
+                format!(
+                    "`{}` is a `{name}`, which has no method `{method}`; its methods are {}",
+                    l.display,
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            );
+            return Err(());
+        };
+        let saved = (
+            self.fields,
+            self.methods,
+            std::mem::replace(&mut self.frame, Frame::of(l)),
+        );
+        self.fields = &def.fields;
+        self.methods = &def.methods;
+        let r = self.inline_call(m, &format!("{}.{method}", l.display), args, span);
+        (self.fields, self.methods, self.frame) = saved;
+        r
+    }
+
+    /// Inlines a call of `m` (messages name it `callee`) with `args` lowered by the
+    /// caller, checking them against its signature.
+    fn inline_call(
+        &mut self,
+        m: &MethodSig,
+        callee: &str,
+        args: &[(Val, &Expr)],
+        span: &dyn ToTokens,
+    ) -> LResult<Val> {
         if self.depth > 16 {
             self.err(
-                &mc,
+                span,
                 "model methods call each other too deeply (recursion is not supported)",
             );
             return Err(());
         }
-        if mc.args.len() != m.args.len() {
+        if args.len() != m.args.len() {
             self.err(
-                &mc,
+                span,
                 format!(
                     "`{}` takes {} arguments, got {}",
-                    m.name(),
+                    callee,
                     m.args.len(),
-                    mc.args.len()
+                    args.len()
                 ),
             );
             return Err(());
         }
         let mut frame: HashMap<String, SDim> = HashMap::new();
         let mut bound = Vec::new();
-        for (arg, (pname, pty)) in mc.args.iter().zip(&m.args) {
-            let v = self.lower_expr(arg)?;
-            let Val::T(n) = v else {
-                self.err(&arg, format!("`{}` takes a tensor for `{pname}`", m.name()));
+        for ((v, arg), (pname, pty)) in args.iter().zip(&m.args) {
+            let Val::T(n) = v.clone() else {
+                self.err(&arg, format!("`{}` takes a tensor for `{pname}`", callee));
                 return Err(());
             };
             let got = self.dims(n);
@@ -1000,7 +1147,7 @@ impl<'a> Lower<'a> {
                     &arg,
                     format!(
                         "`{}` takes `{pname}` of rank {} {}, but `{}` has shape {} {}",
-                        m.name(),
+                        callee,
                         pty.dims.len(),
                         pty.dtype,
                         src(arg),
@@ -1014,7 +1161,7 @@ impl<'a> Lower<'a> {
                 match d {
                     crate::dsl::DimTok::Lit(l) => {
                         if g.matches(&SDim::lit(*l)) == Some(false) {
-                            self.err(&arg, format!("shape mismatch: `{}` takes `{pname}` with a dim of {l}, but `{}` has shape {}", m.name(), src(arg), fmt_dims(&got)));
+                            self.err(&arg, format!("shape mismatch: `{}` takes `{pname}` with a dim of {l}, but `{}` has shape {}", callee, src(arg), fmt_dims(&got)));
                             return Err(());
                         }
                     }
@@ -1022,7 +1169,7 @@ impl<'a> Lower<'a> {
                         let key = p.to_string();
                         if let Some(prev) = frame.get(&key) {
                             if prev.matches(g) == Some(false) {
-                                self.err(&arg, format!("shape mismatch: `{}` needs `{key}` = {prev} from an earlier argument, but `{}` has {g} there", m.name(), src(arg)));
+                                self.err(&arg, format!("shape mismatch: `{}` needs `{key}` = {prev} from an earlier argument, but `{}` has {g} there", callee, src(arg)));
                                 return Err(());
                             }
                         } else {
@@ -1036,7 +1183,7 @@ impl<'a> Lower<'a> {
         }
         for c in &m.consts {
             if !frame.contains_key(&c.to_string()) {
-                self.err(&mc, format!("`{}`'s const generic `{c}` does not appear in its arguments, so it cannot be inferred", m.name()));
+                self.err(span, format!("`{}`'s const generic `{c}` does not appear in its arguments, so it cannot be inferred", callee));
                 return Err(());
             }
         }
@@ -1049,7 +1196,7 @@ impl<'a> Lower<'a> {
             self.bind(name, Val::T(*n));
         }
         let r = self.lower_block_stmts(&m.item.block.stmts, &m.item.block);
-        let r = r.and_then(|v| self.check_result(m, v, mc));
+        let r = r.and_then(|v| self.check_result(m, v, span));
         self.depth -= 1;
         self.consts.pop();
         self.scopes = saved_scopes;

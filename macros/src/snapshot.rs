@@ -40,7 +40,7 @@ fn the_readme_model_expands_as_the_snapshot_shows() {
         })
         .expect("a model impl");
     let mut tokens = structs::expand_struct(s.clone()).expect("the struct expands");
-    tokens.extend(impls::expand_impl(s, imp));
+    tokens.extend(impls::expand_impl(s, imp, Vec::new()));
     let expanded: syn::File = syn::parse2(tokens).expect("the expansion is Rust");
     let text = format!(
         "// The expansion of the README's `Mlp` (see macros/src/snapshot.rs).\n{}",

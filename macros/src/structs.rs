@@ -81,6 +81,12 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
         quote!(#[doc = #doc] pub #id: <#ty as ::kiln::tensor::nn::Module<Be>>::Grads)
     });
     let ids: Vec<&Ident> = fields.iter().map(|f| &f.ident).collect();
+    let types: Vec<TokenStream> = fields.iter().map(|f| f.kind.real_type()).collect();
+    // How a model that holds this one reaches its fields, which may be private here.
+    let accessors: Vec<Ident> = ids
+        .iter()
+        .map(|i| format_ident!("__kiln_field_{}", i))
+        .collect();
     let names: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
     let struct_doc = format!("Gradients of every parameter of [`{name}`], field for field.");
 
@@ -138,6 +144,15 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
                 #(self.#ids.load_named(&::kiln::tensor::nn::join(prefix, #names), get)?;)*
                 Ok(())
             }
+
+            fn grads_from_raw(
+                grads: &mut dyn ::core::iter::Iterator<Item = ::kiln::tensor::RawTensor<Be>>,
+            ) -> ::kiln::tensor::Result<Self::Grads> {
+                Ok(#grads {
+                    #(#ids: <#types as ::kiln::tensor::nn::Module<Be>>::grads_from_raw(grads)?,)*
+                    __kiln_backend: ::core::marker::PhantomData,
+                })
+            }
         }
 
         impl<Be: ::kiln::tensor::Backend> #name<Be> {
@@ -156,6 +171,14 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
             pub fn set_fused(&self, on: bool) {
                 self.__kiln_plans.set_fused(on)
             }
+
+            #(
+                #[doc(hidden)]
+                #[inline]
+                pub fn #accessors(&self) -> &#types {
+                    &self.#ids
+                }
+            )*
 
             /// A fresh seed for one training step's random draws (dropout masks).
             #[doc(hidden)]
@@ -185,12 +208,44 @@ fn placeholder(item: &ItemStruct, errors: syn::Error) -> TokenStream {
     let (attrs, vis, name) = (&item.attrs, &item.vis, &item.ident);
     let callback = callback_name(name);
     let errors = errors.to_compile_error();
+    // Models that hold this one still find its definition, marked broken.
+    let def = crate::impls::def_macro(
+        &syn::parse_quote!(struct #name {}),
+        &syn::parse_quote!(impl #name {}),
+        &[],
+        true,
+    );
     quote! {
         #errors
         #(#attrs)*
         #vis struct #name<Be: ::kiln::tensor::Backend> {
             #[doc(hidden)]
             pub __kiln_backend: ::core::marker::PhantomData<Be>,
+        }
+        // A stand-in, so that models holding this one report nothing more; the build
+        // has already failed.
+        impl<Be: ::kiln::tensor::Backend> ::kiln::tensor::nn::Module<Be> for #name<Be> {
+            type Grads = ();
+            fn init_named(_: &Be::Device, _: u64, _: &str) -> ::kiln::tensor::Result<Self> {
+                Err(::kiln::tensor::Error::invalid("init", "this model did not compile"))
+            }
+            fn visit_params(&self, _: &str, _: &mut dyn FnMut(::kiln::tensor::nn::Slot<'_, Be>)) {}
+            fn visit_buffers(&self, _: &str, _: &mut dyn FnMut(::kiln::tensor::nn::Slot<'_, Be>)) {}
+            fn update_params(
+                &mut self,
+                _: &(),
+                _: &str,
+                _: &mut ::kiln::tensor::nn::UpdateFn<'_, Be>,
+            ) -> ::kiln::tensor::Result<()> {
+                Ok(())
+            }
+            fn load_named(
+                &mut self,
+                _: &str,
+                _: &mut ::kiln::tensor::nn::LoadFn<'_, Be>,
+            ) -> ::kiln::tensor::Result<()> {
+                Ok(())
+            }
         }
         #[doc(hidden)]
         #[allow(unused_macros)]
@@ -200,5 +255,6 @@ fn placeholder(item: &ItemStruct, errors: syn::Error) -> TokenStream {
         #[doc(hidden)]
         #[allow(unused_imports)]
         pub(crate) use #callback;
+        #def
     }
 }

@@ -4,9 +4,9 @@
 //! and emitted as a typed method over a hidden raw one that runs the plan, records the
 //! buffer updates and assembles the `Grads` struct.
 
-use crate::dsl::{layer_type, FieldKind};
+use crate::dsl::FieldKind;
 use crate::graph::{Leaf, MGraph};
-use crate::lower::{describe, Lower, MethodSig, Val};
+use crate::lower::{describe, Defs, Lower, MethodSig, Val};
 use crate::structs::ModelField;
 use kiln_autodiff::vjp;
 use kiln_tensor::ir::{NodeId, NodeKind};
@@ -100,11 +100,12 @@ pub fn value_and_grad(
     model: &Ident,
     fields: &[ModelField],
     methods: &[MethodSig],
+    defs: &Defs,
     m: &MethodSig,
     plan_id: usize,
     natives: &mut crate::fuse::Natives,
 ) -> Result<TokenStream, Vec<syn::Error>> {
-    let mut lower = Lower::new(fields, methods, Mode::Train { seed: 0 });
+    let mut lower = Lower::new(fields, methods, defs, Mode::Train { seed: 0 });
     let v = lower.lower_method(m);
     if !lower.errors.is_empty() {
         return Err(lower.errors);
@@ -170,14 +171,17 @@ pub fn value_and_grad(
             quote!(#layer.#field.set(::kiln::tensor::Tensor::from_raw(#v.clone())?);)
         })
         .collect();
-    let grad_fields: Vec<TokenStream> = fields
-        .iter()
-        .map(|f| {
-            let id = &f.ident;
-            let value = grads_value(&f.kind, &id.to_string(), &grad_of, &mut names);
-            quote!(#id: #value)
-        })
-        .collect();
+    let mut param_grads = Vec::new();
+    for f in fields {
+        grads_in_order(
+            &f.kind,
+            &f.ident.to_string(),
+            defs,
+            &grad_of,
+            &mut names,
+            &mut param_grads,
+        );
+    }
 
     let name = m.name();
     let fname = format_ident!("{}_and_grad", name);
@@ -217,7 +221,7 @@ pub fn value_and_grad(
             let __seed = self.__kiln_step_seed();
             let (#(#out_vars,)*) = #run;
             #(#updates)*
-            let grads = #grads_ty { #(#grad_fields,)* __kiln_backend: ::core::marker::PhantomData };
+            let grads = <Self as ::kiln::tensor::nn::Module<Be>>::grads_from_raw(&mut [#(#param_grads),*].into_iter())?;
             Ok((#loss_var, grads))
         }
     })
@@ -237,37 +241,44 @@ pub(crate) fn first_param_device(fields: &[ModelField]) -> Option<TokenStream> {
     None
 }
 
-/// The gradients value of one field: each parameter's gradient node, or zeros.
-fn grads_value(
+/// The gradient of every parameter under a field, in `visit_params` order (nested
+/// models through their definitions): its gradient node, or zeros when the loss does
+/// not depend on it.
+fn grads_in_order(
     kind: &FieldKind,
     key: &str,
+    defs: &Defs,
     grad_of: &HashMap<String, NodeId>,
-    em: &mut Names,
-) -> TokenStream {
+    names: &mut Names,
+    out: &mut Vec<TokenStream>,
+) {
     match kind {
         FieldKind::Layer(spec) => {
-            let ty = layer_type(spec);
-            let parts: Vec<TokenStream> = spec
-                .params()
-                .iter()
-                .map(|p| match grad_of.get(&join(key, p.name)) {
+            for p in spec.params() {
+                out.push(match grad_of.get(&join(key, p.name)) {
                     Some(&g) => {
-                        let v = em.var(g);
+                        let v = names.var(g);
                         quote!(#v.clone())
                     }
                     None => {
                         let d = &p.dims;
                         quote!(::kiln::tensor::RawTensor::<Be>::zeros(&[#(#d),*], ::kiln::tensor::DType::F32, &__dev)?)
                     }
-                })
-                .collect();
-            quote!(<<#ty as ::kiln::tensor::nn::Module<Be>>::Grads>::from_raw([#(#parts),*])?)
+                });
+            }
         }
         FieldKind::Array(inner, n) => {
-            let items: Vec<TokenStream> = (0..*n)
-                .map(|i| grads_value(inner, &join(key, &i.to_string()), grad_of, em))
-                .collect();
-            quote!([#(#items),*])
+            for i in 0..*n {
+                grads_in_order(inner, &join(key, &i.to_string()), defs, grad_of, names, out);
+            }
+        }
+        FieldKind::Model(path) => {
+            if let Some(def) = defs.get(&crate::dsl::model_name(path)) {
+                for f in &def.fields {
+                    let key = join(key, &f.ident.to_string());
+                    grads_in_order(&f.kind, &key, defs, grad_of, names, out);
+                }
+            }
         }
     }
 }

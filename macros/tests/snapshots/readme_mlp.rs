@@ -109,6 +109,28 @@ impl<Be: ::kiln::tensor::Backend> ::kiln::tensor::nn::Module<Be> for Mlp<Be> {
         self.fc3.load_named(&::kiln::tensor::nn::join(prefix, "fc3"), get)?;
         Ok(())
     }
+    fn grads_from_raw(
+        grads: &mut dyn ::core::iter::Iterator<Item = ::kiln::tensor::RawTensor<Be>>,
+    ) -> ::kiln::tensor::Result<Self::Grads> {
+        Ok(MlpGrads {
+            fc1: <::kiln::tensor::nn::Linear<
+                Be,
+                784,
+                1024,
+            > as ::kiln::tensor::nn::Module<Be>>::grads_from_raw(grads)?,
+            fc2: <::kiln::tensor::nn::Linear<
+                Be,
+                1024,
+                1024,
+            > as ::kiln::tensor::nn::Module<Be>>::grads_from_raw(grads)?,
+            fc3: <::kiln::tensor::nn::Linear<
+                Be,
+                1024,
+                10,
+            > as ::kiln::tensor::nn::Module<Be>>::grads_from_raw(grads)?,
+            __kiln_backend: ::core::marker::PhantomData,
+        })
+    }
 }
 impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
     /// Builds the model on `device`, every parameter initialised from `seed`.
@@ -123,6 +145,21 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
     /// the unfused reference path).
     pub fn set_fused(&self, on: bool) {
         self.__kiln_plans.set_fused(on)
+    }
+    #[doc(hidden)]
+    #[inline]
+    pub fn __kiln_field_fc1(&self) -> &::kiln::tensor::nn::Linear<Be, 784, 1024> {
+        &self.fc1
+    }
+    #[doc(hidden)]
+    #[inline]
+    pub fn __kiln_field_fc2(&self) -> &::kiln::tensor::nn::Linear<Be, 1024, 1024> {
+        &self.fc2
+    }
+    #[doc(hidden)]
+    #[inline]
+    pub fn __kiln_field_fc3(&self) -> &::kiln::tensor::nn::Linear<Be, 1024, 10> {
+        &self.fc3
     }
     /// A fresh seed for one training step's random draws (dropout masks).
     #[doc(hidden)]
@@ -534,30 +571,19 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                     ),
                 )?
         };
-        let grads = MlpGrads {
-            fc1: <<::kiln::tensor::nn::Linear<
-                Be,
-                784,
-                1024,
-            > as ::kiln::tensor::nn::Module<
-                Be,
-            >>::Grads>::from_raw([d_fc1_weight.clone(), d_fc1_bias.clone()])?,
-            fc2: <<::kiln::tensor::nn::Linear<
-                Be,
-                1024,
-                1024,
-            > as ::kiln::tensor::nn::Module<
-                Be,
-            >>::Grads>::from_raw([d_fc2_weight.clone(), d_fc2_bias.clone()])?,
-            fc3: <<::kiln::tensor::nn::Linear<
-                Be,
-                1024,
-                10,
-            > as ::kiln::tensor::nn::Module<
-                Be,
-            >>::Grads>::from_raw([d_fc3_weight.clone(), d_fc3_bias.clone()])?,
-            __kiln_backend: ::core::marker::PhantomData,
-        };
+        let grads = <Self as ::kiln::tensor::nn::Module<
+            Be,
+        >>::grads_from_raw(
+            &mut [
+                d_fc1_weight.clone(),
+                d_fc1_bias.clone(),
+                d_fc2_weight.clone(),
+                d_fc2_bias.clone(),
+                d_fc3_weight.clone(),
+                d_fc3_bias.clone(),
+            ]
+                .into_iter(),
+        )?;
         Ok((loss, grads))
     }
     /// The build-time fusion plans of this model's methods, as `(method, plan
@@ -948,3 +974,25 @@ mod __kiln_natives_Mlp {
         }
     }
 }
+#[doc(hidden)]
+#[allow(non_snake_case)]
+mod __kiln_def_Mlp {
+    #[doc(hidden)]
+    #[allow(unused_macros)]
+    macro_rules! Mlp {
+        ($($given:tt)*) => {
+            ::kiln::__private::model_impl! { $($given)* def { pub struct Mlp { fc1 :
+            Linear < 784, 1024 >, fc2 : Linear < 1024, 1024 >, fc3 : Linear < 1024, 10 >,
+            }; impl Mlp { pub fn forward < const B : usize > (& self, x : Tensor < B, 784
+            >) -> Tensor < B, 10 > { let h = self.fc1(x).relu(); let h = self.fc2(h)
+            .relu(); self.fc3(h) } pub fn loss < const B : usize > (& self, x : Tensor <
+            B, 784 >, y : Tensor < B, i32 >) -> Tensor { self.forward(x).cross_entropy(y)
+            } } } }
+        };
+    }
+    #[allow(unused_imports)]
+    pub(crate) use Mlp;
+}
+#[doc(hidden)]
+#[allow(unused_imports)]
+pub(crate) use __kiln_def_Mlp::Mlp;

@@ -194,6 +194,10 @@ macro_rules! layer {
                 Ok(())
             }
 
+            fn grads_from_raw(grads: &mut dyn Iterator<Item = RawTensor<B>>) -> Result<Self::Grads> {
+                $grads::from_raw(grads)
+            }
+
             #[allow(unused_variables)]
             fn load_named(&mut self, prefix: &str, get: &mut super::module::LoadFn<'_, B>) -> Result<()> {
                 $({

@@ -3,7 +3,7 @@
 //! parameters by an update rule, seeded initialisation.
 
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::raw::RawTensor;
 
 /// A named tensor slot: a parameter or a buffer.
@@ -46,6 +46,18 @@ pub trait Module<B: Backend>: Sized {
 
     /// Replaces every parameter and buffer with `get(name, dims, dtype)` (checkpoints).
     fn load_named(&mut self, prefix: &str, get: &mut LoadFn<'_, B>) -> Result<()>;
+
+    /// Its gradients from one raw tensor per parameter, taken from `grads` in
+    /// `visit_params` order and checked against the parameters' types: how a
+    /// `#[model]`'s backward pass, which sees every nested parameter, hands them back.
+    /// Modules written by hand need not have it: the default refuses.
+    fn grads_from_raw(grads: &mut dyn Iterator<Item = RawTensor<B>>) -> Result<Self::Grads> {
+        let _ = grads;
+        Err(Error::invalid(
+            "grads_from_raw",
+            "this module does not build its gradients from raw tensors",
+        ))
+    }
 
     /// Builds it on `device` from `seed`.
     fn init(device: &B::Device, seed: u64) -> Result<Self> {
@@ -159,5 +171,13 @@ impl<B: Backend, M: Module<B>, const N: usize> Module<B> for [M; N] {
             m.load_named(&join(prefix, &i.to_string()), get)?;
         }
         Ok(())
+    }
+
+    fn grads_from_raw(grads: &mut dyn Iterator<Item = RawTensor<B>>) -> Result<Self::Grads> {
+        let v: Vec<M::Grads> = (0..N)
+            .map(|_| M::grads_from_raw(grads))
+            .collect::<Result<_>>()?;
+        Ok(v.try_into()
+            .unwrap_or_else(|_| unreachable!("collected exactly N gradients")))
     }
 }
