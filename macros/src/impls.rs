@@ -98,36 +98,35 @@ fn parse_defs(defs: &[Def]) -> Defs {
     out
 }
 
-/// The macro through which other models reach this one's definition: named like the
-/// struct (a `use` of the struct brings it along, a path to the struct reaches it),
-/// it hands the struct, the impl and the definitions of this model's own nested
-/// models to `model_impl!`, appended to what it was given.
+/// The macro through which other models reach this one's definition: re-exported
+/// under the struct's own name (a `use` of the struct brings it along, a path to the
+/// struct reaches it, from another crate too), it hands the struct, the impl and the
+/// definitions of this model's own nested models to `model_impl!`, appended to what it
+/// was given. `#[macro_export]` puts it at the crate root, so its own name carries a
+/// hash of the definition: two models of one name in two modules do not collide.
 pub(crate) fn def_macro(
     item: &ItemStruct,
     imp: &ItemImpl,
     defs: &[Def],
     broken: bool,
 ) -> TokenStream {
+    use std::hash::{Hash, Hasher};
     let name = &item.ident;
     let kw = quote::format_ident!("{}", if broken { "broken_def" } else { "def" });
-    let module = quote::format_ident!("__kiln_def_{}", name);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    quote!(#item #imp #(#defs)*).to_string().hash(&mut h);
+    let exported = quote::format_ident!("__kiln_def_{}_{:016x}", name, h.finish());
     quote! {
         #[doc(hidden)]
-        #[allow(non_snake_case)]
-        mod #module {
-            #[doc(hidden)]
-            #[allow(unused_macros)]
-            macro_rules! #name {
-                ($($given:tt)*) => {
-                    ::kiln::__private::model_impl! { $($given)* #kw { #item ; #imp } #(#defs)* }
-                };
-            }
-            #[allow(unused_imports)]
-            pub(crate) use #name;
+        #[macro_export]
+        macro_rules! #exported {
+            ($($given:tt)*) => {
+                ::kiln::__private::model_impl! { $($given)* #kw { #item ; #imp } #(#defs)* }
+            };
         }
         #[doc(hidden)]
         #[allow(unused_imports)]
-        pub(crate) use #module::#name;
+        pub use #exported as #name;
     }
 }
 

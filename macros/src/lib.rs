@@ -12,8 +12,10 @@
 //! - **Layers** (fields): `Linear<IN, OUT>`, `Conv2d<IN, OUT, K>` (then optional
 //!   `STRIDE, PADDING, GROUPS`), `MaxPool2d<K>` / `AvgPool2d<K>` (optional `STRIDE`,
 //!   default `K`), `BatchNorm2d<C>`, `LayerNorm<F>`, `Embedding<VOCAB, D>`,
-//!   `Dropout<PERCENT>`, `Flatten`, and arrays of them `[Linear<64, 64>; 4]`. Sizes
-//!   are integer literals. The struct gets a backend parameter `Be`.
+//!   `Dropout<PERCENT>`, `Flatten`, other `#[model]`s (`block: Block`,
+//!   `part: kiln_models::parts::ResidualMlp`: any path, from any module or crate,
+//!   or a name brought in by `use`), and arrays of them `[Linear<64, 64>; 4]`,
+//!   `[Block; 6]`. Sizes are integer literals. The struct gets a backend parameter `Be`.
 //! - **Tensor types**: `Tensor<B, 784>` lists the dims — integer literals, the
 //!   method's const generics, or `Dyn` (a size checked at run time) — then an optional
 //!   dtype (`f32` default, `f16`, `bf16`, `f64`, `i32`, `u32`, `bool`). Plain `Tensor`
@@ -23,8 +25,10 @@
 //!   are checked), assignments, `for layer in &self.blocks { h = layer(h); }` over
 //!   arrays of layers (unrolled), a final expression (a tensor or a tuple).
 //! - **Expressions**: layer calls `self.fc1(x)` (or `self.fc1.forward(x)`,
-//!   `self.blocks[2](x)`), calls of other methods of the impl `self.block(x)`
-//!   (inlined for shape checking and differentiation), `+ - * /` between tensors
+//!   `self.blocks[2](x)`), calls of other methods of the impl `self.helper(x)`, calls
+//!   of a nested model (`self.block(x)` is its `forward`, `self.block.delta(x)` any
+//!   other method; both inlined for shape checking, fusion and differentiation, the
+//!   arguments checked against the nested method's signature), `+ - * /` between tensors
 //!   (NumPy broadcasting) or with numbers, unary `-`, and tensor methods:
 //!   `relu sigmoid tanh exp log sqrt rsqrt recip sin cos abs neg erf gelu gelu_tanh
 //!   silu square`, `softmax()` / `log_softmax()` (last axis, or an axis argument),
@@ -50,6 +54,15 @@
 //! returning the value and an `MlpGrads` computed by a backward pass derived at build
 //! time and planned with the forward one. `Mlp::fusion_plans()`, `fusion_report()` and
 //! `fusion_dot()` show the plans.
+//!
+//! A nested model's parameters are the holder's, named as PyTorch names them
+//! (`blocks.0.up.weight`); its gradients come back through `Module::grads_from_raw`.
+//! The holder's macro reads the nested model's definition through a hidden
+//! `#[macro_export]` macro re-exported under the struct's own name (so the struct's
+//! path, or a `use` of it, reaches both), which calls `model_impl!` again with the
+//! definition appended, once per nested model not yet known; a definition carries its
+//! own nested ones. A nested model whose expansion failed is marked so, and calls into
+//! it report nothing more.
 //!
 //! Shape mistakes are errors on the exact sub-expression, naming both shapes; every
 //! independent mistake of a method is reported, without a cascade. A `#[model] impl`

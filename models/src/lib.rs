@@ -10,3 +10,4 @@ pub mod data;
 pub mod dynamic;
 pub mod lenet;
 pub mod mlp;
+pub mod parts;

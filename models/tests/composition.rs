@@ -58,6 +58,21 @@ impl Deep {
     }
 }
 
+/// A model of this crate holding a part from another crate (`kiln_models::parts`).
+#[model]
+pub struct WithPart {
+    embed: Linear<16, 32>,
+    part: kiln_models::parts::ResidualMlp,
+    head: Linear<32, 4>,
+}
+
+#[model]
+impl WithPart {
+    pub fn loss<const B: usize>(&self, x: Tensor<B, 16>, y: Tensor<B, i32>) -> Tensor {
+        self.head(self.part(self.embed(x))).cross_entropy(y)
+    }
+}
+
 fn batch() -> (Tensor<Cpu, Rank2<8, 16>>, Tensor<Cpu, (Const<8>,), i32>) {
     let x = Tensor::<Cpu, Rank2<8, 16>>::normal(0.0, 1.0, 11, &CpuDevice).unwrap();
     let y = Tensor::from_vec((0..8).map(|i| i % 4).collect(), &[8], &CpuDevice).unwrap();
@@ -216,4 +231,22 @@ fn a_composed_model_trains_and_round_trips_a_checkpoint() {
         values(model.forward(&x).unwrap().raw())
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_part_from_another_crate_composes() {
+    let model = WithPart::<Cpu>::init(&CpuDevice, 4).unwrap();
+    let mut names = Vec::new();
+    model.visit_params("", &mut |s| names.push(s.name.to_string()));
+    assert!(names.iter().any(|n| n == "part.up.weight"), "{names:?}");
+    let (x, y) = batch();
+    let (loss, grads) = model.loss_and_grad(&x, &y).unwrap();
+    model.set_fused(false);
+    let (again, grads_again) = model.loss_and_grad(&x, &y).unwrap();
+    assert!((values(loss.raw())[0] - values(again.raw())[0]).abs() < 1e-5);
+    let (a, b) = (values(grads.part.down.bias.raw()), values(grads_again.part.down.bias.raw()));
+    assert!(a.iter().any(|v| *v != 0.0));
+    for (a, b) in a.iter().zip(&b) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} fused, {b} op by op");
+    }
 }
