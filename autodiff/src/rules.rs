@@ -136,7 +136,7 @@ pub fn vjp<G: Builder>(
             )?)
         }
         Op::Fold2d { window, .. } => one(b.apply(Op::Unfold2d(*window), &[g])?),
-        Op::Full { .. } | Op::Rand { .. } => Ok(vec![]),
+        Op::Full { .. } | Op::Iota { .. } | Op::Rand { .. } => Ok(vec![]),
     }
 }
 

@@ -56,7 +56,9 @@ pub fn op_text(op: &Op<SDim>) -> String {
             after,
             value,
         } => format!("{name}{{axis={axis},before={before},after={after},value={value:?}}}"),
-        Op::ScatterAdd { axis, dims: d } => format!("{name}{{axis={axis},dims={}}}", dims(d)),
+        Op::ScatterAdd { axis, dims: d } | Op::Iota { axis, dims: d } => {
+            format!("{name}{{axis={axis},dims={}}}", dims(d))
+        }
         Op::Cast { dtype } => format!("{name}{{dtype={dtype}}}"),
         Op::Unfold2d(w) => format!("{name}{{{}}}", window(w)),
         Op::Fold2d {
@@ -229,6 +231,10 @@ pub fn parse_op(s: &str) -> Result<Op<SDim>> {
             dims: parse_dims(get("dims")?)?,
             value: num(get("value")?)?,
             dtype: parse_dtype(get("dtype")?)?,
+        },
+        "iota" => Op::Iota {
+            dims: parse_dims(get("dims")?)?,
+            axis: num(get("axis")?)?,
         },
         "rand" => {
             let d = get("dist")?;

@@ -365,6 +365,14 @@ pub enum Op<D = usize> {
         /// The dtype.
         dtype: DType,
     },
+    /// Each element's index along `axis`, as `i32` (`iota`): what masks that depend
+    /// on positions (causal attention) compare.
+    Iota {
+        /// The dims.
+        dims: Vec<D>,
+        /// The axis whose index each element holds.
+        axis: usize,
+    },
     /// Seeded random numbers from a counter-based generator (identical on every backend).
     Rand {
         /// The dims.
@@ -466,6 +474,10 @@ impl<D> Op<D> {
                 value: *value,
                 dtype: *dtype,
             },
+            Op::Iota { dims, axis } => Op::Iota {
+                dims: all(dims)?,
+                axis: *axis,
+            },
             Op::Rand {
                 dims,
                 dist,
@@ -501,6 +513,7 @@ impl<D> Op<D> {
             Op::Unfold2d(_) => "unfold2d",
             Op::Fold2d { .. } => "fold2d",
             Op::Full { .. } => "full",
+            Op::Iota { .. } => "iota",
             Op::Rand { .. } => "rand",
         }
     }
@@ -508,7 +521,7 @@ impl<D> Op<D> {
     /// How many inputs the op takes.
     pub fn arity(&self) -> Arity {
         match self {
-            Op::Full { .. } | Op::Rand { .. } => Arity::Exact(0),
+            Op::Full { .. } | Op::Iota { .. } | Op::Rand { .. } => Arity::Exact(0),
             Op::Unary(_)
             | Op::Reduce { .. }
             | Op::Reshape { .. }
@@ -543,7 +556,7 @@ impl<D> Op<D> {
             | Op::Fold2d { .. } => OpClass::Movement,
             Op::MatMul => OpClass::Contraction,
             Op::Gather { .. } | Op::ScatterAdd { .. } => OpClass::Indexing,
-            Op::Full { .. } | Op::Rand { .. } => OpClass::Source,
+            Op::Full { .. } | Op::Iota { .. } | Op::Rand { .. } => OpClass::Source,
         }
     }
 
@@ -879,6 +892,21 @@ impl<D: SymDim> Op<D> {
                 ))
             }
             Op::Full { dims, dtype, .. } => Ok(TensorMeta::new(dims.clone(), *dtype)),
+            Op::Iota { dims, axis } => {
+                let Some(size) = dims.get(*axis) else {
+                    return Err(Error::invalid(
+                        name,
+                        format!("axis {axis} of a rank-{} tensor", dims.len()),
+                    ));
+                };
+                if size.as_lit().is_some_and(|n| n > i32::MAX as usize) {
+                    return Err(Error::invalid(
+                        name,
+                        format!("{size} indices do not fit i32"),
+                    ));
+                }
+                Ok(TensorMeta::new(dims.clone(), DType::I32))
+            }
             Op::Rand { dims, dtype, .. } => {
                 if !dtype.is_float() {
                     return Err(Error::dtype(name, format!("draws floats, not {dtype}")));

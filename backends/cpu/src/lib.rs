@@ -202,6 +202,7 @@ impl Backend for Cpu {
                 width,
             } => window::fold2d(x(0).0, x(0).1, window, *height, *width)?,
             Op::Full { value, dtype, .. } => source::full(dims.numel(), *value, *dtype),
+            Op::Iota { axis, .. } => source::iota(dims.as_slice(), *axis),
             Op::Rand {
                 dist, seed, dtype, ..
             } => source::rand(dims.numel(), *dist, *seed, *dtype)?,

@@ -21,6 +21,14 @@ pub fn full(n: usize, value: f64, dtype: DType) -> CpuStorage {
     }
 }
 
+/// Each element's index along `axis` of `dims`, as i32 (the op's rule checked the sizes).
+pub fn iota(dims: &[usize], axis: usize) -> CpuStorage {
+    let n: usize = dims.iter().product();
+    let stride: usize = dims[axis + 1..].iter().product();
+    let size = dims[axis];
+    CpuStorage::I32((0..n).map(|i| ((i / stride.max(1)) % size.max(1)) as i32).collect())
+}
+
 /// `n` seeded random values of `dist` as `dtype`.
 pub fn rand(n: usize, dist: RandDist, seed: u64, dtype: DType) -> Result<CpuStorage> {
     if n > u32::MAX as usize {

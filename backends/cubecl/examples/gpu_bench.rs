@@ -391,6 +391,7 @@ fn conformance<B: Backend>(dev: &B::Device, name: &str, config: &Config) -> Resu
         ("unfold2d", p::unfold2d::<B>),
         ("fold2d", p::fold2d::<B>),
         ("full", p::full::<B>),
+        ("iota", p::iota::<B>),
         ("rand", p::rand::<B>),
         ("softmax", c::softmax::<B>),
         ("norms", c::norms::<B>),

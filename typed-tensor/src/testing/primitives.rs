@@ -772,6 +772,28 @@ pub fn full<B: Backend>(device: &B::Device, config: &Config) {
     });
 }
 
+/// Positions along an axis: every axis of ranks up to 4 (and of the rank-9 case, which
+/// backends refuse as the reference does).
+pub fn iota_cases(_config: &Config) -> BoxedStrategy<OpCase> {
+    source_dims()
+        .prop_flat_map(|dims| {
+            let rank = dims.len().max(1);
+            (Just(dims), 0..rank)
+        })
+        .prop_map(|(dims, axis)| OpCase {
+            op: Op::Iota { dims, axis },
+            inputs: vec![],
+        })
+        .boxed()
+}
+
+/// `iota`.
+pub fn iota<B: Backend>(device: &B::Device, config: &Config) {
+    run_property("iota", config.cases(64), iota_cases(config), |c| {
+        check_op::<B>(device, &c)
+    });
+}
+
 /// Seeded draws: uniform and normal, every float dtype; bit-for-bit equal to
 /// `kiln_tensor::rng` at each element index.
 pub fn rand_cases(config: &Config) -> BoxedStrategy<OpCase> {

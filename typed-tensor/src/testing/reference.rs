@@ -381,6 +381,7 @@ pub fn eval(op: &Op, inputs: &[&RefTensor]) -> Result<RefTensor> {
         Op::Unfold2d(w) => unfold2d(x.expect("arity checked"), w, &out.dims),
         Op::Fold2d { window, .. } => fold2d(x.expect("arity checked"), window, &out.dims),
         Op::Full { value, .. } => vec![*value; n],
+        Op::Iota { axis, .. } => indices(&out.dims).map(|idx| idx[*axis] as f64).collect(),
         Op::Rand { dist, seed, .. } => (0..n)
             .map(|i| {
                 let i = u32::try_from(i).expect("reference draws stay below 2^32 elements");

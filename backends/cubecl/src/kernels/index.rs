@@ -17,6 +17,16 @@ fn in_range<I: Int>(v: I, size: u32) -> bool {
     ok
 }
 
+/// Element `i`'s index along an axis whose elements lie `stride` apart and which
+/// holds `size` of them.
+#[cube(launch_unchecked)]
+pub fn iota(out: &mut Array<i32>, n: u32, stride: u32, size: u32) {
+    let i = linear_pos();
+    if i < n {
+        out[i as usize] = i32::cast_from((i / stride) % size);
+    }
+}
+
 /// `out[c] = data[c with c[axis] = index[c]]` over the index's dims.
 ///
 /// Metadata: `[n, dims (rank), axis size, data offset, data strides (rank), index

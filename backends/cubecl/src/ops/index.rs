@@ -181,3 +181,37 @@ pub fn scatter_add<R: KilnRuntime>(
     )?;
     Ok(result)
 }
+
+/// Each element's index along `axis` of `dims`, as i32 (the op's rule checked the
+/// sizes).
+pub fn iota<R: KilnRuntime>(
+    dev: &Arc<DeviceState<R>>,
+    dims: &[usize],
+    axis: usize,
+) -> Result<CubeStorage<R>> {
+    let n: usize = dims.iter().product();
+    if n > u32::MAX as usize {
+        return Err(Error::invalid(
+            "iota",
+            format!("{n} elements exceed a launch's 2^32 positions"),
+        ));
+    }
+    let result = dev.alloc("iota", DType::I32, n)?;
+    if n == 0 {
+        return Ok(result);
+    }
+    let stride: usize = dims[axis + 1..].iter().product();
+    let (count, dim) = grid(n, BLOCK);
+    unsafe {
+        k::iota::launch_unchecked::<R>(
+            &dev.client,
+            count,
+            dim,
+            arg(&result),
+            n as u32,
+            stride.max(1) as u32,
+            dims[axis].max(1) as u32,
+        )
+    };
+    Ok(result)
+}

@@ -58,6 +58,7 @@ pub fn execute<R: KilnRuntime>(
             elementwise::fill(dev, &s, &HostData::from_f64_slice(*dtype, &[*value]))?;
             Ok(s)
         }
+        Op::Iota { axis, .. } => index::iota(dev, dims, *axis),
         Op::Rand {
             dist, seed, dtype, ..
         } => rand(dev, dims.iter().product(), *dist, *seed, *dtype),
