@@ -171,6 +171,19 @@ fn composite_gradients() {
     let b = (vec![0.1, -0.2, 0.3, 0.0], vec![4]);
     check(vec![x.clone()], &|g, x| g.softmax(&x[0], 1)).unwrap();
     check(vec![x.clone()], &|g, x| g.log_softmax(&x[0], 0)).unwrap();
+    // Causal attention weights over 3 queries × 3 keys, two heads.
+    let scores = (
+        vec![
+            0.3, -1.2, 0.8, 1.9, -0.4, 0.1, 0.7, -0.9, 0.2, -0.5, 1.1, 0.6, 0.4, -0.3, 0.9, -1.0,
+            0.5, 0.8,
+        ],
+        vec![2, 3, 3],
+    );
+    check(vec![scores], &|g, x| {
+        let masked = g.causal_mask(&x[0])?;
+        g.softmax(&masked, 2)
+    })
+    .unwrap();
     check(vec![x.clone()], &|g, x| g.gelu_erf(&x[0])).unwrap();
     check(vec![x.clone()], &|g, x| g.gelu_tanh(&x[0])).unwrap();
     check(vec![x.clone()], &|g, x| g.silu(&x[0])).unwrap();

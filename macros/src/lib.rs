@@ -32,6 +32,8 @@
 //!   (NumPy broadcasting) or with numbers, unary `-`, and tensor methods:
 //!   `relu sigmoid tanh exp log sqrt rsqrt recip sin cos abs neg erf gelu gelu_tanh
 //!   silu square`, `softmax()` / `log_softmax()` (last axis, or an axis argument),
+//!   `causal_mask()` (−∞ above the diagonal of the last two axes: attention scores
+//!   then `softmax()` attend causally),
 //!   `sum::<AX>() mean::<AX>() max::<AX>() argmax::<AX>() sum_all() mean_all()`,
 //!   `flatten()`, `reshape::<dims..>()`, `permute::<axes..>()`, `t()`,
 //!   `matmul(y)`, `concat::<AX>(y)`, `cross_entropy(labels)`,

@@ -1263,6 +1263,11 @@ impl<'a> Lower<'a> {
         }
         let rank = self.dims(n).len();
         let res = match method.as_str() {
+            "causal_mask" => {
+                no_turbofish(self)?;
+                want_args(self, 0)?;
+                self.mg.causal_mask(&n)
+            }
             "gelu" | "gelu_tanh" | "silu" | "square" => {
                 no_turbofish(self)?;
                 want_args(self, 0)?;

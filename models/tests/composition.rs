@@ -244,9 +244,15 @@ fn a_part_from_another_crate_composes() {
     model.set_fused(false);
     let (again, grads_again) = model.loss_and_grad(&x, &y).unwrap();
     assert!((values(loss.raw())[0] - values(again.raw())[0]).abs() < 1e-5);
-    let (a, b) = (values(grads.part.down.bias.raw()), values(grads_again.part.down.bias.raw()));
+    let (a, b) = (
+        values(grads.part.down.bias.raw()),
+        values(grads_again.part.down.bias.raw()),
+    );
     assert!(a.iter().any(|v| *v != 0.0));
     for (a, b) in a.iter().zip(&b) {
-        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} fused, {b} op by op");
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{a} fused, {b} op by op"
+        );
     }
 }

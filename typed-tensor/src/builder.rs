@@ -355,6 +355,53 @@ pub trait BuilderExt: Builder {
         let h = self.mul_scalar(x, 0.5)?;
         self.mul(&h, &one)
     }
+    /// `x` with every entry above the diagonal of its last two axes pushed down by
+    /// f32's largest finite value or more (to −∞ in dtypes that cannot hold it): row
+    /// (query) `i` keeps columns (keys) `j <= i`, and a softmax over the last axis then
+    /// gives the others zero weight, so attention scores `[.., T, T]` through it attend
+    /// causally. The positions come from `iota` on the device (no mask is built on the
+    /// host) and are compared in f32 (exact up to 2^24 positions, whatever `x`'s
+    /// dtype). The mask is added, `x + relu(j − i) · (−max)`, not selected, so no bool
+    /// value crosses kernels and the addition fuses with what reads `x`.
+    fn causal_mask(&mut self, x: &Self::Value) -> Result<Self::Value> {
+        let dims = self.dims(x);
+        let dtype = self.dtype(x);
+        if dims.len() < 2 || !dtype.is_float() {
+            return Err(Error::invalid(
+                "causal_mask",
+                format!(
+                    "masks float scores of rank 2 or more (queries × keys), not {dtype} {}",
+                    crate::op::fmt_dims(&dims)
+                ),
+            ));
+        }
+        let r = dims.len();
+        let square = vec![dims[r - 2].clone(), dims[r - 1].clone()];
+        let rows = self.apply(
+            Op::Iota {
+                dims: square.clone(),
+                axis: 0,
+            },
+            &[],
+        )?;
+        let cols = self.apply(
+            Op::Iota {
+                dims: square,
+                axis: 1,
+            },
+            &[],
+        )?;
+        let rows = self.cast(&rows, DType::F32)?;
+        let cols = self.cast(&cols, DType::F32)?;
+        let ahead = self.sub(&cols, &rows)?;
+        let ahead = self.unary(UnaryOp::Relu, &ahead)?;
+        let penalty = self.full(vec![], -(f32::MAX as f64), DType::F32)?;
+        let mut bias = self.mul(&ahead, &penalty)?;
+        if dtype != DType::F32 {
+            bias = self.cast(&bias, dtype)?;
+        }
+        self.add(x, &bias)
+    }
     /// Softmax along `axis` (max-subtracted for stability).
     fn softmax(&mut self, x: &Self::Value, axis: usize) -> Result<Self::Value> {
         let m = self.max(x, &[axis], true)?;

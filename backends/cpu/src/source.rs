@@ -26,7 +26,11 @@ pub fn iota(dims: &[usize], axis: usize) -> CpuStorage {
     let n: usize = dims.iter().product();
     let stride: usize = dims[axis + 1..].iter().product();
     let size = dims[axis];
-    CpuStorage::I32((0..n).map(|i| ((i / stride.max(1)) % size.max(1)) as i32).collect())
+    CpuStorage::I32(
+        (0..n)
+            .map(|i| ((i / stride.max(1)) % size.max(1)) as i32)
+            .collect(),
+    )
 }
 
 /// `n` seeded random values of `dist` as `dtype`.

@@ -36,6 +36,10 @@ macro_rules! fused_tests {
                 super::mlp_plans_match_the_op_by_op_path::<$B>(&$device)
             }
             #[test]
+            fn attention_plans_match_the_op_by_op_path() -> Result<()> {
+                super::attention_plans_match_the_op_by_op_path::<$B>(&$device)
+            }
+            #[test]
             fn steady_state_steps_take_no_new_device_memory() -> Result<()> {
                 super::steady_state_steps_take_no_new_device_memory(&$device)
             }
@@ -359,6 +363,49 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+/// Causal self-attention (iota, casts, the mask's select fused into the softmax's
+/// kernels, batched products over batch and heads): planned on the device, op by op on
+/// the device and op by op on the CPU agree, values and gradients.
+fn attention_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> {
+    use kiln_models::parts::CausalSelfAttention;
+    use kiln_tensor::{Const, RandDist, Tensor};
+    type Seq = (Const<3>, Const<6>, Const<16>);
+    let normal = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    fn outputs<B: Backend>(m: &CausalSelfAttention<B>, dev: &B::Device) -> Result<Vec<f32>> {
+        let normal = RandDist::Normal {
+            mean: 0.0,
+            std: 1.0,
+        };
+        let x =
+            Tensor::<B, Seq>::from_raw(RawTensor::rand(&[3, 6, 16], normal, 1, DType::F32, dev)?)?;
+        let t =
+            Tensor::<B, Seq>::from_raw(RawTensor::rand(&[3, 6, 16], normal, 2, DType::F32, dev)?)?;
+        let mut all = m.forward(&x)?.raw().to_vec::<f32>()?;
+        let (loss, grads) = m.loss_and_grad(&x, &t)?;
+        all.extend(loss.raw().to_vec::<f32>()?);
+        all.extend(grads.q.weight.raw().to_vec::<f32>()?);
+        all.extend(grads.v.bias.raw().to_vec::<f32>()?);
+        Ok(all)
+    }
+    let _ = normal;
+    let planned = CausalSelfAttention::<G>::init(dev, 5)?;
+    let op_by_op = CausalSelfAttention::<G>::init(dev, 5)?;
+    op_by_op.set_fused(false);
+    let cpu = CausalSelfAttention::<Cpu>::init(&CpuDevice, 5)?;
+    cpu.set_fused(false);
+    let (a, b, c) = (
+        outputs(&planned, dev)?,
+        outputs(&op_by_op, dev)?,
+        outputs(&cpu, &CpuDevice)?,
+    );
+    let d = max_diff(&a, &b).max(max_diff(&a, &c));
+    assert!(d <= 1e-4, "planned and op-by-op attention differ by {d}");
+    Ok(())
 }
 
 fn mlp_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> {

@@ -975,24 +975,17 @@ mod __kiln_natives_Mlp {
     }
 }
 #[doc(hidden)]
-#[allow(non_snake_case)]
-mod __kiln_def_Mlp {
-    #[doc(hidden)]
-    #[allow(unused_macros)]
-    macro_rules! Mlp {
-        ($($given:tt)*) => {
-            ::kiln::__private::model_impl! { $($given)* def { pub struct Mlp { fc1 :
-            Linear < 784, 1024 >, fc2 : Linear < 1024, 1024 >, fc3 : Linear < 1024, 10 >,
-            }; impl Mlp { pub fn forward < const B : usize > (& self, x : Tensor < B, 784
-            >) -> Tensor < B, 10 > { let h = self.fc1(x).relu(); let h = self.fc2(h)
-            .relu(); self.fc3(h) } pub fn loss < const B : usize > (& self, x : Tensor <
-            B, 784 >, y : Tensor < B, i32 >) -> Tensor { self.forward(x).cross_entropy(y)
-            } } } }
-        };
-    }
-    #[allow(unused_imports)]
-    pub(crate) use Mlp;
+#[macro_export]
+macro_rules! __kiln_def_Mlp_1797fc76e37c7e0d {
+    ($($given:tt)*) => {
+        ::kiln::__private::model_impl! { $($given)* def { pub struct Mlp { fc1 : Linear <
+        784, 1024 >, fc2 : Linear < 1024, 1024 >, fc3 : Linear < 1024, 10 >, }; impl Mlp
+        { pub fn forward < const B : usize > (& self, x : Tensor < B, 784 >) -> Tensor <
+        B, 10 > { let h = self.fc1(x).relu(); let h = self.fc2(h).relu(); self.fc3(h) }
+        pub fn loss < const B : usize > (& self, x : Tensor < B, 784 >, y : Tensor < B,
+        i32 >) -> Tensor { self.forward(x).cross_entropy(y) } } } }
+    };
 }
 #[doc(hidden)]
 #[allow(unused_imports)]
-pub(crate) use __kiln_def_Mlp::Mlp;
+pub use __kiln_def_Mlp_1797fc76e37c7e0d as Mlp;

@@ -26,6 +26,8 @@ pub enum Composite {
     Softmax(usize),
     /// `log_softmax(x, axis)`.
     LogSoftmax(usize),
+    /// `softmax(causal_mask(x), last axis)`: causal attention weights.
+    CausalSoftmax,
     /// `logsumexp(x, axis, keepdim)`.
     LogSumExp(usize, bool),
     /// `mean(x, axes, keepdim)`.
@@ -97,6 +99,12 @@ pub fn check_composite<B: Backend>(device: &B::Device, case: &CompositeCase) -> 
         C::Softmax(a) => (
             Ok(formulas::softmax(&xs[0], *a)),
             g.softmax(&ts[0], *a),
+            8.0,
+        ),
+        C::CausalSoftmax => (
+            Ok(formulas::causal_softmax(&xs[0])),
+            g.causal_mask(&ts[0])
+                .and_then(|m| g.softmax(&m, xs[0].dims.len() - 1)),
             8.0,
         ),
         C::LogSoftmax(a) => (
@@ -240,24 +248,36 @@ fn case(composite: Composite) -> impl Fn(Vec<Input>) -> CompositeCase {
     }
 }
 
-/// softmax, log_softmax and logsumexp along a random (non-empty) axis.
+/// softmax, log_softmax and logsumexp along a random (non-empty) axis, and causal
+/// attention weights (`causal_mask` then softmax) over square scores.
 pub fn softmax_cases(config: &Config) -> BoxedStrategy<CompositeCase> {
     (
         float_dtype(config),
         small_shape(1, 4),
         any::<usize>(),
-        0..3usize,
+        0..4usize,
         any::<bool>(),
     )
         .prop_flat_map(|(dt, mut dims, a, kind, keep)| {
             let axis = a % dims.len();
             dims[axis] = dims[axis].max(1);
+            if kind == 3 && dims.len() >= 2 {
+                let r = dims.len();
+                // Square scores: as many keys as queries.
+                dims[r - 2] = dims[r - 2].max(1);
+                dims[r - 1] = dims[r - 2];
+                return vec(input(dims, dt, domain(dt)), 1)
+                    .prop_map(case(Composite::CausalSoftmax))
+                    .boxed();
+            }
             let c = match kind {
                 0 => Composite::Softmax(axis),
                 1 => Composite::LogSoftmax(axis),
                 _ => Composite::LogSumExp(axis, keep),
             };
-            vec(input(dims, dt, domain(dt)), 1).prop_map(case(c))
+            vec(input(dims, dt, domain(dt)), 1)
+                .prop_map(case(c))
+                .boxed()
         })
         .boxed()
 }

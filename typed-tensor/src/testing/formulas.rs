@@ -82,6 +82,30 @@ pub fn softmax(x: &RefTensor, axis: usize) -> Expected {
     Expected::new(x.dims.clone(), out, mag, x)
 }
 
+/// Softmax over the last axis of the keys `j <= i` of each query `i` (the second-to-last
+/// axis); the others get weight 0.
+pub fn causal_softmax(x: &RefTensor) -> Expected {
+    let r = x.dims.len();
+    let (queries, keys) = (x.dims[r - 2], x.dims[r - 1]);
+    let mut out = vec![0.0; x.numel()];
+    let mut mag = vec![0.0; x.numel()];
+    for g in groups(&x.dims, &[r - 1]) {
+        let i = (g[0] / keys.max(1)) % queries.max(1);
+        let kept = &g[..=i.min(g.len() - 1)];
+        let m = kept
+            .iter()
+            .map(|&k| x.data[k])
+            .fold(f64::NEG_INFINITY, f64::max);
+        let s = Sum::of(kept.iter().map(|&k| (x.data[k] - m).exp()));
+        let scale = 2.0 * max_abs(x, kept) + 1.0;
+        for &k in kept {
+            out[k] = (x.data[k] - m).exp() / s;
+            mag[k] = out[k] * scale;
+        }
+    }
+    Expected::new(x.dims.clone(), out, mag, x)
+}
+
 /// `x - max - ln Σ exp(x - max)` along `axis`.
 pub fn log_softmax(x: &RefTensor, axis: usize) -> Expected {
     let mut out = vec![0.0; x.numel()];

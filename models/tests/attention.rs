@@ -1,0 +1,130 @@
+//! Causal self-attention written with `#[model]` (`kiln_models::parts`): heads split and merged with
+//! reshape and permute, batched products over batch and heads, `causal_mask()` before
+//! the softmax. Position `t`'s output must not depend on later positions; the planned
+//! and op-by-op paths must agree; gradients must match finite differences.
+
+use kiln::cpu::{Cpu, CpuDevice};
+use kiln::prelude::*;
+use kiln::tensor::nn::Module;
+use kiln::tensor::RawTensor;
+
+use kiln_models::parts::CausalSelfAttention as Attention;
+
+type Seq = (Const<2>, Const<5>, Const<16>);
+
+fn seq(seed: u64) -> Tensor<Cpu, Seq> {
+    Tensor::<Cpu, Seq>::normal(0.0, 1.0, seed, &CpuDevice).unwrap()
+}
+
+fn values(t: &RawTensor<Cpu>) -> Vec<f32> {
+    t.to_vec::<f32>().unwrap()
+}
+
+#[test]
+fn a_position_sees_only_itself_and_earlier_ones() {
+    let model = Attention::<Cpu>::init(&CpuDevice, 1).unwrap();
+    let x = seq(2);
+    let mut moved = values(x.raw());
+    // Change the last position (t = 4) of both sequences.
+    for b in 0..2 {
+        for c in 0..16 {
+            moved[(b * 5 + 4) * 16 + c] += 1.0;
+        }
+    }
+    let moved = Tensor::<Cpu, Seq>::from_vec(moved, &[2, 5, 16], &CpuDevice).unwrap();
+    for fused in [true, false] {
+        model.set_fused(fused);
+        let (a, b) = (
+            values(model.forward(&x).unwrap().raw()),
+            values(model.forward(&moved).unwrap().raw()),
+        );
+        for s in 0..2 {
+            for t in 0..5 {
+                let row = |v: &[f32]| v[(s * 5 + t) * 16..(s * 5 + t + 1) * 16].to_vec();
+                if t < 4 {
+                    assert_eq!(
+                        row(&a),
+                        row(&b),
+                        "position {t} saw a later one (fused {fused})"
+                    );
+                } else {
+                    assert_ne!(row(&a), row(&b), "the last position ignored itself");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_and_op_by_op_agree() {
+    let model = Attention::<Cpu>::init(&CpuDevice, 3).unwrap();
+    let (x, target) = (seq(4), seq(5));
+    let run = |fused: bool| {
+        model.set_fused(fused);
+        let mut all = values(model.forward(&x).unwrap().raw());
+        let (loss, grads) = model.loss_and_grad(&x, &target).unwrap();
+        all.extend(values(loss.raw()));
+        all.extend(values(grads.q.weight.raw()));
+        all.extend(values(grads.k.bias.raw()));
+        all.extend(values(grads.v.weight.raw()));
+        all
+    };
+    let (a, b) = (run(true), run(false));
+    for (a, b) in a.iter().zip(&b) {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{a} fused, {b} op by op"
+        );
+    }
+}
+
+#[test]
+fn gradients_match_finite_differences() {
+    let mut model = Attention::<Cpu>::init(&CpuDevice, 6).unwrap();
+    let (x, target) = (seq(7), seq(8));
+    let (_, grads) = model.loss_and_grad(&x, &target).unwrap();
+    let mut analytic = std::collections::HashMap::new();
+    Attention::<Cpu>::init(&CpuDevice, 6)
+        .unwrap()
+        .update_params(&grads, "", &mut |n, _p, g| {
+            analytic.insert(n.to_string(), g.to_vec::<f32>()?);
+            Ok(())
+        })
+        .unwrap();
+    let eps = 1e-2;
+    for (name, index) in [
+        ("q.weight", 5),
+        ("k.weight", 40),
+        ("v.bias", 3),
+        ("proj.weight", 77),
+    ] {
+        let mut loss_at = |delta: f32| {
+            let mut shift = |n: &str, p: &mut RawTensor<Cpu>, _g: &RawTensor<Cpu>| -> Result<()> {
+                if n == name {
+                    let mut v = p.to_vec::<f32>()?;
+                    v[index] += delta;
+                    *p = RawTensor::from_vec(v, p.dims().as_slice(), p.device())?;
+                }
+                Ok(())
+            };
+            model.update_params(&grads, "", &mut shift).unwrap();
+            let l = values(model.loss(&x, &target).unwrap().raw())[0];
+            let mut back = |n: &str, p: &mut RawTensor<Cpu>, _g: &RawTensor<Cpu>| -> Result<()> {
+                if n == name {
+                    let mut v = p.to_vec::<f32>()?;
+                    v[index] -= delta;
+                    *p = RawTensor::from_vec(v, p.dims().as_slice(), p.device())?;
+                }
+                Ok(())
+            };
+            model.update_params(&grads, "", &mut back).unwrap();
+            l
+        };
+        let numeric = (loss_at(eps) - loss_at(-eps)) / (2.0 * eps);
+        let got = analytic[name][index];
+        assert!(
+            numeric.abs() > 1e-5 && (got - numeric).abs() <= 5e-5 + 0.02 * numeric.abs(),
+            "{name}[{index}]: build-time gradient {got}, finite difference {numeric}"
+        );
+    }
+}
