@@ -9,7 +9,9 @@ use kiln_fusion::SDim;
 use kiln_tensor::ir::NodeId;
 use kiln_tensor::nn::{LayerSpec, Mode};
 use kiln_tensor::op::fmt_dims;
-use kiln_tensor::{BinaryOp, BuilderExt, DType, Error, Guard, SymDim, TensorMeta, UnaryOp};
+use kiln_tensor::{
+    BinaryOp, Builder, BuilderExt, DType, Error, Guard, Op, SymDim, TensorMeta, UnaryOp,
+};
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, ToTokens};
 use std::collections::HashMap;
@@ -1015,6 +1017,11 @@ impl<'a> Lower<'a> {
                 let args = self.lower_args(&mc.args)?;
                 return self.call_model(l, &method, &args, mc);
             }
+            if let (FieldKind::Layer(LayerSpec::Embedding { vocab, .. }), "positions") =
+                (&l.kind, method.as_str())
+            {
+                return self.positions(l, *vocab, mc);
+            }
             if method == "forward" {
                 return self.call_layer_args(l, &mc.args.iter().collect::<Vec<_>>(), mc);
             }
@@ -1032,6 +1039,58 @@ impl<'a> Lower<'a> {
             return Err(());
         };
         self.tensor_method(n, mc)
+    }
+
+    /// `self.pos.positions(ids)`: the first `T` rows of a position table, `T` being the
+    /// last dim of `ids` (`[T, D]`, which broadcasts against the tokens' `[.., T, D]`);
+    /// the positions come from `iota`.
+    fn positions(&mut self, l: &LayerRef, vocab: usize, mc: &syn::ExprMethodCall) -> LResult<Val> {
+        if mc.args.len() != 1 {
+            self.err(
+                mc,
+                format!(
+                    "`{}.positions(ids)` takes the ids whose positions it embeds",
+                    l.display
+                ),
+            );
+            return Err(());
+        }
+        let Val::T(ids) = self.lower_expr(&mc.args[0])? else {
+            self.err(&mc.args[0], "`.positions()` takes a tensor of ids");
+            return Err(());
+        };
+        let Some(t) = self.dims(ids).last().cloned() else {
+            self.err(
+                &mc.args[0],
+                format!("`{}` is a scalar: it has no positions", src(&mc.args[0])),
+            );
+            return Err(());
+        };
+        if t.as_lit().is_some_and(|t| t > vocab) {
+            self.err(
+                &mc.args[0],
+                format!(
+                    "`{}` holds {t} positions but `{}` has a row for {vocab}",
+                    src(&mc.args[0]),
+                    l.display
+                ),
+            );
+            return Err(());
+        }
+        let at = match self.mg.apply(
+            Op::Iota {
+                dims: vec![t],
+                axis: 0,
+            },
+            &[],
+        ) {
+            Ok(n) => n,
+            Err(e) => {
+                self.err(mc, describe(&e));
+                return Err(());
+            }
+        };
+        self.call_layer(l, Val::T(at), &mc.args[0], mc)
     }
 
     /// Lowers call arguments in the caller's frame: each value with its expression.

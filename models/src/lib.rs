@@ -8,6 +8,8 @@ pub mod chain;
 pub mod classify;
 pub mod data;
 pub mod dynamic;
+pub mod gpt;
 pub mod lenet;
 pub mod mlp;
 pub mod parts;
+pub mod text;

@@ -1,0 +1,68 @@
+//! The character-level corpus: the vendored Shakespeare text as bytes (a vocabulary of
+//! 256), a fixed split (the last 10% held out), and seeded batches of windows with
+//! their next-byte targets.
+
+use crate::data::data_dir;
+use kiln::tensor::{rng, Error, Result};
+
+/// A text as bytes, split into a training and a held-out part.
+#[derive(Clone, Debug)]
+pub struct Corpus {
+    /// The first 90% of the bytes.
+    pub train: Vec<u8>,
+    /// The last 10%.
+    pub held_out: Vec<u8>,
+}
+
+impl Corpus {
+    /// Splits `bytes`: the last 10% held out.
+    pub fn new(bytes: Vec<u8>) -> Result<Self> {
+        if bytes.len() < 20 {
+            return Err(Error::Format(format!(
+                "a corpus of {} bytes is too short to split",
+                bytes.len()
+            )));
+        }
+        let cut = bytes.len() - bytes.len() / 10;
+        Ok(Corpus {
+            held_out: bytes[cut..].to_vec(),
+            train: bytes[..cut].to_vec(),
+        })
+    }
+
+    /// The seven Shakespeare plays vendored in `models/data/shakespeare/`.
+    pub fn shakespeare() -> Result<Self> {
+        let path = data_dir()
+            .join("shakespeare")
+            .join("shakespeare_7plays.txt");
+        let bytes = std::fs::read(&path)
+            .map_err(|e| Error::Format(format!("cannot read {}: {e}", path.display())))?;
+        Self::new(bytes)
+    }
+}
+
+/// `batch` windows of `len` bytes of `text` starting at seeded positions, as i32 ids
+/// (row-major `[batch, len]`), and the byte after each position (the targets).
+pub fn windows(text: &[u8], batch: usize, len: usize, seed: u64) -> Result<(Vec<i32>, Vec<i32>)> {
+    if text.len() <= len {
+        return Err(Error::invalid(
+            "windows",
+            format!(
+                "windows of {len} bytes need a text longer than {} bytes",
+                text.len()
+            ),
+        ));
+    }
+    let starts = (text.len() - len) as u64;
+    let key = rng::stream_key(seed, 0);
+    let (mut ids, mut next) = (
+        Vec::with_capacity(batch * len),
+        Vec::with_capacity(batch * len),
+    );
+    for b in 0..batch {
+        let start = ((rng::bits(key, b as u32) as u64 * starts) >> 32) as usize;
+        ids.extend(text[start..start + len].iter().map(|&c| c as i32));
+        next.extend(text[start + 1..start + len + 1].iter().map(|&c| c as i32));
+    }
+    Ok((ids, next))
+}
