@@ -165,9 +165,14 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl, def_items: Vec<Def>) -> Toke
     let mut natives = crate::fuse::Natives::new(model);
     // (title, plan const) of every planned method, for the printouts.
     let mut plans: Vec<(String, syn::Ident)> = Vec::new();
+    // The calls of `forward` (else of the first method), for `summary()`.
+    let mut summary_calls: Option<(String, Vec<crate::lower::Call>)> = None;
     for (mi, m) in methods.iter().enumerate() {
         let mut lower = Lower::new(&fields, &methods, &defs, Mode::Eval);
         let result = lower.lower_method(m);
+        if *m.name() == "forward" || (mi == 0 && summary_calls.is_none()) {
+            summary_calls = Some((m.name().to_string(), std::mem::take(&mut lower.calls)));
+        }
         let method_errors = std::mem::take(&mut lower.errors);
         if method_errors.is_empty() {
             if let Ok(v) = result {
@@ -225,6 +230,14 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl, def_items: Vec<Def>) -> Toke
     let compile_errors = errors.iter().map(|e| e.to_compile_error());
     let natives = natives.module();
     let def = def_macro(&item, &imp, &def_items, !errors.is_empty());
+    let summary = summary_text(
+        model,
+        crate::lower::model_params(&fields, &defs),
+        summary_calls,
+    );
+    let summary_doc = format!(
+        "What [`{model}`] holds, written at build time: each layer and nested model its first method (`forward` if it has one) calls, in call order, with the shape it returns and its parameter count, and the model's total."
+    );
     let titles: Vec<String> = plans.iter().map(|(t, _)| format!("{model}::{t}")).collect();
     let consts: Vec<&syn::Ident> = plans.iter().map(|(_, c)| c).collect();
     quote! {
@@ -246,6 +259,11 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl, def_items: Vec<Def>) -> Toke
             /// Every fusion plan as one Graphviz DOT graph, a cluster per kernel.
             pub fn fusion_dot() -> ::kiln::tensor::Result<::std::string::String> {
                 ::kiln::fusion::report::dot_all(Self::fusion_plans())
+            }
+
+            #[doc = #summary_doc]
+            pub fn summary() -> &'static str {
+                #summary
             }
         }
         #natives
@@ -370,4 +388,77 @@ fn stub_method(m: &MethodSig) -> TokenStream {
             ::core::panic!("this model method did not compile")
         }
     }
+}
+
+/// The text of `summary()`: a line per call (nested calls indented), then the total.
+fn summary_text(
+    model: &Ident,
+    total: usize,
+    calls: Option<(String, Vec<crate::lower::Call>)>,
+) -> String {
+    let (method, calls) = calls.unwrap_or_default();
+    let rows: Vec<[String; 4]> = calls
+        .iter()
+        .map(|c| {
+            [
+                format!("{}{}", "  ".repeat(c.depth), c.key),
+                c.what.clone(),
+                c.output.clone(),
+                thousands(c.params),
+            ]
+        })
+        .collect();
+    let heads = [
+        "layer".to_string(),
+        "type".into(),
+        "output".into(),
+        "params".into(),
+    ];
+    let width = |i: usize| {
+        rows.iter()
+            .chain([&heads])
+            .map(|r| r[i].chars().count())
+            .max()
+            .unwrap_or(0)
+    };
+    let w = [width(0), width(1), width(2), width(3)];
+    let line = |r: &[String; 4]| {
+        format!(
+            "  {:<a$}  {:<b$}  {:<c$}  {:>d$}",
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            a = w[0],
+            b = w[1],
+            c = w[2],
+            d = w[3]
+        )
+        .trim_end()
+        .to_string()
+    };
+    let mut out = format!("{model}: {} parameters", thousands(total));
+    if !rows.is_empty() {
+        out.push_str(&format!("; what `{method}` calls:\n"));
+        out.push_str(&line(&heads));
+        for r in &rows {
+            out.push('\n');
+            out.push_str(&line(r));
+        }
+    }
+    out.push('\n');
+    out
+}
+
+/// `1234567` as `1,234,567`.
+fn thousands(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }

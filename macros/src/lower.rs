@@ -165,6 +165,20 @@ pub struct ModelDef {
     pub broken: bool,
 }
 
+/// One call a lowered body made: of a layer or of a nested model.
+pub struct Call {
+    /// How the model reaches it (`blocks.0.attn`).
+    pub key: String,
+    /// What it is (`Linear<16, 16>`, `CausalSelfAttention`).
+    pub what: String,
+    /// The shape of what it returned.
+    pub output: String,
+    /// How many levels of nesting it sits under.
+    pub depth: usize,
+    /// Its parameter count.
+    pub params: usize,
+}
+
 /// The nested models' definitions, by name (the last segment of their path).
 pub type Defs = HashMap<String, ModelDef>;
 
@@ -243,6 +257,11 @@ pub struct Lower<'a> {
     defs: &'a Defs,
     /// Where `self` of the current body is, seen from the top model.
     frame: Frame,
+    /// Every layer and nested model the lowered body called, in call order (a nested
+    /// model before its own layers): what `summary()` lists.
+    pub calls: Vec<Call>,
+    /// How many nested models the current body sits in.
+    nesting: usize,
     /// The graph.
     pub mg: MGraph,
     /// Training or evaluation semantics.
@@ -295,6 +314,8 @@ impl<'a> Lower<'a> {
             methods,
             defs,
             frame: Frame::top(),
+            calls: Vec::new(),
+            nesting: 0,
             mg: MGraph::default(),
             mode,
             errors: Vec::new(),
@@ -980,6 +1001,13 @@ impl<'a> Lower<'a> {
                 node,
             });
         }
+        self.calls.push(Call {
+            key: l.key.clone(),
+            what: spec.to_string(),
+            output: self.shape_str(out.y),
+            depth: self.nesting,
+            params: spec_params(&spec),
+        });
         Ok(Val::T(out.y))
     }
 
@@ -1153,6 +1181,14 @@ impl<'a> Lower<'a> {
             );
             return Err(());
         };
+        let at = self.calls.len();
+        self.calls.push(Call {
+            key: l.key.clone(),
+            what: name.clone(),
+            output: String::new(),
+            depth: self.nesting,
+            params: model_params(&def.fields, defs),
+        });
         let saved = (
             self.fields,
             self.methods,
@@ -1160,8 +1196,13 @@ impl<'a> Lower<'a> {
         );
         self.fields = &def.fields;
         self.methods = &def.methods;
+        self.nesting += 1;
         let r = self.inline_call(m, &format!("{}.{method}", l.display), args, span);
+        self.nesting -= 1;
         (self.fields, self.methods, self.frame) = saved;
+        if let Ok(Val::T(y)) = &r {
+            self.calls[at].output = self.shape_str(*y);
+        }
         r
     }
 
@@ -1730,4 +1771,26 @@ fn unsupported_expression(e: &Expr) -> String {
         Expr::Reference(_) => "`&` is not needed in model methods: pass tensors by name".into(),
         _ => "this expression is not supported in model methods; see the kiln-macros docs for what bodies may hold".into(),
     }
+}
+
+/// A layer's parameter count.
+fn spec_params(spec: &LayerSpec) -> usize {
+    spec.params()
+        .iter()
+        .map(|p| p.dims.iter().product::<usize>())
+        .sum()
+}
+
+/// The parameter count of a model with `fields` (nested ones through `defs`).
+pub fn model_params(fields: &[ModelField], defs: &Defs) -> usize {
+    fn of(kind: &FieldKind, defs: &Defs) -> usize {
+        match kind {
+            FieldKind::Layer(spec) => spec_params(spec),
+            FieldKind::Array(inner, n) => n * of(inner, defs),
+            FieldKind::Model(path) => defs
+                .get(&crate::dsl::model_name(path))
+                .map_or(0, |d| model_params(&d.fields, defs)),
+        }
+    }
+    fields.iter().map(|f| of(&f.kind, defs)).sum()
 }

@@ -1,17 +1,39 @@
-//! Prints the build-time fusion plans of the models in `kiln_models`: the report, or
-//! with `--dot` the Graphviz graph, or with `--text` the plan text.
+//! Prints what the models in `kiln_models` are: with no argument their build-time
+//! fusion plans as reports; `--dot` the Graphviz graph, `--text` the plan text,
+//! `--summary` each model's layers with their output shapes and parameter counts.
 
 use kiln::cpu::Cpu;
+use kiln_models::gpt::TinyGpt;
 use kiln_models::lenet::LeNet;
 use kiln_models::mlp::Mlp;
 
 fn main() -> kiln::Result<()> {
     let arg = std::env::args().nth(1).unwrap_or_default();
-    for plans in [Mlp::<Cpu>::fusion_plans(), LeNet::<Cpu>::fusion_plans()] {
+    if arg == "--summary" {
+        for summary in [
+            Mlp::<Cpu>::summary(),
+            LeNet::<Cpu>::summary(),
+            TinyGpt::<Cpu>::summary(),
+        ] {
+            println!("{summary}");
+        }
+        return Ok(());
+    }
+    for plans in [
+        Mlp::<Cpu>::fusion_plans(),
+        LeNet::<Cpu>::fusion_plans(),
+        TinyGpt::<Cpu>::fusion_plans(),
+    ] {
         match arg.as_str() {
             "--dot" => print!("{}", kiln::fusion::report::dot_all(plans)?),
             "--text" => plans.iter().for_each(|(t, p)| println!("# {t}\n{p}")),
-            _ => print!("{}", kiln::fusion::report::report_all(plans)?),
+            "" => print!("{}", kiln::fusion::report::report_all(plans)?),
+            other => {
+                return Err(kiln::tensor::Error::invalid(
+                    "plans",
+                    format!("unknown flag `{other}`: use --dot, --text or --summary"),
+                ))
+            }
         }
     }
     Ok(())

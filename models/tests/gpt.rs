@@ -94,3 +94,35 @@ fn planned_and_op_by_op_agree_on_the_gpt() {
         );
     }
 }
+
+#[test]
+fn the_summary_lists_the_tree_with_shapes_and_counts() {
+    let s = TinyGpt::<Cpu>::summary();
+    println!("{s}");
+    let model = TinyGpt::<Cpu>::init(&CpuDevice, 1).unwrap();
+    use kiln::tensor::nn::Module;
+    let total = model.num_params();
+    let total_text = total
+        .to_string()
+        .as_bytes()
+        .rchunks(3)
+        .rev()
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect::<Vec<_>>()
+        .join(",");
+    assert!(
+        s.starts_with(&format!("TinyGpt: {total_text} parameters")),
+        "{s}"
+    );
+    for want in [
+        "tok",
+        "blocks.0",
+        "GptBlock",
+        "    blocks.1.attn.q",
+        "[B, T, 16]",
+        "[B, T, 256]",
+        "Linear<16, 256>",
+    ] {
+        assert!(s.contains(want), "`{want}` missing from:\n{s}");
+    }
+}

@@ -604,6 +604,10 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
     pub fn fusion_dot() -> ::kiln::tensor::Result<::std::string::String> {
         ::kiln::fusion::report::dot_all(Self::fusion_plans())
     }
+    ///What [`Mlp`] holds, written at build time: each layer and nested model its first method (`forward` if it has one) calls, in call order, with the shape it returns and its parameter count, and the model's total.
+    pub fn summary() -> &'static str {
+        "Mlp: 1,863,690 parameters; what `forward` calls:\n  layer  type                output        params\n  fc1    Linear<784, 1024>   [B, 1024]    803,840\n  fc2    Linear<1024, 1024>  [B, 1024]  1,049,600\n  fc3    Linear<1024, 10>    [B, 10]       10,250\n"
+    }
 }
 #[doc(hidden)]
 #[allow(non_snake_case)]
