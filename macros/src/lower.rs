@@ -1087,24 +1087,23 @@ impl<'a> Lower<'a> {
             self.err(&mc.args[0], "`.positions()` takes a tensor of ids");
             return Err(());
         };
-        let Some(t) = self.dims(ids).last().cloned() else {
-            self.err(
-                &mc.args[0],
-                format!("`{}` is a scalar: it has no positions", src(&mc.args[0])),
-            );
-            return Err(());
-        };
-        if t.as_lit().is_some_and(|t| t > vocab) {
+        if let Err(e) = self.mg.guard(Guard::Positions { table: vocab }, &[&ids]) {
             self.err(
                 &mc.args[0],
                 format!(
-                    "`{}` holds {t} positions but `{}` has a row for {vocab}",
+                    "`{}.positions({})`: {}",
+                    l.display,
                     src(&mc.args[0]),
-                    l.display
+                    describe(&e)
                 ),
             );
             return Err(());
         }
+        let t = self
+            .dims(ids)
+            .last()
+            .cloned()
+            .expect("the guard refuses scalars");
         let at = match self.mg.apply(
             Op::Iota {
                 dims: vec![t],

@@ -126,3 +126,40 @@ fn the_summary_lists_the_tree_with_shapes_and_counts() {
         assert!(s.contains(want), "`{want}` missing from:\n{s}");
     }
 }
+
+/// Token and position embeddings over a context known only at run time.
+#[model]
+pub struct AnyContext {
+    tok: Embedding<256, 8>,
+    pos: Embedding<32, 8>,
+}
+
+#[model]
+impl AnyContext {
+    pub fn embed(&self, ids: Tensor<Dyn, Dyn, i32>) -> Tensor<Dyn, Dyn, 8> {
+        self.tok(ids) + self.pos.positions(ids)
+    }
+}
+
+#[test]
+fn a_run_time_context_longer_than_the_position_table_is_refused_alike() {
+    let model = AnyContext::<Cpu>::init(&CpuDevice, 1).unwrap();
+    let ids = |t: usize| {
+        Tensor::<Cpu, (Dyn, Dyn), i32>::from_vec(
+            (0..2 * t as i32).map(|i| i % 256).collect(),
+            &[2, t],
+            &CpuDevice,
+        )
+        .unwrap()
+    };
+    for fused in [true, false] {
+        model.set_fused(fused);
+        let ok = model.embed(&ids(32)).unwrap();
+        assert_eq!(ok.raw().dims().as_slice(), &[2, 32, 8]);
+        let e = model.embed(&ids(40)).unwrap_err().to_string();
+        assert!(
+            e.contains("ids [2, 40] hold 40 positions but the position table has 32 rows"),
+            "fused {fused}: {e}"
+        );
+    }
+}

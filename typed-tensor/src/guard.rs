@@ -21,6 +21,11 @@ pub enum Guard {
     /// Batch statistics of `[N, C, H, W]` in training need more than one value per
     /// channel (one value has no variance; PyTorch refuses it too).
     BatchNormTraining,
+    /// Ids `[.., T]` whose positions `0..T` a position table of `table` rows embeds.
+    Positions {
+        /// The table's rows.
+        table: usize,
+    },
     /// A convolution's input `[N, C, H, W]` against its weight `[O, C/groups, kh, kw]`.
     Conv2d {
         /// Channel groups.
@@ -36,6 +41,7 @@ impl Guard {
             Guard::CrossEntropy => "cross_entropy",
             Guard::Conv2d { .. } => "conv2d",
             Guard::BatchNormTraining => "batch_norm_training",
+            Guard::Positions { .. } => "positions",
         }
     }
 
@@ -43,7 +49,7 @@ impl Guard {
     /// a size only the run time knows passes).
     pub fn check<D: SymDim>(&self, inputs: &[&TensorMeta<D>]) -> Result<()> {
         let want = match self {
-            Guard::LayerInput(_) | Guard::BatchNormTraining => 1,
+            Guard::LayerInput(_) | Guard::BatchNormTraining | Guard::Positions { .. } => 1,
             Guard::CrossEntropy | Guard::Conv2d { .. } => 2,
         };
         if inputs.len() != want {
@@ -112,6 +118,25 @@ impl Guard {
                 }
                 Ok(())
             }
+            Guard::Positions { table } => {
+                let d = &inputs[0].dims;
+                let Some(t) = d.last() else {
+                    return Err(Error::shape(
+                        "positions",
+                        "scalar ids have no positions".to_string(),
+                    ));
+                };
+                if t.as_lit().is_some_and(|t| t > *table) {
+                    return Err(Error::shape(
+                        "positions",
+                        format!(
+                            "ids {} hold {t} positions but the position table has {table} rows",
+                            fmt_dims(d)
+                        ),
+                    ));
+                }
+                Ok(())
+            }
             Guard::Conv2d { groups } => {
                 let (xd, wd) = (&inputs[0].dims, &inputs[1].dims);
                 if xd.len() != 4 || wd.len() != 4 || *groups == 0 {
@@ -148,6 +173,7 @@ impl Guard {
             Guard::CrossEntropy => "cross_entropy".into(),
             Guard::Conv2d { groups } => format!("conv2d {groups}"),
             Guard::BatchNormTraining => "batch_norm_training".into(),
+            Guard::Positions { table } => format!("positions {table}"),
         }
     }
 
@@ -161,6 +187,9 @@ impl Guard {
                 .map_err(|_| bad()),
             "cross_entropy" if rest.is_empty() => Ok(Guard::CrossEntropy),
             "batch_norm_training" if rest.is_empty() => Ok(Guard::BatchNormTraining),
+            "positions" => Ok(Guard::Positions {
+                table: rest.parse().map_err(|_| bad())?,
+            }),
             "conv2d" => Ok(Guard::Conv2d {
                 groups: rest.parse().map_err(|_| bad())?,
             }),
@@ -180,6 +209,7 @@ mod tests {
             Guard::CrossEntropy,
             Guard::BatchNormTraining,
             Guard::Conv2d { groups: 3 },
+            Guard::Positions { table: 256 },
             Guard::LayerInput(LayerSpec::Linear {
                 inputs: 784,
                 outputs: 10,
