@@ -1,6 +1,7 @@
-//! The expansion of the README's model, pinned: a change to the code `#[model]`
-//! generates shows in review as a diff of `macros/tests/snapshots/readme_mlp.rs`
-//! (`KILN_BLESS=1 cargo test -p kiln-macros` rewrites it).
+//! Expansions pinned: a change to the code `#[model]` generates shows in review as a
+//! diff of `macros/tests/snapshots/` — the README's `Mlp` (`readme_mlp.rs`) and one
+//! block of the GPT, a model holding a nested model (`gpt_block.rs`).
+//! `KILN_BLESS=1 cargo test -p kiln-macros` rewrites them.
 
 use crate::{impls, structs};
 use syn::{Item, ItemImpl, ItemStruct};
@@ -41,17 +42,66 @@ fn the_readme_model_expands_as_the_snapshot_shows() {
         .expect("a model impl");
     let mut tokens = structs::expand_struct(s.clone()).expect("the struct expands");
     tokens.extend(impls::expand_impl(s, imp, Vec::new()));
-    let expanded: syn::File = syn::parse2(tokens).expect("the expansion is Rust");
-    let text = format!(
-        "// The expansion of the README's `Mlp` (see macros/src/snapshot.rs).\n{}",
-        prettyplease::unparse(&expanded)
+    check(
+        "readme_mlp.rs",
+        "// The expansion of the README's `Mlp` (see macros/src/snapshot.rs).",
+        tokens,
     );
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/snapshots/readme_mlp.rs");
+}
+
+/// The struct and impl named `name` in `file`, without their `#[model]` attributes.
+fn model_named(file: &syn::File, name: &str) -> (ItemStruct, ItemImpl) {
+    let s = file
+        .items
+        .iter()
+        .find_map(|i| match i {
+            Item::Struct(s) if s.ident == name => Some(unmarked(s.clone(), |s| &mut s.attrs)),
+            _ => None,
+        })
+        .expect("the model's struct");
+    let imp = file
+        .items
+        .iter()
+        .find_map(|i| match i {
+            Item::Impl(i) if matches!(&*i.self_ty, syn::Type::Path(p) if p.path.is_ident(name)) => {
+                Some(unmarked(i.clone(), |i| &mut i.attrs))
+            }
+            _ => None,
+        })
+        .expect("the model's impl");
+    (s, imp)
+}
+
+#[test]
+fn a_gpt_block_expands_as_the_snapshot_shows() {
+    let gpt: syn::File =
+        syn::parse_str(include_str!("../../models/src/gpt.rs")).expect("gpt.rs parses");
+    let parts: syn::File =
+        syn::parse_str(include_str!("../../models/src/parts.rs")).expect("parts.rs parses");
+    let (s, imp) = model_named(&gpt, "GptBlock");
+    let (attn_s, attn_imp) = model_named(&parts, "CausalSelfAttention");
+    // What the nested model's definition macro hands over.
+    let def: impls::Def =
+        syn::parse2(quote::quote!(def { #attn_s ; #attn_imp })).expect("a definition parses");
+    let mut tokens = structs::expand_struct(s.clone()).expect("the struct expands");
+    tokens.extend(impls::expand_impl(s, imp, vec![def]));
+    check(
+        "gpt_block.rs",
+        "// The expansion of `kiln_models::gpt::GptBlock`, which holds a `CausalSelfAttention`\n// (see macros/src/snapshot.rs).",
+        tokens,
+    );
+}
+
+/// Compares an expansion with its snapshot (or rewrites it under `KILN_BLESS`).
+fn check(file: &str, header: &str, tokens: proc_macro2::TokenStream) {
+    let expanded: syn::File = syn::parse2(tokens).expect("the expansion is Rust");
+    let text = format!("{header}\n{}", prettyplease::unparse(&expanded));
+    let path = format!("{}/tests/snapshots/{file}", env!("CARGO_MANIFEST_DIR"));
     if std::env::var_os("KILN_BLESS").is_some() {
-        std::fs::write(path, &text).expect("the snapshot is writable");
+        std::fs::write(&path, &text).expect("the snapshot is writable");
         return;
     }
-    let want = std::fs::read_to_string(path).unwrap_or_default();
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
     if want != text {
         let line = want
             .lines()
