@@ -50,6 +50,16 @@ impl TinyGpt {
         self.head(self.norm(h))
     }
 
+    /// The next-byte logits of a batch of windows of any length up to 32 (generation
+    /// grows its context one byte at a time).
+    pub fn logits_any(&self, ids: Tensor<Dyn, Dyn, i32>) -> Tensor<Dyn, Dyn, 256> {
+        let mut h = self.tok(ids) + self.pos.positions(ids);
+        for block in &self.blocks {
+            h = block(h);
+        }
+        self.head(self.norm(h))
+    }
+
     /// Mean cross-entropy (nats per byte) of the logits against the next bytes.
     pub fn loss<const B: usize, const T: usize>(
         &self,

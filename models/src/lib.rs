@@ -1,7 +1,9 @@
 //! # kiln-models
 //!
-//! Owns Kiln's real models on real data: the data loaders (`data`), the models, and
-//! the binaries `kiln-train` (the README's main job) and `kiln-bench` (the workloads of
+//! Owns Kiln's real models on real data: the data loaders (`data` for images, `text`
+//! for the Shakespeare bytes), the models (`mlp`, `lenet`, `gpt`, and `parts` to
+//! compose), and the binaries `kiln-train` (the README's main job), `kiln-infer`,
+//! `kiln-generate` (samples from a trained GPT) and `kiln-bench` (the workloads of
 //! DESIGN.md, one parseable line per figure).
 
 pub mod chain;

@@ -163,3 +163,40 @@ fn a_run_time_context_longer_than_the_position_table_is_refused_alike() {
         );
     }
 }
+
+#[test]
+fn any_context_length_gives_the_fixed_length_logits() {
+    let corpus = Corpus::shakespeare().unwrap();
+    let model = TinyGpt::<Cpu>::init(&CpuDevice, 3).unwrap();
+    let (x, _) = batch(&corpus.train, 9);
+    let fixed = model.logits(&x).unwrap().raw().to_vec::<f32>().unwrap();
+    let any = Tensor::<Cpu, (Dyn, Dyn), i32>::from_raw(x.raw().clone()).unwrap();
+    let got = model
+        .logits_any(&any)
+        .unwrap()
+        .raw()
+        .to_vec::<f32>()
+        .unwrap();
+    for (a, b) in fixed.iter().zip(&got) {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{a} fixed, {b} any length"
+        );
+    }
+    // A shorter context: the logits of a prefix are the prefix of the logits (causal).
+    let v = x.raw().to_vec::<i32>().unwrap();
+    let prefix: Vec<i32> = v[..LEN].iter().take(5).copied().collect();
+    let short = Tensor::<Cpu, (Dyn, Dyn), i32>::from_vec(prefix, &[1, 5], &CpuDevice).unwrap();
+    let got = model
+        .logits_any(&short)
+        .unwrap()
+        .raw()
+        .to_vec::<f32>()
+        .unwrap();
+    for (a, b) in fixed[..5 * 256].iter().zip(&got) {
+        assert!(
+            (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+            "{a} in the window, {b} alone"
+        );
+    }
+}

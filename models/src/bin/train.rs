@@ -1,5 +1,6 @@
-//! `kiln-train`: trains a zoo model on MNIST or Fashion-MNIST on the CPU, reports test
-//! accuracy after every epoch and saves a safetensors checkpoint.
+//! `kiln-train`: trains a zoo model on the CPU and saves a safetensors checkpoint: the
+//! MLP or the CNN on MNIST or Fashion-MNIST (test accuracy after every epoch), or the
+//! tiny GPT on the Shakespeare bytes (held-out loss in nats per byte).
 
 use clap::{Parser, ValueEnum};
 
@@ -25,6 +26,8 @@ enum ModelKind {
     Mlp,
     /// LeNet-style CNN with batch norm and dropout.
     Cnn,
+    /// The tiny byte-level GPT, on the Shakespeare text (context 32).
+    Gpt,
 }
 
 /// Which data set to train on.
@@ -52,9 +55,10 @@ struct Args {
     /// The model.
     #[arg(long, value_enum, default_value = "mlp")]
     model: ModelKind,
-    /// The data set.
-    #[arg(long, value_enum, default_value = "mnist")]
-    dataset: Dataset,
+    /// The data set of the image models (default: mnist); the GPT trains on the
+    /// vendored Shakespeare text.
+    #[arg(long, value_enum)]
+    dataset: Option<Dataset>,
     /// Passes over the training set.
     #[arg(long, default_value_t = 5)]
     epochs: usize,
@@ -96,7 +100,8 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
             format!("batch size {batch} is not one of 16, 32, 64, 128, 256, 512"),
         ));
     }
-    let (dir, norm) = match args.dataset {
+    let dataset = args.dataset.unwrap_or(Dataset::Mnist);
+    let (dir, norm) = match dataset {
         Dataset::Mnist => ("mnist", MNIST_NORM),
         Dataset::Fashion => ("fashion-mnist", FASHION_NORM),
     };
@@ -117,7 +122,7 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
         "training {:?} ({} parameters) on {:?}: {} examples, batch {batch}, {} epochs, {:?} lr {}",
         args.model,
         model.num_params(),
-        args.dataset,
+        dataset,
         data.train.len(),
         args.epochs,
         args.optimizer,
@@ -214,7 +219,7 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
         acc * 100.0
     );
     let out = args.out.clone().unwrap_or_else(|| {
-        let name = format!("{:?}-{:?}.safetensors", args.model, args.dataset).to_lowercase();
+        let name = format!("{:?}-{:?}.safetensors", args.model, dataset).to_lowercase();
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("runs")
             .join(name)
@@ -229,12 +234,175 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
     );
     meta.insert(
         "dataset".to_string(),
-        format!("{:?}", args.dataset).to_lowercase(),
+        format!("{:?}", dataset).to_lowercase(),
     );
     meta.insert("test_accuracy".to_string(), format!("{acc:.4}"));
     checkpoint::save_with_metadata(&model, &out, &meta)?;
     println!("saved {}", out.display());
     Ok(())
+}
+
+/// Training the tiny GPT on the Shakespeare bytes.
+mod gpt {
+    use super::{Args, Opt};
+    use indicatif::{ProgressBar, ProgressStyle};
+    use kiln::cpu::{Cpu, CpuDevice};
+    use kiln::prelude::*;
+    use kiln::train::checkpoint;
+    use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+    use kiln::train::schedule::{CosineWithWarmup, Schedule};
+    use kiln_models::gpt::TinyGpt;
+    use kiln_models::text::{windows, Corpus};
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+    use std::time::Instant;
+
+    /// The context the model is trained on.
+    const LEN: usize = 32;
+
+    /// Trains with `--batch-size` 16, 32 or 64 windows of 32 bytes per step.
+    pub fn run(args: &Args) -> Result<()> {
+        if args.dataset.is_some() {
+            return Err(Error::invalid(
+                "kiln-train",
+                "--dataset chooses the image models' data; the GPT trains on the Shakespeare text",
+            ));
+        }
+        match args.batch_size {
+            16 => train::<16>(args),
+            32 => train::<32>(args),
+            64 => train::<64>(args),
+            other => Err(Error::invalid(
+                "kiln-train",
+                format!("the GPT trains on 16, 32 or 64 windows per step, not {other}"),
+            )),
+        }
+    }
+
+    type Ids<const B: usize> = Tensor<Cpu, (Const<B>, Const<LEN>), i32>;
+
+    /// `B` seeded windows of `text` and their next bytes.
+    fn batch<const B: usize>(text: &[u8], seed: u64) -> Result<(Ids<B>, Ids<B>)> {
+        let (ids, next) = windows(text, B, LEN, seed)?;
+        Ok((
+            Tensor::from_vec(ids, &[B, LEN], &CpuDevice)?,
+            Tensor::from_vec(next, &[B, LEN], &CpuDevice)?,
+        ))
+    }
+
+    /// Mean loss (nats per byte) over 16 fixed held-out batches.
+    fn held_out<const B: usize>(model: &TinyGpt<Cpu>, corpus: &Corpus) -> Result<f32> {
+        let mut total = 0.0;
+        for s in 0..16u64 {
+            let (x, y) = batch::<B>(&corpus.held_out, u64::MAX - s)?;
+            total += model.loss(&x, &y)?.raw().to_vec::<f32>()?[0];
+        }
+        Ok(total / 16.0)
+    }
+
+    fn train<const B: usize>(args: &Args) -> Result<()> {
+        let dev = CpuDevice;
+        let corpus = Corpus::shakespeare()?;
+        let mut model = TinyGpt::<Cpu>::init(&dev, args.seed)?;
+        let per_epoch = (corpus.train.len() / (B * LEN)) as u64;
+        let total = (per_epoch * args.epochs as u64).max(1);
+        let schedule =
+            CosineWithWarmup::new(args.lr, args.lr * 0.01, args.warmup.min(total / 2), total)?;
+        println!(
+            "training Gpt ({} parameters) on Shakespeare: {} training bytes, {} held out, {B} windows of {LEN} per step, {total} steps, {:?} lr {}",
+            kiln::tensor::nn::Module::num_params(&model),
+            corpus.train.len(),
+            corpus.held_out.len(),
+            args.optimizer,
+            args.lr
+        );
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
+            )
+            .expect("static template"),
+        );
+        let start = Instant::now();
+        let mut sgd;
+        let mut adamw;
+        let opt: &mut dyn FnMut(&mut TinyGpt<Cpu>, &_, f64) -> Result<()> = match args.optimizer {
+            Opt::Sgd => {
+                sgd = Sgd::<Cpu>::new(SgdConfig {
+                    lr: args.lr,
+                    momentum: args.momentum,
+                    weight_decay: args.weight_decay,
+                    ..SgdConfig::default()
+                })?;
+                &mut move |m: &mut TinyGpt<Cpu>, g: &_, lr: f64| {
+                    sgd.set_lr(lr)?;
+                    sgd.step(m, g)
+                }
+            }
+            Opt::Adamw => {
+                adamw = AdamW::<Cpu>::new(AdamWConfig {
+                    lr: args.lr,
+                    weight_decay: args.weight_decay,
+                    ..AdamWConfig::default()
+                })?;
+                &mut move |m: &mut TinyGpt<Cpu>, g: &_, lr: f64| {
+                    adamw.set_lr(lr)?;
+                    adamw.step(m, g)
+                }
+            }
+        };
+        let mut avg = f32::NAN;
+        for step in 0..total {
+            let (x, y) = batch::<B>(&corpus.train, args.seed.wrapping_mul(1_000_003) ^ step)?;
+            let (loss, grads) = model.loss_and_grad(&x, &y)?;
+            let loss = loss.raw().to_vec::<f32>()?[0];
+            if !loss.is_finite() {
+                return Err(Error::invalid(
+                    "train",
+                    format!("the loss became {loss} at step {step}"),
+                ));
+            }
+            opt(&mut model, &grads, schedule.lr_at(step))?;
+            avg = if avg.is_nan() {
+                loss
+            } else {
+                0.98 * avg + 0.02 * loss
+            };
+            if (step + 1) % per_epoch.max(1) == 0 {
+                let h = held_out::<B>(&model, &corpus)?;
+                bar.suspend(|| {
+                    println!(
+                        "step {}: train loss {avg:.3}, held-out loss {h:.3} nats/byte",
+                        step + 1
+                    )
+                });
+            }
+            bar.set_message(format!("loss {avg:.3}"));
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        let h = held_out::<B>(&model, &corpus)?;
+        println!(
+            "trained {total} steps in {:.1}s; train loss {avg:.3}, held-out loss {h:.3} nats/byte",
+            start.elapsed().as_secs_f64()
+        );
+        let out = args.out.clone().unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("runs")
+                .join("gpt-shakespeare.safetensors")
+        });
+        if let Some(parent) = out.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let meta = BTreeMap::from([
+            ("model".to_string(), "gpt".to_string()),
+            ("dataset".to_string(), "shakespeare".to_string()),
+            ("held_out_loss".to_string(), format!("{h:.4}")),
+        ]);
+        checkpoint::save_with_metadata(&model, &out, &meta)?;
+        println!("saved {}", out.display());
+        Ok(())
+    }
 }
 
 /// The batch sizes `--batch-size` takes (the zoo's classifiers are built for these).
@@ -245,6 +413,7 @@ fn main() {
     let r = match args.model {
         ModelKind::Mlp => run::<Mlp<Cpu>>(&args),
         ModelKind::Cnn => run::<LeNet<Cpu>>(&args),
+        ModelKind::Gpt => gpt::run(&args),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");

@@ -1,0 +1,124 @@
+//! `kiln-generate`: samples text from a GPT checkpoint written by `kiln-train --model
+//! gpt`, one byte at a time from a prompt, the context growing to the model's 32 bytes
+//! (a `Dyn` context through the planned path), seeded, with a temperature and top-k.
+
+use clap::Parser;
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use kiln::cpu::{Cpu, CpuDevice};
+use kiln::prelude::*;
+use kiln::tensor::rng;
+use kiln::train::checkpoint;
+use kiln_models::gpt::TinyGpt;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// The longest context the model was built for.
+const CONTEXT: usize = 32;
+
+/// Sample text from a trained GPT.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// The checkpoint (default: models/runs/gpt-shakespeare.safetensors).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// The text to continue.
+    #[arg(long, default_value = "ROMEO:")]
+    prompt: String,
+    /// How many bytes to generate (at most 100,000).
+    #[arg(long, default_value_t = 300)]
+    bytes: usize,
+    /// Sampling temperature (> 0; lower is more conservative).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f64,
+    /// Sample among the k most likely bytes (1 to 256).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Seed of the draws.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// Draws a byte from `logits` at `temperature` among the `top_k` most likely, with the
+/// uniform draw `u` in [0, 1).
+fn sample(logits: &[f32], temperature: f64, top_k: usize, u: f64) -> u8 {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    order.truncate(top_k);
+    let top = logits[order[0]] as f64;
+    let weights: Vec<f64> = order
+        .iter()
+        .map(|&i| ((logits[i] as f64 - top) / temperature).exp())
+        .collect();
+    let mut x = u * weights.iter().sum::<f64>();
+    for (&i, w) in order.iter().zip(&weights) {
+        if x < *w {
+            return i as u8;
+        }
+        x -= w;
+    }
+    order[order.len() - 1] as u8
+}
+
+fn run(args: &Args) -> Result<()> {
+    if !(args.temperature.is_finite() && args.temperature > 0.0) {
+        return Err(Error::invalid(
+            "kiln-generate",
+            format!(
+                "--temperature must be a positive number, got {}",
+                args.temperature
+            ),
+        ));
+    }
+    if !(1..=256).contains(&args.top_k) {
+        return Err(Error::invalid(
+            "kiln-generate",
+            format!("--top-k must be between 1 and 256, got {}", args.top_k),
+        ));
+    }
+    if args.bytes > 100_000 {
+        return Err(Error::invalid(
+            "kiln-generate",
+            format!("--bytes is at most 100000, got {}", args.bytes),
+        ));
+    }
+    let path = args.checkpoint.clone().unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("runs")
+            .join("gpt-shakespeare.safetensors")
+    });
+    let dev = CpuDevice;
+    let mut model = TinyGpt::<Cpu>::init(&dev, 0)?;
+    checkpoint::load(&mut model, &path)?;
+    let mut text: Vec<u8> = if args.prompt.is_empty() {
+        b"\n".to_vec()
+    } else {
+        args.prompt.as_bytes().to_vec()
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(&text)?;
+    let key = rng::stream_key(args.seed, 0);
+    for i in 0..args.bytes {
+        let context = &text[text.len().saturating_sub(CONTEXT)..];
+        let ids: Vec<i32> = context.iter().map(|&b| b as i32).collect();
+        let ids = Tensor::<Cpu, (Dyn, Dyn), i32>::from_vec(ids, &[1, context.len()], &dev)?;
+        let logits = model.logits_any(&ids)?.raw().to_vec::<f32>()?;
+        let last = &logits[(context.len() - 1) * 256..];
+        let u = rng::unit_f32(rng::bits(key, i as u32)) as f64;
+        let byte = sample(last, args.temperature, args.top_k, u);
+        text.push(byte);
+        out.write_all(&[byte])?;
+    }
+    writeln!(out)?;
+    Ok(())
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
