@@ -80,7 +80,8 @@ struct Args {
     /// Weight decay.
     #[arg(long, default_value_t = 0.0)]
     weight_decay: f64,
-    /// Use only the first N training examples (0: all).
+    /// Use only the first N training examples, or for the GPT the first N training
+    /// bytes (0: all).
     #[arg(long, default_value_t = 0)]
     limit: usize,
     /// Seed for initialisation and shuffling.
@@ -302,7 +303,19 @@ mod gpt {
 
     fn train<const B: usize>(args: &Args) -> Result<()> {
         let dev = CpuDevice;
-        let corpus = Corpus::shakespeare()?;
+        let mut corpus = Corpus::shakespeare()?;
+        if args.limit > 0 {
+            if args.limit <= B * LEN {
+                return Err(Error::invalid(
+                    "kiln-train",
+                    format!(
+                        "--limit {} leaves less than one step of {B} windows of {LEN} bytes",
+                        args.limit
+                    ),
+                ));
+            }
+            corpus.train.truncate(args.limit);
+        }
         let mut model = TinyGpt::<Cpu>::init(&dev, args.seed)?;
         let per_epoch = (corpus.train.len() / (B * LEN)) as u64;
         let total = (per_epoch * args.epochs as u64).max(1);
