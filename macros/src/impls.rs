@@ -103,19 +103,23 @@ fn parse_defs(defs: &[Def]) -> Defs {
 /// struct reaches it, from another crate too), it hands the struct, the impl and the
 /// definitions of this model's own nested models to `model_impl!`, appended to what it
 /// was given. `#[macro_export]` puts it at the crate root, so its own name carries a
-/// hash of the definition: two models of one name in two modules do not collide.
+/// hash of the definition (FNV-1a of its tokens, the same on every toolchain): two
+/// models of one name in two modules do not collide.
 pub(crate) fn def_macro(
     item: &ItemStruct,
     imp: &ItemImpl,
     defs: &[Def],
     broken: bool,
 ) -> TokenStream {
-    use std::hash::{Hash, Hasher};
     let name = &item.ident;
     let kw = quote::format_ident!("{}", if broken { "broken_def" } else { "def" });
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    quote!(#item #imp #(#defs)*).to_string().hash(&mut h);
-    let exported = quote::format_ident!("__kiln_def_{}_{:016x}", name, h.finish());
+    let hash = quote!(#item #imp #(#defs)*)
+        .to_string()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    let exported = quote::format_ident!("__kiln_def_{}_{:016x}", name, hash);
     quote! {
         #[doc(hidden)]
         #[macro_export]

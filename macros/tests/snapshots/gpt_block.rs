@@ -715,7 +715,7 @@ mod __kiln_natives_GptBlock {
 }
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __kiln_def_GptBlock_67652a236c87e1e0 {
+macro_rules! __kiln_def_GptBlock_90718a490c1c3f28 {
     ($($given:tt)*) => {
         ::kiln::__private::model_impl! { $($given)* def { #[doc =
         " One pre-norm transformer block of width 16."] pub struct GptBlock { ln1 :
@@ -747,4 +747,4 @@ macro_rules! __kiln_def_GptBlock_67652a236c87e1e0 {
 }
 #[doc(hidden)]
 #[allow(unused_imports)]
-pub use __kiln_def_GptBlock_67652a236c87e1e0 as GptBlock;
+pub use __kiln_def_GptBlock_90718a490c1c3f28 as GptBlock;

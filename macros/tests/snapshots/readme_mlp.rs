@@ -980,7 +980,7 @@ mod __kiln_natives_Mlp {
 }
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __kiln_def_Mlp_1797fc76e37c7e0d {
+macro_rules! __kiln_def_Mlp_303dc8b51d18f486 {
     ($($given:tt)*) => {
         ::kiln::__private::model_impl! { $($given)* def { pub struct Mlp { fc1 : Linear <
         784, 1024 >, fc2 : Linear < 1024, 1024 >, fc3 : Linear < 1024, 10 >, }; impl Mlp
@@ -992,4 +992,4 @@ macro_rules! __kiln_def_Mlp_1797fc76e37c7e0d {
 }
 #[doc(hidden)]
 #[allow(unused_imports)]
-pub use __kiln_def_Mlp_1797fc76e37c7e0d as Mlp;
+pub use __kiln_def_Mlp_303dc8b51d18f486 as Mlp;
