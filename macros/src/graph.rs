@@ -51,8 +51,6 @@ pub struct MGraph {
     pub g: Graph<SDim>,
     /// Leaf keys index this.
     pub leaves: Vec<Leaf>,
-    /// For each run-time size, a node and axis where it can be read.
-    pub origin: HashMap<u32, (NodeId, usize)>,
     /// Readable names, where a `let` gave one.
     pub names: Vec<Option<String>>,
     /// Buffer updates (training only).
@@ -64,21 +62,16 @@ pub struct MGraph {
 }
 
 impl MGraph {
-    fn register(&mut self, node: NodeId) {
+    /// Gives nodes added since the last call a (still empty) name slot.
+    fn grow_names(&mut self) {
         self.names.resize(self.g.nodes.len(), None);
-        let dims = self.g.nodes[node].meta.dims.clone();
-        for (axis, d) in dims.iter().enumerate() {
-            if let Some(id) = d.as_runtime() {
-                self.origin.entry(id).or_insert((node, axis));
-            }
-        }
     }
 
     /// Adds an input leaf.
     pub fn input(&mut self, name: Ident, dims: Vec<SDim>, dtype: DType) -> NodeId {
         self.leaves.push(Leaf::Input(name.clone()));
         let n = self.g.leaf(self.leaves.len() - 1, dims, dtype);
-        self.register(n);
+        self.grow_names();
         self.names[n] = Some(name.to_string());
         n
     }
@@ -114,7 +107,7 @@ impl MGraph {
             .map(|&d| kiln_tensor::SymDim::lit(d))
             .collect();
         let n = self.g.leaf(self.leaves.len() - 1, dims, DType::F32);
-        self.register(n);
+        self.grow_names();
         self.names[n] = Some(key.replace('.', "_"));
         self.param_nodes.insert(key, n);
         n
@@ -152,7 +145,7 @@ impl Builder for MGraph {
                 ),
             ));
         }
-        self.register(n);
+        self.grow_names();
         Ok(n)
     }
 
@@ -166,7 +159,7 @@ impl Builder for MGraph {
 
     fn recip_dim(&mut self, like: &NodeId, n: &SDim) -> Result<NodeId> {
         let r = self.g.recip_dim(like, n)?;
-        self.register(r);
+        self.grow_names();
         Ok(r)
     }
 }

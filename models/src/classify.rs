@@ -293,3 +293,26 @@ pub fn short_mnist_run<B: Backend>(device: &B::Device) -> Result<ShortRun<B>> {
         accuracy,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln::cpu::{Cpu, CpuDevice};
+
+    /// `with_batch!` names its sizes apart from `BATCH_SIZES`: every listed size must
+    /// dispatch, and a size not listed must be refused.
+    #[test]
+    fn every_listed_batch_size_dispatches() {
+        let model = Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
+        for n in BATCH_SIZES.into_iter().chain([7]) {
+            let x = images::<Cpu, Mlp<Cpu>>(vec![0.5; n * 784], n, &CpuDevice).unwrap();
+            let got = model.logits(&x);
+            if n == 7 {
+                let e = got.unwrap_err().to_string();
+                assert!(e.contains("batch size 7 is not one of"), "{e}");
+            } else {
+                assert_eq!(got.unwrap().dims().as_slice(), &[n, 10]);
+            }
+        }
+    }
+}

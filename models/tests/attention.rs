@@ -5,7 +5,9 @@
 
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
-use kiln::tensor::nn::Module;
+
+mod common;
+use common::check_finite_differences;
 use kiln::tensor::RawTensor;
 
 use kiln_models::parts::CausalSelfAttention as Attention;
@@ -83,48 +85,14 @@ fn gradients_match_finite_differences() {
     let mut model = Attention::<Cpu>::init(&CpuDevice, 6).unwrap();
     let (x, target) = (seq(7), seq(8));
     let (_, grads) = model.loss_and_grad(&x, &target).unwrap();
-    let mut analytic = std::collections::HashMap::new();
-    Attention::<Cpu>::init(&CpuDevice, 6)
-        .unwrap()
-        .update_params(&grads, "", &mut |n, _p, g| {
-            analytic.insert(n.to_string(), g.to_vec::<f32>()?);
-            Ok(())
-        })
-        .unwrap();
-    let eps = 1e-2;
-    for (name, index) in [
+    let fresh = Attention::<Cpu>::init(&CpuDevice, 6).unwrap();
+    let at = [
         ("q.weight", 5),
         ("k.weight", 40),
         ("v.bias", 3),
         ("proj.weight", 77),
-    ] {
-        let mut loss_at = |delta: f32| {
-            let mut shift = |n: &str, p: &mut RawTensor<Cpu>, _g: &RawTensor<Cpu>| -> Result<()> {
-                if n == name {
-                    let mut v = p.to_vec::<f32>()?;
-                    v[index] += delta;
-                    *p = RawTensor::from_vec(v, p.dims().as_slice(), p.device())?;
-                }
-                Ok(())
-            };
-            model.update_params(&grads, "", &mut shift).unwrap();
-            let l = values(model.loss(&x, &target).unwrap().raw())[0];
-            let mut back = |n: &str, p: &mut RawTensor<Cpu>, _g: &RawTensor<Cpu>| -> Result<()> {
-                if n == name {
-                    let mut v = p.to_vec::<f32>()?;
-                    v[index] -= delta;
-                    *p = RawTensor::from_vec(v, p.dims().as_slice(), p.device())?;
-                }
-                Ok(())
-            };
-            model.update_params(&grads, "", &mut back).unwrap();
-            l
-        };
-        let numeric = (loss_at(eps) - loss_at(-eps)) / (2.0 * eps);
-        let got = analytic[name][index];
-        assert!(
-            numeric.abs() > 1e-5 && (got - numeric).abs() <= 5e-5 + 0.02 * numeric.abs(),
-            "{name}[{index}]: build-time gradient {got}, finite difference {numeric}"
-        );
-    }
+    ];
+    check_finite_differences(&mut model, &grads, fresh, &at, 1e-5, |m| {
+        values(m.loss(&x, &target).unwrap().raw())[0]
+    });
 }

@@ -5,6 +5,9 @@
 
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
+
+mod common;
+use common::check_finite_differences;
 use kiln::tensor::nn::Module;
 use kiln::tensor::RawTensor;
 
@@ -142,47 +145,13 @@ fn fused_and_op_by_op_agree_through_the_tree() {
     }
 }
 
-/// The loss with one element of the parameter `name` moved by `delta`.
-fn loss_moved(model: &mut Deep<Cpu>, name: &str, index: usize, delta: f32) -> f32 {
-    let (x, y) = batch();
-    let (_, grads) = model.loss_and_grad(&x, &y).unwrap();
-    let mut f = |n: &str, p: &mut RawTensor<Cpu>, _g: &RawTensor<Cpu>| -> Result<()> {
-        if n == name {
-            let mut v = p.to_vec::<f32>()?;
-            v[index] += delta;
-            *p = RawTensor::from_vec(v, p.dims().as_slice(), p.device())?;
-        }
-        Ok(())
-    };
-    model.update_params(&grads, "", &mut f).unwrap();
-    let loss = model.loss(&x, &y).unwrap().raw().to_vec::<f32>().unwrap()[0];
-    let mut undo = |n: &str, p: &mut RawTensor<Cpu>, _g: &RawTensor<Cpu>| -> Result<()> {
-        if n == name {
-            let mut v = p.to_vec::<f32>()?;
-            v[index] -= delta;
-            *p = RawTensor::from_vec(v, p.dims().as_slice(), p.device())?;
-        }
-        Ok(())
-    };
-    model.update_params(&grads, "", &mut undo).unwrap();
-    loss
-}
-
 #[test]
 fn gradients_through_nested_models_match_finite_differences() {
     let mut model = Deep::<Cpu>::init(&CpuDevice, 5).unwrap();
     let (x, y) = batch();
     let (_, grads) = model.loss_and_grad(&x, &y).unwrap();
-    let mut analytic = std::collections::HashMap::new();
-    Deep::<Cpu>::init(&CpuDevice, 5)
-        .unwrap()
-        .update_params(&grads, "", &mut |n, _p, g| {
-            analytic.insert(n.to_string(), g.to_vec::<f32>()?);
-            Ok(())
-        })
-        .unwrap();
-    let eps = 1e-2;
-    for (name, index) in [
+    let fresh = Deep::<Cpu>::init(&CpuDevice, 5).unwrap();
+    let at = [
         ("embed.weight", 3),
         ("blocks.0.norm.weight", 7),
         ("blocks.1.up.weight", 100),
@@ -190,16 +159,10 @@ fn gradients_through_nested_models_match_finite_differences() {
         ("extra.up.bias", 9),
         ("extra.norm.bias", 2),
         ("head.weight", 17),
-    ] {
-        let numeric = (loss_moved(&mut model, name, index, eps)
-            - loss_moved(&mut model, name, index, -eps))
-            / (2.0 * eps);
-        let got = analytic[name][index];
-        assert!(
-            numeric.abs() > 1e-4 && (got - numeric).abs() <= 5e-5 + 0.02 * numeric.abs(),
-            "{name}[{index}]: build-time gradient {got}, finite difference {numeric}"
-        );
-    }
+    ];
+    check_finite_differences(&mut model, &grads, fresh, &at, 1e-4, |m| {
+        m.loss(&x, &y).unwrap().raw().to_vec::<f32>().unwrap()[0]
+    });
 }
 
 #[test]

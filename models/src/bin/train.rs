@@ -98,7 +98,7 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
     if !TRAIN_BATCHES.contains(&batch) {
         return Err(Error::invalid(
             "kiln-train",
-            format!("batch size {batch} is not one of 16, 32, 64, 128, 256, 512"),
+            format!("batch size {batch} is not one of {TRAIN_BATCHES:?}"),
         ));
     }
     let dataset = args.dataset.unwrap_or(Dataset::Mnist);
@@ -129,13 +129,7 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
         args.optimizer,
         args.lr
     );
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
-        )
-        .expect("static template"),
-    );
+    let bar = progress_bar(total);
     let start = Instant::now();
     let mut avg = f32::NAN;
     let mut last_acc = String::from("-");
@@ -246,7 +240,6 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
 /// Training the tiny GPT on the Shakespeare bytes.
 mod gpt {
     use super::{Args, Opt};
-    use indicatif::{ProgressBar, ProgressStyle};
     use kiln::cpu::{Cpu, CpuDevice};
     use kiln::prelude::*;
     use kiln::train::checkpoint;
@@ -329,13 +322,7 @@ mod gpt {
             args.optimizer,
             args.lr
         );
-        let bar = ProgressBar::new(total);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
-            )
-            .expect("static template"),
-        );
+        let bar = super::progress_bar(total);
         let start = Instant::now();
         let mut sgd;
         let mut adamw;
@@ -416,6 +403,18 @@ mod gpt {
         println!("saved {}", out.display());
         Ok(())
     }
+}
+
+/// A progress bar of `total` steps: position, message, elapsed time and ETA.
+fn progress_bar(total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
+        )
+        .expect("static template"),
+    );
+    bar
 }
 
 /// The batch sizes `--batch-size` takes (the zoo's classifiers are built for these).

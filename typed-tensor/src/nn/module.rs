@@ -174,10 +174,17 @@ impl<B: Backend, M: Module<B>, const N: usize> Module<B> for [M; N] {
     }
 
     fn grads_from_raw(grads: &mut dyn Iterator<Item = RawTensor<B>>) -> Result<Self::Grads> {
-        let v: Vec<M::Grads> = (0..N)
-            .map(|_| M::grads_from_raw(grads))
-            .collect::<Result<_>>()?;
-        Ok(v.try_into()
-            .unwrap_or_else(|_| unreachable!("collected exactly N gradients")))
+        // Built in place, not through a `Vec`: this runs every training step.
+        let mut failed = None;
+        let parts: [Option<M::Grads>; N] = std::array::from_fn(|_| {
+            if failed.is_some() {
+                return None;
+            }
+            M::grads_from_raw(grads).map_err(|e| failed = Some(e)).ok()
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        Ok(parts.map(|g| g.expect("every part was built when none failed")))
     }
 }
