@@ -64,13 +64,11 @@ pub fn dtype_named(s: &str) -> Option<DType> {
     DType::ALL.iter().copied().find(|d| d.name() == s)
 }
 
+/// An integer literal, or a constant expression of literals (`{ 4 * 32 }`), as a size.
 fn int_literal(e: &Expr) -> Option<usize> {
-    match e {
-        Expr::Lit(l) => match &l.lit {
-            syn::Lit::Int(i) => i.base10_parse().ok(),
-            _ => None,
-        },
-        _ => None,
+    match crate::sizes::const_int(e)? {
+        Ok(v) => usize::try_from(v).ok(),
+        Err(_) => None,
     }
 }
 
@@ -82,24 +80,21 @@ pub const MAX_SIZE: usize = 1 << 40;
 fn layer_size(arg: &GenericArgument) -> syn::Result<usize> {
     let err = |m: String| Err(syn::Error::new(arg.span(), m));
     match arg {
-        GenericArgument::Const(Expr::Lit(l)) => match &l.lit {
-            syn::Lit::Int(i) => match i.base10_parse::<usize>() {
-                Ok(n) if n <= MAX_SIZE => Ok(n),
-                _ => err(format!(
-                    "the size {} is too large: sizes are at most 2^40 ({MAX_SIZE})",
-                    i.base10_digits()
-                )),
-            },
-            _ => err("layer sizes are integer literals, like `Linear<784, 128>`".into()),
+        GenericArgument::Const(e) => match crate::sizes::const_int(e) {
+            Some(Ok(n)) if (1..=MAX_SIZE as i128).contains(&n) => Ok(n as usize),
+            Some(Ok(0)) => err("a size is at least 1".into()),
+            Some(Ok(n)) if n < 0 => err(format!("the size {n} is negative")),
+            Some(Ok(n)) => err(format!(
+                "the size {n} is too large: sizes are at most 2^40 ({MAX_SIZE})"
+            )),
+            Some(Err(m)) => err(m),
+            None => err("layer sizes are whole numbers or the model's sizes, like `Linear<784, 128>` or `Linear<D, { 4 * D }>`".into()),
         },
         GenericArgument::Type(Type::Path(p)) if p.path.get_ident().is_some() => err(format!(
-            "`{}` is a name: layer sizes must be integer literals for now; write its value",
+            "`{0}` is not a size of this model: the macro cannot read a `const` item; make it one, `struct Model<const {0}: usize>`, fixed by an instance (`#[model] type Name = Model<128>;`), or write its value",
             p.path.get_ident().expect("checked")
         )),
-        GenericArgument::Const(_) => {
-            err("a computed size is not supported: layer sizes must be integer literals for now; write its value".into())
-        }
-        _ => err("layer sizes are integer literals, like `Linear<784, 128>`".into()),
+        _ => err("layer sizes are whole numbers or the model's sizes, like `Linear<784, 128>` or `Linear<D, { 4 * D }>`".into()),
     }
 }
 
@@ -299,6 +294,21 @@ fn near_layer_name(name: &str) -> Option<&'static str> {
         .find(|l| *l != name && distance(&name.to_lowercase(), &l.to_lowercase()) <= 2)
 }
 
+/// Whether a field type's path names another model: not a built-in layer (nor its
+/// misspelling) and not a standard collection.
+pub fn names_model(path: &syn::Path) -> bool {
+    match path.segments.len() {
+        0 => false,
+        1 => {
+            let name = path.segments[0].ident.to_string();
+            !(LayerSpec::NAMES.contains(&name.as_str())
+                || is_collection(&name)
+                || near_layer_name(&name).is_some())
+        }
+        _ => true,
+    }
+}
+
 /// Whether `name` is a standard collection (a field's layers must be fixed at build time).
 fn is_collection(name: &str) -> bool {
     matches!(name, "Vec" | "VecDeque" | "Box" | "Option" | "HashMap")
@@ -333,12 +343,18 @@ pub fn parse_field_type(ty: &Type) -> syn::Result<FieldKind> {
         Type::Path(p)
             if p.qself.is_none()
                 && p.path.segments.iter().all(|s| s.arguments.is_none())
-                && !(p.path.segments.len() == 1
-                    && (LayerSpec::NAMES
-                        .contains(&p.path.segments[0].ident.to_string().as_str())
-                        || is_collection(&p.path.segments[0].ident.to_string()))) =>
+                && names_model(&p.path) =>
         {
             Ok(FieldKind::Model(p.path.clone()))
+        }
+        // A model with sizes, held by a model without: only an instance is a type.
+        Type::Path(p) if p.qself.is_none() && names_model(&p.path) => {
+            let name = model_name(&p.path);
+            let shown = quote!(#p).to_string().replace(" < ", "<").replace(" >", ">").replace(" ,", ",");
+            Err(syn::Error::new(
+                ty.span(),
+                format!("`{shown}` sets sizes of the model `{name}`: declare an instance, `#[model] type {name}Part = {shown};`, and hold that (or give this model sizes of its own: `struct Holder<const D: usize>`)"),
+            ))
         }
         Type::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
             let seg = &p.path.segments[0];

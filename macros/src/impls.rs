@@ -4,10 +4,8 @@
 //! plan with the sizes given at run time (fused, or op by op). Each method that returns
 //! a scalar also gets `<name>_and_grad`.
 
-use crate::dsl::FieldKind;
 use crate::lower::{parse_method, Defs, Lower, MethodSig, ModelDef, Val};
 use crate::structs::parse_fields;
-use crate::structs::ModelField;
 use crate::train::value_and_grad;
 use kiln_tensor::ir::NodeId;
 use kiln_tensor::nn::Mode;
@@ -21,9 +19,19 @@ use syn::{ImplItem, ItemImpl, ItemStruct};
 /// `def { struct Block { .. } ; impl Block { .. } }`, or `broken_def { .. }` for a
 /// model whose own expansion reported mistakes (calls into it report nothing more).
 pub struct Def {
-    item: ItemStruct,
-    imp: ItemImpl,
-    broken: bool,
+    pub(crate) item: ItemStruct,
+    pub(crate) imp: ItemImpl,
+    pub(crate) broken: bool,
+}
+
+impl Clone for Def {
+    fn clone(&self) -> Self {
+        Def {
+            item: self.item.clone(),
+            imp: self.imp.clone(),
+            broken: self.broken,
+        }
+    }
 }
 
 impl syn::parse::Parse for Def {
@@ -53,22 +61,23 @@ impl quote::ToTokens for Def {
     }
 }
 
-/// The path of the first nested model, among `fields` and those of `defs`, whose
-/// definition is not in `defs` yet.
-fn missing_def(fields: &[ModelField], defs: &Defs) -> Option<syn::Path> {
-    fn walk(kind: &FieldKind, defs: &Defs) -> Option<syn::Path> {
-        match kind {
-            FieldKind::Layer(_) => None,
-            FieldKind::Array(inner, _) => walk(inner, defs),
-            FieldKind::Model(path) => {
-                (!defs.contains_key(&crate::dsl::model_name(path))).then(|| path.clone())
-            }
+/// The path of the first nested model, among the fields of `item` and of `defs`,
+/// whose definition is not in `defs` yet (read from the field types as written, so a
+/// definition with sizes is searched too).
+fn missing_def(item: &ItemStruct, defs: &[Def]) -> Option<syn::Path> {
+    let known = |name: &str| defs.iter().any(|d| d.item.ident == name);
+    let mut missing = None;
+    for s in std::iter::once(item).chain(defs.iter().map(|d| &d.item)) {
+        for f in &s.fields {
+            let mut ty = f.ty.clone();
+            crate::sizes::model_paths_mut(&mut ty, &mut |p| {
+                if missing.is_none() && !known(&crate::dsl::model_name(&p.path)) {
+                    missing = Some(crate::sizes::bare_path(&p.path));
+                }
+            });
         }
     }
-    fields
-        .iter()
-        .chain(defs.values().flat_map(|d| d.fields.iter()))
-        .find_map(|f| walk(&f.kind, defs))
+    missing
 }
 
 /// The nested models' definitions, parsed (a definition with mistakes was reported by
@@ -138,6 +147,56 @@ pub(crate) fn def_macro(
 /// nested models gathered so far: while one is missing, the expansion asks that
 /// model's definition macro for it (which calls back with it appended).
 pub fn expand_impl(item: ItemStruct, imp: ItemImpl, def_items: Vec<Def>) -> TokenStream {
+    if let Some(path) = missing_def(&item, &def_items) {
+        return quote!(#path! { #item ; #imp #(#def_items)* });
+    }
+    if !item.generics.params.is_empty() {
+        return expand_definition(&item, &imp, &def_items);
+    }
+    expand_impl_in(item, imp, def_items, "")
+}
+
+/// The impl of a model with sizes: checked for what can be checked without sizes,
+/// then handed to its instances through the definition macro.
+fn expand_definition(item: &ItemStruct, imp: &ItemImpl, defs: &[Def]) -> TokenStream {
+    let Ok(params) = crate::sizes::size_params(&item.generics) else {
+        // The struct's own expansion reports it.
+        return quote!();
+    };
+    let mut errors = Vec::new();
+    if imp.trait_.is_some() {
+        errors.push(syn::Error::new(imp.span(), "write `#[model] impl Model { .. }`: no trait"));
+    }
+    let own: Vec<Ident> = imp
+        .generics
+        .params
+        .iter()
+        .filter_map(|p| match p {
+            syn::GenericParam::Const(c) => Some(c.ident.clone()),
+            _ => None,
+        })
+        .collect();
+    if !imp.generics.params.is_empty() && (own != params || own.len() != imp.generics.params.len()) {
+        let names: Vec<String> = params.iter().map(|p| format!("const {p}: usize")).collect();
+        errors.push(syn::Error::new(
+            imp.generics.span(),
+            format!("the impl's parameters are the struct's sizes: `impl<{}>`, or none (`impl {}`)", names.join(", "), item.ident),
+        ));
+    }
+    errors.extend(crate::sizes::check_definition(&params, imp, &item.ident));
+    let def = def_macro(item, imp, defs, !errors.is_empty());
+    let errors = errors.iter().map(|e| e.to_compile_error());
+    quote!(#def #(#errors)*)
+}
+
+/// Expands the impl of a model with literal sizes, appending `context` (which
+/// instance this is, if one) to every message.
+pub(crate) fn expand_impl_in(
+    item: ItemStruct,
+    imp: ItemImpl,
+    def_items: Vec<Def>,
+    context: &str,
+) -> TokenStream {
     let model = &item.ident;
     let fields = match parse_fields(&item) {
         Ok(f) => f,
@@ -145,9 +204,6 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl, def_items: Vec<Def>) -> Toke
         Err(_) => return quote!(),
     };
     let defs = parse_defs(&def_items);
-    if let Some(path) = missing_def(&fields, &defs) {
-        return quote!(#path! { #item ; #imp #(#def_items)* });
-    }
     let mut errors: Vec<syn::Error> = Vec::new();
     if !imp.generics.params.is_empty() || imp.trait_.is_some() {
         errors.push(syn::Error::new(imp.span(), "write `#[model] impl Model { .. }`: no generics, no trait (the backend `Be` is added for you)"));
@@ -231,7 +287,7 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl, def_items: Vec<Def>) -> Toke
         errors.extend(method_errors);
         out.push(stub_method(m));
     }
-    let compile_errors = errors.iter().map(|e| e.to_compile_error());
+    let compile_errors = errors.iter().map(|e| crate::sizes::errors_in(e, context));
     let natives = natives.module();
     let def = def_macro(&item, &imp, &def_items, !errors.is_empty());
     let summary = summary_text(

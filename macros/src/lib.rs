@@ -7,7 +7,18 @@
 //! ```text
 //! #[model] struct Name { field: Layer<sizes..>, blocks: [Layer<sizes..>; N], .. }
 //! #[model] impl Name { fn method<const B: usize, ..>(&self, x: Tensor<dims..>, ..) -> Tensor<dims..> { body } .. }
+//!
+//! #[model] struct Gpt<const D: usize, const H: usize> { up: Linear<D, { 4 * D }>, blocks: [Block<D, H>; 4], .. }
+//! #[model] impl Gpt { .. Tensor<B, T, D> .. reshape::<B, T, H, { D / H }>() .. x / ((D / H) as f32).sqrt() .. }
+//! #[model] type GptSmall = Gpt<128, 4>;
 //! ```
+//!
+//! - **Named sizes** (macros/src/sizes.rs): a struct's `const` parameters are its
+//!   sizes, usable in its field types, its impl's signatures and bodies, with `+ - * /`
+//!   (a division must come out even) and casts; a model with sizes is a definition,
+//!   and each `#[model] type Name = Model<sizes..>;` (in any module or crate) is a model,
+//!   expanded as if written with literals; its nested models with sizes are
+//!   instantiated with it. Mistakes are reported at the instance, naming its sizes.
 //!
 //! - **Layers** (fields): `Linear<IN, OUT>`, `Conv2d<IN, OUT, K>` (then optional
 //!   `STRIDE, PADDING, GROUPS`), `MaxPool2d<K>` / `AvgPool2d<K>` (optional `STRIDE`,
@@ -15,7 +26,8 @@
 //!   `Dropout<PERCENT>`, `Flatten`, other `#[model]`s (`block: Block`,
 //!   `part: kiln_models::parts::ResidualMlp`: any path, from any module or crate,
 //!   or a name brought in by `use`), and arrays of them `[Linear<64, 64>; 4]`,
-//!   `[Block; 6]`. Sizes are integer literals. The struct gets a backend parameter `Be`.
+//!   `[Block; 6]`. Sizes are whole numbers or the model's named sizes. The struct
+//!   gets a backend parameter `Be`.
 //! - **Tensor types**: `Tensor<B, 784>` lists the dims — integer literals, the
 //!   method's const generics, or `Dyn` (a size checked at run time) — then an optional
 //!   dtype (`f32` default, `f16`, `bf16`, `f64`, `i32`, `u32`, `bool`). Plain `Tensor`
@@ -78,6 +90,7 @@ mod fuse;
 mod graph;
 mod impls;
 mod lower;
+mod sizes;
 #[cfg(test)]
 mod snapshot;
 mod structs;
@@ -109,19 +122,34 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
                 .to_compile_error()
                 .into();
             };
-            let Some(name) = tp.path.get_ident() else {
-                return syn::Error::new_spanned(
-                    &i.self_ty,
-                    "write `#[model] impl Name`, with the model's plain name",
-                )
-                .to_compile_error()
-                .into();
+            let name = match tp.path.segments.len() {
+                1 if tp.qself.is_none() => &tp.path.segments[0].ident,
+                _ => {
+                    return syn::Error::new_spanned(
+                        &i.self_ty,
+                        "write `#[model] impl Name`, with the model's plain name",
+                    )
+                    .to_compile_error()
+                    .into()
+                }
             };
             let cb = structs::callback_name(name);
             quote::quote!(#cb! { #i }).into()
         }
+        Ok(Item::Type(t)) => {
+            let syn::Type::Path(target) = &*t.ty else {
+                return syn::Error::new_spanned(
+                    &t.ty,
+                    "an instance names a model with its sizes: `#[model] type GptSmall = Gpt<128, 4>;`",
+                )
+                .to_compile_error()
+                .into();
+            };
+            let path = sizes::bare_path(&target.path);
+            quote::quote!(#path! { instance { #t } }).into()
+        }
         Ok(other) => {
-            syn::Error::new_spanned(other, "#[model] goes on a struct of layers and on its impl")
+            syn::Error::new_spanned(other, "#[model] goes on a struct of layers, on its impl, and on an instance of a model with sizes (`type GptSmall = Gpt<128, 4>;`)")
                 .to_compile_error()
                 .into()
         }
@@ -129,14 +157,35 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-struct ImplInput {
-    item: ItemStruct,
-    imp: ItemImpl,
-    defs: Vec<impls::Def>,
+// Parsed once per macro call: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+/// What reaches `model_impl!`: a struct and its impl (`#[model] impl`), or an instance
+/// (`#[model] type`); then the definitions of nested models gathered so far.
+enum ImplInput {
+    Impl {
+        item: ItemStruct,
+        imp: ItemImpl,
+        defs: Vec<impls::Def>,
+    },
+    Instance {
+        alias: syn::ItemType,
+        defs: Vec<impls::Def>,
+    },
 }
 
 impl Parse for ImplInput {
     fn parse(input: ParseStream) -> syn::Result<Self> {
+        if input.peek(syn::Ident) && input.fork().parse::<syn::Ident>()? == "instance" {
+            input.parse::<syn::Ident>()?;
+            let body;
+            syn::braced!(body in input);
+            let alias = body.parse()?;
+            let mut defs = Vec::new();
+            while !input.is_empty() {
+                defs.push(input.parse()?);
+            }
+            return Ok(ImplInput::Instance { alias, defs });
+        }
         let item = input.parse()?;
         input.parse::<Token![;]>()?;
         let imp = input.parse()?;
@@ -144,7 +193,7 @@ impl Parse for ImplInput {
         while !input.is_empty() {
             defs.push(input.parse()?);
         }
-        Ok(ImplInput { item, imp, defs })
+        Ok(ImplInput::Impl { item, imp, defs })
     }
 }
 
@@ -154,8 +203,14 @@ impl Parse for ImplInput {
 #[doc(hidden)]
 #[proc_macro]
 pub fn model_impl(input: TokenStream) -> TokenStream {
-    match syn::parse::<ImplInput>(input) {
-        Ok(i) => impls::expand_impl(i.item, i.imp, i.defs).into(),
-        Err(e) => e.to_compile_error().into(),
+    model_impl_tokens(input.into()).into()
+}
+
+/// `model_impl!` on `proc_macro2` tokens (the snapshot tests call it directly).
+fn model_impl_tokens(input: proc_macro2::TokenStream) -> proc_macro2::TokenStream {
+    match syn::parse2::<ImplInput>(input) {
+        Ok(ImplInput::Impl { item, imp, defs }) => impls::expand_impl(item, imp, defs),
+        Ok(ImplInput::Instance { alias, defs }) => sizes::expand_instance(alias, defs),
+        Err(e) => e.to_compile_error(),
     }
 }

@@ -1145,9 +1145,10 @@ impl<'a> Lower<'a> {
         let FieldKind::Model(path) = &l.kind else {
             unreachable!("only called on nested models")
         };
-        let name = crate::dsl::model_name(path);
+        let key = crate::dsl::model_name(path);
+        let name = crate::sizes::display_name(&key);
         let defs: &'a Defs = self.defs;
-        let Some(def) = defs.get(&name) else {
+        let Some(def) = defs.get(&key) else {
             self.err(
                 span,
                 format!(
@@ -1679,16 +1680,19 @@ impl<'a> Lower<'a> {
     }
 
     fn const_usize(&mut self, a: &syn::GenericArgument) -> LResult<usize> {
-        if let syn::GenericArgument::Const(Expr::Lit(syn::ExprLit {
-            lit: syn::Lit::Int(i),
-            ..
-        })) = a
-        {
-            if let Ok(v) = i.base10_parse() {
-                return Ok(v);
+        if let syn::GenericArgument::Const(e) = a {
+            match crate::sizes::const_int(e) {
+                Some(Ok(v)) if (0..=crate::dsl::MAX_SIZE as i128).contains(&v) => {
+                    return Ok(v as usize)
+                }
+                Some(Err(m)) => {
+                    self.err(&a, m);
+                    return Err(());
+                }
+                _ => {}
             }
         }
-        self.err(&a, "expected an integer literal");
+        self.err(&a, "expected a whole number (a literal, a size of the model, or arithmetic over them)");
         Err(())
     }
 

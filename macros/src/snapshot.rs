@@ -80,14 +80,17 @@ fn a_gpt_block_expands_as_the_snapshot_shows() {
         syn::parse_str(include_str!("../../models/src/parts.rs")).expect("parts.rs parses");
     let (s, imp) = model_named(&gpt, "GptBlock");
     let (attn_s, attn_imp) = model_named(&parts, "CausalSelfAttention");
-    // What the nested model's definition macro hands over.
-    let def: impls::Def =
-        syn::parse2(quote::quote!(def { #attn_s ; #attn_imp })).expect("a definition parses");
-    let mut tokens = structs::expand_struct(s.clone()).expect("the struct expands");
-    tokens.extend(impls::expand_impl(s, imp, vec![def]));
+    // What `#[model] type TinyBlock = GptBlock<16, 2>;` receives through the block's
+    // definition macro: the block's definition, then the one it bundles.
+    let input = quote::quote! {
+        instance { type TinyBlock = GptBlock<16, 2>; }
+        def { #s ; #imp }
+        def { #attn_s ; #attn_imp }
+    };
+    let tokens = crate::model_impl_tokens(input);
     check(
         "gpt_block.rs",
-        "// The expansion of `kiln_models::gpt::GptBlock`, which holds a `CausalSelfAttention`\n// (see macros/src/snapshot.rs).",
+        "// The expansion of `#[model] type TinyBlock = kiln_models::gpt::GptBlock<16, 2>;`: a\n// block with named sizes, holding a `CausalSelfAttention<D, H>` (see macros/src/snapshot.rs).",
         tokens,
     );
 }

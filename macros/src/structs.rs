@@ -22,7 +22,7 @@ pub fn parse_fields(item: &ItemStruct) -> syn::Result<Vec<ModelField>> {
     if !item.generics.params.is_empty() {
         return Err(syn::Error::new(
             item.generics.span(),
-            "a #[model] struct takes no generic parameters: the backend parameter `Be` is added for you",
+            "a model with sizes has fields only in its instances",
         ));
     }
     let Fields::Named(named) = &item.fields else {
@@ -56,9 +56,12 @@ pub fn callback_name(model: &Ident) -> Ident {
 
 /// Expands `#[model] struct`.
 pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
+    if !item.generics.params.is_empty() {
+        return Ok(definition(&item));
+    }
     let fields = match parse_fields(&item) {
         Ok(f) => f,
-        Err(e) => return Ok(placeholder(&item, e)),
+        Err(e) => return Ok(placeholder(&item, e.to_compile_error())),
     };
     let name = &item.ident;
     let vis = &item.vis;
@@ -201,13 +204,52 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
     })
 }
 
+/// What `#[model] struct Gpt<const D: usize, ..>` expands to: a model with sizes is a
+/// definition, not a type (stable Rust cannot write `Linear<D, {4 * D}>`), so the
+/// struct becomes an uninhabited marker carrying its docs, and the callback through
+/// which its impl receives it. Each `#[model] type Name = Gpt<..>;` is a model.
+fn definition(item: &ItemStruct) -> TokenStream {
+    let (attrs, vis, name) = (&item.attrs, &item.vis, &item.ident);
+    let callback = callback_name(name);
+    let params = match crate::sizes::size_params(&item.generics) {
+        Ok(p) => p,
+        Err(e) => {
+            let stripped = ItemStruct {
+                generics: syn::Generics::default(),
+                ..item.clone()
+            };
+            return placeholder(&stripped, e.to_compile_error());
+        }
+    };
+    let doc = format!(
+        "A model definition with the sizes {}: each instance, `#[model] type Name = {name}<..>;`, is a model.",
+        params.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ")
+    );
+    quote! {
+        #(#attrs)*
+        #[doc = ""]
+        #[doc = #doc]
+        #vis enum #name<#(const #params: usize),*> {}
+
+        #[doc(hidden)]
+        #[allow(unused_macros)]
+        macro_rules! #callback {
+            ($($body:tt)*) => {
+                ::kiln::__private::model_impl! { #item ; $($body)* }
+            };
+        }
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        pub(crate) use #callback;
+    }
+}
+
 /// What a struct whose fields have errors expands to: the errors, the struct without
 /// its fields, and a callback that drops the impl (whose errors would only repeat
 /// these), so the build reports the fields' mistakes and nothing after them.
-fn placeholder(item: &ItemStruct, errors: syn::Error) -> TokenStream {
+pub(crate) fn placeholder(item: &ItemStruct, errors: TokenStream) -> TokenStream {
     let (attrs, vis, name) = (&item.attrs, &item.vis, &item.ident);
     let callback = callback_name(name);
-    let errors = errors.to_compile_error();
     // Models that hold this one still find its definition, marked broken.
     let def = crate::impls::def_macro(
         &syn::parse_quote!(struct #name {}),

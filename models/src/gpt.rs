@@ -1,43 +1,44 @@
-//! A small GPT, composed of `#[model]` parts: token and position embeddings, two
-//! pre-norm transformer blocks (causal self-attention and a GELU MLP, each residual),
-//! a final norm and a head over the 256 byte values. Width 16 in two heads, context up
-//! to 32 bytes: the shape of W3 at a size the CPU test suite trains in seconds (named
-//! sizes and configurations come with issue 10's next items).
+//! A GPT, composed of `#[model]` parts with named sizes: token and position
+//! embeddings, `L` pre-norm transformer blocks (causal self-attention in `H` heads and
+//! a GELU MLP of width `4 * D`, each residual), a final norm and a head over the 256
+//! byte values. One definition, three instances: [`TinyGpt`] (width 16, the test
+//! suite's), [`SmallGpt`] (width 128, 4 blocks, context 128: trained on the CPU) and
+//! [`W3Gpt`] (width 512, 6 blocks, context 256: the GPU workload).
 
 use crate::parts::CausalSelfAttention;
 use kiln::prelude::*;
 
-/// One pre-norm transformer block of width 16.
+/// One pre-norm transformer block of width `D` with `H` attention heads.
 #[model]
-pub struct GptBlock {
-    ln1: LayerNorm<16>,
-    attn: CausalSelfAttention,
-    ln2: LayerNorm<16>,
-    up: Linear<16, 64>,
-    down: Linear<64, 16>,
+pub struct GptBlock<const D: usize, const H: usize> {
+    ln1: LayerNorm<D>,
+    attn: CausalSelfAttention<D, H>,
+    ln2: LayerNorm<D>,
+    up: Linear<D, { 4 * D }>,
+    down: Linear<{ 4 * D }, D>,
 }
 
 #[model]
 impl GptBlock {
     /// `x + attn(ln1(x))`, then the same with the MLP.
-    pub fn forward<const B: usize, const T: usize>(&self, x: Tensor<B, T, 16>) -> Tensor<B, T, 16> {
+    pub fn forward<const B: usize, const T: usize>(&self, x: Tensor<B, T, D>) -> Tensor<B, T, D> {
         let h = x + self.attn(self.ln1(x));
         h + self.down(self.up(self.ln2(h)).gelu())
     }
 }
 
-/// A byte-level GPT: two blocks of width 16, context up to 32.
+/// A byte-level GPT: `L` blocks of width `D` with `H` heads, context up to `CTX`.
 #[model]
-pub struct TinyGpt {
-    tok: Embedding<256, 16>,
-    pos: Embedding<32, 16>,
-    blocks: [GptBlock; 2],
-    norm: LayerNorm<16>,
-    head: Linear<16, 256>,
+pub struct Gpt<const D: usize, const H: usize, const L: usize, const CTX: usize> {
+    tok: Embedding<256, D>,
+    pos: Embedding<CTX, D>,
+    blocks: [GptBlock<D, H>; L],
+    norm: LayerNorm<D>,
+    head: Linear<D, 256>,
 }
 
 #[model]
-impl TinyGpt {
+impl Gpt {
     /// The next-byte logits at every position of a batch of byte windows.
     pub fn logits<const B: usize, const T: usize>(
         &self,
@@ -50,7 +51,7 @@ impl TinyGpt {
         self.head(self.norm(h))
     }
 
-    /// The next-byte logits of a batch of windows of any length up to 32 (generation
+    /// The next-byte logits of a batch of windows of any length up to `CTX` (generation
     /// grows its context one byte at a time).
     pub fn logits_any(&self, ids: Tensor<Dyn, Dyn, i32>) -> Tensor<Dyn, Dyn, 256> {
         let mut h = self.tok(ids) + self.pos.positions(ids);
@@ -71,3 +72,15 @@ impl TinyGpt {
             .cross_entropy(next.reshape::<Dyn>())
     }
 }
+
+/// The test suite's GPT: two blocks of width 16 in two heads, context up to 32.
+#[model]
+pub type TinyGpt = Gpt<16, 2, 2, 32>;
+
+/// The small configuration: four blocks of width 128 in four heads, context up to 128.
+#[model]
+pub type SmallGpt = Gpt<128, 4, 4, 128>;
+
+/// W3, the GPU workload: six blocks of width 512 in eight heads, context up to 256.
+#[model]
+pub type W3Gpt = Gpt<512, 8, 6, 256>;

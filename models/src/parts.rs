@@ -25,38 +25,44 @@ impl ResidualMlp {
     }
 }
 
-/// Causal self-attention over sequences of width 16 in two heads of 8: queries, keys
-/// and values projected, heads split (`reshape` + `permute`), scores scaled by
-/// 1/√8, masked (`causal_mask`) and normalised, heads merged and projected.
+/// Causal self-attention of width `D` in `H` heads of `D / H`: queries, keys and
+/// values projected, heads split (`reshape` + `permute`), scores scaled by
+/// 1/√(D / H), masked (`causal_mask`) and normalised, heads merged and projected.
 #[model]
-pub struct CausalSelfAttention {
-    q: Linear<16, 16>,
-    k: Linear<16, 16>,
-    v: Linear<16, 16>,
-    proj: Linear<16, 16>,
+pub struct CausalSelfAttention<const D: usize, const H: usize> {
+    q: Linear<D, D>,
+    k: Linear<D, D>,
+    v: Linear<D, D>,
+    proj: Linear<D, D>,
 }
 
 #[model]
 impl CausalSelfAttention {
     /// Each position attends to itself and the positions before it.
-    pub fn forward<const B: usize, const T: usize>(&self, x: Tensor<B, T, 16>) -> Tensor<B, T, 16> {
-        let q = self.q(x).reshape::<B, T, 2, 8>().permute::<0, 2, 1, 3>();
-        let k = self.k(x).reshape::<B, T, 2, 8>().permute::<0, 2, 1, 3>();
-        let v = self.v(x).reshape::<B, T, 2, 8>().permute::<0, 2, 1, 3>();
-        let weights = (q.matmul(k.t()) * 0.35355339).causal_mask().softmax();
+    pub fn forward<const B: usize, const T: usize>(&self, x: Tensor<B, T, D>) -> Tensor<B, T, D> {
+        let q = self.q(x).reshape::<B, T, H, { D / H }>().permute::<0, 2, 1, 3>();
+        let k = self.k(x).reshape::<B, T, H, { D / H }>().permute::<0, 2, 1, 3>();
+        let v = self.v(x).reshape::<B, T, H, { D / H }>().permute::<0, 2, 1, 3>();
+        let weights = (q.matmul(k.t()) / ((D / H) as f32).sqrt())
+            .causal_mask()
+            .softmax();
         let y = weights
             .matmul(v)
             .permute::<0, 2, 1, 3>()
-            .reshape::<B, T, 16>();
+            .reshape::<B, T, D>();
         self.proj(y)
     }
 
     /// Mean squared error of the attention's output against `target`.
     pub fn loss<const B: usize, const T: usize>(
         &self,
-        x: Tensor<B, T, 16>,
-        target: Tensor<B, T, 16>,
+        x: Tensor<B, T, D>,
+        target: Tensor<B, T, D>,
     ) -> Tensor {
         self.forward(x).mse(target)
     }
 }
+
+/// Causal self-attention of width 16 in two heads of 8 (the tests' size).
+#[model]
+pub type TinyAttention = CausalSelfAttention<16, 2>;

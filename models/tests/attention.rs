@@ -10,7 +10,7 @@ mod common;
 use common::check_finite_differences;
 use kiln::tensor::RawTensor;
 
-use kiln_models::parts::CausalSelfAttention as Attention;
+use kiln_models::parts::TinyAttention as Attention;
 
 type Seq = (Const<2>, Const<5>, Const<16>);
 

@@ -369,7 +369,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 /// kernels, batched products over batch and heads): planned on the device, op by op on
 /// the device and op by op on the CPU agree, values and gradients.
 fn attention_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> {
-    use kiln_models::parts::CausalSelfAttention;
+    use kiln_models::parts::TinyAttention as CausalSelfAttention;
     use kiln_tensor::{Const, RandDist, Tensor};
     type Seq = (Const<3>, Const<6>, Const<16>);
     let normal = RandDist::Normal {

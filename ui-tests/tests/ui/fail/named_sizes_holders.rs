@@ -1,0 +1,40 @@
+use kiln::prelude::*;
+
+#[model]
+struct Block<const D: usize> {
+    fc: Linear<D, D>,
+}
+
+#[model]
+impl Block {
+    // A method's size named like the model's.
+    fn forward<const D: usize>(&self, x: Tensor<D, 8>) -> Tensor<D, 8> {
+        x
+    }
+}
+
+// A model without sizes holds a model with sizes directly.
+#[model]
+struct Holder {
+    block: Block<64>,
+}
+
+// A const item is not a size the macro can read.
+const HIDDEN: usize = 128;
+
+#[model]
+struct Net<const D: usize> {
+    fc: Linear<D, HIDDEN>,
+}
+
+#[model]
+impl Net {}
+
+#[model]
+type Net32 = Net<32>;
+
+// A size that is not a number.
+#[model]
+type NotANumber = Block<HIDDEN>;
+
+fn main() {}
