@@ -84,3 +84,70 @@ pub type SmallGpt = Gpt<128, 4, 4, 128>;
 /// W3, the GPU workload: six blocks of width 512 in eight heads, context up to 256.
 #[model]
 pub type W3Gpt = Gpt<512, 8, 6, 256>;
+
+/// A batch of `B` byte windows of `T` bytes.
+pub type Ids<Be, const B: usize, const T: usize> = Tensor<Be, (Const<B>, Const<T>), i32>;
+
+/// What training and generation need of a GPT, whatever its sizes: each instance of
+/// [`Gpt`] implements it by its own methods.
+pub trait GptModel<Be: Backend>: kiln::tensor::nn::Module<Be> + Sized {
+    /// The instance's name (`SmallGpt`).
+    const NAME: &'static str;
+    /// The longest context its position table holds.
+    const CONTEXT: usize;
+    /// Mean cross-entropy (nats per byte) of next-byte predictions.
+    fn loss<const B: usize, const T: usize>(
+        &self,
+        ids: &Ids<Be, B, T>,
+        next: &Ids<Be, B, T>,
+    ) -> Result<Tensor<Be, (), f32>>;
+    /// The loss and its gradients.
+    fn loss_and_grad<const B: usize, const T: usize>(
+        &self,
+        ids: &Ids<Be, B, T>,
+        next: &Ids<Be, B, T>,
+    ) -> Result<(Tensor<Be, (), f32>, Self::Grads)>;
+    /// Next-byte logits for windows of any length up to [`Self::CONTEXT`].
+    fn logits_any(
+        &self,
+        ids: &Tensor<Be, (Dyn, Dyn), i32>,
+    ) -> Result<Tensor<Be, (Dyn, Dyn, Const<256>), f32>>;
+}
+
+/// The rows of the embedding table `field` returns (read from its type).
+const fn table_rows<M, Be: Backend, const V: usize, const D: usize>(
+    _field: fn(&M) -> &kiln::tensor::nn::Embedding<Be, V, D>,
+) -> usize {
+    V
+}
+
+macro_rules! gpt_model {
+    ($($name:ident),*) => {$(
+        impl<Be: Backend> GptModel<Be> for $name<Be> {
+            const NAME: &'static str = stringify!($name);
+            const CONTEXT: usize = table_rows(<$name<Be>>::__kiln_field_pos);
+            fn loss<const B: usize, const T: usize>(
+                &self,
+                ids: &Ids<Be, B, T>,
+                next: &Ids<Be, B, T>,
+            ) -> Result<Tensor<Be, (), f32>> {
+                <$name<Be>>::loss(self, ids, next)
+            }
+            fn loss_and_grad<const B: usize, const T: usize>(
+                &self,
+                ids: &Ids<Be, B, T>,
+                next: &Ids<Be, B, T>,
+            ) -> Result<(Tensor<Be, (), f32>, Self::Grads)> {
+                <$name<Be>>::loss_and_grad(self, ids, next)
+            }
+            fn logits_any(
+                &self,
+                ids: &Tensor<Be, (Dyn, Dyn), i32>,
+            ) -> Result<Tensor<Be, (Dyn, Dyn, Const<256>), f32>> {
+                <$name<Be>>::logits_any(self, ids)
+            }
+        }
+    )*};
+}
+
+gpt_model!(TinyGpt, SmallGpt, W3Gpt);

@@ -29,7 +29,7 @@ fn train_then_generate() {
         train,
         &[
             "--model",
-            "gpt",
+            "gpt-tiny",
             "--optimizer",
             "adamw",
             "--lr",
@@ -78,6 +78,20 @@ fn train_then_generate() {
         ],
     );
     assert_eq!(out, again);
+
+    // The small configuration: two steps, then a few bytes from its checkpoint (the
+    // metadata names the configuration, so kiln-generate builds the right model).
+    let small = dir.join("small.safetensors");
+    let small = small.to_str().unwrap();
+    let (ok, out, err) = run(
+        train,
+        &["--model", "gpt", "--optimizer", "adamw", "--batch-size", "16", "--epochs", "1", "--limit", "5000", "--out", small],
+    );
+    assert!(ok, "kiln-train --model gpt failed: {err}");
+    assert!(out.contains("SmallGpt") && out.contains("2 steps"), "{out}");
+    let (ok, out, err) = run(generate, &["--checkpoint", small, "--prompt", "A", "--bytes", "5"]);
+    assert!(ok, "kiln-generate on the small GPT failed: {err}");
+    assert!(out.starts_with('A') && out.len() >= 6, "{out:?}");
 
     for (bin, args, says) in [
         (

@@ -1,6 +1,7 @@
 //! `kiln-generate`: samples text from a GPT checkpoint written by `kiln-train --model
-//! gpt`, one byte at a time from a prompt, the context growing to the model's 32 bytes
-//! (a `Dyn` context through the planned path), seeded, with a temperature and top-k.
+//! gpt` (or `gpt-tiny`: the checkpoint's metadata names the configuration), one byte at
+//! a time from a prompt, the context growing to the model's (a `Dyn` context through
+//! the planned path), seeded, with a temperature and top-k.
 
 use clap::Parser;
 
@@ -10,12 +11,11 @@ use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 use kiln::tensor::rng;
 use kiln::train::checkpoint;
-use kiln_models::gpt::TinyGpt;
+use kiln_models::gpt::{GptModel, SmallGpt, TinyGpt};
 use std::io::Write;
 use std::path::PathBuf;
 
 /// The longest context the model was built for.
-const CONTEXT: usize = 32;
 
 /// Sample text from a trained GPT.
 #[derive(Parser, Debug)]
@@ -89,9 +89,26 @@ fn run(args: &Args) -> Result<()> {
             .join("runs")
             .join("gpt-shakespeare.safetensors")
     });
+    // Checkpoints from before configurations were named hold the tiny GPT.
+    let config = checkpoint::read_metadata(&path)?
+        .get("config")
+        .cloned()
+        .unwrap_or_else(|| "TinyGpt".to_string());
+    match config.as_str() {
+        "TinyGpt" => generate::<TinyGpt<Cpu>>(args, &path),
+        "SmallGpt" => generate::<SmallGpt<Cpu>>(args, &path),
+        other => Err(Error::invalid(
+            "kiln-generate",
+            format!("{} holds a `{other}`, which kiln-generate does not know (it knows TinyGpt and SmallGpt)", path.display()),
+        )),
+    }
+}
+
+/// Samples `args.bytes` bytes from the checkpoint at `path`, a `M`.
+fn generate<M: GptModel<Cpu>>(args: &Args, path: &std::path::Path) -> Result<()> {
     let dev = CpuDevice;
-    let mut model = TinyGpt::<Cpu>::init(&dev, 0)?;
-    checkpoint::load(&mut model, &path)?;
+    let mut model = M::init_named(&dev, 0, "")?;
+    checkpoint::load(&mut model, path)?;
     let mut text: Vec<u8> = if args.prompt.is_empty() {
         b"\n".to_vec()
     } else {
@@ -101,7 +118,7 @@ fn run(args: &Args) -> Result<()> {
     out.write_all(&text)?;
     let key = rng::stream_key(args.seed, 0);
     for i in 0..args.bytes {
-        let context = &text[text.len().saturating_sub(CONTEXT)..];
+        let context = &text[text.len().saturating_sub(M::CONTEXT)..];
         let ids: Vec<i32> = context.iter().map(|&b| b as i32).collect();
         let ids = Tensor::<Cpu, (Dyn, Dyn), i32>::from_vec(ids, &[1, context.len()], &dev)?;
         let logits = model.logits_any(&ids)?.raw().to_vec::<f32>()?;

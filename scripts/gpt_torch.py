@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""PyTorch's side of the GPT comparisons: the same model as `kiln_models::gpt::Gpt`
+(token + position embeddings, pre-norm blocks of causal self-attention with separate
+q/k/v/proj projections and a GELU MLP of width 4·D, a final LayerNorm, a head over 256
+bytes), the same split of the vendored Shakespeare text (the last 10% held out), the
+same windows in the same order (a port of `kiln_models::text::windows` and Kiln's
+counter-based generator), the same AdamW and cosine schedule as `kiln-train --model gpt`.
+
+  python3 scripts/gpt_torch.py train --config small --batch-size 32 --epochs 20 --lr 0.003
+  python3 scripts/gpt_torch.py bench --config small --batch-size 32 --reps 5
+
+Only the initial weights differ (PyTorch's default initialisation).
+"""
+import argparse, math, os, time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+CONFIGS = {  # name: (width D, heads H, blocks L, context)
+    "tiny": (16, 2, 2, 32),
+    "small": (128, 4, 4, 128),
+    "w3": (512, 8, 6, 256),
+}
+M32 = 0xFFFFFFFF
+M64 = 0xFFFFFFFFFFFFFFFF
+
+
+def mix32(x):
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & M32
+    x ^= x >> 16
+    return x
+
+
+def stream_key(seed, stream):
+    return mix32((seed & M32) ^ mix32(((seed >> 32) & M32) ^ ((stream * 0x9E3779B9) & M32)))
+
+
+def bits(key, counter):
+    return mix32((mix32(counter ^ key) + key) & M32)
+
+
+def windows(text, batch, length, seed):
+    """`batch` windows of `length` bytes and their next bytes, as Kiln draws them."""
+    starts = len(text) - length
+    key = stream_key(seed, 0)
+    ids, nxt = [], []
+    for b in range(batch):
+        s = (bits(key, b) * starts) >> 32
+        ids.append(text[s:s + length])
+        nxt.append(text[s + 1:s + length + 1])
+    return (torch.tensor(ids, dtype=torch.long), torch.tensor(nxt, dtype=torch.long))
+
+
+class Attention(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.q, self.k, self.v, self.proj = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        split = lambda y: y.view(b, t, self.h, d // self.h).transpose(1, 2)
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d // self.h)
+        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        w = scores.masked_fill(mask, float("-inf")).softmax(-1)
+        return self.proj((w @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), Attention(d, h), nn.LayerNorm(d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        h = x + self.attn(self.ln1(x))
+        return h + self.down(F.gelu(self.up(self.ln2(h))))
+
+
+class Gpt(nn.Module):
+    def __init__(self, d, h, l, ctx):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(256, d), nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList(Block(d, h) for _ in range(l))
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, 256)
+
+    def forward(self, ids):
+        h = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h))
+
+    def loss(self, ids, nxt):
+        return F.cross_entropy(self(ids).reshape(-1, 256), nxt.reshape(-1))
+
+
+def corpus(limit=0):
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "..", "models", "data", "shakespeare", "shakespeare_7plays.txt")
+    data = open(path, "rb").read()
+    cut = len(data) - len(data) // 10
+    train, held = data[:cut], data[cut:]
+    return (train[:limit] if limit else train), held
+
+
+def held_out_full(model, held, batch, length):
+    """Mean loss over consecutive windows of the whole held-out text (as kiln-train)."""
+    n = (len(held) - 1) // length
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for first in range(0, n - batch + 1, batch):
+            ids = torch.tensor([held[w * length:(w + 1) * length] for w in range(first, first + batch)])
+            nxt = torch.tensor([held[w * length + 1:(w + 1) * length + 1] for w in range(first, first + batch)])
+            total += model.loss(ids, nxt).item()
+            count += 1
+    return total / count
+
+
+def lr_at(step, base, low, warmup, total):
+    if step < warmup:
+        return base * step / warmup
+    if step >= total:
+        return low
+    return low + (base - low) * (1 + math.cos(math.pi * (step - warmup) / (total - warmup))) / 2
+
+
+def train(a):
+    torch.manual_seed(a.seed)
+    d, h, l, ctx = CONFIGS[a.config]
+    train_text, held = corpus(a.limit)
+    b = a.batch_size
+    model = Gpt(d, h, l, ctx)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=a.weight_decay)
+    per_epoch = len(train_text) // (b * ctx)
+    total = max(per_epoch * a.epochs, 1)
+    warmup = min(a.warmup, total // 2)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"training torch {a.config} ({params} parameters), {b} windows of {ctx} per step, "
+          f"{total} steps, AdamW lr {a.lr}, {torch.get_num_threads()} threads", flush=True)
+    start, avg = time.perf_counter(), float("nan")
+    for step in range(total):
+        ids, nxt = windows(train_text, b, ctx, ((a.seed * 1_000_003) & M64) ^ step)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, a.lr, a.lr * 0.1, warmup, total)
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(ids, nxt)
+        loss.backward()
+        opt.step()
+        v = loss.item()
+        avg = v if math.isnan(avg) else 0.98 * avg + 0.02 * v
+        if (step + 1) % per_epoch == 0:
+            print(f"step {step + 1}: train loss {avg:.3f} ({time.perf_counter() - start:.0f}s)", flush=True)
+    trained = time.perf_counter() - start
+    held_loss = held_out_full(model, held, b, ctx)
+    print(f"trained {total} steps in {trained:.1f}s ({trained * 1e3 / total:.1f} ms per step); "
+          f"train loss {avg:.3f}, held-out loss {held_loss:.3f} nats/byte over the whole held-out text")
+
+
+def step_ms(config, batch, reps, seed=0):
+    """Median milliseconds of one AdamW training step (the W3 step)."""
+    torch.manual_seed(seed)
+    d, h, l, ctx = CONFIGS[config]
+    train_text, _ = corpus()
+    model = Gpt(d, h, l, ctx)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    ids, nxt = windows(train_text, batch, ctx, 7)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model.loss(ids, nxt).backward()
+        opt.step()
+    step()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        step()
+        ts.append((time.perf_counter() - t) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["train", "bench"])
+    p.add_argument("--config", choices=sorted(CONFIGS), default="small")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=0.003)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    if a.mode == "train":
+        train(a)
+    else:
+        print(f"bench=W3 impl=torch config={a.config} batch={a.batch_size} ms={step_ms(a.config, a.batch_size, a.reps):.1f}")
+
+
+if __name__ == "__main__":
+    main()
