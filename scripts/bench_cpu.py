@@ -4,9 +4,12 @@ both see the same machine load, and prints each figure's median and the ratio to
 PyTorch (a ratio above 1 means Kiln is faster).
 
 Usage: python3 scripts/bench_cpu.py [--rounds 3] [--threads 2] [--workloads w1,w2,w4]
+       python3 scripts/bench_cpu.py --workloads w3 [--w3-configs small,w3]
 (build first: cargo build --release -p kiln-models)
 """
-import argparse, os, statistics, subprocess, time
+import argparse, os, statistics, subprocess, sys, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def median_ms(f, reps):
@@ -19,7 +22,7 @@ def median_ms(f, reps):
     return statistics.median(ts)
 
 
-def torch_figures(workloads, reps, threads):
+def torch_figures(workloads, reps, threads, w3_configs=()):
     """{key: ms} for PyTorch, keys as Kiln's lines build them."""
     import torch
     torch.set_num_threads(threads)
@@ -41,6 +44,11 @@ def torch_figures(workloads, reps, threads):
         x1 = torch.randn(1, 784)
         with torch.no_grad():
             out[("W1", "infer", "1")] = median_ms(lambda: model(x1), reps * 20)
+    if "w3" in workloads:
+        import gpt_torch
+        for config in w3_configs:
+            r = reps if config == "small" else -(-reps // 5)
+            out[("W3", config, "32")] = gpt_torch.step_ms(config, 32, r)
     if "w4" in workloads:
         n = 1024
         a, b = torch.randn(n, n), torch.randn(n, n)
@@ -51,10 +59,11 @@ def torch_figures(workloads, reps, threads):
     return out
 
 
-def kiln_figures(binary, workloads, reps, threads):
+def kiln_figures(binary, workloads, reps, threads, w3_configs=()):
     """{(key, variant): ms} for Kiln."""
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-    text = subprocess.run([binary, "--workloads", ",".join(workloads), "--reps", str(reps)],
+    text = subprocess.run([binary, "--workloads", ",".join(workloads), "--reps", str(reps),
+                           "--w3-configs", ",".join(w3_configs) or "small"],
                           env=env, check=True, capture_output=True, text=True).stdout
     out = {}
     for line in text.splitlines():
@@ -71,13 +80,15 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workloads", default="w1,w2,w4")
     ap.add_argument("--binary", default="target/release/kiln-bench")
+    ap.add_argument("--w3-configs", default="small")
     a = ap.parse_args()
     wl = a.workloads.split(",")
+    w3c = a.w3_configs.split(",")
     kiln, torch_ms = {}, {}
     for _ in range(a.rounds):
-        for k, v in kiln_figures(a.binary, wl, a.reps, a.threads).items():
+        for k, v in kiln_figures(a.binary, wl, a.reps, a.threads, w3c).items():
             kiln.setdefault(k, []).append(v)
-        for k, v in torch_figures(wl, a.reps, a.threads).items():
+        for k, v in torch_figures(wl, a.reps, a.threads, w3c).items():
             torch_ms.setdefault(k, []).append(v)
     import torch
     print(f"# torch {torch.__version__}, threads={a.threads}, rounds={a.rounds}, reps={a.reps}")

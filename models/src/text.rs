@@ -66,3 +66,20 @@ pub fn windows(text: &[u8], batch: usize, len: usize, seed: u64) -> Result<(Vec<
     }
     Ok((ids, next))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::windows;
+
+    /// scripts/gpt_torch.py ports `windows` to train PyTorch on the same data order:
+    /// these are its draws (`python3 -c "import gpt_torch as g; ..."`), so a change on
+    /// either side fails here.
+    #[test]
+    fn windows_match_the_pytorch_scripts_port() {
+        let text: Vec<u8> = (0..1000u32).map(|i| ((i * 7 + 3) % 251) as u8).collect();
+        let (ids, _) = windows(&text, 3, 4, 12345).unwrap();
+        assert_eq!(ids, [63, 70, 77, 84, 76, 83, 90, 97, 75, 82, 89, 96]);
+        let (ids, _) = windows(&text, 2, 4, 1_000_003 ^ 5).unwrap();
+        assert_eq!(ids, [133, 140, 147, 154, 6, 13, 20, 27]);
+    }
+}

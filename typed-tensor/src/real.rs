@@ -10,14 +10,17 @@ pub trait Real: Float + Send + Sync + Default + std::iter::Sum + 'static {
     fn erf(self) -> Self;
     /// Converts from f64.
     fn from_f64_(v: f64) -> Self;
+    /// e^x: the platform's in f64 (the reference), in f32 a branch-free polynomial
+    /// ([`crate::op::exp_f32`]) that the fused loops vectorise.
+    fn exp_(self) -> Self;
     /// 1 / (1 + e^-x), without overflow for large |x|.
     #[inline(always)]
     fn sigmoid(self) -> Self {
         let one = Self::one();
         if self >= Self::zero() {
-            one / (one + (-self).exp())
+            one / (one + (-self).exp_())
         } else {
-            let e = self.exp();
+            let e = self.exp_();
             e / (one + e)
         }
     }
@@ -31,6 +34,10 @@ impl Real for f64 {
     fn from_f64_(v: f64) -> Self {
         v
     }
+    #[inline(always)]
+    fn exp_(self) -> Self {
+        self.exp()
+    }
 }
 
 impl Real for f32 {
@@ -41,5 +48,9 @@ impl Real for f32 {
     #[inline(always)]
     fn from_f64_(v: f64) -> Self {
         v as f32
+    }
+    #[inline(always)]
+    fn exp_(self) -> Self {
+        crate::op::exp_f32(self)
     }
 }

@@ -48,7 +48,7 @@ macro_rules! for_each_unary {
                 grad(b, x, y, g) { Ok(None) }
             /// e^x
             Exp exp "exp" [Float, Any]
-                compute(x) { x.exp() }
+                compute(x) { x.exp_() }
                 grad(b, x, y, g) { Ok(Some(b.mul(g, y)?)) }
             /// ln x
             Log log "log" [Float, Positive]

@@ -9,7 +9,9 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 use kiln::tensor::{DType, RandDist};
-use kiln::train::optim::{Optimizer, Sgd, SgdConfig};
+use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+use kiln_models::gpt::{GptModel, Ids, SmallGpt, W3Gpt};
+use kiln_models::text::{windows, Corpus};
 use kiln_models::chain::Chain;
 use kiln_models::dynamic::DynamicMlp;
 use kiln_models::mlp::Mlp;
@@ -19,9 +21,12 @@ use std::time::Instant;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Workloads to run (comma-separated): w1, w2, w4.
+    /// Workloads to run (comma-separated): w1, w2, w3, w4.
     #[arg(long, default_value = "w1,w2,w4")]
     workloads: String,
+    /// W3's configurations (comma-separated): small, w3.
+    #[arg(long, default_value = "small")]
+    w3_configs: String,
     /// W1 variants to run (comma-separated): static, static-unfused, dynamic, infer.
     #[arg(long, default_value = "static,static-unfused,dynamic,infer")]
     variants: String,
@@ -153,6 +158,45 @@ fn w1(reps: usize, variants: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// W3 in one configuration: a GPT training step (loss and gradients over `B` windows
+/// of the model's context, then AdamW) on seeded windows of the Shakespeare text.
+fn w3_config<M: GptModel<Cpu>, const B: usize, const T: usize>(config: &str, reps: usize) -> Result<()> {
+    let dev = CpuDevice;
+    let mut model = M::init_named(&dev, 1, "")?;
+    let mut opt = AdamW::<Cpu>::new(AdamWConfig {
+        lr: 1e-3,
+        weight_decay: 0.0,
+        ..AdamWConfig::default()
+    })?;
+    let corpus = Corpus::shakespeare()?;
+    let (ids, next) = windows(&corpus.train, B, T, 7)?;
+    let x = Ids::<Cpu, B, T>::from_vec(ids, &[B, T], &dev)?;
+    let y = Ids::<Cpu, B, T>::from_vec(next, &[B, T], &dev)?;
+    let ms = time_ms(reps, || {
+        let (_, grads) = model.loss_and_grad(&x, &y)?;
+        opt.step(&mut model, &grads)
+    })?;
+    let tokens_per_s = (B * T) as f64 / (ms * 1e-3);
+    println!(
+        "bench=W3 impl=kiln backend=cpu task={config} batch={B} ms={ms:.1} tokens_per_s={tokens_per_s:.0} params={}",
+        model.num_params()
+    );
+    Ok(())
+}
+
+/// W3: the GPT training step in the small configuration and, when asked for, in W3's
+/// own (width 512, 6 blocks, context 256: about 30 times the work).
+fn w3(reps: usize, configs: &[&str]) -> Result<()> {
+    for c in configs {
+        match *c {
+            "small" => w3_config::<SmallGpt<Cpu>, 32, 128>("small", reps)?,
+            "w3" => w3_config::<W3Gpt<Cpu>, 32, 256>("w3", reps.div_ceil(5))?,
+            other => eprintln!("unknown W3 configuration {other:?} (known: small, w3)"),
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     for w in args.workloads.split(',') {
@@ -163,7 +207,11 @@ fn main() -> Result<()> {
             )?,
             "w2" => w2(args.reps)?,
             "w4" => w4(args.reps)?,
-            other => eprintln!("unknown workload {other:?} (known: w1, w2, w4)"),
+            "w3" => w3(
+                args.reps,
+                &args.w3_configs.split(',').map(str::trim).collect::<Vec<_>>(),
+            )?,
+            other => eprintln!("unknown workload {other:?} (known: w1, w2, w3, w4)"),
         }
     }
     Ok(())
