@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch's side of the GPT comparisons: the same model as `kiln_models::gpt::Gpt`
-(token + position embeddings, pre-norm blocks of causal self-attention with separate
+(token + position embeddings, 10% dropout on them and on each residual branch, pre-norm blocks of causal self-attention with separate
 q/k/v/proj projections and a GELU MLP of width 4·D, a final LayerNorm, a head over 256
 bytes), the same split of the vendored Shakespeare text (the last 10% held out), the
 same windows in the same order (a port of `kiln_models::text::windows` and Kiln's
@@ -76,10 +76,11 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), Attention(d, h), nn.LayerNorm(d)
         self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(0.1)
 
     def forward(self, x):
-        h = x + self.attn(self.ln1(x))
-        return h + self.down(F.gelu(self.up(self.ln2(h))))
+        h = x + self.drop(self.attn(self.ln1(x)))
+        return h + self.drop(self.down(F.gelu(self.up(self.ln2(h)))))
 
 
 class Gpt(nn.Module):
@@ -88,9 +89,10 @@ class Gpt(nn.Module):
         self.tok, self.pos = nn.Embedding(256, d), nn.Embedding(ctx, d)
         self.blocks = nn.ModuleList(Block(d, h) for _ in range(l))
         self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, 256)
+        self.drop = nn.Dropout(0.1)
 
     def forward(self, ids):
-        h = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        h = self.drop(self.tok(ids) + self.pos(torch.arange(ids.shape[1])))
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h))
@@ -112,12 +114,14 @@ def held_out_full(model, held, batch, length):
     """Mean loss over consecutive windows of the whole held-out text (as kiln-train)."""
     n = (len(held) - 1) // length
     total, count = 0.0, 0
+    model.eval()
     with torch.no_grad():
         for first in range(0, n - batch + 1, batch):
             ids = torch.tensor([held[w * length:(w + 1) * length] for w in range(first, first + batch)])
             nxt = torch.tensor([held[w * length + 1:(w + 1) * length + 1] for w in range(first, first + batch)])
             total += model.loss(ids, nxt).item()
             count += 1
+    model.train()
     return total / count
 
 

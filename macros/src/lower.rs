@@ -1050,6 +1050,11 @@ impl<'a> Lower<'a> {
             {
                 return self.positions(l, *vocab, mc);
             }
+            if let (FieldKind::Layer(spec @ LayerSpec::Embedding { .. }), "attend") =
+                (&l.kind, method.as_str())
+            {
+                return self.attend(l, spec.clone(), mc);
+            }
             if method == "forward" {
                 return self.call_layer_args(l, &mc.args.iter().collect::<Vec<_>>(), mc);
             }
@@ -1118,6 +1123,62 @@ impl<'a> Lower<'a> {
             }
         };
         self.call_layer(l, Val::T(at), &mc.args[0], mc)
+    }
+
+    /// `self.tok.attend(h)`: `h · Wᵀ` with the embedding's own table `W` `[V, D]`, the
+    /// scores of every token for each row of `h` — an output head tied to the token
+    /// embedding (one parameter, whose gradient sums both uses).
+    fn attend(&mut self, l: &LayerRef, spec: LayerSpec, mc: &syn::ExprMethodCall) -> LResult<Val> {
+        if mc.args.len() != 1 {
+            self.err(mc, format!("`{}.attend(h)` takes the rows to score against the table", l.display));
+            return Err(());
+        }
+        let Val::T(h) = self.lower_expr(&mc.args[0])? else {
+            self.err(&mc.args[0], "`.attend()` takes a tensor");
+            return Err(());
+        };
+        let LayerSpec::Embedding { vocab, features } = spec else {
+            unreachable!("called for embeddings only")
+        };
+        let dims = self.dims(h);
+        if dims.last().and_then(|d| d.as_lit()) != Some(features) || !self.dtype(h).is_float() {
+            self.err(
+                &mc.args[0],
+                format!(
+                    "shape mismatch: `{}.attend` scores rows of {features} features against its table [{vocab}, {features}], but `{}` has shape {}",
+                    l.display,
+                    src(&mc.args[0]),
+                    fmt_dims(&dims)
+                ),
+            );
+            return Err(());
+        }
+        let weight = spec
+            .params()
+            .into_iter()
+            .next()
+            .expect("an embedding has its table");
+        let w = self.mg.param(&l.path, &l.key, &weight, false);
+        let y = self
+            .mg
+            .transpose(&w, 0, 1)
+            .and_then(|wt| self.mg.matmul(&h, &wt));
+        match y {
+            Ok(y) => {
+                self.calls.push(Call {
+                    key: format!("{}.attend", l.key),
+                    what: format!("tied to {spec}"),
+                    output: self.shape_str(y),
+                    depth: self.nesting,
+                    params: 0,
+                });
+                Ok(Val::T(y))
+            }
+            Err(e) => {
+                self.err(mc, describe(&e));
+                Err(())
+            }
+        }
     }
 
     /// Lowers call arguments in the caller's frame: each value with its expression.

@@ -1,7 +1,7 @@
 //! A GPT, composed of `#[model]` parts with named sizes: token and position
 //! embeddings, `L` pre-norm transformer blocks (causal self-attention in `H` heads and
 //! a GELU MLP of width `4 * D`, each residual), a final norm and a head over the 256
-//! byte values. One definition, three instances: [`TinyGpt`] (width 16, the test
+//! byte values; 10% dropout on the embeddings and each residual branch while training. One definition, three instances: [`TinyGpt`] (width 16, the test
 //! suite's), [`SmallGpt`] (width 128, 4 blocks, context 128: trained on the CPU) and
 //! [`W3Gpt`] (width 512, 6 blocks, context 256: the GPU workload).
 
@@ -16,14 +16,16 @@ pub struct GptBlock<const D: usize, const H: usize> {
     ln2: LayerNorm<D>,
     up: Linear<D, { 4 * D }>,
     down: Linear<{ 4 * D }, D>,
+    drop: Dropout<10>,
 }
 
 #[model]
 impl GptBlock {
-    /// `x + attn(ln1(x))`, then the same with the MLP.
+    /// `x + attn(ln1(x))`, then the same with the MLP; each branch dropped out by 10%
+    /// while training.
     pub fn forward<const B: usize, const T: usize>(&self, x: Tensor<B, T, D>) -> Tensor<B, T, D> {
-        let h = x + self.attn(self.ln1(x));
-        h + self.down(self.up(self.ln2(h)).gelu())
+        let h = x + self.drop(self.attn(self.ln1(x)));
+        h + self.drop(self.down(self.up(self.ln2(h)).gelu()))
     }
 }
 
@@ -35,6 +37,7 @@ pub struct Gpt<const D: usize, const H: usize, const L: usize, const CTX: usize>
     blocks: [GptBlock<D, H>; L],
     norm: LayerNorm<D>,
     head: Linear<D, 256>,
+    drop: Dropout<10>,
 }
 
 #[model]
@@ -44,7 +47,7 @@ impl Gpt {
         &self,
         ids: Tensor<B, T, i32>,
     ) -> Tensor<B, T, 256> {
-        let mut h = self.tok(ids) + self.pos.positions(ids);
+        let mut h = self.drop(self.tok(ids) + self.pos.positions(ids));
         for block in &self.blocks {
             h = block(h);
         }
@@ -54,7 +57,7 @@ impl Gpt {
     /// The next-byte logits of a batch of windows of any length up to `CTX` (generation
     /// grows its context one byte at a time).
     pub fn logits_any(&self, ids: Tensor<Dyn, Dyn, i32>) -> Tensor<Dyn, Dyn, 256> {
-        let mut h = self.tok(ids) + self.pos.positions(ids);
+        let mut h = self.drop(self.tok(ids) + self.pos.positions(ids));
         for block in &self.blocks {
             h = block(h);
         }

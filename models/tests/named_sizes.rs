@@ -143,3 +143,49 @@ fn a_holder_of_an_instance_trains_and_its_gradients_match_finite_differences() {
         loss,
     );
 }
+
+/// A language model whose output head is its token embedding (`attend`): one
+/// parameter used twice.
+#[model]
+pub struct TiedLm<const V: usize, const D: usize> {
+    tok: Embedding<V, D>,
+    norm: LayerNorm<D>,
+}
+
+#[model]
+impl TiedLm {
+    pub fn loss<const B: usize, const T: usize>(
+        &self,
+        ids: Tensor<B, T, i32>,
+        next: Tensor<B, T, i32>,
+    ) -> Tensor {
+        self.tok
+            .attend(self.norm(self.tok(ids)))
+            .reshape::<Dyn, V>()
+            .cross_entropy(next.reshape::<Dyn>())
+    }
+}
+
+#[model]
+pub type Tied = TiedLm<12, 8>;
+
+#[test]
+fn a_tied_head_shares_the_embedding_and_its_gradient_sums_both_uses() {
+    let mut model = Tied::<Cpu>::init(&CpuDevice, 3).unwrap();
+    let mut count = 0;
+    model.visit_params("", &mut |_| count += 1);
+    assert_eq!(count, 3, "one table, the norm's weight and bias");
+    let ids = Tensor::<Cpu, (Const<2>, Const<5>), i32>::from_vec(vec![1, 4, 7, 2, 11, 0, 3, 3, 9, 5], &[2, 5], &CpuDevice).unwrap();
+    let next = Tensor::<Cpu, (Const<2>, Const<5>), i32>::from_vec(vec![4, 7, 2, 11, 6, 3, 3, 9, 5, 10], &[2, 5], &CpuDevice).unwrap();
+    let (_, grads) = model.loss_and_grad(&ids, &next).unwrap();
+    let fresh = Tied::<Cpu>::init(&CpuDevice, 3).unwrap();
+    // Row 4 is both looked up and scored; row 6 (a target, never an input) only scored.
+    check_finite_differences(
+        &mut model,
+        &grads,
+        fresh,
+        &[("tok.weight", 4 * 8 + 2), ("tok.weight", 6 * 8 + 5), ("norm.weight", 3)],
+        1e-5,
+        |m| m.loss(&ids, &next).unwrap().raw().to_vec::<f32>().unwrap()[0],
+    );
+}

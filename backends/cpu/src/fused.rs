@@ -220,6 +220,13 @@ pub fn fused_elementwise(
                         part[..len].fill(d.get(base));
                         &part[..len]
                     }
+                    // Strided (a permuted view): one tight loop per operand type.
+                    (Operand::F32(d), st) => {
+                        for (p, v) in part[..len].iter_mut().zip(d[base..].iter().step_by(st)) {
+                            *p = *v;
+                        }
+                        &part[..len]
+                    }
                     (d, st) => {
                         for (j, p) in part[..len].iter_mut().enumerate() {
                             *p = d.get(base + j * st);

@@ -26,6 +26,11 @@ impl Gpt {
         self.q(x).reshape::<B, 8, 3, 5>()
     }
 
+    // A head tied to the token embedding, fed rows of the wrong width.
+    fn tied<const B: usize>(&self, x: Tensor<B, 8, 16>) -> Tensor<B, 8, 256> {
+        self.tok.attend(self.wide(x))
+    }
+
     // A residual of the wrong width.
     fn residual<const B: usize>(&self, x: Tensor<B, 8, 16>) -> Tensor<B, 8, 16> {
         x + self.wide(x)
