@@ -66,17 +66,17 @@ class Attention(nn.Module):
         split = lambda y: y.view(b, t, self.h, d // self.h).transpose(1, 2)
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
         scores = q @ k.transpose(-1, -2) / math.sqrt(d // self.h)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         w = scores.masked_fill(mask, float("-inf")).softmax(-1)
         return self.proj((w @ v).transpose(1, 2).reshape(b, t, d))
 
 
 class Block(nn.Module):
-    def __init__(self, d, h):
+    def __init__(self, d, h, p):
         super().__init__()
         self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), Attention(d, h), nn.LayerNorm(d)
         self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.drop = nn.Dropout(0.1)
+        self.drop = nn.Dropout(p)
 
     def forward(self, x):
         h = x + self.drop(self.attn(self.ln1(x)))
@@ -84,15 +84,15 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self, d, h, l, ctx):
+    def __init__(self, d, h, l, ctx, p=0.1):
         super().__init__()
         self.tok, self.pos = nn.Embedding(256, d), nn.Embedding(ctx, d)
-        self.blocks = nn.ModuleList(Block(d, h) for _ in range(l))
+        self.blocks = nn.ModuleList(Block(d, h, p) for _ in range(l))
         self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, 256)
-        self.drop = nn.Dropout(0.1)
+        self.drop = nn.Dropout(p)
 
     def forward(self, ids):
-        h = self.drop(self.tok(ids) + self.pos(torch.arange(ids.shape[1])))
+        h = self.drop(self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device)))
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h))
@@ -110,16 +110,16 @@ def corpus(limit=0):
     return (train[:limit] if limit else train), held
 
 
-def held_out_full(model, held, batch, length):
+def held_out_full(model, held, batch, length, device="cpu"):
     """Mean loss over consecutive windows of the whole held-out text (as kiln-train)."""
     n = (len(held) - 1) // length
     total, count = 0.0, 0
     model.eval()
     with torch.no_grad():
         for first in range(0, n - batch + 1, batch):
-            ids = torch.tensor([held[w * length:(w + 1) * length] for w in range(first, first + batch)])
-            nxt = torch.tensor([held[w * length + 1:(w + 1) * length + 1] for w in range(first, first + batch)])
-            total += model.loss(ids, nxt).item()
+            ids = torch.tensor([list(held[w * length:(w + 1) * length]) for w in range(first, first + batch)])
+            nxt = torch.tensor([list(held[w * length + 1:(w + 1) * length + 1]) for w in range(first, first + batch)])
+            total += model.loss(ids.to(device), nxt.to(device)).item()
             count += 1
     model.train()
     return total / count
@@ -138,7 +138,7 @@ def train(a):
     d, h, l, ctx = CONFIGS[a.config]
     train_text, held = corpus(a.limit)
     b = a.batch_size
-    model = Gpt(d, h, l, ctx)
+    model = Gpt(d, h, l, ctx, a.dropout).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=a.weight_decay)
     per_epoch = len(train_text) // (b * ctx)
@@ -146,10 +146,12 @@ def train(a):
     warmup = min(a.warmup, total // 2)
     params = sum(p.numel() for p in model.parameters())
     print(f"training torch {a.config} ({params} parameters), {b} windows of {ctx} per step, "
-          f"{total} steps, AdamW lr {a.lr}, {torch.get_num_threads()} threads", flush=True)
+          f"{total} steps, AdamW lr {a.lr}, dropout {a.dropout}, on {a.device} "
+          f"({torch.get_num_threads()} threads)", flush=True)
     start, avg = time.perf_counter(), float("nan")
     for step in range(total):
         ids, nxt = windows(train_text, b, ctx, ((a.seed * 1_000_003) & M64) ^ step)
+        ids, nxt = ids.to(a.device), nxt.to(a.device)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a.lr, a.lr * 0.1, warmup, total)
         opt.zero_grad(set_to_none=True)
@@ -160,8 +162,10 @@ def train(a):
         avg = v if math.isnan(avg) else 0.98 * avg + 0.02 * v
         if (step + 1) % per_epoch == 0:
             print(f"step {step + 1}: train loss {avg:.3f} ({time.perf_counter() - start:.0f}s)", flush=True)
+    if a.device != "cpu":
+        torch.cuda.synchronize()
     trained = time.perf_counter() - start
-    held_loss = held_out_full(model, held, b, ctx)
+    held_loss = held_out_full(model, held, b, ctx, a.device)
     print(f"trained {total} steps in {trained:.1f}s ({trained * 1e3 / total:.1f} ms per step); "
           f"train loss {avg:.3f}, held-out loss {held_loss:.3f} nats/byte over the whole held-out text")
 
@@ -202,6 +206,8 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--device", default="cpu")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     if a.mode == "train":

@@ -350,7 +350,11 @@ pub fn parse_field_type(ty: &Type) -> syn::Result<FieldKind> {
         // A model with sizes, held by a model without: only an instance is a type.
         Type::Path(p) if p.qself.is_none() && names_model(&p.path) => {
             let name = model_name(&p.path);
-            let shown = quote!(#p).to_string().replace(" < ", "<").replace(" >", ">").replace(" ,", ",");
+            let shown = quote!(#p)
+                .to_string()
+                .replace(" < ", "<")
+                .replace(" >", ">")
+                .replace(" ,", ",");
             Err(syn::Error::new(
                 ty.span(),
                 format!("`{shown}` sets sizes of the model `{name}`: declare an instance, `#[model] type {name}Part = {shown};`, and hold that (or give this model sizes of its own: `struct Holder<const D: usize>`)"),

@@ -4,6 +4,7 @@
 //! plan with the sizes given at run time (fused, or op by op). Each method that returns
 //! a scalar also gets `<name>_and_grad`.
 
+use crate::dsl::FieldKind;
 use crate::lower::{parse_method, Defs, Lower, MethodSig, ModelDef, Val};
 use crate::structs::parse_fields;
 use crate::train::value_and_grad;
@@ -165,7 +166,10 @@ fn expand_definition(item: &ItemStruct, imp: &ItemImpl, defs: &[Def]) -> TokenSt
     };
     let mut errors = Vec::new();
     if imp.trait_.is_some() {
-        errors.push(syn::Error::new(imp.span(), "write `#[model] impl Model { .. }`: no trait"));
+        errors.push(syn::Error::new(
+            imp.span(),
+            "write `#[model] impl Model { .. }`: no trait",
+        ));
     }
     let own: Vec<Ident> = imp
         .generics
@@ -176,11 +180,16 @@ fn expand_definition(item: &ItemStruct, imp: &ItemImpl, defs: &[Def]) -> TokenSt
             _ => None,
         })
         .collect();
-    if !imp.generics.params.is_empty() && (own != params || own.len() != imp.generics.params.len()) {
+    if !imp.generics.params.is_empty() && (own != params || own.len() != imp.generics.params.len())
+    {
         let names: Vec<String> = params.iter().map(|p| format!("const {p}: usize")).collect();
         errors.push(syn::Error::new(
             imp.generics.span(),
-            format!("the impl's parameters are the struct's sizes: `impl<{}>`, or none (`impl {}`)", names.join(", "), item.ident),
+            format!(
+                "the impl's parameters are the struct's sizes: `impl<{}>`, or none (`impl {}`)",
+                names.join(", "),
+                item.ident
+            ),
         ));
     }
     errors.extend(crate::sizes::check_definition(&params, imp, &item.ident));
@@ -205,6 +214,33 @@ pub(crate) fn expand_impl_in(
     };
     let defs = parse_defs(&def_items);
     let mut errors: Vec<syn::Error> = Vec::new();
+    // A nested model with sizes is a definition, not a type: only its instances hold.
+    for f in &fields {
+        let mut kind = &f.kind;
+        while let FieldKind::Array(inner, _) = kind {
+            kind = inner;
+        }
+        let FieldKind::Model(path) = kind else {
+            continue;
+        };
+        let name = crate::dsl::model_name(path);
+        let Some(def) = def_items.iter().find(|d| d.item.ident == name) else {
+            continue;
+        };
+        if let Ok(params) = crate::sizes::size_params(&def.item.generics) {
+            if !params.is_empty() {
+                let names: Vec<String> = params.iter().map(|p| p.to_string()).collect();
+                errors.push(syn::Error::new(
+                    f.ident.span(),
+                    format!(
+                        "`{}` holds `{name}`, a model with sizes ({}): declare an instance, `#[model] type {name}Part = {name}<..>;`, and hold that",
+                        f.ident,
+                        names.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
     if !imp.generics.params.is_empty() || imp.trait_.is_some() {
         errors.push(syn::Error::new(imp.span(), "write `#[model] impl Model { .. }`: no generics, no trait (the backend `Be` is added for you)"));
     }

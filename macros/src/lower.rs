@@ -1130,7 +1130,13 @@ impl<'a> Lower<'a> {
     /// embedding (one parameter, whose gradient sums both uses).
     fn attend(&mut self, l: &LayerRef, spec: LayerSpec, mc: &syn::ExprMethodCall) -> LResult<Val> {
         if mc.args.len() != 1 {
-            self.err(mc, format!("`{}.attend(h)` takes the rows to score against the table", l.display));
+            self.err(
+                mc,
+                format!(
+                    "`{}.attend(h)` takes the rows to score against the table",
+                    l.display
+                ),
+            );
             return Err(());
         }
         let Val::T(h) = self.lower_expr(&mc.args[0])? else {
@@ -1753,7 +1759,10 @@ impl<'a> Lower<'a> {
                 _ => {}
             }
         }
-        self.err(&a, "expected a whole number (a literal, a size of the model, or arithmetic over them)");
+        self.err(
+            &a,
+            "expected a whole number (a literal, a size of the model, or arithmetic over them)",
+        );
         Err(())
     }
 

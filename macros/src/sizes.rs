@@ -141,7 +141,9 @@ fn mentions_size(e: &Expr, env: &Env) -> bool {
     }
     impl syn::visit::Visit<'_> for Find<'_> {
         fn visit_path(&mut self, p: &syn::Path) {
-            if p.get_ident().is_some_and(|i| size_value(i, self.env).is_some()) {
+            if p.get_ident()
+                .is_some_and(|i| size_value(i, self.env).is_some())
+            {
                 self.found = true;
             }
             syn::visit::visit_path(self, p);
@@ -222,9 +224,7 @@ fn eval(e: &Expr, env: &Env) -> Option<Result<Num, String>> {
                 Ok(v) => v.float(),
                 Err(msg) => return Some(Err(msg)),
             };
-            let arg = |i: usize| -> Option<f64> {
-                Some(eval(m.args.get(i)?, env)?.ok()?.float())
-            };
+            let arg = |i: usize| -> Option<f64> { Some(eval(m.args.get(i)?, env)?.ok()?.float()) };
             let f = match (m.method.to_string().as_str(), m.args.len()) {
                 ("sqrt", 0) => v.sqrt(),
                 ("recip", 0) => 1.0 / v,
@@ -309,7 +309,10 @@ impl Subst<'_> {
             Ok(Num::Int(v)) => {
                 self.errors.push(syn::Error::new(
                     e.span(),
-                    format!("the size `{}` is {v}; a size is at least 1 and at most 2^40", text(e)),
+                    format!(
+                        "the size `{}` is {v}; a size is at least 1 and at most 2^40",
+                        text(e)
+                    ),
                 ));
                 None
             }
@@ -335,7 +338,10 @@ impl VisitMut for Subst<'_> {
                 Some(Ok(n)) => {
                     let span = e.span();
                     let (neg, lit) = match n {
-                        Num::Int(i) => (i < 0, proc_macro2::Literal::u128_unsuffixed(i.unsigned_abs())),
+                        Num::Int(i) => (
+                            i < 0,
+                            proc_macro2::Literal::u128_unsuffixed(i.unsigned_abs()),
+                        ),
                         Num::Float(f) => (f < 0.0, proc_macro2::Literal::f64_unsuffixed(f.abs())),
                     };
                     *e = if neg {
@@ -359,7 +365,9 @@ impl VisitMut for Subst<'_> {
         let expr = match &*a {
             GenericArgument::Type(Type::Path(p))
                 if p.qself.is_none()
-                    && p.path.get_ident().is_some_and(|i| size_value(i, self.env).is_some()) =>
+                    && p.path
+                        .get_ident()
+                        .is_some_and(|i| size_value(i, self.env).is_some()) =>
             {
                 Some(Expr::Path(syn::ExprPath {
                     attrs: Vec::new(),
@@ -429,7 +437,10 @@ pub fn display_name(key: &str) -> String {
         Some((name, sizes))
             if !name.is_empty() && sizes.split('_').all(|s| s.parse::<u64>().is_ok()) =>
         {
-            format!("{name}<{}>", sizes.split('_').collect::<Vec<_>>().join(", "))
+            format!(
+                "{name}<{}>",
+                sizes.split('_').collect::<Vec<_>>().join(", ")
+            )
         }
         _ => key.to_string(),
     }
@@ -473,7 +484,10 @@ fn literal_args(p: &syn::TypePath, errors: &mut Vec<syn::Error>) -> Option<Vec<u
             _ => {
                 errors.push(syn::Error::new(
                     a.span(),
-                    format!("a model's size is a whole number from 1 up; `{}` is not", text(a)),
+                    format!(
+                        "a model's size is a whole number from 1 up; `{}` is not",
+                        text(a)
+                    ),
                 ));
                 return None;
             }
@@ -578,10 +592,8 @@ impl Instantiator<'_> {
         };
         let key = instance_key(&def.item.ident, &values);
         if self.making.contains(&key) {
-            self.errors.push(syn::Error::new(
-                p.span(),
-                format!("`{name}` holds itself"),
-            ));
+            self.errors
+                .push(syn::Error::new(p.span(), format!("`{name}` holds itself")));
             return;
         }
         if !self.made.iter().any(|d| d.item.ident == key) {
@@ -605,7 +617,10 @@ impl Instantiator<'_> {
 pub fn expand_instance(alias: ItemType, defs: Vec<Def>) -> TokenStream {
     let fail = |e: syn::Error| e.to_compile_error();
     let Type::Path(target) = &*alias.ty else {
-        return fail(syn::Error::new(alias.ty.span(), "expected a model with its sizes, `Gpt<128, 4>`"));
+        return fail(syn::Error::new(
+            alias.ty.span(),
+            "expected a model with its sizes, `Gpt<128, 4>`",
+        ));
     };
     if !alias.generics.params.is_empty() {
         return fail(syn::Error::new(
@@ -615,7 +630,10 @@ pub fn expand_instance(alias: ItemType, defs: Vec<Def>) -> TokenStream {
     }
     let name = crate::dsl::model_name(&target.path);
     let Some(def) = defs.iter().find(|d| d.item.ident == name) else {
-        return fail(syn::Error::new(target.span(), format!("`{name}` is not a #[model]")));
+        return fail(syn::Error::new(
+            target.span(),
+            format!("`{name}` is not a #[model]"),
+        ));
     };
     let (attrs, vis, ident) = (&alias.attrs, &alias.vis, &alias.ident);
     if def.broken {
@@ -672,7 +690,8 @@ pub fn expand_instance(alias: ItemType, defs: Vec<Def>) -> TokenStream {
     let parts = inst.made.iter().map(|d| {
         crate::structs::expand_struct(d.item.clone()).unwrap_or_else(|e| e.to_compile_error())
     });
-    let top_struct = crate::structs::expand_struct(item.clone()).unwrap_or_else(|e| e.to_compile_error());
+    let top_struct =
+        crate::structs::expand_struct(item.clone()).unwrap_or_else(|e| e.to_compile_error());
     let top_impl = crate::impls::expand_impl_in(item, top.imp, inst.made.clone(), &context);
     quote! {
         #top_struct

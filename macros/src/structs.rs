@@ -206,8 +206,9 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
 
 /// What `#[model] struct Gpt<const D: usize, ..>` expands to: a model with sizes is a
 /// definition, not a type (stable Rust cannot write `Linear<D, {4 * D}>`), so the
-/// struct becomes an uninhabited marker carrying its docs, and the callback through
-/// which its impl receives it. Each `#[model] type Name = Gpt<..>;` is a model.
+/// struct becomes a stand-in type carrying its docs (holding nothing; `Module::init`
+/// refuses), and the callback through which its impl receives it. Each
+/// `#[model] type Name = Gpt<..>;` is a model.
 fn definition(item: &ItemStruct) -> TokenStream {
     let (attrs, vis, name) = (&item.attrs, &item.vis, &item.ident);
     let callback = callback_name(name);
@@ -221,15 +222,29 @@ fn definition(item: &ItemStruct) -> TokenStream {
             return placeholder(&stripped, e.to_compile_error());
         }
     };
+    let sizes = params
+        .iter()
+        .map(|p| format!("`{p}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let doc = format!(
-        "A model definition with the sizes {}: each instance, `#[model] type Name = {name}<..>;`, is a model.",
-        params.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ")
+        "A model definition with the sizes {sizes}: each instance, `#[model] type Name = {name}<..>;`, is a model."
     );
+    let refusal = format!(
+        "`{name}` is a model definition with the sizes {sizes}; build an instance (`#[model] type Name = {name}<..>;`)"
+    );
+    // A stand-in type with the backend parameter, so a model that holds the
+    // definition by mistake gets the macro's one error, not rustc's on the type too.
+    let stand_in = stand_in_module(name, &refusal);
     quote! {
         #(#attrs)*
         #[doc = ""]
         #[doc = #doc]
-        #vis enum #name<#(const #params: usize),*> {}
+        #vis struct #name<Be: ::kiln::tensor::Backend> {
+            #[doc(hidden)]
+            pub __kiln_backend: ::core::marker::PhantomData<Be>,
+        }
+        #stand_in
 
         #[doc(hidden)]
         #[allow(unused_macros)]
@@ -250,6 +265,7 @@ fn definition(item: &ItemStruct) -> TokenStream {
 pub(crate) fn placeholder(item: &ItemStruct, errors: TokenStream) -> TokenStream {
     let (attrs, vis, name) = (&item.attrs, &item.vis, &item.ident);
     let callback = callback_name(name);
+    let stand_in = stand_in_module(name, "this model did not compile");
     // Models that hold this one still find its definition, marked broken.
     let def = crate::impls::def_macro(
         &syn::parse_quote!(struct #name {}),
@@ -266,10 +282,27 @@ pub(crate) fn placeholder(item: &ItemStruct, errors: TokenStream) -> TokenStream
         }
         // A stand-in, so that models holding this one report nothing more; the build
         // has already failed.
+        #stand_in
+        #[doc(hidden)]
+        #[allow(unused_macros)]
+        macro_rules! #callback {
+            ($($body:tt)*) => {};
+        }
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        pub(crate) use #callback;
+        #def
+    }
+}
+
+/// A `Module` impl for a stand-in type that holds nothing: visits see nothing, and
+/// `init` refuses with `message`.
+fn stand_in_module(name: &syn::Ident, message: &str) -> TokenStream {
+    quote! {
         impl<Be: ::kiln::tensor::Backend> ::kiln::tensor::nn::Module<Be> for #name<Be> {
             type Grads = ();
             fn init_named(_: &Be::Device, _: u64, _: &str) -> ::kiln::tensor::Result<Self> {
-                Err(::kiln::tensor::Error::invalid("init", "this model did not compile"))
+                Err(::kiln::tensor::Error::invalid("init", #message))
             }
             fn visit_params(&self, _: &str, _: &mut dyn FnMut(::kiln::tensor::nn::Slot<'_, Be>)) {}
             fn visit_buffers(&self, _: &str, _: &mut dyn FnMut(::kiln::tensor::nn::Slot<'_, Be>)) {}
@@ -289,14 +322,5 @@ pub(crate) fn placeholder(item: &ItemStruct, errors: TokenStream) -> TokenStream
                 Ok(())
             }
         }
-        #[doc(hidden)]
-        #[allow(unused_macros)]
-        macro_rules! #callback {
-            ($($body:tt)*) => {};
-        }
-        #[doc(hidden)]
-        #[allow(unused_imports)]
-        pub(crate) use #callback;
-        #def
     }
 }

@@ -3,7 +3,7 @@
 //! `--summary` each model's layers with their output shapes and parameter counts.
 
 use kiln::cpu::Cpu;
-use kiln_models::gpt::TinyGpt;
+use kiln_models::gpt::SmallGpt;
 use kiln_models::lenet::LeNet;
 use kiln_models::mlp::Mlp;
 
@@ -13,7 +13,7 @@ fn main() -> kiln::Result<()> {
         for summary in [
             Mlp::<Cpu>::summary(),
             LeNet::<Cpu>::summary(),
-            TinyGpt::<Cpu>::summary(),
+            SmallGpt::<Cpu>::summary(),
         ] {
             println!("{summary}");
         }
@@ -22,7 +22,7 @@ fn main() -> kiln::Result<()> {
     for plans in [
         Mlp::<Cpu>::fusion_plans(),
         LeNet::<Cpu>::fusion_plans(),
-        TinyGpt::<Cpu>::fusion_plans(),
+        SmallGpt::<Cpu>::fusion_plans(),
     ] {
         match arg.as_str() {
             "--dot" => print!("{}", kiln::fusion::report::dot_all(plans)?),

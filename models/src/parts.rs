@@ -40,9 +40,18 @@ pub struct CausalSelfAttention<const D: usize, const H: usize> {
 impl CausalSelfAttention {
     /// Each position attends to itself and the positions before it.
     pub fn forward<const B: usize, const T: usize>(&self, x: Tensor<B, T, D>) -> Tensor<B, T, D> {
-        let q = self.q(x).reshape::<B, T, H, { D / H }>().permute::<0, 2, 1, 3>();
-        let k = self.k(x).reshape::<B, T, H, { D / H }>().permute::<0, 2, 1, 3>();
-        let v = self.v(x).reshape::<B, T, H, { D / H }>().permute::<0, 2, 1, 3>();
+        let q = self
+            .q(x)
+            .reshape::<B, T, H, { D / H }>()
+            .permute::<0, 2, 1, 3>();
+        let k = self
+            .k(x)
+            .reshape::<B, T, H, { D / H }>()
+            .permute::<0, 2, 1, 3>();
+        let v = self
+            .v(x)
+            .reshape::<B, T, H, { D / H }>()
+            .permute::<0, 2, 1, 3>();
         let weights = (q.matmul(k.t()) / ((D / H) as f32).sqrt())
             .causal_mask()
             .softmax();

@@ -85,11 +85,27 @@ fn train_then_generate() {
     let small = small.to_str().unwrap();
     let (ok, out, err) = run(
         train,
-        &["--model", "gpt", "--optimizer", "adamw", "--batch-size", "16", "--epochs", "1", "--limit", "5000", "--out", small],
+        &[
+            "--model",
+            "gpt",
+            "--optimizer",
+            "adamw",
+            "--batch-size",
+            "16",
+            "--epochs",
+            "1",
+            "--limit",
+            "5000",
+            "--out",
+            small,
+        ],
     );
     assert!(ok, "kiln-train --model gpt failed: {err}");
     assert!(out.contains("SmallGpt") && out.contains("2 steps"), "{out}");
-    let (ok, out, err) = run(generate, &["--checkpoint", small, "--prompt", "A", "--bytes", "5"]);
+    let (ok, out, err) = run(
+        generate,
+        &["--checkpoint", small, "--prompt", "A", "--bytes", "5"],
+    );
     assert!(ok, "kiln-generate on the small GPT failed: {err}");
     assert!(out.starts_with('A') && out.len() >= 6, "{out:?}");
 

@@ -85,7 +85,9 @@ impl Holder {
 
 fn names<M: Module<Cpu>>(m: &M) -> Vec<(String, Vec<usize>)> {
     let mut out = Vec::new();
-    m.visit_params("", &mut |s| out.push((s.name.to_string(), s.value.dims().to_vec())));
+    m.visit_params("", &mut |s| {
+        out.push((s.name.to_string(), s.value.dims().to_vec()))
+    });
     out
 }
 
@@ -96,17 +98,38 @@ fn instances_take_their_sizes_from_one_definition() {
     let small_names = names(&small);
     let wide_names = names(&wide);
     // PyTorch's names through arrays and nesting; sizes from each instance.
-    assert!(small_names.contains(&("attn.1.q.weight".into(), vec![16, 16])), "{small_names:?}");
-    assert!(small_names.contains(&("mlp.1.up.weight".into(), vec![32, 16])), "{small_names:?}");
-    assert!(wide_names.contains(&("attn.2.proj.weight".into(), vec![32, 32])), "{wide_names:?}");
-    assert!(wide_names.contains(&("mlp.0.down.weight".into(), vec![32, 64])), "{wide_names:?}");
-    assert!(wide_names.contains(&("head.weight".into(), vec![5, 32])), "{wide_names:?}");
+    assert!(
+        small_names.contains(&("attn.1.q.weight".into(), vec![16, 16])),
+        "{small_names:?}"
+    );
+    assert!(
+        small_names.contains(&("mlp.1.up.weight".into(), vec![32, 16])),
+        "{small_names:?}"
+    );
+    assert!(
+        wide_names.contains(&("attn.2.proj.weight".into(), vec![32, 32])),
+        "{wide_names:?}"
+    );
+    assert!(
+        wide_names.contains(&("mlp.0.down.weight".into(), vec![32, 64])),
+        "{wide_names:?}"
+    );
+    assert!(
+        wide_names.contains(&("head.weight".into(), vec![5, 32])),
+        "{wide_names:?}"
+    );
     // Parameter counts from the sizes: per block 4·D² + 4·D attention, LayerNorm 2·D,
     // MLP 2·(2D·D) + 2D + D; the head D·C + C.
-    let count = |d: usize, l: usize, c: usize| l * (4 * d * d + 4 * d + 2 * d + 4 * d * d + 3 * d) + d * c + c;
+    let count = |d: usize, l: usize, c: usize| {
+        l * (4 * d * d + 4 * d + 2 * d + 4 * d * d + 3 * d) + d * c + c
+    };
     assert_eq!(small.num_params(), count(16, 2, 3));
     assert_eq!(wide.num_params(), count(32, 3, 5));
-    assert!(SmallStack::<Cpu>::summary().contains("CausalSelfAttention<16, 2>"), "{}", SmallStack::<Cpu>::summary());
+    assert!(
+        SmallStack::<Cpu>::summary().contains("CausalSelfAttention<16, 2>"),
+        "{}",
+        SmallStack::<Cpu>::summary()
+    );
 
     let x = Tensor::<Cpu, Rank3<2, 4, 32>>::normal(0.0, 1.0, 3, &CpuDevice).unwrap();
     let y = wide.forward(&x).unwrap();
@@ -130,15 +153,23 @@ fn an_instance_of_another_crates_definition_works_here() {
 fn a_holder_of_an_instance_trains_and_its_gradients_match_finite_differences() {
     let mut model = Holder::<Cpu>::init(&CpuDevice, 7).unwrap();
     let x = Tensor::<Cpu, Rank3<6, 4, 16>>::normal(0.0, 1.0, 8, &CpuDevice).unwrap();
-    let y = Tensor::<Cpu, (Const<6>,), i32>::from_vec(vec![0, 1, 1, 0, 1, 0], &[6], &CpuDevice).unwrap();
+    let y = Tensor::<Cpu, (Const<6>,), i32>::from_vec(vec![0, 1, 1, 0, 1, 0], &[6], &CpuDevice)
+        .unwrap();
     let loss = |m: &Holder<Cpu>| m.loss(&x, &y).unwrap().raw().to_vec::<f32>().unwrap()[0];
-    let (_, grads) = model.loss_and_grad(&x, &y).unwrap_or_else(|e| panic!("{e}"));
+    let (_, grads) = model
+        .loss_and_grad(&x, &y)
+        .unwrap_or_else(|e| panic!("{e}"));
     let fresh = Holder::<Cpu>::init(&CpuDevice, 7).unwrap();
     check_finite_differences(
         &mut model,
         &grads,
         fresh,
-        &[("stack.attn.0.q.weight", 5), ("stack.mlp.1.up.weight", 40), ("stack.head.weight", 7), ("extra.weight", 1)],
+        &[
+            ("stack.attn.0.q.weight", 5),
+            ("stack.mlp.1.up.weight", 40),
+            ("stack.head.weight", 7),
+            ("extra.weight", 1),
+        ],
         1e-6,
         loss,
     );
@@ -175,8 +206,18 @@ fn a_tied_head_shares_the_embedding_and_its_gradient_sums_both_uses() {
     let mut count = 0;
     model.visit_params("", &mut |_| count += 1);
     assert_eq!(count, 3, "one table, the norm's weight and bias");
-    let ids = Tensor::<Cpu, (Const<2>, Const<5>), i32>::from_vec(vec![1, 4, 7, 2, 11, 0, 3, 3, 9, 5], &[2, 5], &CpuDevice).unwrap();
-    let next = Tensor::<Cpu, (Const<2>, Const<5>), i32>::from_vec(vec![4, 7, 2, 11, 6, 3, 3, 9, 5, 10], &[2, 5], &CpuDevice).unwrap();
+    let ids = Tensor::<Cpu, (Const<2>, Const<5>), i32>::from_vec(
+        vec![1, 4, 7, 2, 11, 0, 3, 3, 9, 5],
+        &[2, 5],
+        &CpuDevice,
+    )
+    .unwrap();
+    let next = Tensor::<Cpu, (Const<2>, Const<5>), i32>::from_vec(
+        vec![4, 7, 2, 11, 6, 3, 3, 9, 5, 10],
+        &[2, 5],
+        &CpuDevice,
+    )
+    .unwrap();
     let (_, grads) = model.loss_and_grad(&ids, &next).unwrap();
     let fresh = Tied::<Cpu>::init(&CpuDevice, 3).unwrap();
     // Row 4 is both looked up and scored; row 6 (a target, never an input) only scored.
@@ -184,7 +225,11 @@ fn a_tied_head_shares_the_embedding_and_its_gradient_sums_both_uses() {
         &mut model,
         &grads,
         fresh,
-        &[("tok.weight", 4 * 8 + 2), ("tok.weight", 6 * 8 + 5), ("norm.weight", 3)],
+        &[
+            ("tok.weight", 4 * 8 + 2),
+            ("tok.weight", 6 * 8 + 5),
+            ("norm.weight", 3),
+        ],
         1e-5,
         |m| m.loss(&ids, &next).unwrap().raw().to_vec::<f32>().unwrap()[0],
     );

@@ -10,11 +10,11 @@ use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 use kiln::tensor::{DType, RandDist};
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
-use kiln_models::gpt::{GptModel, Ids, SmallGpt, W3Gpt};
-use kiln_models::text::{windows, Corpus};
 use kiln_models::chain::Chain;
 use kiln_models::dynamic::DynamicMlp;
+use kiln_models::gpt::{GptModel, Ids, SmallGpt, W3Gpt};
 use kiln_models::mlp::Mlp;
+use kiln_models::text::{windows, Corpus};
 use std::time::Instant;
 
 /// Run Kiln's benchmark workloads on the CPU.
@@ -160,7 +160,10 @@ fn w1(reps: usize, variants: &[&str]) -> Result<()> {
 
 /// W3 in one configuration: a GPT training step (loss and gradients over `B` windows
 /// of the model's context, then AdamW) on seeded windows of the Shakespeare text.
-fn w3_config<M: GptModel<Cpu>, const B: usize, const T: usize>(config: &str, reps: usize) -> Result<()> {
+fn w3_config<M: GptModel<Cpu>, const B: usize, const T: usize>(
+    config: &str,
+    reps: usize,
+) -> Result<()> {
     let dev = CpuDevice;
     let mut model = M::init_named(&dev, 1, "")?;
     let mut opt = AdamW::<Cpu>::new(AdamWConfig {
@@ -209,7 +212,11 @@ fn main() -> Result<()> {
             "w4" => w4(args.reps)?,
             "w3" => w3(
                 args.reps,
-                &args.w3_configs.split(',').map(str::trim).collect::<Vec<_>>(),
+                &args
+                    .w3_configs
+                    .split(',')
+                    .map(str::trim)
+                    .collect::<Vec<_>>(),
             )?,
             other => eprintln!("unknown workload {other:?} (known: w1, w2, w3, w4)"),
         }

@@ -278,7 +278,10 @@ mod gpt {
     }
 
     /// `B` seeded windows of `text` and their next bytes.
-    fn batch<const B: usize, const T: usize>(text: &[u8], seed: u64) -> Result<(Ids<Cpu, B, T>, Ids<Cpu, B, T>)> {
+    fn batch<const B: usize, const T: usize>(
+        text: &[u8],
+        seed: u64,
+    ) -> Result<(Ids<Cpu, B, T>, Ids<Cpu, B, T>)> {
         let (ids, next) = windows(text, B, T, seed)?;
         Ok((
             Tensor::from_vec(ids, &[B, T], &CpuDevice)?,
@@ -288,7 +291,10 @@ mod gpt {
 
     /// Mean loss (nats per byte) over 16 seeded held-out batches: the estimate
     /// printed while training.
-    fn held_out_sample<M: GptModel<Cpu>, const B: usize, const T: usize>(model: &M, corpus: &Corpus) -> Result<f32> {
+    fn held_out_sample<M: GptModel<Cpu>, const B: usize, const T: usize>(
+        model: &M,
+        corpus: &Corpus,
+    ) -> Result<f32> {
         let mut total = 0.0;
         for s in 0..16u64 {
             let (x, y) = batch::<B, T>(&corpus.held_out, u64::MAX - s)?;
@@ -300,7 +306,10 @@ mod gpt {
     /// Mean loss (nats per byte) over the whole held-out text, cut into consecutive
     /// windows of `T` bytes (the figure reported at the end; the PyTorch script
     /// measures the same windows).
-    fn held_out_full<M: GptModel<Cpu>, const B: usize, const T: usize>(model: &M, corpus: &Corpus) -> Result<f32> {
+    fn held_out_full<M: GptModel<Cpu>, const B: usize, const T: usize>(
+        model: &M,
+        corpus: &Corpus,
+    ) -> Result<f32> {
         let text = &corpus.held_out;
         let windows = (text.len() - 1) / T;
         let mut sum = 0.0f64;
@@ -321,7 +330,10 @@ mod gpt {
             counted += 1;
         }
         if counted == 0 {
-            return Err(Error::invalid("kiln-train", "the held-out text is shorter than one batch"));
+            return Err(Error::invalid(
+                "kiln-train",
+                "the held-out text is shorter than one batch",
+            ));
         }
         Ok((sum / counted as f64) as f32)
     }

@@ -19,6 +19,19 @@ struct Holder {
     block: Block<64>,
 }
 
+// A model without sizes holds a model with sizes without giving them.
+#[model]
+struct Bare {
+    block: Block,
+}
+
+#[model]
+impl Bare {
+    fn forward<const B: usize>(&self, x: Tensor<B, 8>) -> Tensor<B, 8> {
+        x
+    }
+}
+
 // A const item is not a size the macro can read.
 const HIDDEN: usize = 128;
 
