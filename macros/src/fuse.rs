@@ -198,32 +198,9 @@ fn native_fn(name: &Ident, expr: &FusedExpr) -> TokenStream {
         })
         .collect();
     let result = r(expr.results[0]);
-    let body = format_ident!("{}_body", name);
-    let wide = format_ident!("{}_avx2", name);
-    // The loop is compiled twice: for the build's baseline (SSE2 on x86-64) and with
-    // AVX2, chosen when the CPU has it — twice the lanes, the same results (rustc
-    // does not contract a multiply and an add into an FMA).
     quote! {
         #[allow(clippy::all, unused_variables)]
         pub(super) fn #name(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-            #[cfg(target_arch = "x86_64")]
-            if ::std::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has AVX2 (checked just above).
-                return unsafe { #wide(ins, outs) };
-            }
-            #body(ins, outs)
-        }
-
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2")]
-        #[allow(clippy::all)]
-        unsafe fn #wide(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-            #body(ins, outs)
-        }
-
-        #[inline(always)]
-        #[allow(clippy::all, unused_variables)]
-        fn #body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
             let n = outs[0].len();
             #(let #ins = &ins[#idx][..n];)*
             let out = &mut outs[0][..n];

@@ -3,7 +3,9 @@
 //! `--summary` each model's layers with their output shapes and parameter counts.
 
 use kiln::cpu::Cpu;
-use kiln_models::gpt::SmallGpt;
+#[path = "../src/gpt_instances.rs"]
+mod gpt_instances;
+use gpt_instances::SmallGpt;
 use kiln_models::lenet::LeNet;
 use kiln_models::mlp::Mlp;
 

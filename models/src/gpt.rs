@@ -1,9 +1,12 @@
 //! A GPT, composed of `#[model]` parts with named sizes: token and position
 //! embeddings, `L` pre-norm transformer blocks (causal self-attention in `H` heads and
 //! a GELU MLP of width `4 * D`, each residual), a final norm and a head over the 256
-//! byte values; 10% dropout on the embeddings and each residual branch while training. One definition, three instances: [`TinyGpt`] (width 16, the test
-//! suite's), [`SmallGpt`] (width 128, 4 blocks, context 128: trained on the CPU) and
-//! [`W3Gpt`] (width 512, 6 blocks, context 256: the GPU workload).
+//! byte values; 10% dropout on the embeddings and each residual branch while training.
+//! One definition; its instances are declared where they are used (an instance expands
+//! the whole model, so the library keeps none, and a rebuild after an edit of another
+//! model of the zoo does not compile them): `TinyGpt = Gpt<16, 2, 2, 32>` and
+//! `SmallGpt = Gpt<128, 4, 4, 128>` in models/src/gpt_instances.rs, which the binaries,
+//! the examples and the tests include; W3's `Gpt<512, 8, 6, 256>` in `kiln-bench`.
 
 use crate::parts::CausalSelfAttention;
 use kiln::prelude::*;
@@ -76,18 +79,6 @@ impl Gpt {
     }
 }
 
-/// The test suite's GPT: two blocks of width 16 in two heads, context up to 32.
-#[model]
-pub type TinyGpt = Gpt<16, 2, 2, 32>;
-
-/// The small configuration: four blocks of width 128 in four heads, context up to 128.
-#[model]
-pub type SmallGpt = Gpt<128, 4, 4, 128>;
-
-/// W3, the GPU workload: six blocks of width 512 in eight heads, context up to 256.
-#[model]
-pub type W3Gpt = Gpt<512, 8, 6, 256>;
-
 /// A batch of `B` byte windows of `T` bytes.
 pub type Ids<Be, const B: usize, const T: usize> = Tensor<Be, (Const<B>, Const<T>), i32>;
 
@@ -118,39 +109,43 @@ pub trait GptModel<Be: Backend>: kiln::tensor::nn::Module<Be> + Sized {
 }
 
 /// The rows of the embedding table `field` returns (read from its type).
-const fn table_rows<M, Be: Backend, const V: usize, const D: usize>(
+#[doc(hidden)]
+pub const fn table_rows<M, Be: Backend, const V: usize, const D: usize>(
     _field: fn(&M) -> &kiln::tensor::nn::Embedding<Be, V, D>,
 ) -> usize {
     V
 }
 
+/// Implements [`GptModel`] for instances of [`Gpt`], here or in another crate
+/// (`kiln_models::gpt_model!(W3Gpt);` after `#[model] type W3Gpt = Gpt<512, 8, 6, 256>;`).
+#[macro_export]
 macro_rules! gpt_model {
     ($($name:ident),*) => {$(
-        impl<Be: Backend> GptModel<Be> for $name<Be> {
+        impl<Be: ::kiln::tensor::Backend> $crate::gpt::GptModel<Be> for $name<Be> {
             const NAME: &'static str = stringify!($name);
-            const CONTEXT: usize = table_rows(<$name<Be>>::__kiln_field_pos);
+            const CONTEXT: usize = $crate::gpt::table_rows(<$name<Be>>::__kiln_field_pos);
             fn loss<const B: usize, const T: usize>(
                 &self,
-                ids: &Ids<Be, B, T>,
-                next: &Ids<Be, B, T>,
-            ) -> Result<Tensor<Be, (), f32>> {
+                ids: &$crate::gpt::Ids<Be, B, T>,
+                next: &$crate::gpt::Ids<Be, B, T>,
+            ) -> ::kiln::tensor::Result<::kiln::tensor::Tensor<Be, (), f32>> {
                 <$name<Be>>::loss(self, ids, next)
             }
             fn loss_and_grad<const B: usize, const T: usize>(
                 &self,
-                ids: &Ids<Be, B, T>,
-                next: &Ids<Be, B, T>,
-            ) -> Result<(Tensor<Be, (), f32>, Self::Grads)> {
+                ids: &$crate::gpt::Ids<Be, B, T>,
+                next: &$crate::gpt::Ids<Be, B, T>,
+            ) -> ::kiln::tensor::Result<(::kiln::tensor::Tensor<Be, (), f32>, Self::Grads)> {
                 <$name<Be>>::loss_and_grad(self, ids, next)
             }
             fn logits_any(
                 &self,
-                ids: &Tensor<Be, (Dyn, Dyn), i32>,
-            ) -> Result<Tensor<Be, (Dyn, Dyn, Const<256>), f32>> {
+                ids: &::kiln::tensor::Tensor<Be, (::kiln::tensor::Dyn, ::kiln::tensor::Dyn), i32>,
+            ) -> ::kiln::tensor::Result<
+                ::kiln::tensor::Tensor<Be, (::kiln::tensor::Dyn, ::kiln::tensor::Dyn, ::kiln::tensor::Const<256>), f32>,
+            > {
                 <$name<Be>>::logits_any(self, ids)
             }
         }
     )*};
 }
-
-gpt_model!(TinyGpt, SmallGpt, W3Gpt);

@@ -5,7 +5,10 @@
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer};
-use kiln_models::gpt::TinyGpt;
+#[path = "../src/gpt_instances.rs"]
+#[allow(dead_code)]
+mod gpt_instances;
+use gpt_instances::TinyGpt;
 use kiln_models::text::{windows, Corpus};
 
 const BATCH: usize = 8;

@@ -488,21 +488,6 @@ impl<Be: ::kiln::tensor::Backend> TinyBlock<Be> {
 mod __kiln_natives_TinyBlock {
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_0_avx2(ins, outs) };
-        }
-        loop_0_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_0_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_0_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_0_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let out = &mut outs[0][..n];
         for j in 0..n {
@@ -518,21 +503,6 @@ mod __kiln_natives_TinyBlock {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_1_avx2(ins, outs) };
-        }
-        loop_1_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_1_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_1_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_1_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -550,21 +520,6 @@ mod __kiln_natives_TinyBlock {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_2_avx2(ins, outs) };
-        }
-        loop_2_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_2_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_2_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_2_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -580,21 +535,6 @@ mod __kiln_natives_TinyBlock {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_3(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_3_avx2(ins, outs) };
-        }
-        loop_3_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_3_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_3_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_3_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let out = &mut outs[0][..n];
         for j in 0..n {
@@ -620,21 +560,6 @@ mod __kiln_natives_TinyBlock {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_4(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_4_avx2(ins, outs) };
-        }
-        loop_4_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_4_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_4_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_4_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -666,21 +591,6 @@ mod __kiln_natives_TinyBlock {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_5(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_5_avx2(ins, outs) };
-        }
-        loop_5_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_5_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_5_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_5_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -697,21 +607,6 @@ mod __kiln_natives_TinyBlock {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_6(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_6_avx2(ins, outs) };
-        }
-        loop_6_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_6_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_6_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_6_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -736,21 +631,6 @@ mod __kiln_natives_TinyBlock {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_7(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_7_avx2(ins, outs) };
-        }
-        loop_7_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_7_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_7_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_7_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -773,21 +653,6 @@ mod __kiln_natives_TinyBlock {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_8(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_8_avx2(ins, outs) };
-        }
-        loop_8_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_8_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_8_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_8_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -806,21 +671,6 @@ mod __kiln_natives_TinyBlock {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_9(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_9_avx2(ins, outs) };
-        }
-        loop_9_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_9_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_9_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_9_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -838,21 +688,6 @@ mod __kiln_natives_TinyBlock {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_10(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_10_avx2(ins, outs) };
-        }
-        loop_10_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_10_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_10_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_10_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -876,21 +711,6 @@ mod __kiln_natives_TinyBlock {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_11(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_11_avx2(ins, outs) };
-        }
-        loop_11_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_11_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_11_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_11_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];

@@ -614,21 +614,6 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
 mod __kiln_natives_Mlp {
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_0_avx2(ins, outs) };
-        }
-        loop_0_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_0_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_0_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_0_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -646,21 +631,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_1_avx2(ins, outs) };
-        }
-        loop_1_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_1_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_1_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_1_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -677,21 +647,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_2_avx2(ins, outs) };
-        }
-        loop_2_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_2_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_2_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_2_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let out = &mut outs[0][..n];
         for j in 0..n {
@@ -713,21 +668,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_3(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_3_avx2(ins, outs) };
-        }
-        loop_3_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_3_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_3_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_3_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -746,21 +686,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_4(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_4_avx2(ins, outs) };
-        }
-        loop_4_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_4_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_4_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_4_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -778,21 +703,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_5(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_5_avx2(ins, outs) };
-        }
-        loop_5_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_5_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_5_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_5_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -810,21 +720,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_6(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_6_avx2(ins, outs) };
-        }
-        loop_6_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_6_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_6_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_6_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -836,21 +731,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_7(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_7_avx2(ins, outs) };
-        }
-        loop_7_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_7_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_7_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_7_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -867,21 +747,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_8(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_8_avx2(ins, outs) };
-        }
-        loop_8_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_8_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_8_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_8_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -898,21 +763,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_9(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_9_avx2(ins, outs) };
-        }
-        loop_9_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_9_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_9_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_9_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -931,21 +781,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_10(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_10_avx2(ins, outs) };
-        }
-        loop_10_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_10_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_10_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_10_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -957,21 +792,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_11(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_11_avx2(ins, outs) };
-        }
-        loop_11_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_11_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_11_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_11_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -989,21 +809,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_12(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_12_avx2(ins, outs) };
-        }
-        loop_12_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_12_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_12_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_12_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -1021,21 +826,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_13(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_13_avx2(ins, outs) };
-        }
-        loop_13_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_13_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_13_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_13_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -1053,21 +843,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_14(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_14_avx2(ins, outs) };
-        }
-        loop_14_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_14_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_14_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_14_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -1100,21 +875,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_15(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_15_avx2(ins, outs) };
-        }
-        loop_15_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_15_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_15_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_15_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -1132,21 +892,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_16(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_16_avx2(ins, outs) };
-        }
-        loop_16_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_16_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_16_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_16_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -1185,21 +930,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_17(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_17_avx2(ins, outs) };
-        }
-        loop_17_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_17_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_17_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_17_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -1231,21 +961,6 @@ mod __kiln_natives_Mlp {
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_18(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[cfg(target_arch = "x86_64")]
-        if ::std::is_x86_feature_detected!("avx2") {
-            return unsafe { loop_18_avx2(ins, outs) };
-        }
-        loop_18_body(ins, outs)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::all)]
-    unsafe fn loop_18_avx2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        loop_18_body(ins, outs)
-    }
-    #[inline(always)]
-    #[allow(clippy::all, unused_variables)]
-    fn loop_18_body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];

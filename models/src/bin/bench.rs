@@ -12,7 +12,11 @@ use kiln::tensor::{DType, RandDist};
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use kiln_models::chain::Chain;
 use kiln_models::dynamic::DynamicMlp;
-use kiln_models::gpt::{GptModel, Ids, SmallGpt, W3Gpt};
+use kiln_models::gpt::{Gpt, GptModel, Ids};
+
+#[path = "../gpt_instances.rs"]
+mod gpt_instances;
+use gpt_instances::SmallGpt;
 use kiln_models::mlp::Mlp;
 use kiln_models::text::{windows, Corpus};
 use std::time::Instant;
@@ -157,6 +161,12 @@ fn w1(reps: usize, variants: &[&str]) -> Result<()> {
     println!("bench=W1 impl=kiln backend=cpu variant=static task=infer batch=1 ms={ms:.4}");
     Ok(())
 }
+
+/// W3's own configuration: six blocks of width 512 in eight heads, context 256
+/// (declared here, not in the library: only the benchmark builds it).
+#[model]
+type W3Gpt = Gpt<512, 8, 6, 256>;
+kiln_models::gpt_model!(W3Gpt);
 
 /// W3 in one configuration: a GPT training step (loss and gradients over `B` windows
 /// of the model's context, then AdamW) on seeded windows of the Shakespeare text.

@@ -11,11 +11,13 @@ use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 use kiln::tensor::rng;
 use kiln::train::checkpoint;
-use kiln_models::gpt::{GptModel, SmallGpt, TinyGpt};
+use kiln_models::gpt::GptModel;
+
+#[path = "../gpt_instances.rs"]
+mod gpt_instances;
+use gpt_instances::{SmallGpt, TinyGpt};
 use std::io::Write;
 use std::path::PathBuf;
-
-/// The longest context the model was built for.
 
 /// Sample text from a trained GPT.
 #[derive(Parser, Debug)]

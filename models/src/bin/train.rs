@@ -240,15 +240,19 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
     Ok(())
 }
 
+#[path = "../gpt_instances.rs"]
+mod gpt_instances;
+
 /// Training a GPT on the Shakespeare bytes.
 mod gpt {
     use super::{Args, Opt};
+    use crate::gpt_instances::{SmallGpt, TinyGpt};
     use kiln::cpu::{Cpu, CpuDevice};
     use kiln::prelude::*;
     use kiln::train::checkpoint;
     use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
     use kiln::train::schedule::{CosineWithWarmup, Schedule};
-    use kiln_models::gpt::{GptModel, Ids, SmallGpt, TinyGpt};
+    use kiln_models::gpt::{GptModel, Ids};
     use kiln_models::text::{windows, Corpus};
     use std::collections::BTreeMap;
     use std::path::PathBuf;
@@ -338,6 +342,9 @@ mod gpt {
         Ok((sum / counted as f64) as f32)
     }
 
+    /// One optimizer step at a learning rate.
+    type OptimizerStep<M> = dyn FnMut(&mut M, &<M as kiln::tensor::nn::Module<Cpu>>::Grads, f64) -> Result<()>;
+
     fn train<M: GptModel<Cpu>, const B: usize, const T: usize>(args: &Args) -> Result<()> {
         let dev = CpuDevice;
         let mut corpus = Corpus::shakespeare()?;
@@ -371,7 +378,7 @@ mod gpt {
         let start = Instant::now();
         let mut sgd;
         let mut adamw;
-        let opt: &mut dyn FnMut(&mut M, &M::Grads, f64) -> Result<()> = match args.optimizer {
+        let opt: &mut OptimizerStep<M> = match args.optimizer {
             Opt::Sgd => {
                 sgd = Sgd::<Cpu>::new(SgdConfig {
                     lr: args.lr,
