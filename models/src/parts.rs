@@ -71,7 +71,3 @@ impl CausalSelfAttention {
         self.forward(x).mse(target)
     }
 }
-
-/// Causal self-attention of width 16 in two heads of 8 (the tests' size).
-#[model]
-pub type TinyAttention = CausalSelfAttention<16, 2>;

@@ -10,7 +10,9 @@ mod common;
 use common::check_finite_differences;
 use kiln::tensor::RawTensor;
 
-use kiln_models::parts::TinyAttention as Attention;
+/// Causal self-attention of width 16 in two heads of 8.
+#[model]
+type Attention = kiln_models::parts::CausalSelfAttention<16, 2>;
 
 type Seq = (Const<2>, Const<5>, Const<16>);
 

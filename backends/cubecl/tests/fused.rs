@@ -14,6 +14,10 @@ use kiln_tensor::{Backend, BinaryOp, CmpOp, DType, Dims, RawTensor, Result, Unar
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
+/// Causal self-attention of width 16 in two heads of 8 (kiln_models' definition).
+#[kiln::model]
+type TinyAttention = kiln_models::parts::CausalSelfAttention<16, 2>;
+
 /// The checks below for one backend, as tests named after it.
 macro_rules! fused_tests {
     ($module:ident, $B:ty, $device:expr) => {
@@ -369,8 +373,8 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 /// kernels, batched products over batch and heads): planned on the device, op by op on
 /// the device and op by op on the CPU agree, values and gradients.
 fn attention_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> {
-    use kiln_models::parts::TinyAttention as CausalSelfAttention;
     use kiln_tensor::{Const, RandDist, Tensor};
+    use TinyAttention as CausalSelfAttention;
     type Seq = (Const<3>, Const<6>, Const<16>);
     let normal = RandDist::Normal {
         mean: 0.0,

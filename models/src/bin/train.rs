@@ -343,7 +343,8 @@ mod gpt {
     }
 
     /// One optimizer step at a learning rate.
-    type OptimizerStep<M> = dyn FnMut(&mut M, &<M as kiln::tensor::nn::Module<Cpu>>::Grads, f64) -> Result<()>;
+    type OptimizerStep<M> =
+        dyn FnMut(&mut M, &<M as kiln::tensor::nn::Module<Cpu>>::Grads, f64) -> Result<()>;
 
     fn train<M: GptModel<Cpu>, const B: usize, const T: usize>(args: &Args) -> Result<()> {
         let dev = CpuDevice;
