@@ -19,20 +19,11 @@ use syn::{ImplItem, ItemImpl, ItemStruct};
 /// A nested model's definition as its definition macro hands it over:
 /// `def { struct Block { .. } ; impl Block { .. } }`, or `broken_def { .. }` for a
 /// model whose own expansion reported mistakes (calls into it report nothing more).
+#[derive(Clone)]
 pub struct Def {
     pub(crate) item: ItemStruct,
     pub(crate) imp: ItemImpl,
     pub(crate) broken: bool,
-}
-
-impl Clone for Def {
-    fn clone(&self) -> Self {
-        Def {
-            item: self.item.clone(),
-            imp: self.imp.clone(),
-            broken: self.broken,
-        }
-    }
 }
 
 impl syn::parse::Parse for Def {

@@ -9,7 +9,7 @@ use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 use kiln::tensor::nn::Slot;
 use kiln::tensor::{DType, RandDist};
-use kiln::train::optim::{Optimizer, Sgd, SgdConfig};
+use kiln::train::optim::{Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use kiln_models::lenet::LeNet;
 use kiln_models::mlp::Mlp;
 
@@ -144,6 +144,54 @@ fn fused_sgd_update_is_bit_identical_to_the_eager_one() -> Result<()> {
                 q.to_vec::<f32>()?,
                 "step {s}, nesterov {nesterov}"
             );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn fused_adam_updates_are_bit_identical_to_the_eager_ones() -> Result<()> {
+    type Run = (
+        Box<dyn Optimizer<Cpu>>,
+        Box<dyn Optimizer<Cpu>>,
+        &'static str,
+    );
+    let runs: Vec<Run> = vec![
+        (
+            Box::new(AdamW::<Cpu>::new(AdamWConfig {
+                lr: 0.01,
+                weight_decay: 0.1,
+                ..AdamWConfig::default()
+            })?),
+            Box::new(AdamW::<Cpu>::new(AdamWConfig {
+                lr: 0.01,
+                weight_decay: 0.1,
+                ..AdamWConfig::default()
+            })?),
+            "AdamW",
+        ),
+        (
+            Box::new(Adam::<Cpu>::new(AdamConfig {
+                lr: 0.01,
+                weight_decay: 0.01,
+                ..AdamConfig::default()
+            })?),
+            Box::new(Adam::<Cpu>::new(AdamConfig {
+                lr: 0.01,
+                weight_decay: 0.01,
+                ..AdamConfig::default()
+            })?),
+            "Adam",
+        ),
+    ];
+    for (mut fused, mut eager, what) in runs {
+        let mut p = normal(&[37, 5], 7)?;
+        let mut q = p.contiguous()?;
+        for s in 0..5 {
+            let g = normal(&[37, 5], 100 + s)?;
+            fused.update_param_in_place("w", &mut p, &g)?;
+            q = eager.update_param("w", &q, &g)?;
+            assert_eq!(p.to_vec::<f32>()?, q.to_vec::<f32>()?, "{what}, step {s}");
         }
     }
     Ok(())

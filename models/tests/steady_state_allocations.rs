@@ -8,7 +8,7 @@
 
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
-use kiln::train::optim::{Optimizer, Sgd, SgdConfig};
+use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use kiln_models::mlp::Mlp;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,19 +41,28 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+// One test, the optimizers in turn: the counters are global.
 #[test]
 fn a_steady_state_training_step_allocates_nothing() -> Result<()> {
-    let dev = CpuDevice;
-    let mut model = Mlp::<Cpu>::init(&dev, 1)?;
-    let mut opt = Sgd::<Cpu>::new(SgdConfig {
+    steady_state_step_allocates_nothing(Sgd::<Cpu>::new(SgdConfig {
         lr: 0.01,
         momentum: 0.9,
         ..SgdConfig::default()
-    })?;
+    })?)?;
+    // AdamW updates each parameter and its moments in place, in one fused pass.
+    steady_state_step_allocates_nothing(AdamW::<Cpu>::new(AdamWConfig {
+        weight_decay: 0.1,
+        ..AdamWConfig::default()
+    })?)
+}
+
+fn steady_state_step_allocates_nothing<O: Optimizer<Cpu> + Send>(mut opt: O) -> Result<()> {
+    let dev = CpuDevice;
+    let mut model = Mlp::<Cpu>::init(&dev, 1)?;
     let x = Tensor::<Cpu, Rank2<64, 784>>::normal(0.0, 1.0, 5, &dev)?;
     let y =
         Tensor::<Cpu, (Const<64>,), i32>::from_vec((0..64).map(|i| i % 10).collect(), &[64], &dev)?;
-    let step = |model: &mut Mlp<Cpu>, opt: &mut Sgd<Cpu>| -> Result<()> {
+    let step = |model: &mut Mlp<Cpu>, opt: &mut O| -> Result<()> {
         let (_, grads) = model.loss_and_grad(&x, &y)?;
         opt.step(model, &grads)
     };

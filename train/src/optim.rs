@@ -362,10 +362,15 @@ struct Moments<B: Backend> {
 }
 
 /// Adam's per-parameter state, shared by [`Adam`] and [`AdamW`].
-struct AdamState<B: Backend>(HashMap<String, Moments<B>>);
+struct AdamState<B: Backend> {
+    moments: HashMap<String, Moments<B>>,
+    /// The fused update last built, with the hyper-parameters and step it is for
+    /// (every parameter of a model steps together, so one serves them all).
+    fused: Option<(AdamStep, u64, FusedExpr)>,
+}
 
 /// The hyper-parameters of one Adam update, whichever the flavour of weight decay.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 struct AdamStep {
     lr: f64,
     betas: (f64, f64),
@@ -411,7 +416,7 @@ impl<B: Backend> AdamState<B> {
             g = g.add(&p.mul_scalar(h.l2)?)?;
         }
         let (b1, b2) = h.betas;
-        let s = match self.0.remove(name) {
+        let s = match self.moments.remove(name) {
             Some(s) => {
                 check_state(op, name, "first moment", &s.exp_avg, &p)?;
                 check_state(op, name, "second moment", &s.exp_avg_sq, &p)?;
@@ -441,7 +446,7 @@ impl<B: Backend> AdamState<B> {
             .mul_scalar(1.0 / bias_correction2.sqrt())?
             .add_scalar(h.eps)?;
         let new = p.sub(&exp_avg.div(&denom)?.mul_scalar(step_size)?)?;
-        self.0.insert(
+        self.moments.insert(
             name.to_string(),
             Moments {
                 step,
@@ -452,12 +457,141 @@ impl<B: Backend> AdamState<B> {
         finish(param, new)
     }
 
+    /// The update of an f32 parameter and its two moments as one fused kernel, outputs
+    /// `[param, exp_avg, exp_avg_sq]` read and written in place, input `[grad]`; the
+    /// same ops in the same order as [`AdamState::update`], so the results are
+    /// bit-identical.
+    /// Written into `into`'s vectors: the constants change every step, and reusing the
+    /// capacity keeps a steady-state step free of allocations.
+    fn fused_expr(h: AdamStep, step: u64, into: &mut FusedExpr) {
+        use kiln_tensor::fused::ExprStep::*;
+        use kiln_tensor::BinaryOp::{Add, Div, Mul, Sub};
+        use kiln_tensor::UnaryOp::Sqrt;
+        let mut s = std::mem::take(&mut into.steps);
+        s.clear();
+        s.extend([Input(0), Output(0), Output(1), Output(2)]);
+        let push = |s: &mut Vec<ExprStep>, e: ExprStep| {
+            s.push(e);
+            s.len() - 1
+        };
+        let (mut g, mut p, m, v) = (0, 1, 2, 3);
+        if h.decoupled != 0.0 {
+            let k = push(&mut s, Const((1.0 - h.lr * h.decoupled) as f32));
+            p = push(&mut s, Binary(Mul, p, k));
+        }
+        if h.l2 != 0.0 {
+            let k = push(&mut s, Const(h.l2 as f32));
+            let t = push(&mut s, Binary(Mul, p, k));
+            g = push(&mut s, Binary(Add, g, t));
+        }
+        let (b1, b2) = h.betas;
+        let d = push(&mut s, Binary(Sub, g, m));
+        let k1 = push(&mut s, Const((1.0 - b1) as f32));
+        let d = push(&mut s, Binary(Mul, d, k1));
+        let new_m = push(&mut s, Binary(Add, m, d));
+        let kb2 = push(&mut s, Const(b2 as f32));
+        let vb = push(&mut s, Binary(Mul, v, kb2));
+        let gg = push(&mut s, Binary(Mul, g, g));
+        let k2 = push(&mut s, Const((1.0 - b2) as f32));
+        let gg = push(&mut s, Binary(Mul, gg, k2));
+        let new_v = push(&mut s, Binary(Add, vb, gg));
+        let bias_correction1 = 1.0 - b1.powf(step as f64);
+        let bias_correction2 = 1.0 - b2.powf(step as f64);
+        let root = push(&mut s, Unary(Sqrt, new_v));
+        let kc = push(&mut s, Const((1.0 / bias_correction2.sqrt()) as f32));
+        let root = push(&mut s, Binary(Mul, root, kc));
+        let eps = push(&mut s, Const(h.eps as f32));
+        let denom = push(&mut s, Binary(Add, root, eps));
+        let q = push(&mut s, Binary(Div, new_m, denom));
+        let ks = push(&mut s, Const((h.lr / bias_correction1) as f32));
+        let q = push(&mut s, Binary(Mul, q, ks));
+        let new_p = push(&mut s, Binary(Sub, p, q));
+        into.steps = s;
+        into.results.clear();
+        into.results.extend([new_p, new_m, new_v]);
+        into.inputs = 1;
+    }
+
+    /// Runs the fused update when it applies (f32, moments from an earlier step,
+    /// parameter and moments held by nobody else); `false` otherwise.
+    fn update_fused(
+        &mut self,
+        h: AdamStep,
+        name: &str,
+        param: &mut RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<bool> {
+        if param.dtype() != DType::F32 || grad.dtype() != DType::F32 || grad.dims() != param.dims()
+        {
+            return Ok(false);
+        }
+        let Some(s) = self.moments.get_mut(name) else {
+            return Ok(false);
+        };
+        let fits = |t: &RawTensor<B>| t.dims() == param.dims() && t.dtype() == DType::F32;
+        if !fits(&s.exp_avg) || !fits(&s.exp_avg_sq) {
+            return Ok(false);
+        }
+        let step = s.step + 1;
+        let (built_for, built_at, expr) = self.fused.get_or_insert_with(|| {
+            let empty = FusedExpr {
+                steps: Vec::new(),
+                results: Vec::new(),
+                inputs: 1,
+            };
+            (h, 0, empty)
+        });
+        if *built_for != h || *built_at != step {
+            Self::fused_expr(h, step, expr);
+            (*built_for, *built_at) = (h, step);
+        }
+        let expr = &*expr;
+        let (dims, device) = (*param.dims(), param.device().clone());
+        let (Some(p), Some(m), Some(v)) = (
+            param.storage_mut(),
+            s.exp_avg.storage_mut(),
+            s.exp_avg_sq.storage_mut(),
+        ) else {
+            return Ok(false);
+        };
+        B::fused_elementwise(&device, expr, None, &[grad.view()], &dims, &mut [p, m, v])?;
+        s.step = step;
+        Ok(true)
+    }
+
+    /// [`AdamState::update`] written into `param`: fused in place when it can be.
+    fn update_in_place(
+        &mut self,
+        op: &'static str,
+        h: AdamStep,
+        name: &str,
+        param: &mut RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<()> {
+        if !self.update_fused(h, name, param, grad)? {
+            *param = self.update(op, h, name, param, grad)?;
+        }
+        Ok(())
+    }
+
     fn step_count(&self, name: &str) -> Option<u64> {
-        self.0.get(name).map(|s| s.step)
+        self.moments.get(name).map(|s| s.step)
     }
 }
 
 impl<B: Backend> Adam<B> {
+    /// One update's hyper-parameters: weight decay as L2 on the gradient.
+    fn hyper(&self) -> AdamStep {
+        let c = self.config;
+        AdamStep {
+            lr: c.lr,
+            betas: c.betas,
+            eps: c.eps,
+            l2: c.weight_decay,
+            decoupled: 0.0,
+        }
+    }
+
     /// An optimizer with these settings (an error for settings PyTorch rejects).
     pub fn new(config: AdamConfig) -> Result<Self> {
         check_adam(
@@ -469,7 +603,10 @@ impl<B: Backend> Adam<B> {
         )?;
         Ok(Adam {
             config,
-            state: AdamState(HashMap::new()),
+            state: AdamState {
+                moments: HashMap::new(),
+                fused: None,
+            },
         })
     }
 
@@ -485,6 +622,18 @@ impl<B: Backend> Adam<B> {
 }
 
 impl<B: Backend> AdamW<B> {
+    /// One update's hyper-parameters: weight decay decoupled from the gradient.
+    fn hyper(&self) -> AdamStep {
+        let c = self.config;
+        AdamStep {
+            lr: c.lr,
+            betas: c.betas,
+            eps: c.eps,
+            l2: 0.0,
+            decoupled: c.weight_decay,
+        }
+    }
+
     /// An optimizer with these settings (an error for settings PyTorch rejects).
     pub fn new(config: AdamWConfig) -> Result<Self> {
         check_adam(
@@ -496,7 +645,10 @@ impl<B: Backend> AdamW<B> {
         )?;
         Ok(AdamW {
             config,
-            state: AdamState(HashMap::new()),
+            state: AdamState {
+                moments: HashMap::new(),
+                fused: None,
+            },
         })
     }
 
@@ -518,15 +670,17 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
         param: &RawTensor<B>,
         grad: &RawTensor<B>,
     ) -> Result<RawTensor<B>> {
-        let c = self.config;
-        let h = AdamStep {
-            lr: c.lr,
-            betas: c.betas,
-            eps: c.eps,
-            l2: c.weight_decay,
-            decoupled: 0.0,
-        };
-        self.state.update("Adam", h, name, param, grad)
+        self.state.update("Adam", self.hyper(), name, param, grad)
+    }
+
+    fn update_param_in_place(
+        &mut self,
+        name: &str,
+        param: &mut RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<()> {
+        self.state
+            .update_in_place("Adam", self.hyper(), name, param, grad)
     }
 
     fn lr(&self) -> f64 {
@@ -540,7 +694,8 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
     }
 
     fn reset(&mut self) {
-        self.state.0.clear();
+        self.state.moments.clear();
+        self.state.fused = None;
     }
 }
 
@@ -551,15 +706,17 @@ impl<B: Backend> Optimizer<B> for AdamW<B> {
         param: &RawTensor<B>,
         grad: &RawTensor<B>,
     ) -> Result<RawTensor<B>> {
-        let c = self.config;
-        let h = AdamStep {
-            lr: c.lr,
-            betas: c.betas,
-            eps: c.eps,
-            l2: 0.0,
-            decoupled: c.weight_decay,
-        };
-        self.state.update("AdamW", h, name, param, grad)
+        self.state.update("AdamW", self.hyper(), name, param, grad)
+    }
+
+    fn update_param_in_place(
+        &mut self,
+        name: &str,
+        param: &mut RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<()> {
+        self.state
+            .update_in_place("AdamW", self.hyper(), name, param, grad)
     }
 
     fn lr(&self) -> f64 {
@@ -573,7 +730,8 @@ impl<B: Backend> Optimizer<B> for AdamW<B> {
     }
 
     fn reset(&mut self) {
-        self.state.0.clear();
+        self.state.moments.clear();
+        self.state.fused = None;
     }
 }
 
