@@ -674,7 +674,15 @@ pub fn expand_instance(alias: ItemType, defs: Vec<Def>) -> TokenStream {
         }
     }
     if !inst.errors.is_empty() || top.is_none() {
-        let errors = inst.errors.iter().map(|e| errors_in(e, &context));
+        // One message per mistake: an uneven `D / H` is reported where it is first
+        // met, not at each of its uses.
+        let mut seen = std::collections::HashSet::new();
+        let errors = inst
+            .errors
+            .iter()
+            .flat_map(|e| e.clone())
+            .filter(|e| seen.insert(e.to_string()))
+            .map(|e| errors_in(&e, &context));
         let placeholder: syn::ItemStruct = syn::parse_quote!(#(#attrs)* #vis struct #ident {});
         return crate::structs::placeholder(&placeholder, quote!(#(#errors)*));
     }
