@@ -129,6 +129,32 @@ impl Backend for Cpu {
                 o[..numel].fill(*value as f32);
                 return Ok(());
             }
+            (
+                Op::Full {
+                    value,
+                    dtype: DType::I32,
+                    ..
+                },
+                CpuStorage::I32(o),
+            ) if o.len() >= numel => {
+                o[..numel].fill(<i32 as kiln_tensor::Element>::from_f64(*value));
+                return Ok(());
+            }
+            (Op::Iota { axis, .. }, CpuStorage::I32(o)) if o.len() >= numel => {
+                source::iota_into(meta.dims.as_slice(), *axis, o);
+                return Ok(());
+            }
+            (
+                Op::Rand {
+                    dist,
+                    seed,
+                    dtype: DType::F32,
+                    ..
+                },
+                CpuStorage::F32(o),
+            ) if o.len() >= numel => {
+                return source::rand_f32_into(numel, *dist, *seed, o);
+            }
             _ => {}
         }
         if let (Op::MatMul, CpuStorage::F32(c)) = (op, &mut *out) {

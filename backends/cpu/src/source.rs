@@ -23,24 +23,53 @@ pub fn full(n: usize, value: f64, dtype: DType) -> CpuStorage {
 
 /// Each element's index along `axis` of `dims`, as i32 (the op's rule checked the sizes).
 pub fn iota(dims: &[usize], axis: usize) -> CpuStorage {
-    let n: usize = dims.iter().product();
-    let stride: usize = dims[axis + 1..].iter().product();
-    let size = dims[axis];
-    CpuStorage::I32(
-        (0..n)
-            .map(|i| ((i / stride.max(1)) % size.max(1)) as i32)
-            .collect(),
-    )
+    let mut out = vec![0; dims.iter().product()];
+    iota_into(dims, axis, &mut out);
+    CpuStorage::I32(out)
 }
 
-/// `n` seeded random values of `dist` as `dtype`.
-pub fn rand(n: usize, dist: RandDist, seed: u64, dtype: DType) -> Result<CpuStorage> {
+/// [`iota`] written into the first elements of `out` (which holds at least as many).
+pub fn iota_into(dims: &[usize], axis: usize, out: &mut [i32]) {
+    let n: usize = dims.iter().product();
+    let stride: usize = dims[axis + 1..].iter().product::<usize>().max(1);
+    let size = dims[axis].max(1);
+    for (i, o) in out[..n].iter_mut().enumerate() {
+        *o = ((i / stride) % size) as i32;
+    }
+}
+
+/// Refuses draws past the generator's 2^32 counter.
+fn check_count(n: usize) -> Result<()> {
     if n > u32::MAX as usize {
         return Err(Error::invalid(
             "rand",
             format!("{n} values exceed the generator's 2^32 counter"),
         ));
     }
+    Ok(())
+}
+
+/// Value `i` of a seeded draw of `dist`, in f64.
+fn draw(dist: RandDist, seed: u64, i: u32) -> f64 {
+    match dist {
+        RandDist::Uniform { low, high } => rng::uniform(seed, i, low, high),
+        RandDist::Normal { mean, std } => mean + std * rng::standard_normal(seed, i),
+    }
+}
+
+/// [`rand`] in f32, written into the first `n` elements of `out` (a dropout mask
+/// drawn each step into the plan's buffer, not a fresh one).
+pub fn rand_f32_into(n: usize, dist: RandDist, seed: u64, out: &mut [f32]) -> Result<()> {
+    check_count(n)?;
+    out[..n].par_iter_mut().enumerate().for_each(|(i, o)| {
+        *o = <f32 as kiln_tensor::Element>::from_f64(draw(dist, seed, i as u32))
+    });
+    Ok(())
+}
+
+/// `n` seeded random values of `dist` as `dtype`.
+pub fn rand(n: usize, dist: RandDist, seed: u64, dtype: DType) -> Result<CpuStorage> {
+    check_count(n)?;
     fn go<T: CpuElement>(n: usize, f: impl Fn(u32) -> f64 + Sync) -> CpuStorage {
         T::wrap(
             (0..n as u32)
@@ -49,12 +78,13 @@ pub fn rand(n: usize, dist: RandDist, seed: u64, dtype: DType) -> Result<CpuStor
                 .collect(),
         )
     }
-    let draw = move |i: u32| match dist {
-        RandDist::Uniform { low, high } => rng::uniform(seed, i, low, high),
-        RandDist::Normal { mean, std } => mean + std * rng::standard_normal(seed, i),
-    };
+    let draw = move |i: u32| draw(dist, seed, i);
     Ok(match dtype {
-        DType::F32 => go::<f32>(n, draw),
+        DType::F32 => {
+            let mut out = vec![0.0; n];
+            rand_f32_into(n, dist, seed, &mut out)?;
+            CpuStorage::F32(out)
+        }
         DType::F64 => go::<f64>(n, draw),
         DType::F16 => go::<f16>(n, draw),
         DType::BF16 => go::<bf16>(n, draw),
