@@ -140,6 +140,24 @@ impl Backend for Cpu {
                 o[..numel].fill(<i32 as kiln_tensor::Element>::from_f64(*value));
                 return Ok(());
             }
+            // Positions (from `iota`) to f32, as the causal mask and position tables use them.
+            (Op::Cast { dtype: DType::F32 }, CpuStorage::F32(o))
+                if o.len() >= numel && inputs[0].layout.is_contiguous() =>
+            {
+                if let CpuStorage::I32(x) = inputs[0].storage {
+                    let start = inputs[0].layout.offset();
+                    let Some(x) = x.get(start..start + numel) else {
+                        return Err(Error::invalid(
+                            "cast",
+                            "the input does not cover its layout",
+                        ));
+                    };
+                    for (o, &v) in o[..numel].iter_mut().zip(x) {
+                        *o = v as f32;
+                    }
+                    return Ok(());
+                }
+            }
             (Op::Iota { axis, .. }, CpuStorage::I32(o)) if o.len() >= numel => {
                 source::iota_into(meta.dims.as_slice(), *axis, o);
                 return Ok(());
