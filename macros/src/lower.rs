@@ -1147,7 +1147,19 @@ impl<'a> Lower<'a> {
             unreachable!("called for embeddings only")
         };
         let dims = self.dims(h);
-        if dims.last().and_then(|d| d.as_lit()) != Some(features) || !self.dtype(h).is_float() {
+        if !self.dtype(h).is_float() {
+            self.err(
+                &mc.args[0],
+                format!(
+                    "dtype mismatch: `{}.attend` scores float rows, but `{}` is {}",
+                    l.display,
+                    src(&mc.args[0]),
+                    self.dtype(h)
+                ),
+            );
+            return Err(());
+        }
+        if dims.last().and_then(|d| d.as_lit()) != Some(features) {
             self.err(
                 &mc.args[0],
                 format!(

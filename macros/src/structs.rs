@@ -67,7 +67,10 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
     let vis = &item.vis;
     let attrs = &item.attrs;
     let grads = format_ident!("{}Grads", name);
-    let callback = callback_name(name);
+    let callback_macro = callback_macro(
+        name,
+        quote!(::kiln::__private::model_impl! { #item ; $($body)* }),
+    );
     let Fields::Named(named) = &item.fields else {
         unreachable!("checked by parse_fields")
     };
@@ -190,17 +193,7 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
             }
         }
 
-        #[doc(hidden)]
-        #[allow(unused_macros)]
-        macro_rules! #callback {
-            ($($body:tt)*) => {
-                ::kiln::__private::model_impl! { #item ; $($body)* }
-            };
-        }
-        // A path to the callback, so the impl may come before the struct.
-        #[doc(hidden)]
-        #[allow(unused_imports)]
-        pub(crate) use #callback;
+        #callback_macro
     })
 }
 
@@ -211,7 +204,10 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
 /// `#[model] type Name = Gpt<..>;` is a model.
 fn definition(item: &ItemStruct) -> TokenStream {
     let (attrs, vis, name) = (&item.attrs, &item.vis, &item.ident);
-    let callback = callback_name(name);
+    let callback_macro = callback_macro(
+        name,
+        quote!(::kiln::__private::model_impl! { #item ; $($body)* }),
+    );
     let params = match crate::sizes::size_params(&item.generics) {
         Ok(p) => p,
         Err(e) => {
@@ -245,17 +241,7 @@ fn definition(item: &ItemStruct) -> TokenStream {
             pub __kiln_backend: ::core::marker::PhantomData<Be>,
         }
         #stand_in
-
-        #[doc(hidden)]
-        #[allow(unused_macros)]
-        macro_rules! #callback {
-            ($($body:tt)*) => {
-                ::kiln::__private::model_impl! { #item ; $($body)* }
-            };
-        }
-        #[doc(hidden)]
-        #[allow(unused_imports)]
-        pub(crate) use #callback;
+        #callback_macro
     }
 }
 
@@ -264,7 +250,8 @@ fn definition(item: &ItemStruct) -> TokenStream {
 /// these), so the build reports the fields' mistakes and nothing after them.
 pub(crate) fn placeholder(item: &ItemStruct, errors: TokenStream) -> TokenStream {
     let (attrs, vis, name) = (&item.attrs, &item.vis, &item.ident);
-    let callback = callback_name(name);
+    // The impl's errors would only repeat these: the callback drops it.
+    let callback_macro = callback_macro(name, quote!());
     let stand_in = stand_in_module(name, "this model did not compile");
     // Models that hold this one still find its definition, marked broken.
     let def = crate::impls::def_macro(
@@ -283,15 +270,25 @@ pub(crate) fn placeholder(item: &ItemStruct, errors: TokenStream) -> TokenStream
         // A stand-in, so that models holding this one report nothing more; the build
         // has already failed.
         #stand_in
+        #callback_macro
+        #def
+    }
+}
+
+/// The hidden `macro_rules!` through which `#[model] impl Name` reaches its struct:
+/// it expands to `body` (with `$($body)*` the impl), and a path to it so the impl may
+/// come before the struct.
+fn callback_macro(name: &Ident, body: TokenStream) -> TokenStream {
+    let callback = callback_name(name);
+    quote! {
         #[doc(hidden)]
         #[allow(unused_macros)]
         macro_rules! #callback {
-            ($($body:tt)*) => {};
+            ($($body:tt)*) => { #body };
         }
         #[doc(hidden)]
         #[allow(unused_imports)]
         pub(crate) use #callback;
-        #def
     }
 }
 

@@ -559,6 +559,12 @@ impl<B: Backend> AdamState<B> {
         Ok(true)
     }
 
+    /// Forgets every parameter's moments and the fused update.
+    fn clear(&mut self) {
+        self.moments.clear();
+        self.fused = None;
+    }
+
     /// [`AdamState::update`] written into `param`: fused in place when it can be.
     fn update_in_place(
         &mut self,
@@ -694,8 +700,7 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
     }
 
     fn reset(&mut self) {
-        self.state.moments.clear();
-        self.state.fused = None;
+        self.state.clear();
     }
 }
 
@@ -730,8 +735,7 @@ impl<B: Backend> Optimizer<B> for AdamW<B> {
     }
 
     fn reset(&mut self) {
-        self.state.moments.clear();
-        self.state.fused = None;
+        self.state.clear();
     }
 }
 

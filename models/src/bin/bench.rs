@@ -204,7 +204,12 @@ fn w3(reps: usize, configs: &[&str]) -> Result<()> {
         match *c {
             "small" => w3_config::<SmallGpt<Cpu>, 32, 128>("small", reps)?,
             "w3" => w3_config::<W3Gpt<Cpu>, 32, 256>("w3", reps.div_ceil(5))?,
-            other => eprintln!("unknown W3 configuration {other:?} (known: small, w3)"),
+            other => {
+                return Err(Error::invalid(
+                    "kiln-bench",
+                    format!("unknown W3 configuration {other:?} (known: small, w3)"),
+                ))
+            }
         }
     }
     Ok(())
@@ -228,7 +233,12 @@ fn main() -> Result<()> {
                     .map(str::trim)
                     .collect::<Vec<_>>(),
             )?,
-            other => eprintln!("unknown workload {other:?} (known: w1, w2, w3, w4)"),
+            other => {
+                return Err(Error::invalid(
+                    "kiln-bench",
+                    format!("unknown workload {other:?} (known: w1, w2, w3, w4)"),
+                ))
+            }
         }
     }
     Ok(())
