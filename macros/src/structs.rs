@@ -231,15 +231,11 @@ fn definition(item: &ItemStruct) -> TokenStream {
     );
     // A stand-in type with the backend parameter, so a model that holds the
     // definition by mistake gets the macro's one error, not rustc's on the type too.
-    let stand_in = stand_in_module(name, &refusal);
+    let stand_in = stand_in(vis, name, &refusal);
     quote! {
         #(#attrs)*
         #[doc = ""]
         #[doc = #doc]
-        #vis struct #name<Be: ::kiln::tensor::Backend> {
-            #[doc(hidden)]
-            pub __kiln_backend: ::core::marker::PhantomData<Be>,
-        }
         #stand_in
         #callback_macro
     }
@@ -252,7 +248,7 @@ pub(crate) fn placeholder(item: &ItemStruct, errors: TokenStream) -> TokenStream
     let (attrs, vis, name) = (&item.attrs, &item.vis, &item.ident);
     // The impl's errors would only repeat these: the callback drops it.
     let callback_macro = callback_macro(name, quote!());
-    let stand_in = stand_in_module(name, "this model did not compile");
+    let stand_in = stand_in(vis, name, "this model did not compile");
     // Models that hold this one still find its definition, marked broken.
     let def = crate::impls::def_macro(
         &syn::parse_quote!(struct #name {}),
@@ -263,10 +259,6 @@ pub(crate) fn placeholder(item: &ItemStruct, errors: TokenStream) -> TokenStream
     quote! {
         #errors
         #(#attrs)*
-        #vis struct #name<Be: ::kiln::tensor::Backend> {
-            #[doc(hidden)]
-            pub __kiln_backend: ::core::marker::PhantomData<Be>,
-        }
         // A stand-in, so that models holding this one report nothing more; the build
         // has already failed.
         #stand_in
@@ -292,10 +284,15 @@ fn callback_macro(name: &Ident, body: TokenStream) -> TokenStream {
     }
 }
 
-/// A `Module` impl for a stand-in type that holds nothing: visits see nothing, and
-/// `init` refuses with `message`.
-fn stand_in_module(name: &syn::Ident, message: &str) -> TokenStream {
+/// A stand-in type that holds nothing (the caller writes its attributes first) and its
+/// `Module` impl: visits see nothing, and `init` refuses with `message`.
+fn stand_in(vis: &syn::Visibility, name: &syn::Ident, message: &str) -> TokenStream {
     quote! {
+        #vis struct #name<Be: ::kiln::tensor::Backend> {
+            #[doc(hidden)]
+            pub __kiln_backend: ::core::marker::PhantomData<Be>,
+        }
+
         impl<Be: ::kiln::tensor::Backend> ::kiln::tensor::nn::Module<Be> for #name<Be> {
             type Grads = ();
             fn init_named(_: &Be::Device, _: u64, _: &str) -> ::kiln::tensor::Result<Self> {
