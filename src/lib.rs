@@ -13,6 +13,7 @@
 //! ```
 
 pub use kiln_autodiff as autodiff;
+pub use kiln_dynamic as dynamic;
 pub use kiln_fusion as fusion;
 pub use kiln_tensor as tensor;
 pub use kiln_tensor::{Error, Result};

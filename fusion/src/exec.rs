@@ -117,7 +117,19 @@ struct Run<'a, B: Backend> {
     r: &'a Resolved,
     inputs: &'a [&'a RawTensor<B>],
     device: &'a B::Device,
-    seed: u64,
+    seeds: Seeds<'a>,
+}
+
+/// Where a run's random ops get their seeds.
+#[derive(Clone, Copy, Debug)]
+pub enum Seeds<'a> {
+    /// Each op's own seed mixed (xor) with this one: a `#[model]`'s training step, whose
+    /// `i`-th dropout layer draws with `i ^ step_seed`.
+    Mix(u64),
+    /// The op's own seed is an index into this table, which holds the seed it draws
+    /// with: a plan recorded at run time, cached with its seeds abstracted away, so the
+    /// same program draws fresh masks each call.
+    Table(&'a [u64]),
 }
 
 /// A plan resolved and ready to run on backend `B`, with its buffers.
@@ -378,15 +390,28 @@ impl<B: Backend> Program<B> {
 
     /// Runs the plan on `inputs` (in the plan's input order) with the size parameters
     /// `params` (`("B", 256)`); random ops draw with their seed mixed with `seed`.
-    /// Returns the plan's outputs, in order, or `None` when the inputs are valid but
-    /// the plan does not describe their shapes (see `resolve`): run them op by op.
-    /// Inputs that op-by-op execution would refuse are refused with its message.
+    /// See [`Program::run_seeded`].
     pub fn run(
         &mut self,
         device: &B::Device,
         params: &[(&str, usize)],
         inputs: &[&RawTensor<B>],
         seed: u64,
+    ) -> Result<Option<std::vec::Drain<'_, RawTensor<B>>>> {
+        self.run_seeded(device, params, inputs, Seeds::Mix(seed))
+    }
+
+    /// Runs the plan on `inputs` (in the plan's input order) with the size parameters
+    /// `params` (`("B", 256)`); random ops draw with the seeds `seeds` gives.
+    /// Returns the plan's outputs, in order, or `None` when the inputs are valid but
+    /// the plan does not describe their shapes (see `resolve`): run them op by op.
+    /// Inputs that op-by-op execution would refuse are refused with its message.
+    pub fn run_seeded(
+        &mut self,
+        device: &B::Device,
+        params: &[(&str, usize)],
+        inputs: &[&RawTensor<B>],
+        seeds: Seeds<'_>,
     ) -> Result<Option<std::vec::Drain<'_, RawTensor<B>>>> {
         if inputs.len() != self.plan.inputs.len() {
             return Err(Error::invalid(
@@ -424,7 +449,7 @@ impl<B: Backend> Program<B> {
             r,
             inputs,
             device,
-            seed,
+            seeds,
         };
         for (k, (&leaf, t)) in plan.inputs.iter().zip(inputs).enumerate() {
             buffers.src[leaf] = Src::Input(k);
@@ -470,6 +495,17 @@ impl<B: Backend> Program<B> {
         inputs: &[&RawTensor<B>],
         seed: u64,
     ) -> Result<Vec<RawTensor<B>>> {
+        self.run_op_by_op_seeded(device, params, inputs, Seeds::Mix(seed))
+    }
+
+    /// [`Program::run_op_by_op`] with the seeds `seeds` gives.
+    pub fn run_op_by_op_seeded(
+        &self,
+        device: &B::Device,
+        params: &[(&str, usize)],
+        inputs: &[&RawTensor<B>],
+        seeds: Seeds<'_>,
+    ) -> Result<Vec<RawTensor<B>>> {
         let plan = &self.plan;
         if inputs.len() != plan.inputs.len() {
             return Err(Error::invalid(
@@ -506,7 +542,7 @@ impl<B: Backend> Program<B> {
                 })
                 .collect::<Result<Vec<&RawTensor<B>>>>()?;
             let value =
-                kiln_tensor::Builder::apply(&mut eager, seeded(op, seed).into_owned(), &ins)?;
+                kiln_tensor::Builder::apply(&mut eager, seeded(op, seeds)?.into_owned(), &ins)?;
             values[i] = Some(value);
         }
         plan.outputs
@@ -525,9 +561,9 @@ fn slot_of(plan: &Plan<SDim>, n: NodeId) -> Result<usize> {
     plan.slot_of[n].ok_or_else(|| Error::invalid("run", format!("node {n} has no buffer slot")))
 }
 
-/// `op` with its random seed mixed with the run's (other ops unchanged).
-fn seeded(op: &Op, seed: u64) -> std::borrow::Cow<'_, Op> {
-    match op {
+/// `op` with the seed the run gives it (other ops unchanged).
+fn seeded<'o>(op: &'o Op, seeds: Seeds<'_>) -> Result<std::borrow::Cow<'o, Op>> {
+    Ok(match op {
         Op::Rand {
             dims,
             dist,
@@ -536,11 +572,22 @@ fn seeded(op: &Op, seed: u64) -> std::borrow::Cow<'_, Op> {
         } => std::borrow::Cow::Owned(Op::Rand {
             dims: dims.clone(),
             dist: *dist,
-            seed: own ^ seed,
+            seed: match seeds {
+                Seeds::Mix(seed) => own ^ seed,
+                Seeds::Table(table) => *usize::try_from(*own)
+                    .ok()
+                    .and_then(|i| table.get(i))
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "run",
+                            format!("random op {own} has no seed in a table of {}", table.len()),
+                        )
+                    })?,
+            },
             dtype: *dtype,
         }),
         op => std::borrow::Cow::Borrowed(op),
-    }
+    })
 }
 
 impl<B: Backend> Buffers<B> {
@@ -694,7 +741,7 @@ impl<B: Backend> Buffers<B> {
                 })
             }
             Step::Single { node, op } => {
-                let op = seeded(op, run.seed);
+                let op = seeded(op, run.seeds)?;
                 self.write_slot(run, *node, |b, out| {
                     let views = b.op_views(run, *node, &op)?;
                     B::execute_into(device, &op, &views, &r.metas[*node], out)

@@ -15,7 +15,7 @@ pub mod report;
 pub mod sym;
 pub mod text;
 
-pub use exec::Program;
+pub use exec::{Program, Seeds};
 pub use exprs::native_exprs;
 pub use plan::{plan, plan_named, Kernel, KernelKind, Plan};
 pub use programs::Programs;

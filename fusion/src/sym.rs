@@ -32,6 +32,11 @@ impl SDim {
         SDim(vec![(1, vec![Atom::Param(name.to_string())])])
     }
 
+    /// The run-time size `id` (a plan recorded at run time numbers its own sizes).
+    pub fn runtime(id: u32) -> Self {
+        SDim(vec![(1, vec![Atom::Runtime(id)])])
+    }
+
     /// A fresh run-time size (ids are unique per thread, so per macro expansion).
     pub fn fresh_runtime() -> Self {
         let id = NEXT_RUNTIME.with(|c| {

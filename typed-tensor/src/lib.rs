@@ -30,6 +30,7 @@ pub mod fused;
 pub mod guard;
 pub mod ir;
 pub mod layout;
+pub mod methods;
 pub mod nn;
 pub mod op;
 pub mod raw;
