@@ -24,7 +24,7 @@ pub use kiln_cpu as cpu;
 
 pub use kiln_cubecl as cubecl;
 
-pub use kiln_macros::model;
+pub use kiln_macros::{model, Module};
 
 #[doc(hidden)]
 pub mod __private {

@@ -383,20 +383,16 @@ fn abstract_op(op: &Op, sizes: &mut Sizes, seeds: &mut Vec<u64>) -> Result<Op<SD
     Ok(match op {
         Op::Reshape { dims } => {
             // One new size of a reshape is solved from the element count at run time.
-            let mut free = true;
-            Op::Reshape {
-                dims: dims
-                    .iter()
-                    .map(|&d| match sizes.find(d) {
-                        Some(s) if d > 1 => s,
-                        _ if d > 1 && free => {
-                            free = false;
-                            sizes.fresh(d)
-                        }
-                        _ => SDim::lit(d),
-                    })
-                    .collect(),
+            let known: Vec<SDim> = dims.iter().map(|&d| sizes.inner(d)).collect();
+            let open = known
+                .iter()
+                .zip(dims)
+                .position(|(s, &d)| d > 1 && s.as_lit().is_some());
+            let mut out = known;
+            if let Some(i) = open {
+                out[i] = sizes.fresh(dims[i]);
             }
+            Op::Reshape { dims: out }
         }
         Op::Rand {
             dims,

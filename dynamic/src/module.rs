@@ -20,8 +20,9 @@ pub trait DynamicModule<B: Backend>: Module<B, Grads = Gradients<B>> {
     fn forward(&self, x: &LazyTensor<B>, mode: Mode) -> Result<LazyTensor<B>>;
 }
 
-/// Refuses `init_named` for modules whose sizes are run-time values.
-fn built_by_constructor<T>(prefix: &str) -> Result<T> {
+/// Refuses `init_named` for modules whose sizes are run-time values (what
+/// `#[derive(Module)]` writes for it).
+pub fn built_by_constructor<T>(prefix: &str) -> Result<T> {
     Err(Error::invalid(
         "init",
         format!(
@@ -34,7 +35,14 @@ fn built_by_constructor<T>(prefix: &str) -> Result<T> {
 /// A trainable tensor: its value, and the lazy leaf that forward passes read.
 pub struct Param<B: Backend> {
     value: RawTensor<B>,
-    leaf: Mutex<Option<LazyTensor<B>>>,
+    leaf: Mutex<Leaf<B>>,
+}
+
+/// The leaf of a parameter's current value, and the id gradients know it by (kept
+/// when the leaf is let go, so gradients of the last pass stay found).
+struct Leaf<B: Backend> {
+    tensor: Option<LazyTensor<B>>,
+    id: Option<u64>,
 }
 
 impl<B: Backend> std::fmt::Debug for Param<B> {
@@ -48,7 +56,10 @@ impl<B: Backend> Param<B> {
     pub fn new(value: RawTensor<B>) -> Self {
         Param {
             value,
-            leaf: Mutex::new(None),
+            leaf: Mutex::new(Leaf {
+                tensor: None,
+                id: None,
+            }),
         }
     }
 
@@ -61,14 +72,18 @@ impl<B: Backend> Param<B> {
     /// the parameter changes, so gradients of one step are found by it).
     pub fn get(&self) -> LazyTensor<B> {
         let mut leaf = self.leaf.lock().unwrap_or_else(|e| e.into_inner());
-        leaf.get_or_insert_with(|| LazyTensor::leaf(self.value.clone(), true))
-            .clone()
+        let t = leaf
+            .tensor
+            .get_or_insert_with(|| LazyTensor::leaf(self.value.clone(), true))
+            .clone();
+        leaf.id = Some(t.id());
+        t
     }
 
     /// Its gradient in `grads`, zeros when the loss did not use it this step.
     pub fn grad(&self, grads: &Gradients<B>) -> Result<RawTensor<B>> {
         let leaf = self.leaf.lock().unwrap_or_else(|e| e.into_inner());
-        match leaf.as_ref().and_then(|l| grads.get(l)) {
+        match leaf.id.and_then(|id| grads.get_id(id)) {
             Some(g) => Ok(g.clone()),
             None => RawTensor::zeros(self.value.dims(), self.value.dtype(), self.value.device()),
         }
@@ -81,8 +96,11 @@ impl<B: Backend> Param<B> {
         f: impl FnOnce(&mut RawTensor<B>) -> Result<()>,
     ) -> Result<()> {
         // The leaf shares the buffer: dropped first, an optimizer can update in place.
-        *self.leaf.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
-        let (dims, dtype) = (self.value.dims().clone(), self.value.dtype());
+        self.leaf
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .tensor = None;
+        let (dims, dtype) = (*self.value.dims(), self.value.dtype());
         f(&mut self.value)?;
         if *self.value.dims() != dims || self.value.dtype() != dtype {
             return Err(Error::shape(

@@ -85,6 +85,7 @@
 //! Checks a `Dyn` size leaves open at build time run when the method runs, on the
 //! planned and the op-by-op path alike (see `kiln_tensor::Guard`).
 
+mod derive;
 mod dsl;
 mod fuse;
 mod graph;
@@ -99,6 +100,18 @@ mod train;
 use proc_macro::TokenStream;
 use syn::parse::{Parse, ParseStream};
 use syn::{Item, ItemImpl, ItemStruct, Token};
+
+/// Implements `Module` for a hand-written dynamic module: a struct (generic over its
+/// backend) of `Param`s, `Layer`s, `ModuleList`s and other derived modules;
+/// `#[module(skip)]` marks fields without tensors.
+#[proc_macro_derive(Module, attributes(module))]
+pub fn derive_module(item: TokenStream) -> TokenStream {
+    match syn::parse::<syn::DeriveInput>(item) {
+        Ok(input) => derive::expand(input).unwrap_or_else(|e| e.to_compile_error()),
+        Err(e) => e.to_compile_error(),
+    }
+    .into()
+}
 
 /// Marks a model: on a struct of layers, and on the impl holding its methods.
 #[proc_macro_attribute]

@@ -7,6 +7,7 @@ use clap::Parser;
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use kiln::cpu::{Cpu, CpuDevice};
+use kiln::dynamic::LazyTensor;
 use kiln::prelude::*;
 use kiln::tensor::{DType, RandDist};
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
@@ -141,9 +142,19 @@ fn w1_batch<const B: usize>(reps: usize, variants: &[&str]) -> Result<()> {
     if !variants.contains(&"dynamic") {
         return Ok(());
     }
-    let mut dynamic = DynamicMlp::<Cpu>::new(&[784, 1024, 1024, 10], 1, &dev)?;
+    let mut dynamic = DynamicMlp::<Cpu>::new(784, 1024, 10, &dev, 1)?;
+    let mut opt = Sgd::<Cpu>::new(SgdConfig {
+        lr: 0.01,
+        momentum: 0.9,
+        ..SgdConfig::default()
+    })?;
+    let (xl, yl) = (
+        LazyTensor::from_raw(x.raw().clone()),
+        LazyTensor::from_raw(y.raw().clone()),
+    );
     let ms = time_ms(reps, || {
-        dynamic.train_step(x.raw(), y.raw(), 0.01, 0.9).map(|_| ())
+        let grads = dynamic.loss(&xl, &yl)?.backward()?;
+        opt.step(&mut dynamic, &grads)
     })?;
     println!("bench=W1 impl=kiln backend=cpu variant=dynamic task=train batch={B} ms={ms:.3}");
     Ok(())
