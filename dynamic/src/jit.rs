@@ -253,12 +253,31 @@ impl Sizes {
         self.find(v).unwrap_or_else(|| self.fresh(v))
     }
 
-    /// A size inside the graph: the input size it equals, else a literal.
+    /// A size inside the graph: the input size it equals, else a product of two or
+    /// three of them (a flattened batch, a mean's count), else a literal.
     fn inner(&self, v: usize) -> SDim {
         if v <= 1 {
             return SDim::lit(v);
         }
-        self.find(v).unwrap_or_else(|| SDim::lit(v))
+        if let Some(s) = self.find(v) {
+            return s;
+        }
+        let big: Vec<&(usize, u32)> = self.atoms.iter().filter(|(s, _)| v % s == 0).collect();
+        for (i, &&(a, ia)) in big.iter().enumerate() {
+            for &&(b, ib) in &big[i..] {
+                if a.checked_mul(b) == Some(v) {
+                    return SDim::runtime(ia).mul(&SDim::runtime(ib));
+                }
+                for &&(c, ic) in &big[i..] {
+                    if a.checked_mul(b).and_then(|ab| ab.checked_mul(c)) == Some(v) {
+                        return SDim::runtime(ia)
+                            .mul(&SDim::runtime(ib))
+                            .mul(&SDim::runtime(ic));
+                    }
+                }
+            }
+        }
+        SDim::lit(v)
     }
 }
 

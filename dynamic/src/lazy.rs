@@ -9,7 +9,7 @@ use kiln_tensor::{
 };
 use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// What computes a node.
@@ -41,21 +41,21 @@ pub(crate) struct Node<B: Backend> {
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-static EAGER: AtomicBool = AtomicBool::new(false);
-
 thread_local! {
     static NO_GRAD: Cell<u32> = const { Cell::new(0) };
+    static EAGER: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Runs every op as soon as it is recorded (one kernel per op, no planning): the
-/// reference the lazy path is tested against, and a debugging aid. Off by default.
+/// Runs every op this thread records as soon as it is recorded (one kernel per op, no
+/// planning): the reference the lazy path is tested against, and a debugging aid (an
+/// error of a kernel then surfaces at the op that launched it). Off by default.
 pub fn set_eager(on: bool) {
-    EAGER.store(on, Ordering::Relaxed);
+    EAGER.with(|c| c.set(on));
 }
 
-/// Whether ops run as soon as they are recorded (see [`set_eager`]).
+/// Whether ops this thread records run at once (see [`set_eager`]).
 pub fn eager() -> bool {
-    EAGER.load(Ordering::Relaxed)
+    EAGER.with(|c| c.get())
 }
 
 /// Runs `f` with gradient recording off on this thread: tensors it computes do not

@@ -1,0 +1,138 @@
+//! The lazy path against the eager executor on random graphs (kiln-fusion's
+//! generator): the values a lazily recorded graph computes when read — planned, fused
+//! and run by a cached program — are the eager ops' values, at two sizes of the same
+//! graph (the second a cache hit on the first's program when the sizes allow), and in
+//! eager mode; and shape mistakes refused where they are made.
+
+use kiln_cpu::{Cpu, CpuDevice};
+use kiln_dynamic::LazyTensor;
+use kiln_tensor::{DType, Eager, RandDist, RawTensor};
+use proptest::prelude::*;
+
+#[path = "../../fusion/tests/support/random_graph.rs"]
+mod random_graph;
+use random_graph::{build, step, Step};
+
+fn inputs(rows: usize, cols: usize) -> Vec<RawTensor<Cpu>> {
+    [vec![rows, cols], vec![1, cols], vec![rows, 1]]
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let dist = RandDist::Uniform {
+                low: -2.0,
+                high: 2.0,
+            };
+            RawTensor::rand(d, dist, i as u64 + 1, DType::F32, &CpuDevice).unwrap()
+        })
+        .collect()
+}
+
+fn check(rows: usize, cols: usize, steps: &[Step], extra: usize) -> Result<(), TestCaseError> {
+    let tensors = inputs(rows, cols);
+    let want = build(&mut Eager::<Cpu>::new(CpuDevice), tensors.clone(), steps)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let scale = want
+        .iter()
+        .flat_map(|t| t.to_vec::<f32>().unwrap())
+        .filter(|v| v.is_finite())
+        .fold(0f32, |m, v| m.max(v.abs()));
+    let lazy: Vec<LazyTensor<Cpu>> = tensors.iter().cloned().map(LazyTensor::from_raw).collect();
+    let mut b = kiln_dynamic::Lazy::<Cpu>::new(CpuDevice);
+    let vals = build(&mut b, lazy, steps).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    // Two values read: the last, and one more that later values may also use.
+    let (last, other) = (vals.len() - 1, extra % vals.len());
+    let picked = [vals[last].clone(), vals[other].clone()];
+    drop(vals);
+    kiln_dynamic::eval(&[&picked[0], &picked[1]])
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    for (g, w) in picked.iter().zip([&want[last], &want[other]]) {
+        let (g, w) = (g.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+        prop_assert_eq!(g.len(), w.len());
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            // Sums may add in another order than the eager kernels.
+            let tol = 1e-5 * (1.0 + b.abs().max(scale));
+            let same = a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol;
+            prop_assert!(same, "element {} is {} lazily, {} eagerly", i, a, b);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn lazy_graphs_compute_the_eager_values(
+        rows in 1usize..6,
+        cols in 1usize..7,
+        steps in prop::collection::vec(step(), 1..12),
+        extra in any::<usize>(),
+    ) {
+        check(rows, cols, &steps, extra)?;
+        // The same graph at other sizes: a hit when the sizes abstract alike.
+        check(rows + 2, cols + 3, &steps, extra)?;
+    }
+}
+
+#[test]
+fn shape_mistakes_are_refused_where_they_are_made() {
+    let dev = CpuDevice;
+    let a = LazyTensor::<Cpu>::from_raw(RawTensor::full(&[2, 3], 1.0, DType::F32, &dev).unwrap());
+    let b = LazyTensor::<Cpu>::from_raw(RawTensor::full(&[4, 3], 1.0, DType::F32, &dev).unwrap());
+    let err = a.matmul(&b).unwrap_err().to_string();
+    assert!(err.contains("[2, 3]") && err.contains("[4, 3]"), "{err}");
+    let err = a.add(&b).unwrap_err().to_string();
+    assert!(err.contains("[2, 3]") && err.contains("[4, 3]"), "{err}");
+    assert!(
+        a.backward().is_err(),
+        "a tensor of 6 elements is not a loss"
+    );
+    assert!(
+        a.sum_all().unwrap().backward().is_err(),
+        "nothing requires gradients"
+    );
+}
+
+#[test]
+fn eager_mode_gives_the_lazy_values() {
+    let dev = CpuDevice;
+    let x = RawTensor::<Cpu>::rand(
+        &[3, 4],
+        RandDist::Normal {
+            mean: 0.0,
+            std: 1.0,
+        },
+        5,
+        DType::F32,
+        &dev,
+    )
+    .unwrap();
+    let f = || {
+        let w = kiln_dynamic::Param::new(x.clone());
+        let l = w
+            .get()
+            .tanh()
+            .unwrap()
+            .softmax(1)
+            .unwrap()
+            .mul_scalar(3.0)
+            .unwrap()
+            .exp()
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let g = l.backward().unwrap();
+        (
+            l.scalar_value().unwrap(),
+            w.grad(&g).unwrap().to_vec::<f32>().unwrap(),
+        )
+    };
+    let lazy = f();
+    kiln_dynamic::set_eager(true);
+    let eager = f();
+    kiln_dynamic::set_eager(false);
+    assert!((lazy.0 - eager.0).abs() < 1e-6);
+    for (a, b) in lazy.1.iter().zip(&eager.1) {
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
+}
