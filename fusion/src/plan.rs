@@ -211,16 +211,46 @@ pub fn plan_named<D: SymDim + 'static>(
     }
     let is_output = |i: NodeId| outputs.contains(&i);
 
+    // Fused kernels read and write f32 only: a bool that would leave its group (a
+    // dropout mask the backward pass reads again) runs as its own op, and so do the ops
+    // that read it. Blocking a reader can make another bool leave its group, hence the
+    // loop.
+    let mut fusable: Vec<bool> = (0..n).map(|i| fusable_elementwise(&g, i)).collect();
+    loop {
+        let mut changed = false;
+        for i in 0..n {
+            if !fusable[i] || g.nodes[i].meta.dtype != DType::Bool {
+                continue;
+            }
+            let stays = match consumers[i].as_slice() {
+                [c] => {
+                    !is_output(i) && fusable[*c] && g.nodes[*c].meta.dims == g.nodes[i].meta.dims
+                }
+                _ => false,
+            };
+            if !stays {
+                fusable[i] = false;
+                for &c in &consumers[i] {
+                    fusable[c] = false;
+                }
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+
     // Elementwise trees, built from the roots down (reverse order).
     let mut group: Vec<Option<usize>> = vec![None; n];
     let mut groups: Vec<Vec<NodeId>> = Vec::new();
     for i in (0..n).rev() {
-        if !fusable_elementwise(&g, i) {
+        if !fusable[i] {
             continue;
         }
         let joined = match consumers[i].as_slice() {
             [c] if !is_output(i)
-                && fusable_elementwise(&g, *c)
+                && fusable[*c]
                 && g.nodes[*c].meta.dims == g.nodes[i].meta.dims =>
             {
                 group[*c]

@@ -1,0 +1,38 @@
+//! The dynamic path equals the static path for every model of kiln-models on wgpu
+//! (lavapipe in CI): the comparisons and tolerance of
+//! models/tests/support/dynamic_equal.rs, one seed each (the CPU test draws more).
+#![cfg(feature = "wgpu")]
+
+use kiln_cubecl::{Wgpu, WgpuDevice};
+
+#[path = "../../../models/tests/support/dynamic_equal.rs"]
+mod equal;
+
+fn dev() -> WgpuDevice {
+    WgpuDevice::first().expect("a wgpu adapter (lavapipe in CI)")
+}
+
+#[test]
+fn mlp() {
+    equal::mlp::<Wgpu>(&dev(), 4);
+}
+
+#[test]
+fn lenet() {
+    equal::lenet::<Wgpu>(&dev(), 5);
+}
+
+#[test]
+fn residual_mlp() {
+    equal::residual::<Wgpu>(&dev(), 6);
+}
+
+#[test]
+fn attention() {
+    equal::attention::<Wgpu>(&dev(), 7);
+}
+
+#[test]
+fn gpt() {
+    equal::gpt::<Wgpu>(&dev(), 8);
+}
