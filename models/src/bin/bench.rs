@@ -26,7 +26,7 @@ use std::time::Instant;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Workloads to run (comma-separated): w1, w2, w3, w4.
+    /// Workloads to run (comma-separated): w1, w2, w3, w4, dynamic (the dynamic path's own costs).
     #[arg(long, default_value = "w1,w2,w4")]
     workloads: String,
     /// W3's configurations (comma-separated): small, w3.
@@ -101,6 +101,57 @@ fn w2(reps: usize) -> Result<()> {
     let (r, w) = plan.total_bytes();
     let fused_bytes = r.eval(&|_| Some(n), &|_| None)? + w.eval(&|_| Some(n), &|_| None)?;
     println!("bench=W2 impl=kiln backend=cpu variant=fused n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={fused_bytes}");
+    // The same chain on the dynamic path: recorded, planned (cached) and run at a read.
+    let lazy_x = LazyTensor::from_raw(x.clone());
+    let ms = time_ms(reps, || {
+        let h = lazy_x.mul_scalar(1.5)?.add_scalar(0.5)?.relu()?;
+        h.mul(&lazy_x.sigmoid()?)?.value().map(|_| ())
+    })?;
+    let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
+    println!("bench=W2 impl=kiln backend=cpu variant=dynamic n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={fused_bytes}");
+    Ok(())
+}
+
+/// The dynamic path's own costs: the host time of a cache hit on a tiny graph (record
+/// four ops, build the key, find the program, run it on 4 elements), and the first
+/// plan of W1's training step (planning, then the first run) against a warm step.
+fn dynamic_costs(reps: usize) -> Result<()> {
+    let dev = CpuDevice;
+    let x = LazyTensor::from_raw(RawTensor::<Cpu>::from_vec(
+        vec![1.0f32, -2.0, 3.0, -4.0],
+        &[4],
+        &dev,
+    )?);
+    let us = 1e3
+        * time_ms(reps * 100, || {
+            let y = x.mul_scalar(1.5)?.add_scalar(0.5)?.relu()?.mul(&x)?;
+            y.value().map(|_| ())
+        })?;
+    println!("bench=dynamic-hit impl=kiln backend=cpu graph=4ops n=4 us={us:.2}");
+    let model = DynamicMlp::<Cpu>::new(784, 1024, 10, &dev, 1)?;
+    let xs = LazyTensor::from_raw(RawTensor::<Cpu>::rand(
+        &[256, 784],
+        RandDist::Normal {
+            mean: 0.0,
+            std: 1.0,
+        },
+        5,
+        DType::F32,
+        &dev,
+    )?);
+    let labels: Vec<i32> = (0..256).map(|i| i % 10).collect();
+    let ys = LazyTensor::from_raw(RawTensor::<Cpu>::from_vec(labels, &[256], &dev)?);
+    kiln::dynamic::clear_cache::<Cpu>();
+    let start = Instant::now();
+    model.loss(&xs, &ys)?.backward()?;
+    let first = start.elapsed().as_secs_f64() * 1e3;
+    let s = kiln::dynamic::cache_stats::<Cpu>();
+    let warm = time_ms(reps, || model.loss(&xs, &ys)?.backward().map(|_| ()))?;
+    println!(
+        "bench=dynamic-first-plan impl=kiln backend=cpu graph=W1-step batch=256 first_ms={first:.3} planning_ms={:.3} first_run_ms={:.3} warm_ms={warm:.3}",
+        s.planning.as_secs_f64() * 1e3,
+        s.first_runs.as_secs_f64() * 1e3
+    );
     Ok(())
 }
 
@@ -235,6 +286,7 @@ fn main() -> Result<()> {
                 &args.variants.split(',').map(str::trim).collect::<Vec<_>>(),
             )?,
             "w2" => w2(args.reps)?,
+            "dynamic" => dynamic_costs(args.reps)?,
             "w4" => w4(args.reps)?,
             "w3" => w3(
                 args.reps,
@@ -247,7 +299,7 @@ fn main() -> Result<()> {
             other => {
                 return Err(Error::invalid(
                     "kiln-bench",
-                    format!("unknown workload {other:?} (known: w1, w2, w3, w4)"),
+                    format!("unknown workload {other:?} (known: w1, w2, w3, w4, dynamic)"),
                 ))
             }
         }
