@@ -262,7 +262,11 @@ impl Sizes {
         if let Some(s) = self.find(v) {
             return s;
         }
-        let big: Vec<&(usize, u32)> = self.atoms.iter().filter(|(s, _)| v % s == 0).collect();
+        let big: Vec<&(usize, u32)> = self
+            .atoms
+            .iter()
+            .filter(|(s, _)| v.is_multiple_of(*s))
+            .collect();
         for (i, &&(a, ia)) in big.iter().enumerate() {
             for &&(b, ib) in &big[i..] {
                 if a.checked_mul(b) == Some(v) {

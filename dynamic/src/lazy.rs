@@ -5,7 +5,8 @@
 //! planner ([`crate::jit`]).
 
 use kiln_tensor::{
-    Backend, Builder, DType, Element, Error, Op, RandDist, RawTensor, Result, TensorMeta,
+    Backend, Builder, BuilderExt, DType, Element, Error, Op, RandDist, RawTensor, Result,
+    TensorMeta,
 };
 use std::cell::Cell;
 use std::fmt;
@@ -152,14 +153,7 @@ impl<B: Backend> LazyTensor<B> {
 
     /// `value` everywhere (recorded: it fuses into what reads it).
     pub fn full(dims: &[usize], value: f64, dtype: DType, device: &B::Device) -> Result<Self> {
-        Lazy::new(device.clone()).apply(
-            Op::Full {
-                dims: dims.to_vec(),
-                value,
-                dtype,
-            },
-            &[],
-        )
+        Lazy::new(device.clone()).full(dims.to_vec(), value, dtype)
     }
 
     /// Zeros (recorded).
@@ -167,7 +161,7 @@ impl<B: Backend> LazyTensor<B> {
         Self::full(dims, 0.0, dtype, device)
     }
 
-    /// Random values drawn from `dist` with `seed` (recorded).
+    /// Seeded random values drawn from `dist` (recorded; the eager draw's values).
     pub fn rand(
         dims: &[usize],
         dist: RandDist,
@@ -175,15 +169,7 @@ impl<B: Backend> LazyTensor<B> {
         dtype: DType,
         device: &B::Device,
     ) -> Result<Self> {
-        Lazy::new(device.clone()).apply(
-            Op::Rand {
-                dims: dims.to_vec(),
-                dist,
-                seed,
-                dtype,
-            },
-            &[],
-        )
+        Lazy::new(device.clone()).rand(dims.to_vec(), dist, seed, dtype)
     }
 
     /// The dims.

@@ -23,8 +23,8 @@ impl Dropouts {
         Dropouts { mode, next: 0 }
     }
 
-    /// The mode of the next dropout layer.
-    pub fn next(&mut self) -> Mode {
+    /// The mode of the next dropout layer (each call counts one).
+    pub fn next_mode(&mut self) -> Mode {
         match self.mode {
             Mode::Train { seed } => {
                 let m = Mode::Train {
@@ -145,7 +145,7 @@ impl<B: Backend> DynamicLeNet<B> {
             .forward(&h.reshape(&[n, h.numel() / n.max(1)])?, mode)?
             .relu()?;
         self.fc2
-            .forward(&self.drop.forward(&h, drops.next())?, mode)
+            .forward(&self.drop.forward(&h, drops.next_mode())?, mode)
     }
 
     /// Mean cross-entropy against labels `[N]` (i32).
@@ -198,7 +198,7 @@ pub struct DynamicAttention<B: Backend> {
 impl<B: Backend> DynamicAttention<B> {
     /// Width `d` in `heads` heads, named under `prefix`.
     pub fn new(d: usize, heads: usize, dev: &B::Device, seed: u64, prefix: &str) -> Result<Self> {
-        if heads == 0 || d % heads != 0 {
+        if heads == 0 || !d.is_multiple_of(heads) {
             return Err(kiln::Error::invalid(
                 "attention",
                 format!("width {d} does not split into {heads} heads"),
@@ -273,12 +273,12 @@ impl<B: Backend> DynamicGptBlock<B> {
     pub fn forward(&self, x: &LazyTensor<B>, drops: &mut Dropouts) -> Result<LazyTensor<B>> {
         let m = drops.mode();
         let a = self.attn.forward(&self.ln1.forward(x, m)?)?;
-        let h = x.add(&self.drop.forward(&a, drops.next())?)?;
+        let h = x.add(&self.drop.forward(&a, drops.next_mode())?)?;
         let up = self.up.forward(&self.ln2.forward(&h, m)?, m)?.gelu()?;
         h.add(
             &self
                 .drop
-                .forward(&self.down.forward(&up, m)?, drops.next())?,
+                .forward(&self.down.forward(&up, m)?, drops.next_mode())?,
         )
     }
 }
@@ -350,7 +350,7 @@ impl<B: Backend> DynamicGpt<B> {
             .tok
             .forward(ids, mode)?
             .add(&self.pos.forward(&at, mode)?)?;
-        let mut h = self.drop.forward(&x, drops.next())?;
+        let mut h = self.drop.forward(&x, drops.next_mode())?;
         for block in self.blocks.iter() {
             h = block.forward(&h, &mut drops)?;
         }

@@ -74,6 +74,34 @@ fn grads<B: Backend, M: Module<B>>(m: &mut M, g: &M::Grads) -> Named {
     out
 }
 
+/// One training step compared: the static loss `sl` and gradients `sg` against the
+/// dynamic loss `dl` and the gradients its `backward()` gives; then each model takes
+/// its optimizer's step.
+fn compare_and_step<
+    B: Backend,
+    S: Module<B>,
+    D: Module<B, Grads = Gradients<B>>,
+    O: Optimizer<B>,
+>(
+    step: u64,
+    (s, so, sl, sg): (&mut S, &mut O, &Tensor<B, (), f32>, &S::Grads),
+    (d, dopt, dl): (&mut D, &mut O, &LazyTensor<B>),
+) {
+    let dg = dl.backward().unwrap();
+    close(
+        &format!("step {step} loss"),
+        &dl.to_vec::<f32>().unwrap(),
+        &sl.raw().to_vec::<f32>().unwrap(),
+    );
+    close_named(
+        &format!("step {step} gradient"),
+        &grads(d, &dg),
+        &grads(s, sg),
+    );
+    so.step(s, sg).unwrap();
+    dopt.step(d, &dg).unwrap();
+}
+
 fn normal<B: Backend>(dims: &[usize], seed: u64, dev: &B::Device) -> RawTensor<B> {
     let dist = RandDist::Normal {
         mean: 0.0,
@@ -125,19 +153,7 @@ pub fn mlp<B: Backend>(dev: &B::Device, seed: u64) {
         }
         let (sl, sg) = s.loss_and_grad(&xt, &yt).unwrap();
         let dl = d.loss(&lazy(&x), &lazy(&y)).unwrap();
-        let dg: Gradients<B> = dl.backward().unwrap();
-        close(
-            &format!("step {step} loss"),
-            &dl.to_vec::<f32>().unwrap(),
-            &sl.raw().to_vec::<f32>().unwrap(),
-        );
-        close_named(
-            &format!("step {step} gradient"),
-            &grads(&mut d, &dg),
-            &grads(&mut s, &sg),
-        );
-        so.step(&mut s, &sg).unwrap();
-        dopt.step(&mut d, &dg).unwrap();
+        compare_and_step(step, (&mut s, &mut so, &sl, &sg), (&mut d, &mut dopt, &dl));
     }
     close_named(
         "parameters after 3 steps",
@@ -170,19 +186,7 @@ pub fn lenet<B: Backend>(dev: &B::Device, seed: u64) {
             seed: step_seed(seed + step),
         };
         let dl = d.loss(&lazy(&x), &lazy(&y), mode).unwrap();
-        let dg = dl.backward().unwrap();
-        close(
-            &format!("step {step} loss"),
-            &dl.to_vec::<f32>().unwrap(),
-            &sl.raw().to_vec::<f32>().unwrap(),
-        );
-        close_named(
-            &format!("step {step} gradient"),
-            &grads(&mut d, &dg),
-            &grads(&mut s, &sg),
-        );
-        so.step(&mut s, &sg).unwrap();
-        dopt.step(&mut d, &dg).unwrap();
+        compare_and_step(step, (&mut s, &mut so, &sl, &sg), (&mut d, &mut dopt, &dl));
     }
     close_named(
         "parameters and statistics after 3 steps",
@@ -247,19 +251,7 @@ pub fn attention<B: Backend>(dev: &B::Device, seed: u64) {
         let (sl, sg) = s.loss_and_grad(&xt, &tt).unwrap();
         let y = d.forward(&lazy(&x)).unwrap();
         let dl = y.ops().mse(&y, &lazy(&t)).unwrap();
-        let dg = dl.backward().unwrap();
-        close(
-            &format!("step {step} loss"),
-            &dl.to_vec::<f32>().unwrap(),
-            &sl.raw().to_vec::<f32>().unwrap(),
-        );
-        close_named(
-            &format!("step {step} gradient"),
-            &grads(&mut d, &dg),
-            &grads(&mut s, &sg),
-        );
-        so.step(&mut s, &sg).unwrap();
-        dopt.step(&mut d, &dg).unwrap();
+        compare_and_step(step, (&mut s, &mut so, &sl, &sg), (&mut d, &mut dopt, &dl));
     }
     close_named(
         "parameters after 3 steps",
@@ -305,19 +297,7 @@ pub fn gpt<B: Backend>(dev: &B::Device, seed: u64) {
                 },
             )
             .unwrap();
-        let dg = dl.backward().unwrap();
-        close(
-            &format!("step {step} loss"),
-            &dl.to_vec::<f32>().unwrap(),
-            &sl.raw().to_vec::<f32>().unwrap(),
-        );
-        close_named(
-            &format!("step {step} gradient"),
-            &grads(&mut d, &dg),
-            &grads(&mut s, &sg),
-        );
-        so.step(&mut s, &sg).unwrap();
-        dopt.step(&mut d, &dg).unwrap();
+        compare_and_step(step, (&mut s, &mut so, &sl, &sg), (&mut d, &mut dopt, &dl));
     }
     close_named(
         "parameters after 3 steps",
