@@ -49,6 +49,19 @@ impl<B: Backend> Gradients<B> {
     pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
     }
+
+    /// Adds `other`'s gradients to these, summing those of the same tensor (a module
+    /// called twice in one pass).
+    pub fn accumulate(&mut self, other: Gradients<B>) -> Result<()> {
+        for (id, g) in other.by_id {
+            let total = match self.by_id.remove(&id) {
+                Some(prev) => prev.add(&g)?,
+                None => g,
+            };
+            self.by_id.insert(id, total);
+        }
+        Ok(())
+    }
 }
 
 impl<B: Backend> LazyTensor<B> {

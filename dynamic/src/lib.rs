@@ -7,7 +7,8 @@
 //! symbolic ([`jit`]); [`LazyTensor::backward`] records the gradient graph from the
 //! same rules, planned and fused with the forward pass ([`grad`]); [`Param`], [`Layer`]
 //! and [`DynamicModule`] make modules that optimizers and checkpoints accept
-//! ([`module`]).
+//! ([`module`]); a `#[model]` holds one in a `#[dynamic]` field and its plan calls
+//! out to it ([`parts`]).
 //!
 //! ```
 //! use kiln_cpu::{Cpu, CpuDevice};
@@ -27,8 +28,10 @@ pub mod grad;
 pub mod jit;
 pub mod lazy;
 pub mod module;
+pub mod parts;
 
 pub use grad::{value_and_grad, Gradients};
 pub use jit::{cache_stats, clear_cache, eval, set_cache_capacity, CacheStats};
 pub use lazy::{eager, no_grad, set_eager, Lazy, LazyTensor};
 pub use module::{DynamicModule, Layer, ModuleList, Param};
+pub use parts::{PartCalls, PartForward};

@@ -10,6 +10,7 @@
 //! while a run executes) beside the buffers ([`Buffers`], the only state a run changes).
 
 use crate::exprs::kernel_exprs;
+use crate::parts::{call_part, NoParts, Parts};
 use crate::plan::{KernelKind, Plan};
 use crate::sym::SDim;
 use kiln_tensor::fused::{FusedExpr, NativeFn};
@@ -60,6 +61,8 @@ enum Step {
     Single { node: NodeId, op: Op },
     /// A layout change (a reshape that cannot view copies into its slot).
     View { node: NodeId },
+    /// A call out to a part (or its backward pass), its result into its slot.
+    Call { node: NodeId },
 }
 
 /// What `resolve` decided for one set of parameters and input dims.
@@ -233,6 +236,19 @@ fn infer_nodes(
                 };
                 (Some(op), TensorMeta::new(vec![], node.meta.dtype))
             }
+            NodeKind::Call(_) => {
+                let dims = node
+                    .meta
+                    .dims
+                    .iter()
+                    .map(|d| d.eval(&param, &rt))
+                    .collect::<Result<Vec<usize>>>()?;
+                (None, TensorMeta::new(dims, node.meta.dtype))
+            }
+            NodeKind::CallGrad(_) => {
+                let call_input = plan.graph.nodes[node.inputs[1]].inputs[0];
+                (None, metas[call_input].clone())
+            }
             NodeKind::Op(op) => {
                 let ins: Vec<&TensorMeta> = node.inputs.iter().map(|&j| &metas[j]).collect();
                 let op = match op {
@@ -351,6 +367,7 @@ fn resolve(
                 }
             }
             KernelKind::View => Step::View { node: k.outputs[0] },
+            KernelKind::Call => Step::Call { node: k.outputs[0] },
         });
     }
     Ok(Resolved {
@@ -413,6 +430,19 @@ impl<B: Backend> Program<B> {
         inputs: &[&RawTensor<B>],
         seeds: Seeds<'_>,
     ) -> Result<Option<std::vec::Drain<'_, RawTensor<B>>>> {
+        self.run_with_parts(device, params, inputs, seeds, &mut NoParts)
+    }
+
+    /// [`Program::run_seeded`] for a plan that calls out to `parts` (the dynamic parts
+    /// of a model).
+    pub fn run_with_parts(
+        &mut self,
+        device: &B::Device,
+        params: &[(&str, usize)],
+        inputs: &[&RawTensor<B>],
+        seeds: Seeds<'_>,
+        parts: &mut dyn Parts<B>,
+    ) -> Result<Option<std::vec::Drain<'_, RawTensor<B>>>> {
         if inputs.len() != self.plan.inputs.len() {
             return Err(Error::invalid(
                 "run",
@@ -456,7 +486,7 @@ impl<B: Backend> Program<B> {
             buffers.layout[leaf] = *t.layout();
         }
         for step in &r.steps {
-            buffers.step(&run, step)?;
+            buffers.step(&run, step, parts)?;
         }
         results.clear();
         for &o in &plan.outputs {
@@ -506,6 +536,18 @@ impl<B: Backend> Program<B> {
         inputs: &[&RawTensor<B>],
         seeds: Seeds<'_>,
     ) -> Result<Vec<RawTensor<B>>> {
+        self.run_op_by_op_with_parts(device, params, inputs, seeds, &mut NoParts)
+    }
+
+    /// [`Program::run_op_by_op_seeded`] for a plan that calls out to `parts`.
+    pub fn run_op_by_op_with_parts(
+        &self,
+        device: &B::Device,
+        params: &[(&str, usize)],
+        inputs: &[&RawTensor<B>],
+        seeds: Seeds<'_>,
+        parts: &mut dyn Parts<B>,
+    ) -> Result<Vec<RawTensor<B>>> {
         let plan = &self.plan;
         if inputs.len() != plan.inputs.len() {
             return Err(Error::invalid(
@@ -518,7 +560,9 @@ impl<B: Backend> Program<B> {
             ));
         }
         let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
-        let Inferred { ops, .. } = infer_nodes(plan, params, &metas)?;
+        let Inferred {
+            ops, metas: all, ..
+        } = infer_nodes(plan, params, &metas)?;
         let live = plan.graph.live(&plan.outputs);
         let mut eager = kiln_tensor::Eager::<B>::new(device.clone());
         let mut values: Vec<Option<RawTensor<B>>> = vec![None; plan.graph.nodes.len()];
@@ -527,6 +571,15 @@ impl<B: Backend> Program<B> {
         }
         for (i, node) in plan.graph.nodes.iter().enumerate() {
             if !live[i] || values[i].is_some() {
+                continue;
+            }
+            if let NodeKind::Call(part) | NodeKind::CallGrad(part) = node.kind {
+                let input = values[node.inputs[0]].clone().ok_or_else(|| {
+                    Error::invalid("run", format!("call {i} read before its input was computed"))
+                })?;
+                let grad = matches!(node.kind, NodeKind::CallGrad(_));
+                let declared = declared_dims(plan, i);
+                values[i] = Some(call_part(parts, part, grad, input, &all[i], &declared)?);
                 continue;
             }
             let op = ops[i]
@@ -554,6 +607,17 @@ impl<B: Backend> Program<B> {
             })
             .collect()
     }
+}
+
+/// The dims call node `n` declares, as written (`[B, 64]`).
+fn declared_dims(plan: &Plan<SDim>, n: NodeId) -> String {
+    let dims: Vec<String> = plan.graph.nodes[n]
+        .meta
+        .dims
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
+    format!("[{}]", dims.join(", "))
 }
 
 /// The slot a node is written to.
@@ -688,8 +752,25 @@ impl<B: Backend> Buffers<B> {
             .collect()
     }
 
+    /// The value of node `n` as a tensor sharing its buffer (what a part is given).
+    fn tensor(&self, run: &Run<'_, B>, n: NodeId) -> Result<RawTensor<B>> {
+        let storage = match self.src[n] {
+            Src::Input(k) => run.inputs[k].storage().clone(),
+            Src::Slot(s) => self.arena[s]
+                .clone()
+                .ok_or_else(|| Error::invalid("run", "slot read before written"))?,
+            Src::Scratch | Src::None => {
+                return Err(Error::invalid(
+                    "run",
+                    format!("node {n} read before it was computed"),
+                ))
+            }
+        };
+        RawTensor::from_arc(storage, self.layout[n], run.device.clone())
+    }
+
     /// Runs one kernel.
-    fn step(&mut self, run: &Run<'_, B>, step: &Step) -> Result<()> {
+    fn step(&mut self, run: &Run<'_, B>, step: &Step, parts: &mut dyn Parts<B>) -> Result<()> {
         let (r, device) = (run.r, run.device);
         match step {
             Step::Fused {
@@ -748,6 +829,24 @@ impl<B: Backend> Buffers<B> {
                 })
             }
             Step::View { node } => self.view(run, *node),
+            Step::Call { node } => {
+                let n = &run.plan.graph.nodes[*node];
+                let (part, grad) = match n.kind {
+                    NodeKind::Call(p) => (p, false),
+                    NodeKind::CallGrad(p) => (p, true),
+                    _ => return Err(Error::invalid("run", format!("node {node} is not a call"))),
+                };
+                let input = self.tensor(run, n.inputs[0])?;
+                let declared = declared_dims(run.plan, *node);
+                let out = call_part(parts, part, grad, input, &r.metas[*node], &declared)?;
+                // The part's result is the node's buffer (no copy); the slot's next
+                // writer allocates afresh while the part still holds it.
+                let s = slot_of(run.plan, *node)?;
+                self.layout[*node] = *out.layout();
+                self.arena[s] = Some(out.storage().clone());
+                self.src[*node] = Src::Slot(s);
+                Ok(())
+            }
         }
     }
 

@@ -149,7 +149,7 @@ pub(crate) fn kernel_exprs<G, D: std::fmt::Debug>(
                 ));
             }
         }
-        KernelKind::Single | KernelKind::View => {}
+        KernelKind::Single | KernelKind::View | KernelKind::Call => {}
     }
     Ok(out)
 }

@@ -5,10 +5,12 @@
 //! `#[model]` embeds at build time) and printouts (`report`, `to_dot`), symbolic dims
 //! ([`sym::SDim`]), and the executor that runs a plan on any backend
 //! ([`exec::Program`]; [`exprs`] turns kernels into fused expressions, [`programs`]
-//! caches a model's programs).
+//! caches a model's programs; [`parts`] is how a plan calls out to parts of a model
+//! it does not see, modules on the dynamic path).
 
 pub mod exec;
 pub mod exprs;
+pub mod parts;
 pub mod plan;
 pub mod programs;
 pub mod report;
@@ -16,6 +18,7 @@ pub mod sym;
 pub mod text;
 
 pub use exec::{Program, Seeds};
+pub use parts::{NoParts, Parts};
 pub use exprs::native_exprs;
 pub use plan::{plan, plan_named, Kernel, KernelKind, Plan};
 pub use programs::Programs;

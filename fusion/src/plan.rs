@@ -36,6 +36,8 @@ pub enum KernelKind {
     Single,
     /// A layout change of a buffer (copies only when a reshape needs to).
     View,
+    /// A call out to a part of the model the plan does not see, or its gradient.
+    Call,
 }
 
 impl KernelKind {
@@ -47,6 +49,7 @@ impl KernelKind {
             KernelKind::MatMul => "matmul",
             KernelKind::Single => "single",
             KernelKind::View => "view",
+            KernelKind::Call => "call",
         }
     }
 
@@ -58,6 +61,7 @@ impl KernelKind {
             KernelKind::MatMul,
             KernelKind::Single,
             KernelKind::View,
+            KernelKind::Call,
         ]
         .into_iter()
         .find(|k| k.name() == s)
@@ -329,6 +333,7 @@ pub fn plan_named<D: SymDim + 'static>(
                 continue
             }
             NodeKind::RecipDim(_) => KernelKind::Single,
+            NodeKind::Call(_) | NodeKind::CallGrad(_) => KernelKind::Call,
             NodeKind::Op(op) if is_view(op) => KernelKind::View,
             NodeKind::Op(Op::Reduce { .. }) if node.meta.dtype == DType::F32 => KernelKind::Reduce,
             NodeKind::Op(Op::MatMul) => KernelKind::MatMul,

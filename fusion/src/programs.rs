@@ -2,7 +2,8 @@
 //! its embedded plan text on first use, and the model's switch between fused plans and
 //! op-by-op execution.
 
-use crate::exec::Program;
+use crate::exec::{Program, Seeds};
+use crate::parts::{NoParts, Parts};
 use crate::plan::Plan;
 use kiln_tensor::fused::NativeFn;
 use kiln_tensor::{Backend, RawTensor, Result};
@@ -87,14 +88,43 @@ impl<B: Backend> Programs<B> {
         seed: u64,
         take: impl FnOnce(&mut dyn Iterator<Item = RawTensor<B>>) -> R,
     ) -> Result<R> {
+        self.call_with_parts(
+            id,
+            plan_text,
+            natives,
+            device,
+            params,
+            inputs,
+            seed,
+            &mut NoParts,
+            take,
+        )
+    }
+
+    /// [`Programs::call`] for a plan that calls out to `parts` (a model holding
+    /// modules on the dynamic path).
+    #[allow(clippy::too_many_arguments)]
+    pub fn call_with_parts<R>(
+        &self,
+        id: usize,
+        plan_text: &str,
+        natives: &'static [Option<NativeFn>],
+        device: &B::Device,
+        params: &[(&str, usize)],
+        inputs: &[&RawTensor<B>],
+        seed: u64,
+        parts: &mut dyn Parts<B>,
+        take: impl FnOnce(&mut dyn Iterator<Item = RawTensor<B>>) -> R,
+    ) -> Result<R> {
         let fused = self.fused();
+        let seeds = Seeds::Mix(seed);
         self.with(id, plan_text, natives, |p| {
             if fused {
-                if let Some(mut outputs) = p.run(device, params, inputs, seed)? {
+                if let Some(mut outputs) = p.run_with_parts(device, params, inputs, seeds, parts)? {
                     return Ok(take(&mut outputs));
                 }
             }
-            let outputs = p.run_op_by_op(device, params, inputs, seed)?;
+            let outputs = p.run_op_by_op_with_parts(device, params, inputs, seeds, parts)?;
             Ok(take(&mut outputs.into_iter()))
         })
     }

@@ -21,6 +21,8 @@ impl<D: SymDim> Plan<D> {
             NodeKind::Leaf(_) => "input".into(),
             NodeKind::RecipDim(d) => format!("1/{d}"),
             NodeKind::Op(op) => op.name().into(),
+            NodeKind::Call(k) => format!("call part {k}"),
+            NodeKind::CallGrad(k) => format!("backward of part {k}"),
         }
     }
 

@@ -269,6 +269,8 @@ impl Plan<SDim> {
                 NodeKind::Leaf(k) => format!("leaf {k}"),
                 NodeKind::RecipDim(d) => format!("recip_dim {}", d.to_text()),
                 NodeKind::Op(op) => format!("op {}", op_text(op)),
+                NodeKind::Call(k) => format!("call {k}"),
+                NodeKind::CallGrad(k) => format!("call_grad {k}"),
             };
             out += &format!(
                 "node {i} {what} in={} {} {}\n",
@@ -361,6 +363,8 @@ impl Plan<SDim> {
                         "leaf" => NodeKind::Leaf(num(words[2])?),
                         "recip_dim" => NodeKind::RecipDim(SDim::parse(words[2])?),
                         "op" => NodeKind::Op(parse_op(words[2])?),
+                        "call" => NodeKind::Call(num(words[2])?),
+                        "call_grad" => NodeKind::CallGrad(num(words[2])?),
                         _ => return Err(bad(line)),
                     };
                     let n = words.len();

@@ -1,7 +1,10 @@
 //! `#[derive(Module)]`: the `Module` impl of a hand-written dynamic module, a struct
 //! whose fields are parameters, layers, module lists or other derived modules (named
 //! as PyTorch names them: `blocks.0.attn.q.weight`), with `#[module(skip)]` on fields
-//! that hold no tensors (sizes, settings).
+//! that hold no tensors (sizes, settings), and `#[module(init = path)]` on the struct
+//! naming a function `fn(&Device, seed, prefix) -> Result<Self>` that builds it by name
+//! (what a `#[model]` holding it in a `#[dynamic]` field calls; without it, such a
+//! module is built by its constructor only).
 
 use proc_macro2::TokenStream;
 use quote::quote;
@@ -34,6 +37,23 @@ pub fn expand(input: DeriveInput) -> syn::Result<TokenStream> {
             )
         })?;
     let mut errors: Option<syn::Error> = None;
+    let mut init: Option<syn::Path> = None;
+    for a in input.attrs.iter().filter(|a| a.path().is_ident("module")) {
+        let r = a.parse_nested_meta(|m| {
+            if m.path.is_ident("init") {
+                init = Some(m.value()?.parse()?);
+                Ok(())
+            } else {
+                Err(m.error("unknown #[module] option on a struct: the one option is `init = path`"))
+            }
+        });
+        if let Err(e) = r {
+            match &mut errors {
+                Some(all) => all.combine(e),
+                None => errors = Some(e),
+            }
+        }
+    }
     let mut kept = Vec::new();
     for f in &fields.named {
         let mut skip = false;
@@ -43,7 +63,7 @@ pub fn expand(input: DeriveInput) -> syn::Result<TokenStream> {
                     skip = true;
                     Ok(())
                 } else {
-                    Err(m.error("unknown #[module] option: the one option is `skip`"))
+                    Err(m.error("unknown #[module] option on a field: the one option is `skip`"))
                 }
             });
             if let Err(e) = r {
@@ -71,6 +91,10 @@ pub fn expand(input: DeriveInput) -> syn::Result<TokenStream> {
         Some(w) => quote!(#w #(#bounds,)*),
         None => quote!(where #(#bounds,)*),
     };
+    let init_body = match &init {
+        Some(path) => quote!(#path(_device, _seed, prefix)),
+        None => quote!(::kiln::dynamic::module::built_by_constructor(prefix)),
+    };
     Ok(quote! {
         impl #impl_generics #m::Module<#backend> for #name #ty_generics #where_all {
             type Grads = ::kiln::dynamic::Gradients<#backend>;
@@ -80,7 +104,7 @@ pub fn expand(input: DeriveInput) -> syn::Result<TokenStream> {
                 _seed: u64,
                 prefix: &str,
             ) -> ::kiln::tensor::Result<Self> {
-                ::kiln::dynamic::module::built_by_constructor(prefix)
+                #init_body
             }
 
             fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(#m::Slot<'_, #backend>)) {

@@ -190,6 +190,9 @@ pub enum FieldKind {
     Model(syn::Path),
     /// An array of `n` of the same thing.
     Array(Box<FieldKind>, usize),
+    /// A module on the dynamic path (a `#[dynamic]` field), by its path: the plan calls
+    /// out to it, its output shape declared at the call.
+    Dynamic(syn::Path),
 }
 
 impl FieldKind {
@@ -197,7 +200,7 @@ impl FieldKind {
     pub fn real_type(&self) -> TokenStream {
         match self {
             FieldKind::Layer(spec) => layer_type(spec),
-            FieldKind::Model(path) => model_type(path),
+            FieldKind::Model(path) | FieldKind::Dynamic(path) => model_type(path),
             FieldKind::Array(inner, n) => {
                 let t = inner.real_type();
                 let n = proc_macro2::Literal::usize_unsuffixed(*n);

@@ -21,6 +21,12 @@ pub struct Fused {
     /// `__sizes` (the size parameters), `__seed`, and the method's arguments as
     /// `&RawTensor`s.
     args: TokenStream,
+    /// Whether the plan calls out to dynamic parts (through `__parts`).
+    calls_parts: bool,
+    /// What binds `__parts`, the dynamic parts the plan calls, placed by the caller
+    /// before the run (a training entry reads their gradients after it); empty when
+    /// there are none.
+    pub parts: TokenStream,
 }
 
 impl Fused {
@@ -28,10 +34,17 @@ impl Fused {
     /// evaluating to what `take` (a closure over the iterator of outputs) returns.
     pub fn run(&self, take: TokenStream) -> TokenStream {
         let (setup, args) = (&self.setup, &self.args);
-        quote!({
-            #setup
-            self.__kiln_plans.call(#args, #take)?
-        })
+        if self.calls_parts {
+            quote!({
+                #setup
+                self.__kiln_plans.call_with_parts(#args, &mut __parts, #take)?
+            })
+        } else {
+            quote!({
+                #setup
+                self.__kiln_plans.call(#args, #take)?
+            })
+        }
     }
 }
 
@@ -83,14 +96,15 @@ impl Natives {
     }
 }
 
-/// Plans `outputs` of `mg` as program `id` of its model; the native loops go to
-/// `natives`.
+/// Plans `outputs` of `mg` as program `id` of its model (a `training` entry's, or an
+/// evaluation method's); the native loops go to `natives`.
 pub fn fuse(
     mg: &MGraph,
     outputs: &[NodeId],
     id: usize,
     const_name: &Ident,
     natives_of_model: &mut Natives,
+    training: bool,
 ) -> Fused {
     let live = mg.g.live(outputs);
     let leaves: Vec<NodeId> = (0..mg.g.nodes.len())
@@ -137,6 +151,23 @@ pub fn fuse(
         })
         .collect();
     let id = Literal::usize_unsuffixed(id);
+    // The dynamic parts the plan calls out to, in its call order.
+    let parts = if mg.parts.is_empty() {
+        quote!()
+    } else {
+        let mode = if training {
+            quote!(::kiln::tensor::nn::Mode::Train { seed: __seed })
+        } else {
+            quote!(::kiln::tensor::nn::Mode::Eval)
+        };
+        let sites = mg.parts.iter().map(|p| {
+            let (path, display) = (&p.path, &p.display);
+            quote!((&#path as &dyn ::kiln::dynamic::PartForward<Be>, #display))
+        });
+        quote! {
+            let mut __parts = ::kiln::dynamic::PartCalls::new(#mode, ::std::vec![#(#sites),*]);
+        }
+    };
     let setup = quote! {
         #(#buffers)*
         static __KILN_NATIVES: [::core::option::Option<::kiln::tensor::fused::NativeFn>; #count] = [#(#natives),*];
@@ -146,6 +177,8 @@ pub fn fuse(
         plan_const,
         setup,
         args,
+        calls_parts: !mg.parts.is_empty(),
+        parts,
     }
 }
 

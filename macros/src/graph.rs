@@ -44,9 +44,23 @@ pub struct Update {
     pub node: NodeId,
 }
 
+/// A call site of a dynamic part (`self.router.forward::<B, 64>(h)`): call `k` of
+/// the graph is `parts[k]`.
+#[derive(Clone)]
+pub struct PartSite {
+    /// The expression for the part (`self.router`).
+    pub path: TokenStream,
+    /// How messages name the call (`self.router.forward`).
+    pub display: String,
+    /// Its checkpoint prefix (`router`, `blocks.0.router`): where its gradients go.
+    pub key: String,
+}
+
 /// The graph under construction.
 #[derive(Default)]
 pub struct MGraph {
+    /// The dynamic parts called, in call order (a `Call` node's index).
+    pub parts: Vec<PartSite>,
     /// The nodes.
     pub g: Graph<SDim>,
     /// Leaf keys index this.
@@ -110,6 +124,22 @@ impl MGraph {
         self.grow_names();
         self.names[n] = Some(key.replace('.', "_"));
         self.param_nodes.insert(key, n);
+        n
+    }
+
+    /// A call of the dynamic part `site` on `input`, declared to return `dims` of
+    /// `dtype`.
+    pub fn call(&mut self, site: PartSite, input: NodeId, dims: Vec<SDim>, dtype: DType) -> NodeId {
+        self.parts.push(site);
+        let n = self.g.call(self.parts.len() - 1, input, dims, dtype);
+        self.grow_names();
+        n
+    }
+
+    /// The gradient of call node `call`'s input, from its output's gradient `grad`.
+    pub fn call_grad(&mut self, call: NodeId, grad: NodeId) -> NodeId {
+        let n = self.g.call_grad(call, grad);
+        self.grow_names();
         n
     }
 

@@ -60,7 +60,8 @@ fn missing_def(item: &ItemStruct, defs: &[Def]) -> Option<syn::Path> {
     let known = |name: &str| defs.iter().any(|d| d.item.ident == name);
     let mut missing = None;
     for s in std::iter::once(item).chain(defs.iter().map(|d| &d.item)) {
-        for f in &s.fields {
+        // A dynamic part is a plain Rust type, with no definition to receive.
+        for f in s.fields.iter().filter(|f| !crate::structs::is_dynamic_field(f)) {
             let mut ty = f.ty.clone();
             crate::sizes::model_paths_mut(&mut ty, &mut |p| {
                 if missing.is_none() && !known(&crate::dsl::model_name(&p.path)) {
@@ -274,7 +275,7 @@ pub(crate) fn expand_impl_in(
                         outputs.push(n);
                     }
                 }
-                let fused = crate::fuse::fuse(&lower.mg, &outputs, 2 * mi, &name, &mut natives);
+                let fused = crate::fuse::fuse(&lower.mg, &outputs, 2 * mi, &name, &mut natives, false);
                 let picks: Vec<usize> = results
                     .iter()
                     .map(|n| {
@@ -446,7 +447,7 @@ fn planned_method(
         )
     };
     let run = fused.run(take);
-    let plan_const = &fused.plan_const;
+    let (plan_const, parts) = (&fused.plan_const, &fused.parts);
     quote! {
         #plan_const
 
@@ -460,6 +461,7 @@ fn planned_method(
             let __dev = #device;
             // Evaluation mode draws nothing at random.
             let __seed = 0u64;
+            #parts
             Ok(#run)
         }
     }

@@ -903,6 +903,17 @@ impl<'a> Lower<'a> {
         let spec = match &l.kind {
             FieldKind::Layer(s) => s.clone(),
             FieldKind::Model(_) => return self.call_model(l, "forward", &[(x, arg)], span),
+            FieldKind::Dynamic(_) => {
+                self.err(
+                    span,
+                    format!(
+                        "`{0}` is a dynamic part, whose output shape the macro cannot know: declare it at the call, `{0}.forward::<B, 64>({1})` (its dims, then an optional dtype)",
+                        l.display,
+                        src(arg)
+                    ),
+                );
+                return Err(());
+            }
             FieldKind::Array(_, n) => {
                 self.err(
                     span,
@@ -1041,6 +1052,9 @@ impl<'a> Lower<'a> {
         }
         let recv = self.lower_expr(&mc.receiver)?;
         if let Val::Layer(l) = &recv {
+            if let FieldKind::Dynamic(_) = &l.kind {
+                return self.call_dynamic(l, mc);
+            }
             if let FieldKind::Model(_) = &l.kind {
                 let args = self.lower_args(&mc.args)?;
                 return self.call_model(l, &method, &args, mc);
@@ -1072,6 +1086,97 @@ impl<'a> Lower<'a> {
             return Err(());
         };
         self.tensor_method(n, mc)
+    }
+
+    /// `self.router.forward::<B, 64>(h)`: a call out to a dynamic part, which the plan
+    /// runs when it gets there; the declared dims and dtype are what the rest of the
+    /// method sees, and what the part's output is checked against at run time.
+    fn call_dynamic(&mut self, l: &LayerRef, mc: &syn::ExprMethodCall) -> LResult<Val> {
+        if mc.method != "forward" {
+            self.err(
+                &mc.method,
+                format!(
+                    "`{0}` is a dynamic part; call it with `{0}.forward::<dims..>(x)`",
+                    l.display
+                ),
+            );
+            return Err(());
+        }
+        let args: Vec<&Expr> = mc.args.iter().collect();
+        let [arg] = args.as_slice() else {
+            self.err(
+                mc,
+                format!("`{}.forward` takes one input, got {}", l.display, args.len()),
+            );
+            return Err(());
+        };
+        let turbofish: Vec<&syn::GenericArgument> = mc
+            .turbofish
+            .as_ref()
+            .map(|t| t.args.iter().collect())
+            .unwrap_or_default();
+        if turbofish.is_empty() {
+            self.err(
+                mc,
+                format!(
+                    "declare the shape `{0}` returns: `{0}.forward::<B, 64>({1})` (its dims, then an optional dtype)",
+                    l.display,
+                    src(arg)
+                ),
+            );
+            return Err(());
+        }
+        let mut dims = Vec::new();
+        let mut dtype = DType::F32;
+        for (i, a) in turbofish.iter().enumerate() {
+            if let syn::GenericArgument::Type(Type::Path(p)) = a {
+                let name = p.path.get_ident().map(|i| i.to_string());
+                if let Some(d) = name.as_deref().and_then(crate::dsl::dtype_named) {
+                    if i + 1 != turbofish.len() {
+                        self.err(a, format!("the dtype `{}` must come last", d.name()));
+                        return Err(());
+                    }
+                    dtype = d;
+                    continue;
+                }
+                if name.as_deref() == Some("Dyn") {
+                    self.err(
+                        a,
+                        format!("declare every dim `{}` returns: a literal or a size of the method (the plan after the call is built for them, so `Dyn` cannot be checked)", l.display),
+                    );
+                    return Err(());
+                }
+            }
+            dims.push(self.dim_arg(a)?);
+        }
+        if dims.len() > 6 {
+            self.err(mc, format!("tensors have rank 0 to 6; this call declares {}", dims.len()));
+            return Err(());
+        }
+        let x = self.lower_expr(arg)?;
+        let Val::T(x) = x else {
+            if !matches!(x, Val::Unknown) {
+                self.err(arg, format!("`{}.forward` takes a tensor", l.display));
+            }
+            return Err(());
+        };
+        let site = crate::graph::PartSite {
+            path: l.path.clone(),
+            display: format!("{}.forward", l.display),
+            key: l.key.clone(),
+        };
+        let y = self.mg.call(site, x, dims, dtype);
+        let FieldKind::Dynamic(path) = &l.kind else {
+            unreachable!("only called on dynamic parts")
+        };
+        self.calls.push(Call {
+            key: l.key.clone(),
+            what: format!("{} (dynamic)", crate::dsl::model_name(path)),
+            output: self.shape_str(y),
+            depth: self.nesting,
+            params: 0,
+        });
+        Ok(Val::T(y))
     }
 
     /// `self.pos.positions(ids)`: the first `T` rows of a position table, `T` being the
@@ -1872,6 +1977,8 @@ pub fn model_params(fields: &[ModelField], defs: &Defs) -> usize {
         match kind {
             FieldKind::Layer(spec) => spec_params(spec),
             FieldKind::Array(inner, n) => n * of(inner, defs),
+            // Its sizes are run-time values: counted when it is built, not here.
+            FieldKind::Dynamic(_) => 0,
             FieldKind::Model(path) => defs
                 .get(&crate::dsl::model_name(path))
                 .map_or(0, |d| model_params(&d.fields, defs)),

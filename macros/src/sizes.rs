@@ -564,6 +564,9 @@ impl Instantiator<'_> {
         self.errors.extend(subst.errors);
         if let syn::Fields::Named(named) = &mut item.fields {
             for f in named.named.iter_mut() {
+                if crate::structs::is_dynamic_field(f) {
+                    continue;
+                }
                 model_paths_mut(&mut f.ty, &mut |p| self.nested(p, prefix));
             }
         }

@@ -35,6 +35,16 @@ pub fn parse_fields(item: &ItemStruct) -> syn::Result<Vec<ModelField>> {
     let mut errors: Option<syn::Error> = None;
     for f in &named.named {
         let ident = f.ident.clone().expect("named fields have names");
+        if f.attrs.iter().any(is_dynamic) {
+            match dynamic_field(f) {
+                Ok(kind) => out.push(ModelField { ident, kind }),
+                Err(e) => match &mut errors {
+                    Some(all) => all.combine(e),
+                    None => errors = Some(e),
+                },
+            }
+            continue;
+        }
         match parse_field_type(&f.ty) {
             Ok(kind) => out.push(ModelField { ident, kind }),
             Err(e) => match &mut errors {
@@ -46,6 +56,38 @@ pub fn parse_fields(item: &ItemStruct) -> syn::Result<Vec<ModelField>> {
     match errors {
         Some(e) => Err(e),
         None => Ok(out),
+    }
+}
+
+/// Whether an attribute is `#[dynamic]`.
+fn is_dynamic(a: &syn::Attribute) -> bool {
+    a.path().is_ident("dynamic")
+}
+
+/// Whether a field is marked `#[dynamic]` (holds a module on the dynamic path).
+pub(crate) fn is_dynamic_field(f: &syn::Field) -> bool {
+    f.attrs.iter().any(is_dynamic)
+}
+
+/// A `#[dynamic]` field: a module on the dynamic path, named by a plain path (the
+/// backend parameter is added, as for nested models).
+fn dynamic_field(f: &syn::Field) -> syn::Result<FieldKind> {
+    for a in f.attrs.iter().filter(|a| is_dynamic(a)) {
+        a.meta.require_path_only().map_err(|_| {
+            syn::Error::new(a.span(), "`#[dynamic]` takes no arguments")
+        })?;
+    }
+    match &f.ty {
+        syn::Type::Path(p)
+            if p.qself.is_none()
+                && p.path.segments.iter().all(|s| s.arguments.is_none()) =>
+        {
+            Ok(FieldKind::Dynamic(p.path.clone()))
+        }
+        ty => Err(syn::Error::new(
+            ty.span(),
+            "a `#[dynamic]` field holds one dynamic module, named without generics (`router: Router`; the backend is added for you)",
+        )),
     }
 }
 
@@ -76,7 +118,8 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
     };
 
     let field_defs = named.named.iter().zip(&fields).map(|(f, mf)| {
-        let (fattrs, fvis, id) = (&f.attrs, &f.vis, &mf.ident);
+        let (fvis, id) = (&f.vis, &mf.ident);
+        let fattrs = f.attrs.iter().filter(|a| !is_dynamic(a));
         let ty = mf.kind.real_type();
         quote!(#(#fattrs)* #fvis #id: #ty)
     });
@@ -84,7 +127,10 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
         let id = &mf.ident;
         let ty = mf.kind.real_type();
         let doc = format!("Gradients of `{id}`.");
-        quote!(#[doc = #doc] pub #id: <#ty as ::kiln::tensor::nn::Module<Be>>::Grads)
+        match mf.kind {
+            FieldKind::Dynamic(_) => quote!(#[doc = #doc] pub #id: ::kiln::dynamic::Gradients<Be>),
+            _ => quote!(#[doc = #doc] pub #id: <#ty as ::kiln::tensor::nn::Module<Be>>::Grads),
+        }
     });
     let ids: Vec<&Ident> = fields.iter().map(|f| &f.ident).collect();
     let types: Vec<TokenStream> = fields.iter().map(|f| f.kind.real_type()).collect();
@@ -95,6 +141,15 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
         .collect();
     let names: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
     let struct_doc = format!("Gradients of every parameter of [`{name}`], field for field.");
+    // A dynamic part's gradients are not in the backward pass's list: its own backward
+    // pass gives them, and the training entry puts them in place.
+    let grads_of_fields = fields.iter().zip(&types).map(|(f, ty)| {
+        let id = &f.ident;
+        match f.kind {
+            FieldKind::Dynamic(_) => quote!(#id: ::core::default::Default::default()),
+            _ => quote!(#id: <#ty as ::kiln::tensor::nn::Module<Be>>::grads_from_raw(grads)?),
+        }
+    });
 
     Ok(quote! {
         #(#attrs)*
@@ -155,7 +210,7 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
                 grads: &mut dyn ::core::iter::Iterator<Item = ::kiln::tensor::RawTensor<Be>>,
             ) -> ::kiln::tensor::Result<Self::Grads> {
                 Ok(#grads {
-                    #(#ids: <#types as ::kiln::tensor::nn::Module<Be>>::grads_from_raw(grads)?,)*
+                    #(#grads_of_fields,)*
                     __kiln_backend: ::core::marker::PhantomData,
                 })
             }

@@ -28,6 +28,17 @@ pub fn backward(mg: &mut MGraph, loss: NodeId) -> kiln_tensor::Result<HashMap<No
     for id in (0..=loss).rev() {
         let Some(&g) = grads.get(&id) else { continue };
         let node = mg.g.nodes[id].clone();
+        if let NodeKind::Call(_) = node.kind {
+            // The part's own backward pass, run when the plan gets here.
+            let input = node.inputs[0];
+            let ig = mg.call_grad(id, g);
+            let total = match grads.get(&input) {
+                Some(&prev) => mg.add(&prev, &ig)?,
+                None => ig,
+            };
+            grads.insert(input, total);
+            continue;
+        }
         let NodeKind::Op(op) = &node.kind else {
             continue;
         };
@@ -146,6 +157,15 @@ pub fn value_and_grad(
         }
     }
     outputs.extend(mg.updates.iter().map(|u| u.node));
+    // Every part's backward pass runs, even where its input needs no gradient: it
+    // gives the part's parameter gradients.
+    for i in 0..mg.g.nodes.len() {
+        if let NodeKind::CallGrad(k) = mg.g.nodes[i].kind {
+            outputs.push(i);
+            let name = format!("_d_input_of_{}", mg.parts[k].key.replace('.', "_"));
+            mg.name(i, &name);
+        }
+    }
 
     outputs.dedup();
     let mut unique: Vec<NodeId> = Vec::new();
@@ -158,7 +178,7 @@ pub fn value_and_grad(
         "__KILN_PLAN_{}_AND_GRAD",
         m.name().to_string().to_uppercase()
     );
-    let fused = crate::fuse::fuse(&mg, &unique, plan_id, &const_name, natives);
+    let fused = crate::fuse::fuse(&mg, &unique, plan_id, &const_name, natives, true);
     let mut names = Names::new(&mg);
     let out_vars: Vec<Ident> = unique.iter().map(|&o| names.var(o)).collect();
     let loss_var = names.var(loss);
@@ -171,6 +191,34 @@ pub fn value_and_grad(
             quote!(#layer.#field.set(::kiln::tensor::Tensor::from_raw(#v.clone())?);)
         })
         .collect();
+    // Each dynamic part's gradients, summed over its calls, into its field of `Grads`.
+    let mut part_grads = Vec::new();
+    let mut done: Vec<&str> = Vec::new();
+    for site in &mg.parts {
+        if done.contains(&site.key.as_str()) {
+            continue;
+        }
+        done.push(&site.key);
+        let calls: Vec<usize> = (0..mg.parts.len())
+            .filter(|&k| mg.parts[k].key == site.key)
+            .collect();
+        let place = site.key.split('.').map(|seg| match seg.parse::<usize>() {
+            Ok(i) => {
+                let i = proc_macro2::Literal::usize_unsuffixed(i);
+                quote!([#i])
+            }
+            Err(_) => {
+                let f = format_ident!("{}", seg);
+                quote!(.#f)
+            }
+        });
+        part_grads.push(quote!(grads #(#place)* = __parts.gradients(&[#(#calls),*])?;));
+    }
+    let grads_mut = if part_grads.is_empty() {
+        quote!()
+    } else {
+        quote!(mut)
+    };
     let mut param_grads = Vec::new();
     for f in fields {
         grads_in_order(
@@ -200,7 +248,7 @@ pub fn value_and_grad(
     let doc = format!(
         "The value of [`Self::{name}`] and the gradient of every parameter, computed by the backward pass `#[model]` derived at build time (training mode: dropout active, batch statistics used and recorded)."
     );
-    let plan_const = &fused.plan_const;
+    let (plan_const, parts) = (&fused.plan_const, &fused.parts);
     let nexts = out_vars
         .iter()
         .map(|_| quote!(__outs.next().expect("a plan returns each of its outputs")));
@@ -219,9 +267,11 @@ pub fn value_and_grad(
         fn #raw(&self, __sizes: &[(&str, usize)], #(#arg_names: &::kiln::tensor::RawTensor<Be>),*) -> ::kiln::tensor::Result<(::kiln::tensor::RawTensor<Be>, #grads_ty<Be>)> {
             let __dev = #device;
             let __seed = self.__kiln_step_seed();
+            #parts
             let (#(#out_vars,)*) = #run;
             #(#updates)*
-            let grads = <Self as ::kiln::tensor::nn::Module<Be>>::grads_from_raw(&mut [#(#param_grads),*].into_iter())?;
+            let #grads_mut grads = <Self as ::kiln::tensor::nn::Module<Be>>::grads_from_raw(&mut [#(#param_grads),*].into_iter())?;
+            #(#part_grads)*
             Ok((#loss_var, grads))
         }
     })
@@ -272,6 +322,8 @@ fn grads_in_order(
                 grads_in_order(inner, &join(key, &i.to_string()), defs, grad_of, names, out);
             }
         }
+        // Its own backward pass gives them (see `part_grads`).
+        FieldKind::Dynamic(_) => {}
         FieldKind::Model(path) => {
             if let Some(def) = defs.get(&crate::dsl::model_name(path)) {
                 for f in &def.fields {

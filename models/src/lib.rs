@@ -1,8 +1,8 @@
 //! # kiln-models
 //!
 //! Owns Kiln's real models on real data: the data loaders (`data` for images, `text`
-//! for the Shakespeare bytes), the models (`mlp`, `lenet`, `gpt`, and `parts` to
-//! compose), and the binaries `kiln-train` (the README's main job), `kiln-infer`,
+//! for the Shakespeare bytes), the models (`mlp`, `lenet`, `gpt`, `parts` to
+//! compose, `hybrid` with a part on the dynamic path), and the binaries `kiln-train` (the README's main job), `kiln-infer`,
 //! `kiln-generate` (samples from a trained GPT) and `kiln-bench` (the workloads of
 //! DESIGN.md, one parseable line per figure).
 
@@ -11,6 +11,7 @@ pub mod classify;
 pub mod data;
 pub mod dynamic;
 pub mod gpt;
+pub mod hybrid;
 pub mod lenet;
 pub mod mlp;
 pub mod parts;

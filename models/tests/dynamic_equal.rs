@@ -24,4 +24,13 @@ proptest! {
 
     #[test]
     fn gpt(seed in 0u64..1000) { equal::gpt::<Cpu>(&CpuDevice, seed) }
+
+    #[test]
+    fn hybrid_once(seed in 0u64..1000) { equal::hybrid::<Cpu>(&CpuDevice, seed, equal::HybridCase::Once) }
+
+    #[test]
+    fn hybrid_twice(seed in 0u64..1000) { equal::hybrid::<Cpu>(&CpuDevice, seed, equal::HybridCase::Twice) }
+
+    #[test]
+    fn hybrid_deep(seed in 0u64..1000) { equal::hybrid::<Cpu>(&CpuDevice, seed, equal::HybridCase::Deep) }
 }

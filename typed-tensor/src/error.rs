@@ -102,4 +102,26 @@ impl Error {
             msg: msg.into(),
         }
     }
+
+    /// The same error, its message followed by where it happened (`context`: "in
+    /// `self.router`, called on f32 [4, 31]"); errors without a message of their own
+    /// (I/O, devices) stay as they are.
+    pub fn with_context(self, context: &str) -> Self {
+        match self {
+            Error::Shape { op, msg } => Error::Shape {
+                op,
+                msg: format!("{msg} ({context})"),
+            },
+            Error::DType { op, msg } => Error::DType {
+                op,
+                msg: format!("{msg} ({context})"),
+            },
+            Error::Invalid { op, msg } => Error::Invalid {
+                op,
+                msg: format!("{msg} ({context})"),
+            },
+            Error::Format(msg) => Error::Format(format!("{msg} ({context})")),
+            e => e,
+        }
+    }
 }

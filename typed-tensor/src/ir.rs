@@ -22,6 +22,14 @@ pub enum NodeKind<D> {
     /// The rank-0 constant `1/n` for a dim `n` only known when the graph runs (the
     /// scale of a mean over a symbolic axis).
     RecipDim(D),
+    /// A call out to part `k` of the model that the graph does not see (a module on the
+    /// dynamic path): its input is `inputs[0]`, its result has the dims and dtype the
+    /// call declared, checked when it runs.
+    Call(usize),
+    /// The gradient of call `k`'s input, from the gradient of its output (`inputs[0]`)
+    /// and the call's node (`inputs[1]`): the part runs its own backward pass and keeps
+    /// its parameters' gradients.
+    CallGrad(usize),
 }
 
 /// One node: what it computes, from which nodes, with which dims and dtype.
@@ -96,6 +104,30 @@ impl<D: SymDim> Graph<D> {
             }
         }
         live
+    }
+
+    /// Adds a call of part `part` on `input`, declared to return `dims` of `dtype`.
+    pub fn call(&mut self, part: usize, input: NodeId, dims: Vec<D>, dtype: DType) -> NodeId {
+        self.nodes.push(Node {
+            kind: NodeKind::Call(part),
+            inputs: vec![input],
+            meta: TensorMeta::new(dims, dtype),
+        });
+        self.nodes.len() - 1
+    }
+
+    /// Adds the gradient of call node `call`'s input, given its output's gradient `grad`.
+    pub fn call_grad(&mut self, call: NodeId, grad: NodeId) -> NodeId {
+        let NodeKind::Call(part) = self.nodes[call].kind else {
+            panic!("node {call} is not a call");
+        };
+        let meta = self.nodes[self.nodes[call].inputs[0]].meta.clone();
+        self.nodes.push(Node {
+            kind: NodeKind::CallGrad(part),
+            inputs: vec![grad, call],
+            meta,
+        });
+        self.nodes.len() - 1
     }
 
     /// How many live nodes use each node as an input.

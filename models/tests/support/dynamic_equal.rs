@@ -17,6 +17,7 @@ use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use kiln_models::dynamic::{
     DynamicAttention, DynamicGpt, DynamicLeNet, DynamicMlp, DynamicResidualMlp,
 };
+use kiln_models::hybrid::{HybridMlp, StaticHybridMlp};
 use kiln_models::lenet::LeNet;
 use kiln_models::mlp::Mlp;
 use kiln_models::parts::ResidualMlp;
@@ -302,6 +303,85 @@ pub fn gpt<B: Backend>(dev: &B::Device, seed: u64) {
     close_named(
         "parameters after 3 steps",
         &params(&d, false),
+        &params(&s, false),
+    );
+}
+
+/// Which methods of the hybrid MLP a check runs: the refiner once at depth one, twice
+/// at depth one (two call sites), or once at depth two (`StaticHybridMlp`'s
+/// `forward_deep`).
+#[derive(Clone, Copy, Debug)]
+pub enum HybridCase {
+    /// `forward` / `loss`, depth one.
+    Once,
+    /// `forward_twice` / `loss_twice`, depth one.
+    Twice,
+    /// `forward` / `loss` at depth two, against `forward_deep` / `loss_deep`.
+    Deep,
+}
+
+/// A `#[model]` holding a dynamic part (`HybridMlp`) against the same network all
+/// planned (`StaticHybridMlp`): initial parameters, outputs fused and op by op, loss
+/// and every gradient (the part's from its own backward pass), three SGD steps.
+pub fn hybrid<B: Backend>(dev: &B::Device, seed: u64, case: HybridCase) {
+    type X = Rank2<5, 16>;
+    type Y = Rank2<5, 4>;
+    let mut s = StaticHybridMlp::<B>::init(dev, seed).unwrap();
+    let mut h = HybridMlp::<B>::init(dev, seed).unwrap();
+    if let HybridCase::Deep = case {
+        h.refiner_mut().set_depth(2);
+    }
+    assert_eq!(params(&h, false), params(&s, false), "initial parameters");
+    let (mut so, mut ho) = (sgd::<B>(), sgd::<B>());
+    for step in 0..3 {
+        let x = Tensor::<B, X>::from_raw(normal::<B>(&[5, 16], seed + step, dev)).unwrap();
+        let y = Tensor::<B, Y>::from_raw(normal::<B>(&[5, 4], seed + 100 + step, dev)).unwrap();
+        let forward_s = |s: &StaticHybridMlp<B>| match case {
+            HybridCase::Once => s.forward(&x),
+            HybridCase::Twice => s.forward_twice(&x),
+            HybridCase::Deep => s.forward_deep(&x),
+        };
+        let forward_h = |h: &HybridMlp<B>| match case {
+            HybridCase::Once | HybridCase::Deep => h.forward(&x),
+            HybridCase::Twice => h.forward_twice(&x),
+        };
+        if step == 0 {
+            let want = forward_s(&s).unwrap().raw().to_vec::<f32>().unwrap();
+            for fused in [true, false] {
+                h.set_fused(fused);
+                let got = forward_h(&h).unwrap().raw().to_vec::<f32>().unwrap();
+                close(&format!("output (fused: {fused})"), &got, &want);
+            }
+        }
+        let (sl, sg) = match case {
+            HybridCase::Once => s.loss_and_grad(&x, &y),
+            HybridCase::Twice => s.loss_twice_and_grad(&x, &y),
+            HybridCase::Deep => s.loss_deep_and_grad(&x, &y),
+        }
+        .unwrap();
+        // Every other step op by op: both paths call the part the same way.
+        h.set_fused(step % 2 == 0);
+        let (hl, hg) = match case {
+            HybridCase::Once | HybridCase::Deep => h.loss_and_grad(&x, &y),
+            HybridCase::Twice => h.loss_twice_and_grad(&x, &y),
+        }
+        .unwrap();
+        close(
+            &format!("step {step} loss"),
+            &hl.raw().to_vec::<f32>().unwrap(),
+            &sl.raw().to_vec::<f32>().unwrap(),
+        );
+        close_named(
+            &format!("step {step} gradient"),
+            &grads(&mut h, &hg),
+            &grads(&mut s, &sg),
+        );
+        so.step(&mut s, &sg).unwrap();
+        ho.step(&mut h, &hg).unwrap();
+    }
+    close_named(
+        "parameters after 3 steps",
+        &params(&h, false),
         &params(&s, false),
     );
 }
