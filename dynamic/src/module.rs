@@ -26,7 +26,7 @@ pub fn built_by_constructor<T>(prefix: &str) -> Result<T> {
     Err(Error::invalid(
         "init",
         format!(
-            "`{}` is a dynamic module: build it with its constructor (its sizes are run-time values)",
+            "`{}` is a dynamic module: build it with its constructor (its sizes are run-time values), or name a function that builds it by name, `#[module(init = path)]` (what a `#[model]` holding it calls)",
             if prefix.is_empty() { "the model" } else { prefix }
         ),
     ))

@@ -85,7 +85,11 @@ impl<B: Backend> Parts<B> for PartCalls<'_, B> {
     fn forward(&mut self, part: usize, input: RawTensor<B>) -> Result<RawTensor<B>> {
         let (module, _) = self.site(part)?;
         match self.mode {
-            Mode::Eval => no_grad(|| module.forward_part(&LazyTensor::from_raw(input), Mode::Eval)?.value()),
+            Mode::Eval => no_grad(|| {
+                module
+                    .forward_part(&LazyTensor::from_raw(input), Mode::Eval)?
+                    .value()
+            }),
             Mode::Train { seed } => {
                 let x = LazyTensor::leaf(input, true);
                 let mode = Mode::Train {

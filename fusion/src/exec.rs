@@ -575,7 +575,10 @@ impl<B: Backend> Program<B> {
             }
             if let NodeKind::Call(part) | NodeKind::CallGrad(part) = node.kind {
                 let input = values[node.inputs[0]].clone().ok_or_else(|| {
-                    Error::invalid("run", format!("call {i} read before its input was computed"))
+                    Error::invalid(
+                        "run",
+                        format!("call {i} read before its input was computed"),
+                    )
                 })?;
                 let grad = matches!(node.kind, NodeKind::CallGrad(_));
                 let declared = declared_dims(plan, i);

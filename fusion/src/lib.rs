@@ -18,8 +18,8 @@ pub mod sym;
 pub mod text;
 
 pub use exec::{Program, Seeds};
-pub use parts::{NoParts, Parts};
 pub use exprs::native_exprs;
+pub use parts::{NoParts, Parts};
 pub use plan::{plan, plan_named, Kernel, KernelKind, Plan};
 pub use programs::Programs;
 pub use sym::SDim;

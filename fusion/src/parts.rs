@@ -69,7 +69,11 @@ pub fn call_part<B: Backend>(
         } else {
             format!("`{name}`, called on")
         };
-        e.with_context(&format!("in {at} {} {}", given.dtype, fmt_dims(&given.dims)))
+        e.with_context(&format!(
+            "in {at} {} {}",
+            given.dtype,
+            fmt_dims(&given.dims)
+        ))
     })?;
     let got = out.meta();
     if got.dims == want.dims && got.dtype == want.dtype {

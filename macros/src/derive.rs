@@ -44,7 +44,8 @@ pub fn expand(input: DeriveInput) -> syn::Result<TokenStream> {
                 init = Some(m.value()?.parse()?);
                 Ok(())
             } else {
-                Err(m.error("unknown #[module] option on a struct: the one option is `init = path`"))
+                Err(m
+                    .error("unknown #[module] option on a struct: the one option is `init = path`"))
             }
         });
         if let Err(e) = r {

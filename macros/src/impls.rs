@@ -61,7 +61,11 @@ fn missing_def(item: &ItemStruct, defs: &[Def]) -> Option<syn::Path> {
     let mut missing = None;
     for s in std::iter::once(item).chain(defs.iter().map(|d| &d.item)) {
         // A dynamic part is a plain Rust type, with no definition to receive.
-        for f in s.fields.iter().filter(|f| !crate::structs::is_dynamic_field(f)) {
+        for f in s
+            .fields
+            .iter()
+            .filter(|f| !crate::structs::is_dynamic_field(f))
+        {
             let mut ty = f.ty.clone();
             crate::sizes::model_paths_mut(&mut ty, &mut |p| {
                 if missing.is_none() && !known(&crate::dsl::model_name(&p.path)) {
@@ -275,7 +279,8 @@ pub(crate) fn expand_impl_in(
                         outputs.push(n);
                     }
                 }
-                let fused = crate::fuse::fuse(&lower.mg, &outputs, 2 * mi, &name, &mut natives, false);
+                let fused =
+                    crate::fuse::fuse(&lower.mg, &outputs, 2 * mi, &name, &mut natives, false);
                 let picks: Vec<usize> = results
                     .iter()
                     .map(|n| {
@@ -493,7 +498,7 @@ fn summary_text(
                 format!("{}{}", "  ".repeat(c.depth), c.key),
                 c.what.clone(),
                 c.output.clone(),
-                thousands(c.params),
+                c.params.map_or("run time".into(), thousands),
             ]
         })
         .collect();
@@ -527,6 +532,9 @@ fn summary_text(
         .to_string()
     };
     let mut out = format!("{model}: {} parameters", thousands(total));
+    if calls.iter().any(|c| c.params.is_none()) {
+        out.push_str(" outside its dynamic parts");
+    }
     if !rows.is_empty() {
         out.push_str(&format!("; what `{method}` calls:\n"));
         out.push_str(&line(&heads));

@@ -175,8 +175,8 @@ pub struct Call {
     pub output: String,
     /// How many levels of nesting it sits under.
     pub depth: usize,
-    /// Its parameter count.
-    pub params: usize,
+    /// Its parameter count (`None` for a dynamic part: its sizes are run-time values).
+    pub params: Option<usize>,
 }
 
 /// The nested models' definitions, by name (the last segment of their path).
@@ -1017,7 +1017,7 @@ impl<'a> Lower<'a> {
             what: spec.to_string(),
             output: self.shape_str(out.y),
             depth: self.nesting,
-            params: spec_params(&spec),
+            params: Some(spec_params(&spec)),
         });
         Ok(Val::T(out.y))
     }
@@ -1106,7 +1106,11 @@ impl<'a> Lower<'a> {
         let [arg] = args.as_slice() else {
             self.err(
                 mc,
-                format!("`{}.forward` takes one input, got {}", l.display, args.len()),
+                format!(
+                    "`{}.forward` takes one input, got {}",
+                    l.display,
+                    args.len()
+                ),
             );
             return Err(());
         };
@@ -1150,7 +1154,13 @@ impl<'a> Lower<'a> {
             dims.push(self.dim_arg(a)?);
         }
         if dims.len() > 6 {
-            self.err(mc, format!("tensors have rank 0 to 6; this call declares {}", dims.len()));
+            self.err(
+                mc,
+                format!(
+                    "tensors have rank 0 to 6; this call declares {}",
+                    dims.len()
+                ),
+            );
             return Err(());
         }
         let x = self.lower_expr(arg)?;
@@ -1174,7 +1184,7 @@ impl<'a> Lower<'a> {
             what: format!("{} (dynamic)", crate::dsl::model_name(path)),
             output: self.shape_str(y),
             depth: self.nesting,
-            params: 0,
+            params: None,
         });
         Ok(Val::T(y))
     }
@@ -1293,7 +1303,7 @@ impl<'a> Lower<'a> {
                     what: format!("tied to {spec}"),
                     output: self.shape_str(y),
                     depth: self.nesting,
-                    params: 0,
+                    params: Some(0),
                 });
                 Ok(Val::T(y))
             }
@@ -1371,7 +1381,7 @@ impl<'a> Lower<'a> {
             what: name.clone(),
             output: String::new(),
             depth: self.nesting,
-            params: model_params(&def.fields, defs),
+            params: Some(model_params(&def.fields, defs)),
         });
         let saved = (
             self.fields,

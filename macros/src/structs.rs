@@ -73,9 +73,9 @@ pub(crate) fn is_dynamic_field(f: &syn::Field) -> bool {
 /// backend parameter is added, as for nested models).
 fn dynamic_field(f: &syn::Field) -> syn::Result<FieldKind> {
     for a in f.attrs.iter().filter(|a| is_dynamic(a)) {
-        a.meta.require_path_only().map_err(|_| {
-            syn::Error::new(a.span(), "`#[dynamic]` takes no arguments")
-        })?;
+        a.meta
+            .require_path_only()
+            .map_err(|_| syn::Error::new_spanned(&a.meta, "`#[dynamic]` takes no arguments"))?;
     }
     match &f.ty {
         syn::Type::Path(p)

@@ -162,7 +162,7 @@ pub fn value_and_grad(
     for i in 0..mg.g.nodes.len() {
         if let NodeKind::CallGrad(k) = mg.g.nodes[i].kind {
             outputs.push(i);
-            let name = format!("_d_input_of_{}", mg.parts[k].key.replace('.', "_"));
+            let name = format!("d_input_of_{}", mg.parts[k].key.replace('.', "_"));
             mg.name(i, &name);
         }
     }

@@ -1,5 +1,6 @@
 //! The dynamic path equals the static path for every model of kiln-models on wgpu
-//! (lavapipe in CI): the comparisons and tolerance of
+//! (lavapipe in CI), and a `#[model]` with a dynamic part against the same network all
+//! planned: the comparisons and tolerance of
 //! models/tests/support/dynamic_equal.rs, one seed each (the CPU test draws more).
 #![cfg(feature = "wgpu")]
 
@@ -35,4 +36,15 @@ fn attention() {
 #[test]
 fn gpt() {
     equal::gpt::<Wgpu>(&dev(), 8);
+}
+
+#[test]
+fn hybrid_with_a_dynamic_part() {
+    for case in [
+        equal::HybridCase::Once,
+        equal::HybridCase::Twice,
+        equal::HybridCase::Deep,
+    ] {
+        equal::hybrid::<Wgpu>(&dev(), 9, case);
+    }
 }
