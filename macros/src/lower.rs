@@ -220,7 +220,11 @@ impl Frame {
             quote!(#path.#name)
         } else {
             let accessor = format_ident!("__kiln_field_{}", name);
-            quote!(#path.#accessor())
+            match kind {
+                // A place, not a reference: the plan borrows it as a trait object.
+                FieldKind::Dynamic(_) => quote!((*#path.#accessor())),
+                _ => quote!(#path.#accessor()),
+            }
         };
         LayerRef {
             path,

@@ -11,6 +11,8 @@ use kiln::tensor::nn::Mode;
 use kiln::tensor::{DType, Result};
 use kiln::Module;
 
+mod common;
+
 /// A linear layer `32 -> width` (width a run-time setting; 32 fits the model), its
 /// output cast to `dtype`.
 #[derive(Module)]
@@ -231,4 +233,78 @@ fn summary_and_plans_show_the_call() {
         "{report}"
     );
     assert!(report.contains("[backward of part 0]"), "{report}");
+}
+
+/// A model holding models that hold a dynamic part: one as a field, two in an array.
+#[model]
+struct Outer {
+    pre: Linear<16, 16>,
+    inner: kiln_models::hybrid::HybridMlp,
+    pair: [kiln_models::hybrid::HybridMlp; 2],
+}
+
+#[model]
+impl Outer {
+    fn forward<const B: usize>(&self, x: Tensor<B, 16>) -> Tensor<B, 4> {
+        let h = self.pre(x);
+        self.inner(h) + self.pair[0](h) + self.pair[1].forward_twice(h)
+    }
+
+    fn loss<const B: usize>(&self, x: Tensor<B, 16>) -> Tensor {
+        self.forward(x).square().mean_all()
+    }
+}
+
+#[test]
+fn nested_dynamic_parts_get_their_gradients() {
+    use kiln::dynamic::Gradients;
+    let m = Outer::<Cpu>::init(&CpuDevice, 3).unwrap();
+    let x = Tensor::<Cpu, Rank2<2, 16>>::from_raw(
+        RawTensor::from_vec(
+            (0..32).map(|i| (i as f32).sin()).collect(),
+            &[2, 16],
+            &CpuDevice,
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let (_, g) = m.loss_and_grad(&x).unwrap();
+    // Each part's block has six parameters (norm, up and down: weights and biases); the
+    // gradients of a part also hold its input's.
+    let count = |g: &Gradients<Cpu>| g.len();
+    assert!(count(&g.inner.refine) >= 6, "{:?}", g.inner.refine);
+    assert!(count(&g.pair[0].refine) >= 6, "{:?}", g.pair[0].refine);
+    assert!(count(&g.pair[1].refine) >= 6, "{:?}", g.pair[1].refine);
+    // Fused and op by op agree.
+    let fused = m.loss(&x).unwrap().raw().to_vec::<f32>().unwrap();
+    m.set_fused(false);
+    let unfused = m.loss(&x).unwrap().raw().to_vec::<f32>().unwrap();
+    assert!((fused[0] - unfused[0]).abs() <= 1e-5 * fused[0].abs().max(1.0));
+}
+
+#[test]
+fn gradients_through_dynamic_parts_match_finite_differences() {
+    let mut model = Outer::<Cpu>::init(&CpuDevice, 4).unwrap();
+    let x = Tensor::<Cpu, Rank2<2, 16>>::from_raw(
+        RawTensor::from_vec(
+            (0..32).map(|i| (i as f32 * 0.7).cos()).collect(),
+            &[2, 16],
+            &CpuDevice,
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let (_, grads) = model.loss_and_grad(&x).unwrap();
+    let at = [
+        ("pre.weight", 21),
+        ("inner.input.weight", 40),
+        ("inner.refine.block.up.weight", 100),
+        ("inner.refine.block.norm.bias", 3),
+        ("pair.0.refine.block.down.bias", 7),
+        ("pair.1.refine.block.up.weight", 9),
+        ("pair.1.head.bias", 1),
+    ];
+    common::check_finite_differences(&mut model, &grads, &at, 1e-5, |m| {
+        m.loss(&x).unwrap().raw().to_vec::<f32>().unwrap()[0]
+    });
 }

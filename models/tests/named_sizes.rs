@@ -159,11 +159,9 @@ fn a_holder_of_an_instance_trains_and_its_gradients_match_finite_differences() {
     let (_, grads) = model
         .loss_and_grad(&x, &y)
         .unwrap_or_else(|e| panic!("{e}"));
-    let fresh = Holder::<Cpu>::init(&CpuDevice, 7).unwrap();
     check_finite_differences(
         &mut model,
         &grads,
-        fresh,
         &[
             ("stack.attn.0.q.weight", 5),
             ("stack.mlp.1.up.weight", 40),
@@ -219,12 +217,10 @@ fn a_tied_head_shares_the_embedding_and_its_gradient_sums_both_uses() {
     )
     .unwrap();
     let (_, grads) = model.loss_and_grad(&ids, &next).unwrap();
-    let fresh = Tied::<Cpu>::init(&CpuDevice, 3).unwrap();
     // Row 4 is both looked up and scored; row 6 (a target, never an input) only scored.
     check_finite_differences(
         &mut model,
         &grads,
-        fresh,
         &[
             ("tok.weight", 4 * 8 + 2),
             ("tok.weight", 6 * 8 + 5),
