@@ -545,14 +545,7 @@ pub(crate) fn eval_op_by_op<B: Backend>(t: &LazyTensor<B>) -> Result<()> {
     let value = match &t.0.kind {
         Kind::Source => return Ok(()),
         Kind::Op(op) => eager.apply(op.clone(), &refs)?,
-        Kind::RecipDim(n) => eager.apply(
-            Op::Full {
-                dims: vec![],
-                value: 1.0 / *n as f64,
-                dtype: t.0.meta.dtype,
-            },
-            &[],
-        )?,
+        Kind::RecipDim(n) => eager.apply(Op::recip_count(*n, t.0.meta.dtype), &[])?,
     };
     store(t, value);
     Ok(())

@@ -228,12 +228,7 @@ fn infer_nodes(
                 (None, inputs[k].clone())
             }
             NodeKind::RecipDim(d) => {
-                let count = d.eval(&param, &rt)?;
-                let op = Op::Full {
-                    dims: vec![],
-                    value: 1.0 / count as f64,
-                    dtype: node.meta.dtype,
-                };
+                let op = Op::recip_count(d.eval(&param, &rt)?, node.meta.dtype);
                 (Some(op), TensorMeta::new(vec![], node.meta.dtype))
             }
             NodeKind::Call(_) => {

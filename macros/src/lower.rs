@@ -9,9 +9,7 @@ use kiln_fusion::SDim;
 use kiln_tensor::ir::NodeId;
 use kiln_tensor::nn::{LayerSpec, Mode};
 use kiln_tensor::op::fmt_dims;
-use kiln_tensor::{
-    BinaryOp, Builder, BuilderExt, DType, Error, Guard, Op, SymDim, TensorMeta, UnaryOp,
-};
+use kiln_tensor::{BinaryOp, BuilderExt, DType, Error, Guard, SymDim, TensorMeta, UnaryOp};
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, ToTokens};
 use std::collections::HashMap;
@@ -1211,33 +1209,18 @@ impl<'a> Lower<'a> {
             self.err(&mc.args[0], "`.positions()` takes a tensor of ids");
             return Err(());
         };
-        if let Err(e) = self.mg.guard(Guard::Positions { table: vocab }, &[&ids]) {
-            self.err(
-                &mc.args[0],
-                format!(
-                    "`{}.positions({})`: {}",
-                    l.display,
-                    src(&mc.args[0]),
-                    describe(&e)
-                ),
-            );
-            return Err(());
-        }
-        let t = self
-            .dims(ids)
-            .last()
-            .cloned()
-            .expect("the guard refuses scalars");
-        let at = match self.mg.apply(
-            Op::Iota {
-                dims: vec![t],
-                axis: 0,
-            },
-            &[],
-        ) {
+        let at = match self.mg.positions(&ids, vocab) {
             Ok(n) => n,
             Err(e) => {
-                self.err(mc, describe(&e));
+                self.err(
+                    &mc.args[0],
+                    format!(
+                        "`{}.positions({})`: {}",
+                        l.display,
+                        src(&mc.args[0]),
+                        describe(&e)
+                    ),
+                );
                 return Err(());
             }
         };

@@ -7,7 +7,7 @@
 
 use kiln::dynamic::{Layer, LazyTensor, ModuleList};
 use kiln::tensor::nn::{join, LayerSpec, Mode};
-use kiln::tensor::{Backend, Builder, BuilderExt, Guard, Op, Result};
+use kiln::tensor::{Backend, BuilderExt, Result};
 use kiln::Module;
 
 /// The modes of a forward pass's dropout layers: the `i`-th dropout a `#[model]`
@@ -331,21 +331,7 @@ impl<B: Backend> DynamicGpt<B> {
     /// Next-byte logits `[B, T, 256]` of byte ids `[B, T]` (i32).
     pub fn logits(&self, ids: &LazyTensor<B>, mode: Mode) -> Result<LazyTensor<B>> {
         let mut drops = Dropouts::new(mode);
-        let mut b = ids.ops();
-        b.guard(
-            Guard::Positions {
-                table: self.context,
-            },
-            &[ids],
-        )?;
-        let t = *ids.dims().last().expect("the guard refuses scalars");
-        let at = b.apply(
-            Op::Iota {
-                dims: vec![t],
-                axis: 0,
-            },
-            &[],
-        )?;
+        let at = ids.ops().positions(ids, self.context)?;
         let x = self
             .tok
             .forward(ids, mode)?

@@ -32,14 +32,7 @@ pub trait Builder {
     fn recip_dim(&mut self, like: &Self::Value, n: &Self::Dim) -> Result<Self::Value> {
         let dtype = self.meta(like).dtype;
         match n.as_lit() {
-            Some(n) => self.apply(
-                Op::Full {
-                    dims: vec![],
-                    value: 1.0 / n as f64,
-                    dtype,
-                },
-                &[],
-            ),
+            Some(n) => self.apply(Op::recip_count(n, dtype), &[]),
             None => Err(Error::invalid(
                 "mean",
                 format!("the size {n} must be known to take a mean"),
@@ -269,6 +262,25 @@ pub trait BuilderExt: Builder {
     }
 
     // ---- small composites -------------------------------------------------------
+
+    /// The positions `0..T` (`iota`) of a sequence of ids `[.., T]`, for a position
+    /// table of `table` rows: what `pos.positions(ids)` embeds. Refused when `T`
+    /// exceeds the table or `ids` is a scalar (a guard kept for run-time sizes).
+    fn positions(&mut self, ids: &Self::Value, table: usize) -> Result<Self::Value> {
+        self.guard(Guard::Positions { table }, &[ids])?;
+        let t = self
+            .dims(ids)
+            .last()
+            .cloned()
+            .expect("the guard refuses scalars");
+        self.apply(
+            Op::Iota {
+                dims: vec![t],
+                axis: 0,
+            },
+            &[],
+        )
+    }
 
     /// x + s
     fn add_scalar(&mut self, x: &Self::Value, s: f64) -> Result<Self::Value> {

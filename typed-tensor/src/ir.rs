@@ -179,14 +179,7 @@ impl<D: SymDim> Builder for Graph<D> {
     fn recip_dim(&mut self, like: &NodeId, n: &D) -> Result<NodeId> {
         let dtype = self.nodes[*like].meta.dtype;
         if let Some(n) = n.as_lit() {
-            return self.apply(
-                Op::Full {
-                    dims: vec![],
-                    value: 1.0 / n as f64,
-                    dtype,
-                },
-                &[],
-            );
+            return self.apply(Op::recip_count(n, dtype), &[]);
         }
         self.nodes.push(Node {
             kind: NodeKind::RecipDim(n.clone()),

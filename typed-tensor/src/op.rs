@@ -451,6 +451,16 @@ impl<D> TensorMeta<D> {
 }
 
 impl<D> Op<D> {
+    /// The rank-0 constant `1/n` of `dtype`: a mean's scale over `n` elements (one
+    /// home for every path that computes it: builders, plans, the dynamic path).
+    pub fn recip_count(n: usize, dtype: DType) -> Self {
+        Op::Full {
+            dims: vec![],
+            value: 1.0 / n as f64,
+            dtype,
+        }
+    }
+
     /// The same op with every dim it carries (reshape, expand and scatter targets,
     /// fold sizes, source dims) mapped by `f`: how a plan's symbolic op becomes the op
     /// for the sizes of one call.
