@@ -26,7 +26,7 @@ def median_ms(f, reps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--compile", action="store_true", help="also torch.compile W1 and W2")
+    ap.add_argument("--compile", action="store_true", help="also torch.compile W1 (its first calls too) and W2")
     a = ap.parse_args()
     dev = "cuda"
     print(f"# torch {torch.__version__} on {torch.cuda.get_device_name()}")
@@ -74,6 +74,26 @@ def main():
             opt.step()
         print(f"bench=W1 impl=torch backend=cuda variant=eager task=train batch={batch} "
               f"ms={median_ms(step, a.reps):.3f}")
+    if a.compile:
+        # torch.compile's first call (tracing, compiling forward and backward) at batch
+        # 256, then at a new batch size (a recompile, with that dim made dynamic), and
+        # its warm step: the anchors of Kiln's dynamic-path first-compile figures.
+        cmodel = torch.compile(model)
+        for batch in (256, 128):
+            xb = torch.randn(batch, 784, device=dev)
+            yb = torch.arange(batch, device=dev) % 10
+
+            def cstep():
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(cmodel(xb), yb).backward()
+                opt.step()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            cstep()
+            torch.cuda.synchronize()
+            first = (time.perf_counter() - t) * 1e3
+            print(f"bench=W1 impl=torch backend=cuda variant=compile task=train batch={batch} "
+                  f"first_ms={first:.1f} ms={median_ms(cstep, a.reps):.3f}")
     x1 = torch.randn(1, 784, device=dev)
     with torch.no_grad():
         ms = median_ms(lambda: model(x1).cpu(), a.reps * 20)

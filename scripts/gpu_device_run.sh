@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
 # fused_test.xz and kernel_cache_test.xz (the stripped `cargo test -p kiln-cubecl
 # --features wgpu,cuda --test fused --test kernel_cache --no-run` binaries: the
 # fused-kernel tests on CUDA and Vulkan), cuda_graph_test.xz and capture_rules_test.xz
-# (`--test cuda_graph --test capture_rules`),
+# (`--test cuda_graph --test capture_rules`), dynamic_equal_test.xz (`--test
+# dynamic_equal_wgpu`: the dynamic path and a model with a dynamic part on Vulkan),
 # ncu_sum.py (scripts/: sums an `ncu --csv` dump),
 # bench_gpu.py (scripts/), this script, and gl/*.deb (libvulkan1 and the glvnd
 # libraries, `apt-get download`ed, as the device README says). CUDA 13 headers come
@@ -32,6 +33,16 @@ echo "CUDA_PATH=${CUDA_PATH:-none} cccl: $(ls -d ${CUDA_PATH:-/x}/include/cccl 2
 nvidia-smi -L; date -u
 run() { echo "== $*"; timeout "$@" 2>&1 | grep -v XDG_RUNTIME; }
 case $W in
+  dynamic)
+    # The dynamic path: first compile in fresh processes, then static beside dynamic,
+    # the #[model]-with-a-dynamic-part and dynamic-vs-static equality tests on Vulkan,
+    # and PyTorch's figures for the same work.
+    run 120 $B/gpu_bench --backend cuda --workloads dynamic-first --reps 10
+    run 120 $B/gpu_bench --backend wgpu --workloads dynamic-first --reps 10
+    run 240 $B/gpu_bench --backend cuda --workloads w1,w2,dynamic --reps 20
+    run 150 $B/gpu_bench --backend wgpu --workloads w1,dynamic --reps 10
+    [ -x $B/dynamic_equal_test ] && run 200 $B/dynamic_equal_test --test-threads 1
+    run 200 python3 $B/bench_gpu.py --reps 20 --compile ;;
   second)
     run 100 $B/gpu_bench --backend wgpu --workloads w4,w2,w1,ops --reps 10
     run 150 $B/gpu_bench --backend wgpu --workloads conformance

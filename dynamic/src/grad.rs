@@ -8,7 +8,7 @@ use crate::jit::eval;
 use crate::lazy::{Kind, Lazy, LazyTensor};
 use kiln_autodiff::vjp;
 use kiln_tensor::{Backend, BuilderExt, Error, RawTensor, Result};
-use std::collections::HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 /// Gradients of the tensors that require them, by [`LazyTensor::id`].
 pub struct Gradients<B: Backend> {
@@ -18,7 +18,7 @@ pub struct Gradients<B: Backend> {
 impl<B: Backend> Default for Gradients<B> {
     fn default() -> Self {
         Gradients {
-            by_id: HashMap::new(),
+            by_id: HashMap::default(),
         }
     }
 }
@@ -104,7 +104,7 @@ impl<B: Backend> LazyTensor<B> {
         let leaves = {
             let order = graph_order(self);
             let mut b = Lazy::new(self.device().clone());
-            let mut grads: HashMap<u64, LazyTensor<B>> = HashMap::new();
+            let mut grads: HashMap<u64, LazyTensor<B>> = HashMap::default();
             grads.insert(self.id(), seed);
             let mut leaves: Vec<(u64, LazyTensor<B>)> = Vec::new();
             for t in order.iter().rev() {
@@ -139,7 +139,7 @@ impl<B: Backend> LazyTensor<B> {
         let mut targets: Vec<&LazyTensor<B>> = vec![self];
         targets.extend(leaves.iter().map(|(_, g)| g));
         eval(&targets)?;
-        let mut by_id = HashMap::new();
+        let mut by_id = HashMap::default();
         for (id, g) in leaves {
             by_id.insert(id, g.value()?);
         }
@@ -151,7 +151,7 @@ impl<B: Backend> LazyTensor<B> {
 /// The nodes behind `t` that require gradients, inputs before the nodes that use them.
 fn graph_order<B: Backend>(t: &LazyTensor<B>) -> Vec<LazyTensor<B>> {
     let mut order = Vec::new();
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::default();
     let mut stack = vec![(t.clone(), false)];
     while let Some((t, expanded)) = stack.pop() {
         if expanded {

@@ -17,9 +17,9 @@ use crate::lazy::{Kind, LazyTensor};
 use kiln_fusion::{plan, Program, SDim, Seeds};
 use kiln_tensor::ir::{Graph, Node as IrNode, NodeId, NodeKind};
 use kiln_tensor::{Backend, Builder, Eager, Error, Op, RawTensor, Result, SymDim, TensorMeta};
+use rustc_hash::{FxHashMap as HashMap, FxHasher};
 use std::any::Any;
-use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -289,10 +289,10 @@ impl Sizes {
 fn record<B: Backend>(targets: &[LazyTensor<B>]) -> Result<Option<Recorded<B>>> {
     // Post-order walk over pending nodes; computed ones are the graph's leaves.
     let mut order: Vec<LazyTensor<B>> = Vec::new();
-    let mut index: HashMap<u64, NodeId> = HashMap::new();
+    let mut index: HashMap<u64, NodeId> = HashMap::default();
     let mut stack: Vec<(LazyTensor<B>, bool)> =
         targets.iter().map(|t| (t.clone(), false)).collect();
-    let mut pending_inputs: HashMap<u64, Vec<LazyTensor<B>>> = HashMap::new();
+    let mut pending_inputs: HashMap<u64, Vec<LazyTensor<B>>> = HashMap::default();
     while let Some((t, expanded)) = stack.pop() {
         if index.contains_key(&t.0.id) {
             continue;
@@ -323,7 +323,7 @@ fn record<B: Backend>(targets: &[LazyTensor<B>]) -> Result<Option<Recorded<B>>> 
         return Ok(None);
     }
     // Uses of each node by the pending nodes recorded here.
-    let mut uses: HashMap<u64, usize> = HashMap::new();
+    let mut uses: HashMap<u64, usize> = HashMap::default();
     for ins in pending_inputs.values() {
         for x in ins {
             *uses.entry(x.0.id).or_default() += 1;
@@ -335,7 +335,7 @@ fn record<B: Backend>(targets: &[LazyTensor<B>]) -> Result<Option<Recorded<B>>> 
     let mut leaves = Vec::new();
     let mut values = Vec::new();
     let mut seeds = Vec::new();
-    let mut hasher = DefaultHasher::new();
+    let mut hasher = FxHasher::default();
     for t in &order {
         let node = &t.0;
         let id = graph.nodes.len();
@@ -435,17 +435,20 @@ fn abstract_op(op: &Op, sizes: &mut Sizes, seeds: &mut Vec<u64>) -> Result<Op<SD
     })
 }
 
-/// Feeds a node's structure to the key's hash.
+/// Feeds a node's structure to the key's hash: its kind (an op by name), inputs, dims
+/// and dtype. Ops that differ only in their parameters (an axis, a constant) hash
+/// alike; a hit is confirmed by comparing whole graphs, so that costs a comparison,
+/// never a wrong program.
 fn node_hash(n: &IrNode<SDim>, h: &mut impl Hasher) {
-    use std::fmt::Write;
-    struct Feed<'a, H: Hasher>(&'a mut H);
-    impl<H: Hasher> Write for Feed<'_, H> {
-        fn write_str(&mut self, s: &str) -> std::fmt::Result {
-            self.0.write(s.as_bytes());
-            Ok(())
-        }
+    match &n.kind {
+        NodeKind::Leaf(k) => (0u8, *k).hash(h),
+        NodeKind::RecipDim(d) => (1u8, d).hash(h),
+        NodeKind::Op(op) => (2u8, op.name()).hash(h),
+        NodeKind::Call(k) | NodeKind::CallGrad(k) => (3u8, *k).hash(h),
     }
-    let _ = write!(Feed(h), "{:?}|{:?}|{:?}", n.kind, n.inputs, n.meta);
+    n.inputs.hash(h);
+    n.meta.dims.hash(h);
+    n.meta.dtype.hash(h);
 }
 
 fn eval_on<B: Backend>(device: &B::Device, targets: Vec<LazyTensor<B>>) -> Result<()> {

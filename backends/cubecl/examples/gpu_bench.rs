@@ -5,6 +5,8 @@
 //!
 //! `cargo run --release -p kiln-cubecl --features cuda,wgpu --example gpu_bench -- \
 //!     --backend cuda --workloads w1,w2,w4,mnist`
+//! (`dynamic` and `dynamic-first`: the same work on the dynamic path, and its first
+//! compile; run `dynamic-first` first in its process).
 
 #![cfg_attr(
     not(any(feature = "cuda", feature = "wgpu")),
@@ -151,6 +153,114 @@ fn w2<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     let ms = time_ms::<B>(dev, reps, || model.forward(&typed).map(|_| ()))?;
     let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
     println!("bench=W2 impl=kiln backend={name} variant=fused n={n} ms={ms:.3} gbps={gbps:.1} max_rel_err={worst:.1e}");
+    Ok(())
+}
+
+/// The dynamic path on this backend: W1's training step (the MLP of
+/// `kiln_models::dynamic`, recorded lazily, planned and cached at run time) at batch 256
+/// and 4096 beside nothing else (the static figures are `w1`'s), W2's chain recorded
+/// lazily (`n` elements, checked), and the host cost of a plan-cache hit on a tiny graph.
+fn dynamic<B: Backend>(dev: &B::Device, name: &str, reps: usize, n: usize) -> Result<()> {
+    use kiln::dynamic::LazyTensor;
+    use kiln_models::dynamic::DynamicMlp;
+    fn step<B: Backend, const BS: usize>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
+        let (_, mut opt, x, y) = w1_setup::<B, BS>(dev)?;
+        let mut model = DynamicMlp::<B>::new(784, 1024, 10, dev, 1)?;
+        let (x, y) = (
+            LazyTensor::from_raw(x.raw().clone()),
+            LazyTensor::from_raw(y.raw().clone()),
+        );
+        let ms = time_ms::<B>(dev, reps, || {
+            let grads = model.loss(&x, &y)?.backward()?;
+            opt.step(&mut model, &grads)
+        })?;
+        println!(
+            "bench=W1 impl=kiln backend={name} variant=dynamic task=train batch={BS} ms={ms:.3}"
+        );
+        Ok(())
+    }
+    step::<B, 256>(dev, name, reps)?;
+    step::<B, 4096>(dev, name, reps)?;
+    let x = RawTensor::<B>::rand(
+        &[n],
+        RandDist::Normal {
+            mean: 0.0,
+            std: 1.0,
+        },
+        3,
+        DType::F32,
+        dev,
+    )?;
+    let lazy_x = LazyTensor::from_raw(x.clone());
+    // One expression: a variable still holding `relu(..)` at the read would be
+    // materialised too (the caller could read it later), a second write.
+    let chain = || -> Result<RawTensor<B>> {
+        lazy_x
+            .mul_scalar(1.5)?
+            .add_scalar(0.5)?
+            .relu()?
+            .mul(&lazy_x.sigmoid()?)?
+            .value()
+    };
+    let (hx, got) = (x.to_vec::<f32>()?, chain()?.to_vec::<f32>()?);
+    let mut worst = 0f32;
+    for i in (0..n).step_by(4099) {
+        let v = hx[i];
+        let want = (v * 1.5 + 0.5).max(0.0) * (1.0 / (1.0 + (-v).exp()));
+        worst = worst.max((got[i] - want).abs() / want.abs().max(1e-3));
+    }
+    if worst > 1e-4 {
+        return Err(kiln_tensor::Error::Device(format!(
+            "W2 dynamic chain wrong: relative error {worst}"
+        )));
+    }
+    let ms = time_ms::<B>(dev, reps, || chain().map(|_| ()))?;
+    let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
+    println!("bench=W2 impl=kiln backend={name} variant=dynamic n={n} ms={ms:.3} gbps={gbps:.1} max_rel_err={worst:.1e}");
+    let tiny = LazyTensor::from_raw(RawTensor::<B>::from_vec(
+        vec![1.0f32, -2.0, 3.0, -4.0],
+        &[4],
+        dev,
+    )?);
+    let us = 1e3
+        * time_ms::<B>(dev, reps * 50, || {
+            let y = tiny.mul_scalar(1.5)?.add_scalar(0.5)?.relu()?.mul(&tiny)?;
+            y.value().map(|_| ())
+        })?;
+    println!("bench=dynamic-hit impl=kiln backend={name} graph=4ops n=4 us={us:.2}");
+    Ok(())
+}
+
+/// The dynamic path's first compile, in a fresh process (run it as the first
+/// workload: kernels another workload compiled would be found in the backend's cache):
+/// W1's first training step (recording, planning, compiling the kernels, running),
+/// the first step at a new batch size (the plan reused), and a warm step.
+fn dynamic_first<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
+    use kiln::dynamic::{cache_stats, LazyTensor};
+    use kiln_models::dynamic::DynamicMlp;
+    let (_, _, x, y) = w1_setup::<B, 256>(dev)?;
+    let (_, _, x2, y2) = w1_setup::<B, 128>(dev)?;
+    let model = DynamicMlp::<B>::new(784, 1024, 10, dev, 1)?;
+    let lazy = |t: &RawTensor<B>| LazyTensor::from_raw(t.clone());
+    let (x, y, x2, y2) = (lazy(x.raw()), lazy(y.raw()), lazy(x2.raw()), lazy(y2.raw()));
+    B::synchronize(dev)?;
+    let start = Instant::now();
+    model.loss(&x, &y)?.backward()?;
+    B::synchronize(dev)?;
+    let first = start.elapsed().as_secs_f64() * 1e3;
+    let s = cache_stats::<B>();
+    let start = Instant::now();
+    model.loss(&x2, &y2)?.backward()?;
+    B::synchronize(dev)?;
+    let new_batch = start.elapsed().as_secs_f64() * 1e3;
+    let after = cache_stats::<B>();
+    let warm = time_ms::<B>(dev, reps, || model.loss(&x, &y)?.backward().map(|_| ()))?;
+    println!(
+        "bench=dynamic-first-plan impl=kiln backend={name} graph=W1-step batch=256 first_ms={first:.3} planning_ms={:.3} first_run_ms={:.3} new_batch_ms={new_batch:.3} new_batch_misses={} warm_ms={warm:.3}",
+        s.planning.as_secs_f64() * 1e3,
+        s.first_runs.as_secs_f64() * 1e3,
+        after.misses - s.misses
+    );
     Ok(())
 }
 
@@ -447,6 +557,7 @@ fn run<B: Backend>(
     reps: usize,
     epochs: usize,
     data: &str,
+    w2_n: usize,
 ) -> bool {
     let mut all_ok = true;
     for w in workloads.split(',') {
@@ -454,6 +565,8 @@ fn run<B: Backend>(
             "w1" => w1::<B>(dev, name, reps),
             "w2" => w2::<B>(dev, name, reps),
             "w4" => w4::<B>(dev, name, reps),
+            "dynamic" => dynamic::<B>(dev, name, reps, w2_n),
+            "dynamic-first" => dynamic_first::<B>(dev, name, reps),
             "mnist" => mnist::<B>(dev, name, epochs, data),
             "ops" => ops::<B>(dev, name, reps),
             #[cfg(feature = "cuda")]
@@ -477,7 +590,7 @@ fn run<B: Backend>(
             }
             other => Err(kiln_tensor::Error::invalid(
                 "gpu_bench",
-                format!("unknown workload {other:?} (known: w1, w2, w4, mnist, ops, conformance; on cuda also w1graph, w1profile)"),
+                format!("unknown workload {other:?} (known: w1, w2, w4, dynamic, dynamic-first, mnist, ops, conformance; on cuda also w1graph, w1profile)"),
             )),
         };
         if let Err(e) = r {
@@ -507,6 +620,13 @@ fn main() {
     };
     let reps = number("--reps", "20");
     let epochs = number("--epochs", "5");
+    // Elements of the dynamic W2 chain (2^26 = 256 MiB is over lavapipe's binding cap).
+    let w2_log2 = number("--w2-log2", "26");
+    if !(4..=30).contains(&w2_log2) {
+        eprintln!("error: --w2-log2 takes 4 to 30, got {w2_log2}");
+        std::process::exit(2)
+    }
+    let w2_n = 1usize << w2_log2;
     // The MNIST folder (default: the one beside kiln-models' sources at build time).
     let data = get("--data", "");
     // Every failure (a workload, a device that does not open, an unknown backend)
@@ -516,7 +636,7 @@ fn main() {
         "cuda" => match kiln_cubecl::CudaDevice::first() {
             Ok(d) => {
                 println!("# device {}", d.name());
-                run::<kiln_cubecl::Cuda>(&d, "cuda", &workloads, reps, epochs, &data)
+                run::<kiln_cubecl::Cuda>(&d, "cuda", &workloads, reps, epochs, &data, w2_n)
             }
             Err(e) => {
                 println!("bench=open backend=cuda error={e}");
@@ -527,7 +647,7 @@ fn main() {
         "wgpu" => match kiln_cubecl::WgpuDevice::first() {
             Ok(d) => {
                 println!("# device {}", d.name());
-                run::<kiln_cubecl::Wgpu>(&d, "wgpu", &workloads, reps, epochs, &data)
+                run::<kiln_cubecl::Wgpu>(&d, "wgpu", &workloads, reps, epochs, &data, w2_n)
             }
             Err(e) => {
                 println!("bench=open backend=wgpu error={e}");

@@ -103,9 +103,15 @@ fn w2(reps: usize) -> Result<()> {
     println!("bench=W2 impl=kiln backend=cpu variant=fused n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={fused_bytes}");
     // The same chain on the dynamic path: recorded, planned (cached) and run at a read.
     let lazy_x = LazyTensor::from_raw(x.clone());
+    // One expression: a variable still holding `relu(..)` at the read would be
+    // materialised too (the caller could read it later), a second write.
     let ms = time_ms(reps, || {
-        let h = lazy_x.mul_scalar(1.5)?.add_scalar(0.5)?.relu()?;
-        h.mul(&lazy_x.sigmoid()?)?.value().map(|_| ())
+        let y = lazy_x
+            .mul_scalar(1.5)?
+            .add_scalar(0.5)?
+            .relu()?
+            .mul(&lazy_x.sigmoid()?)?;
+        y.value().map(|_| ())
     })?;
     let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
     println!("bench=W2 impl=kiln backend=cpu variant=dynamic n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={fused_bytes}");
