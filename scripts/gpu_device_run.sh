@@ -40,7 +40,7 @@ case $W in
     run 120 $B/gpu_bench --backend cuda --workloads dynamic-first --reps 10
     run 120 $B/gpu_bench --backend wgpu --workloads dynamic-first --reps 10
     run 240 $B/gpu_bench --backend cuda --workloads w1,w2,dynamic --reps 20
-    run 150 $B/gpu_bench --backend wgpu --workloads w1,dynamic --reps 10
+    run 150 $B/gpu_bench --backend wgpu --workloads w1,w2,dynamic --reps 10
     [ -x $B/dynamic_equal_test ] && run 200 $B/dynamic_equal_test --test-threads 1
     run 200 python3 $B/bench_gpu.py --reps 20 --compile ;;
   second)
