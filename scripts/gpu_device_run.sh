@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -43,6 +43,16 @@ case $W in
     run 150 $B/gpu_bench --backend wgpu --workloads w1,w2,dynamic --reps 10
     [ -x $B/dynamic_equal_test ] && run 200 $B/dynamic_equal_test --test-threads 1
     run 200 python3 $B/bench_gpu.py --reps 20 --compile ;;
+  dynprofile)
+    # The kernels of one warm call on the dynamic path (W2's chain, W1's step) and of
+    # one static W1 step, with their GPU time.
+    for w in dynprofile-w2 dynprofile-w1 w1profile; do
+      echo "== ncu $w"
+      timeout 150 /usr/local/cuda/bin/ncu --profile-from-start off --clock-control none \
+        --metrics gpu__time_duration.sum --csv $B/gpu_bench --backend cuda \
+        --workloads $w > "$OUT/$w.csv" 2>/dev/null
+      python3 $B/ncu_sum.py "$OUT/$w.csv"
+    done ;;
   second)
     run 100 $B/gpu_bench --backend wgpu --workloads w4,w2,w1,ops --reps 10
     run 150 $B/gpu_bench --backend wgpu --workloads conformance

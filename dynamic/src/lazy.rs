@@ -217,7 +217,11 @@ impl<B: Backend> LazyTensor<B> {
         Lazy::new(self.0.device.clone())
     }
 
-    /// Its value, computing what is pending.
+    /// Its value, computing what is pending. Pending values that something else still
+    /// holds are computed in the same program (they may be read next), each written out
+    /// by its kernel: bind a chain's result before reading it (`let y = x.exp()?.neg()?;
+    /// y.value()`), because the temporaries of `x.exp()?.neg()?.value()` live to the end
+    /// of the statement and would split the chain into one kernel per op.
     pub fn value(&self) -> Result<RawTensor<B>> {
         if let Some(v) = &self.state().value {
             return Ok(v.clone());

@@ -192,15 +192,17 @@ fn dynamic<B: Backend>(dev: &B::Device, name: &str, reps: usize, n: usize) -> Re
         dev,
     )?;
     let lazy_x = LazyTensor::from_raw(x.clone());
-    // One expression: a variable still holding `relu(..)` at the read would be
-    // materialised too (the caller could read it later), a second write.
+    // The result bound before the read: a pending value something still holds at a
+    // read is computed too (the caller may read it later), and the temporaries of a
+    // method chain ending in `.value()` live until the end of the statement, which
+    // would make each op an output of its own kernel.
     let chain = || -> Result<RawTensor<B>> {
-        lazy_x
+        let y = lazy_x
             .mul_scalar(1.5)?
             .add_scalar(0.5)?
             .relu()?
-            .mul(&lazy_x.sigmoid()?)?
-            .value()
+            .mul(&lazy_x.sigmoid()?)?;
+        y.value()
     };
     let (hx, got) = (x.to_vec::<f32>()?, chain()?.to_vec::<f32>()?);
     let mut worst = 0f32;
@@ -335,6 +337,61 @@ fn w1_profile(dev: &kiln_cubecl::CudaDevice) -> Result<()> {
     step()?;
     unsafe { cudarc::driver::sys::cuProfilerStop() };
     println!("bench=W1 impl=kiln backend=cuda task=profiled-step batch=256");
+    Ok(())
+}
+
+/// One warm call of the dynamic path (`what`: `w2`, W2's chain on 2^26 elements, or
+/// `w1`, W1's training step at batch 256) between `cuProfilerStart` and
+/// `cuProfilerStop`, for `ncu --profile-from-start off`: the kernels it launches.
+#[cfg(feature = "cuda")]
+fn dynamic_profile(dev: &kiln_cubecl::CudaDevice, what: &str) -> Result<()> {
+    use kiln::dynamic::LazyTensor;
+    use kiln_models::dynamic::DynamicMlp;
+    type B = kiln_cubecl::Cuda;
+    let mut call: Box<dyn FnMut() -> Result<()>> = match what {
+        "w2" => {
+            let x = LazyTensor::from_raw(RawTensor::<B>::rand(
+                &[1 << 26],
+                RandDist::Normal {
+                    mean: 0.0,
+                    std: 1.0,
+                },
+                3,
+                DType::F32,
+                dev,
+            )?);
+            Box::new(move || {
+                let y = x
+                    .mul_scalar(1.5)?
+                    .add_scalar(0.5)?
+                    .relu()?
+                    .mul(&x.sigmoid()?)?;
+                y.value().map(|_| ())
+            })
+        }
+        _ => {
+            let (_, mut opt, x, y) = w1_setup::<B, 256>(dev)?;
+            let mut model = DynamicMlp::<B>::new(784, 1024, 10, dev, 1)?;
+            let (x, y) = (
+                LazyTensor::from_raw(x.raw().clone()),
+                LazyTensor::from_raw(y.raw().clone()),
+            );
+            Box::new(move || {
+                let grads = model.loss(&x, &y)?.backward()?;
+                opt.step(&mut model, &grads)
+            })
+        }
+    };
+    for _ in 0..3 {
+        call()?;
+        B::synchronize(dev)?;
+    }
+    // SAFETY: plain driver calls on the current context; failures only mean no profile.
+    unsafe { cudarc::driver::sys::cuProfilerStart() };
+    call()?;
+    B::synchronize(dev)?;
+    unsafe { cudarc::driver::sys::cuProfilerStop() };
+    println!("bench=dynamic-profile impl=kiln backend=cuda what={what}");
     Ok(())
 }
 
@@ -576,6 +633,9 @@ fn run<B: Backend>(
                 w1_graph_infer(&d, reps)
             }),
             #[cfg(feature = "cuda")]
+            "dynprofile-w2" | "dynprofile-w1" if name == "cuda" => kiln_cubecl::CudaDevice::first()
+                .and_then(|d| dynamic_profile(&d, &w.trim()["dynprofile-".len()..])),
+            #[cfg(feature = "cuda")]
             "w1profile" if name == "cuda" => {
                 kiln_cubecl::CudaDevice::first().and_then(|d| w1_profile(&d))
             }
@@ -590,7 +650,7 @@ fn run<B: Backend>(
             }
             other => Err(kiln_tensor::Error::invalid(
                 "gpu_bench",
-                format!("unknown workload {other:?} (known: w1, w2, w4, dynamic, dynamic-first, mnist, ops, conformance; on cuda also w1graph, w1profile)"),
+                format!("unknown workload {other:?} (known: w1, w2, w4, dynamic, dynamic-first, mnist, ops, conformance; on cuda also w1graph, w1profile, dynprofile-w1, dynprofile-w2)"),
             )),
         };
         if let Err(e) = r {

@@ -103,8 +103,8 @@ fn w2(reps: usize) -> Result<()> {
     println!("bench=W2 impl=kiln backend=cpu variant=fused n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={fused_bytes}");
     // The same chain on the dynamic path: recorded, planned (cached) and run at a read.
     let lazy_x = LazyTensor::from_raw(x.clone());
-    // One expression: a variable still holding `relu(..)` at the read would be
-    // materialised too (the caller could read it later), a second write.
+    // The result bound before the read: a pending value something still holds at a
+    // read is computed too, and a chain's temporaries live to the end of its statement.
     let ms = time_ms(reps, || {
         let y = lazy_x
             .mul_scalar(1.5)?
