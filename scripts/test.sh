@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace: unit tests, the op conformance suites, gradient
 # checks, trybuild ui-tests and the short training runs, then the GPU backend's tests
-# on wgpu. It installs what a fresh machine lacks first, so a green run means a fresh
+# on wgpu and the binaries built with it (`--device wgpu`). It installs what a fresh machine lacks first, so a green run means a fresh
 # machine works.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,3 +27,5 @@ if ! has_vulkan; then
     fi
 fi
 cargo test -p kiln-cubecl --features wgpu --no-fail-fast "$@"
+# The binaries with the wgpu backend: `--device wgpu` trains and evaluates the MLP.
+cargo test -p kiln-models --features wgpu --test devices --no-fail-fast "$@"

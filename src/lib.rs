@@ -1,7 +1,8 @@
 //! # Kiln
 //!
 //! The face users import. It re-exports the tensor types, the op table, autodiff and
-//! fusion, and the backends chosen by features: `cpu` (default), `wgpu`, `cuda`.
+//! fusion, and the backends chosen by features: `cpu` (default), `wgpu`, `cuda`;
+//! [`device`] picks one at run time (a binary's `--device`).
 //!
 //! ```
 //! use kiln::prelude::*;
@@ -23,6 +24,8 @@ pub use kiln_train as train;
 pub use kiln_cpu as cpu;
 
 pub use kiln_cubecl as cubecl;
+
+pub mod device;
 
 pub use kiln_macros::{model, Module};
 

@@ -1,13 +1,14 @@
 //! `kiln-generate`: samples text from a GPT checkpoint written by `kiln-train --model
 //! gpt` (or `gpt-tiny`: the checkpoint's metadata names the configuration), one byte at
 //! a time from a prompt, the context growing to the model's (a `Dyn` context through
-//! the planned path), seeded, with a temperature and top-k.
+//! the planned path), seeded, with a temperature and top-k; on the CPU or a GPU
+//! (`--device`; the device is named on stderr, the text alone goes to stdout).
 
 use clap::Parser;
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use kiln::cpu::{Cpu, CpuDevice};
+use kiln::device::{run_on, DeviceChoice, OnDevice};
 use kiln::prelude::*;
 use kiln::tensor::rng;
 use kiln::train::checkpoint;
@@ -41,6 +42,39 @@ struct Args {
     /// Seed of the draws.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Where to run: cpu, wgpu, wgpu:N (the N-th adapter, GPUs first), cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceChoice,
+}
+
+/// Sampling from the checkpoint, on whichever backend `--device` opens.
+struct Generate<'a>(&'a Args);
+
+impl OnDevice for Generate<'_> {
+    type Output = ();
+
+    fn run<Be: Backend>(self, dev: &Be::Device, name: &str) -> Result<()> {
+        let args = self.0;
+        let path = args.checkpoint.clone().unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("runs")
+                .join("gpt-shakespeare.safetensors")
+        });
+        let path = path.as_path();
+        // Checkpoints from before configurations were named hold the tiny GPT.
+        let config = checkpoint::read_metadata(path)?
+            .get("config")
+            .cloned()
+            .unwrap_or_else(|| "TinyGpt".to_string());
+        match config.as_str() {
+            "TinyGpt" => generate::<Be, TinyGpt<Be>>(args, path, dev, name),
+            "SmallGpt" => generate::<Be, SmallGpt<Be>>(args, path, dev, name),
+            other => Err(Error::invalid(
+                "kiln-generate",
+                format!("{} holds a `{other}`, which kiln-generate does not know (it knows TinyGpt and SmallGpt)", path.display()),
+            )),
+        }
+    }
 }
 
 /// Draws a byte from `logits` at `temperature` among the `top_k` most likely, with the
@@ -86,31 +120,20 @@ fn run(args: &Args) -> Result<()> {
             format!("--bytes is at most 100000, got {}", args.bytes),
         ));
     }
-    let path = args.checkpoint.clone().unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("runs")
-            .join("gpt-shakespeare.safetensors")
-    });
-    // Checkpoints from before configurations were named hold the tiny GPT.
-    let config = checkpoint::read_metadata(&path)?
-        .get("config")
-        .cloned()
-        .unwrap_or_else(|| "TinyGpt".to_string());
-    match config.as_str() {
-        "TinyGpt" => generate::<TinyGpt<Cpu>>(args, &path),
-        "SmallGpt" => generate::<SmallGpt<Cpu>>(args, &path),
-        other => Err(Error::invalid(
-            "kiln-generate",
-            format!("{} holds a `{other}`, which kiln-generate does not know (it knows TinyGpt and SmallGpt)", path.display()),
-        )),
-    }
+    run_on(args.device, Generate(args))
 }
 
-/// Samples `args.bytes` bytes from the checkpoint at `path`, a `M`.
-fn generate<M: GptModel<Cpu>>(args: &Args, path: &std::path::Path) -> Result<()> {
-    let dev = CpuDevice;
-    let mut model = M::init_named(&dev, 0, "")?;
+/// Samples `args.bytes` bytes from the checkpoint at `path`, a `M`, on `dev` (named
+/// `device_name` on stderr once the checkpoint has loaded).
+fn generate<Be: Backend, M: GptModel<Be>>(
+    args: &Args,
+    path: &std::path::Path,
+    dev: &Be::Device,
+    device_name: &str,
+) -> Result<()> {
+    let mut model = M::init_named(dev, 0, "")?;
     checkpoint::load(&mut model, path)?;
+    eprintln!("device: {device_name}");
     let mut text: Vec<u8> = if args.prompt.is_empty() {
         b"\n".to_vec()
     } else {
@@ -122,7 +145,7 @@ fn generate<M: GptModel<Cpu>>(args: &Args, path: &std::path::Path) -> Result<()>
     for i in 0..args.bytes {
         let context = &text[text.len().saturating_sub(M::CONTEXT)..];
         let ids: Vec<i32> = context.iter().map(|&b| b as i32).collect();
-        let ids = Tensor::<Cpu, (Dyn, Dyn), i32>::from_vec(ids, &[1, context.len()], &dev)?;
+        let ids = Tensor::<Be, (Dyn, Dyn), i32>::from_vec(ids, &[1, context.len()], dev)?;
         let logits = model.logits_any(&ids)?.raw().to_vec::<f32>()?;
         let last = &logits[(context.len() - 1) * 256..];
         let u = rng::unit_f32(rng::bits(key, i as u32)) as f64;

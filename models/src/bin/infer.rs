@@ -1,11 +1,11 @@
 //! `kiln-infer`: loads a checkpoint written by `kiln-train`, reports test accuracy and
-//! the latency of classifying one image at a time.
+//! the latency of classifying one image at a time, on the CPU or a GPU (`--device`).
 
 use clap::{Parser, ValueEnum};
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use kiln::cpu::{Cpu, CpuDevice};
+use kiln::device::{run_on, DeviceChoice, OnDevice};
 use kiln::prelude::*;
 use kiln::train::checkpoint;
 use kiln_models::classify::{accuracy, images, Classifier};
@@ -48,10 +48,27 @@ struct Args {
     /// Images timed one at a time.
     #[arg(long, default_value_t = 1000)]
     latency_images: usize,
+    /// Where to run: cpu, wgpu, wgpu:N (the N-th adapter, GPUs first), cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceChoice,
 }
 
-fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
-    let dev = CpuDevice;
+/// The evaluation, on whichever backend `--device` opens.
+struct Infer<'a>(&'a Args);
+
+impl OnDevice for Infer<'_> {
+    type Output = ();
+
+    fn run<Be: Backend>(self, dev: &Be::Device, name: &str) -> Result<()> {
+        println!("device: {name}");
+        match self.0.model {
+            ModelKind::Mlp => run::<Be, Mlp<Be>>(self.0, dev),
+            ModelKind::Cnn => run::<Be, LeNet<Be>>(self.0, dev),
+        }
+    }
+}
+
+fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<()> {
     let (dir, norm) = match args.dataset {
         Dataset::Mnist => ("mnist", MNIST_NORM),
         Dataset::Fashion => ("fashion-mnist", FASHION_NORM),
@@ -63,9 +80,9 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
             .join("runs")
             .join(name)
     });
-    let mut model = M::init(&dev, 0)?;
+    let mut model = M::init(dev, 0)?;
     checkpoint::load(&mut model, &path)?;
-    let acc = accuracy(&model, &data.test, &dev)?;
+    let acc = accuracy(&model, &data.test, dev)?;
     println!(
         "{}: test accuracy {:.2}% on {} images",
         path.display(),
@@ -79,7 +96,7 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
     for i in 0..n {
         let px = data.test.images[i * data.test.pixels..(i + 1) * data.test.pixels].to_vec();
         let start = Instant::now();
-        let x = images::<Cpu, M>(px, 1, &dev)?;
+        let x = images::<Be, M>(px, 1, dev)?;
         let pred = model.logits(&x)?.argmax(1, false)?.to_vec::<i32>()?[0];
         times.push(start.elapsed().as_secs_f64() * 1e6);
         correct += usize::from(pred == data.test.labels[i]);
@@ -98,10 +115,7 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
 
 fn main() {
     let args = Args::parse();
-    let r = match args.model {
-        ModelKind::Mlp => run::<Mlp<Cpu>>(&args),
-        ModelKind::Cnn => run::<LeNet<Cpu>>(&args),
-    };
+    let r = run_on(args.device, Infer(&args));
     if let Err(e) = r {
         eprintln!("error: {e}");
         std::process::exit(1);

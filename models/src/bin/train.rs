@@ -1,13 +1,14 @@
-//! `kiln-train`: trains a zoo model on the CPU and saves a safetensors checkpoint: the
-//! MLP or the CNN on MNIST or Fashion-MNIST (test accuracy after every epoch), or the
-//! tiny GPT on the Shakespeare bytes (held-out loss in nats per byte).
+//! `kiln-train`: trains a zoo model and saves a safetensors checkpoint: the MLP or the
+//! CNN on MNIST or Fashion-MNIST (test accuracy after every epoch), or the GPT on the
+//! Shakespeare bytes (held-out loss in nats per byte), on the CPU or a GPU
+//! (`--device wgpu` / `--device cuda`, in a build with the `wgpu` / `cuda` feature).
 
 use clap::{Parser, ValueEnum};
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::cpu::{Cpu, CpuDevice};
+use kiln::device::{run_on, DeviceChoice, OnDevice};
 use kiln::prelude::*;
 use kiln::train::checkpoint;
 use kiln::train::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
@@ -93,10 +94,30 @@ struct Args {
     /// Where to save the checkpoint (default: models/runs/<model>-<dataset>.safetensors).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Where to train: cpu, wgpu, wgpu:N (the N-th adapter, GPUs first), cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceChoice,
 }
 
-fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
-    let dev = CpuDevice;
+/// The training run, on whichever backend `--device` opens.
+struct Train<'a>(&'a Args);
+
+impl OnDevice for Train<'_> {
+    type Output = ();
+
+    fn run<Be: Backend>(self, dev: &Be::Device, name: &str) -> Result<()> {
+        println!("device: {name}");
+        let args = self.0;
+        match args.model {
+            ModelKind::Mlp => run::<Be, Mlp<Be>>(args, dev),
+            ModelKind::Cnn => run::<Be, LeNet<Be>>(args, dev),
+            ModelKind::Gpt => gpt::run::<Be>(args, dev, false),
+            ModelKind::GptTiny => gpt::run::<Be>(args, dev, true),
+        }
+    }
+}
+
+fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<()> {
     let batch = args.batch_size;
     if !TRAIN_BATCHES.contains(&batch) {
         return Err(Error::invalid(
@@ -113,7 +134,7 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
     if args.limit > 0 {
         data.train = data.train.take(args.limit);
     }
-    let mut model = M::init(&dev, args.seed)?;
+    let mut model = M::init(dev, args.seed)?;
     let steps_per_epoch = (data.train.len() / batch) as u64;
     let total = steps_per_epoch * args.epochs as u64;
     let schedule = CosineWithWarmup::new(
@@ -150,7 +171,7 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
             ));
         }
         if (r.step + 1).is_multiple_of(steps_per_epoch) {
-            last_acc = format!("{:.2}%", 100.0 * accuracy(m, &test, &dev)?);
+            last_acc = format!("{:.2}%", 100.0 * accuracy(m, &test, dev)?);
             // `suspend` prints even when the bar is hidden (output not a terminal).
             bar.suspend(|| {
                 println!(
@@ -169,7 +190,7 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
     };
     match args.optimizer {
         Opt::Sgd => {
-            let mut opt = Sgd::<Cpu>::new(SgdConfig {
+            let mut opt = Sgd::<Be>::new(SgdConfig {
                 lr: args.lr,
                 momentum: args.momentum,
                 weight_decay: args.weight_decay,
@@ -183,12 +204,12 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
                 batch,
                 args.epochs,
                 args.seed,
-                &dev,
+                dev,
                 &mut on_step,
             )?;
         }
         Opt::Adamw => {
-            let mut opt = AdamW::<Cpu>::new(AdamWConfig {
+            let mut opt = AdamW::<Be>::new(AdamWConfig {
                 lr: args.lr,
                 weight_decay: args.weight_decay,
                 ..AdamWConfig::default()
@@ -201,13 +222,13 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<()> {
                 batch,
                 args.epochs,
                 args.seed,
-                &dev,
+                dev,
                 &mut on_step,
             )?;
         }
     }
     bar.finish_and_clear();
-    let acc = accuracy(&model, &data.test, &dev)?;
+    let acc = accuracy(&model, &data.test, dev)?;
     let secs = start.elapsed().as_secs_f64();
     println!(
         "trained {} epochs in {secs:.1}s ({:.1}s/epoch, {:.0} samples/s); test accuracy {:.2}%",
@@ -247,7 +268,6 @@ mod gpt_instances;
 mod gpt {
     use super::{Args, Opt};
     use crate::gpt_instances::{SmallGpt, TinyGpt};
-    use kiln::cpu::{Cpu, CpuDevice};
     use kiln::prelude::*;
     use kiln::train::checkpoint;
     use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
@@ -260,7 +280,7 @@ mod gpt {
 
     /// Trains the small GPT (`tiny`: the tiny one) with `--batch-size` 16, 32 or 64
     /// windows of its context per step.
-    pub fn run(args: &Args, tiny: bool) -> Result<()> {
+    pub fn run<Be: Backend>(args: &Args, dev: &Be::Device, tiny: bool) -> Result<()> {
         if args.dataset.is_some() {
             return Err(Error::invalid(
                 "kiln-train",
@@ -268,12 +288,12 @@ mod gpt {
             ));
         }
         match (tiny, args.batch_size) {
-            (true, 16) => train::<TinyGpt<Cpu>, 16, 32>(args),
-            (true, 32) => train::<TinyGpt<Cpu>, 32, 32>(args),
-            (true, 64) => train::<TinyGpt<Cpu>, 64, 32>(args),
-            (false, 16) => train::<SmallGpt<Cpu>, 16, 128>(args),
-            (false, 32) => train::<SmallGpt<Cpu>, 32, 128>(args),
-            (false, 64) => train::<SmallGpt<Cpu>, 64, 128>(args),
+            (true, 16) => train::<Be, TinyGpt<Be>, 16, 32>(args, dev),
+            (true, 32) => train::<Be, TinyGpt<Be>, 32, 32>(args, dev),
+            (true, 64) => train::<Be, TinyGpt<Be>, 64, 32>(args, dev),
+            (false, 16) => train::<Be, SmallGpt<Be>, 16, 128>(args, dev),
+            (false, 32) => train::<Be, SmallGpt<Be>, 32, 128>(args, dev),
+            (false, 64) => train::<Be, SmallGpt<Be>, 64, 128>(args, dev),
             (_, other) => Err(Error::invalid(
                 "kiln-train",
                 format!("the GPT trains on 16, 32 or 64 windows per step, not {other}"),
@@ -282,26 +302,28 @@ mod gpt {
     }
 
     /// `B` seeded windows of `text` and their next bytes.
-    fn batch<const B: usize, const T: usize>(
+    fn batch<Be: Backend, const B: usize, const T: usize>(
         text: &[u8],
         seed: u64,
-    ) -> Result<(Ids<Cpu, B, T>, Ids<Cpu, B, T>)> {
+        dev: &Be::Device,
+    ) -> Result<(Ids<Be, B, T>, Ids<Be, B, T>)> {
         let (ids, next) = windows(text, B, T, seed)?;
         Ok((
-            Tensor::from_vec(ids, &[B, T], &CpuDevice)?,
-            Tensor::from_vec(next, &[B, T], &CpuDevice)?,
+            Tensor::from_vec(ids, &[B, T], dev)?,
+            Tensor::from_vec(next, &[B, T], dev)?,
         ))
     }
 
     /// Mean loss (nats per byte) over 16 seeded held-out batches: the estimate
     /// printed while training.
-    fn held_out_sample<M: GptModel<Cpu>, const B: usize, const T: usize>(
+    fn held_out_sample<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
         model: &M,
         corpus: &Corpus,
+        dev: &Be::Device,
     ) -> Result<f32> {
         let mut total = 0.0;
         for s in 0..16u64 {
-            let (x, y) = batch::<B, T>(&corpus.held_out, u64::MAX - s)?;
+            let (x, y) = batch::<Be, B, T>(&corpus.held_out, u64::MAX - s, dev)?;
             total += model.loss(&x, &y)?.raw().to_vec::<f32>()?[0];
         }
         Ok(total / 16.0)
@@ -310,9 +332,10 @@ mod gpt {
     /// Mean loss (nats per byte) over the whole held-out text, cut into consecutive
     /// windows of `T` bytes (the figure reported at the end; the PyTorch script
     /// measures the same windows).
-    fn held_out_full<M: GptModel<Cpu>, const B: usize, const T: usize>(
+    fn held_out_full<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
         model: &M,
         corpus: &Corpus,
+        dev: &Be::Device,
     ) -> Result<f32> {
         let text = &corpus.held_out;
         let windows = (text.len() - 1) / T;
@@ -328,8 +351,8 @@ mod gpt {
                 ids.extend(text[w * T..(w + 1) * T].iter().map(|&c| c as i32));
                 next.extend(text[w * T + 1..(w + 1) * T + 1].iter().map(|&c| c as i32));
             }
-            let x = Ids::<Cpu, B, T>::from_vec(ids, &[B, T], &CpuDevice)?;
-            let y = Ids::<Cpu, B, T>::from_vec(next, &[B, T], &CpuDevice)?;
+            let x = Ids::<Be, B, T>::from_vec(ids, &[B, T], dev)?;
+            let y = Ids::<Be, B, T>::from_vec(next, &[B, T], dev)?;
             sum += model.loss(&x, &y)?.raw().to_vec::<f32>()?[0] as f64;
             counted += 1;
         }
@@ -343,11 +366,13 @@ mod gpt {
     }
 
     /// One optimizer step at a learning rate.
-    type OptimizerStep<M> =
-        dyn FnMut(&mut M, &<M as kiln::tensor::nn::Module<Cpu>>::Grads, f64) -> Result<()>;
+    type OptimizerStep<Be, M> =
+        dyn FnMut(&mut M, &<M as kiln::tensor::nn::Module<Be>>::Grads, f64) -> Result<()>;
 
-    fn train<M: GptModel<Cpu>, const B: usize, const T: usize>(args: &Args) -> Result<()> {
-        let dev = CpuDevice;
+    fn train<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
+        args: &Args,
+        dev: &Be::Device,
+    ) -> Result<()> {
         let mut corpus = Corpus::shakespeare()?;
         if args.limit > 0 {
             if args.limit <= B * T {
@@ -361,7 +386,7 @@ mod gpt {
             }
             corpus.train.truncate(args.limit);
         }
-        let mut model = M::init_named(&dev, args.seed, "")?;
+        let mut model = M::init_named(dev, args.seed, "")?;
         let per_epoch = (corpus.train.len() / (B * T)) as u64;
         let total = (per_epoch * args.epochs as u64).max(1);
         let schedule =
@@ -379,9 +404,9 @@ mod gpt {
         let start = Instant::now();
         let mut sgd;
         let mut adamw;
-        let opt: &mut OptimizerStep<M> = match args.optimizer {
+        let opt: &mut OptimizerStep<Be, M> = match args.optimizer {
             Opt::Sgd => {
-                sgd = Sgd::<Cpu>::new(SgdConfig {
+                sgd = Sgd::<Be>::new(SgdConfig {
                     lr: args.lr,
                     momentum: args.momentum,
                     weight_decay: args.weight_decay,
@@ -393,7 +418,7 @@ mod gpt {
                 }
             }
             Opt::Adamw => {
-                adamw = AdamW::<Cpu>::new(AdamWConfig {
+                adamw = AdamW::<Be>::new(AdamWConfig {
                     lr: args.lr,
                     weight_decay: args.weight_decay,
                     ..AdamWConfig::default()
@@ -406,7 +431,8 @@ mod gpt {
         };
         let mut avg = f32::NAN;
         for step in 0..total {
-            let (x, y) = batch::<B, T>(&corpus.train, args.seed.wrapping_mul(1_000_003) ^ step)?;
+            let (x, y) =
+                batch::<Be, B, T>(&corpus.train, args.seed.wrapping_mul(1_000_003) ^ step, dev)?;
             let (loss, grads) = model.loss_and_grad(&x, &y)?;
             let loss = loss.raw().to_vec::<f32>()?[0];
             if !loss.is_finite() {
@@ -422,7 +448,7 @@ mod gpt {
                 0.98 * avg + 0.02 * loss
             };
             if (step + 1) % per_epoch.max(1) == 0 {
-                let h = held_out_sample::<M, B, T>(&model, &corpus)?;
+                let h = held_out_sample::<Be, M, B, T>(&model, &corpus, dev)?;
                 bar.suspend(|| {
                     println!(
                         "step {}: train loss {avg:.3}, held-out loss {h:.3} nats/byte ({:.0}s)",
@@ -436,7 +462,7 @@ mod gpt {
         }
         bar.finish_and_clear();
         let trained = start.elapsed().as_secs_f64();
-        let h = held_out_full::<M, B, T>(&model, &corpus)?;
+        let h = held_out_full::<Be, M, B, T>(&model, &corpus, dev)?;
         println!(
             "trained {total} steps in {trained:.1}s ({:.1} ms per step); train loss {avg:.3}, held-out loss {h:.3} nats/byte over the whole held-out text",
             trained * 1e3 / total as f64
@@ -478,12 +504,7 @@ const TRAIN_BATCHES: [usize; 6] = [16, 32, 64, 128, 256, 512];
 
 fn main() {
     let args = Args::parse();
-    let r = match args.model {
-        ModelKind::Mlp => run::<Mlp<Cpu>>(&args),
-        ModelKind::Cnn => run::<LeNet<Cpu>>(&args),
-        ModelKind::Gpt => gpt::run(&args, false),
-        ModelKind::GptTiny => gpt::run(&args, true),
-    };
+    let r = run_on(args.device, Train(&args));
     if let Err(e) = r {
         eprintln!("error: {e}");
         std::process::exit(1);

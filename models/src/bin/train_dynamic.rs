@@ -4,14 +4,14 @@
 //! tensors, `backward()` plans and runs loss and gradients in one program, and AdamW
 //! updates the parameters; the progress bar shows the plan cache settling (hits
 //! against misses: a length whose sizes coincide with another size of the model gets a
-//! plan of its own, every other length reuses one).
+//! plan of its own, every other length reuses one). On the CPU or a GPU (`--device`).
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::cpu::{Cpu, CpuDevice};
+use kiln::device::{run_on, DeviceChoice, OnDevice};
 use kiln::dynamic::{cache_stats, no_grad, LazyTensor};
 use kiln::tensor::nn::{step_seed, Mode};
-use kiln::tensor::{rng, Error, RawTensor, Result};
+use kiln::tensor::{rng, Backend, Error, RawTensor, Result};
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer};
 use kiln_models::dynamic::DynamicGpt;
 use kiln_models::text::{windows, Corpus};
@@ -51,6 +51,21 @@ struct Args {
     /// Seed of the initial parameters, the windows and the lengths.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Where to train: cpu, wgpu, wgpu:N (the N-th adapter, GPUs first), cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceChoice,
+}
+
+/// The training run, on whichever backend `--device` opens.
+struct Train<'a>(&'a Args);
+
+impl OnDevice for Train<'_> {
+    type Output = ();
+
+    fn run<Be: Backend>(self, dev: &Be::Device, name: &str) -> Result<()> {
+        println!("device: {name}");
+        train::<Be>(self.0, dev)
+    }
 }
 
 fn check(args: &Args) -> Result<()> {
@@ -64,25 +79,29 @@ fn check(args: &Args) -> Result<()> {
             args.min_len, args.context
         ));
     }
+    if args.heads == 0 || !args.width.is_multiple_of(args.heads) {
+        return bad(format!(
+            "--width {} does not split into --heads {}",
+            args.width, args.heads
+        ));
+    }
     if !(args.lr > 0.0 && args.lr.is_finite()) {
         return bad(format!("--lr {} must be a positive number", args.lr));
     }
     Ok(())
 }
 
-fn run(args: &Args) -> Result<()> {
-    check(args)?;
-    let dev = CpuDevice;
+fn train<Be: Backend>(args: &Args, dev: &Be::Device) -> Result<()> {
     let corpus = Corpus::shakespeare()?;
-    let mut model = DynamicGpt::<Cpu>::new(
+    let mut model = DynamicGpt::<Be>::new(
         args.width,
         args.heads,
         args.layers,
         args.context,
-        &dev,
+        dev,
         args.seed,
     )?;
-    let mut opt = AdamW::<Cpu>::new(AdamWConfig {
+    let mut opt = AdamW::<Be>::new(AdamWConfig {
         lr: args.lr,
         ..AdamWConfig::default()
     })?;
@@ -99,8 +118,8 @@ fn run(args: &Args) -> Result<()> {
     for step in 0..args.steps {
         let len = args.min_len + (rng::bits(key, step as u32) as usize % lengths);
         let (ids, next) = windows(&corpus.train, args.batch, len, args.seed ^ step)?;
-        let ids = LazyTensor::from_raw(RawTensor::from_vec(ids, &[args.batch, len], &dev)?);
-        let next = LazyTensor::from_raw(RawTensor::from_vec(next, &[args.batch, len], &dev)?);
+        let ids = LazyTensor::from_raw(RawTensor::from_vec(ids, &[args.batch, len], dev)?);
+        let next = LazyTensor::from_raw(RawTensor::from_vec(next, &[args.batch, len], dev)?);
         let mode = Mode::Train {
             seed: step_seed(step),
         };
@@ -109,7 +128,7 @@ fn run(args: &Args) -> Result<()> {
         opt.step(&mut model, &grads)?;
         last = loss.scalar_value()?;
         tokens += args.batch * len;
-        let s = cache_stats::<Cpu>();
+        let s = cache_stats::<Be>();
         bar.set_message(format!(
             "loss {last:.3} len {len:3} | plans: {} hits, {} misses | {:.0} tok/s",
             s.hits,
@@ -121,16 +140,12 @@ fn run(args: &Args) -> Result<()> {
     bar.finish();
     let (ids, next) = windows(&corpus.held_out, args.batch, args.context, 99)?;
     let held_out = no_grad(|| {
-        let ids =
-            LazyTensor::from_raw(RawTensor::from_vec(ids, &[args.batch, args.context], &dev)?);
-        let next = LazyTensor::from_raw(RawTensor::from_vec(
-            next,
-            &[args.batch, args.context],
-            &dev,
-        )?);
+        let ids = LazyTensor::from_raw(RawTensor::from_vec(ids, &[args.batch, args.context], dev)?);
+        let next =
+            LazyTensor::from_raw(RawTensor::from_vec(next, &[args.batch, args.context], dev)?);
         model.loss(&ids, &next, Mode::Eval)?.scalar_value()
     })?;
-    let s = cache_stats::<Cpu>();
+    let s = cache_stats::<Be>();
     println!(
         "trained {} steps ({} lengths from {} to {}) in {:.1} s: last loss {last:.3}, held-out loss {held_out:.3} nats/byte",
         args.steps,
@@ -145,7 +160,7 @@ fn run(args: &Args) -> Result<()> {
 
 fn main() {
     let args = Args::parse();
-    if let Err(e) = run(&args) {
+    if let Err(e) = check(&args).and_then(|()| run_on(args.device, Train(&args))) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }

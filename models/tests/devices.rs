@@ -1,0 +1,127 @@
+//! `--device` on every binary: a nonsense device is refused by the argument parser with
+//! the forms it takes; a backend the build lacks is refused with the build line that
+//! adds it (one line, exit status 1, before any work); `--device cpu` is the default.
+
+use std::process::Command;
+
+/// Every binary that takes `--device`, with arguments that make a run short.
+const BINARIES: [(&str, &str); 4] = [
+    ("kiln-train", env!("CARGO_BIN_EXE_kiln-train")),
+    ("kiln-infer", env!("CARGO_BIN_EXE_kiln-infer")),
+    ("kiln-generate", env!("CARGO_BIN_EXE_kiln-generate")),
+    (
+        "kiln-train-dynamic",
+        env!("CARGO_BIN_EXE_kiln-train-dynamic"),
+    ),
+];
+
+fn run(path: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(path)
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn a_nonsense_device_is_refused_with_the_forms_it_takes() {
+    for (name, path) in BINARIES {
+        for bad in ["gpu", "cuda:x", "cpu:1", "vulkan"] {
+            let (code, _, err) = run(path, &["--device", bad]);
+            assert_eq!(code, Some(2), "{name} --device {bad}: {err}");
+            assert!(
+                err.contains(
+                    "use cpu, wgpu, wgpu:N (the N-th adapter, GPUs first), cuda or cuda:N"
+                ),
+                "{name} --device {bad}: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_backend_this_build_lacks_is_refused_with_the_build_line() {
+    for (feature, built) in [
+        ("wgpu", cfg!(feature = "wgpu")),
+        ("cuda", cfg!(feature = "cuda")),
+    ] {
+        if built {
+            continue;
+        }
+        for (name, path) in BINARIES {
+            let (code, out, err) = run(path, &["--device", feature]);
+            assert_eq!(code, Some(1), "{name} --device {feature}: {out}{err}");
+            let want = format!(
+                "error: invalid argument to `device`: this program was built without the `{feature}` backend"
+            );
+            assert!(err.starts_with(&want), "{name}: {err}");
+            assert!(
+                err.contains(&format!("--features {feature}")),
+                "{name}: {err}"
+            );
+            assert_eq!(err.lines().count(), 1, "{name}: one line: {err}");
+            assert!(!out.contains("training"), "{name} did no work: {out}");
+        }
+    }
+}
+
+/// The first number after `key` in `text`.
+#[cfg(feature = "wgpu")]
+fn number_after(text: &str, key: &str) -> f64 {
+    let at = text
+        .find(key)
+        .unwrap_or_else(|| panic!("no `{key}` in {text}"))
+        + key.len();
+    text[at..]
+        .trim_start()
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The MLP trains on wgpu's first adapter (lavapipe in CI) and the checkpoint it saves
+/// evaluates there too (CI: `cargo test -p kiln-models --features wgpu --test devices`).
+#[cfg(feature = "wgpu")]
+#[test]
+fn the_mlp_trains_and_evaluates_on_wgpu() {
+    let dir = std::env::temp_dir().join(format!("kiln-devices-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ckpt = dir.join("mlp.safetensors");
+    let ckpt = ckpt.to_str().unwrap();
+    let (code, out, err) = run(
+        BINARIES[0].1,
+        &[
+            "--device", "wgpu", "--limit", "1024", "--epochs", "1", "--out", ckpt,
+        ],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.starts_with("device: "), "{out}");
+    // Ten classes: a guess scores 10%.
+    let acc = number_after(&out[out.rfind("test accuracy").unwrap()..], "test accuracy");
+    assert!(acc > 50.0, "test accuracy {acc}%: {out}");
+    let (code, out, err) = run(
+        BINARIES[1].1,
+        &[
+            "--device",
+            "wgpu",
+            "--checkpoint",
+            ckpt,
+            "--latency-images",
+            "20",
+        ],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    // The checkpoint evaluates to the accuracy the training run reported.
+    let evaluated = number_after(&out, "test accuracy");
+    assert!(
+        (evaluated - acc).abs() < 0.011,
+        "{evaluated} vs {acc}: {out}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

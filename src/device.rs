@@ -1,0 +1,155 @@
+//! Choosing a backend and device at run time (what a binary's `--device` takes):
+//! [`DeviceChoice`] parses `cpu`, `wgpu`, `wgpu:N`, `cuda` or `cuda:N`; [`run_on`] opens
+//! the device and runs backend-generic work ([`OnDevice`]) on it. Backends this build
+//! of `kiln` lacks (the `wgpu` and `cuda` features) are refused with the build line
+//! that adds them; a device that does not open says what to install.
+
+use kiln_tensor::{Backend, Error, Result};
+use std::fmt;
+use std::str::FromStr;
+
+/// A backend and the index of its device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The CPU backend (all cores, through rayon).
+    Cpu,
+    /// wgpu's `N`-th adapter (hardware adapters first, then software ones: lavapipe).
+    Wgpu(usize),
+    /// CUDA device `N`.
+    Cuda(usize),
+}
+
+impl FromStr for DeviceChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let usage = "use cpu, wgpu, wgpu:N (the N-th adapter, GPUs first), cuda or cuda:N";
+        let (name, index) = match s.split_once(':') {
+            Some((name, n)) => {
+                let i = n.parse::<usize>().map_err(|_| {
+                    format!("`{s}`: the device index `{n}` is not a whole number; {usage}")
+                })?;
+                (name, Some(i))
+            }
+            None => (s, None),
+        };
+        match (name, index) {
+            ("cpu", None) => Ok(DeviceChoice::Cpu),
+            ("cpu", Some(_)) => Err(format!("`{s}`: the CPU has no device index; {usage}")),
+            ("wgpu", i) => Ok(DeviceChoice::Wgpu(i.unwrap_or(0))),
+            ("cuda", i) => Ok(DeviceChoice::Cuda(i.unwrap_or(0))),
+            _ => Err(format!("unknown device `{s}`: {usage}")),
+        }
+    }
+}
+
+impl fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceChoice::Cpu => write!(f, "cpu"),
+            DeviceChoice::Wgpu(i) => write!(f, "wgpu:{i}"),
+            DeviceChoice::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// Work generic over the backend, for [`run_on`] (Rust has no generic closures).
+pub trait OnDevice {
+    /// What the work returns.
+    type Output;
+
+    /// Runs on `device` of backend `B`; `name` is the device in words.
+    fn run<B: Backend>(self, device: &B::Device, name: &str) -> Result<Self::Output>;
+}
+
+/// The backends this build of `kiln` has (its features), as `--device` names them.
+pub fn built_backends() -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if cfg!(feature = "cpu") {
+        out.push("cpu");
+    }
+    if cfg!(feature = "wgpu") {
+        out.push("wgpu");
+    }
+    if cfg!(feature = "cuda") {
+        out.push("cuda");
+    }
+    out
+}
+
+/// Opens the device `choice` names and runs `work` on it.
+pub fn run_on<W: OnDevice>(choice: DeviceChoice, work: W) -> Result<W::Output> {
+    match choice {
+        DeviceChoice::Cpu => {
+            #[cfg(feature = "cpu")]
+            {
+                work.run::<kiln_cpu::Cpu>(&kiln_cpu::CpuDevice, "the CPU")
+            }
+            #[cfg(not(feature = "cpu"))]
+            {
+                Err(not_built("cpu"))
+            }
+        }
+        DeviceChoice::Wgpu(i) => {
+            #[cfg(feature = "wgpu")]
+            {
+                let d = kiln_cubecl::WgpuDevice::new(i)?;
+                let name = d.name().to_string();
+                work.run::<kiln_cubecl::Wgpu>(&d, &name)
+            }
+            #[cfg(not(feature = "wgpu"))]
+            {
+                let _ = (i, work);
+                Err(not_built("wgpu"))
+            }
+        }
+        DeviceChoice::Cuda(i) => {
+            #[cfg(feature = "cuda")]
+            {
+                let d = kiln_cubecl::CudaDevice::new(i)?;
+                let name = d.name().to_string();
+                work.run::<kiln_cubecl::Cuda>(&d, &name)
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = (i, work);
+                Err(not_built("cuda"))
+            }
+        }
+    }
+}
+
+/// The error for a backend this build lacks.
+#[allow(dead_code)]
+fn not_built(feature: &str) -> Error {
+    Error::invalid(
+        "device",
+        format!(
+            "this program was built without the `{feature}` backend (it has: {}); rebuild it with `--features {feature}`, e.g. `cargo run --release -p kiln-models --features {feature} --bin kiln-train -- --device {feature}`",
+            built_backends().join(", ")
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceChoice;
+
+    #[test]
+    fn device_names_parse_and_print_back() {
+        for (s, want) in [
+            ("cpu", DeviceChoice::Cpu),
+            ("wgpu", DeviceChoice::Wgpu(0)),
+            ("wgpu:1", DeviceChoice::Wgpu(1)),
+            ("cuda", DeviceChoice::Cuda(0)),
+            ("cuda:3", DeviceChoice::Cuda(3)),
+        ] {
+            let got: DeviceChoice = s.parse().unwrap();
+            assert_eq!(got, want);
+            assert_eq!(got.to_string().parse::<DeviceChoice>().unwrap(), want);
+        }
+        for bad in ["gpu", "cpu:0", "cuda:x", "cuda:-1", "", "wgpu:"] {
+            assert!(bad.parse::<DeviceChoice>().is_err(), "{bad}");
+        }
+    }
+}
