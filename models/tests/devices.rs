@@ -102,6 +102,8 @@ fn the_mlp_trains_and_evaluates_on_wgpu() {
     );
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.starts_with("device: "), "{out}");
+    let png = std::fs::read(dir.join("mlp.png")).expect("the curve beside the checkpoint");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     // Ten classes: a guess scores 10%.
     let acc = number_after(&out[out.rfind("test accuracy").unwrap()..], "test accuracy");
     assert!(acc > 50.0, "test accuracy {acc}%: {out}");
@@ -124,4 +126,21 @@ fn the_mlp_trains_and_evaluates_on_wgpu() {
         "{evaluated} vs {acc}: {out}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An adapter that is not there is one line naming what was found and what to install.
+#[cfg(feature = "wgpu")]
+#[test]
+fn a_missing_adapter_is_one_line_saying_what_to_install() {
+    for (name, path) in BINARIES {
+        let (code, out, err) = run(path, &["--device", "wgpu:9"]);
+        assert_eq!(code, Some(1), "{name}: {out}{err}");
+        let err: Vec<&str> = err.lines().filter(|l| !l.contains("XDG_RUNTIME_DIR")).collect();
+        assert_eq!(err.len(), 1, "{name}: {err:?}");
+        assert!(
+            err[0].starts_with("error: device error: no wgpu adapter 9 (found ")
+                && err[0].contains("install"),
+            "{name}: {err:?}"
+        );
+    }
 }

@@ -44,6 +44,10 @@ fn train_then_generate() {
     );
     assert!(ok, "kiln-train failed: {err}");
     assert!(out.contains("held-out loss"), "{out}");
+    // The training curve beside the checkpoint.
+    let png = std::fs::read(dir.join("gpt.png")).expect("the curve was written");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(out.contains("training curve"), "{out}");
 
     let (ok, out, err) = run(
         generate,

@@ -14,6 +14,7 @@ use kiln::train::checkpoint;
 use kiln::train::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
 use kiln::train::schedule::CosineWithWarmup;
 use kiln_models::classify::{accuracy, fit, Classifier};
+use kiln_models::curve::Curve;
 use kiln_models::data::{data_dir, ImageDataset, FASHION_NORM, MNIST_NORM};
 use kiln_models::{lenet::LeNet, mlp::Mlp};
 use std::collections::BTreeMap;
@@ -158,12 +159,14 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
     let mut avg = f32::NAN;
     let mut last_acc = String::from("-");
     let test = data.test.clone();
+    let mut curve = Curve::new("test accuracy (%)");
     let mut on_step = |m: &M, r: kiln_models::classify::StepReport| -> Result<()> {
         avg = if avg.is_nan() {
             r.loss
         } else {
             0.98 * avg + 0.02 * r.loss
         };
+        curve.loss.push((r.step + 1, avg as f64));
         if !r.loss.is_finite() {
             return Err(Error::invalid(
                 "train",
@@ -171,7 +174,9 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
             ));
         }
         if (r.step + 1).is_multiple_of(steps_per_epoch) {
-            last_acc = format!("{:.2}%", 100.0 * accuracy(m, &test, dev)?);
+            let acc = 100.0 * accuracy(m, &test, dev)?;
+            curve.metric.push((r.step + 1, acc));
+            last_acc = format!("{acc:.2}%");
             // `suspend` prints even when the bar is hidden (output not a terminal).
             bar.suspend(|| {
                 println!(
@@ -258,6 +263,9 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
     meta.insert("test_accuracy".to_string(), format!("{acc:.4}"));
     checkpoint::save_with_metadata(&model, &out, &meta)?;
     println!("saved {}", out.display());
+    let png = out.with_extension("png");
+    curve.write_png(&png, &format!("{:?} on {:?}", args.model, dataset))?;
+    println!("training curve {}", png.display());
     Ok(())
 }
 
@@ -272,6 +280,7 @@ mod gpt {
     use kiln::train::checkpoint;
     use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
     use kiln::train::schedule::{CosineWithWarmup, Schedule};
+    use kiln_models::curve::Curve;
     use kiln_models::gpt::{GptModel, Ids};
     use kiln_models::text::{windows, Corpus};
     use std::collections::BTreeMap;
@@ -430,6 +439,7 @@ mod gpt {
             }
         };
         let mut avg = f32::NAN;
+        let mut curve = Curve::new("held-out loss (nats/byte, 16 batches)");
         for step in 0..total {
             let (x, y) =
                 batch::<Be, B, T>(&corpus.train, args.seed.wrapping_mul(1_000_003) ^ step, dev)?;
@@ -447,8 +457,10 @@ mod gpt {
             } else {
                 0.98 * avg + 0.02 * loss
             };
+            curve.loss.push((step + 1, avg as f64));
             if (step + 1) % per_epoch.max(1) == 0 {
                 let h = held_out_sample::<Be, M, B, T>(&model, &corpus, dev)?;
+                curve.metric.push((step + 1, h as f64));
                 bar.suspend(|| {
                     println!(
                         "step {}: train loss {avg:.3}, held-out loss {h:.3} nats/byte ({:.0}s)",
@@ -457,7 +469,8 @@ mod gpt {
                     )
                 });
             }
-            bar.set_message(format!("loss {avg:.3}"));
+            let rate = ((step + 1) * (B * T) as u64) as f64 / start.elapsed().as_secs_f64();
+            bar.set_message(format!("loss {avg:.3} {rate:.0} tokens/s"));
             bar.inc(1);
         }
         bar.finish_and_clear();
@@ -483,6 +496,9 @@ mod gpt {
         ]);
         checkpoint::save_with_metadata(&model, &out, &meta)?;
         println!("saved {}", out.display());
+        let png = out.with_extension("png");
+        curve.write_png(&png, &format!("{} on Shakespeare", M::NAME))?;
+        println!("training curve {}", png.display());
         Ok(())
     }
 }
