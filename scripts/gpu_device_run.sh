@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -43,6 +43,20 @@ case $W in
     run 150 $B/gpu_bench --backend wgpu --workloads w1,w2,dynamic --reps 10
     [ -x $B/dynamic_equal_test ] && run 200 $B/dynamic_equal_test --test-threads 1
     run 200 python3 $B/bench_gpu.py --reps 20 --compile ;;
+  binaries)
+    # The user-facing binaries with --device (`cargo build -p kiln-models --features
+    # cuda,wgpu --bin kiln-train --bin kiln-infer --bin kiln-generate`, stripped): they
+    # read their data where they were built, so that path points at this tree's.
+    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
+    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    for d in cuda wgpu; do
+      run 200 $B/kiln-train --device $d --epochs 2 --out "$OUT/mlp-$d.safetensors"
+      run 100 $B/kiln-infer --device $d --checkpoint "$OUT/mlp-$d.safetensors" --latency-images 200
+    done
+    run 200 $B/kiln-train --device cuda --model cnn --dataset fashion --epochs 1 --out "$OUT/cnn-cuda.safetensors"
+    run 200 $B/kiln-train --device cuda --model gpt-tiny --optimizer adamw --lr 0.01 --batch-size 32 --epochs 1 --out "$OUT/gpt-cuda.safetensors"
+    run 100 $B/kiln-generate --device cuda --checkpoint "$OUT/gpt-cuda.safetensors" --bytes 80
+    run 30 $B/kiln-train --device cuda:3 ;;
   dynprofile)
     # The kernels of one warm call on the dynamic path (W2's chain, W1's step) and of
     # one static W1 step, with their GPU time.
