@@ -135,7 +135,10 @@ fn a_missing_adapter_is_one_line_saying_what_to_install() {
     for (name, path) in BINARIES {
         let (code, out, err) = run(path, &["--device", "wgpu:9"]);
         assert_eq!(code, Some(1), "{name}: {out}{err}");
-        let err: Vec<&str> = err.lines().filter(|l| !l.contains("XDG_RUNTIME_DIR")).collect();
+        let err: Vec<&str> = err
+            .lines()
+            .filter(|l| !l.contains("XDG_RUNTIME_DIR"))
+            .collect();
         assert_eq!(err.len(), 1, "{name}: {err:?}");
         assert!(
             err[0].starts_with("error: device error: no wgpu adapter 9 (found ")

@@ -107,6 +107,10 @@ pub struct Sgd<B: Backend> {
     momentum_buffers: HashMap<String, RawTensor<B>>,
     /// The fused update for the current settings, built on first use.
     fused: Option<FusedExpr>,
+    /// The learning rate in device memory (rank 0, f32), read by the fused update and
+    /// rewritten in place by `set_lr`: a captured step (a CUDA graph) reads the rate
+    /// of each replay, not the one it was captured with.
+    lr_on_device: Option<RawTensor<B>>,
 }
 
 impl<B: Backend> Sgd<B> {
@@ -134,6 +138,7 @@ impl<B: Backend> Sgd<B> {
             config,
             momentum_buffers: HashMap::new(),
             fused: None,
+            lr_on_device: None,
         })
     }
 
@@ -148,8 +153,9 @@ impl<B: Backend> Sgd<B> {
     }
 
     /// The update of an f32 parameter and its momentum buffer as one fused kernel,
-    /// outputs `[param, buffer]` read and written in place, input `[grad]`; the same
-    /// ops in the same order as `update_param`, so the results are bit-identical.
+    /// outputs `[param, buffer]` read and written in place, inputs `[grad, lr]` (the
+    /// learning rate broadcast from device memory); the same ops in the same order as
+    /// `update_param`, so the results are bit-identical.
     fn fused_expr(c: &SgdConfig) -> FusedExpr {
         use kiln_tensor::fused::ExprStep::*;
         use kiln_tensor::BinaryOp::{Add, Mul, Sub};
@@ -177,14 +183,42 @@ impl<B: Backend> Sgd<B> {
         } else {
             nb
         };
-        let lr = push(&mut s, Const(c.lr as f32));
+        let lr = push(&mut s, Input(1));
         let t = push(&mut s, Binary(Mul, step, lr));
         let np = push(&mut s, Binary(Sub, p, t));
         FusedExpr {
             steps: s,
             results: vec![np, nb],
-            inputs: 1,
+            inputs: 2,
         }
+    }
+
+    /// Writes `lr` into the device copy of the learning rate, in place (one tiny
+    /// kernel, no allocation), creating it on `device` the first time.
+    fn write_lr_on_device(&mut self, device: &B::Device) -> Result<()> {
+        let lr = self.config.lr as f32;
+        match &mut self.lr_on_device {
+            None => {
+                self.lr_on_device = Some(RawTensor::from_vec(vec![lr], &[], device)?);
+            }
+            Some(t) => {
+                let device = t.device().clone();
+                let fill = FusedExpr {
+                    steps: vec![ExprStep::Const(lr)],
+                    results: vec![0],
+                    inputs: 0,
+                };
+                let dims = *t.dims();
+                let storage = t.storage_mut().ok_or_else(|| {
+                    Error::invalid(
+                        "Sgd",
+                        "the device learning rate is shared (a broken invariant)",
+                    )
+                })?;
+                B::fused_elementwise(&device, &fill, None, &[], &dims, &mut [storage])?;
+            }
+        }
+        Ok(())
     }
 
     /// Runs the fused update when it applies (f32, momentum, a buffer from an earlier
@@ -203,18 +237,32 @@ impl<B: Backend> Sgd<B> {
         {
             return Ok(false);
         }
-        let Some(buf) = self.momentum_buffers.get_mut(name) else {
+        // Made on the first step, which runs by value (it starts the momentum buffer):
+        // a captured step must find it there (an upload cannot be captured).
+        let (dims, device) = (*param.dims(), param.device().clone());
+        if self
+            .lr_on_device
+            .as_ref()
+            .is_none_or(|t| *t.device() != device)
+        {
+            self.lr_on_device = None;
+            self.write_lr_on_device(&device)?;
+        }
+        let Some(buf) = self.momentum_buffers.get(name) else {
             return Ok(false);
         };
         if buf.dims() != param.dims() || buf.dtype() != DType::F32 {
             return Ok(false);
         }
         let expr = self.fused.get_or_insert_with(|| Self::fused_expr(&c));
-        let (dims, device) = (*param.dims(), param.device().clone());
+        let lr = self.lr_on_device.as_ref().expect("written above");
+        let mut lr = lr.view();
+        lr.layout = lr.layout.broadcast_to(&dims)?;
+        let buf = self.momentum_buffers.get_mut(name).expect("checked above");
         let (Some(p), Some(b)) = (param.storage_mut(), buf.storage_mut()) else {
             return Ok(false);
         };
-        B::fused_elementwise(&device, expr, None, &[grad.view()], &dims, &mut [p, b])?;
+        B::fused_elementwise(&device, expr, None, &[grad.view(), lr], &dims, &mut [p, b])?;
         Ok(true)
     }
 }
@@ -274,7 +322,10 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
     fn set_lr(&mut self, lr: f64) -> Result<()> {
         check_lr("Sgd", lr)?;
         self.config.lr = lr;
-        self.fused = None;
+        if let Some(t) = &self.lr_on_device {
+            let device = t.device().clone();
+            self.write_lr_on_device(&device)?;
+        }
         Ok(())
     }
 

@@ -357,6 +357,50 @@ fn step_updates_every_parameter_of_a_module_by_name() -> Result<()> {
 }
 
 #[test]
+fn sgd_in_place_equals_sgd_by_value_across_learning_rate_changes() -> Result<()> {
+    // `step` updates in place with one fused kernel reading the learning rate from
+    // device memory (what a captured step replays); `update_param` computes by value
+    // with the rate as a constant. Bit for bit the same, also after `set_lr`.
+    let config = SgdConfig {
+        lr: 0.05,
+        momentum: 0.9,
+        weight_decay: 0.01,
+        ..Default::default()
+    };
+    let mut fused_model = Linear::<Cpu, 3, 2>::init(&DEV, 9)?;
+    let mut plain_model = Linear::<Cpu, 3, 2>::init(&DEV, 9)?;
+    let (mut fused, mut plain) = (Sgd::<Cpu>::new(config)?, Sgd::<Cpu>::new(config)?);
+    for (step, lr) in [0.05, 0.05, 0.02, 0.2, 0.0].into_iter().enumerate() {
+        fused.set_lr(lr)?;
+        plain.set_lr(lr)?;
+        let gw: Vec<f32> = values(step as u64 * 3, 6)
+            .into_iter()
+            .map(|v| v as f32)
+            .collect();
+        let gb: Vec<f32> = values(step as u64 * 3 + 1, 2)
+            .into_iter()
+            .map(|v| v as f32)
+            .collect();
+        fused.step(&mut fused_model, &linear_grads(gw.clone(), gb.clone())?)?;
+        plain_model.update_params(&linear_grads(gw, gb)?, "", &mut |name, p, g| {
+            *p = plain.update_param(name, p, g)?;
+            Ok(())
+        })?;
+        let bits = |m: &Linear<Cpu, 3, 2>| -> Result<Vec<u32>> {
+            let mut v = m.weight.to_vec()?;
+            v.extend(m.bias.to_vec()?);
+            Ok(v.into_iter().map(f32::to_bits).collect())
+        };
+        assert_eq!(
+            bits(&fused_model)?,
+            bits(&plain_model)?,
+            "step {step} (lr {lr})"
+        );
+    }
+    Ok(())
+}
+
+#[test]
 fn half_precision_parameters_keep_eps() -> Result<()> {
     // In f16, eps = 1e-8 rounds to 0 and a zero gradient would give 0/0 = NaN.
     let p = RawTensor::<Cpu>::from_vec(vec![f16::from_f64(1.5), f16::from_f64(-2.0)], &[2], &DEV)?;

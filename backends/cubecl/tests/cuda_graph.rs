@@ -1,6 +1,6 @@
 //! CUDA graph capture of a static training step (runs where a CUDA GPU is): the capture
 //! runs the step once and replays with new inputs written between them train exactly
-//! as eager steps do; what a replay
+//! as eager steps do, with the learning rate set between replays; what a replay
 //! could not repeat (a host copy, a synchronisation, state replaced instead of updated
 //! in place) makes the capture fail with an error and leaves the device usable; bad
 //! labels in a replay are reported at the next read, once, and the graph goes on.
@@ -101,6 +101,38 @@ fn replays_train_exactly_as_eager_steps() -> Result<()> {
     // Training moved the model: the check above compared something that changes.
     let first = Mlp::<Cuda>::init(&dev, 7)?.forward(&probe)?.to_vec()?;
     assert_ne!(first, eager.forward(&probe)?.to_vec()?);
+    Ok(())
+}
+
+#[test]
+fn a_learning_rate_set_between_replays_reaches_the_captured_step() -> Result<()> {
+    // SGD keeps its rate in device memory and `set_lr` rewrites it in place, so the
+    // captured update reads each replay's rate (a cosine schedule on a graph).
+    let dev = device();
+    let (mut eager, mut graphed) = (Mlp::<Cuda>::init(&dev, 11)?, Mlp::<Cuda>::init(&dev, 11)?);
+    let (mut opt_e, mut opt_g) = (sgd(0.9)?, sgd(0.9)?);
+    let (x0, y0) = batch(0, &dev)?;
+    let x = Images::from_vec(x0, &[BATCH, 784], &dev)?;
+    let y = Labels::from_vec(y0, &[BATCH], &dev)?;
+    eager_step(&mut eager, &mut opt_e, &x, &y)?;
+    eager_step(&mut graphed, &mut opt_g, &x, &y)?;
+    let (graph, _) = capture_step(&dev, &mut graphed, &mut opt_g, &x, &y)?;
+    eager_step(&mut eager, &mut opt_e, &x, &y)?;
+    let probe = Images::normal(0.0, 1.0, 998, &dev)?;
+    for (i, lr) in [0.2, 0.01, 0.0, 0.08].into_iter().enumerate() {
+        opt_e.set_lr(lr)?;
+        opt_g.set_lr(lr)?;
+        graph.replay()?;
+        eager_step(&mut eager, &mut opt_e, &x, &y)?;
+        let (pg, pe) = (
+            graphed.forward(&probe)?.to_vec()?,
+            eager.forward(&probe)?.to_vec()?,
+        );
+        assert!(
+            pg.iter().zip(&pe).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "replay {i} at lr {lr}: the replayed model differs from the eager one"
+        );
+    }
     Ok(())
 }
 
