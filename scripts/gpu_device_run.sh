@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -57,6 +57,29 @@ case $W in
     run 200 $B/kiln-train --device cuda --model gpt-tiny --optimizer adamw --lr 0.01 --batch-size 32 --epochs 1 --out "$OUT/gpt-cuda.safetensors"
     run 100 $B/kiln-generate --device cuda --checkpoint "$OUT/gpt-cuda.safetensors" --bytes 80
     run 30 $B/kiln-train --device cuda:3 ;;
+  replay)
+    # kiln-train's automatic graph replay on CUDA: replayed and planned runs must train
+    # the same parameters bit for bit; dropout and AdamW decline with a notice.
+    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
+    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    run 200 $B/kiln-train --device cuda --epochs 2 --out "$OUT/graph/mlp.safetensors"
+    run 200 $B/kiln-train --device cuda --epochs 2 --no-graph --out "$OUT/planned/mlp.safetensors"
+    # Tensor by tensor (the header's metadata order may differ between runs).
+    python3 - "$OUT/graph/mlp.safetensors" "$OUT/planned/mlp.safetensors" <<'PY'
+import json, struct, sys
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    head.pop("__metadata__", None)
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in head.items()}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+same = a.keys() == b.keys() and all(a[k] == b[k] for k in a)
+print(f"replayed and planned checkpoints: {len(a)} tensors, {'bit-identical' if same else 'DIFFERENT'}")
+PY
+    [ -n "${QUICK:-}" ] && exit 0
+    run 100 $B/kiln-train --device cuda --model cnn --epochs 1 --limit 4096 --out "$OUT/cnn.safetensors"
+    run 100 $B/kiln-train --device cuda --optimizer adamw --lr 0.001 --epochs 1 --limit 4096 --out "$OUT/adamw.safetensors" ;;
   dynprofile)
     # The kernels of one warm call on the dynamic path (W2's chain, W1's step) and of
     # one static W1 step, with their GPU time.

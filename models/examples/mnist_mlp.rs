@@ -34,6 +34,7 @@ fn main() -> Result<()> {
         1,
         1,
         &dev,
+        true,
         &mut |_, r| {
             last = r.loss;
             Ok(())

@@ -12,7 +12,7 @@ use crate::lenet::LeNet;
 use crate::mlp::Mlp;
 use kiln::prelude::*;
 use kiln::tensor::nn::Module;
-use kiln::tensor::RawTensor;
+use kiln::tensor::{HostData, RawTensor, Replay};
 use kiln::train::optim::Optimizer;
 use kiln::train::schedule::Schedule;
 
@@ -37,6 +37,8 @@ pub trait Classifier<B: Backend>: Module<B> {
     ) -> Result<(RawTensor<B>, Self::Grads)>;
     /// The `[batch, 10]` class logits of a batch, in evaluation mode.
     fn logits(&self, x: &RawTensor<B>) -> Result<RawTensor<B>>;
+    /// Whether the training step draws random values (dropout masks).
+    fn draws_at_random() -> bool;
 }
 
 /// Runs `$body` with `$batch` a const equal to the run-time batch `$n`, when that is
@@ -109,6 +111,19 @@ macro_rules! classifier {
                     Ok(self.forward::<BATCH>(&Tensor::from_raw(x.clone())?)?.into_raw())
                 })
             }
+            fn draws_at_random() -> bool {
+                // Read from the training entry's build-time plan.
+                $model::<B>::fusion_plans()
+                    .iter()
+                    .filter(|(name, _)| name.ends_with("_and_grad"))
+                    .any(|(_, text)| {
+                        kiln::fusion::Plan::parse(text).is_ok_and(|plan| {
+                            plan.graph.nodes.iter().any(|n| {
+                                matches!(n.kind, kiln::tensor::ir::NodeKind::Op(kiln::tensor::Op::Rand { .. }))
+                            })
+                        })
+                    })
+            }
         }
     };
 }
@@ -136,7 +151,7 @@ pub fn images<B: Backend, M: Classifier<B>>(
 }
 
 /// What one training step reports.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct StepReport {
     /// The epoch (from 0).
     pub epoch: usize,
@@ -146,10 +161,31 @@ pub struct StepReport {
     pub loss: f32,
     /// The learning rate used.
     pub lr: f64,
+    /// A one-line notice about how steps run, on the step it concerns: the step was
+    /// captured as a graph and the following ones replay it, or why it was not.
+    pub notice: Option<String>,
+}
+
+/// A step captured as a graph: the replay, its input buffers and its loss.
+type Captured<B> = (Box<dyn Replay>, RawTensor<B>, RawTensor<B>, RawTensor<B>);
+
+/// Why `fit` does not replay the training step on a backend that captures, or `None`.
+fn replay_refusal<B: Backend, M: Classifier<B>>(opt: &impl Optimizer<B>) -> Option<String> {
+    if M::draws_at_random() {
+        return Some(
+            "dropout draws its masks from a seed the host passes each step, so a replay would repeat the captured step's"
+                .into(),
+        );
+    }
+    opt.replay_refusal()
 }
 
 /// Trains for `epochs` over `train` in shuffled batches of `batch` (a final partial
 /// batch is dropped), setting the learning rate from `schedule` before each step.
+/// With `replay`, on a backend that captures (CUDA), the second step is captured as a
+/// graph and every later step replays it, each batch written into the same input
+/// buffers and the learning rate into device memory; a model or optimizer a replay
+/// would not train correctly runs planned, and the first step's report says why.
 #[allow(clippy::too_many_arguments)]
 pub fn fit<B: Backend, M: Classifier<B>>(
     model: &mut M,
@@ -160,6 +196,7 @@ pub fn fit<B: Backend, M: Classifier<B>>(
     epochs: usize,
     seed: u64,
     device: &B::Device,
+    replay: bool,
     on_step: &mut dyn FnMut(&M, StepReport) -> Result<()>,
 ) -> Result<()> {
     if !BATCH_SIZES.contains(&batch) {
@@ -168,6 +205,16 @@ pub fn fit<B: Backend, M: Classifier<B>>(
             format!("batch size {batch} is not one of {BATCH_SIZES:?}"),
         ));
     }
+    let capturing = replay && B::captures(device);
+    let refusal = if capturing {
+        replay_refusal::<B, M>(opt)
+    } else {
+        None
+    };
+    let mut notice = refusal
+        .as_ref()
+        .map(|why| format!("the training step is not replayed as a graph: {why}; it runs planned"));
+    let mut graph: Option<Captured<B>> = None;
     let mut step = 0u64;
     for epoch in 0..epochs {
         let order = shuffled(train.len(), seed, epoch as u64);
@@ -175,19 +222,50 @@ pub fn fit<B: Backend, M: Classifier<B>>(
             if b.labels.len() < batch {
                 continue;
             }
-            let x = images::<B, M>(b.images, batch, device)?;
-            let y = RawTensor::from_vec(b.labels, &[batch], device)?;
             let lr = schedule.lr_at(step);
             opt.set_lr(lr)?;
-            let (loss, grads) = model.loss_and_grad(&x, &y)?;
-            opt.step(model, &grads)?;
+            let loss = match &graph {
+                Some((replay, x, y, loss)) => {
+                    B::write_host(x, &HostData::F32(b.images))?;
+                    B::write_host(y, &HostData::I32(b.labels))?;
+                    replay.replay()?;
+                    loss.to_vec::<f32>()?[0]
+                }
+                None => {
+                    let x = images::<B, M>(b.images, batch, device)?;
+                    let y = RawTensor::from_vec(b.labels, &[batch], device)?;
+                    // One warm step first: kernels, algorithms, optimizer state.
+                    if capturing && refusal.is_none() && step >= 1 {
+                        let mut out = None;
+                        let replay = B::capture(device, &mut || {
+                            let (loss, grads) = model.loss_and_grad(&x, &y)?;
+                            opt.step(model, &grads)?;
+                            out = Some(loss);
+                            Ok(())
+                        })?;
+                        let loss = out.expect("a captured step ran and returned its loss");
+                        let value = loss.to_vec::<f32>()?[0];
+                        notice = Some(
+                            "the training step is captured as a graph; later steps replay it"
+                                .into(),
+                        );
+                        graph = Some((replay, x, y, loss));
+                        value
+                    } else {
+                        let (loss, grads) = model.loss_and_grad(&x, &y)?;
+                        opt.step(model, &grads)?;
+                        loss.to_vec::<f32>()?[0]
+                    }
+                }
+            };
             on_step(
                 model,
                 StepReport {
                     epoch,
                     step,
-                    loss: loss.to_vec::<f32>()?[0],
+                    loss,
                     lr,
+                    notice: notice.take(),
                 },
             )?;
             step += 1;
@@ -281,6 +359,7 @@ pub fn short_mnist_run<B: Backend>(device: &B::Device) -> Result<ShortRun<B>> {
         1,
         1,
         device,
+        true,
         &mut |_, r| {
             losses.push(r.loss);
             Ok(())
@@ -314,5 +393,29 @@ mod tests {
                 assert_eq!(got.unwrap().dims().as_slice(), &[n, 10]);
             }
         }
+    }
+
+    /// Graph replay is declined where a replay would train wrongly: dropout (the CNN),
+    /// Adam's per-step bias corrections, SGD without momentum (it replaces parameters).
+    #[test]
+    fn replay_is_declined_where_it_would_train_wrongly() {
+        use kiln::train::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
+        assert!(LeNet::<Cpu>::draws_at_random());
+        assert!(!Mlp::<Cpu>::draws_at_random());
+        let sgd = |momentum| {
+            Sgd::<Cpu>::new(SgdConfig {
+                momentum,
+                ..SgdConfig::default()
+            })
+            .unwrap()
+        };
+        assert_eq!(replay_refusal::<Cpu, Mlp<Cpu>>(&sgd(0.9)), None);
+        let why = replay_refusal::<Cpu, LeNet<Cpu>>(&sgd(0.9)).unwrap();
+        assert!(why.starts_with("dropout draws its masks"), "{why}");
+        let why = replay_refusal::<Cpu, Mlp<Cpu>>(&sgd(0.0)).unwrap();
+        assert!(why.contains("replaces each parameter"), "{why}");
+        let adamw = AdamW::<Cpu>::new(AdamWConfig::default()).unwrap();
+        let why = replay_refusal::<Cpu, Mlp<Cpu>>(&adamw).unwrap();
+        assert!(why.contains("bias corrections"), "{why}");
     }
 }

@@ -39,6 +39,13 @@ pub trait Optimizer<B: Backend> {
     /// Forgets every parameter's state (momentum buffers, moments, step counts).
     fn reset(&mut self);
 
+    /// Why a captured step (a CUDA graph) would not replay this optimizer's update
+    /// correctly, or `None` when it would: a replay repeats the captured device work,
+    /// reading only what lives in device memory. The default: not known to replay.
+    fn replay_refusal(&self) -> Option<String> {
+        Some("this optimizer's per-step values are not kept in device memory".into())
+    }
+
     /// [`Optimizer::update_param`] in place. Optimizers override it to write into the
     /// parameter's buffer (one fused pass, no allocation) when nobody else holds it.
     fn update_param_in_place(
@@ -331,6 +338,13 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
 
     fn reset(&mut self) {
         self.momentum_buffers.clear();
+    }
+
+    fn replay_refusal(&self) -> Option<String> {
+        (self.config.momentum == 0.0).then(|| {
+            "SGD without momentum replaces each parameter instead of updating it in place"
+                .to_string()
+        })
     }
 }
 
@@ -753,6 +767,10 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
     fn reset(&mut self) {
         self.state.clear();
     }
+
+    fn replay_refusal(&self) -> Option<String> {
+        Some("Adam's bias corrections change every step and are passed from the host, so a replay would repeat the captured step's".into())
+    }
 }
 
 impl<B: Backend> Optimizer<B> for AdamW<B> {
@@ -787,6 +805,10 @@ impl<B: Backend> Optimizer<B> for AdamW<B> {
 
     fn reset(&mut self) {
         self.state.clear();
+    }
+
+    fn replay_refusal(&self) -> Option<String> {
+        Some("Adam's bias corrections change every step and are passed from the host, so a replay would repeat the captured step's".into())
     }
 }
 

@@ -128,6 +128,48 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
         let _ = native;
         fused_by_ops::<Self>(device, expr, inputs, dims, outputs)
     }
+
+    /// Whether [`Backend::capture`] captures on `device` (CUDA graphs); the default
+    /// never does.
+    fn captures(device: &Self::Device) -> bool {
+        let _ = device;
+        false
+    }
+
+    /// Runs `step` once while capturing its device work as a [`Replay`]. An error (the
+    /// step's, or what it did that a replay could not repeat) leaves the host's state
+    /// as the step left it while its device work did not run: the caller cannot go on
+    /// training. The default refuses (see [`Backend::captures`]).
+    fn capture(
+        device: &Self::Device,
+        step: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Box<dyn Replay>> {
+        let _ = (device, step);
+        Err(Error::invalid(
+            "capture",
+            format!("the {} backend does not capture steps", Self::NAME),
+        ))
+    }
+
+    /// Writes `values` into `tensor`'s own buffer in place (a captured step's inputs,
+    /// between replays). The default refuses: only capturing backends need it.
+    fn write_host(tensor: &crate::RawTensor<Self>, values: &HostData) -> Result<()> {
+        let _ = (tensor, values);
+        Err(Error::invalid(
+            "write_host",
+            format!(
+                "the {} backend does not write into buffers in place",
+                Self::NAME
+            ),
+        ))
+    }
+}
+
+/// A step captured on a device and replayed without the host issuing its work again
+/// (a CUDA graph): inputs are written in place before a replay, results read after.
+pub trait Replay {
+    /// Runs the captured work again.
+    fn replay(&self) -> Result<()>;
 }
 
 /// [`Backend::fused_elementwise`] step by step with [`Backend::execute`].

@@ -42,7 +42,7 @@ pub mod tensor;
 pub mod testing;
 pub mod unary;
 
-pub use backend::{Backend, View};
+pub use backend::{Backend, Replay, View};
 pub use builder::{Builder, BuilderExt, Conv2dOptions};
 pub use dim::{Const, Dim, Dyn, SameDim};
 pub use dtype::{DType, Element, FloatElement, HostData};

@@ -489,6 +489,7 @@ fn mnist<B: Backend>(dev: &B::Device, name: &str, epochs: usize, dir: &str) -> R
         epochs,
         1,
         dev,
+        true,
         &mut |_, r| {
             last = r.loss;
             Ok(())

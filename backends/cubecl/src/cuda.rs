@@ -253,6 +253,26 @@ impl KilnRuntime for CudaRuntime {
         &DEVICES
     }
 
+    const CAPTURES: bool = true;
+
+    fn capture_step(
+        device: &CubeDevice<Self>,
+        step: &mut dyn FnMut() -> Result<()>,
+    ) -> Option<Result<Box<dyn kiln_tensor::Replay>>> {
+        Some(
+            device
+                .capture(step)
+                .map(|(graph, ())| Box::new(graph) as Box<dyn kiln_tensor::Replay>),
+        )
+    }
+
+    fn write_host(
+        tensor: &kiln_tensor::RawTensor<CubeBackend<Self>>,
+        values: &kiln_tensor::HostData,
+    ) -> Option<Result<()>> {
+        Some(crate::graph::write_into(tensor, values))
+    }
+
     fn fill_zeros(state: &DeviceState<Self>, handle: &Handle) -> Result<()> {
         let (ptr, stream) = raw_resource(state, handle)?;
         let bytes = handle.size_in_used() as usize;

@@ -60,6 +60,27 @@ pub trait KilnRuntime: Runtime + Sized {
         None
     }
 
+    /// Whether [`KilnRuntime::capture_step`] captures (CUDA graphs).
+    const CAPTURES: bool = false;
+
+    /// Captures `step` as a replayable graph (see `Backend::capture`); `None` for
+    /// runtimes without graph capture.
+    fn capture_step(
+        _device: &CubeDevice<Self>,
+        _step: &mut dyn FnMut() -> Result<()>,
+    ) -> Option<Result<Box<dyn kiln_tensor::Replay>>> {
+        None
+    }
+
+    /// Writes host values into a tensor's own buffer in place (`Backend::write_host`);
+    /// `None` for runtimes without graph capture.
+    fn write_host(
+        _tensor: &kiln_tensor::RawTensor<CubeBackend<Self>>,
+        _values: &kiln_tensor::HostData,
+    ) -> Option<Result<()>> {
+        None
+    }
+
     /// Queues zeros over a whole buffer on the calling thread's stream (re-arms the
     /// error flags of a captured graph). Runtimes without graph capture never need it.
     fn fill_zeros(_state: &DeviceState<Self>, _handle: &Handle) -> Result<()> {

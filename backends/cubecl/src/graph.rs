@@ -178,6 +178,12 @@ impl CudaDevice {
     }
 }
 
+impl kiln_tensor::Replay for CudaGraph {
+    fn replay(&self) -> Result<()> {
+        CudaGraph::replay(self)
+    }
+}
+
 impl CudaGraph {
     /// Queues one replay of the captured work on the capturing thread's stream. Errors
     /// the kernels detect are returned by the next download or synchronisation.

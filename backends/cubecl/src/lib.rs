@@ -165,6 +165,38 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
 
     const NAME: &'static str = R::NAME;
 
+    fn captures(device: &CubeDevice<R>) -> bool {
+        let _ = device;
+        R::CAPTURES
+    }
+
+    fn capture(
+        device: &CubeDevice<R>,
+        step: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Box<dyn kiln_tensor::Replay>> {
+        R::capture_step(device, step).unwrap_or_else(|| {
+            Err(Error::invalid(
+                "capture",
+                format!("the {} backend does not capture steps", R::NAME),
+            ))
+        })
+    }
+
+    fn write_host(
+        tensor: &kiln_tensor::RawTensor<Self>,
+        values: &kiln_tensor::HostData,
+    ) -> Result<()> {
+        R::write_host(tensor, values).unwrap_or_else(|| {
+            Err(Error::invalid(
+                "write_host",
+                format!(
+                    "the {} backend does not write into buffers in place",
+                    R::NAME
+                ),
+            ))
+        })
+    }
+
     fn device_name(device: &CubeDevice<R>) -> String {
         format!("{device:?}")
     }

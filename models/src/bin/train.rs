@@ -98,6 +98,10 @@ struct Args {
     /// Where to train: cpu, wgpu, wgpu:N (the N-th adapter, GPUs first), cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: DeviceChoice,
+    /// Run every training step through the planned path, never replaying a captured
+    /// graph (CUDA replays the image models' static step by default).
+    #[arg(long)]
+    no_graph: bool,
 }
 
 /// The training run, on whichever backend `--device` opens.
@@ -167,6 +171,9 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
             0.98 * avg + 0.02 * r.loss
         };
         curve.loss.push((r.step + 1, avg as f64));
+        if let Some(notice) = &r.notice {
+            bar.suspend(|| println!("{notice}"));
+        }
         if !r.loss.is_finite() {
             return Err(Error::invalid(
                 "train",
@@ -210,6 +217,7 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
                 args.epochs,
                 args.seed,
                 dev,
+                !args.no_graph,
                 &mut on_step,
             )?;
         }
@@ -228,6 +236,7 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
                 args.epochs,
                 args.seed,
                 dev,
+                !args.no_graph,
                 &mut on_step,
             )?;
         }
