@@ -165,6 +165,10 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
 
     const NAME: &'static str = R::NAME;
 
+    fn refuse_in_capture(device: &CubeDevice<R>, what: &str) -> Result<()> {
+        device.state.refuse_in_capture(what)
+    }
+
     fn captures(device: &CubeDevice<R>) -> bool {
         let _ = device;
         R::CAPTURES

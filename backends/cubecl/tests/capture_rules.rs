@@ -2,7 +2,7 @@
 //! CI) with `CubeDevice::check_capturable`, which runs a step under them: a static
 //! training step passes once it has run before, and what a replay could not repeat (a
 //! host copy, a read, a first-seen kernel shape, state replaced instead of updated in
-//! place) is an error naming it.
+//! place, a `#[model]`'s dynamic part planning on the host) is an error naming it.
 
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
@@ -23,6 +23,10 @@ macro_rules! capture_rule_tests {
             #[test]
             fn what_a_replay_cannot_repeat_is_refused() -> Result<()> {
                 super::what_a_replay_cannot_repeat_is_refused::<$R>(&$device)
+            }
+            #[test]
+            fn a_step_calling_a_dynamic_part_is_refused() -> Result<()> {
+                super::a_step_calling_a_dynamic_part_is_refused::<$R>(&$device)
             }
         }
     };
@@ -159,6 +163,27 @@ fn what_a_replay_cannot_repeat_is_refused<R: KilnRuntime>(dev: &CubeDevice<R>) -
     let mut opt = sgd::<R>(0.9)?;
     let (loss, grads) = model.loss_and_grad(&x, &y)?;
     opt.step(&mut model, &grads)?;
+    assert!(loss.to_vec()?[0].is_finite());
+    Ok(())
+}
+
+fn a_step_calling_a_dynamic_part_is_refused<R: KilnRuntime>(dev: &CubeDevice<R>) -> Result<()> {
+    use kiln_models::hybrid::HybridMlp;
+    let model = HybridMlp::<CubeBackend<R>>::init(dev, 7)?;
+    let x = Tensor::<CubeBackend<R>, Rank2<BATCH, 16>>::normal(0.0, 1.0, 5, dev)?;
+    let y = Tensor::<CubeBackend<R>, Rank2<BATCH, 4>>::normal(0.0, 1.0, 6, dev)?;
+    // Warm: every kernel and plan made, so only the part itself is left to refuse.
+    model.loss_and_grad(&x, &y)?;
+    let err = dev
+        .check_capturable(|| model.loss_and_grad(&x, &y).map(|_| ()))
+        .expect_err("a dynamic part is refused");
+    let err = format!("{err}");
+    assert!(
+        err.contains("`self.refine.forward`, a dynamic part") && err.contains("cannot be captured"),
+        "{err}"
+    );
+    // The device works on.
+    let (loss, _) = model.loss_and_grad(&x, &y)?;
     assert!(loss.to_vec()?[0].is_finite());
     Ok(())
 }
