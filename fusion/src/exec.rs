@@ -232,6 +232,12 @@ fn infer_nodes(
                 (Some(op), TensorMeta::new(vec![], node.meta.dtype))
             }
             NodeKind::Call(_) => {
+                if node.inputs.len() != 1 {
+                    return Err(Error::invalid(
+                        "plan",
+                        format!("call {i} has {} inputs, not one", node.inputs.len()),
+                    ));
+                }
                 let dims = node
                     .meta
                     .dims
@@ -241,8 +247,18 @@ fn infer_nodes(
                 (None, TensorMeta::new(dims, node.meta.dtype))
             }
             NodeKind::CallGrad(_) => {
-                let call_input = plan.graph.nodes[node.inputs[1]].inputs[0];
-                (None, metas[call_input].clone())
+                // Its inputs: the gradient and the call, whose input it is the gradient of.
+                let call_input = node
+                    .inputs
+                    .get(1)
+                    .and_then(|&c| plan.graph.nodes.get(c))
+                    .and_then(|c| c.inputs.first())
+                    .and_then(|&x| metas.get(x))
+                    .filter(|_| node.inputs.len() == 2)
+                    .ok_or_else(|| {
+                        Error::invalid("plan", format!("call gradient {i} names no call before it"))
+                    })?;
+                (None, call_input.clone())
             }
             NodeKind::Op(op) => {
                 let ins: Vec<&TensorMeta> = node.inputs.iter().map(|&j| &metas[j]).collect();

@@ -1,0 +1,173 @@
+//! Calls out of a plan (`NodeKind::Call` / `CallGrad`, what a `#[model]`'s dynamic part
+//! becomes): the planner makes each a kernel of its own with the elementwise work
+//! around it still fused; the fused and the op-by-op paths call the parts alike and
+//! give equal values; a part's result of another shape or dtype than declared is one
+//! error, the same on both paths; a plan text whose calls are wired wrongly is an
+//! error, never a panic.
+
+use kiln_cpu::{Cpu, CpuDevice};
+use kiln_fusion::{plan, KernelKind, Parts, Plan, Program, SDim, Seeds};
+use kiln_tensor::ir::{Graph, NodeId};
+use kiln_tensor::{BuilderExt, CmpOp, DType, RawTensor, Result, SymDim};
+
+/// A part that scales its input by `scale` (its gradient likewise), or returns
+/// `width` columns when set (a wrong shape).
+struct Scale {
+    scale: f32,
+    width: Option<usize>,
+}
+
+impl Parts<Cpu> for Scale {
+    fn name(&self, part: usize) -> String {
+        format!("self.scale{part}")
+    }
+
+    fn forward(&mut self, _part: usize, input: RawTensor<Cpu>) -> Result<RawTensor<Cpu>> {
+        match self.width {
+            Some(w) => RawTensor::zeros(&[input.dims()[0], w], DType::F32, &CpuDevice),
+            None => input.mul_scalar(self.scale as f64),
+        }
+    }
+
+    fn backward(&mut self, _part: usize, grad: RawTensor<Cpu>) -> Result<RawTensor<Cpu>> {
+        grad.mul_scalar(self.scale as f64)
+    }
+}
+
+/// `relu(call(x + 1)) * 2` and the gradient of its sum with respect to `x`, for `x`
+/// of dims `[B, 3]` (`B` a size parameter): outputs `[y, dx]`.
+fn graph() -> Result<(Graph<SDim>, Vec<NodeId>, Vec<NodeId>)> {
+    let mut g = Graph::<SDim>::new();
+    let b = SDim::param("B");
+    let x = g.leaf(0, vec![b.clone(), SDim::lit(3)], DType::F32);
+    let h = g.add_scalar(&x, 1.0)?;
+    let c = g.call(0, h, vec![b.clone(), SDim::lit(3)], DType::F32);
+    let r = g.relu(&c)?;
+    let y = g.mul_scalar(&r, 2.0)?;
+    // d(sum y)/dc = 2·[c > 0]; the part's backward gives d/dh; d/dx = d/dh.
+    let zero = g.scalar_like(&c, 0.0)?;
+    let mask = g.compare(CmpOp::Gt, &c, &zero)?;
+    let mask = g.cast(&mask, DType::F32)?;
+    let dc = g.mul_scalar(&mask, 2.0)?;
+    let dx = g.call_grad(c, dc);
+    Ok((g, vec![x], vec![y, dx]))
+}
+
+fn run(
+    program: &mut Program<Cpu>,
+    fused: bool,
+    x: &RawTensor<Cpu>,
+    parts: &mut Scale,
+) -> Result<Vec<Vec<f32>>> {
+    let params = [("B", x.dims()[0])];
+    let outs: Vec<RawTensor<Cpu>> = if fused {
+        program
+            .run_with_parts(&CpuDevice, &params, &[x], Seeds::Mix(0), parts)?
+            .expect("the plan describes these inputs")
+            .collect()
+    } else {
+        program.run_op_by_op_with_parts(&CpuDevice, &params, &[x], Seeds::Mix(0), parts)?
+    };
+    outs.iter().map(|t| t.to_vec::<f32>()).collect()
+}
+
+#[test]
+fn calls_are_kernels_of_their_own_and_both_paths_agree() -> Result<()> {
+    let (g, inputs, outputs) = graph()?;
+    let p = plan(&g, &inputs, &outputs);
+    let calls = p
+        .kernels
+        .iter()
+        .filter(|k| k.kind == KernelKind::Call)
+        .count();
+    assert_eq!(calls, 2, "the call and its gradient");
+    // Through the text form, as `#[model]` embeds plans.
+    let mut program = Program::<Cpu>::new(Plan::parse(&p.to_text())?, &[]);
+    let xs: Vec<f32> = vec![-3.0, -1.5, -0.5, 0.0, 0.5, 2.0];
+    let x = RawTensor::<Cpu>::from_vec(xs.clone(), &[2, 3], &CpuDevice)?;
+    let mut parts = Scale {
+        scale: 0.5,
+        width: None,
+    };
+    let fused = run(&mut program, true, &x, &mut parts)?;
+    let eager = run(&mut program, false, &x, &mut parts)?;
+    assert_eq!(fused, eager);
+    let want_y: Vec<f32> = xs
+        .iter()
+        .map(|v| ((v + 1.0) * 0.5).max(0.0) * 2.0)
+        .collect();
+    let want_dx: Vec<f32> = xs
+        .iter()
+        .map(|v| {
+            if (v + 1.0) * 0.5 > 0.0 {
+                2.0 * 0.5
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    assert_eq!(fused, vec![want_y, want_dx]);
+    Ok(())
+}
+
+#[test]
+fn a_part_returning_another_shape_is_one_error_on_both_paths() -> Result<()> {
+    let (g, inputs, outputs) = graph()?;
+    let mut program = Program::<Cpu>::new(plan(&g, &inputs, &outputs), &[]);
+    let x = RawTensor::<Cpu>::from_vec(vec![1.0f32; 6], &[2, 3], &CpuDevice)?;
+    let mut parts = Scale {
+        scale: 1.0,
+        width: Some(4),
+    };
+    let fused = run(&mut program, true, &x, &mut parts).expect_err("refused");
+    let eager = run(&mut program, false, &x, &mut parts).expect_err("refused");
+    assert_eq!(fused.to_string(), eager.to_string());
+    assert_eq!(
+        fused.to_string(),
+        "shape mismatch in `call`: `self.scale0` returned f32 [2, 4], but the call declares f32 [2, 3] ([B, 3])"
+    );
+    Ok(())
+}
+
+#[test]
+fn calls_wired_wrongly_in_a_plan_text_are_errors() -> Result<()> {
+    let (g, inputs, outputs) = graph()?;
+    let text = plan(&g, &inputs, &outputs).to_text();
+    let x = RawTensor::<Cpu>::from_vec(vec![1.0f32; 6], &[2, 3], &CpuDevice)?;
+    // A node line's input list, replaced.
+    let rewire = |kind: &str, inputs: &str| -> String {
+        let line = text
+            .lines()
+            .find(|l| l.contains(kind))
+            .unwrap_or_else(|| panic!("no `{kind}` node in {text}"));
+        let at = line.find(" in=").expect("an input list") + 4;
+        let end = at + line[at..].find(' ').expect("fields after the list");
+        text.replace(line, &format!("{}{inputs}{}", &line[..at], &line[end..]))
+    };
+    // The call with no input; the gradient without the call it is the gradient of.
+    let grad_line = text.lines().find(|l| l.contains(" call_grad 0 ")).unwrap();
+    // Input lists read `[11;3]`: keep the gradient, drop the call.
+    let grad_input = {
+        let at = grad_line.find(" in=[").unwrap() + 5;
+        format!("[{}]", grad_line[at..].split([';', ']']).next().unwrap())
+    };
+    for broken in [
+        rewire(" call 0 ", "[]"),
+        rewire(" call_grad 0 ", &grad_input),
+    ] {
+        assert_ne!(broken, text, "the plan was rewired");
+        // It parses (the text is well formed) and is refused when it runs, on both
+        // paths: never a panic, never values.
+        let p = Plan::parse(&broken)?;
+        let mut program = Program::<Cpu>::new(p, &[]);
+        let mut parts = Scale {
+            scale: 1.0,
+            width: None,
+        };
+        for fused in [true, false] {
+            let e = run(&mut program, fused, &x, &mut parts).expect_err("refused");
+            assert!(e.to_string().contains("call"), "{e}");
+        }
+    }
+    Ok(())
+}
