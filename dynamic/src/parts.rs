@@ -84,10 +84,9 @@ impl<B: Backend> Parts<B> for PartCalls<'_, B> {
 
     fn forward(&mut self, part: usize, input: RawTensor<B>) -> Result<RawTensor<B>> {
         let (module, name) = self.site(part)?;
-        B::refuse_in_capture(
-            input.device(),
-            &format!("`{name}`, a dynamic part (it records and plans its graph on the host at every call),"),
-        )?;
+        B::refuse_in_capture(input.device(), &|| {
+            format!("`{name}`, a dynamic part (it records and plans its graph on the host at every call),")
+        })?;
         match self.mode {
             Mode::Eval => no_grad(|| {
                 module

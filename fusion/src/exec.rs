@@ -592,8 +592,8 @@ impl<B: Backend> Program<B> {
                     )
                 })?;
                 let grad = matches!(node.kind, NodeKind::CallGrad(_));
-                let declared = declared_dims(plan, i);
-                values[i] = Some(call_part(parts, part, grad, input, &all[i], &declared)?);
+                let declared = &node.meta.dims;
+                values[i] = Some(call_part(parts, part, grad, input, &all[i], declared)?);
                 continue;
             }
             let op = ops[i]
@@ -621,17 +621,6 @@ impl<B: Backend> Program<B> {
             })
             .collect()
     }
-}
-
-/// The dims call node `n` declares, as written (`[B, 64]`).
-fn declared_dims(plan: &Plan<SDim>, n: NodeId) -> String {
-    let dims: Vec<String> = plan.graph.nodes[n]
-        .meta
-        .dims
-        .iter()
-        .map(|d| d.to_string())
-        .collect();
-    format!("[{}]", dims.join(", "))
 }
 
 /// The slot a node is written to.
@@ -851,8 +840,8 @@ impl<B: Backend> Buffers<B> {
                     _ => return Err(Error::invalid("run", format!("node {node} is not a call"))),
                 };
                 let input = self.tensor(run, n.inputs[0])?;
-                let declared = declared_dims(run.plan, *node);
-                let out = call_part(parts, part, grad, input, &r.metas[*node], &declared)?;
+                let declared = &n.meta.dims;
+                let out = call_part(parts, part, grad, input, &r.metas[*node], declared)?;
                 // The part's result is the node's buffer (no copy); the slot's next
                 // writer allocates afresh while the part still holds it.
                 let s = slot_of(run.plan, *node)?;

@@ -3,6 +3,7 @@
 //! build-time plan does not see), and the checks at that boundary, shared by the fused
 //! and the op-by-op paths so both refuse the same results with the same message.
 
+use crate::sym::SDim;
 use kiln_tensor::op::fmt_dims;
 use kiln_tensor::{Backend, Error, RawTensor, Result, TensorMeta};
 
@@ -46,43 +47,46 @@ fn missing(part: usize) -> Error {
 /// Runs part `part` forward (`grad: false`) or backward on `input`, checking what it
 /// returns against `want` (the dims and dtype the call declared, resolved for this
 /// run): a mismatch names the part, what it returned and what was declared
-/// (`declared` is the declaration as written, `[B, 64]`). Errors inside the part say
-/// which part, called on what.
+/// (`declared`, the declaration as written: `[B, 64]`). Errors inside the part say
+/// which part, called on what. Messages are only written on failure: this runs every
+/// step.
 pub fn call_part<B: Backend>(
     parts: &mut dyn Parts<B>,
     part: usize,
     grad: bool,
     input: RawTensor<B>,
     want: &TensorMeta,
-    declared: &str,
+    declared: &[SDim],
 ) -> Result<RawTensor<B>> {
-    let given = input.meta();
-    let name = parts.name(part);
+    let (given_dims, given_dtype) = (*input.dims(), input.dtype());
     let result = if grad {
         parts.backward(part, input)
     } else {
         parts.forward(part, input)
     };
     let out = result.map_err(|e| {
+        let name = parts.name(part);
         let at = if grad {
             format!("the backward pass of `{name}`, given a gradient")
         } else {
             format!("`{name}`, called on")
         };
         e.with_context(&format!(
-            "in {at} {} {}",
-            given.dtype,
-            fmt_dims(&given.dims)
+            "in {at} {given_dtype} {}",
+            fmt_dims(given_dims.as_slice())
         ))
     })?;
-    let got = out.meta();
-    if got.dims == want.dims && got.dtype == want.dtype {
+    if out.dims().as_slice() == want.dims.as_slice() && out.dtype() == want.dtype {
         return Ok(out);
     }
+    let name = parts.name(part);
+    let dims_differ = out.dims().as_slice() != want.dims.as_slice();
     let (got, resolved) = (
-        format!("{} {}", got.dtype, fmt_dims(&got.dims)),
+        format!("{} {}", out.dtype(), fmt_dims(out.dims().as_slice())),
         format!("{} {}", want.dtype, fmt_dims(&want.dims)),
     );
+    let declared: Vec<String> = declared.iter().map(|d| d.to_string()).collect();
+    let declared = format!("[{}]", declared.join(", "));
     let msg = if grad {
         format!("the backward pass of `{name}` returned {got} as its input's gradient, but its input is {resolved}")
     } else if declared == fmt_dims(&want.dims) {
@@ -90,5 +94,9 @@ pub fn call_part<B: Backend>(
     } else {
         format!("`{name}` returned {got}, but the call declares {resolved} ({declared})")
     };
-    Err(Error::shape("call", msg))
+    Err(if dims_differ {
+        Error::shape("call", msg)
+    } else {
+        Error::dtype("call", msg)
+    })
 }

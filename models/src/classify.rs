@@ -173,7 +173,7 @@ type Captured<B> = (Box<dyn Replay>, RawTensor<B>, RawTensor<B>, RawTensor<B>);
 fn replay_refusal<B: Backend, M: Classifier<B>>(opt: &impl Optimizer<B>) -> Option<String> {
     if M::draws_at_random() {
         return Some(
-            "dropout draws its masks from a seed the host passes each step, so a replay would repeat the captured step's"
+            "dropout's seed reaches its kernel as a launch argument, so a replay would draw the captured step's masks again"
                 .into(),
         );
     }
@@ -411,7 +411,7 @@ mod tests {
         };
         assert_eq!(replay_refusal::<Cpu, Mlp<Cpu>>(&sgd(0.9)), None);
         let why = replay_refusal::<Cpu, LeNet<Cpu>>(&sgd(0.9)).unwrap();
-        assert!(why.starts_with("dropout draws its masks"), "{why}");
+        assert!(why.starts_with("dropout's seed"), "{why}");
         let why = replay_refusal::<Cpu, Mlp<Cpu>>(&sgd(0.0)).unwrap();
         assert!(why.contains("replaces each parameter"), "{why}");
         let adamw = AdamW::<Cpu>::new(AdamWConfig::default()).unwrap();

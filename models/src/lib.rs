@@ -8,6 +8,7 @@
 
 pub mod chain;
 pub mod classify;
+pub mod cli;
 pub mod curve;
 pub mod data;
 pub mod dynamic;

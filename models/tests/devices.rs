@@ -4,6 +4,12 @@
 
 use std::process::Command;
 
+#[cfg(feature = "wgpu")]
+#[path = "support/output.rs"]
+mod output;
+#[cfg(feature = "wgpu")]
+use output::number_after;
+
 /// Every binary that takes `--device`, with arguments that make a run short.
 const BINARIES: [(&str, &str); 4] = [
     ("kiln-train", env!("CARGO_BIN_EXE_kiln-train")),
@@ -67,22 +73,6 @@ fn a_backend_this_build_lacks_is_refused_with_the_build_line() {
             assert!(!out.contains("training"), "{name} did no work: {out}");
         }
     }
-}
-
-/// The first number after `key` in `text`.
-#[cfg(feature = "wgpu")]
-fn number_after(text: &str, key: &str) -> f64 {
-    let at = text
-        .find(key)
-        .unwrap_or_else(|| panic!("no `{key}` in {text}"))
-        + key.len();
-    text[at..]
-        .trim_start()
-        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
 }
 
 /// The MLP trains on wgpu's first adapter (lavapipe in CI) and the checkpoint it saves

@@ -5,6 +5,10 @@
 
 use std::process::Command;
 
+#[path = "support/output.rs"]
+mod output;
+use output::number_after;
+
 fn run(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kiln-train-dynamic"))
         .args(args)
@@ -13,20 +17,6 @@ fn run(args: &[&str]) -> (bool, String) {
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
-}
-
-fn number_after(text: &str, key: &str) -> f64 {
-    let at = text
-        .find(key)
-        .unwrap_or_else(|| panic!("no `{key}` in {text}"))
-        + key.len();
-    text[at..]
-        .trim_start()
-        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
 }
 
 #[test]

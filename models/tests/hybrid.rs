@@ -115,7 +115,7 @@ fn a_part_returning_another_dtype_is_refused() {
     m.part.dtype = DType::F64;
     assert_eq!(
         errors(&m),
-        "shape mismatch in `call`: `self.part.forward` returned f64 [3, 32], but the call declares f32 [3, 32] ([B, 32])"
+        "dtype mismatch in `call`: `self.part.forward` returned f64 [3, 32], but the call declares f32 [3, 32] ([B, 32])"
     );
 }
 

@@ -328,6 +328,9 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
 
     fn set_lr(&mut self, lr: f64) -> Result<()> {
         check_lr("Sgd", lr)?;
+        if lr == self.config.lr {
+            return Ok(());
+        }
         self.config.lr = lr;
         if let Some(t) = &self.lr_on_device {
             let device = t.device().clone();
@@ -769,7 +772,7 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
     }
 
     fn replay_refusal(&self) -> Option<String> {
-        Some("Adam's bias corrections change every step and are passed from the host, so a replay would repeat the captured step's".into())
+        Some(ADAM_REPLAY_REFUSAL.into())
     }
 }
 
@@ -808,9 +811,13 @@ impl<B: Backend> Optimizer<B> for AdamW<B> {
     }
 
     fn replay_refusal(&self) -> Option<String> {
-        Some("Adam's bias corrections change every step and are passed from the host, so a replay would repeat the captured step's".into())
+        Some(ADAM_REPLAY_REFUSAL.into())
     }
 }
+
+/// Why Adam and AdamW steps do not replay: their bias corrections change every step
+/// but reach the fused kernel as launch arguments, which a replay repeats.
+const ADAM_REPLAY_REFUSAL: &str = "Adam's bias corrections change every step but reach its kernel as launch arguments, which a replay would repeat";
 
 fn check_lr(op: &'static str, lr: f64) -> Result<()> {
     if !(lr >= 0.0 && lr.is_finite()) {

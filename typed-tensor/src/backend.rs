@@ -129,11 +129,11 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
         fused_by_ops::<Self>(device, expr, inputs, dims, outputs)
     }
 
-    /// An error naming `what` when the calling thread is capturing (or checking the
+    /// An error naming `what()` when the calling thread is capturing (or checking the
     /// rules of a capture) on `device`: for host work a replay would not repeat, which
-    /// the backend cannot see itself (a dynamic part planning its graph). The default
-    /// never captures.
-    fn refuse_in_capture(device: &Self::Device, what: &str) -> Result<()> {
+    /// the backend cannot see itself (a dynamic part planning its graph). `what` is
+    /// only called then: this runs on hot paths. The default never captures.
+    fn refuse_in_capture(device: &Self::Device, what: &dyn Fn() -> String) -> Result<()> {
         let _ = (device, what);
         Ok(())
     }

@@ -108,39 +108,43 @@ fn w4<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     Ok(())
 }
 
+/// W2's input: `n` seeded standard normal f32 values.
+fn w2_input<B: Backend>(dev: &B::Device, n: usize) -> Result<RawTensor<B>> {
+    let dist = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    RawTensor::<B>::rand(&[n], dist, 3, DType::F32, dev)
+}
+
+/// The largest relative error of W2's result `got` for input `x` (host values), sampled
+/// every 4099 elements; an error above 1e-4. Correctness first: a skipped launch would
+/// time as infinitely fast.
+fn w2_check(x: &[f32], got: &[f32]) -> Result<f32> {
+    let mut worst = 0f32;
+    for i in (0..x.len()).step_by(4099) {
+        let v = x[i];
+        let want = (v * 1.5 + 0.5).max(0.0) * (1.0 / (1.0 + (-v).exp()));
+        worst = worst.max((got[i] - want).abs() / want.abs().max(1e-3));
+    }
+    if worst > 1e-4 {
+        return Err(kiln_tensor::Error::Device(format!(
+            "W2 chain wrong: relative error {worst}"
+        )));
+    }
+    Ok(worst)
+}
+
 fn w2<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     // 2^26 f32 is 256 MiB: over lavapipe's 128 MiB binding cap, fine on real GPUs.
     let n = 1usize << 26;
-    let x = RawTensor::<B>::rand(
-        &[n],
-        RandDist::Normal {
-            mean: 0.0,
-            std: 1.0,
-        },
-        3,
-        DType::F32,
-        dev,
-    )?;
+    let x = w2_input::<B>(dev, n)?;
     let chain = || -> Result<RawTensor<B>> {
         let h = x.mul_scalar(1.5)?.add_scalar(0.5)?.relu()?;
         h.mul(&x.sigmoid()?)
     };
     let hx = x.to_vec::<f32>()?;
-    // Correctness first (a skipped launch would time as infinitely fast).
-    let check = |got: Vec<f32>| -> Result<f32> {
-        let mut worst = 0f32;
-        for i in (0..n).step_by(4099) {
-            let v = hx[i];
-            let want = (v * 1.5 + 0.5).max(0.0) * (1.0 / (1.0 + (-v).exp()));
-            worst = worst.max((got[i] - want).abs() / want.abs().max(1e-3));
-        }
-        if worst > 1e-4 {
-            return Err(kiln_tensor::Error::Device(format!(
-                "W2 chain wrong: relative error {worst}"
-            )));
-        }
-        Ok(worst)
-    };
+    let check = |got: Vec<f32>| w2_check(&hx, &got);
     let worst = check(chain()?.to_vec::<f32>()?)?;
     let ms = time_ms::<B>(dev, reps, || chain().map(|_| ()))?;
     // Counted as one read and one write of f32 per element, whatever the kernels do.
@@ -154,6 +158,19 @@ fn w2<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
     println!("bench=W2 impl=kiln backend={name} variant=fused n={n} ms={ms:.3} gbps={gbps:.1} max_rel_err={worst:.1e}");
     Ok(())
+}
+
+/// W2's chain on the dynamic path, read. The result is bound before the read: a
+/// pending value something still holds at a read is computed too (the caller may read
+/// it later), and the temporaries of a method chain ending in `.value()` live until the
+/// end of the statement, which would make each op an output of its own kernel.
+fn w2_dynamic<B: Backend>(x: &kiln::dynamic::LazyTensor<B>) -> Result<RawTensor<B>> {
+    let y = x
+        .mul_scalar(1.5)?
+        .add_scalar(0.5)?
+        .relu()?
+        .mul(&x.sigmoid()?)?;
+    y.value()
 }
 
 /// The dynamic path on this backend: W1's training step (the MLP of
@@ -181,41 +198,10 @@ fn dynamic<B: Backend>(dev: &B::Device, name: &str, reps: usize, n: usize) -> Re
     }
     step::<B, 256>(dev, name, reps)?;
     step::<B, 4096>(dev, name, reps)?;
-    let x = RawTensor::<B>::rand(
-        &[n],
-        RandDist::Normal {
-            mean: 0.0,
-            std: 1.0,
-        },
-        3,
-        DType::F32,
-        dev,
-    )?;
+    let x = w2_input::<B>(dev, n)?;
     let lazy_x = LazyTensor::from_raw(x.clone());
-    // The result bound before the read: a pending value something still holds at a
-    // read is computed too (the caller may read it later), and the temporaries of a
-    // method chain ending in `.value()` live until the end of the statement, which
-    // would make each op an output of its own kernel.
-    let chain = || -> Result<RawTensor<B>> {
-        let y = lazy_x
-            .mul_scalar(1.5)?
-            .add_scalar(0.5)?
-            .relu()?
-            .mul(&lazy_x.sigmoid()?)?;
-        y.value()
-    };
-    let (hx, got) = (x.to_vec::<f32>()?, chain()?.to_vec::<f32>()?);
-    let mut worst = 0f32;
-    for i in (0..n).step_by(4099) {
-        let v = hx[i];
-        let want = (v * 1.5 + 0.5).max(0.0) * (1.0 / (1.0 + (-v).exp()));
-        worst = worst.max((got[i] - want).abs() / want.abs().max(1e-3));
-    }
-    if worst > 1e-4 {
-        return Err(kiln_tensor::Error::Device(format!(
-            "W2 dynamic chain wrong: relative error {worst}"
-        )));
-    }
+    let chain = || w2_dynamic(&lazy_x);
+    let worst = w2_check(&x.to_vec::<f32>()?, &chain()?.to_vec::<f32>()?)?;
     let ms = time_ms::<B>(dev, reps, || chain().map(|_| ()))?;
     let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
     println!("bench=W2 impl=kiln backend={name} variant=dynamic n={n} ms={ms:.3} gbps={gbps:.1} max_rel_err={worst:.1e}");
@@ -350,24 +336,8 @@ fn dynamic_profile(dev: &kiln_cubecl::CudaDevice, what: &str) -> Result<()> {
     type B = kiln_cubecl::Cuda;
     let mut call: Box<dyn FnMut() -> Result<()>> = match what {
         "w2" => {
-            let x = LazyTensor::from_raw(RawTensor::<B>::rand(
-                &[1 << 26],
-                RandDist::Normal {
-                    mean: 0.0,
-                    std: 1.0,
-                },
-                3,
-                DType::F32,
-                dev,
-            )?);
-            Box::new(move || {
-                let y = x
-                    .mul_scalar(1.5)?
-                    .add_scalar(0.5)?
-                    .relu()?
-                    .mul(&x.sigmoid()?)?;
-                y.value().map(|_| ())
-            })
+            let x = LazyTensor::from_raw(w2_input::<B>(dev, 1 << 26)?);
+            Box::new(move || w2_dynamic(&x).map(|_| ()))
         }
         _ => {
             let (_, mut opt, x, y) = w1_setup::<B, 256>(dev)?;

@@ -192,6 +192,15 @@ impl<R: KilnRuntime> DeviceState<R> {
         self.recorder.refuse(what)
     }
 
+    /// [`DeviceState::refuse_in_capture`] with the words written only while some thread
+    /// records (the check is lock-free otherwise).
+    pub(crate) fn refuse_in_capture_with(&self, what: &dyn Fn() -> String) -> Result<()> {
+        if !self.recorder.is_active() {
+            return Ok(());
+        }
+        self.recorder.refuse(&what())
+    }
+
     /// Notes that a launch binds `s` (reading it, or writing part of it).
     pub(crate) fn note_bound(&self, s: &CubeStorage<R>) {
         self.recorder.note_bound(s.id, &s.handle);

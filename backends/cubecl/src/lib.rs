@@ -165,8 +165,8 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
 
     const NAME: &'static str = R::NAME;
 
-    fn refuse_in_capture(device: &CubeDevice<R>, what: &str) -> Result<()> {
-        device.state.refuse_in_capture(what)
+    fn refuse_in_capture(device: &CubeDevice<R>, what: &dyn Fn() -> String) -> Result<()> {
+        device.state.refuse_in_capture_with(what)
     }
 
     fn captures(device: &CubeDevice<R>) -> bool {

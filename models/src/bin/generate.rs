@@ -8,7 +8,7 @@ use clap::Parser;
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use kiln::device::{run_on, DeviceChoice, OnDevice};
+use kiln::device::{run_on, OnDevice};
 use kiln::prelude::*;
 use kiln::tensor::rng;
 use kiln::train::checkpoint;
@@ -42,9 +42,8 @@ struct Args {
     /// Seed of the draws.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Where to run: cpu, wgpu, wgpu:N (the N-th adapter, GPUs first), cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: DeviceChoice,
+    #[command(flatten)]
+    device: kiln_models::cli::DeviceArg,
 }
 
 /// Sampling from the checkpoint, on whichever backend `--device` opens.
@@ -120,7 +119,7 @@ fn run(args: &Args) -> Result<()> {
             format!("--bytes is at most 100000, got {}", args.bytes),
         ));
     }
-    run_on(args.device, Generate(args))
+    run_on(args.device.device, Generate(args))
 }
 
 /// Samples `args.bytes` bytes from the checkpoint at `path`, a `M`, on `dev` (named

@@ -5,7 +5,7 @@ use clap::{Parser, ValueEnum};
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use kiln::device::{run_on, DeviceChoice, OnDevice};
+use kiln::device::{run_on, OnDevice};
 use kiln::prelude::*;
 use kiln::train::checkpoint;
 use kiln_models::classify::{accuracy, images, Classifier};
@@ -48,9 +48,8 @@ struct Args {
     /// Images timed one at a time.
     #[arg(long, default_value_t = 1000)]
     latency_images: usize,
-    /// Where to run: cpu, wgpu, wgpu:N (the N-th adapter, GPUs first), cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: DeviceChoice,
+    #[command(flatten)]
+    device: kiln_models::cli::DeviceArg,
 }
 
 /// The evaluation, on whichever backend `--device` opens.
@@ -115,7 +114,7 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
 
 fn main() {
     let args = Args::parse();
-    let r = run_on(args.device, Infer(&args));
+    let r = run_on(args.device.device, Infer(&args));
     if let Err(e) = r {
         eprintln!("error: {e}");
         std::process::exit(1);

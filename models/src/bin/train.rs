@@ -8,7 +8,7 @@ use clap::{Parser, ValueEnum};
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::device::{run_on, DeviceChoice, OnDevice};
+use kiln::device::{run_on, OnDevice};
 use kiln::prelude::*;
 use kiln::train::checkpoint;
 use kiln::train::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
@@ -95,9 +95,8 @@ struct Args {
     /// Where to save the checkpoint (default: models/runs/<model>-<dataset>.safetensors).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Where to train: cpu, wgpu, wgpu:N (the N-th adapter, GPUs first), cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: DeviceChoice,
+    #[command(flatten)]
+    device: kiln_models::cli::DeviceArg,
     /// Run every training step through the planned path, never replaying a captured
     /// graph (CUDA replays the image models' static step by default).
     #[arg(long)]
@@ -529,7 +528,7 @@ const TRAIN_BATCHES: [usize; 6] = [16, 32, 64, 128, 256, 512];
 
 fn main() {
     let args = Args::parse();
-    let r = run_on(args.device, Train(&args));
+    let r = run_on(args.device.device, Train(&args));
     if let Err(e) = r {
         eprintln!("error: {e}");
         std::process::exit(1);

@@ -8,7 +8,7 @@
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::device::{run_on, DeviceChoice, OnDevice};
+use kiln::device::{run_on, OnDevice};
 use kiln::dynamic::{cache_stats, no_grad, LazyTensor};
 use kiln::tensor::nn::{step_seed, Mode};
 use kiln::tensor::{rng, Backend, Error, RawTensor, Result};
@@ -51,9 +51,8 @@ struct Args {
     /// Seed of the initial parameters, the windows and the lengths.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Where to train: cpu, wgpu, wgpu:N (the N-th adapter, GPUs first), cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: DeviceChoice,
+    #[command(flatten)]
+    device: kiln_models::cli::DeviceArg,
 }
 
 /// The training run, on whichever backend `--device` opens.
@@ -160,7 +159,7 @@ fn train<Be: Backend>(args: &Args, dev: &Be::Device) -> Result<()> {
 
 fn main() {
     let args = Args::parse();
-    if let Err(e) = check(&args).and_then(|()| run_on(args.device, Train(&args))) {
+    if let Err(e) = check(&args).and_then(|()| run_on(args.device.device, Train(&args))) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
