@@ -74,6 +74,37 @@ def main():
             opt.step()
         print(f"bench=W1 impl=torch backend=cuda variant=eager task=train batch={batch} "
               f"ms={median_ms(step, a.reps):.3f}")
+    # The same step captured whole as a CUDA graph (PyTorch's recipe: warm up on a side
+    # stream, gradients kept, the step replayed on static inputs), in f32 and TF32.
+    for tf32 in (False, True):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        for batch in (256, 4096):
+            xb = torch.randn(batch, 784, device=dev)
+            yb = torch.arange(batch, device=dev) % 10
+
+            def gstep():
+                opt.zero_grad(set_to_none=False)
+                torch.nn.functional.cross_entropy(model(xb), yb).backward()
+                opt.step()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    gstep()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                gstep()
+            variant = "graph-tf32" if tf32 else "graph"
+            print(f"bench=W1 impl=torch backend=cuda variant={variant} task=train batch={batch} "
+                  f"ms={median_ms(graph.replay, a.reps):.3f}")
+        if tf32:
+            for batch in (256, 4096):
+                xb = torch.randn(batch, 784, device=dev)
+                yb = torch.arange(batch, device=dev) % 10
+                print(f"bench=W1 impl=torch backend=cuda variant=eager-tf32 task=train "
+                      f"batch={batch} ms={median_ms(step, a.reps):.3f}")
+    torch.backends.cuda.matmul.allow_tf32 = False
     if a.compile:
         # torch.compile's first call (tracing, compiling forward and backward) at batch
         # 256, then at a new batch size (a recompile, with that dim made dynamic), and

@@ -122,10 +122,16 @@ pub fn run_on<W: OnDevice>(choice: DeviceChoice, work: W) -> Result<W::Output> {
 /// The error for a backend this build lacks.
 #[allow(dead_code)]
 fn not_built(feature: &str) -> Error {
+    // The zoo's binaries are named in the example; another program gets kiln-train's.
+    let program = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .filter(|name| name.starts_with("kiln-"))
+        .unwrap_or_else(|| "kiln-train".into());
     Error::invalid(
         "device",
         format!(
-            "this program was built without the `{feature}` backend (it has: {}); rebuild it with `--features {feature}`, e.g. `cargo run --release -p kiln-models --features {feature} --bin kiln-train -- --device {feature}`",
+            "this program was built without the `{feature}` backend (it has: {}); rebuild it with `--features {feature}`, e.g. `cargo run --release -p kiln-models --features {feature} --bin {program} -- --device {feature}`",
             built_backends().join(", ")
         ),
     )

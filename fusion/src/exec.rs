@@ -15,6 +15,7 @@ use crate::plan::{KernelKind, Plan};
 use crate::sym::SDim;
 use kiln_tensor::fused::{FusedExpr, NativeFn};
 use kiln_tensor::ir::{KeptGuard, NodeId, NodeKind};
+use kiln_tensor::nn::StepSeed;
 use kiln_tensor::op::fmt_dims;
 use kiln_tensor::{
     fit_views, Backend, DType, Dims, Error, Layout, Op, RawTensor, Result, TensorMeta, View,
@@ -120,19 +121,39 @@ struct Run<'a, B: Backend> {
     r: &'a Resolved,
     inputs: &'a [&'a RawTensor<B>],
     device: &'a B::Device,
-    seeds: Seeds<'a>,
+    seeds: Seeds<'a, B>,
 }
 
 /// Where a run's random ops get their seeds.
-#[derive(Clone, Copy, Debug)]
-pub enum Seeds<'a> {
+#[derive(Debug)]
+pub enum Seeds<'a, B: Backend> {
     /// Each op's own seed mixed (xor) with this one: a `#[model]`'s training step, whose
     /// `i`-th dropout layer draws with `i ^ step_seed`.
     Mix(u64),
+    /// Each op's own seed mixed (xor) with the one in this device buffer (`i32 [2]`,
+    /// low word first; [`Backend::rand_with_device_seed`]): a training step captured
+    /// as a graph, whose seed the host rewrites before each replay.
+    Device(&'a RawTensor<B>),
     /// The op's own seed is an index into this table, which holds the seed it draws
     /// with: a plan recorded at run time, cached with its seeds abstracted away, so the
     /// same program draws fresh masks each call.
     Table(&'a [u64]),
+}
+
+impl<B: Backend> Clone for Seeds<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Backend> Copy for Seeds<'_, B> {}
+
+impl<'a, B: Backend> From<&'a StepSeed<B>> for Seeds<'a, B> {
+    fn from(seed: &'a StepSeed<B>) -> Self {
+        match seed {
+            StepSeed::Host(seed) => Seeds::Mix(*seed),
+            StepSeed::Device(buffer) => Seeds::Device(buffer),
+        }
+    }
 }
 
 /// A plan resolved and ready to run on backend `B`, with its buffers.
@@ -439,7 +460,7 @@ impl<B: Backend> Program<B> {
         device: &B::Device,
         params: &[(&str, usize)],
         inputs: &[&RawTensor<B>],
-        seeds: Seeds<'_>,
+        seeds: Seeds<'_, B>,
     ) -> Result<Option<std::vec::Drain<'_, RawTensor<B>>>> {
         self.run_with_parts(device, params, inputs, seeds, &mut NoParts)
     }
@@ -451,7 +472,7 @@ impl<B: Backend> Program<B> {
         device: &B::Device,
         params: &[(&str, usize)],
         inputs: &[&RawTensor<B>],
-        seeds: Seeds<'_>,
+        seeds: Seeds<'_, B>,
         parts: &mut dyn Parts<B>,
     ) -> Result<Option<std::vec::Drain<'_, RawTensor<B>>>> {
         if inputs.len() != self.plan.inputs.len() {
@@ -545,7 +566,7 @@ impl<B: Backend> Program<B> {
         device: &B::Device,
         params: &[(&str, usize)],
         inputs: &[&RawTensor<B>],
-        seeds: Seeds<'_>,
+        seeds: Seeds<'_, B>,
     ) -> Result<Vec<RawTensor<B>>> {
         self.run_op_by_op_with_parts(device, params, inputs, seeds, &mut NoParts)
     }
@@ -556,7 +577,7 @@ impl<B: Backend> Program<B> {
         device: &B::Device,
         params: &[(&str, usize)],
         inputs: &[&RawTensor<B>],
-        seeds: Seeds<'_>,
+        seeds: Seeds<'_, B>,
         parts: &mut dyn Parts<B>,
     ) -> Result<Vec<RawTensor<B>>> {
         let plan = &self.plan;
@@ -608,8 +629,13 @@ impl<B: Backend> Program<B> {
                     })
                 })
                 .collect::<Result<Vec<&RawTensor<B>>>>()?;
-            let value =
-                kiln_tensor::Builder::apply(&mut eager, seeded(op, seeds)?.into_owned(), &ins)?;
+            let value = match device_seed(op, seeds) {
+                Some(seed) => {
+                    let storage = B::rand_with_device_seed(device, op, seed.view(), &all[i])?;
+                    RawTensor::from_storage(storage, Dims::new(&all[i].dims)?, device.clone())?
+                }
+                None => kiln_tensor::Builder::apply(&mut eager, seeded(op, seeds)?.into_owned(), &ins)?,
+            };
             values[i] = Some(value);
         }
         plan.outputs
@@ -628,8 +654,9 @@ fn slot_of(plan: &Plan<SDim>, n: NodeId) -> Result<usize> {
     plan.slot_of[n].ok_or_else(|| Error::invalid("run", format!("node {n} has no buffer slot")))
 }
 
-/// `op` with the seed the run gives it (other ops unchanged).
-fn seeded<'o>(op: &'o Op, seeds: Seeds<'_>) -> Result<std::borrow::Cow<'o, Op>> {
+/// `op` with the seed the run gives it (other ops unchanged). A draw whose seed is in
+/// device memory runs through [`draw_with_device_seed`] instead.
+fn seeded<'o, B: Backend>(op: &'o Op, seeds: Seeds<'_, B>) -> Result<std::borrow::Cow<'o, Op>> {
     Ok(match op {
         Op::Rand {
             dims,
@@ -650,11 +677,26 @@ fn seeded<'o>(op: &'o Op, seeds: Seeds<'_>) -> Result<std::borrow::Cow<'o, Op>> 
                             format!("random op {own} has no seed in a table of {}", table.len()),
                         )
                     })?,
+                Seeds::Device(_) => {
+                    return Err(Error::invalid(
+                        "run",
+                        "a draw with a device seed is not mixed on the host (a broken invariant)",
+                    ))
+                }
             },
             dtype: *dtype,
         }),
         op => std::borrow::Cow::Borrowed(op),
     })
+}
+
+/// The device seed `op` draws with, when it is a draw and the run's seed is in device
+/// memory.
+fn device_seed<'a, B: Backend>(op: &Op, seeds: Seeds<'a, B>) -> Option<&'a RawTensor<B>> {
+    match (op, seeds) {
+        (Op::Rand { .. }, Seeds::Device(seed)) => Some(seed),
+        _ => None,
+    }
 }
 
 impl<B: Backend> Buffers<B> {
@@ -825,6 +867,13 @@ impl<B: Backend> Buffers<B> {
                 })
             }
             Step::Single { node, op } => {
+                if let Some(seed) = device_seed(op, run.seeds) {
+                    let meta = &r.metas[*node];
+                    return self.write_slot(run, *node, |_, out| {
+                        *out = B::rand_with_device_seed(device, op, seed.view(), meta)?;
+                        Ok(())
+                    });
+                }
                 let op = seeded(op, run.seeds)?;
                 self.write_slot(run, *node, |b, out| {
                     let views = b.op_views(run, *node, &op)?;

@@ -134,6 +134,23 @@ fn is_view<D>(op: &Op<D>) -> bool {
     op.is_view()
 }
 
+/// Whether a value-and-gradient entry among `plans` (`(method, plan text)`, as a
+/// `#[model]`'s `fusion_plans()` lists them) draws random values: a training step with
+/// dropout, whose seed a replayed step must read from device memory.
+pub fn training_draws(plans: &[(&str, &str)]) -> bool {
+    plans
+        .iter()
+        .filter(|(name, _)| name.ends_with("_and_grad"))
+        .any(|(_, text)| {
+            Plan::<crate::SDim>::parse(text).is_ok_and(|plan| {
+                plan.graph
+                    .nodes
+                    .iter()
+                    .any(|n| matches!(n.kind, NodeKind::Op(Op::Rand { .. })))
+            })
+        })
+}
+
 /// Plans `graph` for computing `outputs` from the leaves `inputs` (in run order).
 pub fn plan<D: SymDim + 'static>(
     graph: &Graph<D>,

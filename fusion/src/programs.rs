@@ -6,6 +6,7 @@ use crate::exec::{Program, Seeds};
 use crate::parts::{NoParts, Parts};
 use crate::plan::Plan;
 use kiln_tensor::fused::NativeFn;
+use kiln_tensor::nn::StepSeed;
 use kiln_tensor::{Backend, RawTensor, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -74,8 +75,8 @@ impl<B: Backend> Programs<B> {
     /// `inputs` with the size parameters `params`: through its fused plan when the
     /// model runs fused and the plan describes these inputs, else op by op. `take`
     /// receives the outputs in order (a fused run hands over its buffers without
-    /// allocating). What the generated methods of a `#[model]` call; see
-    /// [`Program::run`].
+    /// allocating); random ops draw with their seeds mixed with `seed`. What the
+    /// generated methods of a `#[model]` call; see [`Program::run`].
     #[allow(clippy::too_many_arguments)]
     pub fn call<R>(
         &self,
@@ -85,7 +86,7 @@ impl<B: Backend> Programs<B> {
         device: &B::Device,
         params: &[(&str, usize)],
         inputs: &[&RawTensor<B>],
-        seed: u64,
+        seed: &StepSeed<B>,
         take: impl FnOnce(&mut dyn Iterator<Item = RawTensor<B>>) -> R,
     ) -> Result<R> {
         self.call_with_parts(
@@ -112,12 +113,12 @@ impl<B: Backend> Programs<B> {
         device: &B::Device,
         params: &[(&str, usize)],
         inputs: &[&RawTensor<B>],
-        seed: u64,
+        seed: &StepSeed<B>,
         parts: &mut dyn Parts<B>,
         take: impl FnOnce(&mut dyn Iterator<Item = RawTensor<B>>) -> R,
     ) -> Result<R> {
         let fused = self.fused();
-        let seeds = Seeds::Mix(seed);
+        let seeds = Seeds::from(seed);
         self.with(id, plan_text, natives, |p| {
             if fused {
                 if let Some(mut outputs) = p.run_with_parts(device, params, inputs, seeds, parts)? {

@@ -156,7 +156,7 @@ pub fn fuse(
         quote!()
     } else {
         let mode = if training {
-            quote!(::kiln::tensor::nn::Mode::Train { seed: __seed })
+            quote!(::kiln::tensor::nn::Mode::Train { seed: __seed.on_host("a dynamic part")? })
         } else {
             quote!(::kiln::tensor::nn::Mode::Eval)
         };
@@ -172,7 +172,7 @@ pub fn fuse(
         #(#buffers)*
         static __KILN_NATIVES: [::core::option::Option<::kiln::tensor::fused::NativeFn>; #count] = [#(#natives),*];
     };
-    let args = quote!(#id, Self::#const_name, &__KILN_NATIVES, &__dev, __sizes, &[#(#leaf_exprs),*], __seed);
+    let args = quote!(#id, Self::#const_name, &__KILN_NATIVES, &__dev, __sizes, &[#(#leaf_exprs),*], &__seed);
     Fused {
         plan_const,
         setup,

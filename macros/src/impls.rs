@@ -465,7 +465,7 @@ fn planned_method(
         fn #raw(&self, __sizes: &[(&str, usize)], #(#args: &#raw_ty),*) -> ::kiln::tensor::Result<#raw_ret> {
             let __dev = #device;
             // Evaluation mode draws nothing at random.
-            let __seed = 0u64;
+            let __seed = ::kiln::tensor::nn::StepSeed::Host(0);
             #parts
             Ok(#run)
         }

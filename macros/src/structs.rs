@@ -156,7 +156,7 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
         #vis struct #name<Be: ::kiln::tensor::Backend> {
             #(#field_defs,)*
             #[doc(hidden)]
-            pub __kiln_steps: ::std::sync::atomic::AtomicU64,
+            pub __kiln_seeds: ::kiln::tensor::nn::StepSeeds<Be>,
             #[doc(hidden)]
             pub __kiln_plans: ::kiln::fusion::Programs<Be>,
         }
@@ -174,7 +174,7 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
             fn init_named(device: &Be::Device, seed: u64, prefix: &str) -> ::kiln::tensor::Result<Self> {
                 Ok(#name {
                     #(#ids: ::kiln::tensor::nn::Module::init_named(device, seed, &::kiln::tensor::nn::join(prefix, #names))?,)*
-                    __kiln_steps: ::std::sync::atomic::AtomicU64::new(seed),
+                    __kiln_seeds: ::kiln::tensor::nn::StepSeeds::new(seed),
                     __kiln_plans: ::core::default::Default::default(),
                 })
             }
@@ -204,6 +204,10 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
             ) -> ::kiln::tensor::Result<()> {
                 #(self.#ids.load_named(&::kiln::tensor::nn::join(prefix, #names), get)?;)*
                 Ok(())
+            }
+
+            fn step_seeds(&self) -> ::core::option::Option<&::kiln::tensor::nn::StepSeeds<Be>> {
+                ::core::option::Option::Some(&self.__kiln_seeds)
             }
 
             fn grads_from_raw(
@@ -241,10 +245,10 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
                 }
             )*
 
-            /// A fresh seed for one training step's random draws (dropout masks).
-            #[doc(hidden)]
-            pub fn __kiln_step_seed(&self) -> u64 {
-                ::kiln::tensor::nn::step_seed(self.__kiln_steps.fetch_add(1, ::std::sync::atomic::Ordering::Relaxed))
+            /// The seeds the training steps draw random values (dropout masks) with: a
+            /// step counter, moved into device memory for a step captured as a graph.
+            pub fn step_seeds(&self) -> &::kiln::tensor::nn::StepSeeds<Be> {
+                &self.__kiln_seeds
             }
         }
 

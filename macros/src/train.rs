@@ -188,7 +188,7 @@ pub fn value_and_grad(
         .map(|u| {
             let (layer, field) = (&u.layer, &u.field);
             let v = names.var(u.node);
-            quote!(#layer.#field.set(::kiln::tensor::Tensor::from_raw(#v.clone())?);)
+            quote!(#layer.#field.update(::kiln::tensor::Tensor::from_raw(#v.clone())?)?;)
         })
         .collect();
     // Each dynamic part's gradients, summed over its calls, into its field of `Grads`.
@@ -266,7 +266,7 @@ pub fn value_and_grad(
         #[allow(clippy::too_many_arguments, clippy::redundant_clone)]
         fn #raw(&self, __sizes: &[(&str, usize)], #(#arg_names: &::kiln::tensor::RawTensor<Be>),*) -> ::kiln::tensor::Result<(::kiln::tensor::RawTensor<Be>, #grads_ty<Be>)> {
             let __dev = #device;
-            let __seed = self.__kiln_step_seed();
+            let __seed = self.__kiln_seeds.next();
             #parts
             let (#(#out_vars,)*) = #run;
             #(#updates)*

@@ -12,8 +12,9 @@ use crate::lenet::LeNet;
 use crate::mlp::Mlp;
 use kiln::prelude::*;
 use kiln::tensor::nn::Module;
-use kiln::tensor::{HostData, RawTensor, Replay};
+use kiln::tensor::{HostData, RawTensor};
 use kiln::train::optim::Optimizer;
+use kiln::train::replay::{StepInput, StepReplay};
 use kiln::train::schedule::Schedule;
 
 /// The batch sizes the zoo's classifiers run: 1 (latency), the training batches, and
@@ -112,17 +113,7 @@ macro_rules! classifier {
                 })
             }
             fn draws_at_random() -> bool {
-                // Read from the training entry's build-time plan.
-                $model::<B>::fusion_plans()
-                    .iter()
-                    .filter(|(name, _)| name.ends_with("_and_grad"))
-                    .any(|(_, text)| {
-                        kiln::fusion::Plan::parse(text).is_ok_and(|plan| {
-                            plan.graph.nodes.iter().any(|n| {
-                                matches!(n.kind, kiln::tensor::ir::NodeKind::Op(kiln::tensor::Op::Rand { .. }))
-                            })
-                        })
-                    })
+                kiln::fusion::plan::training_draws($model::<B>::fusion_plans())
             }
         }
     };
@@ -166,26 +157,13 @@ pub struct StepReport {
     pub notice: Option<String>,
 }
 
-/// A step captured as a graph: the replay, its input buffers and its loss.
-type Captured<B> = (Box<dyn Replay>, RawTensor<B>, RawTensor<B>, RawTensor<B>);
-
-/// Why `fit` does not replay the training step on a backend that captures, or `None`.
-fn replay_refusal<B: Backend, M: Classifier<B>>(opt: &impl Optimizer<B>) -> Option<String> {
-    if M::draws_at_random() {
-        return Some(
-            "dropout's seed reaches its kernel as a launch argument, so a replay would draw the captured step's masks again"
-                .into(),
-        );
-    }
-    opt.replay_refusal()
-}
-
 /// Trains for `epochs` over `train` in shuffled batches of `batch` (a final partial
 /// batch is dropped), setting the learning rate from `schedule` before each step.
 /// With `replay`, on a backend that captures (CUDA), the second step is captured as a
-/// graph and every later step replays it, each batch written into the same input
-/// buffers and the learning rate into device memory; a model or optimizer a replay
-/// would not train correctly runs planned, and the first step's report says why.
+/// graph and every later step replays it ([`StepReplay`]): each batch written into the
+/// same input buffers, and the learning rate, the optimizer's per-step values and the
+/// dropout seed into device memory; an optimizer a replay would not train correctly
+/// runs planned, and the first step's report says why.
 #[allow(clippy::too_many_arguments)]
 pub fn fit<B: Backend, M: Classifier<B>>(
     model: &mut M,
@@ -205,73 +183,49 @@ pub fn fit<B: Backend, M: Classifier<B>>(
             format!("batch size {batch} is not one of {BATCH_SIZES:?}"),
         ));
     }
-    let capturing = replay && B::captures(device);
-    let refusal = if capturing {
-        replay_refusal::<B, M>(opt)
-    } else {
-        None
-    };
-    let mut notice = refusal
-        .as_ref()
-        .map(|why| format!("the training step is not replayed as a graph: {why}; it runs planned"));
-    let mut graph: Option<Captured<B>> = None;
-    let mut step = 0u64;
-    for epoch in 0..epochs {
-        let order = shuffled(train.len(), seed, epoch as u64);
-        for b in batches(train, &order, batch) {
-            if b.labels.len() < batch {
-                continue;
-            }
-            let lr = schedule.lr_at(step);
-            opt.set_lr(lr)?;
-            let loss = match &graph {
-                Some((replay, x, y, loss)) => {
-                    B::write_host(x, &HostData::F32(b.images))?;
-                    B::write_host(y, &HostData::I32(b.labels))?;
-                    replay.replay()?;
-                    loss.to_vec::<f32>()?[0]
+    let mut steps = StepReplay::new(device, replay, opt, M::draws_at_random());
+    let mut image_dims = vec![batch];
+    image_dims.extend_from_slice(M::EXAMPLE);
+    let label_dims = [batch];
+    let mut run = || -> Result<()> {
+        let mut step = 0u64;
+        for epoch in 0..epochs {
+            let order = shuffled(train.len(), seed, epoch as u64);
+            for b in batches(train, &order, batch) {
+                if b.labels.len() < batch {
+                    continue;
                 }
-                None => {
-                    let x = images::<B, M>(b.images, batch, device)?;
-                    let y = RawTensor::from_vec(b.labels, &[batch], device)?;
-                    // One warm step first: kernels, algorithms, optimizer state.
-                    if capturing && refusal.is_none() && step >= 1 {
-                        let mut out = None;
-                        let replay = B::capture(device, &mut || {
-                            let (loss, grads) = model.loss_and_grad(&x, &y)?;
-                            opt.step(model, &grads)?;
-                            out = Some(loss);
-                            Ok(())
-                        })?;
-                        let loss = out.expect("a captured step ran and returned its loss");
-                        let value = loss.to_vec::<f32>()?[0];
-                        notice = Some(
-                            "the training step is captured as a graph; later steps replay it"
-                                .into(),
-                        );
-                        graph = Some((replay, x, y, loss));
-                        value
-                    } else {
-                        let (loss, grads) = model.loss_and_grad(&x, &y)?;
-                        opt.step(model, &grads)?;
-                        loss.to_vec::<f32>()?[0]
-                    }
-                }
-            };
-            on_step(
-                model,
-                StepReport {
+                let lr = schedule.lr_at(step);
+                opt.set_lr(lr)?;
+                let inputs = vec![
+                    StepInput {
+                        data: HostData::F32(b.images),
+                        dims: &image_dims,
+                    },
+                    StepInput {
+                        data: HostData::I32(b.labels),
+                        dims: &label_dims,
+                    },
+                ];
+                let outcome = steps.step(model, opt, inputs, &mut |m, xy| {
+                    m.loss_and_grad(&xy[0], &xy[1])
+                })?;
+                let report = StepReport {
                     epoch,
                     step,
-                    loss,
+                    loss: outcome.loss,
                     lr,
-                    notice: notice.take(),
-                },
-            )?;
-            step += 1;
+                    notice: outcome.notice,
+                };
+                on_step(model, report)?;
+                step += 1;
+            }
         }
-    }
-    Ok(())
+        Ok(())
+    };
+    let result = run();
+    steps.finish(model);
+    result
 }
 
 /// The fraction of `split` classified correctly, in batches of [`EVAL_BATCH`] (the
@@ -395,11 +349,12 @@ mod tests {
         }
     }
 
-    /// Graph replay is declined where a replay would train wrongly: dropout (the CNN),
-    /// Adam's per-step bias corrections, SGD without momentum (it replaces parameters).
+    /// Graph replay is declined only where a replay would train wrongly: SGD without
+    /// momentum (it replaces parameters). Dropout and Adam keep their per-step values
+    /// in device memory.
     #[test]
     fn replay_is_declined_where_it_would_train_wrongly() {
-        use kiln::train::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
+        use kiln::train::optim::{Adam, AdamConfig, AdamW, AdamWConfig, Sgd, SgdConfig};
         assert!(LeNet::<Cpu>::draws_at_random());
         assert!(!Mlp::<Cpu>::draws_at_random());
         let sgd = |momentum| {
@@ -409,13 +364,12 @@ mod tests {
             })
             .unwrap()
         };
-        assert_eq!(replay_refusal::<Cpu, Mlp<Cpu>>(&sgd(0.9)), None);
-        let why = replay_refusal::<Cpu, LeNet<Cpu>>(&sgd(0.9)).unwrap();
-        assert!(why.starts_with("dropout's seed"), "{why}");
-        let why = replay_refusal::<Cpu, Mlp<Cpu>>(&sgd(0.0)).unwrap();
+        assert_eq!(sgd(0.9).replay_refusal(), None);
+        let why = sgd(0.0).replay_refusal().unwrap();
         assert!(why.contains("replaces each parameter"), "{why}");
         let adamw = AdamW::<Cpu>::new(AdamWConfig::default()).unwrap();
-        let why = replay_refusal::<Cpu, Mlp<Cpu>>(&adamw).unwrap();
-        assert!(why.contains("bias corrections"), "{why}");
+        assert_eq!(adamw.replay_refusal(), None);
+        let adam = Adam::<Cpu>::new(AdamConfig::default()).unwrap();
+        assert_eq!(adam.replay_refusal(), None);
     }
 }

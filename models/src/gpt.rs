@@ -106,6 +106,8 @@ pub trait GptModel<Be: Backend>: kiln::tensor::nn::Module<Be> + Sized {
         &self,
         ids: &Tensor<Be, (Dyn, Dyn), i32>,
     ) -> Result<Tensor<Be, (Dyn, Dyn, Const<256>), f32>>;
+    /// Whether the training step draws random values (dropout masks).
+    fn draws_at_random() -> bool;
 }
 
 /// The rows of the embedding table `field` returns (read from its type).
@@ -145,6 +147,9 @@ macro_rules! gpt_model {
                 ::kiln::tensor::Tensor<Be, (::kiln::tensor::Dyn, ::kiln::tensor::Dyn, ::kiln::tensor::Const<256>), f32>,
             > {
                 <$name<Be>>::logits_any(self, ids)
+            }
+            fn draws_at_random() -> bool {
+                ::kiln::fusion::plan::training_draws(<$name<Be>>::fusion_plans())
             }
         }
     )*};

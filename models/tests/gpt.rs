@@ -83,9 +83,7 @@ fn planned_and_op_by_op_agree_on_the_gpt() {
     let run = |fused: bool| {
         model.set_fused(fused);
         // The same step counter, so both paths draw the same dropout masks.
-        model
-            .__kiln_steps
-            .store(5, std::sync::atomic::Ordering::Relaxed);
+        model.step_seeds().set_steps(5);
         let (loss, grads) = model.loss_and_grad(&x, &y).unwrap();
         let mut all = vec![scalar(&loss)];
         all.extend(grads.blocks[1].attn.q.weight.raw().to_vec::<f32>().unwrap());

@@ -9,7 +9,6 @@ use kiln::tensor::nn::{step_seed, LayerSpec, Mode as LayerMode, Slot};
 use kiln::tensor::{DType, RandDist};
 use kiln_models::lenet::LeNet;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 
 fn max_diff(a: &RawTensor<Cpu>, b: &RawTensor<Cpu>) -> Result<f32> {
     let (a, b) = (a.to_vec::<f32>()?, b.to_vec::<f32>()?);
@@ -43,7 +42,7 @@ fn lenet_gradients_match_the_tape() -> Result<()> {
     )?;
     let y = RawTensor::<Cpu>::from_vec(vec![3i32, 1, 4, 1], &[4], &dev)?;
 
-    let seed = step_seed(model.__kiln_steps.load(Ordering::Relaxed));
+    let seed = step_seed(model.step_seeds().steps());
     let (loss, grads) =
         model.loss_and_grad::<4>(&Tensor::from_raw(x.clone())?, &Tensor::from_raw(y.clone())?)?;
 

@@ -1,8 +1,8 @@
 //! # kiln-train
 //!
 //! Owns what training needs beyond gradients: optimizers ([`optim`]), learning-rate
-//! schedules ([`schedule`]) and safetensors checkpoints in PyTorch's naming
-//! ([`checkpoint`]). Everything here works on any [`kiln_tensor::nn::Module`] through
+//! schedules ([`schedule`]), safetensors checkpoints in PyTorch's naming
+//! ([`checkpoint`]) and training steps replayed as graphs ([`replay`]). Everything here works on any [`kiln_tensor::nn::Module`] through
 //! its named parameter visits, so a `#[model]` struct and a hand-written one are
 //! treated alike.
 //!
@@ -28,6 +28,7 @@
 
 pub mod checkpoint;
 pub mod optim;
+pub mod replay;
 pub mod schedule;
 
 pub use optim::{Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};

@@ -39,6 +39,14 @@ pub trait Optimizer<B: Backend> {
     /// Forgets every parameter's state (momentum buffers, moments, step counts).
     fn reset(&mut self);
 
+    /// Writes the coming step's per-step values (those that change between steps,
+    /// such as Adam's bias corrections) into device memory, where the update reads
+    /// them: call it before a captured step and before each replay, outside the
+    /// capture. Steps run without it write them themselves. The default has none.
+    fn prepare_step(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// Why a captured step (a CUDA graph) would not replay this optimizer's update
     /// correctly, or `None` when it would: a replay repeats the captured device work,
     /// reading only what lives in device memory. The default: not known to replay.
@@ -432,9 +440,23 @@ struct Moments<B: Backend> {
 /// Adam's per-parameter state, shared by [`Adam`] and [`AdamW`].
 struct AdamState<B: Backend> {
     moments: HashMap<String, Moments<B>>,
-    /// The fused update last built, with the hyper-parameters and step it is for
-    /// (every parameter of a model steps together, so one serves them all).
-    fused: Option<(AdamStep, u64, FusedExpr)>,
+    /// The fused update last built and the hyper-parameters it is for (the learning
+    /// rate aside: it reaches the update through `scalars`).
+    fused: Option<(AdamStep, FusedExpr)>,
+    /// The values that change between steps, in device memory: what the fused update
+    /// reads, so that a captured step reads each replay's.
+    scalars: Option<StepScalars<B>>,
+}
+
+/// Adam's per-step values in device memory (f32, rank 0 each), written between steps.
+struct StepScalars<B: Backend> {
+    /// The step and hyper-parameters they were written for.
+    written_for: (AdamStep, u64),
+    /// `[1 − lr·weight_decay (decoupled), 1/√(1 − β₂ᵗ), lr/(1 − β₁ᵗ)]`.
+    values: [RawTensor<B>; 3],
+    /// The kernel that writes them: three constants, rewritten each step in place (a
+    /// steady-state step allocates nothing).
+    fill: FusedExpr,
 }
 
 /// The hyper-parameters of one Adam update, whichever the flavour of weight decay.
@@ -525,26 +547,41 @@ impl<B: Backend> AdamState<B> {
         finish(param, new)
     }
 
+    /// Adam's per-step values for step `step` under `h`, in the order of
+    /// [`StepScalars::values`], rounded to f32 as the update reads them.
+    fn step_values(h: AdamStep, step: u64) -> [f32; 3] {
+        let (b1, b2) = h.betas;
+        let bias_correction1 = 1.0 - b1.powf(step as f64);
+        let bias_correction2 = 1.0 - b2.powf(step as f64);
+        [
+            (1.0 - h.lr * h.decoupled) as f32,
+            (1.0 / bias_correction2.sqrt()) as f32,
+            (h.lr / bias_correction1) as f32,
+        ]
+    }
+
     /// The update of an f32 parameter and its two moments as one fused kernel, outputs
-    /// `[param, exp_avg, exp_avg_sq]` read and written in place, input `[grad]`; the
-    /// same ops in the same order as [`AdamState::update`], so the results are
-    /// bit-identical.
-    /// Written into `into`'s vectors: the constants change every step, and reusing the
-    /// capacity keeps a steady-state step free of allocations.
-    fn fused_expr(h: AdamStep, step: u64, into: &mut FusedExpr) {
+    /// `[param, exp_avg, exp_avg_sq]` read and written in place, inputs `[grad,
+    /// (1 − lr·wd when decoupled), 1/√(1 − β₂ᵗ), lr/(1 − β₁ᵗ)]`, the per-step values
+    /// broadcast from device memory; the same ops in the same order as
+    /// [`AdamState::update`], so the results are bit-identical.
+    fn fused_expr(h: AdamStep) -> FusedExpr {
         use kiln_tensor::fused::ExprStep::*;
         use kiln_tensor::BinaryOp::{Add, Div, Mul, Sub};
         use kiln_tensor::UnaryOp::Sqrt;
-        let mut s = std::mem::take(&mut into.steps);
-        s.clear();
-        s.extend([Input(0), Output(0), Output(1), Output(2)]);
+        let mut s = vec![Input(0), Output(0), Output(1), Output(2)];
         let push = |s: &mut Vec<ExprStep>, e: ExprStep| {
             s.push(e);
             s.len() - 1
         };
         let (mut g, mut p, m, v) = (0, 1, 2, 3);
+        let mut next_input = 1;
+        let mut input = |s: &mut Vec<ExprStep>| {
+            next_input += 1;
+            push(s, Input(next_input - 1))
+        };
         if h.decoupled != 0.0 {
-            let k = push(&mut s, Const((1.0 - h.lr * h.decoupled) as f32));
+            let k = input(&mut s);
             p = push(&mut s, Binary(Mul, p, k));
         }
         if h.l2 != 0.0 {
@@ -563,21 +600,84 @@ impl<B: Backend> AdamState<B> {
         let k2 = push(&mut s, Const((1.0 - b2) as f32));
         let gg = push(&mut s, Binary(Mul, gg, k2));
         let new_v = push(&mut s, Binary(Add, vb, gg));
-        let bias_correction1 = 1.0 - b1.powf(step as f64);
-        let bias_correction2 = 1.0 - b2.powf(step as f64);
         let root = push(&mut s, Unary(Sqrt, new_v));
-        let kc = push(&mut s, Const((1.0 / bias_correction2.sqrt()) as f32));
+        let kc = input(&mut s);
         let root = push(&mut s, Binary(Mul, root, kc));
         let eps = push(&mut s, Const(h.eps as f32));
         let denom = push(&mut s, Binary(Add, root, eps));
         let q = push(&mut s, Binary(Div, new_m, denom));
-        let ks = push(&mut s, Const((h.lr / bias_correction1) as f32));
+        let ks = input(&mut s);
         let q = push(&mut s, Binary(Mul, q, ks));
         let new_p = push(&mut s, Binary(Sub, p, q));
-        into.steps = s;
-        into.results.clear();
-        into.results.extend([new_p, new_m, new_v]);
-        into.inputs = 1;
+        FusedExpr {
+            steps: s,
+            results: vec![new_p, new_m, new_v],
+            inputs: next_input,
+        }
+    }
+
+    /// Writes step `step`'s values under `h` into device memory on `device`: nothing
+    /// when they are there already, uploaded the first time, one small kernel after
+    /// that. Inside a capture that is an error (a replay would write the captured
+    /// step's values again): [`Optimizer::prepare_step`] writes them before.
+    fn write_scalars(&mut self, h: AdamStep, step: u64, device: &B::Device) -> Result<()> {
+        let written = self
+            .scalars
+            .as_ref()
+            .filter(|s| s.values[0].device() == device);
+        if written.is_some_and(|s| s.written_for == (h, step)) {
+            return Ok(());
+        }
+        B::refuse_in_capture(device, &|| {
+            "writing Adam's per-step values (call `Optimizer::prepare_step` before a captured step)"
+                .to_string()
+        })?;
+        let values = Self::step_values(h, step);
+        match &mut self.scalars {
+            Some(s) if s.values[0].device() == device => {
+                for (step, &v) in s.fill.steps.iter_mut().zip(&values) {
+                    *step = ExprStep::Const(v);
+                }
+                let [a, b, c] = &mut s.values;
+                let (Some(a), Some(b), Some(c)) = (a.storage_mut(), b.storage_mut(), c.storage_mut())
+                else {
+                    return Err(Error::invalid(
+                        "Adam",
+                        "the device copy of the per-step values is shared (a broken invariant)",
+                    ));
+                };
+                let dims = kiln_tensor::Dims::new(&[])?;
+                B::fused_elementwise(device, &s.fill, None, &[], &dims, &mut [a, b, c])?;
+                s.written_for = (h, step);
+            }
+            _ => {
+                let scalar = |v: f32| RawTensor::from_vec(vec![v], &[], device);
+                self.scalars = Some(StepScalars {
+                    written_for: (h, step),
+                    values: [scalar(values[0])?, scalar(values[1])?, scalar(values[2])?],
+                    fill: FusedExpr {
+                        steps: values.iter().map(|&v| ExprStep::Const(v)).collect(),
+                        results: vec![0, 1, 2],
+                        inputs: 0,
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Optimizer::prepare_step`]: the next step's values, for the step count and
+    /// device of the parameters' moments (which step together).
+    fn prepare_step(&mut self, h: AdamStep) -> Result<()> {
+        let Some((step, device)) = self
+            .moments
+            .values()
+            .next()
+            .map(|s| (s.step + 1, s.exp_avg.device().clone()))
+        else {
+            return Ok(()); // the first step runs by value and starts the moments
+        };
+        self.write_scalars(h, step, &device)
     }
 
     /// Runs the fused update when it applies (f32, moments from an earlier step,
@@ -593,7 +693,7 @@ impl<B: Backend> AdamState<B> {
         {
             return Ok(false);
         }
-        let Some(s) = self.moments.get_mut(name) else {
+        let Some(s) = self.moments.get(name) else {
             return Ok(false);
         };
         let fits = |t: &RawTensor<B>| t.dims() == param.dims() && t.dtype() == DType::F32;
@@ -601,20 +701,23 @@ impl<B: Backend> AdamState<B> {
             return Ok(false);
         }
         let step = s.step + 1;
-        let (built_for, built_at, expr) = self.fused.get_or_insert_with(|| {
-            let empty = FusedExpr {
-                steps: Vec::new(),
-                results: Vec::new(),
-                inputs: 1,
-            };
-            (h, 0, empty)
-        });
-        if *built_for != h || *built_at != step {
-            Self::fused_expr(h, step, expr);
-            (*built_for, *built_at) = (h, step);
-        }
-        let expr = &*expr;
         let (dims, device) = (*param.dims(), param.device().clone());
+        self.write_scalars(h, step, &device)?;
+        let shape_of = |h: AdamStep| AdamStep { lr: 0.0, ..h };
+        if self.fused.as_ref().is_none_or(|(built_for, _)| *built_for != shape_of(h)) {
+            self.fused = Some((shape_of(h), Self::fused_expr(h)));
+        }
+        let (_, expr) = self.fused.as_ref().expect("built above");
+        let scalars = &self.scalars.as_ref().expect("written above").values;
+        // The decay factor only where the update decays; on the stack (no allocation).
+        let skip = usize::from(h.decoupled == 0.0);
+        let mut inputs = [grad.view(); 4];
+        for (slot, t) in inputs[1..].iter_mut().zip(&scalars[skip..]) {
+            *slot = t.view();
+            slot.layout = slot.layout.broadcast_to(&dims)?;
+        }
+        let inputs = &inputs[..4 - skip];
+        let s = self.moments.get_mut(name).expect("checked above");
         let (Some(p), Some(m), Some(v)) = (
             param.storage_mut(),
             s.exp_avg.storage_mut(),
@@ -622,15 +725,16 @@ impl<B: Backend> AdamState<B> {
         ) else {
             return Ok(false);
         };
-        B::fused_elementwise(&device, expr, None, &[grad.view()], &dims, &mut [p, m, v])?;
+        B::fused_elementwise(&device, expr, None, inputs, &dims, &mut [p, m, v])?;
         s.step = step;
         Ok(true)
     }
 
-    /// Forgets every parameter's moments and the fused update.
+    /// Forgets every parameter's moments, the fused update and the per-step values.
     fn clear(&mut self) {
         self.moments.clear();
         self.fused = None;
+        self.scalars = None;
     }
 
     /// [`AdamState::update`] written into `param`: fused in place when it can be.
@@ -680,6 +784,7 @@ impl<B: Backend> Adam<B> {
             state: AdamState {
                 moments: HashMap::new(),
                 fused: None,
+                scalars: None,
             },
         })
     }
@@ -722,6 +827,7 @@ impl<B: Backend> AdamW<B> {
             state: AdamState {
                 moments: HashMap::new(),
                 fused: None,
+                scalars: None,
             },
         })
     }
@@ -771,8 +877,12 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
         self.state.clear();
     }
 
+    fn prepare_step(&mut self) -> Result<()> {
+        self.state.prepare_step(self.hyper())
+    }
+
     fn replay_refusal(&self) -> Option<String> {
-        Some(ADAM_REPLAY_REFUSAL.into())
+        None
     }
 }
 
@@ -810,14 +920,14 @@ impl<B: Backend> Optimizer<B> for AdamW<B> {
         self.state.clear();
     }
 
+    fn prepare_step(&mut self) -> Result<()> {
+        self.state.prepare_step(self.hyper())
+    }
+
     fn replay_refusal(&self) -> Option<String> {
-        Some(ADAM_REPLAY_REFUSAL.into())
+        None
     }
 }
-
-/// Why Adam and AdamW steps do not replay: their bias corrections change every step
-/// but reach the fused kernel as launch arguments, which a replay repeats.
-const ADAM_REPLAY_REFUSAL: &str = "Adam's bias corrections change every step but reach its kernel as launch arguments, which a replay would repeat";
 
 fn check_lr(op: &'static str, lr: f64) -> Result<()> {
     if !(lr >= 0.0 && lr.is_finite()) {

@@ -129,6 +129,21 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
         fused_by_ops::<Self>(device, expr, inputs, dims, outputs)
     }
 
+    /// Runs `op`, an [`Op::Rand`], with its seed mixed (xor) with the 64-bit value in
+    /// `seed` (`i32` of dims `[2]`, low word first) on the device: what a captured
+    /// training step's dropout draws with, the host writing the next step's seed into
+    /// `seed` before each replay. The default reads `seed` to the host; devices that
+    /// capture read it in the kernel.
+    fn rand_with_device_seed(
+        device: &Self::Device,
+        op: &Op,
+        seed: View<'_, Self>,
+        out: &TensorMeta,
+    ) -> Result<Self::Storage> {
+        let mixed = mix_device_seed(op, read_device_seed::<Self>(seed)?)?;
+        Self::execute(device, &mixed, &[], out)
+    }
+
     /// An error naming `what()` when the calling thread is capturing (or checking the
     /// rules of a capture) on `device`: for host work a replay would not repeat, which
     /// the backend cannot see itself (a dynamic part planning its graph). `what` is
@@ -160,6 +175,15 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
         ))
     }
 
+    /// Writes `src`'s values into `dst`'s own buffer in place, where everyone holding
+    /// `dst` sees them (`src` has `dst`'s dims and dtype): state a training step
+    /// updates where its replays read it, as batch-norm's running statistics.
+    /// `Ok(false)` where the backend does not (the caller replaces `dst`); the default.
+    fn assign(dst: &crate::RawTensor<Self>, src: &crate::RawTensor<Self>) -> Result<bool> {
+        let _ = (dst, src);
+        Ok(false)
+    }
+
     /// Writes `values` into `tensor`'s own buffer in place (a captured step's inputs,
     /// between replays). The default refuses: only capturing backends need it.
     fn write_host(tensor: &crate::RawTensor<Self>, values: &HostData) -> Result<()> {
@@ -179,6 +203,53 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
 pub trait Replay {
     /// Runs the captured work again.
     fn replay(&self) -> Result<()>;
+}
+
+/// An error unless `seed` is a device seed: `i32` of dims `[2]` (low word first),
+/// contiguous from its buffer's start (kernels read its two words directly).
+pub fn check_device_seed<B: Backend>(seed: View<'_, B>) -> Result<()> {
+    let (dtype, l) = (B::storage_dtype(seed.storage), &seed.layout);
+    if dtype != DType::I32 || l.dims().as_slice() != [2] || !l.is_contiguous() || l.offset() != 0 {
+        return Err(Error::dtype(
+            "rand",
+            format!(
+                "a device seed is i32 [2] (low word first, contiguous), got {dtype} {:?}",
+                l.dims().as_slice()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The 64-bit seed a device seed holds (see [`check_device_seed`]), read to the host.
+pub fn read_device_seed<B: Backend>(seed: View<'_, B>) -> Result<u64> {
+    check_device_seed(seed)?;
+    let HostData::I32(words) = B::download(seed.storage, &seed.layout)? else {
+        return Err(Error::invalid("rand", "an i32 buffer downloaded as another dtype"));
+    };
+    Ok(words[0] as u32 as u64 | (words[1] as u32 as u64) << 32)
+}
+
+/// `op` (an [`Op::Rand`]) drawing with its own seed xor `seed`, as a training step
+/// mixes each dropout's seed with the step's.
+pub fn mix_device_seed(op: &Op, seed: u64) -> Result<Op> {
+    match op {
+        Op::Rand {
+            dims,
+            dist,
+            seed: own,
+            dtype,
+        } => Ok(Op::Rand {
+            dims: dims.clone(),
+            dist: *dist,
+            seed: own ^ seed,
+            dtype: *dtype,
+        }),
+        other => Err(Error::invalid(
+            other.name(),
+            "only `rand` draws with a seed from device memory",
+        )),
+    }
 }
 
 /// [`Backend::fused_elementwise`] step by step with [`Backend::execute`].

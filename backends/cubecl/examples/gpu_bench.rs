@@ -379,7 +379,7 @@ fn w1<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
 /// W1 with the training step (and the batch-1 forward pass) captured once as a CUDA
 /// graph and replayed: the host's per-kernel work leaves the step.
 #[cfg(feature = "cuda")]
-fn w1_graph<const BS: usize>(dev: &kiln_cubecl::CudaDevice, reps: usize) -> Result<()> {
+fn w1_graph<const BS: usize>(dev: &kiln_cubecl::CudaDevice, reps: usize, tf32: bool) -> Result<()> {
     type B = kiln_cubecl::Cuda;
     let (mut model, mut opt, x, y) = w1_setup::<B, BS>(dev)?;
     let (_, grads) = model.loss_and_grad(&x, &y)?;
@@ -392,8 +392,10 @@ fn w1_graph<const BS: usize>(dev: &kiln_cubecl::CudaDevice, reps: usize) -> Resu
     })?;
     let ms = time_ms::<B>(dev, reps, || graph.replay())?;
     let last = loss.to_vec()?[0];
+    let variant = if tf32 { "graph-tf32" } else { "graph" };
+    let search = kiln_cubecl::cuda::algorithm_search();
     println!(
-        "bench=W1 impl=kiln backend=cuda variant=graph task=train batch={BS} ms={ms:.3} nodes={} loss={last:.4}",
+        "bench=W1 impl=kiln backend=cuda variant={variant} task=train batch={BS} ms={ms:.3} nodes={} loss={last:.4} search={search}",
         graph.nodes()
     );
     let steps = reps.max(1) * 5;
@@ -404,7 +406,7 @@ fn w1_graph<const BS: usize>(dev: &kiln_cubecl::CudaDevice, reps: usize) -> Resu
         Ok(())
     })? / steps as f64;
     println!(
-        "bench=W1 impl=kiln backend=cuda variant=graph task=train-pipelined batch={BS} ms={ms:.3}"
+        "bench=W1 impl=kiln backend=cuda variant={variant} task=train-pipelined batch={BS} ms={ms:.3} search={search}"
     );
     Ok(())
 }
@@ -599,9 +601,20 @@ fn run<B: Backend>(
             "ops" => ops::<B>(dev, name, reps),
             #[cfg(feature = "cuda")]
             "w1graph" if name == "cuda" => kiln_cubecl::CudaDevice::first().and_then(|d| {
-                w1_graph::<256>(&d, reps)?;
-                w1_graph::<4096>(&d, reps)?;
-                w1_graph_infer(&d, reps)
+                for tf32 in [false, true] {
+                    kiln_cubecl::cuda::set_allow_tf32(tf32);
+                    w1_graph::<256>(&d, reps, tf32)?;
+                    w1_graph::<4096>(&d, reps, tf32)?;
+                }
+                kiln_cubecl::cuda::set_allow_tf32(false);
+                w1_graph_infer(&d, reps)?;
+                for s in d.algorithm_searches() {
+                    println!(
+                        "bench=cublaslt-search problem=\"{}\" candidates={} heuristic_us={:.2} chosen_us={:.2}",
+                        s.problem, s.candidates, s.heuristic_us, s.chosen_us
+                    );
+                }
+                Ok(())
             }),
             #[cfg(feature = "cuda")]
             "dynprofile-w2" | "dynprofile-w1" if name == "cuda" => kiln_cubecl::CudaDevice::first()
@@ -660,6 +673,16 @@ fn main() {
     let w2_n = 1usize << w2_log2;
     // The MNIST folder (default: the one beside kiln-models' sources at build time).
     let data = get("--data", "");
+    // `--search off`: products take cuBLASLt's heuristic choice without timing.
+    #[cfg(feature = "cuda")]
+    match get("--search", "on").as_str() {
+        "on" => {}
+        "off" => kiln_cubecl::cuda::set_algorithm_search(false),
+        other => {
+            eprintln!("error: --search takes on or off, got {other:?}");
+            std::process::exit(2)
+        }
+    }
     // Every failure (a workload, a device that does not open, an unknown backend)
     // makes the exit status non-zero, so scripts and CI see it.
     let ok = match backend.as_str() {

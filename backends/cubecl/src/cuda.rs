@@ -36,6 +36,32 @@ pub const INSTALL_HINT: &str = "install the NVIDIA driver (libcuda.so) and a CUD
 const WORKSPACE: usize = 32 << 20;
 
 static TF32: AtomicBool = AtomicBool::new(false);
+static SEARCH: AtomicBool = AtomicBool::new(true);
+
+/// Whether the first product of each shape times cuBLASLt's candidate algorithms and
+/// keeps the fastest (on by default), or takes its heuristic's first choice.
+pub fn set_algorithm_search(on: bool) {
+    SEARCH.store(on, Ordering::SeqCst);
+}
+
+/// Whether products search for their fastest algorithm.
+pub fn algorithm_search() -> bool {
+    SEARCH.load(Ordering::SeqCst)
+}
+
+/// One timed algorithm search: the problem, the heuristic's first choice's time and the
+/// chosen one's (microseconds), and how many candidates were timed.
+#[derive(Clone, Debug)]
+pub struct AlgorithmSearch {
+    /// The product: dtype, TF32, `m x n x k`, leading dims, transposes, batch, alignments.
+    pub problem: String,
+    /// The heuristic's first choice, in microseconds.
+    pub heuristic_us: f64,
+    /// The fastest candidate, in microseconds.
+    pub chosen_us: f64,
+    /// How many candidates the heuristic offered.
+    pub candidates: usize,
+}
 
 /// Lets f32 products use TF32 tensor cores (10-bit mantissa inputs, f32 accumulation),
 /// as PyTorch's `allow_tf32`. Off by default: f32 products are then exact f32 GEMMs.
@@ -55,8 +81,10 @@ struct Blas {
     workspace: dsys::CUdeviceptr,
     /// The stream of the last product: the workspace is in use in its order.
     workspace_stream: dsys::CUstream,
-    /// The fastest algorithm per problem, from cuBLASLt's heuristic.
+    /// The fastest algorithm per problem: timed among cuBLASLt's heuristic candidates.
     algos: HashMap<String, ltsys::cublasLtMatmulAlgo_t>,
+    /// Every timed search so far, in order.
+    searches: Vec<AlgorithmSearch>,
 }
 
 // SAFETY: the raw handles are only used under the `Mutex` of `CudaExtra`, after making
@@ -78,6 +106,12 @@ impl CubeDevice<CudaRuntime> {
     /// instead of in a kernel after the product.
     pub fn bias_epilogues(&self) -> usize {
         self.state.extra().bias_epilogues.load(Ordering::Relaxed)
+    }
+
+    /// The timed algorithm searches this device's products have made so far.
+    pub fn algorithm_searches(&self) -> Vec<AlgorithmSearch> {
+        let blas = self.state.extra().blas.lock().unwrap_or_else(|e| e.into_inner());
+        blas.as_ref().map(|b| b.searches.clone()).unwrap_or_default()
     }
 }
 
@@ -120,6 +154,7 @@ impl Blas {
                 workspace,
                 workspace_stream: std::ptr::null_mut(),
                 algos: HashMap::new(),
+                searches: Vec::new(),
             })
         })
     }
@@ -514,38 +549,54 @@ fn lt_matmul(
                     lt::set_matmul_pref_attribute(pref, attr, &align as *const u32 as *const c_void, 4)
                         .map_err(|e| blas_error("alignment preference", e))?;
                 }
-                let h = lt::get_matmul_algo_heuristic(blas.handle, desc, lx, ly, ld, ld, pref)
-                    .map_err(|e| blas_error("heuristic", e));
+                let mut found = [std::mem::zeroed::<ltsys::cublasLtMatmulHeuristicResult_t>(); CANDIDATES];
+                let mut count = 0i32;
+                let h = ltsys::cublasLtMatmulAlgoGetHeuristic(
+                    blas.handle,
+                    desc,
+                    lx,
+                    ly,
+                    ld,
+                    ld,
+                    pref,
+                    CANDIDATES as i32,
+                    found.as_mut_ptr(),
+                    &mut count,
+                )
+                .result()
+                .map_err(|e| blas_error("heuristic", e));
                 let _ = lt::destroy_matmul_pref(pref);
-                let algo = h?.algo;
+                h?;
+                let candidates: Vec<ltsys::cublasLtMatmulAlgo_t> =
+                    found[..count.clamp(0, CANDIDATES as i32) as usize].iter().map(|r| r.algo).collect();
+                let Some(&first) = candidates.first() else {
+                    return Err(blas_error(
+                        "heuristic",
+                        lt::CublasError(ltsys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED),
+                    ));
+                };
+                // Timing needs a synchronisation, which a graph capture cannot hold:
+                // a product first seen there takes the heuristic's choice.
+                let algo = if candidates.len() > 1 && algorithm_search() && !dev.capturing_graph_here() {
+                    let run = |algo: &ltsys::cublasLtMatmulAlgo_t| {
+                        product(blas, desc, (pb, lx), (pa, ly), (pc, ld), dtype, algo, stream)
+                    };
+                    let (best, timings) = fastest(&candidates, stream, run)?;
+                    blas.searches.push(AlgorithmSearch {
+                        problem: key.clone(),
+                        heuristic_us: timings[0],
+                        chosen_us: timings[best],
+                        candidates: candidates.len(),
+                    });
+                    candidates[best]
+                } else {
+                    first
+                };
                 blas.algos.insert(key, algo);
                 algo
             }
         };
-        let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
-        let (alpha, beta): (*const c_void, *const c_void) = if dtype == DType::F64 {
-            (&one64 as *const f64 as _, &zero64 as *const f64 as _)
-        } else {
-            (&one32 as *const f32 as _, &zero32 as *const f32 as _)
-        };
-        let status = lt::matmul(
-            blas.handle,
-            desc,
-            alpha,
-            beta,
-            pb as *const c_void,
-            lx,
-            pa as *const c_void,
-            ly,
-            pc as *const c_void,
-            ld,
-            pc as *mut c_void,
-            ld,
-            &algo,
-            blas.workspace as *mut c_void,
-            WORKSPACE,
-            stream as ltsys::cudaStream_t,
-        );
+        let status = product(blas, desc, (pb, lx), (pa, ly), (pc, ld), dtype, &algo, stream);
         let _ = lt::destroy_matrix_layout(lx);
         let _ = lt::destroy_matrix_layout(ly);
         let _ = lt::destroy_matrix_layout(ld);
@@ -556,4 +607,89 @@ fn lt_matmul(
         dev.extra().bias_epilogues.fetch_add(1, Ordering::Relaxed);
     }
     Ok(result)
+}
+
+/// How many of cuBLASLt's heuristic candidates the timed search tries.
+const CANDIDATES: usize = 8;
+
+/// Launches one product with `algo`: cuBLASLt's column-major `D = first · second`,
+/// each operand a device address and its layout.
+#[allow(clippy::too_many_arguments)]
+unsafe fn product(
+    blas: &Blas,
+    desc: ltsys::cublasLtMatmulDesc_t,
+    (p1, l1): (u64, ltsys::cublasLtMatrixLayout_t),
+    (p2, l2): (u64, ltsys::cublasLtMatrixLayout_t),
+    (pc, ld): (u64, ltsys::cublasLtMatrixLayout_t),
+    dtype: DType,
+    algo: &ltsys::cublasLtMatmulAlgo_t,
+    stream: dsys::CUstream,
+) -> std::result::Result<(), lt::CublasError> {
+    let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
+    let (alpha, beta): (*const c_void, *const c_void) = if dtype == DType::F64 {
+        (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+    } else {
+        (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+    };
+    lt::matmul(
+        blas.handle,
+        desc,
+        alpha,
+        beta,
+        p1 as *const c_void,
+        l1,
+        p2 as *const c_void,
+        l2,
+        pc as *const c_void,
+        ld,
+        pc as *mut c_void,
+        ld,
+        algo,
+        blas.workspace as *mut c_void,
+        WORKSPACE,
+        stream as ltsys::cudaStream_t,
+    )
+}
+
+/// The candidate that runs fastest on `stream` (median of three timed runs after a
+/// warm one; a candidate that fails to launch is skipped) and every candidate's time
+/// in microseconds (`f64::INFINITY` for those skipped).
+fn fastest<T>(
+    candidates: &[T],
+    stream: dsys::CUstream,
+    mut run: impl FnMut(&T) -> std::result::Result<(), lt::CublasError>,
+) -> Result<(usize, Vec<f64>)> {
+    let event = || drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| driver_error("cuEventCreate", e));
+    let (start, end) = (event()?, event()?);
+    let mut times = Vec::with_capacity(candidates.len());
+    let timed = |run: &mut dyn FnMut() -> std::result::Result<(), lt::CublasError>| -> Result<Option<f64>> {
+        if run().is_err() {
+            return Ok(None);
+        }
+        let mut reps = [0f64; 3];
+        for r in &mut reps {
+            unsafe {
+                drv::event::record(start, stream).map_err(|e| driver_error("cuEventRecord", e))?;
+                if run().is_err() {
+                    return Ok(None);
+                }
+                drv::event::record(end, stream).map_err(|e| driver_error("cuEventRecord", e))?;
+                drv::event::synchronize(end).map_err(|e| driver_error("cuEventSynchronize", e))?;
+                *r = drv::event::elapsed(start, end).map_err(|e| driver_error("cuEventElapsedTime", e))? as f64 * 1e3;
+            }
+        }
+        reps.sort_by(f64::total_cmp);
+        Ok(Some(reps[1]))
+    };
+    for c in candidates {
+        let t = timed(&mut || run(c));
+        times.push(t.map(|t| t.unwrap_or(f64::INFINITY)));
+    }
+    unsafe {
+        let _ = drv::event::destroy(start);
+        let _ = drv::event::destroy(end);
+    }
+    let times = times.into_iter().collect::<Result<Vec<f64>>>()?;
+    let best = (0..times.len()).min_by(|&a, &b| times[a].total_cmp(&times[b])).unwrap_or(0);
+    Ok((best, times))
 }

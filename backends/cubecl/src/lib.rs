@@ -109,6 +109,7 @@ pub use device::{CubeDevice, DeviceState, KilnRuntime};
 pub use graph::{write_into, CudaGraph};
 pub use storage::CubeStorage;
 
+use crate::strided::Operand;
 use kiln_tensor::fused::{FusedExpr, NativeFn};
 use kiln_tensor::{Backend, DType, Dims, Error, HostData, Layout, Op, Result, TensorMeta, View};
 use std::fmt;
@@ -167,6 +168,64 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
 
     fn refuse_in_capture(device: &CubeDevice<R>, what: &dyn Fn() -> String) -> Result<()> {
         device.state.refuse_in_capture_with(what)
+    }
+
+    fn rand_with_device_seed(
+        device: &CubeDevice<R>,
+        op: &Op,
+        seed: View<'_, Self>,
+        out: &TensorMeta,
+    ) -> Result<CubeStorage<R>> {
+        let Op::Rand {
+            dist,
+            seed: own,
+            dtype,
+            ..
+        } = op
+        else {
+            return Err(Error::invalid(
+                op.name(),
+                "only `rand` draws with a seed from device memory",
+            ));
+        };
+        kiln_tensor::backend::check_device_seed(seed)?;
+        check_extent(seed.storage, &seed.layout)?;
+        let n = out.dims.iter().product();
+        let seed = ops::DrawSeed::Device {
+            own: *own,
+            seed: seed.storage,
+        };
+        ops::rand(&device.state, n, *dist, seed, *dtype)
+    }
+
+    fn assign(
+        dst: &kiln_tensor::RawTensor<Self>,
+        src: &kiln_tensor::RawTensor<Self>,
+    ) -> Result<bool> {
+        if dst.dims() != src.dims() || dst.dtype() != src.dtype() {
+            return Err(Error::shape(
+                "assign",
+                format!(
+                    "{} {} cannot be written into {} {}",
+                    src.dtype(),
+                    src.dims(),
+                    dst.dtype(),
+                    dst.dims()
+                ),
+            ));
+        }
+        let (d, s) = (&**dst.storage(), &**src.storage());
+        check_extent(d, dst.layout())?;
+        check_extent(s, src.layout())?;
+        ops::elementwise::copy_strided(
+            &d.device,
+            s,
+            &Operand::of(src.layout()),
+            d,
+            &Operand::of(dst.layout()),
+            dst.dims(),
+        )?;
+        Ok(true)
     }
 
     fn captures(device: &CubeDevice<R>) -> bool {

@@ -2,7 +2,8 @@
 //! CI) with `CubeDevice::check_capturable`, which runs a step under them: a static
 //! training step passes once it has run before, and what a replay could not repeat (a
 //! host copy, a read, a first-seen kernel shape, state replaced instead of updated in
-//! place, a `#[model]`'s dynamic part planning on the host) is an error naming it.
+//! place, a `#[model]`'s dynamic part planning on the host, a draw or an optimizer value
+//! known only on the host) is an error naming it.
 
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
@@ -23,6 +24,10 @@ macro_rules! capture_rule_tests {
             #[test]
             fn what_a_replay_cannot_repeat_is_refused() -> Result<()> {
                 super::what_a_replay_cannot_repeat_is_refused::<$R>(&$device)
+            }
+            #[test]
+            fn dropout_and_adam_read_their_step_values_from_device_memory() -> Result<()> {
+                super::dropout_and_adam_read_their_step_values_from_device_memory::<$R>(&$device)
             }
             #[test]
             fn a_step_calling_a_dynamic_part_is_refused() -> Result<()> {
@@ -185,5 +190,73 @@ fn a_step_calling_a_dynamic_part_is_refused<R: KilnRuntime>(dev: &CubeDevice<R>)
     // The device works on.
     let (loss, _) = model.loss_and_grad(&x, &y)?;
     assert!(loss.to_vec()?[0].is_finite());
+    Ok(())
+}
+
+/// The CNN's training step with AdamW follows the rules once its dropout seed and
+/// Adam's per-step values are in device memory (written before each step, outside the
+/// capture), and trains exactly as the same steps run planned with host values.
+fn dropout_and_adam_read_their_step_values_from_device_memory<R: KilnRuntime>(
+    dev: &CubeDevice<R>,
+) -> Result<()> {
+    use kiln_models::classify::Classifier;
+    use kiln_models::lenet::LeNet;
+    use kiln_tensor::nn::Module;
+    use kiln_tensor::RawTensor;
+    use kiln_train::optim::{AdamW, AdamWConfig};
+    type B<R> = CubeBackend<R>;
+    let x = RawTensor::<B<R>>::rand(
+        &[BATCH, 1, 28, 28],
+        kiln_tensor::RandDist::Normal { mean: 0.0, std: 1.0 },
+        11,
+        kiln_tensor::DType::F32,
+        dev,
+    )?;
+    let y = RawTensor::<B<R>>::from_vec((0..BATCH as i32).map(|i| i % 10).collect(), &[BATCH], dev)?;
+    let adamw = || {
+        AdamW::<B<R>>::new(AdamWConfig {
+            lr: 1e-3,
+            ..AdamWConfig::default()
+        })
+    };
+    let (mut checked, mut planned) = (LeNet::<B<R>>::init(dev, 8)?, LeNet::<B<R>>::init(dev, 8)?);
+    let (mut opt_checked, mut opt_planned) = (adamw()?, adamw()?);
+    // The first step runs by value: it starts Adam's moments.
+    for (model, opt) in [(&mut checked, &mut opt_checked), (&mut planned, &mut opt_planned)] {
+        let (_, grads) = Classifier::loss_and_grad(model, &x, &y)?;
+        opt.step(model, &grads)?;
+    }
+    let mut step = |model: &mut LeNet<B<R>>, opt: &mut AdamW<B<R>>| -> Result<()> {
+        let (_, grads) = Classifier::loss_and_grad(model, &x, &y)?;
+        opt.step(model, &grads)
+    };
+    // With the seed on the host, the draw is refused; so is Adam writing its values.
+    let err = dev
+        .check_capturable(|| step(&mut checked, &mut opt_checked))
+        .expect_err("a draw seeded on the host is refused");
+    assert!(format!("{err}").contains("seed on the host"), "{err}");
+    checked.step_seeds().set_steps(planned.step_seeds().steps());
+    checked.step_seeds().advance_on_device(dev)?;
+    let err = dev
+        .check_capturable(|| step(&mut checked, &mut opt_checked))
+        .expect_err("Adam's values written inside the capture are refused");
+    assert!(format!("{err}").contains("prepare_step"), "{err}");
+    // The refused steps updated no parameter; their seeds are taken again.
+    checked.step_seeds().set_steps(planned.step_seeds().steps());
+    for _ in 0..3 {
+        opt_checked.prepare_step()?;
+        checked.step_seeds().advance_on_device(dev)?;
+        dev.check_capturable(|| step(&mut checked, &mut opt_checked))?;
+        step(&mut planned, &mut opt_planned)?;
+    }
+    checked.step_seeds().keep_on_host();
+    let params = |m: &LeNet<B<R>>| {
+        let mut all = Vec::new();
+        m.visit_params("", &mut |s| all.push((s.name.to_string(), s.value.to_vec::<f32>())));
+        all
+    };
+    for ((name, a), (_, b)) in params(&checked).into_iter().zip(params(&planned)) {
+        assert_eq!(a?, b?, "`{name}` differs between device-held and host step values");
+    }
     Ok(())
 }

@@ -9,7 +9,7 @@ struct TinyBlock<Be: ::kiln::tensor::Backend> {
     down: ::kiln::tensor::nn::Linear<Be, 64, 16>,
     drop: ::kiln::tensor::nn::Dropout<Be, 10>,
     #[doc(hidden)]
-    pub __kiln_steps: ::std::sync::atomic::AtomicU64,
+    pub __kiln_seeds: ::kiln::tensor::nn::StepSeeds<Be>,
     #[doc(hidden)]
     pub __kiln_plans: ::kiln::fusion::Programs<Be>,
 }
@@ -87,7 +87,7 @@ impl<Be: ::kiln::tensor::Backend> ::kiln::tensor::nn::Module<Be> for TinyBlock<B
                 seed,
                 &::kiln::tensor::nn::join(prefix, "drop"),
             )?,
-            __kiln_steps: ::std::sync::atomic::AtomicU64::new(seed),
+            __kiln_seeds: ::kiln::tensor::nn::StepSeeds::new(seed),
             __kiln_plans: ::core::default::Default::default(),
         })
     }
@@ -166,6 +166,9 @@ impl<Be: ::kiln::tensor::Backend> ::kiln::tensor::nn::Module<Be> for TinyBlock<B
         self.drop.load_named(&::kiln::tensor::nn::join(prefix, "drop"), get)?;
         Ok(())
     }
+    fn step_seeds(&self) -> ::core::option::Option<&::kiln::tensor::nn::StepSeeds<Be>> {
+        ::core::option::Option::Some(&self.__kiln_seeds)
+    }
     fn grads_from_raw(
         grads: &mut dyn ::core::iter::Iterator<Item = ::kiln::tensor::RawTensor<Be>>,
     ) -> ::kiln::tensor::Result<Self::Grads> {
@@ -243,12 +246,10 @@ impl<Be: ::kiln::tensor::Backend> TinyBlock<Be> {
     pub fn __kiln_field_drop(&self) -> &::kiln::tensor::nn::Dropout<Be, 10> {
         &self.drop
     }
-    /// A fresh seed for one training step's random draws (dropout masks).
-    #[doc(hidden)]
-    pub fn __kiln_step_seed(&self) -> u64 {
-        ::kiln::tensor::nn::step_seed(
-            self.__kiln_steps.fetch_add(1, ::std::sync::atomic::Ordering::Relaxed),
-        )
+    /// The seeds the training steps draw random values (dropout masks) with: a
+    /// step counter, moved into device memory for a step captured as a graph.
+    pub fn step_seeds(&self) -> &::kiln::tensor::nn::StepSeeds<Be> {
+        &self.__kiln_seeds
     }
 }
 #[doc(hidden)]
@@ -303,7 +304,7 @@ impl<Be: ::kiln::tensor::Backend> TinyBlock<Be> {
         x: &::kiln::tensor::RawTensor<Be>,
     ) -> ::kiln::tensor::Result<::kiln::tensor::RawTensor<Be>> {
         let __dev = x.device().clone();
-        let __seed = 0u64;
+        let __seed = ::kiln::tensor::nn::StepSeed::Host(0);
         Ok({
             static __KILN_NATIVES: [::core::option::Option<
                 ::kiln::tensor::fused::NativeFn,
@@ -459,7 +460,7 @@ impl<Be: ::kiln::tensor::Backend> TinyBlock<Be> {
                         self.down.weight.raw(),
                         self.down.bias.raw(),
                     ],
-                    __seed,
+                    &__seed,
                     |__outs| __outs.next().expect("a plan returns each of its outputs"),
                 )?
         })
@@ -794,7 +795,7 @@ pub mod __kiln_TinyBlock {
         v: ::kiln::tensor::nn::Linear<Be, 16, 16>,
         proj: ::kiln::tensor::nn::Linear<Be, 16, 16>,
         #[doc(hidden)]
-        pub __kiln_steps: ::std::sync::atomic::AtomicU64,
+        pub __kiln_seeds: ::kiln::tensor::nn::StepSeeds<Be>,
         #[doc(hidden)]
         pub __kiln_plans: ::kiln::fusion::Programs<Be>,
     }
@@ -856,7 +857,7 @@ pub mod __kiln_TinyBlock {
                     seed,
                     &::kiln::tensor::nn::join(prefix, "proj"),
                 )?,
-                __kiln_steps: ::std::sync::atomic::AtomicU64::new(seed),
+                __kiln_seeds: ::kiln::tensor::nn::StepSeeds::new(seed),
                 __kiln_plans: ::core::default::Default::default(),
             })
         }
@@ -918,6 +919,11 @@ pub mod __kiln_TinyBlock {
             self.v.load_named(&::kiln::tensor::nn::join(prefix, "v"), get)?;
             self.proj.load_named(&::kiln::tensor::nn::join(prefix, "proj"), get)?;
             Ok(())
+        }
+        fn step_seeds(
+            &self,
+        ) -> ::core::option::Option<&::kiln::tensor::nn::StepSeeds<Be>> {
+            ::core::option::Option::Some(&self.__kiln_seeds)
         }
         fn grads_from_raw(
             grads: &mut dyn ::core::iter::Iterator<Item = ::kiln::tensor::RawTensor<Be>>,
@@ -981,12 +987,10 @@ pub mod __kiln_TinyBlock {
         pub fn __kiln_field_proj(&self) -> &::kiln::tensor::nn::Linear<Be, 16, 16> {
             &self.proj
         }
-        /// A fresh seed for one training step's random draws (dropout masks).
-        #[doc(hidden)]
-        pub fn __kiln_step_seed(&self) -> u64 {
-            ::kiln::tensor::nn::step_seed(
-                self.__kiln_steps.fetch_add(1, ::std::sync::atomic::Ordering::Relaxed),
-            )
+        /// The seeds the training steps draw random values (dropout masks) with: a
+        /// step counter, moved into device memory for a step captured as a graph.
+        pub fn step_seeds(&self) -> &::kiln::tensor::nn::StepSeeds<Be> {
+            &self.__kiln_seeds
         }
     }
     #[doc(hidden)]

@@ -4,7 +4,7 @@ pub struct Mlp<Be: ::kiln::tensor::Backend> {
     fc2: ::kiln::tensor::nn::Linear<Be, 1024, 1024>,
     fc3: ::kiln::tensor::nn::Linear<Be, 1024, 10>,
     #[doc(hidden)]
-    pub __kiln_steps: ::std::sync::atomic::AtomicU64,
+    pub __kiln_seeds: ::kiln::tensor::nn::StepSeeds<Be>,
     #[doc(hidden)]
     pub __kiln_plans: ::kiln::fusion::Programs<Be>,
 }
@@ -54,7 +54,7 @@ impl<Be: ::kiln::tensor::Backend> ::kiln::tensor::nn::Module<Be> for Mlp<Be> {
                 seed,
                 &::kiln::tensor::nn::join(prefix, "fc3"),
             )?,
-            __kiln_steps: ::std::sync::atomic::AtomicU64::new(seed),
+            __kiln_seeds: ::kiln::tensor::nn::StepSeeds::new(seed),
             __kiln_plans: ::core::default::Default::default(),
         })
     }
@@ -109,6 +109,9 @@ impl<Be: ::kiln::tensor::Backend> ::kiln::tensor::nn::Module<Be> for Mlp<Be> {
         self.fc3.load_named(&::kiln::tensor::nn::join(prefix, "fc3"), get)?;
         Ok(())
     }
+    fn step_seeds(&self) -> ::core::option::Option<&::kiln::tensor::nn::StepSeeds<Be>> {
+        ::core::option::Option::Some(&self.__kiln_seeds)
+    }
     fn grads_from_raw(
         grads: &mut dyn ::core::iter::Iterator<Item = ::kiln::tensor::RawTensor<Be>>,
     ) -> ::kiln::tensor::Result<Self::Grads> {
@@ -161,12 +164,10 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
     pub fn __kiln_field_fc3(&self) -> &::kiln::tensor::nn::Linear<Be, 1024, 10> {
         &self.fc3
     }
-    /// A fresh seed for one training step's random draws (dropout masks).
-    #[doc(hidden)]
-    pub fn __kiln_step_seed(&self) -> u64 {
-        ::kiln::tensor::nn::step_seed(
-            self.__kiln_steps.fetch_add(1, ::std::sync::atomic::Ordering::Relaxed),
-        )
+    /// The seeds the training steps draw random values (dropout masks) with: a
+    /// step counter, moved into device memory for a step captured as a graph.
+    pub fn step_seeds(&self) -> &::kiln::tensor::nn::StepSeeds<Be> {
+        &self.__kiln_seeds
     }
 }
 #[doc(hidden)]
@@ -207,7 +208,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         x: &::kiln::tensor::RawTensor<Be>,
     ) -> ::kiln::tensor::Result<::kiln::tensor::RawTensor<Be>> {
         let __dev = x.device().clone();
-        let __seed = 0u64;
+        let __seed = ::kiln::tensor::nn::StepSeed::Host(0);
         Ok({
             static __KILN_NATIVES: [::core::option::Option<
                 ::kiln::tensor::fused::NativeFn,
@@ -247,7 +248,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                         self.fc3.weight.raw(),
                         self.fc3.bias.raw(),
                     ],
-                    __seed,
+                    &__seed,
                     |__outs| __outs.next().expect("a plan returns each of its outputs"),
                 )?
         })
@@ -276,7 +277,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         y: &::kiln::tensor::RawTensor<Be>,
     ) -> ::kiln::tensor::Result<::kiln::tensor::RawTensor<Be>> {
         let __dev = x.device().clone();
-        let __seed = 0u64;
+        let __seed = ::kiln::tensor::nn::StepSeed::Host(0);
         Ok({
             static __KILN_NATIVES: [::core::option::Option<
                 ::kiln::tensor::fused::NativeFn,
@@ -341,7 +342,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                         self.fc3.weight.raw(),
                         self.fc3.bias.raw(),
                     ],
-                    __seed,
+                    &__seed,
                     |__outs| __outs.next().expect("a plan returns each of its outputs"),
                 )?
         })
@@ -370,7 +371,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         y: &::kiln::tensor::RawTensor<Be>,
     ) -> ::kiln::tensor::Result<(::kiln::tensor::RawTensor<Be>, MlpGrads<Be>)> {
         let __dev = x.device().clone();
-        let __seed = self.__kiln_step_seed();
+        let __seed = self.__kiln_seeds.next();
         let (
             loss,
             d_fc1_bias,
@@ -559,7 +560,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                         self.fc3.weight.raw(),
                         self.fc3.bias.raw(),
                     ],
-                    __seed,
+                    &__seed,
                     |__outs| (
                         __outs.next().expect("a plan returns each of its outputs"),
                         __outs.next().expect("a plan returns each of its outputs"),

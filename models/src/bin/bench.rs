@@ -1,12 +1,13 @@
 //! `kiln-bench`: the shared workloads of DESIGN.md, one parseable line per figure:
-//! `bench=W4 impl=kiln backend=cpu ... ms=… gflops=…`. `scripts/bench_cpu.py` runs it
+//! `bench=W4 impl=kiln backend={name} ... ms=… gflops=…`, on the device `--device` names
+//! (each timed run ends with a device synchronisation). `scripts/bench_cpu.py` runs it
 //! beside PyTorch in the same run and prints the ratios.
 
 use clap::Parser;
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use kiln::cpu::{Cpu, CpuDevice};
+use kiln::device::{run_on, OnDevice};
 use kiln::dynamic::LazyTensor;
 use kiln::prelude::*;
 use kiln::tensor::{DType, RandDist};
@@ -22,7 +23,7 @@ use kiln_models::mlp::Mlp;
 use kiln_models::text::{windows, Corpus};
 use std::time::Instant;
 
-/// Run Kiln's benchmark workloads on the CPU.
+/// Run Kiln's benchmark workloads on a device.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
@@ -38,42 +39,50 @@ struct Args {
     /// Timed repetitions per figure (the median is printed).
     #[arg(long, default_value_t = 10)]
     reps: usize,
+    #[command(flatten)]
+    device: kiln_models::cli::DeviceArg,
 }
 
-/// Median wall time in milliseconds of `reps` runs of `f`, after one warm-up run.
-fn time_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+/// Median wall time in milliseconds of `reps` runs of `f` on `dev`, each ended by a
+/// synchronisation (work queued on a GPU is counted), after one warm-up run.
+fn time_ms<Be: Backend>(
+    dev: &Be::Device,
+    reps: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
     f()?;
+    Be::synchronize(dev)?;
     let mut t: Vec<f64> = (0..reps.max(1))
         .map(|_| {
             let s = Instant::now();
-            f().map(|_| s.elapsed().as_secs_f64() * 1e3)
+            f()?;
+            Be::synchronize(dev)?;
+            Ok(s.elapsed().as_secs_f64() * 1e3)
         })
         .collect::<Result<_>>()?;
     t.sort_by(f64::total_cmp);
     Ok(t[t.len() / 2])
 }
 
-fn w4(reps: usize) -> Result<()> {
-    let dev = CpuDevice;
+fn w4<Be: Backend>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
     let n = 1024;
     let dist = RandDist::Normal {
         mean: 0.0,
         std: 1.0,
     };
-    let a = RawTensor::<Cpu>::rand(&[n, n], dist, 1, DType::F32, &dev)?;
-    let b = RawTensor::<Cpu>::rand(&[n, n], dist, 2, DType::F32, &dev)?;
-    let ms = time_ms(reps, || a.matmul(&b).map(|_| ()))?;
+    let a = RawTensor::<Be>::rand(&[n, n], dist, 1, DType::F32, dev)?;
+    let b = RawTensor::<Be>::rand(&[n, n], dist, 2, DType::F32, dev)?;
+    let ms = time_ms::<Be>(dev, reps, || a.matmul(&b).map(|_| ()))?;
     let gflops = 2.0 * (n * n * n) as f64 / (ms * 1e-3) / 1e9;
     println!(
-        "bench=W4 impl=kiln backend=cpu dtype=f32 shape={n}x{n}x{n} ms={ms:.3} gflops={gflops:.1}"
+        "bench=W4 impl=kiln backend={name} dtype=f32 shape={n}x{n}x{n} ms={ms:.3} gflops={gflops:.1}"
     );
     Ok(())
 }
 
-fn w2(reps: usize) -> Result<()> {
-    let dev = CpuDevice;
+fn w2<Be: Backend>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
     let n = 1usize << 26;
-    let x = RawTensor::<Cpu>::rand(
+    let x = RawTensor::<Be>::rand(
         &[n],
         RandDist::Normal {
             mean: 0.0,
@@ -81,31 +90,31 @@ fn w2(reps: usize) -> Result<()> {
         },
         3,
         DType::F32,
-        &dev,
+        dev,
     )?;
-    let chain = || -> Result<RawTensor<Cpu>> {
+    let chain = || -> Result<RawTensor<Be>> {
         let h = x.mul_scalar(1.5)?.add_scalar(0.5)?.relu()?;
         h.mul(&x.sigmoid()?)
     };
-    let ms = time_ms(reps, || chain().map(|_| ()))?;
+    let ms = time_ms::<Be>(dev, reps, || chain().map(|_| ()))?;
     // Counted as one read and one write of f32 per element, whatever the kernels do.
     let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
     // What the kernels move: each op reads its inputs and writes its output.
     let unfused_bytes = n * 4 * (2 + 2 + 2 + 2 + 3);
-    println!("bench=W2 impl=kiln backend=cpu variant=unfused n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={unfused_bytes}");
-    let chain = Chain::<Cpu>::init(&dev, 0)?;
-    let typed = Tensor::<Cpu, (Const<{ 1usize << 26 }>,)>::from_raw(x.clone())?;
-    let ms = time_ms(reps, || chain.forward(&typed).map(|_| ()))?;
+    println!("bench=W2 impl=kiln backend={name} variant=unfused n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={unfused_bytes}");
+    let chain = Chain::<Be>::init(dev, 0)?;
+    let typed = Tensor::<Be, (Const<{ 1usize << 26 }>,)>::from_raw(x.clone())?;
+    let ms = time_ms::<Be>(dev, reps, || chain.forward(&typed).map(|_| ()))?;
     let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
-    let plan = kiln::fusion::Plan::parse(Chain::<Cpu>::fusion_plans()[0].1)?;
+    let plan = kiln::fusion::Plan::parse(Chain::<Be>::fusion_plans()[0].1)?;
     let (r, w) = plan.total_bytes();
     let fused_bytes = r.eval(&|_| Some(n), &|_| None)? + w.eval(&|_| Some(n), &|_| None)?;
-    println!("bench=W2 impl=kiln backend=cpu variant=fused n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={fused_bytes}");
+    println!("bench=W2 impl=kiln backend={name} variant=fused n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={fused_bytes}");
     // The same chain on the dynamic path: recorded, planned (cached) and run at a read.
     let lazy_x = LazyTensor::from_raw(x.clone());
     // The result bound before the read: a pending value something still holds at a
     // read is computed too, and a chain's temporaries live to the end of its statement.
-    let ms = time_ms(reps, || {
+    let ms = time_ms::<Be>(dev, reps, || {
         let y = lazy_x
             .mul_scalar(1.5)?
             .add_scalar(0.5)?
@@ -114,28 +123,27 @@ fn w2(reps: usize) -> Result<()> {
         y.value().map(|_| ())
     })?;
     let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
-    println!("bench=W2 impl=kiln backend=cpu variant=dynamic n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={fused_bytes}");
+    println!("bench=W2 impl=kiln backend={name} variant=dynamic n={n} ms={ms:.3} gbps={gbps:.2} bytes_moved={fused_bytes}");
     Ok(())
 }
 
 /// The dynamic path's own costs: the host time of a cache hit on a tiny graph (record
 /// four ops, build the key, find the program, run it on 4 elements), and the first
 /// plan of W1's training step (planning, then the first run) against a warm step.
-fn dynamic_costs(reps: usize) -> Result<()> {
-    let dev = CpuDevice;
-    let x = LazyTensor::from_raw(RawTensor::<Cpu>::from_vec(
+fn dynamic_costs<Be: Backend>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
+    let x = LazyTensor::from_raw(RawTensor::<Be>::from_vec(
         vec![1.0f32, -2.0, 3.0, -4.0],
         &[4],
-        &dev,
+        dev,
     )?);
     let us = 1e3
-        * time_ms(reps * 100, || {
+        * time_ms::<Be>(dev, reps * 100, || {
             let y = x.mul_scalar(1.5)?.add_scalar(0.5)?.relu()?.mul(&x)?;
             y.value().map(|_| ())
         })?;
-    println!("bench=dynamic-hit impl=kiln backend=cpu graph=4ops n=4 us={us:.2}");
-    let model = DynamicMlp::<Cpu>::new(784, 1024, 10, &dev, 1)?;
-    let xs = LazyTensor::from_raw(RawTensor::<Cpu>::rand(
+    println!("bench=dynamic-hit impl=kiln backend={name} graph=4ops n=4 us={us:.2}");
+    let model = DynamicMlp::<Be>::new(784, 1024, 10, dev, 1)?;
+    let xs = LazyTensor::from_raw(RawTensor::<Be>::rand(
         &[256, 784],
         RandDist::Normal {
             mean: 0.0,
@@ -143,18 +151,18 @@ fn dynamic_costs(reps: usize) -> Result<()> {
         },
         5,
         DType::F32,
-        &dev,
+        dev,
     )?);
     let labels: Vec<i32> = (0..256).map(|i| i % 10).collect();
-    let ys = LazyTensor::from_raw(RawTensor::<Cpu>::from_vec(labels, &[256], &dev)?);
-    kiln::dynamic::clear_cache::<Cpu>();
+    let ys = LazyTensor::from_raw(RawTensor::<Be>::from_vec(labels, &[256], dev)?);
+    kiln::dynamic::clear_cache::<Be>();
     let start = Instant::now();
     model.loss(&xs, &ys)?.backward()?;
     let first = start.elapsed().as_secs_f64() * 1e3;
-    let s = kiln::dynamic::cache_stats::<Cpu>();
-    let warm = time_ms(reps, || model.loss(&xs, &ys)?.backward().map(|_| ()))?;
+    let s = kiln::dynamic::cache_stats::<Be>();
+    let warm = time_ms::<Be>(dev, reps, || model.loss(&xs, &ys)?.backward().map(|_| ()))?;
     println!(
-        "bench=dynamic-first-plan impl=kiln backend=cpu graph=W1-step batch=256 first_ms={first:.3} planning_ms={:.3} first_run_ms={:.3} warm_ms={warm:.3}",
+        "bench=dynamic-first-plan impl=kiln backend={name} graph=W1-step batch=256 first_ms={first:.3} planning_ms={:.3} first_run_ms={:.3} warm_ms={warm:.3}",
         s.planning.as_secs_f64() * 1e3,
         s.first_runs.as_secs_f64() * 1e3
     );
@@ -163,24 +171,28 @@ fn dynamic_costs(reps: usize) -> Result<()> {
 
 /// W1 at one batch size: a training step (gradients + SGD) of the `#[model]` MLP, of
 /// the same MLP on the dynamic path (runtime tape), and batch-1 inference latency.
-fn w1_batch<const B: usize>(reps: usize, variants: &[&str]) -> Result<()> {
-    let dev = CpuDevice;
-    let mut model = Mlp::<Cpu>::init(&dev, 1)?;
-    let mut opt = Sgd::<Cpu>::new(SgdConfig {
+fn w1_batch<Be: Backend, const B: usize>(
+    dev: &Be::Device,
+    name: &str,
+    reps: usize,
+    variants: &[&str],
+) -> Result<()> {
+    let mut model = Mlp::<Be>::init(dev, 1)?;
+    let mut opt = Sgd::<Be>::new(SgdConfig {
         lr: 0.01,
         momentum: 0.9,
         ..SgdConfig::default()
     })?;
-    let x = Tensor::<Cpu, Rank2<B, 784>>::normal(0.0, 1.0, 5, &dev)?;
+    let x = Tensor::<Be, Rank2<B, 784>>::normal(0.0, 1.0, 5, dev)?;
     let labels: Vec<i32> = (0..B as i32).map(|i| i % 10).collect();
-    let y = Tensor::<Cpu, (Const<B>,), i32>::from_vec(labels, &[B], &dev)?;
+    let y = Tensor::<Be, (Const<B>,), i32>::from_vec(labels, &[B], dev)?;
     for fused in [true, false] {
         let variant = if fused { "static" } else { "static-unfused" };
         if !variants.contains(&variant) {
             continue;
         }
         model.set_fused(fused);
-        let ms = time_ms(reps, || {
+        let ms = time_ms::<Be>(dev, reps, || {
             let (_, grads) = model.loss_and_grad(&x, &y)?;
             if fused {
                 opt.step(&mut model, &grads)
@@ -193,14 +205,14 @@ fn w1_batch<const B: usize>(reps: usize, variants: &[&str]) -> Result<()> {
             }
         })?;
         println!(
-            "bench=W1 impl=kiln backend=cpu variant={variant} task=train batch={B} ms={ms:.3}"
+            "bench=W1 impl=kiln backend={name} variant={variant} task=train batch={B} ms={ms:.3}"
         );
     }
     if !variants.contains(&"dynamic") {
         return Ok(());
     }
-    let mut dynamic = DynamicMlp::<Cpu>::new(784, 1024, 10, &dev, 1)?;
-    let mut opt = Sgd::<Cpu>::new(SgdConfig {
+    let mut dynamic = DynamicMlp::<Be>::new(784, 1024, 10, dev, 1)?;
+    let mut opt = Sgd::<Be>::new(SgdConfig {
         lr: 0.01,
         momentum: 0.9,
         ..SgdConfig::default()
@@ -209,24 +221,23 @@ fn w1_batch<const B: usize>(reps: usize, variants: &[&str]) -> Result<()> {
         LazyTensor::from_raw(x.raw().clone()),
         LazyTensor::from_raw(y.raw().clone()),
     );
-    let ms = time_ms(reps, || {
+    let ms = time_ms::<Be>(dev, reps, || {
         let grads = dynamic.loss(&xl, &yl)?.backward()?;
         opt.step(&mut dynamic, &grads)
     })?;
-    println!("bench=W1 impl=kiln backend=cpu variant=dynamic task=train batch={B} ms={ms:.3}");
+    println!("bench=W1 impl=kiln backend={name} variant=dynamic task=train batch={B} ms={ms:.3}");
     Ok(())
 }
 
-fn w1(reps: usize, variants: &[&str]) -> Result<()> {
-    w1_batch::<256>(reps, variants)?;
+fn w1<Be: Backend>(dev: &Be::Device, name: &str, reps: usize, variants: &[&str]) -> Result<()> {
+    w1_batch::<Be, 256>(dev, name, reps, variants)?;
     if !variants.contains(&"infer") {
         return Ok(());
     }
-    let dev = CpuDevice;
-    let model = Mlp::<Cpu>::init(&dev, 1)?;
-    let x = Tensor::<Cpu, Rank2<1, 784>>::normal(0.0, 1.0, 6, &dev)?;
-    let ms = time_ms(reps * 20, || model.forward(&x).map(|_| ()))?;
-    println!("bench=W1 impl=kiln backend=cpu variant=static task=infer batch=1 ms={ms:.4}");
+    let model = Mlp::<Be>::init(dev, 1)?;
+    let x = Tensor::<Be, Rank2<1, 784>>::normal(0.0, 1.0, 6, dev)?;
+    let ms = time_ms::<Be>(dev, reps * 20, || model.forward(&x).map(|_| ()))?;
+    println!("bench=W1 impl=kiln backend={name} variant=static task=infer batch=1 ms={ms:.4}");
     Ok(())
 }
 
@@ -238,28 +249,29 @@ kiln_models::gpt_model!(W3Gpt);
 
 /// W3 in one configuration: a GPT training step (loss and gradients over `B` windows
 /// of the model's context, then AdamW) on seeded windows of the Shakespeare text.
-fn w3_config<M: GptModel<Cpu>, const B: usize, const T: usize>(
+fn w3_config<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
+    dev: &Be::Device,
+    name: &str,
     config: &str,
     reps: usize,
 ) -> Result<()> {
-    let dev = CpuDevice;
-    let mut model = M::init_named(&dev, 1, "")?;
-    let mut opt = AdamW::<Cpu>::new(AdamWConfig {
+    let mut model = M::init_named(dev, 1, "")?;
+    let mut opt = AdamW::<Be>::new(AdamWConfig {
         lr: 1e-3,
         weight_decay: 0.0,
         ..AdamWConfig::default()
     })?;
     let corpus = Corpus::shakespeare()?;
     let (ids, next) = windows(&corpus.train, B, T, 7)?;
-    let x = Ids::<Cpu, B, T>::from_vec(ids, &[B, T], &dev)?;
-    let y = Ids::<Cpu, B, T>::from_vec(next, &[B, T], &dev)?;
-    let ms = time_ms(reps, || {
+    let x = Ids::<Be, B, T>::from_vec(ids, &[B, T], dev)?;
+    let y = Ids::<Be, B, T>::from_vec(next, &[B, T], dev)?;
+    let ms = time_ms::<Be>(dev, reps, || {
         let (_, grads) = model.loss_and_grad(&x, &y)?;
         opt.step(&mut model, &grads)
     })?;
     let tokens_per_s = (B * T) as f64 / (ms * 1e-3);
     println!(
-        "bench=W3 impl=kiln backend=cpu task={config} batch={B} ms={ms:.1} tokens_per_s={tokens_per_s:.0} params={}",
+        "bench=W3 impl=kiln backend={name} task={config} batch={B} ms={ms:.1} tokens_per_s={tokens_per_s:.0} params={}",
         model.num_params()
     );
     Ok(())
@@ -267,11 +279,11 @@ fn w3_config<M: GptModel<Cpu>, const B: usize, const T: usize>(
 
 /// W3: the GPT training step in the small configuration and, when asked for, in W3's
 /// own (width 512, 6 blocks, context 256: about 30 times the work).
-fn w3(reps: usize, configs: &[&str]) -> Result<()> {
+fn w3<Be: Backend>(dev: &Be::Device, name: &str, reps: usize, configs: &[&str]) -> Result<()> {
     for c in configs {
         match *c {
-            "small" => w3_config::<SmallGpt<Cpu>, 32, 128>("small", reps)?,
-            "w3" => w3_config::<W3Gpt<Cpu>, 32, 256>("w3", reps.div_ceil(5))?,
+            "small" => w3_config::<Be, SmallGpt<Be>, 32, 128>(dev, name, "small", reps)?,
+            "w3" => w3_config::<Be, W3Gpt<Be>, 32, 256>(dev, name, "w3", reps.div_ceil(5))?,
             other => {
                 return Err(Error::invalid(
                     "kiln-bench",
@@ -283,32 +295,44 @@ fn w3(reps: usize, configs: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
-    for w in args.workloads.split(',') {
-        match w.trim() {
-            "w1" => w1(
-                args.reps,
-                &args.variants.split(',').map(str::trim).collect::<Vec<_>>(),
-            )?,
-            "w2" => w2(args.reps)?,
-            "dynamic" => dynamic_costs(args.reps)?,
-            "w4" => w4(args.reps)?,
-            "w3" => w3(
-                args.reps,
-                &args
-                    .w3_configs
-                    .split(',')
-                    .map(str::trim)
-                    .collect::<Vec<_>>(),
-            )?,
-            other => {
-                return Err(Error::invalid(
-                    "kiln-bench",
-                    format!("unknown workload {other:?} (known: w1, w2, w3, w4, dynamic)"),
-                ))
+/// The items of a comma-separated list.
+fn list(s: &str) -> Vec<&str> {
+    s.split(',').map(str::trim).collect()
+}
+
+/// The workloads `--workloads` names, on whichever backend `--device` opens.
+struct Bench<'a>(&'a Args);
+
+impl OnDevice for Bench<'_> {
+    type Output = ();
+
+    fn run<Be: Backend>(self, dev: &Be::Device, device: &str) -> Result<()> {
+        let args = self.0;
+        println!("# device {device}");
+        let name = Be::NAME;
+        for w in args.workloads.split(',') {
+            match w.trim() {
+                "w1" => w1::<Be>(dev, name, args.reps, &list(&args.variants))?,
+                "w2" => w2::<Be>(dev, name, args.reps)?,
+                "dynamic" => dynamic_costs::<Be>(dev, name, args.reps)?,
+                "w4" => w4::<Be>(dev, name, args.reps)?,
+                "w3" => w3::<Be>(dev, name, args.reps, &list(&args.w3_configs))?,
+                other => {
+                    return Err(Error::invalid(
+                        "kiln-bench",
+                        format!("unknown workload {other:?} (known: w1, w2, w3, w4, dynamic)"),
+                    ))
+                }
             }
         }
+        Ok(())
     }
-    Ok(())
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run_on(args.device.device, Bench(&args)) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
 }

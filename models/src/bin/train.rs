@@ -286,7 +286,9 @@ mod gpt {
     use crate::gpt_instances::{SmallGpt, TinyGpt};
     use kiln::prelude::*;
     use kiln::train::checkpoint;
+    use kiln::tensor::HostData;
     use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+    use kiln::train::replay::{StepInput, StepReplay};
     use kiln::train::schedule::{CosineWithWarmup, Schedule};
     use kiln_models::curve::Curve;
     use kiln_models::gpt::{GptModel, Ids};
@@ -382,13 +384,35 @@ mod gpt {
         Ok((sum / counted as f64) as f32)
     }
 
-    /// One optimizer step at a learning rate.
-    type OptimizerStep<Be, M> =
-        dyn FnMut(&mut M, &<M as kiln::tensor::nn::Module<Be>>::Grads, f64) -> Result<()>;
-
     fn train<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
         args: &Args,
         dev: &Be::Device,
+    ) -> Result<()> {
+        match args.optimizer {
+            Opt::Sgd => {
+                let sgd = Sgd::<Be>::new(SgdConfig {
+                    lr: args.lr,
+                    momentum: args.momentum,
+                    weight_decay: args.weight_decay,
+                    ..SgdConfig::default()
+                })?;
+                train_with::<Be, M, _, B, T>(args, dev, sgd)
+            }
+            Opt::Adamw => {
+                let adamw = AdamW::<Be>::new(AdamWConfig {
+                    lr: args.lr,
+                    weight_decay: args.weight_decay,
+                    ..AdamWConfig::default()
+                })?;
+                train_with::<Be, M, _, B, T>(args, dev, adamw)
+            }
+        }
+    }
+
+    fn train_with<Be: Backend, M: GptModel<Be>, O: Optimizer<Be>, const B: usize, const T: usize>(
+        args: &Args,
+        dev: &Be::Device,
+        mut opt: O,
     ) -> Result<()> {
         let mut corpus = Corpus::shakespeare()?;
         if args.limit > 0 {
@@ -419,68 +443,65 @@ mod gpt {
         );
         let bar = super::progress_bar(total);
         let start = Instant::now();
-        let mut sgd;
-        let mut adamw;
-        let opt: &mut OptimizerStep<Be, M> = match args.optimizer {
-            Opt::Sgd => {
-                sgd = Sgd::<Be>::new(SgdConfig {
-                    lr: args.lr,
-                    momentum: args.momentum,
-                    weight_decay: args.weight_decay,
-                    ..SgdConfig::default()
-                })?;
-                &mut move |m: &mut M, g: &M::Grads, lr: f64| {
-                    sgd.set_lr(lr)?;
-                    sgd.step(m, g)
-                }
-            }
-            Opt::Adamw => {
-                adamw = AdamW::<Be>::new(AdamWConfig {
-                    lr: args.lr,
-                    weight_decay: args.weight_decay,
-                    ..AdamWConfig::default()
-                })?;
-                &mut move |m: &mut M, g: &M::Grads, lr: f64| {
-                    adamw.set_lr(lr)?;
-                    adamw.step(m, g)
-                }
-            }
-        };
+        let mut steps = StepReplay::new(dev, !args.no_graph, &opt, M::draws_at_random());
         let mut avg = f32::NAN;
         let mut curve = Curve::new("held-out loss (nats/byte, 16 batches)");
-        for step in 0..total {
-            let (x, y) =
-                batch::<Be, B, T>(&corpus.train, args.seed.wrapping_mul(1_000_003) ^ step, dev)?;
-            let (loss, grads) = model.loss_and_grad(&x, &y)?;
-            let loss = loss.raw().to_vec::<f32>()?[0];
-            if !loss.is_finite() {
-                return Err(Error::invalid(
-                    "train",
-                    format!("the loss became {loss} at step {step}"),
-                ));
+        let mut run = || -> Result<()> {
+            for step in 0..total {
+                let (ids, next) =
+                    windows(&corpus.train, B, T, args.seed.wrapping_mul(1_000_003) ^ step)?;
+                opt.set_lr(schedule.lr_at(step))?;
+                let inputs = vec![
+                    StepInput {
+                        data: HostData::I32(ids),
+                        dims: &[B, T],
+                    },
+                    StepInput {
+                        data: HostData::I32(next),
+                        dims: &[B, T],
+                    },
+                ];
+                let outcome = steps.step(&mut model, &mut opt, inputs, &mut |m, xy| {
+                    let (ids, next) = (Tensor::from_raw(xy[0].clone())?, Tensor::from_raw(xy[1].clone())?);
+                    let (loss, grads) = m.loss_and_grad::<B, T>(&ids, &next)?;
+                    Ok((loss.into_raw(), grads))
+                })?;
+                if let Some(notice) = &outcome.notice {
+                    bar.suspend(|| println!("{notice}"));
+                }
+                let loss = outcome.loss;
+                if !loss.is_finite() {
+                    return Err(Error::invalid(
+                        "train",
+                        format!("the loss became {loss} at step {step}"),
+                    ));
+                }
+                avg = if avg.is_nan() {
+                    loss
+                } else {
+                    0.98 * avg + 0.02 * loss
+                };
+                curve.loss.push((step + 1, avg as f64));
+                if (step + 1) % per_epoch.max(1) == 0 {
+                    let h = held_out_sample::<Be, M, B, T>(&model, &corpus, dev)?;
+                    curve.metric.push((step + 1, h as f64));
+                    bar.suspend(|| {
+                        println!(
+                            "step {}: train loss {avg:.3}, held-out loss {h:.3} nats/byte ({:.0}s)",
+                            step + 1,
+                            start.elapsed().as_secs_f64()
+                        )
+                    });
+                }
+                let rate = ((step + 1) * (B * T) as u64) as f64 / start.elapsed().as_secs_f64();
+                bar.set_message(format!("loss {avg:.3} {rate:.0} tokens/s"));
+                bar.inc(1);
             }
-            opt(&mut model, &grads, schedule.lr_at(step))?;
-            avg = if avg.is_nan() {
-                loss
-            } else {
-                0.98 * avg + 0.02 * loss
-            };
-            curve.loss.push((step + 1, avg as f64));
-            if (step + 1) % per_epoch.max(1) == 0 {
-                let h = held_out_sample::<Be, M, B, T>(&model, &corpus, dev)?;
-                curve.metric.push((step + 1, h as f64));
-                bar.suspend(|| {
-                    println!(
-                        "step {}: train loss {avg:.3}, held-out loss {h:.3} nats/byte ({:.0}s)",
-                        step + 1,
-                        start.elapsed().as_secs_f64()
-                    )
-                });
-            }
-            let rate = ((step + 1) * (B * T) as u64) as f64 / start.elapsed().as_secs_f64();
-            bar.set_message(format!("loss {avg:.3} {rate:.0} tokens/s"));
-            bar.inc(1);
-        }
+            Ok(())
+        };
+        let result = run();
+        steps.finish(&model);
+        result?;
         bar.finish_and_clear();
         let trained = start.elapsed().as_secs_f64();
         let h = held_out_full::<Be, M, B, T>(&model, &corpus, dev)?;

@@ -78,6 +78,17 @@ impl<B: Backend, S: Shape> Buffer<B, S> {
     pub fn set(&self, t: Tensor<B, S>) {
         *self.0.write().unwrap_or_else(|e| e.into_inner()) = t;
     }
+    /// Writes `t` into the buffer: into its own storage where the backend can
+    /// ([`Backend::assign`]: a captured training step updates the statistics where its
+    /// replays read them, and a value taken with `get` before sees the update, as
+    /// PyTorch's in-place running statistics), else by replacing the value.
+    pub fn update(&self, t: Tensor<B, S>) -> Result<()> {
+        let mut current = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if !B::assign(current.raw(), t.raw())? {
+            *current = t;
+        }
+        Ok(())
+    }
 }
 
 impl<B: Backend, S: Shape> Clone for Buffer<B, S> {

@@ -3,8 +3,10 @@
 
 pub mod layers;
 pub mod module;
+pub mod seeds;
 pub mod spec;
 
 pub use layers::*;
-pub use module::{join, seed_for, step_seed, with_name, LoadFn, Module, Slot, UpdateFn};
+pub use module::{join, seed_for, with_name, LoadFn, Module, Slot, UpdateFn};
+pub use seeds::{step_seed, StepSeed, StepSeeds};
 pub use spec::{Init, LayerOut, LayerSpec, Mode, ParamSpec};

@@ -4,6 +4,7 @@
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::nn::StepSeeds;
 use crate::raw::RawTensor;
 
 /// A named tensor slot: a parameter or a buffer.
@@ -59,6 +60,12 @@ pub trait Module<B: Backend>: Sized {
         ))
     }
 
+    /// The seeds its training steps draw random values with, for a module that counts
+    /// them (a `#[model]`); the default has none.
+    fn step_seeds(&self) -> Option<&StepSeeds<B>> {
+        None
+    }
+
     /// Builds it on `device` from `seed`.
     fn init(device: &B::Device, seed: u64) -> Result<Self> {
         Self::init_named(device, seed, "")
@@ -112,12 +119,6 @@ fn take_name(prefix: &str, name: &dyn std::fmt::Display) -> String {
 /// Returns a name buffer to the spares.
 fn give_back_name(buf: String) {
     NAMES.lock().unwrap_or_else(|e| e.into_inner()).push(buf);
-}
-
-/// The seed of a model's `n`-th training step (what `#[model]`'s `_and_grad` methods
-/// draw dropout masks from: the mask of the `i`-th dropout layer uses `step_seed(n) ^ i`).
-pub fn step_seed(n: u64) -> u64 {
-    n.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x6b69_6c6e
 }
 
 /// A per-tensor seed from the model seed and the tensor's name (FNV-1a of the name).

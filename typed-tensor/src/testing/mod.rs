@@ -92,7 +92,8 @@ macro_rules! conformance_tests {
     ($backend:ty, $device:expr, $config:expr $(,)?) => {
         $crate::conformance_tests!(@each $backend, $device, $config;
             primitives: unary, binary, compare, select_where, reduce, views, concat, pad,
-                matmul, gather, scatter_add, cast, unfold2d, fold2d, full, iota, rand;
+                matmul, gather, scatter_add, cast, unfold2d, fold2d, full, iota, rand,
+                rand_device_seed;
             composites: softmax, norms, activations, cross_entropy, mse, linear, conv2d,
                 pool2d, embedding, dropout;
             errors: bad_shapes;

@@ -821,3 +821,49 @@ pub fn rand<B: Backend>(device: &B::Device, config: &Config) {
         check_op::<B>(device, &c)
     });
 }
+
+/// `rand` with its seed mixed with one in device memory
+/// ([`Backend::rand_with_device_seed`], what a captured training step draws with):
+/// bit for bit the draw of `rand` with the seeds mixed on the host; a seed buffer that
+/// is not `i32 [2]` is an error.
+pub fn rand_device_seed<B: Backend>(device: &B::Device, config: &Config) {
+    let cases = (rand_cases(config), any::<u64>(), 0..8u8);
+    run_property("rand_device_seed", config.cases(32), cases, |(c, seed, bad)| {
+        let Ok(meta) = c.op.infer(&[]) else {
+            return Ok(()); // a dtype `rand` refuses: the `rand` property covers it
+        };
+        let words = vec![seed as u32 as i32, (seed >> 32) as u32 as i32];
+        let buffer = if bad == 0 {
+            // A malformed seed buffer: three words.
+            crate::RawTensor::<B>::from_vec(vec![1i32, 2, 3], &[3], device)
+        } else {
+            crate::RawTensor::<B>::from_vec(words, &[2], device)
+        }
+        .map_err(|e| e.to_string())?;
+        let got = B::rand_with_device_seed(device, &c.op, buffer.view(), &meta);
+        if bad == 0 {
+            return match got {
+                Err(e) if e.to_string().contains("i32 [2]") => Ok(()),
+                Err(e) => Err(format!("a seed of dims [3] gave the error `{e}`, not one naming i32 [2]")),
+                Ok(_) => Err("a seed of dims [3] was accepted".into()),
+            };
+        }
+        let mixed = crate::backend::mix_device_seed(&c.op, seed).map_err(|e| e.to_string())?;
+        let (got, want) = match (got, B::execute(device, &mixed, &[], &meta)) {
+            (Ok(got), Ok(want)) => (got, want),
+            (Err(_), Err(_)) => return Ok(()), // refused alike (dims past the maximum rank)
+            (Err(e), Ok(_)) => return Err(format!("rand with a device seed failed: {e}")),
+            (Ok(_), Err(e)) => return Err(format!("rand refused ({e}), but not with a device seed")),
+        };
+        let dims = crate::shape::Dims::new(&meta.dims).map_err(|e| e.to_string())?;
+        let layout = crate::Layout::contiguous(dims);
+        let (got, want) = (
+            B::download(&got, &layout).map_err(|e| e.to_string())?,
+            B::download(&want, &layout).map_err(|e| e.to_string())?,
+        );
+        if got != want {
+            return Err(format!("{:?} with device seed {seed}: the draw differs from the host-mixed one", c.op));
+        }
+        Ok(())
+    });
+}

@@ -53,10 +53,42 @@ fn cos_two_pi<A: Float>(u: A, tau: A) -> A {
     v
 }
 
-/// Element `i` of a draw: uniform on `[a, a + b)` or normal with mean `a` and standard
-/// deviation `b` (Box–Muller on the generator's streams 0 and 1, as the reference);
-/// `tau` is 2π in the compute type.
+/// `kiln_tensor::rng::stream_key` of the 64-bit seed `(hi, lo)`.
+#[cube]
+fn stream_key(lo: u32, hi: u32, stream: u32) -> u32 {
+    mix32(lo ^ mix32(hi ^ (stream * 0x9e37_79b9u32)))
+}
+
+/// Writes element `i` of a draw with the streams' keys `key0` and `key1`: uniform on
+/// `[a, a + b)` or normal with mean `a` and standard deviation `b` (Box–Muller on the
+/// generator's streams 0 and 1, as the reference); `tau` is 2π in the compute type.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn draw<F: Float, A: Float + CubeElement>(
+    out: &mut Array<F>,
+    i: u32,
+    key0: u32,
+    key1: u32,
+    a: A,
+    b: A,
+    tau: A,
+    #[comptime] normal: bool,
+) {
+    let unit = A::new(1.0 / 16_777_216.0);
+    let b0 = bits(key0, i) >> 8;
+    if comptime!(normal) {
+        let u1 = A::cast_from(b0 + 1) * unit;
+        let u2 = A::cast_from(bits(key1, i) >> 8) * unit;
+        let radius = (A::new(-2.0) * u1.ln()).sqrt();
+        out[i as usize] = F::cast_from(a + b * (radius * cos_two_pi::<A>(u2, tau)));
+    } else {
+        out[i as usize] = F::cast_from(a + b * (A::cast_from(b0) * unit));
+    }
+}
+
+/// Element `i` of a draw whose streams' keys the host derived from the seed.
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 pub fn random<F: Float, A: Float + CubeElement>(
     out: &mut Array<F>,
     n: u32,
@@ -69,15 +101,32 @@ pub fn random<F: Float, A: Float + CubeElement>(
 ) {
     let i = linear_pos();
     if i < n {
-        let unit = A::new(1.0 / 16_777_216.0);
-        let b0 = bits(key0, i) >> 8;
-        if comptime!(normal) {
-            let u1 = A::cast_from(b0 + 1) * unit;
-            let u2 = A::cast_from(bits(key1, i) >> 8) * unit;
-            let radius = (A::new(-2.0) * u1.ln()).sqrt();
-            out[i as usize] = F::cast_from(a + b * (radius * cos_two_pi::<A>(u2, tau)));
-        } else {
-            out[i as usize] = F::cast_from(a + b * (A::cast_from(b0) * unit));
-        }
+        draw::<F, A>(out, i, key0, key1, a, b, tau, normal);
+    }
+}
+
+/// Element `i` of a draw with the seed `own ^ seed`, `seed` read from device memory
+/// (two words, low first): a captured step reads the seed the host wrote before its
+/// replay. Every thread derives the keys; they are two hashes, cheaper than a launch.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn random_device_seeded<F: Float, A: Float + CubeElement>(
+    out: &mut Array<F>,
+    seed: &Array<u32>,
+    n: u32,
+    own_lo: u32,
+    own_hi: u32,
+    a: A,
+    b: A,
+    tau: A,
+    #[comptime] normal: bool,
+) {
+    let i = linear_pos();
+    if i < n {
+        let lo = own_lo ^ seed[0];
+        let hi = own_hi ^ seed[1];
+        let key0 = stream_key(lo, hi, 0u32);
+        let key1 = stream_key(lo, hi, 1u32);
+        draw::<F, A>(out, i, key0, key1, a, b, tau, normal);
     }
 }

@@ -61,7 +61,7 @@ pub fn execute<R: KilnRuntime>(
         Op::Iota { axis, .. } => index::iota(dev, dims, *axis),
         Op::Rand {
             dist, seed, dtype, ..
-        } => rand(dev, dims.iter().product(), *dist, *seed, *dtype),
+        } => rand(dev, dims.iter().product(), *dist, DrawSeed::Host(*seed), *dtype),
         Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. } => {
             Err(Error::invalid(
                 op.name(),
@@ -140,14 +140,23 @@ fn pad<R: KilnRuntime>(
     Ok(result)
 }
 
+/// Where a draw's seed comes from.
+pub(crate) enum DrawSeed<'a, R: KilnRuntime> {
+    /// Known on the host (the op's own seed, already mixed).
+    Host(u64),
+    /// The op's own seed xor the one in this device buffer (`i32 [2]`, low word
+    /// first), read by the kernel: what a captured step's replays rewrite.
+    Device { own: u64, seed: &'a CubeStorage<R> },
+}
+
 /// Seeded draws computed on the device ([`crate::kernels::random`]): the generator's
 /// bits exactly, the values to the compute type's accuracy (f32 for f32 and the half
 /// floats, f64 for f64).
-fn rand<R: KilnRuntime>(
+pub(crate) fn rand<R: KilnRuntime>(
     dev: &Arc<DeviceState<R>>,
     n: usize,
     dist: RandDist,
-    seed: u64,
+    seed: DrawSeed<'_, R>,
     dtype: DType,
 ) -> Result<CubeStorage<R>> {
     dev.check_dtype("rand", dtype)?;
@@ -157,13 +166,14 @@ fn rand<R: KilnRuntime>(
             format!("{n} values exceed the generator's 2^32 counter"),
         ));
     }
-    // A replay would draw the same values again: the seed is a launch argument.
-    dev.refuse_in_capture("drawing random numbers (a replay would repeat the same draw)")?;
+    if let DrawSeed::Host(_) = seed {
+        // A replay would draw the same values again: the seed is a launch argument.
+        dev.refuse_in_capture("drawing random numbers with a seed on the host (a replay would repeat the same draw)")?;
+    }
     let result = dev.alloc("rand", dtype, n)?;
     if n == 0 {
         return Ok(result);
     }
-    let (key0, key1) = (rng::stream_key(seed, 0), rng::stream_key(seed, 1));
     let (a, b, normal) = match dist {
         RandDist::Uniform { low, high } => (low, high - low, false),
         RandDist::Normal { mean, std } => (mean, std, true),
@@ -171,22 +181,29 @@ fn rand<R: KilnRuntime>(
     let (count, dim) = crate::strided::grid(n, crate::strided::BLOCK);
     let c = &dev.client;
     let n32 = n as u32;
-    crate::storage::with_float_type!(dtype, F, A => unsafe {
-        crate::kernels::random::random::launch_unchecked::<F, A, R>(
-            c,
-            count,
-            dim,
-            elementwise::arg(&result),
-            n32,
-            key0,
-            key1,
-            a as A,
-            b as A,
-            std::f64::consts::TAU as A,
-            normal,
-        )
-    }, {
-        return Err(Error::dtype("rand", format!("draws floats, not {dtype}")));
-    });
+    let tau = std::f64::consts::TAU;
+    match seed {
+        DrawSeed::Host(seed) => {
+            let (key0, key1) = (rng::stream_key(seed, 0), rng::stream_key(seed, 1));
+            crate::storage::with_float_type!(dtype, F, A => unsafe {
+                crate::kernels::random::random::launch_unchecked::<F, A, R>(
+                    c, count, dim, elementwise::arg(&result), n32, key0, key1,
+                    a as A, b as A, tau as A, normal,
+                )
+            }, {
+                return Err(Error::dtype("rand", format!("draws floats, not {dtype}")));
+            });
+        }
+        DrawSeed::Device { own, seed } => {
+            crate::storage::with_float_type!(dtype, F, A => unsafe {
+                crate::kernels::random::random_device_seeded::launch_unchecked::<F, A, R>(
+                    c, count, dim, elementwise::arg(&result), elementwise::arg(seed), n32,
+                    own as u32, (own >> 32) as u32, a as A, b as A, tau as A, normal,
+                )
+            }, {
+                return Err(Error::dtype("rand", format!("draws floats, not {dtype}")));
+            });
+        }
+    }
     Ok(result)
 }

@@ -1,0 +1,176 @@
+//! Training steps replayed as graphs. [`StepReplay`] runs a model's training step
+//! planned, captures it once warm on a backend that captures (CUDA graphs), and then
+//! replays it: each batch is written into the captured step's input buffers, and the
+//! values that change between steps (the learning rate, Adam's bias corrections, the
+//! dropout seed) into device memory, before each replay. Where a replay would train
+//! wrongly (an optimizer that replaces parameters), steps run planned and the first
+//! step's notice says why.
+
+use crate::optim::Optimizer;
+use kiln_tensor::nn::Module;
+use kiln_tensor::{Backend, HostData, RawTensor, Replay, Result};
+
+/// A captured step: its replay, the input buffers it reads and the loss it writes.
+struct Captured<B: Backend> {
+    replay: Box<dyn Replay>,
+    inputs: Vec<RawTensor<B>>,
+    loss: RawTensor<B>,
+}
+
+/// One input of a training step: its values on the host and its dims.
+pub struct StepInput<'a> {
+    /// The values, row-major.
+    pub data: HostData,
+    /// The dims.
+    pub dims: &'a [usize],
+}
+
+/// What one training step run through [`StepReplay::step`] reports.
+#[derive(Debug)]
+pub struct StepOutcome {
+    /// The batch's loss.
+    pub loss: f32,
+    /// A one-line notice on the step it concerns: the step was captured and later
+    /// steps replay it, or why steps are not replayed.
+    pub notice: Option<String>,
+}
+
+/// Runs a training loop's steps planned, or captured once warm and replayed.
+pub struct StepReplay<B: Backend> {
+    device: B::Device,
+    /// Whether steps are captured once warm (asked for, the backend captures and the
+    /// optimizer replays correctly).
+    captures: bool,
+    /// Whether the step draws random values (its seed goes into device memory).
+    draws: bool,
+    graph: Option<Captured<B>>,
+    steps: u64,
+    notice: Option<String>,
+}
+
+impl<B: Backend> StepReplay<B> {
+    /// Steps on `device`, captured once warm and replayed when `replay` is asked and
+    /// the backend captures, unless `opt` would not replay correctly (the first step's
+    /// notice then says why). `draws`: whether the step draws random values (dropout).
+    pub fn new(device: &B::Device, replay: bool, opt: &impl Optimizer<B>, draws: bool) -> Self {
+        let asked = replay && B::captures(device);
+        let refusal = if asked { opt.replay_refusal() } else { None };
+        StepReplay {
+            device: device.clone(),
+            captures: asked && refusal.is_none(),
+            draws,
+            graph: None,
+            steps: 0,
+            notice: refusal.map(|why| {
+                format!("the training step is not replayed as a graph: {why}; it runs planned")
+            }),
+        }
+    }
+
+    /// Whether later steps replay a captured one.
+    pub fn replaying(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Runs one training step of `model` on `inputs`: `loss_and_grad` gives the loss
+    /// and gradients on the inputs uploaded to the device, then `opt` takes its step.
+    /// The second step is captured where steps replay, and later ones replay it with
+    /// their inputs written into its buffers (`inputs` must keep their dims: an error
+    /// otherwise). The model's step seeds are in device memory from the capture on:
+    /// call [`StepReplay::finish`] when done.
+    pub fn step<M: Module<B>, O: Optimizer<B>>(
+        &mut self,
+        model: &mut M,
+        opt: &mut O,
+        inputs: Vec<StepInput<'_>>,
+        loss_and_grad: &mut dyn FnMut(&M, &[RawTensor<B>]) -> Result<(RawTensor<B>, M::Grads)>,
+    ) -> Result<StepOutcome> {
+        let device = &self.device;
+        if self.captures && self.steps >= 1 {
+            // Outside the captured work: a replay reads these from device memory.
+            opt.prepare_step()?;
+            if let (true, Some(seeds)) = (self.draws, model.step_seeds()) {
+                seeds.advance_on_device(device)?;
+            }
+        }
+        let loss = match &self.graph {
+            Some(graph) => {
+                if inputs.len() != graph.inputs.len() {
+                    return Err(kiln_tensor::Error::invalid(
+                        "replay",
+                        format!(
+                            "the captured step takes {} inputs, not {}",
+                            graph.inputs.len(),
+                            inputs.len()
+                        ),
+                    ));
+                }
+                for (input, buffer) in inputs.iter().zip(&graph.inputs) {
+                    check_dims(input, buffer)?;
+                    B::write_host(buffer, &input.data)?;
+                }
+                graph.replay.replay()?;
+                graph.loss.to_vec::<f32>()?[0]
+            }
+            None => {
+                let uploaded = inputs
+                    .into_iter()
+                    .map(|i| RawTensor::from_host(i.data, i.dims, device))
+                    .collect::<Result<Vec<_>>>()?;
+                if self.captures && self.steps >= 1 {
+                    let mut out = None;
+                    let replay = B::capture(device, &mut || {
+                        let (loss, grads) = loss_and_grad(model, &uploaded)?;
+                        opt.step(model, &grads)?;
+                        out = Some(loss);
+                        Ok(())
+                    })?;
+                    let loss = out.expect("a captured step ran and returned its loss");
+                    let value = loss.to_vec::<f32>()?[0];
+                    self.notice =
+                        Some("the training step is captured as a graph; later steps replay it".into());
+                    self.graph = Some(Captured {
+                        replay,
+                        inputs: uploaded,
+                        loss,
+                    });
+                    value
+                } else {
+                    let (loss, grads) = loss_and_grad(model, &uploaded)?;
+                    opt.step(model, &grads)?;
+                    loss.to_vec::<f32>()?[0]
+                }
+            }
+        };
+        self.steps += 1;
+        Ok(StepOutcome {
+            loss,
+            notice: self.notice.take(),
+        })
+    }
+
+    /// Returns the model's step seeds to the host (seeds left in device memory would
+    /// be read, unchanged, by every later step).
+    pub fn finish<M: Module<B>>(self, model: &M) {
+        if let Some(seeds) = model.step_seeds() {
+            seeds.keep_on_host();
+        }
+    }
+}
+
+/// An error unless `input` has the dims of the captured buffer it is written into.
+fn check_dims<B: Backend>(input: &StepInput<'_>, buffer: &RawTensor<B>) -> Result<()> {
+    if input.dims != buffer.dims().as_slice() || input.data.dtype() != buffer.dtype() {
+        return Err(kiln_tensor::Error::shape(
+            "replay",
+            format!(
+                "the captured step reads {} {:?}, but this step's input is {} {:?}",
+                buffer.dtype(),
+                buffer.dims().as_slice(),
+                input.data.dtype(),
+                input.dims
+            ),
+        ));
+    }
+    Ok(())
+}
