@@ -226,7 +226,7 @@ fn dropout_and_adam_read_their_step_values_from_device_memory<R: KilnRuntime>(
         let (_, grads) = Classifier::loss_and_grad(model, &x, &y)?;
         opt.step(model, &grads)?;
     }
-    let mut step = |model: &mut LeNet<B<R>>, opt: &mut AdamW<B<R>>| -> Result<()> {
+    let step = |model: &mut LeNet<B<R>>, opt: &mut AdamW<B<R>>| -> Result<()> {
         let (_, grads) = Classifier::loss_and_grad(model, &x, &y)?;
         opt.step(model, &grads)
     };
