@@ -119,7 +119,7 @@ PY
       --metrics gpu__time_duration.sum --csv $B/gpu_bench --backend cuda \
       --workloads w1profile > "$OUT/w1prof.csv" 2>/dev/null
     python3 $B/ncu_sum.py "$OUT/w1prof.csv"
-    run 150 $B/kiln-bench --device cuda --workloads w1,w3 --variants static,infer --w3-configs small,w3 --reps 5 ;;
+    [ -x $B/kiln-bench ] && run 150 $B/kiln-bench --device cuda --workloads w1,w3 --variants static,infer --w3-configs small,w3 --reps 5 ;;
   dynprofile)
     # The kernels of one warm call on the dynamic path (W2's chain, W1's step) and of
     # one static W1 step, with their GPU time.
