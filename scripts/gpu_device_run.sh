@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|steps>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -80,12 +80,13 @@ PY
     [ -n "${QUICK:-}" ] && exit 0
     run 100 $B/kiln-train --device cuda --model cnn --epochs 1 --limit 4096 --out "$OUT/cnn.safetensors"
     run 100 $B/kiln-train --device cuda --optimizer adamw --lr 0.001 --epochs 1 --limit 4096 --out "$OUT/adamw.safetensors" ;;
-  steps)
+  same|steps)
     # Every model's training step replayed on CUDA (the MLP with SGD and AdamW, the CNN
     # with dropout and batch norm, the tiny GPT): replayed and planned runs must write
-    # the same tensors bit for bit. Then the capture tests, W1 replayed with cuBLASLt's
-    # timed algorithm search and without, in f32 and TF32, PyTorch eager and graphed
-    # beside, one W1 step under ncu, and kiln-bench on CUDA (W1, W3 planned).
+    # the same tensors bit for bit; kiln-bench on CUDA (W1, W3 planned) where carried.
+    # `steps` goes on with the capture tests, W1 replayed with and without cuBLASLt's
+    # timed algorithm search, in f32 and TF32, PyTorch eager and graphed beside, and one
+    # W1 step under ncu.
     M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
     [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
     same() { python3 - "$1" "$2" <<'PY'
@@ -109,17 +110,18 @@ PY
       run 150 $B/kiln-train --device cuda --epochs 1 $a --no-graph --out "$OUT/planned/$n.safetensors"
       same "$OUT/graph/$n.safetensors" "$OUT/planned/$n.safetensors"
     done
+    [ -x $B/kiln-bench ] && run 150 $B/kiln-bench --device cuda --workloads w1,w3 --variants static,infer --w3-configs small,w3 --reps 5 ;;&
+  steps)
     [ -x $B/cuda_graph_test ] && run 120 $B/cuda_graph_test --test-threads 1
     [ -x $B/capture_rules_test ] && run 120 $B/capture_rules_test --test-threads 1
-    run 120 $B/gpu_bench --backend cuda --workloads w1graph,w1 --reps 20
-    run 90 $B/gpu_bench --backend cuda --workloads w1graph --reps 20 --search off
+    run 120 $B/gpu_bench --backend cuda --workloads w1graph,w1 --reps 20 --search on
+    run 90 $B/gpu_bench --backend cuda --workloads w1graph --reps 20
     run 150 python3 $B/bench_gpu.py --reps 20
     echo "== ncu w1profile"
     timeout 120 /usr/local/cuda/bin/ncu --profile-from-start off --clock-control none \
       --metrics gpu__time_duration.sum --csv $B/gpu_bench --backend cuda \
       --workloads w1profile > "$OUT/w1prof.csv" 2>/dev/null
-    python3 $B/ncu_sum.py "$OUT/w1prof.csv"
-    [ -x $B/kiln-bench ] && run 150 $B/kiln-bench --device cuda --workloads w1,w3 --variants static,infer --w3-configs small,w3 --reps 5 ;;
+    python3 $B/ncu_sum.py "$OUT/w1prof.csv" ;;
   dynprofile)
     # The kernels of one warm call on the dynamic path (W2's chain, W1's step) and of
     # one static W1 step, with their GPU time.

@@ -673,11 +673,11 @@ fn main() {
     let w2_n = 1usize << w2_log2;
     // The MNIST folder (default: the one beside kiln-models' sources at build time).
     let data = get("--data", "");
-    // `--search off`: products take cuBLASLt's heuristic choice without timing.
+    // `--search on`: products time cuBLASLt's candidates (off: its heuristic's choice).
     #[cfg(feature = "cuda")]
-    match get("--search", "on").as_str() {
-        "on" => {}
-        "off" => kiln_cubecl::cuda::set_algorithm_search(false),
+    match get("--search", "off").as_str() {
+        "off" => {}
+        "on" => kiln_cubecl::cuda::set_algorithm_search(true),
         other => {
             eprintln!("error: --search takes on or off, got {other:?}");
             std::process::exit(2)

@@ -36,10 +36,13 @@ pub const INSTALL_HINT: &str = "install the NVIDIA driver (libcuda.so) and a CUD
 const WORKSPACE: usize = 32 << 20;
 
 static TF32: AtomicBool = AtomicBool::new(false);
-static SEARCH: AtomicBool = AtomicBool::new(true);
+static SEARCH: AtomicBool = AtomicBool::new(false);
 
 /// Whether the first product of each shape times cuBLASLt's candidate algorithms and
-/// keeps the fastest (on by default), or takes its heuristic's first choice.
+/// keeps the fastest, or takes its heuristic's first choice (the default). Off by
+/// default, like PyTorch's `cudnn.benchmark`: timing noise picks different algorithms
+/// in different processes, whose results differ in the last bits, and on the H200 it
+/// did not make W1's step faster (BENCHMARKS.md).
 pub fn set_algorithm_search(on: bool) {
     SEARCH.store(on, Ordering::SeqCst);
 }
