@@ -83,8 +83,8 @@ PY
   same|steps)
     # Every model's training step replayed on CUDA (the MLP with SGD and AdamW, the CNN
     # with dropout and batch norm, the tiny GPT): replayed and planned runs must write
-    # the same tensors bit for bit; kiln-bench on CUDA (W1, W3 planned) where carried.
-    # `steps` goes on with the capture tests, W1 replayed with and without cuBLASLt's
+    # the same tensors bit for bit; the graph tests and kiln-bench on CUDA (W1, W3
+    # planned) where carried. `steps` goes on with the capture-rule tests, W1 replayed with and without cuBLASLt's
     # timed algorithm search, in f32 and TF32, PyTorch eager and graphed beside, and one
     # W1 step under ncu.
     M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
@@ -110,9 +110,9 @@ PY
       run 150 $B/kiln-train --device cuda --epochs 1 $a --no-graph --out "$OUT/planned/$n.safetensors"
       same "$OUT/graph/$n.safetensors" "$OUT/planned/$n.safetensors"
     done
+    [ -x $B/cuda_graph_test ] && run 120 $B/cuda_graph_test --test-threads 1
     [ -x $B/kiln-bench ] && run 150 $B/kiln-bench --device cuda --workloads w1,w3 --variants static,infer --w3-configs small,w3 --reps 5 ;;&
   steps)
-    [ -x $B/cuda_graph_test ] && run 120 $B/cuda_graph_test --test-threads 1
     [ -x $B/capture_rules_test ] && run 120 $B/capture_rules_test --test-threads 1
     run 120 $B/gpu_bench --backend cuda --workloads w1graph,w1 --reps 20 --search on
     run 90 $B/gpu_bench --backend cuda --workloads w1graph --reps 20

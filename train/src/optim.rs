@@ -47,6 +47,11 @@ pub trait Optimizer<B: Backend> {
         Ok(())
     }
 
+    /// Advances the per-step state on the host as a replayed step did: a replay runs
+    /// the update on the device only (Adam counts its steps on the host). Call it
+    /// after each replay. The default has nothing to count.
+    fn step_replayed(&mut self) {}
+
     /// Why a captured step (a CUDA graph) would not replay this optimizer's update
     /// correctly, or `None` when it would: a replay repeats the captured device work,
     /// reading only what lives in device memory. The default: not known to replay.
@@ -666,6 +671,13 @@ impl<B: Backend> AdamState<B> {
         Ok(())
     }
 
+    /// [`Optimizer::step_replayed`]: every parameter took one more step.
+    fn step_replayed(&mut self) {
+        for s in self.moments.values_mut() {
+            s.step += 1;
+        }
+    }
+
     /// [`Optimizer::prepare_step`]: the next step's values, for the step count and
     /// device of the parameters' moments (which step together).
     fn prepare_step(&mut self, h: AdamStep) -> Result<()> {
@@ -881,6 +893,10 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
         self.state.prepare_step(self.hyper())
     }
 
+    fn step_replayed(&mut self) {
+        self.state.step_replayed();
+    }
+
     fn replay_refusal(&self) -> Option<String> {
         None
     }
@@ -922,6 +938,10 @@ impl<B: Backend> Optimizer<B> for AdamW<B> {
 
     fn prepare_step(&mut self) -> Result<()> {
         self.state.prepare_step(self.hyper())
+    }
+
+    fn step_replayed(&mut self) {
+        self.state.step_replayed();
     }
 
     fn replay_refusal(&self) -> Option<String> {

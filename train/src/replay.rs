@@ -110,6 +110,7 @@ impl<B: Backend> StepReplay<B> {
                     B::write_host(buffer, &input.data)?;
                 }
                 graph.replay.replay()?;
+                opt.step_replayed();
                 graph.loss.to_vec::<f32>()?[0]
             }
             None => {

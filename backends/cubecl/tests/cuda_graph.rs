@@ -214,3 +214,73 @@ fn bad_labels_in_a_replay_are_reported_at_the_next_read() -> Result<()> {
     assert!(write_into(y.raw(), &HostData::F32(vec![0.0; BATCH])).is_err());
     Ok(())
 }
+
+/// Trains `model` for eight steps through `StepReplay` (replayed from the second step
+/// when `replay`), the learning rate changing every step; its parameters and buffers.
+fn trained<M, O>(dev: &CudaDevice, mut model: M, mut opt: O, replay: bool) -> Result<Vec<Vec<f32>>>
+where
+    M: kiln_models::classify::Classifier<Cuda>,
+    O: Optimizer<Cuda>,
+{
+    use kiln_train::replay::{StepInput, StepReplay};
+    let mut steps = StepReplay::new(dev, replay, &opt, M::draws_at_random());
+    let mut image_dims = vec![BATCH];
+    image_dims.extend_from_slice(M::EXAMPLE);
+    for i in 0..8u64 {
+        opt.set_lr(0.01 / (1.0 + i as f64))?;
+        let (x, y) = batch(i, dev)?;
+        let inputs = vec![
+            StepInput {
+                data: HostData::F32(x),
+                dims: &image_dims,
+            },
+            StepInput {
+                data: HostData::I32(y),
+                dims: &[BATCH],
+            },
+        ];
+        let outcome = steps.step(&mut model, &mut opt, inputs, &mut |m, xy| {
+            m.loss_and_grad(&xy[0], &xy[1])
+        })?;
+        assert!(outcome.loss.is_finite());
+        if replay && i == 1 {
+            assert!(outcome.notice.is_some_and(|n| n.contains("captured")));
+        }
+    }
+    assert_eq!(steps.replaying(), replay);
+    steps.finish(&model);
+    let mut all = Vec::new();
+    let mut push = |s: kiln_tensor::nn::Slot<'_, Cuda>| all.push(s.value.to_vec::<f32>());
+    model.visit_params("", &mut push);
+    model.visit_buffers("", &mut push);
+    all.into_iter().collect()
+}
+
+/// `StepReplay`, what `kiln-train` runs: replayed steps train every model and optimizer
+/// exactly as planned ones — the MLP and the CNN (dropout drawing from the seed in
+/// device memory, batch-norm statistics updated in place) with SGD and AdamW (its bias
+/// corrections and decayed rate written between replays, its step count advanced on
+/// the host after each).
+#[test]
+fn replayed_steps_train_every_model_and_optimizer_exactly_as_planned_ones() -> Result<()> {
+    use kiln_models::lenet::LeNet;
+    use kiln_train::optim::{AdamW, AdamWConfig};
+    let dev = device();
+    let adamw = || AdamW::<Cuda>::new(AdamWConfig::default());
+    let cases: [(&str, Box<dyn Fn(bool) -> Result<Vec<Vec<f32>>>>); 4] = [
+        ("MLP, SGD", Box::new(|r| trained(&dev, Mlp::<Cuda>::init(&dev, 3)?, sgd(0.9)?, r))),
+        ("MLP, AdamW", Box::new(|r| trained(&dev, Mlp::<Cuda>::init(&dev, 3)?, adamw()?, r))),
+        ("CNN, SGD", Box::new(|r| trained(&dev, LeNet::<Cuda>::init(&dev, 3)?, sgd(0.9)?, r))),
+        ("CNN, AdamW", Box::new(|r| trained(&dev, LeNet::<Cuda>::init(&dev, 3)?, adamw()?, r))),
+    ];
+    for (name, run) in &cases {
+        let (planned, replayed) = (run(false)?, run(true)?);
+        for (i, (p, r)) in planned.iter().zip(&replayed).enumerate() {
+            assert!(
+                p.iter().zip(r).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: tensor {i} differs between replayed and planned steps"
+            );
+        }
+    }
+    Ok(())
+}
