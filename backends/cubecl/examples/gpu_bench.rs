@@ -513,38 +513,7 @@ fn ops<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
 /// Runs every family of the conformance suite (what `conformance_tests!` expands to),
 /// catching each family's panic, one line per family.
 fn conformance<B: Backend>(dev: &B::Device, name: &str, config: &Config) -> Result<()> {
-    use kiln_tensor::testing::{composites as c, errors as e, primitives as p};
-    type Family<B> = (&'static str, fn(&<B as Backend>::Device, &Config));
-    let families: Vec<Family<B>> = vec![
-        ("unary", p::unary::<B>),
-        ("binary", p::binary::<B>),
-        ("compare", p::compare::<B>),
-        ("select_where", p::select_where::<B>),
-        ("reduce", p::reduce::<B>),
-        ("views", p::views::<B>),
-        ("concat", p::concat::<B>),
-        ("pad", p::pad::<B>),
-        ("matmul", p::matmul::<B>),
-        ("gather", p::gather::<B>),
-        ("scatter_add", p::scatter_add::<B>),
-        ("cast", p::cast::<B>),
-        ("unfold2d", p::unfold2d::<B>),
-        ("fold2d", p::fold2d::<B>),
-        ("full", p::full::<B>),
-        ("iota", p::iota::<B>),
-        ("rand", p::rand::<B>),
-        ("softmax", c::softmax::<B>),
-        ("norms", c::norms::<B>),
-        ("activations", c::activations::<B>),
-        ("cross_entropy", c::cross_entropy::<B>),
-        ("mse", c::mse::<B>),
-        ("linear", c::linear::<B>),
-        ("conv2d", c::conv2d::<B>),
-        ("pool2d", c::pool2d::<B>),
-        ("embedding", c::embedding::<B>),
-        ("dropout", c::dropout::<B>),
-        ("bad_shapes", e::bad_shapes::<B>),
-    ];
+    let families = kiln_tensor::conformance_families!(B);
     let (mut ok, mut failed) = (0, Vec::new());
     let start = Instant::now();
     for (family, f) in families {
@@ -624,12 +593,11 @@ fn run<B: Backend>(
                 kiln_cubecl::CudaDevice::first().and_then(|d| w1_profile(&d))
             }
             "conformance" => {
-                let mut config = Config::all();
-                if name == "wgpu" {
-                    for d in [DType::F64, DType::F16, DType::BF16] {
-                        config = config.without(d);
-                    }
-                }
+                let config = if name == "wgpu" {
+                    Config::vulkan()
+                } else {
+                    Config::all()
+                };
                 conformance::<B>(dev, name, &config)
             }
             other => Err(kiln_tensor::Error::invalid(

@@ -184,6 +184,16 @@ pub fn run_op<B: Backend>(
 /// Checks one primitive on a backend against the reference. Views are also checked
 /// after `contiguous()`, which must then report a contiguous layout.
 pub fn check_op<B: Backend>(device: &B::Device, case: &OpCase) -> Result<(), String> {
+    check_op_within::<B>(device, case, None)
+}
+
+/// [`check_op`] with `tol` replacing the op's own tolerance when given (a backend's
+/// [`Config::unary_tolerances`](super::Config::unary_tolerances)).
+pub fn check_op_within<B: Backend>(
+    device: &B::Device,
+    case: &OpCase,
+    tol: Option<Tol>,
+) -> Result<(), String> {
     let logical = logical(&case.inputs)?;
     let refs: Vec<&RefTensor> = logical.iter().collect();
     let want = eval(&case.op, &refs);
@@ -194,7 +204,8 @@ pub fn check_op<B: Backend>(device: &B::Device, case: &OpCase) -> Result<(), Str
     };
     let dtype = want.as_ref().map_or(crate::DType::F32, |w| w.dtype);
     let mag = magnitude(&case.op, &logical);
-    judge(want, got, op_tolerance(&case.op, dtype), mag.as_deref())
+    let tol = tol.unwrap_or_else(|| op_tolerance(&case.op, dtype));
+    judge(want, got, tol, mag.as_deref())
         .map_err(|e| format!("{} on {:?}: {e}", case.op.name(), case.op))?;
     if let (true, Some(t)) = (case.op.is_view(), &out) {
         let c = t

@@ -35,6 +35,7 @@ pub use strategy::{Domain, Input};
 pub use tolerance::{compare, Tol};
 
 use crate::dtype::DType;
+use crate::op::UnaryOp;
 
 /// What a backend runs the suite with.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,15 +44,49 @@ pub struct Config {
     pub dtypes: Vec<DType>,
     /// Overrides every property's own case count when set.
     pub cases: Option<u32>,
+    /// Tolerances that replace a unary op's own on this backend, where the device's
+    /// specification allows a larger error (each justified in DESIGN.md).
+    pub unary_tolerances: Vec<(UnaryOp, Tol)>,
 }
 
 impl Config {
-    /// Every dtype, each property with its own case count.
+    /// Every dtype, each property with its own case count and tolerance.
     pub fn all() -> Self {
         Config {
             dtypes: DType::ALL.to_vec(),
             cases: None,
+            unary_tolerances: Vec::new(),
         }
+    }
+
+    /// What a backend on Vulkan (wgpu) is held to: the dtypes its compute shaders
+    /// hold (f32, i32, u32, bool), and `sin` and `cos` to the absolute error Vulkan
+    /// allows their SPIR-V instructions (2^-11, DESIGN.md): drivers may compute them
+    /// with the GPU's fast approximations (NVIDIA's missed the f32 tolerance by a few
+    /// ulps at arguments near ±100).
+    pub fn vulkan() -> Self {
+        let trig = Tol {
+            rtol: Tol::for_dtype(DType::F32).rtol,
+            atol: 1.0 / 2048.0,
+        };
+        Config::all()
+            .without(DType::F64)
+            .without(DType::F16)
+            .without(DType::BF16)
+            .with_unary_tolerance(UnaryOp::Sin, trig)
+            .with_unary_tolerance(UnaryOp::Cos, trig)
+    }
+
+    /// The same with `op` held to `tol` instead of its own tolerance.
+    pub fn with_unary_tolerance(mut self, op: UnaryOp, tol: Tol) -> Self {
+        self.unary_tolerances.retain(|(u, _)| *u != op);
+        self.unary_tolerances.push((op, tol));
+        self
+    }
+
+    /// The tolerance this backend is held to for `op`, where it replaces the op's own.
+    pub fn unary_tolerance(&self, op: UnaryOp) -> Option<Tol> {
+        self.unary_tolerances.iter().find(|(u, _)| *u == op).map(|(_, t)| *t)
     }
 
     /// The same without `dtype`.
@@ -81,6 +116,42 @@ impl Default for Config {
     }
 }
 
+/// The conformance suite's families, the one list of them: passes
+/// `module: name, ..;` for each module of `kiln_tensor::testing` to `$callback`, after
+/// `$args` and a `;`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_families {
+    (($($callback:tt)*) $($args:tt)*) => {
+        $($callback)*! { $($args)*;
+            primitives: unary, binary, compare, select_where, reduce, views, concat, pad,
+                matmul, gather, scatter_add, cast, unfold2d, fold2d, full, iota, rand,
+                rand_device_seed;
+            composites: softmax, norms, activations, cross_entropy, mse, linear, conv2d,
+                pool2d, embedding, dropout;
+            errors: bad_shapes;
+        }
+    };
+}
+
+/// Every family of the conformance suite for backend `$backend`, as `(name, property)`
+/// pairs: what a program runs in a loop (`conformance_tests!` makes them tests).
+#[macro_export]
+macro_rules! conformance_families {
+    ($backend:ty $(,)?) => {
+        $crate::__conformance_families!(($crate::conformance_families) @list $backend)
+    };
+    (@list $backend:ty; $($module:ident: $($name:ident),*;)*) => {
+        ::std::vec![$($(
+            (
+                ::core::stringify!($name),
+                $crate::testing::$module::$name::<$backend>
+                    as fn(&<$backend as $crate::Backend>::Device, &$crate::testing::Config),
+            ),
+        )*)*]
+    };
+}
+
 /// Expands to one `#[test]` per op family of the conformance suite, for backend `$B`
 /// on device `$device` (an expression, evaluated in each test), optionally with a
 /// [`Config`](crate::testing::Config).
@@ -90,14 +161,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!($backend, $device, $crate::testing::Config::all());
     };
     ($backend:ty, $device:expr, $config:expr $(,)?) => {
-        $crate::conformance_tests!(@each $backend, $device, $config;
-            primitives: unary, binary, compare, select_where, reduce, views, concat, pad,
-                matmul, gather, scatter_add, cast, unfold2d, fold2d, full, iota, rand,
-                rand_device_seed;
-            composites: softmax, norms, activations, cross_entropy, mse, linear, conv2d,
-                pool2d, embedding, dropout;
-            errors: bad_shapes;
-        );
+        $crate::__conformance_families!(($crate::conformance_tests) @each $backend, $device, $config);
     };
     (@each $backend:ty, $device:expr, $config:expr; $($module:ident: $($name:ident),*;)*) => {
         $($(
