@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -122,6 +122,19 @@ PY
       --metrics gpu__time_duration.sum --csv $B/gpu_bench --backend cuda \
       --workloads w1profile > "$OUT/w1prof.csv" 2>/dev/null
     python3 $B/ncu_sum.py "$OUT/w1prof.csv" ;;
+  vulkan)
+    # The wgpu path on the H200's Vulkan: the conformance suite (CUDA's beside, all
+    # dtypes), W2, W1 and single ops (CUDA's ops beside: the per-launch cost), and the
+    # binaries with --device wgpu.
+    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
+    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    run 150 $B/gpu_bench --backend wgpu --workloads conformance
+    run 200 $B/gpu_bench --backend cuda --workloads conformance
+    run 150 $B/gpu_bench --backend wgpu --workloads w2,w1,ops --reps 10
+    run 100 $B/gpu_bench --backend cuda --workloads ops --reps 10
+    run 150 $B/kiln-train --device wgpu --epochs 1 --out "$OUT/mlp-wgpu.safetensors"
+    [ -x $B/kiln-infer ] && run 100 $B/kiln-infer --device wgpu --checkpoint "$OUT/mlp-wgpu.safetensors" --latency-images 200
+    rm -f "$OUT"/*.safetensors "$OUT"/*.png ;;
   dynprofile)
     # The kernels of one warm call on the dynamic path (W2's chain, W1's step) and of
     # one static W1 step, with their GPU time.
