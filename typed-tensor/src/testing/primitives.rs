@@ -55,15 +55,24 @@ pub fn unary_cases(config: &Config, u: UnaryOp) -> BoxedStrategy<OpCase> {
 }
 
 /// Every unary op, on every dtype it accepts.
+/// Every op is checked, the failures reported together (each prints its case).
 pub fn unary<B: Backend>(device: &B::Device, config: &Config) {
-    for &u in UnaryOp::ALL {
-        run_property(
-            &format!("unary {}", u.name()),
-            config.cases(48),
-            unary_cases(config, u),
-            |c| check_op_within::<B>(device, &c, config.unary_tolerance(u)),
-        );
-    }
+    let failed: Vec<&str> = UnaryOp::ALL
+        .iter()
+        .filter(|&&u| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_property(
+                    &format!("unary {}", u.name()),
+                    config.cases(48),
+                    unary_cases(config, u),
+                    |c| check_op_within::<B>(device, &c, config.unary_tolerance(u)),
+                )
+            }))
+            .is_err()
+        })
+        .map(|u| u.name())
+        .collect();
+    assert!(failed.is_empty(), "unary ops failed: {failed:?}");
 }
 
 /// Cases of one binary op with operands broadcast from random compatible shapes.
