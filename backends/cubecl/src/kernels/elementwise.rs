@@ -85,17 +85,14 @@ pub(crate) mod unary_formulas {
         A::new(1.0) / (A::new(1.0) + (-v).exp())
     }
 
-    /// NaN < 0 is false: relu(NaN) stays NaN, as in PyTorch. The NaN is kept by a
-    /// check of its own: NVIDIA's Vulkan driver turned the compare-and-select alone
-    /// into a `max`, which drops NaN (WGSL lets drivers assume there are none).
+    /// NaN < 0 is false: relu(NaN) stays NaN, as in PyTorch. (Not on NVIDIA's Vulkan
+    /// driver, which gives 0, with or without a `v != v` check: WGSL lets drivers
+    /// assume there are no NaNs; BENCHMARKS.md, issue 12.)
     #[cube]
     pub fn relu<A: Float>(v: A) -> A {
         let mut r = v;
         if v < A::new(0.0) {
             r = A::new(0.0);
-        }
-        if v != v {
-            r = v;
         }
         r
     }
