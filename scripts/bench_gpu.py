@@ -64,28 +64,29 @@ def main():
                                 torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
                                 torch.nn.Linear(1024, 10)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    for batch in (256, 4096):
+
+    def make_step(batch, set_to_none=True, net=model):
+        """One W1 training step of `net` on a fixed random batch."""
         xb = torch.randn(batch, 784, device=dev)
         yb = torch.arange(batch, device=dev) % 10
 
         def step():
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.zero_grad(set_to_none=set_to_none)
+            torch.nn.functional.cross_entropy(net(xb), yb).backward()
             opt.step()
-        print(f"bench=W1 impl=torch backend=cuda variant=eager task=train batch={batch} "
-              f"ms={median_ms(step, a.reps):.3f}")
-    # The same step captured whole as a CUDA graph (PyTorch's recipe: warm up on a side
-    # stream, gradients kept, the step replayed on static inputs), in f32 and TF32.
+        return step
+
+    # Eager in f32 and TF32, then the same step captured whole as a CUDA graph
+    # (PyTorch's recipe: warm up on a side stream, gradients kept, the step replayed on
+    # static inputs).
     for tf32 in (False, True):
         torch.backends.cuda.matmul.allow_tf32 = tf32
+        suffix = "-tf32" if tf32 else ""
         for batch in (256, 4096):
-            xb = torch.randn(batch, 784, device=dev)
-            yb = torch.arange(batch, device=dev) % 10
-
-            def gstep():
-                opt.zero_grad(set_to_none=False)
-                torch.nn.functional.cross_entropy(model(xb), yb).backward()
-                opt.step()
+            print(f"bench=W1 impl=torch backend=cuda variant=eager{suffix} task=train "
+                  f"batch={batch} ms={median_ms(make_step(batch), a.reps):.3f}")
+        for batch in (256, 4096):
+            gstep = make_step(batch, set_to_none=False)
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -95,15 +96,8 @@ def main():
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 gstep()
-            variant = "graph-tf32" if tf32 else "graph"
-            print(f"bench=W1 impl=torch backend=cuda variant={variant} task=train batch={batch} "
-                  f"ms={median_ms(graph.replay, a.reps):.3f}")
-        if tf32:
-            for batch in (256, 4096):
-                xb = torch.randn(batch, 784, device=dev)
-                yb = torch.arange(batch, device=dev) % 10
-                print(f"bench=W1 impl=torch backend=cuda variant=eager-tf32 task=train "
-                      f"batch={batch} ms={median_ms(step, a.reps):.3f}")
+            print(f"bench=W1 impl=torch backend=cuda variant=graph{suffix} task=train "
+                  f"batch={batch} ms={median_ms(graph.replay, a.reps):.3f}")
     torch.backends.cuda.matmul.allow_tf32 = False
     if a.compile:
         # torch.compile's first call (tracing, compiling forward and backward) at batch
@@ -111,13 +105,7 @@ def main():
         # its warm step: the anchors of Kiln's dynamic-path first-compile figures.
         cmodel = torch.compile(model)
         for batch in (256, 128):
-            xb = torch.randn(batch, 784, device=dev)
-            yb = torch.arange(batch, device=dev) % 10
-
-            def cstep():
-                opt.zero_grad(set_to_none=True)
-                torch.nn.functional.cross_entropy(cmodel(xb), yb).backward()
-                opt.step()
+            cstep = make_step(batch, net=cmodel)
             torch.cuda.synchronize()
             t = time.perf_counter()
             cstep()

@@ -32,6 +32,20 @@ done
 echo "CUDA_PATH=${CUDA_PATH:-none} cccl: $(ls -d ${CUDA_PATH:-/x}/include/cccl 2>&1)"
 nvidia-smi -L; date -u
 run() { echo "== $*"; timeout "$@" 2>&1 | grep -v XDG_RUNTIME; }
+# The tensors of two safetensors files compared bit for bit (metadata aside).
+same() { python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    head.pop("__metadata__", None)
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in head.items()}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+same = a.keys() == b.keys() and all(a[k] == b[k] for k in a)
+print(f"replayed and planned {sys.argv[1].split('/')[-1]}: {len(a)} tensors, {'bit-identical' if same else 'DIFFERENT'}")
+PY
+}
 case $W in
   dynamic)
     # The dynamic path: first compile in fresh processes, then static beside dynamic,
@@ -59,24 +73,12 @@ case $W in
     run 30 $B/kiln-train --device cuda:3 ;;
   replay)
     # kiln-train's automatic graph replay on CUDA: replayed and planned runs must train
-    # the same parameters bit for bit; dropout and AdamW decline with a notice.
+    # the same parameters bit for bit.
     M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
     [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
     run 200 $B/kiln-train --device cuda --epochs 2 --out "$OUT/graph/mlp.safetensors"
     run 200 $B/kiln-train --device cuda --epochs 2 --no-graph --out "$OUT/planned/mlp.safetensors"
-    # Tensor by tensor (the header's metadata order may differ between runs).
-    python3 - "$OUT/graph/mlp.safetensors" "$OUT/planned/mlp.safetensors" <<'PY'
-import json, struct, sys
-def tensors(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    head = json.loads(b[8:8 + n])
-    head.pop("__metadata__", None)
-    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in head.items()}
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-same = a.keys() == b.keys() and all(a[k] == b[k] for k in a)
-print(f"replayed and planned checkpoints: {len(a)} tensors, {'bit-identical' if same else 'DIFFERENT'}")
-PY
+    same "$OUT/graph/mlp.safetensors" "$OUT/planned/mlp.safetensors"
     [ -n "${QUICK:-}" ] && exit 0
     run 100 $B/kiln-train --device cuda --model cnn --epochs 1 --limit 4096 --out "$OUT/cnn.safetensors"
     run 100 $B/kiln-train --device cuda --optimizer adamw --lr 0.001 --epochs 1 --limit 4096 --out "$OUT/adamw.safetensors" ;;
@@ -89,19 +91,6 @@ PY
     # W1 step under ncu.
     M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
     [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
-    same() { python3 - "$1" "$2" <<'PY'
-import json, struct, sys
-def tensors(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    head = json.loads(b[8:8 + n])
-    head.pop("__metadata__", None)
-    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in head.items()}
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-same = a.keys() == b.keys() and all(a[k] == b[k] for k in a)
-print(f"replayed and planned {sys.argv[1].split('/')[-1]}: {len(a)} tensors, {'bit-identical' if same else 'DIFFERENT'}")
-PY
-    }
     for m in "mlp|--limit 8192" "adamw|--optimizer adamw --lr 0.001 --limit 8192" \
              "cnn|--model cnn --limit 4096" \
              "gpt|--model gpt-tiny --optimizer adamw --lr 0.01 --batch-size 32 --limit 65536"; do
