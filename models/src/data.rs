@@ -11,33 +11,41 @@ pub fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("data")
 }
 
-/// Reads a whole IDX file, un-gzipping it when its name ends in `.gz`.
-fn read_file(path: &Path) -> Result<Vec<u8>> {
-    let raw = std::fs::read(path)
+/// The largest IDX payload read, in bytes (2 GiB): a header declaring more is refused
+/// before anything is allocated or decompressed.
+pub const MAX_IDX_BYTES: usize = 1 << 31;
+
+/// Reads an IDX file of `ndim` dims, un-gzipping it on the fly when its name ends in
+/// `.gz`: the header first, then exactly the payload it declares (see
+/// [`read_idx_from`]), so decompression stops where the header says the data ends.
+pub fn read_idx(path: &Path, ndim: usize) -> Result<(Vec<usize>, Vec<u8>)> {
+    let file = std::fs::File::open(path)
         .map_err(|e| Error::Format(format!("cannot read {}: {e}", path.display())))?;
+    let reader = std::io::BufReader::new(file);
+    let what = path.display().to_string();
     if path.extension().is_some_and(|e| e == "gz") {
-        let mut out = Vec::new();
-        GzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .map_err(|e| Error::Format(format!("{} is not valid gzip: {e}", path.display())))?;
-        Ok(out)
+        read_idx_from(GzDecoder::new(reader), ndim, &format!("{what} (gzip)"))
     } else {
-        Ok(raw)
+        read_idx_from(reader, ndim, &what)
     }
 }
 
-/// Parses an IDX buffer: checks the magic number (unsigned bytes, `ndim` dims) and
-/// that the payload has exactly the size the header announces.
-pub fn parse_idx(bytes: &[u8], ndim: usize, what: &str) -> Result<(Vec<usize>, Vec<u8>)> {
-    let header = 4 + 4 * ndim;
-    if bytes.len() < header {
+/// Reads an IDX stream: the magic number (unsigned bytes, `ndim` dims), the dims, and
+/// exactly the payload they declare. The declared size is computed with
+/// overflow-checked arithmetic and bounded by [`MAX_IDX_BYTES`] before reading; the
+/// payload grows with the bytes that actually arrive (a header that lies about a short
+/// stream allocates only what the stream holds), and a byte past it is an error.
+pub fn read_idx_from(mut r: impl Read, ndim: usize, what: &str) -> Result<(Vec<usize>, Vec<u8>)> {
+    let io = |e: std::io::Error| Error::Format(format!("{what}: {e}"));
+    let mut header = vec![0u8; 4 + 4 * ndim];
+    let got = read_up_to(&mut r, &mut header).map_err(io)?;
+    if got < header.len() {
         return Err(Error::Format(format!(
-            "{what}: {} bytes is too short for an IDX header",
-            bytes.len()
+            "{what}: {got} bytes is too short for an IDX header"
         )));
     }
     let be = |i: usize| {
-        u32::from_be_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]) as usize
+        u32::from_be_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]) as usize
     };
     let magic = be(0);
     let want = 0x0800 | ndim;
@@ -47,14 +55,51 @@ pub fn parse_idx(bytes: &[u8], ndim: usize, what: &str) -> Result<(Vec<usize>, V
         )));
     }
     let dims: Vec<usize> = (0..ndim).map(|i| be(4 + 4 * i)).collect();
-    let n: usize = dims.iter().product();
-    if bytes.len() - header != n {
+    let n = dims
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= MAX_IDX_BYTES)
+        .ok_or_else(|| {
+            Error::Format(format!(
+                "{what}: the header declares dims {dims:?}, more than the {MAX_IDX_BYTES} bytes an IDX file may hold"
+            ))
+        })?;
+    let mut payload = Vec::new();
+    r.by_ref()
+        .take(n as u64)
+        .read_to_end(&mut payload)
+        .map_err(io)?;
+    if payload.len() != n {
         return Err(Error::Format(format!(
             "{what}: header says {dims:?} ({n} bytes) but the payload has {} bytes",
-            bytes.len() - header
+            payload.len()
         )));
     }
-    Ok((dims, bytes[header..].to_vec()))
+    if read_up_to(&mut r, &mut [0u8; 1]).map_err(io)? > 0 {
+        return Err(Error::Format(format!(
+            "{what}: header says {dims:?} ({n} bytes) but the payload has more"
+        )));
+    }
+    Ok((dims, payload))
+}
+
+/// Reads until `buf` is full or the stream ends; the bytes read.
+fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// Parses an IDX buffer held in memory ([`read_idx_from`] over its bytes).
+pub fn parse_idx(bytes: &[u8], ndim: usize, what: &str) -> Result<(Vec<usize>, Vec<u8>)> {
+    read_idx_from(bytes, ndim, what)
 }
 
 /// Images and labels of one split.
@@ -107,37 +152,59 @@ pub const MNIST_NORM: (f32, f32) = (0.1307, 0.3081);
 /// Normalisation constants (mean, std) of Fashion-MNIST's training pixels.
 pub const FASHION_NORM: (f32, f32) = (0.2860, 0.3530);
 
-impl ImageDataset {
-    /// Loads the four IDX files of an MNIST-style folder, normalising with `norm`.
-    pub fn load(dir: &Path, norm: (f32, f32)) -> Result<Self> {
-        let split = |image_file: &str, label_file: &str| -> Result<Split> {
-            let (idims, pixels) = parse_idx(&read_file(&dir.join(image_file))?, 3, image_file)?;
-            let (ldims, labels) = parse_idx(&read_file(&dir.join(label_file))?, 1, label_file)?;
-            if idims[0] != ldims[0] {
-                return Err(Error::Format(format!(
-                    "{image_file} has {} images but {label_file} has {} labels",
-                    idims[0], ldims[0]
-                )));
-            }
-            if let Some(bad) = labels.iter().find(|&&l| l > 9) {
-                return Err(Error::Format(format!(
-                    "{label_file}: label {bad} is not a class 0-9"
-                )));
-            }
-            let (mean, std) = norm;
-            Ok(Split {
-                images: pixels
-                    .iter()
-                    .map(|&p| (p as f32 / 255.0 - mean) / std)
-                    .collect(),
-                labels: labels.iter().map(|&l| l as i32).collect(),
-                pixels: idims[1] * idims[2],
-                hw: [idims[1], idims[2]],
-            })
+/// One of a data set's two splits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitName {
+    /// The training images (`train-*-ubyte.gz`).
+    Train,
+    /// The test images (`t10k-*-ubyte.gz`).
+    Test,
+}
+
+impl Split {
+    /// Loads one split of an MNIST-style folder (its image and label IDX files),
+    /// normalising with `norm`: evaluation reads the test split alone.
+    pub fn load(dir: &Path, which: SplitName, norm: (f32, f32)) -> Result<Split> {
+        let prefix = match which {
+            SplitName::Train => "train",
+            SplitName::Test => "t10k",
         };
+        let (image_file, label_file) = (
+            format!("{prefix}-images-idx3-ubyte.gz"),
+            format!("{prefix}-labels-idx1-ubyte.gz"),
+        );
+        let (idims, pixels) = read_idx(&dir.join(&image_file), 3)?;
+        let (ldims, labels) = read_idx(&dir.join(&label_file), 1)?;
+        if idims[0] != ldims[0] {
+            return Err(Error::Format(format!(
+                "{image_file} has {} images but {label_file} has {} labels",
+                idims[0], ldims[0]
+            )));
+        }
+        if let Some(bad) = labels.iter().find(|&&l| l > 9) {
+            return Err(Error::Format(format!(
+                "{label_file}: label {bad} is not a class 0-9"
+            )));
+        }
+        let (mean, std) = norm;
+        Ok(Split {
+            images: pixels
+                .iter()
+                .map(|&p| (p as f32 / 255.0 - mean) / std)
+                .collect(),
+            labels: labels.iter().map(|&l| l as i32).collect(),
+            pixels: idims[1] * idims[2],
+            hw: [idims[1], idims[2]],
+        })
+    }
+}
+
+impl ImageDataset {
+    /// Loads both splits of an MNIST-style folder, normalising with `norm`.
+    pub fn load(dir: &Path, norm: (f32, f32)) -> Result<Self> {
         Ok(ImageDataset {
-            train: split("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")?,
-            test: split("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")?,
+            train: Split::load(dir, SplitName::Train, norm)?,
+            test: Split::load(dir, SplitName::Test, norm)?,
         })
     }
 
@@ -208,6 +275,55 @@ mod tests {
             .contains("payload"));
         let ok = [0, 0, 8, 1, 0, 0, 0, 2, 7, 9];
         assert_eq!(parse_idx(&ok, 1, "x").unwrap(), (vec![2], vec![7, 9]));
+    }
+
+    #[test]
+    fn idx_sizes_are_checked_before_anything_is_read() {
+        // Dims whose product overflows usize: refused from the header alone.
+        let mut h = vec![0, 0, 8, 3];
+        for d in [u32::MAX; 3] {
+            h.extend(d.to_be_bytes());
+        }
+        let e = parse_idx(&h, 3, "x").unwrap_err().to_string();
+        assert!(e.contains("more than the"), "{e}");
+        // A header declaring 1 GiB over 3 bytes of payload holds only what arrived.
+        let mut h = vec![0, 0, 8, 1];
+        h.extend((1u32 << 30).to_be_bytes());
+        h.extend([1, 2, 3]);
+        let e = parse_idx(&h, 1, "x").unwrap_err().to_string();
+        assert!(e.contains("the payload has 3 bytes"), "{e}");
+        let long = [0, 0, 8, 1, 0, 0, 0, 1, 7, 9];
+        let e = parse_idx(&long, 1, "x").unwrap_err().to_string();
+        assert!(e.contains("the payload has more"), "{e}");
+    }
+
+    #[test]
+    fn a_gzip_bomb_is_decompressed_only_as_far_as_its_header_declares() {
+        use flate2::{write::GzEncoder, Compression};
+        use std::io::Write;
+        // One 28x28 image declared, 64 MiB of zeros behind it (64 KiB compressed).
+        let mut enc = GzEncoder::new(Vec::new(), Compression::best());
+        enc.write_all(&[0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 28, 0, 0, 0, 28])
+            .unwrap();
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..64 {
+            enc.write_all(&zeros).unwrap();
+        }
+        let bomb = enc.finish().unwrap();
+        assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
+        /// Counts the decompressed bytes the reader pulls.
+        struct Counted<R>(R, usize);
+        impl<R: Read> Read for Counted<R> {
+            fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+                let k = self.0.read(b)?;
+                self.1 += k;
+                Ok(k)
+            }
+        }
+        let mut counted = Counted(GzDecoder::new(&bomb[..]), 0);
+        let e = read_idx_from(&mut counted, 3, "bomb").unwrap_err().to_string();
+        assert!(e.contains("the payload has more"), "{e}");
+        assert!(counted.1 <= 16 + 784 + 1, "decompressed {} bytes", counted.1);
     }
 
     #[test]

@@ -201,19 +201,39 @@ pub fn write_tensors_with_metadata<B: Backend, N: AsRef<str>>(
             },
         ));
     }
-    let info = if metadata.is_empty() {
-        None
-    } else {
-        Some(
-            metadata
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect::<HashMap<_, _>>(),
-        )
-    };
-    let bytes = safetensors::serialize(views, info)
+    let bytes = safetensors::serialize(views, None)
         .map_err(|e| Error::Format(format!("cannot serialise `{}`: {e}", path.display())))?;
-    write_atomically(path, &bytes)
+    write_atomically(path, &with_metadata(bytes, metadata)?)
+}
+
+/// `bytes`, a serialised safetensors file, with `metadata` in its header, its keys in
+/// sorted order: identical runs write identical files (the safetensors crate writes a
+/// metadata map in hash order).
+fn with_metadata(bytes: Vec<u8>, metadata: &BTreeMap<String, String>) -> Result<Vec<u8>> {
+    if metadata.is_empty() {
+        return Ok(bytes);
+    }
+    let broken = |what: &str| Error::Format(format!("the serialised header {what} (a broken invariant)"));
+    let n = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+        .filter(|&n| bytes.len() >= 8 + n)
+        .ok_or_else(|| broken("is cut short"))?;
+    let mut header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).map_err(|_| broken("is not a JSON object"))?;
+    let entries = metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    header.insert("__metadata__".into(), serde_json::Value::Object(entries));
+    let mut json = serde_json::to_vec(&header).map_err(|_| broken("cannot be written"))?;
+    // The format pads the header with spaces to a multiple of 8 bytes.
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut out = Vec::with_capacity(8 + json.len() + bytes.len() - 8 - n);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&bytes[8 + n..]);
+    Ok(out)
 }
 
 /// Parameters then buffers of `model`, with their names.
@@ -366,9 +386,13 @@ fn read_file(path: &Path) -> Result<Vec<u8>> {
     fs::read(path).map_err(|e| io_error(path, "read", e))
 }
 
-/// Writes `bytes` to `path` through a temporary sibling, fsync and rename.
+/// Writes `bytes` to `path` through a temporary sibling, fsync and rename. A symbolic
+/// link at `path` is followed: the file it names is replaced and the link stays.
+/// Temporary files that earlier saves to the same path left behind when their process
+/// was killed are removed first.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let path = &follow_links(path)?;
     let file_name = path.file_name().ok_or_else(|| {
         Error::invalid("save", format!("`{}` does not name a file", path.display()))
     })?;
@@ -384,6 +408,7 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     );
+    remove_stale_temps(&dir, &file_name.to_string_lossy());
     let tmp = dir.join(tmp_name);
     let file = OpenOptions::new()
         .write(true)
@@ -396,6 +421,63 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
         return Err(e);
     }
     sync_dir(&dir)
+}
+
+/// `path` with its symbolic links followed (at most 40, as the kernel's limit), to the
+/// file they name, which need not exist yet.
+fn follow_links(path: &Path) -> Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = fs::read_link(&p).map_err(|e| io_error(&p, "read the link", e))?;
+                p = match p.parent() {
+                    Some(dir) => dir.join(target),
+                    None => target,
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(Error::invalid(
+        "save",
+        format!("`{}`: too many levels of symbolic links", path.display()),
+    ))
+}
+
+/// Removes the temporary files of saves to `file_name` in `dir` whose process no
+/// longer runs (killed mid-save). Best effort: a file that cannot be removed stays.
+/// Only where a process can be looked up (Linux's /proc); elsewhere they stay.
+fn remove_stale_temps(dir: &Path, file_name: &str) {
+    let prefix = format!(".{file_name}.");
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|n| n.strip_suffix(".safetensors.tmp"))
+        else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !process_runs(pid) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Whether process `pid` runs (true where that cannot be told).
+fn process_runs(pid: u32) -> bool {
+    if cfg!(target_os = "linux") {
+        Path::new("/proc").join(pid.to_string()).exists()
+    } else {
+        true
+    }
 }
 
 /// Writes and flushes the temporary file, then renames it over `path`.

@@ -594,3 +594,54 @@ fn a_tensor_that_fails_to_decode_leaves_the_model_unchanged() -> Result<()> {
     assert_eq!(m.mask.to_vec::<bool>()?, vec![false, true]);
     Ok(())
 }
+
+#[test]
+fn identical_saves_write_identical_bytes() -> Result<()> {
+    let dir = scratch("identical");
+    let meta: BTreeMap<String, String> = (0..12)
+        .map(|i| (format!("key{i}"), format!("value {i}")))
+        .collect();
+    let (a, b) = (dir.join("a.safetensors"), dir.join("b.safetensors"));
+    save_with_metadata(&net(3)?, &a, &meta)?;
+    save_with_metadata(&net(3)?, &b, &meta)?;
+    assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap());
+    assert_eq!(read_metadata(&a)?, meta);
+    let mut back = net(9)?;
+    load(&mut back, &a)?;
+    assert_eq!(contents(&back), contents(&net(3)?));
+    Ok(())
+}
+
+#[test]
+fn a_save_removes_the_temporary_files_of_killed_saves() -> Result<()> {
+    let dir = scratch("stale");
+    let path = dir.join("model.safetensors");
+    // A killed process's leftover (no process has a pid this large on Linux), one of
+    // this process's own (a save that may still be running), and another file's.
+    let dead = dir.join(".model.safetensors.4294967295-0.safetensors.tmp");
+    let own = dir.join(format!(".model.safetensors.{}-999.safetensors.tmp", std::process::id()));
+    let other = dir.join(".other.safetensors.4294967295-0.safetensors.tmp");
+    for f in [&dead, &own, &other] {
+        fs::write(f, b"partial").unwrap();
+    }
+    save(&net(1)?, &path)?;
+    assert_eq!(dead.exists(), !cfg!(target_os = "linux"));
+    assert!(own.exists() && other.exists());
+    Ok(())
+}
+
+#[cfg(unix)]
+#[test]
+fn saving_through_a_symlink_replaces_its_target_and_keeps_the_link() -> Result<()> {
+    let dir = scratch("symlink");
+    let target = dir.join("real.safetensors");
+    let link = dir.join("link.safetensors");
+    save(&net(1)?, &target)?;
+    std::os::unix::fs::symlink("real.safetensors", &link).unwrap();
+    save(&net(2)?, &link)?;
+    assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    let mut back = net(9)?;
+    load(&mut back, &target)?;
+    assert_eq!(contents(&back), contents(&net(2)?));
+    Ok(())
+}

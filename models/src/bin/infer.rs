@@ -9,7 +9,7 @@ use kiln::device::{run_on, OnDevice};
 use kiln::prelude::*;
 use kiln::train::checkpoint;
 use kiln_models::classify::{accuracy, images, Classifier};
-use kiln_models::data::{data_dir, ImageDataset, FASHION_NORM, MNIST_NORM};
+use kiln_models::data::{data_dir, Split, SplitName, FASHION_NORM, MNIST_NORM};
 use kiln_models::{lenet::LeNet, mlp::Mlp};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -72,7 +72,8 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
         Dataset::Mnist => ("mnist", MNIST_NORM),
         Dataset::Fashion => ("fashion-mnist", FASHION_NORM),
     };
-    let data = ImageDataset::load(&data_dir().join(dir), norm)?;
+    // Evaluation reads the test split alone.
+    let test = Split::load(&data_dir().join(dir), SplitName::Test, norm)?;
     let path = args.checkpoint.clone().unwrap_or_else(|| {
         let name = format!("{:?}-{:?}.safetensors", args.model, args.dataset).to_lowercase();
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -81,24 +82,24 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
     });
     let mut model = M::init(dev, 0)?;
     checkpoint::load(&mut model, &path)?;
-    let acc = accuracy(&model, &data.test, dev)?;
+    let acc = accuracy(&model, &test, dev)?;
     println!(
         "{}: test accuracy {:.2}% on {} images",
         path.display(),
         acc * 100.0,
-        data.test.len()
+        test.len()
     );
 
-    let n = args.latency_images.min(data.test.len());
+    let n = args.latency_images.min(test.len());
     let mut times = Vec::with_capacity(n);
     let mut correct = 0;
     for i in 0..n {
-        let px = data.test.images[i * data.test.pixels..(i + 1) * data.test.pixels].to_vec();
+        let px = test.images[i * test.pixels..(i + 1) * test.pixels].to_vec();
         let start = Instant::now();
         let x = images::<Be, M>(px, 1, dev)?;
         let pred = model.logits(&x)?.argmax(1, false)?.to_vec::<i32>()?[0];
         times.push(start.elapsed().as_secs_f64() * 1e6);
-        correct += usize::from(pred == data.test.labels[i]);
+        correct += usize::from(pred == test.labels[i]);
     }
     times.sort_by(f64::total_cmp);
     if n > 0 {

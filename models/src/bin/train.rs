@@ -55,7 +55,8 @@ enum Opt {
 
 /// Train a model on MNIST-style images and save a checkpoint.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+// Negative numbers parse, so that `--lr -1` gets a message about the rate.
+#[command(version, about, allow_negative_numbers = true)]
 struct Args {
     /// The model.
     #[arg(long, value_enum, default_value = "mlp")]
@@ -134,9 +135,28 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
         Dataset::Mnist => ("mnist", MNIST_NORM),
         Dataset::Fashion => ("fashion-mnist", FASHION_NORM),
     };
+    let out = args.out.clone().unwrap_or_else(|| {
+        let name = format!("{:?}-{:?}.safetensors", args.model, dataset).to_lowercase();
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("runs")
+            .join(name)
+    });
+    check_writable(&out)?;
     let mut data = ImageDataset::load(&data_dir().join(dir), norm)?;
     if args.limit > 0 {
         data.train = data.train.take(args.limit);
+    }
+    if data.train.len() < batch {
+        return Err(Error::invalid(
+            "kiln-train",
+            format!(
+                "{} training examples make no full batch of {batch}: the run would take no optimizer step",
+                data.train.len()
+            ),
+        ));
+    }
+    if data.test.is_empty() {
+        return Err(Error::invalid("kiln-train", "the test split is empty: there is nothing to evaluate on"));
     }
     let mut model = M::init(dev, args.seed)?;
     let steps_per_epoch = (data.train.len() / batch) as u64;
@@ -250,15 +270,6 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
         (total * batch as u64) as f64 / secs,
         acc * 100.0
     );
-    let out = args.out.clone().unwrap_or_else(|| {
-        let name = format!("{:?}-{:?}.safetensors", args.model, dataset).to_lowercase();
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("runs")
-            .join(name)
-    });
-    if let Some(parent) = out.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
     let mut meta = BTreeMap::new();
     meta.insert(
         "model".to_string(),
@@ -427,6 +438,12 @@ mod gpt {
             }
             corpus.train.truncate(args.limit);
         }
+        let out = args.out.clone().unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("runs")
+                .join("gpt-shakespeare.safetensors")
+        });
+        super::check_writable(&out)?;
         let mut model = M::init_named(dev, args.seed, "")?;
         let per_epoch = (corpus.train.len() / (B * T)) as u64;
         let total = (per_epoch * args.epochs as u64).max(1);
@@ -509,14 +526,6 @@ mod gpt {
             "trained {total} steps in {trained:.1}s ({:.1} ms per step); train loss {avg:.3}, held-out loss {h:.3} nats/byte over the whole held-out text",
             trained * 1e3 / total as f64
         );
-        let out = args.out.clone().unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("runs")
-                .join("gpt-shakespeare.safetensors")
-        });
-        if let Some(parent) = out.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
         let meta = BTreeMap::from([
             ("model".to_string(), "gpt".to_string()),
             ("config".to_string(), M::NAME.to_string()),
@@ -547,9 +556,55 @@ fn progress_bar(total: u64) -> ProgressBar {
 /// The batch sizes `--batch-size` takes (the zoo's classifiers are built for these).
 const TRAIN_BATCHES: [usize; 6] = [16, 32, 64, 128, 256, 512];
 
+/// Refuses settings that would train nothing or train wrongly, before any work.
+fn check_args(args: &Args) -> Result<()> {
+    let bad = |what: String| Err(Error::invalid("kiln-train", what));
+    if args.epochs == 0 {
+        return bad("--epochs 0 trains nothing: give at least 1".into());
+    }
+    if !(args.lr > 0.0 && args.lr.is_finite()) {
+        return bad(format!("--lr must be a positive number, got {}", args.lr));
+    }
+    if !(0.0..1.0).contains(&args.momentum) {
+        return bad(format!("--momentum must be in [0, 1), got {}", args.momentum));
+    }
+    if !(args.weight_decay >= 0.0 && args.weight_decay.is_finite()) {
+        return bad(format!(
+            "--weight-decay must be a number >= 0, got {}",
+            args.weight_decay
+        ));
+    }
+    Ok(())
+}
+
+/// Creates `out`'s folder and checks a file can be written there, before training:
+/// a run is not lost to a path that cannot be saved to.
+fn check_writable(out: &std::path::Path) -> Result<()> {
+    let cannot = |e: std::io::Error| {
+        Error::invalid(
+            "kiln-train",
+            format!("cannot write the checkpoint {}: {e}", out.display()),
+        )
+    };
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(cannot)?;
+    if out.is_dir() {
+        return Err(Error::invalid(
+            "kiln-train",
+            format!("the checkpoint path {} is a folder", out.display()),
+        ));
+    }
+    let probe = dir.join(format!(".kiln-train-probe-{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(cannot)?;
+    std::fs::remove_file(&probe).map_err(cannot)
+}
+
 fn main() {
     let args = Args::parse();
-    let r = run_on(args.device.device, Train(&args));
+    let r = check_args(&args).and_then(|()| run_on(args.device.device, Train(&args)));
     if let Err(e) = r {
         eprintln!("error: {e}");
         std::process::exit(1);

@@ -1,0 +1,60 @@
+//! `kiln-train` refuses nonsense before it works: one line naming the flag or the path,
+//! a non-zero exit status, no backtrace, and nothing saved.
+
+use std::process::Command;
+
+const TRAIN: &str = env!("CARGO_BIN_EXE_kiln-train");
+
+/// Runs kiln-train; its exit status and standard error.
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(TRAIN)
+        .args(args)
+        .output()
+        .expect("kiln-train runs");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+#[test]
+fn nonsense_flags_and_paths_are_refused_in_one_line() {
+    let dir = std::env::temp_dir().join(format!("kiln-bad-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("model.safetensors");
+    let out = out.to_str().unwrap();
+    let folder = dir.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--epochs", "0"], "--epochs 0 trains nothing"),
+        (&["--lr", "0"], "--lr must be a positive number, got 0"),
+        (&["--lr", "-1"], "--lr must be a positive number, got -1"),
+        (&["--lr", "nan"], "--lr must be a positive number, got NaN"),
+        (&["--momentum", "5"], "--momentum must be in [0, 1), got 5"),
+        (&["--weight-decay", "-0.5"], "--weight-decay must be a number >= 0, got -0.5"),
+        (&["--limit", "10"], "10 training examples make no full batch of 64"),
+        (&["--batch-size", "7"], "batch size 7 is not one of"),
+        (
+            &["--out", "/proc/kiln-nowhere/model.safetensors"],
+            "cannot write the checkpoint /proc/kiln-nowhere/model.safetensors",
+        ),
+        (&["--out", folder], "is a folder"),
+        (
+            &["--model", "gpt-tiny", "--limit", "100"],
+            "--limit 100 leaves less than one step",
+        ),
+    ];
+    for (args, want) in cases {
+        let mut all = args.to_vec();
+        if !all.contains(&"--out") {
+            all.extend(["--out", out]);
+        }
+        let (code, err) = run(&all);
+        assert_eq!(code, Some(1), "kiln-train {all:?}: {err}");
+        assert!(err.contains(want), "kiln-train {all:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "kiln-train {all:?}: {err}");
+        assert!(!err.contains("panicked"), "kiln-train {all:?}: {err}");
+        assert!(!std::path::Path::new(out).exists(), "kiln-train {all:?} saved a model");
+    }
+    // What the parser refuses is one line too, with its usage hint (exit status 2).
+    let (code, err) = run(&["--warmup", "-5"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("invalid value '-5' for '--warmup"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
