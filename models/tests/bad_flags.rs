@@ -58,3 +58,43 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
     assert!(err.contains("invalid value '-5' for '--warmup"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `kiln-infer` checks what a checkpoint records (model, data set) against the command
+/// line before it evaluates.
+#[test]
+fn kiln_infer_refuses_a_checkpoint_of_another_model_or_data_set() {
+    use kiln::cpu::{Cpu, CpuDevice};
+    use kiln::tensor::nn::Module;
+    use std::collections::BTreeMap;
+    let dir = std::env::temp_dir().join(format!("kiln-infer-meta-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("mlp.safetensors");
+    let model = kiln_models::mlp::Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
+    let meta = BTreeMap::from([
+        ("model".to_string(), "mlp".to_string()),
+        ("dataset".to_string(), "mnist".to_string()),
+    ]);
+    kiln::train::checkpoint::save_with_metadata(&model, &path, &meta).unwrap();
+    let path = path.to_str().unwrap();
+    for (args, want) in [
+        (
+            vec!["--dataset", "fashion"],
+            "was trained as dataset mnist, not fashion: pass --dataset mnist",
+        ),
+        (
+            vec!["--model", "cnn"],
+            "was trained as model mlp, not cnn: pass --model mlp",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln-infer"))
+            .args(&args)
+            .args(["--checkpoint", path])
+            .output()
+            .expect("kiln-infer runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -9,8 +9,10 @@
 //! before the model is touched, and reported in one error that names each tensor with
 //! both shapes and dtypes.
 //!
-//! Files are read whole into memory; parsing and validation of the header are the
-//! `safetensors` crate's.
+//! Files are read whole into memory once their header agrees with their length (a
+//! length field past the end, or tensor data declared longer or shorter than the file
+//! holds, is refused after reading the header alone); the rest of the validation is
+//! the `safetensors` crate's.
 
 use kiln_tensor::nn::Module;
 use kiln_tensor::{bf16, f16, Backend, DType, Error, HostData, RawTensor, Result};
@@ -382,8 +384,55 @@ fn io_error(path: &Path, what: &str, e: io::Error) -> Error {
     ))
 }
 
+/// The bytes of the safetensors file at `path`, read only once its header agrees with
+/// the file's length: a length field past the end, a header that is not a JSON
+/// object, or tensor data declared longer or shorter than the file holds is an error
+/// after reading the header alone (a 3 GB file of zeros costs its first 8 bytes, not
+/// 3 GB of memory). The rest is the safetensors crate's to check.
 fn read_file(path: &Path) -> Result<Vec<u8>> {
-    fs::read(path).map_err(|e| io_error(path, "read", e))
+    use std::io::Read;
+    let io = |e| io_error(path, "read", e);
+    let invalid = |why: String| {
+        Error::Format(format!(
+            "`{}` is not a valid safetensors file: {why}",
+            path.display()
+        ))
+    };
+    let mut file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len < 8 {
+        return Err(invalid(format!("{len} bytes hold no header length")));
+    }
+    let mut field = [0u8; 8];
+    file.read_exact(&mut field).map_err(io)?;
+    let n = u64::from_le_bytes(field);
+    if n > len - 8 {
+        return Err(invalid(format!(
+            "the header length {n} runs past the file's {len} bytes"
+        )));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    bytes.extend_from_slice(&field);
+    Read::by_ref(&mut file)
+        .take(n)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..])
+        .map_err(|e| invalid(format!("the header is not a JSON object: {e}")))?;
+    let declared = header
+        .iter()
+        .filter(|(name, _)| *name != "__metadata__")
+        .filter_map(|(_, t)| t.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    let held = len - 8 - n;
+    if declared != held {
+        return Err(invalid(format!(
+            "the header declares {declared} bytes of tensor data but the file holds {held}"
+        )));
+    }
+    file.read_to_end(&mut bytes).map_err(io)?;
+    Ok(bytes)
 }
 
 /// Writes `bytes` to `path` through a temporary sibling, fsync and rename. A symbolic

@@ -645,3 +645,35 @@ fn saving_through_a_symlink_replaces_its_target_and_keeps_the_link() -> Result<(
     assert_eq!(contents(&back), contents(&net(2)?));
     Ok(())
 }
+
+/// A 3 GB file of zeros (sparse: it takes no disk) is refused from its first bytes:
+/// its header length is 0, so its header is no JSON object, and nothing else is read.
+#[test]
+fn a_huge_file_with_a_bad_header_is_refused_before_its_data_is_read() -> Result<()> {
+    let dir = scratch("huge");
+    let p = dir.join("zeros.safetensors");
+    fs::File::create(&p)?.set_len(3 << 30)?;
+    let peak_before = peak_memory_kib();
+    let e = load_error(&p);
+    assert!(e.contains("not a valid safetensors file") && e.contains("not a JSON object"), "{e}");
+    // Read whole, the file would have raised the process's peak memory by 3 GB.
+    if let (Some(before), Some(after)) = (peak_before, peak_memory_kib()) {
+        assert!(after - before < 256 << 10, "peak memory rose by {} KiB", after - before);
+    }
+    // A header declaring more data than the file holds is refused the same way.
+    let good = dir.join("good.safetensors");
+    write(&good, &[("weight", f32s(&[2, 3]))]);
+    let mut bytes = fs::read(&good)?;
+    bytes.truncate(bytes.len() - 4);
+    fs::write(&p, &bytes)?;
+    let e = load_error(&p);
+    assert!(e.contains("declares 24 bytes of tensor data but the file holds 20"), "{e}");
+    Ok(())
+}
+
+/// The process's peak resident memory in KiB (Linux's `VmHWM`), where it can be read.
+fn peak_memory_kib() -> Option<u64> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}

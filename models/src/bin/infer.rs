@@ -72,14 +72,30 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
         Dataset::Mnist => ("mnist", MNIST_NORM),
         Dataset::Fashion => ("fashion-mnist", FASHION_NORM),
     };
-    // Evaluation reads the test split alone.
-    let test = Split::load(&data_dir().join(dir), SplitName::Test, norm)?;
     let path = args.checkpoint.clone().unwrap_or_else(|| {
         let name = format!("{:?}-{:?}.safetensors", args.model, args.dataset).to_lowercase();
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("runs")
             .join(name)
     });
+    // What kiln-train recorded must match what we were asked to evaluate.
+    let meta = checkpoint::read_metadata(&path)?;
+    for (key, flag, asked) in [
+        ("model", "--model", format!("{:?}", args.model).to_lowercase()),
+        ("dataset", "--dataset", format!("{:?}", args.dataset).to_lowercase()),
+    ] {
+        if let Some(recorded) = meta.get(key).filter(|r| **r != asked) {
+            return Err(Error::invalid(
+                "kiln-infer",
+                format!(
+                    "{} was trained as {key} {recorded}, not {asked}: pass {flag} {recorded}",
+                    path.display()
+                ),
+            ));
+        }
+    }
+    // Evaluation reads the test split alone.
+    let test = Split::load(&data_dir().join(dir), SplitName::Test, norm)?;
     let mut model = M::init(dev, 0)?;
     checkpoint::load(&mut model, &path)?;
     let acc = accuracy(&model, &test, dev)?;
