@@ -1,7 +1,10 @@
-//! What the binaries' command lines share: `--device`.
+//! What the binaries' command lines share: `--device` and `--data`.
 
+use crate::data::data_dir;
 use clap::Args;
 use kiln::device::DeviceChoice;
+use kiln::tensor::{Error, Result};
+use std::path::PathBuf;
 
 /// `--device`, flattened into each binary's arguments.
 #[derive(Args, Clone, Copy, Debug)]
@@ -10,4 +13,31 @@ pub struct DeviceArg {
     /// (the GPU backends need a build with the `wgpu` / `cuda` feature).
     #[arg(long, default_value = "cpu")]
     pub device: DeviceChoice,
+}
+
+/// `--data`, flattened into the binaries that read data sets.
+#[derive(Args, Clone, Debug)]
+pub struct DataArg {
+    /// The folder holding the data sets (mnist/, fashion-mnist/, shakespeare/; default:
+    /// the copies vendored with kiln-models).
+    #[arg(long, env = "KILN_DATA", value_name = "DIR")]
+    pub data: Option<PathBuf>,
+}
+
+impl DataArg {
+    /// The data folder: `--data`, else `KILN_DATA`, else the vendored one; an error
+    /// naming it when it is not a folder.
+    pub fn dir(&self) -> Result<PathBuf> {
+        let dir = self.data.clone().unwrap_or_else(data_dir);
+        if !dir.is_dir() {
+            return Err(Error::invalid(
+                "data",
+                format!(
+                    "the data folder {} does not exist (--data DIR or KILN_DATA names it)",
+                    dir.display()
+                ),
+            ));
+        }
+        Ok(dir)
+    }
 }

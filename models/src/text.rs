@@ -32,9 +32,12 @@ impl Corpus {
 
     /// The seven Shakespeare plays vendored in `models/data/shakespeare/`.
     pub fn shakespeare() -> Result<Self> {
-        let path = data_dir()
-            .join("shakespeare")
-            .join("shakespeare_7plays.txt");
+        Self::shakespeare_in(&data_dir())
+    }
+
+    /// The seven Shakespeare plays in the data folder `root` (`shakespeare/`).
+    pub fn shakespeare_in(root: &std::path::Path) -> Result<Self> {
+        let path = root.join("shakespeare").join("shakespeare_7plays.txt");
         let bytes = std::fs::read(&path)
             .map_err(|e| Error::Format(format!("cannot read {}: {e}", path.display())))?;
         Self::new(bytes)

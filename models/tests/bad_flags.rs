@@ -52,6 +52,45 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
         assert!(!err.contains("panicked"), "kiln-train {all:?}: {err}");
         assert!(!std::path::Path::new(out).exists(), "kiln-train {all:?} saved a model");
     }
+    // Data folders: one that does not exist, and one whose IDX header declares dims
+    // that multiply past usize (a crafted file), for training and for evaluation.
+    let crafted = dir.join("crafted");
+    std::fs::create_dir_all(crafted.join("mnist")).unwrap();
+    let mut header = vec![0u8, 0, 8, 3];
+    for _ in 0..3 {
+        header.extend(u32::MAX.to_be_bytes());
+    }
+    for name in ["train-images-idx3-ubyte", "t10k-images-idx3-ubyte"] {
+        use std::io::Write;
+        let file = std::fs::File::create(crafted.join("mnist").join(format!("{name}.gz"))).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
+        gz.write_all(&header).unwrap();
+        gz.finish().unwrap();
+    }
+    let crafted = crafted.to_str().unwrap();
+    let checkpoint = dir.join("mlp.safetensors");
+    let mlp = kiln_models::mlp::Mlp::<kiln::cpu::Cpu>::init(&kiln::cpu::CpuDevice, 1).unwrap();
+    kiln::train::checkpoint::save(&mlp, &checkpoint).unwrap();
+    let checkpoint = checkpoint.to_str().unwrap();
+    for (bin, args, want) in [
+        (TRAIN, vec!["--data", "/kiln-nowhere"], "the data folder /kiln-nowhere does not exist"),
+        (TRAIN, vec!["--data", crafted], "more than the 2147483648 bytes an IDX file may hold"),
+        (
+            env!("CARGO_BIN_EXE_kiln-infer"),
+            vec!["--data", crafted, "--checkpoint", checkpoint],
+            "more than the 2147483648 bytes an IDX file may hold",
+        ),
+    ] {
+        let mut all = args.clone();
+        if bin == TRAIN {
+            all.extend(["--out", out]);
+        }
+        let o = Command::new(bin).args(&all).output().expect("the binary runs");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{all:?}: {err}");
+        assert!(err.contains(want), "{all:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{all:?}: {err}");
+    }
     // What the parser refuses is one line too, with its usage hint (exit status 2).
     let (code, err) = run(&["--warmup", "-5"]);
     assert_eq!(code, Some(2), "{err}");

@@ -9,7 +9,7 @@ use kiln::device::{run_on, OnDevice};
 use kiln::prelude::*;
 use kiln::train::checkpoint;
 use kiln_models::classify::{accuracy, images, Classifier};
-use kiln_models::data::{data_dir, Split, SplitName, FASHION_NORM, MNIST_NORM};
+use kiln_models::data::{Split, SplitName, FASHION_NORM, MNIST_NORM};
 use kiln_models::{lenet::LeNet, mlp::Mlp};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -50,6 +50,8 @@ struct Args {
     latency_images: usize,
     #[command(flatten)]
     device: kiln_models::cli::DeviceArg,
+    #[command(flatten)]
+    data: kiln_models::cli::DataArg,
 }
 
 /// The evaluation, on whichever backend `--device` opens.
@@ -95,7 +97,7 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
         }
     }
     // Evaluation reads the test split alone.
-    let test = Split::load(&data_dir().join(dir), SplitName::Test, norm)?;
+    let test = Split::load(&args.data.dir()?.join(dir), SplitName::Test, norm)?;
     let mut model = M::init(dev, 0)?;
     checkpoint::load(&mut model, &path)?;
     let acc = accuracy(&model, &test, dev)?;

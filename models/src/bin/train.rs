@@ -15,7 +15,7 @@ use kiln::train::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
 use kiln::train::schedule::CosineWithWarmup;
 use kiln_models::classify::{accuracy, fit, Classifier};
 use kiln_models::curve::Curve;
-use kiln_models::data::{data_dir, ImageDataset, FASHION_NORM, MNIST_NORM};
+use kiln_models::data::{ImageDataset, FASHION_NORM, MNIST_NORM};
 use kiln_models::{lenet::LeNet, mlp::Mlp};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -98,6 +98,8 @@ struct Args {
     out: Option<PathBuf>,
     #[command(flatten)]
     device: kiln_models::cli::DeviceArg,
+    #[command(flatten)]
+    data: kiln_models::cli::DataArg,
     /// Run every training step through the planned path, never replaying a captured
     /// graph (CUDA replays the image models' static step by default).
     #[arg(long)]
@@ -142,7 +144,7 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
             .join(name)
     });
     check_writable(&out)?;
-    let mut data = ImageDataset::load(&data_dir().join(dir), norm)?;
+    let mut data = ImageDataset::load(&args.data.dir()?.join(dir), norm)?;
     if args.limit > 0 {
         data.train = data.train.take(args.limit);
     }
@@ -425,7 +427,7 @@ mod gpt {
         dev: &Be::Device,
         mut opt: O,
     ) -> Result<()> {
-        let mut corpus = Corpus::shakespeare()?;
+        let mut corpus = Corpus::shakespeare_in(&args.data.dir()?)?;
         if args.limit > 0 {
             if args.limit <= B * T {
                 return Err(Error::invalid(

@@ -53,6 +53,8 @@ struct Args {
     seed: u64,
     #[command(flatten)]
     device: kiln_models::cli::DeviceArg,
+    #[command(flatten)]
+    data: kiln_models::cli::DataArg,
 }
 
 /// The training run, on whichever backend `--device` opens.
@@ -91,7 +93,7 @@ fn check(args: &Args) -> Result<()> {
 }
 
 fn train<Be: Backend>(args: &Args, dev: &Be::Device) -> Result<()> {
-    let corpus = Corpus::shakespeare()?;
+    let corpus = Corpus::shakespeare_in(&args.data.dir()?)?;
     let mut model = DynamicGpt::<Be>::new(
         args.width,
         args.heads,
