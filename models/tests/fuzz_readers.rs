@@ -1,0 +1,134 @@
+//! A bounded, seeded mutation fuzz of the readers a user's files reach: IDX (plain and
+//! gzip'd) and safetensors checkpoints. Each case mutates a valid file (bit flips, byte
+//! overwrites, cuts, insertions, a header length or a dim set to an extreme) and reads
+//! it: an error or a value, never a panic, and the process's peak memory stays within
+//! a stated bound. `KILN_FUZZ_CASES` sets the case count per reader (default 4,000,
+//! so about 12,000 per CI run); the seed is fixed.
+
+use flate2::{write::GzEncoder, Compression};
+use kiln::cpu::{Cpu, CpuDevice};
+use kiln::tensor::rng::bits;
+use kiln::train::checkpoint::{read_tensors, save};
+use kiln_models::data::read_idx_from;
+use kiln_models::lenet::LeNet;
+use std::io::Write;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// How much the process's peak resident memory may grow over all cases.
+const MEMORY_BOUND_KIB: u64 = 512 << 10;
+
+fn cases() -> u32 {
+    std::env::var("KILN_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4_000)
+}
+
+/// A seeded stream of random words.
+struct Rng(u32, u32);
+
+impl Rng {
+    fn next(&mut self) -> u32 {
+        self.1 += 1;
+        bits(self.0, self.1)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() as usize) % n.max(1)
+    }
+}
+
+/// `valid` with one to four random mutations.
+fn mutate(valid: &[u8], rng: &mut Rng) -> Vec<u8> {
+    let mut b = valid.to_vec();
+    for _ in 0..1 + rng.below(4) {
+        let at = rng.below(b.len());
+        match rng.below(7) {
+            0 => b[at] ^= 1 << rng.below(8),
+            1 => b[at] = rng.next() as u8,
+            2 => b.truncate(at),
+            3 => b.insert(at, rng.next() as u8),
+            // A length field or a dim at an extreme: all ones, or a huge power of two.
+            4 => {
+                let at = at.min(b.len().saturating_sub(4));
+                let n = (b.len() - at).min(4);
+                b[at..at + n].fill(0xff);
+            }
+            5 => {
+                let at = at.min(b.len().saturating_sub(8));
+                let huge = (1u64 << (30 + rng.below(34))).to_le_bytes();
+                let n = (b.len() - at).min(8);
+                b[at..at + n].copy_from_slice(&huge[..n]);
+            }
+            _ => b.extend((0..rng.below(64)).map(|_| rng.next() as u8)),
+        }
+        if b.is_empty() {
+            break;
+        }
+    }
+    b
+}
+
+/// The process's peak resident memory in KiB (Linux's `VmHWM`), where it can be read.
+fn peak_memory_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
+/// Runs `read` on `n` mutations of `valid`; the number that read without an error.
+fn fuzz(name: &str, valid: &[u8], seed: u32, read: &dyn Fn(&[u8]) -> bool) -> u32 {
+    let mut rng = Rng(seed, 0);
+    let mut ok = 0;
+    for case in 0..cases() {
+        let bytes = mutate(valid, &mut rng);
+        match catch_unwind(AssertUnwindSafe(|| read(&bytes))) {
+            Ok(true) => ok += 1,
+            Ok(false) => {}
+            Err(_) => panic!("{name}: case {case} panicked on {} bytes: {bytes:?}", bytes.len()),
+        }
+    }
+    ok
+}
+
+#[test]
+fn mutated_files_are_errors_or_values_never_panics() {
+    let before = peak_memory_kib();
+    // IDX: 3 images of 4x5, plain and gzip'd (the gzip stream is mutated, so the
+    // decompressor meets the damage).
+    let mut idx = vec![0, 0, 8, 3, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0, 5];
+    idx.extend((0..60).map(|i| i as u8));
+    let plain = fuzz("idx", &idx, 1, &|b| read_idx_from(b, 3, "fuzz").is_ok());
+    let gz = fuzz("idx.gz", &gzip(&idx), 2, &|b| {
+        read_idx_from(flate2::read::GzDecoder::new(b), 3, "fuzz").is_ok()
+    });
+    // Safetensors: LeNet's checkpoint (weights, biases, batch-norm buffers).
+    let dir = std::env::temp_dir().join(format!("kiln-fuzz-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("lenet.safetensors");
+    save(&LeNet::<Cpu>::init(&CpuDevice, 1).unwrap(), &path).unwrap();
+    let valid = std::fs::read(&path).unwrap();
+    let file = dir.join("case.safetensors");
+    let st = fuzz("safetensors", &valid, 3, &|b| {
+        std::fs::write(&file, b).unwrap();
+        read_tensors::<Cpu>(&file, &CpuDevice).is_ok()
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+    println!(
+        "{} cases per reader: {plain} IDX, {gz} gzip'd IDX and {st} safetensors mutations read as values, the rest were errors",
+        cases()
+    );
+    if let (Some(before), Some(after)) = (before, peak_memory_kib()) {
+        println!("peak memory grew by {} KiB", after - before);
+        assert!(
+            after - before < MEMORY_BOUND_KIB,
+            "peak memory grew by {} KiB (bound {MEMORY_BOUND_KIB})",
+            after - before
+        );
+    }
+}
