@@ -1,4 +1,5 @@
-//! What the binaries' command lines share: `--device` and `--data`.
+//! What the binaries' command lines share: `--device`, `--data` and where checkpoints
+//! go by default.
 
 use crate::data::data_dir;
 use clap::Args;
@@ -40,4 +41,11 @@ impl DataArg {
         }
         Ok(dir)
     }
+}
+
+/// Where a checkpoint named `file` goes when no path is given: `runs/` in the current
+/// folder (kiln-train writes there, kiln-infer and kiln-generate read from there), not
+/// the source tree.
+pub fn default_checkpoint(file: &str) -> PathBuf {
+    PathBuf::from("runs").join(file)
 }

@@ -24,7 +24,8 @@ use std::path::PathBuf;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// The checkpoint (default: models/runs/gpt-shakespeare.safetensors).
+    /// The checkpoint (default: runs/gpt-shakespeare.safetensors in the current folder,
+    /// where kiln-train saves it).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
     /// The text to continue.
@@ -54,11 +55,10 @@ impl OnDevice for Generate<'_> {
 
     fn run<Be: Backend>(self, dev: &Be::Device, name: &str) -> Result<()> {
         let args = self.0;
-        let path = args.checkpoint.clone().unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("runs")
-                .join("gpt-shakespeare.safetensors")
-        });
+        let path = args
+            .checkpoint
+            .clone()
+            .unwrap_or_else(|| kiln_models::cli::default_checkpoint("gpt-shakespeare.safetensors"));
         let path = path.as_path();
         // Checkpoints from before configurations were named hold the tiny GPT.
         let config = checkpoint::read_metadata(path)?

@@ -42,7 +42,8 @@ struct Args {
     /// The data set.
     #[arg(long, value_enum, default_value = "mnist")]
     dataset: Dataset,
-    /// The checkpoint (default: models/runs/<model>-<dataset>.safetensors).
+    /// The checkpoint (default: runs/<model>-<dataset>.safetensors in the current
+    /// folder, where kiln-train saves it).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
     /// Images timed one at a time.
@@ -76,9 +77,7 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
     };
     let path = args.checkpoint.clone().unwrap_or_else(|| {
         let name = format!("{:?}-{:?}.safetensors", args.model, args.dataset).to_lowercase();
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("runs")
-            .join(name)
+        kiln_models::cli::default_checkpoint(&name)
     });
     // What kiln-train recorded must match what we were asked to evaluate.
     let meta = checkpoint::read_metadata(&path)?;

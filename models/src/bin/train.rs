@@ -93,7 +93,8 @@ struct Args {
     /// Seed for initialisation and shuffling.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Where to save the checkpoint (default: models/runs/<model>-<dataset>.safetensors).
+    /// Where to save the checkpoint (default: runs/<model>-<dataset>.safetensors in the
+    /// current folder).
     #[arg(long)]
     out: Option<PathBuf>,
     #[command(flatten)]
@@ -139,9 +140,7 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
     };
     let out = args.out.clone().unwrap_or_else(|| {
         let name = format!("{:?}-{:?}.safetensors", args.model, dataset).to_lowercase();
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("runs")
-            .join(name)
+        kiln_models::cli::default_checkpoint(&name)
     });
     check_writable(&out)?;
     let mut data = ImageDataset::load(&args.data.dir()?.join(dir), norm)?;
@@ -307,7 +306,6 @@ mod gpt {
     use kiln_models::gpt::{GptModel, Ids};
     use kiln_models::text::{windows, Corpus};
     use std::collections::BTreeMap;
-    use std::path::PathBuf;
     use std::time::Instant;
 
     /// Trains the small GPT (`tiny`: the tiny one) with `--batch-size` 16, 32 or 64
@@ -440,11 +438,10 @@ mod gpt {
             }
             corpus.train.truncate(args.limit);
         }
-        let out = args.out.clone().unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("runs")
-                .join("gpt-shakespeare.safetensors")
-        });
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| kiln_models::cli::default_checkpoint("gpt-shakespeare.safetensors"));
         super::check_writable(&out)?;
         let mut model = M::init_named(dev, args.seed, "")?;
         let per_epoch = (corpus.train.len() / (B * T)) as u64;
