@@ -44,7 +44,8 @@ pub fn save_with_metadata<B: Backend, M: Module<B>>(
 /// the safetensors file at `path`.
 ///
 /// The file must hold exactly the model's tensors, each with the model's shape and
-/// dtype (no conversion); otherwise this returns an [`Error::Format`] listing every
+/// dtype (no conversion), besides PyTorch's batch-norm counters, which are skipped
+/// (`num_batches_tracked`); otherwise this returns an [`Error::Format`] listing every
 /// missing, extra or mismatched tensor, and the model is left unchanged.
 pub fn load<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Path>) -> Result<()> {
     let path = path.as_ref();
@@ -91,6 +92,7 @@ pub fn load<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Path>) -> 
         .names()
         .into_iter()
         .filter(|n| !seen.contains(n))
+        .filter(|n| !is_batch_norm_counter(n, &file, &seen))
         .collect();
     extra.sort_unstable();
     for name in extra {
@@ -124,6 +126,24 @@ pub fn load<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Path>) -> 
             ))
         })
     })
+}
+
+/// Whether `name` in `file` is PyTorch's batch-norm step counter of a layer the model
+/// has: `<layer>.num_batches_tracked`, one int64, beside the model's
+/// `<layer>.running_mean`. PyTorch writes it in every BatchNorm state dict; Kiln's
+/// batch norm averages with a fixed momentum and has no use for it, so a load accepts
+/// and skips it (a counter of another dtype or shape is still an extra tensor).
+fn is_batch_norm_counter(name: &str, file: &SafeTensors<'_>, model: &BTreeSet<&str>) -> bool {
+    let Some(layer) = name.strip_suffix("num_batches_tracked") else {
+        return false;
+    };
+    let running_mean = format!("{layer}running_mean");
+    let layer_ok = layer.is_empty() || layer.ends_with('.');
+    layer_ok
+        && model.contains(running_mean.as_str())
+        && file
+            .tensor(name)
+            .is_ok_and(|v| v.dtype() == Dtype::I64 && v.shape().iter().product::<usize>() == 1)
 }
 
 /// Every tensor in the safetensors file at `path`, sorted by name, on `device`.

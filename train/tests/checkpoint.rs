@@ -677,3 +677,46 @@ fn peak_memory_kib() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// `path`'s file with `extra` (name, safetensors dtype, shape, bytes) appended, as
+/// PyTorch's state dicts add their batch-norm counters.
+fn with_extra(path: &Path, out: &Path, extra: (&str, &str, &[usize], &[u8])) {
+    let bytes = fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut data = bytes[8 + n..].to_vec();
+    let (name, dtype, shape, value) = extra;
+    header.insert(
+        name.to_string(),
+        serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [data.len(), data.len() + value.len()]}),
+    );
+    data.extend_from_slice(value);
+    raw_file(out, &serde_json::to_string(&header).unwrap(), &data);
+}
+
+#[test]
+fn pytorch_batch_norm_counters_load_and_are_skipped() -> Result<()> {
+    let dir = scratch("bn_counter");
+    let saved = dir.join("net.safetensors");
+    save(&net(4)?, &saved)?;
+    let p = dir.join("torch.safetensors");
+    with_extra(&saved, &p, ("norm.num_batches_tracked", "I64", &[], &7i64.to_le_bytes()));
+    let mut back = net(9)?;
+    load(&mut back, &p)?;
+    assert_eq!(contents(&back), contents(&net(4)?));
+    // Not a batch-norm layer of the model, or not one int64: still an extra tensor.
+    for (name, dtype, shape, value) in [
+        ("fc1.num_batches_tracked", "I64", &[][..], &7i64.to_le_bytes()[..]),
+        ("norm.num_batches_tracked", "F32", &[][..], &1f32.to_le_bytes()[..]),
+        ("norm.num_batches_tracked", "I64", &[2][..], &[0u8; 16][..]),
+    ] {
+        with_extra(&saved, &p, (name, dtype, shape, value));
+        let e = match load(&mut net(9)?, &p) {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("{name} {dtype} {shape:?} was accepted"),
+        };
+        assert!(e.contains(&format!("extra tensor `{name}`")), "{e}");
+    }
+    Ok(())
+}
