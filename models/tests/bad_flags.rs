@@ -137,3 +137,26 @@ fn kiln_infer_refuses_a_checkpoint_of_another_model_or_data_set() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Negative numbers reach the other binaries' checks too, which name the flag.
+#[test]
+fn negative_numbers_get_a_message_about_their_flag() {
+    for (bin, args, want) in [
+        (
+            env!("CARGO_BIN_EXE_kiln-train-dynamic"),
+            ["--lr", "-1"],
+            "--lr -1 must be a positive number",
+        ),
+        (
+            env!("CARGO_BIN_EXE_kiln-generate"),
+            ["--temperature", "-1"],
+            "--temperature must be a positive number, got -1",
+        ),
+    ] {
+        let o = Command::new(bin).args(args).output().expect("the binary runs");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+}

@@ -22,7 +22,8 @@ use std::path::PathBuf;
 
 /// Sample text from a trained GPT.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+// Negative numbers parse, so that a negative value gets a message about its flag.
+#[command(version, about, allow_negative_numbers = true)]
 struct Args {
     /// The checkpoint (default: runs/gpt-shakespeare.safetensors in the current folder,
     /// where kiln-train saves it).

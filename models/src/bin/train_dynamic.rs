@@ -22,7 +22,8 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Train the character-level GPT on the dynamic path, with variable sequence lengths.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+// Negative numbers parse, so that a negative value gets a message about its flag.
+#[command(version, about, allow_negative_numbers = true)]
 struct Args {
     /// Training steps.
     #[arg(long, default_value_t = 300)]
