@@ -634,7 +634,9 @@ impl<B: Backend> Program<B> {
                     let storage = B::rand_with_device_seed(device, op, seed.view(), &all[i])?;
                     RawTensor::from_storage(storage, Dims::new(&all[i].dims)?, device.clone())?
                 }
-                None => kiln_tensor::Builder::apply(&mut eager, seeded(op, seeds)?.into_owned(), &ins)?,
+                None => {
+                    kiln_tensor::Builder::apply(&mut eager, seeded(op, seeds)?.into_owned(), &ins)?
+                }
             };
             values[i] = Some(value);
         }
@@ -663,29 +665,29 @@ fn seeded<'o, B: Backend>(op: &'o Op, seeds: Seeds<'_, B>) -> Result<std::borrow
             dist,
             seed: own,
             dtype,
-        } => std::borrow::Cow::Owned(Op::Rand {
-            dims: dims.clone(),
-            dist: *dist,
-            seed: match seeds {
-                Seeds::Mix(seed) => own ^ seed,
-                Seeds::Table(table) => *usize::try_from(*own)
-                    .ok()
-                    .and_then(|i| table.get(i))
-                    .ok_or_else(|| {
+        } => {
+            std::borrow::Cow::Owned(Op::Rand {
+                dims: dims.clone(),
+                dist: *dist,
+                seed: match seeds {
+                    Seeds::Mix(seed) => own ^ seed,
+                    Seeds::Table(table) => *usize::try_from(*own)
+                        .ok()
+                        .and_then(|i| table.get(i))
+                        .ok_or_else(|| {
                         Error::invalid(
                             "run",
                             format!("random op {own} has no seed in a table of {}", table.len()),
                         )
                     })?,
-                Seeds::Device(_) => {
-                    return Err(Error::invalid(
+                    Seeds::Device(_) => return Err(Error::invalid(
                         "run",
                         "a draw with a device seed is not mixed on the host (a broken invariant)",
-                    ))
-                }
-            },
-            dtype: *dtype,
-        }),
+                    )),
+                },
+                dtype: *dtype,
+            })
+        }
         op => std::borrow::Cow::Borrowed(op),
     })
 }

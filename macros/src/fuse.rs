@@ -156,7 +156,9 @@ pub fn fuse(
         quote!()
     } else {
         let mode = if training {
-            quote!(::kiln::tensor::nn::Mode::Train { seed: __seed.on_host("a dynamic part")? })
+            quote!(::kiln::tensor::nn::Mode::Train {
+                seed: __seed.on_host("a dynamic part")?
+            })
         } else {
             quote!(::kiln::tensor::nn::Mode::Eval)
         };

@@ -321,9 +321,15 @@ mod tests {
             }
         }
         let mut counted = Counted(GzDecoder::new(&bomb[..]), 0);
-        let e = read_idx_from(&mut counted, 3, "bomb").unwrap_err().to_string();
+        let e = read_idx_from(&mut counted, 3, "bomb")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("the payload has more"), "{e}");
-        assert!(counted.1 <= 16 + 784 + 1, "decompressed {} bytes", counted.1);
+        assert!(
+            counted.1 <= 16 + 784 + 1,
+            "decompressed {} bytes",
+            counted.1
+        );
     }
 
     #[test]

@@ -11,7 +11,10 @@ fn run(args: &[&str]) -> (Option<i32>, String) {
         .args(args)
         .output()
         .expect("kiln-train runs");
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
 }
 
 #[test]
@@ -27,8 +30,14 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
         (&["--lr", "-1"], "--lr must be a positive number, got -1"),
         (&["--lr", "nan"], "--lr must be a positive number, got NaN"),
         (&["--momentum", "5"], "--momentum must be in [0, 1), got 5"),
-        (&["--weight-decay", "-0.5"], "--weight-decay must be a number >= 0, got -0.5"),
-        (&["--limit", "10"], "10 training examples make no full batch of 64"),
+        (
+            &["--weight-decay", "-0.5"],
+            "--weight-decay must be a number >= 0, got -0.5",
+        ),
+        (
+            &["--limit", "10"],
+            "10 training examples make no full batch of 64",
+        ),
         (&["--batch-size", "7"], "batch size 7 is not one of"),
         (
             &["--out", "/proc/kiln-nowhere/model.safetensors"],
@@ -50,7 +59,10 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
         assert!(err.contains(want), "kiln-train {all:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "kiln-train {all:?}: {err}");
         assert!(!err.contains("panicked"), "kiln-train {all:?}: {err}");
-        assert!(!std::path::Path::new(out).exists(), "kiln-train {all:?} saved a model");
+        assert!(
+            !std::path::Path::new(out).exists(),
+            "kiln-train {all:?} saved a model"
+        );
     }
     // Data folders: one that does not exist, and one whose IDX header declares dims
     // that multiply past usize (a crafted file), for training and for evaluation.
@@ -73,8 +85,16 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
     kiln::train::checkpoint::save(&mlp, &checkpoint).unwrap();
     let checkpoint = checkpoint.to_str().unwrap();
     for (bin, args, want) in [
-        (TRAIN, vec!["--data", "/kiln-nowhere"], "the data folder /kiln-nowhere does not exist"),
-        (TRAIN, vec!["--data", crafted], "more than the 2147483648 bytes an IDX file may hold"),
+        (
+            TRAIN,
+            vec!["--data", "/kiln-nowhere"],
+            "the data folder /kiln-nowhere does not exist",
+        ),
+        (
+            TRAIN,
+            vec!["--data", crafted],
+            "more than the 2147483648 bytes an IDX file may hold",
+        ),
         (
             env!("CARGO_BIN_EXE_kiln-infer"),
             vec!["--data", crafted, "--checkpoint", checkpoint],
@@ -85,7 +105,10 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
         if bin == TRAIN {
             all.extend(["--out", out]);
         }
-        let o = Command::new(bin).args(&all).output().expect("the binary runs");
+        let o = Command::new(bin)
+            .args(&all)
+            .output()
+            .expect("the binary runs");
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{all:?}: {err}");
         assert!(err.contains(want), "{all:?}: {err}");
@@ -153,7 +176,10 @@ fn negative_numbers_get_a_message_about_their_flag() {
             "--temperature must be a positive number, got -1",
         ),
     ] {
-        let o = Command::new(bin).args(args).output().expect("the binary runs");
+        let o = Command::new(bin)
+            .args(args)
+            .output()
+            .expect("the binary runs");
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");

@@ -90,7 +90,10 @@ fn fuzz(name: &str, valid: &[u8], seed: u32, read: &dyn Fn(&[u8]) -> bool) -> u3
         match catch_unwind(AssertUnwindSafe(|| read(&bytes))) {
             Ok(true) => ok += 1,
             Ok(false) => {}
-            Err(_) => panic!("{name}: case {case} panicked on {} bytes: {bytes:?}", bytes.len()),
+            Err(_) => panic!(
+                "{name}: case {case} panicked on {} bytes: {bytes:?}",
+                bytes.len()
+            ),
         }
     }
     ok

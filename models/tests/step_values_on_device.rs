@@ -73,13 +73,19 @@ fn a_seed_left_unadvanced_draws_the_same_masks() -> Result<()> {
     let model = LeNet::<Cpu>::init(&dev, 4)?;
     let x = RawTensor::<Cpu>::full(&[16, 1, 28, 28], 0.5, DType::F32, &dev)?;
     let y = RawTensor::<Cpu>::from_vec(vec![1i32; 16], &[16], &dev)?;
-    let loss = |m: &LeNet<Cpu>| -> Result<f32> { Ok(Classifier::loss_and_grad(m, &x, &y)?.0.to_vec::<f32>()?[0]) };
+    let loss = |m: &LeNet<Cpu>| -> Result<f32> {
+        Ok(Classifier::loss_and_grad(m, &x, &y)?.0.to_vec::<f32>()?[0])
+    };
     model.step_seeds().advance_on_device(&dev)?;
     let (a, b) = (loss(&model)?, loss(&model)?);
     assert_eq!(a, b, "the same device seed draws the same masks");
     model.step_seeds().advance_on_device(&dev)?;
     assert_ne!(loss(&model)?, a, "an advanced seed draws new masks");
     model.step_seeds().keep_on_host();
-    assert_ne!(loss(&model)?, loss(&model)?, "host seeds advance by themselves");
+    assert_ne!(
+        loss(&model)?,
+        loss(&model)?,
+        "host seeds advance by themselves"
+    );
     Ok(())
 }

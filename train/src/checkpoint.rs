@@ -235,7 +235,8 @@ fn with_metadata(bytes: Vec<u8>, metadata: &BTreeMap<String, String>) -> Result<
     if metadata.is_empty() {
         return Ok(bytes);
     }
-    let broken = |what: &str| Error::Format(format!("the serialised header {what} (a broken invariant)"));
+    let broken =
+        |what: &str| Error::Format(format!("the serialised header {what} (a broken invariant)"));
     let n = bytes
         .get(..8)
         .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)

@@ -644,7 +644,8 @@ impl<B: Backend> AdamState<B> {
                     *step = ExprStep::Const(v);
                 }
                 let [a, b, c] = &mut s.values;
-                let (Some(a), Some(b), Some(c)) = (a.storage_mut(), b.storage_mut(), c.storage_mut())
+                let (Some(a), Some(b), Some(c)) =
+                    (a.storage_mut(), b.storage_mut(), c.storage_mut())
                 else {
                     return Err(Error::invalid(
                         "Adam",
@@ -716,7 +717,11 @@ impl<B: Backend> AdamState<B> {
         let (dims, device) = (*param.dims(), param.device().clone());
         self.write_scalars(h, step, &device)?;
         let shape_of = |h: AdamStep| AdamStep { lr: 0.0, ..h };
-        if self.fused.as_ref().is_none_or(|(built_for, _)| *built_for != shape_of(h)) {
+        if self
+            .fused
+            .as_ref()
+            .is_none_or(|(built_for, _)| *built_for != shape_of(h))
+        {
             self.fused = Some((shape_of(h), Self::fused_expr(h)));
         }
         let (_, expr) = self.fused.as_ref().expect("built above");

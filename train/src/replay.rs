@@ -128,8 +128,9 @@ impl<B: Backend> StepReplay<B> {
                     })?;
                     let loss = out.expect("a captured step ran and returned its loss");
                     let value = loss.to_vec::<f32>()?[0];
-                    self.notice =
-                        Some("the training step is captured as a graph; later steps replay it".into());
+                    self.notice = Some(
+                        "the training step is captured as a graph; later steps replay it".into(),
+                    );
                     self.graph = Some(Captured {
                         replay,
                         inputs: uploaded,

@@ -619,7 +619,10 @@ fn a_save_removes_the_temporary_files_of_killed_saves() -> Result<()> {
     // A killed process's leftover (no process has a pid this large on Linux), one of
     // this process's own (a save that may still be running), and another file's.
     let dead = dir.join(".model.safetensors.4294967295-0.safetensors.tmp");
-    let own = dir.join(format!(".model.safetensors.{}-999.safetensors.tmp", std::process::id()));
+    let own = dir.join(format!(
+        ".model.safetensors.{}-999.safetensors.tmp",
+        std::process::id()
+    ));
     let other = dir.join(".other.safetensors.4294967295-0.safetensors.tmp");
     for f in [&dead, &own, &other] {
         fs::write(f, b"partial").unwrap();
@@ -639,7 +642,10 @@ fn saving_through_a_symlink_replaces_its_target_and_keeps_the_link() -> Result<(
     save(&net(1)?, &target)?;
     std::os::unix::fs::symlink("real.safetensors", &link).unwrap();
     save(&net(2)?, &link)?;
-    assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert!(fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
     let mut back = net(9)?;
     load(&mut back, &target)?;
     assert_eq!(contents(&back), contents(&net(2)?));
@@ -655,10 +661,17 @@ fn a_huge_file_with_a_bad_header_is_refused_before_its_data_is_read() -> Result<
     fs::File::create(&p)?.set_len(3 << 30)?;
     let peak_before = peak_memory_kib();
     let e = load_error(&p);
-    assert!(e.contains("not a valid safetensors file") && e.contains("not a JSON object"), "{e}");
+    assert!(
+        e.contains("not a valid safetensors file") && e.contains("not a JSON object"),
+        "{e}"
+    );
     // Read whole, the file would have raised the process's peak memory by 3 GB.
     if let (Some(before), Some(after)) = (peak_before, peak_memory_kib()) {
-        assert!(after - before < 256 << 10, "peak memory rose by {} KiB", after - before);
+        assert!(
+            after - before < 256 << 10,
+            "peak memory rose by {} KiB",
+            after - before
+        );
     }
     // A header declaring more data than the file holds is refused the same way.
     let good = dir.join("good.safetensors");
@@ -667,7 +680,10 @@ fn a_huge_file_with_a_bad_header_is_refused_before_its_data_is_read() -> Result<
     bytes.truncate(bytes.len() - 4);
     fs::write(&p, &bytes)?;
     let e = load_error(&p);
-    assert!(e.contains("declares 24 bytes of tensor data but the file holds 20"), "{e}");
+    assert!(
+        e.contains("declares 24 bytes of tensor data but the file holds 20"),
+        "{e}"
+    );
     Ok(())
 }
 
@@ -701,14 +717,28 @@ fn pytorch_batch_norm_counters_load_and_are_skipped() -> Result<()> {
     let saved = dir.join("net.safetensors");
     save(&net(4)?, &saved)?;
     let p = dir.join("torch.safetensors");
-    with_extra(&saved, &p, ("norm.num_batches_tracked", "I64", &[], &7i64.to_le_bytes()));
+    with_extra(
+        &saved,
+        &p,
+        ("norm.num_batches_tracked", "I64", &[], &7i64.to_le_bytes()),
+    );
     let mut back = net(9)?;
     load(&mut back, &p)?;
     assert_eq!(contents(&back), contents(&net(4)?));
     // Not a batch-norm layer of the model, or not one int64: still an extra tensor.
     for (name, dtype, shape, value) in [
-        ("fc1.num_batches_tracked", "I64", &[][..], &7i64.to_le_bytes()[..]),
-        ("norm.num_batches_tracked", "F32", &[][..], &1f32.to_le_bytes()[..]),
+        (
+            "fc1.num_batches_tracked",
+            "I64",
+            &[][..],
+            &7i64.to_le_bytes()[..],
+        ),
+        (
+            "norm.num_batches_tracked",
+            "F32",
+            &[][..],
+            &1f32.to_le_bytes()[..],
+        ),
         ("norm.num_batches_tracked", "I64", &[2][..], &[0u8; 16][..]),
     ] {
         with_extra(&saved, &p, (name, dtype, shape, value));

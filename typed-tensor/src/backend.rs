@@ -225,7 +225,10 @@ pub fn check_device_seed<B: Backend>(seed: View<'_, B>) -> Result<()> {
 pub fn read_device_seed<B: Backend>(seed: View<'_, B>) -> Result<u64> {
     check_device_seed(seed)?;
     let HostData::I32(words) = B::download(seed.storage, &seed.layout)? else {
-        return Err(Error::invalid("rand", "an i32 buffer downloaded as another dtype"));
+        return Err(Error::invalid(
+            "rand",
+            "an i32 buffer downloaded as another dtype",
+        ));
     };
     Ok(words[0] as u32 as u64 | (words[1] as u32 as u64) << 32)
 }

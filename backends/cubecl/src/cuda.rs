@@ -113,8 +113,15 @@ impl CubeDevice<CudaRuntime> {
 
     /// The timed algorithm searches this device's products have made so far.
     pub fn algorithm_searches(&self) -> Vec<AlgorithmSearch> {
-        let blas = self.state.extra().blas.lock().unwrap_or_else(|e| e.into_inner());
-        blas.as_ref().map(|b| b.searches.clone()).unwrap_or_default()
+        let blas = self
+            .state
+            .extra()
+            .blas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        blas.as_ref()
+            .map(|b| b.searches.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -552,7 +559,8 @@ fn lt_matmul(
                     lt::set_matmul_pref_attribute(pref, attr, &align as *const u32 as *const c_void, 4)
                         .map_err(|e| blas_error("alignment preference", e))?;
                 }
-                let mut found = [std::mem::zeroed::<ltsys::cublasLtMatmulHeuristicResult_t>(); CANDIDATES];
+                let mut found =
+                    [std::mem::zeroed::<ltsys::cublasLtMatmulHeuristicResult_t>(); CANDIDATES];
                 let mut count = 0i32;
                 let h = ltsys::cublasLtMatmulAlgoGetHeuristic(
                     blas.handle,
@@ -570,8 +578,11 @@ fn lt_matmul(
                 .map_err(|e| blas_error("heuristic", e));
                 let _ = lt::destroy_matmul_pref(pref);
                 h?;
-                let candidates: Vec<ltsys::cublasLtMatmulAlgo_t> =
-                    found[..count.clamp(0, CANDIDATES as i32) as usize].iter().map(|r| r.algo).collect();
+                let candidates: Vec<ltsys::cublasLtMatmulAlgo_t> = found
+                    [..count.clamp(0, CANDIDATES as i32) as usize]
+                    .iter()
+                    .map(|r| r.algo)
+                    .collect();
                 let Some(&first) = candidates.first() else {
                     return Err(blas_error(
                         "heuristic",
@@ -580,26 +591,45 @@ fn lt_matmul(
                 };
                 // Timing needs a synchronisation, which a graph capture cannot hold:
                 // a product first seen there takes the heuristic's choice.
-                let algo = if candidates.len() > 1 && algorithm_search() && !dev.capturing_graph_here() {
-                    let run = |algo: &ltsys::cublasLtMatmulAlgo_t| {
-                        product(blas, desc, (pb, lx), (pa, ly), (pc, ld), dtype, algo, stream)
+                let algo =
+                    if candidates.len() > 1 && algorithm_search() && !dev.capturing_graph_here() {
+                        let run = |algo: &ltsys::cublasLtMatmulAlgo_t| {
+                            product(
+                                blas,
+                                desc,
+                                (pb, lx),
+                                (pa, ly),
+                                (pc, ld),
+                                dtype,
+                                algo,
+                                stream,
+                            )
+                        };
+                        let (best, timings) = fastest(&candidates, stream, run)?;
+                        blas.searches.push(AlgorithmSearch {
+                            problem: key.clone(),
+                            heuristic_us: timings[0],
+                            chosen_us: timings[best],
+                            candidates: candidates.len(),
+                        });
+                        candidates[best]
+                    } else {
+                        first
                     };
-                    let (best, timings) = fastest(&candidates, stream, run)?;
-                    blas.searches.push(AlgorithmSearch {
-                        problem: key.clone(),
-                        heuristic_us: timings[0],
-                        chosen_us: timings[best],
-                        candidates: candidates.len(),
-                    });
-                    candidates[best]
-                } else {
-                    first
-                };
                 blas.algos.insert(key, algo);
                 algo
             }
         };
-        let status = product(blas, desc, (pb, lx), (pa, ly), (pc, ld), dtype, &algo, stream);
+        let status = product(
+            blas,
+            desc,
+            (pb, lx),
+            (pa, ly),
+            (pc, ld),
+            dtype,
+            &algo,
+            stream,
+        );
         let _ = lt::destroy_matrix_layout(lx);
         let _ = lt::destroy_matrix_layout(ly);
         let _ = lt::destroy_matrix_layout(ld);
@@ -662,28 +692,38 @@ fn fastest<T>(
     stream: dsys::CUstream,
     mut run: impl FnMut(&T) -> std::result::Result<(), lt::CublasError>,
 ) -> Result<(usize, Vec<f64>)> {
-    let event = || drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| driver_error("cuEventCreate", e));
+    let event = || {
+        drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(|e| driver_error("cuEventCreate", e))
+    };
     let (start, end) = (event()?, event()?);
     let mut times = Vec::with_capacity(candidates.len());
-    let timed = |run: &mut dyn FnMut() -> std::result::Result<(), lt::CublasError>| -> Result<Option<f64>> {
-        if run().is_err() {
-            return Ok(None);
-        }
-        let mut reps = [0f64; 3];
-        for r in &mut reps {
-            unsafe {
-                drv::event::record(start, stream).map_err(|e| driver_error("cuEventRecord", e))?;
-                if run().is_err() {
-                    return Ok(None);
-                }
-                drv::event::record(end, stream).map_err(|e| driver_error("cuEventRecord", e))?;
-                drv::event::synchronize(end).map_err(|e| driver_error("cuEventSynchronize", e))?;
-                *r = drv::event::elapsed(start, end).map_err(|e| driver_error("cuEventElapsedTime", e))? as f64 * 1e3;
+    let timed =
+        |run: &mut dyn FnMut() -> std::result::Result<(), lt::CublasError>| -> Result<Option<f64>> {
+            if run().is_err() {
+                return Ok(None);
             }
-        }
-        reps.sort_by(f64::total_cmp);
-        Ok(Some(reps[1]))
-    };
+            let mut reps = [0f64; 3];
+            for r in &mut reps {
+                unsafe {
+                    drv::event::record(start, stream)
+                        .map_err(|e| driver_error("cuEventRecord", e))?;
+                    if run().is_err() {
+                        return Ok(None);
+                    }
+                    drv::event::record(end, stream)
+                        .map_err(|e| driver_error("cuEventRecord", e))?;
+                    drv::event::synchronize(end)
+                        .map_err(|e| driver_error("cuEventSynchronize", e))?;
+                    *r = drv::event::elapsed(start, end)
+                        .map_err(|e| driver_error("cuEventElapsedTime", e))?
+                        as f64
+                        * 1e3;
+                }
+            }
+            reps.sort_by(f64::total_cmp);
+            Ok(Some(reps[1]))
+        };
     for c in candidates {
         let t = timed(&mut || run(c));
         times.push(t.map(|t| t.unwrap_or(f64::INFINITY)));
@@ -693,6 +733,8 @@ fn fastest<T>(
         let _ = drv::event::destroy(end);
     }
     let times = times.into_iter().collect::<Result<Vec<f64>>>()?;
-    let best = (0..times.len()).min_by(|&a, &b| times[a].total_cmp(&times[b])).unwrap_or(0);
+    let best = (0..times.len())
+        .min_by(|&a, &b| times[a].total_cmp(&times[b]))
+        .unwrap_or(0);
     Ok((best, times))
 }

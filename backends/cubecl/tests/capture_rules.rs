@@ -207,12 +207,16 @@ fn dropout_and_adam_read_their_step_values_from_device_memory<R: KilnRuntime>(
     type B<R> = CubeBackend<R>;
     let x = RawTensor::<B<R>>::rand(
         &[BATCH, 1, 28, 28],
-        kiln_tensor::RandDist::Normal { mean: 0.0, std: 1.0 },
+        kiln_tensor::RandDist::Normal {
+            mean: 0.0,
+            std: 1.0,
+        },
         11,
         kiln_tensor::DType::F32,
         dev,
     )?;
-    let y = RawTensor::<B<R>>::from_vec((0..BATCH as i32).map(|i| i % 10).collect(), &[BATCH], dev)?;
+    let y =
+        RawTensor::<B<R>>::from_vec((0..BATCH as i32).map(|i| i % 10).collect(), &[BATCH], dev)?;
     let adamw = || {
         AdamW::<B<R>>::new(AdamWConfig {
             lr: 1e-3,
@@ -222,7 +226,10 @@ fn dropout_and_adam_read_their_step_values_from_device_memory<R: KilnRuntime>(
     let (mut checked, mut planned) = (LeNet::<B<R>>::init(dev, 8)?, LeNet::<B<R>>::init(dev, 8)?);
     let (mut opt_checked, mut opt_planned) = (adamw()?, adamw()?);
     // The first step runs by value: it starts Adam's moments.
-    for (model, opt) in [(&mut checked, &mut opt_checked), (&mut planned, &mut opt_planned)] {
+    for (model, opt) in [
+        (&mut checked, &mut opt_checked),
+        (&mut planned, &mut opt_planned),
+    ] {
         let (_, grads) = Classifier::loss_and_grad(model, &x, &y)?;
         opt.step(model, &grads)?;
     }
@@ -252,11 +259,16 @@ fn dropout_and_adam_read_their_step_values_from_device_memory<R: KilnRuntime>(
     checked.step_seeds().keep_on_host();
     let params = |m: &LeNet<B<R>>| {
         let mut all = Vec::new();
-        m.visit_params("", &mut |s| all.push((s.name.to_string(), s.value.to_vec::<f32>())));
+        m.visit_params("", &mut |s| {
+            all.push((s.name.to_string(), s.value.to_vec::<f32>()))
+        });
         all
     };
     for ((name, a), (_, b)) in params(&checked).into_iter().zip(params(&planned)) {
-        assert_eq!(a?, b?, "`{name}` differs between device-held and host step values");
+        assert_eq!(
+            a?, b?,
+            "`{name}` differs between device-held and host step values"
+        );
     }
     Ok(())
 }

@@ -268,10 +268,22 @@ fn replayed_steps_train_every_model_and_optimizer_exactly_as_planned_ones() -> R
     let dev = device();
     let adamw = || AdamW::<Cuda>::new(AdamWConfig::default());
     let cases: [(&str, Box<dyn Fn(bool) -> Result<Vec<Vec<f32>>>>); 4] = [
-        ("MLP, SGD", Box::new(|r| trained(&dev, Mlp::<Cuda>::init(&dev, 3)?, sgd(0.9)?, r))),
-        ("MLP, AdamW", Box::new(|r| trained(&dev, Mlp::<Cuda>::init(&dev, 3)?, adamw()?, r))),
-        ("CNN, SGD", Box::new(|r| trained(&dev, LeNet::<Cuda>::init(&dev, 3)?, sgd(0.9)?, r))),
-        ("CNN, AdamW", Box::new(|r| trained(&dev, LeNet::<Cuda>::init(&dev, 3)?, adamw()?, r))),
+        (
+            "MLP, SGD",
+            Box::new(|r| trained(&dev, Mlp::<Cuda>::init(&dev, 3)?, sgd(0.9)?, r)),
+        ),
+        (
+            "MLP, AdamW",
+            Box::new(|r| trained(&dev, Mlp::<Cuda>::init(&dev, 3)?, adamw()?, r)),
+        ),
+        (
+            "CNN, SGD",
+            Box::new(|r| trained(&dev, LeNet::<Cuda>::init(&dev, 3)?, sgd(0.9)?, r)),
+        ),
+        (
+            "CNN, AdamW",
+            Box::new(|r| trained(&dev, LeNet::<Cuda>::init(&dev, 3)?, adamw()?, r)),
+        ),
     ];
     for (name, run) in &cases {
         let (planned, replayed) = (run(false)?, run(true)?);

@@ -82,8 +82,16 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
     // What kiln-train recorded must match what we were asked to evaluate.
     let meta = checkpoint::read_metadata(&path)?;
     for (key, flag, asked) in [
-        ("model", "--model", format!("{:?}", args.model).to_lowercase()),
-        ("dataset", "--dataset", format!("{:?}", args.dataset).to_lowercase()),
+        (
+            "model",
+            "--model",
+            format!("{:?}", args.model).to_lowercase(),
+        ),
+        (
+            "dataset",
+            "--dataset",
+            format!("{:?}", args.dataset).to_lowercase(),
+        ),
     ] {
         if let Some(recorded) = meta.get(key).filter(|r| **r != asked) {
             return Err(Error::invalid(

@@ -157,7 +157,10 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
         ));
     }
     if data.test.is_empty() {
-        return Err(Error::invalid("kiln-train", "the test split is empty: there is nothing to evaluate on"));
+        return Err(Error::invalid(
+            "kiln-train",
+            "the test split is empty: there is nothing to evaluate on",
+        ));
     }
     let mut model = M::init(dev, args.seed)?;
     let steps_per_epoch = (data.train.len() / batch) as u64;
@@ -297,8 +300,8 @@ mod gpt {
     use super::{Args, Opt};
     use crate::gpt_instances::{SmallGpt, TinyGpt};
     use kiln::prelude::*;
-    use kiln::train::checkpoint;
     use kiln::tensor::HostData;
+    use kiln::train::checkpoint;
     use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
     use kiln::train::replay::{StepInput, StepReplay};
     use kiln::train::schedule::{CosineWithWarmup, Schedule};
@@ -420,7 +423,13 @@ mod gpt {
         }
     }
 
-    fn train_with<Be: Backend, M: GptModel<Be>, O: Optimizer<Be>, const B: usize, const T: usize>(
+    fn train_with<
+        Be: Backend,
+        M: GptModel<Be>,
+        O: Optimizer<Be>,
+        const B: usize,
+        const T: usize,
+    >(
         args: &Args,
         dev: &Be::Device,
         mut opt: O,
@@ -464,8 +473,12 @@ mod gpt {
         let mut curve = Curve::new("held-out loss (nats/byte, 16 batches)");
         let mut run = || -> Result<()> {
             for step in 0..total {
-                let (ids, next) =
-                    windows(&corpus.train, B, T, args.seed.wrapping_mul(1_000_003) ^ step)?;
+                let (ids, next) = windows(
+                    &corpus.train,
+                    B,
+                    T,
+                    args.seed.wrapping_mul(1_000_003) ^ step,
+                )?;
                 opt.set_lr(schedule.lr_at(step))?;
                 let inputs = vec![
                     StepInput {
@@ -478,7 +491,10 @@ mod gpt {
                     },
                 ];
                 let outcome = steps.step(&mut model, &mut opt, inputs, &mut |m, xy| {
-                    let (ids, next) = (Tensor::from_raw(xy[0].clone())?, Tensor::from_raw(xy[1].clone())?);
+                    let (ids, next) = (
+                        Tensor::from_raw(xy[0].clone())?,
+                        Tensor::from_raw(xy[1].clone())?,
+                    );
                     let (loss, grads) = m.loss_and_grad::<B, T>(&ids, &next)?;
                     Ok((loss.into_raw(), grads))
                 })?;
@@ -565,7 +581,10 @@ fn check_args(args: &Args) -> Result<()> {
         return bad(format!("--lr must be a positive number, got {}", args.lr));
     }
     if !(0.0..1.0).contains(&args.momentum) {
-        return bad(format!("--momentum must be in [0, 1), got {}", args.momentum));
+        return bad(format!(
+            "--momentum must be in [0, 1), got {}",
+            args.momentum
+        ));
     }
     if !(args.weight_decay >= 0.0 && args.weight_decay.is_finite()) {
         return bad(format!(

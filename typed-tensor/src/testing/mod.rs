@@ -86,7 +86,10 @@ impl Config {
 
     /// The tolerance this backend is held to for `op`, where it replaces the op's own.
     pub fn unary_tolerance(&self, op: UnaryOp) -> Option<Tol> {
-        self.unary_tolerances.iter().find(|(u, _)| *u == op).map(|(_, t)| *t)
+        self.unary_tolerances
+            .iter()
+            .find(|(u, _)| *u == op)
+            .map(|(_, t)| *t)
     }
 
     /// The same without `dtype`.

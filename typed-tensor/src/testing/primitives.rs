@@ -837,43 +837,57 @@ pub fn rand<B: Backend>(device: &B::Device, config: &Config) {
 /// is not `i32 [2]` is an error.
 pub fn rand_device_seed<B: Backend>(device: &B::Device, config: &Config) {
     let cases = (rand_cases(config), any::<u64>(), 0..8u8);
-    run_property("rand_device_seed", config.cases(32), cases, |(c, seed, bad)| {
-        let Ok(meta) = c.op.infer(&[]) else {
-            return Ok(()); // a dtype `rand` refuses: the `rand` property covers it
-        };
-        let words = vec![seed as u32 as i32, (seed >> 32) as u32 as i32];
-        let buffer = if bad == 0 {
-            // A malformed seed buffer: three words.
-            crate::RawTensor::<B>::from_vec(vec![1i32, 2, 3], &[3], device)
-        } else {
-            crate::RawTensor::<B>::from_vec(words, &[2], device)
-        }
-        .map_err(|e| e.to_string())?;
-        let got = B::rand_with_device_seed(device, &c.op, buffer.view(), &meta);
-        if bad == 0 {
-            return match got {
-                Err(e) if e.to_string().contains("i32 [2]") => Ok(()),
-                Err(e) => Err(format!("a seed of dims [3] gave the error `{e}`, not one naming i32 [2]")),
-                Ok(_) => Err("a seed of dims [3] was accepted".into()),
+    run_property(
+        "rand_device_seed",
+        config.cases(32),
+        cases,
+        |(c, seed, bad)| {
+            let Ok(meta) = c.op.infer(&[]) else {
+                return Ok(()); // a dtype `rand` refuses: the `rand` property covers it
             };
-        }
-        let mixed = crate::backend::mix_device_seed(&c.op, seed).map_err(|e| e.to_string())?;
-        let (got, want) = match (got, B::execute(device, &mixed, &[], &meta)) {
-            (Ok(got), Ok(want)) => (got, want),
-            (Err(_), Err(_)) => return Ok(()), // refused alike (dims past the maximum rank)
-            (Err(e), Ok(_)) => return Err(format!("rand with a device seed failed: {e}")),
-            (Ok(_), Err(e)) => return Err(format!("rand refused ({e}), but not with a device seed")),
-        };
-        // Flat: a backend may draw more dims than a layout holds (both sides did).
-        let n = meta.dims.iter().product::<usize>();
-        let layout = crate::Layout::contiguous(crate::shape::Dims::new(&[n]).map_err(|e| e.to_string())?);
-        let (got, want) = (
-            B::download(&got, &layout).map_err(|e| e.to_string())?,
-            B::download(&want, &layout).map_err(|e| e.to_string())?,
-        );
-        if got != want {
-            return Err(format!("{:?} with device seed {seed}: the draw differs from the host-mixed one", c.op));
-        }
-        Ok(())
-    });
+            let words = vec![seed as u32 as i32, (seed >> 32) as u32 as i32];
+            let buffer = if bad == 0 {
+                // A malformed seed buffer: three words.
+                crate::RawTensor::<B>::from_vec(vec![1i32, 2, 3], &[3], device)
+            } else {
+                crate::RawTensor::<B>::from_vec(words, &[2], device)
+            }
+            .map_err(|e| e.to_string())?;
+            let got = B::rand_with_device_seed(device, &c.op, buffer.view(), &meta);
+            if bad == 0 {
+                return match got {
+                    Err(e) if e.to_string().contains("i32 [2]") => Ok(()),
+                    Err(e) => Err(format!(
+                        "a seed of dims [3] gave the error `{e}`, not one naming i32 [2]"
+                    )),
+                    Ok(_) => Err("a seed of dims [3] was accepted".into()),
+                };
+            }
+            let mixed = crate::backend::mix_device_seed(&c.op, seed).map_err(|e| e.to_string())?;
+            let (got, want) = match (got, B::execute(device, &mixed, &[], &meta)) {
+                (Ok(got), Ok(want)) => (got, want),
+                (Err(_), Err(_)) => return Ok(()), // refused alike (dims past the maximum rank)
+                (Err(e), Ok(_)) => return Err(format!("rand with a device seed failed: {e}")),
+                (Ok(_), Err(e)) => {
+                    return Err(format!("rand refused ({e}), but not with a device seed"))
+                }
+            };
+            // Flat: a backend may draw more dims than a layout holds (both sides did).
+            let n = meta.dims.iter().product::<usize>();
+            let layout = crate::Layout::contiguous(
+                crate::shape::Dims::new(&[n]).map_err(|e| e.to_string())?,
+            );
+            let (got, want) = (
+                B::download(&got, &layout).map_err(|e| e.to_string())?,
+                B::download(&want, &layout).map_err(|e| e.to_string())?,
+            );
+            if got != want {
+                return Err(format!(
+                    "{:?} with device seed {seed}: the draw differs from the host-mixed one",
+                    c.op
+                ));
+            }
+            Ok(())
+        },
+    );
 }

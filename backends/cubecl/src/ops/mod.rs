@@ -61,7 +61,13 @@ pub fn execute<R: KilnRuntime>(
         Op::Iota { axis, .. } => index::iota(dev, dims, *axis),
         Op::Rand {
             dist, seed, dtype, ..
-        } => rand(dev, dims.iter().product(), *dist, DrawSeed::Host(*seed), *dtype),
+        } => rand(
+            dev,
+            dims.iter().product(),
+            *dist,
+            DrawSeed::Host(*seed),
+            *dtype,
+        ),
         Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. } => {
             Err(Error::invalid(
                 op.name(),
@@ -168,7 +174,9 @@ pub(crate) fn rand<R: KilnRuntime>(
     }
     if let DrawSeed::Host(_) = seed {
         // A replay would draw the same values again: the seed is a launch argument.
-        dev.refuse_in_capture("drawing random numbers with a seed on the host (a replay would repeat the same draw)")?;
+        dev.refuse_in_capture(
+            "drawing random numbers with a seed on the host (a replay would repeat the same draw)",
+        )?;
     }
     let result = dev.alloc("rand", dtype, n)?;
     if n == 0 {
