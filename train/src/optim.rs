@@ -860,99 +860,61 @@ impl<B: Backend> AdamW<B> {
     }
 }
 
-impl<B: Backend> Optimizer<B> for Adam<B> {
-    fn update_param(
-        &mut self,
-        name: &str,
-        param: &RawTensor<B>,
-        grad: &RawTensor<B>,
-    ) -> Result<RawTensor<B>> {
-        self.state.update("Adam", self.hyper(), name, param, grad)
-    }
+/// The `Optimizer` impl of an Adam flavour: its per-parameter rule is `AdamState`'s
+/// with the flavour's hyper-parameters (`hyper`); everything else is shared.
+macro_rules! adam_optimizer {
+    ($ty:ident, $name:literal) => {
+        impl<B: Backend> Optimizer<B> for $ty<B> {
+            fn update_param(
+                &mut self,
+                name: &str,
+                param: &RawTensor<B>,
+                grad: &RawTensor<B>,
+            ) -> Result<RawTensor<B>> {
+                self.state.update($name, self.hyper(), name, param, grad)
+            }
 
-    fn update_param_in_place(
-        &mut self,
-        name: &str,
-        param: &mut RawTensor<B>,
-        grad: &RawTensor<B>,
-    ) -> Result<()> {
-        self.state
-            .update_in_place("Adam", self.hyper(), name, param, grad)
-    }
+            fn update_param_in_place(
+                &mut self,
+                name: &str,
+                param: &mut RawTensor<B>,
+                grad: &RawTensor<B>,
+            ) -> Result<()> {
+                self.state
+                    .update_in_place($name, self.hyper(), name, param, grad)
+            }
 
-    fn lr(&self) -> f64 {
-        self.config.lr
-    }
+            fn lr(&self) -> f64 {
+                self.config.lr
+            }
 
-    fn set_lr(&mut self, lr: f64) -> Result<()> {
-        check_lr("Adam", lr)?;
-        self.config.lr = lr;
-        Ok(())
-    }
+            fn set_lr(&mut self, lr: f64) -> Result<()> {
+                check_lr($name, lr)?;
+                self.config.lr = lr;
+                Ok(())
+            }
 
-    fn reset(&mut self) {
-        self.state.clear();
-    }
+            fn reset(&mut self) {
+                self.state.clear();
+            }
 
-    fn prepare_step(&mut self) -> Result<()> {
-        self.state.prepare_step(self.hyper())
-    }
+            fn prepare_step(&mut self) -> Result<()> {
+                self.state.prepare_step(self.hyper())
+            }
 
-    fn step_replayed(&mut self) {
-        self.state.step_replayed();
-    }
+            fn step_replayed(&mut self) {
+                self.state.step_replayed();
+            }
 
-    fn replay_refusal(&self) -> Option<String> {
-        None
-    }
+            fn replay_refusal(&self) -> Option<String> {
+                None
+            }
+        }
+    };
 }
 
-impl<B: Backend> Optimizer<B> for AdamW<B> {
-    fn update_param(
-        &mut self,
-        name: &str,
-        param: &RawTensor<B>,
-        grad: &RawTensor<B>,
-    ) -> Result<RawTensor<B>> {
-        self.state.update("AdamW", self.hyper(), name, param, grad)
-    }
-
-    fn update_param_in_place(
-        &mut self,
-        name: &str,
-        param: &mut RawTensor<B>,
-        grad: &RawTensor<B>,
-    ) -> Result<()> {
-        self.state
-            .update_in_place("AdamW", self.hyper(), name, param, grad)
-    }
-
-    fn lr(&self) -> f64 {
-        self.config.lr
-    }
-
-    fn set_lr(&mut self, lr: f64) -> Result<()> {
-        check_lr("AdamW", lr)?;
-        self.config.lr = lr;
-        Ok(())
-    }
-
-    fn reset(&mut self) {
-        self.state.clear();
-    }
-
-    fn prepare_step(&mut self) -> Result<()> {
-        self.state.prepare_step(self.hyper())
-    }
-
-    fn step_replayed(&mut self) {
-        self.state.step_replayed();
-    }
-
-    fn replay_refusal(&self) -> Option<String> {
-        None
-    }
-}
+adam_optimizer!(Adam, "Adam");
+adam_optimizer!(AdamW, "AdamW");
 
 fn check_lr(op: &'static str, lr: f64) -> Result<()> {
     if !(lr >= 0.0 && lr.is_finite()) {
