@@ -1,21 +1,12 @@
 //! `kiln-train` refuses nonsense before it works: one line naming the flag or the path,
 //! a non-zero exit status, no backtrace, and nothing saved.
 
-use std::process::Command;
+#[path = "support/output.rs"]
+mod output;
+use output::{assert_refused, run};
 
 const TRAIN: &str = env!("CARGO_BIN_EXE_kiln-train");
-
-/// Runs kiln-train; its exit status and standard error.
-fn run(args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(TRAIN)
-        .args(args)
-        .output()
-        .expect("kiln-train runs");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
+const INFER: &str = env!("CARGO_BIN_EXE_kiln-infer");
 
 #[test]
 fn nonsense_flags_and_paths_are_refused_in_one_line() {
@@ -54,11 +45,7 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
         if !all.contains(&"--out") {
             all.extend(["--out", out]);
         }
-        let (code, err) = run(&all);
-        assert_eq!(code, Some(1), "kiln-train {all:?}: {err}");
-        assert!(err.contains(want), "kiln-train {all:?}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "kiln-train {all:?}: {err}");
-        assert!(!err.contains("panicked"), "kiln-train {all:?}: {err}");
+        assert_refused(TRAIN, &all, want);
         assert!(
             !std::path::Path::new(out).exists(),
             "kiln-train {all:?} saved a model"
@@ -96,7 +83,7 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
             "more than the 2147483648 bytes an IDX file may hold",
         ),
         (
-            env!("CARGO_BIN_EXE_kiln-infer"),
+            INFER,
             vec!["--data", crafted, "--checkpoint", checkpoint],
             "more than the 2147483648 bytes an IDX file may hold",
         ),
@@ -105,17 +92,10 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
         if bin == TRAIN {
             all.extend(["--out", out]);
         }
-        let o = Command::new(bin)
-            .args(&all)
-            .output()
-            .expect("the binary runs");
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{all:?}: {err}");
-        assert!(err.contains(want), "{all:?}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{all:?}: {err}");
+        assert_refused(bin, &all, want);
     }
     // What the parser refuses is one line too, with its usage hint (exit status 2).
-    let (code, err) = run(&["--warmup", "-5"]);
+    let (code, _, err) = run(TRAIN, &["--warmup", "-5"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("invalid value '-5' for '--warmup"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -126,7 +106,6 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
 #[test]
 fn kiln_infer_refuses_a_checkpoint_of_another_model_or_data_set() {
     use kiln::cpu::{Cpu, CpuDevice};
-    use kiln::tensor::nn::Module;
     use std::collections::BTreeMap;
     let dir = std::env::temp_dir().join(format!("kiln-infer-meta-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -148,15 +127,9 @@ fn kiln_infer_refuses_a_checkpoint_of_another_model_or_data_set() {
             "was trained as model mlp, not cnn: pass --model mlp",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_kiln-infer"))
-            .args(&args)
-            .args(["--checkpoint", path])
-            .output()
-            .expect("kiln-infer runs");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
-        assert!(err.contains(want), "{args:?}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        let mut all = args;
+        all.extend(["--checkpoint", path]);
+        assert_refused(INFER, &all, want);
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -176,13 +149,6 @@ fn negative_numbers_get_a_message_about_their_flag() {
             "--temperature must be a positive number, got -1",
         ),
     ] {
-        let o = Command::new(bin)
-            .args(args)
-            .output()
-            .expect("the binary runs");
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
-        assert!(err.contains(want), "{args:?}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert_refused(bin, &args, want);
     }
 }

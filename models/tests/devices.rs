@@ -2,13 +2,11 @@
 //! the forms it takes; a backend the build lacks is refused with the build line that
 //! adds it (one line, exit status 1, before any work); `--device cpu` is the default.
 
-use std::process::Command;
-
-#[cfg(feature = "wgpu")]
 #[path = "support/output.rs"]
 mod output;
 #[cfg(feature = "wgpu")]
 use output::number_after;
+use output::run;
 
 /// Every binary that takes `--device`, with arguments that make a run short.
 const BINARIES: [(&str, &str); 4] = [
@@ -20,18 +18,6 @@ const BINARIES: [(&str, &str); 4] = [
         env!("CARGO_BIN_EXE_kiln-train-dynamic"),
     ),
 ];
-
-fn run(path: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(path)
-        .args(args)
-        .output()
-        .expect("the binary runs");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
 
 #[test]
 fn a_nonsense_device_is_refused_with_the_forms_it_takes() {

@@ -2,18 +2,13 @@
 //! text writes a checkpoint that `kiln-generate` samples from; nonsense flags are one
 //! clear error line and a failing exit status.
 
-use std::process::Command;
+#[path = "support/output.rs"]
+mod output;
 
+/// Runs `bin` with `args`: whether it succeeded, its standard output and error.
 fn run(bin: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(bin)
-        .args(args)
-        .output()
-        .expect("the binary runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let (code, out, err) = output::run(bin, args);
+    (code == Some(0), out, err)
 }
 
 #[test]
