@@ -166,12 +166,18 @@ pub fn erf_f64(x: f64) -> f64 {
     }
 }
 
+/// The largest f32 whose e^x is finite in f32 (just below ln(f32::MAX) = 88.7228391):
+/// [`exp_f32`] is finite up to it and ∞ above (a cut at 88.72 sent e^x of the
+/// arguments between to ∞, where f32 holds them).
+pub const EXP_F32_MAX_ARG: f32 = 88.722_83;
+
 /// e^x in f32 without branches or library calls, so loops over it vectorise:
 /// x = k·ln 2 + r with |r| ≤ ln 2 / 2 (ln 2 split in two for an exact reduction),
 /// e^r by Cephes' degree-7 polynomial (relative error about 2e-7), 2^k built in the
 /// exponent bits in two halves. Results that would be subnormal (x < -87, e^x below
 /// 1.7e-38) are 0: arithmetic on subnormals takes a slow path on x86 that made a
-/// masked softmax four times slower. e^x overflows to ∞ above 88.72; NaN stays NaN.
+/// masked softmax four times slower. e^x overflows to ∞ above [`EXP_F32_MAX_ARG`];
+/// NaN stays NaN.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -179,7 +185,7 @@ pub fn exp_f32(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a call.
     const ROUND: f32 = 12_582_912.0;
-    let c = x.clamp(-87.0, 88.72);
+    let c = x.clamp(-87.0, EXP_F32_MAX_ARG);
     let t = c * LOG2E + ROUND;
     let k = t - ROUND;
     // k as an integer, read from t's mantissa (an `as` cast would not vectorise: it
@@ -196,7 +202,7 @@ pub fn exp_f32(x: f32) -> f32 {
     let half = ki >> 1;
     let scale = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
     let y = er * scale(half) * scale(ki - half);
-    if x > 88.72 {
+    if x > EXP_F32_MAX_ARG {
         f32::INFINITY
     } else if x < -87.0 {
         0.0
@@ -1234,13 +1240,24 @@ mod tests {
     fn exp_f32_is_within_a_few_ulp_of_exp_everywhere() {
         let mut worst = 0.0f64;
         let mut x = -87.0f32;
-        while x < 88.7 {
+        while x < EXP_F32_MAX_ARG {
             let want = (x as f64).exp();
             let got = exp_f32(x) as f64;
             worst = worst.max((got - want).abs() / want);
             x += 0.000_731;
         }
         assert!(worst < 4e-7, "worst relative error {worst}");
+        // Up to the largest argument whose e^x f32 holds, and ∞ just past it.
+        for x in [88.72f32, 88.7225, EXP_F32_MAX_ARG] {
+            let (got, want) = (exp_f32(x) as f64, (x as f64).exp());
+            assert!((got - want).abs() / want < 4e-7, "e^{x}: {got} vs {want}");
+        }
+        assert!((EXP_F32_MAX_ARG as f64).exp() <= f32::MAX as f64);
+        assert!((f32::from_bits(EXP_F32_MAX_ARG.to_bits() + 1) as f64).exp() > f32::MAX as f64);
+        assert_eq!(
+            exp_f32(f32::from_bits(EXP_F32_MAX_ARG.to_bits() + 1)),
+            f32::INFINITY
+        );
         // Below -87 the result would be subnormal: 0, off by less than 1.7e-38.
         assert_eq!(exp_f32(-87.01), 0.0);
         assert_eq!(exp_f32(0.0), 1.0);
