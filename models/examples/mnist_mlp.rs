@@ -33,9 +33,10 @@ fn main() -> Result<()> {
         64,
         1,
         1,
+        0,
         &dev,
         true,
-        &mut |_, r| {
+        &mut |_, _, r| {
             last = r.loss;
             Ok(())
         },

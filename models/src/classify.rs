@@ -159,23 +159,28 @@ pub struct StepReport {
 
 /// Trains for `epochs` over `train` in shuffled batches of `batch` (a final partial
 /// batch is dropped), setting the learning rate from `schedule` before each step.
+/// `start` steps are taken already (a resumed run): the loop begins where they
+/// ended, with the batch and learning rate the uninterrupted run would have had
+/// there; `on_step` gets the model and the optimizer after each step, for a training
+/// state to be saved ([`kiln::train::state`]).
 /// With `replay`, on a backend that captures (CUDA), the second step is captured as a
 /// graph and every later step replays it ([`StepReplay`]): each batch written into the
 /// same input buffers, and the learning rate, the optimizer's per-step values and the
 /// dropout seed into device memory; an optimizer a replay would not train correctly
 /// runs planned, and the first step's report says why.
 #[allow(clippy::too_many_arguments)]
-pub fn fit<B: Backend, M: Classifier<B>>(
+pub fn fit<B: Backend, M: Classifier<B>, O: Optimizer<B>>(
     model: &mut M,
-    opt: &mut impl Optimizer<B>,
+    opt: &mut O,
     schedule: &dyn Schedule,
     train: &Split,
     batch: usize,
     epochs: usize,
     seed: u64,
+    start: u64,
     device: &B::Device,
     replay: bool,
-    on_step: &mut dyn FnMut(&M, StepReport) -> Result<()>,
+    on_step: &mut dyn FnMut(&M, &O, StepReport) -> Result<()>,
 ) -> Result<()> {
     if !BATCH_SIZES.contains(&batch) {
         return Err(Error::invalid(
@@ -187,11 +192,26 @@ pub fn fit<B: Backend, M: Classifier<B>>(
     let mut image_dims = vec![batch];
     image_dims.extend_from_slice(M::EXAMPLE);
     let label_dims = [batch];
+    let per_epoch = (train.len() / batch) as u64;
+    if per_epoch == 0 {
+        return Err(Error::invalid(
+            "fit",
+            format!(
+                "{} training examples make no full batch of {batch}",
+                train.len()
+            ),
+        ));
+    }
     let mut run = || -> Result<()> {
-        let mut step = 0u64;
-        for epoch in 0..epochs {
+        let mut step = start;
+        for epoch in (start / per_epoch) as usize..epochs {
             let order = shuffled(train.len(), seed, epoch as u64);
-            for b in batches(train, &order, batch) {
+            let done = if epoch as u64 == start / per_epoch {
+                (start % per_epoch) as usize * batch
+            } else {
+                0
+            };
+            for b in batches(train, &order[done..], batch) {
                 if b.labels.len() < batch {
                     continue;
                 }
@@ -217,7 +237,7 @@ pub fn fit<B: Backend, M: Classifier<B>>(
                     lr,
                     notice: outcome.notice,
                 };
-                on_step(model, report)?;
+                on_step(model, opt, report)?;
                 step += 1;
             }
         }
@@ -312,9 +332,10 @@ pub fn short_mnist_run<B: Backend>(device: &B::Device) -> Result<ShortRun<B>> {
         64,
         1,
         1,
+        0,
         device,
         true,
-        &mut |_, r| {
+        &mut |_, _, r| {
             losses.push(r.loss);
             Ok(())
         },

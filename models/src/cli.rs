@@ -1,11 +1,13 @@
-//! What the binaries' command lines share: `--device`, `--data` and where checkpoints
-//! go by default.
+//! What the binaries' command lines share: `--device`, `--data`, `--foreign` and
+//! where checkpoints go by default.
 
 use crate::data::data_dir;
 use clap::Args;
 use kiln::device::DeviceChoice;
-use kiln::tensor::{Error, Result};
-use std::path::PathBuf;
+use kiln::tensor::nn::Module;
+use kiln::tensor::{Backend, Error, Result};
+use kiln::train::checkpoint;
+use std::path::{Path, PathBuf};
 
 /// `--device`, flattened into each binary's arguments.
 #[derive(Args, Clone, Copy, Debug)]
@@ -48,4 +50,25 @@ impl DataArg {
 /// the source tree.
 pub fn default_checkpoint(file: &str) -> PathBuf {
     PathBuf::from("runs").join(file)
+}
+
+/// `--foreign`, flattened into the binaries that load checkpoints.
+#[derive(Args, Clone, Copy, Debug)]
+pub struct ForeignArg {
+    /// The checkpoint was written by another tool (PyTorch's save_file) and has no
+    /// Kiln checksums: load it unverified (checksums it has are still verified).
+    #[arg(long)]
+    pub foreign: bool,
+}
+
+impl ForeignArg {
+    /// Loads the checkpoint at `path` into `model`, verifying its checksums unless
+    /// `--foreign` was given.
+    pub fn load<B: Backend, M: Module<B>>(&self, model: &mut M, path: &Path) -> Result<()> {
+        if self.foreign {
+            checkpoint::load_foreign(model, path)
+        } else {
+            checkpoint::load(model, path)
+        }
+    }
 }

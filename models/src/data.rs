@@ -116,6 +116,24 @@ pub struct Split {
 }
 
 impl Split {
+    /// A fingerprint of the examples, their order included: their count and a CRC-32
+    /// of their pixels and labels (what a training state records of its data).
+    pub fn fingerprint(&self) -> String {
+        let mut crc = crc32fast::Hasher::new();
+        let mut bytes = Vec::with_capacity(4 * 4096);
+        let words = self.images.iter().map(|x| x.to_bits());
+        let words = words.chain(self.labels.iter().map(|&y| y as u32));
+        for w in words {
+            bytes.extend_from_slice(&w.to_le_bytes());
+            if bytes.len() == bytes.capacity() {
+                crc.update(&bytes);
+                bytes.clear();
+            }
+        }
+        crc.update(&bytes);
+        format!("{} examples, crc32 {:08x}", self.len(), crc.finalize())
+    }
+
     /// The number of examples.
     pub fn len(&self) -> usize {
         self.labels.len()

@@ -35,6 +35,7 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
             "cannot write the checkpoint /proc/kiln-nowhere/model.safetensors",
         ),
         (&["--out", folder], "is a folder"),
+        (&["--state", folder], "the training state path"),
         (
             &["--model", "gpt-tiny", "--limit", "100"],
             "--limit 100 leaves less than one step",
@@ -131,6 +132,59 @@ fn kiln_infer_refuses_a_checkpoint_of_another_model_or_data_set() {
         all.extend(["--checkpoint", path]);
         assert_refused(INFER, &all, want);
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `kiln-infer` verifies a checkpoint's checksums: a flipped byte names its tensor; a
+/// file without checksums (PyTorch's) is refused unless `--foreign` accepts it.
+#[test]
+fn kiln_infer_verifies_checksums_and_takes_foreign_files_on_request() {
+    use kiln::cpu::{Cpu, CpuDevice};
+    let dir = std::env::temp_dir().join(format!("kiln-infer-crc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("mlp.safetensors");
+    let model = kiln_models::mlp::Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
+    kiln::train::checkpoint::save(&model, &path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let offset = header["fc2.bias"]["data_offsets"][0].as_u64().unwrap() as usize;
+
+    let flipped = dir.join("flipped.safetensors");
+    let mut b = bytes.clone();
+    b[8 + n + offset + 1] ^= 0x20;
+    std::fs::write(&flipped, &b).unwrap();
+    assert_refused(
+        INFER,
+        &["--checkpoint", flipped.to_str().unwrap()],
+        "tensor `fc2.bias` does not match its checksum",
+    );
+
+    header.remove("__metadata__");
+    let json = serde_json::to_vec(&header).unwrap();
+    let foreign = dir.join("foreign.safetensors");
+    let file = [
+        &(json.len() as u64).to_le_bytes()[..],
+        &json,
+        &bytes[8 + n..],
+    ]
+    .concat();
+    std::fs::write(&foreign, file).unwrap();
+    let foreign = foreign.to_str().unwrap();
+    assert_refused(INFER, &["--checkpoint", foreign], "has no tensor checksums");
+    let (code, out, err) = run(
+        INFER,
+        &[
+            "--checkpoint",
+            foreign,
+            "--foreign",
+            "--latency-images",
+            "0",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("test accuracy"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -1,18 +1,39 @@
 //! A bounded, seeded mutation fuzz of the readers a user's files reach: IDX (plain and
-//! gzip'd) and safetensors checkpoints. Each case mutates a valid file (bit flips, byte
+//! gzip'd), safetensors checkpoints and training states. Each case mutates a valid file (bit flips, byte
 //! overwrites, cuts, insertions, a header length or a dim set to an extreme) and reads
 //! it: an error or a value, never a panic, and the process's peak memory stays within
 //! a stated bound. `KILN_FUZZ_CASES` sets the case count per reader (default 4,000,
-//! so about 12,000 per CI run); the seed is fixed.
+//! so 16,000 per CI run); the seed is fixed.
 
 use flate2::{write::GzEncoder, Compression};
 use kiln::cpu::{Cpu, CpuDevice};
+use kiln::prelude::*;
 use kiln::tensor::rng::bits;
-use kiln::train::checkpoint::{read_tensors, save};
+use kiln::train::checkpoint::{load, read_tensors, save};
+use kiln::train::optim::{AdamW, AdamWConfig, Optimizer};
+use kiln::train::state;
 use kiln_models::data::read_idx_from;
-use kiln_models::lenet::LeNet;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// A small model with what a checkpoint can hold: weights, biases, batch-norm buffers.
+#[model]
+struct Small {
+    conv: Conv2d<1, 4, 3, 1, 1>,
+    bn: BatchNorm2d<4>,
+    fc: Linear<64, 10>,
+}
+
+#[model]
+impl Small {
+    /// Mean cross-entropy of 4×4 images' logits.
+    pub fn loss<const B: usize>(&self, x: Tensor<B, 1, 4, 4>, y: Tensor<B, i32>) -> Tensor {
+        self.fc(self.bn(self.conv(x)).relu().flatten())
+            .cross_entropy(y)
+    }
+}
 
 /// How much the process's peak resident memory may grow over all cases.
 const MEMORY_BOUND_KIB: u64 = 512 << 10;
@@ -110,20 +131,43 @@ fn mutated_files_are_errors_or_values_never_panics() {
     let gz = fuzz("idx.gz", &gzip(&idx), 2, &|b| {
         read_idx_from(flate2::read::GzDecoder::new(b), 3, "fuzz").is_ok()
     });
-    // Safetensors: LeNet's checkpoint (weights, biases, batch-norm buffers).
+    // Safetensors: a checkpoint with weights, biases, batch-norm buffers and counter.
     let dir = std::env::temp_dir().join(format!("kiln-fuzz-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("lenet.safetensors");
-    save(&LeNet::<Cpu>::init(&CpuDevice, 1).unwrap(), &path).unwrap();
+    let path = dir.join("small.safetensors");
+    save(&Small::<Cpu>::init(&CpuDevice, 1).unwrap(), &path).unwrap();
     let valid = std::fs::read(&path).unwrap();
     let file = dir.join("case.safetensors");
+    // One model takes every load (a failed load leaves it as it was).
+    let target = RefCell::new(Small::<Cpu>::init(&CpuDevice, 2).unwrap());
     let st = fuzz("safetensors", &valid, 3, &|b| {
         std::fs::write(&file, b).unwrap();
-        read_tensors::<Cpu>(&file, &CpuDevice).is_ok()
+        let read = read_tensors::<Cpu>(&file, &CpuDevice).is_ok();
+        read && load(&mut *target.borrow_mut(), &file).is_ok()
+    });
+    // A training state: the model with AdamW's moments and step counts after one step.
+    let mut model = Small::<Cpu>::init(&CpuDevice, 1).unwrap();
+    let mut opt = AdamW::<Cpu>::new(AdamWConfig::default()).unwrap();
+    let x = Tensor::from_vec(vec![0.5; 2 * 16], &[2, 1, 4, 4], &CpuDevice).unwrap();
+    let y = Tensor::from_vec(vec![3i32; 2], &[2], &CpuDevice).unwrap();
+    let (_, grads) = model.loss_and_grad::<2>(&x, &y).unwrap();
+    opt.step(&mut model, &grads).unwrap();
+    let run = BTreeMap::from([("--seed".to_string(), "1".to_string())]);
+    state::save(&path, &model, &opt, 1, &run).unwrap();
+    let valid = std::fs::read(&path).unwrap();
+    let target_opt = RefCell::new(AdamW::<Cpu>::new(AdamWConfig::default()).unwrap());
+    let ts = fuzz("training state", &valid, 4, &|b| {
+        std::fs::write(&file, b).unwrap();
+        let complete = state::verify(&file).is_ok();
+        let (mut model, mut opt) = (target.borrow_mut(), target_opt.borrow_mut());
+        // A load needs a complete file (and the run's settings besides).
+        let loaded = state::load(&file, &mut *model, &mut *opt, &run).is_ok();
+        assert!(complete || !loaded, "an incomplete state loaded");
+        loaded
     });
     std::fs::remove_dir_all(&dir).unwrap();
     println!(
-        "{} cases per reader: {plain} IDX, {gz} gzip'd IDX and {st} safetensors mutations read as values, the rest were errors",
+        "{} cases per reader: {plain} IDX, {gz} gzip'd IDX, {st} checkpoint and {ts} training-state mutations read as values, the rest were errors",
         cases()
     );
     if let (Some(before), Some(after)) = (before, peak_memory_kib()) {

@@ -9,6 +9,15 @@
 //! before the model is touched, and reported in one error that names each tensor with
 //! both shapes and dtypes.
 //!
+//! Every file Kiln writes carries a CRC-32 of each tensor's bytes in its metadata
+//! (`kiln.crc32.<name>`), and [`load`] verifies them: a flipped byte is an error naming
+//! the tensor. Files written elsewhere (PyTorch's `save_file`) have none; they load
+//! through [`load_foreign`], the explicit opt-out, which still verifies any checksum a
+//! file has.
+//!
+//! PyTorch's batch-norm step counters (`<layer>.num_batches_tracked`, one int64) are
+//! read into the model's training-step counter and written from it.
+//!
 //! Files are read whole into memory once their header agrees with their length (a
 //! length field past the end, or tensor data declared longer or shorter than the file
 //! holds, is refused after reading the header alone); the rest of the validation is
@@ -29,29 +38,113 @@ pub fn save<B: Backend, M: Module<B>>(model: &M, path: impl AsRef<Path>) -> Resu
     save_with_metadata(model, path, &BTreeMap::new())
 }
 
-/// [`save`], with string metadata in the file's `__metadata__` header entry.
+/// [`save`], with string metadata in the file's `__metadata__` header entry (keys
+/// starting with `kiln.` are reserved).
 pub fn save_with_metadata<B: Backend, M: Module<B>>(
     model: &M,
     path: impl AsRef<Path>,
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
+    check_user_metadata(metadata)?;
+    write_file(path.as_ref(), model_entries(model)?, metadata)
+}
+
+/// A model's tensors as a file holds them: parameters, buffers, and for each batch-norm
+/// layer PyTorch's `num_batches_tracked`, the model's training steps as its step
+/// counter counts them (0 for a module without one).
+pub(crate) fn model_entries<B: Backend, M: Module<B>>(model: &M) -> Result<Vec<(String, Encoded)>> {
     let tensors = module_tensors(model);
-    let refs: Vec<(&str, &RawTensor<B>)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    write_tensors_with_metadata(path, &refs, metadata)
+    let names: BTreeSet<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    let steps = model.step_seeds().map_or(0, |s| s.taken());
+    let counters: Vec<String> = names
+        .iter()
+        .filter_map(|n| n.strip_suffix("running_mean"))
+        .filter(|layer| names.contains(format!("{layer}running_var").as_str()))
+        .map(|layer| format!("{layer}{BATCH_NORM_COUNTER}"))
+        .filter(|c| !names.contains(c.as_str()))
+        .collect();
+    let mut entries = Vec::with_capacity(tensors.len() + counters.len());
+    for (name, t) in &tensors {
+        entries.push((name.clone(), Encoded::of(t)?));
+    }
+    for name in counters {
+        entries.push((
+            name,
+            Encoded {
+                dtype: Dtype::I64,
+                shape: vec![],
+                data: (steps as i64).to_le_bytes().to_vec(),
+            },
+        ));
+    }
+    Ok(entries)
+}
+
+/// The suffix of PyTorch's batch-norm step counter.
+const BATCH_NORM_COUNTER: &str = "num_batches_tracked";
+
+/// The metadata key prefix of a tensor's checksum.
+const CHECKSUM_KEY: &str = "kiln.crc32.";
+
+/// Whether a load insists on checksums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Checksums {
+    /// Every tensor read must have a checksum that matches (files Kiln wrote).
+    Required,
+    /// Tensors with a checksum are verified; a file without any loads (foreign files).
+    IfPresent,
 }
 
 /// Replaces every parameter and buffer of `model` with the tensor of the same name in
-/// the safetensors file at `path`.
+/// the safetensors file at `path`, which Kiln wrote: each tensor's checksum is
+/// verified (a file without checksums, such as PyTorch's, loads through
+/// [`load_foreign`]).
 ///
 /// The file must hold exactly the model's tensors, each with the model's shape and
-/// dtype (no conversion), besides PyTorch's batch-norm counters, which are skipped
-/// (`num_batches_tracked`); otherwise this returns an [`Error::Format`] listing every
-/// missing, extra or mismatched tensor, and the model is left unchanged.
+/// dtype (no conversion), besides PyTorch's batch-norm counters (one int64 per layer,
+/// read into the model's training-step counter); otherwise this returns an
+/// [`Error::Format`] listing every missing, extra or mismatched tensor, and the model
+/// is left unchanged.
 pub fn load<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Path>) -> Result<()> {
-    let path = path.as_ref();
+    load_checked(model, path.as_ref(), Checksums::Required)
+}
+
+/// [`load`] for a file written by another tool (PyTorch's `save_file`), which carries
+/// no checksums: the tensors that have one are verified, the others load unverified.
+pub fn load_foreign<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Path>) -> Result<()> {
+    load_checked(model, path.as_ref(), Checksums::IfPresent)
+}
+
+fn load_checked<B: Backend, M: Module<B>>(
+    model: &mut M,
+    path: &Path,
+    checksums: Checksums,
+) -> Result<()> {
     let bytes = read_file(path)?;
     let file = parse(path, &bytes)?;
+    let meta = all_metadata(path, &bytes)?;
+    let prepared = prepare_load(model, path, &file, &meta, checksums, &|_| false)?;
+    apply_load(model, path, prepared)
+}
 
+/// What [`prepare_load`] decoded, for [`apply_load`] to put into the model.
+pub(crate) struct PreparedLoad<B: Backend> {
+    decoded: HashMap<String, RawTensor<B>>,
+    /// The batch-norm counters' value, when the file has them.
+    steps: Option<u64>,
+}
+
+/// Checks that `file` holds exactly `model`'s tensors (names for which `others` is true
+/// aside: they belong to someone else) with matching checksums, and decodes them,
+/// touching nothing: every mismatch is reported in one error.
+pub(crate) fn prepare_load<B: Backend, M: Module<B>>(
+    model: &M,
+    path: &Path,
+    file: &SafeTensors<'_>,
+    meta: &BTreeMap<String, String>,
+    checksums: Checksums,
+    others: &dyn Fn(&str) -> bool,
+) -> Result<PreparedLoad<B>> {
     let mut expected: Vec<(String, Vec<usize>, DType, B::Device)> = Vec::new();
     let mut push = |s: kiln_tensor::nn::Slot<'_, B>| {
         let v = s.value;
@@ -88,12 +181,18 @@ pub fn load<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Path>) -> 
             }
         }
     }
-    let mut extra: Vec<&str> = file
-        .names()
-        .into_iter()
-        .filter(|n| !seen.contains(n))
-        .filter(|n| !is_batch_norm_counter(n, &file, &seen))
-        .collect();
+    let mut counters = Vec::new();
+    let mut extra = Vec::new();
+    for name in file.names() {
+        if seen.contains(name) || others(name) {
+            continue;
+        }
+        if is_batch_norm_counter(name, file, &seen) {
+            counters.push(name);
+        } else {
+            extra.push(name);
+        }
+    }
     extra.sort_unstable();
     for name in extra {
         let view = file.tensor(name).map_err(|e| format_error(path, e))?;
@@ -110,14 +209,48 @@ pub fn load<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Path>) -> 
             problems.join("\n  - ")
         )));
     }
+    let names: Vec<&str> = expected
+        .iter()
+        .map(|(n, ..)| n.as_str())
+        .chain(counters.iter().copied())
+        .collect();
+    verify_checksums(path, file, meta, &names, checksums)?;
 
     // Decode everything before replacing anything, so a tensor that fails to decode
     // (a bool byte that is not 0 or 1) cannot leave the model half loaded.
     let mut decoded = HashMap::with_capacity(expected.len());
     for (name, _, _, device) in &expected {
         let view = file.tensor(name).map_err(|e| format_error(path, e))?;
-        decoded.insert(name.as_str(), to_raw(path, name, &view, device)?);
+        decoded.insert(name.clone(), to_raw(path, name, &view, device)?);
     }
+    let mut steps = None;
+    for name in counters {
+        let view = file.tensor(name).map_err(|e| format_error(path, e))?;
+        let value = i64::from_le_bytes(view.data().try_into().map_err(|_| {
+            Error::Format(format!(
+                "`{}`: tensor `{name}` is not one int64",
+                path.display()
+            ))
+        })?);
+        let value = u64::try_from(value).map_err(|_| {
+            Error::Format(format!(
+                "`{}`: tensor `{name}` counts {value} batches, fewer than none",
+                path.display()
+            ))
+        })?;
+        steps = Some(steps.map_or(value, |s: u64| s.max(value)));
+    }
+    Ok(PreparedLoad { decoded, steps })
+}
+
+/// Puts what [`prepare_load`] decoded into `model`; the batch-norm counters (their
+/// largest, should layers disagree) become its training-step counter.
+pub(crate) fn apply_load<B: Backend, M: Module<B>>(
+    model: &mut M,
+    path: &Path,
+    prepared: PreparedLoad<B>,
+) -> Result<()> {
+    let PreparedLoad { mut decoded, steps } = prepared;
     model.load_named("", &mut |name, _old| {
         decoded.remove(name).ok_or_else(|| {
             Error::Format(format!(
@@ -125,16 +258,61 @@ pub fn load<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Path>) -> 
                 path.display()
             ))
         })
-    })
+    })?;
+    if let (Some(n), Some(seeds)) = (steps, model.step_seeds()) {
+        seeds.set_taken(n);
+    }
+    Ok(())
+}
+
+/// Checks the checksum of each of `names` in `file` against `meta`'s; under
+/// [`Checksums::Required`] a tensor without one is an error too.
+pub(crate) fn verify_checksums(
+    path: &Path,
+    file: &SafeTensors<'_>,
+    meta: &BTreeMap<String, String>,
+    names: &[&str],
+    checksums: Checksums,
+) -> Result<()> {
+    let has_any = meta.keys().any(|k| k.starts_with(CHECKSUM_KEY));
+    if checksums == Checksums::Required && !has_any && !names.is_empty() {
+        return Err(Error::Format(format!(
+            "`{}` has no tensor checksums: Kiln did not write it (PyTorch's save_file writes none); load it with `checkpoint::load_foreign` (`--foreign` on the command line) to accept it unverified",
+            path.display()
+        )));
+    }
+    for name in names {
+        let view = file.tensor(name).map_err(|e| format_error(path, e))?;
+        let Some(stored) = meta.get(&format!("{CHECKSUM_KEY}{name}")) else {
+            if checksums == Checksums::Required {
+                return Err(Error::Format(format!(
+                    "`{}`: tensor `{name}` has no checksum although the file's other tensors have: the file was altered",
+                    path.display()
+                )));
+            }
+            continue;
+        };
+        let actual = checksum(view.data());
+        if stored != &actual {
+            return Err(Error::Format(format!(
+                "`{}`: tensor `{name}` does not match its checksum (stored crc32 {stored}, the data gives {actual}): the file is corrupt",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The checksum Kiln records for a tensor's bytes: CRC-32 (IEEE) in 8 hex digits.
+fn checksum(bytes: &[u8]) -> String {
+    format!("{:08x}", crc32fast::hash(bytes))
 }
 
 /// Whether `name` in `file` is PyTorch's batch-norm step counter of a layer the model
 /// has: `<layer>.num_batches_tracked`, one int64, beside the model's
-/// `<layer>.running_mean`. PyTorch writes it in every BatchNorm state dict; Kiln's
-/// batch norm averages with a fixed momentum and has no use for it, so a load accepts
-/// and skips it (a counter of another dtype or shape is still an extra tensor).
+/// `<layer>.running_mean`.
 fn is_batch_norm_counter(name: &str, file: &SafeTensors<'_>, model: &BTreeSet<&str>) -> bool {
-    let Some(layer) = name.strip_suffix("num_batches_tracked") else {
+    let Some(layer) = name.strip_suffix(BATCH_NORM_COUNTER) else {
         return false;
     };
     let running_mean = format!("{layer}running_mean");
@@ -146,7 +324,9 @@ fn is_batch_norm_counter(name: &str, file: &SafeTensors<'_>, model: &BTreeSet<&s
             .is_ok_and(|v| v.dtype() == Dtype::I64 && v.shape().iter().product::<usize>() == 1)
 }
 
-/// Every tensor in the safetensors file at `path`, sorted by name, on `device`.
+/// Every tensor in the safetensors file at `path`, sorted by name, on `device`,
+/// besides batch-norm counters (int64, a dtype Kiln lacks). Tensors with a checksum
+/// are verified.
 pub fn read_tensors<B: Backend>(
     path: impl AsRef<Path>,
     device: &B::Device,
@@ -154,8 +334,13 @@ pub fn read_tensors<B: Backend>(
     let path = path.as_ref();
     let bytes = read_file(path)?;
     let file = parse(path, &bytes)?;
+    let meta = all_metadata(path, &bytes)?;
     let mut names = file.names();
+    names.retain(|n| {
+        !(n.ends_with(BATCH_NORM_COUNTER) && file.tensor(n).is_ok_and(|v| v.dtype() == Dtype::I64))
+    });
     names.sort_unstable();
+    verify_checksums(path, &file, &meta, &names, Checksums::IfPresent)?;
     names
         .into_iter()
         .map(|name| {
@@ -166,17 +351,38 @@ pub fn read_tensors<B: Backend>(
 }
 
 /// The string metadata (`__metadata__`) of the safetensors file at `path` (empty if
-/// it has none).
+/// it has none), without Kiln's own entries (keys starting with `kiln.`: checksums,
+/// training state).
 pub fn read_metadata(path: impl AsRef<Path>) -> Result<BTreeMap<String, String>> {
     let path = path.as_ref();
-    let bytes = read_file(path)?;
-    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| format_error(path, e))?;
+    let mut meta = all_metadata(path, &read_file(path)?)?;
+    meta.retain(|k, _| !k.starts_with(RESERVED_KEY));
+    Ok(meta)
+}
+
+/// The metadata key prefix Kiln keeps for itself.
+const RESERVED_KEY: &str = "kiln.";
+
+/// Every metadata entry of the file `bytes` read from `path`.
+pub(crate) fn all_metadata(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, String>> {
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| format_error(path, e))?;
     Ok(meta
         .metadata()
         .iter()
         .flatten()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect())
+}
+
+/// Refuses metadata keys Kiln keeps for itself.
+fn check_user_metadata(metadata: &BTreeMap<String, String>) -> Result<()> {
+    match metadata.keys().find(|k| k.starts_with(RESERVED_KEY)) {
+        Some(k) => Err(Error::invalid(
+            "save",
+            format!("the metadata key `{k}` is reserved: keys starting with `{RESERVED_KEY}` are Kiln's"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Writes named tensors to a safetensors file at `path`, atomically.
@@ -187,7 +393,8 @@ pub fn write_tensors<B: Backend, N: AsRef<str>>(
     write_tensors_with_metadata(path, tensors, &BTreeMap::new())
 }
 
-/// [`write_tensors`], with string metadata in the file's `__metadata__` header entry.
+/// [`write_tensors`], with string metadata in the file's `__metadata__` header entry
+/// (keys starting with `kiln.` are reserved).
 ///
 /// The file is written to a temporary file in the same folder, flushed to disk, and
 /// renamed over `path` (then the folder is flushed), so a crash leaves either the old
@@ -197,35 +404,41 @@ pub fn write_tensors_with_metadata<B: Backend, N: AsRef<str>>(
     tensors: &[(N, &RawTensor<B>)],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let path = path.as_ref();
-    let mut names = BTreeSet::new();
-    let mut views = Vec::with_capacity(tensors.len());
+    check_user_metadata(metadata)?;
+    let mut entries = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
-        let name = name.as_ref();
+        entries.push((name.as_ref().to_string(), Encoded::of(t)?));
+    }
+    write_file(path.as_ref(), entries, metadata)
+}
+
+/// Writes encoded tensors with `metadata` and each tensor's checksum to `path`,
+/// atomically.
+pub(crate) fn write_file(
+    path: &Path,
+    entries: Vec<(String, Encoded)>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let mut names = BTreeSet::new();
+    let mut metadata = metadata.clone();
+    for (name, encoded) in &entries {
         if name == "__metadata__" {
             return Err(Error::invalid(
                 "write_tensors",
                 "`__metadata__` is reserved by safetensors, not a tensor name",
             ));
         }
-        if !names.insert(name) {
+        if !names.insert(name.as_str()) {
             return Err(Error::invalid(
                 "write_tensors",
                 format!("two tensors are named `{name}`"),
             ));
         }
-        views.push((
-            name.to_string(),
-            Encoded {
-                dtype: to_st_dtype(t.dtype()),
-                shape: t.dims().to_vec(),
-                data: encode(&t.to_host()?),
-            },
-        ));
+        metadata.insert(format!("{CHECKSUM_KEY}{name}"), checksum(&encoded.data));
     }
-    let bytes = safetensors::serialize(views, None)
+    let bytes = safetensors::serialize(entries, None)
         .map_err(|e| Error::Format(format!("cannot serialise `{}`: {e}", path.display())))?;
-    write_atomically(path, &with_metadata(bytes, metadata)?)
+    write_atomically(path, &with_metadata(bytes, &metadata)?)
 }
 
 /// `bytes`, a serialised safetensors file, with `metadata` in its header, its keys in
@@ -270,10 +483,21 @@ fn module_tensors<B: Backend, M: Module<B>>(model: &M) -> Vec<(String, RawTensor
 }
 
 /// A tensor's encoded bytes, as `safetensors::serialize` takes them.
-struct Encoded {
+pub(crate) struct Encoded {
     dtype: Dtype,
     shape: Vec<usize>,
     data: Vec<u8>,
+}
+
+impl Encoded {
+    /// `t`'s values, read to the host and encoded.
+    pub(crate) fn of<B: Backend>(t: &RawTensor<B>) -> Result<Self> {
+        Ok(Encoded {
+            dtype: to_st_dtype(t.dtype()),
+            shape: t.dims().to_vec(),
+            data: encode(&t.to_host()?),
+        })
+    }
 }
 
 impl safetensors::View for Encoded {
@@ -346,7 +570,7 @@ fn decode_le<const N: usize, T>(bytes: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
 }
 
 /// Builds a tensor on `device` from a file's view of it.
-fn to_raw<B: Backend>(
+pub(crate) fn to_raw<B: Backend>(
     path: &Path,
     name: &str,
     view: &safetensors::tensor::TensorView<'_>,
@@ -386,14 +610,14 @@ fn to_raw<B: Backend>(
         .map_err(|e| bad(format!("cannot be built: {e}")))
 }
 
-fn format_error(path: &Path, e: safetensors::SafeTensorError) -> Error {
+pub(crate) fn format_error(path: &Path, e: safetensors::SafeTensorError) -> Error {
     Error::Format(format!(
         "`{}` is not a valid safetensors file: {e}",
         path.display()
     ))
 }
 
-fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+pub(crate) fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
     SafeTensors::deserialize(bytes).map_err(|e| format_error(path, e))
 }
 
@@ -410,7 +634,7 @@ fn io_error(path: &Path, what: &str, e: io::Error) -> Error {
 /// object, or tensor data declared longer or shorter than the file holds is an error
 /// after reading the header alone (a 3 GB file of zeros costs its first 8 bytes, not
 /// 3 GB of memory). The rest is the safetensors crate's to check.
-fn read_file(path: &Path) -> Result<Vec<u8>> {
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
     use std::io::Read;
     let io = |e| io_error(path, "read", e);
     let invalid = |why: String| {

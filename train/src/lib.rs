@@ -2,7 +2,9 @@
 //!
 //! Owns what training needs beyond gradients: optimizers ([`optim`]), learning-rate
 //! schedules ([`schedule`]), safetensors checkpoints in PyTorch's naming
-//! ([`checkpoint`]) and training steps replayed as graphs ([`replay`]). Everything here works on any [`kiln_tensor::nn::Module`] through
+//! ([`checkpoint`]), training states a crashed run resumes from ([`state`]) and
+//! training steps replayed as graphs ([`replay`]). Everything here works on any
+//! [`kiln_tensor::nn::Module`] through
 //! its named parameter visits, so a `#[model]` struct and a hand-written one are
 //! treated alike.
 //!
@@ -30,6 +32,7 @@ pub mod checkpoint;
 pub mod optim;
 pub mod replay;
 pub mod schedule;
+pub mod state;
 
-pub use optim::{Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+pub use optim::{Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, OptimizerState, Sgd, SgdConfig};
 pub use schedule::{Constant, CosineWithWarmup, Schedule};

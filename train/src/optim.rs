@@ -13,7 +13,62 @@
 use kiln_tensor::fused::{ExprStep, FusedExpr};
 use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, DType, Error, RawTensor, Result};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+/// An optimizer's per-parameter state, as a training-state checkpoint holds it.
+#[derive(Clone, Debug)]
+pub struct OptimizerState<B: Backend> {
+    /// The optimizer it belongs to: `sgd`, `adam` or `adamw`.
+    pub kind: String,
+    /// Tensors keyed `(slot, parameter name)`: `("momentum_buffer", "fc1.weight")`.
+    pub tensors: BTreeMap<(String, String), RawTensor<B>>,
+    /// Counters keyed `(slot, parameter name)`: Adam's `("step", "fc1.weight")`.
+    pub counters: BTreeMap<(String, String), u64>,
+}
+
+impl<B: Backend> OptimizerState<B> {
+    /// No state yet, for an optimizer of `kind`.
+    pub fn empty(kind: &str) -> Self {
+        OptimizerState {
+            kind: kind.to_string(),
+            tensors: BTreeMap::new(),
+            counters: BTreeMap::new(),
+        }
+    }
+
+    /// An error unless this state is for `kind` and keeps only tensors in `slots` and
+    /// counters in `counter_slots`.
+    fn check(&self, kind: &str, slots: &[&str], counter_slots: &[&str]) -> Result<()> {
+        let op = "load_state";
+        if self.kind != kind {
+            return Err(Error::invalid(
+                op,
+                format!("the state is {}'s, not {kind}'s", self.kind),
+            ));
+        }
+        let stray = |what: &str, (slot, name): &(String, String)| {
+            Error::invalid(
+                op,
+                format!("{kind} keeps no {what} `{slot}` (found one for `{name}`)"),
+            )
+        };
+        if let Some(k) = self
+            .tensors
+            .keys()
+            .find(|(s, _)| !slots.contains(&s.as_str()))
+        {
+            return Err(stray("tensor", k));
+        }
+        if let Some(k) = self
+            .counters
+            .keys()
+            .find(|(s, _)| !counter_slots.contains(&s.as_str()))
+        {
+            return Err(stray("counter", k));
+        }
+        Ok(())
+    }
+}
 
 /// Something that updates a model's parameters from their gradients.
 ///
@@ -38,6 +93,16 @@ pub trait Optimizer<B: Backend> {
 
     /// Forgets every parameter's state (momentum buffers, moments, step counts).
     fn reset(&mut self);
+
+    /// The per-parameter state (momentum buffers, moments, step counts), for a
+    /// training-state checkpoint.
+    fn state(&self) -> OptimizerState<B>;
+
+    /// Replaces the per-parameter state with `state`, as [`Optimizer::state`] gave it
+    /// for an optimizer of the same kind. A state of another kind, or with slots this
+    /// one does not keep, is an error that leaves the optimizer unchanged; shapes are
+    /// checked against the parameters at the next step.
+    fn load_state(&mut self, state: OptimizerState<B>) -> Result<()>;
 
     /// Writes the coming step's per-step values (those that change between steps,
     /// such as Adam's bias corrections) into device memory, where the update reads
@@ -356,6 +421,32 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
         self.momentum_buffers.clear();
     }
 
+    fn state(&self) -> OptimizerState<B> {
+        let mut state = OptimizerState::empty("sgd");
+        for (name, buffer) in &self.momentum_buffers {
+            state
+                .tensors
+                .insert((MOMENTUM_BUFFER.into(), name.clone()), buffer.clone());
+        }
+        state
+    }
+
+    fn load_state(&mut self, state: OptimizerState<B>) -> Result<()> {
+        state.check("sgd", &[MOMENTUM_BUFFER], &[])?;
+        if self.config.momentum == 0.0 && !state.tensors.is_empty() {
+            return Err(Error::invalid(
+                "load_state",
+                "the state has momentum buffers, but this SGD has no momentum",
+            ));
+        }
+        self.momentum_buffers = state
+            .tensors
+            .into_iter()
+            .map(|((_, name), t)| (name, t))
+            .collect();
+        Ok(())
+    }
+
     fn replay_refusal(&self) -> Option<String> {
         (self.config.momentum == 0.0).then(|| {
             "SGD without momentum replaces each parameter instead of updating it in place"
@@ -363,6 +454,14 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
         })
     }
 }
+
+/// SGD's state slot, named as in PyTorch's optimizer state dict.
+const MOMENTUM_BUFFER: &str = "momentum_buffer";
+
+/// Adam's state slots, named as in PyTorch's optimizer state dict.
+const EXP_AVG: &str = "exp_avg";
+const EXP_AVG_SQ: &str = "exp_avg_sq";
+const STEP: &str = "step";
 
 /// Settings of [`Adam`], PyTorch's `torch.optim.Adam` (no AMSGrad).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -747,6 +846,67 @@ impl<B: Backend> AdamState<B> {
         Ok(true)
     }
 
+    /// [`Optimizer::state`], for an optimizer of `kind`.
+    fn state(&self, kind: &str) -> OptimizerState<B> {
+        let mut state = OptimizerState::empty(kind);
+        for (name, m) in &self.moments {
+            let key = |slot: &str| (slot.to_string(), name.clone());
+            state.tensors.insert(key(EXP_AVG), m.exp_avg.clone());
+            state.tensors.insert(key(EXP_AVG_SQ), m.exp_avg_sq.clone());
+            state.counters.insert(key(STEP), m.step);
+        }
+        state
+    }
+
+    /// [`Optimizer::load_state`], for an optimizer of `kind`: each parameter needs
+    /// both moments, of one shape, and a step count of at least 1.
+    fn load_state(&mut self, kind: &str, mut state: OptimizerState<B>) -> Result<()> {
+        state.check(kind, &[EXP_AVG, EXP_AVG_SQ], &[STEP])?;
+        let bad = |what: String| Err(Error::invalid("load_state", what));
+        let names: std::collections::BTreeSet<String> = state
+            .tensors
+            .keys()
+            .chain(state.counters.keys())
+            .map(|(_, n)| n.clone())
+            .collect();
+        let mut moments = HashMap::with_capacity(names.len());
+        for name in names {
+            let mut take = |slot: &str| state.tensors.remove(&(slot.to_string(), name.clone()));
+            let (Some(exp_avg), Some(exp_avg_sq), Some(&step)) = (
+                take(EXP_AVG),
+                take(EXP_AVG_SQ),
+                state.counters.get(&(STEP.to_string(), name.clone())),
+            ) else {
+                return bad(format!(
+                    "`{name}` needs `{EXP_AVG}`, `{EXP_AVG_SQ}` and `{STEP}`, and lacks one"
+                ));
+            };
+            if exp_avg.dims() != exp_avg_sq.dims() || exp_avg.dtype() != exp_avg_sq.dtype() {
+                return bad(format!(
+                    "the moments of `{name}` differ: {} {} and {} {}",
+                    exp_avg.dims(),
+                    exp_avg.dtype(),
+                    exp_avg_sq.dims(),
+                    exp_avg_sq.dtype()
+                ));
+            }
+            if step == 0 {
+                return bad(format!("`{name}` has moments but took no step"));
+            }
+            moments.insert(
+                name,
+                Moments {
+                    step,
+                    exp_avg,
+                    exp_avg_sq,
+                },
+            );
+        }
+        self.clear();
+        self.moments = moments;
+        Ok(())
+    }
+
     /// Forgets every parameter's moments, the fused update and the per-step values.
     fn clear(&mut self) {
         self.moments.clear();
@@ -863,7 +1023,7 @@ impl<B: Backend> AdamW<B> {
 /// The `Optimizer` impl of an Adam flavour: its per-parameter rule is `AdamState`'s
 /// with the flavour's hyper-parameters (`hyper`); everything else is shared.
 macro_rules! adam_optimizer {
-    ($ty:ident, $name:literal) => {
+    ($ty:ident, $name:literal, $kind:literal) => {
         impl<B: Backend> Optimizer<B> for $ty<B> {
             fn update_param(
                 &mut self,
@@ -898,6 +1058,14 @@ macro_rules! adam_optimizer {
                 self.state.clear();
             }
 
+            fn state(&self) -> OptimizerState<B> {
+                self.state.state($kind)
+            }
+
+            fn load_state(&mut self, state: OptimizerState<B>) -> Result<()> {
+                self.state.load_state($kind, state)
+            }
+
             fn prepare_step(&mut self) -> Result<()> {
                 self.state.prepare_step(self.hyper())
             }
@@ -913,8 +1081,8 @@ macro_rules! adam_optimizer {
     };
 }
 
-adam_optimizer!(Adam, "Adam");
-adam_optimizer!(AdamW, "AdamW");
+adam_optimizer!(Adam, "Adam", "adam");
+adam_optimizer!(AdamW, "AdamW", "adamw");
 
 fn check_lr(op: &'static str, lr: f64) -> Result<()> {
     if !(lr >= 0.0 && lr.is_finite()) {

@@ -4,11 +4,12 @@
 
 use kiln_cpu::{Cpu, CpuDevice};
 use kiln_tensor::nn::{
-    join, BatchNorm2d, BatchNorm2dGrads, Linear, LinearGrads, LoadFn, Module, Slot, UpdateFn,
+    join, BatchNorm2d, BatchNorm2dGrads, Linear, LinearGrads, LoadFn, Module, Slot, StepSeeds,
+    UpdateFn,
 };
 use kiln_tensor::{bf16, f16, DType, Error, HostData, RawTensor, Result, Tensor};
 use kiln_train::checkpoint::{
-    load, read_metadata, read_tensors, save, save_with_metadata, write_tensors,
+    load, load_foreign, read_metadata, read_tensors, save, save_with_metadata, write_tensors,
     write_tensors_with_metadata,
 };
 use std::collections::BTreeMap;
@@ -27,11 +28,13 @@ fn scratch(test: &str) -> PathBuf {
     dir
 }
 
-/// A small model with nested names and buffers, as `#[model]` would generate it.
+/// A small model with nested names, buffers and a training-step counter, as
+/// `#[model]` would generate it.
 struct Net {
     fc1: Linear<Cpu, 3, 4>,
     norm: BatchNorm2d<Cpu, 4>,
     fc2: Linear<Cpu, 4, 2>,
+    seeds: StepSeeds<Cpu>,
 }
 
 impl Module<Cpu> for Net {
@@ -46,7 +49,12 @@ impl Module<Cpu> for Net {
             fc1: Module::init_named(device, seed, &join(prefix, "fc1"))?,
             norm: Module::init_named(device, seed, &join(prefix, "norm"))?,
             fc2: Module::init_named(device, seed, &join(prefix, "fc2"))?,
+            seeds: StepSeeds::new(seed),
         })
+    }
+
+    fn step_seeds(&self) -> Option<&StepSeeds<Cpu>> {
+        Some(&self.seeds)
     }
 
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, Cpu>)) {
@@ -492,7 +500,13 @@ fn pytorch_fixture_loads_into_linear() -> Result<()> {
         "/tests/fixtures/linear_3_2.safetensors"
     );
     let mut model = Linear::<Cpu, 3, 2>::init(&DEV, 0)?;
-    load(&mut model, path)?;
+    // It has no checksums: `load` refuses it and names the opt-out.
+    let e = load(&mut model, path).unwrap_err().to_string();
+    assert!(
+        e.contains("has no tensor checksums") && e.contains("load_foreign"),
+        "{e}"
+    );
+    load_foreign(&mut model, path)?;
     assert_eq!(
         model.weight.to_vec()?,
         vec![0.5, -1.25, 2.0, 0.125, 3.0, -0.75]
@@ -574,7 +588,7 @@ fn a_tensor_that_fails_to_decode_leaves_the_model_unchanged() -> Result<()> {
         .concat(),
     );
     let mut m = Masked::init(&DEV, 0)?;
-    let e = load(&mut m, &p).unwrap_err().to_string();
+    let e = load_foreign(&mut m, &p).unwrap_err().to_string();
     assert!(e.contains("`mask`") && e.contains("byte 7"), "{e}");
     assert_eq!(m.weight.to_vec::<f32>()?, vec![1.0, 2.0]);
 
@@ -589,7 +603,7 @@ fn a_tensor_that_fails_to_decode_leaves_the_model_unchanged() -> Result<()> {
         ]
         .concat(),
     );
-    load(&mut m, &p)?;
+    load_foreign(&mut m, &p)?;
     assert_eq!(m.weight.to_vec::<f32>()?, vec![5.0, 6.0]);
     assert_eq!(m.mask.to_vec::<bool>()?, vec![false, true]);
     Ok(())
@@ -694,13 +708,15 @@ fn peak_memory_kib() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// `path`'s file with `extra` (name, safetensors dtype, shape, bytes) appended, as
-/// PyTorch's state dicts add their batch-norm counters.
-fn with_extra(path: &Path, out: &Path, extra: (&str, &str, &[usize], &[u8])) {
+/// `path`'s file without its metadata (as PyTorch writes them: no checksums) and with
+/// `extra` (name, safetensors dtype, shape, bytes) appended, as PyTorch's state dicts
+/// add their batch-norm counters.
+fn foreign_with_extra(path: &Path, out: &Path, extra: (&str, &str, &[usize], &[u8])) {
     let bytes = fs::read(path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let mut header: serde_json::Map<String, serde_json::Value> =
         serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header.remove("__metadata__");
     let mut data = bytes[8 + n..].to_vec();
     let (name, dtype, shape, value) = extra;
     header.insert(
@@ -711,20 +727,57 @@ fn with_extra(path: &Path, out: &Path, extra: (&str, &str, &[usize], &[u8])) {
     raw_file(out, &serde_json::to_string(&header).unwrap(), &data);
 }
 
+/// The header of the safetensors file at `path`.
+fn header(path: &Path) -> serde_json::Map<String, serde_json::Value> {
+    let bytes = fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    serde_json::from_slice(&bytes[8..8 + n]).unwrap()
+}
+
 #[test]
-fn pytorch_batch_norm_counters_load_and_are_skipped() -> Result<()> {
+fn batch_norm_counters_are_written_and_read_as_pytorch_has_them() -> Result<()> {
     let dir = scratch("bn_counter");
     let saved = dir.join("net.safetensors");
-    save(&net(4)?, &saved)?;
+    let trained = net(4)?;
+    trained.seeds.set_taken(12);
+    save(&trained, &saved)?;
+    // Written: one int64 per batch-norm layer, the model's training steps.
+    let entry = &header(&saved)["norm.num_batches_tracked"];
+    assert_eq!(entry["dtype"], "I64");
+    assert_eq!(entry["shape"], serde_json::json!([]));
+    let mut back = net(9)?;
+    load(&mut back, &saved)?;
+    assert_eq!(contents(&back), contents(&net(4)?));
+    assert_eq!(back.seeds.taken(), 12);
+    // Skipped by `read_tensors` (int64 is no kiln dtype).
+    let names: Vec<String> = read_tensors::<Cpu>(&saved, &DEV)?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.contains("num_batches")),
+        "{names:?}"
+    );
+
+    // PyTorch's: no checksums, a counter of 7.
+    let bare = dir.join("bare.safetensors");
+    let mut tensors = Vec::new();
+    let mut push = |s: Slot<'_, Cpu>| tensors.push((s.name.to_string(), s.value.clone()));
+    trained.visit_params("", &mut push);
+    trained.visit_buffers("", &mut push);
+    let refs: Vec<(&str, &RawTensor<Cpu>)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    write_tensors(&bare, &refs)?;
     let p = dir.join("torch.safetensors");
-    with_extra(
-        &saved,
+    foreign_with_extra(
+        &bare,
         &p,
         ("norm.num_batches_tracked", "I64", &[], &7i64.to_le_bytes()),
     );
     let mut back = net(9)?;
-    load(&mut back, &p)?;
+    load_foreign(&mut back, &p)?;
     assert_eq!(contents(&back), contents(&net(4)?));
+    assert_eq!(back.seeds.taken(), 7);
+
     // Not a batch-norm layer of the model, or not one int64: still an extra tensor.
     for (name, dtype, shape, value) in [
         (
@@ -741,12 +794,96 @@ fn pytorch_batch_norm_counters_load_and_are_skipped() -> Result<()> {
         ),
         ("norm.num_batches_tracked", "I64", &[2][..], &[0u8; 16][..]),
     ] {
-        with_extra(&saved, &p, (name, dtype, shape, value));
-        let e = match load(&mut net(9)?, &p) {
+        foreign_with_extra(&bare, &p, (name, dtype, shape, value));
+        let e = match load_foreign(&mut net(9)?, &p) {
             Err(e) => e.to_string(),
             Ok(()) => panic!("{name} {dtype} {shape:?} was accepted"),
         };
         assert!(e.contains(&format!("extra tensor `{name}`")), "{e}");
     }
+    // A negative count is refused, naming the tensor.
+    foreign_with_extra(
+        &bare,
+        &p,
+        (
+            "norm.num_batches_tracked",
+            "I64",
+            &[],
+            &(-3i64).to_le_bytes(),
+        ),
+    );
+    let mut back = net(9)?;
+    let e = load_foreign(&mut back, &p).unwrap_err().to_string();
+    assert!(
+        e.contains("`norm.num_batches_tracked` counts -3 batches"),
+        "{e}"
+    );
+    assert_eq!(contents(&back), contents(&net(9)?));
+    Ok(())
+}
+
+/// The byte range of tensor `name`'s data in the file at `path`.
+fn data_range(path: &Path, name: &str) -> std::ops::Range<usize> {
+    let bytes = fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let offsets = &header(path)[name]["data_offsets"];
+    let at = |i: usize| 8 + n + offsets[i].as_u64().unwrap() as usize;
+    at(0)..at(1)
+}
+
+#[test]
+fn a_flipped_byte_is_an_error_naming_the_tensor() -> Result<()> {
+    let dir = scratch("checksums");
+    let good = dir.join("good.safetensors");
+    save(&net(3)?, &good)?;
+    let bytes = fs::read(&good)?;
+    for name in ["fc1.weight", "fc2.bias", "norm.running_var"] {
+        let r = data_range(&good, name);
+        let mut b = bytes.clone();
+        b[r.start + (r.end - r.start) / 2] ^= 0x10;
+        let p = dir.join("flipped.safetensors");
+        fs::write(&p, &b)?;
+        for foreign in [false, true] {
+            let mut back = net(9)?;
+            let e = if foreign {
+                load_foreign(&mut back, &p)
+            } else {
+                load(&mut back, &p)
+            }
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains(&format!("tensor `{name}` does not match its checksum")),
+                "{e}"
+            );
+            assert_eq!(contents(&back), contents(&net(9)?), "the model changed");
+        }
+        let e = read_tensors::<Cpu>(&p, &DEV).unwrap_err().to_string();
+        assert!(e.contains(&format!("`{name}` does not match")), "{e}");
+    }
+
+    // One checksum removed: the tensor is named; the file's others still verify.
+    let mut h = header(&good);
+    h["__metadata__"]
+        .as_object_mut()
+        .unwrap()
+        .remove("kiln.crc32.fc2.weight");
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let p = dir.join("stripped.safetensors");
+    raw_file(&p, &serde_json::to_string(&h).unwrap(), &bytes[8 + n..]);
+    let e = load(&mut net(9)?, &p).unwrap_err().to_string();
+    assert!(e.contains("tensor `fc2.weight` has no checksum"), "{e}");
+    load_foreign(&mut net(9)?, &p)?;
+
+    // Checksums are Kiln's: user metadata cannot write them, nor read them back.
+    let meta = BTreeMap::from([("kiln.crc32.fc1.weight".to_string(), "0".to_string())]);
+    let e = save_with_metadata(&net(3)?, dir.join("x.safetensors"), &meta)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the metadata key `kiln.crc32.fc1.weight` is reserved"),
+        "{e}"
+    );
+    assert!(read_metadata(&good)?.is_empty());
     Ok(())
 }

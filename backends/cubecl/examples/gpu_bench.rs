@@ -460,9 +460,10 @@ fn mnist<B: Backend>(dev: &B::Device, name: &str, epochs: usize, dir: &str) -> R
         64,
         epochs,
         1,
+        0,
         dev,
         true,
-        &mut |_, r| {
+        &mut |_, _, r| {
             last = r.loss;
             Ok(())
         },

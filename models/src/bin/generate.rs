@@ -45,6 +45,8 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     #[command(flatten)]
+    foreign: kiln_models::cli::ForeignArg,
+    #[command(flatten)]
     device: kiln_models::cli::DeviceArg,
 }
 
@@ -132,7 +134,7 @@ fn generate<Be: Backend, M: GptModel<Be>>(
     device_name: &str,
 ) -> Result<()> {
     let mut model = M::init_named(dev, 0, "")?;
-    checkpoint::load(&mut model, path)?;
+    args.foreign.load(&mut model, path)?;
     eprintln!("device: {device_name}");
     let mut text: Vec<u8> = if args.prompt.is_empty() {
         b"\n".to_vec()

@@ -50,6 +50,8 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     latency_images: usize,
     #[command(flatten)]
+    foreign: kiln_models::cli::ForeignArg,
+    #[command(flatten)]
     device: kiln_models::cli::DeviceArg,
     #[command(flatten)]
     data: kiln_models::cli::DataArg,
@@ -106,7 +108,7 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
     // Evaluation reads the test split alone.
     let test = Split::load(&args.data.dir()?.join(dir), SplitName::Test, norm)?;
     let mut model = M::init(dev, 0)?;
-    checkpoint::load(&mut model, &path)?;
+    args.foreign.load(&mut model, &path)?;
     let acc = accuracy(&model, &test, dev)?;
     println!(
         "{}: test accuracy {:.2}% on {} images",

@@ -10,15 +10,17 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::device::{run_on, OnDevice};
 use kiln::prelude::*;
+use kiln::tensor::nn::Module;
 use kiln::train::checkpoint;
-use kiln::train::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
+use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use kiln::train::schedule::CosineWithWarmup;
+use kiln::train::state;
 use kiln_models::classify::{accuracy, fit, Classifier};
 use kiln_models::curve::Curve;
 use kiln_models::data::{ImageDataset, FASHION_NORM, MNIST_NORM};
 use kiln_models::{lenet::LeNet, mlp::Mlp};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Which model to train.
@@ -97,6 +99,18 @@ struct Args {
     /// current folder).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Where the training state (model, optimizer, step, seeds) is written every
+    /// --save-every steps and at the end, and resumed from (default: beside the
+    /// checkpoint, <out>.state.safetensors).
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// Write the training state every N steps (0: only at the end).
+    #[arg(long, default_value_t = 500)]
+    save_every: u64,
+    /// Continue the run whose training state is at --state, taking the steps it would
+    /// have taken had it not stopped (it needs the same settings).
+    #[arg(long)]
+    resume: bool,
     #[command(flatten)]
     device: kiln_models::cli::DeviceArg,
     #[command(flatten)]
@@ -126,6 +140,32 @@ impl OnDevice for Train<'_> {
 }
 
 fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<()> {
+    match args.optimizer {
+        Opt::Sgd => {
+            let sgd = Sgd::<Be>::new(SgdConfig {
+                lr: args.lr,
+                momentum: args.momentum,
+                weight_decay: args.weight_decay,
+                ..SgdConfig::default()
+            })?;
+            train_classifier::<Be, M, _>(args, dev, sgd)
+        }
+        Opt::Adamw => {
+            let adamw = AdamW::<Be>::new(AdamWConfig {
+                lr: args.lr,
+                weight_decay: args.weight_decay,
+                ..AdamWConfig::default()
+            })?;
+            train_classifier::<Be, M, _>(args, dev, adamw)
+        }
+    }
+}
+
+fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
+    args: &Args,
+    dev: &Be::Device,
+    mut opt: O,
+) -> Result<()> {
     let batch = args.batch_size;
     if !TRAIN_BATCHES.contains(&batch) {
         return Err(Error::invalid(
@@ -142,7 +182,9 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
         let name = format!("{:?}-{:?}.safetensors", args.model, dataset).to_lowercase();
         kiln_models::cli::default_checkpoint(&name)
     });
-    check_writable(&out)?;
+    let state_path = state_path(args, &out);
+    check_writable("checkpoint", &out)?;
+    check_writable("training state", &state_path)?;
     let mut data = ImageDataset::load(&args.data.dir()?.join(dir), norm)?;
     if args.limit > 0 {
         data.train = data.train.take(args.limit);
@@ -171,6 +213,8 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
         args.warmup.min(total / 2),
         total.max(1),
     )?;
+    let settings = run_settings(args, &format!("{dataset:?}"), &data.train.fingerprint());
+    let start = resume(args, &state_path, &mut model, &mut opt, &settings, total)?;
     println!(
         "training {:?} ({} parameters) on {:?}: {} examples, batch {batch}, {} epochs, {:?} lr {}",
         args.model,
@@ -182,12 +226,13 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
         args.lr
     );
     let bar = progress_bar(total);
-    let start = Instant::now();
+    bar.set_position(start);
+    let started = Instant::now();
     let mut avg = f32::NAN;
     let mut last_acc = String::from("-");
     let test = data.test.clone();
     let mut curve = Curve::new("test accuracy (%)");
-    let mut on_step = |m: &M, r: kiln_models::classify::StepReport| -> Result<()> {
+    let mut on_step = |m: &M, o: &O, r: kiln_models::classify::StepReport| -> Result<()> {
         avg = if avg.is_nan() {
             r.loss
         } else {
@@ -203,6 +248,9 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
                 format!("the loss became {} at step {}", r.loss, r.step),
             ));
         }
+        if args.save_every > 0 && (r.step + 1).is_multiple_of(args.save_every) {
+            state::save(&state_path, m, o, r.step + 1, &settings)?;
+        }
         if (r.step + 1).is_multiple_of(steps_per_epoch) {
             let acc = 100.0 * accuracy(m, &test, dev)?;
             curve.metric.push((r.step + 1, acc));
@@ -215,7 +263,7 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
                 )
             });
         }
-        let rate = ((r.step + 1) * batch as u64) as f64 / start.elapsed().as_secs_f64();
+        let rate = ((r.step + 1 - start) * batch as u64) as f64 / started.elapsed().as_secs_f64();
         bar.set_message(format!(
             "epoch {} loss {avg:.4} acc {last_acc} {rate:.0} samples/s",
             r.epoch + 1
@@ -223,55 +271,29 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
         bar.inc(1);
         Ok(())
     };
-    match args.optimizer {
-        Opt::Sgd => {
-            let mut opt = Sgd::<Be>::new(SgdConfig {
-                lr: args.lr,
-                momentum: args.momentum,
-                weight_decay: args.weight_decay,
-                ..SgdConfig::default()
-            })?;
-            fit(
-                &mut model,
-                &mut opt,
-                &schedule,
-                &data.train,
-                batch,
-                args.epochs,
-                args.seed,
-                dev,
-                !args.no_graph,
-                &mut on_step,
-            )?;
-        }
-        Opt::Adamw => {
-            let mut opt = AdamW::<Be>::new(AdamWConfig {
-                lr: args.lr,
-                weight_decay: args.weight_decay,
-                ..AdamWConfig::default()
-            })?;
-            fit(
-                &mut model,
-                &mut opt,
-                &schedule,
-                &data.train,
-                batch,
-                args.epochs,
-                args.seed,
-                dev,
-                !args.no_graph,
-                &mut on_step,
-            )?;
-        }
-    }
-    bar.finish_and_clear();
-    let acc = accuracy(&model, &data.test, dev)?;
-    let secs = start.elapsed().as_secs_f64();
-    println!(
-        "trained {} epochs in {secs:.1}s ({:.1}s/epoch, {:.0} samples/s); test accuracy {:.2}%",
+    fit(
+        &mut model,
+        &mut opt,
+        &schedule,
+        &data.train,
+        batch,
         args.epochs,
-        secs / args.epochs.max(1) as f64,
-        (total * batch as u64) as f64 / secs,
+        args.seed,
+        start,
+        dev,
+        !args.no_graph,
+        &mut on_step,
+    )?;
+    bar.finish_and_clear();
+    if start < total {
+        state::save(&state_path, &model, &opt, total, &settings)?;
+    }
+    let acc = accuracy(&model, &data.test, dev)?;
+    let secs = started.elapsed().as_secs_f64();
+    let trained = total - start;
+    println!(
+        "trained {trained} steps in {secs:.1}s ({:.0} samples/s); test accuracy {:.2}%",
+        (trained * batch as u64) as f64 / secs,
         acc * 100.0
     );
     let mut meta = BTreeMap::new();
@@ -286,10 +308,81 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
     meta.insert("test_accuracy".to_string(), format!("{acc:.4}"));
     checkpoint::save_with_metadata(&model, &out, &meta)?;
     println!("saved {}", out.display());
+    println!("training state {}", state_path.display());
     let png = out.with_extension("png");
     curve.write_png(&png, &format!("{:?} on {:?}", args.model, dataset))?;
     println!("training curve {}", png.display());
     Ok(())
+}
+
+/// Where the training state goes: `--state`, or beside the checkpoint `out`.
+fn state_path(args: &Args, out: &Path) -> PathBuf {
+    args.state
+        .clone()
+        .unwrap_or_else(|| out.with_extension("state.safetensors"))
+}
+
+/// The settings a resumed run must share with the one it continues, keyed by flag:
+/// everything that decides the steps' values, and a fingerprint of the training data.
+fn run_settings(args: &Args, dataset: &str, data: &str) -> BTreeMap<String, String> {
+    let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
+    BTreeMap::from([
+        ("--model".into(), lower(&args.model)),
+        ("--dataset".into(), dataset.to_lowercase()),
+        ("--epochs".into(), args.epochs.to_string()),
+        ("--batch-size".into(), args.batch_size.to_string()),
+        ("--optimizer".into(), lower(&args.optimizer)),
+        ("--lr".into(), args.lr.to_string()),
+        ("--warmup".into(), args.warmup.to_string()),
+        ("--momentum".into(), args.momentum.to_string()),
+        ("--weight-decay".into(), args.weight_decay.to_string()),
+        ("--limit".into(), args.limit.to_string()),
+        ("--seed".into(), args.seed.to_string()),
+        ("training data".into(), data.to_string()),
+    ])
+}
+
+/// With `--resume`, restores the model and optimizer from the training state at `path`
+/// and returns the steps it had taken (of `total`); otherwise 0.
+fn resume<Be: Backend, M: Module<Be>, O: Optimizer<Be>>(
+    args: &Args,
+    path: &Path,
+    model: &mut M,
+    opt: &mut O,
+    settings: &BTreeMap<String, String>,
+    total: u64,
+) -> Result<u64> {
+    if !args.resume {
+        return Ok(0);
+    }
+    if !path.exists() {
+        return Err(Error::invalid(
+            "kiln-train",
+            format!(
+                "there is no training state at {} to resume from (a run writes it every --save-every steps; --state names another)",
+                path.display()
+            ),
+        ));
+    }
+    let step = state::load(path, model, opt, settings)?;
+    if step > total {
+        return Err(Error::invalid(
+            "kiln-train",
+            format!(
+                "{} has taken {step} steps, more than this run's {total}",
+                path.display()
+            ),
+        ));
+    }
+    if step == total {
+        println!(
+            "resumed from {}: all {total} steps were taken, nothing is left to train",
+            path.display()
+        );
+    } else {
+        println!("resumed from {} at step {step} of {total}", path.display());
+    }
+    Ok(step)
 }
 
 #[path = "../gpt_instances.rs"]
@@ -305,6 +398,7 @@ mod gpt {
     use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
     use kiln::train::replay::{StepInput, StepReplay};
     use kiln::train::schedule::{CosineWithWarmup, Schedule};
+    use kiln::train::state;
     use kiln_models::curve::Curve;
     use kiln_models::gpt::{GptModel, Ids};
     use kiln_models::text::{windows, Corpus};
@@ -451,12 +545,19 @@ mod gpt {
             .out
             .clone()
             .unwrap_or_else(|| kiln_models::cli::default_checkpoint("gpt-shakespeare.safetensors"));
-        super::check_writable(&out)?;
+        let state_path = super::state_path(args, &out);
+        super::check_writable("checkpoint", &out)?;
+        super::check_writable("training state", &state_path)?;
         let mut model = M::init_named(dev, args.seed, "")?;
         let per_epoch = (corpus.train.len() / (B * T)) as u64;
         let total = (per_epoch * args.epochs as u64).max(1);
         let schedule =
             CosineWithWarmup::new(args.lr, args.lr * 0.1, args.warmup.min(total / 2), total)?;
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&corpus.train);
+        let data = format!("{} bytes, crc32 {:08x}", corpus.train.len(), crc.finalize());
+        let settings = super::run_settings(args, "shakespeare", &data);
+        let start = super::resume(args, &state_path, &mut model, &mut opt, &settings, total)?;
         println!(
             "training {} ({} parameters) on Shakespeare: {} training bytes, {} held out, {B} windows of {T} per step, {total} steps, {:?} lr {}",
             M::NAME,
@@ -467,12 +568,13 @@ mod gpt {
             args.lr
         );
         let bar = super::progress_bar(total);
-        let start = Instant::now();
+        bar.set_position(start);
+        let started = Instant::now();
         let mut steps = StepReplay::new(dev, !args.no_graph, &opt, M::draws_at_random());
         let mut avg = f32::NAN;
         let mut curve = Curve::new("held-out loss (nats/byte, 16 batches)");
         let mut run = || -> Result<()> {
-            for step in 0..total {
+            for step in start..total {
                 let (ids, next) = windows(
                     &corpus.train,
                     B,
@@ -514,6 +616,9 @@ mod gpt {
                     0.98 * avg + 0.02 * loss
                 };
                 curve.loss.push((step + 1, avg as f64));
+                if args.save_every > 0 && (step + 1).is_multiple_of(args.save_every) {
+                    state::save(&state_path, &model, &opt, step + 1, &settings)?;
+                }
                 if (step + 1) % per_epoch.max(1) == 0 {
                     let h = held_out_sample::<Be, M, B, T>(&model, &corpus, dev)?;
                     curve.metric.push((step + 1, h as f64));
@@ -521,11 +626,12 @@ mod gpt {
                         println!(
                             "step {}: train loss {avg:.3}, held-out loss {h:.3} nats/byte ({:.0}s)",
                             step + 1,
-                            start.elapsed().as_secs_f64()
+                            started.elapsed().as_secs_f64()
                         )
                     });
                 }
-                let rate = ((step + 1) * (B * T) as u64) as f64 / start.elapsed().as_secs_f64();
+                let rate =
+                    ((step + 1 - start) * (B * T) as u64) as f64 / started.elapsed().as_secs_f64();
                 bar.set_message(format!("loss {avg:.3} {rate:.0} tokens/s"));
                 bar.inc(1);
             }
@@ -535,11 +641,15 @@ mod gpt {
         steps.finish(&model);
         result?;
         bar.finish_and_clear();
-        let trained = start.elapsed().as_secs_f64();
+        if start < total {
+            state::save(&state_path, &model, &opt, total, &settings)?;
+        }
+        let secs = started.elapsed().as_secs_f64();
         let h = held_out_full::<Be, M, B, T>(&model, &corpus, dev)?;
         println!(
-            "trained {total} steps in {trained:.1}s ({:.1} ms per step); train loss {avg:.3}, held-out loss {h:.3} nats/byte over the whole held-out text",
-            trained * 1e3 / total as f64
+            "trained {} steps in {secs:.1}s ({:.1} ms per step); train loss {avg:.3}, held-out loss {h:.3} nats/byte over the whole held-out text",
+            total - start,
+            secs * 1e3 / (total - start).max(1) as f64
         );
         let meta = BTreeMap::from([
             ("model".to_string(), "gpt".to_string()),
@@ -549,6 +659,7 @@ mod gpt {
         ]);
         checkpoint::save_with_metadata(&model, &out, &meta)?;
         println!("saved {}", out.display());
+        println!("training state {}", state_path.display());
         let png = out.with_extension("png");
         curve.write_png(&png, &format!("{} on Shakespeare", M::NAME))?;
         println!("training curve {}", png.display());
@@ -596,12 +707,12 @@ fn check_args(args: &Args) -> Result<()> {
 }
 
 /// Creates `out`'s folder and checks a file can be written there, before training:
-/// a run is not lost to a path that cannot be saved to.
-fn check_writable(out: &std::path::Path) -> Result<()> {
+/// a run is not lost to a path that cannot be saved to. `what` names the file.
+fn check_writable(what: &str, out: &Path) -> Result<()> {
     let cannot = |e: std::io::Error| {
         Error::invalid(
             "kiln-train",
-            format!("cannot write the checkpoint {}: {e}", out.display()),
+            format!("cannot write the {what} {}: {e}", out.display()),
         )
     };
     let dir = match out.parent() {
@@ -612,7 +723,7 @@ fn check_writable(out: &std::path::Path) -> Result<()> {
     if out.is_dir() {
         return Err(Error::invalid(
             "kiln-train",
-            format!("the checkpoint path {} is a folder", out.display()),
+            format!("the {what} path {} is a folder", out.display()),
         ));
     }
     let probe = dir.join(format!(".kiln-train-probe-{}", std::process::id()));

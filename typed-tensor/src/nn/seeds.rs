@@ -42,6 +42,8 @@ impl<B: Backend> StepSeed<B> {
 /// ([`step_seed`]), and, while a captured step runs, that seed's copy in device memory.
 #[derive(Debug)]
 pub struct StepSeeds<B: Backend> {
+    /// Where the counter started: the model's initialisation seed.
+    start: u64,
     steps: AtomicU64,
     on_device: Mutex<Option<RawTensor<B>>>,
 }
@@ -50,6 +52,7 @@ impl<B: Backend> StepSeeds<B> {
     /// A counter starting at `start` (a model starts at its initialisation seed).
     pub fn new(start: u64) -> Self {
         StepSeeds {
+            start,
             steps: AtomicU64::new(start),
             on_device: Mutex::new(None),
         }
@@ -63,6 +66,18 @@ impl<B: Backend> StepSeeds<B> {
     /// Sets the counter (a resumed run goes on from its step count).
     pub fn set_steps(&self, n: u64) {
         self.steps.store(n, Ordering::Relaxed);
+    }
+
+    /// The training steps taken since the counter started (what a checkpoint records
+    /// as batch norm's `num_batches_tracked`).
+    pub fn taken(&self) -> u64 {
+        self.steps().wrapping_sub(self.start)
+    }
+
+    /// Sets the counter to `n` training steps past its start (a model loaded from a
+    /// checkpoint that recorded them).
+    pub fn set_taken(&self, n: u64) {
+        self.set_steps(self.start.wrapping_add(n));
     }
 
     /// The seed the next training step draws with. On the host: the next step's,

@@ -1,0 +1,235 @@
+//! Training state: everything a run needs to go on after a crash, in one safetensors
+//! file written atomically. A resumed run takes the steps the interrupted one would
+//! have taken, bit for bit on the same backend.
+//!
+//! The file holds the model's tensors under their checkpoint names (batch-norm
+//! counters included), the optimizer's under `optimizer/<slot>/<parameter>`
+//! (`optimizer/exp_avg/fc1.weight`), and in its metadata: the steps taken, the model's
+//! step-seed counter (its dropout masks), the optimizer's kind and counters, and the
+//! settings of the run that wrote it (`kiln.state.run.<key>`), which a resume must
+//! repeat. What else a loop needs is a function of those: a [`Schedule`] is a function
+//! of the step, and a loop's data order a function of its seed and the step.
+//! Every tensor's checksum is verified on load.
+//!
+//! [`Schedule`]: crate::schedule::Schedule
+
+use crate::checkpoint::{self, Checksums, Encoded};
+use crate::optim::{Optimizer, OptimizerState};
+use kiln_tensor::nn::Module;
+use kiln_tensor::{Backend, Error, Result};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// The metadata key that marks a training state, with its format's version.
+const VERSION_KEY: &str = "kiln.state.version";
+const VERSION: &str = "1";
+const STEP_KEY: &str = "kiln.state.step";
+const SEEDS_KEY: &str = "kiln.state.seed_steps";
+const OPTIMIZER_KEY: &str = "kiln.state.optimizer";
+const COUNTER_KEY: &str = "kiln.state.counter.";
+const RUN_KEY: &str = "kiln.state.run.";
+/// The tensor-name prefix of the optimizer's state.
+const OPTIMIZER_TENSOR: &str = "optimizer/";
+
+/// Writes `model`, `opt`'s state, the `step`s taken and the settings of the `run` (its
+/// flags, say, and a fingerprint of its data) to the training state at `path`,
+/// atomically: a crash leaves the previous state or this one.
+pub fn save<B: Backend, M: Module<B>, O: Optimizer<B>>(
+    path: impl AsRef<Path>,
+    model: &M,
+    opt: &O,
+    step: u64,
+    run: &BTreeMap<String, String>,
+) -> Result<()> {
+    let mut entries = checkpoint::model_entries(model)?;
+    let opt_state = opt.state();
+    for ((slot, name), t) in &opt_state.tensors {
+        entries.push((format!("{OPTIMIZER_TENSOR}{slot}/{name}"), Encoded::of(t)?));
+    }
+    let mut meta = BTreeMap::from([
+        (VERSION_KEY.to_string(), VERSION.to_string()),
+        (STEP_KEY.to_string(), step.to_string()),
+        (OPTIMIZER_KEY.to_string(), opt_state.kind.clone()),
+    ]);
+    if let Some(seeds) = model.step_seeds() {
+        meta.insert(SEEDS_KEY.to_string(), seeds.steps().to_string());
+    }
+    for ((slot, name), n) in &opt_state.counters {
+        meta.insert(format!("{COUNTER_KEY}{slot}/{name}"), n.to_string());
+    }
+    for (k, v) in run {
+        meta.insert(format!("{RUN_KEY}{k}"), v.clone());
+    }
+    checkpoint::write_file(path.as_ref(), entries, &meta)
+}
+
+/// Restores `model` and `opt` from the training state at `path` and returns the steps
+/// it had taken, once the state proves to be what `run` would have written: its
+/// settings the same (each difference is named, with both values), its optimizer of
+/// `opt`'s kind, every tensor present, of the model's shape and dtype, and matching
+/// its checksum. On an error, the model and the optimizer are left unchanged.
+pub fn load<B: Backend, M: Module<B>, O: Optimizer<B>>(
+    path: impl AsRef<Path>,
+    model: &mut M,
+    opt: &mut O,
+    run: &BTreeMap<String, String>,
+) -> Result<u64> {
+    let path = path.as_ref();
+    let bytes = checkpoint::read_file(path)?;
+    let file = checkpoint::parse(path, &bytes)?;
+    let meta = checkpoint::all_metadata(path, &bytes)?;
+    let bad = |why: String| Error::Format(format!("`{}` {why}", path.display()));
+    match meta.get(VERSION_KEY).map(String::as_str) {
+        Some(VERSION) => {}
+        Some(v) => return Err(bad(format!("is a training state of version {v}, which this Kiln does not read"))),
+        None => return Err(bad("is not a training state (a checkpoint holds parameters only; resume from the state file a training run writes)".into())),
+    }
+    check_run(path, &meta, run)?;
+    let number = |key: &str| -> Result<u64> {
+        let v = meta.get(key).ok_or_else(|| bad(format!("lacks `{key}`")))?;
+        v.parse()
+            .map_err(|_| bad(format!("has `{key}` = {v:?}, not a count")))
+    };
+    let step = number(STEP_KEY)?;
+    let seed_steps = match model.step_seeds() {
+        Some(_) => Some(number(SEEDS_KEY)?),
+        None => None,
+    };
+    let kind = meta.get(OPTIMIZER_KEY).map_or("", String::as_str);
+    let expected_kind = opt.state().kind;
+    if kind != expected_kind {
+        return Err(bad(format!(
+            "holds the state of optimizer `{kind}`, not `{expected_kind}`"
+        )));
+    }
+
+    let prepared =
+        checkpoint::prepare_load(model, path, &file, &meta, Checksums::Required, &|n| {
+            n.starts_with(OPTIMIZER_TENSOR)
+        })?;
+    let mut params = HashMap::new();
+    model.visit_params("", &mut |s| {
+        params.insert(s.name.to_string(), s.value.clone());
+    });
+    let mut opt_state = OptimizerState::empty(kind);
+    let mut names: Vec<&str> = file
+        .names()
+        .into_iter()
+        .filter(|n| n.starts_with(OPTIMIZER_TENSOR))
+        .collect();
+    names.sort_unstable();
+    checkpoint::verify_checksums(path, &file, &meta, &names, Checksums::Required)?;
+    for name in names {
+        let (slot, param) = name[OPTIMIZER_TENSOR.len()..]
+            .split_once('/')
+            .ok_or_else(|| {
+                bad(format!(
+                    "has `{name}`, which names no optimizer slot and parameter"
+                ))
+            })?;
+        let p = params.get(param).ok_or_else(|| {
+            bad(format!(
+                "has optimizer state `{name}` for `{param}`, which the model lacks"
+            ))
+        })?;
+        let view = file
+            .tensor(name)
+            .map_err(|e| checkpoint::format_error(path, e))?;
+        if view.shape() != p.dims().as_slice() {
+            return Err(bad(format!(
+                "has optimizer state `{name}` of dims {:?} for a parameter of dims {:?}",
+                view.shape(),
+                p.dims().as_slice()
+            )));
+        }
+        let t = checkpoint::to_raw(path, name, &view, p.device())?;
+        opt_state
+            .tensors
+            .insert((slot.to_string(), param.to_string()), t);
+    }
+    for (key, rest) in meta
+        .keys()
+        .filter_map(|k| Some((k, k.strip_prefix(COUNTER_KEY)?)))
+    {
+        let (slot, param) = rest.split_once('/').ok_or_else(|| {
+            bad(format!(
+                "has counter `{key}`, which names no slot and parameter"
+            ))
+        })?;
+        if !params.contains_key(param) {
+            return Err(bad(format!(
+                "has optimizer counter `{key}` for `{param}`, which the model lacks"
+            )));
+        }
+        opt_state
+            .counters
+            .insert((slot.to_string(), param.to_string()), number(key)?);
+    }
+    opt.load_state(opt_state)
+        .map_err(|e| bad(format!("holds an optimizer state that does not fit: {e}")))?;
+    checkpoint::apply_load(model, path, prepared)?;
+    if let (Some(seeds), Some(n)) = (model.step_seeds(), seed_steps) {
+        seeds.set_steps(n);
+    }
+    Ok(step)
+}
+
+/// Checks that the file at `path` is a complete training state, every tensor matching
+/// its checksum, and returns the steps it records (what a resume would start from).
+pub fn verify(path: impl AsRef<Path>) -> Result<u64> {
+    let path = path.as_ref();
+    let bytes = checkpoint::read_file(path)?;
+    let file = checkpoint::parse(path, &bytes)?;
+    let meta = checkpoint::all_metadata(path, &bytes)?;
+    if meta.get(VERSION_KEY).map(String::as_str) != Some(VERSION) {
+        return Err(Error::Format(format!(
+            "`{}` is not a training state of version {VERSION}",
+            path.display()
+        )));
+    }
+    let names = file.names();
+    checkpoint::verify_checksums(path, &file, &meta, &names, Checksums::Required)?;
+    let step = meta.get(STEP_KEY).and_then(|v| v.parse().ok());
+    step.ok_or_else(|| Error::Format(format!("`{}` records no step count", path.display())))
+}
+
+/// An error naming every setting of `run` that differs from the one recorded in
+/// `meta`.
+fn check_run(
+    path: &Path,
+    meta: &BTreeMap<String, String>,
+    run: &BTreeMap<String, String>,
+) -> Result<()> {
+    let recorded: BTreeMap<&str, &str> = meta
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(RUN_KEY)?, v.as_str())))
+        .collect();
+    let mut keys: Vec<&str> = recorded.keys().copied().collect();
+    keys.extend(run.keys().map(String::as_str));
+    keys.sort_unstable();
+    keys.dedup();
+    let differences: Vec<String> = keys
+        .into_iter()
+        .filter_map(|k| {
+            let (was, now) = (recorded.get(k).copied(), run.get(k).map(String::as_str));
+            (was != now).then(|| {
+                format!(
+                    "{k}: {} there, {} here",
+                    was.unwrap_or("(not set)"),
+                    now.unwrap_or("(not set)")
+                )
+            })
+        })
+        .collect();
+    if differences.is_empty() {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "resume",
+        format!(
+            "`{}` was written by a run with other settings ({}): resume with the same settings, or start afresh",
+            path.display(),
+            differences.join("; ")
+        ),
+    ))
+}
