@@ -550,6 +550,92 @@ pub(crate) fn eval_op_by_op<B: Backend>(t: &LazyTensor<B>) -> Result<()> {
         Kind::Op(op) => eager.apply(op.clone(), &refs)?,
         Kind::RecipDim(n) => eager.apply(Op::recip_count(*n, t.0.meta.dtype), &[])?,
     };
+    if kiln_tensor::anomaly::detecting() {
+        check_finite(t, &inputs, &values, &value)?;
+    }
     store(t, value);
     Ok(())
+}
+
+/// Anomaly mode's check of node `t`'s `value`, computed from `inputs` (whose values
+/// are `values`): an error naming the op, or the input that held a value that is not
+/// finite, with the named parameters nearest upstream (its layer).
+fn check_finite<B: Backend>(
+    t: &LazyTensor<B>,
+    inputs: &[LazyTensor<B>],
+    values: &[RawTensor<B>],
+    value: &RawTensor<B>,
+) -> Result<()> {
+    use kiln_tensor::anomaly::first_non_finite;
+    let Some(bad) = first_non_finite(value)? else {
+        return Ok(());
+    };
+    let op = match &t.0.kind {
+        Kind::Op(op) => op.name(),
+        _ => "1/n",
+    };
+    for (x, v) in inputs.iter().zip(values) {
+        if let Some(held) = first_non_finite(v)? {
+            let what = match x.name() {
+                Some(n) => format!("`{n}`"),
+                None => format!(
+                    "an input of `{op}` ({} {})",
+                    x.dtype(),
+                    kiln_tensor::op::fmt_dims(x.dims())
+                ),
+            };
+            return Err(Error::NonFinite(format!(
+                "{what} holds {held}: it was given to the dynamic path so (an input, or a parameter an earlier step made non-finite), not computed there"
+            )));
+        }
+    }
+    let layer = match t.layer() {
+        Some(layer) => format!(", in layer `{layer}`"),
+        None => inputs
+            .iter()
+            .find_map(|x| x.layer())
+            .map_or(String::new(), |layer| format!(", after layer `{layer}`")),
+    };
+    let mut msg = format!(
+        "`{op}` is the first op whose output is not finite: {bad}, in {} {} (dynamic node {}{layer}); its inputs are finite",
+        value.dtype(),
+        kiln_tensor::op::fmt_dims(value.dims().as_slice()),
+        t.id()
+    );
+    let upstream = named_upstream(inputs);
+    if !upstream.is_empty() {
+        let names: Vec<String> = upstream.iter().map(|n| format!("`{n}`")).collect();
+        msg.push_str(&format!(". It computes from {}", names.join(", ")));
+    }
+    Err(Error::NonFinite(msg))
+}
+
+/// The named leaves (parameters) nearest upstream of `inputs`: those within two steps
+/// of the nearest (a layer's, behind the views that reshape them), breadth first
+/// through the inputs nodes still hold.
+fn named_upstream<B: Backend>(inputs: &[LazyTensor<B>]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut level: Vec<LazyTensor<B>> = inputs.to_vec();
+    let mut found: Vec<String> = Vec::new();
+    let mut levels_left: Option<usize> = None;
+    while !level.is_empty() && levels_left != Some(0) {
+        let mut next = Vec::new();
+        for x in level {
+            if !seen.insert(x.id()) {
+                continue;
+            }
+            match x.name() {
+                Some(n) => found.push(n.to_string()),
+                None => next.extend(x.state().inputs.iter().cloned()),
+            }
+        }
+        levels_left = match levels_left {
+            None if !found.is_empty() => Some(2),
+            left => left.map(|l| l - 1),
+        };
+        level = next;
+    }
+    found.sort();
+    found.dedup();
+    found
 }

@@ -38,6 +38,10 @@ pub(crate) struct Node<B: Backend> {
     pub(crate) device: B::Device,
     pub(crate) kind: Kind,
     pub(crate) requires_grad: bool,
+    /// A parameter's checkpoint name (`fc1.weight`), for anomaly mode's reports.
+    pub(crate) name: Option<Arc<str>>,
+    /// The layer whose forward pass recorded it (`fc1`), for anomaly mode's reports.
+    pub(crate) layer: Option<Arc<str>>,
     pub(crate) state: Mutex<State<B>>,
 }
 
@@ -45,6 +49,22 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 thread_local! {
     static NO_GRAD: Cell<u32> = const { Cell::new(0) };
     static EAGER: Cell<bool> = const { Cell::new(false) };
+    static LAYER: std::cell::RefCell<Option<Arc<str>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with the ops it records marked as layer `name`'s (a [`crate::Layer`]'s
+/// forward pass), which anomaly mode's reports name.
+pub(crate) fn in_layer<R>(name: &Arc<str>, f: impl FnOnce() -> R) -> R {
+    let outer = LAYER.with(|l| l.replace(Some(name.clone())));
+    struct Restore(Option<Arc<str>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let outer = self.0.take();
+            LAYER.with(|l| *l.borrow_mut() = outer);
+        }
+    }
+    let _restore = Restore(outer);
+    f()
 }
 
 /// Runs every op this thread records as soon as it is recorded (one kernel per op, no
@@ -118,6 +138,8 @@ impl<B: Backend> LazyTensor<B> {
             device,
             kind,
             requires_grad,
+            name: None,
+            layer: LAYER.with(|l| l.borrow().clone()),
             state: Mutex::new(state),
         }))
     }
@@ -144,6 +166,27 @@ impl<B: Backend> LazyTensor<B> {
                 inputs: Vec::new(),
             },
         )
+    }
+
+    /// [`LazyTensor::leaf`] with a name (a parameter's, `fc1.weight`), which anomaly
+    /// mode's reports give for the values computed from it.
+    pub fn named_leaf(value: RawTensor<B>, requires_grad: bool, name: &str) -> Self {
+        let t = Self::leaf(value, requires_grad);
+        let node = Arc::into_inner(t.0).expect("a new node has no other owner");
+        LazyTensor(Arc::new(Node {
+            name: Some(name.into()),
+            ..node
+        }))
+    }
+
+    /// The name a [`LazyTensor::named_leaf`] was given.
+    pub fn name(&self) -> Option<&str> {
+        self.0.name.as_deref()
+    }
+
+    /// The layer whose forward pass recorded this tensor, if one did.
+    pub fn layer(&self) -> Option<&str> {
+        self.0.layer.as_deref()
     }
 
     /// A tensor of host values with `dims`.
@@ -302,7 +345,7 @@ impl<B: Backend> Lazy<B> {
                 inputs: inputs.iter().map(|&x| x.clone()).collect(),
             },
         );
-        if eager() {
+        if eager() || kiln_tensor::anomaly::detecting() {
             crate::jit::eval_op_by_op(&t)?;
         }
         Ok(t)

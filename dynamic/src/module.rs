@@ -34,6 +34,8 @@ pub fn built_by_constructor<T>(prefix: &str) -> Result<T> {
 
 /// A trainable tensor: its value, and the lazy leaf that forward passes read.
 pub struct Param<B: Backend> {
+    /// Its checkpoint name, when it has one (a [`Layer`]'s: `fc1.weight`).
+    name: Option<std::sync::Arc<str>>,
     value: RawTensor<B>,
     leaf: Mutex<Leaf<B>>,
 }
@@ -55,11 +57,21 @@ impl<B: Backend> Param<B> {
     /// A parameter holding `value`.
     pub fn new(value: RawTensor<B>) -> Self {
         Param {
+            name: None,
             value,
             leaf: Mutex::new(Leaf {
                 tensor: None,
                 id: None,
             }),
+        }
+    }
+
+    /// A parameter holding `value`, named `name` (its checkpoint name, which anomaly
+    /// mode's reports give).
+    pub fn named(value: RawTensor<B>, name: &str) -> Self {
+        Param {
+            name: Some(name.into()),
+            ..Param::new(value)
         }
     }
 
@@ -74,7 +86,10 @@ impl<B: Backend> Param<B> {
         let mut leaf = self.leaf.lock().unwrap_or_else(|e| e.into_inner());
         let t = leaf
             .tensor
-            .get_or_insert_with(|| LazyTensor::leaf(self.value.clone(), true))
+            .get_or_insert_with(|| match &self.name {
+                Some(name) => LazyTensor::named_leaf(self.value.clone(), true, name),
+                None => LazyTensor::leaf(self.value.clone(), true),
+            })
             .clone();
         leaf.id = Some(t.id());
         t
@@ -95,6 +110,9 @@ impl<B: Backend> Param<B> {
         name: &str,
         f: impl FnOnce(&mut RawTensor<B>) -> Result<()>,
     ) -> Result<()> {
+        if self.name.is_none() && !name.is_empty() {
+            self.name = Some(name.into());
+        }
         // The leaf shares the buffer: dropped first, an optimizer can update in place.
         self.leaf
             .get_mut()
@@ -204,6 +222,8 @@ impl<B: Backend, M: Module<B, Grads = Gradients<B>>> Module<B> for ModuleList<M>
 /// its parameters and buffers, initialised from the model seed and their full names
 /// exactly as a `#[model]` field of the same name is.
 pub struct Layer<B: Backend> {
+    /// Its checkpoint prefix (`fc1`), which marks the ops its forward pass records.
+    name: Arc<str>,
     spec: LayerSpec,
     params: Vec<Param<B>>,
     buffers: Vec<Arc<Mutex<RawTensor<B>>>>,
@@ -216,12 +236,8 @@ impl<B: Backend> Layer<B> {
             .params()
             .iter()
             .map(|p| {
-                Ok(Param::new(init_tensor(
-                    p,
-                    device,
-                    seed,
-                    &join(name, p.name),
-                )?))
+                let full = join(name, p.name);
+                Ok(Param::named(init_tensor(p, device, seed, &full)?, &full))
             })
             .collect::<Result<_>>()?;
         let buffers = spec
@@ -237,6 +253,7 @@ impl<B: Backend> Layer<B> {
             })
             .collect::<Result<_>>()?;
         Ok(Layer {
+            name: name.into(),
             spec,
             params,
             buffers,
@@ -274,9 +291,10 @@ impl<B: Backend> Layer<B> {
             tensors.push(LazyTensor::from_raw(v));
         }
         let refs: Vec<&LazyTensor<B>> = tensors.iter().collect();
-        let out = self
-            .spec
-            .forward(&mut Lazy::new(x.device().clone()), &refs, x, mode)?;
+        let out = crate::lazy::in_layer(&self.name, || {
+            self.spec
+                .forward(&mut Lazy::new(x.device().clone()), &refs, x, mode)
+        })?;
         let names = self.spec.buffers();
         for (name, value) in out.updates {
             let Some(i) = names.iter().position(|b| b.name == name) else {

@@ -548,6 +548,8 @@ impl<B: Backend> Program<B> {
     /// Runs the plan's graph op by op: one backend call per node the outputs need, no
     /// fused kernels, no buffer reuse: the reference path (a model's `set_fused(false)`)
     /// and what a plan falls back to when its symbolic dims do not describe the inputs.
+    /// In anomaly mode ([`kiln_tensor::anomaly`]) every input and every node's value is
+    /// checked, and the first that is not finite is an [`Error::NonFinite`] naming it.
     /// Takes what [`Program::run`] takes and checks the same (the guards, every node's
     /// shape rule), so both paths refuse the same inputs with the same message.
     pub fn run_op_by_op(
@@ -598,7 +600,13 @@ impl<B: Backend> Program<B> {
         let live = plan.graph.live(&plan.outputs);
         let mut eager = kiln_tensor::Eager::<B>::new(device.clone());
         let mut values: Vec<Option<RawTensor<B>>> = vec![None; plan.graph.nodes.len()];
+        let detect = kiln_tensor::anomaly::detecting();
         for (k, &leaf) in plan.inputs.iter().enumerate() {
+            if detect && live[leaf] {
+                if let Some(bad) = kiln_tensor::anomaly::first_non_finite(inputs[k])? {
+                    return Err(anomaly::leaf(plan, leaf, k, &bad));
+                }
+            }
             values[leaf] = Some(inputs[k].clone());
         }
         for (i, node) in plan.graph.nodes.iter().enumerate() {
@@ -614,7 +622,11 @@ impl<B: Backend> Program<B> {
                 })?;
                 let grad = matches!(node.kind, NodeKind::CallGrad(_));
                 let declared = &node.meta.dims;
-                values[i] = Some(call_part(parts, part, grad, input, &all[i], declared)?);
+                let value = call_part(parts, part, grad, input, &all[i], declared)?;
+                if detect {
+                    anomaly::check(plan, i, &value)?;
+                }
+                values[i] = Some(value);
                 continue;
             }
             let op = ops[i]
@@ -638,6 +650,9 @@ impl<B: Backend> Program<B> {
                     kiln_tensor::Builder::apply(&mut eager, seeded(op, seeds)?.into_owned(), &ins)?
                 }
             };
+            if detect {
+                anomaly::check(plan, i, &value)?;
+            }
             values[i] = Some(value);
         }
         plan.outputs
@@ -976,5 +991,132 @@ impl<B: Backend> Buffers<B> {
             }
         }
         Ok(())
+    }
+}
+
+/// Anomaly mode's reports: which node first held a value that is not finite, described
+/// by its op, dims, node number, and the named values (parameters, inputs, variables)
+/// nearest upstream, which say which layer it belongs to.
+mod anomaly {
+    use crate::plan::Plan;
+    use crate::sym::SDim;
+    use kiln_tensor::anomaly::{first_non_finite, NonFinite};
+    use kiln_tensor::ir::{NodeId, NodeKind};
+    use kiln_tensor::op::fmt_dims;
+    use kiln_tensor::{Backend, Error, RawTensor, Result};
+
+    /// An error when node `i`'s `value` is not finite.
+    pub(super) fn check<B: Backend>(
+        plan: &Plan<SDim>,
+        i: NodeId,
+        value: &RawTensor<B>,
+    ) -> Result<()> {
+        let Some(bad) = first_non_finite(value)? else {
+            return Ok(());
+        };
+        let what = match &plan.graph.nodes[i].kind {
+            NodeKind::Op(op) => format!("`{}` is the first op", op.name()),
+            NodeKind::Call(k) => format!("the call to dynamic part {k} is the first op"),
+            NodeKind::CallGrad(k) => {
+                format!("the backward pass of dynamic part {k} is the first op")
+            }
+            NodeKind::RecipDim(_) => "a mean's scale 1/n is the first op".to_string(),
+            NodeKind::Leaf(_) => "a leaf is the first value".to_string(),
+        };
+        let mut msg = format!(
+            "{what} whose output is not finite: {bad}, in {} {} (node {i}{}); its inputs are finite",
+            value.dtype(),
+            fmt_dims(value.dims().as_slice()),
+            own_name(plan, i),
+        );
+        let (leaves, variable) = upstream(plan, i);
+        if !leaves.is_empty() {
+            msg.push_str(&format!(". It computes from {}", quoted(&leaves)));
+            if let Some(v) = variable {
+                msg.push_str(&format!(", after `{v}`"));
+            }
+        } else if let Some(v) = variable {
+            msg.push_str(&format!(". It comes after `{v}`"));
+        }
+        Err(Error::NonFinite(msg))
+    }
+
+    /// The error for input `k` (leaf node `leaf`) holding a value that is not finite.
+    pub(super) fn leaf(plan: &Plan<SDim>, leaf: NodeId, k: usize, bad: &NonFinite) -> Error {
+        let name = match plan.names.get(leaf).and_then(Option::as_ref) {
+            Some(n) => format!("`{n}`"),
+            None => format!("input {k}"),
+        };
+        Error::NonFinite(format!(
+            "{name} holds {bad} before any op ran: the values given (an input, or a parameter an earlier step made non-finite) are not finite"
+        ))
+    }
+
+    fn own_name(plan: &Plan<SDim>, i: NodeId) -> String {
+        match plan.names.get(i).and_then(Option::as_ref) {
+            Some(n) => format!(", computing `{n}`"),
+            None => String::new(),
+        }
+    }
+
+    fn quoted(names: &[String]) -> String {
+        names
+            .iter()
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The named leaves nearest upstream of node `i` (those within two steps of the
+    /// nearest: a layer's parameters, behind the views that reshape them), searched
+    /// first without crossing a named variable (another layer's result), and the
+    /// nearest named computed value upstream.
+    fn upstream(plan: &Plan<SDim>, i: NodeId) -> (Vec<String>, Option<String>) {
+        let nodes = &plan.graph.nodes;
+        let name = |n: NodeId| plan.names.get(n).and_then(Option::as_ref);
+        let is_leaf = |n: NodeId| matches!(nodes[n].kind, NodeKind::Leaf(_));
+        let variable = |n: NodeId| !is_leaf(n) && name(n).is_some();
+        // Breadth-first levels: the inputs, their inputs, ...; `blocked` nodes are
+        // reached but not searched past.
+        let levels = |blocked: &dyn Fn(NodeId) -> bool| {
+            let mut seen = vec![false; nodes.len()];
+            let mut levels: Vec<Vec<NodeId>> = Vec::new();
+            let mut level: Vec<NodeId> = nodes[i].inputs.clone();
+            while !level.is_empty() {
+                level.retain(|&n| !std::mem::replace(&mut seen[n], true));
+                let next = level
+                    .iter()
+                    .filter(|&&n| !blocked(n))
+                    .flat_map(|&n| nodes[n].inputs.clone())
+                    .collect();
+                levels.push(std::mem::replace(&mut level, next));
+            }
+            levels
+        };
+        let named_leaf = |n: &NodeId| is_leaf(*n) && name(*n).is_some();
+        let nearest_leaves = |levels: &[Vec<NodeId>]| -> Vec<String> {
+            let Some(d) = levels.iter().position(|l| l.iter().any(named_leaf)) else {
+                return Vec::new();
+            };
+            let mut found: Vec<NodeId> = levels[d..levels.len().min(d + 3)]
+                .iter()
+                .flatten()
+                .copied()
+                .filter(named_leaf)
+                .collect();
+            found.sort_unstable();
+            found.iter().filter_map(|&n| name(n).cloned()).collect()
+        };
+        let mut leaves = nearest_leaves(&levels(&variable));
+        let all = levels(&|_| false);
+        if leaves.is_empty() {
+            leaves = nearest_leaves(&all);
+        }
+        let variable = all
+            .iter()
+            .flatten()
+            .find(|&&n| variable(n))
+            .and_then(|&n| name(n).cloned());
+        (leaves, variable)
     }
 }

@@ -73,7 +73,8 @@ impl<B: Backend> Programs<B> {
 
     /// Runs program `id` (built from `plan_text` and `natives` on first use) on
     /// `inputs` with the size parameters `params`: through its fused plan when the
-    /// model runs fused and the plan describes these inputs, else op by op. `take`
+    /// model runs fused and the plan describes these inputs, else op by op (always in
+    /// anomaly mode, [`kiln_tensor::anomaly`]). `take`
     /// receives the outputs in order (a fused run hands over its buffers without
     /// allocating); random ops draw with their seeds mixed with `seed`. What the
     /// generated methods of a `#[model]` call; see [`Program::run`].
@@ -117,7 +118,8 @@ impl<B: Backend> Programs<B> {
         parts: &mut dyn Parts<B>,
         take: impl FnOnce(&mut dyn Iterator<Item = RawTensor<B>>) -> R,
     ) -> Result<R> {
-        let fused = self.fused();
+        // Anomaly mode checks every op's value, which only op-by-op execution has.
+        let fused = self.fused() && !kiln_tensor::anomaly::detecting();
         let seeds = Seeds::from(seed);
         self.with(id, plan_text, natives, |p| {
             if fused {

@@ -1,5 +1,5 @@
-//! What the binaries' command lines share: `--device`, `--data`, `--foreign` and
-//! where checkpoints go by default.
+//! What the binaries' command lines share: `--device`, `--data`, `--foreign`,
+//! `--detect-anomaly` and where checkpoints go by default.
 
 use crate::data::data_dir;
 use clap::Args;
@@ -71,4 +71,37 @@ impl ForeignArg {
             checkpoint::load(model, path)
         }
     }
+}
+
+/// `--detect-anomaly`, flattened into the training binaries.
+#[derive(Args, Clone, Copy, Debug)]
+pub struct AnomalyArg {
+    /// Check every op's output and stop at the first that is not finite (NaN, inf),
+    /// naming the op and the parameters of its layer; slow, for finding where a NaN
+    /// comes from (also KILN_ANOMALY=1).
+    #[arg(long)]
+    pub detect_anomaly: bool,
+}
+
+impl AnomalyArg {
+    /// Turns anomaly mode on when asked ([`kiln::tensor::anomaly`]).
+    pub fn apply(&self) {
+        if self.detect_anomaly {
+            kiln::tensor::anomaly::set_detect(true);
+        }
+    }
+}
+
+/// The message of a training loss that is not finite at `step`, pointing at anomaly
+/// mode unless it is on.
+pub fn non_finite_loss(loss: f32, step: u64) -> Error {
+    let hint = if kiln::tensor::anomaly::detecting() {
+        ""
+    } else {
+        " (--detect-anomaly finds the op that first made a value that is not finite)"
+    };
+    Error::invalid(
+        "train",
+        format!("the loss became {loss} at step {step}{hint}"),
+    )
 }

@@ -35,6 +35,14 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
             "cannot write the checkpoint /proc/kiln-nowhere/model.safetensors",
         ),
         (&["--out", folder], "is a folder"),
+        (
+            &["--lr", "1e30", "--limit", "1024"],
+            "the loss became NaN at step 2 (--detect-anomaly finds the op",
+        ),
+        (
+            &["--lr", "1e30", "--limit", "1024", "--detect-anomaly"],
+            "anomaly: `matmul` is the first op whose output is not finite",
+        ),
         (&["--state", folder], "the training state path"),
         (
             &["--model", "gpt-tiny", "--limit", "100"],

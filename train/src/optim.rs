@@ -136,7 +136,9 @@ pub trait Optimizer<B: Backend> {
         Ok(())
     }
 
-    /// Updates every parameter of `model` from `grads`.
+    /// Updates every parameter of `model` from `grads`; in anomaly mode
+    /// ([`kiln_tensor::anomaly`]), an update that leaves a parameter not finite is an
+    /// error naming it.
     ///
     /// Parameters are updated in declaration order; if one fails (a gradient of the
     /// wrong shape), those before it have already taken their step.
@@ -144,10 +146,30 @@ pub trait Optimizer<B: Backend> {
     where
         Self: Sized,
     {
+        let detect = kiln_tensor::anomaly::detecting();
         model.update_params(grads, "", &mut |name, p, g| {
-            self.update_param_in_place(name, p, g)
+            self.update_param_in_place(name, p, g)?;
+            if detect {
+                check_update(name, p, g)?;
+            }
+            Ok(())
         })
     }
+}
+
+/// Anomaly mode's check of parameter `name` after its update from gradient `grad`.
+fn check_update<B: Backend>(name: &str, param: &RawTensor<B>, grad: &RawTensor<B>) -> Result<()> {
+    use kiln_tensor::anomaly::first_non_finite;
+    let Some(bad) = first_non_finite(param)? else {
+        return Ok(());
+    };
+    let cause = match first_non_finite(grad)? {
+        Some(g) => format!("its gradient holds {g}"),
+        None => "its gradient is finite: the step itself overflowed (the learning rate?)".into(),
+    };
+    Err(Error::NonFinite(format!(
+        "the optimizer's update of `{name}` is the first op whose output is not finite: {bad}; {cause}"
+    )))
 }
 
 /// Settings of [`Sgd`], PyTorch's `torch.optim.SGD` (`maximize` is not supported).

@@ -50,11 +50,18 @@ pub struct StepReplay<B: Backend> {
 
 impl<B: Backend> StepReplay<B> {
     /// Steps on `device`, captured once warm and replayed when `replay` is asked and
-    /// the backend captures, unless `opt` would not replay correctly (the first step's
-    /// notice then says why). `draws`: whether the step draws random values (dropout).
+    /// the backend captures, unless `opt` would not replay correctly or anomaly mode is
+    /// on (the first step's notice then says why). `draws`: whether the step draws random values (dropout).
     pub fn new(device: &B::Device, replay: bool, opt: &impl Optimizer<B>, draws: bool) -> Self {
         let asked = replay && B::captures(device);
-        let refusal = if asked { opt.replay_refusal() } else { None };
+        let refusal = match asked {
+            // Anomaly mode reads every op's value back, which a capture cannot hold.
+            true if kiln_tensor::anomaly::detecting() => {
+                Some("anomaly mode checks every op's value as it runs".to_string())
+            }
+            true => opt.replay_refusal(),
+            false => None,
+        };
         StepReplay {
             device: device.clone(),
             captures: asked && refusal.is_none(),

@@ -63,6 +63,10 @@ pub enum Error {
     /// A device or driver failure (missing device, failed launch, lost context...).
     #[error("device error: {0}")]
     Device(String),
+    /// Anomaly mode found a value that is not finite ([`crate::anomaly`]): the op
+    /// that first produced one, or the input or parameter that held one.
+    #[error("anomaly: {0}")]
+    NonFinite(String),
     /// A malformed or mismatched checkpoint or data file.
     #[error("{0}")]
     Format(String),

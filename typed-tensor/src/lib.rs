@@ -18,6 +18,7 @@
 //! Inside `#[model]` the macro checks the arithmetic cases itself, at `cargo check`
 //! time, with spanned errors; the table above is for the typed API used directly.
 
+pub mod anomaly;
 pub mod backend;
 pub mod binary;
 pub mod builder;

@@ -112,6 +112,8 @@ struct Args {
     #[arg(long)]
     resume: bool,
     #[command(flatten)]
+    anomaly: kiln_models::cli::AnomalyArg,
+    #[command(flatten)]
     device: kiln_models::cli::DeviceArg,
     #[command(flatten)]
     data: kiln_models::cli::DataArg,
@@ -243,10 +245,7 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
             bar.suspend(|| println!("{notice}"));
         }
         if !r.loss.is_finite() {
-            return Err(Error::invalid(
-                "train",
-                format!("the loss became {} at step {}", r.loss, r.step),
-            ));
+            return Err(kiln_models::cli::non_finite_loss(r.loss, r.step));
         }
         if args.save_every > 0 && (r.step + 1).is_multiple_of(args.save_every) {
             state::save(&state_path, m, o, r.step + 1, &settings)?;
@@ -605,10 +604,7 @@ mod gpt {
                 }
                 let loss = outcome.loss;
                 if !loss.is_finite() {
-                    return Err(Error::invalid(
-                        "train",
-                        format!("the loss became {loss} at step {step}"),
-                    ));
+                    return Err(kiln_models::cli::non_finite_loss(loss, step));
                 }
                 avg = if avg.is_nan() {
                     loss
@@ -733,6 +729,7 @@ fn check_writable(what: &str, out: &Path) -> Result<()> {
 
 fn main() {
     let args = Args::parse();
+    args.anomaly.apply();
     let r = check_args(&args).and_then(|()| run_on(args.device.device, Train(&args)));
     if let Err(e) = r {
         eprintln!("error: {e}");

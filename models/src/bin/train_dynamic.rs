@@ -53,6 +53,8 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     #[command(flatten)]
+    anomaly: kiln_models::cli::AnomalyArg,
+    #[command(flatten)]
     device: kiln_models::cli::DeviceArg,
     #[command(flatten)]
     data: kiln_models::cli::DataArg,
@@ -162,6 +164,7 @@ fn train<Be: Backend>(args: &Args, dev: &Be::Device) -> Result<()> {
 
 fn main() {
     let args = Args::parse();
+    args.anomaly.apply();
     if let Err(e) = check(&args).and_then(|()| run_on(args.device.device, Train(&args))) {
         eprintln!("error: {e}");
         std::process::exit(1);
