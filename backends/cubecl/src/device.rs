@@ -124,6 +124,8 @@ pub struct DeviceState<R: KilnRuntime> {
     pub(crate) recorder: Recorder,
     /// The id the next buffer takes (ids order buffers by creation).
     pub(crate) next_buffer: AtomicU64,
+    /// The most device memory tensors may hold, in bytes (0: no limit but the device's).
+    pub(crate) memory_limit: AtomicU64,
 }
 
 /// The error flag of one launch that may fail, read at its thread's next
@@ -367,6 +369,34 @@ impl<R: KilnRuntime> DeviceState<R> {
         Ok(())
     }
 
+    /// Refuses a new buffer of `bytes` that would take the memory tensors hold past the
+    /// device's memory limit ([`CubeDevice::set_memory_limit`]) with
+    /// [`Error::OutOfMemory`], which leaves the device usable: drop tensors and go on.
+    /// Near the limit, memory reserved but unused is given back first.
+    pub(crate) fn check_memory(&self, bytes: u64) -> Result<()> {
+        let limit = self.memory_limit.load(Ordering::Relaxed);
+        if limit == 0 {
+            return Ok(());
+        }
+        let usage = self
+            .client
+            .memory_usage()
+            .map_err(|e| server_error(&self.name, e))?;
+        if usage.bytes_in_use.saturating_add(bytes) > limit {
+            return Err(Error::OutOfMemory {
+                device: format!(
+                    "{} ({} of its {limit}-byte memory limit in use)",
+                    self.name, usage.bytes_in_use
+                ),
+                bytes: bytes as usize,
+            });
+        }
+        if usage.bytes_reserved.saturating_add(bytes) > limit {
+            self.client.memory_cleanup();
+        }
+        Ok(())
+    }
+
     /// Checks that a buffer of `bytes` fits what one kernel may bind.
     pub(crate) fn check_size(&self, op: &str, bytes: u64) -> Result<()> {
         if bytes > self.max_buffer_bytes {
@@ -378,6 +408,41 @@ impl<R: KilnRuntime> DeviceState<R> {
         }
         Ok(())
     }
+}
+
+/// The memory limit `KILN_MEMORY_LIMIT` asks for: bytes, or a number with `KiB`,
+/// `MiB` or `GiB` (an error naming the variable for anything else).
+fn memory_limit_from_env() -> Result<Option<u64>> {
+    let Ok(text) = std::env::var("KILN_MEMORY_LIMIT") else {
+        return Ok(None);
+    };
+    parse_size(&text).map(Some).ok_or_else(|| {
+        Error::invalid(
+            "KILN_MEMORY_LIMIT",
+            format!(
+                "{text:?} is not a size: give bytes, or a number with KiB, MiB or GiB (512MiB)"
+            ),
+        )
+    })
+}
+
+/// `512MiB`, `2 GiB`, `1048576`: a positive size in bytes.
+pub(crate) fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" | "kb" => 1 << 10,
+        "m" | "mib" | "mb" => 1 << 20,
+        "g" | "gib" | "gb" => 1 << 30,
+        _ => return None,
+    };
+    let value: f64 = number.parse().ok()?;
+    let bytes = value * scale as f64;
+    (bytes >= 1.0 && bytes < u64::MAX as f64).then_some(bytes as u64)
 }
 
 /// Turns a CubeCL server error into Kiln's error (out of memory when it is one).
@@ -477,6 +542,7 @@ impl<R: KilnRuntime> CubeDevice<R> {
                 metadata: Mutex::new(HashMap::new()),
                 recorder: Recorder::default(),
                 next_buffer: AtomicU64::new(0),
+                memory_limit: AtomicU64::new(memory_limit_from_env()?.unwrap_or(0)),
             }),
         };
         registry.push((ordinal, device.clone()));
@@ -503,6 +569,26 @@ impl<R: KilnRuntime> CubeDevice<R> {
         self.state.max_buffer_bytes
     }
 
+    /// Limits the device memory this process's tensors may hold on the calling thread's
+    /// stream to `bytes` (`None`: no limit but the device's; the environment variable
+    /// `KILN_MEMORY_LIMIT`, as `512MiB` or `2GiB`, sets it when the device opens). An
+    /// allocation past it is an [`Error::OutOfMemory`] the program can catch and
+    /// survive: the device stays usable once tensors are dropped. Worth setting where
+    /// the driver's own out-of-memory is fatal (wgpu aborts on it).
+    pub fn set_memory_limit(&self, bytes: Option<u64>) {
+        self.state
+            .memory_limit
+            .store(bytes.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// The memory limit [`CubeDevice::set_memory_limit`] set, if any.
+    pub fn memory_limit(&self) -> Option<u64> {
+        match self.state.memory_limit.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        }
+    }
+
     /// The shared state (client, limits).
     pub fn state(&self) -> &Arc<DeviceState<R>> {
         &self.state
@@ -525,6 +611,23 @@ impl<R: KilnRuntime> CubeDevice<R> {
         match recording.refused {
             Some(msg) => Err(Error::Device(msg)),
             None => out,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn memory_limits_parse_as_sizes() {
+        assert_eq!(parse_size("1048576"), Some(1 << 20));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("2 GiB"), Some(2 << 30));
+        assert_eq!(parse_size("1.5g"), Some(3 << 29));
+        assert_eq!(parse_size("64k"), Some(64 << 10));
+        for bad in ["", "0", "-5MiB", "lots", "12 parsecs", "1e99GiB"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
         }
     }
 }

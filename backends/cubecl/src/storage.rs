@@ -223,6 +223,7 @@ impl<R: KilnRuntime> DeviceState<R> {
                 format!("{len} elements exceed the 2^32 elements a kernel can index"),
             ));
         }
+        self.check_memory(bytes)?;
         // CubeCL refuses empty buffers; an empty tensor still gets a (never read) word.
         let handle = self.client.empty((bytes as usize).max(4));
         Ok(self.wrap(handle, dtype, len))
@@ -235,6 +236,7 @@ impl<R: KilnRuntime> DeviceState<R> {
         self.refuse_in_capture("copying host values to the device")?;
         let mut bytes = host_to_bytes(data);
         self.check_size("upload", bytes.len() as u64)?;
+        self.check_memory(bytes.len() as u64)?;
         if bytes.is_empty() {
             bytes = vec![0; 4];
         }
