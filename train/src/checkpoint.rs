@@ -18,18 +18,24 @@
 //! PyTorch's batch-norm step counters (`<layer>.num_batches_tracked`, one int64) are
 //! read into the model's training-step counter and written from it.
 //!
-//! Files are read whole into memory once their header agrees with their length (a
-//! length field past the end, or tensor data declared longer or shorter than the file
-//! holds, is refused after reading the header alone); the rest of the validation is
-//! the `safetensors` crate's.
+//! Files are read header first: a length field past the end, a header that does not
+//! describe its tensors, or tensor data declared longer or shorter than the file holds
+//! is refused before any data is read; then tensors are streamed one at a time
+//! ([`read`](self::read)).
+
+mod read;
+
+pub(crate) use read::Reader;
+use read::{checksum, from_st_dtype, io_error, st_dtype_name};
 
 use kiln_tensor::nn::Module;
-use kiln_tensor::{bf16, f16, Backend, DType, Error, HostData, RawTensor, Result};
-use safetensors::{Dtype, SafeTensors};
+use kiln_tensor::{Backend, DType, Error, HostData, RawTensor, Result};
+use safetensors::tensor::TensorInfo;
+use safetensors::Dtype;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -84,7 +90,7 @@ pub(crate) fn model_entries<B: Backend, M: Module<B>>(model: &M) -> Result<Vec<(
 const BATCH_NORM_COUNTER: &str = "num_batches_tracked";
 
 /// The metadata key prefix of a tensor's checksum.
-const CHECKSUM_KEY: &str = "kiln.crc32.";
+pub(crate) const CHECKSUM_KEY: &str = "kiln.crc32.";
 
 /// Whether a load insists on checksums.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,10 +126,8 @@ fn load_checked<B: Backend, M: Module<B>>(
     path: &Path,
     checksums: Checksums,
 ) -> Result<()> {
-    let bytes = read_file(path)?;
-    let file = parse(path, &bytes)?;
-    let meta = all_metadata(path, &bytes)?;
-    let prepared = prepare_load(model, path, &file, &meta, checksums, &|_| false)?;
+    let file = Reader::open(path)?;
+    let prepared = prepare_load(model, &file, checksums, &|_| false)?;
     apply_load(model, path, prepared)
 }
 
@@ -139,12 +143,11 @@ pub(crate) struct PreparedLoad<B: Backend> {
 /// touching nothing: every mismatch is reported in one error.
 pub(crate) fn prepare_load<B: Backend, M: Module<B>>(
     model: &M,
-    path: &Path,
-    file: &SafeTensors<'_>,
-    meta: &BTreeMap<String, String>,
+    file: &Reader,
     checksums: Checksums,
     others: &dyn Fn(&str) -> bool,
 ) -> Result<PreparedLoad<B>> {
+    let path = file.path();
     let mut expected: Vec<(String, Vec<usize>, DType, B::Device)> = Vec::new();
     let mut push = |s: kiln_tensor::nn::Slot<'_, B>| {
         let v = s.value;
@@ -165,42 +168,37 @@ pub(crate) fn prepare_load<B: Backend, M: Module<B>>(
             problems.push(format!("the model has two tensors named `{name}`"));
             continue;
         }
-        match file.tensor(name) {
-            Err(_) => problems.push(format!(
+        match file.info(name) {
+            None => problems.push(format!(
                 "missing tensor `{name}`: the model has {dims:?} {dtype}, the file has no such tensor"
             )),
-            Ok(view) => {
-                let file_dtype = from_st_dtype(view.dtype());
-                if view.shape() != dims.as_slice() || file_dtype != Some(*dtype) {
+            Some(info) => {
+                let file_dtype = from_st_dtype(info.dtype);
+                if info.shape != *dims || file_dtype != Some(*dtype) {
                     problems.push(format!(
                         "tensor `{name}`: the model has {dims:?} {dtype}, the file has {:?} {}",
-                        view.shape(),
-                        st_dtype_name(view.dtype())
+                        info.shape,
+                        st_dtype_name(info.dtype)
                     ));
                 }
             }
         }
     }
     let mut counters = Vec::new();
-    let mut extra = Vec::new();
     for name in file.names() {
-        if seen.contains(name) || others(name) {
+        if seen.contains(name.as_str()) || others(&name) {
             continue;
         }
-        if is_batch_norm_counter(name, file, &seen) {
+        let info = file.info(&name).expect("a name the file lists");
+        if is_batch_norm_counter(&name, info, &seen) {
             counters.push(name);
         } else {
-            extra.push(name);
+            problems.push(format!(
+                "extra tensor `{name}` ({:?} {}): the file has it, the model does not",
+                info.shape,
+                st_dtype_name(info.dtype)
+            ));
         }
-    }
-    extra.sort_unstable();
-    for name in extra {
-        let view = file.tensor(name).map_err(|e| format_error(path, e))?;
-        problems.push(format!(
-            "extra tensor `{name}` ({:?} {}): the file has it, the model does not",
-            view.shape(),
-            st_dtype_name(view.dtype())
-        ));
     }
     if !problems.is_empty() {
         return Err(Error::Format(format!(
@@ -209,24 +207,19 @@ pub(crate) fn prepare_load<B: Backend, M: Module<B>>(
             problems.join("\n  - ")
         )));
     }
-    let names: Vec<&str> = expected
-        .iter()
-        .map(|(n, ..)| n.as_str())
-        .chain(counters.iter().copied())
-        .collect();
-    verify_checksums(path, file, meta, &names, checksums)?;
+    file.require(checksums)?;
 
-    // Decode everything before replacing anything, so a tensor that fails to decode
-    // (a bool byte that is not 0 or 1) cannot leave the model half loaded.
+    // Read, verify and decode everything before replacing anything, so a tensor that
+    // fails (a flipped byte, a bool byte that is not 0 or 1) cannot leave the model
+    // half loaded.
     let mut decoded = HashMap::with_capacity(expected.len());
     for (name, _, _, device) in &expected {
-        let view = file.tensor(name).map_err(|e| format_error(path, e))?;
-        decoded.insert(name.clone(), to_raw(path, name, &view, device)?);
+        decoded.insert(name.clone(), file.tensor(name, checksums, device)?);
     }
     let mut steps = None;
     for name in counters {
-        let view = file.tensor(name).map_err(|e| format_error(path, e))?;
-        let value = i64::from_le_bytes(view.data().try_into().map_err(|_| {
+        let bytes = file.bytes(&name, checksums)?;
+        let value = i64::from_le_bytes(bytes.as_slice().try_into().map_err(|_| {
             Error::Format(format!(
                 "`{}`: tensor `{name}` is not one int64",
                 path.display()
@@ -265,53 +258,10 @@ pub(crate) fn apply_load<B: Backend, M: Module<B>>(
     Ok(())
 }
 
-/// Checks the checksum of each of `names` in `file` against `meta`'s; under
-/// [`Checksums::Required`] a tensor without one is an error too.
-pub(crate) fn verify_checksums(
-    path: &Path,
-    file: &SafeTensors<'_>,
-    meta: &BTreeMap<String, String>,
-    names: &[&str],
-    checksums: Checksums,
-) -> Result<()> {
-    let has_any = meta.keys().any(|k| k.starts_with(CHECKSUM_KEY));
-    if checksums == Checksums::Required && !has_any && !names.is_empty() {
-        return Err(Error::Format(format!(
-            "`{}` has no tensor checksums: Kiln did not write it (PyTorch's save_file writes none); load it with `checkpoint::load_foreign` (`--foreign` on the command line) to accept it unverified",
-            path.display()
-        )));
-    }
-    for name in names {
-        let view = file.tensor(name).map_err(|e| format_error(path, e))?;
-        let Some(stored) = meta.get(&format!("{CHECKSUM_KEY}{name}")) else {
-            if checksums == Checksums::Required {
-                return Err(Error::Format(format!(
-                    "`{}`: tensor `{name}` has no checksum although the file's other tensors have: the file was altered",
-                    path.display()
-                )));
-            }
-            continue;
-        };
-        let actual = checksum(view.data());
-        if stored != &actual {
-            return Err(Error::Format(format!(
-                "`{}`: tensor `{name}` does not match its checksum (stored crc32 {stored}, the data gives {actual}): the file is corrupt",
-                path.display()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// The checksum Kiln records for a tensor's bytes: CRC-32 (IEEE) in 8 hex digits.
-fn checksum(bytes: &[u8]) -> String {
-    format!("{:08x}", crc32fast::hash(bytes))
-}
-
-/// Whether `name` in `file` is PyTorch's batch-norm step counter of a layer the model
-/// has: `<layer>.num_batches_tracked`, one int64, beside the model's
+/// Whether `name` (described by `info`) is PyTorch's batch-norm step counter of a
+/// layer the model has: `<layer>.num_batches_tracked`, one int64, beside the model's
 /// `<layer>.running_mean`.
-fn is_batch_norm_counter(name: &str, file: &SafeTensors<'_>, model: &BTreeSet<&str>) -> bool {
+fn is_batch_norm_counter(name: &str, info: &TensorInfo, model: &BTreeSet<&str>) -> bool {
     let Some(layer) = name.strip_suffix(BATCH_NORM_COUNTER) else {
         return false;
     };
@@ -319,9 +269,8 @@ fn is_batch_norm_counter(name: &str, file: &SafeTensors<'_>, model: &BTreeSet<&s
     let layer_ok = layer.is_empty() || layer.ends_with('.');
     layer_ok
         && model.contains(running_mean.as_str())
-        && file
-            .tensor(name)
-            .is_ok_and(|v| v.dtype() == Dtype::I64 && v.shape().iter().product::<usize>() == 1)
+        && info.dtype == Dtype::I64
+        && info.shape.iter().product::<usize>() == 1
 }
 
 /// Every tensor in the safetensors file at `path`, sorted by name, on `device`,
@@ -331,48 +280,30 @@ pub fn read_tensors<B: Backend>(
     path: impl AsRef<Path>,
     device: &B::Device,
 ) -> Result<Vec<(String, RawTensor<B>)>> {
-    let path = path.as_ref();
-    let bytes = read_file(path)?;
-    let file = parse(path, &bytes)?;
-    let meta = all_metadata(path, &bytes)?;
-    let mut names = file.names();
-    names.retain(|n| {
-        !(n.ends_with(BATCH_NORM_COUNTER) && file.tensor(n).is_ok_and(|v| v.dtype() == Dtype::I64))
-    });
-    names.sort_unstable();
-    verify_checksums(path, &file, &meta, &names, Checksums::IfPresent)?;
-    names
-        .into_iter()
-        .map(|name| {
-            let view = file.tensor(name).map_err(|e| format_error(path, e))?;
-            Ok((name.to_string(), to_raw(path, name, &view, device)?))
-        })
-        .collect()
+    let file = Reader::open(path.as_ref())?;
+    let mut out = Vec::new();
+    for name in file.names() {
+        let info = file.info(&name).expect("a name the file lists");
+        if name.ends_with(BATCH_NORM_COUNTER) && info.dtype == Dtype::I64 {
+            continue;
+        }
+        let t = file.tensor(&name, Checksums::IfPresent, device)?;
+        out.push((name, t));
+    }
+    Ok(out)
 }
 
 /// The string metadata (`__metadata__`) of the safetensors file at `path` (empty if
 /// it has none), without Kiln's own entries (keys starting with `kiln.`: checksums,
 /// training state).
 pub fn read_metadata(path: impl AsRef<Path>) -> Result<BTreeMap<String, String>> {
-    let path = path.as_ref();
-    let mut meta = all_metadata(path, &read_file(path)?)?;
+    let mut meta = Reader::open(path.as_ref())?.metadata().clone();
     meta.retain(|k, _| !k.starts_with(RESERVED_KEY));
     Ok(meta)
 }
 
 /// The metadata key prefix Kiln keeps for itself.
 const RESERVED_KEY: &str = "kiln.";
-
-/// Every metadata entry of the file `bytes` read from `path`.
-pub(crate) fn all_metadata(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, String>> {
-    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| format_error(path, e))?;
-    Ok(meta
-        .metadata()
-        .iter()
-        .flatten()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect())
-}
 
 /// Refuses metadata keys Kiln keeps for itself.
 fn check_user_metadata(metadata: &BTreeMap<String, String>) -> Result<()> {
@@ -527,27 +458,6 @@ fn to_st_dtype(d: DType) -> Dtype {
     }
 }
 
-fn from_st_dtype(d: Dtype) -> Option<DType> {
-    Some(match d {
-        Dtype::F32 => DType::F32,
-        Dtype::F64 => DType::F64,
-        Dtype::F16 => DType::F16,
-        Dtype::BF16 => DType::BF16,
-        Dtype::I32 => DType::I32,
-        Dtype::U32 => DType::U32,
-        Dtype::BOOL => DType::Bool,
-        _ => return None,
-    })
-}
-
-/// A file dtype in kiln's lower-case spelling, marked when kiln has no such dtype.
-fn st_dtype_name(d: Dtype) -> String {
-    match from_st_dtype(d) {
-        Some(k) => k.name().to_string(),
-        None => format!("{} (not a kiln dtype)", d.to_string().to_lowercase()),
-    }
-}
-
 /// Little-endian bytes of host values, as safetensors stores them.
 fn encode(h: &HostData) -> Vec<u8> {
     match h {
@@ -559,125 +469,6 @@ fn encode(h: &HostData) -> Vec<u8> {
         HostData::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostData::Bool(v) => v.iter().map(|&x| x as u8).collect(),
     }
-}
-
-/// Decodes `N`-byte little-endian elements; the caller has checked the length.
-fn decode_le<const N: usize, T>(bytes: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
-    bytes
-        .chunks_exact(N)
-        .map(|c| f(c.try_into().expect("chunks_exact yields N bytes")))
-        .collect()
-}
-
-/// Builds a tensor on `device` from a file's view of it.
-pub(crate) fn to_raw<B: Backend>(
-    path: &Path,
-    name: &str,
-    view: &safetensors::tensor::TensorView<'_>,
-    device: &B::Device,
-) -> Result<RawTensor<B>> {
-    let bad = |msg: String| Error::Format(format!("`{}`: tensor `{name}` {msg}", path.display()));
-    let dtype = from_st_dtype(view.dtype())
-        .ok_or_else(|| bad(format!("has dtype {}", st_dtype_name(view.dtype()))))?;
-    let bytes = view.data();
-    // The crate checks sizes on parsing; an inconsistency here is a crate bug, but a
-    // mis-sized chunk would silently drop elements, so it is checked again.
-    let numel: usize = view.shape().iter().product();
-    if bytes.len() != numel * dtype.size_in_bytes() {
-        return Err(bad(format!(
-            "has {} bytes for shape {:?} {dtype}",
-            bytes.len(),
-            view.shape()
-        )));
-    }
-    let host = match dtype {
-        DType::F32 => HostData::F32(decode_le(bytes, f32::from_le_bytes)),
-        DType::F64 => HostData::F64(decode_le(bytes, f64::from_le_bytes)),
-        DType::F16 => HostData::F16(decode_le(bytes, f16::from_le_bytes)),
-        DType::BF16 => HostData::BF16(decode_le(bytes, bf16::from_le_bytes)),
-        DType::I32 => HostData::I32(decode_le(bytes, i32::from_le_bytes)),
-        DType::U32 => HostData::U32(decode_le(bytes, u32::from_le_bytes)),
-        DType::Bool => {
-            if let Some(b) = bytes.iter().find(|&&b| b > 1) {
-                return Err(bad(format!(
-                    "holds the byte {b}, which is not a bool (0 or 1)"
-                )));
-            }
-            HostData::Bool(bytes.iter().map(|&b| b == 1).collect())
-        }
-    };
-    RawTensor::from_host(host, view.shape(), device)
-        .map_err(|e| bad(format!("cannot be built: {e}")))
-}
-
-pub(crate) fn format_error(path: &Path, e: safetensors::SafeTensorError) -> Error {
-    Error::Format(format!(
-        "`{}` is not a valid safetensors file: {e}",
-        path.display()
-    ))
-}
-
-pub(crate) fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
-    SafeTensors::deserialize(bytes).map_err(|e| format_error(path, e))
-}
-
-/// An I/O error that names the file it happened on.
-fn io_error(path: &Path, what: &str, e: io::Error) -> Error {
-    Error::Io(io::Error::new(
-        e.kind(),
-        format!("cannot {what} `{}`: {e}", path.display()),
-    ))
-}
-
-/// The bytes of the safetensors file at `path`, read only once its header agrees with
-/// the file's length: a length field past the end, a header that is not a JSON
-/// object, or tensor data declared longer or shorter than the file holds is an error
-/// after reading the header alone (a 3 GB file of zeros costs its first 8 bytes, not
-/// 3 GB of memory). The rest is the safetensors crate's to check.
-pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
-    use std::io::Read;
-    let io = |e| io_error(path, "read", e);
-    let invalid = |why: String| {
-        Error::Format(format!(
-            "`{}` is not a valid safetensors file: {why}",
-            path.display()
-        ))
-    };
-    let mut file = File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
-    if len < 8 {
-        return Err(invalid(format!("{len} bytes hold no header length")));
-    }
-    let mut field = [0u8; 8];
-    file.read_exact(&mut field).map_err(io)?;
-    let n = u64::from_le_bytes(field);
-    if n > len - 8 {
-        return Err(invalid(format!(
-            "the header length {n} runs past the file's {len} bytes"
-        )));
-    }
-    let mut bytes = Vec::with_capacity(len as usize);
-    bytes.extend_from_slice(&field);
-    Read::by_ref(&mut file)
-        .take(n)
-        .read_to_end(&mut bytes)
-        .map_err(io)?;
-    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..])
-        .map_err(|e| invalid(format!("the header is not a JSON object: {e}")))?;
-    let declared = header
-        .iter()
-        .filter(|(name, _)| *name != "__metadata__")
-        .filter_map(|(_, t)| t.get("data_offsets")?.get(1)?.as_u64())
-        .max()
-        .unwrap_or(0);
-    let held = len - 8 - n;
-    if declared != held {
-        return Err(invalid(format!(
-            "the header declares {declared} bytes of tensor data but the file holds {held}"
-        )));
-    }
-    file.read_to_end(&mut bytes).map_err(io)?;
-    Ok(bytes)
 }
 
 /// Writes `bytes` to `path` through a temporary sibling, fsync and rename. A symbolic

@@ -13,7 +13,7 @@
 //!
 //! [`Schedule`]: crate::schedule::Schedule
 
-use crate::checkpoint::{self, Checksums, Encoded};
+use crate::checkpoint::{self, Checksums, Encoded, Reader};
 use crate::optim::{Optimizer, OptimizerState};
 use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, Error, Result};
@@ -75,16 +75,15 @@ pub fn load<B: Backend, M: Module<B>, O: Optimizer<B>>(
     run: &BTreeMap<String, String>,
 ) -> Result<u64> {
     let path = path.as_ref();
-    let bytes = checkpoint::read_file(path)?;
-    let file = checkpoint::parse(path, &bytes)?;
-    let meta = checkpoint::all_metadata(path, &bytes)?;
+    let file = Reader::open(path)?;
+    let meta = file.metadata();
     let bad = |why: String| Error::Format(format!("`{}` {why}", path.display()));
     match meta.get(VERSION_KEY).map(String::as_str) {
         Some(VERSION) => {}
         Some(v) => return Err(bad(format!("is a training state of version {v}, which this Kiln does not read"))),
         None => return Err(bad("is not a training state (a checkpoint holds parameters only; resume from the state file a training run writes)".into())),
     }
-    check_run(path, &meta, run)?;
+    check_run(path, meta, run)?;
     let number = |key: &str| -> Result<u64> {
         let v = meta.get(key).ok_or_else(|| bad(format!("lacks `{key}`")))?;
         v.parse()
@@ -103,46 +102,36 @@ pub fn load<B: Backend, M: Module<B>, O: Optimizer<B>>(
         )));
     }
 
-    let prepared =
-        checkpoint::prepare_load(model, path, &file, &meta, Checksums::Required, &|n| {
-            n.starts_with(OPTIMIZER_TENSOR)
-        })?;
+    let prepared = checkpoint::prepare_load(model, &file, Checksums::Required, &|n| {
+        n.starts_with(OPTIMIZER_TENSOR)
+    })?;
     let mut params = HashMap::new();
     model.visit_params("", &mut |s| {
         params.insert(s.name.to_string(), s.value.clone());
     });
     let mut opt_state = OptimizerState::empty(kind);
-    let mut names: Vec<&str> = file
-        .names()
-        .into_iter()
-        .filter(|n| n.starts_with(OPTIMIZER_TENSOR))
-        .collect();
-    names.sort_unstable();
-    checkpoint::verify_checksums(path, &file, &meta, &names, Checksums::Required)?;
-    for name in names {
-        let (slot, param) = name[OPTIMIZER_TENSOR.len()..]
-            .split_once('/')
-            .ok_or_else(|| {
-                bad(format!(
-                    "has `{name}`, which names no optimizer slot and parameter"
-                ))
-            })?;
+    for name in file.names() {
+        let Some(rest) = name.strip_prefix(OPTIMIZER_TENSOR) else {
+            continue;
+        };
+        let (slot, param) = rest.split_once('/').ok_or_else(|| {
+            bad(format!(
+                "has `{name}`, which names no optimizer slot and parameter"
+            ))
+        })?;
         let p = params.get(param).ok_or_else(|| {
             bad(format!(
                 "has optimizer state `{name}` for `{param}`, which the model lacks"
             ))
         })?;
-        let view = file
-            .tensor(name)
-            .map_err(|e| checkpoint::format_error(path, e))?;
-        if view.shape() != p.dims().as_slice() {
+        let shape = &file.info(&name).expect("a name the file lists").shape;
+        if shape != p.dims().as_slice() {
             return Err(bad(format!(
-                "has optimizer state `{name}` of dims {:?} for a parameter of dims {:?}",
-                view.shape(),
+                "has optimizer state `{name}` of dims {shape:?} for a parameter of dims {:?}",
                 p.dims().as_slice()
             )));
         }
-        let t = checkpoint::to_raw(path, name, &view, p.device())?;
+        let t = file.tensor(&name, Checksums::Required, p.device())?;
         opt_state
             .tensors
             .insert((slot.to_string(), param.to_string()), t);
@@ -178,17 +167,18 @@ pub fn load<B: Backend, M: Module<B>, O: Optimizer<B>>(
 /// its checksum, and returns the steps it records (what a resume would start from).
 pub fn verify(path: impl AsRef<Path>) -> Result<u64> {
     let path = path.as_ref();
-    let bytes = checkpoint::read_file(path)?;
-    let file = checkpoint::parse(path, &bytes)?;
-    let meta = checkpoint::all_metadata(path, &bytes)?;
+    let file = Reader::open(path)?;
+    let meta = file.metadata();
     if meta.get(VERSION_KEY).map(String::as_str) != Some(VERSION) {
         return Err(Error::Format(format!(
             "`{}` is not a training state of version {VERSION}",
             path.display()
         )));
     }
-    let names = file.names();
-    checkpoint::verify_checksums(path, &file, &meta, &names, Checksums::Required)?;
+    file.require(Checksums::Required)?;
+    for name in file.names() {
+        file.bytes(&name, Checksums::Required)?;
+    }
     let step = meta.get(STEP_KEY).and_then(|v| v.parse().ok());
     step.ok_or_else(|| Error::Format(format!("`{}` records no step count", path.display())))
 }

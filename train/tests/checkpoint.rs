@@ -887,3 +887,47 @@ fn a_flipped_byte_is_an_error_naming_the_tensor() -> Result<()> {
     assert!(read_metadata(&good)?.is_empty());
     Ok(())
 }
+
+/// Tensors are streamed one at a time: reading a 128 MiB file of 16 tensors holds the
+/// decoded tensors and one tensor's bytes at once, not the file besides.
+#[test]
+fn loads_stream_tensor_by_tensor() -> Result<()> {
+    let dir = scratch("stream");
+    let path = dir.join("big.safetensors");
+    let n = 2 << 20; // 8 MiB of f32 per tensor
+                     // Written by hand, a chunk at a time, so that writing raises no memory peak.
+    let mut header = serde_json::Map::new();
+    for i in 0..16 {
+        let at = i * n * 4;
+        header.insert(
+            format!("t{i:02}"),
+            serde_json::json!({"dtype": "F32", "shape": [n], "data_offsets": [at, at + n * 4]}),
+        );
+    }
+    let json = serde_json::to_vec(&header).unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(fs::File::create(&path)?);
+        f.write_all(&(json.len() as u64).to_le_bytes())?;
+        f.write_all(&json)?;
+        for i in 0..16 {
+            let chunk: Vec<u8> = (0..4096).flat_map(|_| (i as f32).to_le_bytes()).collect();
+            for _ in 0..n / 4096 {
+                f.write_all(&chunk)?;
+            }
+        }
+    }
+    let before = peak_memory_kib();
+    let back = read_tensors::<Cpu>(&path, &DEV)?;
+    assert_eq!(back.len(), 16);
+    assert_eq!(back[15].1.to_vec::<f32>()?[n - 1], 15.0);
+    if let (Some(before), Some(after)) = (before, peak_memory_kib()) {
+        // The tensors themselves take 128 MiB; reading the file whole would add 128.
+        assert!(
+            after.saturating_sub(before) < 200 << 10,
+            "peak memory rose by {} KiB",
+            after - before
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,268 @@
+//! Reading safetensors files without trusting them: the header is read first and
+//! validated against the file (its length bounded, every tensor's offsets contiguous
+//! and sized by its dtype and shape, the data it declares exactly what the file holds)
+//! before any tensor data is read; then tensors are streamed one at a time, each
+//! verified against its checksum, so a load holds one tensor's bytes at once, never
+//! the whole file.
+
+use super::{Checksums, CHECKSUM_KEY};
+use kiln_tensor::{bf16, f16, Backend, DType, Error, HostData, RawTensor, Result};
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::Dtype;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// The longest header read (the safetensors crate's own bound).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// A safetensors file whose header has been read and validated; its tensors are read
+/// when asked.
+pub(crate) struct Reader {
+    path: PathBuf,
+    file: RefCell<File>,
+    /// Where tensor data starts in the file.
+    data_start: u64,
+    header: Metadata,
+    metadata: BTreeMap<String, String>,
+}
+
+impl Reader {
+    /// Opens the file at `path` and validates its header against its length.
+    pub(crate) fn open(path: &Path) -> Result<Self> {
+        let io = |e| io_error(path, "read", e);
+        let invalid = |why: String| invalid_file(path, why);
+        let mut file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len < 8 {
+            return Err(invalid(format!("{len} bytes hold no header length")));
+        }
+        let mut field = [0u8; 8];
+        file.read_exact(&mut field).map_err(io)?;
+        let n = u64::from_le_bytes(field);
+        if n > len - 8 {
+            return Err(invalid(format!(
+                "the header length {n} runs past the file's {len} bytes"
+            )));
+        }
+        if n > MAX_HEADER_BYTES {
+            return Err(invalid(format!(
+                "the header length {n} is over the {MAX_HEADER_BYTES} bytes a header may take"
+            )));
+        }
+        let mut text = Vec::with_capacity(n as usize);
+        Read::by_ref(&mut file)
+            .take(n)
+            .read_to_end(&mut text)
+            .map_err(io)?;
+        let json: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&text)
+            .map_err(|e| invalid(format!("the header is not a JSON object: {e}")))?;
+        let header: Metadata = serde_json::from_slice(&text)
+            .map_err(|e| invalid(format!("the header does not describe tensors: {e}")))?;
+        let declared = header.data_len() as u64;
+        let held = len - 8 - n;
+        if declared != held {
+            return Err(invalid(format!(
+                "the header declares {declared} bytes of tensor data but the file holds {held}"
+            )));
+        }
+        let metadata = json
+            .get("__metadata__")
+            .and_then(|m| m.as_object())
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Reader {
+            path: path.to_path_buf(),
+            file: RefCell::new(file),
+            data_start: 8 + n,
+            header,
+            metadata,
+        })
+    }
+
+    /// The file's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The tensors' names, sorted.
+    pub(crate) fn names(&self) -> Vec<String> {
+        let mut names = self.header.offset_keys();
+        names.sort_unstable();
+        names
+    }
+
+    /// Tensor `name`'s dtype and shape, if the file has it.
+    pub(crate) fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.header.info(name)
+    }
+
+    /// The string metadata (`__metadata__`), Kiln's entries included.
+    pub(crate) fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// Whether the file records any tensor checksum.
+    pub(crate) fn has_checksums(&self) -> bool {
+        self.metadata.keys().any(|k| k.starts_with(CHECKSUM_KEY))
+    }
+
+    /// An error unless the file has checksums where `checksums` requires them.
+    pub(crate) fn require(&self, checksums: Checksums) -> Result<()> {
+        if checksums == Checksums::Required
+            && !self.has_checksums()
+            && !self.header.offset_keys().is_empty()
+        {
+            return Err(Error::Format(format!(
+                "`{}` has no tensor checksums: Kiln did not write it (PyTorch's save_file writes none); load it with `checkpoint::load_foreign` (`--foreign` on the command line) to accept it unverified",
+                self.path.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Tensor `name`'s bytes, read from the file and checked against its checksum
+    /// (under [`Checksums::Required`], a tensor without one is an error too).
+    pub(crate) fn bytes(&self, name: &str, checksums: Checksums) -> Result<Vec<u8>> {
+        let info = self.info(name).ok_or_else(|| {
+            Error::Format(format!("`{}` has no tensor `{name}`", self.path.display()))
+        })?;
+        let (start, end) = info.data_offsets;
+        let mut bytes = vec![0u8; end - start];
+        {
+            let mut file = self.file.borrow_mut();
+            file.seek(SeekFrom::Start(self.data_start + start as u64))
+                .and_then(|_| file.read_exact(&mut bytes))
+                .map_err(|e| io_error(&self.path, "read", e))?;
+        }
+        match self.metadata.get(&format!("{CHECKSUM_KEY}{name}")) {
+            Some(stored) => {
+                let actual = checksum(&bytes);
+                if *stored != actual {
+                    return Err(Error::Format(format!(
+                        "`{}`: tensor `{name}` does not match its checksum (stored crc32 {stored}, the data gives {actual}): the file is corrupt",
+                        self.path.display()
+                    )));
+                }
+            }
+            None if checksums == Checksums::Required => {
+                return Err(Error::Format(format!(
+                    "`{}`: tensor `{name}` has no checksum although the file's other tensors have: the file was altered",
+                    self.path.display()
+                )));
+            }
+            None => {}
+        }
+        Ok(bytes)
+    }
+
+    /// Tensor `name` on `device`, read, verified and decoded.
+    pub(crate) fn tensor<B: Backend>(
+        &self,
+        name: &str,
+        checksums: Checksums,
+        device: &B::Device,
+    ) -> Result<RawTensor<B>> {
+        let bytes = self.bytes(name, checksums)?;
+        let info = self.info(name).expect("`bytes` found it");
+        decode(&self.path, name, info, &bytes, device)
+    }
+}
+
+/// The checksum Kiln records for a tensor's bytes: CRC-32 (IEEE) in 8 hex digits.
+pub(crate) fn checksum(bytes: &[u8]) -> String {
+    format!("{:08x}", crc32fast::hash(bytes))
+}
+
+/// A file that is not a valid safetensors file, and why.
+fn invalid_file(path: &Path, why: String) -> Error {
+    Error::Format(format!(
+        "`{}` is not a valid safetensors file: {why}",
+        path.display()
+    ))
+}
+
+/// An I/O error that names the file it happened on.
+pub(crate) fn io_error(path: &Path, what: &str, e: io::Error) -> Error {
+    Error::Io(io::Error::new(
+        e.kind(),
+        format!("cannot {what} `{}`: {e}", path.display()),
+    ))
+}
+
+/// Kiln's dtype of a file dtype, if Kiln has it.
+pub(crate) fn from_st_dtype(d: Dtype) -> Option<DType> {
+    Some(match d {
+        Dtype::F32 => DType::F32,
+        Dtype::F64 => DType::F64,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::I32 => DType::I32,
+        Dtype::U32 => DType::U32,
+        Dtype::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// A file dtype in kiln's lower-case spelling, marked when kiln has no such dtype.
+pub(crate) fn st_dtype_name(d: Dtype) -> String {
+    match from_st_dtype(d) {
+        Some(k) => k.name().to_string(),
+        None => format!("{} (not a kiln dtype)", d.to_string().to_lowercase()),
+    }
+}
+
+/// Decodes `N`-byte little-endian elements; the caller has checked the length.
+fn decode_le<const N: usize, T>(bytes: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+    bytes
+        .chunks_exact(N)
+        .map(|c| f(c.try_into().expect("chunks_exact yields N bytes")))
+        .collect()
+}
+
+/// Builds tensor `name` on `device` from its `bytes` as the header `info` describes.
+fn decode<B: Backend>(
+    path: &Path,
+    name: &str,
+    info: &TensorInfo,
+    bytes: &[u8],
+    device: &B::Device,
+) -> Result<RawTensor<B>> {
+    let bad = |msg: String| Error::Format(format!("`{}`: tensor `{name}` {msg}", path.display()));
+    let dtype = from_st_dtype(info.dtype)
+        .ok_or_else(|| bad(format!("has dtype {}", st_dtype_name(info.dtype))))?;
+    // The header's validation ties sizes to shapes; a mis-sized chunk would silently
+    // drop elements, so it is checked again here.
+    let numel: usize = info.shape.iter().product();
+    if bytes.len() != numel * dtype.size_in_bytes() {
+        return Err(bad(format!(
+            "has {} bytes for shape {:?} {dtype}",
+            bytes.len(),
+            info.shape
+        )));
+    }
+    let host = match dtype {
+        DType::F32 => HostData::F32(decode_le(bytes, f32::from_le_bytes)),
+        DType::F64 => HostData::F64(decode_le(bytes, f64::from_le_bytes)),
+        DType::F16 => HostData::F16(decode_le(bytes, f16::from_le_bytes)),
+        DType::BF16 => HostData::BF16(decode_le(bytes, bf16::from_le_bytes)),
+        DType::I32 => HostData::I32(decode_le(bytes, i32::from_le_bytes)),
+        DType::U32 => HostData::U32(decode_le(bytes, u32::from_le_bytes)),
+        DType::Bool => {
+            if let Some(b) = bytes.iter().find(|&&b| b > 1) {
+                return Err(bad(format!(
+                    "holds the byte {b}, which is not a bool (0 or 1)"
+                )));
+            }
+            HostData::Bool(bytes.iter().map(|&b| b == 1).collect())
+        }
+    };
+    RawTensor::from_host(host, &info.shape, device)
+        .map_err(|e| bad(format!("cannot be built: {e}")))
+}
