@@ -115,7 +115,7 @@ fn the_cnn_with_dropout_and_adamw_resumes_bit_for_bit() -> Result<()> {
 /// The flags of the killed runs: the MLP on 1,536 MNIST images, 8 epochs of 24 steps,
 /// a training state every 2 steps.
 fn mlp_args(out: &Path) -> Vec<String> {
-    [
+    let flags = [
         "--limit",
         "1536",
         "--epochs",
@@ -126,12 +126,17 @@ fn mlp_args(out: &Path) -> Vec<String> {
         "2",
         "--warmup",
         "5",
-        "--out",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([out.to_str().unwrap().to_string()])
-    .collect()
+    ];
+    with_out(&flags, out)
+}
+
+/// `flags`, then `--out out`.
+fn with_out(flags: &[&str], out: &Path) -> Vec<String> {
+    flags
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--out".to_string(), out.to_str().unwrap().to_string()])
+        .collect()
 }
 
 fn spawn(args: &[String]) -> Child {
@@ -274,7 +279,7 @@ fn kill_after_first_state(args: &[String], state_path: &Path) {
 fn the_gpt_resumes_after_a_kill_to_the_uninterrupted_run() {
     let dir = scratch("gpt");
     let args = |out: &Path| -> Vec<String> {
-        [
+        let flags = [
             "--model",
             "gpt-tiny",
             "--optimizer",
@@ -289,12 +294,8 @@ fn the_gpt_resumes_after_a_kill_to_the_uninterrupted_run() {
             "2",
             "--save-every",
             "3",
-            "--out",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .chain([out.to_str().unwrap().to_string()])
-        .collect()
+        ];
+        with_out(&flags, out)
     };
     let reference = dir.join("reference.safetensors");
     let (code, _, err) = output::run(TRAIN, &refs(&args(&reference)));

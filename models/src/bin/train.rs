@@ -141,26 +141,49 @@ impl OnDevice for Train<'_> {
     }
 }
 
-fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<()> {
+/// A training run generic over the optimizer, which `--optimizer` chooses.
+trait WithOptimizer<Be: Backend> {
+    /// Trains with `opt`.
+    fn train<O: Optimizer<Be>>(self, opt: O) -> Result<()>;
+}
+
+/// Builds the optimizer `--optimizer` names from the flags and hands it to `run`.
+fn with_optimizer<Be: Backend>(args: &Args, run: impl WithOptimizer<Be>) -> Result<()> {
     match args.optimizer {
-        Opt::Sgd => {
-            let sgd = Sgd::<Be>::new(SgdConfig {
-                lr: args.lr,
-                momentum: args.momentum,
-                weight_decay: args.weight_decay,
-                ..SgdConfig::default()
-            })?;
-            train_classifier::<Be, M, _>(args, dev, sgd)
-        }
-        Opt::Adamw => {
-            let adamw = AdamW::<Be>::new(AdamWConfig {
-                lr: args.lr,
-                weight_decay: args.weight_decay,
-                ..AdamWConfig::default()
-            })?;
-            train_classifier::<Be, M, _>(args, dev, adamw)
-        }
+        Opt::Sgd => run.train(Sgd::<Be>::new(SgdConfig {
+            lr: args.lr,
+            momentum: args.momentum,
+            weight_decay: args.weight_decay,
+            ..SgdConfig::default()
+        })?),
+        Opt::Adamw => run.train(AdamW::<Be>::new(AdamWConfig {
+            lr: args.lr,
+            weight_decay: args.weight_decay,
+            ..AdamWConfig::default()
+        })?),
     }
+}
+
+/// Training an image classifier `M`.
+struct ClassifierRun<'a, Be: Backend, M> {
+    args: &'a Args,
+    dev: &'a Be::Device,
+    model: std::marker::PhantomData<M>,
+}
+
+impl<Be: Backend, M: Classifier<Be>> WithOptimizer<Be> for ClassifierRun<'_, Be, M> {
+    fn train<O: Optimizer<Be>>(self, opt: O) -> Result<()> {
+        train_classifier::<Be, M, O>(self.args, self.dev, opt)
+    }
+}
+
+fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<()> {
+    let run = ClassifierRun::<Be, M> {
+        args,
+        dev,
+        model: std::marker::PhantomData,
+    };
+    with_optimizer(args, run)
 }
 
 fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
@@ -389,12 +412,12 @@ mod gpt_instances;
 
 /// Training a GPT on the Shakespeare bytes.
 mod gpt {
-    use super::{Args, Opt};
+    use super::Args;
     use crate::gpt_instances::{SmallGpt, TinyGpt};
     use kiln::prelude::*;
     use kiln::tensor::HostData;
     use kiln::train::checkpoint;
-    use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+    use kiln::train::optim::Optimizer;
     use kiln::train::replay::{StepInput, StepReplay};
     use kiln::train::schedule::{CosineWithWarmup, Schedule};
     use kiln::train::state;
@@ -491,29 +514,31 @@ mod gpt {
         Ok((sum / counted as f64) as f32)
     }
 
+    /// Training the GPT `M` on `B` windows of `T` bytes per step.
+    struct GptRun<'a, Be: Backend, M, const B: usize, const T: usize> {
+        args: &'a Args,
+        dev: &'a Be::Device,
+        model: std::marker::PhantomData<M>,
+    }
+
+    impl<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize> super::WithOptimizer<Be>
+        for GptRun<'_, Be, M, B, T>
+    {
+        fn train<O: Optimizer<Be>>(self, opt: O) -> Result<()> {
+            train_with::<Be, M, O, B, T>(self.args, self.dev, opt)
+        }
+    }
+
     fn train<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
         args: &Args,
         dev: &Be::Device,
     ) -> Result<()> {
-        match args.optimizer {
-            Opt::Sgd => {
-                let sgd = Sgd::<Be>::new(SgdConfig {
-                    lr: args.lr,
-                    momentum: args.momentum,
-                    weight_decay: args.weight_decay,
-                    ..SgdConfig::default()
-                })?;
-                train_with::<Be, M, _, B, T>(args, dev, sgd)
-            }
-            Opt::Adamw => {
-                let adamw = AdamW::<Be>::new(AdamWConfig {
-                    lr: args.lr,
-                    weight_decay: args.weight_decay,
-                    ..AdamWConfig::default()
-                })?;
-                train_with::<Be, M, _, B, T>(args, dev, adamw)
-            }
-        }
+        let run = GptRun::<Be, M, B, T> {
+            args,
+            dev,
+            model: std::marker::PhantomData,
+        };
+        super::with_optimizer(args, run)
     }
 
     fn train_with<
