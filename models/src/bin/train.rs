@@ -207,7 +207,7 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
         let name = format!("{:?}-{:?}.safetensors", args.model, dataset).to_lowercase();
         kiln_models::cli::default_checkpoint(&name)
     });
-    let state_path = state_path(args, &out);
+    let state_path = state_path(args, &out)?;
     check_writable("checkpoint", &out)?;
     check_writable("training state", &state_path)?;
     let mut data = ImageDataset::load(&args.data.dir()?.join(dir), norm)?;
@@ -338,10 +338,24 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
 }
 
 /// Where the training state goes: `--state`, or beside the checkpoint `out`.
-fn state_path(args: &Args, out: &Path) -> PathBuf {
-    args.state
+/// (One file cannot be both: the checkpoint saved at the end would replace the state.)
+fn state_path(args: &Args, out: &Path) -> Result<PathBuf> {
+    let state = args
+        .state
         .clone()
-        .unwrap_or_else(|| out.with_extension("state.safetensors"))
+        .unwrap_or_else(|| out.with_extension("state.safetensors"));
+    let same = state == out
+        || matches!((state.canonicalize(), out.canonicalize()), (Ok(a), Ok(b)) if a == b);
+    if same {
+        return Err(Error::invalid(
+            "kiln-train",
+            format!(
+                "--state and --out both name {}: the training state needs a file of its own",
+                out.display()
+            ),
+        ));
+    }
+    Ok(state)
 }
 
 /// The settings a resumed run must share with the one it continues, keyed by flag:
@@ -569,7 +583,7 @@ mod gpt {
             .out
             .clone()
             .unwrap_or_else(|| kiln_models::cli::default_checkpoint("gpt-shakespeare.safetensors"));
-        let state_path = super::state_path(args, &out);
+        let state_path = super::state_path(args, &out)?;
         super::check_writable("checkpoint", &out)?;
         super::check_writable("training state", &state_path)?;
         let mut model = M::init_named(dev, args.seed, "")?;
