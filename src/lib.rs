@@ -27,7 +27,7 @@ pub use kiln_cubecl as cubecl;
 
 pub mod device;
 
-pub use kiln_macros::{model, Module};
+pub use kiln_macros::{embed, model, Module};
 
 #[doc(hidden)]
 pub mod __private {

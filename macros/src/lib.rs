@@ -87,6 +87,7 @@
 
 mod derive;
 mod dsl;
+mod embed;
 mod fuse;
 mod graph;
 mod impls;
@@ -184,10 +185,25 @@ enum ImplInput {
         alias: syn::ItemType,
         defs: Vec<impls::Def>,
     },
+    Embed {
+        request: embed::EmbedRequest,
+        defs: Vec<impls::Def>,
+    },
 }
 
 impl Parse for ImplInput {
     fn parse(input: ParseStream) -> syn::Result<Self> {
+        if input.peek(syn::Ident) && input.fork().parse::<syn::Ident>()? == "embed" {
+            input.parse::<syn::Ident>()?;
+            let body;
+            syn::braced!(body in input);
+            let request = body.parse()?;
+            let mut defs = Vec::new();
+            while !input.is_empty() {
+                defs.push(input.parse()?);
+            }
+            return Ok(ImplInput::Embed { request, defs });
+        }
         if input.peek(syn::Ident) && input.fork().parse::<syn::Ident>()? == "instance" {
             input.parse::<syn::Ident>()?;
             let body;
@@ -210,6 +226,32 @@ impl Parse for ImplInput {
     }
 }
 
+/// Builds a safetensors checkpoint into the program, checked against a `#[model]`
+/// when the program compiles: `kiln::embed!(Mlp, "weights/mlp.safetensors")`, the
+/// path relative to the file that calls it (as `include_bytes!`). A tensor the model
+/// lacks or the file lacks, or of other dims or dtype, is a compile error naming it
+/// and both sides. The value's `load::<B>(&device)` builds the model with the weights.
+#[proc_macro]
+pub fn embed(input: TokenStream) -> TokenStream {
+    let args = syn::parse_macro_input!(input as embed::EmbedArgs);
+    embed::request(args, |written| {
+        let path = std::path::Path::new(written);
+        if path.is_absolute() {
+            return written.to_string();
+        }
+        let base = proc_macro::Span::call_site()
+            .local_file()
+            .and_then(|f| f.parent().map(std::path::Path::to_path_buf))
+            .or_else(|| std::env::var_os("CARGO_MANIFEST_DIR").map(Into::into))
+            .unwrap_or_default();
+        // `include_bytes!` reads a relative path from the calling file: hand it an
+        // absolute one (rustc may name the calling file relative to its own folder).
+        let cwd = std::env::current_dir().unwrap_or_default();
+        cwd.join(base).join(path).to_string_lossy().into_owned()
+    })
+    .into()
+}
+
 /// Internal: the second half of `#[model] impl`, reached through the struct's hidden
 /// callback macro with the struct's definition prepended, then through each nested
 /// model's definition macro with that model's definition appended (`def { .. }`).
@@ -224,6 +266,7 @@ fn model_impl_tokens(input: proc_macro2::TokenStream) -> proc_macro2::TokenStrea
     match syn::parse2::<ImplInput>(input) {
         Ok(ImplInput::Impl { item, imp, defs }) => impls::expand_impl(item, imp, defs),
         Ok(ImplInput::Instance { alias, defs }) => sizes::expand_instance(alias, defs),
+        Ok(ImplInput::Embed { request, defs }) => embed::expand_embed(request, defs),
         Err(e) => e.to_compile_error(),
     }
 }

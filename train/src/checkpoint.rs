@@ -26,11 +26,10 @@
 mod read;
 
 pub(crate) use read::Reader;
-use read::{checksum, from_st_dtype, io_error, st_dtype_name};
+use read::{checksum, io_error, st_dtype_name};
 
 use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, DType, Error, HostData, RawTensor, Result};
-use safetensors::tensor::TensorInfo;
 use safetensors::Dtype;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -121,6 +120,18 @@ pub fn load_foreign<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Pa
     load_checked(model, path.as_ref(), Checksums::IfPresent)
 }
 
+/// [`load`] from a checkpoint built into the program (the bytes `kiln::embed!`
+/// includes, named `name` in errors): its checksums are verified as a file's are.
+pub fn load_bytes<B: Backend, M: Module<B>>(
+    model: &mut M,
+    name: &str,
+    bytes: &'static [u8],
+) -> Result<()> {
+    let file = Reader::from_bytes(name, bytes)?;
+    let prepared = prepare_load(model, &file, Checksums::Required, &|_| false)?;
+    apply_load(model, Path::new(name), prepared)
+}
+
 fn load_checked<B: Backend, M: Module<B>>(
     model: &mut M,
     path: &Path,
@@ -161,45 +172,23 @@ pub(crate) fn prepare_load<B: Backend, M: Module<B>>(
     model.visit_params("", &mut push);
     model.visit_buffers("", &mut push);
 
-    let mut problems = Vec::new();
-    let mut seen = BTreeSet::new();
-    for (name, dims, dtype, _) in &expected {
-        if !seen.insert(name.as_str()) {
-            problems.push(format!("the model has two tensors named `{name}`"));
-            continue;
-        }
-        match file.info(name) {
-            None => problems.push(format!(
-                "missing tensor `{name}`: the model has {dims:?} {dtype}, the file has no such tensor"
-            )),
-            Some(info) => {
-                let file_dtype = from_st_dtype(info.dtype);
-                if info.shape != *dims || file_dtype != Some(*dtype) {
-                    problems.push(format!(
-                        "tensor `{name}`: the model has {dims:?} {dtype}, the file has {:?} {}",
-                        info.shape,
-                        st_dtype_name(info.dtype)
-                    ));
-                }
-            }
-        }
-    }
-    let mut counters = Vec::new();
-    for name in file.names() {
-        if seen.contains(name.as_str()) || others(&name) {
-            continue;
-        }
-        let info = file.info(&name).expect("a name the file lists");
-        if is_batch_norm_counter(&name, info, &seen) {
-            counters.push(name);
-        } else {
-            problems.push(format!(
-                "extra tensor `{name}` ({:?} {}): the file has it, the model does not",
-                info.shape,
-                st_dtype_name(info.dtype)
-            ));
-        }
-    }
+    let wanted: Vec<TensorEntry> = expected
+        .iter()
+        .map(|(name, dims, dtype, _)| TensorEntry::new(name, dims, *dtype))
+        .collect();
+    let held: Vec<TensorEntry> = file
+        .names()
+        .into_iter()
+        .filter(|n| !others(n))
+        .map(|n| file.entry(&n))
+        .collect();
+    let problems = fit_problems(&wanted, &held);
+    let names: BTreeSet<&str> = wanted.iter().map(|t| t.name.as_str()).collect();
+    let counters: Vec<String> = held
+        .iter()
+        .filter(|t| !names.contains(t.name.as_str()) && is_batch_norm_counter(t, &names))
+        .map(|t| t.name.clone())
+        .collect();
     if !problems.is_empty() {
         return Err(Error::Format(format!(
             "cannot load `{}` into the model:\n  - {}",
@@ -258,19 +247,91 @@ pub(crate) fn apply_load<B: Backend, M: Module<B>>(
     Ok(())
 }
 
-/// Whether `name` (described by `info`) is PyTorch's batch-norm step counter of a
-/// layer the model has: `<layer>.num_batches_tracked`, one int64, beside the model's
-/// `<layer>.running_mean`.
-fn is_batch_norm_counter(name: &str, info: &TensorInfo, model: &BTreeSet<&str>) -> bool {
-    let Some(layer) = name.strip_suffix(BATCH_NORM_COUNTER) else {
+/// A tensor as a model declares it or a file holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorEntry {
+    /// Its checkpoint name (`fc1.weight`).
+    pub name: String,
+    /// Its dims.
+    pub dims: Vec<usize>,
+    /// Its dtype, `None` for a file dtype Kiln has no counterpart of.
+    pub dtype: Option<DType>,
+    /// Its dtype in words (`f32`, `i64 (not a kiln dtype)`).
+    pub dtype_name: String,
+}
+
+impl TensorEntry {
+    /// A tensor of Kiln's `dtype`.
+    pub fn new(name: &str, dims: &[usize], dtype: DType) -> Self {
+        TensorEntry {
+            name: name.to_string(),
+            dims: dims.to_vec(),
+            dtype: Some(dtype),
+            dtype_name: dtype.name().to_string(),
+        }
+    }
+}
+
+/// What keeps the tensors a file `held` from loading into a model that `wanted`
+/// them, one line each: a tensor missing, extra, or of other dims or dtype, and a name
+/// the model has twice. PyTorch's batch-norm counters beside a model's running
+/// statistics are not extra. Empty when the file fits. The rules of [`load`], which
+/// `kiln::embed!` applies at build time.
+pub fn fit_problems(wanted: &[TensorEntry], held: &[TensorEntry]) -> Vec<String> {
+    let by_name: HashMap<&str, &TensorEntry> = held.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut problems = Vec::new();
+    let mut seen = BTreeSet::new();
+    for w in wanted {
+        let name = &w.name;
+        if !seen.insert(name.as_str()) {
+            problems.push(format!("the model has two tensors named `{name}`"));
+            continue;
+        }
+        match by_name.get(name.as_str()) {
+            None => problems.push(format!(
+                "missing tensor `{name}`: the model has {:?} {}, the file has no such tensor",
+                w.dims, w.dtype_name
+            )),
+            Some(h) if h.dims != w.dims || h.dtype != w.dtype => problems.push(format!(
+                "tensor `{name}`: the model has {:?} {}, the file has {:?} {}",
+                w.dims, w.dtype_name, h.dims, h.dtype_name
+            )),
+            Some(_) => {}
+        }
+    }
+    let mut extra: Vec<&TensorEntry> = held
+        .iter()
+        .filter(|h| !seen.contains(h.name.as_str()) && !is_batch_norm_counter(h, &seen))
+        .collect();
+    extra.sort_by(|a, b| a.name.cmp(&b.name));
+    for h in extra {
+        problems.push(format!(
+            "extra tensor `{}` ({:?} {}): the file has it, the model does not",
+            h.name, h.dims, h.dtype_name
+        ));
+    }
+    problems
+}
+
+/// The tensors of the safetensors file at `path`, read from its header alone (which
+/// is validated against the file first), sorted by name.
+pub fn header_entries(path: impl AsRef<Path>) -> Result<Vec<TensorEntry>> {
+    let file = Reader::open(path.as_ref())?;
+    Ok(file.names().iter().map(|n| file.entry(n)).collect())
+}
+
+/// Whether `t` is PyTorch's batch-norm step counter of a layer the model has:
+/// `<layer>.num_batches_tracked`, one int64, beside the model's `<layer>.running_mean`.
+fn is_batch_norm_counter(t: &TensorEntry, model: &BTreeSet<&str>) -> bool {
+    let Some(layer) = t.name.strip_suffix(BATCH_NORM_COUNTER) else {
         return false;
     };
     let running_mean = format!("{layer}running_mean");
     let layer_ok = layer.is_empty() || layer.ends_with('.');
     layer_ok
         && model.contains(running_mean.as_str())
-        && info.dtype == Dtype::I64
-        && info.shape.iter().product::<usize>() == 1
+        && t.dtype_name == st_dtype_name(Dtype::I64)
+        && t.dims.iter().product::<usize>() == 1
 }
 
 /// Every tensor in the safetensors file at `path`, sorted by name, on `device`,

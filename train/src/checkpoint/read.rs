@@ -18,11 +18,15 @@ use std::path::{Path, PathBuf};
 /// The longest header read (the safetensors crate's own bound).
 const MAX_HEADER_BYTES: u64 = 100_000_000;
 
+/// Where a [`Reader`] reads from: a file, or bytes built into the program.
+trait Source: Read + Seek {}
+impl<T: Read + Seek> Source for T {}
+
 /// A safetensors file whose header has been read and validated; its tensors are read
 /// when asked.
 pub(crate) struct Reader {
     path: PathBuf,
-    file: RefCell<File>,
+    file: RefCell<Box<dyn Source>>,
     /// Where tensor data starts in the file.
     data_start: u64,
     header: Metadata,
@@ -33,9 +37,21 @@ impl Reader {
     /// Opens the file at `path` and validates its header against its length.
     pub(crate) fn open(path: &Path) -> Result<Self> {
         let io = |e| io_error(path, "read", e);
-        let invalid = |why: String| invalid_file(path, why);
-        let mut file = File::open(path).map_err(io)?;
+        let file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
+        Self::new(path, Box::new(file), len)
+    }
+
+    /// Reads `bytes` (a file built into the program, named `name` in errors) as a
+    /// safetensors file.
+    pub(crate) fn from_bytes(name: &str, bytes: &'static [u8]) -> Result<Self> {
+        let len = bytes.len() as u64;
+        Self::new(Path::new(name), Box::new(io::Cursor::new(bytes)), len)
+    }
+
+    fn new(path: &Path, mut file: Box<dyn Source>, len: u64) -> Result<Self> {
+        let io = |e| io_error(path, "read", e);
+        let invalid = |why: String| invalid_file(path, why);
         if len < 8 {
             return Err(invalid(format!("{len} bytes hold no header length")));
         }
@@ -101,6 +117,17 @@ impl Reader {
     /// Tensor `name`'s dtype and shape, if the file has it.
     pub(crate) fn info(&self, name: &str) -> Option<&TensorInfo> {
         self.header.info(name)
+    }
+
+    /// Tensor `name` as the header describes it (the caller knows the file has it).
+    pub(crate) fn entry(&self, name: &str) -> super::TensorEntry {
+        let info = self.info(name).expect("a tensor the file lists");
+        super::TensorEntry {
+            name: name.to_string(),
+            dims: info.shape.clone(),
+            dtype: from_st_dtype(info.dtype),
+            dtype_name: st_dtype_name(info.dtype),
+        }
     }
 
     /// The string metadata (`__metadata__`), Kiln's entries included.

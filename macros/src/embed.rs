@@ -1,0 +1,191 @@
+//! `kiln::embed!(Model, "weights.safetensors")`: a checkpoint built into the program,
+//! checked against the model when the program compiles. The file's header is read
+//! at build time and every tensor's name, dims and dtype compared with the model's
+//! parameters and buffers by `kiln-train`'s own rules (`checkpoint::fit_problems`); a
+//! missing, extra or mis-shaped tensor is a compile error naming it and both sides.
+//!
+//! `embed!` resolves the path (relative to the file that calls it, as
+//! `include_bytes!` does) and asks the model's definition macro for the model, which
+//! calls `model_impl!` back with `embed { .. }` and the definitions of the model and
+//! its nested models; [`expand_embed`] does the rest.
+
+use crate::dsl::{model_name, FieldKind};
+use crate::impls::Def;
+use crate::structs::parse_fields;
+use kiln_tensor::nn::join;
+use kiln_tensor::DType;
+use kiln_train::checkpoint::{fit_problems, header_entries, TensorEntry};
+use proc_macro2::TokenStream;
+use quote::quote;
+use syn::parse::{Parse, ParseStream};
+use syn::{LitStr, Token};
+
+/// `embed!`'s arguments: the model's path and the file.
+pub struct EmbedArgs {
+    model: syn::Path,
+    file: LitStr,
+}
+
+impl Parse for EmbedArgs {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let model = input.parse()?;
+        input.parse::<Token![,]>()?;
+        let file = input.parse()?;
+        input.parse::<Option<Token![,]>>()?;
+        Ok(EmbedArgs { model, file })
+    }
+}
+
+/// What `model_impl!` receives: `embed { Model, "/abs/path", "as written" }`.
+pub struct EmbedRequest {
+    model: syn::Path,
+    resolved: LitStr,
+    written: LitStr,
+}
+
+impl Parse for EmbedRequest {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let model = input.parse()?;
+        input.parse::<Token![,]>()?;
+        let resolved = input.parse()?;
+        input.parse::<Token![,]>()?;
+        let written = input.parse()?;
+        Ok(EmbedRequest {
+            model,
+            resolved,
+            written,
+        })
+    }
+}
+
+/// `embed!` itself: resolves the file's path and asks the model's definition macro
+/// for the model (`resolve` turns the path as written into an absolute one).
+pub fn request(args: EmbedArgs, resolve: impl FnOnce(&str) -> String) -> TokenStream {
+    let EmbedArgs { model, file } = args;
+    let resolved = LitStr::new(&resolve(&file.value()), file.span());
+    let callee = crate::sizes::bare_path(&model);
+    quote!(#callee! { embed { #model, #resolved, #file } })
+}
+
+/// The embedded checkpoint of the model `defs[0]` (its nested models after it), or
+/// compile errors naming every tensor that does not fit.
+pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
+    let EmbedRequest {
+        model,
+        resolved,
+        written,
+    } = req;
+    let fail = |msg: String| syn::Error::new(written.span(), msg).to_compile_error();
+    let name = model_name(&model);
+    let Some(def) = defs.iter().find(|d| d.item.ident == name) else {
+        return fail(format!("`{name}` gave no definition to embed weights into"));
+    };
+    if !def.item.generics.params.is_empty() {
+        return fail(format!(
+            "`{name}` is a model definition with sizes; embed weights into one of its instances"
+        ));
+    }
+    let mut params = Vec::new();
+    let mut buffers = Vec::new();
+    if let Err(e) = model_tensors(&def.item, "", &defs, &mut params, &mut buffers) {
+        return fail(e);
+    }
+    params.extend(buffers);
+    let shown = written.value();
+    let held = match header_entries(resolved.value()) {
+        Ok(h) => h,
+        // Named as written: the resolved path depends on where the source lies.
+        Err(e) => {
+            let e = e.to_string().replace(&resolved.value(), &shown);
+            return fail(format!("cannot embed `{shown}`: {e}"));
+        }
+    };
+    let problems = fit_problems(&params, &held);
+    if !problems.is_empty() {
+        return problems
+            .into_iter()
+            .map(|p| fail(format!("`{shown}` does not fit `{name}`: {p}")))
+            .collect();
+    }
+    let doc = format!("The weights of `{shown}`, checked against `{name}` at build time.");
+    quote! {
+        {
+            #[doc = #doc]
+            struct EmbeddedWeights;
+            impl EmbeddedWeights {
+                /// The model on `device`, holding the embedded weights.
+                fn load<Be: ::kiln::tensor::Backend>(
+                    &self,
+                    device: &Be::Device,
+                ) -> ::kiln::tensor::Result<#model<Be>> {
+                    static BYTES: &[u8] = include_bytes!(#resolved);
+                    let mut model = <#model<Be> as ::kiln::tensor::nn::Module<Be>>::init(device, 0)?;
+                    ::kiln::train::checkpoint::load_bytes(&mut model, #written, BYTES)?;
+                    Ok(model)
+                }
+            }
+            EmbeddedWeights
+        }
+    }
+}
+
+/// The parameters and buffers of the model `item` under `prefix`, as a checkpoint
+/// names them, nested models through their definitions in `defs`.
+fn model_tensors(
+    item: &syn::ItemStruct,
+    prefix: &str,
+    defs: &[Def],
+    params: &mut Vec<TensorEntry>,
+    buffers: &mut Vec<TensorEntry>,
+) -> Result<(), String> {
+    let fields = parse_fields(item).map_err(|e| e.to_string())?;
+    for f in fields {
+        field_tensors(
+            &f.kind,
+            &join(prefix, &f.ident.to_string()),
+            defs,
+            params,
+            buffers,
+        )?;
+    }
+    Ok(())
+}
+
+fn field_tensors(
+    kind: &FieldKind,
+    key: &str,
+    defs: &[Def],
+    params: &mut Vec<TensorEntry>,
+    buffers: &mut Vec<TensorEntry>,
+) -> Result<(), String> {
+    match kind {
+        FieldKind::Layer(spec) => {
+            for p in spec.params() {
+                params.push(TensorEntry::new(&join(key, p.name), &p.dims, DType::F32));
+            }
+            for b in spec.buffers() {
+                buffers.push(TensorEntry::new(&join(key, b.name), &b.dims, DType::F32));
+            }
+        }
+        FieldKind::Array(inner, n) => {
+            for i in 0..*n {
+                field_tensors(inner, &join(key, &i.to_string()), defs, params, buffers)?;
+            }
+        }
+        FieldKind::Model(path) => {
+            let name = model_name(path);
+            let def = defs
+                .iter()
+                .find(|d| d.item.ident == name)
+                .ok_or_else(|| format!("the definition of `{name}` (field `{key}`) did not arrive"))?;
+            model_tensors(&def.item, key, defs, params, buffers)?;
+        }
+        FieldKind::Dynamic(path) => {
+            return Err(format!(
+                "`{key}` is a part on the dynamic path (`{}`), whose tensors are known only when it is built; embed! checks models planned at build time",
+                model_name(path)
+            ))
+        }
+    }
+    Ok(())
+}
