@@ -10,6 +10,15 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 cargo test --workspace --no-fail-fast "$@"
 
+# Inference binaries with their weights built in (`kiln::embed!`, checked against the
+# model when they compile): train two small checkpoints into models/weights/, build the
+# examples that embed them, and run them on image files.
+train() { ./target/debug/kiln-train --limit 2048 --epochs 1 --save-every 0 "$@" >/dev/null; }
+train --model mlp --dataset mnist --out models/weights/mlp-mnist.safetensors
+train --model cnn --dataset fashion --out models/weights/cnn-fashion.safetensors
+cargo build -p kiln-models --features embedded-weights --examples
+cargo test -p kiln-models --features embedded-weights --test embedded --no-fail-fast "$@"
+
 # The wgpu backend runs on Mesa's lavapipe (a CPU Vulkan driver) where there is no GPU:
 # install it and the Vulkan loader when missing. The tests fail, naming what to install,
 # when no adapter is found; they are never skipped.

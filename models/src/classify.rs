@@ -271,6 +271,132 @@ pub fn accuracy<B: Backend, M: Classifier<B>>(
     Ok(correct as f64 / split.len().max(1) as f64)
 }
 
+/// The class names of MNIST (the digits).
+pub const MNIST_CLASSES: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+
+/// The class names of Fashion-MNIST.
+pub const FASHION_CLASSES: [&str; 10] = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+];
+
+/// What a classifier says of one example: the likeliest class and every class's
+/// probability (the softmax of its logits).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prediction {
+    /// The likeliest class.
+    pub class: usize,
+    /// Each class's probability.
+    pub probabilities: Vec<f32>,
+}
+
+impl Prediction {
+    /// The prediction of `logits`.
+    pub fn from_logits(logits: &[f32]) -> Self {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let exp: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+        let sum: f32 = exp.iter().sum();
+        let probabilities: Vec<f32> = exp.iter().map(|e| e / sum).collect();
+        let class = probabilities
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(0, |(i, _)| i);
+        Prediction {
+            class,
+            probabilities,
+        }
+    }
+
+    /// One line: the class's name and probability, then every class's.
+    pub fn describe(&self, names: &[&str]) -> String {
+        let all: Vec<String> = self
+            .probabilities
+            .iter()
+            .zip(names)
+            .map(|(p, n)| format!("{n} {:.1}%", 100.0 * p))
+            .collect();
+        format!(
+            "{} ({:.1}%); {}",
+            names.get(self.class).copied().unwrap_or("?"),
+            100.0 * self.probabilities[self.class],
+            all.join(", ")
+        )
+    }
+}
+
+/// The prediction of `model` for one example's `pixels` (its input dims flattened,
+/// normalised as in training), run at batch 1.
+pub fn predict<B: Backend, M: Classifier<B>>(
+    model: &M,
+    pixels: Vec<f32>,
+    device: &B::Device,
+) -> Result<Prediction> {
+    let x = images::<B, M>(pixels, 1, device)?;
+    Ok(Prediction::from_logits(&model.logits(&x)?.to_vec::<f32>()?))
+}
+
+/// Classifies image files (PNG or PGM, any size: see [`crate::image`]) with `model`,
+/// normalising with `norm`: each file's prediction, or the error naming it.
+pub fn classify_files<B: Backend, M: Classifier<B>>(
+    model: &M,
+    files: &[std::path::PathBuf],
+    norm: (f32, f32),
+    device: &B::Device,
+) -> Vec<Result<Prediction>> {
+    files
+        .iter()
+        .map(|f| {
+            let image = crate::image::read_image(f)?;
+            predict(model, crate::image::classifier_input(&image, norm), device)
+        })
+        .collect()
+}
+
+/// The main of an inference binary: classifies the image files named on the command
+/// line with `model` (trained on `data`), printing each file's class and every
+/// class's probability, and how long the program took to start (`started`: when
+/// `main` began). Returns the exit status: 0, or 1 when an argument is missing or a
+/// file could not be read (each named on standard error).
+pub fn classify_command_line<B: Backend, M: Classifier<B>>(
+    model: &M,
+    data: crate::cli::ImageData,
+    device: &B::Device,
+    started: std::time::Instant,
+) -> i32 {
+    let files: Vec<std::path::PathBuf> = std::env::args_os().skip(1).map(Into::into).collect();
+    if files.is_empty() {
+        eprintln!("error: name the image files to classify (PNG or PGM, any size)");
+        return 1;
+    }
+    eprintln!(
+        "ready in {:.2} ms (weights built in)",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    let mut status = 0;
+    for (file, p) in files
+        .iter()
+        .zip(classify_files(model, &files, data.norm(), device))
+    {
+        match p {
+            Ok(p) => println!("{}: {}", file.display(), p.describe(data.classes())),
+            Err(e) => {
+                eprintln!("error: {e}");
+                status = 1;
+            }
+        }
+    }
+    status
+}
+
 /// What [`short_mnist_run`] leaves: the trained MLP, the loss of every step and the
 /// test accuracy.
 pub struct ShortRun<B: Backend> {

@@ -105,3 +105,73 @@ pub fn non_finite_loss(loss: f32, step: u64) -> Error {
         format!("the loss became {loss} at step {step}{hint}"),
     )
 }
+
+/// Which classifier a checkpoint holds (`--model` of the inference binaries).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassifierKind {
+    /// MLP 784-1024-1024-10.
+    Mlp,
+    /// LeNet-style CNN.
+    Cnn,
+}
+
+/// Which image data set (`--dataset` of the inference binaries).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageData {
+    /// Handwritten digits.
+    Mnist,
+    /// Clothing images.
+    Fashion,
+}
+
+impl ImageData {
+    /// Its folder under the data folder.
+    pub fn folder(self) -> &'static str {
+        match self {
+            ImageData::Mnist => "mnist",
+            ImageData::Fashion => "fashion-mnist",
+        }
+    }
+
+    /// The normalisation (mean, std) of its training pixels.
+    pub fn norm(self) -> (f32, f32) {
+        match self {
+            ImageData::Mnist => crate::data::MNIST_NORM,
+            ImageData::Fashion => crate::data::FASHION_NORM,
+        }
+    }
+
+    /// Its class names.
+    pub fn classes(self) -> &'static [&'static str; 10] {
+        match self {
+            ImageData::Mnist => &crate::classify::MNIST_CLASSES,
+            ImageData::Fashion => &crate::classify::FASHION_CLASSES,
+        }
+    }
+}
+
+/// The checkpoint `kiln-train` writes for `model` on `data` when no path is given.
+pub fn default_classifier_checkpoint(model: ClassifierKind, data: ImageData) -> PathBuf {
+    default_checkpoint(&format!("{model:?}-{data:?}.safetensors").to_lowercase())
+}
+
+/// Refuses a checkpoint whose recorded model or data set (what `kiln-train` writes in
+/// its metadata) differs from the command line's, naming the flag that would fit.
+pub fn check_recorded(path: &Path, model: ClassifierKind, data: ImageData) -> Result<()> {
+    let meta = checkpoint::read_metadata(path)?;
+    for (key, flag, asked) in [
+        ("model", "--model", format!("{model:?}").to_lowercase()),
+        ("dataset", "--dataset", format!("{data:?}").to_lowercase()),
+    ] {
+        if let Some(recorded) = meta.get(key).filter(|r| **r != asked) {
+            return Err(Error::invalid(
+                "checkpoint",
+                format!(
+                    "{} was trained as {key} {recorded}, not {asked}: pass {flag} {recorded}",
+                    path.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -14,6 +14,7 @@ pub mod data;
 pub mod dynamic;
 pub mod gpt;
 pub mod hybrid;
+pub mod image;
 pub mod lenet;
 pub mod mlp;
 pub mod parts;

@@ -1,36 +1,18 @@
 //! `kiln-infer`: loads a checkpoint written by `kiln-train`, reports test accuracy and
 //! the latency of classifying one image at a time, on the CPU or a GPU (`--device`).
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use kiln::device::{run_on, OnDevice};
 use kiln::prelude::*;
-use kiln::train::checkpoint;
 use kiln_models::classify::{accuracy, images, Classifier};
-use kiln_models::data::{Split, SplitName, FASHION_NORM, MNIST_NORM};
+use kiln_models::cli::{check_recorded, default_classifier_checkpoint, ClassifierKind, ImageData};
+use kiln_models::data::{Split, SplitName};
 use kiln_models::{lenet::LeNet, mlp::Mlp};
 use std::path::PathBuf;
 use std::time::Instant;
-
-/// Which model the checkpoint holds.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum ModelKind {
-    /// MLP 784-1024-1024-10.
-    Mlp,
-    /// LeNet-style CNN.
-    Cnn,
-}
-
-/// Which data set to evaluate on.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Dataset {
-    /// Handwritten digits.
-    Mnist,
-    /// Clothing images.
-    Fashion,
-}
 
 /// Evaluate a trained checkpoint.
 #[derive(Parser, Debug)]
@@ -38,10 +20,10 @@ enum Dataset {
 struct Args {
     /// The model.
     #[arg(long, value_enum, default_value = "mlp")]
-    model: ModelKind,
+    model: ClassifierKind,
     /// The data set.
     #[arg(long, value_enum, default_value = "mnist")]
-    dataset: Dataset,
+    dataset: ImageData,
     /// The checkpoint (default: runs/<model>-<dataset>.safetensors in the current
     /// folder, where kiln-train saves it).
     #[arg(long)]
@@ -66,47 +48,25 @@ impl OnDevice for Infer<'_> {
     fn run<Be: Backend>(self, dev: &Be::Device, name: &str) -> Result<()> {
         println!("device: {name}");
         match self.0.model {
-            ModelKind::Mlp => run::<Be, Mlp<Be>>(self.0, dev),
-            ModelKind::Cnn => run::<Be, LeNet<Be>>(self.0, dev),
+            ClassifierKind::Mlp => run::<Be, Mlp<Be>>(self.0, dev),
+            ClassifierKind::Cnn => run::<Be, LeNet<Be>>(self.0, dev),
         }
     }
 }
 
 fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<()> {
-    let (dir, norm) = match args.dataset {
-        Dataset::Mnist => ("mnist", MNIST_NORM),
-        Dataset::Fashion => ("fashion-mnist", FASHION_NORM),
-    };
-    let path = args.checkpoint.clone().unwrap_or_else(|| {
-        let name = format!("{:?}-{:?}.safetensors", args.model, args.dataset).to_lowercase();
-        kiln_models::cli::default_checkpoint(&name)
-    });
+    let path = args
+        .checkpoint
+        .clone()
+        .unwrap_or_else(|| default_classifier_checkpoint(args.model, args.dataset));
     // What kiln-train recorded must match what we were asked to evaluate.
-    let meta = checkpoint::read_metadata(&path)?;
-    for (key, flag, asked) in [
-        (
-            "model",
-            "--model",
-            format!("{:?}", args.model).to_lowercase(),
-        ),
-        (
-            "dataset",
-            "--dataset",
-            format!("{:?}", args.dataset).to_lowercase(),
-        ),
-    ] {
-        if let Some(recorded) = meta.get(key).filter(|r| **r != asked) {
-            return Err(Error::invalid(
-                "kiln-infer",
-                format!(
-                    "{} was trained as {key} {recorded}, not {asked}: pass {flag} {recorded}",
-                    path.display()
-                ),
-            ));
-        }
-    }
+    check_recorded(&path, args.model, args.dataset)?;
     // Evaluation reads the test split alone.
-    let test = Split::load(&args.data.dir()?.join(dir), SplitName::Test, norm)?;
+    let test = Split::load(
+        &args.data.dir()?.join(args.dataset.folder()),
+        SplitName::Test,
+        args.dataset.norm(),
+    )?;
     let mut model = M::init(dev, 0)?;
     args.foreign.load(&mut model, &path)?;
     let acc = accuracy(&model, &test, dev)?;

@@ -1,0 +1,120 @@
+//! Inference binaries with their weights built in (`kiln::embed!`), built by
+//! scripts/test.sh from checkpoints it trains into models/weights/ (hence the feature,
+//! which a plain `cargo test` leaves off): the embedded weights are the checkpoint's,
+//! bit for bit, and the example binaries classify image files as the model does.
+
+#![cfg(feature = "embedded-weights")]
+
+#[path = "support/output.rs"]
+mod output;
+
+use kiln::cpu::{Cpu, CpuDevice};
+use kiln::tensor::nn::{Module, Slot};
+use kiln::train::checkpoint;
+use kiln_models::{lenet::LeNet, mlp::Mlp};
+use std::path::{Path, PathBuf};
+
+fn bits<M: Module<Cpu>>(m: &M) -> Vec<(String, Vec<u32>)> {
+    let mut out = Vec::new();
+    let mut push = |s: Slot<'_, Cpu>| {
+        let v = s.value.to_vec::<f32>().unwrap();
+        out.push((
+            s.name.to_string(),
+            v.into_iter().map(f32::to_bits).collect(),
+        ));
+    };
+    m.visit_params("", &mut push);
+    m.visit_buffers("", &mut push);
+    out
+}
+
+fn weights(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("weights")
+        .join(file)
+}
+
+#[test]
+fn embedded_weights_are_the_checkpoints() {
+    let mlp = kiln::embed!(Mlp, "../weights/mlp-mnist.safetensors")
+        .load::<Cpu>(&CpuDevice)
+        .unwrap();
+    let mut from_file = Mlp::<Cpu>::init(&CpuDevice, 7).unwrap();
+    checkpoint::load(&mut from_file, weights("mlp-mnist.safetensors")).unwrap();
+    assert_eq!(bits(&mlp), bits(&from_file));
+
+    let cnn = kiln::embed!(LeNet, "../weights/cnn-fashion.safetensors")
+        .load::<Cpu>(&CpuDevice)
+        .unwrap();
+    let mut from_file = LeNet::<Cpu>::init(&CpuDevice, 7).unwrap();
+    checkpoint::load(&mut from_file, weights("cnn-fashion.safetensors")).unwrap();
+    assert_eq!(bits(&cnn), bits(&from_file));
+}
+
+/// The examples, next to this test's binary (target/<profile>/examples).
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap().join("examples");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: cargo build -p kiln-models --features embedded-weights --examples",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn the_embedded_binaries_classify_image_files() {
+    let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/images");
+    for (binary, prefix, classify_as) in [
+        (
+            "classify_mnist_embedded",
+            "mnist",
+            ["--model", "mlp", "--dataset", "mnist"],
+        ),
+        (
+            "classify_fashion_embedded",
+            "fashion",
+            ["--model", "cnn", "--dataset", "fashion"],
+        ),
+    ] {
+        let mut files: Vec<String> = std::fs::read_dir(&images)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path().to_string_lossy().into_owned())
+            .filter(|p| p.contains(&format!("/{prefix}_")))
+            .collect();
+        files.sort();
+        let args: Vec<&str> = files.iter().map(String::as_str).collect();
+        let exe = example(binary);
+        let (code, stdout, err) = output::run(exe.to_str().unwrap(), &args);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(err.contains("ready in"), "{err}");
+        // The same lines as kiln-classify with the checkpoint the weights came from.
+        let ckpt = weights(&format!(
+            "{}.safetensors",
+            if prefix == "mnist" {
+                "mlp-mnist"
+            } else {
+                "cnn-fashion"
+            }
+        ));
+        let mut all = classify_as.to_vec();
+        all.extend(["--checkpoint", ckpt.to_str().unwrap()]);
+        all.extend(args.iter().copied());
+        let (code, from_file, err) = output::run(env!("CARGO_BIN_EXE_kiln-classify"), &all);
+        assert_eq!(code, Some(0), "{err}");
+        assert_eq!(stdout, from_file);
+        assert_eq!(stdout.lines().count(), 4, "{stdout}");
+
+        // Nothing to classify, and a file that is not an image: one error each.
+        let (code, _, err) = output::run(exe.to_str().unwrap(), &[]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("name the image files"), "{err}");
+        let bad = images.join("not_an_image.png");
+        let (code, _, err) = output::run(exe.to_str().unwrap(), &[bad.to_str().unwrap()]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("neither a PNG nor a PGM"), "{err}");
+    }
+}
