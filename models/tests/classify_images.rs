@@ -8,7 +8,6 @@
 mod output;
 
 use kiln::cpu::{Cpu, CpuDevice};
-use kiln::prelude::*;
 use kiln::train::checkpoint;
 use kiln_models::classify::{predict, Classifier, Prediction};
 use kiln_models::cli::ImageData;

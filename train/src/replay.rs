@@ -48,6 +48,10 @@ pub struct StepReplay<B: Backend> {
     notice: Option<String>,
 }
 
+/// A model's loss and gradients on a step's inputs, uploaded to the device.
+pub type LossAndGrad<'a, B, M> =
+    dyn FnMut(&M, &[RawTensor<B>]) -> Result<(RawTensor<B>, <M as Module<B>>::Grads)> + 'a;
+
 impl<B: Backend> StepReplay<B> {
     /// Steps on `device`, captured once warm and replayed when `replay` is asked and
     /// the backend captures, unless `opt` would not replay correctly or anomaly mode is
@@ -90,7 +94,7 @@ impl<B: Backend> StepReplay<B> {
         model: &mut M,
         opt: &mut O,
         inputs: Vec<StepInput<'_>>,
-        loss_and_grad: &mut dyn FnMut(&M, &[RawTensor<B>]) -> Result<(RawTensor<B>, M::Grads)>,
+        loss_and_grad: &mut LossAndGrad<'_, B, M>,
     ) -> Result<StepOutcome> {
         let device = &self.device;
         if self.captures && self.steps >= 1 {
