@@ -20,10 +20,28 @@ use quote::quote;
 use syn::parse::{Parse, ParseStream};
 use syn::{LitStr, Token};
 
-/// `embed!`'s arguments: the model's path and the file.
+/// `embed!`'s arguments: the model's path, the file, and `foreign` for a file
+/// written by another tool (PyTorch), which has no checksums to verify.
 pub struct EmbedArgs {
     model: syn::Path,
     file: LitStr,
+    foreign: Option<syn::Ident>,
+}
+
+/// `, foreign` (the only option), if given.
+fn parse_foreign(input: ParseStream) -> syn::Result<Option<syn::Ident>> {
+    if input.parse::<Option<Token![,]>>()?.is_none() || input.is_empty() {
+        return Ok(None);
+    }
+    let option: syn::Ident = input.parse()?;
+    if option != "foreign" {
+        return Err(syn::Error::new(
+            option.span(),
+            format!("`{option}` is not an option of embed!: the only one is `foreign`, for a file another tool wrote (no checksums)"),
+        ));
+    }
+    input.parse::<Option<Token![,]>>()?;
+    Ok(Some(option))
 }
 
 impl Parse for EmbedArgs {
@@ -31,16 +49,21 @@ impl Parse for EmbedArgs {
         let model = input.parse()?;
         input.parse::<Token![,]>()?;
         let file = input.parse()?;
-        input.parse::<Option<Token![,]>>()?;
-        Ok(EmbedArgs { model, file })
+        let foreign = parse_foreign(input)?;
+        Ok(EmbedArgs {
+            model,
+            file,
+            foreign,
+        })
     }
 }
 
-/// What `model_impl!` receives: `embed { Model, "/abs/path", "as written" }`.
+/// What `model_impl!` receives: `embed { Model, "/abs/path", "as written" [, foreign] }`.
 pub struct EmbedRequest {
     model: syn::Path,
     resolved: LitStr,
     written: LitStr,
+    foreign: Option<syn::Ident>,
 }
 
 impl Parse for EmbedRequest {
@@ -50,10 +73,12 @@ impl Parse for EmbedRequest {
         let resolved = input.parse()?;
         input.parse::<Token![,]>()?;
         let written = input.parse()?;
+        let foreign = parse_foreign(input)?;
         Ok(EmbedRequest {
             model,
             resolved,
             written,
+            foreign,
         })
     }
 }
@@ -61,10 +86,15 @@ impl Parse for EmbedRequest {
 /// `embed!` itself: resolves the file's path and asks the model's definition macro
 /// for the model (`resolve` turns the path as written into an absolute one).
 pub fn request(args: EmbedArgs, resolve: impl FnOnce(&str) -> String) -> TokenStream {
-    let EmbedArgs { model, file } = args;
+    let EmbedArgs {
+        model,
+        file,
+        foreign,
+    } = args;
     let resolved = LitStr::new(&resolve(&file.value()), file.span());
     let callee = crate::sizes::bare_path(&model);
-    quote!(#callee! { embed { #model, #resolved, #file } })
+    let foreign = foreign.map(|f| quote!(, #f));
+    quote!(#callee! { embed { #model, #resolved, #file #foreign } })
 }
 
 /// The embedded checkpoint of the model `defs[0]` (its nested models after it), or
@@ -74,6 +104,7 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
         model,
         resolved,
         written,
+        foreign,
     } = req;
     let fail = |msg: String| syn::Error::new(written.span(), msg).to_compile_error();
     let name = model_name(&model);
@@ -108,6 +139,10 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
             .collect();
     }
     let doc = format!("The weights of `{shown}`, checked against `{name}` at build time.");
+    let load = match foreign {
+        Some(_) => quote!(::kiln::train::checkpoint::load_bytes_foreign),
+        None => quote!(::kiln::train::checkpoint::load_bytes),
+    };
     quote! {
         {
             #[doc = #doc]
@@ -120,7 +155,7 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
                 ) -> ::kiln::tensor::Result<#model<Be>> {
                     static BYTES: &[u8] = include_bytes!(#resolved);
                     let mut model = <#model<Be> as ::kiln::tensor::nn::Module<Be>>::init(device, 0)?;
-                    ::kiln::train::checkpoint::load_bytes(&mut model, #written, BYTES)?;
+                    #load(&mut model, #written, BYTES)?;
                     Ok(model)
                 }
             }

@@ -231,6 +231,8 @@ impl Parse for ImplInput {
 /// path relative to the file that calls it (as `include_bytes!`). A tensor the model
 /// lacks or the file lacks, or of other dims or dtype, is a compile error naming it
 /// and both sides. The value's `load::<B>(&device)` builds the model with the weights.
+/// A file written by another tool (PyTorch's `save_file`) has no checksums to verify
+/// when it loads: `kiln::embed!(Mlp, "torch.safetensors", foreign)`.
 #[proc_macro]
 pub fn embed(input: TokenStream) -> TokenStream {
     let args = syn::parse_macro_input!(input as embed::EmbedArgs);

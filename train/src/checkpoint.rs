@@ -127,8 +127,27 @@ pub fn load_bytes<B: Backend, M: Module<B>>(
     name: &str,
     bytes: &'static [u8],
 ) -> Result<()> {
+    load_bytes_checked(model, name, bytes, Checksums::Required)
+}
+
+/// [`load_bytes`] for a checkpoint another tool wrote (`kiln::embed!(.., foreign)`):
+/// tensors without checksums load unverified, as [`load_foreign`] loads them.
+pub fn load_bytes_foreign<B: Backend, M: Module<B>>(
+    model: &mut M,
+    name: &str,
+    bytes: &'static [u8],
+) -> Result<()> {
+    load_bytes_checked(model, name, bytes, Checksums::IfPresent)
+}
+
+fn load_bytes_checked<B: Backend, M: Module<B>>(
+    model: &mut M,
+    name: &str,
+    bytes: &'static [u8],
+    checksums: Checksums,
+) -> Result<()> {
     let file = Reader::from_bytes(name, bytes)?;
-    let prepared = prepare_load(model, &file, Checksums::Required, &|_| false)?;
+    let prepared = prepare_load(model, &file, checksums, &|_| false)?;
     apply_load(model, Path::new(name), prepared)
 }
 
