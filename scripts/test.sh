@@ -11,11 +11,12 @@ export CARGO_TERM_COLOR=never
 cargo test --workspace --no-fail-fast "$@"
 
 # Inference binaries with their weights built in (`kiln::embed!`, checked against the
-# model when they compile): train two small checkpoints into models/weights/, build the
-# examples that embed them, and run them on image files.
-train() { ./target/debug/kiln-train --limit 2048 --epochs 1 --save-every 0 "$@" >/dev/null; }
-train --model mlp --dataset mnist --out models/weights/mlp-mnist.safetensors
-train --model cnn --dataset fashion --out models/weights/cnn-fashion.safetensors
+# model when they compile): train small checkpoints into models/weights/, build the
+# examples that embed them, and run them on image files and a prompt.
+train() { ./target/debug/kiln-train --epochs 1 --save-every 0 "$@" >/dev/null; }
+train --model mlp --dataset mnist --limit 2048 --out models/weights/mlp-mnist.safetensors
+train --model cnn --dataset fashion --limit 2048 --out models/weights/cnn-fashion.safetensors
+train --model gpt --batch-size 16 --limit 8192 --out models/weights/gpt-shakespeare.safetensors
 cargo build -p kiln-models --features embedded-weights --examples
 cargo test -p kiln-models --features embedded-weights --test embedded --no-fail-fast "$@"
 

@@ -154,3 +154,71 @@ macro_rules! gpt_model {
         }
     )*};
 }
+
+/// How [`generate`] samples: how many bytes, at which temperature, among how many of
+/// the likeliest, from which seed.
+#[derive(Clone, Copy, Debug)]
+pub struct Sampling {
+    /// Bytes to generate.
+    pub bytes: usize,
+    /// Temperature (> 0; lower is more conservative).
+    pub temperature: f64,
+    /// Sample among the `top_k` likeliest bytes (1 to 256).
+    pub top_k: usize,
+    /// Seed of the draws.
+    pub seed: u64,
+}
+
+/// Writes `prompt` (a newline when empty) and then `sampling.bytes` bytes sampled from
+/// `model` one at a time to `out`, the context growing to the model's (through the
+/// planned path with a `Dyn` context), then a newline.
+pub fn generate<Be: Backend, M: GptModel<Be>>(
+    model: &M,
+    prompt: &[u8],
+    sampling: &Sampling,
+    dev: &Be::Device,
+    out: &mut dyn std::io::Write,
+) -> Result<()> {
+    use kiln::tensor::rng;
+    let mut text: Vec<u8> = if prompt.is_empty() {
+        b"\n".to_vec()
+    } else {
+        prompt.to_vec()
+    };
+    out.write_all(&text)?;
+    let key = rng::stream_key(sampling.seed, 0);
+    for i in 0..sampling.bytes {
+        let context = &text[text.len().saturating_sub(M::CONTEXT)..];
+        let ids: Vec<i32> = context.iter().map(|&b| b as i32).collect();
+        let ids = Tensor::<Be, (Dyn, Dyn), i32>::from_vec(ids, &[1, context.len()], dev)?;
+        let logits = model.logits_any(&ids)?.raw().to_vec::<f32>()?;
+        let last = &logits[(context.len() - 1) * 256..];
+        let u = rng::unit_f32(rng::bits(key, i as u32)) as f64;
+        let byte = sample(last, sampling.temperature, sampling.top_k, u);
+        text.push(byte);
+        out.write_all(&[byte])?;
+    }
+    writeln!(out)?;
+    Ok(())
+}
+
+/// Draws a byte from `logits` at `temperature` among the `top_k` most likely, with the
+/// uniform draw `u` in [0, 1).
+fn sample(logits: &[f32], temperature: f64, top_k: usize, u: f64) -> u8 {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    order.truncate(top_k);
+    let top = logits[order[0]] as f64;
+    let weights: Vec<f64> = order
+        .iter()
+        .map(|&i| ((logits[i] as f64 - top) / temperature).exp())
+        .collect();
+    let mut x = u * weights.iter().sum::<f64>();
+    for (&i, w) in order.iter().zip(&weights) {
+        if x < *w {
+            return i as u8;
+        }
+        x -= w;
+    }
+    order[order.len() - 1] as u8
+}

@@ -1,7 +1,8 @@
 //! Inference binaries with their weights built in (`kiln::embed!`), built by
 //! scripts/test.sh from checkpoints it trains into models/weights/ (hence the feature,
 //! which a plain `cargo test` leaves off): the embedded weights are the checkpoint's,
-//! bit for bit, and the example binaries classify image files as the model does.
+//! bit for bit, the example binaries classify image files as `kiln-classify` does with
+//! the checkpoint, and the GPT's continues a prompt as `kiln-generate` does.
 
 #![cfg(feature = "embedded-weights")]
 
@@ -117,4 +118,27 @@ fn the_embedded_binaries_classify_image_files() {
         assert_eq!(code, Some(1), "{err}");
         assert!(err.contains("neither a PNG nor a PGM"), "{err}");
     }
+}
+
+#[test]
+fn the_embedded_gpt_continues_a_prompt_as_kiln_generate_does() {
+    let exe = example("generate_embedded");
+    let (code, stdout, err) = output::run(exe.to_str().unwrap(), &["JULIET:"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        stdout.starts_with("JULIET:") && stdout.len() > 300,
+        "{stdout}"
+    );
+    let ckpt = weights("gpt-shakespeare.safetensors");
+    let (code, from_file, err) = output::run(
+        env!("CARGO_BIN_EXE_kiln-generate"),
+        &[
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--prompt",
+            "JULIET:",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(stdout, from_file);
 }

@@ -10,14 +10,12 @@ use clap::Parser;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use kiln::device::{run_on, OnDevice};
 use kiln::prelude::*;
-use kiln::tensor::rng;
 use kiln::train::checkpoint;
-use kiln_models::gpt::GptModel;
+use kiln_models::gpt::{GptModel, Sampling};
 
 #[path = "../gpt_instances.rs"]
 mod gpt_instances;
 use gpt_instances::{SmallGpt, TinyGpt};
-use std::io::Write;
 use std::path::PathBuf;
 
 /// Sample text from a trained GPT.
@@ -79,27 +77,6 @@ impl OnDevice for Generate<'_> {
     }
 }
 
-/// Draws a byte from `logits` at `temperature` among the `top_k` most likely, with the
-/// uniform draw `u` in [0, 1).
-fn sample(logits: &[f32], temperature: f64, top_k: usize, u: f64) -> u8 {
-    let mut order: Vec<usize> = (0..logits.len()).collect();
-    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-    order.truncate(top_k);
-    let top = logits[order[0]] as f64;
-    let weights: Vec<f64> = order
-        .iter()
-        .map(|&i| ((logits[i] as f64 - top) / temperature).exp())
-        .collect();
-    let mut x = u * weights.iter().sum::<f64>();
-    for (&i, w) in order.iter().zip(&weights) {
-        if x < *w {
-            return i as u8;
-        }
-        x -= w;
-    }
-    order[order.len() - 1] as u8
-}
-
 fn run(args: &Args) -> Result<()> {
     if !(args.temperature.is_finite() && args.temperature > 0.0) {
         return Err(Error::invalid(
@@ -136,27 +113,14 @@ fn generate<Be: Backend, M: GptModel<Be>>(
     let mut model = M::init_named(dev, 0, "")?;
     args.foreign.load(&mut model, path)?;
     eprintln!("device: {device_name}");
-    let mut text: Vec<u8> = if args.prompt.is_empty() {
-        b"\n".to_vec()
-    } else {
-        args.prompt.as_bytes().to_vec()
-    };
     let mut out = std::io::stdout().lock();
-    out.write_all(&text)?;
-    let key = rng::stream_key(args.seed, 0);
-    for i in 0..args.bytes {
-        let context = &text[text.len().saturating_sub(M::CONTEXT)..];
-        let ids: Vec<i32> = context.iter().map(|&b| b as i32).collect();
-        let ids = Tensor::<Be, (Dyn, Dyn), i32>::from_vec(ids, &[1, context.len()], dev)?;
-        let logits = model.logits_any(&ids)?.raw().to_vec::<f32>()?;
-        let last = &logits[(context.len() - 1) * 256..];
-        let u = rng::unit_f32(rng::bits(key, i as u32)) as f64;
-        let byte = sample(last, args.temperature, args.top_k, u);
-        text.push(byte);
-        out.write_all(&[byte])?;
-    }
-    writeln!(out)?;
-    Ok(())
+    let sampling = Sampling {
+        bytes: args.bytes,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        seed: args.seed,
+    };
+    kiln_models::gpt::generate(&model, args.prompt.as_bytes(), &sampling, dev, &mut out)
 }
 
 fn main() {
