@@ -67,6 +67,8 @@ def kiln_figures(binary, workloads, reps, threads, w3_configs=()):
                           env=env, check=True, capture_output=True, text=True).stdout
     out = {}
     for line in text.splitlines():
+        if not line.startswith("bench="):
+            continue  # `# device ...` and other comments
         kv = dict(p.split("=", 1) for p in line.split())
         key = (kv["bench"], kv.get("task", ""), kv.get("batch", ""))
         out[(key, kv.get("variant", ""))] = float(kv["ms"])
