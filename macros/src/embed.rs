@@ -154,7 +154,10 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
                     device: &Be::Device,
                 ) -> ::kiln::tensor::Result<#model<Be>> {
                     static BYTES: &[u8] = include_bytes!(#resolved);
-                    let mut model = <#model<Be> as ::kiln::tensor::nn::Module<Be>>::init(device, 0)?;
+                    // Every value is replaced: nothing is drawn first.
+                    let mut model = ::kiln::tensor::nn::zero_initialised(|| {
+                        <#model<Be> as ::kiln::tensor::nn::Module<Be>>::init(device, 0)
+                    })?;
                     #load(&mut model, #written, BYTES)?;
                     Ok(model)
                 }

@@ -62,14 +62,10 @@ pub struct ForeignArg {
 }
 
 impl ForeignArg {
-    /// Loads the checkpoint at `path` into `model`, verifying its checksums unless
-    /// `--foreign` was given.
-    pub fn load<B: Backend, M: Module<B>>(&self, model: &mut M, path: &Path) -> Result<()> {
-        if self.foreign {
-            checkpoint::load_foreign(model, path)
-        } else {
-            checkpoint::load(model, path)
-        }
+    /// A new model on `device` holding the checkpoint at `path`, its checksums verified
+    /// unless `--foreign` was given; built without drawing values it would replace.
+    pub fn load_new<B: Backend, M: Module<B>>(&self, path: &Path, device: &B::Device) -> Result<M> {
+        checkpoint::load_new(path, device, self.foreign)
     }
 }
 

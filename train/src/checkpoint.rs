@@ -114,6 +114,23 @@ pub fn load<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Path>) -> 
     load_checked(model, path.as_ref(), Checksums::Required)
 }
 
+/// A new `M` on `device` holding the checkpoint at `path` ([`load`]'s checks; `foreign`:
+/// [`load_foreign`]'s), built without drawing initial values it would replace.
+pub fn load_new<B: Backend, M: Module<B>>(
+    path: impl AsRef<Path>,
+    device: &B::Device,
+    foreign: bool,
+) -> Result<M> {
+    let mut model = kiln_tensor::nn::zero_initialised(|| M::init(device, 0))?;
+    let checksums = if foreign {
+        Checksums::IfPresent
+    } else {
+        Checksums::Required
+    };
+    load_checked(&mut model, path.as_ref(), checksums)?;
+    Ok(model)
+}
+
 /// [`load`] for a file written by another tool (PyTorch's `save_file`), which carries
 /// no checksums: the tensors that have one are verified, the others load unverified.
 pub fn load_foreign<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Path>) -> Result<()> {

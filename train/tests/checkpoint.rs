@@ -931,3 +931,20 @@ fn loads_stream_tensor_by_tensor() -> Result<()> {
     }
     Ok(())
 }
+
+/// `load_new` builds the model without drawing values it replaces, and ends as
+/// `init` + `load` does; outside `zero_initialised`, `init` draws again.
+#[test]
+fn load_new_is_init_and_load_without_the_draws() -> Result<()> {
+    let dir = scratch("load_new");
+    let path = dir.join("net.safetensors");
+    let saved = net(5)?;
+    save(&saved, &path)?;
+    let fresh: Net = kiln_train::checkpoint::load_new(&path, &DEV, false)?;
+    assert_eq!(contents(&fresh), contents(&saved));
+    let zeros: Net = kiln_tensor::nn::zero_initialised(|| Net::init(&DEV, 5))?;
+    assert!(zeros.fc1.weight.to_vec()?.iter().all(|&v| v == 0.0));
+    let drawn = Net::init(&DEV, 5)?;
+    assert!(drawn.fc1.weight.to_vec()?.iter().any(|&v| v != 0.0));
+    Ok(())
+}

@@ -42,8 +42,7 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<bool> {
         .clone()
         .unwrap_or_else(|| default_classifier_checkpoint(args.model, args.dataset));
     check_recorded(&path, args.model, args.dataset)?;
-    let mut model = M::init(&CpuDevice, 0)?;
-    args.foreign.load(&mut model, &path)?;
+    let model: M = args.foreign.load_new(&path, &CpuDevice)?;
     eprintln!(
         "loaded {} in {:.1} ms",
         path.display(),

@@ -110,8 +110,7 @@ fn generate<Be: Backend, M: GptModel<Be>>(
     dev: &Be::Device,
     device_name: &str,
 ) -> Result<()> {
-    let mut model = M::init_named(dev, 0, "")?;
-    args.foreign.load(&mut model, path)?;
+    let model: M = args.foreign.load_new(path, dev)?;
     eprintln!("device: {device_name}");
     let mut out = std::io::stdout().lock();
     let sampling = Sampling {

@@ -67,8 +67,7 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
         SplitName::Test,
         args.dataset.norm(),
     )?;
-    let mut model = M::init(dev, 0)?;
-    args.foreign.load(&mut model, &path)?;
+    let model: M = args.foreign.load_new(&path, dev)?;
     let acc = accuracy(&model, &test, dev)?;
     println!(
         "{}: test accuracy {:.2}% on {} images",

@@ -13,13 +13,36 @@ use crate::shape::{LastDim, Rank1, Rank2, Shape};
 use crate::tensor::Tensor;
 use std::sync::RwLock;
 
-/// A tensor initialised as `spec` says, seeded by its full name.
+thread_local! {
+    static ZEROS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every parameter and buffer this thread initialises set to zeros
+/// instead of drawn: for a model built only to have every value replaced (loaded from
+/// a checkpoint), where the draws would be wasted time.
+pub fn zero_initialised<R>(f: impl FnOnce() -> R) -> R {
+    let outer = ZEROS.with(|z| z.replace(true));
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ZEROS.with(|z| z.set(self.0));
+        }
+    }
+    let _restore = Restore(outer);
+    f()
+}
+
+/// A tensor initialised as `spec` says, seeded by its full name (zeros inside
+/// [`zero_initialised`]).
 pub fn init_tensor<B: Backend>(
     spec: &ParamSpec,
     device: &B::Device,
     seed: u64,
     name: &str,
 ) -> Result<RawTensor<B>> {
+    if ZEROS.with(|z| z.get()) {
+        return RawTensor::zeros(&spec.dims, DType::F32, device);
+    }
     let s = seed_for(seed, name);
     match spec.init {
         Init::Uniform(b) => RawTensor::rand(
