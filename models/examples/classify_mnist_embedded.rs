@@ -15,15 +15,9 @@ use kiln_models::mlp::Mlp;
 fn main() {
     let started = std::time::Instant::now();
     let weights = kiln::embed!(Mlp, "../weights/mlp-mnist.safetensors");
-    let model = match weights.load::<Cpu>(&CpuDevice) {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(1);
-        }
-    };
+    let model = weights.load::<Cpu>(&CpuDevice);
     std::process::exit(classify_command_line(
-        &model,
+        model,
         ImageData::Mnist,
         &CpuDevice,
         started,

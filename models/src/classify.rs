@@ -361,17 +361,25 @@ pub fn classify_files<B: Backend, M: Classifier<B>>(
         .collect()
 }
 
-/// The main of an inference binary: classifies the image files named on the command
-/// line with `model` (trained on `data`), printing each file's class and every
-/// class's probability, and how long the program took to start (`started`: when
-/// `main` began). Returns the exit status: 0, or 1 when an argument is missing or a
-/// file could not be read (each named on standard error).
+/// The main of an inference binary: with the `model` it built (or the error that
+/// kept it from building, reported), classifies the image files named on the command
+/// line (`model` trained on `data`), printing each file's class and every class's
+/// probability, and how long the program took to start (`started`: when `main`
+/// began). Returns the exit status: 0, or 1 when the model or an argument is missing
+/// or a file could not be read (each named on standard error).
 pub fn classify_command_line<B: Backend, M: Classifier<B>>(
-    model: &M,
+    model: Result<M>,
     data: crate::cli::ImageData,
     device: &B::Device,
     started: std::time::Instant,
 ) -> i32 {
+    let model = match model {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 1;
+        }
+    };
     let files: Vec<std::path::PathBuf> = std::env::args_os().skip(1).map(Into::into).collect();
     if files.is_empty() {
         eprintln!("error: name the image files to classify (PNG or PGM, any size)");
@@ -384,7 +392,7 @@ pub fn classify_command_line<B: Backend, M: Classifier<B>>(
     let mut status = 0;
     for (file, p) in files
         .iter()
-        .zip(classify_files(model, &files, data.norm(), device))
+        .zip(classify_files(&model, &files, data.norm(), device))
     {
         match p {
             Ok(p) => println!("{}: {}", file.display(), p.describe(data.classes())),

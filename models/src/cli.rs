@@ -146,14 +146,46 @@ impl ImageData {
     }
 }
 
-/// The checkpoint `kiln-train` writes for `model` on `data` when no path is given.
-pub fn default_classifier_checkpoint(model: ClassifierKind, data: ImageData) -> PathBuf {
-    default_checkpoint(&format!("{model:?}-{data:?}.safetensors").to_lowercase())
+/// An image classifier's checkpoint (`--model`, `--dataset`, `--checkpoint`,
+/// `--foreign`), flattened into the inference binaries.
+#[derive(Args, Clone, Debug)]
+pub struct ClassifierCheckpoint {
+    /// The model.
+    #[arg(long, value_enum, default_value = "mlp")]
+    pub model: ClassifierKind,
+    /// The data set it was trained on (its normalisation and class names).
+    #[arg(long, value_enum, default_value = "mnist")]
+    pub dataset: ImageData,
+    /// The checkpoint (default: runs/<model>-<dataset>.safetensors in the current
+    /// folder, where kiln-train saves it).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    #[command(flatten)]
+    pub foreign: ForeignArg,
+}
+
+impl ClassifierCheckpoint {
+    /// The checkpoint's path: `--checkpoint`, or where `kiln-train` saves it.
+    pub fn path(&self) -> PathBuf {
+        self.checkpoint.clone().unwrap_or_else(|| {
+            default_checkpoint(
+                &format!("{:?}-{:?}.safetensors", self.model, self.dataset).to_lowercase(),
+            )
+        })
+    }
+
+    /// The model it holds, on `device`, once what `kiln-train` recorded (model, data
+    /// set) agrees with the flags.
+    pub fn load<B: Backend, M: Module<B>>(&self, device: &B::Device) -> Result<M> {
+        let path = self.path();
+        check_recorded(&path, self.model, self.dataset)?;
+        self.foreign.load_new(&path, device)
+    }
 }
 
 /// Refuses a checkpoint whose recorded model or data set (what `kiln-train` writes in
 /// its metadata) differs from the command line's, naming the flag that would fit.
-pub fn check_recorded(path: &Path, model: ClassifierKind, data: ImageData) -> Result<()> {
+fn check_recorded(path: &Path, model: ClassifierKind, data: ImageData) -> Result<()> {
     let meta = checkpoint::read_metadata(path)?;
     for (key, flag, asked) in [
         ("model", "--model", format!("{model:?}").to_lowercase()),

@@ -6,28 +6,16 @@
 
 #![cfg(feature = "embedded-weights")]
 
+#[path = "support/bits.rs"]
+mod bits;
 #[path = "support/output.rs"]
 mod output;
+use bits::bits;
 
 use kiln::cpu::{Cpu, CpuDevice};
-use kiln::tensor::nn::{Module, Slot};
 use kiln::train::checkpoint;
 use kiln_models::{lenet::LeNet, mlp::Mlp};
 use std::path::{Path, PathBuf};
-
-fn bits<M: Module<Cpu>>(m: &M) -> Vec<(String, Vec<u32>)> {
-    let mut out = Vec::new();
-    let mut push = |s: Slot<'_, Cpu>| {
-        let v = s.value.to_vec::<f32>().unwrap();
-        out.push((
-            s.name.to_string(),
-            v.into_iter().map(f32::to_bits).collect(),
-        ));
-    };
-    m.visit_params("", &mut push);
-    m.visit_buffers("", &mut push);
-    out
-}
 
 fn weights(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -3,12 +3,14 @@
 //! CPU: in process (the CNN with dropout, batch norm and AdamW), and against the real
 //! binary killed with SIGKILL over and over (the MLP), or once (the GPT).
 
+#[path = "support/bits.rs"]
+mod bits;
 #[path = "support/output.rs"]
 mod output;
+use bits::bits;
 
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
-use kiln::tensor::nn::{Module, Slot};
 use kiln::train::optim::{AdamW, AdamWConfig};
 use kiln::train::schedule::CosineWithWarmup;
 use kiln::train::{checkpoint, state};
@@ -33,21 +35,6 @@ fn scratch(test: &str) -> PathBuf {
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// Every parameter and buffer of a module, by name, as bits.
-fn bits<M: Module<Cpu>>(m: &M) -> Vec<(String, Vec<u32>)> {
-    let mut out = Vec::new();
-    let mut push = |s: Slot<'_, Cpu>| {
-        let v = s.value.to_vec::<f32>().unwrap();
-        out.push((
-            s.name.to_string(),
-            v.into_iter().map(f32::to_bits).collect(),
-        ));
-    };
-    m.visit_params("", &mut push);
-    m.visit_buffers("", &mut push);
-    out
 }
 
 /// LeNet (dropout draws a mask each step, batch norm updates its statistics) trained

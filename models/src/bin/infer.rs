@@ -8,31 +8,20 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use kiln::device::{run_on, OnDevice};
 use kiln::prelude::*;
 use kiln_models::classify::{accuracy, images, Classifier};
-use kiln_models::cli::{check_recorded, default_classifier_checkpoint, ClassifierKind, ImageData};
+use kiln_models::cli::{ClassifierCheckpoint, ClassifierKind};
 use kiln_models::data::{Split, SplitName};
 use kiln_models::{lenet::LeNet, mlp::Mlp};
-use std::path::PathBuf;
 use std::time::Instant;
 
 /// Evaluate a trained checkpoint.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// The model.
-    #[arg(long, value_enum, default_value = "mlp")]
-    model: ClassifierKind,
-    /// The data set.
-    #[arg(long, value_enum, default_value = "mnist")]
-    dataset: ImageData,
-    /// The checkpoint (default: runs/<model>-<dataset>.safetensors in the current
-    /// folder, where kiln-train saves it).
-    #[arg(long)]
-    checkpoint: Option<PathBuf>,
+    #[command(flatten)]
+    classifier: ClassifierCheckpoint,
     /// Images timed one at a time.
     #[arg(long, default_value_t = 1000)]
     latency_images: usize,
-    #[command(flatten)]
-    foreign: kiln_models::cli::ForeignArg,
     #[command(flatten)]
     device: kiln_models::cli::DeviceArg,
     #[command(flatten)]
@@ -47,7 +36,7 @@ impl OnDevice for Infer<'_> {
 
     fn run<Be: Backend>(self, dev: &Be::Device, name: &str) -> Result<()> {
         println!("device: {name}");
-        match self.0.model {
+        match self.0.classifier.model {
             ClassifierKind::Mlp => run::<Be, Mlp<Be>>(self.0, dev),
             ClassifierKind::Cnn => run::<Be, LeNet<Be>>(self.0, dev),
         }
@@ -55,19 +44,16 @@ impl OnDevice for Infer<'_> {
 }
 
 fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<()> {
-    let path = args
-        .checkpoint
-        .clone()
-        .unwrap_or_else(|| default_classifier_checkpoint(args.model, args.dataset));
-    // What kiln-train recorded must match what we were asked to evaluate.
-    check_recorded(&path, args.model, args.dataset)?;
+    let classifier = &args.classifier;
+    let path = classifier.path();
+    let model: M = classifier.load(dev)?;
     // Evaluation reads the test split alone.
+    let dataset = classifier.dataset;
     let test = Split::load(
-        &args.data.dir()?.join(args.dataset.folder()),
+        &args.data.dir()?.join(dataset.folder()),
         SplitName::Test,
-        args.dataset.norm(),
+        dataset.norm(),
     )?;
-    let model: M = args.foreign.load_new(&path, dev)?;
     let acc = accuracy(&model, &test, dev)?;
     println!(
         "{}: test accuracy {:.2}% on {} images",
