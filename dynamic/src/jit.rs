@@ -566,7 +566,7 @@ fn check_finite<B: Backend>(
     values: &[RawTensor<B>],
     value: &RawTensor<B>,
 ) -> Result<()> {
-    use kiln_tensor::anomaly::first_non_finite;
+    use kiln_tensor::anomaly::{first_non_finite, given_error, op_error};
     let Some(bad) = first_non_finite(value)? else {
         return Ok(());
     };
@@ -584,9 +584,7 @@ fn check_finite<B: Backend>(
                     kiln_tensor::op::fmt_dims(x.dims())
                 ),
             };
-            return Err(Error::NonFinite(format!(
-                "{what} holds {held}: it was given to the dynamic path so (an input, or a parameter an earlier step made non-finite), not computed there"
-            )));
+            return Err(given_error(&what, &held));
         }
     }
     let layer = match t.layer() {
@@ -596,18 +594,15 @@ fn check_finite<B: Backend>(
             .find_map(|x| x.layer())
             .map_or(String::new(), |layer| format!(", after layer `{layer}`")),
     };
-    let mut msg = format!(
-        "`{op}` is the first op whose output is not finite: {bad}, in {} {} (dynamic node {}{layer}); its inputs are finite",
+    Err(op_error(
+        &format!("`{op}`"),
+        &bad,
         value.dtype(),
-        kiln_tensor::op::fmt_dims(value.dims().as_slice()),
-        t.id()
-    );
-    let upstream = named_upstream(inputs);
-    if !upstream.is_empty() {
-        let names: Vec<String> = upstream.iter().map(|n| format!("`{n}`")).collect();
-        msg.push_str(&format!(". It computes from {}", names.join(", ")));
-    }
-    Err(Error::NonFinite(msg))
+        value.dims().as_slice(),
+        &format!("dynamic node {}{layer}", t.id()),
+        &named_upstream(inputs),
+        None,
+    ))
 }
 
 /// The named leaves (parameters) nearest upstream of `inputs`: those within two steps

@@ -139,7 +139,12 @@ impl<B: Backend> LazyTensor<B> {
             kind,
             requires_grad,
             name: None,
-            layer: LAYER.with(|l| l.borrow().clone()),
+            // Only anomaly mode's reports read it: no reference count touched otherwise.
+            layer: if kiln_tensor::anomaly::detecting() {
+                LAYER.with(|l| l.borrow().clone())
+            } else {
+                None
+            },
             state: Mutex::new(state),
         }))
     }
@@ -184,7 +189,8 @@ impl<B: Backend> LazyTensor<B> {
         self.0.name.as_deref()
     }
 
-    /// The layer whose forward pass recorded this tensor, if one did.
+    /// The layer whose forward pass recorded this tensor, if one did while anomaly mode
+    /// was on (the only reader of it).
     pub fn layer(&self) -> Option<&str> {
         self.0.layer.as_deref()
     }

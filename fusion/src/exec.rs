@@ -1000,9 +1000,8 @@ impl<B: Backend> Buffers<B> {
 mod anomaly {
     use crate::plan::Plan;
     use crate::sym::SDim;
-    use kiln_tensor::anomaly::{first_non_finite, NonFinite};
+    use kiln_tensor::anomaly::{first_non_finite, given_error, op_error, NonFinite};
     use kiln_tensor::ir::{NodeId, NodeKind};
-    use kiln_tensor::op::fmt_dims;
     use kiln_tensor::{Backend, Error, RawTensor, Result};
 
     /// An error when node `i`'s `value` is not finite.
@@ -1014,31 +1013,23 @@ mod anomaly {
         let Some(bad) = first_non_finite(value)? else {
             return Ok(());
         };
-        let what = match &plan.graph.nodes[i].kind {
-            NodeKind::Op(op) => format!("`{}` is the first op", op.name()),
-            NodeKind::Call(k) => format!("the call to dynamic part {k} is the first op"),
-            NodeKind::CallGrad(k) => {
-                format!("the backward pass of dynamic part {k} is the first op")
-            }
-            NodeKind::RecipDim(_) => "a mean's scale 1/n is the first op".to_string(),
-            NodeKind::Leaf(_) => "a leaf is the first value".to_string(),
+        let op = match &plan.graph.nodes[i].kind {
+            NodeKind::Op(op) => format!("`{}`", op.name()),
+            NodeKind::Call(k) => format!("the call to dynamic part {k}"),
+            NodeKind::CallGrad(k) => format!("the backward pass of dynamic part {k}"),
+            NodeKind::RecipDim(_) => "a mean's scale 1/n".to_string(),
+            NodeKind::Leaf(_) => "a leaf".to_string(),
         };
-        let mut msg = format!(
-            "{what} whose output is not finite: {bad}, in {} {} (node {i}{}); its inputs are finite",
-            value.dtype(),
-            fmt_dims(value.dims().as_slice()),
-            own_name(plan, i),
-        );
         let (leaves, variable) = upstream(plan, i);
-        if !leaves.is_empty() {
-            msg.push_str(&format!(". It computes from {}", quoted(&leaves)));
-            if let Some(v) = variable {
-                msg.push_str(&format!(", after `{v}`"));
-            }
-        } else if let Some(v) = variable {
-            msg.push_str(&format!(". It comes after `{v}`"));
-        }
-        Err(Error::NonFinite(msg))
+        Err(op_error(
+            &op,
+            &bad,
+            value.dtype(),
+            value.dims().as_slice(),
+            &format!("node {i}{}", own_name(plan, i)),
+            &leaves,
+            variable.as_deref(),
+        ))
     }
 
     /// The error for input `k` (leaf node `leaf`) holding a value that is not finite.
@@ -1047,9 +1038,7 @@ mod anomaly {
             Some(n) => format!("`{n}`"),
             None => format!("input {k}"),
         };
-        Error::NonFinite(format!(
-            "{name} holds {bad} before any op ran: the values given (an input, or a parameter an earlier step made non-finite) are not finite"
-        ))
+        given_error(&name, bad)
     }
 
     fn own_name(plan: &Plan<SDim>, i: NodeId) -> String {
@@ -1057,14 +1046,6 @@ mod anomaly {
             Some(n) => format!(", computing `{n}`"),
             None => String::new(),
         }
-    }
-
-    fn quoted(names: &[String]) -> String {
-        names
-            .iter()
-            .map(|n| format!("`{n}`"))
-            .collect::<Vec<_>>()
-            .join(", ")
     }
 
     /// The named leaves nearest upstream of node `i` (those within two steps of the

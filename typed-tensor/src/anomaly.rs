@@ -92,3 +92,42 @@ pub fn first_non_finite<B: Backend>(t: &RawTensor<B>) -> Result<Option<NonFinite
         of: values.len(),
     }))
 }
+
+/// The error for `op` (described: "`log`", "the call to dynamic part 0") being the
+/// first to produce a value that is not finite: `bad`, in a value of `dtype` and
+/// `dims`, at `place` (its node, and its layer where known), its inputs finite;
+/// `computes_from` names the parameters nearest upstream, `after` the named value it
+/// follows. The planned and the dynamic paths report through this one message.
+pub fn op_error(
+    op: &str,
+    bad: &NonFinite,
+    dtype: crate::DType,
+    dims: &[usize],
+    place: &str,
+    computes_from: &[String],
+    after: Option<&str>,
+) -> crate::Error {
+    let mut msg = format!(
+        "{op} is the first op whose output is not finite: {bad}, in {dtype} {} ({place}); its inputs are finite",
+        crate::op::fmt_dims(dims)
+    );
+    let quoted: Vec<String> = computes_from.iter().map(|n| format!("`{n}`")).collect();
+    match (quoted.is_empty(), after) {
+        (false, Some(v)) => msg.push_str(&format!(
+            ". It computes from {}, after `{v}`",
+            quoted.join(", ")
+        )),
+        (false, None) => msg.push_str(&format!(". It computes from {}", quoted.join(", "))),
+        (true, Some(v)) => msg.push_str(&format!(". It comes after `{v}`")),
+        (true, None) => {}
+    }
+    crate::Error::NonFinite(msg)
+}
+
+/// The error for a value given to a computation (`what`: an input, a parameter)
+/// already holding `bad`, which no op of this computation made.
+pub fn given_error(what: &str, bad: &NonFinite) -> crate::Error {
+    crate::Error::NonFinite(format!(
+        "{what} holds {bad} before any op ran: it was given (an input, or a parameter an earlier step made non-finite), not computed there"
+    ))
+}

@@ -73,10 +73,15 @@ impl Reader {
             .take(n)
             .read_to_end(&mut text)
             .map_err(io)?;
-        let json: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&text)
-            .map_err(|e| invalid(format!("the header is not a JSON object: {e}")))?;
-        let header: Metadata = serde_json::from_slice(&text)
-            .map_err(|e| invalid(format!("the header does not describe tensors: {e}")))?;
+        let header: Metadata = serde_json::from_slice(&text).map_err(|e| {
+            // Parsed again only to word the error.
+            let object =
+                serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&text);
+            match object {
+                Err(e) => invalid(format!("the header is not a JSON object: {e}")),
+                Ok(_) => invalid(format!("the header does not describe tensors: {e}")),
+            }
+        })?;
         let declared = header.data_len() as u64;
         let held = len - 8 - n;
         if declared != held {
@@ -84,15 +89,12 @@ impl Reader {
                 "the header declares {declared} bytes of tensor data but the file holds {held}"
             )));
         }
-        let metadata = json
-            .get("__metadata__")
-            .and_then(|m| m.as_object())
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let metadata = header
+            .metadata()
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         Ok(Reader {
             path: path.to_path_buf(),
             file: RefCell::new(file),
