@@ -4,7 +4,8 @@
 //! (f16 and bf16 compute in f32), threads through `rayon`, matrix products through the
 //! packed GEMM of [`gemm`]. Each concern has its module: `elementwise`, `reduce`,
 //! `movement`, `index`, `window` (unfold/fold), `source` (constants, random numbers),
-//! `matmul`.
+//! `matmul`; `spin` keeps a few threads awake between the short parallel products of
+//! batch-1 inference.
 
 pub mod elementwise;
 pub mod fused;
@@ -15,6 +16,7 @@ pub mod matmul;
 pub mod movement;
 pub mod reduce;
 pub mod source;
+pub mod spin;
 pub mod storage;
 pub mod strided;
 pub mod window;
@@ -51,6 +53,10 @@ impl Backend for Cpu {
 
     fn upload(_: &CpuDevice, data: HostData) -> Result<CpuStorage> {
         Ok(CpuStorage::from_host(data))
+    }
+
+    fn upload_static(_: &CpuDevice, bytes: &'static [u8], dtype: DType) -> Option<CpuStorage> {
+        CpuStorage::from_static_bytes(bytes, dtype)
     }
 
     fn download(s: &CpuStorage, layout: &Layout) -> Result<HostData> {

@@ -19,6 +19,9 @@ use rayon::prelude::*;
 /// Below this many multiply-adds the split across threads costs more than it saves.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
 
+/// Parallel skinny products are cut into this many tasks per thread.
+const TASKS_PER_THREAD: usize = 4;
+
 /// The dot form is used when m (or n) is at most this.
 const DOT_MAX_SMALL: usize = 16;
 
@@ -168,10 +171,26 @@ fn axpy_split(
 ) {
     let len = y.len();
     if threads > 1 && len >= 32 {
-        let per = len.div_ceil(threads).next_multiple_of(16);
-        y.par_chunks_mut(per)
-            .enumerate()
-            .for_each(|(t, y)| axpy_form(isa, mat, off + t * per, ks, x, y, acc));
+        let per = len
+            .div_ceil(threads * TASKS_PER_THREAD)
+            .next_multiple_of(16);
+        let tasks = len.div_ceil(per);
+        let out = YOut {
+            ptr: y.as_mut_ptr(),
+            ys_w: 1,
+            ys_x: 0,
+        };
+        let task = |t: usize| {
+            let start = t * per;
+            let n = per.min(len - start);
+            // SAFETY: tasks cover disjoint ranges start..start+n of y, which is
+            // exclusively borrowed for this call.
+            let y = unsafe { std::slice::from_raw_parts_mut(out.at(start), n) };
+            axpy_form(isa, mat, off + start, ks, x, y, acc);
+        };
+        if !crate::spin::split(tasks, &task) {
+            (0..tasks).into_par_iter().for_each(task);
+        }
     } else {
         axpy_form(isa, mat, off, ks, x, y, acc);
     }
@@ -252,6 +271,18 @@ struct YOut {
     ys_x: usize,
 }
 
+impl YOut {
+    /// The address of element `i` (a method, so closures capture the whole `YOut`,
+    /// which is `Sync`, rather than its pointer field).
+    ///
+    /// # Safety
+    /// `i` lies inside the output.
+    unsafe fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: per the caller.
+        unsafe { self.ptr.add(i) }
+    }
+}
+
 // SAFETY: YOut points into the caller's exclusively borrowed C; parallel tasks
 // write disjoint W-row ranges of Y, i.e. disjoint elements of C.
 unsafe impl Send for YOut {}
@@ -311,10 +342,17 @@ impl Dot<'_> {
             _ => unsafe { dot_rows_generic::<false>(self, r0, r1, y, accumulate) },
         };
         if threads > 1 && self.nw >= 8 {
-            let per = self.nw.div_ceil(threads).next_multiple_of(4);
-            (0..self.nw.div_ceil(per))
-                .into_par_iter()
-                .for_each(|t| range(t * per, ((t + 1) * per).min(self.nw)));
+            // A few tasks per thread, handed out as threads come free: a core slowed
+            // by other work takes fewer.
+            let per = self
+                .nw
+                .div_ceil(threads * TASKS_PER_THREAD)
+                .next_multiple_of(4);
+            let task = |t: usize| range(t * per, ((t + 1) * per).min(self.nw));
+            let tasks = self.nw.div_ceil(per);
+            if !crate::spin::split(tasks, &task) {
+                (0..tasks).into_par_iter().for_each(task);
+            }
         } else {
             range(0, self.nw);
         }
@@ -447,6 +485,10 @@ mod x86 {
         let k = d.k;
         let (full, rem) = (k / 16, k % 16);
         let tm = tail_mask(rem);
+        if d.nx == 1 {
+            // SAFETY: forwarded contract.
+            return unsafe { dot_rows_one_avx512(d, r0, r1, y, accumulate) };
+        }
         let mut r = r0;
         while r < r1 {
             let wr = 4.min(r1 - r);
@@ -490,6 +532,50 @@ mod x86 {
                 s += 4;
             }
             r += 4;
+        }
+    }
+
+    /// [`dot_rows_avx512`] against one X row (batch-1 inference): eight W rows per
+    /// sweep, so eight streams of the matrix are in flight, and no work on copies of X.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; no other thread writes the outputs of W rows
+    /// r0..r1.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot_rows_one_avx512(d: &Dot<'_>, r0: usize, r1: usize, y: YOut, accumulate: bool) {
+        const ROWS: usize = 8;
+        let k = d.k;
+        let (full, rem) = (k / 16, k % 16);
+        let tm = tail_mask(rem);
+        let x = d.x_row(0);
+        let mut r = r0;
+        while r < r1 {
+            let wr = ROWS.min(r1 - r);
+            // Rows past the end repeat the last real one: computed, never stored.
+            let w: [&[f32]; ROWS] = std::array::from_fn(|i| d.w_row(r + i.min(wr - 1)));
+            let mut acc = [_mm512_setzero_ps(); ROWS];
+            let mut step = |p: usize, m: u16| {
+                // SAFETY: lanes p..p+16 masked to < k lie inside every row slice
+                // (each of length k); masked-off lanes are not read.
+                unsafe {
+                    let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
+                    for (acc, w) in acc.iter_mut().zip(&w) {
+                        *acc =
+                            _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w.as_ptr().add(p)), xv, *acc);
+                    }
+                }
+            };
+            for blk in 0..full {
+                step(blk * 16, 0xffff);
+            }
+            if rem > 0 {
+                step(full * 16, tm);
+            }
+            for (i, acc) in acc.iter().enumerate().take(wr) {
+                // SAFETY: r + i < r1 <= nw; rows are this task's.
+                unsafe { Dot::put(y, r + i, 0, _mm512_reduce_add_ps(*acc), accumulate) };
+            }
+            r += ROWS;
         }
     }
 
