@@ -153,12 +153,14 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
                     &self,
                     device: &Be::Device,
                 ) -> ::kiln::tensor::Result<#model<Be>> {
-                    static BYTES: &[u8] = include_bytes!(#resolved);
+                    // Aligned, so the CPU backend reads the tensors in place.
+                    static BYTES: &::kiln::train::checkpoint::AlignedBytes<[u8]> =
+                        &::kiln::train::checkpoint::AlignedBytes(*include_bytes!(#resolved));
                     // Every value is replaced: nothing is drawn first.
                     let mut model = ::kiln::tensor::nn::zero_initialised(|| {
                         <#model<Be> as ::kiln::tensor::nn::Module<Be>>::init(device, 0)
                     })?;
-                    #load(&mut model, #written, BYTES)?;
+                    #load(&mut model, #written, &BYTES.0)?;
                     Ok(model)
                 }
             }

@@ -13,6 +13,7 @@ mod output;
 use bits::bits;
 
 use kiln::cpu::{Cpu, CpuDevice};
+use kiln::tensor::nn::Module;
 use kiln::train::checkpoint;
 use kiln_models::{lenet::LeNet, mlp::Mlp};
 use std::path::{Path, PathBuf};
@@ -31,6 +32,17 @@ fn embedded_weights_are_the_checkpoints() {
     let mut from_file = Mlp::<Cpu>::init(&CpuDevice, 7).unwrap();
     checkpoint::load(&mut from_file, weights("mlp-mnist.safetensors")).unwrap();
     assert_eq!(bits(&mlp), bits(&from_file));
+    // Built in at an alignment f32 can be read from: no copies.
+    let mut copied = Vec::new();
+    mlp.visit_params("", &mut |s| {
+        if !s.value.storage().is_static() {
+            copied.push(s.name.to_string())
+        }
+    });
+    assert!(
+        copied.is_empty(),
+        "copied instead of read in place: {copied:?}"
+    );
 
     let cnn = kiln::embed!(LeNet, "../weights/cnn-fashion.safetensors")
         .load::<Cpu>(&CpuDevice)

@@ -137,8 +137,18 @@ pub fn load_foreign<B: Backend, M: Module<B>>(model: &mut M, path: impl AsRef<Pa
     load_checked(model, path.as_ref(), Checksums::IfPresent)
 }
 
+/// Bytes built into the program at an alignment every dtype can be read in place
+/// from, so [`load_bytes`] can hand the CPU backend views of them instead of copies:
+/// `static W: &AlignedBytes<[u8]> = &AlignedBytes(*include_bytes!("w.safetensors"));`
+/// (what `kiln::embed!` writes).
+#[repr(C, align(64))]
+pub struct AlignedBytes<T: ?Sized>(pub T);
+
 /// [`load`] from a checkpoint built into the program (the bytes `kiln::embed!`
-/// includes, named `name` in errors): its checksums are verified as a file's are.
+/// includes, named `name` in errors): its checksums are verified as a file's are. On
+/// the CPU, tensors whose bytes are aligned for their dtype (all of them, when the
+/// bytes are an [`AlignedBytes`] and the file aligns its data as safetensors writers
+/// do) are read in place, not copied, until something writes to them.
 pub fn load_bytes<B: Backend, M: Module<B>>(
     model: &mut M,
     name: &str,

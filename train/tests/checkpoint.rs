@@ -948,3 +948,71 @@ fn load_new_is_init_and_load_without_the_draws() -> Result<()> {
     assert!(drawn.fc1.weight.to_vec()?.iter().any(|&v| v != 0.0));
     Ok(())
 }
+
+/// `bytes` copied to a program-long buffer starting `skew` bytes past a 64-byte
+/// boundary, as a checkpoint built into a binary is.
+fn program_bytes(bytes: &[u8], skew: usize) -> &'static [u8] {
+    let words = (bytes.len() + skew).div_ceil(64) + 1;
+    let buffer: &'static mut [kiln_train::checkpoint::AlignedBytes<[u8; 64]>] = Vec::leak(
+        (0..words)
+            .map(|_| kiln_train::checkpoint::AlignedBytes([0; 64]))
+            .collect(),
+    );
+    // SAFETY: the blocks are contiguous bytes (64-byte arrays at their own alignment).
+    let flat: &'static mut [u8] =
+        unsafe { std::slice::from_raw_parts_mut(buffer.as_mut_ptr().cast(), words * 64) };
+    flat[skew..skew + bytes.len()].copy_from_slice(bytes);
+    &flat[skew..skew + bytes.len()]
+}
+
+/// Each parameter and buffer of `m` with whether its buffer is read in place.
+fn in_place<M: Module<Cpu>>(m: &M) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    let mut push = |s: Slot<'_, Cpu>| out.push((s.name.to_string(), s.value.storage().is_static()));
+    m.visit_params("", &mut push);
+    m.visit_buffers("", &mut push);
+    out
+}
+
+#[test]
+fn built_in_bytes_are_read_in_place_where_aligned() -> Result<()> {
+    let dir = scratch("built_in_bytes");
+    let path = dir.join("net.safetensors");
+    let saved = net(5)?;
+    save(&saved, &path)?;
+    let file = fs::read(&path).unwrap();
+
+    // Aligned (as kiln::embed! aligns them): every tensor is a view of the bytes.
+    let mut aligned = net(9)?;
+    kiln_train::checkpoint::load_bytes(&mut aligned, "net", program_bytes(&file, 0))?;
+    assert_eq!(contents(&aligned), contents(&saved));
+    assert!(
+        in_place(&aligned).iter().all(|(_, s)| *s),
+        "{:?}",
+        in_place(&aligned)
+    );
+
+    // One byte off: the same values, copied.
+    let mut skewed = net(9)?;
+    kiln_train::checkpoint::load_bytes(&mut skewed, "net", program_bytes(&file, 1))?;
+    assert_eq!(contents(&skewed), contents(&saved));
+    assert!(
+        in_place(&skewed).iter().all(|(_, s)| !*s),
+        "{:?}",
+        in_place(&skewed)
+    );
+
+    // A flipped byte is still found before anything is read in place.
+    let mut damaged = file.clone();
+    let at = data_range(&path, "fc1.weight").start;
+    damaged[at] ^= 1;
+    let mut model = net(9)?;
+    let err = kiln_train::checkpoint::load_bytes(&mut model, "net", program_bytes(&damaged, 0))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`fc1.weight` does not match its checksum"),
+        "{err}"
+    );
+    Ok(())
+}

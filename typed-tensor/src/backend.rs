@@ -56,6 +56,17 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
     fn storage_len(storage: &Self::Storage) -> usize;
     /// Copies host values into a new buffer on `device`.
     fn upload(device: &Self::Device, data: HostData) -> Result<Self::Storage>;
+    /// A buffer on `device` that reads `bytes` (little-endian elements of `dtype` that
+    /// live as long as the program, such as weights built into the binary) in place,
+    /// or `None` where this backend cannot: the caller uploads a decoded copy. The
+    /// default cannot (a device buffer is always a copy).
+    fn upload_static(
+        _device: &Self::Device,
+        _bytes: &'static [u8],
+        _dtype: DType,
+    ) -> Option<Self::Storage> {
+        None
+    }
     /// Copies the elements a layout selects back to the host, in row-major order.
     fn download(storage: &Self::Storage, layout: &Layout) -> Result<HostData>;
     /// Runs one primitive op (see the trait docs for the input contract).

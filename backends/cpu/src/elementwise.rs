@@ -156,25 +156,34 @@ fn unary_float<T: FloatKernel>(op: UnaryOp, x: &[T], l: &Layout) -> Vec<T> {
 /// Runs a unary op.
 pub fn unary(op: UnaryOp, x: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
     Ok(match x {
-        CpuStorage::F32(v) => CpuStorage::F32(unary_float(op, v, l)),
-        CpuStorage::F64(v) => CpuStorage::F64(unary_float(op, v, l)),
-        CpuStorage::F16(v) => CpuStorage::F16(unary_float(op, v, l)),
-        CpuStorage::BF16(v) => CpuStorage::BF16(unary_float(op, v, l)),
-        CpuStorage::I32(v) => CpuStorage::I32(match op {
-            UnaryOp::Neg => map1(v, l, |a: i32| a.wrapping_neg()),
-            UnaryOp::Abs => map1(v, l, |a: i32| a.wrapping_abs()),
-            UnaryOp::Sign => map1(v, l, |a: i32| a.signum()),
-            UnaryOp::Relu => map1(v, l, |a: i32| a.max(0)),
-            _ => return Err(unsupported(op.name(), x)),
-        }),
-        CpuStorage::U32(v) => CpuStorage::U32(match op {
-            UnaryOp::Relu => map1(v, l, |a: u32| a),
-            _ => return Err(unsupported(op.name(), x)),
-        }),
-        CpuStorage::Bool(v) => CpuStorage::Bool(match op {
-            UnaryOp::Not => map1(v, l, |a: bool| !a),
-            _ => return Err(unsupported(op.name(), x)),
-        }),
+        CpuStorage::F32(v) => CpuStorage::F32(unary_float(op, v, l).into()),
+        CpuStorage::F64(v) => CpuStorage::F64(unary_float(op, v, l).into()),
+        CpuStorage::F16(v) => CpuStorage::F16(unary_float(op, v, l).into()),
+        CpuStorage::BF16(v) => CpuStorage::BF16(unary_float(op, v, l).into()),
+        CpuStorage::I32(v) => CpuStorage::I32(
+            match op {
+                UnaryOp::Neg => map1(v, l, |a: i32| a.wrapping_neg()),
+                UnaryOp::Abs => map1(v, l, |a: i32| a.wrapping_abs()),
+                UnaryOp::Sign => map1(v, l, |a: i32| a.signum()),
+                UnaryOp::Relu => map1(v, l, |a: i32| a.max(0)),
+                _ => return Err(unsupported(op.name(), x)),
+            }
+            .into(),
+        ),
+        CpuStorage::U32(v) => CpuStorage::U32(
+            match op {
+                UnaryOp::Relu => map1(v, l, |a: u32| a),
+                _ => return Err(unsupported(op.name(), x)),
+            }
+            .into(),
+        ),
+        CpuStorage::Bool(v) => CpuStorage::Bool(
+            match op {
+                UnaryOp::Not => map1(v, l, |a: bool| !a),
+                _ => return Err(unsupported(op.name(), x)),
+            }
+            .into(),
+        ),
     })
 }
 
@@ -227,6 +236,7 @@ macro_rules! binary_int {
             BinaryOp::Min => map2($dims, a, $la, b, $lb, |x: $t, y: $t| x.min(y)),
             BinaryOp::Pow => unreachable!("the op table rejects integer pow"),
         }
+        .into()
     }};
 }
 
@@ -241,16 +251,16 @@ pub fn binary(
 ) -> Result<CpuStorage> {
     Ok(match (a, b) {
         (CpuStorage::F32(x), CpuStorage::F32(y)) => {
-            CpuStorage::F32(binary_float(op, dims, x, la, y, lb))
+            CpuStorage::F32(binary_float(op, dims, x, la, y, lb).into())
         }
         (CpuStorage::F64(x), CpuStorage::F64(y)) => {
-            CpuStorage::F64(binary_float(op, dims, x, la, y, lb))
+            CpuStorage::F64(binary_float(op, dims, x, la, y, lb).into())
         }
         (CpuStorage::F16(x), CpuStorage::F16(y)) => {
-            CpuStorage::F16(binary_float(op, dims, x, la, y, lb))
+            CpuStorage::F16(binary_float(op, dims, x, la, y, lb).into())
         }
         (CpuStorage::BF16(x), CpuStorage::BF16(y)) => {
-            CpuStorage::BF16(binary_float(op, dims, x, la, y, lb))
+            CpuStorage::BF16(binary_float(op, dims, x, la, y, lb).into())
         }
         (CpuStorage::I32(x), CpuStorage::I32(y)) => {
             CpuStorage::I32(binary_int!(i32, op, dims, x, la, y, lb))
@@ -299,16 +309,19 @@ pub fn compare(
     b: &CpuStorage,
     lb: &Layout,
 ) -> Result<CpuStorage> {
-    Ok(CpuStorage::Bool(match (a, b) {
-        (CpuStorage::F32(x), CpuStorage::F32(y)) => compare_typed(op, dims, x, la, y, lb),
-        (CpuStorage::F64(x), CpuStorage::F64(y)) => compare_typed(op, dims, x, la, y, lb),
-        (CpuStorage::F16(x), CpuStorage::F16(y)) => compare_typed(op, dims, x, la, y, lb),
-        (CpuStorage::BF16(x), CpuStorage::BF16(y)) => compare_typed(op, dims, x, la, y, lb),
-        (CpuStorage::I32(x), CpuStorage::I32(y)) => compare_typed(op, dims, x, la, y, lb),
-        (CpuStorage::U32(x), CpuStorage::U32(y)) => compare_typed(op, dims, x, la, y, lb),
-        (CpuStorage::Bool(x), CpuStorage::Bool(y)) => compare_typed(op, dims, x, la, y, lb),
-        _ => return Err(unsupported(op.name(), a)),
-    }))
+    Ok(CpuStorage::Bool(
+        match (a, b) {
+            (CpuStorage::F32(x), CpuStorage::F32(y)) => compare_typed(op, dims, x, la, y, lb),
+            (CpuStorage::F64(x), CpuStorage::F64(y)) => compare_typed(op, dims, x, la, y, lb),
+            (CpuStorage::F16(x), CpuStorage::F16(y)) => compare_typed(op, dims, x, la, y, lb),
+            (CpuStorage::BF16(x), CpuStorage::BF16(y)) => compare_typed(op, dims, x, la, y, lb),
+            (CpuStorage::I32(x), CpuStorage::I32(y)) => compare_typed(op, dims, x, la, y, lb),
+            (CpuStorage::U32(x), CpuStorage::U32(y)) => compare_typed(op, dims, x, la, y, lb),
+            (CpuStorage::Bool(x), CpuStorage::Bool(y)) => compare_typed(op, dims, x, la, y, lb),
+            _ => return Err(unsupported(op.name(), a)),
+        }
+        .into(),
+    ))
 }
 
 /// Runs `cond ? a : b` (all three already broadcast to `dims`).
@@ -327,7 +340,7 @@ pub fn select(
     macro_rules! sel {
         ($($v:ident),*) => {
             match (a, b) {
-                $((CpuStorage::$v(x), CpuStorage::$v(y)) => CpuStorage::$v(map3(dims, (c, lc), (x, la), (y, lb), |k, p, q| if k { p } else { q })),)*
+                $((CpuStorage::$v(x), CpuStorage::$v(y)) => CpuStorage::$v(map3(dims, (c, lc), (x, la), (y, lb), |k, p, q| if k { p } else { q }).into()),)*
                 _ => return Err(unsupported("where", a)),
             }
         };
@@ -340,13 +353,17 @@ pub fn cast(x: &CpuStorage, l: &Layout, dtype: kiln_tensor::DType) -> Result<Cpu
     use kiln_tensor::DType as D;
     // Fast paths for the conversions mixed-precision training uses.
     match (x, dtype) {
-        (CpuStorage::F32(v), D::F16) => return Ok(CpuStorage::F16(map1(v, l, f16::from_f32))),
-        (CpuStorage::F32(v), D::BF16) => return Ok(CpuStorage::BF16(map1(v, l, bf16::from_f32))),
+        (CpuStorage::F32(v), D::F16) => {
+            return Ok(CpuStorage::F16(map1(v, l, f16::from_f32).into()))
+        }
+        (CpuStorage::F32(v), D::BF16) => {
+            return Ok(CpuStorage::BF16(map1(v, l, bf16::from_f32).into()))
+        }
         (CpuStorage::F16(v), D::F32) => {
-            return Ok(CpuStorage::F32(map1(v, l, |h: f16| h.to_f32())))
+            return Ok(CpuStorage::F32(map1(v, l, |h: f16| h.to_f32()).into()))
         }
         (CpuStorage::BF16(v), D::F32) => {
-            return Ok(CpuStorage::F32(map1(v, l, |h: bf16| h.to_f32())))
+            return Ok(CpuStorage::F32(map1(v, l, |h: bf16| h.to_f32()).into()))
         }
         _ => {}
     }

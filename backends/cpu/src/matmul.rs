@@ -56,7 +56,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let mkn = [m, k, n];
     Ok(match (a, b) {
         (CpuStorage::F32(x), CpuStorage::F32(y)) => {
-            CpuStorage::F32(f32_out(x, la, &oa, y, lb, &ob, mkn))
+            CpuStorage::F32(f32_out(x, la, &oa, y, lb, &ob, mkn).into())
         }
         (CpuStorage::F16(x), CpuStorage::F16(y)) => CpuStorage::F16(
             f32_out(x, la, &oa, y, lb, &ob, mkn)
@@ -77,7 +77,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
                     dgemm(m, n, k, mat(x, la, oa[i]), mat(y, lb, ob[i]), cm, false);
                 }
             }
-            CpuStorage::F64(c)
+            CpuStorage::F64(c.into())
         }
         _ => return Err(crate::elementwise::unsupported("matmul", a)),
     })

@@ -42,11 +42,11 @@ pub fn concat(
                     let typed: Vec<_> = parts
                         .iter()
                         .map(|(s, l)| match s {
-                            CpuStorage::$v(d) => Ok((d.as_slice(), *l)),
+                            CpuStorage::$v(d) => Ok((&d[..], *l)),
                             other => Err(crate::elementwise::unsupported("concat", other)),
                         })
                         .collect::<Result<_>>()?;
-                    CpuStorage::$v(concat_typed(&typed, axis, out_dims))
+                    CpuStorage::$v(concat_typed(&typed, axis, out_dims).into())
                 })*
             }
         };

@@ -108,10 +108,10 @@ fn reduce_float<T: FloatKernel>(
             })
         })),
         ReduceOp::ArgMax => {
-            CpuStorage::I32(par_rows(&d, outer, inner, |r| arg_best(r, |a, b| a > b)))
+            CpuStorage::I32(par_rows(&d, outer, inner, |r| arg_best(r, |a, b| a > b)).into())
         }
         ReduceOp::ArgMin => {
-            CpuStorage::I32(par_rows(&d, outer, inner, |r| arg_best(r, |a, b| a < b)))
+            CpuStorage::I32(par_rows(&d, outer, inner, |r| arg_best(r, |a, b| a < b)).into())
         }
     })
 }
@@ -165,10 +165,10 @@ macro_rules! reduce_int {
                 }))
             }
             ReduceOp::ArgMax => {
-                CpuStorage::I32(par_rows(&d, outer, inner, |r| idx(r, |a, b| a > b)))
+                CpuStorage::I32(par_rows(&d, outer, inner, |r| idx(r, |a, b| a > b)).into())
             }
             ReduceOp::ArgMin => {
-                CpuStorage::I32(par_rows(&d, outer, inner, |r| idx(r, |a, b| a < b)))
+                CpuStorage::I32(par_rows(&d, outer, inner, |r| idx(r, |a, b| a < b)).into())
             }
         }
     }};

@@ -25,7 +25,7 @@ pub fn full(n: usize, value: f64, dtype: DType) -> CpuStorage {
 pub fn iota(dims: &[usize], axis: usize) -> CpuStorage {
     let mut out = vec![0; dims.iter().product()];
     iota_into(dims, axis, &mut out);
-    CpuStorage::I32(out)
+    CpuStorage::I32(out.into())
 }
 
 /// [`iota`] written into the first elements of `out` (which holds at least as many).
@@ -83,7 +83,7 @@ pub fn rand(n: usize, dist: RandDist, seed: u64, dtype: DType) -> Result<CpuStor
         DType::F32 => {
             let mut out = vec![0.0; n];
             rand_f32_into(n, dist, seed, &mut out)?;
-            CpuStorage::F32(out)
+            CpuStorage::F32(out.into())
         }
         DType::F64 => go::<f64>(n, draw),
         DType::F16 => go::<f16>(n, draw),

@@ -1,26 +1,102 @@
-//! `CpuStorage`: one `Vec` per dtype, and the element traits the kernels are generic
-//! over (how each dtype loads into and stores from its compute type).
+//! `CpuStorage`: one buffer of elements per dtype ([`Buf`]: owned, or read in place
+//! from memory that lives as long as the program), and the element traits the kernels
+//! are generic over (how each dtype loads into and stores from its compute type).
 
 use half::{bf16, f16};
 use kiln_tensor::{DType, Element, HostData};
+use std::ops::{Deref, DerefMut};
 
-/// A CPU buffer: a vector of one dtype.
+/// The elements of a CPU buffer: a vector the buffer owns, or elements that live as
+/// long as the program (weights built into the binary), read in place and copied into
+/// a vector of their own the first time they are written.
+#[derive(Clone)]
+pub enum Buf<T: Copy + 'static> {
+    /// Elements the buffer owns.
+    Owned(Vec<T>),
+    /// Elements read in place.
+    Static(&'static [T]),
+}
+
+impl<T: Copy + 'static> Buf<T> {
+    /// Whether the elements are read in place (not copied).
+    pub fn is_static(&self) -> bool {
+        matches!(self, Buf::Static(_))
+    }
+
+    /// The elements as a vector (a copy only for elements read in place).
+    pub fn into_vec(self) -> Vec<T> {
+        match self {
+            Buf::Owned(v) => v,
+            Buf::Static(s) => s.to_vec(),
+        }
+    }
+}
+
+impl<T: Copy + 'static> From<Vec<T>> for Buf<T> {
+    fn from(v: Vec<T>) -> Self {
+        Buf::Owned(v)
+    }
+}
+
+impl<T: Copy + 'static> FromIterator<T> for Buf<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        Buf::Owned(iter.into_iter().collect())
+    }
+}
+
+impl<T: Copy + 'static> Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Buf::Owned(v) => v,
+            Buf::Static(s) => s,
+        }
+    }
+}
+
+impl<T: Copy + 'static> DerefMut for Buf<T> {
+    /// The elements, writable: elements read in place are copied first (they may be
+    /// in read-only memory, and other buffers may share them).
+    fn deref_mut(&mut self) -> &mut [T] {
+        if let Buf::Static(s) = *self {
+            *self = Buf::Owned(s.to_vec());
+        }
+        match self {
+            Buf::Owned(v) => v,
+            Buf::Static(_) => unreachable!("copied above"),
+        }
+    }
+}
+
+impl<T: Copy + PartialEq + 'static> PartialEq for Buf<T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Copy + std::fmt::Debug + 'static> std::fmt::Debug for Buf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+/// A CPU buffer: the elements of one dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CpuStorage {
     /// f32 values.
-    F32(Vec<f32>),
+    F32(Buf<f32>),
     /// f64 values.
-    F64(Vec<f64>),
+    F64(Buf<f64>),
     /// f16 values.
-    F16(Vec<f16>),
+    F16(Buf<f16>),
     /// bf16 values.
-    BF16(Vec<bf16>),
+    BF16(Buf<bf16>),
     /// i32 values.
-    I32(Vec<i32>),
+    I32(Buf<i32>),
     /// u32 values.
-    U32(Vec<u32>),
+    U32(Buf<u32>),
     /// bool values.
-    Bool(Vec<bool>),
+    Bool(Buf<bool>),
 }
 
 impl CpuStorage {
@@ -58,26 +134,71 @@ impl CpuStorage {
     /// Moves host data into a buffer.
     pub fn from_host(h: HostData) -> Self {
         match h {
-            HostData::F32(v) => CpuStorage::F32(v),
-            HostData::F64(v) => CpuStorage::F64(v),
-            HostData::F16(v) => CpuStorage::F16(v),
-            HostData::BF16(v) => CpuStorage::BF16(v),
-            HostData::I32(v) => CpuStorage::I32(v),
-            HostData::U32(v) => CpuStorage::U32(v),
-            HostData::Bool(v) => CpuStorage::Bool(v),
+            HostData::F32(v) => CpuStorage::F32(v.into()),
+            HostData::F64(v) => CpuStorage::F64(v.into()),
+            HostData::F16(v) => CpuStorage::F16(v.into()),
+            HostData::BF16(v) => CpuStorage::BF16(v.into()),
+            HostData::I32(v) => CpuStorage::I32(v.into()),
+            HostData::U32(v) => CpuStorage::U32(v.into()),
+            HostData::Bool(v) => CpuStorage::Bool(v.into()),
+        }
+    }
+
+    /// A buffer that reads `bytes` (little-endian elements of `dtype`, living as long
+    /// as the program) in place, or `None` when they cannot be read in place: a
+    /// big-endian CPU, bytes not aligned to the element size, a length that is not a
+    /// whole number of elements, or bool (whose bytes may hold values other than 0
+    /// and 1).
+    pub fn from_static_bytes(bytes: &'static [u8], dtype: DType) -> Option<Self> {
+        /// `bytes` as elements of `T`, if aligned and a whole number of them.
+        fn view<T: Copy>(bytes: &'static [u8]) -> Option<&'static [T]> {
+            let size = std::mem::size_of::<T>();
+            if cfg!(target_endian = "big")
+                || bytes.as_ptr().align_offset(std::mem::align_of::<T>()) != 0
+                || !bytes.len().is_multiple_of(size)
+            {
+                return None;
+            }
+            // SAFETY: aligned and in bounds (checked above); every bit pattern is a
+            // valid value of the element types this is called with (floats, integers
+            // and their 16-bit wrappers); the bytes are never written and live as long
+            // as the program.
+            Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast(), bytes.len() / size) })
+        }
+        Some(match dtype {
+            DType::F32 => CpuStorage::F32(Buf::Static(view(bytes)?)),
+            DType::F64 => CpuStorage::F64(Buf::Static(view(bytes)?)),
+            DType::F16 => CpuStorage::F16(Buf::Static(view(bytes)?)),
+            DType::BF16 => CpuStorage::BF16(Buf::Static(view(bytes)?)),
+            DType::I32 => CpuStorage::I32(Buf::Static(view(bytes)?)),
+            DType::U32 => CpuStorage::U32(Buf::Static(view(bytes)?)),
+            DType::Bool => return None,
+        })
+    }
+
+    /// Whether the buffer reads its elements in place (see [`Buf::Static`]).
+    pub fn is_static(&self) -> bool {
+        match self {
+            CpuStorage::F32(v) => v.is_static(),
+            CpuStorage::F64(v) => v.is_static(),
+            CpuStorage::F16(v) => v.is_static(),
+            CpuStorage::BF16(v) => v.is_static(),
+            CpuStorage::I32(v) => v.is_static(),
+            CpuStorage::U32(v) => v.is_static(),
+            CpuStorage::Bool(v) => v.is_static(),
         }
     }
 
     /// Moves a buffer out as host data.
     pub fn into_host(self) -> HostData {
         match self {
-            CpuStorage::F32(v) => HostData::F32(v),
-            CpuStorage::F64(v) => HostData::F64(v),
-            CpuStorage::F16(v) => HostData::F16(v),
-            CpuStorage::BF16(v) => HostData::BF16(v),
-            CpuStorage::I32(v) => HostData::I32(v),
-            CpuStorage::U32(v) => HostData::U32(v),
-            CpuStorage::Bool(v) => HostData::Bool(v),
+            CpuStorage::F32(v) => HostData::F32(v.into_vec()),
+            CpuStorage::F64(v) => HostData::F64(v.into_vec()),
+            CpuStorage::F16(v) => HostData::F16(v.into_vec()),
+            CpuStorage::BF16(v) => HostData::BF16(v.into_vec()),
+            CpuStorage::I32(v) => HostData::I32(v.into_vec()),
+            CpuStorage::U32(v) => HostData::U32(v.into_vec()),
+            CpuStorage::Bool(v) => HostData::Bool(v.into_vec()),
         }
     }
 }
@@ -155,7 +276,7 @@ macro_rules! cpu_element {
     ($($t:ty => $v:ident),*) => {$(
         impl CpuElement for $t {
             fn wrap(v: Vec<Self>) -> CpuStorage {
-                CpuStorage::$v(v)
+                CpuStorage::$v(v.into())
             }
         }
     )*};
@@ -293,3 +414,48 @@ macro_rules! accumulate_int {
     )*};
 }
 accumulate_int!(i32, u32);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Program-long bytes at an 8-byte boundary.
+    fn program_bytes(values: &[f32]) -> &'static [u8] {
+        let words: &'static mut [u64] = Vec::leak(vec![0u64; values.len().div_ceil(2)]);
+        // SAFETY: the words are initialised bytes, at least 4 per value.
+        let bytes: &'static mut [u8] =
+            unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), values.len() * 4) };
+        for (b, v) in bytes.chunks_exact_mut(4).zip(values) {
+            b.copy_from_slice(&v.to_le_bytes());
+        }
+        bytes
+    }
+
+    #[test]
+    fn static_bytes_are_read_in_place_and_copied_on_the_first_write() {
+        let bytes = program_bytes(&[1.0, -2.0, 3.5]);
+        let mut a = CpuStorage::from_static_bytes(bytes, DType::F32).unwrap();
+        let b = a.clone();
+        assert!(a.is_static() && b.is_static());
+        let CpuStorage::F32(v) = &mut a else {
+            panic!("f32 bytes give f32 storage")
+        };
+        v[1] = 7.0;
+        assert!(!a.is_static());
+        assert_eq!(a.into_host(), HostData::F32(vec![1.0, 7.0, 3.5]));
+        assert_eq!(b.clone().into_host(), HostData::F32(vec![1.0, -2.0, 3.5]));
+        assert_eq!(&bytes[4..8], &(-2.0f32).to_le_bytes());
+        assert!(b.is_static());
+    }
+
+    #[test]
+    fn bytes_that_cannot_be_read_in_place_are_declined() {
+        let bytes = program_bytes(&[1.0, 2.0, 3.0]);
+        assert!(CpuStorage::from_static_bytes(&bytes[1..9], DType::F32).is_none());
+        assert!(CpuStorage::from_static_bytes(&bytes[..6], DType::F32).is_none());
+        assert!(CpuStorage::from_static_bytes(&bytes[..4], DType::F64).is_none());
+        assert!(CpuStorage::from_static_bytes(&bytes[..2], DType::Bool).is_none());
+        let halves = CpuStorage::from_static_bytes(&bytes[..4], DType::BF16).unwrap();
+        assert_eq!(halves.len(), 2);
+    }
+}

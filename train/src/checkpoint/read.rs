@@ -6,7 +6,7 @@
 //! the whole file.
 
 use super::{Checksums, CHECKSUM_KEY};
-use kiln_tensor::{bf16, f16, Backend, DType, Error, HostData, RawTensor, Result};
+use kiln_tensor::{bf16, f16, Backend, DType, Dims, Error, HostData, RawTensor, Result};
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::Dtype;
 use std::cell::RefCell;
@@ -27,6 +27,9 @@ impl<T: Read + Seek> Source for T {}
 pub(crate) struct Reader {
     path: PathBuf,
     file: RefCell<Box<dyn Source>>,
+    /// The whole file, when it is built into the program: its tensors are read in
+    /// place where the backend can.
+    embedded: Option<&'static [u8]>,
     /// Where tensor data starts in the file.
     data_start: u64,
     header: Metadata,
@@ -46,7 +49,9 @@ impl Reader {
     /// safetensors file.
     pub(crate) fn from_bytes(name: &str, bytes: &'static [u8]) -> Result<Self> {
         let len = bytes.len() as u64;
-        Self::new(Path::new(name), Box::new(io::Cursor::new(bytes)), len)
+        let mut reader = Self::new(Path::new(name), Box::new(io::Cursor::new(bytes)), len)?;
+        reader.embedded = Some(bytes);
+        Ok(reader)
     }
 
     fn new(path: &Path, mut file: Box<dyn Source>, len: u64) -> Result<Self> {
@@ -98,6 +103,7 @@ impl Reader {
         Ok(Reader {
             path: path.to_path_buf(),
             file: RefCell::new(file),
+            embedded: None,
             data_start: 8 + n,
             header,
             metadata,
@@ -170,9 +176,16 @@ impl Reader {
                 .and_then(|_| file.read_exact(&mut bytes))
                 .map_err(|e| io_error(&self.path, "read", e))?;
         }
+        self.verify(name, &bytes, checksums)?;
+        Ok(bytes)
+    }
+
+    /// Checks tensor `name`'s `bytes` against its checksum (under
+    /// [`Checksums::Required`], a tensor without one is an error too).
+    fn verify(&self, name: &str, bytes: &[u8], checksums: Checksums) -> Result<()> {
         match self.metadata.get(&format!("{CHECKSUM_KEY}{name}")) {
             Some(stored) => {
-                let actual = checksum(&bytes);
+                let actual = checksum(bytes);
                 if *stored != actual {
                     return Err(Error::Format(format!(
                         "`{}`: tensor `{name}` does not match its checksum (stored crc32 {stored}, the data gives {actual}): the file is corrupt",
@@ -188,16 +201,30 @@ impl Reader {
             }
             None => {}
         }
-        Ok(bytes)
+        Ok(())
     }
 
-    /// Tensor `name` on `device`, read, verified and decoded.
+    /// Tensor `name` on `device`, read, verified and decoded; a tensor of a file built
+    /// into the program is read in place where the backend can
+    /// ([`Backend::upload_static`]).
     pub(crate) fn tensor<B: Backend>(
         &self,
         name: &str,
         checksums: Checksums,
         device: &B::Device,
     ) -> Result<RawTensor<B>> {
+        if let (Some(file), Some(info)) = (self.embedded, self.info(name)) {
+            let (start, end) = info.data_offsets;
+            let at = self.data_start as usize;
+            let bytes: &'static [u8] = &file[at + start..at + end];
+            self.verify(name, bytes, checksums)?;
+            let dtype = checked_dtype(&self.path, name, info, bytes)?;
+            if let Some(storage) = B::upload_static(device, bytes, dtype) {
+                let dims = Dims::new(&info.shape)?;
+                return RawTensor::from_storage(storage, dims, device.clone());
+            }
+            return decode(&self.path, name, info, bytes, device);
+        }
         let bytes = self.bytes(name, checksums)?;
         let info = self.info(name).expect("`bytes` found it");
         decode(&self.path, name, info, &bytes, device)
@@ -255,14 +282,8 @@ fn decode_le<const N: usize, T>(bytes: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
         .collect()
 }
 
-/// Builds tensor `name` on `device` from its `bytes` as the header `info` describes.
-fn decode<B: Backend>(
-    path: &Path,
-    name: &str,
-    info: &TensorInfo,
-    bytes: &[u8],
-    device: &B::Device,
-) -> Result<RawTensor<B>> {
+/// Tensor `name`'s dtype, if Kiln has it and `bytes` hold exactly its elements.
+fn checked_dtype(path: &Path, name: &str, info: &TensorInfo, bytes: &[u8]) -> Result<DType> {
     let bad = |msg: String| Error::Format(format!("`{}`: tensor `{name}` {msg}", path.display()));
     let dtype = from_st_dtype(info.dtype)
         .ok_or_else(|| bad(format!("has dtype {}", st_dtype_name(info.dtype))))?;
@@ -276,6 +297,19 @@ fn decode<B: Backend>(
             info.shape
         )));
     }
+    Ok(dtype)
+}
+
+/// Builds tensor `name` on `device` from its `bytes` as the header `info` describes.
+fn decode<B: Backend>(
+    path: &Path,
+    name: &str,
+    info: &TensorInfo,
+    bytes: &[u8],
+    device: &B::Device,
+) -> Result<RawTensor<B>> {
+    let bad = |msg: String| Error::Format(format!("`{}`: tensor `{name}` {msg}", path.display()));
+    let dtype = checked_dtype(path, name, info, bytes)?;
     let host = match dtype {
         DType::F32 => HostData::F32(decode_le(bytes, f32::from_le_bytes)),
         DType::F64 => HostData::F64(decode_le(bytes, f64::from_le_bytes)),
