@@ -176,19 +176,6 @@ impl CpuStorage {
         })
     }
 
-    /// Whether the buffer reads its elements in place (see [`Buf::Static`]).
-    pub fn is_static(&self) -> bool {
-        match self {
-            CpuStorage::F32(v) => v.is_static(),
-            CpuStorage::F64(v) => v.is_static(),
-            CpuStorage::F16(v) => v.is_static(),
-            CpuStorage::BF16(v) => v.is_static(),
-            CpuStorage::I32(v) => v.is_static(),
-            CpuStorage::U32(v) => v.is_static(),
-            CpuStorage::Bool(v) => v.is_static(),
-        }
-    }
-
     /// Moves a buffer out as host data.
     pub fn into_host(self) -> HostData {
         match self {
@@ -239,6 +226,13 @@ macro_rules! with_storage {
     };
 }
 pub(crate) use with_storage;
+
+impl CpuStorage {
+    /// Whether the buffer reads its elements in place (see [`Buf::Static`]).
+    pub fn is_static(&self) -> bool {
+        with_storage!(self, v, _T => v.is_static())
+    }
+}
 
 /// Like `with_storage!` for the float dtypes; `$other` runs for the rest.
 macro_rules! with_float_storage {
