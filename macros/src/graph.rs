@@ -5,7 +5,7 @@
 use kiln_fusion::SDim;
 use kiln_tensor::ir::{Graph, NodeId};
 use kiln_tensor::nn::ParamSpec;
-use kiln_tensor::{Builder, DType, Op, Result, TensorMeta};
+use kiln_tensor::{Builder, DType, Op, Precision, Result, TensorMeta};
 use proc_macro2::TokenStream;
 use std::collections::HashMap;
 use syn::Ident;
@@ -73,6 +73,9 @@ pub struct MGraph {
     pub dropouts: u64,
     /// Parameter leaves by checkpoint name, so a reused layer shares its leaves.
     param_nodes: HashMap<String, NodeId>,
+    /// The model's precision: which ops get their operands cast (see
+    /// [`Precision::apply`]).
+    pub precision: Precision,
 }
 
 impl MGraph {
@@ -151,11 +154,18 @@ impl MGraph {
     }
 }
 
-impl Builder for MGraph {
-    type Dim = SDim;
-    type Value = NodeId;
+impl MGraph {
+    /// An empty graph whose ops follow `precision`.
+    pub fn new(precision: Precision) -> Self {
+        MGraph {
+            precision,
+            ..MGraph::default()
+        }
+    }
 
-    fn apply(&mut self, op: Op<SDim>, inputs: &[&NodeId]) -> Result<NodeId> {
+    /// Appends one op as it is (the precision policy is applied around it by
+    /// [`Builder::apply`]).
+    fn add_op(&mut self, op: Op<SDim>, inputs: &[&NodeId]) -> Result<NodeId> {
         let name = op.name();
         let n = self.g.apply(op, inputs)?;
         // Dims are at most 2^40, but their products can still pass what any memory
@@ -177,6 +187,15 @@ impl Builder for MGraph {
         }
         self.grow_names();
         Ok(n)
+    }
+}
+
+impl Builder for MGraph {
+    type Dim = SDim;
+    type Value = NodeId;
+
+    fn apply(&mut self, op: Op<SDim>, inputs: &[&NodeId]) -> Result<NodeId> {
+        self.precision.apply(self, op, inputs, MGraph::add_op)
     }
 
     fn meta(&self, v: &NodeId) -> TensorMeta<SDim> {

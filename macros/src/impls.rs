@@ -10,6 +10,7 @@ use crate::structs::parse_fields;
 use crate::train::value_and_grad;
 use kiln_tensor::ir::NodeId;
 use kiln_tensor::nn::Mode;
+use kiln_tensor::Precision;
 use proc_macro2::TokenStream;
 use quote::quote;
 use syn::spanned::Spanned;
@@ -150,7 +151,7 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl, def_items: Vec<Def>) -> Toke
     if !item.generics.params.is_empty() {
         return expand_definition(&item, &imp, &def_items);
     }
-    expand_impl_in(item, imp, def_items, "")
+    expand_impl_in(item, imp, def_items, "", Precision::F32)
 }
 
 /// The impl of a model with sizes: checked for what can be checked without sizes,
@@ -201,6 +202,7 @@ pub(crate) fn expand_impl_in(
     imp: ItemImpl,
     def_items: Vec<Def>,
     context: &str,
+    precision: Precision,
 ) -> TokenStream {
     let model = &item.ident;
     let fields = match parse_fields(&item) {
@@ -260,7 +262,7 @@ pub(crate) fn expand_impl_in(
     // The calls of `forward` (else of the first method), for `summary()`.
     let mut summary_calls: Option<(String, Vec<crate::lower::Call>)> = None;
     for (mi, m) in methods.iter().enumerate() {
-        let mut lower = Lower::new(&fields, &methods, &defs, Mode::Eval);
+        let mut lower = Lower::new(&fields, &methods, &defs, Mode::Eval, precision);
         let result = lower.lower_method(m);
         if *m.name() == "forward" || (mi == 0 && summary_calls.is_none()) {
             summary_calls = Some((m.name().to_string(), std::mem::take(&mut lower.calls)));
@@ -297,6 +299,7 @@ pub(crate) fn expand_impl_in(
                         &fields,
                         &methods,
                         &defs,
+                        precision,
                         m,
                         2 * mi + 1,
                         &mut natives,

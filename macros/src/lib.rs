@@ -117,13 +117,25 @@ pub fn derive_module(item: TokenStream) -> TokenStream {
 /// Marks a model: on a struct of layers, and on the impl holding its methods.
 #[proc_macro_attribute]
 pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
-    if !attr.is_empty() {
-        let a = proc_macro2::TokenStream::from(attr);
-        return syn::Error::new_spanned(a, "#[model] takes no arguments")
+    let attr = proc_macro2::TokenStream::from(attr);
+    let item = match syn::parse::<Item>(item) {
+        Ok(Item::Type(t)) if !attr.is_empty() => {
+            return match syn::parse2::<PrecisionArg>(attr) {
+                Ok(p) => instance(t, Some(p.0)),
+                Err(e) => e.to_compile_error().into(),
+            }
+        }
+        _ if !attr.is_empty() => {
+            return syn::Error::new_spanned(
+                attr,
+                "#[model] takes an argument only on an instance, its precision: `#[model(precision = bf16)] type MlpBf16 = Mlp;`",
+            )
             .to_compile_error()
             .into();
-    }
-    match syn::parse::<Item>(item) {
+        }
+        parsed => parsed,
+    };
+    match item {
         Ok(Item::Struct(s)) => structs::expand_struct(s)
             .unwrap_or_else(|e| e.to_compile_error())
             .into(),
@@ -150,24 +162,57 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
             let cb = structs::callback_name(name);
             quote::quote!(#cb! { #i }).into()
         }
-        Ok(Item::Type(t)) => {
-            let syn::Type::Path(target) = &*t.ty else {
-                return syn::Error::new_spanned(
-                    &t.ty,
-                    "an instance names a model with its sizes: `#[model] type GptSmall = Gpt<128, 4>;`",
-                )
-                .to_compile_error()
-                .into();
-            };
-            let path = sizes::bare_path(&target.path);
-            quote::quote!(#path! { instance { #t } }).into()
-        }
+        Ok(Item::Type(t)) => instance(t, None),
         Ok(other) => {
             syn::Error::new_spanned(other, "#[model] goes on a struct of layers, on its impl, and on an instance of a model with sizes (`type GptSmall = Gpt<128, 4>;`)")
                 .to_compile_error()
                 .into()
         }
         Err(e) => e.to_compile_error().into(),
+    }
+}
+
+/// `#[model] type Name = Model<..>;`: handed to the model's definition macro, with the
+/// instance's precision when one was given.
+fn instance(t: syn::ItemType, precision: Option<kiln_tensor::Precision>) -> TokenStream {
+    let syn::Type::Path(target) = &*t.ty else {
+        return syn::Error::new_spanned(
+            &t.ty,
+            "an instance names a model with its sizes: `#[model] type GptSmall = Gpt<128, 4>;`",
+        )
+        .to_compile_error()
+        .into();
+    };
+    let path = sizes::bare_path(&target.path);
+    let precision = precision.map(|p| {
+        let p = quote::format_ident!("{}", p.name());
+        quote::quote!(precision #p)
+    });
+    quote::quote!(#path! { instance #precision { #t } }).into()
+}
+
+/// `precision = bf16`, the argument `#[model]` takes on an instance.
+struct PrecisionArg(kiln_tensor::Precision);
+
+impl Parse for PrecisionArg {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let key: syn::Ident = input.parse()?;
+        if key != "precision" {
+            return Err(syn::Error::new(
+                key.span(),
+                format!(
+                    "`{key}` is not an argument of #[model]; an instance takes `precision = bf16`"
+                ),
+            ));
+        }
+        input.parse::<Token![=]>()?;
+        let value: syn::Ident = input.parse()?;
+        let precision = kiln_tensor::Precision::parse(&value.to_string())
+            .map_err(|e| syn::Error::new(value.span(), lower::describe(&e)))?;
+        if !input.is_empty() {
+            return Err(input.error("#[model] on an instance takes one argument, `precision = ..`"));
+        }
+        Ok(PrecisionArg(precision))
     }
 }
 
@@ -183,6 +228,7 @@ enum ImplInput {
     },
     Instance {
         alias: syn::ItemType,
+        precision: kiln_tensor::Precision,
         defs: Vec<impls::Def>,
     },
     Embed {
@@ -206,6 +252,13 @@ impl Parse for ImplInput {
         }
         if input.peek(syn::Ident) && input.fork().parse::<syn::Ident>()? == "instance" {
             input.parse::<syn::Ident>()?;
+            let mut precision = kiln_tensor::Precision::F32;
+            if input.peek(syn::Ident) {
+                input.parse::<syn::Ident>()?; // `precision`, written by `instance` above
+                let name: syn::Ident = input.parse()?;
+                precision = kiln_tensor::Precision::parse(&name.to_string())
+                    .map_err(|e| syn::Error::new(name.span(), e.to_string()))?;
+            }
             let body;
             syn::braced!(body in input);
             let alias = body.parse()?;
@@ -213,7 +266,11 @@ impl Parse for ImplInput {
             while !input.is_empty() {
                 defs.push(input.parse()?);
             }
-            return Ok(ImplInput::Instance { alias, defs });
+            return Ok(ImplInput::Instance {
+                alias,
+                precision,
+                defs,
+            });
         }
         let item = input.parse()?;
         input.parse::<Token![;]>()?;
@@ -267,7 +324,11 @@ pub fn model_impl(input: TokenStream) -> TokenStream {
 fn model_impl_tokens(input: proc_macro2::TokenStream) -> proc_macro2::TokenStream {
     match syn::parse2::<ImplInput>(input) {
         Ok(ImplInput::Impl { item, imp, defs }) => impls::expand_impl(item, imp, defs),
-        Ok(ImplInput::Instance { alias, defs }) => sizes::expand_instance(alias, defs),
+        Ok(ImplInput::Instance {
+            alias,
+            precision,
+            defs,
+        }) => sizes::expand_instance(alias, precision, defs),
         Ok(ImplInput::Embed { request, defs }) => embed::expand_embed(request, defs),
         Err(e) => e.to_compile_error(),
     }

@@ -9,7 +9,9 @@ use kiln_fusion::SDim;
 use kiln_tensor::ir::NodeId;
 use kiln_tensor::nn::{LayerSpec, Mode};
 use kiln_tensor::op::fmt_dims;
-use kiln_tensor::{BinaryOp, BuilderExt, DType, Error, Guard, SymDim, TensorMeta, UnaryOp};
+use kiln_tensor::{
+    BinaryOp, BuilderExt, DType, Error, Guard, Precision, SymDim, TensorMeta, UnaryOp,
+};
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, ToTokens};
 use std::collections::HashMap;
@@ -304,12 +306,13 @@ fn src(e: &impl ToTokens) -> String {
 }
 
 impl<'a> Lower<'a> {
-    /// A lowering of `methods` of a model with `fields`.
+    /// A lowering of `methods` of a model with `fields`, its ops typed by `precision`.
     pub fn new(
         fields: &'a [ModelField],
         methods: &'a [MethodSig],
         defs: &'a Defs,
         mode: Mode,
+        precision: Precision,
     ) -> Self {
         Lower {
             fields,
@@ -318,7 +321,7 @@ impl<'a> Lower<'a> {
             frame: Frame::top(),
             calls: Vec::new(),
             nesting: 0,
-            mg: MGraph::default(),
+            mg: MGraph::new(precision),
             mode,
             errors: Vec::new(),
             scopes: vec![HashMap::new()],

@@ -617,7 +617,11 @@ impl Instantiator<'_> {
 /// Expands `#[model] type Name = Model<sizes..>;`, given `Model`'s definition and the
 /// definitions bundled with it: the model with those sizes, as if written with
 /// literals, named `Name`, its nested models instantiated in a hidden module.
-pub fn expand_instance(alias: ItemType, defs: Vec<Def>) -> TokenStream {
+pub fn expand_instance(
+    alias: ItemType,
+    precision: kiln_tensor::Precision,
+    defs: Vec<Def>,
+) -> TokenStream {
     let fail = |e: syn::Error| e.to_compile_error();
     let Type::Path(target) = &*alias.ty else {
         return fail(syn::Error::new(
@@ -692,7 +696,14 @@ pub fn expand_instance(alias: ItemType, defs: Vec<Def>) -> TokenStream {
     let top = top.expect("checked above");
     let mut item = top.item;
     item.attrs = alias.attrs.clone();
-    let doc = format!("`{name}` with {}.", sizes.join(", "));
+    let mut doc = match sizes.is_empty() {
+        true => format!("`{name}`"),
+        false => format!("`{name}` with {}", sizes.join(", ")),
+    };
+    if precision != kiln_tensor::Precision::F32 {
+        doc += &format!(", its matrix products in {precision}");
+    }
+    doc += ".";
     if item.attrs.iter().any(|a| a.path().is_ident("doc")) {
         item.attrs.push(syn::parse_quote!(#[doc = ""]));
     }
@@ -703,7 +714,8 @@ pub fn expand_instance(alias: ItemType, defs: Vec<Def>) -> TokenStream {
     });
     let top_struct =
         crate::structs::expand_struct(item.clone()).unwrap_or_else(|e| e.to_compile_error());
-    let top_impl = crate::impls::expand_impl_in(item, top.imp, inst.made.clone(), &context);
+    let top_impl =
+        crate::impls::expand_impl_in(item, top.imp, inst.made.clone(), &context, precision);
     quote! {
         #top_struct
         #top_impl

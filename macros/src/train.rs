@@ -11,7 +11,7 @@ use crate::structs::ModelField;
 use kiln_autodiff::vjp;
 use kiln_tensor::ir::{NodeId, NodeKind};
 use kiln_tensor::nn::{join, Mode};
-use kiln_tensor::BuilderExt;
+use kiln_tensor::{BuilderExt, Precision};
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 use std::collections::{HashMap, HashSet};
@@ -107,16 +107,18 @@ impl<'a> Names<'a> {
 }
 
 /// Generates `<name>_and_grad` for a scalar-valued method.
+#[allow(clippy::too_many_arguments)]
 pub fn value_and_grad(
     model: &Ident,
     fields: &[ModelField],
     methods: &[MethodSig],
     defs: &Defs,
+    precision: Precision,
     m: &MethodSig,
     plan_id: usize,
     natives: &mut crate::fuse::Natives,
 ) -> Result<TokenStream, Vec<syn::Error>> {
-    let mut lower = Lower::new(fields, methods, defs, Mode::Train { seed: 0 });
+    let mut lower = Lower::new(fields, methods, defs, Mode::Train { seed: 0 }, precision);
     let v = lower.lower_method(m);
     if !lower.errors.is_empty() {
         return Err(lower.errors);

@@ -34,6 +34,7 @@ pub mod layout;
 pub mod methods;
 pub mod nn;
 pub mod op;
+pub mod precision;
 pub mod raw;
 pub mod real;
 pub mod rng;
@@ -54,6 +55,7 @@ pub use layout::Layout;
 pub use op::{
     Arity, BinaryOp, CmpOp, Op, OpClass, RandDist, ReduceOp, SymDim, TensorMeta, UnaryOp, Window2d,
 };
+pub use precision::Precision;
 pub use raw::{fit_views, Eager, RawTensor};
 pub use shape::{
     Batch, Dims, LastDim, Rank0, Rank1, Rank2, Rank3, Rank4, ReduceAxis, SameShape, Shape,

@@ -1,0 +1,181 @@
+//! Mixed precision (`#[model(precision = bf16)]`): the instance's plans take bf16
+//! operands for every matrix product and keep the rest f32; its parameters, gradients
+//! and optimizer state stay f32; planned and op-by-op runs agree; and bf16 training of
+//! the tiny GPT follows the f32 run's loss curve.
+
+use kiln::cpu::{Cpu, CpuDevice};
+use kiln::prelude::*;
+use kiln::train::optim::{AdamW, AdamWConfig, Optimizer};
+use kiln_models::gpt::Gpt;
+use kiln_models::mlp::Mlp;
+use kiln_models::text::{windows, Corpus};
+
+/// The tiny GPT of the test suite (`gpt_instances::TinyGpt`), in f32 and with bf16
+/// products.
+#[model]
+type TinyGpt = Gpt<16, 2, 2, 32>;
+#[model(precision = bf16)]
+type TinyGptBf16 = Gpt<16, 2, 2, 32>;
+
+/// The MNIST MLP with bf16 products.
+#[model(precision = bf16)]
+type MlpBf16 = Mlp;
+
+const BATCH: usize = 8;
+const LEN: usize = 32;
+type Ids = Tensor<Cpu, (Const<BATCH>, Const<LEN>), i32>;
+
+fn batch(text: &[u8], seed: u64) -> (Ids, Ids) {
+    let (ids, next) = windows(text, BATCH, LEN, seed).unwrap();
+    (
+        Tensor::from_vec(ids, &[BATCH, LEN], &CpuDevice).unwrap(),
+        Tensor::from_vec(next, &[BATCH, LEN], &CpuDevice).unwrap(),
+    )
+}
+
+fn scalar(t: &Tensor<Cpu, ()>) -> f32 {
+    t.raw().to_vec::<f32>().unwrap()[0]
+}
+
+/// The plan lines of `plans` that hold `what`.
+fn plan_lines<'a>(plan: &'a str, what: &str) -> Vec<&'a str> {
+    plan.lines().filter(|l| l.contains(what)).collect()
+}
+
+#[test]
+fn every_product_takes_bf16_operands_and_the_rest_stays_f32() {
+    for (title, plan) in TinyGptBf16::<Cpu>::fusion_plans() {
+        let products = plan_lines(plan, " op matmul ");
+        assert!(!products.is_empty(), "{title} has no product");
+        for p in &products {
+            assert!(p.contains(" bf16 ["), "{title}: a product is not bf16: {p}");
+        }
+        // Softmax, normalisation and the loss: their exp, sums and logs are f32. (A
+        // backward pass also sums bf16 product gradients over broadcast batch dims:
+        // accumulated in f32 by the kernel, stored bf16, as PyTorch's autocast does.)
+        if title.ends_with("_and_grad") {
+            continue;
+        }
+        for op in [
+            " op exp ",
+            " op log ",
+            " op sum{",
+            " op rsqrt ",
+            " op sqrt ",
+        ] {
+            for l in plan_lines(plan, op) {
+                assert!(l.contains(" f32 ["), "{title}: not f32: {l}");
+            }
+        }
+    }
+    for (title, plan) in TinyGpt::<Cpu>::fusion_plans() {
+        assert!(
+            plan_lines(plan, "bf16").is_empty(),
+            "the f32 instance's {title} holds bf16"
+        );
+    }
+}
+
+#[test]
+fn parameters_and_gradients_stay_f32_and_both_paths_agree() {
+    let corpus = Corpus::shakespeare().unwrap();
+    let model = TinyGptBf16::<Cpu>::init(&CpuDevice, 2).unwrap();
+    let (x, y) = batch(&corpus.train, 7);
+    let run = |fused: bool| {
+        model.set_fused(fused);
+        model.step_seeds().set_steps(5);
+        let (loss, grads) = model.loss_and_grad(&x, &y).unwrap();
+        assert_eq!(grads.blocks[1].attn.q.weight.raw().dtype(), DType::F32);
+        let mut all = vec![scalar(&loss)];
+        all.extend(grads.blocks[1].attn.q.weight.raw().to_vec::<f32>().unwrap());
+        all.extend(grads.tok.weight.raw().to_vec::<f32>().unwrap());
+        all
+    };
+    let (a, b) = (run(true), run(false));
+    for (a, b) in a.iter().zip(&b) {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{a} fused, {b} op by op"
+        );
+    }
+    let mlp = MlpBf16::<Cpu>::init(&CpuDevice, 1).unwrap();
+    let x = Tensor::<Cpu, Rank2<4, 784>>::normal(0.0, 1.0, 3, &CpuDevice).unwrap();
+    let fused = mlp.forward(&x).unwrap().to_vec().unwrap();
+    mlp.set_fused(false);
+    let op_by_op = mlp.forward(&x).unwrap().to_vec().unwrap();
+    assert_eq!(fused, op_by_op);
+}
+
+#[test]
+fn bf16_products_round_as_bf16_and_no_further() {
+    // The same weights in both precisions: bf16 products differ from f32 ones by
+    // bf16's rounding of the operands (8 bits of mantissa), not by more.
+    let f32_mlp = Mlp::<Cpu>::init(&CpuDevice, 4).unwrap();
+    let mut bf16_mlp = MlpBf16::<Cpu>::init(&CpuDevice, 9).unwrap();
+    let mut tensors = Vec::new();
+    f32_mlp.visit_params("", &mut |s| tensors.push(s.value.clone()));
+    let mut it = tensors.into_iter();
+    bf16_mlp
+        .load_named("", &mut |_, _| Ok(it.next().expect("same parameters")))
+        .unwrap();
+    let x = Tensor::<Cpu, Rank2<4, 784>>::normal(0.0, 1.0, 3, &CpuDevice).unwrap();
+    let exact = f32_mlp.forward(&x).unwrap().to_vec().unwrap();
+    let mixed = bf16_mlp.forward(&x).unwrap().to_vec().unwrap();
+    let scale = exact.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
+    let worst = exact
+        .iter()
+        .zip(&mixed)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    println!("largest logit {scale:.3}, worst bf16 difference {worst:.5}");
+    assert!(worst > 0.0, "the bf16 instance computed in f32");
+    assert!(worst < 0.03 * scale, "{worst} against logits up to {scale}");
+}
+
+#[test]
+fn bf16_training_follows_the_f32_loss_curve() {
+    let corpus = Corpus::shakespeare().unwrap();
+    let curve = |bf16: bool| -> Vec<f32> {
+        let cfg = AdamWConfig {
+            lr: 1e-2,
+            ..AdamWConfig::default()
+        };
+        let mut opt = AdamW::<Cpu>::new(cfg).unwrap();
+        let mut losses = Vec::new();
+        if bf16 {
+            let mut model = TinyGptBf16::<Cpu>::init(&CpuDevice, 1).unwrap();
+            for step in 0..60u64 {
+                let (x, y) = batch(&corpus.train, step);
+                let (loss, grads) = model.loss_and_grad(&x, &y).unwrap();
+                losses.push(scalar(&loss));
+                opt.step(&mut model, &grads).unwrap();
+            }
+        } else {
+            let mut model = TinyGpt::<Cpu>::init(&CpuDevice, 1).unwrap();
+            for step in 0..60u64 {
+                let (x, y) = batch(&corpus.train, step);
+                let (loss, grads) = model.loss_and_grad(&x, &y).unwrap();
+                losses.push(scalar(&loss));
+                opt.step(&mut model, &grads).unwrap();
+            }
+        }
+        losses
+    };
+    let (exact, mixed) = (curve(false), curve(true));
+    // Mean over windows of ten steps, so single noisy steps do not decide.
+    let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
+    for (i, (a, b)) in exact.chunks(10).zip(mixed.chunks(10)).enumerate() {
+        let (a, b) = (mean(a), mean(b));
+        println!("steps {}..{}: f32 {a:.4}, bf16 {b:.4}", i * 10, i * 10 + 10);
+        assert!(
+            (a - b).abs() <= 0.05 * a,
+            "steps {}..{}: bf16 {b} strays from f32 {a} by more than 5%",
+            i * 10,
+            i * 10 + 10
+        );
+    }
+    assert!(
+        mean(&mixed[50..]) < mean(&mixed[..10]) - 1.0,
+        "bf16 did not learn"
+    );
+}
