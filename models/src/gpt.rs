@@ -85,8 +85,11 @@ pub type Ids<Be, const B: usize, const T: usize> = Tensor<Be, (Const<B>, Const<T
 /// What training and generation need of a GPT, whatever its sizes: each instance of
 /// [`Gpt`] implements it by its own methods.
 pub trait GptModel<Be: Backend>: kiln::tensor::nn::Module<Be> + Sized {
-    /// The instance's name (`SmallGpt`).
+    /// The instance's name (`SmallGpt`, `SmallGptBf16`).
     const NAME: &'static str;
+    /// The configuration its checkpoints record, which `kiln-generate` builds: the
+    /// name of the f32 instance of the same sizes (`SmallGpt` for `SmallGptBf16`).
+    const CONFIG: &'static str;
     /// The longest context its position table holds.
     const CONTEXT: usize;
     /// Mean cross-entropy (nats per byte) of next-byte predictions.
@@ -119,12 +122,15 @@ pub const fn table_rows<M, Be: Backend, const V: usize, const D: usize>(
 }
 
 /// Implements [`GptModel`] for instances of [`Gpt`], here or in another crate
-/// (`kiln_models::gpt_model!(W3Gpt);` after `#[model] type W3Gpt = Gpt<512, 8, 6, 256>;`).
+/// (`kiln_models::gpt_model!(W3Gpt);` after `#[model] type W3Gpt = Gpt<512, 8, 6, 256>;`);
+/// `gpt_model!(SmallGptBf16 as SmallGpt)` records another instance's configuration
+/// (one of the same sizes in another precision).
 #[macro_export]
 macro_rules! gpt_model {
-    ($($name:ident),*) => {$(
+    ($($name:ident $(as $config:ident)?),*) => {$(
         impl<Be: ::kiln::tensor::Backend> $crate::gpt::GptModel<Be> for $name<Be> {
             const NAME: &'static str = stringify!($name);
+            const CONFIG: &'static str = $crate::__first!($(stringify!($config),)? stringify!($name));
             const CONTEXT: usize = $crate::gpt::table_rows(<$name<Be>>::__kiln_field_pos);
             fn loss<const B: usize, const T: usize>(
                 &self,
@@ -153,6 +159,15 @@ macro_rules! gpt_model {
             }
         }
     )*};
+}
+
+/// The first of its arguments (`gpt_model!`'s optional configuration name).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __first {
+    ($first:expr $(, $rest:expr)*) => {
+        $first
+    };
 }
 
 /// How [`generate`] samples: how many bytes, at which temperature, among how many of

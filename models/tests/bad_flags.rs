@@ -48,6 +48,10 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
             &["--model", "gpt-tiny", "--limit", "100"],
             "--limit 100 leaves less than one step",
         ),
+        (
+            &["--precision", "bf16"],
+            "--precision bf16 is built for the GPT (--model gpt or gpt-tiny)",
+        ),
     ];
     for (args, want) in cases {
         let mut all = args.to_vec();

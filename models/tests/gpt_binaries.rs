@@ -149,3 +149,49 @@ fn train_then_generate() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bf16_training_matches_f32_and_its_checkpoint_generates() {
+    let dir = std::env::temp_dir().join(format!("kiln-gpt-bf16-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let train = env!("CARGO_BIN_EXE_kiln-train");
+    let held_out = |precision: &str| {
+        let ckpt = dir.join(format!("gpt-{precision}.safetensors"));
+        let ckpt = ckpt.to_str().unwrap().to_string();
+        let (ok, out, err) = run(
+            train,
+            &[
+                "--model",
+                "gpt-tiny",
+                "--precision",
+                precision,
+                "--optimizer",
+                "adamw",
+                "--lr",
+                "0.01",
+                "--batch-size",
+                "16",
+                "--limit",
+                "20000",
+                "--out",
+                &ckpt,
+            ],
+        );
+        assert!(ok, "kiln-train --precision {precision} failed: {err}");
+        (output::number_after(&out, "held-out loss"), ckpt)
+    };
+    let (exact, _) = held_out("f32");
+    let (mixed, ckpt) = held_out("bf16");
+    assert!(
+        (exact - mixed).abs() <= 0.02 * exact,
+        "held-out loss {mixed} with bf16 products, {exact} in f32"
+    );
+    // The checkpoint records the configuration, so kiln-generate builds the model.
+    let generate = env!("CARGO_BIN_EXE_kiln-generate");
+    let (ok, out, err) = run(generate, &["--checkpoint", &ckpt, "--bytes", "20"]);
+    assert!(
+        ok,
+        "kiln-generate failed on a bf16-trained checkpoint: {err}"
+    );
+    assert!(out.len() >= 20, "{out:?}");
+}

@@ -121,6 +121,20 @@ struct Args {
     /// graph (CUDA replays the image models' static step by default).
     #[arg(long)]
     no_graph: bool,
+    /// How the GPT computes: f32 throughout, or bf16 matrix products with f32
+    /// parameters, optimizer state, softmax, normalisation and loss
+    /// (`#[model(precision = bf16)]` instances).
+    #[arg(long, value_enum, default_value = "f32")]
+    precision: PrecisionArg,
+}
+
+/// `--precision`: which instance of the GPT trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum PrecisionArg {
+    /// f32 throughout.
+    F32,
+    /// bf16 matrix products, the rest f32.
+    Bf16,
 }
 
 /// The training run, on whichever backend `--device` opens.
@@ -132,6 +146,14 @@ impl OnDevice for Train<'_> {
     fn run<Be: Backend>(self, dev: &Be::Device, name: &str) -> Result<()> {
         println!("device: {name}");
         let args = self.0;
+        if args.precision != PrecisionArg::F32
+            && matches!(args.model, ModelKind::Mlp | ModelKind::Cnn)
+        {
+            return Err(Error::invalid(
+                "kiln-train",
+                "--precision bf16 is built for the GPT (--model gpt or gpt-tiny); the image models train in f32",
+            ));
+        }
         match args.model {
             ModelKind::Mlp => run::<Be, Mlp<Be>>(args, dev),
             ModelKind::Cnn => run::<Be, LeNet<Be>>(args, dev),
@@ -374,6 +396,7 @@ fn run_settings(args: &Args, dataset: &str, data: &str) -> BTreeMap<String, Stri
         ("--weight-decay".into(), args.weight_decay.to_string()),
         ("--limit".into(), args.limit.to_string()),
         ("--seed".into(), args.seed.to_string()),
+        ("--precision".into(), lower(&args.precision)),
         ("training data".into(), data.to_string()),
     ])
 }
@@ -427,6 +450,7 @@ mod gpt_instances;
 /// Training a GPT on the Shakespeare bytes.
 mod gpt {
     use super::Args;
+    use super::PrecisionArg;
     use crate::gpt_instances::{SmallGpt, TinyGpt};
     use kiln::prelude::*;
     use kiln::tensor::HostData;
@@ -441,6 +465,16 @@ mod gpt {
     use std::collections::BTreeMap;
     use std::time::Instant;
 
+    /// The tiny GPT with bf16 matrix products (`--precision bf16`).
+    #[model(precision = bf16)]
+    type TinyGptBf16 = kiln_models::gpt::Gpt<16, 2, 2, 32>;
+
+    /// The small GPT with bf16 matrix products (`--precision bf16`).
+    #[model(precision = bf16)]
+    type SmallGptBf16 = kiln_models::gpt::Gpt<128, 4, 4, 128>;
+
+    kiln_models::gpt_model!(TinyGptBf16 as TinyGpt, SmallGptBf16 as SmallGpt);
+
     /// Trains the small GPT (`tiny`: the tiny one) with `--batch-size` 16, 32 or 64
     /// windows of its context per step.
     pub fn run<Be: Backend>(args: &Args, dev: &Be::Device, tiny: bool) -> Result<()> {
@@ -450,14 +484,21 @@ mod gpt {
                 "--dataset chooses the image models' data; the GPT trains on the Shakespeare text",
             ));
         }
-        match (tiny, args.batch_size) {
-            (true, 16) => train::<Be, TinyGpt<Be>, 16, 32>(args, dev),
-            (true, 32) => train::<Be, TinyGpt<Be>, 32, 32>(args, dev),
-            (true, 64) => train::<Be, TinyGpt<Be>, 64, 32>(args, dev),
-            (false, 16) => train::<Be, SmallGpt<Be>, 16, 128>(args, dev),
-            (false, 32) => train::<Be, SmallGpt<Be>, 32, 128>(args, dev),
-            (false, 64) => train::<Be, SmallGpt<Be>, 64, 128>(args, dev),
-            (_, other) => Err(Error::invalid(
+        let bf16 = args.precision == PrecisionArg::Bf16;
+        match (tiny, bf16, args.batch_size) {
+            (true, false, 16) => train::<Be, TinyGpt<Be>, 16, 32>(args, dev),
+            (true, false, 32) => train::<Be, TinyGpt<Be>, 32, 32>(args, dev),
+            (true, false, 64) => train::<Be, TinyGpt<Be>, 64, 32>(args, dev),
+            (false, false, 16) => train::<Be, SmallGpt<Be>, 16, 128>(args, dev),
+            (false, false, 32) => train::<Be, SmallGpt<Be>, 32, 128>(args, dev),
+            (false, false, 64) => train::<Be, SmallGpt<Be>, 64, 128>(args, dev),
+            (true, true, 16) => train::<Be, TinyGptBf16<Be>, 16, 32>(args, dev),
+            (true, true, 32) => train::<Be, TinyGptBf16<Be>, 32, 32>(args, dev),
+            (true, true, 64) => train::<Be, TinyGptBf16<Be>, 64, 32>(args, dev),
+            (false, true, 16) => train::<Be, SmallGptBf16<Be>, 16, 128>(args, dev),
+            (false, true, 32) => train::<Be, SmallGptBf16<Be>, 32, 128>(args, dev),
+            (false, true, 64) => train::<Be, SmallGptBf16<Be>, 64, 128>(args, dev),
+            (_, _, other) => Err(Error::invalid(
                 "kiln-train",
                 format!("the GPT trains on 16, 32 or 64 windows per step, not {other}"),
             )),
@@ -688,7 +729,11 @@ mod gpt {
         );
         let meta = BTreeMap::from([
             ("model".to_string(), "gpt".to_string()),
-            ("config".to_string(), M::NAME.to_string()),
+            ("config".to_string(), M::CONFIG.to_string()),
+            (
+                "precision".to_string(),
+                format!("{:?}", args.precision).to_lowercase(),
+            ),
             ("dataset".to_string(), "shakespeare".to_string()),
             ("held_out_loss".to_string(), format!("{h:.4}")),
         ]);
