@@ -62,7 +62,14 @@ fn build_expr<G, D: std::fmt::Debug>(
             (_, Some(Op::Binary(b))) => ExprStep::Binary(*b, operand(0)?, operand(1)?),
             (_, Some(Op::Compare(c))) => ExprStep::Compare(*c, operand(0)?, operand(1)?),
             (_, Some(Op::Where)) => ExprStep::Select(operand(0)?, operand(1)?, operand(2)?),
-            (_, Some(Op::Cast { dtype: DType::F32 })) => {
+            // Widening to f32 is exact; narrowing to a half float happens when the
+            // group's result is stored (the planner makes such a cast its group's root).
+            (
+                _,
+                Some(Op::Cast {
+                    dtype: DType::F32 | DType::BF16 | DType::F16,
+                }),
+            ) => {
                 reg.push((n, operand(0)?));
                 continue;
             }

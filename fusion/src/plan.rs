@@ -8,7 +8,12 @@
 //!   when it has exactly one consumer, that consumer is elementwise, and both have the
 //!   same dims (a broadcast operand is read from memory, not recomputed). Rank-0
 //!   constants are inlined into every group that uses them. Only f32 (and bool values
-//!   that stay inside a group) fuse; other dtypes run op by op.
+//!   that stay inside a group) fuse; other dtypes run op by op, except the casts of
+//!   mixed precision: a cast from bf16 or f16 to f32 reads its half input at a group's
+//!   edge (widening is exact), and a cast from f32 to bf16 or f16 is always its group's
+//!   root (the narrowing happens as the result is stored, so no half value is ever
+//!   computed with inside a group). Such groups are never a product's epilogue or a
+//!   reduction's prologue.
 //! - **Reductions** take an elementwise group as a *prologue* when the group's root
 //!   feeds only the reduction, and an elementwise group as an *epilogue* when the
 //!   reduction feeds only that group and the group runs over the reduced shape.
@@ -115,8 +120,19 @@ fn fusable_elementwise<D: SymDim>(g: &Graph<D>, n: NodeId) -> bool {
     if op.class() != OpClass::Elementwise {
         return false;
     }
+    if let (Op::Cast { dtype }, [x]) = (op, node.inputs.as_slice()) {
+        let from = g.nodes[*x].meta.dtype;
+        if (from == DType::F32 && is_half(*dtype)) || (is_half(from) && *dtype == DType::F32) {
+            return true;
+        }
+    }
     let ok = |d: DType| d == DType::F32 || d == DType::Bool;
     ok(node.meta.dtype) && node.inputs.iter().all(|&i| ok(g.nodes[i].meta.dtype))
+}
+
+/// bf16 or f16: the dtypes a fused group reads and writes only at its edges.
+fn is_half(d: DType) -> bool {
+    d == DType::BF16 || d == DType::F16
 }
 
 /// Whether a node is a rank-0 constant that groups inline.
@@ -270,8 +286,10 @@ pub fn plan_named<D: SymDim + 'static>(
             continue;
         }
         let joined = match consumers[i].as_slice() {
+            // A half value is stored by the group that narrows it, never computed with.
             [c] if !is_output(i)
                 && fusable[*c]
+                && !is_half(g.nodes[i].meta.dtype)
                 && g.nodes[*c].meta.dims == g.nodes[i].meta.dims =>
             {
                 group[*c]
@@ -289,6 +307,18 @@ pub fn plan_named<D: SymDim + 'static>(
         grp.sort_unstable();
     }
     let root = |gi: usize| *groups[gi].last().expect("groups are not empty");
+    // Groups that read or write a half value: the products' and reductions' kernels
+    // take f32 prologues and epilogues only.
+    let half_edges: Vec<bool> = groups
+        .iter()
+        .map(|grp| {
+            grp.iter().any(|&i| {
+                let node = &g.nodes[i];
+                is_half(node.meta.dtype)
+                    || node.inputs.iter().any(|&j| is_half(g.nodes[j].meta.dtype))
+            })
+        })
+        .collect();
 
     // Which group becomes a prologue or an epilogue of which reduction / product.
     let mut prologue_of: HashMap<NodeId, usize> = HashMap::new();
@@ -305,7 +335,12 @@ pub fn plan_named<D: SymDim + 'static>(
         if matches!(op, Op::Reduce { .. }) {
             let x = node.inputs[0];
             if let Some(gi) = group[x] {
-                if root(gi) == x && consumers[x] == [i] && !is_output(x) && !absorbed[gi] {
+                if root(gi) == x
+                    && consumers[x] == [i]
+                    && !is_output(x)
+                    && !absorbed[gi]
+                    && !half_edges[gi]
+                {
                     prologue_of.insert(i, gi);
                     absorbed[gi] = true;
                 }
@@ -314,7 +349,7 @@ pub fn plan_named<D: SymDim + 'static>(
         if let [c] = consumers[i].as_slice() {
             if let Some(gi) = group[*c] {
                 let domain = &g.nodes[root(gi)].meta.dims;
-                if !is_output(i) && !absorbed[gi] && *domain == node.meta.dims {
+                if !is_output(i) && !absorbed[gi] && !half_edges[gi] && *domain == node.meta.dims {
                     epilogue_of.insert(i, gi);
                     absorbed[gi] = true;
                 }

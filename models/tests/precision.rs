@@ -179,3 +179,68 @@ fn bf16_training_follows_the_f32_loss_curve() {
         "bf16 did not learn"
     );
 }
+
+#[test]
+fn casts_are_fused_into_the_kernels_around_them() {
+    for (title, plan) in MlpBf16::<Cpu>::fusion_plans()
+        .iter()
+        .chain(TinyGptBf16::<Cpu>::fusion_plans())
+    {
+        let line_of = |node: &str| {
+            plan.lines()
+                .find(|l| l.starts_with(&format!("node {node} ")))
+                .unwrap_or("")
+        };
+        // A node's op, with the casts of mixed precision (to bf16, or from bf16 to
+        // f32) marked `mixed-cast`.
+        let op_of = |node: &str| {
+            let line = line_of(node);
+            let op = line.split_whitespace().nth(3).unwrap_or("").to_string();
+            let input = line.split("in=[").nth(1).and_then(|r| r.split(']').next());
+            let from_bf16 = input.is_some_and(|i| line_of(i).contains(" bf16 ["));
+            match op.as_str() {
+                "cast{dtype=bf16}" => "mixed-cast".to_string(),
+                "cast{dtype=f32}" if from_bf16 => "mixed-cast".to_string(),
+                _ => op,
+            }
+        };
+        for kernel in plan.lines().filter(|l| l.starts_with("kernel ")) {
+            let nodes: Vec<&str> = kernel
+                .split("nodes=[")
+                .nth(1)
+                .and_then(|r| r.split(']').next())
+                .unwrap_or("")
+                .split(';')
+                .collect();
+            let ops: Vec<String> = nodes.iter().map(|n| op_of(n)).collect();
+            if !ops.iter().any(|o| o == "mixed-cast") {
+                continue;
+            }
+            assert!(
+                kernel.starts_with("kernel elementwise"),
+                "{title}: a cast runs outside a fused kernel: {kernel} ({ops:?})"
+            );
+        }
+        // A product's result is widened in the kernel that adds its bias: no kernel of
+        // the forward pass is a lone widening cast.
+        if title.ends_with("forward") {
+            for kernel in plan.lines().filter(|l| l.starts_with("kernel elementwise")) {
+                let nodes = kernel
+                    .split("nodes=[")
+                    .nth(1)
+                    .unwrap()
+                    .split(']')
+                    .next()
+                    .unwrap();
+                if !nodes.contains(';') {
+                    let widening =
+                        op_of(nodes) == "mixed-cast" && !line_of(nodes).contains(" bf16 [");
+                    assert!(
+                        !widening,
+                        "{title}: a product's result is widened on its own: {kernel}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -315,7 +315,11 @@ pub fn fused_by_ops<B: Backend>(
                 let v = inputs
                     .get(k)
                     .ok_or_else(|| Error::invalid("fused", format!("input {k} is missing")))?;
-                B::contiguous(device, *v)?
+                // Registers are f32: bools and half floats widen as they are read.
+                match B::storage_dtype(v.storage) {
+                    DType::F32 => B::contiguous(device, *v)?,
+                    _ => B::execute(device, &Op::Cast { dtype: DType::F32 }, &[*v], &f32_meta)?,
+                }
             }
             ExprStep::Output(k) => B::contiguous(
                 device,
@@ -365,13 +369,20 @@ pub fn fused_by_ops<B: Backend>(
         regs.push(value);
     }
     for (out, &r) in outputs.iter_mut().zip(&expr.results) {
-        **out = B::contiguous(
-            device,
-            View {
-                storage: &regs[r],
-                layout: whole,
-            },
-        )?;
+        let value = View {
+            storage: &regs[r],
+            layout: whole,
+        };
+        // An output of another dtype (bool, a half float) takes the register narrowed.
+        **out = match B::storage_dtype(out) {
+            DType::F32 => B::contiguous(device, value)?,
+            dtype => B::execute(
+                device,
+                &Op::Cast { dtype },
+                &[value],
+                &TensorMeta::new(dims.to_vec(), dtype),
+            )?,
+        };
     }
     Ok(())
 }

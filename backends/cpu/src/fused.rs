@@ -6,6 +6,7 @@
 //! run nothing is allocated: scratch is per thread and reused.
 
 use crate::storage::CpuStorage;
+use half::{bf16, f16};
 use kiln_tensor::fused::{FusedExpr, NativeFn};
 use kiln_tensor::shape::MAX_RANK;
 use kiln_tensor::{Dims, Error, Layout, Result, View};
@@ -101,22 +102,75 @@ impl Walk {
 }
 
 /// A raw output buffer shared by the tasks of one kernel, which write disjoint ranges:
-/// f32, or bool (a comparison whose result other kernels read), written through a
-/// staged f32 chunk.
+/// f32, or bool (a comparison whose result other kernels read) or a half float (the
+/// narrowing cast of mixed precision), written through a staged f32 chunk.
 #[derive(Clone, Copy)]
 enum OutPtr {
     F32(*mut f32),
     Bool(*mut bool),
+    BF16(*mut bf16),
+    F16(*mut f16),
+}
+
+impl OutPtr {
+    /// Whether the kernel computes this output into a staged chunk first.
+    fn staged(self) -> bool {
+        !matches!(self, OutPtr::F32(_))
+    }
+
+    /// Stores a staged chunk at elements `at..at + chunk.len()`, converting as the
+    /// unfused kernels do (bool: non-zero; half floats: round to nearest even).
+    ///
+    /// # Safety
+    /// Those elements lie inside the output and no other task writes them.
+    unsafe fn store(self, at: usize, chunk: &[f32]) {
+        let len = chunk.len();
+        // SAFETY: per the caller.
+        unsafe {
+            match self {
+                OutPtr::F32(p) => {
+                    std::slice::from_raw_parts_mut(p.add(at), len).copy_from_slice(chunk)
+                }
+                OutPtr::Bool(p) => {
+                    for (o, v) in std::slice::from_raw_parts_mut(p.add(at), len)
+                        .iter_mut()
+                        .zip(chunk)
+                    {
+                        *o = *v != 0.0;
+                    }
+                }
+                OutPtr::BF16(p) => {
+                    for (o, v) in std::slice::from_raw_parts_mut(p.add(at), len)
+                        .iter_mut()
+                        .zip(chunk)
+                    {
+                        *o = bf16::from_f32(*v);
+                    }
+                }
+                OutPtr::F16(p) => {
+                    for (o, v) in std::slice::from_raw_parts_mut(p.add(at), len)
+                        .iter_mut()
+                        .zip(chunk)
+                    {
+                        *o = f16::from_f32(*v);
+                    }
+                }
+            }
+        }
+    }
 }
 // SAFETY: each task writes a range of the output no other task touches (see `run`).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// An input's elements: f32, or bool (read as 0.0 and 1.0, as expressions compute).
+/// An input's elements: f32, bool (read as 0.0 and 1.0, as expressions compute), or a
+/// half float (widened exactly: the widening cast of mixed precision).
 #[derive(Clone, Copy)]
 enum Operand<'a> {
     F32(&'a [f32]),
     Bool(&'a [bool]),
+    BF16(&'a [bf16]),
+    F16(&'a [f16]),
 }
 
 impl Operand<'_> {
@@ -124,6 +178,8 @@ impl Operand<'_> {
         match self {
             Operand::F32(d) => d.len(),
             Operand::Bool(d) => d.len(),
+            Operand::BF16(d) => d.len(),
+            Operand::F16(d) => d.len(),
         }
     }
 
@@ -131,6 +187,8 @@ impl Operand<'_> {
         match self {
             Operand::F32(d) => d[i],
             Operand::Bool(d) => d[i] as u8 as f32,
+            Operand::BF16(d) => d[i].to_f32(),
+            Operand::F16(d) => d[i].to_f32(),
         }
     }
 }
@@ -154,6 +212,8 @@ pub fn fused_elementwise(
         let data = match v.storage {
             CpuStorage::F32(d) => Operand::F32(d),
             CpuStorage::Bool(d) => Operand::Bool(d),
+            CpuStorage::BF16(d) => Operand::BF16(d),
+            CpuStorage::F16(d) => Operand::F16(d),
             _ => return Ok(false),
         };
         if v.layout.dims() != dims || v.layout.storage_extent() > data.len() {
@@ -170,6 +230,8 @@ pub fn fused_elementwise(
         let (len, ptr) = match &mut **o {
             CpuStorage::F32(d) => (d.len(), OutPtr::F32(d.as_mut_ptr())),
             CpuStorage::Bool(d) => (d.len(), OutPtr::Bool(d.as_mut_ptr())),
+            CpuStorage::BF16(d) => (d.len(), OutPtr::BF16(d.as_mut_ptr())),
+            CpuStorage::F16(d) => (d.len(), OutPtr::F16(d.as_mut_ptr())),
             _ => return Ok(false),
         };
         if len < n {
@@ -187,10 +249,7 @@ pub fn fused_elementwise(
     let chunks_per_row = walk.inner.div_ceil(CHUNK);
     let tasks = walk.rows() * chunks_per_row;
     let (n_in, n_out) = (inputs.len(), outputs.len());
-    let bool_outs = outs[..n_out]
-        .iter()
-        .filter(|o| matches!(o, OutPtr::Bool(_)))
-        .count();
+    let staged_outs = outs[..n_out].iter().filter(|o| o.staged()).count();
     let task = |t: usize| {
         let (row, c) = (t / chunks_per_row, t % chunks_per_row);
         let start = c * CHUNK;
@@ -203,12 +262,12 @@ pub fn fused_elementwise(
             } else {
                 expr.steps.len()
             };
-            let need = (n_in + bool_outs + registers) * CHUNK;
+            let need = (n_in + staged_outs + registers) * CHUNK;
             if s.len() < need {
                 s.resize(need, 0.0);
             }
             let (staged, rest) = s.split_at_mut(n_in * CHUNK);
-            let (bool_staged, regs) = rest.split_at_mut(bool_outs * CHUNK);
+            let (out_staged, regs) = rest.split_at_mut(staged_outs * CHUNK);
             let mut staged_parts = staged.chunks_mut(CHUNK);
             let mut ins: [&[f32]; MAX_OPERANDS] = [&[]; MAX_OPERANDS];
             for i in 0..n_in {
@@ -238,13 +297,11 @@ pub fn fused_elementwise(
             // SAFETY: task `t` alone writes elements `at..at + len` of every output,
             // and each output holds at least `n` elements (checked above).
             let mut out_slices: [&mut [f32]; MAX_OPERANDS] = Default::default();
-            let mut bool_parts = bool_staged.chunks_mut(CHUNK);
+            let mut out_parts = out_staged.chunks_mut(CHUNK);
             for k in 0..n_out {
                 out_slices[k] = match outs[k] {
                     OutPtr::F32(p) => unsafe { std::slice::from_raw_parts_mut(p.add(at), len) },
-                    OutPtr::Bool(_) => {
-                        &mut bool_parts.next().expect("one part per bool output")[..len]
-                    }
+                    _ => &mut out_parts.next().expect("one part per staged output")[..len],
                 };
             }
             match native {
@@ -252,12 +309,9 @@ pub fn fused_elementwise(
                 None => expr.eval_chunk(&ins[..n_in], &mut out_slices[..n_out], regs),
             }
             for k in 0..n_out {
-                if let OutPtr::Bool(p) = outs[k] {
+                if outs[k].staged() {
                     // SAFETY: as above, elements `at..at + len` are this task's.
-                    let out = unsafe { std::slice::from_raw_parts_mut(p.add(at), len) };
-                    for (o, v) in out.iter_mut().zip(out_slices[k].iter()) {
-                        *o = *v != 0.0;
-                    }
+                    unsafe { outs[k].store(at, out_slices[k]) };
                 }
             }
         });

@@ -371,6 +371,13 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
     ) -> Result<()> {
         // The native loop is host code; the device runs the expression as one kernel.
         let _ = native;
+        // The device kernel reads and writes f32: a group at whose edges mixed precision
+        // casts (bf16 or f16 in, or out) runs op by op until the kernel reads them.
+        let f32_only = inputs.iter().all(|v| v.storage.dtype == DType::F32)
+            && outputs.iter().all(|o| o.dtype == DType::F32);
+        if !f32_only {
+            return kiln_tensor::backend::fused_by_ops::<Self>(device, expr, inputs, dims, outputs);
+        }
         ops::fused::fused_elementwise(device, expr, inputs, dims, outputs)
     }
 }
