@@ -170,20 +170,32 @@ def train(a):
           f"train loss {avg:.3f}, held-out loss {held_loss:.3f} nats/byte over the whole held-out text")
 
 
-def step_ms(config, batch, reps, seed=0):
-    """Median milliseconds of one AdamW training step (the W3 step)."""
+def step_ms(config, batch, reps, seed=0, device="cpu", precision="f32", compile=False):
+    """Median milliseconds of one AdamW training step (the W3 step); `precision` bf16
+    runs the forward pass under autocast (bf16 products, f32 parameters), `compile`
+    through torch.compile (the warm-up steps compile first)."""
     torch.manual_seed(seed)
     d, h, l, ctx = CONFIGS[config]
     train_text, _ = corpus()
-    model = Gpt(d, h, l, ctx)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    model = Gpt(d, h, l, ctx).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0,
+                            fused=device != "cpu")
     ids, nxt = windows(train_text, batch, ctx, 7)
+    ids, nxt = ids.to(device), nxt.to(device)
+    loss_fn = torch.compile(model.loss) if compile else model.loss
+    autocast = torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
+                              enabled=precision == "bf16")
 
     def step():
         opt.zero_grad(set_to_none=True)
-        model.loss(ids, nxt).backward()
+        with autocast:
+            loss = loss_fn(ids, nxt)
+        loss.backward()
         opt.step()
-    step()
+        if device != "cpu":
+            torch.cuda.synchronize()
+    for _ in range(3 if compile else 1):
+        step()
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -208,12 +220,18 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", choices=["f32", "bf16"], default="f32")
+    p.add_argument("--compile", action="store_true")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     if a.mode == "train":
         train(a)
     else:
-        print(f"bench=W3 impl=torch config={a.config} batch={a.batch_size} ms={step_ms(a.config, a.batch_size, a.reps):.1f}")
+        ms = step_ms(a.config, a.batch_size, a.reps, device=a.device, precision=a.precision,
+                     compile=a.compile)
+        impl = "torch-compile" if a.compile else "torch"
+        print(f"bench=W3 impl={impl} config={a.config} precision={a.precision} "
+              f"batch={a.batch_size} ms={ms:.1f}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -47,6 +47,19 @@ print(f"replayed and planned {sys.argv[1].split('/')[-1]}: {len(a)} tensors, {'b
 PY
 }
 case $W in
+  mixed)
+    # Mixed precision (issue 15): the fused-kernel tests on CUDA (the bf16 MLP's fused
+    # plans against its op-by-op path and the CPU), W3's training step in f32 and with
+    # bf16 products (kiln-bench, planned), and PyTorch's W3 eager and torch.compile, f32
+    # and bf16 autocast, in the same call.
+    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
+    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1
+    run 300 $B/kiln-bench --device cuda --workloads w3 --w3-configs w3,w3-bf16 --reps 10
+    for p in f32 bf16; do
+      run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
+      run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
+    done ;;
   dynamic)
     # The dynamic path: first compile in fresh processes, then static beside dynamic,
     # the #[model]-with-a-dynamic-part and dynamic-vs-static equality tests on Vulkan,

@@ -103,13 +103,19 @@ pub fn vjp<G: Builder>(
             let (a, c) = (x[0], x[1]);
             let (ra, rc) = (b.rank(a), b.rank(c));
             let ct = b.transpose(c, rc - 2, rc - 1)?;
-            let at = b.transpose(a, ra - 2, ra - 1)?;
             let ga = b.matmul(g, &ct)?;
-            let gc = b.matmul(&at, g)?;
-            Ok(vec![
-                Some(unbroadcast(b, &ga, a)?),
-                Some(unbroadcast(b, &gc, c)?),
-            ])
+            let gc = if rc == 2 && ra > 2 {
+                // A matrix every batch shares (a layer's weight against [B, T, K]
+                // activations): one product over the flattened rows, rather than a
+                // product per batch summed afterwards (B times the memory and a
+                // reduction over it).
+                shared_matrix_grad(b, a, g)?
+            } else {
+                let at = b.transpose(a, ra - 2, ra - 1)?;
+                let gc = b.matmul(&at, g)?;
+                unbroadcast(b, &gc, c)?
+            };
+            Ok(vec![Some(unbroadcast(b, &ga, a)?), Some(gc)])
         }
         Op::Gather { axis } => {
             let d = b.dims(x[0]);
@@ -138,6 +144,19 @@ pub fn vjp<G: Builder>(
         Op::Fold2d { window, .. } => one(b.apply(Op::Unfold2d(*window), &[g])?),
         Op::Full { .. } | Op::Iota { .. } | Op::Rand { .. } => Ok(vec![]),
     }
+}
+
+/// The gradient of the rank-2 right operand of `a · c` for `a` of rank 3 or more:
+/// `aᵀ · g` with the batch dims of `a` and `g` flattened into their rows.
+fn shared_matrix_grad<G: Builder>(b: &mut G, a: &G::Value, g: &G::Value) -> Result<G::Value> {
+    let (da, dg) = (b.dims(a), b.dims(g));
+    let rows = da[..da.len() - 1]
+        .iter()
+        .fold(G::Dim::lit(1), |acc, d| acc.mul(d));
+    let a2 = b.reshape(a, vec![rows.clone(), da[da.len() - 1].clone()])?;
+    let g2 = b.reshape(g, vec![rows, dg[dg.len() - 1].clone()])?;
+    let a2t = b.transpose(&a2, 0, 1)?;
+    b.matmul(&a2t, &g2)
 }
 
 /// Sums `g` over the axes that broadcasting added to `like` (leading axes, and axes

@@ -371,11 +371,18 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
     ) -> Result<()> {
         // The native loop is host code; the device runs the expression as one kernel.
         let _ = native;
-        // The device kernel reads and writes f32: a group at whose edges mixed precision
-        // casts (bf16 or f16 in, or out) runs op by op until the kernel reads them.
-        let f32_only = inputs.iter().all(|v| v.storage.dtype == DType::F32)
-            && outputs.iter().all(|o| o.dtype == DType::F32);
-        if !f32_only {
+        // A group at whose edges mixed precision casts (bf16 or f16 in or out, the
+        // rest f32) has a kernel of its own for bf16 and runs op by op for f16; any
+        // other dtype is refused by the f32 kernel's checks.
+        let edge = |d: DType| matches!(d, DType::F32 | DType::BF16 | DType::F16);
+        let mixed = inputs.iter().all(|v| edge(v.storage.dtype))
+            && outputs.iter().all(|o| edge(o.dtype))
+            && (inputs.iter().any(|v| v.storage.dtype != DType::F32)
+                || outputs.iter().any(|o| o.dtype != DType::F32));
+        if mixed {
+            if ops::fused::fused_mixed(device, expr, inputs, dims, outputs)? {
+                return Ok(());
+            }
             return kiln_tensor::backend::fused_by_ops::<Self>(device, expr, inputs, dims, outputs);
         }
         ops::fused::fused_elementwise(device, expr, inputs, dims, outputs)

@@ -66,6 +66,62 @@ fused_tests!(
         .unwrap_or_else(|e| panic!("no CUDA device for the fused tests: {e}"))
 );
 
+/// The MNIST MLP with bf16 products (wgpu has no bf16: CUDA only).
+#[cfg(feature = "cuda")]
+#[kiln::model(precision = bf16)]
+type MlpBf16 = kiln_models::mlp::Mlp;
+
+/// Mixed precision on CUDA: the fused groups that widen a bf16 product and narrow the
+/// next layer's input (the `fused_mixed` kernel) give the op-by-op path's values, and
+/// the CPU's within bf16's rounding; gradients stay f32.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_mixed_precision_plans_match_the_op_by_op_path_and_the_cpu() -> Result<()> {
+    use kiln_tensor::{Const, Rank2, Tensor};
+    let dev = kiln_cubecl::CudaDevice::first()
+        .unwrap_or_else(|e| panic!("no CUDA device for the fused tests: {e}"));
+    type G = kiln_cubecl::Cuda;
+    let (fused, unfused) = (MlpBf16::<G>::init(&dev, 3)?, MlpBf16::<G>::init(&dev, 3)?);
+    unfused.set_fused(false);
+    let cpu = MlpBf16::<Cpu>::init(&CpuDevice, 3)?;
+    let xs: Vec<f32> = (0..16 * 784)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let labels: Vec<i32> = (0..16).map(|i| i % 10).collect();
+    let x = Tensor::<G, Rank2<16, 784>>::from_vec(xs.clone(), &[16, 784], &dev)?;
+    let y = Tensor::<G, (Const<16>,), i32>::from_vec(labels.clone(), &[16], &dev)?;
+    let xc = Tensor::<Cpu, Rank2<16, 784>>::from_vec(xs, &[16, 784], &CpuDevice)?;
+    let yc = Tensor::<Cpu, (Const<16>,), i32>::from_vec(labels, &[16], &CpuDevice)?;
+    let f = fused.forward(&x)?.raw().to_vec::<f32>()?;
+    let u = unfused.forward(&x)?.raw().to_vec::<f32>()?;
+    let c = cpu.forward(&xc)?.raw().to_vec::<f32>()?;
+    let scale = c.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(
+        max_diff(&f, &u) <= 1e-6 * (1.0 + scale),
+        "fused and op by op differ by {}",
+        max_diff(&f, &u)
+    );
+    assert!(
+        max_diff(&f, &c) <= 2e-2 * (1.0 + scale),
+        "CUDA and the CPU differ by {}",
+        max_diff(&f, &c)
+    );
+    let (lf, gf) = fused.loss_and_grad(&x, &y)?;
+    let (lu, gu) = unfused.loss_and_grad(&x, &y)?;
+    let d = max_diff(&lf.raw().to_vec::<f32>()?, &lu.raw().to_vec::<f32>()?);
+    assert!(d <= 1e-5, "losses differ by {d}");
+    let lc = cpu.loss(&xc, &yc)?.raw().to_vec::<f32>()?;
+    let d = max_diff(&lf.raw().to_vec::<f32>()?, &lc);
+    assert!(d <= 2e-2 * (1.0 + lc[0].abs()), "the loss on CUDA and the CPU differ by {d}");
+    assert_eq!(gf.fc1.weight.raw().dtype(), DType::F32);
+    let d = max_diff(
+        &gf.fc1.weight.raw().to_vec::<f32>()?,
+        &gu.fc1.weight.raw().to_vec::<f32>()?,
+    );
+    assert!(d <= 1e-5, "fc1's gradients differ by {d}");
+    Ok(())
+}
+
 /// How an input view is laid out over the kernel's dims `[r, c]`.
 #[derive(Clone, Copy, Debug)]
 enum Kind {

@@ -30,7 +30,7 @@ struct Args {
     /// Workloads to run (comma-separated): w1, w2, w3, w4, dynamic (the dynamic path's own costs).
     #[arg(long, default_value = "w1,w2,w4")]
     workloads: String,
-    /// W3's configurations (comma-separated): small, w3.
+    /// W3's configurations (comma-separated): small, w3, w3-bf16.
     #[arg(long, default_value = "small")]
     w3_configs: String,
     /// W1 variants to run (comma-separated): static, static-unfused, dynamic, infer.
@@ -246,7 +246,10 @@ fn w1<Be: Backend>(dev: &Be::Device, name: &str, reps: usize, variants: &[&str])
 /// (declared here, not in the library: only the benchmark builds it).
 #[model]
 type W3Gpt = Gpt<512, 8, 6, 256>;
-kiln_models::gpt_model!(W3Gpt);
+/// W3 with bf16 matrix products (parameters, optimizer, softmax, norms, loss in f32).
+#[model(precision = bf16)]
+type W3GptBf16 = Gpt<512, 8, 6, 256>;
+kiln_models::gpt_model!(W3Gpt, W3GptBf16 as W3Gpt);
 
 /// W3 in one configuration: a GPT training step (loss and gradients over `B` windows
 /// of the model's context, then AdamW) on seeded windows of the Shakespeare text.
@@ -285,10 +288,13 @@ fn w3<Be: Backend>(dev: &Be::Device, name: &str, reps: usize, configs: &[&str]) 
         match *c {
             "small" => w3_config::<Be, SmallGpt<Be>, 32, 128>(dev, name, "small", reps)?,
             "w3" => w3_config::<Be, W3Gpt<Be>, 32, 256>(dev, name, "w3", reps.div_ceil(5))?,
+            "w3-bf16" => {
+                w3_config::<Be, W3GptBf16<Be>, 32, 256>(dev, name, "w3-bf16", reps.div_ceil(5))?
+            }
             other => {
                 return Err(Error::invalid(
                     "kiln-bench",
-                    format!("unknown W3 configuration {other:?} (known: small, w3)"),
+                    format!("unknown W3 configuration {other:?} (known: small, w3, w3-bf16)"),
                 ))
             }
         }

@@ -280,6 +280,77 @@ pub fn fused_strided(
     }
 }
 
+/// Which inputs and outputs of [`fused_mixed`] are bf16 (the others are f32).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct HalfEdges {
+    /// For each input, whether it is bf16.
+    pub inputs: Vec<bool>,
+    /// For each output, whether it is bf16.
+    pub outputs: Vec<bool>,
+}
+
+/// [`fused_strided`] for a group at whose edges mixed precision casts: each input and
+/// output is f32 or bf16 (`halves` says which; each kind is numbered in its own
+/// sequence). bf16 values widen as they load and round to nearest even as they store,
+/// as the unfused casts do; everything between is f32.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fused_mixed(
+    inputs: &Sequence<Array<f32>>,
+    half_inputs: &Sequence<Array<half::bf16>>,
+    outputs: &mut Sequence<Array<f32>>,
+    half_outputs: &mut Sequence<Array<half::bf16>>,
+    meta: &Sequence<u32>,
+    zero: f32,
+    consts: &Sequence<f32>,
+    #[comptime] config: FusedConfig,
+    #[comptime] halves: HalfEdges,
+) {
+    let pos = linear_pos();
+    if pos < *meta.index(comptime!(0usize)) {
+        let mut regs = Sequence::<f32>::new();
+        #[unroll]
+        for i in 0..config.steps.len() {
+            let step = comptime!(config.steps[i]);
+            let mut operand = zero;
+            match step {
+                Step::Input(k) => {
+                    let off = offset_in(meta, pos, config.rank, k) as usize;
+                    let at = comptime!(slot(&halves.inputs, k as usize));
+                    if comptime!(halves.inputs[k as usize]) {
+                        operand = f32::cast_from(half_inputs.index(at)[off]);
+                    } else {
+                        operand = inputs.index(at)[off];
+                    }
+                }
+                Step::Output(k) => {
+                    let at = comptime!(slot(&halves.outputs, k as usize));
+                    if comptime!(halves.outputs[k as usize]) {
+                        operand = f32::cast_from(half_outputs.index(at)[pos as usize]);
+                    } else {
+                        operand = outputs.index(at)[pos as usize];
+                    }
+                }
+                _ => {}
+            }
+            let v = eval_step(&regs, consts, operand, step);
+            regs.push(v);
+        }
+        #[unroll]
+        for o in 0..config.results.len() {
+            let v = *regs.index(comptime!(config.results[o] as usize));
+            let at = comptime!(slot(&halves.outputs, o));
+            if comptime!(halves.outputs[o]) {
+                let out = half_outputs.index_mut(at);
+                out[pos as usize] = half::bf16::cast_from(v);
+            } else {
+                let out = outputs.index_mut(at);
+                out[pos as usize] = v;
+            }
+        }
+    }
+}
+
 /// The storage offset of element `pos` of operand `operand`, from metadata laid out as
 /// in [`super::common::strided_offset`] but held in scalar kernel arguments (every index is comptime,
 /// so the metadata travels with the launch, as kernel parameters on CUDA, instead of
@@ -309,10 +380,8 @@ fn reads_output(steps: &[Step], o: usize) -> bool {
     steps.contains(&Step::Output(o as u32))
 }
 
-/// Input `k`'s index among the inputs of its kind (broadcast or contiguous).
-fn slot(broadcast: &[bool], k: usize) -> usize {
-    broadcast[..k]
-        .iter()
-        .filter(|&&b| b == broadcast[k])
-        .count()
+/// Operand `k`'s index among the operands of its kind (`kinds[k]`: broadcast or
+/// contiguous; bf16 or f32).
+fn slot(kinds: &[bool], k: usize) -> usize {
+    kinds[..k].iter().filter(|&&b| b == kinds[k]).count()
 }

@@ -3,7 +3,7 @@
 //! the whole expression.
 
 use crate::device::{CubeDevice, DeviceState, KilnRuntime};
-use crate::kernels::fused::{self as k, FusedConfig};
+use crate::kernels::fused::{self as k, FusedConfig, HalfEdges};
 use crate::ops::elementwise::arg;
 use crate::storage::CubeStorage;
 use crate::strided::{elementwise_meta, grid, word, Operand, BLOCK};
@@ -127,6 +127,124 @@ pub fn fused_elementwise<R: KilnRuntime>(
         )
     }
     Ok(())
+}
+
+/// [`fused_elementwise`] for a group at whose edges mixed precision casts (bf16 inputs
+/// or outputs beside f32 ones): one strided kernel that widens and narrows at the
+/// edges ([`k::fused_mixed`]). Returns `false`, having done nothing, for operands of
+/// other dtypes (f16, bool), which the caller runs another way.
+pub fn fused_mixed<R: KilnRuntime>(
+    device: &CubeDevice<R>,
+    expr: &FusedExpr,
+    inputs: &[V<'_, R>],
+    dims: &Dims,
+    outputs: &mut [&mut CubeStorage<R>],
+) -> Result<bool> {
+    const OP: &str = "fused_elementwise";
+    let edge = |d: DType| d == DType::F32 || d == DType::BF16;
+    if !inputs.iter().all(|v| edge(v.storage.dtype)) || !outputs.iter().all(|o| edge(o.dtype)) {
+        return Ok(false);
+    }
+    let dev = &device.state;
+    let n: usize = dims.iter().product();
+    if inputs.len() != expr.inputs || outputs.len() != expr.results.len() {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "the expression reads {} inputs and writes {} outputs, given {} and {}",
+                expr.inputs,
+                expr.results.len(),
+                inputs.len(),
+                outputs.len()
+            ),
+        ));
+    }
+    for (i, v) in inputs.iter().enumerate() {
+        if v.layout.dims() != dims || !std::sync::Arc::ptr_eq(&v.storage.device, &device.state) {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "input {i} is {:?} on its device, the kernel reads {:?}",
+                    v.layout.dims(),
+                    &dims[..]
+                ),
+            ));
+        }
+        crate::check_extent(v.storage, &v.layout)?;
+    }
+    for (i, o) in outputs.iter().enumerate() {
+        if o.len < n || !std::sync::Arc::ptr_eq(&o.device, &device.state) {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "output {i} holds {} elements on its device, the kernel writes {n}",
+                    o.len
+                ),
+            ));
+        }
+    }
+    if n == 0 {
+        return Ok(true);
+    }
+    for (k, o) in outputs.iter().enumerate() {
+        let read = expr
+            .steps
+            .contains(&kiln_tensor::fused::ExprStep::Output(k))
+            || inputs.iter().any(|v| v.storage.id == o.id);
+        if !read {
+            dev.note_overwritten(o);
+        }
+    }
+    let operands: Vec<Operand> = inputs.iter().map(|v| Operand::of(&v.layout)).collect();
+    let (rank, words) = elementwise_meta(dims, &operands)?;
+    let mut meta = SequenceArg::new();
+    for w in words {
+        meta.push(w);
+    }
+    let (config, consts) = FusedConfig::new(expr, Vec::new(), rank, 1);
+    note_kernel(dev, &config);
+    let halves = HalfEdges {
+        inputs: inputs
+            .iter()
+            .map(|v| v.storage.dtype == DType::BF16)
+            .collect(),
+        outputs: outputs.iter().map(|o| o.dtype == DType::BF16).collect(),
+    };
+    let (mut ins, mut half_ins) = (SequenceArg::new(), SequenceArg::new());
+    for v in inputs {
+        match v.storage.dtype {
+            DType::BF16 => half_ins.push(arg(v.storage)),
+            _ => ins.push(arg(v.storage)),
+        }
+    }
+    let (mut outs, mut half_outs) = (SequenceArg::new(), SequenceArg::new());
+    for o in outputs.iter() {
+        match o.dtype {
+            DType::BF16 => half_outs.push(arg(o)),
+            _ => outs.push(arg(o)),
+        }
+    }
+    let (count, dim) = grid(n, BLOCK);
+    // SAFETY: every input's layout was checked against its buffer, every output holds
+    // at least `n` elements, each operand is bound in the sequence of its dtype, and the
+    // kernel checks `pos < n`.
+    unsafe {
+        k::fused_mixed::launch_unchecked::<R>(
+            &dev.client,
+            count,
+            dim,
+            ins,
+            half_ins,
+            outs,
+            half_outs,
+            meta,
+            0.0,
+            constants(consts),
+            config,
+            halves,
+        )
+    }
+    Ok(true)
 }
 
 /// Records a configuration CubeCL compiles (once) and caches.
