@@ -9,23 +9,11 @@ use kiln::train::optim::{AdamW, AdamWConfig, Optimizer};
 #[allow(dead_code)]
 mod gpt_instances;
 use gpt_instances::TinyGpt;
-use kiln_models::text::{windows, Corpus};
+use kiln_models::text::Corpus;
 
-const BATCH: usize = 8;
-const LEN: usize = 32;
-type Ids = Tensor<Cpu, (Const<BATCH>, Const<LEN>), i32>;
-
-fn batch(text: &[u8], seed: u64) -> (Ids, Ids) {
-    let (ids, next) = windows(text, BATCH, LEN, seed).unwrap();
-    (
-        Tensor::from_vec(ids, &[BATCH, LEN], &CpuDevice).unwrap(),
-        Tensor::from_vec(next, &[BATCH, LEN], &CpuDevice).unwrap(),
-    )
-}
-
-fn scalar(t: &Tensor<Cpu, ()>) -> f32 {
-    t.raw().to_vec::<f32>().unwrap()[0]
-}
+#[path = "support/gpt_batches.rs"]
+mod gpt_batches;
+use gpt_batches::{batch, scalar, LEN};
 
 fn held_out_loss(model: &TinyGpt<Cpu>, corpus: &Corpus) -> f32 {
     (0..8u64)

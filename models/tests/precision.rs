@@ -8,7 +8,7 @@ use kiln::prelude::*;
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer};
 use kiln_models::gpt::Gpt;
 use kiln_models::mlp::Mlp;
-use kiln_models::text::{windows, Corpus};
+use kiln_models::text::Corpus;
 
 /// The tiny GPT of the test suite (`gpt_instances::TinyGpt`), in f32 and with bf16
 /// products.
@@ -21,21 +21,9 @@ type TinyGptBf16 = Gpt<16, 2, 2, 32>;
 #[model(precision = bf16)]
 type MlpBf16 = Mlp;
 
-const BATCH: usize = 8;
-const LEN: usize = 32;
-type Ids = Tensor<Cpu, (Const<BATCH>, Const<LEN>), i32>;
-
-fn batch(text: &[u8], seed: u64) -> (Ids, Ids) {
-    let (ids, next) = windows(text, BATCH, LEN, seed).unwrap();
-    (
-        Tensor::from_vec(ids, &[BATCH, LEN], &CpuDevice).unwrap(),
-        Tensor::from_vec(next, &[BATCH, LEN], &CpuDevice).unwrap(),
-    )
-}
-
-fn scalar(t: &Tensor<Cpu, ()>) -> f32 {
-    t.raw().to_vec::<f32>().unwrap()[0]
-}
+#[path = "support/gpt_batches.rs"]
+mod gpt_batches;
+use gpt_batches::{batch, scalar};
 
 /// The plan lines of `plans` that hold `what`.
 fn plan_lines<'a>(plan: &'a str, what: &str) -> Vec<&'a str> {

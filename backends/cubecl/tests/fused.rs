@@ -112,7 +112,10 @@ fn cuda_mixed_precision_plans_match_the_op_by_op_path_and_the_cpu() -> Result<()
     assert!(d <= 1e-5, "losses differ by {d}");
     let lc = cpu.loss(&xc, &yc)?.raw().to_vec::<f32>()?;
     let d = max_diff(&lf.raw().to_vec::<f32>()?, &lc);
-    assert!(d <= 2e-2 * (1.0 + lc[0].abs()), "the loss on CUDA and the CPU differ by {d}");
+    assert!(
+        d <= 2e-2 * (1.0 + lc[0].abs()),
+        "the loss on CUDA and the CPU differ by {d}"
+    );
     assert_eq!(gf.fc1.weight.raw().dtype(), DType::F32);
     let d = max_diff(
         &gf.fc1.weight.raw().to_vec::<f32>()?,

@@ -27,22 +27,11 @@ pub fn fused_elementwise<R: KilnRuntime>(
 ) -> Result<()> {
     let dev = &device.state;
     let n: usize = dims.iter().product();
-    check_operands(device, expr, inputs, dims, outputs, n)?;
+    check_operands(device, expr, inputs, dims, outputs, n, &[DType::F32])?;
     if n == 0 {
         return Ok(());
     }
-    // Outputs the expression neither reads nor takes as an input are overwritten (for a
-    // graph capture's rules: they carry no state into the step). A buffer longer than
-    // the kernel's extent counts too: it is a reused slot, read only as far as written.
-    for (k, o) in outputs.iter().enumerate() {
-        let read = expr
-            .steps
-            .contains(&kiln_tensor::fused::ExprStep::Output(k))
-            || inputs.iter().any(|v| v.storage.id == o.id);
-        if !read {
-            dev.note_overwritten(o);
-        }
-    }
+    note_overwritten(dev, expr, inputs, outputs);
     let c = &dev.client;
     let broadcast: Vec<bool> = inputs
         .iter()
@@ -140,61 +129,25 @@ pub fn fused_mixed<R: KilnRuntime>(
     dims: &Dims,
     outputs: &mut [&mut CubeStorage<R>],
 ) -> Result<bool> {
-    const OP: &str = "fused_elementwise";
     let edge = |d: DType| d == DType::F32 || d == DType::BF16;
     if !inputs.iter().all(|v| edge(v.storage.dtype)) || !outputs.iter().all(|o| edge(o.dtype)) {
         return Ok(false);
     }
     let dev = &device.state;
     let n: usize = dims.iter().product();
-    if inputs.len() != expr.inputs || outputs.len() != expr.results.len() {
-        return Err(Error::invalid(
-            OP,
-            format!(
-                "the expression reads {} inputs and writes {} outputs, given {} and {}",
-                expr.inputs,
-                expr.results.len(),
-                inputs.len(),
-                outputs.len()
-            ),
-        ));
-    }
-    for (i, v) in inputs.iter().enumerate() {
-        if v.layout.dims() != dims || !std::sync::Arc::ptr_eq(&v.storage.device, &device.state) {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "input {i} is {:?} on its device, the kernel reads {:?}",
-                    v.layout.dims(),
-                    &dims[..]
-                ),
-            ));
-        }
-        crate::check_extent(v.storage, &v.layout)?;
-    }
-    for (i, o) in outputs.iter().enumerate() {
-        if o.len < n || !std::sync::Arc::ptr_eq(&o.device, &device.state) {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "output {i} holds {} elements on its device, the kernel writes {n}",
-                    o.len
-                ),
-            ));
-        }
-    }
+    check_operands(
+        device,
+        expr,
+        inputs,
+        dims,
+        outputs,
+        n,
+        &[DType::F32, DType::BF16],
+    )?;
     if n == 0 {
         return Ok(true);
     }
-    for (k, o) in outputs.iter().enumerate() {
-        let read = expr
-            .steps
-            .contains(&kiln_tensor::fused::ExprStep::Output(k))
-            || inputs.iter().any(|v| v.storage.id == o.id);
-        if !read {
-            dev.note_overwritten(o);
-        }
-    }
+    note_overwritten(dev, expr, inputs, outputs);
     let operands: Vec<Operand> = inputs.iter().map(|v| Operand::of(&v.layout)).collect();
     let (rank, words) = elementwise_meta(dims, &operands)?;
     let mut meta = SequenceArg::new();
@@ -247,6 +200,26 @@ pub fn fused_mixed<R: KilnRuntime>(
     Ok(true)
 }
 
+/// Outputs the expression neither reads nor takes as an input are overwritten (for a
+/// graph capture's rules: they carry no state into the step). A buffer longer than the
+/// kernel's extent counts too: it is a reused slot, read only as far as written.
+fn note_overwritten<R: KilnRuntime>(
+    dev: &DeviceState<R>,
+    expr: &FusedExpr,
+    inputs: &[V<'_, R>],
+    outputs: &[&mut CubeStorage<R>],
+) {
+    for (k, o) in outputs.iter().enumerate() {
+        let read = expr
+            .steps
+            .contains(&kiln_tensor::fused::ExprStep::Output(k))
+            || inputs.iter().any(|v| v.storage.id == o.id);
+        if !read {
+            dev.note_overwritten(o);
+        }
+    }
+}
+
 /// Records a configuration CubeCL compiles (once) and caches.
 fn note_kernel<R: KilnRuntime>(dev: &DeviceState<R>, config: &FusedConfig) {
     let mut seen = dev.fused_kernels.lock().expect("fused kernels");
@@ -279,7 +252,13 @@ fn check_operands<R: KilnRuntime>(
     dims: &Dims,
     outputs: &[&mut CubeStorage<R>],
     n: usize,
+    dtypes: &[DType],
 ) -> Result<()> {
+    let takes = dtypes
+        .iter()
+        .map(|d| d.name())
+        .collect::<Vec<_>>()
+        .join(" or ");
     const OP: &str = "fused_elementwise";
     if inputs.len() != expr.inputs || outputs.len() != expr.results.len() {
         return Err(Error::invalid(
@@ -295,11 +274,11 @@ fn check_operands<R: KilnRuntime>(
     }
     let same_device = |s: &CubeStorage<R>| std::sync::Arc::ptr_eq(&s.device, &device.state);
     for (i, v) in inputs.iter().enumerate() {
-        if v.storage.dtype != DType::F32 || v.layout.dims() != dims {
+        if !dtypes.contains(&v.storage.dtype) || v.layout.dims() != dims {
             return Err(Error::invalid(
                 OP,
                 format!(
-                    "input {i} is {:?} {:?}, the kernel reads f32 {:?}",
+                    "input {i} is {:?} {:?}, the kernel reads {takes} {:?}",
                     v.storage.dtype,
                     v.layout.dims(),
                     &dims[..]
@@ -315,11 +294,11 @@ fn check_operands<R: KilnRuntime>(
         crate::check_extent(v.storage, &v.layout)?;
     }
     for (i, o) in outputs.iter().enumerate() {
-        if o.dtype != DType::F32 || o.len < n {
+        if !dtypes.contains(&o.dtype) || o.len < n {
             return Err(Error::invalid(
                 OP,
                 format!(
-                    "output {i} is {:?} of {} elements, the kernel writes {n} f32",
+                    "output {i} is {:?} of {} elements, the kernel writes {n} {takes}",
                     o.dtype, o.len
                 ),
             ));
