@@ -5,7 +5,7 @@
 //! vectorizes it) or through the chunk interpreter of [`FusedExpr`]. After the first
 //! run nothing is allocated: scratch is per thread and reused.
 
-use crate::storage::CpuStorage;
+use crate::storage::{CpuStorage, FloatKernel};
 use half::{bf16, f16};
 use kiln_tensor::fused::{FusedExpr, NativeFn};
 use kiln_tensor::shape::MAX_RANK;
@@ -119,7 +119,7 @@ impl OutPtr {
     }
 
     /// Stores a staged chunk at elements `at..at + chunk.len()`, converting as the
-    /// unfused kernels do (bool: non-zero; half floats: round to nearest even).
+    /// unfused kernels do (bool: non-zero; half floats: their kernels' rounding).
     ///
     /// # Safety
     /// Those elements lie inside the output and no other task writes them.
@@ -144,7 +144,7 @@ impl OutPtr {
                         .iter_mut()
                         .zip(chunk)
                     {
-                        *o = bf16::from_f32(*v);
+                        *o = <bf16 as FloatKernel>::store(*v);
                     }
                 }
                 OutPtr::F16(p) => {
@@ -152,7 +152,7 @@ impl OutPtr {
                         .iter_mut()
                         .zip(chunk)
                     {
-                        *o = f16::from_f32(*v);
+                        *o = <f16 as FloatKernel>::store(*v);
                     }
                 }
             }
@@ -187,8 +187,8 @@ impl Operand<'_> {
         match self {
             Operand::F32(d) => d[i],
             Operand::Bool(d) => d[i] as u8 as f32,
-            Operand::BF16(d) => d[i].to_f32(),
-            Operand::F16(d) => d[i].to_f32(),
+            Operand::BF16(d) => d[i].load(),
+            Operand::F16(d) => d[i].load(),
         }
     }
 }

@@ -44,13 +44,18 @@ struct Args {
 }
 
 /// Median wall time in milliseconds of `reps` runs of `f` on `dev`, each ended by a
-/// synchronisation (work queued on a GPU is counted), after one warm-up run.
+/// synchronisation (work queued on a GPU is counted), after two warm-up runs: a
+/// training step's second run is the first with optimizer state, whose update kernels
+/// a GPU compiles then (one warm-up left W3's first f32 figure on the H200 at 268 ms
+/// against 60.6 once warm).
 fn time_ms<Be: Backend>(
     dev: &Be::Device,
     reps: usize,
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<f64> {
-    f()?;
+    for _ in 0..2 {
+        f()?;
+    }
     Be::synchronize(dev)?;
     let mut t: Vec<f64> = (0..reps.max(1))
         .map(|_| {
