@@ -125,6 +125,18 @@ def held_out_full(model, held, batch, length, device="cpu"):
     return total / count
 
 
+def held_out_sample(model, held, batch, length, device="cpu"):
+    """Mean loss over 16 seeded held-out batches (kiln-train's estimate each epoch)."""
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for s in range(16):
+            ids, nxt = windows(held, batch, length, M64 - s)
+            total += model.loss(ids.to(device), nxt.to(device)).item()
+    model.train()
+    return total / 16
+
+
 def lr_at(step, base, low, warmup, total):
     if step < warmup:
         return base * step / warmup
@@ -140,7 +152,7 @@ def train(a):
     b = a.batch_size
     model = Gpt(d, h, l, ctx, a.dropout).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=a.weight_decay)
+                            weight_decay=a.weight_decay, fused=a.device != "cpu")
     per_epoch = len(train_text) // (b * ctx)
     total = max(per_epoch * a.epochs, 1)
     warmup = min(a.warmup, total // 2)
@@ -148,24 +160,38 @@ def train(a):
     print(f"training torch {a.config} ({params} parameters), {b} windows of {ctx} per step, "
           f"{total} steps, AdamW lr {a.lr}, dropout {a.dropout}, on {a.device} "
           f"({torch.get_num_threads()} threads)", flush=True)
-    start, avg = time.perf_counter(), float("nan")
+    autocast = torch.autocast(device_type=a.device.split(":")[0], dtype=torch.bfloat16,
+                              enabled=a.precision == "bf16")
+    loss_fn = torch.compile(model.loss) if a.compile else model.loss
+    start, avg, reached = time.perf_counter(), float("nan"), None
     for step in range(total):
         ids, nxt = windows(train_text, b, ctx, ((a.seed * 1_000_003) & M64) ^ step)
         ids, nxt = ids.to(a.device), nxt.to(a.device)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a.lr, a.lr * 0.1, warmup, total)
         opt.zero_grad(set_to_none=True)
-        loss = model.loss(ids, nxt)
+        with autocast:
+            loss = loss_fn(ids, nxt)
         loss.backward()
         opt.step()
         v = loss.item()
         avg = v if math.isnan(avg) else 0.98 * avg + 0.02 * v
         if (step + 1) % per_epoch == 0:
-            print(f"step {step + 1}: train loss {avg:.3f} ({time.perf_counter() - start:.0f}s)", flush=True)
+            with autocast:
+                h = held_out_sample(model, held, b, ctx, a.device)
+            took = time.perf_counter() - start
+            if reached is None and a.target and h <= a.target:
+                reached = (step + 1, took)
+            print(f"step {step + 1}: train loss {avg:.3f}, held-out loss {h:.3f} nats/byte ({took:.0f}s)",
+                  flush=True)
     if a.device != "cpu":
         torch.cuda.synchronize()
     trained = time.perf_counter() - start
-    held_loss = held_out_full(model, held, b, ctx, a.device)
+    with autocast:
+        held_loss = held_out_full(model, held, b, ctx, a.device)
+    if a.target:
+        print(f"held-out sample at most {a.target} nats/byte: "
+              + (f"step {reached[0]} after {reached[1]:.1f}s" if reached else "not reached"))
     print(f"trained {total} steps in {trained:.1f}s ({trained * 1e3 / total:.1f} ms per step); "
           f"train loss {avg:.3f}, held-out loss {held_loss:.3f} nats/byte over the whole held-out text")
 
@@ -222,6 +248,8 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--target", type=float, default=0.0,
+                   help="report the first epoch whose held-out sample is at most this")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     if a.mode == "train":

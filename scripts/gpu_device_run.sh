@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
 # fused_test.xz and kernel_cache_test.xz (the stripped `cargo test -p kiln-cubecl
 # --features wgpu,cuda --test fused --test kernel_cache --no-run` binaries: the
-# fused-kernel tests on CUDA and Vulkan), cuda_graph_test.xz and capture_rules_test.xz
+# fused-kernel tests on CUDA and Vulkan), reduce_test.xz (`--test reduce_layouts`: the
+# reductions' layouts on CUDA and Vulkan), cuda_graph_test.xz and capture_rules_test.xz
 # (`--test cuda_graph --test capture_rules`), dynamic_equal_test.xz (`--test
 # dynamic_equal_wgpu`: the dynamic path and a model with a dynamic part on Vulkan),
 # ncu_sum.py (scripts/: sums an `ncu --csv` dump),
@@ -54,12 +55,32 @@ case $W in
     # and bf16 autocast, in the same call.
     M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
     [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    [ -x $B/reduce_test ] && run 200 $B/reduce_test --test-threads 1
     [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1
     run 300 $B/kiln-bench --device cuda --workloads w3 --w3-configs w3,w3-bf16 --reps 10
     for p in f32 bf16; do
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
       run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
-    done ;;
+    done
+    if [ -n "${NCU:-}" ]; then
+      # About 1.5 bf16 steps past the warm-up, each kernel's GPU time.
+      echo "== ncu w3-bf16"
+      timeout 240 /usr/local/cuda/bin/ncu --launch-skip 4000 --launch-count 3000 \
+        --metrics gpu__time_duration.sum --csv $B/kiln-bench --device cuda --workloads w3 \
+        --w3-configs w3-bf16 --reps 5 > "$OUT/w3prof.csv" 2>/dev/null
+      python3 $B/ncu_sum.py "$OUT/w3prof.csv"
+    fi ;;
+  w3train)
+    # W3 trained on the Shakespeare text with bf16 products (kiln-train, built with
+    # `--features cuda`), then PyTorch's same model, data, windows and recipe under
+    # bf16 autocast and torch.compile: held-out loss each epoch, time to 1.50 nats/byte.
+    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
+    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    R="--lr ${LR:-0.001} --weight-decay ${WD:-0.1} --warmup 200 --epochs ${EPOCHS:-30} --batch-size 32"
+    run 330 $B/kiln-train --device cuda --model gpt-w3 --precision bf16 --optimizer adamw $R --out "$OUT/w3.safetensors"
+    run 60 $B/kiln-generate --device cuda --checkpoint "$OUT/w3.safetensors" --prompt "ROMEO:" --bytes 200 --seed 1
+    run 200 python3 scripts/gpt_torch.py train --config w3 --device cuda --precision bf16 --compile $R --target 1.5
+    rm -f "$OUT"/*.safetensors ;;
   dynamic)
     # The dynamic path: first compile in fresh processes, then static beside dynamic,
     # the #[model]-with-a-dynamic-part and dynamic-vs-static equality tests on Vulkan,

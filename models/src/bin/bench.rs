@@ -14,7 +14,7 @@ use kiln::tensor::{DType, RandDist};
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use kiln_models::chain::Chain;
 use kiln_models::dynamic::DynamicMlp;
-use kiln_models::gpt::{Gpt, GptModel, Ids};
+use kiln_models::gpt::{GptModel, Ids};
 
 #[path = "../gpt_instances.rs"]
 mod gpt_instances;
@@ -247,14 +247,9 @@ fn w1<Be: Backend>(dev: &Be::Device, name: &str, reps: usize, variants: &[&str])
     Ok(())
 }
 
-/// W3's own configuration: six blocks of width 512 in eight heads, context 256
-/// (declared here, not in the library: only the benchmark builds it).
-#[model]
-type W3Gpt = Gpt<512, 8, 6, 256>;
-/// W3 with bf16 matrix products (parameters, optimizer, softmax, norms, loss in f32).
-#[model(precision = bf16)]
-type W3GptBf16 = Gpt<512, 8, 6, 256>;
-kiln_models::gpt_model!(W3Gpt, W3GptBf16 as W3Gpt);
+#[path = "../w3_instances.rs"]
+mod w3_instances;
+use w3_instances::{W3Gpt, W3GptBf16};
 
 /// W3 in one configuration: a GPT training step (loss and gradients over `B` windows
 /// of the model's context, then AdamW) on seeded windows of the Shakespeare text.

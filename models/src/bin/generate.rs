@@ -16,7 +16,10 @@ use kiln_models::gpt::{GptModel, Sampling};
 #[path = "../gpt_instances.rs"]
 mod gpt_instances;
 use gpt_instances::{SmallGpt, TinyGpt};
+#[path = "../w3_instances.rs"]
+mod w3_instances;
 use std::path::PathBuf;
+use w3_instances::W3Gpt;
 
 /// Sample text from a trained GPT.
 #[derive(Parser, Debug)]
@@ -69,9 +72,10 @@ impl OnDevice for Generate<'_> {
         match config.as_str() {
             "TinyGpt" => generate::<Be, TinyGpt<Be>>(args, path, dev, name),
             "SmallGpt" => generate::<Be, SmallGpt<Be>>(args, path, dev, name),
+            "W3Gpt" => generate::<Be, W3Gpt<Be>>(args, path, dev, name),
             other => Err(Error::invalid(
                 "kiln-generate",
-                format!("{} holds a `{other}`, which kiln-generate does not know (it knows TinyGpt and SmallGpt)", path.display()),
+                format!("{} holds a `{other}`, which kiln-generate does not know (it knows TinyGpt, SmallGpt and W3Gpt)", path.display()),
             )),
         }
     }

@@ -35,6 +35,9 @@ enum ModelKind {
     Gpt,
     /// The tiny byte-level GPT (width 16, 2 blocks, context 32): trains in seconds.
     GptTiny,
+    /// W3's GPT (width 512, 6 blocks of 8 heads, context 256; 32 windows per step):
+    /// a GPU's model.
+    GptW3,
 }
 
 /// Which data set to train on.
@@ -151,14 +154,15 @@ impl OnDevice for Train<'_> {
         {
             return Err(Error::invalid(
                 "kiln-train",
-                "--precision bf16 is built for the GPT (--model gpt or gpt-tiny); the image models train in f32",
+                "--precision bf16 is built for the GPT (--model gpt, gpt-tiny or gpt-w3); the image models train in f32",
             ));
         }
         match args.model {
             ModelKind::Mlp => run::<Be, Mlp<Be>>(args, dev),
             ModelKind::Cnn => run::<Be, LeNet<Be>>(args, dev),
-            ModelKind::Gpt => gpt::run::<Be>(args, dev, false),
-            ModelKind::GptTiny => gpt::run::<Be>(args, dev, true),
+            ModelKind::Gpt => gpt::run::<Be>(args, dev, gpt::Size::Small),
+            ModelKind::GptTiny => gpt::run::<Be>(args, dev, gpt::Size::Tiny),
+            ModelKind::GptW3 => gpt::run::<Be>(args, dev, gpt::Size::W3),
         }
     }
 }
@@ -446,12 +450,15 @@ fn resume<Be: Backend, M: Module<Be>, O: Optimizer<Be>>(
 
 #[path = "../gpt_instances.rs"]
 mod gpt_instances;
+#[path = "../w3_instances.rs"]
+mod w3_instances;
 
 /// Training a GPT on the Shakespeare bytes.
 mod gpt {
     use super::Args;
     use super::PrecisionArg;
     use crate::gpt_instances::{SmallGpt, TinyGpt};
+    use crate::w3_instances::{W3Gpt, W3GptBf16};
     use kiln::prelude::*;
     use kiln::tensor::HostData;
     use kiln::train::checkpoint;
@@ -475,9 +482,20 @@ mod gpt {
 
     kiln_models::gpt_model!(TinyGptBf16 as TinyGpt, SmallGptBf16 as SmallGpt);
 
-    /// Trains the small GPT (`tiny`: the tiny one) with `--batch-size` 16, 32 or 64
-    /// windows of its context per step.
-    pub fn run<Be: Backend>(args: &Args, dev: &Be::Device, tiny: bool) -> Result<()> {
+    /// Which GPT `--model` trains.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub enum Size {
+        /// `--model gpt-tiny`.
+        Tiny,
+        /// `--model gpt`.
+        Small,
+        /// `--model gpt-w3`.
+        W3,
+    }
+
+    /// Trains the GPT of `size` with `--batch-size` 16, 32 or 64 windows of its context
+    /// per step (W3: 32).
+    pub fn run<Be: Backend>(args: &Args, dev: &Be::Device, size: Size) -> Result<()> {
         if args.dataset.is_some() {
             return Err(Error::invalid(
                 "kiln-train",
@@ -485,19 +503,26 @@ mod gpt {
             ));
         }
         let bf16 = args.precision == PrecisionArg::Bf16;
-        match (tiny, bf16, args.batch_size) {
-            (true, false, 16) => train::<Be, TinyGpt<Be>, 16, 32>(args, dev),
-            (true, false, 32) => train::<Be, TinyGpt<Be>, 32, 32>(args, dev),
-            (true, false, 64) => train::<Be, TinyGpt<Be>, 64, 32>(args, dev),
-            (false, false, 16) => train::<Be, SmallGpt<Be>, 16, 128>(args, dev),
-            (false, false, 32) => train::<Be, SmallGpt<Be>, 32, 128>(args, dev),
-            (false, false, 64) => train::<Be, SmallGpt<Be>, 64, 128>(args, dev),
-            (true, true, 16) => train::<Be, TinyGptBf16<Be>, 16, 32>(args, dev),
-            (true, true, 32) => train::<Be, TinyGptBf16<Be>, 32, 32>(args, dev),
-            (true, true, 64) => train::<Be, TinyGptBf16<Be>, 64, 32>(args, dev),
-            (false, true, 16) => train::<Be, SmallGptBf16<Be>, 16, 128>(args, dev),
-            (false, true, 32) => train::<Be, SmallGptBf16<Be>, 32, 128>(args, dev),
-            (false, true, 64) => train::<Be, SmallGptBf16<Be>, 64, 128>(args, dev),
+        use Size::{Small, Tiny, W3};
+        match (size, bf16, args.batch_size) {
+            (Tiny, false, 16) => train::<Be, TinyGpt<Be>, 16, 32>(args, dev),
+            (Tiny, false, 32) => train::<Be, TinyGpt<Be>, 32, 32>(args, dev),
+            (Tiny, false, 64) => train::<Be, TinyGpt<Be>, 64, 32>(args, dev),
+            (Small, false, 16) => train::<Be, SmallGpt<Be>, 16, 128>(args, dev),
+            (Small, false, 32) => train::<Be, SmallGpt<Be>, 32, 128>(args, dev),
+            (Small, false, 64) => train::<Be, SmallGpt<Be>, 64, 128>(args, dev),
+            (Tiny, true, 16) => train::<Be, TinyGptBf16<Be>, 16, 32>(args, dev),
+            (Tiny, true, 32) => train::<Be, TinyGptBf16<Be>, 32, 32>(args, dev),
+            (Tiny, true, 64) => train::<Be, TinyGptBf16<Be>, 64, 32>(args, dev),
+            (Small, true, 16) => train::<Be, SmallGptBf16<Be>, 16, 128>(args, dev),
+            (Small, true, 32) => train::<Be, SmallGptBf16<Be>, 32, 128>(args, dev),
+            (Small, true, 64) => train::<Be, SmallGptBf16<Be>, 64, 128>(args, dev),
+            (W3, false, 32) => train::<Be, W3Gpt<Be>, 32, 256>(args, dev),
+            (W3, true, 32) => train::<Be, W3GptBf16<Be>, 32, 256>(args, dev),
+            (W3, _, other) => Err(Error::invalid(
+                "kiln-train",
+                format!("W3's GPT trains on 32 windows per step, not {other}"),
+            )),
             (_, _, other) => Err(Error::invalid(
                 "kiln-train",
                 format!("the GPT trains on 16, 32 or 64 windows per step, not {other}"),

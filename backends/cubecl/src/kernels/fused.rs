@@ -351,6 +351,116 @@ pub fn fused_mixed(
     }
 }
 
+/// [`fused_vectorized`] for a group at whose edges mixed precision casts: contiguous
+/// inputs and outputs are f32 or bf16 vectors of `N` (`halves` says which; `vectors`,
+/// `half_vectors` and the f32 broadcast `scalars` are each numbered in their own
+/// sequence, in input order). bf16 lanes widen as they load and round to nearest even
+/// as they store, as in [`fused_mixed`].
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fused_mixed_vectorized<N: Size>(
+    vectors: &Sequence<Array<Vector<f32, N>>>,
+    half_vectors: &Sequence<Array<Vector<half::bf16, N>>>,
+    scalars: &Sequence<Array<f32>>,
+    outputs: &mut Sequence<Array<Vector<f32, N>>>,
+    half_outputs: &mut Sequence<Array<Vector<half::bf16, N>>>,
+    units: u32,
+    zero: f32,
+    consts: &Sequence<f32>,
+    #[comptime] config: FusedConfig,
+    #[comptime] halves: HalfEdges,
+) {
+    let first = linear_pos();
+    let grid = CUBE_COUNT_X * CUBE_COUNT_Y * CUBE_DIM_X;
+    let inputs = comptime!(config.broadcast.len());
+    let outs = comptime!(config.results.len());
+    // Loads first, widened: vector `j`'s input `k` at `j * inputs + k`, its output `o`'s
+    // current value at `j * outs + o`. Positions past the end read the last vector
+    // (never stored).
+    let mut loaded = Sequence::<Vector<f32, N>>::new();
+    let mut current = Sequence::<Vector<f32, N>>::new();
+    #[unroll]
+    for j in 0..config.per_unit {
+        let pos = min(first + j * grid, units - 1);
+        #[unroll]
+        for k in 0..inputs {
+            let at = comptime!(mixed_slot(&config.broadcast, &halves.inputs, k));
+            if comptime!(config.broadcast[k]) {
+                loaded.push(Vector::<f32, N>::new(scalars.index(at)[0]));
+            } else if comptime!(halves.inputs[k]) {
+                loaded.push(Vector::<f32, N>::cast_from(
+                    half_vectors.index(at)[pos as usize],
+                ));
+            } else {
+                loaded.push(vectors.index(at)[pos as usize]);
+            }
+        }
+        #[unroll]
+        for o in 0..outs {
+            let at = comptime!(slot(&halves.outputs, o));
+            if comptime!(reads_output(&config.steps, o)) {
+                if comptime!(halves.outputs[o]) {
+                    current.push(Vector::<f32, N>::cast_from(
+                        half_outputs.index(at)[pos as usize],
+                    ));
+                } else {
+                    current.push(outputs.index(at)[pos as usize]);
+                }
+            } else {
+                current.push(Vector::<f32, N>::new(zero));
+            }
+        }
+    }
+    #[unroll]
+    for j in 0..config.per_unit {
+        // Lane-major results: lane `l`'s value of output `o` at `l * outs + o`.
+        let mut lane_results = Sequence::<f32>::new();
+        #[unroll]
+        for lane in 0..N::value() {
+            let mut regs = Sequence::<f32>::new();
+            #[unroll]
+            for i in 0..config.steps.len() {
+                let step = comptime!(config.steps[i]);
+                let mut operand = zero;
+                match step {
+                    Step::Input(k) => {
+                        operand = loaded.index(comptime!(j as usize * inputs + k as usize))[lane];
+                    }
+                    Step::Output(k) => {
+                        operand = current.index(comptime!(j as usize * outs + k as usize))[lane];
+                    }
+                    _ => {}
+                }
+                let v = eval_step(&regs, consts, operand, step);
+                regs.push(v);
+            }
+            #[unroll]
+            for o in 0..outs {
+                lane_results.push(*regs.index(comptime!(config.results[o] as usize)));
+            }
+        }
+        let pos = first + j * grid;
+        if pos < units {
+            #[unroll]
+            for o in 0..outs {
+                let mut line = Vector::<f32, N>::new(zero);
+                #[unroll]
+                for lane in 0..N::value() {
+                    line[lane] = *lane_results.index(comptime!(lane * outs + o));
+                }
+                let at = comptime!(slot(&halves.outputs, o));
+                if comptime!(halves.outputs[o]) {
+                    let out = half_outputs.index_mut(at);
+                    out[pos as usize] = Vector::<half::bf16, N>::cast_from(line);
+                } else {
+                    let out = outputs.index_mut(at);
+                    out[pos as usize] = line;
+                }
+            }
+        }
+    }
+}
+
 /// The storage offset of element `pos` of operand `operand`, from metadata laid out as
 /// in [`super::common::strided_offset`] but held in scalar kernel arguments (every index is comptime,
 /// so the metadata travels with the launch, as kernel parameters on CUDA, instead of
@@ -384,4 +494,11 @@ fn reads_output(steps: &[Step], o: usize) -> bool {
 /// contiguous; bf16 or f32).
 fn slot(kinds: &[bool], k: usize) -> usize {
     kinds[..k].iter().filter(|&&b| b == kinds[k]).count()
+}
+
+/// Input `k`'s index in [`fused_mixed_vectorized`]'s sequence of its kind: broadcast
+/// f32 scalars, bf16 vectors or f32 vectors.
+fn mixed_slot(broadcast: &[bool], half: &[bool], k: usize) -> usize {
+    let kind = |i: usize| (broadcast[i], !broadcast[i] && half[i]);
+    (0..k).filter(|&i| kind(i) == kind(k)).count()
 }

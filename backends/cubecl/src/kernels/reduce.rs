@@ -1,10 +1,21 @@
-//! Reductions: one cube per output element. Each unit folds a strided subset of the
-//! reduced elements (floats with a compensated sum, so long same-sign sums stay
-//! accurate), then the cube combines the units' partials in shared memory.
+//! Reductions. A cube of `block` units reduces `block / lanes` items (an output, or
+//! one chunk of an output's reduced elements), `lanes` units each: every unit folds a
+//! strided subset of its item's elements (floats with a compensated sum, so long
+//! same-sign sums stay accurate), then each item's lanes combine their partials in
+//! shared memory.
 //!
-//! Metadata: `[n_out, extent, kept dims, reduced dims, offset, kept strides, reduced
-//! strides]`. Cubes past the last output compute a clamped copy and write nothing, so
-//! every barrier stays in uniform control flow (WGSL requires it).
+//! Which units share an item follows the layout, so that a warp's loads are
+//! consecutive: where the reduced axis is contiguous (a softmax's rows) an item's
+//! lanes are neighbours; where the kept axis is (a bias gradient's columns) neighbouring
+//! units take neighbouring items (`items_inner`). A long sum over few outputs is cut
+//! into chunks, one partial per output and chunk laid out `[chunks, outputs]`, which a
+//! second launch sums: a handful of cubes walking a whole column would leave the rest
+//! of the device idle.
+//!
+//! Metadata: `[items, extent, chunk, n_out, kept dims, reduced dims, offset, kept
+//! strides, reduced strides]`, where `items = n_out * ceil(extent / chunk)`. Units past
+//! the last item compute a clamped copy and write nothing, so every barrier stays in
+//! uniform control flow (WGSL requires it).
 
 use super::common::{cube_index, inf, nan, offset_of};
 use cubecl::prelude::*;
@@ -21,19 +32,98 @@ pub const ARGMAX: u32 = ReduceOp::ArgMax as u32;
 /// argmin
 pub const ARGMIN: u32 = ReduceOp::ArgMin as u32;
 
-/// The input offset of reduced element `r` of output `o`.
+/// The item slot of this unit within its cube.
+#[allow(unused_assignments)]
 #[cube]
-fn input_offset(
+fn item_slot(#[comptime] block: u32, #[comptime] lanes: u32, #[comptime] items_inner: bool) -> u32 {
+    let mut s = 0u32;
+    if comptime!(items_inner) {
+        s = UNIT_POS_X % comptime!(block / lanes);
+    } else {
+        s = UNIT_POS_X / lanes;
+    }
+    s
+}
+
+/// This unit's lane among its item's `lanes` units.
+#[allow(unused_assignments)]
+#[cube]
+fn item_lane(#[comptime] block: u32, #[comptime] lanes: u32, #[comptime] items_inner: bool) -> u32 {
+    let mut l = 0u32;
+    if comptime!(items_inner) {
+        l = UNIT_POS_X / comptime!(block / lanes);
+    } else {
+        l = UNIT_POS_X % lanes;
+    }
+    l
+}
+
+/// The input offset of output `o`'s first element.
+#[cube]
+fn kept_offset(meta: &Array<u32>, o: u32, #[comptime] kr: u32, #[comptime] rr: u32) -> u32 {
+    let base_at = 4 + kr + rr;
+    meta[base_at as usize] + offset_of(meta, o, 4, base_at + 1, kr)
+}
+
+/// The offset of reduced element `r` from its output's first element (one multiply
+/// when the reduced dims coalesce into one, the common case).
+#[allow(unused_assignments)]
+#[cube]
+fn reduced_offset(meta: &Array<u32>, r: u32, #[comptime] kr: u32, #[comptime] rr: u32) -> u32 {
+    let strides_at = 5 + 2 * kr + rr;
+    let mut off = 0u32;
+    if comptime!(rr == 1) {
+        off = r * meta[strides_at as usize];
+    } else {
+        off = offset_of(meta, r, 4 + kr, strides_at, rr);
+    }
+    off
+}
+
+/// Where this unit's work lies: its item (clamped to the last), whether that item is
+/// real, its output's first input offset, and the reduced range `[first, end)` its
+/// lanes share.
+#[derive(CubeType)]
+struct Work {
+    item: u32,
+    real: bool,
+    lane: u32,
+    at: u32,
+    base: u32,
+    first: u32,
+    end: u32,
+}
+
+/// This unit's [`Work`].
+#[cube]
+fn work(
     meta: &Array<u32>,
-    o: u32,
-    r: u32,
     #[comptime] kr: u32,
     #[comptime] rr: u32,
-) -> u32 {
-    let base_at = 2 + kr + rr;
-    meta[base_at as usize]
-        + offset_of(meta, o, 2, base_at + 1, kr)
-        + offset_of(meta, r, 2 + kr, base_at + 1 + kr, rr)
+    #[comptime] block: u32,
+    #[comptime] lanes: u32,
+    #[comptime] items_inner: bool,
+) -> Work {
+    let items = meta[0];
+    let extent = meta[1];
+    let chunk = meta[2];
+    let n_out = meta[3];
+    let slot = item_slot(block, lanes, items_inner);
+    let lane = item_lane(block, lanes, items_inner);
+    let wanted = cube_index() * comptime!(block / lanes) + slot;
+    let real = wanted < items;
+    let item = select(real, wanted, items - 1);
+    let first = (item / n_out) * chunk;
+    let end = select(first + chunk < extent, first + chunk, extent);
+    Work {
+        item,
+        real,
+        lane,
+        at: slot * lanes + lane,
+        base: kept_offset(meta, item % n_out, kr, rr),
+        first,
+        end,
+    }
 }
 
 #[cube]
@@ -74,17 +164,16 @@ pub fn reduce_float<F: Float, A: Float>(
     #[comptime] kr: u32,
     #[comptime] rr: u32,
     #[comptime] block: u32,
+    #[comptime] lanes: u32,
+    #[comptime] items_inner: bool,
 ) {
-    let n_out = meta[0];
-    let extent = meta[1];
-    let real = cube_index();
-    let o = select(real < n_out, real, n_out - 1);
+    let w = work(meta, kr, rr, block, lanes, items_inner);
     let mut acc = A::new(0.0);
     let mut comp = A::new(0.0);
     let mut any = false;
-    let mut r = UNIT_POS_X;
-    while r < extent {
-        let v = A::cast_from(x[input_offset(meta, o, r, kr, rr) as usize]);
+    let mut r = w.first + w.lane;
+    while r < w.end {
+        let v = A::cast_from(x[(w.base + reduced_offset(meta, r, kr, rr)) as usize]);
         if comptime!(op == SUM) {
             // Neumaier's compensated sum (the reference's), skipping the correction
             // once the sum is infinite or NaN.
@@ -101,7 +190,7 @@ pub fn reduce_float<F: Float, A: Float>(
             acc = v;
         }
         any = true;
-        r += block;
+        r += lanes;
     }
     if comptime!(op == SUM) {
         if !is_special::<A>(acc) {
@@ -110,29 +199,30 @@ pub fn reduce_float<F: Float, A: Float>(
     }
     let mut shared = SharedMemory::<A>::new(block as usize);
     let mut has = SharedMemory::<u32>::new(block as usize);
-    shared[UNIT_POS_X as usize] = acc;
-    has[UNIT_POS_X as usize] = u32::cast_from(any);
+    let at = w.at as usize;
+    shared[at] = acc;
+    has[at] = u32::cast_from(any);
     sync_cube();
-    let mut s = comptime!(block / 2).runtime();
+    let mut s = comptime!(lanes / 2).runtime();
     while s > 0 {
-        if UNIT_POS_X < s {
-            let a = shared[UNIT_POS_X as usize];
-            let b = shared[(UNIT_POS_X + s) as usize];
+        if w.lane < s {
+            let a = shared[at];
+            let b = shared[at + s as usize];
             if comptime!(op == SUM) {
-                shared[UNIT_POS_X as usize] = a + b;
-            } else if has[(UNIT_POS_X + s) as usize] != 0 {
-                let ha = has[UNIT_POS_X as usize];
+                shared[at] = a + b;
+            } else if has[at + s as usize] != 0 {
+                let ha = has[at];
                 if ha == 0 || float_better::<A>(b, a, comptime!(op == MAX)) {
-                    shared[UNIT_POS_X as usize] = b;
-                    has[UNIT_POS_X as usize] = 1;
+                    shared[at] = b;
+                    has[at] = 1;
                 }
             }
         }
         sync_cube();
         s /= 2;
     }
-    if UNIT_POS_X == 0 && real < n_out {
-        out[o as usize] = F::cast_from(shared[0]);
+    if w.lane == 0 && w.real {
+        out[w.item as usize] = F::cast_from(shared[at]);
     }
 }
 
@@ -146,16 +236,15 @@ pub fn reduce_int<I: Int>(
     #[comptime] kr: u32,
     #[comptime] rr: u32,
     #[comptime] block: u32,
+    #[comptime] lanes: u32,
+    #[comptime] items_inner: bool,
 ) {
-    let n_out = meta[0];
-    let extent = meta[1];
-    let real = cube_index();
-    let o = select(real < n_out, real, n_out - 1);
+    let w = work(meta, kr, rr, block, lanes, items_inner);
     let mut acc = I::from_int(0);
     let mut any = false;
-    let mut r = UNIT_POS_X;
-    while r < extent {
-        let v = x[input_offset(meta, o, r, kr, rr) as usize];
+    let mut r = w.first + w.lane;
+    while r < w.end {
+        let v = x[(w.base + reduced_offset(meta, r, kr, rr)) as usize];
         if comptime!(op == SUM) {
             acc += v;
         } else if !any {
@@ -168,23 +257,24 @@ pub fn reduce_int<I: Int>(
             acc = v;
         }
         any = true;
-        r += block;
+        r += lanes;
     }
     let mut shared = SharedMemory::<I>::new(block as usize);
     let mut has = SharedMemory::<u32>::new(block as usize);
-    shared[UNIT_POS_X as usize] = acc;
-    has[UNIT_POS_X as usize] = u32::cast_from(any);
+    let at = w.at as usize;
+    shared[at] = acc;
+    has[at] = u32::cast_from(any);
     sync_cube();
-    let mut s = comptime!(block / 2).runtime();
+    let mut s = comptime!(lanes / 2).runtime();
     while s > 0 {
-        if UNIT_POS_X < s {
-            let a = shared[UNIT_POS_X as usize];
-            let b = shared[(UNIT_POS_X + s) as usize];
-            let hb = has[(UNIT_POS_X + s) as usize];
+        if w.lane < s {
+            let a = shared[at];
+            let b = shared[at + s as usize];
+            let hb = has[at + s as usize];
             if comptime!(op == SUM) {
-                shared[UNIT_POS_X as usize] = a + b;
+                shared[at] = a + b;
             } else if hb != 0 {
-                let ha = has[UNIT_POS_X as usize];
+                let ha = has[at];
                 let mut take = ha == 0;
                 if comptime!(op == MAX) {
                     take = take || b > a;
@@ -192,16 +282,16 @@ pub fn reduce_int<I: Int>(
                     take = take || b < a;
                 }
                 if take {
-                    shared[UNIT_POS_X as usize] = b;
-                    has[UNIT_POS_X as usize] = 1;
+                    shared[at] = b;
+                    has[at] = 1;
                 }
             }
         }
         sync_cube();
         s /= 2;
     }
-    if UNIT_POS_X == 0 && real < n_out {
-        out[o as usize] = shared[0];
+    if w.lane == 0 && w.real {
+        out[w.item as usize] = shared[at];
     }
 }
 
@@ -248,42 +338,42 @@ pub fn reduce_arg<T: Numeric, A: Numeric>(
     #[comptime] kr: u32,
     #[comptime] rr: u32,
     #[comptime] block: u32,
+    #[comptime] lanes: u32,
+    #[comptime] items_inner: bool,
 ) {
-    let n_out = meta[0];
-    let extent = meta[1];
-    let real = cube_index();
-    let o = select(real < n_out, real, n_out - 1);
+    let w = work(meta, kr, rr, block, lanes, items_inner);
     let wants_max = comptime!(op == ARGMAX);
     let mut best = A::from_int(0);
     let mut best_i = comptime!(u32::MAX).runtime();
-    let mut r = UNIT_POS_X;
-    while r < extent {
-        let v = A::cast_from(x[input_offset(meta, o, r, kr, rr) as usize]);
+    let mut r = w.first + w.lane;
+    while r < w.end {
+        let v = A::cast_from(x[(w.base + reduced_offset(meta, r, kr, rr)) as usize]);
         if arg_better::<A>(best, best_i, v, r, wants_max) {
             best = v;
             best_i = r;
         }
-        r += block;
+        r += lanes;
     }
     let mut sv = SharedMemory::<A>::new(block as usize);
     let mut si = SharedMemory::<u32>::new(block as usize);
-    sv[UNIT_POS_X as usize] = best;
-    si[UNIT_POS_X as usize] = best_i;
+    let at = w.at as usize;
+    sv[at] = best;
+    si[at] = best_i;
     sync_cube();
-    let mut s = comptime!(block / 2).runtime();
+    let mut s = comptime!(lanes / 2).runtime();
     while s > 0 {
-        if UNIT_POS_X < s {
-            let u = UNIT_POS_X as usize;
-            let w = (UNIT_POS_X + s) as usize;
-            if arg_better::<A>(sv[u], si[u], sv[w], si[w], wants_max) {
-                sv[u] = sv[w];
-                si[u] = si[w];
+        if w.lane < s {
+            let u = at;
+            let v = at + s as usize;
+            if arg_better::<A>(sv[u], si[u], sv[v], si[v], wants_max) {
+                sv[u] = sv[v];
+                si[u] = si[v];
             }
         }
         sync_cube();
         s /= 2;
     }
-    if UNIT_POS_X == 0 && real < n_out {
-        out[o as usize] = i32::cast_from(si[0]);
+    if w.lane == 0 && w.real {
+        out[w.item as usize] = i32::cast_from(si[at]);
     }
 }

@@ -119,8 +119,9 @@ pub fn fused_elementwise<R: KilnRuntime>(
 }
 
 /// [`fused_elementwise`] for a group at whose edges mixed precision casts (bf16 inputs
-/// or outputs beside f32 ones): one strided kernel that widens and narrows at the
-/// edges ([`k::fused_mixed`]). Returns `false`, having done nothing, for operands of
+/// or outputs beside f32 ones): one kernel that widens and narrows at the edges,
+/// vectorised where the operands allow ([`k::fused_mixed_vectorized`]), else strided
+/// ([`k::fused_mixed`]). Returns `false`, having done nothing, for operands of
 /// other dtypes (f16, bool), which the caller runs another way.
 pub fn fused_mixed<R: KilnRuntime>(
     device: &CubeDevice<R>,
@@ -148,6 +149,68 @@ pub fn fused_mixed<R: KilnRuntime>(
         return Ok(true);
     }
     note_overwritten(dev, expr, inputs, outputs);
+    let halves = HalfEdges {
+        inputs: inputs
+            .iter()
+            .map(|v| v.storage.dtype == DType::BF16)
+            .collect(),
+        outputs: outputs.iter().map(|o| o.dtype == DType::BF16).collect(),
+    };
+    // Broadcast f32 scalars, contiguous f32 and bf16 vectors: the vectorised kernel.
+    let broadcast: Vec<bool> = inputs
+        .iter()
+        .map(|v| v.storage.dtype == DType::F32 && v.layout.strides().iter().all(|&s| s == 0))
+        .collect();
+    let vectorizable = n.is_multiple_of(VECTOR)
+        && inputs
+            .iter()
+            .zip(&broadcast)
+            .all(|(v, &b)| b || (v.layout.offset() == 0 && v.layout.is_contiguous()));
+    if vectorizable {
+        let units = n / VECTOR;
+        let per_unit = if units >= 1 << 20 { 4 } else { 1 };
+        let (config, consts) = FusedConfig::new(expr, broadcast.clone(), 0, per_unit);
+        note_kernel(dev, &config);
+        let (mut vectors, mut half_vectors, mut scalars) =
+            (SequenceArg::new(), SequenceArg::new(), SequenceArg::new());
+        for (v, &b) in inputs.iter().zip(&broadcast) {
+            match (b, v.storage.dtype) {
+                (true, _) => scalars.push(arg(v.storage)),
+                (false, DType::BF16) => half_vectors.push(vector_arg(v.storage)),
+                (false, _) => vectors.push(vector_arg(v.storage)),
+            }
+        }
+        let (mut outs, mut half_outs) = (SequenceArg::new(), SequenceArg::new());
+        for o in outputs.iter() {
+            match o.dtype {
+                DType::BF16 => half_outs.push(vector_arg(o)),
+                _ => outs.push(vector_arg(o)),
+            }
+        }
+        let (count, dim) = grid(units.div_ceil(per_unit as usize), BLOCK);
+        // SAFETY: as for `fused_vectorized`, each operand bound in the sequence of its
+        // kind: vector arrays cover at least `units` vectors of their dtype, broadcast
+        // inputs hold their element 0, and stores stay below `units`.
+        unsafe {
+            k::fused_mixed_vectorized::launch_unchecked::<R>(
+                &dev.client,
+                count,
+                dim,
+                VECTOR,
+                vectors,
+                half_vectors,
+                scalars,
+                outs,
+                half_outs,
+                word(units)?,
+                0.0,
+                constants(consts),
+                config,
+                halves,
+            )
+        }
+        return Ok(true);
+    }
     let operands: Vec<Operand> = inputs.iter().map(|v| Operand::of(&v.layout)).collect();
     let (rank, words) = elementwise_meta(dims, &operands)?;
     let mut meta = SequenceArg::new();
@@ -156,13 +219,6 @@ pub fn fused_mixed<R: KilnRuntime>(
     }
     let (config, consts) = FusedConfig::new(expr, Vec::new(), rank, 1);
     note_kernel(dev, &config);
-    let halves = HalfEdges {
-        inputs: inputs
-            .iter()
-            .map(|v| v.storage.dtype == DType::BF16)
-            .collect(),
-        outputs: outputs.iter().map(|o| o.dtype == DType::BF16).collect(),
-    };
     let (mut ins, mut half_ins) = (SequenceArg::new(), SequenceArg::new());
     for v in inputs {
         match v.storage.dtype {
@@ -237,7 +293,7 @@ fn constants<R: KilnRuntime>(values: Vec<f32>) -> SequenceArg<R, f32> {
     seq
 }
 
-/// A whole f32 buffer as an array of vectors (its length rounded down).
+/// A whole buffer as an array of vectors of its dtype (its length rounded down).
 fn vector_arg<R: KilnRuntime>(s: &CubeStorage<R>) -> ArrayArg<R> {
     s.device.note_bound(s);
     // SAFETY: the length in vectors never exceeds the buffer.

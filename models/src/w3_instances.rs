@@ -1,0 +1,18 @@
+//! W3's GPT (six blocks of width 512 in eight heads, context 256), in f32 and with bf16
+//! matrix products, for the binaries that train, sample and measure it, each including
+//! this file with `#[path = "…/w3_instances.rs"] mod w3_instances;`. Kept apart from
+//! `gpt_instances.rs` so that the tests, which include that file, do not build W3.
+
+use kiln::prelude::*;
+use kiln_models::gpt::Gpt;
+
+/// W3's GPT: six blocks of width 512 in eight heads, context up to 256.
+#[model]
+pub type W3Gpt = Gpt<512, 8, 6, 256>;
+
+/// W3's GPT with bf16 matrix products (parameters, optimizer, softmax, norms and loss in
+/// f32); its checkpoints name `W3Gpt`.
+#[model(precision = bf16)]
+pub type W3GptBf16 = Gpt<512, 8, 6, 256>;
+
+kiln_models::gpt_model!(W3Gpt, W3GptBf16 as W3Gpt);
