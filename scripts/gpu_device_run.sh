@@ -71,16 +71,28 @@ case $W in
       python3 $B/ncu_sum.py "$OUT/w3prof.csv"
     fi ;;
   w3train)
-    # W3 trained on the Shakespeare text with bf16 products (kiln-train, built with
+    # The fused-kernel tests on CUDA and W3's step (kiln-bench, f32 and bf16); W3
+    # trained on the Shakespeare text with bf16 products (kiln-train, built with
     # `--features cuda`), then PyTorch's same model, data, windows and recipe under
-    # bf16 autocast and torch.compile: held-out loss each epoch, time to 1.50 nats/byte.
+    # bf16 autocast and torch.compile: held-out loss each epoch, time to 1.50 nats/byte;
+    # with NCU set, the f32 step's kernels.
     M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
     [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
     R="--lr ${LR:-0.001} --weight-decay ${WD:-0.1} --warmup 200 --epochs ${EPOCHS:-30} --batch-size 32"
+    [ -x $B/fused_test ] && run 200 $B/fused_test --test-threads 1
+    run 200 $B/kiln-bench --device cuda --workloads w3 --w3-configs w3,w3-bf16 --reps 30
     run 330 $B/kiln-train --device cuda --model gpt-w3 --precision bf16 --optimizer adamw $R --out "$OUT/w3.safetensors"
     run 60 $B/kiln-generate --device cuda --checkpoint "$OUT/w3.safetensors" --prompt "ROMEO:" --bytes 200 --seed 1
     run 200 python3 scripts/gpt_torch.py train --config w3 --device cuda --precision bf16 --compile $R --target 1.5
-    rm -f "$OUT"/*.safetensors ;;
+    rm -f "$OUT"/*.safetensors
+    if [ -n "${NCU:-}" ]; then
+      # About 1.5 f32 steps past the warm-up, each kernel's GPU time.
+      echo "== ncu w3 (f32)"
+      timeout 200 /usr/local/cuda/bin/ncu --launch-skip 4000 --launch-count 3000 \
+        --metrics gpu__time_duration.sum --csv $B/kiln-bench --device cuda --workloads w3 \
+        --w3-configs w3 --reps 5 > "$OUT/w3f32prof.csv" 2>/dev/null
+      python3 $B/ncu_sum.py "$OUT/w3f32prof.csv"
+    fi ;;
   dynamic)
     # The dynamic path: first compile in fresh processes, then static beside dynamic,
     # the #[model]-with-a-dynamic-part and dynamic-vs-static equality tests on Vulkan,

@@ -5,11 +5,12 @@
 //! comptime data, so each expression of a plan compiles once per device and is then
 //! only launched, whatever its constants.
 //!
-//! Two variants: a vectorised one for the common case (every input contiguous from the
-//! start of its buffer or a single broadcast value, the element count a multiple of the
-//! vector size), which moves 16-byte vectors and needs no metadata buffer; and a strided
-//! one for broadcasts and views, which reads each input through strided metadata
-//! passed as scalar arguments.
+//! Two variants: a vectorised one for the common case (the element count a multiple of
+//! the vector size, every input contiguous from the start of its buffer, a single
+//! broadcast value, a block of trailing dims repeated over the leading ones, or values
+//! each held over a run of trailing elements: [`InputKind`]), which moves 16-byte
+//! vectors and needs no metadata buffer; and a strided one for other views, which
+//! reads each input through strided metadata passed as scalar arguments.
 
 use super::common::linear_pos;
 use super::elementwise::{compare_values, float_binary, float_unary};
@@ -41,6 +42,29 @@ pub enum Step {
     ToBool(u32),
 }
 
+/// How the vectorised variants read one input (the launch's `shape` argument gives the
+/// period or the span).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum InputKind {
+    /// Contiguous from the start of its buffer: vector `pos` is the unit's.
+    Vector,
+    /// One value broadcast to every element (element 0).
+    Scalar,
+    /// A contiguous block of `period` vectors repeated (a bias of the trailing dims
+    /// broadcast over the leading ones): vector `pos % period`.
+    Rows,
+    /// Each value held over `span` consecutive vectors (a per-row statistic broadcast
+    /// over the trailing dims): value `pos / span`.
+    Columns,
+}
+
+impl InputKind {
+    /// Whether the input is bound as an array of vectors (else of single values).
+    pub fn vectors(self) -> bool {
+        matches!(self, InputKind::Vector | InputKind::Rows)
+    }
+}
+
 /// A fused expression as the kernel's comptime configuration.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct FusedConfig {
@@ -48,9 +72,8 @@ pub struct FusedConfig {
     pub steps: Vec<Step>,
     /// For each output, the step it stores.
     pub results: Vec<u32>,
-    /// Vectorised variant: for each input, whether it is one value broadcast to every
-    /// element (read from element 0) rather than a contiguous buffer.
-    pub broadcast: Vec<bool>,
+    /// Vectorised variants: how each input is read.
+    pub kinds: Vec<InputKind>,
     /// Strided variant: the rank of the (coalesced) dims.
     pub rank: u32,
     /// Vectorised variant: vectors per unit.
@@ -58,11 +81,11 @@ pub struct FusedConfig {
 }
 
 impl FusedConfig {
-    /// The configuration of `expr` and its constants in order; `broadcast`, `rank` and
+    /// The configuration of `expr` and its constants in order; `kinds`, `rank` and
     /// `per_unit` are the launch's.
     pub fn new(
         expr: &FusedExpr,
-        broadcast: Vec<bool>,
+        kinds: Vec<InputKind>,
         rank: u32,
         per_unit: u32,
     ) -> (Self, Vec<f32>) {
@@ -88,7 +111,7 @@ impl FusedConfig {
         let config = FusedConfig {
             steps,
             results: expr.results.iter().map(|&r| r as u32).collect(),
-            broadcast,
+            kinds,
             rank,
             per_unit,
         };
@@ -150,17 +173,52 @@ fn eval_step(
     r
 }
 
+/// Input `k`'s vector at `pos` (of kind `kind`), widened to f32: from `vectors` (the
+/// vector kinds) or `values` (the single-value kinds), at index `at` of its sequence.
+#[allow(unused_assignments)]
+#[cube]
+fn load_input<E: Float, N: Size>(
+    vectors: &Sequence<Array<Vector<E, N>>>,
+    values: &Sequence<Array<f32>>,
+    shape: &Sequence<u32>,
+    pos: u32,
+    #[comptime] k: usize,
+    #[comptime] at: usize,
+    #[comptime] kind: InputKind,
+) -> Vector<f32, N> {
+    let mut v = Vector::<f32, N>::new(0.0);
+    match kind {
+        InputKind::Vector => {
+            v = Vector::<f32, N>::cast_from(vectors.index(at)[pos as usize]);
+        }
+        InputKind::Rows => {
+            let period = *shape.index(k);
+            v = Vector::<f32, N>::cast_from(vectors.index(at)[(pos % period) as usize]);
+        }
+        InputKind::Scalar => {
+            v = Vector::<f32, N>::new(values.index(at)[0]);
+        }
+        InputKind::Columns => {
+            let span = *shape.index(k);
+            v = Vector::<f32, N>::new(values.index(at)[(pos / span) as usize]);
+        }
+    }
+    v
+}
+
 /// The fused kernel over contiguous inputs, `N` elements per vector and
 /// `config.per_unit` vectors per unit (spaced a grid apart, all loaded before any is
 /// stored, so that each unit keeps several loads in flight): `vectors` holds the
-/// contiguous inputs and `scalars` the broadcast ones (one value each), in input order;
-/// `units` is the element count in vectors, `zero` a run-time 0.0, `consts` the
-/// expression's constants.
+/// inputs read as vectors and `scalars` those read as single values ([`InputKind`]),
+/// each in input order; `shape` each input's period or span; `units` is the element
+/// count in vectors, `zero` a run-time 0.0, `consts` the expression's constants.
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 pub fn fused_vectorized<N: Size>(
     vectors: &Sequence<Array<Vector<f32, N>>>,
     scalars: &Sequence<Array<f32>>,
     outputs: &mut Sequence<Array<Vector<f32, N>>>,
+    shape: &Sequence<u32>,
     units: u32,
     zero: f32,
     consts: &Sequence<f32>,
@@ -168,7 +226,7 @@ pub fn fused_vectorized<N: Size>(
 ) {
     let first = linear_pos();
     let grid = CUBE_COUNT_X * CUBE_COUNT_Y * CUBE_DIM_X;
-    let inputs = comptime!(config.broadcast.len());
+    let inputs = comptime!(config.kinds.len());
     let outs = comptime!(config.results.len());
     // Loads first: vector `j`'s input `k` at `j * inputs + k`, its output `o`'s current
     // value at `j * outs + o`. Positions past the end read the last vector (never stored).
@@ -179,13 +237,11 @@ pub fn fused_vectorized<N: Size>(
         let pos = min(first + j * grid, units - 1);
         #[unroll]
         for k in 0..inputs {
-            if comptime!(config.broadcast[k]) {
-                let src = scalars.index(comptime!(slot(&config.broadcast, k)));
-                loaded.push(Vector::<f32, N>::new(src[0]));
-            } else {
-                let src = vectors.index(comptime!(slot(&config.broadcast, k)));
-                loaded.push(src[pos as usize]);
-            }
+            let kind = comptime!(config.kinds[k]);
+            let at = comptime!(kind_slot(&config.kinds, &[], k));
+            loaded.push(load_input::<f32, N>(
+                vectors, scalars, shape, pos, k, at, kind,
+            ));
         }
         #[unroll]
         for o in 0..outs {
@@ -351,11 +407,11 @@ pub fn fused_mixed(
     }
 }
 
-/// [`fused_vectorized`] for a group at whose edges mixed precision casts: contiguous
-/// inputs and outputs are f32 or bf16 vectors of `N` (`halves` says which; `vectors`,
-/// `half_vectors` and the f32 broadcast `scalars` are each numbered in their own
-/// sequence, in input order). bf16 lanes widen as they load and round to nearest even
-/// as they store, as in [`fused_mixed`].
+/// [`fused_vectorized`] for a group at whose edges mixed precision casts: inputs read
+/// as vectors, and outputs, are f32 or bf16 vectors of `N` (`halves` says which; inputs
+/// read as single values are f32; `vectors`, `half_vectors` and `scalars` are each
+/// numbered in their own sequence, in input order). bf16 lanes widen as they load and
+/// round to nearest even as they store, as in [`fused_mixed`].
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn fused_mixed_vectorized<N: Size>(
@@ -364,6 +420,7 @@ pub fn fused_mixed_vectorized<N: Size>(
     scalars: &Sequence<Array<f32>>,
     outputs: &mut Sequence<Array<Vector<f32, N>>>,
     half_outputs: &mut Sequence<Array<Vector<half::bf16, N>>>,
+    shape: &Sequence<u32>,
     units: u32,
     zero: f32,
     consts: &Sequence<f32>,
@@ -372,7 +429,7 @@ pub fn fused_mixed_vectorized<N: Size>(
 ) {
     let first = linear_pos();
     let grid = CUBE_COUNT_X * CUBE_COUNT_Y * CUBE_DIM_X;
-    let inputs = comptime!(config.broadcast.len());
+    let inputs = comptime!(config.kinds.len());
     let outs = comptime!(config.results.len());
     // Loads first, widened: vector `j`'s input `k` at `j * inputs + k`, its output `o`'s
     // current value at `j * outs + o`. Positions past the end read the last vector
@@ -384,15 +441,22 @@ pub fn fused_mixed_vectorized<N: Size>(
         let pos = min(first + j * grid, units - 1);
         #[unroll]
         for k in 0..inputs {
-            let at = comptime!(mixed_slot(&config.broadcast, &halves.inputs, k));
-            if comptime!(config.broadcast[k]) {
-                loaded.push(Vector::<f32, N>::new(scalars.index(at)[0]));
-            } else if comptime!(halves.inputs[k]) {
-                loaded.push(Vector::<f32, N>::cast_from(
-                    half_vectors.index(at)[pos as usize],
+            let kind = comptime!(config.kinds[k]);
+            let at = comptime!(kind_slot(&config.kinds, &halves.inputs, k));
+            if comptime!(halves.inputs[k]) {
+                loaded.push(load_input::<half::bf16, N>(
+                    half_vectors,
+                    scalars,
+                    shape,
+                    pos,
+                    k,
+                    at,
+                    kind,
                 ));
             } else {
-                loaded.push(vectors.index(at)[pos as usize]);
+                loaded.push(load_input::<f32, N>(
+                    vectors, scalars, shape, pos, k, at, kind,
+                ));
             }
         }
         #[unroll]
@@ -490,15 +554,14 @@ fn reads_output(steps: &[Step], o: usize) -> bool {
     steps.contains(&Step::Output(o as u32))
 }
 
-/// Operand `k`'s index among the operands of its kind (`kinds[k]`: broadcast or
-/// contiguous; bf16 or f32).
+/// Operand `k`'s index among the operands of its dtype (`kinds[k]`: bf16 or f32).
 fn slot(kinds: &[bool], k: usize) -> usize {
     kinds[..k].iter().filter(|&&b| b == kinds[k]).count()
 }
 
-/// Input `k`'s index in [`fused_mixed_vectorized`]'s sequence of its kind: broadcast
-/// f32 scalars, bf16 vectors or f32 vectors.
-fn mixed_slot(broadcast: &[bool], half: &[bool], k: usize) -> usize {
-    let kind = |i: usize| (broadcast[i], !broadcast[i] && half[i]);
-    (0..k).filter(|&i| kind(i) == kind(k)).count()
+/// Input `k`'s index in the sequence it is bound in: those read as single values, or
+/// those read as vectors of its dtype (`half[i]`: bf16; empty: all f32).
+fn kind_slot(kinds: &[InputKind], half: &[bool], k: usize) -> usize {
+    let bound = |i: usize| (kinds[i].vectors(), half.get(i).copied().unwrap_or(false));
+    (0..k).filter(|&i| bound(i) == bound(k)).count()
 }

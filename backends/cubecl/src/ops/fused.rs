@@ -3,7 +3,7 @@
 //! the whole expression.
 
 use crate::device::{CubeDevice, DeviceState, KilnRuntime};
-use crate::kernels::fused::{self as k, FusedConfig, HalfEdges};
+use crate::kernels::fused::{self as k, FusedConfig, HalfEdges, InputKind};
 use crate::ops::elementwise::arg;
 use crate::storage::CubeStorage;
 use crate::strided::{elementwise_meta, grid, word, Operand, BLOCK};
@@ -33,39 +33,34 @@ pub fn fused_elementwise<R: KilnRuntime>(
     }
     note_overwritten(dev, expr, inputs, outputs);
     let c = &dev.client;
-    let broadcast: Vec<bool> = inputs
-        .iter()
-        .map(|v| v.layout.strides().iter().all(|&s| s == 0))
-        .collect();
-    let vectorizable = n.is_multiple_of(VECTOR)
-        && inputs
-            .iter()
-            .zip(&broadcast)
-            .all(|(v, &b)| v.layout.offset() == 0 && (b || v.layout.is_contiguous()));
-    if vectorizable {
+    let kinds: Option<Vec<(InputKind, u32)>> = inputs.iter().map(|v| input_kind(v, dims)).collect();
+    if let Some(kinds) = kinds.filter(|_| n.is_multiple_of(VECTOR)) {
         let units = n / VECTOR;
         // Large launches give each unit several vectors (more loads in flight).
         let per_unit = if units >= 1 << 20 { 4 } else { 1 };
-        let (config, consts) = FusedConfig::new(expr, broadcast.clone(), 0, per_unit);
+        let (config, consts) =
+            FusedConfig::new(expr, kinds.iter().map(|k| k.0).collect(), 0, per_unit);
         note_kernel(dev, &config);
         let mut vectors = SequenceArg::new();
         let mut scalars = SequenceArg::new();
-        for (v, &b) in inputs.iter().zip(&broadcast) {
-            if b {
-                scalars.push(arg(v.storage));
-            } else {
+        let mut shape = SequenceArg::new();
+        for (v, &(kind, extent)) in inputs.iter().zip(&kinds) {
+            if kind.vectors() {
                 vectors.push(vector_arg(v.storage));
+            } else {
+                scalars.push(arg(v.storage));
             }
+            shape.push(extent);
         }
         let mut outs = SequenceArg::new();
         for o in outputs.iter() {
             outs.push(vector_arg(o));
         }
         let (count, dim) = grid(units.div_ceil(per_unit as usize), BLOCK);
-        // SAFETY: every vector array covers at least `units` vectors (inputs are
-        // contiguous with `n` elements from offset 0, outputs hold at least `n`), scalar
-        // inputs hold their element 0, and the kernel reads below `units` and stores
-        // only there.
+        // SAFETY: every input's reads stay inside its buffer (`input_kind`: contiguous
+        // inputs hold `n` elements from offset 0, repeated blocks their period, spans
+        // one value per span, broadcast values their element 0), outputs hold at least
+        // `n` elements, and the kernel reads below `units` and stores only there.
         unsafe {
             k::fused_vectorized::launch_unchecked::<R>(
                 c,
@@ -75,6 +70,7 @@ pub fn fused_elementwise<R: KilnRuntime>(
                 vectors,
                 scalars,
                 outs,
+                shape,
                 word(units)?,
                 0.0,
                 constants(consts),
@@ -156,29 +152,27 @@ pub fn fused_mixed<R: KilnRuntime>(
             .collect(),
         outputs: outputs.iter().map(|o| o.dtype == DType::BF16).collect(),
     };
-    // Broadcast f32 scalars, contiguous f32 and bf16 vectors: the vectorised kernel.
-    let broadcast: Vec<bool> = inputs
+    // Inputs read as single values must be f32 (the kernel's value arrays).
+    let kinds: Option<Vec<(InputKind, u32)>> = inputs
         .iter()
-        .map(|v| v.storage.dtype == DType::F32 && v.layout.strides().iter().all(|&s| s == 0))
+        .map(|v| input_kind(v, dims).filter(|k| k.0.vectors() || v.storage.dtype == DType::F32))
         .collect();
-    let vectorizable = n.is_multiple_of(VECTOR)
-        && inputs
-            .iter()
-            .zip(&broadcast)
-            .all(|(v, &b)| b || (v.layout.offset() == 0 && v.layout.is_contiguous()));
-    if vectorizable {
+    if let Some(kinds) = kinds.filter(|_| n.is_multiple_of(VECTOR)) {
         let units = n / VECTOR;
         let per_unit = if units >= 1 << 20 { 4 } else { 1 };
-        let (config, consts) = FusedConfig::new(expr, broadcast.clone(), 0, per_unit);
+        let (config, consts) =
+            FusedConfig::new(expr, kinds.iter().map(|k| k.0).collect(), 0, per_unit);
         note_kernel(dev, &config);
         let (mut vectors, mut half_vectors, mut scalars) =
             (SequenceArg::new(), SequenceArg::new(), SequenceArg::new());
-        for (v, &b) in inputs.iter().zip(&broadcast) {
-            match (b, v.storage.dtype) {
-                (true, _) => scalars.push(arg(v.storage)),
-                (false, DType::BF16) => half_vectors.push(vector_arg(v.storage)),
-                (false, _) => vectors.push(vector_arg(v.storage)),
+        let mut shape = SequenceArg::new();
+        for (v, &(kind, extent)) in inputs.iter().zip(&kinds) {
+            match (kind.vectors(), v.storage.dtype) {
+                (false, _) => scalars.push(arg(v.storage)),
+                (true, DType::BF16) => half_vectors.push(vector_arg(v.storage)),
+                (true, _) => vectors.push(vector_arg(v.storage)),
             }
+            shape.push(extent);
         }
         let (mut outs, mut half_outs) = (SequenceArg::new(), SequenceArg::new());
         for o in outputs.iter() {
@@ -202,6 +196,7 @@ pub fn fused_mixed<R: KilnRuntime>(
                 scalars,
                 outs,
                 half_outs,
+                shape,
                 word(units)?,
                 0.0,
                 constants(consts),
@@ -254,6 +249,55 @@ pub fn fused_mixed<R: KilnRuntime>(
         )
     }
     Ok(true)
+}
+
+/// How the vectorised kernels read `v` over `dims`, with its period or span (in
+/// vectors), or `None` where only the strided kernels can: a contiguous
+/// input, one value, a contiguous block of trailing dims broadcast over the leading
+/// ones (period a whole number of vectors), or contiguous leading dims each value of
+/// which covers the trailing dims (span a whole number of vectors). Every kind starts
+/// at its buffer's first element.
+fn input_kind<R: KilnRuntime>(v: &V<'_, R>, dims: &Dims) -> Option<(InputKind, u32)> {
+    if v.layout.offset() != 0 {
+        return None;
+    }
+    let axes: Vec<(usize, usize)> = dims
+        .iter()
+        .zip(v.layout.strides())
+        .filter(|(&d, _)| d != 1)
+        .map(|(&d, &s)| (d, s))
+        .collect();
+    let broadcast = |part: &[(usize, usize)]| part.iter().all(|&(_, s)| s == 0);
+    let compact = |part: &[(usize, usize)]| {
+        let mut expected = 1;
+        part.iter().rev().all(|&(d, s)| {
+            let ok = s == expected;
+            expected *= d;
+            ok
+        })
+    };
+    let elements = |part: &[(usize, usize)]| part.iter().map(|&(d, _)| d).product::<usize>();
+    if broadcast(&axes) {
+        return Some((InputKind::Scalar, 1));
+    }
+    if compact(&axes) {
+        return Some((InputKind::Vector, 1));
+    }
+    (1..axes.len()).find_map(|t| {
+        let (lead, trail) = axes.split_at(t);
+        let run = elements(trail);
+        if !run.is_multiple_of(VECTOR) {
+            return None;
+        }
+        let vectors = u32::try_from(run / VECTOR).ok()?;
+        if broadcast(lead) && compact(trail) {
+            Some((InputKind::Rows, vectors))
+        } else if compact(lead) && broadcast(trail) {
+            Some((InputKind::Columns, vectors))
+        } else {
+            None
+        }
+    })
 }
 
 /// Outputs the expression neither reads nor takes as an input are overwritten (for a
