@@ -7,7 +7,8 @@
 # fused_test.xz and kernel_cache_test.xz (the stripped `cargo test -p kiln-cubecl
 # --features wgpu,cuda --test fused --test kernel_cache --no-run` binaries: the
 # fused-kernel tests on CUDA and Vulkan), reduce_test.xz (`--test reduce_layouts`: the
-# reductions' layouts on CUDA and Vulkan), cuda_graph_test.xz and capture_rules_test.xz
+# reductions' layouts on CUDA and Vulkan), conformance_test.xz (`--test conformance_cuda`:
+# the conformance suite on CUDA), cuda_graph_test.xz and capture_rules_test.xz
 # (`--test cuda_graph --test capture_rules`), dynamic_equal_test.xz (`--test
 # dynamic_equal_wgpu`: the dynamic path and a model with a dynamic part on Vulkan),
 # ncu_sum.py (scripts/: sums an `ncu --csv` dump),
@@ -56,8 +57,9 @@ case $W in
     M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
     [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
     [ -x $B/reduce_test ] && run 200 $B/reduce_test --test-threads 1
+    [ -x $B/conformance_test ] && run 200 $B/conformance_test --test-threads 1 matmul
     [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1
-    run 300 $B/kiln-bench --device cuda --workloads w3 --w3-configs w3,w3-bf16 --reps 10
+    run 300 $B/kiln-bench --device cuda --workloads w3 --w3-configs w3,w3-bf16 --reps 30
     for p in f32 bf16; do
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
       run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile

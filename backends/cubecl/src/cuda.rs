@@ -326,6 +326,8 @@ impl KilnRuntime for CudaRuntime {
             .map_err(|e| driver_error("cuMemsetD8Async", e))
     }
 
+    const VENDOR_MATMUL: bool = true;
+
     fn vendor_matmul(
         device: &CubeDevice<Self>,
         a: View<'_, CubeBackend<Self>>,

@@ -46,6 +46,10 @@ pub trait KilnRuntime: Runtime + Sized {
     /// The devices opened so far, so that each is opened once per process.
     fn registry() -> &'static Mutex<Vec<(usize, CubeDevice<Self>)>>;
 
+    /// Whether [`KilnRuntime::vendor_matmul`] runs products (so that operands it cannot
+    /// take as laid out are worth a contiguous copy).
+    const VENDOR_MATMUL: bool = false;
+
     /// A matrix product the runtime runs through a vendor library, or `None` to use
     /// Kiln's own kernel. `bias`, where given, is an f32 row `[N]` broadcast over the
     /// result (stride 0 but along the last dim) that the library adds to it as its

@@ -44,10 +44,7 @@ pub fn execute<R: KilnRuntime>(
             value,
             ..
         } => pad(dev, inputs[0], *axis, *before, *value, out),
-        Op::MatMul => match R::vendor_matmul(device, inputs[0], inputs[1], out, None) {
-            Some(r) => r,
-            None => matmul::matmul(dev, inputs[0], inputs[1], out),
-        },
+        Op::MatMul => product(device, inputs[0], inputs[1], out),
         Op::Gather { axis } => index::gather(dev, inputs[0], inputs[1], *axis, out),
         Op::ScatterAdd { axis, .. } => index::scatter_add(dev, inputs[0], inputs[1], *axis, out),
         Op::Unfold2d(w) => window::unfold2d(dev, inputs[0], w, out),
@@ -75,6 +72,54 @@ pub fn execute<R: KilnRuntime>(
             ))
         }
     }
+}
+
+/// `a × b` through the vendor library where there is one: as laid out, or else after
+/// contiguous copies of the operands it cannot take (a head-split attention operand's
+/// batch dims do not merge into one batch stride; a copy is one pass over it, far less
+/// than Kiln's own kernel costs beside the library's); through Kiln's own kernel
+/// otherwise. A broadcast operand is not copied (that would materialise it per batch).
+fn product<R: KilnRuntime>(
+    device: &CubeDevice<R>,
+    a: V<'_, R>,
+    b: V<'_, R>,
+    out: &TensorMeta,
+) -> Result<CubeStorage<R>> {
+    let dev = &device.state;
+    if let Some(r) = R::vendor_matmul(device, a, b, out, None) {
+        return r;
+    }
+    let plain = |v: &V<'_, R>| v.layout.offset() == 0 && v.layout.is_contiguous();
+    let broadcast = |v: &V<'_, R>| v.layout.strides().contains(&0);
+    if R::VENDOR_MATMUL && !(plain(&a) && plain(&b)) && !broadcast(&a) && !broadcast(&b) {
+        let copy = |v: V<'_, R>| {
+            if plain(&v) {
+                Ok(None)
+            } else {
+                contiguous(dev, v).map(Some)
+            }
+        };
+        let (ca, cb) = (copy(a)?, copy(b)?);
+        let layout = |v: &V<'_, R>| kiln_tensor::Layout::contiguous(v.layout.dims().clone());
+        let a2 = match &ca {
+            Some(s) => View {
+                storage: s,
+                layout: layout(&a),
+            },
+            None => a,
+        };
+        let b2 = match &cb {
+            Some(s) => View {
+                storage: s,
+                layout: layout(&b),
+            },
+            None => b,
+        };
+        if let Some(r) = R::vendor_matmul(device, a2, b2, out, None) {
+            return r;
+        }
+    }
+    matmul::matmul(dev, a, b, out)
 }
 
 /// A contiguous copy of a view.
