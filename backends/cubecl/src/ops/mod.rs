@@ -91,7 +91,8 @@ fn product<R: KilnRuntime>(
     }
     let plain = |v: &V<'_, R>| v.layout.offset() == 0 && v.layout.is_contiguous();
     let broadcast = |v: &V<'_, R>| v.layout.strides().contains(&0);
-    if R::VENDOR_MATMUL && !(plain(&a) && plain(&b)) && !broadcast(&a) && !broadcast(&b) {
+    let copyable = R::VENDOR_MATMUL && !broadcast(&a) && !broadcast(&b);
+    if copyable && (!plain(&a) || !plain(&b)) {
         let copy = |v: V<'_, R>| {
             if plain(&v) {
                 Ok(None)
@@ -100,7 +101,7 @@ fn product<R: KilnRuntime>(
             }
         };
         let (ca, cb) = (copy(a)?, copy(b)?);
-        let layout = |v: &V<'_, R>| kiln_tensor::Layout::contiguous(v.layout.dims().clone());
+        let layout = |v: &V<'_, R>| kiln_tensor::Layout::contiguous(*v.layout.dims());
         let a2 = match &ca {
             Some(s) => View {
                 storage: s,
