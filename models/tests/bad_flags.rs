@@ -50,7 +50,11 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
         ),
         (
             &["--precision", "bf16"],
-            "--precision bf16 is built for the GPT (--model gpt or gpt-tiny)",
+            "--precision bf16 is built for the GPT (--model gpt, gpt-tiny or gpt-w3)",
+        ),
+        (
+            &["--model", "gpt-w3", "--batch-size", "64"],
+            "W3's GPT trains on 32 windows per step, not 64",
         ),
     ];
     for (args, want) in cases {
