@@ -30,6 +30,7 @@
 
 pub mod checkpoint;
 pub mod optim;
+pub mod parallel;
 pub mod replay;
 pub mod schedule;
 pub mod state;

@@ -23,6 +23,7 @@ pub mod backend;
 pub mod binary;
 pub mod builder;
 pub mod checks;
+pub mod collective;
 pub mod compare;
 pub mod dim;
 pub mod dtype;
@@ -46,6 +47,7 @@ pub mod unary;
 
 pub use backend::{Backend, Replay, View};
 pub use builder::{Builder, BuilderExt, Conv2dOptions};
+pub use collective::Collective;
 pub use dim::{Const, Dim, Dyn, SameDim};
 pub use dtype::{DType, Element, FloatElement, HostData};
 pub use error::{Error, Result};
