@@ -196,19 +196,38 @@ def train(a):
           f"train loss {avg:.3f}, held-out loss {held_loss:.3f} nats/byte over the whole held-out text")
 
 
-def step_ms(config, batch, reps, seed=0, device="cpu", precision="f32", compile=False):
+def step_ms(config, batch, reps, seed=0, device="cpu", precision="f32", compile=False,
+            ddp=False):
     """Median milliseconds of one AdamW training step (the W3 step); `precision` bf16
     runs the forward pass under autocast (bf16 products, f32 parameters), `compile`
-    through torch.compile (the warm-up steps compile first)."""
+    through torch.compile (the warm-up steps compile first); `ddp` as one rank of
+    DistributedDataParallel over NCCL (under torchrun, or alone as a world of 1), each
+    rank on `batch` windows of its own."""
     torch.manual_seed(seed)
     d, h, l, ctx = CONFIGS[config]
     train_text, _ = corpus()
+    rank = 0
+    if ddp:
+        import torch.distributed as dist
+        for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29517"), ("RANK", "0"),
+                     ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+            os.environ.setdefault(k, v)
+        rank = int(os.environ["RANK"])
+        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl")
     model = Gpt(d, h, l, ctx).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0,
                             fused=device != "cpu")
-    ids, nxt = windows(train_text, batch, ctx, 7)
+    ids, nxt = windows(train_text, batch, ctx, 7 + rank)
     ids, nxt = ids.to(device), nxt.to(device)
-    loss_fn = torch.compile(model.loss) if compile else model.loss
+    if ddp:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        def ddp_loss(ids, nxt):
+            return F.cross_entropy(wrapped(ids).reshape(-1, 256), nxt.reshape(-1))
+        loss_fn = torch.compile(ddp_loss) if compile else ddp_loss
+    else:
+        loss_fn = torch.compile(model.loss) if compile else model.loss
     autocast = torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
                               enabled=precision == "bf16")
 
@@ -248,6 +267,8 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--ddp", action="store_true",
+                   help="bench: one rank of DistributedDataParallel over NCCL (under torchrun, or a world of 1)")
     p.add_argument("--target", type=float, default=0.0,
                    help="report the first epoch whose held-out sample is at most this")
     a = p.parse_args()
@@ -256,8 +277,13 @@ def main():
         train(a)
     else:
         ms = step_ms(a.config, a.batch_size, a.reps, device=a.device, precision=a.precision,
-                     compile=a.compile)
+                     compile=a.compile, ddp=a.ddp)
         impl = "torch-compile" if a.compile else "torch"
+        if a.ddp:
+            import torch.distributed as dist
+            impl += f"-ddp{dist.get_world_size()}"
+            if dist.get_rank() != 0:
+                return
         print(f"bench=W3 impl={impl} config={a.config} precision={a.precision} "
               f"batch={a.batch_size} ms={ms:.1f}")
 

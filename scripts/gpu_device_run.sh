@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -72,6 +72,41 @@ case $W in
         --w3-configs w3-bf16 --reps 5 > "$OUT/w3prof.csv" 2>/dev/null
       python3 $B/ncu_sum.py "$OUT/w3prof.csv"
     fi ;;
+  ranks)
+    # Data parallelism through NCCL (issue 16): the NCCL tests (a group of one; with two
+    # GPUs, `--ignored` adds two ranks), kiln-train's MLP with --ranks 1 against the
+    # plain run (the same bits expected: an average over one rank is a copy), W3's step
+    # plain, planned and as a rank through NCCL, and PyTorch's DDP of one rank beside
+    # it; with two GPUs, the two-rank runs and PyTorch's DDP over two.
+    # nccl_test.xz: `cargo test -p kiln-cubecl --features cuda --test nccl --no-run`.
+    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
+    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    # PyTorch's wheel carries NCCL as libnccl.so.2; Kiln loads it by the name libnccl.so.
+    N=$(find $SP/nvidia -name 'libnccl.so*' 2>/dev/null | head -1)
+    echo "NCCL: ${N:-none}"
+    mkdir -p /tmp/nccl && [ -n "$N" ] && ln -sf "$N" /tmp/nccl/libnccl.so
+    export LD_LIBRARY_PATH=/tmp/nccl:$LD_LIBRARY_PATH
+    GPUS=$(nvidia-smi -L | wc -l)
+    if [ "$GPUS" -ge 2 ]; then I=--include-ignored; else I=; fi
+    [ -x $B/nccl_test ] && run 120 $B/nccl_test --test-threads 1 $I
+    C="--model mlp --epochs 2 --save-every 0 --no-graph --batch-size 128"
+    run 120 $B/kiln-train --device cuda $C --out "$OUT/plain.safetensors"
+    run 120 $B/kiln-train --device cuda $C --ranks 1 --out "$OUT/ranks1.safetensors"
+    same "$OUT/plain.safetensors" "$OUT/ranks1.safetensors"
+    W="--model gpt-w3 --precision bf16 --optimizer adamw --lr 0.001 --warmup 20 --epochs 1 --batch-size 32 --save-every 0"
+    run 150 $B/kiln-train --device cuda $W --out "$OUT/w3.safetensors"
+    run 150 $B/kiln-train --device cuda $W --no-graph --out "$OUT/w3p.safetensors"
+    run 150 $B/kiln-train --device cuda $W --ranks 1 --out "$OUT/w3r1.safetensors"
+    for c in "" --compile; do
+      run 200 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 20 --precision bf16 $c
+      run 200 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 20 --precision bf16 --ddp $c
+    done
+    if [ "$GPUS" -ge 2 ]; then
+      run 150 $B/kiln-train --device cuda $C --ranks 2 --batch-size 64 --out "$OUT/ranks2.safetensors"
+      run 150 $B/kiln-train --device cuda $W --ranks 2 --out "$OUT/w3r2.safetensors"
+      run 200 python3 -m torch.distributed.run --nproc_per_node 2 scripts/gpt_torch.py bench --config w3 --reps 20 --precision bf16 --ddp --compile
+    fi
+    rm -f "$OUT"/*.safetensors ;;
   w3train)
     # The fused-kernel tests on CUDA and W3's step (kiln-bench, f32 and bf16); W3
     # trained on the Shakespeare text with bf16 products (kiln-train, built with

@@ -159,3 +159,39 @@ mod tests {
         }
     }
 }
+
+/// Joins this process's rank of a data-parallel run started by
+/// [`kiln_train::launch::launch`], on `device`: through NCCL between CUDA devices (rank
+/// 0 makes the group's id and publishes it in the rendezvous folder), through loopback
+/// sockets between processes on other backends. Waits at most `timeout` for the other
+/// ranks, to meet and in every exchange.
+pub fn join_ranks<B: Backend>(
+    device: &B::Device,
+    env: &kiln_train::launch::RankEnv,
+    timeout: std::time::Duration,
+) -> Result<Box<dyn kiln_tensor::Collective<B>>> {
+    #[cfg(feature = "cuda")]
+    {
+        use std::any::Any;
+        if let Some(cuda) = (device as &dyn Any).downcast_ref::<kiln_cubecl::CudaDevice>() {
+            use kiln_cubecl::nccl::{NcclId, NcclRank};
+            const ID_FILE: &str = "nccl-id";
+            let id = if env.rank == 0 {
+                let id = NcclId::new()?;
+                env.publish(ID_FILE, &id.to_bytes())?;
+                id
+            } else {
+                NcclId::from_bytes(&env.wait_for(ID_FILE, timeout)?)?
+            };
+            let rank = NcclRank::join(cuda, &id, env.rank, env.world, timeout)?;
+            let boxed: Box<dyn kiln_tensor::Collective<kiln_cubecl::Cuda>> = Box::new(rank);
+            let any: Box<dyn Any> = Box::new(boxed);
+            return any
+                .downcast::<Box<dyn kiln_tensor::Collective<B>>>()
+                .map(|b| *b)
+                .map_err(|_| Error::invalid("join_ranks", "a CUDA device of another backend"));
+        }
+    }
+    let _ = device;
+    Ok(Box::new(kiln_train::launch::TcpRank::join(env, timeout)?))
+}

@@ -12,8 +12,10 @@ use crate::lenet::LeNet;
 use crate::mlp::Mlp;
 use kiln::prelude::*;
 use kiln::tensor::nn::Module;
+use kiln::tensor::Collective;
 use kiln::tensor::{HostData, RawTensor};
 use kiln::train::optim::Optimizer;
+use kiln::train::parallel::broadcast_state;
 use kiln::train::replay::{StepInput, StepReplay};
 use kiln::train::schedule::Schedule;
 
@@ -182,6 +184,56 @@ pub fn fit<B: Backend, M: Classifier<B>, O: Optimizer<B>>(
     replay: bool,
     on_step: &mut dyn FnMut(&M, &O, StepReport) -> Result<()>,
 ) -> Result<()> {
+    let settings = FitSettings {
+        batch,
+        epochs,
+        seed,
+        start,
+        replay,
+    };
+    fit_ranks(
+        model, opt, schedule, train, &settings, device, None, on_step,
+    )
+}
+
+/// How [`fit_ranks`] trains: examples per step (per rank), passes over the data, the
+/// shuffling seed, the steps already taken and whether steps may replay.
+#[derive(Clone, Copy, Debug)]
+pub struct FitSettings {
+    /// Examples per step on each rank.
+    pub batch: usize,
+    /// Passes over the training set.
+    pub epochs: usize,
+    /// The shuffling seed.
+    pub seed: u64,
+    /// Steps taken already (a resumed run).
+    pub start: u64,
+    /// Whether steps may be captured and replayed as a graph.
+    pub replay: bool,
+}
+
+/// [`fit`] as one rank of a data-parallel run when `ranks` is given: replicas start as
+/// rank 0's, each step takes `batch · world` shuffled examples (every rank shuffles
+/// alike), this rank trains on its `batch` of them, and the gradients and loss are
+/// averaged over the ranks before every rank's identical optimizer step.
+#[allow(clippy::too_many_arguments)]
+pub fn fit_ranks<B: Backend, M: Classifier<B>, O: Optimizer<B>>(
+    model: &mut M,
+    opt: &mut O,
+    schedule: &dyn Schedule,
+    train: &Split,
+    settings: &FitSettings,
+    device: &B::Device,
+    ranks: Option<Box<dyn Collective<B>>>,
+    on_step: &mut dyn FnMut(&M, &O, StepReport) -> Result<()>,
+) -> Result<()> {
+    let FitSettings {
+        batch,
+        epochs,
+        seed,
+        start,
+        replay,
+    } = *settings;
     if !BATCH_SIZES.contains(&batch) {
         return Err(Error::invalid(
             "fit",
@@ -189,41 +241,64 @@ pub fn fit<B: Backend, M: Classifier<B>, O: Optimizer<B>>(
         ));
     }
     let mut steps = StepReplay::new(device, replay, opt, M::draws_at_random());
+    let (rank, world) = match ranks {
+        Some(ranks) => {
+            broadcast_state(ranks.as_ref(), model, 0)?;
+            let place = (ranks.rank(), ranks.world());
+            if let Some(seeds) = model.step_seeds() {
+                seeds.set_rank(place.0 as u64);
+            }
+            steps = steps.data_parallel(ranks);
+            place
+        }
+        None => (0, 1),
+    };
     let mut image_dims = vec![batch];
     image_dims.extend_from_slice(M::EXAMPLE);
     let label_dims = [batch];
-    let per_epoch = (train.len() / batch) as u64;
+    let global = batch * world;
+    let per_epoch = (train.len() / global) as u64;
     if per_epoch == 0 {
+        let ranks = if world > 1 {
+            format!(" ({world} ranks of {batch})")
+        } else {
+            String::new()
+        };
         return Err(Error::invalid(
             "fit",
             format!(
-                "{} training examples make no full batch of {batch}",
+                "{} training examples make no full batch of {global}{ranks}",
                 train.len()
             ),
         ));
     }
+    let pixels = train.pixels;
     let mut run = || -> Result<()> {
         let mut step = start;
         for epoch in (start / per_epoch) as usize..epochs {
             let order = shuffled(train.len(), seed, epoch as u64);
             let done = if epoch as u64 == start / per_epoch {
-                (start % per_epoch) as usize * batch
+                (start % per_epoch) as usize * global
             } else {
                 0
             };
-            for b in batches(train, &order[done..], batch) {
-                if b.labels.len() < batch {
+            for b in batches(train, &order[done..], global) {
+                if b.labels.len() < global {
                     continue;
                 }
                 let lr = schedule.lr_at(step);
                 opt.set_lr(lr)?;
+                // This rank's share of the step's examples.
+                let mine = rank * batch..(rank + 1) * batch;
+                let images = b.images[mine.start * pixels..mine.end * pixels].to_vec();
+                let labels = b.labels[mine].to_vec();
                 let inputs = vec![
                     StepInput {
-                        data: HostData::F32(b.images),
+                        data: HostData::F32(images),
                         dims: &image_dims,
                     },
                     StepInput {
-                        data: HostData::I32(b.labels),
+                        data: HostData::I32(labels),
                         dims: &label_dims,
                     },
                 ];

@@ -2,8 +2,10 @@
 //!
 //! Owns what training needs beyond gradients: optimizers ([`optim`]), learning-rate
 //! schedules ([`schedule`]), safetensors checkpoints in PyTorch's naming
-//! ([`checkpoint`]), training states a crashed run resumes from ([`state`]) and
-//! training steps replayed as graphs ([`replay`]). Everything here works on any
+//! ([`checkpoint`]), training states a crashed run resumes from ([`state`]), training
+//! steps replayed as graphs ([`replay`]), and data parallelism ([`parallel`]): ranks
+//! that average their gradients, started as processes by [`launch`]. Everything here
+//! works on any
 //! [`kiln_tensor::nn::Module`] through
 //! its named parameter visits, so a `#[model]` struct and a hand-written one are
 //! treated alike.
@@ -29,6 +31,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod launch;
 pub mod optim;
 pub mod parallel;
 pub mod replay;

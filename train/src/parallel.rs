@@ -9,8 +9,9 @@
 //! hang the others: each waits at most the group's timeout, then fails with an error
 //! naming the ranks it waited for, and the group stays failed.
 
+use crate::launch::{describe, mean_in_rank_order, tensors_like};
 use kiln_tensor::nn::Module;
-use kiln_tensor::{Backend, Collective, Error, HostData, RawTensor, Result};
+use kiln_tensor::{Backend, Collective, Error, RawTensor, Result};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -171,41 +172,14 @@ impl ThreadRank {
     }
 }
 
-/// `tensors` as one exchange's part: their dims and dtypes, and their values.
+/// `tensors` as one exchange's part.
 fn part_of<B: Backend>(
     op: &'static str,
     tensors: &[RawTensor<B>],
     floats_only: bool,
 ) -> Result<Part> {
-    let mut kinds = Vec::with_capacity(tensors.len());
-    let mut values = Vec::new();
-    for t in tensors {
-        if floats_only && !t.dtype().is_float() {
-            return Err(Error::dtype(
-                op,
-                format!("averages float tensors, not {}", t.dtype()),
-            ));
-        }
-        kinds.push(format!("{}{:?}", t.dtype(), &t.dims()[..]));
-        values.extend(t.to_f64_vec()?);
-    }
-    Ok(Part {
-        kinds: format!("[{}]", kinds.join(", ")),
-        values,
-    })
-}
-
-/// `values` cut back into tensors of the dims, dtypes and devices of `like`.
-fn tensors_like<B: Backend>(values: &[f64], like: &[RawTensor<B>]) -> Result<Vec<RawTensor<B>>> {
-    let mut at = 0;
-    like.iter()
-        .map(|t| {
-            let n = t.numel();
-            let host = HostData::from_f64_slice(t.dtype(), &values[at..at + n]);
-            at += n;
-            RawTensor::from_host(host, &t.dims()[..], t.device())
-        })
-        .collect()
+    let (kinds, values) = describe(op, tensors, floats_only)?;
+    Ok(Part { kinds, values })
 }
 
 impl<B: Backend> Collective<B> for ThreadRank {
@@ -222,13 +196,7 @@ impl<B: Backend> Collective<B> for ThreadRank {
             "all_reduce_mean",
             part_of("all_reduce_mean", tensors, true)?,
         )?;
-        let scale = 1.0 / self.shared.world as f64;
-        let n = all.first().map_or(0, Vec::len);
-        // Summed in rank order on every rank, so that every rank gets the same bits.
-        let mean: Vec<f64> = (0..n)
-            .map(|i| all.iter().map(|r| r[i]).sum::<f64>() * scale)
-            .collect();
-        tensors_like(&mean, tensors)
+        tensors_like(&mean_in_rank_order(&all), tensors)
     }
 
     fn broadcast(&self, tensors: &[RawTensor<B>], root: usize) -> Result<Vec<RawTensor<B>>> {
@@ -260,7 +228,7 @@ impl Drop for ThreadRank {
 /// Makes every rank's parameters and buffers (batch-norm statistics) rank `root`'s, so
 /// that replicas start equal whatever their initialisation.
 pub fn broadcast_state<B: Backend, M: Module<B>>(
-    c: &impl Collective<B>,
+    c: &(impl Collective<B> + ?Sized),
     model: &mut M,
     root: usize,
 ) -> Result<()> {
@@ -287,7 +255,7 @@ pub fn broadcast_state<B: Backend, M: Module<B>>(
 /// buckets of about [`BUCKET_BYTES`], last parameters first, the order a backward pass
 /// produces them.
 pub fn average_grads<B: Backend, M: Module<B>>(
-    c: &impl Collective<B>,
+    c: &(impl Collective<B> + ?Sized),
     model: &mut M,
     grads: &M::Grads,
 ) -> Result<M::Grads> {

@@ -7,8 +7,9 @@
 //! step's notice says why.
 
 use crate::optim::Optimizer;
+use crate::parallel::average_grads;
 use kiln_tensor::nn::Module;
-use kiln_tensor::{Backend, HostData, RawTensor, Replay, Result};
+use kiln_tensor::{Backend, Collective, HostData, RawTensor, Replay, Result};
 
 /// A captured step: its replay, the input buffers it reads and the loss it writes.
 struct Captured<B: Backend> {
@@ -46,6 +47,8 @@ pub struct StepReplay<B: Backend> {
     graph: Option<Captured<B>>,
     steps: u64,
     notice: Option<String>,
+    /// The ranks this one averages its gradients and loss with (data parallelism).
+    ranks: Option<Box<dyn Collective<B>>>,
 }
 
 /// A model's loss and gradients on a step's inputs, uploaded to the device.
@@ -75,7 +78,23 @@ impl<B: Backend> StepReplay<B> {
             notice: refusal.map(|why| {
                 format!("the training step is not replayed as a graph: {why}; it runs planned")
             }),
+            ranks: None,
         }
+    }
+
+    /// Steps of one rank of a data-parallel run: each step's gradients (and its loss)
+    /// are averaged over `ranks` before the optimizer's step, so that every rank takes
+    /// the step of the whole batch. Such steps run planned, not replayed: the exchange
+    /// happens between the backward pass and the optimizer, outside a capture.
+    pub fn data_parallel(mut self, ranks: Box<dyn Collective<B>>) -> Self {
+        if self.captures {
+            self.captures = false;
+            self.notice = Some(
+                "the training step is not replayed as a graph: data-parallel steps exchange gradients between ranks outside a capture; it runs planned".into(),
+            );
+        }
+        self.ranks = Some(ranks);
+        self
     }
 
     /// Whether later steps replay a captured one.
@@ -149,7 +168,11 @@ impl<B: Backend> StepReplay<B> {
                     });
                     value
                 } else {
-                    let (loss, grads) = loss_and_grad(model, &uploaded)?;
+                    let (mut loss, mut grads) = loss_and_grad(model, &uploaded)?;
+                    if let Some(ranks) = &self.ranks {
+                        grads = average_grads(ranks.as_ref(), model, &grads)?;
+                        loss = ranks.all_reduce_mean(&[loss])?.remove(0);
+                    }
                     opt.step(model, &grads)?;
                     loss.to_vec::<f32>()?[0]
                 }

@@ -101,6 +101,8 @@ pub mod strided;
 pub mod cuda;
 #[cfg(feature = "cuda")]
 pub mod graph;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 

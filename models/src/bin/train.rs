@@ -8,20 +8,22 @@ use clap::{Parser, ValueEnum};
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::device::{run_on, OnDevice};
+use kiln::device::{run_on, DeviceChoice, OnDevice};
 use kiln::prelude::*;
 use kiln::tensor::nn::Module;
+use kiln::tensor::Collective;
 use kiln::train::checkpoint;
+use kiln::train::launch::{launch, RankEnv};
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use kiln::train::schedule::CosineWithWarmup;
 use kiln::train::state;
-use kiln_models::classify::{accuracy, fit, Classifier};
+use kiln_models::classify::{accuracy, fit_ranks, Classifier, FitSettings};
 use kiln_models::curve::Curve;
 use kiln_models::data::{ImageDataset, FASHION_NORM, MNIST_NORM};
 use kiln_models::{lenet::LeNet, mlp::Mlp};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Which model to train.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -129,6 +131,17 @@ struct Args {
     /// (`#[model(precision = bf16)]` instances).
     #[arg(long, value_enum, default_value = "f32")]
     precision: PrecisionArg,
+    /// Data-parallel ranks, one process each, started by this one: every rank trains
+    /// on --batch-size examples of each step (a step's batch is ranks × --batch-size)
+    /// and the gradients are averaged, through NCCL between CUDA GPUs (rank r on GPU
+    /// N + r of --device cuda:N) and loopback sockets elsewhere; rank 0 prints and
+    /// writes the checkpoint and training state. Without it: one process, no exchange.
+    #[arg(long)]
+    ranks: Option<usize>,
+    /// Seconds a rank waits for the others, to start and in each exchange, before the
+    /// run fails.
+    #[arg(long, default_value_t = 300)]
+    rank_timeout: u64,
 }
 
 /// `--precision`: which instance of the GPT trains.
@@ -140,15 +153,25 @@ enum PrecisionArg {
     Bf16,
 }
 
-/// The training run, on whichever backend `--device` opens.
-struct Train<'a>(&'a Args);
+/// The training run, on whichever backend `--device` opens: the whole run, or one rank
+/// of a data-parallel one.
+struct Train<'a>(&'a Args, Option<&'a RankEnv>);
 
 impl OnDevice for Train<'_> {
     type Output = ();
 
     fn run<Be: Backend>(self, dev: &Be::Device, name: &str) -> Result<()> {
-        println!("device: {name}");
         let args = self.0;
+        match self.1 {
+            Some(env) if env.rank == 0 => {
+                println!(
+                    "device: {name} (rank 0 of {}; the others on the next devices)",
+                    env.world
+                )
+            }
+            Some(_) => {}
+            None => println!("device: {name}"),
+        }
         if args.precision != PrecisionArg::F32
             && matches!(args.model, ModelKind::Mlp | ModelKind::Cnn)
         {
@@ -157,14 +180,33 @@ impl OnDevice for Train<'_> {
                 "--precision bf16 is built for the GPT (--model gpt, gpt-tiny or gpt-w3); the image models train in f32",
             ));
         }
+        let ranks = match self.1 {
+            Some(env) => Some(Ranks {
+                rank: env.rank,
+                world: env.world,
+                collective: kiln::device::join_ranks::<Be>(
+                    dev,
+                    env,
+                    Duration::from_secs(args.rank_timeout),
+                )?,
+            }),
+            None => None,
+        };
         match args.model {
-            ModelKind::Mlp => run::<Be, Mlp<Be>>(args, dev),
-            ModelKind::Cnn => run::<Be, LeNet<Be>>(args, dev),
-            ModelKind::Gpt => gpt::run::<Be>(args, dev, gpt::Size::Small),
-            ModelKind::GptTiny => gpt::run::<Be>(args, dev, gpt::Size::Tiny),
-            ModelKind::GptW3 => gpt::run::<Be>(args, dev, gpt::Size::W3),
+            ModelKind::Mlp => run::<Be, Mlp<Be>>(args, dev, ranks),
+            ModelKind::Cnn => run::<Be, LeNet<Be>>(args, dev, ranks),
+            ModelKind::Gpt => gpt::run::<Be>(args, dev, ranks, gpt::Size::Small),
+            ModelKind::GptTiny => gpt::run::<Be>(args, dev, ranks, gpt::Size::Tiny),
+            ModelKind::GptW3 => gpt::run::<Be>(args, dev, ranks, gpt::Size::W3),
         }
     }
+}
+
+/// This process's rank of a data-parallel run, joined.
+struct Ranks<Be: Backend> {
+    rank: usize,
+    world: usize,
+    collective: Box<dyn Collective<Be>>,
 }
 
 /// A training run generic over the optimizer, which `--optimizer` chooses.
@@ -194,19 +236,25 @@ fn with_optimizer<Be: Backend>(args: &Args, run: impl WithOptimizer<Be>) -> Resu
 struct ClassifierRun<'a, Be: Backend, M> {
     args: &'a Args,
     dev: &'a Be::Device,
+    ranks: Option<Ranks<Be>>,
     model: std::marker::PhantomData<M>,
 }
 
 impl<Be: Backend, M: Classifier<Be>> WithOptimizer<Be> for ClassifierRun<'_, Be, M> {
     fn train<O: Optimizer<Be>>(self, opt: O) -> Result<()> {
-        train_classifier::<Be, M, O>(self.args, self.dev, opt)
+        train_classifier::<Be, M, O>(self.args, self.dev, self.ranks, opt)
     }
 }
 
-fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<()> {
+fn run<Be: Backend, M: Classifier<Be>>(
+    args: &Args,
+    dev: &Be::Device,
+    ranks: Option<Ranks<Be>>,
+) -> Result<()> {
     let run = ClassifierRun::<Be, M> {
         args,
         dev,
+        ranks,
         model: std::marker::PhantomData,
     };
     with_optimizer(args, run)
@@ -215,8 +263,12 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
 fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
     args: &Args,
     dev: &Be::Device,
+    ranks: Option<Ranks<Be>>,
     mut opt: O,
 ) -> Result<()> {
+    let (rank, world) = ranks.as_ref().map_or((0, 1), |r| (r.rank, r.world));
+    // Rank 0 reports and writes files; the others train in silence.
+    let leader = rank == 0;
     let batch = args.batch_size;
     if !TRAIN_BATCHES.contains(&batch) {
         return Err(Error::invalid(
@@ -234,17 +286,20 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
         kiln_models::cli::default_checkpoint(&name)
     });
     let state_path = state_path(args, &out)?;
-    check_writable("checkpoint", &out)?;
-    check_writable("training state", &state_path)?;
+    if leader {
+        check_writable("checkpoint", &out)?;
+        check_writable("training state", &state_path)?;
+    }
     let mut data = ImageDataset::load(&args.data.dir()?.join(dir), norm)?;
     if args.limit > 0 {
         data.train = data.train.take(args.limit);
     }
-    if data.train.len() < batch {
+    let global = batch * world;
+    if data.train.len() < global {
         return Err(Error::invalid(
             "kiln-train",
             format!(
-                "{} training examples make no full batch of {batch}: the run would take no optimizer step",
+                "{} training examples make no full batch of {global}: the run would take no optimizer step",
                 data.train.len()
             ),
         ));
@@ -256,7 +311,7 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
         ));
     }
     let mut model = M::init(dev, args.seed)?;
-    let steps_per_epoch = (data.train.len() / batch) as u64;
+    let steps_per_epoch = (data.train.len() / global) as u64;
     let total = steps_per_epoch * args.epochs as u64;
     let schedule = CosineWithWarmup::new(
         args.lr,
@@ -266,17 +321,26 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
     )?;
     let settings = run_settings(args, &format!("{dataset:?}"), &data.train.fingerprint());
     let start = resume(args, &state_path, &mut model, &mut opt, &settings, total)?;
-    println!(
-        "training {:?} ({} parameters) on {:?}: {} examples, batch {batch}, {} epochs, {:?} lr {}",
-        args.model,
-        model.num_params(),
-        dataset,
-        data.train.len(),
-        args.epochs,
-        args.optimizer,
-        args.lr
-    );
-    let bar = progress_bar(total);
+    if leader {
+        let ranks = match world {
+            1 => String::new(),
+            n => format!(" ({n} ranks of {batch})"),
+        };
+        println!(
+            "training {:?} ({} parameters) on {:?}: {} examples, batch {global}{ranks}, {} epochs, {:?} lr {}",
+            args.model,
+            model.num_params(),
+            dataset,
+            data.train.len(),
+            args.epochs,
+            args.optimizer,
+            args.lr
+        );
+    }
+    let bar = match leader {
+        true => progress_bar(total),
+        false => ProgressBar::hidden(),
+    };
     bar.set_position(start);
     let started = Instant::now();
     let mut avg = f32::NAN;
@@ -290,11 +354,14 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
             0.98 * avg + 0.02 * r.loss
         };
         curve.loss.push((r.step + 1, avg as f64));
-        if let Some(notice) = &r.notice {
-            bar.suspend(|| println!("{notice}"));
-        }
         if !r.loss.is_finite() {
             return Err(kiln_models::cli::non_finite_loss(r.loss, r.step));
+        }
+        if !leader {
+            return Ok(());
+        }
+        if let Some(notice) = &r.notice {
+            bar.suspend(|| println!("{notice}"));
         }
         if args.save_every > 0 && (r.step + 1).is_multiple_of(args.save_every) {
             state::save(&state_path, m, o, r.step + 1, &settings)?;
@@ -311,7 +378,7 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
                 )
             });
         }
-        let rate = ((r.step + 1 - start) * batch as u64) as f64 / started.elapsed().as_secs_f64();
+        let rate = ((r.step + 1 - start) * global as u64) as f64 / started.elapsed().as_secs_f64();
         bar.set_message(format!(
             "epoch {} loss {avg:.4} acc {last_acc} {rate:.0} samples/s",
             r.epoch + 1
@@ -319,20 +386,28 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
         bar.inc(1);
         Ok(())
     };
-    fit(
+    let fitting = FitSettings {
+        batch,
+        epochs: args.epochs,
+        seed: args.seed,
+        start,
+        replay: !args.no_graph,
+    };
+    let collective = ranks.map(|r| r.collective);
+    fit_ranks(
         &mut model,
         &mut opt,
         &schedule,
         &data.train,
-        batch,
-        args.epochs,
-        args.seed,
-        start,
+        &fitting,
         dev,
-        !args.no_graph,
+        collective,
         &mut on_step,
     )?;
     bar.finish_and_clear();
+    if !leader {
+        return Ok(());
+    }
     if start < total {
         state::save(&state_path, &model, &opt, total, &settings)?;
     }
@@ -341,7 +416,7 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
     let trained = total - start;
     println!(
         "trained {trained} steps in {secs:.1}s ({:.0} samples/s); test accuracy {:.2}%",
-        (trained * batch as u64) as f64 / secs,
+        (trained * global as u64) as f64 / secs,
         acc * 100.0
     );
     let mut meta = BTreeMap::new();
@@ -455,14 +530,14 @@ mod w3_instances;
 
 /// Training a GPT on the Shakespeare bytes.
 mod gpt {
-    use super::Args;
-    use super::PrecisionArg;
+    use super::{Args, PrecisionArg, Ranks};
     use crate::gpt_instances::{SmallGpt, TinyGpt};
     use crate::w3_instances::{W3Gpt, W3GptBf16};
     use kiln::prelude::*;
     use kiln::tensor::HostData;
     use kiln::train::checkpoint;
     use kiln::train::optim::Optimizer;
+    use kiln::train::parallel::broadcast_state;
     use kiln::train::replay::{StepInput, StepReplay};
     use kiln::train::schedule::{CosineWithWarmup, Schedule};
     use kiln::train::state;
@@ -495,7 +570,12 @@ mod gpt {
 
     /// Trains the GPT of `size` with `--batch-size` 16, 32 or 64 windows of its context
     /// per step (W3: 32).
-    pub fn run<Be: Backend>(args: &Args, dev: &Be::Device, size: Size) -> Result<()> {
+    pub fn run<Be: Backend>(
+        args: &Args,
+        dev: &Be::Device,
+        ranks: Option<Ranks<Be>>,
+        size: Size,
+    ) -> Result<()> {
         if args.dataset.is_some() {
             return Err(Error::invalid(
                 "kiln-train",
@@ -505,20 +585,20 @@ mod gpt {
         let bf16 = args.precision == PrecisionArg::Bf16;
         use Size::{Small, Tiny, W3};
         match (size, bf16, args.batch_size) {
-            (Tiny, false, 16) => train::<Be, TinyGpt<Be>, 16, 32>(args, dev),
-            (Tiny, false, 32) => train::<Be, TinyGpt<Be>, 32, 32>(args, dev),
-            (Tiny, false, 64) => train::<Be, TinyGpt<Be>, 64, 32>(args, dev),
-            (Small, false, 16) => train::<Be, SmallGpt<Be>, 16, 128>(args, dev),
-            (Small, false, 32) => train::<Be, SmallGpt<Be>, 32, 128>(args, dev),
-            (Small, false, 64) => train::<Be, SmallGpt<Be>, 64, 128>(args, dev),
-            (Tiny, true, 16) => train::<Be, TinyGptBf16<Be>, 16, 32>(args, dev),
-            (Tiny, true, 32) => train::<Be, TinyGptBf16<Be>, 32, 32>(args, dev),
-            (Tiny, true, 64) => train::<Be, TinyGptBf16<Be>, 64, 32>(args, dev),
-            (Small, true, 16) => train::<Be, SmallGptBf16<Be>, 16, 128>(args, dev),
-            (Small, true, 32) => train::<Be, SmallGptBf16<Be>, 32, 128>(args, dev),
-            (Small, true, 64) => train::<Be, SmallGptBf16<Be>, 64, 128>(args, dev),
-            (W3, false, 32) => train::<Be, W3Gpt<Be>, 32, 256>(args, dev),
-            (W3, true, 32) => train::<Be, W3GptBf16<Be>, 32, 256>(args, dev),
+            (Tiny, false, 16) => train::<Be, TinyGpt<Be>, 16, 32>(args, dev, ranks),
+            (Tiny, false, 32) => train::<Be, TinyGpt<Be>, 32, 32>(args, dev, ranks),
+            (Tiny, false, 64) => train::<Be, TinyGpt<Be>, 64, 32>(args, dev, ranks),
+            (Small, false, 16) => train::<Be, SmallGpt<Be>, 16, 128>(args, dev, ranks),
+            (Small, false, 32) => train::<Be, SmallGpt<Be>, 32, 128>(args, dev, ranks),
+            (Small, false, 64) => train::<Be, SmallGpt<Be>, 64, 128>(args, dev, ranks),
+            (Tiny, true, 16) => train::<Be, TinyGptBf16<Be>, 16, 32>(args, dev, ranks),
+            (Tiny, true, 32) => train::<Be, TinyGptBf16<Be>, 32, 32>(args, dev, ranks),
+            (Tiny, true, 64) => train::<Be, TinyGptBf16<Be>, 64, 32>(args, dev, ranks),
+            (Small, true, 16) => train::<Be, SmallGptBf16<Be>, 16, 128>(args, dev, ranks),
+            (Small, true, 32) => train::<Be, SmallGptBf16<Be>, 32, 128>(args, dev, ranks),
+            (Small, true, 64) => train::<Be, SmallGptBf16<Be>, 64, 128>(args, dev, ranks),
+            (W3, false, 32) => train::<Be, W3Gpt<Be>, 32, 256>(args, dev, ranks),
+            (W3, true, 32) => train::<Be, W3GptBf16<Be>, 32, 256>(args, dev, ranks),
             (W3, _, other) => Err(Error::invalid(
                 "kiln-train",
                 format!("W3's GPT trains on 32 windows per step, not {other}"),
@@ -598,6 +678,7 @@ mod gpt {
     struct GptRun<'a, Be: Backend, M, const B: usize, const T: usize> {
         args: &'a Args,
         dev: &'a Be::Device,
+        ranks: Option<Ranks<Be>>,
         model: std::marker::PhantomData<M>,
     }
 
@@ -605,17 +686,19 @@ mod gpt {
         for GptRun<'_, Be, M, B, T>
     {
         fn train<O: Optimizer<Be>>(self, opt: O) -> Result<()> {
-            train_with::<Be, M, O, B, T>(self.args, self.dev, opt)
+            train_with::<Be, M, O, B, T>(self.args, self.dev, self.ranks, opt)
         }
     }
 
     fn train<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
         args: &Args,
         dev: &Be::Device,
+        ranks: Option<Ranks<Be>>,
     ) -> Result<()> {
         let run = GptRun::<Be, M, B, T> {
             args,
             dev,
+            ranks,
             model: std::marker::PhantomData,
         };
         super::with_optimizer(args, run)
@@ -630,16 +713,21 @@ mod gpt {
     >(
         args: &Args,
         dev: &Be::Device,
+        ranks: Option<Ranks<Be>>,
         mut opt: O,
     ) -> Result<()> {
+        let (rank, world) = ranks.as_ref().map_or((0, 1), |r| (r.rank, r.world));
+        // Rank 0 reports and writes files; the others train in silence.
+        let leader = rank == 0;
         let mut corpus = Corpus::shakespeare_in(&args.data.dir()?)?;
         if args.limit > 0 {
-            if args.limit <= B * T {
+            if args.limit <= B * T * world {
                 return Err(Error::invalid(
                     "kiln-train",
                     format!(
-                        "--limit {} leaves less than one step of {B} windows of {T} bytes",
-                        args.limit
+                        "--limit {} leaves less than one step of {} windows of {T} bytes",
+                        args.limit,
+                        B * world
                     ),
                 ));
             }
@@ -650,10 +738,12 @@ mod gpt {
             .clone()
             .unwrap_or_else(|| kiln_models::cli::default_checkpoint("gpt-shakespeare.safetensors"));
         let state_path = super::state_path(args, &out)?;
-        super::check_writable("checkpoint", &out)?;
-        super::check_writable("training state", &state_path)?;
+        if leader {
+            super::check_writable("checkpoint", &out)?;
+            super::check_writable("training state", &state_path)?;
+        }
         let mut model = M::init_named(dev, args.seed, "")?;
-        let per_epoch = (corpus.train.len() / (B * T)) as u64;
+        let per_epoch = (corpus.train.len() / (B * world * T)) as u64;
         let total = (per_epoch * args.epochs as u64).max(1);
         let schedule =
             CosineWithWarmup::new(args.lr, args.lr * 0.1, args.warmup.min(total / 2), total)?;
@@ -662,29 +752,49 @@ mod gpt {
         let data = format!("{} bytes, crc32 {:08x}", corpus.train.len(), crc.finalize());
         let settings = super::run_settings(args, "shakespeare", &data);
         let start = super::resume(args, &state_path, &mut model, &mut opt, &settings, total)?;
-        println!(
-            "training {} ({} parameters) on Shakespeare: {} training bytes, {} held out, {B} windows of {T} per step, {total} steps, {:?} lr {}",
-            M::NAME,
-            model.num_params(),
-            corpus.train.len(),
-            corpus.held_out.len(),
-            args.optimizer,
-            args.lr
-        );
-        let bar = super::progress_bar(total);
+        if leader {
+            let ranks = match world {
+                1 => String::new(),
+                n => format!(" ({n} ranks of {B})"),
+            };
+            println!(
+                "training {} ({} parameters) on Shakespeare: {} training bytes, {} held out, {} windows of {T} per step{ranks}, {total} steps, {:?} lr {}",
+                M::NAME,
+                model.num_params(),
+                corpus.train.len(),
+                corpus.held_out.len(),
+                B * world,
+                args.optimizer,
+                args.lr
+            );
+        }
+        let bar = match leader {
+            true => super::progress_bar(total),
+            false => indicatif::ProgressBar::hidden(),
+        };
         bar.set_position(start);
         let started = Instant::now();
         let mut steps = StepReplay::new(dev, !args.no_graph, &opt, M::draws_at_random());
+        if let Some(ranks) = ranks {
+            broadcast_state(ranks.collective.as_ref(), &mut model, 0)?;
+            if let Some(seeds) = model.step_seeds() {
+                seeds.set_rank(rank as u64);
+            }
+            steps = steps.data_parallel(ranks.collective);
+        }
         let mut avg = f32::NAN;
         let mut curve = Curve::new("held-out loss (nats/byte, 16 batches)");
         let mut run = || -> Result<()> {
             for step in start..total {
+                // The step's windows for every rank, and this rank's share of them.
                 let (ids, next) = windows(
                     &corpus.train,
-                    B,
+                    B * world,
                     T,
                     args.seed.wrapping_mul(1_000_003) ^ step,
                 )?;
+                let mine = rank * B * T..(rank + 1) * B * T;
+                let (ids, next) = (ids[mine.clone()].to_vec(), next[mine].to_vec());
                 opt.set_lr(schedule.lr_at(step))?;
                 let inputs = vec![
                     StepInput {
@@ -704,12 +814,15 @@ mod gpt {
                     let (loss, grads) = m.loss_and_grad::<B, T>(&ids, &next)?;
                     Ok((loss.into_raw(), grads))
                 })?;
-                if let Some(notice) = &outcome.notice {
-                    bar.suspend(|| println!("{notice}"));
-                }
                 let loss = outcome.loss;
                 if !loss.is_finite() {
                     return Err(kiln_models::cli::non_finite_loss(loss, step));
+                }
+                if !leader {
+                    continue;
+                }
+                if let Some(notice) = &outcome.notice {
+                    bar.suspend(|| println!("{notice}"));
                 }
                 avg = if avg.is_nan() {
                     loss
@@ -731,8 +844,8 @@ mod gpt {
                         )
                     });
                 }
-                let rate =
-                    ((step + 1 - start) * (B * T) as u64) as f64 / started.elapsed().as_secs_f64();
+                let rate = ((step + 1 - start) * (B * world * T) as u64) as f64
+                    / started.elapsed().as_secs_f64();
                 bar.set_message(format!("loss {avg:.3} {rate:.0} tokens/s"));
                 bar.inc(1);
             }
@@ -742,6 +855,9 @@ mod gpt {
         steps.finish(&model);
         result?;
         bar.finish_and_clear();
+        if !leader {
+            return Ok(());
+        }
         if start < total {
             state::save(&state_path, &model, &opt, total, &settings)?;
         }
@@ -793,6 +909,14 @@ fn check_args(args: &Args) -> Result<()> {
     if args.epochs == 0 {
         return bad("--epochs 0 trains nothing: give at least 1".into());
     }
+    if args.ranks == Some(0) {
+        return bad(
+            "--ranks 0 runs nothing: give at least 1 (or leave it out for one process)".into(),
+        );
+    }
+    if args.rank_timeout == 0 {
+        return bad("--rank-timeout 0 fails every exchange: give the seconds ranks may wait for one another".into());
+    }
     if !(args.lr > 0.0 && args.lr.is_finite()) {
         return bad(format!("--lr must be a positive number, got {}", args.lr));
     }
@@ -839,9 +963,37 @@ fn check_writable(what: &str, out: &Path) -> Result<()> {
 fn main() {
     let args = Args::parse();
     args.anomaly.apply();
-    let r = check_args(&args).and_then(|()| run_on(args.device.device, Train(&args)));
-    if let Err(e) = r {
+    if let Err(e) = check_args(&args).and_then(|()| start(&args)) {
         eprintln!("error: {e}");
         std::process::exit(1);
+    }
+}
+
+/// Runs the training: in this process, as the launcher of `--ranks` processes, or as
+/// one of those ranks (started by a launcher, which set the rank's environment).
+fn start(args: &Args) -> Result<()> {
+    match (RankEnv::from_env()?, args.ranks) {
+        (None, None) => run_on(args.device.device, Train(args, None)),
+        (None, Some(world)) => {
+            let me = std::env::current_exe().map_err(|e| {
+                Error::invalid("kiln-train", format!("finding this program to launch its ranks: {e}"))
+            })?;
+            let argv: Vec<String> = std::env::args().skip(1).collect();
+            launch(world, &me, &argv)
+        }
+        (Some(env), Some(world)) if env.world == world => {
+            let device = match args.device.device {
+                DeviceChoice::Cuda(first) => DeviceChoice::Cuda(first + env.rank),
+                other => other,
+            };
+            run_on(device, Train(args, Some(&env)))
+        }
+        (Some(env), _) => Err(Error::invalid(
+            "kiln-train",
+            format!(
+                "this process is rank {} of {} (KILN_RANK, KILN_WORLD), but its command line does not say --ranks {}",
+                env.rank, env.world, env.world
+            ),
+        )),
     }
 }

@@ -45,6 +45,8 @@ pub struct StepSeeds<B: Backend> {
     /// Where the counter started: the model's initialisation seed.
     start: u64,
     steps: AtomicU64,
+    /// Mixed into every seed: a data-parallel rank's own draws (0: none).
+    rank: AtomicU64,
     on_device: Mutex<Option<RawTensor<B>>>,
 }
 
@@ -54,6 +56,7 @@ impl<B: Backend> StepSeeds<B> {
         StepSeeds {
             start,
             steps: AtomicU64::new(start),
+            rank: AtomicU64::new(0),
             on_device: Mutex::new(None),
         }
     }
@@ -66,6 +69,19 @@ impl<B: Backend> StepSeeds<B> {
     /// Sets the counter (a resumed run goes on from its step count).
     pub fn set_steps(&self, n: u64) {
         self.steps.store(n, Ordering::Relaxed);
+    }
+
+    /// Makes the draws those of data-parallel rank `rank`: ranks that count the same
+    /// steps draw different masks over their different examples, as one rank drawing
+    /// for the whole batch would. Rank 0 draws what a run without ranks draws.
+    pub fn set_rank(&self, rank: u64) {
+        self.rank.store(rank, Ordering::Relaxed);
+    }
+
+    /// The seed of step `n` on this counter's rank.
+    fn seed_at(&self, n: u64) -> u64 {
+        let rank = self.rank.load(Ordering::Relaxed);
+        step_seed(n) ^ rank.wrapping_mul(0xd1b5_4a32_d192_ed03)
     }
 
     /// The training steps taken since the counter started (what a checkpoint records
@@ -86,7 +102,7 @@ impl<B: Backend> StepSeeds<B> {
     pub fn next(&self) -> StepSeed<B> {
         match &*self.on_device.lock().unwrap_or_else(|e| e.into_inner()) {
             Some(buffer) => StepSeed::Device(buffer.clone()),
-            None => StepSeed::Host(step_seed(self.steps.fetch_add(1, Ordering::Relaxed))),
+            None => StepSeed::Host(self.seed_at(self.steps.fetch_add(1, Ordering::Relaxed))),
         }
     }
 
@@ -97,7 +113,7 @@ impl<B: Backend> StepSeeds<B> {
     /// captured step reads); others get a fresh buffer.
     pub fn advance_on_device(&self, device: &B::Device) -> Result<()> {
         let mut on_device = self.on_device.lock().unwrap_or_else(|e| e.into_inner());
-        let seed = step_seed(self.steps.fetch_add(1, Ordering::Relaxed));
+        let seed = self.seed_at(self.steps.fetch_add(1, Ordering::Relaxed));
         let words = vec![seed as u32 as i32, (seed >> 32) as u32 as i32];
         match &*on_device {
             Some(buffer) if buffer.device() == device && B::captures(device) => {

@@ -1,0 +1,283 @@
+//! `kiln-train --ranks N`: data parallelism as one process per rank on the CPU (ranks
+//! exchange over loopback sockets; on CUDA the same code goes through NCCL). Two ranks
+//! of 64 examples train the MLP as one process on batches of 128 does; only rank 0
+//! writes files; a rank that never comes or dies makes the other fail with an error
+//! naming it, within the timeout, never a hang.
+
+#[path = "support/output.rs"]
+mod output;
+use output::assert_refused;
+
+use kiln::cpu::{Cpu, CpuDevice};
+use kiln::tensor::nn::Module;
+use kiln_models::mlp::Mlp;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TRAIN: &str = env!("CARGO_BIN_EXE_kiln-train");
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-dp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Every parameter of the MLP checkpoint at `path`, in visit order.
+fn params(path: &Path) -> Vec<(String, Vec<f32>)> {
+    let m: Mlp<Cpu> = kiln::train::checkpoint::load_new(path, &CpuDevice, false).unwrap();
+    let mut out = Vec::new();
+    m.visit_params("", &mut |s| {
+        out.push((s.name.to_string(), s.value.to_vec::<f32>().unwrap()))
+    });
+    out
+}
+
+/// `kiln-train` with `args`, its output, after checking it succeeded.
+fn train(args: &[&str]) -> String {
+    let out = Command::new(TRAIN).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+#[test]
+fn two_rank_processes_train_the_mlp_of_one_on_the_whole_batch() {
+    let dir = scratch("mlp");
+    let one = dir.join("one.safetensors");
+    let two = dir.join("two.safetensors");
+    let common = [
+        "--model",
+        "mlp",
+        "--limit",
+        "1024",
+        "--epochs",
+        "1",
+        "--save-every",
+        "0",
+    ];
+    train(
+        &[
+            &common[..],
+            &["--batch-size", "128", "--out", one.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    let log = train(
+        &[
+            &common[..],
+            &[
+                "--ranks",
+                "2",
+                "--batch-size",
+                "64",
+                "--out",
+                two.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
+    assert!(log.contains("batch 128 (2 ranks of 64)"), "{log}");
+    assert_eq!(log.matches("saved ").count(), 1, "only rank 0 saves: {log}");
+    let (a, b) = (params(&one), params(&two));
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        let scale = x.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+        let worst = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0.0f32, f32::max);
+        // Summation orders differ (halves of the batch, then their mean): rounding.
+        assert!(
+            worst <= 1e-5 * scale,
+            "{name}: {worst} apart (scale {scale})"
+        );
+    }
+    // Rank 0's files and nothing else.
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| f.starts_with("two"))
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["two.png", "two.safetensors", "two.state.safetensors"]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A rank process started by hand, as a launcher would, with its stdout piped.
+fn rank_process(
+    rank: usize,
+    world: usize,
+    rendezvous: &Path,
+    args: &[&str],
+) -> std::process::Child {
+    Command::new(TRAIN)
+        .args(args)
+        .env("KILN_RANK", rank.to_string())
+        .env("KILN_WORLD", world.to_string())
+        .env("KILN_RENDEZVOUS", rendezvous)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A child's exit code and standard error once it ends, failing the test if it runs
+/// past `limit`.
+fn finish(mut child: std::process::Child, limit: Duration) -> (Option<i32>, String) {
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("the rank still ran after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_rank_that_never_comes_fails_rank_0_within_the_timeout() {
+    let dir = scratch("never");
+    let out = dir.join("m.safetensors");
+    let args = [
+        "--ranks",
+        "2",
+        "--rank-timeout",
+        "2",
+        "--limit",
+        "1024",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let rank0 = rank_process(0, 2, &dir, &args);
+    let (code, err) = finish(rank0, Duration::from_secs(30));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("waited 2 s for rank(s) 1 to join"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!out.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_rank_that_dies_mid_run_fails_the_other_at_once() {
+    let dir = scratch("dies");
+    let out = dir.join("m.safetensors");
+    let args = [
+        "--ranks",
+        "2",
+        "--rank-timeout",
+        "120",
+        "--limit",
+        "4096",
+        "--epochs",
+        "20",
+        "--save-every",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let mut rank0 = rank_process(0, 2, &dir, &args);
+    let mut rank1 = rank_process(1, 2, &dir, &args);
+    // Rank 0 prints the run's settings once both ranks have joined.
+    let mut lines = BufReader::new(rank0.stdout.take().unwrap()).lines();
+    let joined = lines.find(|l| l.as_ref().is_ok_and(|l| l.starts_with("training Mlp")));
+    assert!(joined.is_some(), "rank 0 never started training");
+    rank1.kill().unwrap();
+    rank1.wait().unwrap();
+    let killed = Instant::now();
+    let (code, err) = finish(rank0, Duration::from_secs(60));
+    assert!(
+        killed.elapsed() < Duration::from_secs(20),
+        "rank 0 waited for the timeout"
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("rank 1 closed its connection (it died or left)"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!out.exists(), "a failed run saved a checkpoint");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn rank_settings_that_make_no_sense_are_refused() {
+    let dir = scratch("flags");
+    let out = dir.join("m.safetensors");
+    let out = out.to_str().unwrap();
+    assert_refused(
+        TRAIN,
+        &["--ranks", "0", "--out", out],
+        "--ranks 0 runs nothing",
+    );
+    assert_refused(
+        TRAIN,
+        &["--ranks", "2", "--rank-timeout", "0", "--out", out],
+        "--rank-timeout 0",
+    );
+    // A rank's environment and its command line must agree.
+    let lone = Command::new(TRAIN)
+        .args(["--out", out])
+        .env("KILN_RANK", "0")
+        .env("KILN_WORLD", "2")
+        .env("KILN_RENDEZVOUS", &dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&lone.stderr);
+    assert!(err.contains("this process is rank 0 of 2 (KILN_RANK, KILN_WORLD), but its command line does not say --ranks 2"), "{err}");
+    let partial = Command::new(TRAIN)
+        .args(["--out", out])
+        .env("KILN_RANK", "3")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&partial.stderr);
+    assert!(
+        err.contains("are set together (by a launch), not some of them"),
+        "{err}"
+    );
+    let outside = Command::new(TRAIN)
+        .args(["--ranks", "2", "--out", out])
+        .env("KILN_RANK", "2")
+        .env("KILN_WORLD", "2")
+        .env("KILN_RENDEZVOUS", &dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&outside.stderr);
+    assert!(
+        err.contains("KILN_RANK=2 is not a rank of KILN_WORLD=2"),
+        "{err}"
+    );
+    // A launch whose ranks fail names the rank that failed first.
+    let launched = Command::new(TRAIN)
+        .args(["--ranks", "2", "--limit", "100", "--out", out])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&launched.stderr);
+    assert_eq!(launched.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("100 training examples make no full batch of 128"),
+        "{err}"
+    );
+    let last = err.trim().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: invalid argument to `launch`: rank ")
+            && last.contains("exited with status 1"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new(out).exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
