@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -106,6 +106,43 @@ case $W in
       run 150 $B/kiln-train --device cuda $W --ranks 2 --out "$OUT/w3r2.safetensors"
       run 200 python3 -m torch.distributed.run --nproc_per_node 2 scripts/gpt_torch.py bench --config w3 --reps 20 --precision bf16 --ddp --compile
     fi
+    rm -f "$OUT"/*.safetensors ;;
+  ranksteps)
+    # W3's steady step as a rank through NCCL against the same step planned: each run
+    # for 1 and for 6 epochs (103 and 618 steps), so that the difference of their times
+    # over 515 steps leaves out compilation and start-up.
+    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
+    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    N=$(find $SP/nvidia -name 'libnccl.so*' 2>/dev/null | head -1)
+    mkdir -p /tmp/nccl && [ -n "$N" ] && ln -sf "$N" /tmp/nccl/libnccl.so
+    export LD_LIBRARY_PATH=/tmp/nccl:$LD_LIBRARY_PATH
+    W="--model gpt-w3 --precision bf16 --optimizer adamw --lr 0.001 --warmup 20 --batch-size 32 --save-every 0"
+    for e in 1 6; do
+      for how in --no-graph "--ranks 1" ""; do
+        run 150 $B/kiln-train --device cuda $W --epochs $e $how --out "$OUT/w3.safetensors"
+      done
+    done
+    rm -f "$OUT"/*.safetensors ;;
+  ranksgraph)
+    # Ranks whose NCCL exchanges are captured with the step and replayed (a CUDA graph):
+    # the NCCL tests, then the MLP and W3 with --ranks 1 against the plain replayed
+    # runs (the same bits expected), W3 for 1 and 6 epochs each for its steady step.
+    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
+    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    N=$(find $SP/nvidia -name 'libnccl.so*' 2>/dev/null | head -1)
+    mkdir -p /tmp/nccl && [ -n "$N" ] && ln -sf "$N" /tmp/nccl/libnccl.so
+    export LD_LIBRARY_PATH=/tmp/nccl:$LD_LIBRARY_PATH
+    [ -x $B/nccl_test ] && run 120 $B/nccl_test --test-threads 1
+    C="--model mlp --epochs 2 --save-every 0 --batch-size 128"
+    run 120 $B/kiln-train --device cuda $C --out "$OUT/plain.safetensors"
+    run 120 $B/kiln-train --device cuda $C --ranks 1 --out "$OUT/ranks1.safetensors"
+    same "$OUT/plain.safetensors" "$OUT/ranks1.safetensors"
+    W="--model gpt-w3 --precision bf16 --optimizer adamw --lr 0.001 --warmup 20 --batch-size 32 --save-every 0"
+    for e in 1 6; do
+      run 150 $B/kiln-train --device cuda $W --epochs $e --out "$OUT/w3-$e.safetensors"
+      run 150 $B/kiln-train --device cuda $W --epochs $e --ranks 1 --out "$OUT/w3r1-$e.safetensors"
+    done
+    same "$OUT/w3-6.safetensors" "$OUT/w3r1-6.safetensors"
     rm -f "$OUT"/*.safetensors ;;
   w3train)
     # The fused-kernel tests on CUDA and W3's step (kiln-bench, f32 and bf16); W3

@@ -84,10 +84,11 @@ impl<B: Backend> StepReplay<B> {
 
     /// Steps of one rank of a data-parallel run: each step's gradients (and its loss)
     /// are averaged over `ranks` before the optimizer's step, so that every rank takes
-    /// the step of the whole batch. Such steps run planned, not replayed: the exchange
-    /// happens between the backward pass and the optimizer, outside a capture.
+    /// the step of the whole batch. A collective whose exchanges are device work (NCCL)
+    /// is captured with the step and replayed with it; one through the host makes the
+    /// steps run planned.
     pub fn data_parallel(mut self, ranks: Box<dyn Collective<B>>) -> Self {
-        if self.captures {
+        if self.captures && !ranks.captures() {
             self.captures = false;
             self.notice = Some(
                 "the training step is not replayed as a graph: data-parallel steps exchange gradients between ranks outside a capture; it runs planned".into(),
@@ -150,8 +151,10 @@ impl<B: Backend> StepReplay<B> {
                     .collect::<Result<Vec<_>>>()?;
                 if self.captures && self.steps >= 1 {
                     let mut out = None;
+                    let ranks = self.ranks.as_deref();
                     let replay = B::capture(device, &mut || {
                         let (loss, grads) = loss_and_grad(model, &uploaded)?;
+                        let (loss, grads) = averaged(ranks, model, loss, grads)?;
                         opt.step(model, &grads)?;
                         out = Some(loss);
                         Ok(())
@@ -168,11 +171,8 @@ impl<B: Backend> StepReplay<B> {
                     });
                     value
                 } else {
-                    let (mut loss, mut grads) = loss_and_grad(model, &uploaded)?;
-                    if let Some(ranks) = &self.ranks {
-                        grads = average_grads(ranks.as_ref(), model, &grads)?;
-                        loss = ranks.all_reduce_mean(&[loss])?.remove(0);
-                    }
+                    let (loss, grads) = loss_and_grad(model, &uploaded)?;
+                    let (loss, grads) = averaged(self.ranks.as_deref(), model, loss, grads)?;
                     opt.step(model, &grads)?;
                     loss.to_vec::<f32>()?[0]
                 }
@@ -191,6 +191,23 @@ impl<B: Backend> StepReplay<B> {
         if let Some(seeds) = model.step_seeds() {
             seeds.keep_on_host();
         }
+    }
+}
+
+/// The loss and gradients averaged over `ranks` (a data-parallel step), or as they are.
+fn averaged<B: Backend, M: Module<B>>(
+    ranks: Option<&dyn Collective<B>>,
+    model: &mut M,
+    loss: RawTensor<B>,
+    grads: M::Grads,
+) -> Result<(RawTensor<B>, M::Grads)> {
+    match ranks {
+        Some(ranks) => {
+            let grads = average_grads(ranks, model, &grads)?;
+            let loss = ranks.all_reduce_mean(&[loss])?.remove(0);
+            Ok((loss, grads))
+        }
+        None => Ok((loss, grads)),
     }
 }
 

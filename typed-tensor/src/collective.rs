@@ -20,4 +20,9 @@ pub trait Collective<B: Backend> {
     fn all_reduce_mean(&self, tensors: &[RawTensor<B>]) -> Result<Vec<RawTensor<B>>>;
     /// Rank `root`'s `tensors`, on every rank.
     fn broadcast(&self, tensors: &[RawTensor<B>], root: usize) -> Result<Vec<RawTensor<B>>>;
+    /// Whether its exchanges are device work that a captured graph can hold and replay
+    /// (NCCL's are); exchanges through the host are not.
+    fn captures(&self) -> bool {
+        false
+    }
 }

@@ -268,6 +268,10 @@ impl Collective<Cuda> for NcclRank {
         self.world
     }
 
+    fn captures(&self) -> bool {
+        true
+    }
+
     fn all_reduce_mean(&self, tensors: &[RawTensor<Cuda>]) -> Result<Vec<RawTensor<Cuda>>> {
         let comm = self.comm;
         self.grouped(

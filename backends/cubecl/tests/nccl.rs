@@ -6,8 +6,9 @@
 #![cfg(feature = "cuda")]
 
 use kiln_cubecl::nccl::{NcclId, NcclRank};
-use kiln_cubecl::{Cuda, CudaDevice};
-use kiln_tensor::{Collective, DType, Op, RawTensor};
+use kiln_cubecl::{write_into, Cuda, CudaDevice};
+use kiln_tensor::binary::BinaryOp;
+use kiln_tensor::{Backend, Collective, DType, HostData, Op, RawTensor};
 use std::time::Duration;
 
 fn device(i: usize) -> CudaDevice {
@@ -58,6 +59,30 @@ fn a_group_of_one_hands_back_what_it_was_given() {
         t = rank.all_reduce_mean(&[t]).unwrap().remove(0);
     }
     assert_eq!(t.to_vec::<f32>().unwrap(), values);
+}
+
+#[test]
+fn an_exchange_is_captured_with_the_step_and_replayed_with_new_inputs() {
+    let dev = device(0);
+    let rank = alone(&dev);
+    assert!(Collective::<Cuda>::captures(&rank));
+    let x = RawTensor::<Cuda>::from_vec(vec![1.0f32; 4096], &[4096], &dev).unwrap();
+    let mut out = None;
+    let replay = Cuda::capture(&dev, &mut || {
+        let doubled = x.apply(Op::Binary(BinaryOp::Add), &[&x])?;
+        out = Some(rank.all_reduce_mean(&[doubled])?.remove(0));
+        Ok(())
+    })
+    .unwrap();
+    let out = out.unwrap();
+    assert_eq!(out.to_vec::<f32>().unwrap(), vec![2.0; 4096]);
+    for round in 0..20 {
+        let values: Vec<f32> = (0..4096).map(|i| (i + round) as f32).collect();
+        write_into(&x, &HostData::F32(values.clone())).unwrap();
+        replay.replay().unwrap();
+        let want: Vec<f32> = values.iter().map(|v| 2.0 * v).collect();
+        assert_eq!(out.to_vec::<f32>().unwrap(), want, "replay {round}");
+    }
 }
 
 #[test]
