@@ -143,6 +143,9 @@ case $W in
       run 150 $B/kiln-train --device cuda $W --epochs $e --ranks 1 --out "$OUT/w3r1-$e.safetensors"
     done
     same "$OUT/w3-6.safetensors" "$OUT/w3r1-6.safetensors"
+    # Whether two plain runs of W3 give the same bits (what the comparison above needs).
+    [ -n "${TWICE:-}" ] && run 150 $B/kiln-train --device cuda $W --epochs 6 --out "$OUT/w3-6b.safetensors" &&
+      same "$OUT/w3-6.safetensors" "$OUT/w3-6b.safetensors"
     rm -f "$OUT"/*.safetensors ;;
   w3train)
     # The fused-kernel tests on CUDA and W3's step (kiln-bench, f32 and bf16); W3

@@ -67,10 +67,16 @@ fn an_exchange_is_captured_with_the_step_and_replayed_with_new_inputs() {
     let rank = alone(&dev);
     assert!(Collective::<Cuda>::captures(&rank));
     let x = RawTensor::<Cuda>::from_vec(vec![1.0f32; 4096], &[4096], &dev).unwrap();
+    let step = || -> kiln_tensor::Result<RawTensor<Cuda>> {
+        let doubled = x.apply(Op::Binary(BinaryOp::Add), &[&x])?;
+        Ok(rank.all_reduce_mean(&[doubled])?.remove(0))
+    };
+    // Once outside the capture, as a training loop's first step: what a kernel
+    // uploads the first time it sees a shape cannot be captured.
+    step().unwrap();
     let mut out = None;
     let replay = Cuda::capture(&dev, &mut || {
-        let doubled = x.apply(Op::Binary(BinaryOp::Add), &[&x])?;
-        out = Some(rank.all_reduce_mean(&[doubled])?.remove(0));
+        out = Some(step()?);
         Ok(())
     })
     .unwrap();
