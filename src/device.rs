@@ -137,29 +137,6 @@ fn not_built(feature: &str) -> Error {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::DeviceChoice;
-
-    #[test]
-    fn device_names_parse_and_print_back() {
-        for (s, want) in [
-            ("cpu", DeviceChoice::Cpu),
-            ("wgpu", DeviceChoice::Wgpu(0)),
-            ("wgpu:1", DeviceChoice::Wgpu(1)),
-            ("cuda", DeviceChoice::Cuda(0)),
-            ("cuda:3", DeviceChoice::Cuda(3)),
-        ] {
-            let got: DeviceChoice = s.parse().unwrap();
-            assert_eq!(got, want);
-            assert_eq!(got.to_string().parse::<DeviceChoice>().unwrap(), want);
-        }
-        for bad in ["gpu", "cpu:0", "cuda:x", "cuda:-1", "", "wgpu:"] {
-            assert!(bad.parse::<DeviceChoice>().is_err(), "{bad}");
-        }
-    }
-}
-
 /// Joins this process's rank of a data-parallel run started by
 /// [`kiln_train::launch::launch`], on `device`: through NCCL between CUDA devices (rank
 /// 0 makes the group's id and publishes it in the rendezvous folder), through loopback
@@ -194,4 +171,27 @@ pub fn join_ranks<B: Backend>(
     }
     let _ = device;
     Ok(Box::new(kiln_train::launch::TcpRank::join(env, timeout)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceChoice;
+
+    #[test]
+    fn device_names_parse_and_print_back() {
+        for (s, want) in [
+            ("cpu", DeviceChoice::Cpu),
+            ("wgpu", DeviceChoice::Wgpu(0)),
+            ("wgpu:1", DeviceChoice::Wgpu(1)),
+            ("cuda", DeviceChoice::Cuda(0)),
+            ("cuda:3", DeviceChoice::Cuda(3)),
+        ] {
+            let got: DeviceChoice = s.parse().unwrap();
+            assert_eq!(got, want);
+            assert_eq!(got.to_string().parse::<DeviceChoice>().unwrap(), want);
+        }
+        for bad in ["gpu", "cpu:0", "cuda:x", "cuda:-1", "", "wgpu:"] {
+            assert!(bad.parse::<DeviceChoice>().is_err(), "{bad}");
+        }
+    }
 }

@@ -252,9 +252,7 @@ impl NcclRank {
         inputs
             .iter()
             .zip(outputs)
-            .map(|((t, _), out)| {
-                RawTensor::from_storage(out, t.dims().clone(), self.device.clone())
-            })
+            .map(|((t, _), out)| RawTensor::from_storage(out, *t.dims(), self.device.clone()))
             .collect()
     }
 }

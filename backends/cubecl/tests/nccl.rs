@@ -97,7 +97,7 @@ fn what_an_exchange_cannot_take_is_refused() {
     let rank = alone(&dev);
     let labels = RawTensor::<Cuda>::from_vec(vec![1i32, 2], &[2], &dev).unwrap();
     let err = rank
-        .all_reduce_mean(&[labels.clone()])
+        .all_reduce_mean(std::slice::from_ref(&labels))
         .unwrap_err()
         .to_string();
     assert!(err.contains("averages float tensors, not i32"), "{err}");
@@ -131,7 +131,7 @@ fn two_gpus_average_and_broadcast() {
                     let rank = NcclRank::join(&dev, &id, r, 2, Duration::from_secs(60)).unwrap();
                     let mine: Vec<f32> = (0..4096).map(|i| (i * (r + 1)) as f32).collect();
                     let t = RawTensor::<Cuda>::from_vec(mine, &[4096], &dev).unwrap();
-                    let mean = rank.all_reduce_mean(&[t.clone()]).unwrap();
+                    let mean = rank.all_reduce_mean(std::slice::from_ref(&t)).unwrap();
                     let rooted = rank.broadcast(&[t], 1).unwrap();
                     (
                         mean[0].to_vec::<f32>().unwrap(),
