@@ -19,6 +19,11 @@ pub const RANK_VAR: &str = "KILN_RANK";
 pub const WORLD_VAR: &str = "KILN_WORLD";
 /// The environment variable naming the folder the ranks meet in.
 pub const RENDEZVOUS_VAR: &str = "KILN_RENDEZVOUS";
+/// The environment variable [`launch`] sets (to 1): its ranks leave their errors to it.
+pub const LAUNCHER_VAR: &str = "KILN_LAUNCHER";
+
+/// The rendezvous file a failing rank leaves its error in (`failure-<rank>`).
+const FAILURE_FILE: &str = "failure";
 
 /// How long ranks wait for one another (to meet, and in each exchange) by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -32,6 +37,9 @@ pub struct RankEnv {
     pub world: usize,
     /// The folder the ranks meet in (rank 0 writes what the others need to reach it).
     pub rendezvous: PathBuf,
+    /// Whether [`launch`] started this rank (it reads the rank's error when it fails);
+    /// a rank started otherwise prints its own.
+    pub launched: bool,
 }
 
 impl RankEnv {
@@ -64,6 +72,7 @@ impl RankEnv {
             rank,
             world,
             rendezvous: PathBuf::from(dir),
+            launched: get(LAUNCHER_VAR).as_deref() == Some("1"),
         }))
     }
 
@@ -75,6 +84,16 @@ impl RankEnv {
             |e: std::io::Error| Error::invalid("launch", format!("writing {}: {e}", tmp.display()));
         std::fs::write(&tmp, bytes).map_err(io)?;
         std::fs::rename(&tmp, self.rendezvous.join(name)).map_err(io)
+    }
+
+    /// Leaves this rank's error where the launcher reads it, so that the launch fails
+    /// with one line naming the rank and its error (instead of each rank printing its
+    /// own); false when it could not be left (the caller prints it then).
+    pub fn report_failure(&self, error: &str) -> bool {
+        self.launched
+            && self
+                .publish(&format!("{FAILURE_FILE}-{}", self.rank), error.as_bytes())
+                .is_ok()
     }
 
     /// The rendezvous file `name` once another rank has published it, waiting at most
@@ -141,6 +160,7 @@ fn run_ranks(world: usize, program: &Path, args: &[String], dir: &Path) -> Resul
             .env(RANK_VAR, rank.to_string())
             .env(WORLD_VAR, world.to_string())
             .env(RENDEZVOUS_VAR, dir)
+            .env(LAUNCHER_VAR, "1")
             .stdin(Stdio::null())
             .spawn();
         match child {
@@ -166,7 +186,8 @@ fn run_ranks(world: usize, program: &Path, args: &[String], dir: &Path) -> Resul
                 Ok(Some(status)) => {
                     children[rank] = None;
                     let stopped = stop(&mut children);
-                    return Err(rank_failed(rank, status, &stopped));
+                    let said = std::fs::read_to_string(dir.join(format!("{FAILURE_FILE}-{rank}")));
+                    return Err(rank_failed(rank, status, said.ok().as_deref(), &stopped));
                 }
                 Err(e) => {
                     stop(&mut children);
@@ -199,8 +220,9 @@ fn stop(children: &mut [Option<Child>]) -> Vec<usize> {
     stopped
 }
 
-/// The launch's error when `rank` ended with `status`.
-fn rank_failed(rank: usize, status: ExitStatus, stopped: &[usize]) -> Error {
+/// The launch's error when `rank` ended with `status`, having said `said`
+/// ([`RankEnv::report_failure`]).
+fn rank_failed(rank: usize, status: ExitStatus, said: Option<&str>, stopped: &[usize]) -> Error {
     let how = match status.code() {
         Some(code) => format!("exited with status {code}"),
         None => {
@@ -221,7 +243,13 @@ fn rank_failed(rank: usize, status: ExitStatus, stopped: &[usize]) -> Error {
         let list: Vec<String> = stopped.iter().map(usize::to_string).collect();
         format!("; stopped rank(s) {}", list.join(", "))
     };
-    Error::invalid("launch", format!("rank {rank} {how}{others}"))
+    match said {
+        Some(error) => Error::invalid(
+            "launch",
+            format!("rank {rank} {how}: {}{others}", error.trim()),
+        ),
+        None => Error::invalid("launch", format!("rank {rank} {how}{others}")),
+    }
 }
 
 /// One rank of processes exchanging over loopback sockets: rank 0 holds a connection

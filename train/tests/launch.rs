@@ -21,6 +21,7 @@ fn envs(name: &str, world: usize) -> Vec<RankEnv> {
             rank,
             world,
             rendezvous: dir.clone(),
+            launched: false,
         })
         .collect()
 }

@@ -164,10 +164,7 @@ impl OnDevice for Train<'_> {
         let args = self.0;
         match self.1 {
             Some(env) if env.rank == 0 => {
-                println!(
-                    "device: {name} (rank 0 of {}; the others on the next devices)",
-                    env.world
-                )
+                println!("device: {name} (rank 0 of {})", env.world)
             }
             Some(_) => {}
             None => println!("device: {name}"),
@@ -964,7 +961,12 @@ fn main() {
     let args = Args::parse();
     args.anomaly.apply();
     if let Err(e) = check_args(&args).and_then(|()| start(&args)) {
-        eprintln!("error: {e}");
+        // A launched rank leaves its error to the launcher, which prints one line.
+        let told =
+            matches!(RankEnv::from_env(), Ok(Some(env)) if env.report_failure(&e.to_string()));
+        if !told {
+            eprintln!("error: {e}");
+        }
         std::process::exit(1);
     }
 }
