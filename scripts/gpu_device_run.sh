@@ -34,6 +34,18 @@ done
 echo "CUDA_PATH=${CUDA_PATH:-none} cccl: $(ls -d ${CUDA_PATH:-/x}/include/cccl 2>&1)"
 nvidia-smi -L; date -u
 run() { echo "== $*"; timeout "$@" 2>&1 | grep -v XDG_RUNTIME; }
+# The binaries read their data where they were built: that path points at this tree's.
+models_data() {
+  M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
+  [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+}
+# NCCL for Kiln's ranks: PyTorch's wheel carries libnccl.so.2, Kiln loads libnccl.so.
+nccl_env() {
+  N=$(find $SP/nvidia -name 'libnccl.so*' 2>/dev/null | head -1)
+  echo "NCCL: ${N:-none}"
+  mkdir -p /tmp/nccl && [ -n "$N" ] && ln -sf "$N" /tmp/nccl/libnccl.so
+  export LD_LIBRARY_PATH=/tmp/nccl:$LD_LIBRARY_PATH
+}
 # The tensors of two safetensors files compared bit for bit (metadata aside).
 same() { python3 - "$1" "$2" <<'PY'
 import json, struct, sys
@@ -54,8 +66,7 @@ case $W in
     # plans against its op-by-op path and the CPU), W3's training step in f32 and with
     # bf16 products (kiln-bench, planned), and PyTorch's W3 eager and torch.compile, f32
     # and bf16 autocast, in the same call.
-    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
-    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    models_data
     [ -x $B/reduce_test ] && run 200 $B/reduce_test --test-threads 1
     [ -x $B/conformance_test ] && run 200 $B/conformance_test --test-threads 1 matmul
     [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1
@@ -79,13 +90,8 @@ case $W in
     # plain, planned and as a rank through NCCL, and PyTorch's DDP of one rank beside
     # it; with two GPUs, the two-rank runs and PyTorch's DDP over two.
     # nccl_test.xz: `cargo test -p kiln-cubecl --features cuda --test nccl --no-run`.
-    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
-    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
-    # PyTorch's wheel carries NCCL as libnccl.so.2; Kiln loads it by the name libnccl.so.
-    N=$(find $SP/nvidia -name 'libnccl.so*' 2>/dev/null | head -1)
-    echo "NCCL: ${N:-none}"
-    mkdir -p /tmp/nccl && [ -n "$N" ] && ln -sf "$N" /tmp/nccl/libnccl.so
-    export LD_LIBRARY_PATH=/tmp/nccl:$LD_LIBRARY_PATH
+    models_data
+    nccl_env
     GPUS=$(nvidia-smi -L | wc -l)
     if [ "$GPUS" -ge 2 ]; then I=--include-ignored; else I=; fi
     [ -x $B/nccl_test ] && run 120 $B/nccl_test --test-threads 1 $I
@@ -111,11 +117,8 @@ case $W in
     # W3's steady step as a rank through NCCL against the same step planned: each run
     # for 1 and for 6 epochs (103 and 618 steps), so that the difference of their times
     # over 515 steps leaves out compilation and start-up.
-    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
-    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
-    N=$(find $SP/nvidia -name 'libnccl.so*' 2>/dev/null | head -1)
-    mkdir -p /tmp/nccl && [ -n "$N" ] && ln -sf "$N" /tmp/nccl/libnccl.so
-    export LD_LIBRARY_PATH=/tmp/nccl:$LD_LIBRARY_PATH
+    models_data
+    nccl_env
     W="--model gpt-w3 --precision bf16 --optimizer adamw --lr 0.001 --warmup 20 --batch-size 32 --save-every 0"
     for e in 1 6; do
       for how in --no-graph "--ranks 1" ""; do
@@ -127,11 +130,8 @@ case $W in
     # Ranks whose NCCL exchanges are captured with the step and replayed (a CUDA graph):
     # the NCCL tests, then the MLP and W3 with --ranks 1 against the plain replayed
     # runs (the same bits expected), W3 for 1 and 6 epochs each for its steady step.
-    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
-    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
-    N=$(find $SP/nvidia -name 'libnccl.so*' 2>/dev/null | head -1)
-    mkdir -p /tmp/nccl && [ -n "$N" ] && ln -sf "$N" /tmp/nccl/libnccl.so
-    export LD_LIBRARY_PATH=/tmp/nccl:$LD_LIBRARY_PATH
+    models_data
+    nccl_env
     [ -x $B/nccl_test ] && run 120 $B/nccl_test --test-threads 1
     C="--model mlp --epochs 2 --save-every 0 --batch-size 128"
     run 120 $B/kiln-train --device cuda $C --out "$OUT/plain.safetensors"
@@ -153,8 +153,7 @@ case $W in
     # `--features cuda`), then PyTorch's same model, data, windows and recipe under
     # bf16 autocast and torch.compile: held-out loss each epoch, time to 1.50 nats/byte;
     # with NCU set, the f32 step's kernels.
-    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
-    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    models_data
     R="--lr ${LR:-0.001} --weight-decay ${WD:-0.1} --warmup 200 --epochs ${EPOCHS:-30} --batch-size 32"
     [ -x $B/fused_test ] && run 200 $B/fused_test --test-threads 1
     run 200 $B/kiln-bench --device cuda --workloads w3 --w3-configs w3,w3-bf16 --reps 30
@@ -184,8 +183,7 @@ case $W in
     # The user-facing binaries with --device (`cargo build -p kiln-models --features
     # cuda,wgpu --bin kiln-train --bin kiln-infer --bin kiln-generate`, stripped): they
     # read their data where they were built, so that path points at this tree's.
-    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
-    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    models_data
     for d in cuda wgpu; do
       run 200 $B/kiln-train --device $d --epochs 2 --out "$OUT/mlp-$d.safetensors"
       run 100 $B/kiln-infer --device $d --checkpoint "$OUT/mlp-$d.safetensors" --latency-images 200
@@ -197,8 +195,7 @@ case $W in
   replay)
     # kiln-train's automatic graph replay on CUDA: replayed and planned runs must train
     # the same parameters bit for bit.
-    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
-    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    models_data
     run 200 $B/kiln-train --device cuda --epochs 2 --out "$OUT/graph/mlp.safetensors"
     run 200 $B/kiln-train --device cuda --epochs 2 --no-graph --out "$OUT/planned/mlp.safetensors"
     same "$OUT/graph/mlp.safetensors" "$OUT/planned/mlp.safetensors"
@@ -212,8 +209,7 @@ case $W in
     # planned) where carried. `steps` goes on with the capture-rule tests, W1 replayed with and without cuBLASLt's
     # timed algorithm search, in f32 and TF32, PyTorch eager and graphed beside, and one
     # W1 step under ncu.
-    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
-    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    models_data
     for m in "mlp|--limit 8192" "adamw|--optimizer adamw --lr 0.001 --limit 8192" \
              "cnn|--model cnn --limit 4096" \
              "gpt|--model gpt-tiny --optimizer adamw --lr 0.01 --batch-size 32 --limit 65536"; do
@@ -238,8 +234,7 @@ case $W in
     # The wgpu path on the H200's Vulkan: the conformance suite (CUDA's beside, all
     # dtypes), W2, W1 and single ops (CUDA's ops beside: the per-launch cost), and the
     # binaries with --device wgpu.
-    M=$(sed -n 's/^kiln_models_dir=//p' $B/paths 2>/dev/null)
-    [ -n "$M" ] && mkdir -p "$M" && ln -sfn "$(pwd)/models/data" "$M/data"
+    models_data
     run 150 $B/gpu_bench --backend wgpu --workloads conformance
     run 200 $B/gpu_bench --backend cuda --workloads conformance
     run 150 $B/gpu_bench --backend wgpu --workloads w2,w1,ops --reps 10

@@ -114,46 +114,38 @@ fn mlp_batch(step: u64) -> (Vec<f32>, Vec<i32>) {
     (x.to_vec::<f32>().unwrap(), y)
 }
 
-#[test]
-fn two_mlp_ranks_on_half_batches_match_one_on_the_whole() {
-    const STEPS: u64 = 3;
-    // One rank, batches of 256.
-    let mut one = Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
-    let mut opt = optimizer();
-    let mut first_grads = Vec::new();
-    for step in 0..STEPS {
-        let (x, y) = mlp_batch(step);
-        let x = Tensor::<Cpu, Rank2<256, 784>>::from_vec(x, &[256, 784], &CpuDevice).unwrap();
-        let y = Tensor::<Cpu, (Const<256>,), i32>::from_vec(y, &[256], &CpuDevice).unwrap();
-        let (_, g) = one.loss_and_grad(&x, &y).unwrap();
-        if step == 0 {
-            first_grads = grads(&mut one, &g);
-        }
-        opt.step(&mut one, &g).unwrap();
-    }
-    // Two ranks, each on its half of the same batches, from different initial seeds.
-    let ranks = ThreadGroup::new(2, Duration::from_secs(60)).unwrap();
-    let results: Vec<_> = std::thread::scope(|s| {
+/// What a run of [`train`] gives each rank: the first step's gradients (averaged over
+/// the ranks) and the parameters after the last step.
+type Outcome = (Vec<(String, Vec<f32>)>, Vec<(String, Vec<f32>)>);
+
+/// Trains [`STEPS`] SGD-momentum steps on each of `world` ranks (threads), each from
+/// its own initial seed `seed + 10 · rank`: one rank plainly, more ranks broadcasting
+/// rank 0's parameters first and averaging their gradients. `grads_at(model, step,
+/// rank, world)` is a rank's gradients on its share of the step's batch.
+fn train<M: Module<Cpu>>(
+    world: usize,
+    seed: u64,
+    grads_at: impl Fn(&M, u64, usize, usize) -> M::Grads + Sync,
+) -> Vec<Outcome> {
+    let ranks = ThreadGroup::new(world, Duration::from_secs(60)).unwrap();
+    std::thread::scope(|s| {
         let handles: Vec<_> = ranks
             .into_iter()
             .map(|c| {
+                let grads_at = &grads_at;
                 s.spawn(move || {
                     let r = c.rank();
-                    let mut model = Mlp::<Cpu>::init(&CpuDevice, 1 + 10 * r as u64).unwrap();
-                    broadcast_state(&c, &mut model, 0).unwrap();
+                    let mut model = M::init(&CpuDevice, seed + 10 * r as u64).unwrap();
+                    if world > 1 {
+                        broadcast_state(&c, &mut model, 0).unwrap();
+                    }
                     let mut opt = optimizer();
                     let mut first = Vec::new();
                     for step in 0..STEPS {
-                        let (x, y) = mlp_batch(step);
-                        let x = x[r * 128 * 784..(r + 1) * 128 * 784].to_vec();
-                        let y = y[r * 128..(r + 1) * 128].to_vec();
-                        let x =
-                            Tensor::<Cpu, Rank2<128, 784>>::from_vec(x, &[128, 784], &CpuDevice)
-                                .unwrap();
-                        let y = Tensor::<Cpu, (Const<128>,), i32>::from_vec(y, &[128], &CpuDevice)
-                            .unwrap();
-                        let (_, g) = model.loss_and_grad(&x, &y).unwrap();
-                        let g = average_grads(&c, &mut model, &g).unwrap();
+                        let mut g = grads_at(&model, step, r, world);
+                        if world > 1 {
+                            g = average_grads(&c, &mut model, &g).unwrap();
+                        }
                         if step == 0 {
                             first = grads(&mut model, &g);
                         }
@@ -164,85 +156,69 @@ fn two_mlp_ranks_on_half_batches_match_one_on_the_whole() {
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Steps each run takes.
+const STEPS: u64 = 3;
+
+/// Holds two ranks on half batches to one rank on whole batches: the ranks agree bit
+/// for bit, and their gradients and parameters equal the one rank's to rounding.
+fn assert_two_ranks_match_one<M: Module<Cpu>>(
+    seed: u64,
+    grads_at: impl Fn(&M, u64, usize, usize) -> M::Grads + Sync,
+) {
+    let one = train::<M>(1, seed, &grads_at).remove(0);
+    let two = train::<M>(2, seed, &grads_at);
+    assert_eq!(two[0], two[1], "the ranks' replicas diverged");
+    assert_close("gradients", &one.0, &two[0].0, 1e-5);
+    assert_close("parameters after 3 steps", &one.1, &two[0].1, 1e-5);
+}
+
+/// Rank `rank`'s share of a batch's `values`, cut in `world` equal parts.
+fn share<T: Clone>(values: &[T], rank: usize, world: usize) -> Vec<T> {
+    let n = values.len() / world;
+    values[rank * n..(rank + 1) * n].to_vec()
+}
+
+#[test]
+fn two_mlp_ranks_on_half_batches_match_one_on_the_whole() {
+    assert_two_ranks_match_one::<Mlp<Cpu>>(1, |m, step, r, world| {
+        let (x, y) = mlp_batch(step);
+        let (x, y) = (share(&x, r, world), share(&y, r, world));
+        macro_rules! at {
+            ($b:literal) => {{
+                let x = Tensor::<Cpu, Rank2<$b, 784>>::from_vec(x, &[$b, 784], &CpuDevice);
+                let y = Tensor::<Cpu, (Const<$b>,), i32>::from_vec(y, &[$b], &CpuDevice);
+                m.loss_and_grad(&x.unwrap(), &y.unwrap()).unwrap().1
+            }};
+        }
+        match world {
+            1 => at!(256),
+            _ => at!(128),
+        }
     });
-    assert_eq!(results[0], results[1], "the ranks' replicas diverged");
-    assert_close("gradients", &first_grads, &results[0].0, 1e-5);
-    assert_close(
-        "parameters after 3 steps",
-        &params(&one),
-        &results[0].1,
-        1e-5,
-    );
 }
 
 #[test]
 fn two_decoder_ranks_on_half_batches_match_one_on_the_whole() {
-    const STEPS: u64 = 3;
     let corpus = Corpus::shakespeare().unwrap();
-    let ids = |step: u64| windows(&corpus.train, 256, 32, 7 + step).unwrap();
-    let mut one = Decoder::<Cpu>::init(&CpuDevice, 3).unwrap();
-    let mut opt = optimizer();
-    let mut first_grads = Vec::new();
-    for step in 0..STEPS {
-        let (x, y) = ids(step);
-        let x = Tensor::<Cpu, (Const<256>, Const<32>), i32>::from_vec(x, &[256, 32], &CpuDevice)
-            .unwrap();
-        let y = Tensor::<Cpu, (Const<256>, Const<32>), i32>::from_vec(y, &[256, 32], &CpuDevice)
-            .unwrap();
-        let (_, g) = one.loss_and_grad(&x, &y).unwrap();
-        if step == 0 {
-            first_grads = grads(&mut one, &g);
+    assert_two_ranks_match_one::<Decoder<Cpu>>(3, |m, step, r, world| {
+        let (x, y) = windows(&corpus.train, 256, 32, 7 + step).unwrap();
+        let (x, y) = (share(&x, r, world), share(&y, r, world));
+        macro_rules! at {
+            ($b:literal) => {{
+                type Ids = Tensor<Cpu, (Const<$b>, Const<32>), i32>;
+                let x = Ids::from_vec(x, &[$b, 32], &CpuDevice).unwrap();
+                let y = Ids::from_vec(y, &[$b, 32], &CpuDevice).unwrap();
+                m.loss_and_grad(&x, &y).unwrap().1
+            }};
         }
-        opt.step(&mut one, &g).unwrap();
-    }
-    let ranks = ThreadGroup::new(2, Duration::from_secs(60)).unwrap();
-    let results: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = ranks
-            .into_iter()
-            .map(|c| {
-                let ids = &ids;
-                s.spawn(move || {
-                    let r = c.rank();
-                    let mut model = Decoder::<Cpu>::init(&CpuDevice, 3 + 10 * r as u64).unwrap();
-                    broadcast_state(&c, &mut model, 0).unwrap();
-                    let mut opt = optimizer();
-                    let mut first = Vec::new();
-                    for step in 0..STEPS {
-                        let (x, y) = ids(step);
-                        let half = |v: Vec<i32>| v[r * 128 * 32..(r + 1) * 128 * 32].to_vec();
-                        let x = Tensor::<Cpu, (Const<128>, Const<32>), i32>::from_vec(
-                            half(x),
-                            &[128, 32],
-                            &CpuDevice,
-                        )
-                        .unwrap();
-                        let y = Tensor::<Cpu, (Const<128>, Const<32>), i32>::from_vec(
-                            half(y),
-                            &[128, 32],
-                            &CpuDevice,
-                        )
-                        .unwrap();
-                        let (_, g) = model.loss_and_grad(&x, &y).unwrap();
-                        let g = average_grads(&c, &mut model, &g).unwrap();
-                        if step == 0 {
-                            first = grads(&mut model, &g);
-                        }
-                        opt.step(&mut model, &g).unwrap();
-                    }
-                    (first, params(&model))
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+        match world {
+            1 => at!(256),
+            _ => at!(128),
+        }
     });
-    assert_eq!(results[0], results[1], "the ranks' replicas diverged");
-    assert_close("gradients", &first_grads, &results[0].0, 1e-5);
-    assert_close(
-        "parameters after 3 steps",
-        &params(&one),
-        &results[0].1,
-        1e-5,
-    );
 }
 
 #[test]
