@@ -12,7 +12,7 @@ use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 use kiln::tensor::{DType, RandDist};
 use kiln::train::optim::{Optimizer, Sgd, SgdConfig};
-use kiln::train::parallel::{average_grads, broadcast_state, ThreadGroup};
+use kiln::train::parallel::{average_grads, broadcast_state, named_grads, ThreadGroup};
 use kiln_models::mlp::Mlp;
 use kiln_models::parts::CausalSelfAttention;
 use kiln_models::text::{windows, Corpus};
@@ -59,13 +59,10 @@ fn params<M: Module<Cpu>>(m: &M) -> Vec<(String, Vec<f32>)> {
 
 /// Every gradient's values, in visit order.
 fn grads<M: Module<Cpu>>(m: &mut M, g: &M::Grads) -> Vec<(String, Vec<f32>)> {
-    let mut out = Vec::new();
-    m.update_params(g, "", &mut |name, _, g| {
-        out.push((name.to_string(), g.to_vec::<f32>()?));
-        Ok(())
-    })
-    .unwrap();
-    out
+    let named = named_grads(m, g).unwrap().into_iter();
+    named
+        .map(|(name, g)| (name, g.to_vec::<f32>().unwrap()))
+        .collect()
 }
 
 /// Asserts two sets of named tensors agree within `tol` relative to each tensor's

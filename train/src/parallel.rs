@@ -259,12 +259,10 @@ pub fn average_grads<B: Backend, M: Module<B>>(
     model: &mut M,
     grads: &M::Grads,
 ) -> Result<M::Grads> {
-    let mut raw: Vec<RawTensor<B>> = Vec::new();
-    // A visit that reads each gradient and leaves its parameter as it is.
-    model.update_params(grads, "", &mut |_, _, g| {
-        raw.push(g.clone());
-        Ok(())
-    })?;
+    let raw: Vec<RawTensor<B>> = named_grads(model, grads)?
+        .into_iter()
+        .map(|(_, g)| g)
+        .collect();
     let mut averaged: Vec<Option<RawTensor<B>>> = (0..raw.len()).map(|_| None).collect();
     let mut bucket: Vec<usize> = Vec::new();
     let mut bytes = 0;
@@ -288,4 +286,19 @@ pub fn average_grads<B: Backend, M: Module<B>>(
         send(&mut bucket)?;
     }
     M::grads_from_raw(&mut averaged.into_iter().flatten())
+}
+
+/// Every gradient of `grads` with its parameter's name, in `visit_params` order: read
+/// through `update_params`, whose visit sees each gradient, leaving every parameter as
+/// it is.
+pub fn named_grads<B: Backend, M: Module<B>>(
+    model: &mut M,
+    grads: &M::Grads,
+) -> Result<Vec<(String, RawTensor<B>)>> {
+    let mut out = Vec::new();
+    model.update_params(grads, "", &mut |name, _, g| {
+        out.push((name.to_string(), g.clone()));
+        Ok(())
+    })?;
+    Ok(out)
 }

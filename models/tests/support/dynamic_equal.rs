@@ -64,15 +64,14 @@ fn params<B: Backend, M: Module<B>>(m: &M, buffers: bool) -> Named {
     out
 }
 
-/// Every gradient by parameter name, read through `update_params` without changing.
+/// Every gradient by parameter name.
 fn grads<B: Backend, M: Module<B>>(m: &mut M, g: &M::Grads) -> Named {
-    let mut out = Vec::new();
-    m.update_params(g, "", &mut |name, _, g| {
-        out.push((name.to_string(), g.to_vec::<f32>()?));
-        Ok(())
-    })
-    .unwrap();
-    out
+    let named = kiln::train::parallel::named_grads(m, g)
+        .unwrap()
+        .into_iter();
+    named
+        .map(|(name, g)| (name, g.to_vec::<f32>().unwrap()))
+        .collect()
 }
 
 /// One training step compared: the static loss `sl` and gradients `sg` against the
