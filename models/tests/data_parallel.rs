@@ -243,3 +243,31 @@ fn replicas_from_different_seeds_start_equal_after_the_broadcast() {
         );
     }
 }
+
+#[test]
+fn each_rank_draws_its_own_dropout_seeds_and_rank_0_draws_the_plain_runs() {
+    use kiln::tensor::nn::{StepSeed, StepSeeds};
+    let seeds_of = |rank: Option<u64>| -> Vec<u64> {
+        let seeds = StepSeeds::<Cpu>::new(7);
+        if let Some(r) = rank {
+            seeds.set_rank(r);
+        }
+        (0..4)
+            .map(|_| match seeds.next() {
+                StepSeed::Host(s) => s,
+                StepSeed::Device(_) => unreachable!("seeds start on the host"),
+            })
+            .collect()
+    };
+    let plain = seeds_of(None);
+    assert_eq!(seeds_of(Some(0)), plain);
+    let (one, two) = (seeds_of(Some(1)), seeds_of(Some(2)));
+    for (step, s) in plain.iter().enumerate() {
+        assert!(
+            one[step] != *s && two[step] != *s && one[step] != two[step],
+            "step {step}"
+        );
+    }
+    // A rank's draws are a function of its rank and step, the same in every process.
+    assert_eq!(seeds_of(Some(1)), one);
+}
