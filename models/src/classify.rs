@@ -288,10 +288,14 @@ pub fn fit_ranks<B: Backend, M: Classifier<B>, O: Optimizer<B>>(
                 }
                 let lr = schedule.lr_at(step);
                 opt.set_lr(lr)?;
-                // This rank's share of the step's examples.
-                let mine = rank * batch..(rank + 1) * batch;
-                let images = b.images[mine.start * pixels..mine.end * pixels].to_vec();
-                let labels = b.labels[mine].to_vec();
+                // This rank's share of the step's examples (all of them without ranks).
+                let (images, labels) = if world == 1 {
+                    (b.images, b.labels)
+                } else {
+                    let mine = rank * batch..(rank + 1) * batch;
+                    let images = b.images[mine.start * pixels..mine.end * pixels].to_vec();
+                    (images, b.labels[mine].to_vec())
+                };
                 let inputs = vec![
                     StepInput {
                         data: HostData::F32(images),

@@ -259,10 +259,8 @@ pub fn average_grads<B: Backend, M: Module<B>>(
     model: &mut M,
     grads: &M::Grads,
 ) -> Result<M::Grads> {
-    let raw: Vec<RawTensor<B>> = named_grads(model, grads)?
-        .into_iter()
-        .map(|(_, g)| g)
-        .collect();
+    let mut raw: Vec<RawTensor<B>> = Vec::new();
+    each_grad(model, grads, &mut |_, g| raw.push(g.clone()))?;
     let mut averaged: Vec<Option<RawTensor<B>>> = (0..raw.len()).map(|_| None).collect();
     let mut bucket: Vec<usize> = Vec::new();
     let mut bytes = 0;
@@ -288,17 +286,27 @@ pub fn average_grads<B: Backend, M: Module<B>>(
     M::grads_from_raw(&mut averaged.into_iter().flatten())
 }
 
-/// Every gradient of `grads` with its parameter's name, in `visit_params` order: read
-/// through `update_params`, whose visit sees each gradient, leaving every parameter as
-/// it is.
+/// Every gradient of `grads` with its parameter's name, in `visit_params` order.
 pub fn named_grads<B: Backend, M: Module<B>>(
     model: &mut M,
     grads: &M::Grads,
 ) -> Result<Vec<(String, RawTensor<B>)>> {
     let mut out = Vec::new();
-    model.update_params(grads, "", &mut |name, _, g| {
-        out.push((name.to_string(), g.clone()));
-        Ok(())
+    each_grad(model, grads, &mut |name, g| {
+        out.push((name.to_string(), g.clone()))
     })?;
     Ok(out)
+}
+
+/// Calls `f` with every gradient of `grads` and its parameter's name, in
+/// `visit_params` order (through `update_params`, leaving the parameters as they are).
+fn each_grad<B: Backend, M: Module<B>>(
+    model: &mut M,
+    grads: &M::Grads,
+    f: &mut dyn FnMut(&str, &RawTensor<B>),
+) -> Result<()> {
+    model.update_params(grads, "", &mut |name, _, g| {
+        f(name, g);
+        Ok(())
+    })
 }

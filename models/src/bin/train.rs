@@ -790,8 +790,12 @@ mod gpt {
                     T,
                     args.seed.wrapping_mul(1_000_003) ^ step,
                 )?;
-                let mine = rank * B * T..(rank + 1) * B * T;
-                let (ids, next) = (ids[mine.clone()].to_vec(), next[mine].to_vec());
+                let (ids, next) = if world == 1 {
+                    (ids, next)
+                } else {
+                    let mine = rank * B * T..(rank + 1) * B * T;
+                    (ids[mine.clone()].to_vec(), next[mine].to_vec())
+                };
                 opt.set_lr(schedule.lr_at(step))?;
                 let inputs = vec![
                     StepInput {

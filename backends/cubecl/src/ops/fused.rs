@@ -36,8 +36,7 @@ pub fn fused_elementwise<R: KilnRuntime>(
     let kinds: Option<Vec<(InputKind, u32)>> = inputs.iter().map(|v| input_kind(v, dims)).collect();
     if let Some(kinds) = kinds.filter(|_| n.is_multiple_of(VECTOR)) {
         let units = n / VECTOR;
-        // Large launches give each unit several vectors (more loads in flight).
-        let per_unit = if units >= 1 << 20 { 4 } else { 1 };
+        let per_unit = vectors_per_unit(units);
         let (config, consts) =
             FusedConfig::new(expr, kinds.iter().map(|k| k.0).collect(), 0, per_unit);
         note_kernel(dev, &config);
@@ -159,7 +158,7 @@ pub fn fused_mixed<R: KilnRuntime>(
         .collect();
     if let Some(kinds) = kinds.filter(|_| n.is_multiple_of(VECTOR)) {
         let units = n / VECTOR;
-        let per_unit = if units >= 1 << 20 { 4 } else { 1 };
+        let per_unit = vectors_per_unit(units);
         let (config, consts) =
             FusedConfig::new(expr, kinds.iter().map(|k| k.0).collect(), 0, per_unit);
         note_kernel(dev, &config);
@@ -411,4 +410,14 @@ fn check_operands<R: KilnRuntime>(
         }
     }
     Ok(())
+}
+
+/// How many vectors each unit of a vectorised fused launch of `units` vectors takes:
+/// large launches give each unit several (more loads in flight).
+fn vectors_per_unit(units: usize) -> u32 {
+    if units >= 1 << 20 {
+        4
+    } else {
+        1
+    }
 }
