@@ -212,12 +212,13 @@ impl<B: Backend> Collective<B> for ThreadRank {
 }
 
 impl Drop for ThreadRank {
-    /// A rank that leaves fails the rounds the others are still waiting in (a rank
-    /// thread that returns an error or panics), instead of leaving them to time out.
+    /// A rank that leaves fails the group (a rank thread that returns an error or
+    /// panics): the others' exchanges, waiting now or made later, can never complete
+    /// without it, so they fail at once instead of timing out. Rounds it completed
+    /// stand for the ranks still returning from them.
     fn drop(&mut self) {
         if let Ok(mut round) = self.shared.state.lock() {
-            let waiting = round.given.iter().any(Option::is_some);
-            if waiting && round.failed.is_none() {
+            if round.failed.is_none() {
                 round.failed = Some(format!("rank {} left", self.rank));
                 self.shared.turned.notify_all();
             }

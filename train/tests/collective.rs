@@ -93,13 +93,24 @@ fn many_rounds_in_a_row_stay_in_step() {
 
 #[test]
 fn a_rank_that_leaves_fails_the_others_at_once() {
+    // It leaves while the others wait in an exchange, and before they start one.
+    for (leaves_after, others_start_after) in [(200, 0), (0, 200)] {
+        a_rank_leaves(leaves_after, others_start_after);
+    }
+}
+
+/// Rank 1 of 3 leaves after `leaves_after` ms; the others start an exchange after
+/// `others_start_after` ms.
+fn a_rank_leaves(leaves_after: u64, others_start_after: u64) {
     let started = Instant::now();
     let results = on_ranks(3, Duration::from_secs(30), |r| {
         if r.rank() == 1 {
             // Gives up before its first exchange (an error in its training step).
+            std::thread::sleep(Duration::from_millis(leaves_after));
             drop(r);
             return Err("left".to_string());
         }
+        std::thread::sleep(Duration::from_millis(others_start_after));
         mean_of(&r, vec![1.0])
     });
     assert!(
