@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -94,7 +94,7 @@ case $W in
     nccl_env
     GPUS=$(nvidia-smi -L | wc -l)
     if [ "$GPUS" -ge 2 ]; then I=--include-ignored; else I=; fi
-    [ -x $B/nccl_test ] && run 120 $B/nccl_test --test-threads 1 $I
+    [ -x $B/nccl_test ] && run 120 $B/nccl_test --test-threads 1 $I --skip an_exchange_stalled
     C="--model mlp --epochs 2 --save-every 0 --no-graph --batch-size 128"
     run 120 $B/kiln-train --device cuda $C --out "$OUT/plain.safetensors"
     run 120 $B/kiln-train --device cuda $C --ranks 1 --out "$OUT/ranks1.safetensors"
@@ -146,6 +146,31 @@ case $W in
     # Whether two plain runs of W3 give the same bits (what the comparison above needs).
     [ -n "${TWICE:-}" ] && run 150 $B/kiln-train --device cuda $W --epochs 6 --out "$OUT/w3-6b.safetensors" &&
       same "$OUT/w3-6.safetensors" "$OUT/w3-6b.safetensors"
+    rm -f "$OUT"/*.safetensors ;;
+  overlap)
+    # Gradients sent while the backward pass runs (buckets on NCCL's own stream, joined
+    # into the captured step) and the watchdog: the NCCL tests, then the one that stalls
+    # an exchange past its timeout alone (it aborts a communicator), the MLP and W3 as a
+    # rank of one against the plain replayed runs (bits, and W3's steady step from 1 and
+    # 6 epochs), and PyTorch's torch.compile W3 step with and without DDP of one rank.
+    models_data
+    nccl_env
+    [ -x $B/nccl_test ] && run 120 $B/nccl_test --test-threads 1 --skip an_exchange_stalled
+    [ -x $B/nccl_test ] && run 60 $B/nccl_test --ignored --exact an_exchange_stalled_past_the_timeout_fails_the_group
+    C="--model mlp --epochs 2 --save-every 0 --batch-size 128"
+    run 120 $B/kiln-train --device cuda $C --out "$OUT/plain.safetensors"
+    run 120 $B/kiln-train --device cuda $C --ranks 1 --out "$OUT/ranks1.safetensors"
+    same "$OUT/plain.safetensors" "$OUT/ranks1.safetensors"
+    W="--model gpt-w3 --precision bf16 --optimizer adamw --lr 0.001 --warmup 20 --batch-size 32 --save-every 0"
+    for e in 1 6; do
+      run 150 $B/kiln-train --device cuda $W --epochs $e --out "$OUT/w3-$e.safetensors"
+      run 150 $B/kiln-train --device cuda $W --epochs $e --ranks 1 --out "$OUT/w3r1-$e.safetensors"
+    done
+    # Planned: buckets on the side stream without a capture, each exchange watched.
+    run 150 $B/kiln-train --device cuda $W --epochs 1 --ranks 1 --no-graph --out "$OUT/w3p.safetensors"
+    for d in "" --ddp; do
+      run 200 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 20 --precision bf16 --compile $d
+    done
     rm -f "$OUT"/*.safetensors ;;
   w3train)
     # The fused-kernel tests on CUDA and W3's step (kiln-bench, f32 and bf16); W3

@@ -66,6 +66,16 @@ enum Step {
     Call { node: NodeId },
 }
 
+impl Step {
+    /// The node whose value the step computes.
+    fn node(&self) -> NodeId {
+        match self {
+            Step::Fused { output, .. } | Step::Main { output, .. } => *output,
+            Step::Single { node, .. } | Step::View { node } | Step::Call { node } => *node,
+        }
+    }
+}
+
 /// What `resolve` decided for one set of parameters and input dims.
 #[derive(Debug)]
 struct Resolved {
@@ -78,6 +88,9 @@ struct Resolved {
     ops: Vec<Option<Op>>,
     steps: Vec<Step>,
     slot_len: Vec<usize>,
+    /// For each step, the positions in the plan's outputs of the nodes it computes
+    /// (handed to an output watcher as soon as the step is queued).
+    ready: Vec<Vec<usize>>,
 }
 
 impl Resolved {
@@ -91,6 +104,7 @@ impl Resolved {
             ops: Vec::new(),
             steps: Vec::new(),
             slot_len: Vec::new(),
+            ready: Vec::new(),
         }
     }
 
@@ -402,6 +416,15 @@ fn resolve(
             KernelKind::Call => Step::Call { node: k.outputs[0] },
         });
     }
+    let ready = steps
+        .iter()
+        .map(|step| {
+            let node = step.node();
+            (0..plan.outputs.len())
+                .filter(|&o| plan.outputs[o] == node)
+                .collect()
+        })
+        .collect();
     Ok(Resolved {
         key,
         planned: true,
@@ -410,6 +433,7 @@ fn resolve(
         ops,
         steps,
         slot_len,
+        ready,
     })
 }
 
@@ -517,28 +541,20 @@ impl<B: Backend> Program<B> {
             buffers.src[leaf] = Src::Input(k);
             buffers.layout[leaf] = *t.layout();
         }
-        for step in &r.steps {
-            buffers.step(&run, step, parts)?;
-        }
+        kiln_tensor::collective::with_output_watcher(|mut watcher| {
+            for (step, ready) in r.steps.iter().zip(&r.ready) {
+                buffers.step(&run, step, parts)?;
+                if let Some(watch) = watcher.as_deref_mut() {
+                    for &o in ready {
+                        watch(&buffers.output(inputs, plan.outputs[o], device)?);
+                    }
+                }
+            }
+            Ok::<(), Error>(())
+        })?;
         results.clear();
         for &o in &plan.outputs {
-            let storage = match buffers.src[o] {
-                Src::Input(k) => inputs[k].storage().clone(),
-                Src::Slot(s) => buffers.arena[s]
-                    .clone()
-                    .expect("written slots hold a buffer"),
-                Src::None | Src::Scratch => {
-                    return Err(Error::invalid(
-                        "run",
-                        format!("output node {o} was not written"),
-                    ))
-                }
-            };
-            results.push(RawTensor::from_arc(
-                storage,
-                buffers.layout[o],
-                device.clone(),
-            )?);
+            results.push(buffers.output(inputs, o, device)?);
         }
         Ok(Some(results.drain(..)))
     }
@@ -832,6 +848,26 @@ impl<B: Backend> Buffers<B> {
     }
 
     /// Runs one kernel.
+    /// Output node `o`'s value, once the step computing it has run.
+    fn output(
+        &self,
+        inputs: &[&RawTensor<B>],
+        o: NodeId,
+        device: &B::Device,
+    ) -> Result<RawTensor<B>> {
+        let storage = match self.src[o] {
+            Src::Input(k) => inputs[k].storage().clone(),
+            Src::Slot(s) => self.arena[s].clone().expect("written slots hold a buffer"),
+            Src::None | Src::Scratch => {
+                return Err(Error::invalid(
+                    "run",
+                    format!("output node {o} was not written"),
+                ))
+            }
+        };
+        RawTensor::from_arc(storage, self.layout[o], device.clone())
+    }
+
     fn step(&mut self, run: &Run<'_, B>, step: &Step, parts: &mut dyn Parts<B>) -> Result<()> {
         let (r, device) = (run.r, run.device);
         match step {

@@ -12,7 +12,9 @@ use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 use kiln::tensor::{DType, RandDist};
 use kiln::train::optim::{Optimizer, Sgd, SgdConfig};
-use kiln::train::parallel::{average_grads, broadcast_state, named_grads, ThreadGroup};
+use kiln::train::parallel::{
+    average_grads, broadcast_state, named_grads, GradExchange, ThreadGroup,
+};
 use kiln_models::mlp::Mlp;
 use kiln_models::parts::CausalSelfAttention;
 use kiln_models::text::{windows, Corpus};
@@ -115,15 +117,20 @@ fn mlp_batch(step: u64) -> (Vec<f32>, Vec<i32>) {
 /// the ranks) and the parameters after the last step.
 type Outcome = (Vec<(String, Vec<f32>)>, Vec<(String, Vec<f32>)>);
 
+/// A rank's loss and gradients on its share of a step's batch: `(model, step, rank,
+/// world)`.
+trait GradsAt<M: Module<Cpu>>: Fn(&M, u64, usize, usize) -> (RawTensor<Cpu>, M::Grads) + Sync {}
+impl<M: Module<Cpu>, F: Fn(&M, u64, usize, usize) -> (RawTensor<Cpu>, M::Grads) + Sync> GradsAt<M>
+    for F
+{
+}
+
 /// Trains [`STEPS`] SGD-momentum steps on each of `world` ranks (threads), each from
 /// its own initial seed `seed + 10 · rank`: one rank plainly, more ranks broadcasting
-/// rank 0's parameters first and averaging their gradients. `grads_at(model, step,
-/// rank, world)` is a rank's gradients on its share of the step's batch.
-fn train<M: Module<Cpu>>(
-    world: usize,
-    seed: u64,
-    grads_at: impl Fn(&M, u64, usize, usize) -> M::Grads + Sync,
-) -> Vec<Outcome> {
+/// rank 0's parameters first and averaging their gradients as the training step does
+/// ([`GradExchange`], buckets sent during the backward pass from the second step on),
+/// checked bit for bit against [`average_grads`] after the backward pass.
+fn train<M: Module<Cpu>>(world: usize, seed: u64, grads_at: impl GradsAt<M>) -> Vec<Outcome> {
     let ranks = ThreadGroup::new(world, Duration::from_secs(60)).unwrap();
     std::thread::scope(|s| {
         let handles: Vec<_> = ranks
@@ -138,11 +145,25 @@ fn train<M: Module<Cpu>>(
                     }
                     let mut opt = optimizer();
                     let mut first = Vec::new();
+                    let mut exchange = GradExchange::new();
                     for step in 0..STEPS {
-                        let mut g = grads_at(&model, step, r, world);
-                        if world > 1 {
-                            g = average_grads(&c, &mut model, &g).unwrap();
-                        }
+                        let g = match world {
+                            1 => grads_at(&model, step, r, world).1,
+                            _ => {
+                                let (_, g) = exchange
+                                    .run(&c, &mut model, |m| Ok(grads_at(m, step, r, world)))
+                                    .unwrap();
+                                // The same gradients again (no dropout), averaged after.
+                                let own = grads_at(&model, step, r, world).1;
+                                let after = average_grads(&c, &mut model, &own).unwrap();
+                                assert_eq!(grads(&mut model, &g), grads(&mut model, &after));
+                                let (during, all) = exchange.sent_during_backward();
+                                if step > 0 {
+                                    assert_eq!(during, all, "step {step}: gradients sent late");
+                                }
+                                g
+                            }
+                        };
                         if step == 0 {
                             first = grads(&mut model, &g);
                         }
@@ -161,10 +182,7 @@ const STEPS: u64 = 3;
 
 /// Holds two ranks on half batches to one rank on whole batches: the ranks agree bit
 /// for bit, and their gradients and parameters equal the one rank's to rounding.
-fn assert_two_ranks_match_one<M: Module<Cpu>>(
-    seed: u64,
-    grads_at: impl Fn(&M, u64, usize, usize) -> M::Grads + Sync,
-) {
+fn assert_two_ranks_match_one<M: Module<Cpu>>(seed: u64, grads_at: impl GradsAt<M>) {
     let one = train::<M>(1, seed, &grads_at).remove(0);
     let two = train::<M>(2, seed, &grads_at);
     assert_eq!(two[0], two[1], "the ranks' replicas diverged");
@@ -187,7 +205,8 @@ fn two_mlp_ranks_on_half_batches_match_one_on_the_whole() {
             ($b:literal) => {{
                 let x = Tensor::<Cpu, Rank2<$b, 784>>::from_vec(x, &[$b, 784], &CpuDevice);
                 let y = Tensor::<Cpu, (Const<$b>,), i32>::from_vec(y, &[$b], &CpuDevice);
-                m.loss_and_grad(&x.unwrap(), &y.unwrap()).unwrap().1
+                let (loss, g) = m.loss_and_grad(&x.unwrap(), &y.unwrap()).unwrap();
+                (loss.raw().clone(), g)
             }};
         }
         match world {
@@ -208,7 +227,8 @@ fn two_decoder_ranks_on_half_batches_match_one_on_the_whole() {
                 type Ids = Tensor<Cpu, (Const<$b>, Const<32>), i32>;
                 let x = Ids::from_vec(x, &[$b, 32], &CpuDevice).unwrap();
                 let y = Ids::from_vec(y, &[$b, 32], &CpuDevice).unwrap();
-                m.loss_and_grad(&x, &y).unwrap().1
+                let (loss, g) = m.loss_and_grad(&x, &y).unwrap();
+                (loss.raw().clone(), g)
             }};
         }
         match world {
@@ -270,4 +290,51 @@ fn each_rank_draws_its_own_dropout_seeds_and_rank_0_draws_the_plain_runs() {
     }
     // A rank's draws are a function of its rank and step, the same in every process.
     assert_eq!(seeds_of(Some(1)), one);
+}
+
+#[test]
+fn a_backward_pass_whose_plans_change_between_steps_is_still_averaged_right() {
+    // From the second step on, buckets follow the outputs learnt on earlier steps. Here
+    // step 1 first runs another model's plan, whose outputs come first and have the
+    // same dims as the gradients learnt there: each is caught as not the gradient
+    // learnt and sent again after the backward pass.
+    let ranks = ThreadGroup::new(2, Duration::from_secs(60)).unwrap();
+    std::thread::scope(|s| {
+        for c in ranks {
+            s.spawn(move || {
+                let r = c.rank();
+                let mut model = Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
+                let other = Mlp::<Cpu>::init(&CpuDevice, 2).unwrap();
+                let mut exchange = GradExchange::new();
+                let mut sent = Vec::new();
+                for step in 0..3u64 {
+                    let (x, y) = mlp_batch(step);
+                    let (x, y) = (share(&x, r, 2), share(&y, r, 2));
+                    let x = Tensor::<Cpu, Rank2<128, 784>>::from_vec(x, &[128, 784], &CpuDevice)
+                        .unwrap();
+                    let y =
+                        Tensor::<Cpu, (Const<128>,), i32>::from_vec(y, &[128], &CpuDevice).unwrap();
+                    let (_, g) = exchange
+                        .run(&c, &mut model, |m| {
+                            if step == 1 {
+                                other.loss_and_grad(&x, &y)?;
+                            }
+                            let (loss, g) = m.loss_and_grad(&x, &y)?;
+                            Ok((loss.raw().clone(), g))
+                        })
+                        .unwrap();
+                    let own = model.loss_and_grad(&x, &y).unwrap().1;
+                    let after = average_grads(&c, &mut model, &own).unwrap();
+                    assert_eq!(
+                        grads(&mut model, &g),
+                        grads(&mut model, &after),
+                        "step {step}"
+                    );
+                    sent.push(exchange.sent_during_backward());
+                }
+                let all = sent[0].1;
+                assert_eq!(sent, [(0, all), (0, all), (0, all)], "rank {r}");
+            });
+        }
+    });
 }

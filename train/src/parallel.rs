@@ -254,7 +254,7 @@ pub fn broadcast_state<B: Backend, M: Module<B>>(
 /// `grads` (of this rank's share of the batch) averaged over the ranks: with equal
 /// shares of a batch whose loss is a mean, the gradients of the whole batch. Sent in
 /// buckets of about [`BUCKET_BYTES`], last parameters first, the order a backward pass
-/// produces them.
+/// produces them, after the backward pass ([`GradExchange`] sends them during it).
 pub fn average_grads<B: Backend, M: Module<B>>(
     c: &(impl Collective<B> + ?Sized),
     model: &mut M,
@@ -263,28 +263,186 @@ pub fn average_grads<B: Backend, M: Module<B>>(
     let mut raw: Vec<RawTensor<B>> = Vec::new();
     each_grad(model, grads, &mut |_, g| raw.push(g.clone()))?;
     let mut averaged: Vec<Option<RawTensor<B>>> = (0..raw.len()).map(|_| None).collect();
-    let mut bucket: Vec<usize> = Vec::new();
-    let mut bytes = 0;
-    let mut send = |bucket: &mut Vec<usize>| -> Result<()> {
-        let tensors: Vec<RawTensor<B>> = bucket.iter().map(|&i| raw[i].clone()).collect();
-        for (&i, t) in bucket.iter().zip(c.all_reduce_mean(&tensors)?) {
-            averaged[i] = Some(t);
-        }
-        bucket.clear();
-        Ok(())
-    };
-    for i in (0..raw.len()).rev() {
-        bucket.push(i);
-        bytes += raw[i].numel() * raw[i].dtype().size_in_bytes();
-        if bytes >= BUCKET_BYTES {
-            send(&mut bucket)?;
-            bytes = 0;
-        }
-    }
-    if !bucket.is_empty() {
-        send(&mut bucket)?;
-    }
+    start_in_buckets(c, &raw, (0..raw.len()).rev(), &mut averaged)?;
+    c.finish_exchanges()?;
     M::grads_from_raw(&mut averaged.into_iter().flatten())
+}
+
+/// Starts averaging `raw[i]` for each `i` of `order`, in buckets of about
+/// [`BUCKET_BYTES`] in that order, each result into `averaged[i]`.
+fn start_in_buckets<B: Backend>(
+    c: &(impl Collective<B> + ?Sized),
+    raw: &[RawTensor<B>],
+    order: impl Iterator<Item = usize>,
+    averaged: &mut [Option<RawTensor<B>>],
+) -> Result<()> {
+    let mut bucket = Bucket::default();
+    for i in order {
+        if let Some(sent) = bucket.add(c, i, &raw[i])? {
+            sent.into_iter().for_each(|(i, t)| averaged[i] = Some(t));
+        }
+    }
+    bucket
+        .send(c)?
+        .into_iter()
+        .for_each(|(i, t)| averaged[i] = Some(t));
+    Ok(())
+}
+
+/// Gradients gathered for one exchange, each with its key (its parameter's index, or
+/// its place among a step's outputs).
+struct Bucket<B: Backend> {
+    tensors: Vec<RawTensor<B>>,
+    keys: Vec<usize>,
+    bytes: usize,
+}
+
+impl<B: Backend> Default for Bucket<B> {
+    fn default() -> Self {
+        Bucket {
+            tensors: Vec::new(),
+            keys: Vec::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<B: Backend> Bucket<B> {
+    /// Adds gradient `g` under `key`; starts the bucket's exchange once it holds
+    /// [`BUCKET_BYTES`], returning the keys and results of what it started.
+    fn add(
+        &mut self,
+        c: &(impl Collective<B> + ?Sized),
+        key: usize,
+        g: &RawTensor<B>,
+    ) -> Result<Option<Vec<(usize, RawTensor<B>)>>> {
+        self.tensors.push(g.clone());
+        self.keys.push(key);
+        self.bytes += g.numel() * g.dtype().size_in_bytes();
+        match self.bytes >= BUCKET_BYTES {
+            true => self.send(c).map(Some),
+            false => Ok(None),
+        }
+    }
+
+    /// Starts the exchange of what the bucket holds, if anything, and empties it.
+    fn send(&mut self, c: &(impl Collective<B> + ?Sized)) -> Result<Vec<(usize, RawTensor<B>)>> {
+        if self.tensors.is_empty() {
+            return Ok(Vec::new());
+        }
+        let averaged = c.start_all_reduce_mean(&self.tensors)?;
+        self.tensors.clear();
+        self.bytes = 0;
+        Ok(self.keys.drain(..).zip(averaged).collect())
+    }
+}
+
+/// A data-parallel step's exchange of gradients: each step's gradients and loss
+/// averaged over the ranks, in buckets of about [`BUCKET_BYTES`] sent in the order the
+/// backward pass computes them, each as soon as its last gradient is computed (through
+/// [`kiln_tensor::collective::watch_outputs`]), so that a collective that overlaps
+/// ([`Collective::start_all_reduce_mean`], NCCL on its own stream) sends them while
+/// the rest of the backward pass runs.
+///
+/// Which of the plan's outputs is which parameter's gradient is learnt on the first
+/// step, from the buffers the gradients are in (as DDP rebuilds its buckets after its
+/// first iteration), and checked on every step. Gradients not handed out during the
+/// backward pass (the first step's, a dynamic part's, a parameter the loss does not
+/// use, a hand-written model's) are sent after it, last parameters first. Every rank
+/// runs the same plans, so every rank makes the same exchanges in the same order.
+#[derive(Default)]
+pub struct GradExchange {
+    /// For each output handed out during a step, in order: the index (in
+    /// `visit_params` order) of the parameter whose gradient it is.
+    learnt: Option<Vec<Option<usize>>>,
+    /// How many gradients the last step sent during its backward pass, of how many.
+    overlapped: (usize, usize),
+}
+
+impl GradExchange {
+    /// An exchange that learns its buckets on its first step.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many of the last step's gradients were sent while its backward pass ran,
+    /// and how many it had.
+    pub fn sent_during_backward(&self) -> (usize, usize) {
+        self.overlapped
+    }
+
+    /// Runs `backward` (a step's loss and gradients on this rank's share of the batch)
+    /// and gives its loss and gradients averaged over the ranks of `c`.
+    pub fn run<B: Backend, M: Module<B>>(
+        &mut self,
+        c: &(impl Collective<B> + ?Sized),
+        model: &mut M,
+        backward: impl FnOnce(&M) -> Result<(RawTensor<B>, M::Grads)>,
+    ) -> Result<(RawTensor<B>, M::Grads)> {
+        let learnt = self.learnt.as_deref().unwrap_or(&[]);
+        let mut handed: Vec<RawTensor<B>> = Vec::new();
+        let mut started: Vec<(usize, RawTensor<B>)> = Vec::new();
+        let mut bucket = Bucket::default();
+        let mut failed = None;
+        let mut watch = |out: &dyn std::any::Any| {
+            let Some(t) = out.downcast_ref::<RawTensor<B>>() else {
+                return;
+            };
+            let k = handed.len();
+            handed.push(t.clone());
+            // An output learnt as a gradient goes into the bucket, keyed by its place.
+            if failed.is_none() && learnt.get(k).is_some_and(Option::is_some) {
+                match bucket.add(c, k, t) {
+                    Ok(sent) => started.extend(sent.into_iter().flatten()),
+                    Err(e) => failed = Some(e),
+                }
+            }
+        };
+        let (loss, grads) =
+            kiln_tensor::collective::watch_outputs(&mut watch, || backward(&*model))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        started.extend(bucket.send(c)?);
+        let mut raw: Vec<RawTensor<B>> = Vec::new();
+        each_grad(model, &grads, &mut |_, g| raw.push(g.clone()))?;
+        let mut averaged: Vec<Option<RawTensor<B>>> = (0..raw.len()).map(|_| None).collect();
+        let mut relearn = self.learnt.is_none();
+        for (k, avg) in started {
+            let param = learnt[k].expect("only outputs learnt as gradients are sent");
+            // A plan output that was not this parameter's gradient after all (another
+            // model's plan): its exchange is wasted, the gradient is sent below.
+            match raw.get(param).is_some_and(|g| same_buffer(g, &handed[k])) {
+                true => averaged[param] = Some(avg),
+                false => relearn = true,
+            }
+        }
+        self.overlapped = (averaged.iter().flatten().count(), raw.len());
+        let rest: Vec<usize> = (0..raw.len())
+            .rev()
+            .filter(|&i| averaged[i].is_none())
+            .collect();
+        start_in_buckets(c, &raw, rest.into_iter(), &mut averaged)?;
+        let loss = c.start_all_reduce_mean(&[loss])?.remove(0);
+        c.finish_exchanges()?;
+        if relearn {
+            self.learnt = Some(
+                handed
+                    .iter()
+                    .map(|t| raw.iter().position(|g| same_buffer(g, t)))
+                    .collect(),
+            );
+        }
+        Ok((
+            loss,
+            M::grads_from_raw(&mut averaged.into_iter().flatten())?,
+        ))
+    }
+}
+
+/// Whether two tensors are the same values: one buffer, one layout.
+fn same_buffer<B: Backend>(a: &RawTensor<B>, b: &RawTensor<B>) -> bool {
+    std::sync::Arc::ptr_eq(a.storage(), b.storage()) && a.layout() == b.layout()
 }
 
 /// Every gradient of `grads` with its parameter's name, in `visit_params` order.

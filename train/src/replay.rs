@@ -7,7 +7,7 @@
 //! step's notice says why.
 
 use crate::optim::Optimizer;
-use crate::parallel::average_grads;
+use crate::parallel::GradExchange;
 use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, Collective, HostData, RawTensor, Replay, Result};
 
@@ -47,8 +47,9 @@ pub struct StepReplay<B: Backend> {
     graph: Option<Captured<B>>,
     steps: u64,
     notice: Option<String>,
-    /// The ranks this one averages its gradients and loss with (data parallelism).
-    ranks: Option<Box<dyn Collective<B>>>,
+    /// The ranks this one averages its gradients and loss with (data parallelism),
+    /// and how.
+    ranks: Option<(Box<dyn Collective<B>>, GradExchange)>,
 }
 
 /// A model's loss and gradients on a step's inputs, uploaded to the device.
@@ -86,7 +87,8 @@ impl<B: Backend> StepReplay<B> {
     /// are averaged over `ranks` before the optimizer's step, so that every rank takes
     /// the step of the whole batch. A collective whose exchanges are device work (NCCL)
     /// is captured with the step and replayed with it; one through the host makes the
-    /// steps run planned.
+    /// steps run planned. Gradients are sent in buckets as the backward pass computes
+    /// them ([`GradExchange`]).
     pub fn data_parallel(mut self, ranks: Box<dyn Collective<B>>) -> Self {
         if self.captures && !ranks.captures() {
             self.captures = false;
@@ -94,7 +96,7 @@ impl<B: Backend> StepReplay<B> {
                 "the training step is not replayed as a graph: data-parallel steps exchange gradients between ranks outside a capture; it runs planned".into(),
             );
         }
-        self.ranks = Some(ranks);
+        self.ranks = Some((ranks, GradExchange::new()));
         self
     }
 
@@ -142,6 +144,10 @@ impl<B: Backend> StepReplay<B> {
                 }
                 graph.replay.replay()?;
                 opt.step_replayed();
+                if let Some((ranks, _)) = &self.ranks {
+                    // The replay's exchanges wait on the other ranks: under the timeout.
+                    ranks.watch()?;
+                }
                 graph.loss.to_vec::<f32>()?[0]
             }
             None => {
@@ -151,10 +157,9 @@ impl<B: Backend> StepReplay<B> {
                     .collect::<Result<Vec<_>>>()?;
                 if self.captures && self.steps >= 1 {
                     let mut out = None;
-                    let ranks = self.ranks.as_deref();
+                    let ranks = &mut self.ranks;
                     let replay = B::capture(device, &mut || {
-                        let (loss, grads) = loss_and_grad(model, &uploaded)?;
-                        let (loss, grads) = averaged(ranks, model, loss, grads)?;
+                        let (loss, grads) = averaged(ranks, model, &uploaded, loss_and_grad)?;
                         opt.step(model, &grads)?;
                         out = Some(loss);
                         Ok(())
@@ -171,13 +176,26 @@ impl<B: Backend> StepReplay<B> {
                     });
                     value
                 } else {
-                    let (loss, grads) = loss_and_grad(model, &uploaded)?;
-                    let (loss, grads) = averaged(self.ranks.as_deref(), model, loss, grads)?;
+                    let (loss, grads) = averaged(&mut self.ranks, model, &uploaded, loss_and_grad)?;
                     opt.step(model, &grads)?;
                     loss.to_vec::<f32>()?[0]
                 }
             }
         };
+        if let Some((ranks, exchange)) = &self.ranks {
+            // A step whose exchange was aborted (a peer died) computed nothing.
+            ranks.watch()?;
+            if self.steps == 1 {
+                let (during, all) = exchange.sent_during_backward();
+                let sent = format!(
+                    "{during} of {all} gradients are sent to the other ranks during the backward pass"
+                );
+                self.notice = Some(match self.notice.take() {
+                    Some(notice) => format!("{notice}; {sent}"),
+                    None => format!("data-parallel steps: {sent}"),
+                });
+            }
+        }
         self.steps += 1;
         Ok(StepOutcome {
             loss,
@@ -194,20 +212,19 @@ impl<B: Backend> StepReplay<B> {
     }
 }
 
-/// The loss and gradients averaged over `ranks` (a data-parallel step), or as they are.
+/// The loss and gradients of `model` on `inputs`, averaged over `ranks` where the step
+/// is one rank's of a data-parallel run.
 fn averaged<B: Backend, M: Module<B>>(
-    ranks: Option<&dyn Collective<B>>,
+    ranks: &mut Option<(Box<dyn Collective<B>>, GradExchange)>,
     model: &mut M,
-    loss: RawTensor<B>,
-    grads: M::Grads,
+    inputs: &[RawTensor<B>],
+    loss_and_grad: &mut LossAndGrad<'_, B, M>,
 ) -> Result<(RawTensor<B>, M::Grads)> {
     match ranks {
-        Some(ranks) => {
-            let grads = average_grads(ranks, model, &grads)?;
-            let loss = ranks.all_reduce_mean(&[loss])?.remove(0);
-            Ok((loss, grads))
+        Some((ranks, exchange)) => {
+            exchange.run(ranks.as_ref(), model, |m| loss_and_grad(m, inputs))
         }
-        None => Ok((loss, grads)),
+        None => loss_and_grad(model, inputs),
     }
 }
 

@@ -2,10 +2,17 @@
 //! each on its own device or thread) exchange tensors. Declared here, beside
 //! [`Backend`], so that a backend crate implements it for its own devices (NCCL on
 //! CUDA) and the training strategy in `kiln-train` is written once against it.
+//!
+//! Also here: [`watch_outputs`], which hands the outputs of the plans a closure runs to
+//! a watcher as soon as each is computed, so that a data-parallel step sends a bucket
+//! of gradients while the rest of the backward pass still runs.
 
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::raw::RawTensor;
+use std::any::Any;
+use std::cell::Cell;
+use std::ptr::NonNull;
 
 /// How ranks exchange tensors: every rank calls the same operations, in the same order,
 /// with tensors of the same dims and dtypes. A call waits for every rank; a rank that
@@ -25,4 +32,75 @@ pub trait Collective<B: Backend> {
     fn captures(&self) -> bool {
         false
     }
+    /// Starts [`Collective::all_reduce_mean`] of `tensors` beside the work queued
+    /// after it (NCCL: on a stream of its own, overlapping the rest of a backward
+    /// pass). The results may be read, and `tensors` written, only by work queued
+    /// after [`Collective::finish_exchanges`]. By default the exchange is made at once.
+    fn start_all_reduce_mean(&self, tensors: &[RawTensor<B>]) -> Result<Vec<RawTensor<B>>> {
+        self.all_reduce_mean(tensors)
+    }
+    /// Orders the work queued from now on after every exchange started so far.
+    fn finish_exchanges(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Puts the device work queued so far (a replayed graph's exchanges included) under
+    /// the group's timeout: where an exchange in it does not end in time (a peer died
+    /// mid-exchange), the group is aborted and later calls fail. An error if the group
+    /// has failed.
+    fn watch(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A watcher of computed outputs, lifetime erased: valid while the [`watch_outputs`]
+/// call that set it runs.
+type Watcher = NonNull<dyn FnMut(&dyn Any)>;
+
+thread_local! {
+    /// The watcher of this thread's outermost plan runs, if one is set.
+    static WATCHER: Cell<Option<Watcher>> = const { Cell::new(None) };
+}
+
+/// Runs `body`, handing `watch` each output of the plans `body` runs on this thread (a
+/// `RawTensor<B>` behind the `&dyn Any`) as soon as the kernel computing it is queued,
+/// so that work on it (sending a gradient to the other ranks) can start while the
+/// plan's later kernels run. Only outermost runs are watched: a plan run inside
+/// another (a model's dynamic part) is not. A watcher is told, not asked: outputs of
+/// plans that run op by op are not handed to it at all.
+pub fn watch_outputs<R>(watch: &mut dyn FnMut(&dyn Any), body: impl FnOnce() -> R) -> R {
+    /// Puts back the watcher that was set before, however `body` ends.
+    struct Restore(Option<Watcher>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            WATCHER.with(|w| w.set(self.0));
+        }
+    }
+    // SAFETY: only the lifetime is erased; the pointer leaves the thread-local when
+    // `Restore` drops at the end of this call, before `watch`'s borrow ends, and
+    // `with_output_watcher` lends it only for the length of one call.
+    let erased: Watcher = unsafe {
+        std::mem::transmute::<NonNull<dyn FnMut(&dyn Any) + '_>, Watcher>(NonNull::from(watch))
+    };
+    let _restore = Restore(WATCHER.with(|w| w.replace(Some(erased))));
+    body()
+}
+
+/// Runs `f` with this thread's output watcher (see [`watch_outputs`]), taken for the
+/// call so that plans run inside `f` are not watched: what a plan's run calls around
+/// its kernels.
+pub fn with_output_watcher<R>(f: impl FnOnce(Option<&mut dyn FnMut(&dyn Any)>) -> R) -> R {
+    /// Hands the watcher back to the thread-local, however `f` ends.
+    struct Return(Option<Watcher>);
+    impl Drop for Return {
+        fn drop(&mut self) {
+            if self.0.is_some() {
+                WATCHER.with(|w| w.set(self.0));
+            }
+        }
+    }
+    let taken = Return(WATCHER.with(|w| w.take()));
+    // SAFETY: the watcher outlives this call (see `watch_outputs`), and while it is
+    // lent here the thread-local is empty, so this is its only borrow.
+    let watcher = taken.0.map(|mut p| unsafe { p.as_mut() });
+    f(watcher)
 }

@@ -96,6 +96,7 @@ pub mod ops;
 pub mod recording;
 pub mod storage;
 pub mod strided;
+pub mod watchdog;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

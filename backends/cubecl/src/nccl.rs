@@ -6,13 +6,27 @@
 //! Exchanges are queued on the CUDA stream CubeCL's kernels run on, so they are ordered
 //! after the backward pass's kernels and before the optimizer's, with no host
 //! synchronisation: a step's gradients are averaged as one NCCL group per bucket.
+//! Started exchanges ([`Collective::start_all_reduce_mean`]) run on a stream of their
+//! own, after the work queued before them and beside the rest of the backward pass;
+//! the optimizer's work waits for them ([`Collective::finish_exchanges`]). Both
+//! streams are captured into a step's CUDA graph alike.
+//!
+//! A watchdog thread ([`crate::watchdog`]) fails the group when an exchange has not
+//! ended within the rank's timeout of being queued (a peer died mid-exchange, which
+//! NCCL would wait on forever): it aborts the communicator, which ends the waiting
+//! kernels, and the rank's next call fails saying why.
 
-use crate::cuda::{make_current, raw_resource};
+use crate::cuda::{driver_error, make_current, raw_resource};
 use crate::storage::device_size;
+use crate::watchdog::{Mark, Watchdog};
 use crate::{Cuda, CudaDevice};
+use cudarc::driver::sys as dsys;
 use cudarc::nccl::{result as nc, sys as ncsys};
 use kiln_tensor::{Collective, DType, Error, RawTensor, Result};
+use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// What to install when NCCL is not found.
@@ -60,15 +74,119 @@ impl NcclId {
 
 /// One rank of an NCCL group, on its own CUDA device.
 pub struct NcclRank {
-    comm: ncsys::ncclComm_t,
+    comm: Arc<Comm>,
     rank: usize,
     world: usize,
     device: CudaDevice,
+    /// The stream started exchanges run on, beside the work queued after them.
+    side: dsys::CUstream,
+    /// Recorded on the calling thread's stream before a started exchange (the side
+    /// stream waits for it), and on the side stream after it (work queued after
+    /// [`Collective::finish_exchanges`] waits for that).
+    ready: dsys::CUevent,
+    done: dsys::CUevent,
+    /// Whether exchanges were started since the last `finish_exchanges`.
+    started: Cell<bool>,
+    /// The buffers started exchanges read and write, held until later work is ordered
+    /// after them (freed earlier, the pool would hand them to that work meanwhile).
+    in_flight: RefCell<Vec<RawTensor<Cuda>>>,
+    /// A buffer whose resource names the calling thread's stream.
+    probe: RawTensor<Cuda>,
+    watchdog: Option<Watchdog>,
 }
 
-// SAFETY: the communicator is used by one thread at a time (`&self` calls are made by
-// the rank's training loop), after making its device's context current.
+// SAFETY: the rank is used by one thread at a time (`&self` calls are made by the
+// rank's training loop), after making its device's context current; its stream and
+// events are handles valid on any thread.
 unsafe impl Send for NcclRank {}
+
+/// An NCCL communicator, shared with the watchdog that may abort it.
+struct Comm {
+    raw: ncsys::ncclComm_t,
+    /// Held by every call into NCCL, so that an abort does not free the communicator
+    /// under one.
+    calls: Mutex<()>,
+    /// Whether the watchdog aborted it (then it is gone: never used again).
+    aborted: AtomicBool,
+}
+
+// SAFETY: NCCL calls on the communicator are serialised by `calls`; the watchdog's
+// abort is the one call that may come from another thread, as NCCL allows.
+unsafe impl Send for Comm {}
+unsafe impl Sync for Comm {}
+
+impl Comm {
+    /// Aborts the communicator (ending kernels that wait on a peer), once. Waits a
+    /// little for a call in progress to return; one that does not is stuck in NCCL,
+    /// which the abort is there to end.
+    fn abort(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let mut held = self.calls.try_lock().ok();
+        while held.is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            held = self.calls.try_lock().ok();
+        }
+        if !self.aborted.swap(true, Ordering::SeqCst) {
+            // SAFETY: a live communicator, never used after this (`aborted`).
+            let _ = unsafe { nc::comm_abort(self.raw) };
+        }
+    }
+}
+
+/// A recorded CUDA event: a point in a stream's work, for the watchdog.
+struct EventMark(dsys::CUevent);
+
+// SAFETY: an event handle is usable from any thread of its context's process.
+unsafe impl Send for EventMark {}
+
+impl Mark for EventMark {
+    fn ended(&self) -> std::result::Result<bool, String> {
+        // SAFETY: a live event, recorded once.
+        match unsafe { dsys::cuEventQuery(self.0) } {
+            dsys::CUresult::CUDA_SUCCESS => Ok(true),
+            dsys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(format!("{e:?}")),
+        }
+    }
+}
+
+impl Drop for EventMark {
+    fn drop(&mut self) {
+        // SAFETY: the event is not used after this.
+        unsafe { dsys::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// A driver call's error, named.
+fn driven(what: &str, r: dsys::CUresult) -> Result<()> {
+    match r {
+        dsys::CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(driver_error(what, e)),
+    }
+}
+
+/// Whether `stream` is being captured into a graph (its work is not run now).
+fn capturing(stream: dsys::CUstream) -> Result<bool> {
+    let mut status = dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream; `status` is written by the driver.
+    driven("cuStreamIsCapturing", unsafe {
+        dsys::cuStreamIsCapturing(stream, &mut status)
+    })?;
+    Ok(status != dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// A new event without timing.
+fn new_event() -> Result<dsys::CUevent> {
+    let mut event = std::ptr::null_mut();
+    // SAFETY: `event` is written by the driver; the caller's context is current.
+    driven("cuEventCreate", unsafe {
+        dsys::cuEventCreate(
+            &mut event,
+            dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        )
+    })?;
+    Ok(event)
+}
 
 /// An error unless libnccl can be loaded (cudarc panics on a missing library).
 fn loaded() -> Result<()> {
@@ -129,7 +247,9 @@ fn nccl_dtype(op: &'static str, dtype: DType) -> Result<ncsys::ncclDataType_t> {
 
 impl NcclRank {
     /// Joins the group of `world` ranks `id` names as `rank`, on `device`; waits at
-    /// most `timeout` for every rank to join (NCCL itself would wait forever).
+    /// most `timeout` for every rank to join (NCCL itself would wait forever), and
+    /// fails the group when an exchange has not ended `timeout` after it was queued (a
+    /// peer that died mid-exchange): later calls then fail with an error saying so.
     pub fn join(
         device: &CudaDevice,
         id: &NcclId,
@@ -167,34 +287,106 @@ impl NcclRank {
                 )))
             }
         };
+        let comm = Arc::new(Comm {
+            raw: comm,
+            calls: Mutex::new(()),
+            aborted: AtomicBool::new(false),
+        });
+        let mut side = std::ptr::null_mut();
+        // SAFETY: `side` is written by the driver; the device's context is current.
+        driven("cuStreamCreate", unsafe {
+            dsys::cuStreamCreate(
+                &mut side,
+                dsys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            )
+        })?;
+        let (state, aborting) = (device.state.clone(), comm.clone());
+        let watchdog = Watchdog::spawn(
+            format!("NCCL rank {rank} of {world}"),
+            timeout,
+            move || {
+                let _ = make_current(&state);
+                // Relaxed: its event queries must not disturb a capture on another
+                // thread (the training loop's).
+                let mut mode = dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+                // SAFETY: `mode` is read and written by the driver.
+                unsafe { dsys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+            },
+            move || aborting.abort(),
+        );
         Ok(NcclRank {
             comm,
             rank,
             world,
+            side,
+            ready: new_event()?,
+            done: new_event()?,
+            started: Cell::new(false),
+            in_flight: RefCell::new(Vec::new()),
+            probe: RawTensor::zeros(&[1], DType::U32, device)?,
             device: device.clone(),
+            watchdog: Some(watchdog),
         })
     }
 
-    /// An error if NCCL found one in the group since the last call (a peer that
-    /// failed), so that this rank stops instead of queueing work that never ends.
+    /// An error if the group has failed: the watchdog aborted it, or NCCL found an
+    /// error since the last call (a peer that failed), so that this rank stops instead
+    /// of queueing work that never ends.
     fn check(&self, op: &str) -> Result<()> {
+        if let Some(why) = self.watchdog.as_ref().and_then(Watchdog::failed) {
+            return Err(Error::Device(why));
+        }
+        let _call = self.comm.calls.lock().unwrap_or_else(|e| e.into_inner());
+        if self.comm.aborted.load(Ordering::SeqCst) {
+            return Err(Error::Device(format!(
+                "NCCL rank {} of {}: the group was aborted",
+                self.rank, self.world
+            )));
+        }
         let mut status = ncsys::ncclResult_t::ncclSuccess;
         // SAFETY: a live communicator; `status` is written by NCCL.
-        let r = unsafe { ncsys::ncclCommGetAsyncError(self.comm, &mut status) };
-        r.result().map_err(|e| nccl_error(op, e, Some(self.comm)))?;
+        let r = unsafe { ncsys::ncclCommGetAsyncError(self.comm.raw, &mut status) };
+        r.result()
+            .map_err(|e| nccl_error(op, e, Some(self.comm.raw)))?;
         status
             .result()
             .map(|_| ())
-            .map_err(|e| nccl_error(op, e, Some(self.comm)))
+            .map_err(|e| nccl_error(op, e, Some(self.comm.raw)))
+    }
+
+    /// The calling thread's stream on this rank's device (CubeCL's, which its kernels
+    /// and cuBLASLt's products run on).
+    fn stream(&self) -> Result<dsys::CUstream> {
+        raw_resource(&self.device.state, &self.probe.storage().handle).map(|(_, s)| s)
+    }
+
+    /// Puts the work queued on `stream` so far under the watchdog's timeout (not while
+    /// it is being captured: a replay's work is watched when it is queued).
+    fn watch_stream(&self, stream: dsys::CUstream) -> Result<()> {
+        let Some(watchdog) = &self.watchdog else {
+            return Ok(());
+        };
+        if capturing(stream)? {
+            return Ok(());
+        }
+        let event = EventMark(new_event()?);
+        // SAFETY: a live event and stream of the current context.
+        driven("cuEventRecord", unsafe {
+            dsys::cuEventRecord(event.0, stream)
+        })?;
+        watchdog.watch(Box::new(event));
+        Ok(())
     }
 
     /// Runs `each` for every tensor (made contiguous, on this rank's device), as one
     /// NCCL group, with its input and output addresses, length, NCCL dtype and the
-    /// stream; returns the outputs.
+    /// stream; returns the outputs. `beside`: on the side stream, after the work
+    /// queued so far and beside the work queued next (a started exchange).
     fn grouped(
         &self,
         op: &'static str,
         tensors: &[RawTensor<Cuda>],
+        beside: bool,
         each: &dyn Fn(
             *const c_void,
             *mut c_void,
@@ -228,32 +420,62 @@ impl NcclRank {
             inputs.push((t, dtype));
             outputs.push(out);
         }
-        nc::group_start().map_err(|e| nccl_error("ncclGroupStart", e, Some(self.comm)))?;
-        let mut queued = Ok(());
-        for ((t, dtype), out) in inputs.iter().zip(&outputs) {
-            let esize = device_size(t.dtype()) as u64;
-            let (src, _) = raw_resource(dev, &t.storage().handle)?;
-            let src = src + t.layout().offset() as u64 * esize;
-            let (dst, stream) = raw_resource(dev, &out.handle)?;
-            if let Err(e) = each(
-                src as *const c_void,
-                dst as *mut c_void,
-                t.numel(),
-                *dtype,
-                stream as _,
-            ) {
-                queued = Err(nccl_error(op, e, Some(self.comm)));
-                break;
+        let main = self.stream()?;
+        let stream = match beside {
+            true => {
+                // SAFETY: live events and streams of the current context.
+                driven("cuEventRecord", unsafe {
+                    dsys::cuEventRecord(self.ready, main)
+                })?;
+                driven("cuStreamWaitEvent", unsafe {
+                    dsys::cuStreamWaitEvent(self.side, self.ready, 0)
+                })?;
+                self.side
             }
+            false => main,
+        };
+        {
+            let _call = self.comm.calls.lock().unwrap_or_else(|e| e.into_inner());
+            let comm = self.comm.raw;
+            nc::group_start().map_err(|e| nccl_error("ncclGroupStart", e, Some(comm)))?;
+            let mut queued = Ok(());
+            for ((t, dtype), out) in inputs.iter().zip(&outputs) {
+                let esize = device_size(t.dtype()) as u64;
+                let (src, _) = raw_resource(dev, &t.storage().handle)?;
+                let src = src + t.layout().offset() as u64 * esize;
+                let (dst, _) = raw_resource(dev, &out.handle)?;
+                if let Err(e) = each(
+                    src as *const c_void,
+                    dst as *mut c_void,
+                    t.numel(),
+                    *dtype,
+                    stream as _,
+                ) {
+                    queued = Err(nccl_error(op, e, Some(comm)));
+                    break;
+                }
+            }
+            let ended = nc::group_end().map_err(|e| nccl_error("ncclGroupEnd", e, Some(comm)));
+            queued?;
+            ended?;
         }
-        let ended = nc::group_end().map_err(|e| nccl_error("ncclGroupEnd", e, Some(self.comm)));
-        queued?;
-        ended?;
-        inputs
+        let outputs = inputs
             .iter()
             .zip(outputs)
             .map(|((t, _), out)| RawTensor::from_storage(out, *t.dims(), self.device.clone()))
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        if beside {
+            // SAFETY: a live event and stream of the current context.
+            driven("cuEventRecord", unsafe {
+                dsys::cuEventRecord(self.done, self.side)
+            })?;
+            self.started.set(true);
+            let mut held = self.in_flight.borrow_mut();
+            held.extend(inputs.into_iter().map(|(t, _)| t));
+            held.extend(outputs.iter().cloned());
+        }
+        self.watch_stream(stream)?;
+        Ok(outputs)
     }
 }
 
@@ -271,13 +493,66 @@ impl Collective<Cuda> for NcclRank {
     }
 
     fn all_reduce_mean(&self, tensors: &[RawTensor<Cuda>]) -> Result<Vec<RawTensor<Cuda>>> {
-        let comm = self.comm;
+        self.averaged(tensors, false)
+    }
+
+    fn start_all_reduce_mean(&self, tensors: &[RawTensor<Cuda>]) -> Result<Vec<RawTensor<Cuda>>> {
+        self.averaged(tensors, true)
+    }
+
+    fn finish_exchanges(&self) -> Result<()> {
+        if !self.started.replace(false) {
+            return Ok(());
+        }
+        make_current(&self.device.state)?;
+        let main = self.stream()?;
+        // SAFETY: a live event and stream of the current context.
+        driven("cuStreamWaitEvent", unsafe {
+            dsys::cuStreamWaitEvent(main, self.done, 0)
+        })?;
+        // Work queued from now on (what reuses these buffers) waits for the exchanges.
+        self.in_flight.borrow_mut().clear();
+        self.watch_stream(main)
+    }
+
+    fn watch(&self) -> Result<()> {
+        make_current(&self.device.state)?;
+        self.check("watch")?;
+        self.watch_stream(self.stream()?)
+    }
+
+    fn broadcast(&self, tensors: &[RawTensor<Cuda>], root: usize) -> Result<Vec<RawTensor<Cuda>>> {
+        if root >= self.world {
+            return Err(Error::invalid(
+                "broadcast",
+                format!("root {root} is not a rank of {}", self.world),
+            ));
+        }
+        let comm = self.comm.raw;
+        self.grouped(
+            "broadcast",
+            tensors,
+            false,
+            &|src, dst, n, dtype, stream| unsafe {
+                // SAFETY: as in `all_reduce_mean`.
+                nc::broadcast(src, dst, n, dtype, root as i32, comm, stream)
+            },
+        )
+    }
+}
+
+impl NcclRank {
+    /// `tensors` averaged over the ranks, on the calling thread's stream or `beside` it.
+    fn averaged(&self, tensors: &[RawTensor<Cuda>], beside: bool) -> Result<Vec<RawTensor<Cuda>>> {
+        let comm = self.comm.raw;
         self.grouped(
             "all_reduce_mean",
             tensors,
+            beside,
             &|src, dst, n, dtype, stream| unsafe {
                 // SAFETY: `src` and `dst` hold `n` elements on this rank's device, ordered
-                // on `stream`; the buffers outlive the call (held by `grouped`'s caller).
+                // on `stream`; the buffers outlive the exchange (held by `grouped`'s
+                // caller, or in `in_flight` for a started one).
                 nc::all_reduce(
                     src,
                     dst,
@@ -290,34 +565,29 @@ impl Collective<Cuda> for NcclRank {
             },
         )
     }
-
-    fn broadcast(&self, tensors: &[RawTensor<Cuda>], root: usize) -> Result<Vec<RawTensor<Cuda>>> {
-        if root >= self.world {
-            return Err(Error::invalid(
-                "broadcast",
-                format!("root {root} is not a rank of {}", self.world),
-            ));
-        }
-        let comm = self.comm;
-        self.grouped("broadcast", tensors, &|src, dst, n, dtype, stream| unsafe {
-            // SAFETY: as in `all_reduce_mean`.
-            nc::broadcast(src, dst, n, dtype, root as i32, comm, stream)
-        })
-    }
 }
 
 impl Drop for NcclRank {
     fn drop(&mut self) {
-        // Queued exchanges finish first (a stream sync), then the communicator goes.
         let _ = make_current(&self.device.state);
+        // Exchanges still running on the side stream end first (the watchdog, still
+        // running, aborts them where a peer died), then the communicator goes.
+        // SAFETY: the side stream, live until destroyed below.
+        unsafe { dsys::cuStreamSynchronize(self.side) };
+        self.in_flight.borrow_mut().clear();
         let failed = self.check("ncclCommDestroy").is_err();
-        // SAFETY: the communicator is not used after this.
+        drop(self.watchdog.take());
+        // SAFETY: the communicator, events and stream are not used after this.
         unsafe {
-            if failed {
-                let _ = nc::comm_abort(self.comm);
-            } else {
-                let _ = nc::comm_destroy(self.comm);
+            if !self.comm.aborted.load(Ordering::SeqCst) {
+                let _ = match failed {
+                    true => nc::comm_abort(self.comm.raw),
+                    false => nc::comm_destroy(self.comm.raw),
+                };
             }
+            dsys::cuEventDestroy_v2(self.ready);
+            dsys::cuEventDestroy_v2(self.done);
+            dsys::cuStreamDestroy_v2(self.side);
         }
     }
 }
