@@ -289,6 +289,9 @@ fn start_in_buckets<B: Backend>(
     Ok(())
 }
 
+/// The results of a bucket's exchange, each with its gradient's key.
+type Sent<B> = Vec<(usize, RawTensor<B>)>;
+
 /// Gradients gathered for one exchange, each with its key (its parameter's index, or
 /// its place among a step's outputs).
 struct Bucket<B: Backend> {
@@ -315,7 +318,7 @@ impl<B: Backend> Bucket<B> {
         c: &(impl Collective<B> + ?Sized),
         key: usize,
         g: &RawTensor<B>,
-    ) -> Result<Option<Vec<(usize, RawTensor<B>)>>> {
+    ) -> Result<Option<Sent<B>>> {
         self.tensors.push(g.clone());
         self.keys.push(key);
         self.bytes += g.numel() * g.dtype().size_in_bytes();

@@ -287,6 +287,8 @@ impl NcclRank {
                 )))
             }
         };
+        // The stream and events below belong to the device's context.
+        make_current(&device.state)?;
         let comm = Arc::new(Comm {
             raw: comm,
             calls: Mutex::new(()),
