@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap>
+# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -173,6 +173,26 @@ case $W in
     done
     [ -z "${NO_TORCH:-}" ] && for d in "" --ddp; do
       run 200 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 20 --precision bf16 --compile $d
+    done
+    rm -f "$OUT"/*.safetensors ;;
+  overlapab)
+    # W3's step as a rank of one with gradients sent during the backward pass, after
+    # it (KILN_OVERLAP=0), and without ranks, each run twice, alternating, for 1 and 6
+    # epochs from a warm kernel cache: what the side stream costs or saves on one GPU.
+    models_data
+    nccl_env
+    W="--model gpt-w3 --precision bf16 --optimizer adamw --lr 0.001 --warmup 20 --batch-size 32 --save-every 0"
+    run 150 $B/kiln-train --device cuda $W --epochs 1 --ranks 1 --out "$OUT/w3warm.safetensors" > /dev/null
+    for round in 1 2; do
+      for e in 1 6; do
+        for how in "" "--ranks 1" "KILN_OVERLAP=0"; do
+          echo "== round $round, $e epochs: ${how:-plain}"
+          case $how in
+            KILN_OVERLAP=0) KILN_OVERLAP=0 timeout 150 $B/kiln-train --device cuda $W --epochs $e --ranks 1 --out "$OUT/w3.safetensors" 2>&1 | grep "^trained\|gradients" ;;
+            *) timeout 150 $B/kiln-train --device cuda $W --epochs $e $how --out "$OUT/w3.safetensors" 2>&1 | grep "^trained\|gradients" ;;
+          esac
+        done
+      done
     done
     rm -f "$OUT"/*.safetensors ;;
   w3train)

@@ -355,6 +355,8 @@ impl<B: Backend> Bucket<B> {
 /// runs the same plans, so every rank makes the same exchanges in the same order.
 #[derive(Default)]
 pub struct GradExchange {
+    /// Whether every gradient is sent after the backward pass instead.
+    after: bool,
     /// For each output handed out during a step, in order: the index (in
     /// `visit_params` order) of the parameter whose gradient it is.
     learnt: Option<Vec<Option<usize>>>,
@@ -366,6 +368,16 @@ impl GradExchange {
     /// An exchange that learns its buckets on its first step.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An exchange that sends every gradient after the backward pass, as
+    /// [`average_grads`] does (to measure what sending during it saves, or to rule it
+    /// out when looking for a fault).
+    pub fn after_backward() -> Self {
+        GradExchange {
+            after: true,
+            ..Self::default()
+        }
     }
 
     /// How many of the last step's gradients were sent while its backward pass ran,
@@ -382,7 +394,10 @@ impl GradExchange {
         model: &mut M,
         backward: impl FnOnce(&M) -> Result<(RawTensor<B>, M::Grads)>,
     ) -> Result<(RawTensor<B>, M::Grads)> {
-        let learnt = self.learnt.as_deref().unwrap_or(&[]);
+        let learnt = match self.after {
+            true => &[],
+            false => self.learnt.as_deref().unwrap_or(&[]),
+        };
         let mut handed: Vec<RawTensor<B>> = Vec::new();
         let mut started: Vec<(usize, RawTensor<B>)> = Vec::new();
         let mut bucket = Bucket::default();

@@ -88,7 +88,8 @@ impl<B: Backend> StepReplay<B> {
     /// the step of the whole batch. A collective whose exchanges are device work (NCCL)
     /// is captured with the step and replayed with it; one through the host makes the
     /// steps run planned. Gradients are sent in buckets as the backward pass computes
-    /// them ([`GradExchange`]).
+    /// them ([`GradExchange`]), or all after it where the environment variable
+    /// `KILN_OVERLAP` is `0`.
     pub fn data_parallel(mut self, ranks: Box<dyn Collective<B>>) -> Self {
         if self.captures && !ranks.captures() {
             self.captures = false;
@@ -96,7 +97,11 @@ impl<B: Backend> StepReplay<B> {
                 "the training step is not replayed as a graph: data-parallel steps exchange gradients between ranks outside a capture; it runs planned".into(),
             );
         }
-        self.ranks = Some((ranks, GradExchange::new()));
+        let exchange = match std::env::var("KILN_OVERLAP").as_deref() {
+            Ok("0") => GradExchange::after_backward(),
+            _ => GradExchange::new(),
+        };
+        self.ranks = Some((ranks, exchange));
         self
     }
 
