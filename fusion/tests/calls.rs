@@ -3,7 +3,8 @@
 //! around it still fused; the fused and the op-by-op paths call the parts alike and
 //! give equal values; a part's result of another shape or dtype than declared is one
 //! error, the same on both paths; a plan text whose calls are wired wrongly is an
-//! error, never a panic.
+//! error, never a panic. A planned run hands its outputs to an output watcher as
+//! they are computed (not those of plans run inside its parts).
 
 use kiln_cpu::{Cpu, CpuDevice};
 use kiln_fusion::{plan, KernelKind, Parts, Plan, Program, SDim, Seeds};
@@ -169,5 +170,78 @@ fn calls_wired_wrongly_in_a_plan_text_are_errors() -> Result<()> {
             assert!(e.to_string().contains("call"), "{e}");
         }
     }
+    Ok(())
+}
+
+/// A part that runs a plan of its own (`x · 0.5`), as a model's dynamic part does.
+struct Inner(Program<Cpu>);
+
+impl Parts<Cpu> for Inner {
+    fn name(&self, part: usize) -> String {
+        format!("self.inner{part}")
+    }
+
+    fn forward(&mut self, _part: usize, input: RawTensor<Cpu>) -> Result<RawTensor<Cpu>> {
+        let params = [("B", input.dims()[0])];
+        let outs = self.0.run(&CpuDevice, &params, &[&input], 0)?;
+        Ok(outs
+            .expect("the inner plan describes its input")
+            .next()
+            .unwrap())
+    }
+
+    fn backward(&mut self, _part: usize, grad: RawTensor<Cpu>) -> Result<RawTensor<Cpu>> {
+        grad.mul_scalar(0.5)
+    }
+}
+
+#[test]
+fn a_watcher_is_handed_each_output_of_the_outermost_planned_run() -> Result<()> {
+    use kiln_tensor::collective::watch_outputs;
+    let (g, inputs, outputs) = graph()?;
+    let mut program = Program::<Cpu>::new(plan(&g, &inputs, &outputs), &[]);
+    let mut inner = Graph::<SDim>::new();
+    let x = inner.leaf(0, vec![SDim::param("B"), SDim::lit(3)], DType::F32);
+    let half = inner.mul_scalar(&x, 0.5)?;
+    let mut parts = Inner(Program::new(plan(&inner, &[x], &[half]), &[]));
+    let x = RawTensor::<Cpu>::from_vec(
+        vec![-3.0f32, -1.5, -0.5, 0.0, 0.5, 2.0],
+        &[2, 3],
+        &CpuDevice,
+    )?;
+    let mut handed: Vec<Vec<f32>> = Vec::new();
+    let mut watch = |t: &dyn std::any::Any| {
+        let t = t.downcast_ref::<RawTensor<Cpu>>().expect("a CPU tensor");
+        handed.push(t.to_vec::<f32>().unwrap());
+    };
+    let mut outs = watch_outputs(&mut watch, || {
+        let params = [("B", 2)];
+        program
+            .run_with_parts(&CpuDevice, &params, &[&x], Seeds::Mix(0), &mut parts)
+            .map(|o| {
+                o.expect("planned")
+                    .map(|t| t.to_vec::<f32>().unwrap())
+                    .collect::<Vec<_>>()
+            })
+    })?;
+    // The outer plan's two outputs, once each, with the values it returns; not the
+    // inner plan's (run inside the part).
+    handed.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    outs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    assert_eq!(handed, outs);
+    // Op by op, outputs come only at the end: nothing is handed out.
+    let mut count = 0;
+    watch_outputs(&mut |_| count += 1, || {
+        run(
+            &mut program,
+            false,
+            &x,
+            &mut Scale {
+                scale: 0.5,
+                width: None,
+            },
+        )
+    })?;
+    assert_eq!(count, 0);
     Ok(())
 }

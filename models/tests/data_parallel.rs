@@ -1,8 +1,11 @@
 //! Data parallelism on the CPU, ranks as threads (`kiln::train::parallel`): two ranks
 //! training on the halves of each batch of 256 give the gradients and the parameters
 //! of one rank training on the whole batch, for the MLP and for a GPT-shaped decoder
-//! (embeddings, causal self-attention, layer norm, a head over 256 bytes); replicas
-//! initialised from different seeds start equal after `broadcast_state`.
+//! (embeddings, causal self-attention, layer norm, a head over 256 bytes), with the
+//! gradients sent in buckets during the backward pass (`GradExchange`, every gradient
+//! from the second step on) and equal, bit for bit, to those sent after it
+//! (`average_grads`); replicas initialised from different seeds start equal after
+//! `broadcast_state`.
 //!
 //! The decoder has no dropout: a rank's dropout masks over its half of a batch are
 //! drawn from its own counters, not from the whole batch's, so the zoo's GPT (10%

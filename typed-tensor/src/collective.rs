@@ -104,3 +104,31 @@ pub fn with_output_watcher<R>(f: impl FnOnce(Option<&mut dyn FnMut(&dyn Any)>) -
     let watcher = taken.0.map(|mut p| unsafe { p.as_mut() });
     f(watcher)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watcher_is_lent_to_one_run_at_a_time_and_put_back_after_a_panic() {
+        let mut seen = Vec::new();
+        let mut watch = |v: &dyn Any| seen.push(*v.downcast_ref::<u32>().unwrap());
+        watch_outputs(&mut watch, || {
+            with_output_watcher(|outer| {
+                let outer = outer.expect("the watcher is lent to the outermost run");
+                outer(&1u32);
+                // A run inside it (a dynamic part's plan) is not watched.
+                with_output_watcher(|inner| assert!(inner.is_none()));
+                outer(&2u32);
+            });
+            // A run that panics hands the watcher back as it unwinds.
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                with_output_watcher(|_| panic!("a failing run"))
+            }));
+            assert!(caught.is_err());
+            with_output_watcher(|again| again.expect("handed back")(&3u32));
+        });
+        with_output_watcher(|after| assert!(after.is_none(), "the watcher outlived its call"));
+        assert_eq!(seen, [1, 2, 3]);
+    }
+}
