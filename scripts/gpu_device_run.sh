@@ -176,22 +176,26 @@ case $W in
     done
     rm -f "$OUT"/*.safetensors ;;
   overlapab)
-    # W3's step as a rank of one with gradients sent during the backward pass, after
-    # it (KILN_OVERLAP=0), and without ranks, each run twice, alternating, for 1 and 6
-    # epochs from a warm kernel cache: what the side stream costs or saves on one GPU.
+    # The NCCL tests (the stalled one alone), then W3's step as a rank of one with
+    # gradients sent during the backward pass (side stream), after it on the compute
+    # stream (KILN_OVERLAP=0, the design before the side stream), and without ranks:
+    # 618 steps each, two alternating rounds from a warm kernel cache.
     models_data
     nccl_env
+    [ -x $B/nccl_test ] && run 120 $B/nccl_test --test-threads 1 --skip an_exchange_stalled
+    [ -x $B/nccl_test ] && run 60 $B/nccl_test --ignored --exact an_exchange_stalled_past_the_timeout_fails_the_group
     W="--model gpt-w3 --precision bf16 --optimizer adamw --lr 0.001 --warmup 20 --batch-size 32 --save-every 0"
     run 150 $B/kiln-train --device cuda $W --epochs 1 --ranks 1 --out "$OUT/w3warm.safetensors" > /dev/null
     for round in 1 2; do
-      for e in 1 6; do
-        for how in "" "--ranks 1" "KILN_OVERLAP=0"; do
-          echo "== round $round, $e epochs: ${how:-plain}"
-          case $how in
-            KILN_OVERLAP=0) KILN_OVERLAP=0 timeout 150 $B/kiln-train --device cuda $W --epochs $e --ranks 1 --out "$OUT/w3.safetensors" 2>&1 | grep "^trained\|gradients" ;;
-            *) timeout 150 $B/kiln-train --device cuda $W --epochs $e $how --out "$OUT/w3.safetensors" 2>&1 | grep "^trained\|gradients" ;;
-          esac
-        done
+      for how in plain during after; do
+        echo "== round $round, 6 epochs: $how"
+        case $how in
+          plain) F= ;;
+          during) F="--ranks 1" ;;
+          after) F="--ranks 1"; export KILN_OVERLAP=0 ;;
+        esac
+        timeout 150 $B/kiln-train --device cuda $W --epochs 6 $F --out "$OUT/w3.safetensors" 2>&1 | grep "^trained\|gradients"
+        unset KILN_OVERLAP
       done
     done
     rm -f "$OUT"/*.safetensors ;;

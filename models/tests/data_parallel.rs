@@ -341,3 +341,42 @@ fn a_backward_pass_whose_plans_change_between_steps_is_still_averaged_right() {
         }
     });
 }
+
+#[test]
+fn an_exchange_after_the_backward_pass_sends_nothing_during_it_and_gives_the_same_bits() {
+    let ranks = ThreadGroup::new(2, Duration::from_secs(60)).unwrap();
+    std::thread::scope(|s| {
+        for c in ranks {
+            s.spawn(move || {
+                let r = c.rank();
+                let mut model = Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
+                let (mut during, mut after) = (GradExchange::new(), GradExchange::after_backward());
+                for step in 0..3u64 {
+                    let (x, y) = mlp_batch(step);
+                    let (x, y) = (share(&x, r, 2), share(&y, r, 2));
+                    let x = Tensor::<Cpu, Rank2<128, 784>>::from_vec(x, &[128, 784], &CpuDevice)
+                        .unwrap();
+                    let y =
+                        Tensor::<Cpu, (Const<128>,), i32>::from_vec(y, &[128], &CpuDevice).unwrap();
+                    let mut run = |exchange: &mut GradExchange, model: &mut Mlp<Cpu>| {
+                        let (loss, g) = exchange
+                            .run(&c, model, |m| {
+                                let (loss, g) = m.loss_and_grad(&x, &y)?;
+                                Ok((loss.raw().clone(), g))
+                            })
+                            .unwrap();
+                        (loss.to_vec::<f32>().unwrap(), grads(model, &g))
+                    };
+                    let sent_after = run(&mut after, &mut model);
+                    let sent_during = run(&mut during, &mut model);
+                    assert_eq!(sent_after, sent_during, "step {step}");
+                    assert_eq!(after.sent_during_backward().0, 0);
+                }
+                assert_eq!(
+                    during.sent_during_backward().0,
+                    during.sent_during_backward().1
+                );
+            });
+        }
+    });
+}

@@ -263,20 +263,21 @@ pub fn average_grads<B: Backend, M: Module<B>>(
     let mut raw: Vec<RawTensor<B>> = Vec::new();
     each_grad(model, grads, &mut |_, g| raw.push(g.clone()))?;
     let mut averaged: Vec<Option<RawTensor<B>>> = (0..raw.len()).map(|_| None).collect();
-    start_in_buckets(c, &raw, (0..raw.len()).rev(), &mut averaged)?;
-    c.finish_exchanges()?;
+    start_in_buckets(c, &raw, (0..raw.len()).rev(), false, &mut averaged)?;
     M::grads_from_raw(&mut averaged.into_iter().flatten())
 }
 
-/// Starts averaging `raw[i]` for each `i` of `order`, in buckets of about
-/// [`BUCKET_BYTES`] in that order, each result into `averaged[i]`.
+/// Averages `raw[i]` for each `i` of `order`, in buckets of about [`BUCKET_BYTES`] in
+/// that order, each result into `averaged[i]`; `beside`: each bucket started beside
+/// later work (see [`Collective::start_all_reduce_mean`]).
 fn start_in_buckets<B: Backend>(
     c: &(impl Collective<B> + ?Sized),
     raw: &[RawTensor<B>],
     order: impl Iterator<Item = usize>,
+    beside: bool,
     averaged: &mut [Option<RawTensor<B>>],
 ) -> Result<()> {
-    let mut bucket = Bucket::default();
+    let mut bucket = Bucket::new(beside);
     for i in order {
         if let Some(sent) = bucket.add(c, i, &raw[i])? {
             sent.into_iter().for_each(|(i, t)| averaged[i] = Some(t));
@@ -298,19 +299,22 @@ struct Bucket<B: Backend> {
     tensors: Vec<RawTensor<B>>,
     keys: Vec<usize>,
     bytes: usize,
+    /// Whether exchanges are started beside later work or made at once.
+    beside: bool,
 }
 
-impl<B: Backend> Default for Bucket<B> {
-    fn default() -> Self {
+impl<B: Backend> Bucket<B> {
+    /// An empty bucket whose exchanges are started `beside` later work, or made at
+    /// once.
+    fn new(beside: bool) -> Self {
         Bucket {
             tensors: Vec::new(),
             keys: Vec::new(),
             bytes: 0,
+            beside,
         }
     }
-}
 
-impl<B: Backend> Bucket<B> {
     /// Adds gradient `g` under `key`; starts the bucket's exchange once it holds
     /// [`BUCKET_BYTES`], returning the keys and results of what it started.
     fn add(
@@ -329,11 +333,14 @@ impl<B: Backend> Bucket<B> {
     }
 
     /// Starts the exchange of what the bucket holds, if anything, and empties it.
-    fn send(&mut self, c: &(impl Collective<B> + ?Sized)) -> Result<Vec<(usize, RawTensor<B>)>> {
+    fn send(&mut self, c: &(impl Collective<B> + ?Sized)) -> Result<Sent<B>> {
         if self.tensors.is_empty() {
             return Ok(Vec::new());
         }
-        let averaged = c.start_all_reduce_mean(&self.tensors)?;
+        let averaged = match self.beside {
+            true => c.start_all_reduce_mean(&self.tensors)?,
+            false => c.all_reduce_mean(&self.tensors)?,
+        };
         self.tensors.clear();
         self.bytes = 0;
         Ok(self.keys.drain(..).zip(averaged).collect())
@@ -370,9 +377,9 @@ impl GradExchange {
         Self::default()
     }
 
-    /// An exchange that sends every gradient after the backward pass, as
-    /// [`average_grads`] does (to measure what sending during it saves, or to rule it
-    /// out when looking for a fault).
+    /// An exchange that sends every gradient after the backward pass, on the stream
+    /// the step runs on, as [`average_grads`] does (to measure what sending during it
+    /// saves, or to rule it out when looking for a fault).
     pub fn after_backward() -> Self {
         GradExchange {
             after: true,
@@ -400,7 +407,7 @@ impl GradExchange {
         };
         let mut handed: Vec<RawTensor<B>> = Vec::new();
         let mut started: Vec<(usize, RawTensor<B>)> = Vec::new();
-        let mut bucket = Bucket::default();
+        let mut bucket = Bucket::new(!self.after);
         let mut failed = None;
         let mut watch = |out: &dyn std::any::Any| {
             let Some(t) = out.downcast_ref::<RawTensor<B>>() else {
@@ -440,8 +447,11 @@ impl GradExchange {
             .rev()
             .filter(|&i| averaged[i].is_none())
             .collect();
-        start_in_buckets(c, &raw, rest.into_iter(), &mut averaged)?;
-        let loss = c.start_all_reduce_mean(&[loss])?.remove(0);
+        start_in_buckets(c, &raw, rest.into_iter(), !self.after, &mut averaged)?;
+        let mut loss = match self.after {
+            true => c.all_reduce_mean(&[loss])?,
+            false => c.start_all_reduce_mean(&[loss])?,
+        };
         c.finish_exchanges()?;
         if relearn {
             self.learnt = Some(
@@ -451,10 +461,8 @@ impl GradExchange {
                     .collect(),
             );
         }
-        Ok((
-            loss,
-            M::grads_from_raw(&mut averaged.into_iter().flatten())?,
-        ))
+        let grads = M::grads_from_raw(&mut averaged.into_iter().flatten())?;
+        Ok((loss.remove(0), grads))
     }
 }
 

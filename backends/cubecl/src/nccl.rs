@@ -438,6 +438,21 @@ impl NcclRank {
         };
         {
             let _call = self.comm.calls.lock().unwrap_or_else(|e| e.into_inner());
+            // The watchdog may have aborted the group since `check`: the communicator
+            // is gone then.
+            if self.comm.aborted.load(Ordering::SeqCst) {
+                return Err(Error::Device(
+                    self.watchdog
+                        .as_ref()
+                        .and_then(Watchdog::failed)
+                        .unwrap_or_else(|| {
+                            format!(
+                                "NCCL rank {} of {}: the group was aborted",
+                                self.rank, self.world
+                            )
+                        }),
+                ));
+            }
             let comm = self.comm.raw;
             nc::group_start().map_err(|e| nccl_error("ncclGroupStart", e, Some(comm)))?;
             let mut queued = Ok(());

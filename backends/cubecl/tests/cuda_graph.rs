@@ -267,7 +267,9 @@ fn replayed_steps_train_every_model_and_optimizer_exactly_as_planned_ones() -> R
     use kiln_train::optim::{AdamW, AdamWConfig};
     let dev = device();
     let adamw = || AdamW::<Cuda>::new(AdamWConfig::default());
-    let cases: [(&str, Box<dyn Fn(bool) -> Result<Vec<Vec<f32>>>>); 4] = [
+    /// A model and optimizer trained replayed (`true`) or planned: its parameters.
+    type Training<'a> = Box<dyn Fn(bool) -> Result<Vec<Vec<f32>>> + 'a>;
+    let cases: [(&str, Training); 4] = [
         (
             "MLP, SGD",
             Box::new(|r| trained(&dev, Mlp::<Cuda>::init(&dev, 3)?, sgd(0.9)?, r)),
