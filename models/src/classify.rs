@@ -248,7 +248,7 @@ pub fn fit_ranks<B: Backend, M: Classifier<B>, O: Optimizer<B>>(
             if let Some(seeds) = model.step_seeds() {
                 seeds.set_rank(place.0 as u64);
             }
-            steps = steps.data_parallel(ranks);
+            steps = steps.data_parallel(ranks)?;
             place
         }
         None => (0, 1),

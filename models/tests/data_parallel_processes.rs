@@ -278,5 +278,28 @@ fn rank_settings_that_make_no_sense_are_refused() {
         "{err}"
     );
     assert!(!std::path::Path::new(out).exists());
+    // A nonsense overlap setting fails every rank, in one line.
+    let overlap = Command::new(TRAIN)
+        .args([
+            "--ranks",
+            "2",
+            "--limit",
+            "256",
+            "--batch-size",
+            "64",
+            "--out",
+            out,
+        ])
+        .env("KILN_OVERLAP", "yes")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&overlap.stderr);
+    assert_eq!(overlap.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("invalid argument to `KILN_OVERLAP`: `yes` is neither 1 (gradients sent during the backward pass) nor 0 (after it)"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new(out).exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }

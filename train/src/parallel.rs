@@ -387,6 +387,11 @@ impl GradExchange {
         }
     }
 
+    /// Whether it sends gradients during the backward pass (not [`Self::after_backward`]).
+    pub fn during_backward(&self) -> bool {
+        !self.after
+    }
+
     /// How many of the last step's gradients were sent while its backward pass ran,
     /// and how many it had.
     pub fn sent_during_backward(&self) -> (usize, usize) {

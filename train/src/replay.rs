@@ -87,22 +87,38 @@ impl<B: Backend> StepReplay<B> {
     /// are averaged over `ranks` before the optimizer's step, so that every rank takes
     /// the step of the whole batch. A collective whose exchanges are device work (NCCL)
     /// is captured with the step and replayed with it; one through the host makes the
-    /// steps run planned. Gradients are sent in buckets as the backward pass computes
-    /// them ([`GradExchange`]), or all after it where the environment variable
-    /// `KILN_OVERLAP` is `0`.
-    pub fn data_parallel(mut self, ranks: Box<dyn Collective<B>>) -> Self {
+    /// steps run planned. With more than one rank, gradients are sent in buckets as
+    /// the backward pass computes them ([`GradExchange`]); with one there is no link
+    /// time to hide, and they are averaged after it on the step's own stream (on the
+    /// H200 the cheaper of the two). The environment variable `KILN_OVERLAP` set to
+    /// `1` or `0` makes either the choice whatever the ranks (any other value is an
+    /// error).
+    pub fn data_parallel(mut self, ranks: Box<dyn Collective<B>>) -> Result<Self> {
         if self.captures && !ranks.captures() {
             self.captures = false;
             self.notice = Some(
                 "the training step is not replayed as a graph: data-parallel steps exchange gradients between ranks outside a capture; it runs planned".into(),
             );
         }
-        let exchange = match std::env::var("KILN_OVERLAP").as_deref() {
-            Ok("0") => GradExchange::after_backward(),
-            _ => GradExchange::new(),
+        let overlap = match std::env::var("KILN_OVERLAP") {
+            Err(_) => ranks.world() > 1,
+            Ok(v) if v == "1" => true,
+            Ok(v) if v == "0" => false,
+            Ok(v) => {
+                return Err(kiln_tensor::Error::invalid(
+                    "KILN_OVERLAP",
+                    format!(
+                    "`{v}` is neither 1 (gradients sent during the backward pass) nor 0 (after it)"
+                ),
+                ))
+            }
+        };
+        let exchange = match overlap {
+            true => GradExchange::new(),
+            false => GradExchange::after_backward(),
         };
         self.ranks = Some((ranks, exchange));
-        self
+        Ok(self)
     }
 
     /// Whether later steps replay a captured one.
@@ -192,9 +208,14 @@ impl<B: Backend> StepReplay<B> {
             ranks.watch()?;
             if self.steps == 1 {
                 let (during, all) = exchange.sent_during_backward();
-                let sent = format!(
-                    "{during} of {all} gradients are sent to the other ranks during the backward pass"
-                );
+                let sent = match exchange.during_backward() {
+                    true => format!(
+                        "{during} of {all} gradients are sent to the other ranks during the backward pass"
+                    ),
+                    false => format!(
+                        "the {all} gradients are averaged over the ranks after the backward pass"
+                    ),
+                };
                 self.notice = Some(match self.notice.take() {
                     Some(notice) => format!("{notice}; {sent}"),
                     None => format!("data-parallel steps: {sent}"),

@@ -777,7 +777,7 @@ mod gpt {
             if let Some(seeds) = model.step_seeds() {
                 seeds.set_rank(rank as u64);
             }
-            steps = steps.data_parallel(ranks.collective);
+            steps = steps.data_parallel(ranks.collective)?;
         }
         let mut avg = f32::NAN;
         let mut curve = Curve::new("held-out loss (nats/byte, 16 batches)");
