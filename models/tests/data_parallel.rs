@@ -358,7 +358,7 @@ fn an_exchange_after_the_backward_pass_sends_nothing_during_it_and_gives_the_sam
                         .unwrap();
                     let y =
                         Tensor::<Cpu, (Const<128>,), i32>::from_vec(y, &[128], &CpuDevice).unwrap();
-                    let mut run = |exchange: &mut GradExchange, model: &mut Mlp<Cpu>| {
+                    let run = |exchange: &mut GradExchange, model: &mut Mlp<Cpu>| {
                         let (loss, g) = exchange
                             .run(&c, model, |m| {
                                 let (loss, g) = m.loss_and_grad(&x, &y)?;
