@@ -110,6 +110,8 @@ case $W in
     if [ "$GPUS" -ge 2 ]; then
       run 150 $B/kiln-train --device cuda $C --ranks 2 --batch-size 64 --out "$OUT/ranks2.safetensors"
       run 150 $B/kiln-train --device cuda $W --ranks 2 --out "$OUT/w3r2.safetensors"
+      # Whether sending buckets during the backward pass pays once a link is crossed.
+      KILN_OVERLAP=0 run 150 $B/kiln-train --device cuda $W --ranks 2 --out "$OUT/w3r2after.safetensors"
       run 200 python3 -m torch.distributed.run --nproc_per_node 2 scripts/gpt_torch.py bench --config w3 --reps 20 --precision bf16 --ddp --compile
     fi
     rm -f "$OUT"/*.safetensors ;;
