@@ -16,7 +16,7 @@ use kiln::prelude::*;
 use kiln::tensor::{DType, RandDist};
 use kiln::train::optim::{Optimizer, Sgd, SgdConfig};
 use kiln::train::parallel::{
-    average_grads, broadcast_state, named_grads, GradExchange, ThreadGroup,
+    average_grads, broadcast_state, named_grads, GradExchange, ThreadGroup, ThreadRank,
 };
 use kiln_models::mlp::Mlp;
 use kiln_models::parts::CausalSelfAttention;
@@ -295,88 +295,95 @@ fn each_rank_draws_its_own_dropout_seeds_and_rank_0_draws_the_plain_runs() {
     assert_eq!(seeds_of(Some(1)), one);
 }
 
+/// Rank `rank`'s half of the MLP's batch of step `step`, as tensors.
+fn mlp_half_batch(
+    step: u64,
+    rank: usize,
+) -> (
+    Tensor<Cpu, Rank2<128, 784>>,
+    Tensor<Cpu, (Const<128>,), i32>,
+) {
+    let (x, y) = mlp_batch(step);
+    let (x, y) = (share(&x, rank, 2), share(&y, rank, 2));
+    (
+        Tensor::from_vec(x, &[128, 784], &CpuDevice).unwrap(),
+        Tensor::from_vec(y, &[128], &CpuDevice).unwrap(),
+    )
+}
+
+/// Runs `rank` on each of two ranks (threads) of one group.
+fn on_two_ranks(rank: impl Fn(ThreadRank) + Sync) {
+    let ranks = ThreadGroup::new(2, Duration::from_secs(60)).unwrap();
+    std::thread::scope(|s| {
+        for c in ranks {
+            let rank = &rank;
+            s.spawn(move || rank(c));
+        }
+    });
+}
+
 #[test]
 fn a_backward_pass_whose_plans_change_between_steps_is_still_averaged_right() {
     // From the second step on, buckets follow the outputs learnt on earlier steps. Here
     // step 1 first runs another model's plan, whose outputs come first and have the
     // same dims as the gradients learnt there: each is caught as not the gradient
     // learnt and sent again after the backward pass.
-    let ranks = ThreadGroup::new(2, Duration::from_secs(60)).unwrap();
-    std::thread::scope(|s| {
-        for c in ranks {
-            s.spawn(move || {
-                let r = c.rank();
-                let mut model = Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
-                let other = Mlp::<Cpu>::init(&CpuDevice, 2).unwrap();
-                let mut exchange = GradExchange::new();
-                let mut sent = Vec::new();
-                for step in 0..3u64 {
-                    let (x, y) = mlp_batch(step);
-                    let (x, y) = (share(&x, r, 2), share(&y, r, 2));
-                    let x = Tensor::<Cpu, Rank2<128, 784>>::from_vec(x, &[128, 784], &CpuDevice)
-                        .unwrap();
-                    let y =
-                        Tensor::<Cpu, (Const<128>,), i32>::from_vec(y, &[128], &CpuDevice).unwrap();
-                    let (_, g) = exchange
-                        .run(&c, &mut model, |m| {
-                            if step == 1 {
-                                other.loss_and_grad(&x, &y)?;
-                            }
-                            let (loss, g) = m.loss_and_grad(&x, &y)?;
-                            Ok((loss.raw().clone(), g))
-                        })
-                        .unwrap();
-                    let own = model.loss_and_grad(&x, &y).unwrap().1;
-                    let after = average_grads(&c, &mut model, &own).unwrap();
-                    assert_eq!(
-                        grads(&mut model, &g),
-                        grads(&mut model, &after),
-                        "step {step}"
-                    );
-                    sent.push(exchange.sent_during_backward());
-                }
-                let all = sent[0].1;
-                assert_eq!(sent, [(0, all), (0, all), (0, all)], "rank {r}");
-            });
+    on_two_ranks(|c| {
+        let r = c.rank();
+        let mut model = Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
+        let other = Mlp::<Cpu>::init(&CpuDevice, 2).unwrap();
+        let mut exchange = GradExchange::new();
+        let mut sent = Vec::new();
+        for step in 0..3u64 {
+            let (x, y) = mlp_half_batch(step, r);
+            let (_, g) = exchange
+                .run(&c, &mut model, |m| {
+                    if step == 1 {
+                        other.loss_and_grad(&x, &y)?;
+                    }
+                    let (loss, g) = m.loss_and_grad(&x, &y)?;
+                    Ok((loss.raw().clone(), g))
+                })
+                .unwrap();
+            let own = model.loss_and_grad(&x, &y).unwrap().1;
+            let after = average_grads(&c, &mut model, &own).unwrap();
+            assert_eq!(
+                grads(&mut model, &g),
+                grads(&mut model, &after),
+                "step {step}"
+            );
+            sent.push(exchange.sent_during_backward());
         }
+        let all = sent[0].1;
+        assert_eq!(sent, [(0, all), (0, all), (0, all)], "rank {r}");
     });
 }
 
 #[test]
 fn an_exchange_after_the_backward_pass_sends_nothing_during_it_and_gives_the_same_bits() {
-    let ranks = ThreadGroup::new(2, Duration::from_secs(60)).unwrap();
-    std::thread::scope(|s| {
-        for c in ranks {
-            s.spawn(move || {
-                let r = c.rank();
-                let mut model = Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
-                let (mut during, mut after) = (GradExchange::new(), GradExchange::after_backward());
-                for step in 0..3u64 {
-                    let (x, y) = mlp_batch(step);
-                    let (x, y) = (share(&x, r, 2), share(&y, r, 2));
-                    let x = Tensor::<Cpu, Rank2<128, 784>>::from_vec(x, &[128, 784], &CpuDevice)
-                        .unwrap();
-                    let y =
-                        Tensor::<Cpu, (Const<128>,), i32>::from_vec(y, &[128], &CpuDevice).unwrap();
-                    let run = |exchange: &mut GradExchange, model: &mut Mlp<Cpu>| {
-                        let (loss, g) = exchange
-                            .run(&c, model, |m| {
-                                let (loss, g) = m.loss_and_grad(&x, &y)?;
-                                Ok((loss.raw().clone(), g))
-                            })
-                            .unwrap();
-                        (loss.to_vec::<f32>().unwrap(), grads(model, &g))
-                    };
-                    let sent_after = run(&mut after, &mut model);
-                    let sent_during = run(&mut during, &mut model);
-                    assert_eq!(sent_after, sent_during, "step {step}");
-                    assert_eq!(after.sent_during_backward().0, 0);
-                }
-                assert_eq!(
-                    during.sent_during_backward().0,
-                    during.sent_during_backward().1
-                );
-            });
+    on_two_ranks(|c| {
+        let r = c.rank();
+        let mut model = Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
+        let (mut during, mut after) = (GradExchange::new(), GradExchange::after_backward());
+        for step in 0..3u64 {
+            let (x, y) = mlp_half_batch(step, r);
+            let run = |exchange: &mut GradExchange, model: &mut Mlp<Cpu>| {
+                let (loss, g) = exchange
+                    .run(&c, model, |m| {
+                        let (loss, g) = m.loss_and_grad(&x, &y)?;
+                        Ok((loss.raw().clone(), g))
+                    })
+                    .unwrap();
+                (loss.to_vec::<f32>().unwrap(), grads(model, &g))
+            };
+            let sent_after = run(&mut after, &mut model);
+            let sent_during = run(&mut during, &mut model);
+            assert_eq!(sent_after, sent_during, "step {step}");
+            assert_eq!(after.sent_during_backward().0, 0);
         }
+        assert_eq!(
+            during.sent_during_backward().0,
+            during.sent_during_backward().1
+        );
     });
 }

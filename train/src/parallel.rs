@@ -263,14 +263,14 @@ pub fn average_grads<B: Backend, M: Module<B>>(
     let mut raw: Vec<RawTensor<B>> = Vec::new();
     each_grad(model, grads, &mut |_, g| raw.push(g.clone()))?;
     let mut averaged: Vec<Option<RawTensor<B>>> = (0..raw.len()).map(|_| None).collect();
-    start_in_buckets(c, &raw, (0..raw.len()).rev(), false, &mut averaged)?;
+    average_in_buckets(c, &raw, (0..raw.len()).rev(), false, &mut averaged)?;
     M::grads_from_raw(&mut averaged.into_iter().flatten())
 }
 
 /// Averages `raw[i]` for each `i` of `order`, in buckets of about [`BUCKET_BYTES`] in
 /// that order, each result into `averaged[i]`; `beside`: each bucket started beside
 /// later work (see [`Collective::start_all_reduce_mean`]).
-fn start_in_buckets<B: Backend>(
+fn average_in_buckets<B: Backend>(
     c: &(impl Collective<B> + ?Sized),
     raw: &[RawTensor<B>],
     order: impl Iterator<Item = usize>,
@@ -452,7 +452,7 @@ impl GradExchange {
             .rev()
             .filter(|&i| averaged[i].is_none())
             .collect();
-        start_in_buckets(c, &raw, rest.into_iter(), !self.after, &mut averaged)?;
+        average_in_buckets(c, &raw, rest.into_iter(), !self.after, &mut averaged)?;
         let mut loss = match self.after {
             true => c.all_reduce_mean(&[loss])?,
             false => c.start_all_reduce_mean(&[loss])?,

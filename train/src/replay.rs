@@ -180,7 +180,7 @@ impl<B: Backend> StepReplay<B> {
                     let mut out = None;
                     let ranks = &mut self.ranks;
                     let replay = B::capture(device, &mut || {
-                        let (loss, grads) = averaged(ranks, model, &uploaded, loss_and_grad)?;
+                        let (loss, grads) = rank_step(ranks, model, &uploaded, loss_and_grad)?;
                         opt.step(model, &grads)?;
                         out = Some(loss);
                         Ok(())
@@ -197,7 +197,8 @@ impl<B: Backend> StepReplay<B> {
                     });
                     value
                 } else {
-                    let (loss, grads) = averaged(&mut self.ranks, model, &uploaded, loss_and_grad)?;
+                    let (loss, grads) =
+                        rank_step(&mut self.ranks, model, &uploaded, loss_and_grad)?;
                     opt.step(model, &grads)?;
                     loss.to_vec::<f32>()?[0]
                 }
@@ -240,7 +241,7 @@ impl<B: Backend> StepReplay<B> {
 
 /// The loss and gradients of `model` on `inputs`, averaged over `ranks` where the step
 /// is one rank's of a data-parallel run.
-fn averaged<B: Backend, M: Module<B>>(
+fn rank_step<B: Backend, M: Module<B>>(
     ranks: &mut Option<(Box<dyn Collective<B>>, GradExchange)>,
     model: &mut M,
     inputs: &[RawTensor<B>],

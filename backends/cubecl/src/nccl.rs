@@ -20,7 +20,7 @@ use crate::cuda::{driver_error, make_current, raw_resource};
 use crate::storage::device_size;
 use crate::watchdog::{Mark, Watchdog};
 use crate::{Cuda, CudaDevice};
-use cudarc::driver::sys as dsys;
+use cudarc::driver::{result as drv, sys as dsys};
 use cudarc::nccl::{result as nc, sys as ncsys};
 use kiln_tensor::{Collective, DType, Error, RawTensor, Result};
 use std::cell::{Cell, RefCell};
@@ -157,35 +157,39 @@ impl Drop for EventMark {
     }
 }
 
-/// A driver call's error, named.
-fn driven(what: &str, r: dsys::CUresult) -> Result<()> {
-    match r {
-        dsys::CUresult::CUDA_SUCCESS => Ok(()),
-        e => Err(driver_error(what, e)),
-    }
-}
-
 /// Whether `stream` is being captured into a graph (its work is not run now).
 fn capturing(stream: dsys::CUstream) -> Result<bool> {
     let mut status = dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: a live stream; `status` is written by the driver.
-    driven("cuStreamIsCapturing", unsafe {
-        dsys::cuStreamIsCapturing(stream, &mut status)
-    })?;
+    unsafe { dsys::cuStreamIsCapturing(stream, &mut status) }
+        .result()
+        .map_err(|e| driver_error("cuStreamIsCapturing", e))?;
     Ok(status != dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-/// A new event without timing.
+/// A new event without timing (the caller's context current).
 fn new_event() -> Result<dsys::CUevent> {
-    let mut event = std::ptr::null_mut();
-    // SAFETY: `event` is written by the driver; the caller's context is current.
-    driven("cuEventCreate", unsafe {
-        dsys::cuEventCreate(
-            &mut event,
-            dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+    drv::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+        .map_err(|e| driver_error("cuEventCreate", e))
+}
+
+/// Records `event` on `stream`.
+fn record(event: dsys::CUevent, stream: dsys::CUstream) -> Result<()> {
+    // SAFETY: callers pass a live event and stream of the current context.
+    unsafe { drv::event::record(event, stream) }.map_err(|e| driver_error("cuEventRecord", e))
+}
+
+/// Makes the work queued on `stream` from now on wait for `event`'s last record.
+fn wait(stream: dsys::CUstream, event: dsys::CUevent) -> Result<()> {
+    // SAFETY: callers pass a live event and stream of the current context.
+    unsafe {
+        drv::stream::wait_event(
+            stream,
+            event,
+            dsys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
         )
-    })?;
-    Ok(event)
+    }
+    .map_err(|e| driver_error("cuStreamWaitEvent", e))
 }
 
 /// An error unless libnccl can be loaded (cudarc panics on a missing library).
@@ -294,14 +298,8 @@ impl NcclRank {
             calls: Mutex::new(()),
             aborted: AtomicBool::new(false),
         });
-        let mut side = std::ptr::null_mut();
-        // SAFETY: `side` is written by the driver; the device's context is current.
-        driven("cuStreamCreate", unsafe {
-            dsys::cuStreamCreate(
-                &mut side,
-                dsys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-            )
-        })?;
+        let side = drv::stream::create(drv::stream::StreamKind::NonBlocking)
+            .map_err(|e| driver_error("cuStreamCreate", e))?;
         let (state, aborting) = (device.state.clone(), comm.clone());
         let watchdog = Watchdog::spawn(
             format!("NCCL rank {rank} of {world}"),
@@ -339,12 +337,7 @@ impl NcclRank {
             return Err(Error::Device(why));
         }
         let _call = self.comm.calls.lock().unwrap_or_else(|e| e.into_inner());
-        if self.comm.aborted.load(Ordering::SeqCst) {
-            return Err(Error::Device(format!(
-                "NCCL rank {} of {}: the group was aborted",
-                self.rank, self.world
-            )));
-        }
+        self.not_aborted()?;
         let mut status = ncsys::ncclResult_t::ncclSuccess;
         // SAFETY: a live communicator; `status` is written by NCCL.
         let r = unsafe { ncsys::ncclCommGetAsyncError(self.comm.raw, &mut status) };
@@ -354,6 +347,21 @@ impl NcclRank {
             .result()
             .map(|_| ())
             .map_err(|e| nccl_error(op, e, Some(self.comm.raw)))
+    }
+
+    /// An error, the watchdog's, if it aborted the communicator (call with `calls`
+    /// held: the communicator may be used only while this says it is there).
+    fn not_aborted(&self) -> Result<()> {
+        if !self.comm.aborted.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let why = self.watchdog.as_ref().and_then(Watchdog::failed);
+        Err(Error::Device(why.unwrap_or_else(|| {
+            format!(
+                "NCCL rank {} of {}: the group was aborted",
+                self.rank, self.world
+            )
+        })))
     }
 
     /// The calling thread's stream on this rank's device (CubeCL's, which its kernels
@@ -372,10 +380,7 @@ impl NcclRank {
             return Ok(());
         }
         let event = EventMark(new_event()?);
-        // SAFETY: a live event and stream of the current context.
-        driven("cuEventRecord", unsafe {
-            dsys::cuEventRecord(event.0, stream)
-        })?;
+        record(event.0, stream)?;
         watchdog.watch(Box::new(event));
         Ok(())
     }
@@ -425,13 +430,8 @@ impl NcclRank {
         let main = self.stream()?;
         let stream = match beside {
             true => {
-                // SAFETY: live events and streams of the current context.
-                driven("cuEventRecord", unsafe {
-                    dsys::cuEventRecord(self.ready, main)
-                })?;
-                driven("cuStreamWaitEvent", unsafe {
-                    dsys::cuStreamWaitEvent(self.side, self.ready, 0)
-                })?;
+                record(self.ready, main)?;
+                wait(self.side, self.ready)?;
                 self.side
             }
             false => main,
@@ -440,19 +440,7 @@ impl NcclRank {
             let _call = self.comm.calls.lock().unwrap_or_else(|e| e.into_inner());
             // The watchdog may have aborted the group since `check`: the communicator
             // is gone then.
-            if self.comm.aborted.load(Ordering::SeqCst) {
-                return Err(Error::Device(
-                    self.watchdog
-                        .as_ref()
-                        .and_then(Watchdog::failed)
-                        .unwrap_or_else(|| {
-                            format!(
-                                "NCCL rank {} of {}: the group was aborted",
-                                self.rank, self.world
-                            )
-                        }),
-                ));
-            }
+            self.not_aborted()?;
             let comm = self.comm.raw;
             nc::group_start().map_err(|e| nccl_error("ncclGroupStart", e, Some(comm)))?;
             let mut queued = Ok(());
@@ -482,10 +470,7 @@ impl NcclRank {
             .map(|((t, _), out)| RawTensor::from_storage(out, *t.dims(), self.device.clone()))
             .collect::<Result<Vec<_>>>()?;
         if beside {
-            // SAFETY: a live event and stream of the current context.
-            driven("cuEventRecord", unsafe {
-                dsys::cuEventRecord(self.done, self.side)
-            })?;
+            record(self.done, self.side)?;
             self.started.set(true);
             let mut held = self.in_flight.borrow_mut();
             held.extend(inputs.into_iter().map(|(t, _)| t));
@@ -523,10 +508,7 @@ impl Collective<Cuda> for NcclRank {
         }
         make_current(&self.device.state)?;
         let main = self.stream()?;
-        // SAFETY: a live event and stream of the current context.
-        driven("cuStreamWaitEvent", unsafe {
-            dsys::cuStreamWaitEvent(main, self.done, 0)
-        })?;
+        wait(main, self.done)?;
         // Work queued from now on (what reuses these buffers) waits for the exchanges.
         self.in_flight.borrow_mut().clear();
         self.watch_stream(main)
