@@ -847,7 +847,6 @@ impl<B: Backend> Buffers<B> {
         RawTensor::from_arc(storage, self.layout[n], run.device.clone())
     }
 
-    /// Runs one kernel.
     /// Output node `o`'s value, once the step computing it has run.
     fn output(
         &self,
@@ -868,6 +867,7 @@ impl<B: Backend> Buffers<B> {
         RawTensor::from_arc(storage, self.layout[o], device.clone())
     }
 
+    /// Runs one kernel.
     fn step(&mut self, run: &Run<'_, B>, step: &Step, parts: &mut dyn Parts<B>) -> Result<()> {
         let (r, device) = (run.r, run.device);
         match step {
