@@ -314,7 +314,10 @@ pub(crate) fn expand_impl_in(
                             ));
                             out.push(t)
                         }
-                        Err(es) => errors.extend(es),
+                        Err(es) => {
+                            errors.extend(es);
+                            out.push(stub_and_grad(model, m));
+                        }
                     }
                 }
                 continue;
@@ -322,6 +325,9 @@ pub(crate) fn expand_impl_in(
         }
         errors.extend(method_errors);
         out.push(stub_method(m));
+        if m.is_scalar_loss() {
+            out.push(stub_and_grad(model, m));
+        }
     }
     let compile_errors = errors.iter().map(|e| crate::sizes::errors_in(e, context));
     let natives = natives.module();
@@ -482,6 +488,23 @@ fn stub_method(m: &MethodSig) -> TokenStream {
     quote! {
         #[allow(unused_variables)]
         #sig {
+            ::core::panic!("this model method did not compile")
+        }
+    }
+}
+
+/// `<name>_and_grad` of a scalar method that did not lower, with its signature, so that
+/// a caller of the training entry sees no second error.
+fn stub_and_grad(model: &Ident, m: &MethodSig) -> TokenStream {
+    let fname = quote::format_ident!("{}_and_grad", m.name());
+    let consts = &m.consts;
+    let arg_names: Vec<&Ident> = m.args.iter().map(|(n, _)| n).collect();
+    let arg_tys: Vec<TokenStream> = m.args.iter().map(|(_, t)| t.real_type()).collect();
+    let grads_ty = quote::format_ident!("{}Grads", model);
+    let ret = m.ret[0].real_type();
+    quote! {
+        #[allow(unused_variables)]
+        pub fn #fname<#(const #consts: usize),*>(&self, #(#arg_names: &#arg_tys),*) -> ::kiln::tensor::Result<(#ret, #grads_ty<Be>)> {
             ::core::panic!("this model method did not compile")
         }
     }

@@ -10,7 +10,8 @@ use kiln_tensor::ir::NodeId;
 use kiln_tensor::nn::{LayerSpec, Mode};
 use kiln_tensor::op::fmt_dims;
 use kiln_tensor::{
-    BinaryOp, BuilderExt, DType, Error, Guard, Precision, SymDim, TensorMeta, UnaryOp,
+    BinaryOp, BuilderExt, DType, Error, Form, Guard, Method, MethodArgs, Precision, SymDim,
+    TensorMeta, UnaryOp,
 };
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, ToTokens};
@@ -1248,44 +1249,13 @@ impl<'a> Lower<'a> {
             self.err(&mc.args[0], "`.attend()` takes a tensor");
             return Err(());
         };
-        let LayerSpec::Embedding { vocab, features } = spec else {
-            unreachable!("called for embeddings only")
-        };
-        let dims = self.dims(h);
-        if !self.dtype(h).is_float() {
-            self.err(
-                &mc.args[0],
-                format!(
-                    "dtype mismatch: `{}.attend` scores float rows, but `{}` is {}",
-                    l.display,
-                    src(&mc.args[0]),
-                    self.dtype(h)
-                ),
-            );
-            return Err(());
-        }
-        if dims.last().and_then(|d| d.as_lit()) != Some(features) {
-            self.err(
-                &mc.args[0],
-                format!(
-                    "shape mismatch: `{}.attend` scores rows of {features} features against its table [{vocab}, {features}], but `{}` has shape {}",
-                    l.display,
-                    src(&mc.args[0]),
-                    fmt_dims(&dims)
-                ),
-            );
-            return Err(());
-        }
         let weight = spec
             .params()
             .into_iter()
             .next()
             .expect("an embedding has its table");
         let w = self.mg.param(&l.path, &l.key, &weight, false);
-        let y = self
-            .mg
-            .transpose(&w, 0, 1)
-            .and_then(|wt| self.mg.matmul(&h, &wt));
+        let y = self.mg.tied_scores(&h, &w);
         match y {
             Ok(y) => {
                 self.calls.push(Call {
@@ -1298,7 +1268,8 @@ impl<'a> Lower<'a> {
                 Ok(Val::T(y))
             }
             Err(e) => {
-                self.err(mc, describe(&e));
+                let what = format!("{}.attend", l.display);
+                self.err(mc, refusal(&what, &[src(&mc.args[0])], &e));
                 Err(())
             }
         }
@@ -1497,170 +1468,116 @@ impl<'a> Lower<'a> {
         }
     }
 
+    /// `x.method(..)` on a tensor: an elementwise op of the op table, or a method of
+    /// the method table (`kiln_tensor::for_each_method!`), read by its form and
+    /// applied to the graph by the table's own composition.
     fn tensor_method(&mut self, n: NodeId, mc: &syn::ExprMethodCall) -> LResult<Val> {
-        let method = mc.method.to_string();
+        let name = mc.method.to_string();
         let span: &dyn ToTokens = mc;
         let nargs = mc.args.len();
+        let unary = UnaryOp::ALL
+            .iter()
+            .copied()
+            // Model bodies compute in floats: the ops a float tensor takes.
+            .find(|u| u.method() == name && u.accepts(DType::F32));
+        let (form, method) = match (unary, Method::from_name(&name)) {
+            (Some(op), _) => (Form::Plain, Err(op)),
+            (None, Some(m)) => (m.form(), Ok(m)),
+            (None, None) => {
+                self.err(&mc.method, format!("unknown tensor method `.{name}()`; see the kiln-macros docs for the methods model bodies support"));
+                return Err(());
+            }
+        };
+        // A turbofish the method would not read is an error, never ignored.
+        if let (false, Some(t)) = (form.takes_turbofish(), &mc.turbofish) {
+            let hint = match form {
+                Form::AxisArg => format!(": the axis is an argument, `.{name}(AXIS)`"),
+                _ => String::new(),
+            };
+            self.err(t, format!("`.{name}()` takes no `::<..>` arguments{hint}"));
+            return Err(());
+        }
+        let arity_fits = match form {
+            Form::AxisArg => nargs <= 1,
+            f => nargs == f.arguments(),
+        };
+        if !arity_fits {
+            // `x.mean(1)`: the axis written as an argument.
+            if let (Form::AxisTurbofish, [axis]) =
+                (form, mc.args.iter().collect::<Vec<_>>().as_slice())
+            {
+                self.err(
+                    span,
+                    format!(
+                        "`.{name}()` takes its axis in `::<..>`, not as an argument: write `.{name}::<{}>()`",
+                        src(axis)
+                    ),
+                );
+                return Err(());
+            }
+            let hint = format!("; write `{}`", form.spelling(&name));
+            self.err(
+                span,
+                format!(
+                    "`.{name}()` takes {} argument(s), got {nargs}{hint}",
+                    form.arguments()
+                ),
+            );
+            return Err(());
+        }
+        let method = match method {
+            Err(op) => return self.unary(n, op, span),
+            Ok(m) => m,
+        };
         let turbofish: Vec<&syn::GenericArgument> = mc
             .turbofish
             .as_ref()
             .map(|t| t.args.iter().collect())
             .unwrap_or_default();
-        let want_args = |s: &mut Self, k: usize| -> LResult<()> {
-            if nargs != k {
-                s.err(
-                    span,
-                    format!("`.{method}()` takes {k} argument(s), got {nargs}"),
-                );
+        let one_axis = |s: &mut Self| -> LResult<usize> {
+            match turbofish.as_slice() {
+                [a] => s.const_usize(a),
+                _ => {
+                    let all = format!("{name}_all");
+                    let or_all = Method::from_name(&all)
+                        .map(|_| format!(" (or `.{all}()`)"))
+                        .unwrap_or_default();
+                    s.err(span, format!("write `{}`{or_all}", form.spelling(&name)));
+                    Err(())
+                }
+            }
+        };
+        let mut operands = vec![src(&mc.receiver)];
+        let takes_tensor = matches!(form, Form::Tensor | Form::AxisTensor | Form::TensorScalar);
+        let rhs = if takes_tensor {
+            let e = &mc.args[0];
+            let Val::T(r) = self.lower_expr(e)? else {
+                self.err(e, format!("`.{name}()` takes a tensor"));
                 return Err(());
-            }
-            Ok(())
-        };
-        // A turbofish the method would not read is an error, never ignored.
-        let no_turbofish = |s: &mut Self| -> LResult<()> {
-            let Some(t) = &mc.turbofish else {
-                return Ok(());
             };
-            let hint = match method.as_str() {
-                "softmax" | "log_softmax" => {
-                    format!(": the axis is an argument, `.{method}(AXIS)`")
-                }
-                _ => String::new(),
-            };
-            s.err(
-                t,
-                format!("`.{method}()` takes no `::<..>` arguments{hint}"),
-            );
-            Err(())
+            operands.push(src(e));
+            r
+        } else {
+            n
         };
-        let unary = |m: &str| -> Option<UnaryOp> {
-            UnaryOp::ALL
-                .iter()
-                .copied()
-                // Model bodies compute in floats: the ops a float tensor takes.
-                .find(|u| u.method() == m && u.accepts(DType::F32))
-        };
-        if let Some(op) = unary(&method) {
-            no_turbofish(self)?;
-            want_args(self, 0)?;
-            return self.unary(n, op, span);
-        }
-        let rank = self.dims(n).len();
-        let res = match method.as_str() {
-            "causal_mask" => {
-                no_turbofish(self)?;
-                want_args(self, 0)?;
-                self.mg.causal_mask(&n)
-            }
-            "gelu" | "gelu_tanh" | "silu" | "square" => {
-                no_turbofish(self)?;
-                want_args(self, 0)?;
-                match method.as_str() {
-                    "gelu" => self.mg.gelu_erf(&n),
-                    "gelu_tanh" => self.mg.gelu_tanh(&n),
-                    "silu" => self.mg.silu(&n),
-                    _ => self.mg.square(&n),
-                }
-            }
-            "softmax" | "log_softmax" => {
-                no_turbofish(self)?;
-                let axis = self.axis_arg(mc, rank)?.unwrap_or(rank.saturating_sub(1));
-                if method == "softmax" {
-                    self.mg.softmax(&n, axis)
-                } else {
-                    self.mg.log_softmax(&n, axis)
-                }
-            }
-            "sum" | "mean" | "max" | "argmax" => {
-                want_args(self, 0)?;
-                let axis = match turbofish.as_slice() {
-                    [a] => self.const_usize(a)?,
-                    _ => {
-                        self.err(
-                            span,
-                            format!("write `.{method}::<AXIS>()` (or `.{method}_all()`)"),
-                        );
-                        return Err(());
-                    }
-                };
-                match method.as_str() {
-                    "sum" => self.mg.sum(&n, &[axis], false),
-                    "mean" => self.mg.mean(&n, &[axis], false),
-                    "max" => self.mg.max(&n, &[axis], false),
-                    _ => self.mg.argmax(&n, axis, false),
-                }
-            }
-            "sum_all" | "mean_all" => {
-                no_turbofish(self)?;
-                want_args(self, 0)?;
-                if method == "sum_all" {
-                    self.mg.sum_all(&n)
-                } else {
-                    self.mg.mean_all(&n)
-                }
-            }
-            "flatten" => {
-                no_turbofish(self)?;
-                want_args(self, 0)?;
-                if rank == 0 {
-                    self.err(span, "cannot flatten a scalar");
-                    return Err(());
-                }
-                let dims = self.dims(n);
-                let rest = dims[1..].iter().fold(SDim::lit(1), |a, d| a.mul(d));
-                self.mg.reshape(&n, vec![dims[0].clone(), rest])
-            }
-            "reshape" => {
-                want_args(self, 0)?;
+        let args = match form {
+            Form::Plain => MethodArgs::None,
+            Form::AxisArg => MethodArgs::Axis(self.axis_arg(mc)?),
+            Form::AxisTurbofish => MethodArgs::Axis(Some(one_axis(self)?)),
+            Form::Dims => {
                 let mut dims = Vec::new();
                 for a in &turbofish {
-                    dims.push(self.dim_arg(a)?);
+                    dims.push(self.reshape_dim_arg(a)?);
                 }
-                self.mg.reshape(&n, dims)
+                MethodArgs::Dims(dims)
             }
-            "permute" => {
-                want_args(self, 0)?;
-                let perm: Vec<usize> = turbofish
+            Form::Perm => MethodArgs::Perm(
+                turbofish
                     .iter()
                     .map(|a| self.const_usize(a))
-                    .collect::<LResult<_>>()?;
-                self.mg.permute(&n, &perm)
-            }
-            "t" => {
-                no_turbofish(self)?;
-                want_args(self, 0)?;
-                if rank < 2 {
-                    self.err(
-                        span,
-                        format!(
-                            "`.t()` swaps the last two axes, but `{}` has shape {}",
-                            src(&mc.receiver),
-                            self.shape_str(n)
-                        ),
-                    );
-                    return Err(());
-                }
-                self.mg.transpose(&n, rank - 2, rank - 1)
-            }
-            "matmul" | "cross_entropy" | "mse" | "concat" | "cross_entropy_smoothed" => {
-                if method != "concat" {
-                    no_turbofish(self)?;
-                }
-                let k = if method == "cross_entropy_smoothed" {
-                    2
-                } else {
-                    1
-                };
-                want_args(self, k)?;
-                let rhs_e = &mc.args[0];
-                let Val::T(r) = self.lower_expr(rhs_e)? else {
-                    self.err(&rhs_e, format!("`.{method}()` takes a tensor"));
-                    return Err(());
-                };
-                return self.tensor_pair(n, r, mc);
-            }
-            "cast" => {
-                want_args(self, 0)?;
+                    .collect::<LResult<_>>()?,
+            ),
+            Form::DType => {
                 let dt = match turbofish.as_slice() {
                     [syn::GenericArgument::Type(Type::Path(p))] => p
                         .path
@@ -1675,81 +1592,26 @@ impl<'a> Lower<'a> {
                     );
                     return Err(());
                 };
-                self.mg.cast(&n, dt)
+                MethodArgs::DType(dt)
             }
-            _ => {
-                self.err(&mc.method, format!("unknown tensor method `.{method}()`; see the kiln-macros docs for the methods model bodies support"));
-                return Err(());
-            }
+            Form::Tensor => MethodArgs::Tensor(&rhs),
+            Form::AxisTensor => MethodArgs::AxisTensor(one_axis(self)?, &rhs),
+            Form::TensorScalar => match self.lower_expr(&mc.args[1])? {
+                Val::Scalar(s) => MethodArgs::TensorScalar(&rhs, s),
+                _ => {
+                    self.err(
+                        &mc.args[1],
+                        format!("the second argument of `.{name}()` must be a number"),
+                    );
+                    return Err(());
+                }
+            },
         };
-        match res {
+        match method.apply(&mut self.mg, &n, args) {
             Ok(y) => Ok(Val::T(y)),
             Err(e) => {
-                self.err(span, refusal(&method, &[src(&mc.receiver)], &e));
+                self.err(span, refusal(method.name(), &operands, &e));
                 Err(())
-            }
-        }
-    }
-
-    fn tensor_pair(&mut self, a: NodeId, b: NodeId, mc: &syn::ExprMethodCall) -> LResult<Val> {
-        let method = mc.method.to_string();
-        let (asrc, bsrc) = (src(&mc.receiver), src(&mc.args[0]));
-        let span: &dyn ToTokens = mc;
-        match method.as_str() {
-            "matmul" => match self.mg.matmul(&a, &b) {
-                Ok(y) => Ok(Val::T(y)),
-                Err(e) => {
-                    self.err(span, refusal("matmul", &[asrc, bsrc], &e));
-                    Err(())
-                }
-            },
-            "cross_entropy" | "cross_entropy_smoothed" => {
-                let smoothing = if method == "cross_entropy_smoothed" {
-                    match self.lower_expr(&mc.args[1])? {
-                        Val::Scalar(s) => s,
-                        _ => {
-                            self.err(&mc.args[1], "label smoothing must be a number");
-                            return Err(());
-                        }
-                    }
-                } else {
-                    0.0
-                };
-                match self.mg.cross_entropy(&a, &b, smoothing) {
-                    Ok(y) => Ok(Val::T(y)),
-                    Err(e) => {
-                        self.err(&mc.args[0], refusal(&method, &[asrc, bsrc], &e));
-                        Err(())
-                    }
-                }
-            }
-            "mse" => match self.mg.mse(&a, &b) {
-                Ok(y) => Ok(Val::T(y)),
-                Err(e) => {
-                    self.err(span, refusal("mse", &[asrc, bsrc], &e));
-                    Err(())
-                }
-            },
-            _ => {
-                // concat::<AXIS>(other)
-                let axis = match mc
-                    .turbofish
-                    .as_ref()
-                    .map(|t| t.args.iter().collect::<Vec<_>>())
-                {
-                    Some(v) if v.len() == 1 => self.const_usize(v[0])?,
-                    _ => {
-                        self.err(span, "write `.concat::<AXIS>(other)`");
-                        return Err(());
-                    }
-                };
-                match self.mg.concat(&[&a, &b], axis) {
-                    Ok(y) => Ok(Val::T(y)),
-                    Err(e) => {
-                        self.err(span, refusal("concat", &[asrc, bsrc], &e));
-                        Err(())
-                    }
-                }
             }
         }
     }
@@ -1833,31 +1695,16 @@ impl<'a> Lower<'a> {
         }
     }
 
-    fn axis_arg(&mut self, mc: &syn::ExprMethodCall, rank: usize) -> LResult<Option<usize>> {
-        match mc.args.len() {
-            0 => Ok(None),
-            1 => match &mc.args[0] {
-                Expr::Lit(syn::ExprLit {
-                    lit: syn::Lit::Int(i),
-                    ..
-                }) => {
-                    let a: usize = i.base10_parse().map_err(|_| ())?;
-                    if a >= rank {
-                        self.err(
-                            &i,
-                            format!("axis {a} is out of range for a rank-{rank} tensor"),
-                        );
-                        return Err(());
-                    }
-                    Ok(Some(a))
-                }
-                other => {
-                    self.err(&other, "the axis must be an integer literal");
-                    Err(())
-                }
-            },
-            _ => {
-                self.err(&mc, "expected at most one argument (the axis)");
+    /// The optional axis argument of `.softmax(AXIS)`: an integer literal.
+    fn axis_arg(&mut self, mc: &syn::ExprMethodCall) -> LResult<Option<usize>> {
+        match mc.args.first() {
+            None => Ok(None),
+            Some(Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Int(i),
+                ..
+            })) => Ok(Some(i.base10_parse().map_err(|_| ())?)),
+            Some(other) => {
+                self.err(&other, "the axis must be an integer literal");
                 Err(())
             }
         }
@@ -1881,6 +1728,14 @@ impl<'a> Lower<'a> {
             "expected a whole number (a literal, a size of the model, or arithmetic over them)",
         );
         Err(())
+    }
+
+    /// A reshape's target size: `Dyn` is a size solved from the element count (`None`).
+    fn reshape_dim_arg(&mut self, a: &syn::GenericArgument) -> LResult<Option<SDim>> {
+        match a {
+            syn::GenericArgument::Type(Type::Path(p)) if p.path.is_ident("Dyn") => Ok(None),
+            _ => self.dim_arg(a).map(Some),
+        }
     }
 
     fn dim_arg(&mut self, a: &syn::GenericArgument) -> LResult<SDim> {

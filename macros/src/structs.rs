@@ -53,10 +53,60 @@ pub fn parse_fields(item: &ItemStruct) -> syn::Result<Vec<ModelField>> {
             },
         }
     }
+    if let Err(e) = one_model_per_name(&out) {
+        match &mut errors {
+            Some(all) => all.combine(e),
+            None => errors = Some(e),
+        }
+    }
     match errors {
         Some(e) => Err(e),
         None => Ok(out),
     }
+}
+
+/// Nested models are found by name (a definition macro hands its model over by the
+/// struct's name), so two fields naming two models of one name by different paths
+/// (`encoder::Block`, `decoder::Block`) would both run the first one's body: refused,
+/// naming both paths.
+fn one_model_per_name(fields: &[ModelField]) -> syn::Result<()> {
+    fn model_path(kind: &FieldKind) -> Option<&syn::Path> {
+        match kind {
+            FieldKind::Model(p) => Some(p),
+            FieldKind::Array(inner, _) => model_path(inner),
+            _ => None,
+        }
+    }
+    let written = |p: &syn::Path| {
+        let mut bare = p.clone();
+        if let Some(last) = bare.segments.last_mut() {
+            last.arguments = syn::PathArguments::None;
+        }
+        quote::quote!(#bare).to_string().replace(' ', "")
+    };
+    let mut seen: Vec<&syn::Path> = Vec::new();
+    for f in fields {
+        let Some(p) = model_path(&f.kind) else {
+            continue;
+        };
+        let name = crate::dsl::model_name(p);
+        if let Some(first) = seen
+            .iter()
+            .find(|q| crate::dsl::model_name(q) == name && written(q) != written(p))
+        {
+            return Err(syn::Error::new_spanned(
+                p,
+                format!(
+                    "two nested models named `{name}`: `{}` and `{}`; nested models are found by name, so give them different names (`{}` is already taken)",
+                    written(first),
+                    written(p),
+                    name
+                ),
+            ));
+        }
+        seen.push(p);
+    }
+    Ok(())
 }
 
 /// Whether an attribute is `#[dynamic]`.

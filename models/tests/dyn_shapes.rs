@@ -147,3 +147,70 @@ fn dyn_operands_broadcast_or_are_refused_alike() {
         let _ = both(&model, |m| m.pair_sum(&a, &b), flat);
     }
 }
+
+#[model]
+pub struct Tied {
+    tok: Embedding<16, 8>,
+    pos: Embedding<4, 8>,
+}
+
+#[model]
+impl Tied {
+    pub fn embed<const B: usize, const T: usize>(&self, ids: Tensor<B, T, i32>) -> Tensor<B, T, 8> {
+        self.tok(ids) + self.pos.positions(ids)
+    }
+
+    pub fn scores(&self, h: Tensor<Dyn, Dyn>) -> Tensor<Dyn, 16> {
+        self.tok.attend(h)
+    }
+}
+
+/// Runs `f` on `model` fused and unfused; both must give the same outcome.
+fn tied_both<T>(
+    model: &Tied<Cpu>,
+    f: impl Fn(&Tied<Cpu>) -> Result<T>,
+) -> std::result::Result<(), String> {
+    model.set_fused(true);
+    let fused = f(model).map(|_| ()).map_err(|e| e.to_string());
+    model.set_fused(false);
+    let unfused = f(model).map(|_| ()).map_err(|e| e.to_string());
+    model.set_fused(true);
+    assert_eq!(fused, unfused);
+    fused
+}
+
+#[test]
+fn a_const_generic_context_longer_than_the_position_table_is_refused_by_name() {
+    let model = Tied::<Cpu>::init(&CpuDevice, 1).unwrap();
+    let ids = |t: usize| -> Tensor<Cpu, (Const<1>, Dyn), i32> {
+        let raw = RawTensor::<Cpu>::from_vec(vec![1i32; t], &[1, t], &CpuDevice).unwrap();
+        Tensor::from_raw(raw).unwrap()
+    };
+    let fits = |t: usize| {
+        let raw = ids(t).into_raw();
+        match t {
+            4 => tied_both(&model, |m| m.embed::<1, 4>(&Tensor::from_raw(raw.clone())?)),
+            _ => tied_both(&model, |m| m.embed::<1, 5>(&Tensor::from_raw(raw.clone())?)),
+        }
+    };
+    fits(4).unwrap();
+    let e = fits(5).unwrap_err();
+    assert_eq!(
+        e,
+        "shape mismatch in `positions`: ids [1, 5] hold 5 positions but the position table has 4 rows"
+    );
+}
+
+#[test]
+fn a_tied_head_takes_a_dyn_width_and_checks_it_when_it_runs() {
+    let model = Tied::<Cpu>::init(&CpuDevice, 1).unwrap();
+    let rows = |w: usize| -> Tensor<Cpu, (Dyn, Dyn)> {
+        Tensor::from_raw(input::<1>(3 * w, 9).into_raw().reshape(&[3, w]).unwrap()).unwrap()
+    };
+    tied_both(&model, |m| m.scores(&rows(8))).unwrap();
+    let e = tied_both(&model, |m| m.scores(&rows(7))).unwrap_err();
+    assert_eq!(
+        e,
+        "shape mismatch in `attend`: scores rows of 8 features against its table [16, 8], got [3, 7]"
+    );
+}

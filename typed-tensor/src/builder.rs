@@ -141,6 +141,79 @@ pub trait BuilderExt: Builder {
     fn reshape(&mut self, x: &Self::Value, dims: Vec<Self::Dim>) -> Result<Self::Value> {
         self.apply(Op::Reshape { dims }, &[x])
     }
+    /// Same elements, new dims, at most one of them open (`None`): solved from the
+    /// element count (`op::solve_reshape`'s rule; a symbolic builder leaves it to the
+    /// run when the sizes are not numbers yet).
+    fn reshape_open(
+        &mut self,
+        x: &Self::Value,
+        dims: Vec<Option<Self::Dim>>,
+    ) -> Result<Self::Value> {
+        let from = self.dims(x);
+        let open = dims.iter().filter(|d| d.is_none()).count();
+        let known: Vec<Self::Dim> = dims.iter().flatten().cloned().collect();
+        if open == 0 {
+            return self.reshape(x, known);
+        }
+        if open > 1 {
+            let target: Vec<String> = dims
+                .iter()
+                .map(|d| d.as_ref().map_or("?".to_string(), |d| d.to_string()))
+                .collect();
+            return Err(Error::shape(
+                "reshape",
+                format!(
+                    "cannot reshape {} into [{}]: {open} sizes are left open, at most one can be (it is solved from the element count)",
+                    fmt_dims(&from),
+                    target.join(", ")
+                ),
+            ));
+        }
+        let inputs: Vec<&Self::Dim> = from.iter().chain(&known).collect();
+        let lits: Vec<Option<usize>> = dims.iter().map(|d| d.as_ref().map(|_| 0)).collect();
+        let solved = Self::Dim::derive(&inputs, "reshape", |sizes| {
+            let (from, known) = sizes.split_at(from.len());
+            let mut known = known.iter();
+            let to: Vec<Option<usize>> = lits
+                .iter()
+                .map(|d| d.map(|_| *known.next().expect("one size per known dim")))
+                .collect();
+            let out = crate::op::solve_reshape(from, &to)?;
+            Ok(out[to.iter().position(Option::is_none).expect("one open dim")])
+        })?;
+        let dims = dims
+            .into_iter()
+            .map(|d| d.unwrap_or_else(|| solved.clone()))
+            .collect();
+        self.reshape(x, dims)
+    }
+    /// `[N, ..]` as `[N, rest]`: every axis after the first merged into one.
+    fn flatten(&mut self, x: &Self::Value) -> Result<Self::Value> {
+        let dims = self.dims(x);
+        let Some((first, rest)) = dims.split_first() else {
+            return Err(Error::shape(
+                "flatten",
+                "cannot flatten a scalar".to_string(),
+            ));
+        };
+        let rest = rest.iter().fold(Self::Dim::lit(1), |a, d| a.mul(d));
+        self.reshape(x, vec![first.clone(), rest])
+    }
+    /// Swaps the last two axes (a matrix's transpose, batched over the others).
+    fn t(&mut self, x: &Self::Value) -> Result<Self::Value> {
+        let dims = self.dims(x);
+        let r = dims.len();
+        if r < 2 {
+            return Err(Error::shape(
+                "t",
+                format!(
+                    "swaps the last two axes, but the tensor has shape {}",
+                    fmt_dims(&dims)
+                ),
+            ));
+        }
+        self.transpose(x, r - 2, r - 1)
+    }
     /// Reorders dims.
     fn permute(&mut self, x: &Self::Value, perm: &[usize]) -> Result<Self::Value> {
         self.apply(
@@ -282,6 +355,27 @@ pub trait BuilderExt: Builder {
         )
     }
 
+    /// Scores of rows `h [.., D]` against every row of an embedding table `[V, D]`:
+    /// `h · tableᵀ`, an output head tied to the embedding (`tok.attend(h)`).
+    fn tied_scores(&mut self, h: &Self::Value, table: &Self::Value) -> Result<Self::Value> {
+        let td = self.dims(table);
+        let (Some(vocab), Some(features)) = (
+            td.first().and_then(|d| d.as_lit()),
+            td.get(1).and_then(|d| d.as_lit()),
+        ) else {
+            return Err(Error::shape(
+                "attend",
+                format!(
+                    "the table must be [V, D] with known sizes, got {}",
+                    fmt_dims(&td)
+                ),
+            ));
+        };
+        self.guard(Guard::TiedHead { vocab, features }, &[h])?;
+        let wt = self.transpose(table, 0, 1)?;
+        self.matmul(h, &wt)
+    }
+
     /// x + s
     fn add_scalar(&mut self, x: &Self::Value, s: f64) -> Result<Self::Value> {
         let c = self.scalar_like(x, s)?;
@@ -376,17 +470,9 @@ pub trait BuilderExt: Builder {
     /// dtype). The mask is added, `x + relu(j − i) · (−max)`, not selected, so no bool
     /// value crosses kernels and the addition fuses with what reads `x`.
     fn causal_mask(&mut self, x: &Self::Value) -> Result<Self::Value> {
+        self.guard(Guard::SquareScores, &[x])?;
         let dims = self.dims(x);
         let dtype = self.dtype(x);
-        if dims.len() < 2 || !dtype.is_float() {
-            return Err(Error::invalid(
-                "causal_mask",
-                format!(
-                    "masks float scores of rank 2 or more (queries × keys), not {dtype} {}",
-                    crate::op::fmt_dims(&dims)
-                ),
-            ));
-        }
         let r = dims.len();
         let square = vec![dims[r - 2].clone(), dims[r - 1].clone()];
         let rows = self.apply(
@@ -529,8 +615,15 @@ pub trait BuilderExt: Builder {
         let smooth = self.mul_scalar(&all, -smoothing)?;
         self.add(&nll, &smooth)
     }
-    /// Mean squared error.
+    /// Mean squared error of two tensors of one shape (no broadcasting: `[B, 1]`
+    /// against `[B]` would average over `[B, B]`).
     fn mse(&mut self, a: &Self::Value, b: &Self::Value) -> Result<Self::Value> {
+        self.guard(
+            Guard::EqualShapes {
+                op: crate::guard::SameShapeOp::Mse,
+            },
+            &[a, b],
+        )?;
         let d = self.sub(a, b)?;
         let d2 = self.square(&d)?;
         self.mean_all(&d2)

@@ -31,6 +31,41 @@ pub enum Guard {
         /// Channel groups.
         groups: usize,
     },
+    /// Two operands of one shape (an elementwise loss such as `mse`; no broadcasting).
+    EqualShapes {
+        /// The composite's name.
+        op: SameShapeOp,
+    },
+    /// Scores `[.., T, T]` whose last two axes are queries and keys of one sequence
+    /// (the causal mask).
+    SquareScores,
+    /// Float rows `[.., D]` scored against an embedding table `[V, D]` (a tied output head).
+    TiedHead {
+        /// The table's rows.
+        vocab: usize,
+        /// The table's width.
+        features: usize,
+    },
+}
+
+/// The composites whose two operands must have one shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SameShapeOp {
+    /// Mean squared error.
+    Mse,
+}
+
+impl SameShapeOp {
+    /// The composite's name, as errors and plan text show it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SameShapeOp::Mse => "mse",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [SameShapeOp::Mse].into_iter().find(|o| o.name() == s)
+    }
 }
 
 impl Guard {
@@ -42,6 +77,24 @@ impl Guard {
             Guard::Conv2d { .. } => "conv2d",
             Guard::BatchNormTraining => "batch_norm_training",
             Guard::Positions { .. } => "positions",
+            Guard::EqualShapes { op } => op.name(),
+            Guard::SquareScores => "causal_mask",
+            Guard::TiedHead { .. } => "attend",
+        }
+    }
+
+    /// Whether the check's outcome depends on a size the build does not know as a
+    /// number: a `Dyn`, or (for the checks that compare a size with a number) a size
+    /// parameter. A graph keeps such a guard and runs it again on the real sizes.
+    pub fn is_open<D: SymDim>(&self, inputs: &[&TensorMeta<D>]) -> bool {
+        let numeric = |d: &D| d.as_lit().is_none();
+        match self {
+            Guard::Positions { .. } => inputs
+                .first()
+                .and_then(|m| m.dims.last())
+                .is_some_and(numeric),
+            Guard::BatchNormTraining => inputs.first().is_some_and(|m| m.dims.iter().any(numeric)),
+            _ => inputs.iter().any(|m| m.dims.iter().any(|d| d.is_runtime())),
         }
     }
 
@@ -49,8 +102,12 @@ impl Guard {
     /// a size only the run time knows passes).
     pub fn check<D: SymDim>(&self, inputs: &[&TensorMeta<D>]) -> Result<()> {
         let want = match self {
-            Guard::LayerInput(_) | Guard::BatchNormTraining | Guard::Positions { .. } => 1,
-            Guard::CrossEntropy | Guard::Conv2d { .. } => 2,
+            Guard::LayerInput(_)
+            | Guard::BatchNormTraining
+            | Guard::Positions { .. }
+            | Guard::SquareScores
+            | Guard::TiedHead { .. } => 1,
+            Guard::CrossEntropy | Guard::Conv2d { .. } | Guard::EqualShapes { .. } => 2,
         };
         if inputs.len() != want {
             return Err(Error::invalid(
@@ -163,6 +220,63 @@ impl Guard {
                 }
                 Ok(())
             }
+            Guard::EqualShapes { op } => {
+                let (a, b) = (&inputs[0].dims, &inputs[1].dims);
+                let differ =
+                    a.len() != b.len() || a.iter().zip(b).any(|(x, y)| x.matches(y) == Some(false));
+                if differ {
+                    return Err(Error::shape(
+                        op.name(),
+                        format!(
+                            "the operands have shapes {} and {}; they must be equal (broadcast one explicitly if that is meant)",
+                            fmt_dims(a),
+                            fmt_dims(b)
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Guard::SquareScores => {
+                let d = &inputs[0].dims;
+                let r = d.len();
+                if r < 2 || d[r - 2].matches(&d[r - 1]) == Some(false) {
+                    return Err(Error::shape(
+                        "causal_mask",
+                        format!(
+                            "masks scores [.., T, T] (queries × keys of one sequence), got {}",
+                            fmt_dims(d)
+                        ),
+                    ));
+                }
+                let dtype = inputs[0].dtype;
+                if !dtype.is_float() {
+                    return Err(Error::dtype(
+                        "causal_mask",
+                        format!("masks float scores, got {dtype}"),
+                    ));
+                }
+                Ok(())
+            }
+            Guard::TiedHead { vocab, features } => {
+                let (d, dtype) = (&inputs[0].dims, inputs[0].dtype);
+                if !dtype.is_float() {
+                    return Err(Error::dtype(
+                        "attend",
+                        format!("scores float rows against the table, got {dtype}"),
+                    ));
+                }
+                let width = D::lit(*features);
+                if d.last().is_none_or(|w| w.matches(&width) == Some(false)) {
+                    return Err(Error::shape(
+                        "attend",
+                        format!(
+                            "scores rows of {features} features against its table [{vocab}, {features}], got {}",
+                            fmt_dims(d)
+                        ),
+                    ));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -174,6 +288,9 @@ impl Guard {
             Guard::Conv2d { groups } => format!("conv2d {groups}"),
             Guard::BatchNormTraining => "batch_norm_training".into(),
             Guard::Positions { table } => format!("positions {table}"),
+            Guard::EqualShapes { op } => format!("same_shape {}", op.name()),
+            Guard::SquareScores => "square_scores".into(),
+            Guard::TiedHead { vocab, features } => format!("tied_head {vocab} {features}"),
         }
     }
 
@@ -193,6 +310,17 @@ impl Guard {
             "conv2d" => Ok(Guard::Conv2d {
                 groups: rest.parse().map_err(|_| bad())?,
             }),
+            "same_shape" => Ok(Guard::EqualShapes {
+                op: SameShapeOp::parse(rest).ok_or_else(bad)?,
+            }),
+            "square_scores" if rest.is_empty() => Ok(Guard::SquareScores),
+            "tied_head" => {
+                let (v, f) = rest.split_once(' ').ok_or_else(bad)?;
+                Ok(Guard::TiedHead {
+                    vocab: v.parse().map_err(|_| bad())?,
+                    features: f.parse().map_err(|_| bad())?,
+                })
+            }
             _ => Err(bad()),
         }
     }
@@ -210,6 +338,14 @@ mod tests {
             Guard::BatchNormTraining,
             Guard::Conv2d { groups: 3 },
             Guard::Positions { table: 256 },
+            Guard::EqualShapes {
+                op: SameShapeOp::Mse,
+            },
+            Guard::SquareScores,
+            Guard::TiedHead {
+                vocab: 65,
+                features: 128,
+            },
             Guard::LayerInput(LayerSpec::Linear {
                 inputs: 784,
                 outputs: 10,

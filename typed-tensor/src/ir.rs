@@ -166,7 +166,7 @@ impl<D: SymDim> Builder for Graph<D> {
     fn guard(&mut self, guard: Guard, inputs: &[&NodeId]) -> Result<()> {
         let metas: Vec<&TensorMeta<D>> = inputs.iter().map(|&&i| &self.nodes[i].meta).collect();
         guard.check(&metas)?;
-        if metas.iter().any(|m| m.dims.iter().any(|d| d.is_runtime())) {
+        if guard.is_open(&metas) {
             self.guards.push(KeptGuard {
                 guard,
                 inputs: inputs.iter().map(|&&i| i).collect(),

@@ -51,9 +51,10 @@ pub use collective::Collective;
 pub use dim::{Const, Dim, Dyn, SameDim};
 pub use dtype::{DType, Element, FloatElement, HostData};
 pub use error::{Error, Result};
-pub use guard::Guard;
+pub use guard::{Guard, SameShapeOp};
 pub use half::{bf16, f16};
 pub use layout::Layout;
+pub use methods::{Form, Method, MethodArgs};
 pub use op::{
     Arity, BinaryOp, CmpOp, Op, OpClass, RandDist, ReduceOp, SymDim, TensorMeta, UnaryOp, Window2d,
 };

@@ -1,9 +1,314 @@
-//! The method API of a tensor value that carries its own builder (`x.relu()`,
-//! `a.matmul(&b)`, `x.softmax(1)`): written once here as [`tensor_methods!`], and
-//! expanded into every such type's impl — the eager [`crate::RawTensor`] and the
-//! dynamic path's lazy tensor — so both offer the same ops under the same names,
-//! each delegating to its builder (`self.ops()`), and a new unary or binary op of the
-//! op table becomes a method of both.
+//! The methods users call on tensors, declared once. [`for_each_method!`] is the table
+//! of every method a `#[model]` body may call on a tensor besides the elementwise ops
+//! of the op table: its name, the form of its call (what it reads from `::<..>` and
+//! from its arguments), its documentation and its composition over a [`Builder`]. The
+//! shape and dtype rules are those of the primitives it composes and the
+//! [`Guard`](crate::Guard)s of its composite, so every spelling refuses the same
+//! inputs with the same words. From the table come [`Method`] (which the macro looks
+//! a call up in and applies to its symbolic graph), and the methods of every tensor
+//! value that carries its own builder ([`tensor_methods!`]: the eager
+//! [`crate::RawTensor`] and the dynamic path's lazy tensor); the typed
+//! [`crate::Tensor`] methods call those.
+//!
+//! A method whose model-body form reads sizes or an axis from `::<..>` (`sum::<1>()`,
+//! `reshape::<B, 12>()`) has a run-time form taking the same values as arguments; the
+//! general ones (`sum(&[axes], keepdim)`, `reshape(&[dims])`) are written beside the
+//! table in [`tensor_methods!`], and the table's entry says how the model-body call
+//! maps onto it.
+
+use crate::builder::BuilderExt;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// The table: one entry per method, `Variant name form(args) -> typed => |builder, x|
+/// body;`. `typed` says what the typed [`crate::Tensor`] method returns: `same` (the
+/// receiver's shape and dtype) and `scalar` (rank 0) are generated, `custom` ones are
+/// written in `tensor.rs` with their shape-level rule (`matmul`'s `MatMulShape`).
+/// Forms: `plain()` (`x.gelu()`), `axis_arg(axis)` (`x.softmax()` or `x.softmax(AXIS)`,
+/// the last axis by default), `axis_turbofish(axis)` (`x.sum::<AXIS>()`),
+/// `dims(dims)` (`x.reshape::<D0, D1>()`, at most one `Dyn`), `perm(perm)`
+/// (`x.permute::<P0, P1>()`), `dtype(dtype)` (`x.cast::<bf16>()`), `tensor(rhs)`
+/// (`a.mse(b)`), `axis_tensor(axis, rhs)` (`a.concat::<AXIS>(b)`) and
+/// `tensor_scalar(rhs, s)` (`logits.cross_entropy_smoothed(labels, 0.1)`).
+#[macro_export]
+macro_rules! for_each_method {
+    ($m:path) => {
+        $m! {
+            #[doc = "Adds a causal mask to attention scores `[.., T, T]`: row (query) `i` keeps columns (keys) `j <= i`."]
+            CausalMask causal_mask plain() -> same => |b, x| b.causal_mask(x);
+            #[doc = "GELU (erf form)."]
+            Gelu gelu plain() -> same => |b, x| b.gelu_erf(x);
+            #[doc = "GELU (tanh form)."]
+            GeluTanh gelu_tanh plain() -> same => |b, x| b.gelu_tanh(x);
+            #[doc = "x · sigmoid(x)."]
+            Silu silu plain() -> same => |b, x| b.silu(x);
+            #[doc = "x²."]
+            Square square plain() -> same => |b, x| b.square(x);
+            #[doc = "Σ over every element (rank 0)."]
+            SumAll sum_all plain() -> custom => |b, x| b.sum_all(x);
+            #[doc = "Mean over every element (rank 0)."]
+            MeanAll mean_all plain() -> scalar => |b, x| b.mean_all(x);
+            #[doc = "`[N, ..]` as `[N, rest]`: every axis after the first merged into one."]
+            Flatten flatten plain() -> custom => |b, x| b.flatten(x);
+            #[doc = "Swaps the last two axes (a view)."]
+            T t plain() -> custom => |b, x| b.t(x);
+            #[doc = "Softmax along an axis (in model bodies the last unless given)."]
+            Softmax softmax axis_arg(axis) -> custom => |b, x| b.softmax(x, axis);
+            #[doc = "Log-softmax along an axis (in model bodies the last unless given)."]
+            LogSoftmax log_softmax axis_arg(axis) -> custom => |b, x| b.log_softmax(x, axis);
+            #[doc = "Σ over one axis, removing it (run time: `sum(&[axis], false)`)."]
+            Sum sum axis_turbofish(axis) -> custom => |b, x| b.sum(x, &[axis], false);
+            #[doc = "Mean over one axis, removing it (run time: `mean(&[axis], false)`)."]
+            Mean mean axis_turbofish(axis) -> custom => |b, x| b.mean(x, &[axis], false);
+            #[doc = "Maximum over one axis, removing it (run time: `max(&[axis], false)`)."]
+            Max max axis_turbofish(axis) -> custom => |b, x| b.max(x, &[axis], false);
+            #[doc = "Index of the maximum along one axis, removing it (i32; run time: `argmax(axis, false)`)."]
+            Argmax argmax axis_turbofish(axis) -> custom => |b, x| b.argmax(x, axis, false);
+            #[doc = "Same elements, new dims; one may be `Dyn`, solved from the element count (run time: `reshape(&dims)`)."]
+            Reshape reshape dims(dims) -> custom => |b, x| b.reshape_open(x, dims);
+            #[doc = "Reorders the axes (a view; run time: `permute(&perm)`)."]
+            Permute permute perm(perm) -> custom => |b, x| b.permute(x, &perm);
+            #[doc = "Converts the dtype (run time: `cast(dtype)`)."]
+            Cast cast dtype(dtype) -> custom => |b, x| b.cast(x, dtype);
+            #[doc = "Matrix product, batched over leading axes (`[.., M, K] × [.., K, N]` or `× [K, N]`)."]
+            Matmul matmul tensor(rhs) -> custom => |b, x| b.matmul(x, rhs);
+            #[doc = "Mean squared error against a tensor of the same shape (rank 0; no broadcasting)."]
+            Mse mse tensor(rhs) -> custom => |b, x| b.mse(x, rhs);
+            #[doc = "Mean cross-entropy of logits `[N, C]` against integer labels `[N]` (rank 0)."]
+            CrossEntropy cross_entropy tensor(labels) -> custom => |b, x| b.cross_entropy(x, labels, 0.0);
+            #[doc = "Mean cross-entropy with label smoothing in [0, 1)."]
+            CrossEntropySmoothed cross_entropy_smoothed tensor_scalar(labels, smoothing) -> custom => |b, x| b.cross_entropy(x, labels, smoothing);
+            #[doc = "Joins two tensors along an axis (run time: `concat(&[a, b], axis)`)."]
+            Concat concat axis_tensor(axis, rhs) -> custom => |b, x| b.concat(&[x, rhs], axis);
+        }
+    };
+}
+
+/// What a table method reads from a call besides its receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// `x.gelu()`: nothing.
+    Plain,
+    /// `x.softmax()` or `x.softmax(AXIS)`: an optional axis argument (the last axis).
+    AxisArg,
+    /// `x.sum::<AXIS>()`: one axis in the turbofish.
+    AxisTurbofish,
+    /// `x.reshape::<D0, D1>()`: dims in the turbofish, at most one `Dyn`.
+    Dims,
+    /// `x.permute::<P0, P1>()`: an order of the axes in the turbofish.
+    Perm,
+    /// `x.cast::<bf16>()`: a dtype in the turbofish.
+    DType,
+    /// `a.mse(b)`: one tensor argument.
+    Tensor,
+    /// `a.concat::<AXIS>(b)`: an axis in the turbofish and one tensor argument.
+    AxisTensor,
+    /// `logits.cross_entropy_smoothed(labels, 0.1)`: a tensor and a number.
+    TensorScalar,
+}
+
+impl Form {
+    /// The call as a model body writes it, for messages: `.sum::<AXIS>()`.
+    pub fn spelling(self, name: &str) -> String {
+        match self {
+            Form::Plain => format!(".{name}()"),
+            Form::AxisArg => format!(".{name}() or .{name}(AXIS)"),
+            Form::AxisTurbofish => format!(".{name}::<AXIS>()"),
+            Form::Dims => format!(".{name}::<D0, D1, ..>()"),
+            Form::Perm => format!(".{name}::<P0, P1, ..>()"),
+            Form::DType => format!(".{name}::<DTYPE>()"),
+            Form::Tensor => format!(".{name}(other)"),
+            Form::AxisTensor => format!(".{name}::<AXIS>(other)"),
+            Form::TensorScalar => format!(".{name}(other, NUMBER)"),
+        }
+    }
+
+    /// Whether the call takes `::<..>` arguments.
+    pub fn takes_turbofish(self) -> bool {
+        matches!(
+            self,
+            Form::AxisTurbofish | Form::Dims | Form::Perm | Form::DType | Form::AxisTensor
+        )
+    }
+
+    /// How many arguments the call takes (at most; `AxisArg`'s is optional).
+    pub fn arguments(self) -> usize {
+        match self {
+            Form::Plain | Form::AxisTurbofish | Form::Dims | Form::Perm | Form::DType => 0,
+            Form::AxisArg | Form::Tensor | Form::AxisTensor => 1,
+            Form::TensorScalar => 2,
+        }
+    }
+}
+
+/// The values of one call of a table method, as its [`Form`] reads them.
+#[derive(Debug)]
+pub enum MethodArgs<'a, V, D> {
+    /// [`Form::Plain`].
+    None,
+    /// [`Form::AxisArg`] (`None`: the last axis) and [`Form::AxisTurbofish`].
+    Axis(Option<usize>),
+    /// [`Form::Dims`]: `None` is a size solved from the element count.
+    Dims(Vec<Option<D>>),
+    /// [`Form::Perm`].
+    Perm(Vec<usize>),
+    /// [`Form::DType`].
+    DType(DType),
+    /// [`Form::Tensor`].
+    Tensor(&'a V),
+    /// [`Form::AxisTensor`].
+    AxisTensor(usize, &'a V),
+    /// [`Form::TensorScalar`].
+    TensorScalar(&'a V, f64),
+}
+
+/// Binds an entry's arguments from a call's [`MethodArgs`], or says the call does not
+/// fit the form (a caller's mistake: the macro reads a call by its form first).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __method_args {
+    (plain, $a:expr, $x:expr, $b:expr, ()) => {
+        let $crate::MethodArgs::None = $a else {
+            return Err($crate::methods::misfit());
+        };
+    };
+    (axis_arg, $a:expr, $x:expr, $b:expr, ($axis:ident)) => {
+        let $crate::MethodArgs::Axis($axis) = $a else {
+            return Err($crate::methods::misfit());
+        };
+        let $axis = $axis.unwrap_or_else(|| $crate::BuilderExt::rank($b, $x).saturating_sub(1));
+    };
+    (axis_turbofish, $a:expr, $x:expr, $b:expr, ($axis:ident)) => {
+        let $crate::MethodArgs::Axis(Some($axis)) = $a else {
+            return Err($crate::methods::misfit());
+        };
+    };
+    (dims, $a:expr, $x:expr, $b:expr, ($dims:ident)) => {
+        let $crate::MethodArgs::Dims($dims) = $a else {
+            return Err($crate::methods::misfit());
+        };
+    };
+    (perm, $a:expr, $x:expr, $b:expr, ($perm:ident)) => {
+        let $crate::MethodArgs::Perm($perm) = $a else {
+            return Err($crate::methods::misfit());
+        };
+    };
+    (dtype, $a:expr, $x:expr, $b:expr, ($dtype:ident)) => {
+        let $crate::MethodArgs::DType($dtype) = $a else {
+            return Err($crate::methods::misfit());
+        };
+    };
+    (tensor, $a:expr, $x:expr, $b:expr, ($rhs:ident)) => {
+        let $crate::MethodArgs::Tensor($rhs) = $a else {
+            return Err($crate::methods::misfit());
+        };
+    };
+    (axis_tensor, $a:expr, $x:expr, $b:expr, ($axis:ident, $rhs:ident)) => {
+        let $crate::MethodArgs::AxisTensor($axis, $rhs) = $a else {
+            return Err($crate::methods::misfit());
+        };
+    };
+    (tensor_scalar, $a:expr, $x:expr, $b:expr, ($rhs:ident, $s:ident)) => {
+        let $crate::MethodArgs::TensorScalar($rhs, $s) = $a else {
+            return Err($crate::methods::misfit());
+        };
+    };
+}
+
+/// The [`Form`] variant of an entry's form keyword.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __method_form {
+    (plain) => {
+        $crate::methods::Form::Plain
+    };
+    (axis_arg) => {
+        $crate::methods::Form::AxisArg
+    };
+    (axis_turbofish) => {
+        $crate::methods::Form::AxisTurbofish
+    };
+    (dims) => {
+        $crate::methods::Form::Dims
+    };
+    (perm) => {
+        $crate::methods::Form::Perm
+    };
+    (dtype) => {
+        $crate::methods::Form::DType
+    };
+    (tensor) => {
+        $crate::methods::Form::Tensor
+    };
+    (axis_tensor) => {
+        $crate::methods::Form::AxisTensor
+    };
+    (tensor_scalar) => {
+        $crate::methods::Form::TensorScalar
+    };
+}
+
+#[doc(hidden)]
+pub fn misfit() -> Error {
+    Error::invalid(
+        "method",
+        "the call's arguments do not fit the method's form",
+    )
+}
+
+macro_rules! method_enum {
+    ($( #[doc = $doc:literal] $v:ident $name:ident $form:ident ( $($arg:ident),* ) -> $typed:ident => |$b:ident, $x:ident| $body:expr ; )*) => {
+        /// A method of the table ([`for_each_method!`]).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Method {
+            $(#[doc = $doc] $v,)*
+        }
+
+        impl Method {
+            /// Every method, in table order.
+            pub const ALL: &'static [Method] = &[$(Method::$v),*];
+
+            /// The method's name as users call it.
+            pub fn name(self) -> &'static str {
+                match self { $(Method::$v => stringify!($name),)* }
+            }
+
+            /// The form of its call.
+            pub fn form(self) -> Form {
+                match self { $(Method::$v => $crate::__method_form!($form),)* }
+            }
+
+            /// Its one-line documentation.
+            pub fn doc(self) -> &'static str {
+                match self { $(Method::$v => $doc,)* }
+            }
+
+            /// The method called `name`, if the table has one.
+            pub fn from_name(name: &str) -> Option<Method> {
+                Method::ALL.iter().copied().find(|m| m.name() == name)
+            }
+
+            /// Applies the method to `x` on any builder: its composition over the
+            /// primitives, whose rules and the composite's guards check the operands.
+            pub fn apply<Bd: BuilderExt + ?Sized>(
+                self,
+                builder: &mut Bd,
+                x: &Bd::Value,
+                args: MethodArgs<'_, Bd::Value, Bd::Dim>,
+            ) -> Result<Bd::Value> {
+                match self {
+                    $(Method::$v => {
+                        $crate::__method_args!($form, args, x, builder, ($($arg),*));
+                        let ($b, $x) = (builder, x);
+                        $body
+                    })*
+                }
+            }
+        }
+    };
+}
+
+for_each_method!(method_enum);
 
 /// Writes the tensor method API inside an `impl` of a type whose values have a method
 /// `ops(&self)` returning a `Builder` with `Dim = usize` and `Value = Self`.
@@ -12,6 +317,7 @@ macro_rules! tensor_methods {
     () => {
         $crate::for_each_unary!($crate::__tensor_unary_methods);
         $crate::for_each_binary!($crate::__tensor_binary_methods);
+        $crate::for_each_method!($crate::__tensor_table_methods);
 
         /// An elementwise comparison (bool result).
         pub fn compare(&self, op: $crate::CmpOp, rhs: &Self) -> $crate::Result<Self> {
@@ -33,17 +339,9 @@ macro_rules! tensor_methods {
         pub fn sum(&self, axes: &[usize], keepdim: bool) -> $crate::Result<Self> {
             $crate::BuilderExt::sum(&mut self.ops(), self, axes, keepdim)
         }
-        /// Σ over everything (rank 0).
-        pub fn sum_all(&self) -> $crate::Result<Self> {
-            $crate::BuilderExt::sum_all(&mut self.ops(), self)
-        }
         /// Mean over `axes`.
         pub fn mean(&self, axes: &[usize], keepdim: bool) -> $crate::Result<Self> {
             $crate::BuilderExt::mean(&mut self.ops(), self, axes, keepdim)
-        }
-        /// Mean over everything (rank 0).
-        pub fn mean_all(&self) -> $crate::Result<Self> {
-            $crate::BuilderExt::mean_all(&mut self.ops(), self)
         }
         /// Maximum over `axes`.
         pub fn max(&self, axes: &[usize], keepdim: bool) -> $crate::Result<Self> {
@@ -119,10 +417,6 @@ macro_rules! tensor_methods {
         ) -> $crate::Result<Self> {
             $crate::BuilderExt::pad(&mut self.ops(), self, axis, before, after, value)
         }
-        /// Batched matrix product.
-        pub fn matmul(&self, rhs: &Self) -> $crate::Result<Self> {
-            $crate::BuilderExt::matmul(&mut self.ops(), self, rhs)
-        }
         /// PyTorch's gather along `axis`.
         pub fn gather(&self, axis: usize, index: &Self) -> $crate::Result<Self> {
             $crate::BuilderExt::gather(&mut self.ops(), self, axis, index)
@@ -139,26 +433,6 @@ macro_rules! tensor_methods {
         /// Converts the dtype.
         pub fn cast(&self, dtype: $crate::DType) -> $crate::Result<Self> {
             $crate::BuilderExt::cast(&mut self.ops(), self, dtype)
-        }
-        /// Softmax along `axis`.
-        pub fn softmax(&self, axis: usize) -> $crate::Result<Self> {
-            $crate::BuilderExt::softmax(&mut self.ops(), self, axis)
-        }
-        /// Log-softmax along `axis`.
-        pub fn log_softmax(&self, axis: usize) -> $crate::Result<Self> {
-            $crate::BuilderExt::log_softmax(&mut self.ops(), self, axis)
-        }
-        /// GELU (erf form).
-        pub fn gelu(&self) -> $crate::Result<Self> {
-            $crate::BuilderExt::gelu_erf(&mut self.ops(), self)
-        }
-        /// GELU (tanh form).
-        pub fn gelu_tanh(&self) -> $crate::Result<Self> {
-            $crate::BuilderExt::gelu_tanh(&mut self.ops(), self)
-        }
-        /// x · sigmoid(x)
-        pub fn silu(&self) -> $crate::Result<Self> {
-            $crate::BuilderExt::silu(&mut self.ops(), self)
         }
     };
 }
@@ -193,4 +467,50 @@ macro_rules! __tensor_binary_methods {
             }
         )*
     };
+}
+
+/// The table's methods whose run-time form is their model-body form (`x.mse(&y)`,
+/// `x.softmax(axis)`); the others' run-time forms are the general methods of
+/// [`tensor_methods!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __tensor_table_methods {
+    ($( #[doc = $doc:literal] $v:ident $name:ident $form:ident ( $($arg:ident),* ) -> $typed:ident => |$b:ident, $x:ident| $body:expr ; )*) => {
+        $( $crate::__tensor_table_method!(#[doc = $doc] $v $name $form ($($arg),*)); )*
+    };
+}
+
+/// One run-time method of the table (see [`__tensor_table_methods!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __tensor_table_method {
+    (#[doc = $doc:literal] $v:ident $name:ident plain ()) => {
+        #[doc = $doc]
+        pub fn $name(&self) -> $crate::Result<Self> {
+            $crate::Method::$v.apply(&mut self.ops(), self, $crate::MethodArgs::None)
+        }
+    };
+    (#[doc = $doc:literal] $v:ident $name:ident axis_arg ($axis:ident)) => {
+        #[doc = $doc]
+        pub fn $name(&self, $axis: usize) -> $crate::Result<Self> {
+            $crate::Method::$v.apply(&mut self.ops(), self, $crate::MethodArgs::Axis(Some($axis)))
+        }
+    };
+    (#[doc = $doc:literal] $v:ident $name:ident tensor ($rhs:ident)) => {
+        #[doc = $doc]
+        pub fn $name(&self, $rhs: &Self) -> $crate::Result<Self> {
+            $crate::Method::$v.apply(&mut self.ops(), self, $crate::MethodArgs::Tensor($rhs))
+        }
+    };
+    (#[doc = $doc:literal] $v:ident $name:ident tensor_scalar ($rhs:ident, $s:ident)) => {
+        #[doc = $doc]
+        pub fn $name(&self, $rhs: &Self, $s: f64) -> $crate::Result<Self> {
+            $crate::Method::$v.apply(
+                &mut self.ops(),
+                self,
+                $crate::MethodArgs::TensorScalar($rhs, $s),
+            )
+        }
+    };
+    (#[doc = $doc:literal] $v:ident $name:ident $form:ident ($($arg:ident),*)) => {};
 }

@@ -287,14 +287,30 @@ macro_rules! typed_unary {
     };
 }
 
-typed_unary!(
-    /// GELU (erf form)
-    gelu,
-    /// GELU (tanh form)
-    gelu_tanh,
-    /// x · sigmoid(x)
-    silu,
-);
+/// The method table's typed methods whose result type follows from the entry
+/// (`-> same`: the receiver's shape; `-> scalar`: rank 0).
+macro_rules! typed_table_methods {
+    ($( #[doc = $doc:literal] $v:ident $name:ident $form:ident ( $($arg:ident),* ) -> $typed:ident => |$b:ident, $x:ident| $body:expr ; )*) => {
+        impl<B: Backend, S: Shape, E: FloatElement> Tensor<B, S, E> {
+            $( typed_table_methods!(@one #[doc = $doc] $name $typed); )*
+        }
+    };
+    (@one #[doc = $doc:literal] $name:ident same) => {
+        #[doc = $doc]
+        pub fn $name(&self) -> Result<Self> {
+            Ok(Self::wrap(self.raw.$name()?))
+        }
+    };
+    (@one #[doc = $doc:literal] $name:ident scalar) => {
+        #[doc = $doc]
+        pub fn $name(&self) -> Result<Tensor<B, (), E>> {
+            Ok(Tensor::wrap(self.raw.$name()?))
+        }
+    };
+    (@one #[doc = $doc:literal] $name:ident custom) => {};
+}
+
+crate::for_each_method!(typed_table_methods);
 
 /// The float unary ops of the op table as typed methods (bool ops have their own).
 macro_rules! typed_unary_ops {
@@ -361,18 +377,12 @@ impl<B: Backend, S: Shape, E: FloatElement> Tensor<B, S, E> {
     {
         Ok(Tensor::wrap(self.raw.mean(&[AX], false)?))
     }
-    /// Mean of every element.
-    pub fn mean_all(&self) -> Result<Tensor<B, (), E>> {
-        Ok(Tensor::wrap(self.raw.mean_all()?))
-    }
     /// Mean squared error against a tensor of the same shape.
     pub fn mse<S2: Shape>(&self, target: &Tensor<B, S2, E>) -> Result<Tensor<B, (), E>>
     where
         S: SameShape<S2>,
     {
-        same_dims("mse", self.dims(), target.dims())?;
-        let mut g = self.raw.ops();
-        Ok(Tensor::wrap(g.mse(&self.raw, &target.raw)?))
+        Ok(Tensor::wrap(self.raw.mse(&target.raw)?))
     }
     /// Seeded uniform values on [low, high) in a fully static shape.
     pub fn uniform(low: f64, high: f64, seed: u64, device: &B::Device) -> Result<Self> {
@@ -492,14 +502,6 @@ impl<B: Backend, S: Shape, E: FloatElement> Tensor<B, S, E> {
     where
         S: MatMulShape<S2>,
     {
-        let (a, b) = (self.dims(), rhs.dims());
-        let (k1, k2) = (a[a.rank() - 1], b[b.rank() - 2]);
-        if k1 != k2 || (b.rank() == a.rank() && a[..a.rank() - 2] != b[..b.rank() - 2]) {
-            return Err(Error::shape(
-                "matmul",
-                format!("cannot multiply {a} by {b}"),
-            ));
-        }
         Ok(Tensor::wrap(self.raw.matmul(&rhs.raw)?))
     }
 }
@@ -521,12 +523,9 @@ impl<B: Backend, N: Dim, C: Dim, E: FloatElement> Tensor<B, (N, C), E> {
     where
         N: SameDim<N2>,
     {
-        let mut g = self.raw.ops();
-        Ok(Tensor::wrap(g.cross_entropy(
-            &self.raw,
-            &labels.raw,
-            smoothing,
-        )?))
+        Ok(Tensor::wrap(
+            self.raw.cross_entropy_smoothed(&labels.raw, smoothing)?,
+        ))
     }
 }
 
