@@ -132,11 +132,19 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
         }
     };
     let problems = fit_problems(&params, &held);
-    if !problems.is_empty() {
-        return problems
-            .into_iter()
-            .map(|p| fail(format!("`{shown}` does not fit `{name}`: {p}")))
-            .collect();
+    // One error naming every mismatch: several `compile_error!`s in expression
+    // position would not parse as one expression.
+    match problems.as_slice() {
+        [] => {}
+        [p] => return fail(format!("`{shown}` does not fit `{name}`: {p}")),
+        all => {
+            let list: Vec<String> = all.iter().map(|p| format!("\n  - {p}")).collect();
+            return fail(format!(
+                "`{shown}` does not fit `{name}`: {} tensors differ:{}",
+                all.len(),
+                list.concat()
+            ));
+        }
     }
     let doc = format!("The weights of `{shown}`, checked against `{name}` at build time.");
     let load = match foreign {

@@ -41,15 +41,16 @@
 //!   of a nested model (`self.block(x)` is its `forward`, `self.block.delta(x)` any
 //!   other method; both inlined for shape checking, fusion and differentiation, the
 //!   arguments checked against the nested method's signature), `+ - * /` between tensors
-//!   (NumPy broadcasting) or with numbers, unary `-`, and tensor methods:
-//!   `relu sigmoid tanh exp log sqrt rsqrt recip sin cos abs neg erf gelu gelu_tanh
-//!   silu square`, `softmax()` / `log_softmax()` (last axis, or an axis argument),
-//!   `causal_mask()` (−∞ above the diagonal of the last two axes: attention scores
-//!   then `softmax()` attend causally),
-//!   `sum::<AX>() mean::<AX>() max::<AX>() argmax::<AX>() sum_all() mean_all()`,
-//!   `flatten()`, `reshape::<dims..>()`, `permute::<axes..>()`, `t()`,
-//!   `matmul(y)`, `concat::<AX>(y)`, `cross_entropy(labels)`,
-//!   `cross_entropy_smoothed(labels, 0.1)`, `mse(y)`, `cast::<f16>()`.
+//!   (NumPy broadcasting) or with numbers, unary `-`, and tensor methods: the float
+//!   elementwise ops of the op table (`relu sigmoid tanh exp log sqrt ...`,
+//!   `kiln_tensor::UnaryOp`) and every method of the method table
+//!   (`kiln_tensor::Method`, declared in `kiln_tensor::for_each_method!`, whose rustdoc
+//!   gives each one's form and meaning): `gelu() softmax() softmax(AXIS) sum::<AXIS>()
+//!   reshape::<D0, D1>() cast::<bf16>() matmul(y) mse(y) concat::<AXIS>(y)
+//!   cross_entropy(labels)` and the rest. Reductions drop the axis they reduce;
+//!   `softmax`/`log_softmax` act on the last axis unless given one; `t()` swaps the
+//!   last two axes of any rank; `mse` takes two tensors of one shape (no
+//!   broadcasting); one size of a `reshape` may be `Dyn`, solved from the element count.
 //!
 //! ## What is generated
 //!

@@ -66,9 +66,11 @@ pub fn parse_fields(item: &ItemStruct) -> syn::Result<Vec<ModelField>> {
 }
 
 /// Nested models are found by name (a definition macro hands its model over by the
-/// struct's name), so two fields naming two models of one name by different paths
+/// struct's name), so two fields naming two models of one name in two modules
 /// (`encoder::Block`, `decoder::Block`) would both run the first one's body: refused,
-/// naming both paths.
+/// naming both paths. A macro cannot resolve paths, so models are told apart by the
+/// module written before the name: `Block` and `blocks::Block` may be one model (a
+/// `use` brings it), `encoder::Block` and `decoder::Block` are taken to be two.
 fn one_model_per_name(fields: &[ModelField]) -> syn::Result<()> {
     fn model_path(kind: &FieldKind) -> Option<&syn::Path> {
         match kind {
@@ -84,16 +86,23 @@ fn one_model_per_name(fields: &[ModelField]) -> syn::Result<()> {
         }
         quote::quote!(#bare).to_string().replace(' ', "")
     };
+    // The module segment written right before the model's name, if any.
+    let module = |p: &syn::Path| {
+        let n = p.segments.len();
+        (n >= 2)
+            .then(|| p.segments[n - 2].ident.to_string())
+            .filter(|m| !matches!(m.as_str(), "crate" | "self" | "super"))
+    };
     let mut seen: Vec<&syn::Path> = Vec::new();
     for f in fields {
         let Some(p) = model_path(&f.kind) else {
             continue;
         };
         let name = crate::dsl::model_name(p);
-        if let Some(first) = seen
-            .iter()
-            .find(|q| crate::dsl::model_name(q) == name && written(q) != written(p))
-        {
+        if let Some(first) = seen.iter().find(|q| {
+            crate::dsl::model_name(q) == name
+                && matches!((module(q), module(p)), (Some(a), Some(b)) if a != b)
+        }) {
             return Err(syn::Error::new_spanned(
                 p,
                 format!(
