@@ -170,11 +170,15 @@ impl<'a, B: Backend> From<&'a StepSeed<B>> for Seeds<'a, B> {
     }
 }
 
+/// A plan's compiled loops, only those it has: `(2k, f)` is kernel `k`'s main (or
+/// prologue) loop, `(2k + 1, f)` its epilogue's (see [`crate::native_exprs`]).
+pub type Natives = [(u32, NativeFn)];
+
 /// A plan resolved and ready to run on backend `B`, with its buffers.
 #[derive(Debug)]
 pub struct Program<B: Backend> {
     plan: Plan<SDim>,
-    natives: &'static [Option<NativeFn>],
+    natives: &'static Natives,
     resolved: Option<Resolved>,
     buffers: Buffers<B>,
     results: Vec<RawTensor<B>>,
@@ -360,7 +364,7 @@ fn infer_nodes(
 /// symbolic dims do not describe them: then the caller runs op by op.
 fn resolve(
     plan: &Plan<SDim>,
-    natives: &[Option<NativeFn>],
+    natives: &Natives,
     params: &[(&str, usize)],
     inputs: &[TensorMeta],
 ) -> Result<Resolved> {
@@ -388,7 +392,13 @@ fn resolve(
     }
     let mut steps = Vec::with_capacity(plan.kernels.len());
     for (ki, k) in plan.kernels.iter().enumerate() {
-        let native = |i: usize| natives.get(2 * ki + i).copied().flatten();
+        let native = |i: usize| {
+            let at = 2 * ki + i;
+            natives
+                .iter()
+                .find(|(k, _)| *k as usize == at)
+                .map(|&(_, f)| f)
+        };
         let exprs = kernel_exprs(&plan.graph, &ops, k)?;
         steps.push(match k.kind {
             KernelKind::Elementwise => Step::Fused {
@@ -438,9 +448,8 @@ fn resolve(
 }
 
 impl<B: Backend> Program<B> {
-    /// A program for `plan`; `natives[2k]` and `natives[2k + 1]` are kernel `k`'s
-    /// compiled loops, if any (see [`crate::native_exprs`]).
-    pub fn new(plan: Plan<SDim>, natives: &'static [Option<NativeFn>]) -> Self {
+    /// A program for `plan` with the compiled loops `natives` (see [`Natives`]).
+    pub fn new(plan: Plan<SDim>, natives: &'static Natives) -> Self {
         let n = plan.graph.nodes.len();
         Program {
             buffers: Buffers {

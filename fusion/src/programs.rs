@@ -2,10 +2,10 @@
 //! its embedded plan text on first use, and the model's switch between fused plans and
 //! op-by-op execution.
 
+use crate::exec::Natives;
 use crate::exec::{Program, Seeds};
 use crate::parts::{NoParts, Parts};
 use crate::plan::Plan;
-use kiln_tensor::fused::NativeFn;
 use kiln_tensor::nn::StepSeed;
 use kiln_tensor::{Backend, RawTensor, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,7 +58,7 @@ impl<B: Backend> Programs<B> {
         &self,
         id: usize,
         plan_text: &str,
-        natives: &'static [Option<NativeFn>],
+        natives: &'static Natives,
         f: impl FnOnce(&mut Program<B>) -> Result<R>,
     ) -> Result<R> {
         let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
@@ -83,7 +83,7 @@ impl<B: Backend> Programs<B> {
         &self,
         id: usize,
         plan_text: &str,
-        natives: &'static [Option<NativeFn>],
+        natives: &'static Natives,
         device: &B::Device,
         params: &[(&str, usize)],
         inputs: &[&RawTensor<B>],
@@ -110,7 +110,7 @@ impl<B: Backend> Programs<B> {
         &self,
         id: usize,
         plan_text: &str,
-        natives: &'static [Option<NativeFn>],
+        natives: &'static Natives,
         device: &B::Device,
         params: &[(&str, usize)],
         inputs: &[&RawTensor<B>],

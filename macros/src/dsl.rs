@@ -172,10 +172,13 @@ pub fn parse_tensor_type(ty: &Type, consts: &[Ident]) -> syn::Result<Option<Tens
             }
         }
     }
-    if dims.len() > 6 {
+    if dims.len() > MAX_RANK {
         return Err(syn::Error::new(
             ty.span(),
-            format!("tensor types have rank 0 to 6; this one has {}", dims.len()),
+            format!(
+                "tensor types have rank 0 to {MAX_RANK}; this one has {}",
+                dims.len()
+            ),
         ));
     }
     Ok(Some(TensorTy { dims, dtype }))
@@ -193,6 +196,8 @@ pub enum FieldKind {
     /// A module on the dynamic path (a `#[dynamic]` field), by its path: the plan calls
     /// out to it, its output shape declared at the call.
     Dynamic(syn::Path),
+    /// A learned tensor of these dims, held without a layer (`Param<1, 1, 128>`).
+    Param(Vec<usize>),
 }
 
 impl FieldKind {
@@ -201,6 +206,12 @@ impl FieldKind {
         match self {
             FieldKind::Layer(spec) => layer_type(spec),
             FieldKind::Model(path) | FieldKind::Dynamic(path) => model_type(path),
+            FieldKind::Param(dims) => {
+                let dims = dims
+                    .iter()
+                    .map(|&n| proc_macro2::Literal::usize_unsuffixed(n));
+                quote!(::kiln::tensor::nn::Param<Be, (#(::kiln::tensor::Const<#dims>,)*)>)
+            }
             FieldKind::Array(inner, n) => {
                 let t = inner.real_type();
                 let n = proc_macro2::Literal::usize_unsuffixed(*n);
@@ -305,11 +316,70 @@ pub fn names_model(path: &syn::Path) -> bool {
         1 => {
             let name = path.segments[0].ident.to_string();
             !(LayerSpec::NAMES.contains(&name.as_str())
+                || name == PARAM
                 || is_collection(&name)
                 || near_layer_name(&name).is_some())
         }
         _ => true,
     }
+}
+
+/// The name of a learned-tensor field's type.
+const PARAM: &str = "Param";
+
+/// The rank a tensor type or a learned tensor may have at most.
+const MAX_RANK: usize = 6;
+
+/// Parses the dims of `Param<1, 1, 128>`: sizes as layers take them (literals or the
+/// model's sizes), fixed at build time.
+fn param_dims(ty: &Type, args: &PathArguments) -> syn::Result<Vec<usize>> {
+    let args: Vec<&GenericArgument> = match args {
+        PathArguments::None => vec![],
+        PathArguments::AngleBracketed(a) => a.args.iter().collect(),
+        PathArguments::Parenthesized(p) => {
+            return Err(syn::Error::new(
+                p.span(),
+                "write a learned tensor as `Param<1, 1, 128>`: its dims as generic arguments",
+            ))
+        }
+    };
+    if args.len() > MAX_RANK {
+        return Err(syn::Error::new(
+            ty.span(),
+            format!(
+                "a learned tensor has rank 0 to {MAX_RANK}; this one has {}",
+                args.len()
+            ),
+        ));
+    }
+    let mut dims = Vec::new();
+    for arg in args {
+        match arg {
+            GenericArgument::Type(Type::Path(p)) if p.path.is_ident("Dyn") => {
+                return Err(syn::Error::new(
+                    arg.span(),
+                    "a learned tensor's dims are fixed when the model is built: `Dyn` cannot be one; write a number or one of the model's sizes",
+                ))
+            }
+            GenericArgument::Type(Type::Path(p))
+                if p.path.get_ident().and_then(|i| dtype_named(&i.to_string())).is_some() =>
+            {
+                return Err(syn::Error::new(
+                    arg.span(),
+                    "a learned tensor is stored in f32 (a model's `precision` casts it where its ops run in bf16 or f16): write only its dims",
+                ))
+            }
+            _ => dims.push(layer_size(arg)?),
+        }
+    }
+    let count = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    if count.is_none_or(|n| n > kiln_tensor::nn::spec::MAX_PARAM_ELEMENTS) {
+        return Err(syn::Error::new(
+            ty.span(),
+            "this learned tensor would hold more than 2^40 elements",
+        ));
+    }
+    Ok(dims)
 }
 
 /// Whether `name` is a standard collection (a field's layers must be fixed at build time).
@@ -341,6 +411,17 @@ pub fn parse_field_type(ty: &Type) -> syn::Result<FieldKind> {
                 ty.span(),
                 format!("unknown layer type `{name}`; did you mean `{near}`? (the built-in layers are {}; a field may also hold another #[model])", LayerSpec::NAMES.join(", ")),
             ))
+        }
+        // A learned tensor.
+        Type::Path(p)
+            if p.qself.is_none()
+                && p.path.segments.len() == 1
+                && p.path.segments[0].ident == PARAM =>
+        {
+            Ok(FieldKind::Param(param_dims(
+                ty,
+                &p.path.segments[0].arguments,
+            )?))
         }
         // Another model: a path naming no built-in layer, without arguments.
         Type::Path(p)

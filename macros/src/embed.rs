@@ -215,6 +215,7 @@ fn field_tensors(
                 buffers.push(TensorEntry::new(&join(key, b.name), &b.dims, DType::F32));
             }
         }
+        FieldKind::Param(dims) => params.push(TensorEntry::new(key, dims, DType::F32)),
         FieldKind::Array(inner, n) => {
             for i in 0..*n {
                 field_tensors(inner, &join(key, &i.to_string()), defs, params, buffers)?;

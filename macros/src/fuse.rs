@@ -90,6 +90,10 @@ impl Natives {
             #[doc(hidden)]
             #[allow(non_snake_case)]
             mod #module {
+                #[allow(unused_imports)]
+                use ::kiln::tensor::fused::{binary_f32, compare_f32, select_f32, to_bool_f32, unary_f32};
+                #[allow(unused_imports)]
+                use ::kiln::tensor::{BinaryOp, CmpOp, UnaryOp};
                 #(#loops)*
             }
         }
@@ -117,21 +121,19 @@ pub fn fuse(
         pub const #const_name: &'static str = #text;
     };
 
+    // Only the kernels that have a compiled loop are listed, by position (`2k`, `2k + 1`).
     let mut natives = Vec::new();
+    let mut at = 0u32;
     for k in 0..plan.kernels.len() {
         for e in native_exprs(&plan, k) {
-            match e {
-                Some(expr) => {
-                    let f = natives_of_model.path(&expr);
-                    natives.push(
-                        quote!(::core::option::Option::Some(#f as ::kiln::tensor::fused::NativeFn)),
-                    );
-                }
-                None => natives.push(quote!(::core::option::Option::None)),
+            if let Some(expr) = e {
+                let f = natives_of_model.path(&expr);
+                let at = Literal::u32_unsuffixed(at);
+                natives.push(quote!((#at, #f)));
             }
+            at += 1;
         }
     }
-    let count = natives.len();
     let mut buffers = Vec::new();
     let leaf_exprs: Vec<TokenStream> = leaves
         .iter()
@@ -172,9 +174,9 @@ pub fn fuse(
     };
     let setup = quote! {
         #(#buffers)*
-        static __KILN_NATIVES: [::core::option::Option<::kiln::tensor::fused::NativeFn>; #count] = [#(#natives),*];
+        static __KILN_NATIVES: &::kiln::fusion::Natives = &[#(#natives),*];
     };
-    let args = quote!(#id, Self::#const_name, &__KILN_NATIVES, &__dev, __sizes, &[#(#leaf_exprs),*], &__seed);
+    let args = quote!(#id, Self::#const_name, __KILN_NATIVES, &__dev, __sizes, &[#(#leaf_exprs),*], &__seed);
     Fused {
         plan_const,
         setup,
@@ -190,7 +192,6 @@ fn native_fn(name: &Ident, expr: &FusedExpr) -> TokenStream {
     let ins: Vec<Ident> = (0..expr.inputs).map(|i| format_ident!("i{}", i)).collect();
     let idx: Vec<Literal> = (0..expr.inputs).map(Literal::usize_unsuffixed).collect();
     let r = |i: usize| format_ident!("r{}", i);
-    let f = quote!(::kiln::tensor::fused);
     let steps: Vec<TokenStream> = expr
         .steps
         .iter()
@@ -210,23 +211,23 @@ fn native_fn(name: &Ident, expr: &FusedExpr) -> TokenStream {
                 }
                 ExprStep::Unary(op, a) => {
                     let (op, a) = (format_ident!("{}", format!("{op:?}")), r(a));
-                    quote!(#f::unary_f32(::kiln::tensor::UnaryOp::#op, #a))
+                    quote!(unary_f32(UnaryOp::#op, #a))
                 }
                 ExprStep::Binary(op, a, b) => {
                     let (op, a, b) = (format_ident!("{}", format!("{op:?}")), r(a), r(b));
-                    quote!(#f::binary_f32(::kiln::tensor::BinaryOp::#op, #a, #b))
+                    quote!(binary_f32(BinaryOp::#op, #a, #b))
                 }
                 ExprStep::Compare(op, a, b) => {
                     let (op, a, b) = (format_ident!("{}", format!("{op:?}")), r(a), r(b));
-                    quote!(#f::compare_f32(::kiln::tensor::CmpOp::#op, #a, #b))
+                    quote!(compare_f32(CmpOp::#op, #a, #b))
                 }
                 ExprStep::Select(c, a, b) => {
                     let (c, a, b) = (r(c), r(a), r(b));
-                    quote!(#f::select_f32(#c, #a, #b))
+                    quote!(select_f32(#c, #a, #b))
                 }
                 ExprStep::ToBool(a) => {
                     let a = r(a);
-                    quote!(#f::to_bool_f32(#a))
+                    quote!(to_bool_f32(#a))
                 }
             };
             quote!(let #v = #e;)

@@ -102,6 +102,28 @@ impl MGraph {
         buffer: bool,
     ) -> NodeId {
         let key = kiln_tensor::nn::join(layer_key, spec.name);
+        self.leaf_of(layer, key, spec, buffer)
+    }
+
+    /// Whether the parameter of checkpoint name `key` has a leaf already.
+    pub fn has_param(&self, key: &str) -> bool {
+        self.param_nodes.contains_key(key)
+    }
+
+    /// The leaf of the learned tensor (`Param`) at `layer`: its checkpoint name is the
+    /// field's own.
+    pub fn learned(&mut self, layer: &TokenStream, key: &str, dims: &[usize]) -> NodeId {
+        let spec = kiln_tensor::nn::learned_spec(dims);
+        self.leaf_of(layer, key.to_string(), &spec, false)
+    }
+
+    fn leaf_of(
+        &mut self,
+        layer: &TokenStream,
+        key: String,
+        spec: &ParamSpec,
+        buffer: bool,
+    ) -> NodeId {
         if let Some(&n) = self.param_nodes.get(&key) {
             return n;
         }

@@ -28,6 +28,11 @@
 //!   or a name brought in by `use`), and arrays of them `[Linear<64, 64>; 4]`,
 //!   `[Block; 6]`. Sizes are whole numbers or the model's named sizes. The struct
 //!   gets a backend parameter `Be`.
+//! - **Learned tensors** (fields): `cls: Param<1, 1, D>` holds a trained tensor of
+//!   those dims without a layer (`kiln_tensor::nn::Param`): read as a value in bodies
+//!   (`x + self.cls`), named by its field in checkpoints (`cls`, `blocks.0.gate`),
+//!   initialised normal with standard deviation 0.02, trained, and counted by
+//!   `summary()`.
 //! - **Tensor types**: `Tensor<B, 784>` lists the dims — integer literals, the
 //!   method's const generics, or `Dyn` (a size checked at run time) — then an optional
 //!   dtype (`f32` default, `f16`, `bf16`, `f64`, `i32`, `u32`, `bool`). Plain `Tensor`

@@ -534,6 +534,20 @@ impl<'a> Lower<'a> {
                         }
                         continue;
                     }
+                    // `return x;`, `if ..`, `while ..`: say what the construct is, once
+                    // (the body then has no value to report as missing).
+                    if matches!(
+                        e,
+                        Expr::Return(_)
+                            | Expr::If(_)
+                            | Expr::Match(_)
+                            | Expr::While(_)
+                            | Expr::Loop(_)
+                    ) {
+                        self.err(&e, unsupported_expression(e));
+                        last = Some(Err(()));
+                        continue;
+                    }
                     if semi.is_some() || !is_last {
                         self.err(&e, "a statement in a model method must be a `let`, an assignment or a `for` loop over layers");
                         continue;
@@ -656,7 +670,8 @@ impl<'a> Lower<'a> {
                 kind: (**inner).clone(),
             };
             self.scopes.push(HashMap::new());
-            self.bind(&pi.ident.to_string(), Val::Layer(layer));
+            let value = self.field_value(layer);
+            self.bind(&pi.ident.to_string(), value);
             for s in &f.body.stmts {
                 match s {
                     Stmt::Expr(Expr::Assign(a), _) => {
@@ -675,7 +690,7 @@ impl<'a> Lower<'a> {
                                     self.bind_name(&name, v, &a.right);
                                 }
                                 self.scopes.push(HashMap::new());
-                                let layer_val = Val::Layer(LayerRef {
+                                let layer_val = self.field_value(LayerRef {
                                     path: quote!(#path[#idx]),
                                     display: format!("{}[{i}]", arr.display),
                                     key: kiln_tensor::nn::join(&arr.key, &i.to_string()),
@@ -789,7 +804,7 @@ impl<'a> Lower<'a> {
                 }
                 let path = &arr.path;
                 let idx = proc_macro2::Literal::usize_unsuffixed(i);
-                Ok(Val::Layer(LayerRef {
+                Ok(self.field_value(LayerRef {
                     path: quote!(#path[#idx]),
                     display: format!("{}[{i}]", arr.display),
                     key: kiln_tensor::nn::join(&arr.key, &i.to_string()),
@@ -866,7 +881,10 @@ impl<'a> Lower<'a> {
             return Err(());
         };
         match self.field(&name.to_string()) {
-            Some(field) => Ok(Val::Layer(self.frame.field(name, field.kind.clone()))),
+            Some(field) => {
+                let field = self.frame.field(name, field.kind.clone());
+                Ok(self.field_value(field))
+            }
             None => {
                 let known: Vec<String> = self.fields.iter().map(|f| f.ident.to_string()).collect();
                 self.err(
@@ -878,6 +896,34 @@ impl<'a> Lower<'a> {
                 );
                 Err(())
             }
+        }
+    }
+
+    /// What reading a field gives: a learned tensor's value (its parameter leaf), or
+    /// the layer to call.
+    fn field_value(&mut self, l: LayerRef) -> Val {
+        match &l.kind {
+            FieldKind::Param(dims) => {
+                let first_read = !self.mg.has_param(&l.key);
+                let n = self.mg.learned(&l.path, &l.key, dims);
+                if first_read {
+                    self.calls.push(Call {
+                        key: l.key.clone(),
+                        what: format!(
+                            "Param<{}>",
+                            dims.iter()
+                                .map(|d| d.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        output: self.shape_str(n),
+                        depth: self.nesting,
+                        params: Some(dims.iter().product()),
+                    });
+                }
+                Val::T(n)
+            }
+            _ => Val::Layer(l),
         }
     }
 
@@ -914,6 +960,17 @@ impl<'a> Lower<'a> {
                     span,
                     format!(
                         "`{0}` is a dynamic part, whose output shape the macro cannot know: declare it at the call, `{0}.forward::<B, 64>({1})` (its dims, then an optional dtype)",
+                        l.display,
+                        src(arg)
+                    ),
+                );
+                return Err(());
+            }
+            FieldKind::Param(_) => {
+                self.err(
+                    span,
+                    format!(
+                        "`{0}` is a learned tensor, not a layer: use it as a value, like `{1} + {0}`",
                         l.display,
                         src(arg)
                     ),
@@ -1050,7 +1107,7 @@ impl<'a> Lower<'a> {
             self.err(
                 &mc.method,
                 format!(
-                    "unknown layer or method `{method}`; this model has {}",
+                    "unknown layer or method `{method}`; this model has {} (a model body calls its fields and the methods of its `#[model] impl`, not those of a plain `impl`)",
                     known.join(", ")
                 ),
             );
@@ -1807,7 +1864,13 @@ fn unsupported_expression(e: &Expr) -> String {
             "`while` and `loop` are not supported in model methods ({fixed}): loop over an array of layers with `for layer in &self.blocks {{ .. }}`"
         ),
         Expr::Try(_) => "`?` is not needed in model methods: the generated method returns a `Result` and passes every error on; remove the `?`".into(),
-        Expr::Return(_) => "`return` is not supported in model methods: end the body with the value".into(),
+        Expr::Return(r) => match &r.expr {
+            Some(v) => format!(
+                "`return` is not supported in model methods: end the body with the value, `{}`, as its last expression",
+                src(v)
+            ),
+            None => "`return` is not supported in model methods: end the body with the value it returns".into(),
+        },
         Expr::Closure(_) => "closures are not supported in model methods: write a method of this #[model] impl".into(),
         Expr::Macro(m) => format!(
             "macros (`{}!`) are not supported in model methods",
@@ -1834,6 +1897,7 @@ pub fn model_params(fields: &[ModelField], defs: &Defs) -> usize {
             FieldKind::Array(inner, n) => n * of(inner, defs),
             // Its sizes are run-time values: counted when it is built, not here.
             FieldKind::Dynamic(_) => 0,
+            FieldKind::Param(dims) => dims.iter().product(),
             FieldKind::Model(path) => defs
                 .get(&crate::dsl::model_name(path))
                 .map_or(0, |d| model_params(&d.fields, defs)),

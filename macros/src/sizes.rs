@@ -186,6 +186,20 @@ fn eval(e: &Expr, env: &Env) -> Option<Result<Num, String>> {
             Ok(Num::Float(f)) => Ok(Num::Float(-f)),
             Err(m) => Err(m),
         },
+        // A comparison or a logical operator does not compute a size: such an
+        // expression is left to the body's own checks (`if D > 64` is an `if`).
+        Expr::Binary(b)
+            if !matches!(
+                b.op,
+                syn::BinOp::Add(_)
+                    | syn::BinOp::Sub(_)
+                    | syn::BinOp::Mul(_)
+                    | syn::BinOp::Div(_)
+                    | syn::BinOp::Rem(_)
+            ) =>
+        {
+            return None
+        }
         Expr::Binary(b) => {
             let l = eval(&b.left, env)?;
             let r = eval(&b.right, env)?;

@@ -287,6 +287,7 @@ pub(crate) fn first_param_device(fields: &[ModelField]) -> Option<TokenStream> {
                 let p = format_ident!("{}", spec.params()[0].name);
                 return Some(quote!(self.#id.#p.device().clone()));
             }
+            FieldKind::Param(_) => return Some(quote!(self.#id.value.device().clone())),
             _ => {}
         }
     }
@@ -319,6 +320,13 @@ fn grads_in_order(
                 });
             }
         }
+        FieldKind::Param(dims) => out.push(match grad_of.get(key) {
+            Some(&g) => {
+                let v = names.var(g);
+                quote!(#v.clone())
+            }
+            None => quote!(::kiln::tensor::RawTensor::<Be>::zeros(&[#(#dims),*], ::kiln::tensor::DType::F32, &__dev)?),
+        }),
         FieldKind::Array(inner, n) => {
             for i in 0..*n {
                 grads_in_order(inner, &join(key, &i.to_string()), defs, grad_of, names, out);

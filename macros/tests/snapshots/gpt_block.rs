@@ -306,139 +306,34 @@ impl<Be: ::kiln::tensor::Backend> TinyBlock<Be> {
         let __dev = x.device().clone();
         let __seed = ::kiln::tensor::nn::StepSeed::Host(0);
         Ok({
-            static __KILN_NATIVES: [::core::option::Option<
-                ::kiln::tensor::fused::NativeFn,
-            >; 82usize] = [
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_0 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_1 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_2 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_3 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_4 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_5 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_5 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_5 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_6 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_7 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_8 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_9 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_10 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_0 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_1 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_2 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_3 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_4 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_5 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_11 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_TinyBlock::loop_10 as ::kiln::tensor::fused::NativeFn,
-                ),
+            static __KILN_NATIVES: &::kiln::fusion::Natives = &[
+                (1, __kiln_natives_TinyBlock::loop_0),
+                (2, __kiln_natives_TinyBlock::loop_1),
+                (4, __kiln_natives_TinyBlock::loop_2),
+                (5, __kiln_natives_TinyBlock::loop_3),
+                (6, __kiln_natives_TinyBlock::loop_4),
+                (11, __kiln_natives_TinyBlock::loop_5),
+                (19, __kiln_natives_TinyBlock::loop_5),
+                (27, __kiln_natives_TinyBlock::loop_5),
+                (42, __kiln_natives_TinyBlock::loop_6),
+                (45, __kiln_natives_TinyBlock::loop_7),
+                (48, __kiln_natives_TinyBlock::loop_8),
+                (52, __kiln_natives_TinyBlock::loop_9),
+                (63, __kiln_natives_TinyBlock::loop_10),
+                (65, __kiln_natives_TinyBlock::loop_0),
+                (66, __kiln_natives_TinyBlock::loop_1),
+                (68, __kiln_natives_TinyBlock::loop_2),
+                (69, __kiln_natives_TinyBlock::loop_3),
+                (70, __kiln_natives_TinyBlock::loop_4),
+                (75, __kiln_natives_TinyBlock::loop_5),
+                (76, __kiln_natives_TinyBlock::loop_11),
+                (81, __kiln_natives_TinyBlock::loop_10),
             ];
             self.__kiln_plans
                 .call(
                     0,
                     Self::__KILN_PLAN_FORWARD,
-                    &__KILN_NATIVES,
+                    __KILN_NATIVES,
                     &__dev,
                     __sizes,
                     &[
@@ -487,6 +382,12 @@ impl<Be: ::kiln::tensor::Backend> TinyBlock<Be> {
 #[doc(hidden)]
 #[allow(non_snake_case)]
 mod __kiln_natives_TinyBlock {
+    #[allow(unused_imports)]
+    use ::kiln::tensor::fused::{
+        binary_f32, compare_f32, select_f32, to_bool_f32, unary_f32,
+    };
+    #[allow(unused_imports)]
+    use ::kiln::tensor::{BinaryOp, CmpOp, UnaryOp};
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
@@ -494,11 +395,7 @@ mod __kiln_natives_TinyBlock {
         for j in 0..n {
             let r0 = out[j];
             let r1 = f32::from_bits(1031798784u32);
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r0,
-                r1,
-            );
+            let r2 = binary_f32(BinaryOp::Mul, r0, r1);
             out[j] = r2;
         }
     }
@@ -511,11 +408,7 @@ mod __kiln_natives_TinyBlock {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = i1[j];
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Sub,
-                r0,
-                r1,
-            );
+            let r2 = binary_f32(BinaryOp::Sub, r0, r1);
             out[j] = r2;
         }
     }
@@ -526,11 +419,7 @@ mod __kiln_natives_TinyBlock {
         let out = &mut outs[0][..n];
         for j in 0..n {
             let r0 = i0[j];
-            let r1 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r0,
-                r0,
-            );
+            let r1 = binary_f32(BinaryOp::Mul, r0, r0);
             out[j] = r1;
         }
     }
@@ -541,21 +430,10 @@ mod __kiln_natives_TinyBlock {
         for j in 0..n {
             let r0 = out[j];
             let r1 = f32::from_bits(1031798784u32);
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r0,
-                r1,
-            );
+            let r2 = binary_f32(BinaryOp::Mul, r0, r1);
             let r3 = f32::from_bits(925353388u32);
-            let r4 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r2,
-                r3,
-            );
-            let r5 = ::kiln::tensor::fused::unary_f32(
-                ::kiln::tensor::UnaryOp::Rsqrt,
-                r4,
-            );
+            let r4 = binary_f32(BinaryOp::Add, r2, r3);
+            let r5 = unary_f32(UnaryOp::Rsqrt, r4);
             out[j] = r5;
         }
     }
@@ -572,21 +450,9 @@ mod __kiln_natives_TinyBlock {
             let r1 = i1[j];
             let r2 = i2[j];
             let r3 = i3[j];
-            let r4 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r2,
-                r3,
-            );
-            let r5 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r4,
-                r0,
-            );
-            let r6 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r5,
-                r1,
-            );
+            let r4 = binary_f32(BinaryOp::Mul, r2, r3);
+            let r5 = binary_f32(BinaryOp::Mul, r4, r0);
+            let r6 = binary_f32(BinaryOp::Add, r5, r1);
             out[j] = r6;
         }
     }
@@ -598,11 +464,7 @@ mod __kiln_natives_TinyBlock {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = out[j];
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r1,
-                r0,
-            );
+            let r2 = binary_f32(BinaryOp::Add, r1, r0);
             out[j] = r2;
         }
     }
@@ -615,18 +477,10 @@ mod __kiln_natives_TinyBlock {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = i1[j];
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Sub,
-                r1,
-                r0,
-            );
-            let r3 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Relu, r2);
+            let r2 = binary_f32(BinaryOp::Sub, r1, r0);
+            let r3 = unary_f32(UnaryOp::Relu, r2);
             let r4 = f32::from_bits(4286578687u32);
-            let r5 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r3,
-                r4,
-            );
+            let r5 = binary_f32(BinaryOp::Mul, r3, r4);
             out[j] = r5;
         }
     }
@@ -639,16 +493,8 @@ mod __kiln_natives_TinyBlock {
             let r0 = i0[j];
             let r1 = out[j];
             let r2 = f32::from_bits(1052050675u32);
-            let r3 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r1,
-                r2,
-            );
-            let r4 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r3,
-                r0,
-            );
+            let r3 = binary_f32(BinaryOp::Mul, r1, r2);
+            let r4 = binary_f32(BinaryOp::Add, r3, r0);
             out[j] = r4;
         }
     }
@@ -661,12 +507,8 @@ mod __kiln_natives_TinyBlock {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = i1[j];
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Sub,
-                r0,
-                r1,
-            );
-            let r3 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Exp, r2);
+            let r2 = binary_f32(BinaryOp::Sub, r0, r1);
+            let r3 = unary_f32(UnaryOp::Exp, r2);
             out[j] = r3;
         }
     }
@@ -679,11 +521,7 @@ mod __kiln_natives_TinyBlock {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = i1[j];
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Div,
-                r0,
-                r1,
-            );
+            let r2 = binary_f32(BinaryOp::Div, r0, r1);
             out[j] = r2;
         }
     }
@@ -697,16 +535,8 @@ mod __kiln_natives_TinyBlock {
             let r0 = i0[j];
             let r1 = i1[j];
             let r2 = out[j];
-            let r3 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r2,
-                r1,
-            );
-            let r4 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r0,
-                r3,
-            );
+            let r3 = binary_f32(BinaryOp::Add, r2, r1);
+            let r4 = binary_f32(BinaryOp::Add, r0, r3);
             out[j] = r4;
         }
     }
@@ -718,29 +548,13 @@ mod __kiln_natives_TinyBlock {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = f32::from_bits(1060439283u32);
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r0,
-                r1,
-            );
-            let r3 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Erf, r2);
+            let r2 = binary_f32(BinaryOp::Mul, r0, r1);
+            let r3 = unary_f32(UnaryOp::Erf, r2);
             let r4 = f32::from_bits(1065353216u32);
-            let r5 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r3,
-                r4,
-            );
+            let r5 = binary_f32(BinaryOp::Add, r3, r4);
             let r6 = f32::from_bits(1056964608u32);
-            let r7 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r0,
-                r6,
-            );
-            let r8 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r7,
-                r5,
-            );
+            let r7 = binary_f32(BinaryOp::Mul, r0, r6);
+            let r8 = binary_f32(BinaryOp::Mul, r7, r5);
             out[j] = r8;
         }
     }

@@ -210,33 +210,16 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         let __dev = x.device().clone();
         let __seed = ::kiln::tensor::nn::StepSeed::Host(0);
         Ok({
-            static __KILN_NATIVES: [::core::option::Option<
-                ::kiln::tensor::fused::NativeFn,
-            >; 12usize] = [
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
-                ),
+            static __KILN_NATIVES: &::kiln::fusion::Natives = &[
+                (3, __kiln_natives_Mlp::loop_0),
+                (7, __kiln_natives_Mlp::loop_0),
+                (11, __kiln_natives_Mlp::loop_1),
             ];
             self.__kiln_plans
                 .call(
                     0,
                     Self::__KILN_PLAN_FORWARD,
-                    &__KILN_NATIVES,
+                    __KILN_NATIVES,
                     &__dev,
                     __sizes,
                     &[
@@ -279,57 +262,20 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         let __dev = x.device().clone();
         let __seed = ::kiln::tensor::nn::StepSeed::Host(0);
         Ok({
-            static __KILN_NATIVES: [::core::option::Option<
-                ::kiln::tensor::fused::NativeFn,
-            >; 28usize] = [
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_0 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_2 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_3 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_4 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_5 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
+            static __KILN_NATIVES: &::kiln::fusion::Natives = &[
+                (3, __kiln_natives_Mlp::loop_0),
+                (7, __kiln_natives_Mlp::loop_0),
+                (11, __kiln_natives_Mlp::loop_1),
+                (13, __kiln_natives_Mlp::loop_2),
+                (14, __kiln_natives_Mlp::loop_3),
+                (15, __kiln_natives_Mlp::loop_4),
+                (16, __kiln_natives_Mlp::loop_5),
             ];
             self.__kiln_plans
                 .call(
                     2,
                     Self::__KILN_PLAN_LOSS,
-                    &__KILN_NATIVES,
+                    __KILN_NATIVES,
                     &__dev,
                     __sizes,
                     &[
@@ -381,173 +327,34 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
             d_fc3_bias,
             d_fc3_weight,
         ) = {
-            static __KILN_NATIVES: [::core::option::Option<
-                ::kiln::tensor::fused::NativeFn,
-            >; 116usize] = [
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_6 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_6 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_1 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_7 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_8 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_3 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_9 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_5 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_10 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_11 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_12 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_10 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_13 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_14 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_15 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_16 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_17 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_18 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::Some(
-                    __kiln_natives_Mlp::loop_18 as ::kiln::tensor::fused::NativeFn,
-                ),
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
-                ::core::option::Option::None,
+            static __KILN_NATIVES: &::kiln::fusion::Natives = &[
+                (3, __kiln_natives_Mlp::loop_1),
+                (4, __kiln_natives_Mlp::loop_6),
+                (9, __kiln_natives_Mlp::loop_1),
+                (10, __kiln_natives_Mlp::loop_6),
+                (15, __kiln_natives_Mlp::loop_1),
+                (18, __kiln_natives_Mlp::loop_7),
+                (20, __kiln_natives_Mlp::loop_8),
+                (22, __kiln_natives_Mlp::loop_3),
+                (26, __kiln_natives_Mlp::loop_9),
+                (28, __kiln_natives_Mlp::loop_5),
+                (48, __kiln_natives_Mlp::loop_10),
+                (52, __kiln_natives_Mlp::loop_11),
+                (56, __kiln_natives_Mlp::loop_12),
+                (58, __kiln_natives_Mlp::loop_10),
+                (62, __kiln_natives_Mlp::loop_13),
+                (64, __kiln_natives_Mlp::loop_14),
+                (66, __kiln_natives_Mlp::loop_15),
+                (69, __kiln_natives_Mlp::loop_16),
+                (70, __kiln_natives_Mlp::loop_17),
+                (87, __kiln_natives_Mlp::loop_18),
+                (103, __kiln_natives_Mlp::loop_18),
             ];
             self.__kiln_plans
                 .call(
                     3,
                     Self::__KILN_PLAN_LOSS_AND_GRAD,
-                    &__KILN_NATIVES,
+                    __KILN_NATIVES,
                     &__dev,
                     __sizes,
                     &[
@@ -613,6 +420,12 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
 #[doc(hidden)]
 #[allow(non_snake_case)]
 mod __kiln_natives_Mlp {
+    #[allow(unused_imports)]
+    use ::kiln::tensor::fused::{
+        binary_f32, compare_f32, select_f32, to_bool_f32, unary_f32,
+    };
+    #[allow(unused_imports)]
+    use ::kiln::tensor::{BinaryOp, CmpOp, UnaryOp};
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
@@ -621,12 +434,8 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = out[j];
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r1,
-                r0,
-            );
-            let r3 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Relu, r2);
+            let r2 = binary_f32(BinaryOp::Add, r1, r0);
+            let r3 = unary_f32(UnaryOp::Relu, r2);
             out[j] = r3;
         }
     }
@@ -638,11 +447,7 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = out[j];
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r1,
-                r0,
-            );
+            let r2 = binary_f32(BinaryOp::Add, r1, r0);
             out[j] = r2;
         }
     }
@@ -653,17 +458,9 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = out[j];
             let r1 = f32::from_bits(2139095039u32);
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Min,
-                r0,
-                r1,
-            );
+            let r2 = binary_f32(BinaryOp::Min, r0, r1);
             let r3 = f32::from_bits(4286578687u32);
-            let r4 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Max,
-                r2,
-                r3,
-            );
+            let r4 = binary_f32(BinaryOp::Max, r2, r3);
             out[j] = r4;
         }
     }
@@ -676,12 +473,8 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = i1[j];
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Sub,
-                r0,
-                r1,
-            );
-            let r3 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Exp, r2);
+            let r2 = binary_f32(BinaryOp::Sub, r0, r1);
+            let r3 = unary_f32(UnaryOp::Exp, r2);
             out[j] = r3;
         }
     }
@@ -693,12 +486,8 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = out[j];
-            let r2 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Log, r1);
-            let r3 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r2,
-                r0,
-            );
+            let r2 = unary_f32(UnaryOp::Log, r1);
+            let r3 = binary_f32(BinaryOp::Add, r2, r0);
             out[j] = r3;
         }
     }
@@ -711,11 +500,7 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = i1[j];
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Sub,
-                r0,
-                r1,
-            );
+            let r2 = binary_f32(BinaryOp::Sub, r0, r1);
             out[j] = r2;
         }
     }
@@ -726,7 +511,7 @@ mod __kiln_natives_Mlp {
         let out = &mut outs[0][..n];
         for j in 0..n {
             let r0 = i0[j];
-            let r1 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Relu, r0);
+            let r1 = unary_f32(UnaryOp::Relu, r0);
             out[j] = r1;
         }
     }
@@ -738,11 +523,7 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = f32::from_bits(2139095039u32);
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Min,
-                r0,
-                r1,
-            );
+            let r2 = binary_f32(BinaryOp::Min, r0, r1);
             out[j] = r2;
         }
     }
@@ -754,11 +535,7 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = f32::from_bits(4286578687u32);
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Max,
-                r0,
-                r1,
-            );
+            let r2 = binary_f32(BinaryOp::Max, r0, r1);
             out[j] = r2;
         }
     }
@@ -771,12 +548,8 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = i1[j];
-            let r2 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Log, r1);
-            let r3 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r2,
-                r0,
-            );
+            let r2 = unary_f32(UnaryOp::Log, r1);
+            let r3 = binary_f32(BinaryOp::Add, r2, r0);
             out[j] = r3;
         }
     }
@@ -787,7 +560,7 @@ mod __kiln_natives_Mlp {
         let out = &mut outs[0][..n];
         for j in 0..n {
             let r0 = i0[j];
-            let r1 = ::kiln::tensor::fused::unary_f32(::kiln::tensor::UnaryOp::Neg, r0);
+            let r1 = unary_f32(UnaryOp::Neg, r0);
             out[j] = r1;
         }
     }
@@ -800,11 +573,7 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = i1[j];
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Div,
-                r1,
-                r0,
-            );
+            let r2 = binary_f32(BinaryOp::Div, r1, r0);
             out[j] = r2;
         }
     }
@@ -817,11 +586,7 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = i1[j];
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r1,
-                r0,
-            );
+            let r2 = binary_f32(BinaryOp::Mul, r1, r0);
             out[j] = r2;
         }
     }
@@ -834,11 +599,7 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = i1[j];
-            let r2 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r0,
-                r1,
-            );
+            let r2 = binary_f32(BinaryOp::Add, r0, r1);
             out[j] = r2;
         }
     }
@@ -852,25 +613,13 @@ mod __kiln_natives_Mlp {
             let r0 = i0[j];
             let r1 = i1[j];
             let r2 = f32::from_bits(4286578687u32);
-            let r3 = ::kiln::tensor::fused::compare_f32(
-                ::kiln::tensor::CmpOp::Eq,
-                r0,
-                r2,
-            );
+            let r3 = compare_f32(CmpOp::Eq, r0, r2);
             let r4 = f32::from_bits(1056964608u32);
-            let r5 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r1,
-                r4,
-            );
-            let r6 = ::kiln::tensor::fused::select_f32(r3, r5, r1);
-            let r7 = ::kiln::tensor::fused::compare_f32(
-                ::kiln::tensor::CmpOp::Lt,
-                r0,
-                r2,
-            );
+            let r5 = binary_f32(BinaryOp::Mul, r1, r4);
+            let r6 = select_f32(r3, r5, r1);
+            let r7 = compare_f32(CmpOp::Lt, r0, r2);
             let r8 = f32::from_bits(0u32);
-            let r9 = ::kiln::tensor::fused::select_f32(r7, r8, r6);
+            let r9 = select_f32(r7, r8, r6);
             out[j] = r9;
         }
     }
@@ -883,11 +632,7 @@ mod __kiln_natives_Mlp {
         for j in 0..n {
             let r0 = i0[j];
             let r1 = i1[j];
-            let r2 = ::kiln::tensor::fused::compare_f32(
-                ::kiln::tensor::CmpOp::Eq,
-                r0,
-                r1,
-            );
+            let r2 = compare_f32(CmpOp::Eq, r0, r1);
             out[j] = r2;
         }
     }
@@ -902,30 +647,14 @@ mod __kiln_natives_Mlp {
             let r1 = i1[j];
             let r2 = out[j];
             let r3 = f32::from_bits(2139095039u32);
-            let r4 = ::kiln::tensor::fused::compare_f32(
-                ::kiln::tensor::CmpOp::Eq,
-                r0,
-                r3,
-            );
+            let r4 = compare_f32(CmpOp::Eq, r0, r3);
             let r5 = f32::from_bits(1056964608u32);
-            let r6 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r1,
-                r5,
-            );
-            let r7 = ::kiln::tensor::fused::select_f32(r4, r6, r1);
-            let r8 = ::kiln::tensor::fused::compare_f32(
-                ::kiln::tensor::CmpOp::Gt,
-                r0,
-                r3,
-            );
+            let r6 = binary_f32(BinaryOp::Mul, r1, r5);
+            let r7 = select_f32(r4, r6, r1);
+            let r8 = compare_f32(CmpOp::Gt, r0, r3);
             let r9 = f32::from_bits(0u32);
-            let r10 = ::kiln::tensor::fused::select_f32(r8, r9, r7);
-            let r11 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Div,
-                r10,
-                r2,
-            );
+            let r10 = select_f32(r8, r9, r7);
+            let r11 = binary_f32(BinaryOp::Div, r10, r2);
             out[j] = r11;
         }
     }
@@ -942,21 +671,9 @@ mod __kiln_natives_Mlp {
             let r1 = i1[j];
             let r2 = i2[j];
             let r3 = i3[j];
-            let r4 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r0,
-                r1,
-            );
-            let r5 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Mul,
-                r2,
-                r3,
-            );
-            let r6 = ::kiln::tensor::fused::binary_f32(
-                ::kiln::tensor::BinaryOp::Add,
-                r4,
-                r5,
-            );
+            let r4 = binary_f32(BinaryOp::Add, r0, r1);
+            let r5 = binary_f32(BinaryOp::Mul, r2, r3);
+            let r6 = binary_f32(BinaryOp::Add, r4, r5);
             out[j] = r6;
         }
     }
@@ -969,12 +686,8 @@ mod __kiln_natives_Mlp {
             let r0 = i0[j];
             let r1 = out[j];
             let r2 = f32::from_bits(0u32);
-            let r3 = ::kiln::tensor::fused::compare_f32(
-                ::kiln::tensor::CmpOp::Le,
-                r0,
-                r2,
-            );
-            let r4 = ::kiln::tensor::fused::select_f32(r3, r2, r1);
+            let r3 = compare_f32(CmpOp::Le, r0, r2);
+            let r4 = select_f32(r3, r2, r1);
             out[j] = r4;
         }
     }

@@ -64,7 +64,7 @@ pub fn init_tensor<B: Backend>(
 }
 
 /// A replacement for `old` must keep its dims and dtype.
-fn same_slot<B: Backend>(
+pub(crate) fn same_slot<B: Backend>(
     name: &str,
     old: &RawTensor<B>,
     new: RawTensor<B>,

@@ -1,12 +1,15 @@
 //! Neural-network layers: their specifications (`spec`, shared with the `#[model]`
-//! macro), the `Module` trait of parameter owners, and the typed layer structs.
+//! macro), the `Module` trait of parameter owners, the typed layer structs and `Param`,
+//! a learned tensor held without a layer.
 
 pub mod layers;
 pub mod module;
+pub mod param;
 pub mod seeds;
 pub mod spec;
 
 pub use layers::*;
 pub use module::{join, seed_for, with_name, LoadFn, Module, Slot, UpdateFn};
+pub use param::{learned_spec, Param};
 pub use seeds::{step_seed, StepSeed, StepSeeds};
 pub use spec::{Init, LayerOut, LayerSpec, Mode, ParamSpec};
