@@ -195,6 +195,34 @@ fn expand_definition(item: &ItemStruct, imp: &ItemImpl, defs: &[Def]) -> TokenSt
     quote!(#def #(#errors)*)
 }
 
+/// The shape mistakes of a model's methods, found by lowering each one (nothing
+/// planned or generated): how an instance of a model with sizes is checked again with
+/// its sizes varied. `None` when its fields or methods do not parse.
+pub(crate) fn shape_mistakes(
+    item: &ItemStruct,
+    imp: &ItemImpl,
+    def_items: &[Def],
+    precision: Precision,
+) -> Option<Vec<syn::Error>> {
+    let fields = parse_fields(item).ok()?;
+    let defs = parse_defs(def_items);
+    let methods = imp
+        .items
+        .iter()
+        .map(|it| match it {
+            ImplItem::Fn(f) => parse_method(f).ok(),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let mut errors = Vec::new();
+    for m in &methods {
+        let mut lower = Lower::new(&fields, &methods, &defs, Mode::Eval, precision);
+        let _ = lower.lower_method(m);
+        errors.append(&mut lower.errors);
+    }
+    Some(errors)
+}
+
 /// Expands the impl of a model with literal sizes, appending `context` (which
 /// instance this is, if one) to every message.
 pub(crate) fn expand_impl_in(

@@ -628,6 +628,91 @@ impl Instantiator<'_> {
     }
 }
 
+/// How much a size is scaled to vary it: odd, so powers of two (the usual sizes) part.
+const VARIED: u64 = 3;
+
+/// Mistakes that the instance's numbers hide. A definition must hold for any sizes, but
+/// it is checked at an instance's numbers, where sizes the code keeps apart may happen
+/// to be equal: `q.matmul(k)` without the transpose checks when `T` equals `D / H`. So
+/// a well-formed instance is checked again with its sizes varied, as a stand-in for
+/// checking them as symbols: every size ×3 (sums, products and quotients keep their
+/// relations, while sizes of different degree part: `T` from `D / H`), then each size
+/// ×3 alone (`T` from `D`). A variation the definition's own arithmetic rejects (an
+/// uneven `D / H`) says nothing and is skipped; the first one whose bodies have shape
+/// mistakes gives them, with a note naming its sizes.
+fn coincidences(
+    def: &Def,
+    defs: &[Def],
+    values: &[u64],
+    params: &[Ident],
+    alias: &ItemType,
+    precision: kiln_tensor::Precision,
+) -> Option<(Vec<syn::Error>, String)> {
+    if params.is_empty() {
+        return None;
+    }
+    let check = |values: &[u64]| -> Option<Vec<syn::Error>> {
+        let mut inst = Instantiator {
+            defs,
+            made: Vec::new(),
+            making: vec![alias.ident.clone()],
+            errors: Vec::new(),
+        };
+        let top = inst.instantiate(def, values, &alias.ident, None, alias.ident.span())?;
+        if !inst.errors.is_empty()
+            || inst
+                .made
+                .iter()
+                .chain([&top])
+                .any(|d| crate::structs::parse_fields(&d.item).is_err())
+        {
+            return None;
+        }
+        crate::impls::shape_mistakes(&top.item, &top.imp, &inst.made, precision)
+    };
+    // The instance's own mistakes are reported by its expansion.
+    if check(values).is_none_or(|e| !e.is_empty()) {
+        return None;
+    }
+    let mut variations = vec![values.iter().map(|v| v * VARIED).collect::<Vec<_>>()];
+    if values.len() > 1 {
+        for i in 0..values.len() {
+            let mut v = values.to_vec();
+            v[i] *= VARIED;
+            variations.push(v);
+        }
+    }
+    for varied in variations {
+        let Some(mistakes) = check(&varied) else {
+            continue;
+        };
+        let Some(first) = mistakes.first() else {
+            continue;
+        };
+        let shown = |vals: &[u64]| {
+            params
+                .iter()
+                .zip(vals)
+                .map(|(p, v)| format!("{p} = {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut seen = std::collections::HashSet::new();
+        let mistakes = std::iter::once(first)
+            .chain(&mistakes[1..])
+            .filter(|e| seen.insert(e.to_string()))
+            .cloned()
+            .collect();
+        let note = format!(
+            " (with the sizes varied to {}: at {} this checks only because sizes the code keeps apart happen to be equal; a definition must hold for any sizes, so write the size you mean)",
+            shown(&varied),
+            shown(values)
+        );
+        return Some((mistakes, note));
+    }
+    None
+}
+
 /// Expands `#[model] type Name = Model<sizes..>;`, given `Model`'s definition and the
 /// definitions bundled with it: the model with those sizes, as if written with
 /// literals, named `Name`, its nested models instantiated in a hidden module.
@@ -708,6 +793,14 @@ pub fn expand_instance(
         return crate::structs::placeholder(&placeholder, quote!(#(#errors)*));
     }
     let top = top.expect("checked above");
+    // Reported beside a working expansion: the model runs at these numbers, and its
+    // callers get no errors of their own.
+    let coincidences: TokenStream = coincidences(def, &defs, &values, &params, &alias, precision)
+        .map(|(mistakes, note)| {
+            let context = format!("{note}{context}");
+            mistakes.iter().map(|e| errors_in(e, &context)).collect()
+        })
+        .unwrap_or_default();
     let mut item = top.item;
     item.attrs = alias.attrs.clone();
     let mut doc = match sizes.is_empty() {
@@ -731,6 +824,7 @@ pub fn expand_instance(
     let top_impl =
         crate::impls::expand_impl_in(item, top.imp, inst.made.clone(), &context, precision);
     quote! {
+        #coincidences
         #top_struct
         #top_impl
         #[doc(hidden)]

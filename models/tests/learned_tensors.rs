@@ -44,14 +44,14 @@ mod parts {
 
     /// A block holding a learned gate of its own.
     #[model]
-    pub struct Gated {
-        fc: Linear<16, 16>,
-        gate: Param<16>,
+    pub struct Gated<const D: usize> {
+        fc: Linear<D, D>,
+        gate: Param<D>,
     }
 
     #[model]
-    impl Gated {
-        pub fn forward<const B: usize>(&self, x: Tensor<B, 16>) -> Tensor<B, 16> {
+    impl<const D: usize> Gated<D> {
+        pub fn forward<const B: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
             x + self.fc(x) * self.gate.sigmoid()
         }
     }
@@ -62,7 +62,7 @@ mod parts {
 pub struct Widths<const D: usize, const C: usize> {
     embed: Linear<4, D>,
     bias: Param<C>,
-    block: parts::Gated,
+    block: parts::Gated<D>,
     head: Linear<D, C>,
 }
 

@@ -1,0 +1,46 @@
+use kiln::prelude::*;
+
+// `q.matmul(k)` without the transpose checks at `Heads<128, 4, 32>`, where the head
+// width `D / H` happens to equal the context `T`: the definition is checked with its
+// sizes varied too, so the mistake is still reported.
+#[model]
+struct Heads<const D: usize, const H: usize, const T: usize> {
+    qkv: Linear<D, { 3 * D }>,
+}
+
+#[model]
+impl<const D: usize, const H: usize, const T: usize> Heads<D, H, T> {
+    fn scores<const B: usize>(&self, x: Tensor<B, T, D>) -> Tensor<B, H, T, T> {
+        let q = self.qkv(x).reshape::<B, T, 3, H, { D / H }>().permute::<2, 0, 3, 1, 4>();
+        let q = q.reshape::<3, B, H, T, { D / H }>();
+        let (k, q) = (q.sum::<0>(), q.mean::<0>());
+        q.matmul(k)
+    }
+}
+
+#[model]
+type Coinciding = Heads<128, 4, 32>;
+
+// Sizes the code makes equal stay equal, whatever their numbers.
+#[model]
+struct Square<const N: usize> {
+    fc: Linear<N, N>,
+}
+
+#[model]
+impl<const N: usize> Square<N> {
+    fn gram<const B: usize>(&self, x: Tensor<B, N, N>) -> Tensor<B, N, N> {
+        self.fc(x).matmul(x)
+    }
+}
+
+#[model]
+type Sixteen = Square<16>;
+
+// The instance still works at its own numbers: its callers get no errors.
+fn main() {
+    use kiln::cpu::{Cpu, CpuDevice};
+    let model = Coinciding::<Cpu>::init(&CpuDevice, 0).unwrap();
+    let x = Tensor::<Cpu, Rank3<2, 32, 128>>::zeros(&CpuDevice).unwrap();
+    let _scores = model.scores(&x).unwrap();
+}
