@@ -1,21 +1,28 @@
 //! # kiln-models
 //!
-//! Owns Kiln's real models on real data: the data loaders (`data` for images, `text`
-//! for the Shakespeare bytes), the models (`mlp`, `lenet`, `gpt`, `parts` to
-//! compose, `hybrid` with a part on the dynamic path), and the binaries `kiln-train` (the README's main job), `kiln-infer`,
-//! `kiln-generate` (samples from a trained GPT) and `kiln-bench` (the workloads of
-//! DESIGN.md, one parseable line per figure).
+//! Owns Kiln's real models: `mlp`, `lenet`, `gpt`, `parts` to compose, `chain` (W2's
+//! elementwise chain), `hybrid` and `dynamic` with parts on the dynamic path; the
+//! classifier recipes over them (`classify::short_mnist_run`); and the binaries
+//! `kiln-train` (the README's main job), `kiln-infer`, `kiln-generate` (samples from a
+//! trained GPT) and `kiln-bench` (the workloads of DESIGN.md, one parseable line per
+//! figure). The loaders, training loops, command line and curve they use live in
+//! `kiln-harness`, re-exported here under their own names, so that editing a model
+//! recompiles the models and not what surrounds them.
 
 pub mod chain;
-pub mod classify;
-pub mod cli;
-pub mod curve;
-pub mod data;
 pub mod dynamic;
 pub mod gpt;
 pub mod hybrid;
-pub mod image;
 pub mod lenet;
 pub mod mlp;
 pub mod parts;
-pub mod text;
+mod short_run;
+
+pub use kiln_harness::{cli, curve, data, image, text};
+
+/// Training and evaluating image classifiers ([`kiln_harness::classify`]), with the
+/// zoo's classifiers and the short MNIST recipe every backend's suite runs.
+pub mod classify {
+    pub use crate::short_run::{short_mnist_run, ShortRun};
+    pub use kiln_harness::classify::*;
+}

@@ -1,6 +1,7 @@
 //! Training and evaluating image classifiers: the `Classifier` trait the zoo's models
 //! implement (their generated `loss_and_grad` and `forward`, for each batch size in
-//! [`BATCH_SIZES`]), and loops over a data split that take the batch size at run time.
+//! [`BATCH_SIZES`], through [`classifier!`](crate::classifier)), and loops over a data
+//! split that take the batch size at run time.
 //!
 //! A `#[model]` method's batch is a const generic; a training loop's is a command-line
 //! value. The loops here are generic over the model only, and `Classifier` turns the
@@ -8,8 +9,6 @@
 //! each loop once per model, not once per batch size.
 
 use crate::data::{batches, shuffled, Split};
-use crate::lenet::LeNet;
-use crate::mlp::Mlp;
 use kiln::prelude::*;
 use kiln::tensor::nn::Module;
 use kiln::tensor::Collective;
@@ -46,6 +45,8 @@ pub trait Classifier<B: Backend>: Module<B> {
 
 /// Runs `$body` with `$batch` a const equal to the run-time batch `$n`, when that is
 /// one of [`BATCH_SIZES`].
+#[doc(hidden)]
+#[macro_export]
 macro_rules! with_batch {
     ($n:expr, $batch:ident => $body:expr) => {
         match $n {
@@ -81,51 +82,56 @@ macro_rules! with_batch {
                 const $batch: usize = 512;
                 $body
             }
-            other => Err(Error::invalid(
-                "classifier",
-                format!("batch size {other} is not one of {BATCH_SIZES:?}"),
-            )),
+            other => Err($crate::classify::batch_size_refused(other)),
         }
     };
 }
 
-/// Implements [`Classifier`] for a zoo model with a `loss_and_grad` and a `forward`
-/// const-generic over the batch.
+/// Implements [`Classifier`] for a model with a `loss_and_grad` and a `forward`
+/// const-generic over the batch: `classifier!(Mlp, [784]);` in the model's crate.
+#[macro_export]
 macro_rules! classifier {
     ($model:ident, [$($example:literal),*]) => {
-        impl<B: Backend> Classifier<B> for $model<B> {
+        impl<B: ::kiln::tensor::Backend> $crate::classify::Classifier<B> for $model<B> {
             const EXAMPLE: &'static [usize] = &[$($example),*];
             fn loss_and_grad(
                 &self,
-                x: &RawTensor<B>,
-                y: &RawTensor<B>,
-            ) -> Result<(RawTensor<B>, Self::Grads)> {
-                with_batch!(batch_of(x)?, BATCH => {
+                x: &::kiln::tensor::RawTensor<B>,
+                y: &::kiln::tensor::RawTensor<B>,
+            ) -> ::kiln::tensor::Result<(::kiln::tensor::RawTensor<B>, Self::Grads)> {
+                $crate::with_batch!($crate::classify::batch_of(x)?, BATCH => {
                     let (loss, grads) = $model::loss_and_grad::<BATCH>(
                         self,
-                        &Tensor::from_raw(x.clone())?,
-                        &Tensor::from_raw(y.clone())?,
+                        &::kiln::tensor::Tensor::from_raw(x.clone())?,
+                        &::kiln::tensor::Tensor::from_raw(y.clone())?,
                     )?;
                     Ok((loss.into_raw(), grads))
                 })
             }
-            fn logits(&self, x: &RawTensor<B>) -> Result<RawTensor<B>> {
-                with_batch!(batch_of(x)?, BATCH => {
-                    Ok(self.forward::<BATCH>(&Tensor::from_raw(x.clone())?)?.into_raw())
+            fn logits(&self, x: &::kiln::tensor::RawTensor<B>) -> ::kiln::tensor::Result<::kiln::tensor::RawTensor<B>> {
+                $crate::with_batch!($crate::classify::batch_of(x)?, BATCH => {
+                    Ok(self.forward::<BATCH>(&::kiln::tensor::Tensor::from_raw(x.clone())?)?.into_raw())
                 })
             }
             fn draws_at_random() -> bool {
-                kiln::fusion::plan::training_draws($model::<B>::fusion_plans())
+                ::kiln::fusion::plan::training_draws($model::<B>::fusion_plans())
             }
         }
     };
 }
 
-classifier!(Mlp, [784]);
-classifier!(LeNet, [1, 28, 28]);
+/// The error for a batch size not in [`BATCH_SIZES`].
+#[doc(hidden)]
+pub fn batch_size_refused(n: usize) -> Error {
+    Error::invalid(
+        "classifier",
+        format!("batch size {n} is not one of {BATCH_SIZES:?}"),
+    )
+}
 
 /// The batch size of a batch of images: its first dim.
-fn batch_of<B: Backend>(x: &RawTensor<B>) -> Result<usize> {
+#[doc(hidden)]
+pub fn batch_of<B: Backend>(x: &RawTensor<B>) -> Result<usize> {
     x.dims()
         .first()
         .copied()
@@ -482,128 +488,4 @@ pub fn classify_command_line<B: Backend, M: Classifier<B>>(
         }
     }
     status
-}
-
-/// What [`short_mnist_run`] leaves: the trained MLP, the loss of every step and the
-/// test accuracy.
-pub struct ShortRun<B: Backend> {
-    /// The trained model.
-    pub model: Mlp<B>,
-    /// The training loss of each step, in order.
-    pub losses: Vec<f32>,
-    /// The fraction of the 10,000 test images classified right.
-    pub accuracy: f64,
-}
-
-impl<B: Backend> ShortRun<B> {
-    /// Whether the run learned: at least 95% test accuracy, and the mean loss of the
-    /// last 20 steps under a quarter of the first 20's. The reason, if not.
-    pub fn learned(&self) -> std::result::Result<(), String> {
-        if self.losses.len() < 40 {
-            return Err(format!("only {} steps ran", self.losses.len()));
-        }
-        let early: f32 = self.losses[..20].iter().sum::<f32>() / 20.0;
-        let late: f32 = self.losses[self.losses.len() - 20..].iter().sum::<f32>() / 20.0;
-        if late >= early / 4.0 {
-            return Err(format!("the loss fell from {early} to only {late}"));
-        }
-        if self.accuracy < 0.95 {
-            return Err(format!(
-                "test accuracy {} after {} steps",
-                self.accuracy,
-                self.losses.len()
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// The short MNIST recipe every backend's test suite runs: the MLP (784-1024-1024-10,
-/// seed 1), one pass over the first 20,000 training images in batches of 64, SGD
-/// (momentum 0.9) under a cosine schedule from 0.05 with 50 warm-up steps, then the
-/// test accuracy.
-pub fn short_mnist_run<B: Backend>(device: &B::Device) -> Result<ShortRun<B>> {
-    use crate::data::ImageDataset;
-    use kiln::train::optim::{Sgd, SgdConfig};
-    use kiln::train::schedule::CosineWithWarmup;
-    let mut data = ImageDataset::mnist()?;
-    data.train = data.train.take(20_000);
-    let mut model = Mlp::<B>::init(device, 1)?;
-    let mut opt = Sgd::<B>::new(SgdConfig {
-        lr: 0.05,
-        momentum: 0.9,
-        ..SgdConfig::default()
-    })?;
-    let steps = (data.train.len() / 64) as u64;
-    let schedule = CosineWithWarmup::new(0.05, 0.0005, 50, steps)?;
-    let mut losses = Vec::new();
-    fit(
-        &mut model,
-        &mut opt,
-        &schedule,
-        &data.train,
-        64,
-        1,
-        1,
-        0,
-        device,
-        true,
-        &mut |_, _, r| {
-            losses.push(r.loss);
-            Ok(())
-        },
-    )?;
-    let accuracy = accuracy(&model, &data.test, device)?;
-    Ok(ShortRun {
-        model,
-        losses,
-        accuracy,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kiln::cpu::{Cpu, CpuDevice};
-
-    /// `with_batch!` names its sizes apart from `BATCH_SIZES`: every listed size must
-    /// dispatch, and a size not listed must be refused.
-    #[test]
-    fn every_listed_batch_size_dispatches() {
-        let model = Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
-        for n in BATCH_SIZES.into_iter().chain([7]) {
-            let x = images::<Cpu, Mlp<Cpu>>(vec![0.5; n * 784], n, &CpuDevice).unwrap();
-            let got = model.logits(&x);
-            if n == 7 {
-                let e = got.unwrap_err().to_string();
-                assert!(e.contains("batch size 7 is not one of"), "{e}");
-            } else {
-                assert_eq!(got.unwrap().dims().as_slice(), &[n, 10]);
-            }
-        }
-    }
-
-    /// Graph replay is declined only where a replay would train wrongly: SGD without
-    /// momentum (it replaces parameters). Dropout and Adam keep their per-step values
-    /// in device memory.
-    #[test]
-    fn replay_is_declined_where_it_would_train_wrongly() {
-        use kiln::train::optim::{Adam, AdamConfig, AdamW, AdamWConfig, Sgd, SgdConfig};
-        assert!(LeNet::<Cpu>::draws_at_random());
-        assert!(!Mlp::<Cpu>::draws_at_random());
-        let sgd = |momentum| {
-            Sgd::<Cpu>::new(SgdConfig {
-                momentum,
-                ..SgdConfig::default()
-            })
-            .unwrap()
-        };
-        assert_eq!(sgd(0.9).replay_refusal(), None);
-        let why = sgd(0.0).replay_refusal().unwrap();
-        assert!(why.contains("replaces each parameter"), "{why}");
-        let adamw = AdamW::<Cpu>::new(AdamWConfig::default()).unwrap();
-        assert_eq!(adamw.replay_refusal(), None);
-        let adam = Adam::<Cpu>::new(AdamConfig::default()).unwrap();
-        assert_eq!(adam.replay_refusal(), None);
-    }
 }

@@ -6,9 +6,11 @@ use kiln::tensor::{rng, Error, Result};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-/// The folder holding the vendored data sets.
+/// The folder holding the vendored data sets (`models/data/`, beside this crate).
 pub fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("data")
 }
 
 /// The largest IDX payload read, in bytes (2 GiB): a header declaring more is refused

@@ -1,0 +1,137 @@
+//! The zoo's image classifiers ([`Classifier`] for the MLP and the CNN) and the short
+//! MNIST recipe every backend's test suite runs.
+
+use crate::lenet::LeNet;
+use crate::mlp::Mlp;
+use kiln::prelude::*;
+use kiln_harness::classifier;
+use kiln_harness::classify::{accuracy, fit};
+
+classifier!(Mlp, [784]);
+classifier!(LeNet, [1, 28, 28]);
+
+/// What [`short_mnist_run`] leaves: the trained MLP, the loss of every step and the
+/// test accuracy.
+pub struct ShortRun<B: Backend> {
+    /// The trained model.
+    pub model: Mlp<B>,
+    /// The training loss of each step, in order.
+    pub losses: Vec<f32>,
+    /// The fraction of the 10,000 test images classified right.
+    pub accuracy: f64,
+}
+
+impl<B: Backend> ShortRun<B> {
+    /// Whether the run learned: at least 95% test accuracy, and the mean loss of the
+    /// last 20 steps under a quarter of the first 20's. The reason, if not.
+    pub fn learned(&self) -> std::result::Result<(), String> {
+        if self.losses.len() < 40 {
+            return Err(format!("only {} steps ran", self.losses.len()));
+        }
+        let early: f32 = self.losses[..20].iter().sum::<f32>() / 20.0;
+        let late: f32 = self.losses[self.losses.len() - 20..].iter().sum::<f32>() / 20.0;
+        if late >= early / 4.0 {
+            return Err(format!("the loss fell from {early} to only {late}"));
+        }
+        if self.accuracy < 0.95 {
+            return Err(format!(
+                "test accuracy {} after {} steps",
+                self.accuracy,
+                self.losses.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The short MNIST recipe every backend's test suite runs: the MLP (784-1024-1024-10,
+/// seed 1), one pass over the first 20,000 training images in batches of 64, SGD
+/// (momentum 0.9) under a cosine schedule from 0.05 with 50 warm-up steps, then the
+/// test accuracy.
+pub fn short_mnist_run<B: Backend>(device: &B::Device) -> Result<ShortRun<B>> {
+    use kiln::train::optim::{Sgd, SgdConfig};
+    use kiln::train::schedule::CosineWithWarmup;
+    use kiln_harness::data::ImageDataset;
+    let mut data = ImageDataset::mnist()?;
+    data.train = data.train.take(20_000);
+    let mut model = Mlp::<B>::init(device, 1)?;
+    let mut opt = Sgd::<B>::new(SgdConfig {
+        lr: 0.05,
+        momentum: 0.9,
+        ..SgdConfig::default()
+    })?;
+    let steps = (data.train.len() / 64) as u64;
+    let schedule = CosineWithWarmup::new(0.05, 0.0005, 50, steps)?;
+    let mut losses = Vec::new();
+    fit(
+        &mut model,
+        &mut opt,
+        &schedule,
+        &data.train,
+        64,
+        1,
+        1,
+        0,
+        device,
+        true,
+        &mut |_, _, r| {
+            losses.push(r.loss);
+            Ok(())
+        },
+    )?;
+    let accuracy = accuracy(&model, &data.test, device)?;
+    Ok(ShortRun {
+        model,
+        losses,
+        accuracy,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln::cpu::{Cpu, CpuDevice};
+    use kiln::train::optim::Optimizer;
+    use kiln_harness::classify::{images, Classifier, BATCH_SIZES};
+
+    /// `with_batch!` names its sizes apart from `BATCH_SIZES`: every listed size must
+    /// dispatch, and a size not listed must be refused.
+    #[test]
+    fn every_listed_batch_size_dispatches() {
+        let model = Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
+        for n in BATCH_SIZES.into_iter().chain([7]) {
+            let x = images::<Cpu, Mlp<Cpu>>(vec![0.5; n * 784], n, &CpuDevice).unwrap();
+            let got = model.logits(&x);
+            if n == 7 {
+                let e = got.unwrap_err().to_string();
+                assert!(e.contains("batch size 7 is not one of"), "{e}");
+            } else {
+                assert_eq!(got.unwrap().dims().as_slice(), &[n, 10]);
+            }
+        }
+    }
+
+    /// Graph replay is declined only where a replay would train wrongly: SGD without
+    /// momentum (it replaces parameters). Dropout and Adam keep their per-step values
+    /// in device memory.
+    #[test]
+    fn replay_is_declined_where_it_would_train_wrongly() {
+        use kiln::train::optim::{Adam, AdamConfig, AdamW, AdamWConfig, Sgd, SgdConfig};
+        assert!(LeNet::<Cpu>::draws_at_random());
+        assert!(!Mlp::<Cpu>::draws_at_random());
+        let sgd = |momentum| {
+            Sgd::<Cpu>::new(SgdConfig {
+                momentum,
+                ..SgdConfig::default()
+            })
+            .unwrap()
+        };
+        assert_eq!(sgd(0.9).replay_refusal(), None);
+        let why = sgd(0.0).replay_refusal().unwrap();
+        assert!(why.contains("replaces each parameter"), "{why}");
+        let adamw = AdamW::<Cpu>::new(AdamWConfig::default()).unwrap();
+        assert_eq!(adamw.replay_refusal(), None);
+        let adam = Adam::<Cpu>::new(AdamConfig::default()).unwrap();
+        assert_eq!(adam.replay_refusal(), None);
+    }
+}
