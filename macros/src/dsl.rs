@@ -66,21 +66,19 @@ pub fn dtype_named(s: &str) -> Option<DType> {
 
 /// An integer literal, or a constant expression of literals (`{ 4 * 32 }`), as a size.
 fn int_literal(e: &Expr) -> Option<usize> {
-    match crate::sizes::const_int(e)? {
+    match crate::arith::const_int(e)? {
         Ok(v) => usize::try_from(v).ok(),
         Err(_) => None,
     }
 }
 
-/// The largest size a layer or tensor dim may have: 2^40 elements is far past any
-/// memory; past it, products of sizes could overflow while the macro infers shapes.
-pub const MAX_SIZE: usize = 1 << 40;
+pub use crate::arith::MAX_SIZE;
 
 /// One size argument of a layer type: an integer literal, not zero, not absurd.
 fn layer_size(arg: &GenericArgument) -> syn::Result<usize> {
     let err = |m: String| Err(syn::Error::new(arg.span(), m));
     match arg {
-        GenericArgument::Const(e) => match crate::sizes::const_int(e) {
+        GenericArgument::Const(e) => match crate::arith::const_int(e) {
             Some(Ok(n)) if (1..=MAX_SIZE as i128).contains(&n) => Ok(n as usize),
             Some(Ok(0)) => err("a size is at least 1".into()),
             Some(Ok(n)) if n < 0 => err(format!("the size {n} is negative")),

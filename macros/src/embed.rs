@@ -10,8 +10,8 @@
 //! its nested models; [`expand_embed`] does the rest.
 
 use crate::dsl::{model_name, FieldKind};
-use crate::impls::Def;
-use crate::structs::parse_fields;
+use crate::model::parse_fields;
+use crate::model::Def;
 use kiln_tensor::nn::join;
 use kiln_tensor::DType;
 use kiln_train::checkpoint::{fit_problems, header_entries, TensorEntry};
@@ -92,7 +92,7 @@ pub fn request(args: EmbedArgs, resolve: impl FnOnce(&str) -> String) -> TokenSt
         foreign,
     } = args;
     let resolved = LitStr::new(&resolve(&file.value()), file.span());
-    let callee = crate::sizes::bare_path(&model);
+    let callee = crate::model::bare_path(&model);
     let foreign = foreign.map(|f| quote!(, #f));
     quote!(#callee! { embed { #model, #resolved, #file #foreign } })
 }

@@ -5,8 +5,9 @@
 //! a scalar also gets `<name>_and_grad`.
 
 use crate::dsl::FieldKind;
-use crate::lower::{parse_method, Defs, Lower, MethodSig, ModelDef, Val};
-use crate::structs::parse_fields;
+use crate::lower::{Lower, Val};
+use crate::model::{parse_defs, parse_fields, parse_method, raw_name, size_args, Def, MethodSig};
+use crate::structs::def_macro;
 use crate::train::value_and_grad;
 use kiln_tensor::ir::NodeId;
 use kiln_tensor::nn::Mode;
@@ -16,43 +17,6 @@ use quote::quote;
 use syn::spanned::Spanned;
 use syn::Ident;
 use syn::{ImplItem, ItemImpl, ItemStruct};
-
-/// A nested model's definition as its definition macro hands it over:
-/// `def { struct Block { .. } ; impl Block { .. } }`, or `broken_def { .. }` for a
-/// model whose own expansion reported mistakes (calls into it report nothing more).
-#[derive(Clone)]
-pub struct Def {
-    pub(crate) item: ItemStruct,
-    pub(crate) imp: ItemImpl,
-    pub(crate) broken: bool,
-}
-
-impl syn::parse::Parse for Def {
-    fn parse(input: syn::parse::ParseStream) -> syn::Result<Self> {
-        let kw: Ident = input.parse()?;
-        if kw != "def" && kw != "broken_def" {
-            return Err(syn::Error::new(kw.span(), "expected `def { .. }`"));
-        }
-        let body;
-        syn::braced!(body in input);
-        let item = body.parse()?;
-        body.parse::<syn::Token![;]>()?;
-        let imp = body.parse()?;
-        Ok(Def {
-            item,
-            imp,
-            broken: kw == "broken_def",
-        })
-    }
-}
-
-impl quote::ToTokens for Def {
-    fn to_tokens(&self, tokens: &mut TokenStream) {
-        let (item, imp) = (&self.item, &self.imp);
-        let kw = quote::format_ident!("{}", if self.broken { "broken_def" } else { "def" });
-        tokens.extend(quote!(#kw { #item ; #imp }));
-    }
-}
 
 /// The path of the first nested model, among the fields of `item` and of `defs`,
 /// whose definition is not in `defs` yet (read from the field types as written, so a
@@ -65,80 +29,17 @@ fn missing_def(item: &ItemStruct, defs: &[Def]) -> Option<syn::Path> {
         for f in s
             .fields
             .iter()
-            .filter(|f| !crate::structs::is_dynamic_field(f))
+            .filter(|f| !crate::model::is_dynamic_field(f))
         {
             let mut ty = f.ty.clone();
-            crate::sizes::model_paths_mut(&mut ty, &mut |p| {
+            crate::model::model_paths_mut(&mut ty, &mut |p| {
                 if missing.is_none() && !known(&crate::dsl::model_name(&p.path)) {
-                    missing = Some(crate::sizes::bare_path(&p.path));
+                    missing = Some(crate::model::bare_path(&p.path));
                 }
             });
         }
     }
     missing
-}
-
-/// The nested models' definitions, parsed (a definition with mistakes was reported by
-/// its own expansion: what parses of it is kept).
-fn parse_defs(defs: &[Def]) -> Defs {
-    let mut out = Defs::new();
-    for d in defs {
-        let fields = parse_fields(&d.item).unwrap_or_default();
-        let methods = d
-            .imp
-            .items
-            .iter()
-            .filter_map(|it| match it {
-                ImplItem::Fn(f) => parse_method(f).ok(),
-                _ => None,
-            })
-            .collect();
-        out.insert(
-            d.item.ident.to_string(),
-            ModelDef {
-                fields,
-                methods,
-                broken: d.broken,
-            },
-        );
-    }
-    out
-}
-
-/// The macro through which other models reach this one's definition: re-exported
-/// under the struct's own name (a `use` of the struct brings it along, a path to the
-/// struct reaches it, from another crate too), it hands the struct, the impl and the
-/// definitions of this model's own nested models to `model_impl!`, appended to what it
-/// was given. `#[macro_export]` puts it at the crate root, so its own name carries a
-/// hash of the definition (FNV-1a of its tokens, the same on every toolchain): two
-/// models of one name in two modules do not collide.
-pub(crate) fn def_macro(
-    item: &ItemStruct,
-    imp: &ItemImpl,
-    defs: &[Def],
-    broken: bool,
-) -> TokenStream {
-    let name = &item.ident;
-    let kw = quote::format_ident!("{}", if broken { "broken_def" } else { "def" });
-    let hash = quote!(#item #imp #(#defs)*)
-        .to_string()
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-        });
-    let exported = quote::format_ident!("__kiln_def_{}_{:016x}", name, hash);
-    quote! {
-        #[doc(hidden)]
-        #[macro_export]
-        macro_rules! #exported {
-            ($($given:tt)*) => {
-                ::kiln::__private::model_impl! { $($given)* #kw { #item ; #imp } #(#defs)* }
-            };
-        }
-        #[doc(hidden)]
-        #[allow(unused_imports)]
-        pub use #exported as #name;
-    }
 }
 
 /// Expands the impl of a model whose struct is `item`, given the definitions of its
@@ -157,7 +58,7 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl, def_items: Vec<Def>) -> Toke
 /// The impl of a model with sizes: checked for what can be checked without sizes,
 /// then handed to its instances through the definition macro.
 fn expand_definition(item: &ItemStruct, imp: &ItemImpl, defs: &[Def]) -> TokenStream {
-    let Ok(params) = crate::sizes::size_params(&item.generics) else {
+    let Ok(params) = crate::model::size_params(&item.generics) else {
         // The struct's own expansion reports it.
         return quote!();
     };
@@ -189,7 +90,7 @@ fn expand_definition(item: &ItemStruct, imp: &ItemImpl, defs: &[Def]) -> TokenSt
             ),
         ));
     }
-    errors.extend(crate::sizes::check_definition(&params, imp, &item.ident));
+    errors.extend(crate::model::check_definition(&params, imp, &item.ident));
     let def = def_macro(item, imp, defs, !errors.is_empty());
     let errors = errors.iter().map(|e| e.to_compile_error());
     quote!(#def #(#errors)*)
@@ -253,7 +154,7 @@ pub(crate) fn expand_impl_in(
         let Some(def) = def_items.iter().find(|d| d.item.ident == name) else {
             continue;
         };
-        if let Ok(params) = crate::sizes::size_params(&def.item.generics) {
+        if let Ok(params) = crate::model::size_params(&def.item.generics) {
             if !params.is_empty() {
                 let names: Vec<String> = params.iter().map(|p| p.to_string()).collect();
                 errors.push(syn::Error::new(
@@ -357,7 +258,9 @@ pub(crate) fn expand_impl_in(
             out.push(stub_and_grad(model, m));
         }
     }
-    let compile_errors = errors.iter().map(|e| crate::sizes::errors_in(e, context));
+    let compile_errors = errors
+        .iter()
+        .map(|e| crate::lower::messages::errors_in(e, context));
     let natives = natives.module();
     let def = def_macro(&item, &imp, &def_items, !errors.is_empty());
     let summary = summary_text(
@@ -429,19 +332,6 @@ fn result_nodes(v: &Val) -> Vec<NodeId> {
     }
 }
 
-/// The size parameters of a call, as `Programs::call` takes them: `&[("B", B)]`.
-pub(crate) fn size_params(m: &MethodSig) -> TokenStream {
-    let consts = &m.consts;
-    let names = consts.iter().map(|c| c.to_string());
-    quote!(&[#((#names, #consts)),*])
-}
-
-/// The hidden method behind a typed one: `__kiln_<name>`, generic over the backend
-/// only (sizes arrive at run time), so one copy serves every batch size.
-pub(crate) fn raw_name(name: &Ident) -> Ident {
-    quote::format_ident!("__kiln_{}", name)
-}
-
 /// A planned method: the typed method the user declared, a thin shim over the hidden
 /// raw method that runs the plan (`plan_outputs` values, returned as `picks`).
 fn planned_method(
@@ -449,11 +339,11 @@ fn planned_method(
     fused: &crate::fuse::Fused,
     plan_outputs: usize,
     picks: &[usize],
-    fields: &[crate::structs::ModelField],
+    fields: &[crate::model::ModelField],
 ) -> TokenStream {
     let sig = signature(m);
     let raw = raw_name(m.name());
-    let sizes = size_params(m);
+    let sizes = size_args(m);
     let args: Vec<&Ident> = m.args.iter().map(|(n, _)| n).collect();
     let device = match args.first() {
         Some(a) => quote!(#a.device().clone()),

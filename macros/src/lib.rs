@@ -1,6 +1,24 @@
 //! # kiln-macros
 //!
-//! Owns `#[model]`: parse → op IR → shape inference → gradients → Rust code.
+//! Owns `#[model]`: parse → check (op IR built with the op and method tables' shape
+//! rules) → gradients → fusion plans → Rust code.
+//!
+//! ## The phases, as files
+//!
+//! - **parse** — `model.rs`: a struct and impl read into a model definition (fields,
+//!   method signatures, named sizes, the nested models' definitions), every syntax
+//!   mistake of the fields collected into one error; `dsl.rs` reads tensor and layer
+//!   types; `arith.rs` owns size arithmetic (what `{ 4 * D }` and `D / H` mean).
+//! - **check** — `lower/`: each method body lowered to a graph (`graph.rs`) by the
+//!   tables' rules, every independent mistake collected, worded in `lower/messages.rs`;
+//!   `instances.rs` fixes a definition's sizes at an instance and checks it again with
+//!   its sizes varied.
+//! - **emit** — `structs.rs` (the struct, its `Module` impl and the hand-over macros),
+//!   `impls.rs` (typed shims over planned raw methods, `summary()`), `fuse.rs` (plans
+//!   and native loops), `train.rs` (the backward pass and `<name>_and_grad`),
+//!   `embed.rs` (`embed!`), `derive.rs` (`#[derive(Module)]`).
+//!
+//! Imports run one way, parse ← check ← emit: no module imports one that imports it.
 //!
 //! ## The grammar
 //!
@@ -13,7 +31,7 @@
 //! #[model] type GptSmall = Gpt<128, 4>;
 //! ```
 //!
-//! - **Named sizes** (macros/src/sizes.rs): a struct's `const` parameters are its
+//! - **Named sizes** (macros/src/instances.rs, macros/src/arith.rs): a struct's `const` parameters are its
 //!   sizes, usable in its field types, its impl's signatures and bodies, with `+ - * /`
 //!   (a division must come out even) and casts; a model with sizes is a definition,
 //!   and each `#[model] type Name = Model<sizes..>;` (in any module or crate) is a model,
@@ -91,14 +109,16 @@
 //! Checks a `Dyn` size leaves open at build time run when the method runs, on the
 //! planned and the op-by-op path alike (see `kiln_tensor::Guard`).
 
+mod arith;
 mod derive;
 mod dsl;
 mod embed;
 mod fuse;
 mod graph;
 mod impls;
+mod instances;
 mod lower;
-mod sizes;
+mod model;
 #[cfg(test)]
 mod snapshot;
 mod structs;
@@ -189,7 +209,7 @@ fn instance(t: syn::ItemType, precision: Option<kiln_tensor::Precision>) -> Toke
         .to_compile_error()
         .into();
     };
-    let path = sizes::bare_path(&target.path);
+    let path = model::bare_path(&target.path);
     let precision = precision.map(|p| {
         let p = quote::format_ident!("{}", p.name());
         quote::quote!(precision #p)
@@ -214,7 +234,7 @@ impl Parse for PrecisionArg {
         input.parse::<Token![=]>()?;
         let value: syn::Ident = input.parse()?;
         let precision = kiln_tensor::Precision::parse(&value.to_string())
-            .map_err(|e| syn::Error::new(value.span(), lower::describe(&e)))?;
+            .map_err(|e| syn::Error::new(value.span(), lower::messages::describe(&e)))?;
         if !input.is_empty() {
             return Err(input.error("#[model] on an instance takes one argument, `precision = ..`"));
         }
@@ -230,16 +250,16 @@ enum ImplInput {
     Impl {
         item: ItemStruct,
         imp: ItemImpl,
-        defs: Vec<impls::Def>,
+        defs: Vec<model::Def>,
     },
     Instance {
         alias: syn::ItemType,
         precision: kiln_tensor::Precision,
-        defs: Vec<impls::Def>,
+        defs: Vec<model::Def>,
     },
     Embed {
         request: embed::EmbedRequest,
-        defs: Vec<impls::Def>,
+        defs: Vec<model::Def>,
     },
 }
 
@@ -334,7 +354,7 @@ fn model_impl_tokens(input: proc_macro2::TokenStream) -> proc_macro2::TokenStrea
             alias,
             precision,
             defs,
-        }) => sizes::expand_instance(alias, precision, defs),
+        }) => instances::expand_instance(alias, precision, defs),
         Ok(ImplInput::Embed { request, defs }) => embed::expand_embed(request, defs),
         Err(e) => e.to_compile_error(),
     }

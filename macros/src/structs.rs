@@ -3,152 +3,11 @@
 //! checkpoints, seeded init) and a hidden `macro_rules!` through which the
 //! `#[model] impl` of the same struct receives the field list.
 
-use crate::dsl::{parse_field_type, FieldKind};
+use crate::dsl::FieldKind;
+use crate::model::{is_dynamic, parse_fields, Def};
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
-use syn::spanned::Spanned;
-use syn::{Fields, Ident, ItemStruct};
-
-/// A parsed field.
-pub struct ModelField {
-    /// Its name.
-    pub ident: Ident,
-    /// What it holds.
-    pub kind: FieldKind,
-}
-
-/// Parses the fields of a model struct.
-pub fn parse_fields(item: &ItemStruct) -> syn::Result<Vec<ModelField>> {
-    if !item.generics.params.is_empty() {
-        return Err(syn::Error::new(
-            item.generics.span(),
-            "a model with sizes has fields only in its instances",
-        ));
-    }
-    let Fields::Named(named) = &item.fields else {
-        return Err(syn::Error::new(
-            item.span(),
-            "a #[model] struct needs named fields, one per layer",
-        ));
-    };
-    let mut out = Vec::new();
-    let mut errors: Option<syn::Error> = None;
-    for f in &named.named {
-        let ident = f.ident.clone().expect("named fields have names");
-        if f.attrs.iter().any(is_dynamic) {
-            match dynamic_field(f) {
-                Ok(kind) => out.push(ModelField { ident, kind }),
-                Err(e) => match &mut errors {
-                    Some(all) => all.combine(e),
-                    None => errors = Some(e),
-                },
-            }
-            continue;
-        }
-        match parse_field_type(&f.ty) {
-            Ok(kind) => out.push(ModelField { ident, kind }),
-            Err(e) => match &mut errors {
-                Some(all) => all.combine(e),
-                None => errors = Some(e),
-            },
-        }
-    }
-    if let Err(e) = one_model_per_name(&out) {
-        match &mut errors {
-            Some(all) => all.combine(e),
-            None => errors = Some(e),
-        }
-    }
-    match errors {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
-}
-
-/// Nested models are found by name (a definition macro hands its model over by the
-/// struct's name), so two fields naming two models of one name in two modules
-/// (`encoder::Block`, `decoder::Block`) would both run the first one's body: refused,
-/// naming both paths. A macro cannot resolve paths, so models are told apart by the
-/// module written before the name: `Block` and `blocks::Block` may be one model (a
-/// `use` brings it), `encoder::Block` and `decoder::Block` are taken to be two.
-fn one_model_per_name(fields: &[ModelField]) -> syn::Result<()> {
-    fn model_path(kind: &FieldKind) -> Option<&syn::Path> {
-        match kind {
-            FieldKind::Model(p) => Some(p),
-            FieldKind::Array(inner, _) => model_path(inner),
-            _ => None,
-        }
-    }
-    let written = |p: &syn::Path| {
-        let mut bare = p.clone();
-        if let Some(last) = bare.segments.last_mut() {
-            last.arguments = syn::PathArguments::None;
-        }
-        quote::quote!(#bare).to_string().replace(' ', "")
-    };
-    // The module segment written right before the model's name, if any.
-    let module = |p: &syn::Path| {
-        let n = p.segments.len();
-        (n >= 2)
-            .then(|| p.segments[n - 2].ident.to_string())
-            .filter(|m| !matches!(m.as_str(), "crate" | "self" | "super"))
-    };
-    let mut seen: Vec<&syn::Path> = Vec::new();
-    for f in fields {
-        let Some(p) = model_path(&f.kind) else {
-            continue;
-        };
-        let name = crate::dsl::model_name(p);
-        if let Some(first) = seen.iter().find(|q| {
-            crate::dsl::model_name(q) == name
-                && matches!((module(q), module(p)), (Some(a), Some(b)) if a != b)
-        }) {
-            return Err(syn::Error::new_spanned(
-                p,
-                format!(
-                    "two nested models named `{name}`: `{}` and `{}`; nested models are found by name, so give them different names (`{}` is already taken)",
-                    written(first),
-                    written(p),
-                    name
-                ),
-            ));
-        }
-        seen.push(p);
-    }
-    Ok(())
-}
-
-/// Whether an attribute is `#[dynamic]`.
-fn is_dynamic(a: &syn::Attribute) -> bool {
-    a.path().is_ident("dynamic")
-}
-
-/// Whether a field is marked `#[dynamic]` (holds a module on the dynamic path).
-pub(crate) fn is_dynamic_field(f: &syn::Field) -> bool {
-    f.attrs.iter().any(is_dynamic)
-}
-
-/// A `#[dynamic]` field: a module on the dynamic path, named by a plain path (the
-/// backend parameter is added, as for nested models).
-fn dynamic_field(f: &syn::Field) -> syn::Result<FieldKind> {
-    for a in f.attrs.iter().filter(|a| is_dynamic(a)) {
-        a.meta
-            .require_path_only()
-            .map_err(|_| syn::Error::new_spanned(&a.meta, "`#[dynamic]` takes no arguments"))?;
-    }
-    match &f.ty {
-        syn::Type::Path(p)
-            if p.qself.is_none()
-                && p.path.segments.iter().all(|s| s.arguments.is_none()) =>
-        {
-            Ok(FieldKind::Dynamic(p.path.clone()))
-        }
-        ty => Err(syn::Error::new(
-            ty.span(),
-            "a `#[dynamic]` field holds one dynamic module, named without generics (`router: Router`; the backend is added for you)",
-        )),
-    }
-}
+use syn::{Fields, Ident, ItemImpl, ItemStruct};
 
 /// The name of the hidden callback macro of a model.
 pub fn callback_name(model: &Ident) -> Ident {
@@ -326,7 +185,7 @@ fn definition(item: &ItemStruct) -> TokenStream {
         name,
         quote!(::kiln::__private::model_impl! { #item ; $($body)* }),
     );
-    let params = match crate::sizes::size_params(&item.generics) {
+    let params = match crate::model::size_params(&item.generics) {
         Ok(p) => p,
         Err(e) => {
             let stripped = ItemStruct {
@@ -368,7 +227,7 @@ pub(crate) fn placeholder(item: &ItemStruct, errors: TokenStream) -> TokenStream
     let callback_macro = callback_macro(name, quote!());
     let stand_in = stand_in(vis, name, "this model did not compile");
     // Models that hold this one still find its definition, marked broken.
-    let def = crate::impls::def_macro(
+    let def = crate::structs::def_macro(
         &syn::parse_quote!(struct #name {}),
         &syn::parse_quote!(impl #name {}),
         &[],
@@ -434,5 +293,41 @@ fn stand_in(vis: &syn::Visibility, name: &syn::Ident, message: &str) -> TokenStr
                 Ok(())
             }
         }
+    }
+}
+
+/// The macro through which other models reach this one's definition: re-exported
+/// under the struct's own name (a `use` of the struct brings it along, a path to the
+/// struct reaches it, from another crate too), it hands the struct, the impl and the
+/// definitions of this model's own nested models to `model_impl!`, appended to what it
+/// was given. `#[macro_export]` puts it at the crate root, so its own name carries a
+/// hash of the definition (FNV-1a of its tokens, the same on every toolchain): two
+/// models of one name in two modules do not collide.
+pub(crate) fn def_macro(
+    item: &ItemStruct,
+    imp: &ItemImpl,
+    defs: &[Def],
+    broken: bool,
+) -> TokenStream {
+    let name = &item.ident;
+    let kw = quote::format_ident!("{}", if broken { "broken_def" } else { "def" });
+    let hash = quote!(#item #imp #(#defs)*)
+        .to_string()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    let exported = quote::format_ident!("__kiln_def_{}_{:016x}", name, hash);
+    quote! {
+        #[doc(hidden)]
+        #[macro_export]
+        macro_rules! #exported {
+            ($($given:tt)*) => {
+                ::kiln::__private::model_impl! { $($given)* #kw { #item ; #imp } #(#defs)* }
+            };
+        }
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        pub use #exported as #name;
     }
 }

@@ -6,8 +6,10 @@
 
 use crate::dsl::FieldKind;
 use crate::graph::{Leaf, MGraph};
-use crate::lower::{describe, Defs, Lower, MethodSig, Val};
-use crate::structs::ModelField;
+use crate::lower::messages::describe;
+use crate::lower::{Lower, Val};
+use crate::model::ModelField;
+use crate::model::{Defs, MethodSig};
 use kiln_autodiff::vjp;
 use kiln_tensor::ir::{NodeId, NodeKind};
 use kiln_tensor::nn::{join, Mode};
@@ -235,8 +237,8 @@ pub fn value_and_grad(
 
     let name = m.name();
     let fname = format_ident!("{}_and_grad", name);
-    let raw = crate::impls::raw_name(&fname);
-    let sizes = crate::impls::size_params(m);
+    let raw = crate::model::raw_name(&fname);
+    let sizes = crate::model::size_args(m);
     let consts = &m.consts;
     let arg_names: Vec<&Ident> = m.args.iter().map(|(n, _)| n).collect();
     let arg_tys: Vec<TokenStream> = m.args.iter().map(|(_, t)| t.real_type()).collect();
