@@ -31,6 +31,51 @@ fn instance_key(name: &Ident, values: &[u64]) -> Ident {
     format_ident!("{}__{}", name, vals.join("_"))
 }
 
+/// `Gpt<D = 128, H = 4>`: sizes given by name, which Rust reads as associated-const
+/// bindings (and rustc refuses as unstable, E0658, before any macro runs). The one
+/// error that says what to write: the values in the definition's order.
+fn named_sizes(p: &syn::TypePath, model: &str, params: &[Ident]) -> Option<syn::Error> {
+    let PathArguments::AngleBracketed(a) = &p.path.segments.last()?.arguments else {
+        return None;
+    };
+    if !a
+        .args
+        .iter()
+        .any(|g| matches!(g, GenericArgument::AssocConst(_)))
+    {
+        return None;
+    }
+    let named: Vec<(String, String)> = a
+        .args
+        .iter()
+        .filter_map(|g| match g {
+            GenericArgument::AssocConst(c) => Some((c.ident.to_string(), text(&c.value))),
+            _ => None,
+        })
+        .collect();
+    let in_order: Option<Vec<&str>> = params
+        .iter()
+        .map(|p| named.iter().find(|(n, _)| p == n).map(|(_, v)| v.as_str()))
+        .collect();
+    let order = params
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let write = match in_order {
+        Some(values) if named.len() == a.args.len() && values.len() == named.len() => {
+            format!("`{model}<{}>`", values.join(", "))
+        }
+        _ => format!("`{model}<..>` with a value for each of {order}, in that order"),
+    };
+    Some(syn::Error::new_spanned(
+        a,
+        format!(
+            "a model's sizes are given in order, without names: write {write} (the sizes of `{model}` are {order}); rustc also reports the named form as unstable associated-const equality (E0658)"
+        ),
+    ))
+}
+
 /// The values of a model path's size arguments, already literals after substitution.
 fn literal_args(p: &syn::TypePath, errors: &mut Vec<syn::Error>) -> Option<Vec<u64>> {
     let last = p.path.segments.last()?;
@@ -318,11 +363,14 @@ pub fn expand_instance(
         let placeholder: syn::ItemStruct = syn::parse_quote!(#(#attrs)* #vis struct #ident {});
         return crate::structs::placeholder(&placeholder, quote!());
     }
+    let params = size_params(&def.item.generics).unwrap_or_default();
+    if let Some(e) = named_sizes(target, &name, &params) {
+        return fail(e);
+    }
     let mut errors = Vec::new();
     let Some(values) = literal_args(target, &mut errors) else {
         return errors.into_iter().map(fail).collect();
     };
-    let params = size_params(&def.item.generics).unwrap_or_default();
     let hidden = format_ident!("__kiln_{}", alias.ident);
     let mut inst = Instantiator {
         defs: &defs,
