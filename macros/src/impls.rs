@@ -52,7 +52,7 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl, def_items: Vec<Def>) -> Toke
     if !item.generics.params.is_empty() {
         return expand_definition(&item, &imp, &def_items);
     }
-    expand_impl_in(item, imp, def_items, "", Precision::F32)
+    expand_impl_in(item, imp, def_items, "", Precision::F32).0
 }
 
 /// The impl of a model with sizes: checked for what can be checked without sizes,
@@ -125,19 +125,19 @@ pub(crate) fn shape_mistakes(
 }
 
 /// Expands the impl of a model with literal sizes, appending `context` (which
-/// instance this is, if one) to every message.
+/// instance this is, if one) to every message; with whether it found no mistakes.
 pub(crate) fn expand_impl_in(
     item: ItemStruct,
     imp: ItemImpl,
     def_items: Vec<Def>,
     context: &str,
     precision: Precision,
-) -> TokenStream {
+) -> (TokenStream, bool) {
     let model = &item.ident;
     let fields = match parse_fields(&item) {
         Ok(f) => f,
         // The struct's own expansion already reports these.
-        Err(_) => return quote!(),
+        Err(_) => return (quote!(), false),
     };
     let defs = parse_defs(&def_items);
     let mut errors: Vec<syn::Error> = Vec::new();
@@ -273,7 +273,8 @@ pub(crate) fn expand_impl_in(
     );
     let titles: Vec<String> = plans.iter().map(|(t, _)| format!("{model}::{t}")).collect();
     let consts: Vec<&syn::Ident> = plans.iter().map(|(_, c)| c).collect();
-    quote! {
+    let clean = errors.is_empty();
+    let expanded = quote! {
         impl<Be: ::kiln::tensor::Backend> #model<Be> {
             #(#out)*
 
@@ -302,7 +303,8 @@ pub(crate) fn expand_impl_in(
         #natives
         #def
         #(#compile_errors)*
-    }
+    };
+    (expanded, clean)
 }
 
 fn signature(m: &MethodSig) -> TokenStream {

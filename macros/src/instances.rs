@@ -252,10 +252,12 @@ const VARIED: u64 = 3;
 /// to be equal: `q.matmul(k)` without the transpose checks when `T` equals `D / H`. So
 /// a well-formed instance is checked again with its sizes varied, as a stand-in for
 /// checking them as symbols: every size ×3 (sums, products and quotients keep their
-/// relations, while sizes of different degree part: `T` from `D / H`), then each size
-/// ×3 alone (`T` from `D`). A variation the definition's own arithmetic rejects (an
-/// uneven `D / H`) says nothing and is skipped; the first one whose bodies have shape
-/// mistakes gives them, with a note naming its sizes.
+/// relations, while sizes of different degree part: `T` from `D / H`), then the sizes
+/// scaled by rising and by falling powers of 3 (`T` from `D`). A variation the
+/// definition's own arithmetic rejects (an uneven `D / H`) says nothing and is skipped;
+/// the first one whose bodies have shape mistakes gives them, with a note naming its
+/// sizes. Run only for an instance without mistakes of its own; each variation costs
+/// one lowering of the methods (no planning), so three at most.
 fn coincidences(
     def: &Def,
     defs: &[Def],
@@ -286,17 +288,21 @@ fn coincidences(
         }
         crate::impls::shape_mistakes(&top.item, &top.imp, &inst.made, precision)
     };
-    // The instance's own mistakes are reported by its expansion.
-    if check(values).is_none_or(|e| !e.is_empty()) {
-        return None;
-    }
-    let mut variations = vec![values.iter().map(|v| v * VARIED).collect::<Vec<_>>()];
+    // Every size x3; then each size by a different power of 3, rising and falling
+    // along the parameters, so that any two sizes part in one of them while a quotient
+    // of the two stays whole in the other.
+    let scaled = |power: &dyn Fn(usize) -> u32| -> Vec<u64> {
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v.saturating_mul(VARIED.pow(power(i))))
+            .collect()
+    };
+    let n = values.len() as u32;
+    let mut variations = vec![scaled(&|_| 1)];
     if values.len() > 1 {
-        for i in 0..values.len() {
-            let mut v = values.to_vec();
-            v[i] *= VARIED;
-            variations.push(v);
-        }
+        variations.push(scaled(&|i| i as u32 + 1));
+        variations.push(scaled(&|i| n - i as u32));
     }
     for varied in variations {
         let Some(mistakes) = check(&varied) else {
@@ -414,12 +420,6 @@ pub fn expand_instance(
     let top = top.expect("checked above");
     // Reported beside a working expansion: the model runs at these numbers, and its
     // callers get no errors of their own.
-    let coincidences: TokenStream = coincidences(def, &defs, &values, &params, &alias, precision)
-        .map(|(mistakes, note)| {
-            let context = format!("{note}{context}");
-            mistakes.iter().map(|e| errors_in(e, &context)).collect()
-        })
-        .unwrap_or_default();
     let mut item = top.item;
     item.attrs = alias.attrs.clone();
     let mut doc = match sizes.is_empty() {
@@ -440,8 +440,18 @@ pub fn expand_instance(
     });
     let top_struct =
         crate::structs::expand_struct(item.clone()).unwrap_or_else(|e| e.to_compile_error());
-    let top_impl =
+    let (top_impl, clean) =
         crate::impls::expand_impl_in(item, top.imp, inst.made.clone(), &context, precision);
+    // Reported beside a working expansion: the model runs at these numbers, and its
+    // callers get no errors of their own.
+    let coincidences: TokenStream = clean
+        .then(|| coincidences(def, &defs, &values, &params, &alias, precision))
+        .flatten()
+        .map(|(mistakes, note)| {
+            let context = format!("{note}{context}");
+            mistakes.iter().map(|e| errors_in(e, &context)).collect()
+        })
+        .unwrap_or_default();
     quote! {
         #coincidences
         #top_struct

@@ -21,6 +21,23 @@ impl<const D: usize, const H: usize, const T: usize> Heads<D, H, T> {
 #[model]
 type Coinciding = Heads<128, 4, 32>;
 
+// Two sizes of one degree that happen to be equal (`T` and `D`, both 32) part when
+// the sizes are scaled by different factors.
+#[model]
+struct Rows<const T: usize, const D: usize> {
+    fc: Linear<D, D>,
+}
+
+#[model]
+impl<const T: usize, const D: usize> Rows<T, D> {
+    fn mixed<const B: usize>(&self, x: Tensor<B, T>) -> Tensor<B, D> {
+        self.fc(x)
+    }
+}
+
+#[model]
+type SameNumbers = Rows<32, 32>;
+
 // Sizes the code makes equal stay equal, whatever their numbers.
 #[model]
 struct Square<const N: usize> {
