@@ -356,21 +356,14 @@ fn step_updates_every_parameter_of_a_module_by_name() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn sgd_in_place_equals_sgd_by_value_across_learning_rate_changes() -> Result<()> {
-    // `step` updates in place with one fused kernel reading the learning rate from
-    // device memory (what a captured step replays); `update_param` computes by value
-    // with the rate as a constant. Bit for bit the same, also after `set_lr`.
-    let config = SgdConfig {
-        lr: 0.05,
-        momentum: 0.9,
-        weight_decay: 0.01,
-        ..Default::default()
-    };
+/// `step` (in place, one fused kernel per parameter from the second step on, reading
+/// the per-step values from device memory: what a captured step replays) against
+/// `update_param` (eager ops, the rate as a constant) over learning-rate changes: bit
+/// for bit the same. Both come from one rule in `optim/rules.rs`.
+fn in_place_equals_by_value<O: Optimizer<Cpu>>(mut fused: O, mut plain: O) -> Result<()> {
     let mut fused_model = Linear::<Cpu, 3, 2>::init(&DEV, 9)?;
     let mut plain_model = Linear::<Cpu, 3, 2>::init(&DEV, 9)?;
-    let (mut fused, mut plain) = (Sgd::<Cpu>::new(config)?, Sgd::<Cpu>::new(config)?);
-    for (step, lr) in [0.05, 0.05, 0.02, 0.2, 0.0].into_iter().enumerate() {
+    for (step, lr) in [0.05, 0.05, 0.02, 0.2, 0.0, 0.1].into_iter().enumerate() {
         fused.set_lr(lr)?;
         plain.set_lr(lr)?;
         let gw: Vec<f32> = values(step as u64 * 3, 6)
@@ -396,6 +389,55 @@ fn sgd_in_place_equals_sgd_by_value_across_learning_rate_changes() -> Result<()>
             bits(&plain_model)?,
             "step {step} (lr {lr})"
         );
+    }
+    Ok(())
+}
+
+#[test]
+fn sgd_in_place_equals_sgd_by_value_across_learning_rate_changes() -> Result<()> {
+    for config in [
+        SgdConfig {
+            lr: 0.05,
+            momentum: 0.9,
+            weight_decay: 0.01,
+            ..Default::default()
+        },
+        SgdConfig {
+            lr: 0.05,
+            momentum: 0.8,
+            dampening: 0.25,
+            ..Default::default()
+        },
+        SgdConfig {
+            lr: 0.05,
+            momentum: 0.9,
+            nesterov: true,
+            weight_decay: 0.1,
+            ..Default::default()
+        },
+    ] {
+        in_place_equals_by_value(Sgd::new(config)?, Sgd::new(config)?)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn adam_and_adamw_in_place_equal_by_value_across_learning_rate_changes() -> Result<()> {
+    for weight_decay in [0.0, 0.1] {
+        let config = AdamConfig {
+            lr: 0.05,
+            betas: (0.8, 0.95),
+            eps: 1e-6,
+            weight_decay,
+        };
+        in_place_equals_by_value(Adam::new(config)?, Adam::new(config)?)?;
+        let config = AdamWConfig {
+            lr: 0.05,
+            betas: (0.8, 0.95),
+            eps: 1e-6,
+            weight_decay,
+        };
+        in_place_equals_by_value(AdamW::new(config)?, AdamW::new(config)?)?;
     }
     Ok(())
 }
