@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's figures for the GPU workloads of `kiln-cubecl`'s `gpu_bench` example, timed
+"""PyTorch's figures for the GPU workloads of `kiln-gpu-system`'s `gpu_bench` example, timed
 the same way (median wall time of `reps` runs, each followed by a device
 synchronisation, after warm-up), one line per figure in the same format.
 

@@ -3,14 +3,16 @@
 # beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
-# `cargo build -p kiln-cubecl --features wgpu,cuda --example gpu_bench`, xz-compressed),
+# `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
 # fused_test.xz and kernel_cache_test.xz (the stripped `cargo test -p kiln-cubecl
 # --features wgpu,cuda --test fused --test kernel_cache --no-run` binaries: the
-# fused-kernel tests on CUDA and Vulkan), reduce_test.xz (`--test reduce_layouts`: the
+# fused-kernel tests on CUDA and Vulkan), fused_models_test.xz (`cargo test -p
+# kiln-gpu-system --features wgpu,cuda --test fused_models --no-run`: models' fused
+# plans against their op-by-op paths), reduce_test.xz (`--test reduce_layouts`: the
 # reductions' layouts on CUDA and Vulkan), conformance_test.xz (`--test conformance_cuda`:
 # the conformance suite on CUDA), cuda_graph_test.xz and capture_rules_test.xz
-# (`--test cuda_graph --test capture_rules`), dynamic_equal_test.xz (`--test
-# dynamic_equal_wgpu`: the dynamic path and a model with a dynamic part on Vulkan),
+# (`-p kiln-gpu-system --test cuda_graph --test capture_rules`), dynamic_equal_test.xz
+# (`-p kiln-gpu-system --test dynamic_equal_wgpu`: the dynamic path and a model with a dynamic part on Vulkan),
 # ncu_sum.py (scripts/: sums an `ncu --csv` dump),
 # bench_gpu.py (scripts/), this script, and gl/*.deb (libvulkan1 and the glvnd
 # libraries, `apt-get download`ed, as the device README says). CUDA 13 headers come
@@ -70,6 +72,7 @@ case $W in
     [ -x $B/reduce_test ] && run 200 $B/reduce_test --test-threads 1
     [ -x $B/conformance_test ] && run 200 $B/conformance_test --test-threads 1 matmul
     [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1
+    [ -x $B/fused_models_test ] && run 300 $B/fused_models_test --test-threads 1
     run 300 $B/kiln-bench --device cuda --workloads w3 --w3-configs w3,w3-bf16 --reps 30
     for p in f32 bf16; do
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p

@@ -127,6 +127,9 @@ pub type Wgpu = CubeBackend<cubecl::wgpu::WgpuRuntime>;
 /// A wgpu device.
 #[cfg(feature = "wgpu")]
 pub type WgpuDevice = CubeDevice<cubecl::wgpu::WgpuRuntime>;
+/// CubeCL's wgpu runtime, for code generic over the runtime (`CubeBackend<R>`).
+#[cfg(feature = "wgpu")]
+pub use cubecl::wgpu::WgpuRuntime;
 
 /// The CUDA backend.
 #[cfg(feature = "cuda")]
@@ -134,6 +137,9 @@ pub type Cuda = CubeBackend<cubecl::cuda::CudaRuntime>;
 /// A CUDA device.
 #[cfg(feature = "cuda")]
 pub type CudaDevice = CubeDevice<cubecl::cuda::CudaRuntime>;
+/// CubeCL's CUDA runtime, for code generic over the runtime (`CubeBackend<R>`).
+#[cfg(feature = "cuda")]
+pub use cubecl::cuda::CudaRuntime;
 
 impl<R: KilnRuntime> Clone for CubeBackend<R> {
     fn clone(&self) -> Self {

@@ -3,8 +3,9 @@
 //! expressions (arithmetic, comparisons, `where`, casts to bool, constants including
 //! infinities, in-place reads of outputs) over inputs that are contiguous, broadcast,
 //! transposed or offset views, through both the vectorised and the strided variant;
-//! bad operands are errors; and a whole model's fused plans on the device agree with
-//! its op-by-op path.
+//! and bad operands are errors. Whole models' fused plans on the device are tested in
+//! kiln-gpu-system (`tests/fused_models.rs`), so that this crate's tests build
+//! without the model zoo.
 
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
@@ -13,10 +14,6 @@ use kiln_tensor::fused::{ExprStep, FusedExpr};
 use kiln_tensor::{Backend, BinaryOp, CmpOp, DType, Dims, RawTensor, Result, UnaryOp};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-
-/// Causal self-attention of width 16 in two heads of 8 (kiln_models' definition).
-#[kiln::model]
-type TinyAttention = kiln_models::parts::CausalSelfAttention<16, 2>;
 
 /// The checks below for one backend, as tests named after it.
 macro_rules! fused_tests {
@@ -34,18 +31,6 @@ macro_rules! fused_tests {
             #[test]
             fn bad_operands_are_errors() -> Result<()> {
                 super::bad_operands_are_errors::<$B>(&$device)
-            }
-            #[test]
-            fn mlp_plans_match_the_op_by_op_path() -> Result<()> {
-                super::mlp_plans_match_the_op_by_op_path::<$B>(&$device)
-            }
-            #[test]
-            fn attention_plans_match_the_op_by_op_path() -> Result<()> {
-                super::attention_plans_match_the_op_by_op_path::<$B>(&$device)
-            }
-            #[test]
-            fn steady_state_steps_take_no_new_device_memory() -> Result<()> {
-                super::steady_state_steps_take_no_new_device_memory(&$device)
             }
         }
     };
@@ -65,65 +50,6 @@ fused_tests!(
     kiln_cubecl::CudaDevice::first()
         .unwrap_or_else(|e| panic!("no CUDA device for the fused tests: {e}"))
 );
-
-/// The MNIST MLP with bf16 products (wgpu has no bf16: CUDA only).
-#[cfg(feature = "cuda")]
-#[kiln::model(precision = bf16)]
-type MlpBf16 = kiln_models::mlp::Mlp;
-
-/// Mixed precision on CUDA: the fused groups that widen a bf16 product and narrow the
-/// next layer's input (the `fused_mixed` kernel) give the op-by-op path's values, and
-/// the CPU's within bf16's rounding; gradients stay f32.
-#[cfg(feature = "cuda")]
-#[test]
-fn cuda_mixed_precision_plans_match_the_op_by_op_path_and_the_cpu() -> Result<()> {
-    use kiln_tensor::{Const, Rank2, Tensor};
-    let dev = kiln_cubecl::CudaDevice::first()
-        .unwrap_or_else(|e| panic!("no CUDA device for the fused tests: {e}"));
-    type G = kiln_cubecl::Cuda;
-    let (fused, unfused) = (MlpBf16::<G>::init(&dev, 3)?, MlpBf16::<G>::init(&dev, 3)?);
-    unfused.set_fused(false);
-    let cpu = MlpBf16::<Cpu>::init(&CpuDevice, 3)?;
-    let xs: Vec<f32> = (0..16 * 784)
-        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
-        .collect();
-    let labels: Vec<i32> = (0..16).map(|i| i % 10).collect();
-    let x = Tensor::<G, Rank2<16, 784>>::from_vec(xs.clone(), &[16, 784], &dev)?;
-    let y = Tensor::<G, (Const<16>,), i32>::from_vec(labels.clone(), &[16], &dev)?;
-    let xc = Tensor::<Cpu, Rank2<16, 784>>::from_vec(xs, &[16, 784], &CpuDevice)?;
-    let yc = Tensor::<Cpu, (Const<16>,), i32>::from_vec(labels, &[16], &CpuDevice)?;
-    let f = fused.forward(&x)?.raw().to_vec::<f32>()?;
-    let u = unfused.forward(&x)?.raw().to_vec::<f32>()?;
-    let c = cpu.forward(&xc)?.raw().to_vec::<f32>()?;
-    let scale = c.iter().fold(0f32, |m, v| m.max(v.abs()));
-    assert!(
-        max_diff(&f, &u) <= 1e-6 * (1.0 + scale),
-        "fused and op by op differ by {}",
-        max_diff(&f, &u)
-    );
-    assert!(
-        max_diff(&f, &c) <= 2e-2 * (1.0 + scale),
-        "CUDA and the CPU differ by {}",
-        max_diff(&f, &c)
-    );
-    let (lf, gf) = fused.loss_and_grad(&x, &y)?;
-    let (lu, gu) = unfused.loss_and_grad(&x, &y)?;
-    let d = max_diff(&lf.raw().to_vec::<f32>()?, &lu.raw().to_vec::<f32>()?);
-    assert!(d <= 1e-5, "losses differ by {d}");
-    let lc = cpu.loss(&xc, &yc)?.raw().to_vec::<f32>()?;
-    let d = max_diff(&lf.raw().to_vec::<f32>()?, &lc);
-    assert!(
-        d <= 2e-2 * (1.0 + lc[0].abs()),
-        "the loss on CUDA and the CPU differ by {d}"
-    );
-    assert_eq!(gf.fc1.weight.raw().dtype(), DType::F32);
-    let d = max_diff(
-        &gf.fc1.weight.raw().to_vec::<f32>()?,
-        &gu.fc1.weight.raw().to_vec::<f32>()?,
-    );
-    assert!(d <= 1e-5, "fc1's gradients differ by {d}");
-    Ok(())
-}
 
 /// How an input view is laid out over the kernel's dims `[r, c]`.
 #[derive(Clone, Copy, Debug)]
@@ -417,153 +343,5 @@ fn bad_operands_are_errors<G: Backend>(dev: &G::Device) -> Result<()> {
     assert!(e.unwrap_err().to_string().contains("output 0"));
     let e = G::fused_elementwise(dev, &expr, None, &[], &dims, &mut [&mut out]);
     assert!(e.unwrap_err().to_string().contains("reads 1 inputs"));
-    Ok(())
-}
-
-/// Parameters and buffers of a model, by name, on the host.
-fn state<G: Backend, M: kiln_tensor::nn::Module<G>>(m: &M) -> Vec<(String, Vec<f32>)> {
-    let mut out = Vec::new();
-    let mut take = |s: kiln_tensor::nn::Slot<'_, G>| {
-        out.push((
-            s.name.to_string(),
-            s.value.to_vec::<f32>().expect("download"),
-        ))
-    };
-    m.visit_params("", &mut take);
-    m.visit_buffers("", &mut take);
-    out
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-/// Causal self-attention (iota, casts, the mask's select fused into the softmax's
-/// kernels, batched products over batch and heads): planned on the device, op by op on
-/// the device and op by op on the CPU agree, values and gradients.
-fn attention_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> {
-    use kiln_tensor::{Const, RandDist, Tensor};
-    use TinyAttention as CausalSelfAttention;
-    type Seq = (Const<3>, Const<6>, Const<16>);
-    let normal = RandDist::Normal {
-        mean: 0.0,
-        std: 1.0,
-    };
-    fn outputs<B: Backend>(m: &CausalSelfAttention<B>, dev: &B::Device) -> Result<Vec<f32>> {
-        let normal = RandDist::Normal {
-            mean: 0.0,
-            std: 1.0,
-        };
-        let x =
-            Tensor::<B, Seq>::from_raw(RawTensor::rand(&[3, 6, 16], normal, 1, DType::F32, dev)?)?;
-        let t =
-            Tensor::<B, Seq>::from_raw(RawTensor::rand(&[3, 6, 16], normal, 2, DType::F32, dev)?)?;
-        let mut all = m.forward(&x)?.raw().to_vec::<f32>()?;
-        let (loss, grads) = m.loss_and_grad(&x, &t)?;
-        all.extend(loss.raw().to_vec::<f32>()?);
-        all.extend(grads.q.weight.raw().to_vec::<f32>()?);
-        all.extend(grads.v.bias.raw().to_vec::<f32>()?);
-        Ok(all)
-    }
-    let _ = normal;
-    let planned = CausalSelfAttention::<G>::init(dev, 5)?;
-    let op_by_op = CausalSelfAttention::<G>::init(dev, 5)?;
-    op_by_op.set_fused(false);
-    let cpu = CausalSelfAttention::<Cpu>::init(&CpuDevice, 5)?;
-    cpu.set_fused(false);
-    let (a, b, c) = (
-        outputs(&planned, dev)?,
-        outputs(&op_by_op, dev)?,
-        outputs(&cpu, &CpuDevice)?,
-    );
-    let d = max_diff(&a, &b).max(max_diff(&a, &c));
-    assert!(d <= 1e-4, "planned and op-by-op attention differ by {d}");
-    Ok(())
-}
-
-fn mlp_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> {
-    use kiln_models::mlp::Mlp;
-    use kiln_tensor::{Const, RandDist, Rank2, Tensor};
-    use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
-    let (mut fused, mut unfused) = (Mlp::<G>::init(dev, 3)?, Mlp::<G>::init(dev, 3)?);
-    unfused.set_fused(false);
-    let normal = RandDist::Normal {
-        mean: 0.0,
-        std: 1.0,
-    };
-    let x = Tensor::<G, Rank2<16, 784>>::from_raw(RawTensor::rand(
-        &[16, 784],
-        normal,
-        1,
-        DType::F32,
-        dev,
-    )?)?;
-    let y =
-        Tensor::<G, (Const<16>,), i32>::from_vec((0..16).map(|i| i % 10).collect(), &[16], dev)?;
-    let d = max_diff(
-        &fused.forward(&x)?.raw().to_vec::<f32>()?,
-        &unfused.forward(&x)?.raw().to_vec::<f32>()?,
-    );
-    assert!(d <= 1e-5, "forward differs by {d}");
-    let config = SgdConfig {
-        lr: 0.05,
-        momentum: 0.9,
-        weight_decay: 1e-4,
-        ..SgdConfig::default()
-    };
-    let (mut opt_f, mut opt_u) = (Sgd::<G>::new(config)?, Sgd::<G>::new(config)?);
-    for step in 0..2 {
-        let (lf, gf) = fused.loss_and_grad(&x, &y)?;
-        let (lu, gu) = unfused.loss_and_grad(&x, &y)?;
-        let d = max_diff(&lf.raw().to_vec::<f32>()?, &lu.raw().to_vec::<f32>()?);
-        assert!(d <= 1e-5, "step {step}: losses differ by {d}");
-        opt_f.step(&mut fused, &gf)?;
-        opt_u.step(&mut unfused, &gu)?;
-        for ((name, a), (_, b)) in state::<G, _>(&fused).iter().zip(&state::<G, _>(&unfused)) {
-            let d = max_diff(a, b);
-            assert!(d <= 1e-5, "step {step}: `{name}` differs by {d}");
-        }
-    }
-    Ok(())
-}
-
-fn steady_state_steps_take_no_new_device_memory<R: kiln_cubecl::KilnRuntime>(
-    dev: &kiln_cubecl::CubeDevice<R>,
-) -> Result<()> {
-    use kiln_cubecl::CubeBackend;
-    use kiln_models::mlp::Mlp;
-    use kiln_tensor::{Const, Rank2, Tensor};
-    use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
-    type G<R> = CubeBackend<R>;
-    let mut model = Mlp::<G<R>>::init(dev, 3)?;
-    let x = Tensor::<G<R>, Rank2<32, 784>>::normal(0.0, 1.0, 4, dev)?;
-    let y =
-        Tensor::<G<R>, (Const<32>,), i32>::from_vec((0..32).map(|i| i % 10).collect(), &[32], dev)?;
-    let mut opt = Sgd::<G<R>>::new(SgdConfig {
-        lr: 0.01,
-        momentum: 0.9,
-        ..SgdConfig::default()
-    })?;
-    let mut step = || -> Result<()> {
-        let (_, grads) = model.loss_and_grad(&x, &y)?;
-        opt.step(&mut model, &grads)?;
-        G::<R>::synchronize(dev)
-    };
-    // The first steps compile kernels, plan buffers and make the momentum buffers.
-    for _ in 0..3 {
-        step()?;
-    }
-    let before = dev.memory_usage()?;
-    for _ in 0..5 {
-        step()?;
-    }
-    let after = dev.memory_usage()?;
-    assert_eq!(
-        before, after,
-        "device memory (in use, reserved) changed over steady-state steps"
-    );
     Ok(())
 }

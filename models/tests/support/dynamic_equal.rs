@@ -1,8 +1,8 @@
 //! The static path (`#[model]`) against the dynamic path (`kiln_models::dynamic`) on
 //! any backend: for each model of the crate, the same initial parameters, outputs,
 //! loss, gradients, batch-norm statistics, and parameters after three optimizer steps.
-//! Shared by models/tests/dynamic_equal.rs (CPU) and kiln-cubecl's
-//! tests/dynamic_equal_wgpu.rs (wgpu).
+//! Shared by models/tests/dynamic_equal.rs (CPU) and
+//! models/gpu-system/tests/dynamic_equal_wgpu.rs (wgpu).
 //!
 //! Tolerance: |dynamic − static| ≤ 1e-4 + 1e-3·|static| per element. Both paths run
 //! the same graph through the same planner, but the static path's fused loops are

@@ -6,7 +6,7 @@
 
 use kiln_cubecl::{Wgpu, WgpuDevice};
 
-#[path = "../../../models/tests/support/dynamic_equal.rs"]
+#[path = "../../tests/support/dynamic_equal.rs"]
 mod equal;
 
 fn dev() -> WgpuDevice {

@@ -3,7 +3,7 @@
 //! MNIST training run. `scripts/bench_gpu.py` prints PyTorch's figures for the same
 //! work on the same machine.
 //!
-//! `cargo run --release -p kiln-cubecl --features cuda,wgpu --example gpu_bench -- \
+//! `cargo run --release -p kiln-gpu-system --features cuda,wgpu --example gpu_bench -- \
 //!     --backend cuda --workloads w1,w2,w4,mnist`
 //! (`dynamic` and `dynamic-first`: the same work on the dynamic path, and its first
 //! compile; run `dynamic-first` first in its process).

@@ -40,14 +40,14 @@ macro_rules! capture_rule_tests {
 #[cfg(feature = "wgpu")]
 capture_rule_tests!(
     wgpu,
-    cubecl::wgpu::WgpuRuntime,
+    kiln_cubecl::WgpuRuntime,
     kiln_cubecl::WgpuDevice::first()
         .unwrap_or_else(|e| panic!("no wgpu device for the capture-rule tests: {e}"))
 );
 #[cfg(feature = "cuda")]
 capture_rule_tests!(
     cuda,
-    cubecl::cuda::CudaRuntime,
+    kiln_cubecl::CudaRuntime,
     kiln_cubecl::CudaDevice::first()
         .unwrap_or_else(|e| panic!("no CUDA device for the capture-rule tests: {e}"))
 );
