@@ -1,7 +1,7 @@
 //! `kiln::embed!(Model, "weights.safetensors")`: a checkpoint built into the program,
 //! checked against the model when the program compiles. The file's header is read
 //! at build time and every tensor's name, dims and dtype compared with the model's
-//! parameters and buffers by `kiln-train`'s own rules (`checkpoint::fit_problems`); a
+//! parameters and buffers by the rules a load applies (`kiln_safetensors::fit_problems`); a
 //! missing, extra or mis-shaped tensor is a compile error naming it and both sides.
 //!
 //! `embed!` resolves the path (relative to the file that calls it, as
@@ -12,9 +12,9 @@
 use crate::dsl::{model_name, FieldKind};
 use crate::model::parse_fields;
 use crate::model::Def;
+use kiln_safetensors::{fit_problems, header_entries, TensorEntry};
 use kiln_tensor::nn::join;
 use kiln_tensor::DType;
-use kiln_train::checkpoint::{fit_problems, header_entries, TensorEntry};
 use proc_macro2::TokenStream;
 use quote::quote;
 use syn::parse::{Parse, ParseStream};

@@ -13,7 +13,7 @@
 //!
 //! [`Schedule`]: crate::schedule::Schedule
 
-use crate::checkpoint::{self, Checksums, Encoded, Reader};
+use crate::checkpoint::{self, Checksums, Encoded, ReadTensor, Reader};
 use crate::optim::{Optimizer, OptimizerState};
 use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, Error, Result};
