@@ -14,7 +14,7 @@
 //! constant, axis, slice bound, dtype or output set — is another key.
 
 use crate::lazy::{Kind, LazyTensor};
-use kiln_fusion::{plan, Program, SDim, Seeds};
+use kiln_fusion::{plan, Program, RunContext, SDim, Seeds};
 use kiln_tensor::ir::{Graph, Node as IrNode, NodeId, NodeKind};
 use kiln_tensor::{Backend, Builder, Eager, Error, Op, RawTensor, Result, SymDim, TensorMeta};
 use rustc_hash::{FxHashMap as HashMap, FxHasher};
@@ -503,18 +503,16 @@ fn eval_on<B: Backend>(device: &B::Device, targets: Vec<LazyTensor<B>>) -> Resul
     let start = Instant::now();
     let entry = &mut c.entries[at];
     entry.last_used = clock;
-    let seeds = Seeds::Table(&rec.seeds);
+    let mut cx = RunContext::new(device).seeds(Seeds::Table(&rec.seeds));
     let planned = entry
         .program
-        .run_seeded(device, &[], &inputs, seeds)?
+        .run(&mut cx, &inputs)?
         .map(|outs| outs.collect::<Vec<RawTensor<B>>>());
     let results = match planned {
         Some(results) => results,
         // The key fixes every size the plan names, so this is a broken invariant; the
         // op-by-op run still computes the right values.
-        None => entry
-            .program
-            .run_op_by_op_seeded(device, &[], &inputs, seeds)?,
+        None => entry.program.run_op_by_op(&mut cx, &inputs)?,
     };
     if first {
         c.stats.first_runs += start.elapsed();

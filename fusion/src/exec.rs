@@ -20,6 +20,7 @@ use kiln_tensor::op::fmt_dims;
 use kiln_tensor::{
     fit_views, Backend, DType, Dims, Error, Layout, Op, RawTensor, Result, TensorMeta, View,
 };
+use std::any::Any;
 use std::sync::Arc;
 
 /// Where a node's value lives during a run.
@@ -166,6 +167,82 @@ impl<'a, B: Backend> From<&'a StepSeed<B>> for Seeds<'a, B> {
         match seed {
             StepSeed::Host(seed) => Seeds::Mix(*seed),
             StepSeed::Device(buffer) => Seeds::Device(buffer),
+        }
+    }
+}
+
+/// Who is told of each output of a run (a `RawTensor<B>` behind the `&dyn Any`).
+pub type Watcher<'a> = &'a mut dyn FnMut(&dyn Any);
+
+/// What a [`Program`] run reads besides its inputs: the device, the size parameters
+/// bound by name (`("B", 256)`), where random ops get their seeds, the parts of a model
+/// the plan calls out to (modules on the dynamic path), and who is told of each output
+/// as soon as the work computing it is queued (a data-parallel step sending gradients
+/// during the backward pass). Built with [`RunContext::new`] and the setters below;
+/// one value for both paths, planned ([`Program::run`]) and op by op
+/// ([`Program::run_op_by_op`]).
+pub struct RunContext<'a, B: Backend> {
+    pub(crate) device: &'a B::Device,
+    pub(crate) sizes: &'a [(&'a str, usize)],
+    pub(crate) seeds: Seeds<'a, B>,
+    pub(crate) parts: Option<&'a mut dyn Parts<B>>,
+    pub(crate) watch: Option<Watcher<'a>>,
+}
+
+impl<'a, B: Backend> RunContext<'a, B> {
+    /// A run on `device` with no size parameters, random ops drawing with their own
+    /// seeds (mixed with 0), no parts and no watcher.
+    pub fn new(device: &'a B::Device) -> Self {
+        RunContext {
+            device,
+            sizes: &[],
+            seeds: Seeds::Mix(0),
+            parts: None,
+            watch: None,
+        }
+    }
+
+    /// A `#[model]` method's run: on `device`, with the method's size parameters
+    /// `sizes`, random ops mixing their own seed with the step's `seed`.
+    pub fn step(
+        device: &'a B::Device,
+        sizes: &'a [(&'a str, usize)],
+        seed: &'a StepSeed<B>,
+    ) -> Self {
+        RunContext::new(device)
+            .sizes(sizes)
+            .seeds(Seeds::from(seed))
+    }
+
+    /// Binds the plan's size parameters by name (`("B", 256)`).
+    pub fn sizes(mut self, sizes: &'a [(&'a str, usize)]) -> Self {
+        self.sizes = sizes;
+        self
+    }
+
+    /// Where random ops get their seeds.
+    pub fn seeds(mut self, seeds: Seeds<'a, B>) -> Self {
+        self.seeds = seeds;
+        self
+    }
+
+    /// The parts the plan calls out to.
+    pub fn parts(mut self, parts: &'a mut dyn Parts<B>) -> Self {
+        self.parts = Some(parts);
+        self
+    }
+
+    /// Who is handed each output (a `RawTensor<B>` behind the `&dyn Any`) as soon as
+    /// the work computing it is queued; `None` for nobody.
+    pub fn watch(mut self, watch: Option<Watcher<'a>>) -> Self {
+        self.watch = watch;
+        self
+    }
+
+    /// Hands `output` to the watcher, if there is one.
+    fn tell(&mut self, output: &RawTensor<B>) {
+        if let Some(watch) = self.watch.as_deref_mut() {
+            watch(output);
         }
     }
 }
@@ -470,44 +547,16 @@ impl<B: Backend> Program<B> {
         &self.plan
     }
 
-    /// Runs the plan on `inputs` (in the plan's input order) with the size parameters
-    /// `params` (`("B", 256)`); random ops draw with their seed mixed with `seed`.
-    /// See [`Program::run_seeded`].
-    pub fn run(
-        &mut self,
-        device: &B::Device,
-        params: &[(&str, usize)],
-        inputs: &[&RawTensor<B>],
-        seed: u64,
-    ) -> Result<Option<std::vec::Drain<'_, RawTensor<B>>>> {
-        self.run_seeded(device, params, inputs, Seeds::Mix(seed))
-    }
-
-    /// Runs the plan on `inputs` (in the plan's input order) with the size parameters
-    /// `params` (`("B", 256)`); random ops draw with the seeds `seeds` gives.
+    /// Runs the plan on `inputs` (in the plan's input order) in the context `cx`.
     /// Returns the plan's outputs, in order, or `None` when the inputs are valid but
     /// the plan does not describe their shapes (see `resolve`): run them op by op.
     /// Inputs that op-by-op execution would refuse are refused with its message.
-    pub fn run_seeded(
+    pub fn run(
         &mut self,
-        device: &B::Device,
-        params: &[(&str, usize)],
+        cx: &mut RunContext<'_, B>,
         inputs: &[&RawTensor<B>],
-        seeds: Seeds<'_, B>,
     ) -> Result<Option<std::vec::Drain<'_, RawTensor<B>>>> {
-        self.run_with_parts(device, params, inputs, seeds, &mut NoParts)
-    }
-
-    /// [`Program::run_seeded`] for a plan that calls out to `parts` (the dynamic parts
-    /// of a model).
-    pub fn run_with_parts(
-        &mut self,
-        device: &B::Device,
-        params: &[(&str, usize)],
-        inputs: &[&RawTensor<B>],
-        seeds: Seeds<'_, B>,
-        parts: &mut dyn Parts<B>,
-    ) -> Result<Option<std::vec::Drain<'_, RawTensor<B>>>> {
+        let (device, params) = (cx.device, cx.sizes);
         if inputs.len() != self.plan.inputs.len() {
             return Err(Error::invalid(
                 "run",
@@ -544,23 +593,25 @@ impl<B: Backend> Program<B> {
             r,
             inputs,
             device,
-            seeds,
+            seeds: cx.seeds,
         };
         for (k, (&leaf, t)) in plan.inputs.iter().zip(inputs).enumerate() {
             buffers.src[leaf] = Src::Input(k);
             buffers.layout[leaf] = *t.layout();
         }
-        kiln_tensor::collective::with_output_watcher(|mut watcher| {
-            for (step, ready) in r.steps.iter().zip(&r.ready) {
-                buffers.step(&run, step, parts)?;
-                if let Some(watch) = watcher.as_deref_mut() {
-                    for &o in ready {
-                        watch(&buffers.output(inputs, plan.outputs[o], device)?);
-                    }
+        let mut no_parts = NoParts;
+        for (step, ready) in r.steps.iter().zip(&r.ready) {
+            let parts: &mut dyn Parts<B> = match cx.parts.as_deref_mut() {
+                Some(p) => p,
+                None => &mut no_parts,
+            };
+            buffers.step(&run, step, parts)?;
+            if cx.watch.is_some() {
+                for &o in ready {
+                    cx.tell(&buffers.output(inputs, plan.outputs[o], device)?);
                 }
             }
-            Ok::<(), Error>(())
-        })?;
+        }
         results.clear();
         for &o in &plan.outputs {
             results.push(buffers.output(inputs, o, device)?);
@@ -576,37 +627,15 @@ impl<B: Backend> Program<B> {
     /// In anomaly mode ([`kiln_tensor::anomaly`]) every input and every node's value is
     /// checked, and the first that is not finite is an [`Error::NonFinite`] naming it.
     /// Takes what [`Program::run`] takes and checks the same (the guards, every node's
-    /// shape rule), so both paths refuse the same inputs with the same message.
+    /// shape rule), so both paths refuse the same inputs with the same message; the
+    /// context's watcher is handed each output as soon as it is computed, as on the
+    /// planned path.
     pub fn run_op_by_op(
         &self,
-        device: &B::Device,
-        params: &[(&str, usize)],
+        cx: &mut RunContext<'_, B>,
         inputs: &[&RawTensor<B>],
-        seed: u64,
     ) -> Result<Vec<RawTensor<B>>> {
-        self.run_op_by_op_seeded(device, params, inputs, Seeds::Mix(seed))
-    }
-
-    /// [`Program::run_op_by_op`] with the seeds `seeds` gives.
-    pub fn run_op_by_op_seeded(
-        &self,
-        device: &B::Device,
-        params: &[(&str, usize)],
-        inputs: &[&RawTensor<B>],
-        seeds: Seeds<'_, B>,
-    ) -> Result<Vec<RawTensor<B>>> {
-        self.run_op_by_op_with_parts(device, params, inputs, seeds, &mut NoParts)
-    }
-
-    /// [`Program::run_op_by_op_seeded`] for a plan that calls out to `parts`.
-    pub fn run_op_by_op_with_parts(
-        &self,
-        device: &B::Device,
-        params: &[(&str, usize)],
-        inputs: &[&RawTensor<B>],
-        seeds: Seeds<'_, B>,
-        parts: &mut dyn Parts<B>,
-    ) -> Result<Vec<RawTensor<B>>> {
+        let (device, params, seeds) = (cx.device, cx.sizes, cx.seeds);
         let plan = &self.plan;
         if inputs.len() != plan.inputs.len() {
             return Err(Error::invalid(
@@ -626,6 +655,11 @@ impl<B: Backend> Program<B> {
         let mut eager = kiln_tensor::Eager::<B>::new(device.clone());
         let mut values: Vec<Option<RawTensor<B>>> = vec![None; plan.graph.nodes.len()];
         let detect = kiln_tensor::anomaly::detecting();
+        // How many of the plan's outputs each node is (handed out once per output).
+        let mut outputs_at = vec![0usize; plan.graph.nodes.len()];
+        for &o in &plan.outputs {
+            outputs_at[o] += 1;
+        }
         for (k, &leaf) in plan.inputs.iter().enumerate() {
             if detect && live[leaf] {
                 if let Some(bad) = kiln_tensor::anomaly::first_non_finite(inputs[k])? {
@@ -647,9 +681,17 @@ impl<B: Backend> Program<B> {
                 })?;
                 let grad = matches!(node.kind, NodeKind::CallGrad(_));
                 let declared = &node.meta.dims;
+                let mut no_parts = NoParts;
+                let parts: &mut dyn Parts<B> = match cx.parts.as_deref_mut() {
+                    Some(p) => p,
+                    None => &mut no_parts,
+                };
                 let value = call_part(parts, part, grad, input, &all[i], declared)?;
                 if detect {
                     anomaly::check(plan, i, &value)?;
+                }
+                for _ in 0..outputs_at[i] {
+                    cx.tell(&value);
                 }
                 values[i] = Some(value);
                 continue;
@@ -677,6 +719,9 @@ impl<B: Backend> Program<B> {
             };
             if detect {
                 anomaly::check(plan, i, &value)?;
+            }
+            for _ in 0..outputs_at[i] {
+                cx.tell(&value);
             }
             values[i] = Some(value);
         }

@@ -17,7 +17,7 @@ pub mod report;
 pub mod sym;
 pub mod text;
 
-pub use exec::{Natives, Program, Seeds};
+pub use exec::{Natives, Program, RunContext, Seeds};
 pub use exprs::native_exprs;
 pub use parts::{NoParts, Parts};
 pub use plan::{plan, plan_named, Kernel, KernelKind, Plan};

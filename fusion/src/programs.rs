@@ -2,11 +2,9 @@
 //! its embedded plan text on first use, and the model's switch between fused plans and
 //! op-by-op execution.
 
-use crate::exec::Natives;
-use crate::exec::{Program, Seeds};
-use crate::parts::{NoParts, Parts};
+use crate::exec::{Natives, Program, RunContext};
+use crate::parts::Parts;
 use crate::plan::Plan;
-use kiln_tensor::nn::StepSeed;
 use kiln_tensor::{Backend, RawTensor, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -72,63 +70,51 @@ impl<B: Backend> Programs<B> {
     }
 
     /// Runs program `id` (built from `plan_text` and `natives` on first use) on
-    /// `inputs` with the size parameters `params`: through its fused plan when the
-    /// model runs fused and the plan describes these inputs, else op by op (always in
-    /// anomaly mode, [`kiln_tensor::anomaly`]). `take`
-    /// receives the outputs in order (a fused run hands over its buffers without
-    /// allocating); random ops draw with their seeds mixed with `seed`. What the
-    /// generated methods of a `#[model]` call; see [`Program::run`].
-    #[allow(clippy::too_many_arguments)]
+    /// `inputs` in the context `cx`: through its fused plan when the model runs fused
+    /// and the plan describes these inputs, else op by op (always in anomaly mode,
+    /// [`kiln_tensor::anomaly`]). `take` receives the outputs in order (a fused run
+    /// hands over its buffers without allocating). The outputs are also handed, as
+    /// they are computed, to the watcher [`kiln_tensor::collective::watch_outputs`]
+    /// set around the outermost method call. What the generated methods of a
+    /// `#[model]` call; see [`Program::run`].
     pub fn call<R>(
         &self,
         id: usize,
         plan_text: &str,
         natives: &'static Natives,
-        device: &B::Device,
-        params: &[(&str, usize)],
+        cx: RunContext<'_, B>,
         inputs: &[&RawTensor<B>],
-        seed: &StepSeed<B>,
-        take: impl FnOnce(&mut dyn Iterator<Item = RawTensor<B>>) -> R,
-    ) -> Result<R> {
-        self.call_with_parts(
-            id,
-            plan_text,
-            natives,
-            device,
-            params,
-            inputs,
-            seed,
-            &mut NoParts,
-            take,
-        )
-    }
-
-    /// [`Programs::call`] for a plan that calls out to `parts` (a model holding
-    /// modules on the dynamic path).
-    #[allow(clippy::too_many_arguments)]
-    pub fn call_with_parts<R>(
-        &self,
-        id: usize,
-        plan_text: &str,
-        natives: &'static Natives,
-        device: &B::Device,
-        params: &[(&str, usize)],
-        inputs: &[&RawTensor<B>],
-        seed: &StepSeed<B>,
-        parts: &mut dyn Parts<B>,
         take: impl FnOnce(&mut dyn Iterator<Item = RawTensor<B>>) -> R,
     ) -> Result<R> {
         // Anomaly mode checks every op's value, which only op-by-op execution has.
         let fused = self.fused() && !kiln_tensor::anomaly::detecting();
-        let seeds = Seeds::from(seed);
-        self.with(id, plan_text, natives, |p| {
-            if fused {
-                if let Some(mut outputs) = p.run_with_parts(device, params, inputs, seeds, parts)? {
-                    return Ok(take(&mut outputs));
+        let RunContext {
+            device,
+            sizes,
+            seeds,
+            parts,
+            watch,
+        } = cx;
+        kiln_tensor::collective::with_output_watcher(|outermost| {
+            let mut cx = RunContext {
+                device,
+                sizes,
+                seeds,
+                parts: parts.map(|p| p as &mut dyn Parts<B>),
+                watch: match watch {
+                    Some(w) => Some(w as &mut dyn FnMut(&dyn std::any::Any)),
+                    None => outermost.map(|w| w as &mut dyn FnMut(&dyn std::any::Any)),
+                },
+            };
+            self.with(id, plan_text, natives, |p| {
+                if fused {
+                    if let Some(mut outputs) = p.run(&mut cx, inputs)? {
+                        return Ok(take(&mut outputs));
+                    }
                 }
-            }
-            let outputs = p.run_op_by_op_with_parts(device, params, inputs, seeds, parts)?;
-            Ok(take(&mut outputs.into_iter()))
+                let outputs = p.run_op_by_op(&mut cx, inputs)?;
+                Ok(take(&mut outputs.into_iter()))
+            })
         })
     }
 }

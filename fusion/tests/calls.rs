@@ -7,7 +7,7 @@
 //! they are computed (not those of plans run inside its parts).
 
 use kiln_cpu::{Cpu, CpuDevice};
-use kiln_fusion::{plan, KernelKind, Parts, Plan, Program, SDim, Seeds};
+use kiln_fusion::{plan, KernelKind, Parts, Plan, Program, RunContext, SDim};
 use kiln_tensor::ir::{Graph, NodeId};
 use kiln_tensor::{BuilderExt, CmpOp, DType, RawTensor, Result, SymDim};
 
@@ -61,13 +61,14 @@ fn run(
     parts: &mut Scale,
 ) -> Result<Vec<Vec<f32>>> {
     let params = [("B", x.dims()[0])];
+    let mut cx = RunContext::new(&CpuDevice).sizes(&params).parts(parts);
     let outs: Vec<RawTensor<Cpu>> = if fused {
         program
-            .run_with_parts(&CpuDevice, &params, &[x], Seeds::Mix(0), parts)?
+            .run(&mut cx, &[x])?
             .expect("the plan describes these inputs")
             .collect()
     } else {
-        program.run_op_by_op_with_parts(&CpuDevice, &params, &[x], Seeds::Mix(0), parts)?
+        program.run_op_by_op(&mut cx, &[x])?
     };
     outs.iter().map(|t| t.to_vec::<f32>()).collect()
 }
@@ -183,7 +184,9 @@ impl Parts<Cpu> for Inner {
 
     fn forward(&mut self, _part: usize, input: RawTensor<Cpu>) -> Result<RawTensor<Cpu>> {
         let params = [("B", input.dims()[0])];
-        let outs = self.0.run(&CpuDevice, &params, &[&input], 0)?;
+        let outs = self
+            .0
+            .run(&mut RunContext::new(&CpuDevice).sizes(&params), &[&input])?;
         Ok(outs
             .expect("the inner plan describes its input")
             .next()
@@ -196,10 +199,13 @@ impl Parts<Cpu> for Inner {
 }
 
 #[test]
-fn a_watcher_is_handed_each_output_of_the_outermost_planned_run() -> Result<()> {
+fn a_watcher_is_handed_each_output_planned_and_op_by_op_not_a_parts_outputs() -> Result<()> {
     use kiln_tensor::collective::watch_outputs;
+    use std::{cell::RefCell, rc::Rc};
     let (g, inputs, outputs) = graph()?;
-    let mut program = Program::<Cpu>::new(plan(&g, &inputs, &outputs), &[]);
+    let outer = plan(&g, &inputs, &outputs);
+    let text = outer.to_text();
+    let mut program = Program::<Cpu>::new(outer, &[]);
     let mut inner = Graph::<SDim>::new();
     let x = inner.leaf(0, vec![SDim::param("B"), SDim::lit(3)], DType::F32);
     let half = inner.mul_scalar(&x, 0.5)?;
@@ -209,39 +215,49 @@ fn a_watcher_is_handed_each_output_of_the_outermost_planned_run() -> Result<()> 
         &[2, 3],
         &CpuDevice,
     )?;
-    let mut handed: Vec<Vec<f32>> = Vec::new();
-    let mut watch = |t: &dyn std::any::Any| {
+    let params = [("B", 2)];
+    let values = |t: &dyn std::any::Any| {
         let t = t.downcast_ref::<RawTensor<Cpu>>().expect("a CPU tensor");
-        handed.push(t.to_vec::<f32>().unwrap());
+        t.to_vec::<f32>().unwrap()
     };
-    let mut outs = watch_outputs(&mut watch, || {
-        let params = [("B", 2)];
-        program
-            .run_with_parts(&CpuDevice, &params, &[&x], Seeds::Mix(0), &mut parts)
-            .map(|o| {
-                o.expect("planned")
-                    .map(|t| t.to_vec::<f32>().unwrap())
-                    .collect::<Vec<_>>()
+    let sorted = |mut v: Vec<Vec<f32>>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v
+    };
+    // Through the run context: the outer plan's two outputs, once each, with the values
+    // it returns; not the inner plan's (run inside the part, in a context of its own).
+    for fused in [true, false] {
+        let mut handed: Vec<Vec<f32>> = Vec::new();
+        let mut watch = |t: &dyn std::any::Any| handed.push(values(t));
+        let mut cx = RunContext::new(&CpuDevice)
+            .sizes(&params)
+            .parts(&mut parts)
+            .watch(Some(&mut watch));
+        let outs: Vec<Vec<f32>> = match fused {
+            true => program.run(&mut cx, &[&x])?.expect("planned").collect(),
+            false => program.run_op_by_op(&mut cx, &[&x])?,
+        }
+        .iter()
+        .map(|t| t.to_vec::<f32>().unwrap())
+        .collect();
+        assert_eq!(sorted(handed), sorted(outs), "fused: {fused}");
+    }
+    // Through a model's programs and the scoped watcher (what a data-parallel step
+    // sets around its backward pass): the same outputs on both paths.
+    let programs = kiln_fusion::Programs::<Cpu>::default();
+    for fused in [true, false] {
+        programs.set_fused(fused);
+        let handed = Rc::new(RefCell::new(Vec::new()));
+        let record = handed.clone();
+        let watch = move |t: &dyn std::any::Any| record.borrow_mut().push(values(t));
+        let outs = watch_outputs(Box::new(watch), || {
+            let seed = kiln_tensor::nn::StepSeed::Host(0);
+            let cx = RunContext::step(&CpuDevice, &params, &seed).parts(&mut parts);
+            programs.call(0, &text, &[], cx, &[&x], |outs| {
+                outs.map(|t| t.to_vec::<f32>().unwrap()).collect::<Vec<_>>()
             })
-    })?;
-    // The outer plan's two outputs, once each, with the values it returns; not the
-    // inner plan's (run inside the part).
-    handed.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    outs.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    assert_eq!(handed, outs);
-    // Op by op, outputs come only at the end: nothing is handed out.
-    let mut count = 0;
-    watch_outputs(&mut |_| count += 1, || {
-        run(
-            &mut program,
-            false,
-            &x,
-            &mut Scale {
-                scale: 0.5,
-                width: None,
-            },
-        )
-    })?;
-    assert_eq!(count, 0);
+        })?;
+        assert_eq!(sorted(handed.take()), sorted(outs), "fused: {fused}");
+    }
     Ok(())
 }

@@ -7,7 +7,7 @@
 //! `Dyn` of size 1 broadcast against another `Dyn`); then the caller runs op by op.
 
 use kiln_cpu::{Cpu, CpuDevice};
-use kiln_fusion::{plan, Program, SDim};
+use kiln_fusion::{plan, Program, RunContext, SDim};
 use kiln_tensor::ir::Graph;
 use kiln_tensor::nn::{LayerSpec, Mode};
 use kiln_tensor::op::solve_reshape;
@@ -192,7 +192,7 @@ fn check(
     let mut outcome = Outcome::Values;
     for run in 0..2 {
         let got = program
-            .run(&CpuDevice, &[], &ins, 0)
+            .run(&mut RunContext::new(&CpuDevice), &ins)
             .map(|o| o.map(|o| o.collect::<Vec<_>>()));
         match (&got, &want) {
             (Ok(Some(got)), Ok(want)) => {
@@ -302,7 +302,7 @@ fn cross_entropy_labels_are_checked_when_planned() {
         let xs = normal(&[3, 10], 7);
         let ys = RawTensor::<Cpu>::from_vec(vec![1i32; labels], &[labels], &CpuDevice).unwrap();
         let got = program
-            .run(&CpuDevice, &[], &[&xs, &ys], 0)
+            .run(&mut RunContext::new(&CpuDevice), &[&xs, &ys])
             .map(|o| o.map(|o| o.count()));
         match want {
             Some(msg) => {

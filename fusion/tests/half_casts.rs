@@ -5,7 +5,7 @@
 //! values bit for bit, rounding included.
 
 use kiln_cpu::{Cpu, CpuDevice};
-use kiln_fusion::{plan, KernelKind, Plan, Program, SDim};
+use kiln_fusion::{plan, KernelKind, Plan, Program, RunContext, SDim};
 use kiln_tensor::ir::{Graph, NodeId};
 use kiln_tensor::{BuilderExt, DType, RawTensor, Result, SymDim};
 
@@ -70,10 +70,11 @@ fn half_casts_fuse_at_group_edges_and_round_as_op_by_op() -> Result<()> {
         let w = RawTensor::<Cpu>::from_vec(ws, &[4, 3], &CpuDevice)?;
         let params = [("B", 2)];
         let fused: Vec<RawTensor<Cpu>> = program
-            .run(&CpuDevice, &params, &[&a, &w], 0)?
+            .run(&mut RunContext::new(&CpuDevice).sizes(&params), &[&a, &w])?
             .expect("the plan describes these inputs")
             .collect();
-        let eager = program.run_op_by_op(&CpuDevice, &params, &[&a, &w], 0)?;
+        let eager =
+            program.run_op_by_op(&mut RunContext::new(&CpuDevice).sizes(&params), &[&a, &w])?;
         assert_eq!(fused[0].dtype(), half);
         for (f, e) in fused.iter().zip(&eager) {
             let (f, e) = (

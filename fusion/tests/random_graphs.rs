@@ -5,7 +5,7 @@
 //! reuses the buffers of the first).
 
 use kiln_cpu::{Cpu, CpuDevice};
-use kiln_fusion::{plan, Program, SDim};
+use kiln_fusion::{plan, Program, RunContext, SDim};
 use kiln_tensor::ir::Graph;
 use kiln_tensor::{BinaryOp, DType, Eager, RandDist, RawTensor, ReduceOp, Result, SymDim, UnaryOp};
 use proptest::prelude::*;
@@ -63,7 +63,7 @@ fn check(
     let ins: Vec<&RawTensor<Cpu>> = tensors.iter().collect();
     for run in 0..2 {
         let got: Vec<RawTensor<Cpu>> = program
-            .run(&dev, &[], &ins, 0)
+            .run(&mut RunContext::new(&dev), &ins)
             .map_err(|e| TestCaseError::fail(e.to_string()))?
             .expect("a plan of literal dims describes its inputs")
             .collect();

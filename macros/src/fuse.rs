@@ -17,10 +17,11 @@ pub struct Fused {
     pub plan_const: TokenStream,
     /// What the call needs first (the buffers it reads, the native loops).
     setup: TokenStream,
-    /// The arguments of `Programs::call` before its `take` closure; they read `__dev`,
-    /// `__sizes` (the size parameters), `__seed`, and the method's arguments as
-    /// `&RawTensor`s.
-    args: TokenStream,
+    /// The program's arguments of `Programs::call`: its number, plan and loops.
+    program: TokenStream,
+    /// The plan's inputs: the method's arguments and the parameters, as `&RawTensor`s.
+    /// The call's context reads `__dev`, `__sizes` (the size parameters) and `__seed`.
+    inputs: Vec<TokenStream>,
     /// Whether the plan calls out to dynamic parts (through `__parts`).
     calls_parts: bool,
     /// What binds `__parts`, the dynamic parts the plan calls, placed by the caller
@@ -33,18 +34,17 @@ impl Fused {
     /// An expression running the plan, fused or op by op (see `Programs::call`), and
     /// evaluating to what `take` (a closure over the iterator of outputs) returns.
     pub fn run(&self, take: TokenStream) -> TokenStream {
-        let (setup, args) = (&self.setup, &self.args);
-        if self.calls_parts {
-            quote!({
-                #setup
-                self.__kiln_plans.call_with_parts(#args, &mut __parts, #take)?
-            })
-        } else {
-            quote!({
-                #setup
-                self.__kiln_plans.call(#args, #take)?
-            })
-        }
+        let (setup, program, inputs) = (&self.setup, &self.program, &self.inputs);
+        let parts = self.calls_parts.then(|| quote!(.parts(&mut __parts)));
+        quote!({
+            #setup
+            self.__kiln_plans.call(
+                #program,
+                ::kiln::fusion::RunContext::step(&__dev, __sizes, &__seed)#parts,
+                &[#(#inputs),*],
+                #take,
+            )?
+        })
     }
 }
 
@@ -176,11 +176,12 @@ pub fn fuse(
         #(#buffers)*
         static __KILN_NATIVES: &::kiln::fusion::Natives = &[#(#natives),*];
     };
-    let args = quote!(#id, Self::#const_name, __KILN_NATIVES, &__dev, __sizes, &[#(#leaf_exprs),*], &__seed);
+    let program = quote!(#id, Self::#const_name, __KILN_NATIVES);
     Fused {
         plan_const,
         setup,
-        args,
+        program,
+        inputs: leaf_exprs,
         calls_parts: !mg.parts.is_empty(),
         parts,
     }

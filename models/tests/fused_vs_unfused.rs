@@ -239,7 +239,10 @@ fn a_wrong_runtime_shape_is_a_clear_error() -> Result<()> {
     let mut ins: Vec<&RawTensor<Cpu>> = vec![&x];
     ins.extend(ps.iter().map(|(_, t)| t));
     let err = program
-        .run(&CpuDevice, &[("B", 3)], &ins, 0)
+        .run(
+            &mut kiln::fusion::RunContext::new(&CpuDevice).sizes(&[("B", 3)]),
+            &ins,
+        )
         .expect_err("a shape error")
         .to_string();
     assert!(

@@ -12,6 +12,8 @@
 use crate::launch::{describe, mean_in_rank_order, tensors_like};
 use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, Collective, Error, RawTensor, Result};
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -347,6 +349,18 @@ impl<B: Backend> Bucket<B> {
     }
 }
 
+/// What a step's watcher records while the backward pass runs.
+struct During<B: Backend> {
+    /// Every output handed out, in order.
+    handed: Vec<RawTensor<B>>,
+    /// The exchanges started, keyed by the place of the output they average.
+    started: Vec<(usize, RawTensor<B>)>,
+    /// The gradients gathered for the next exchange.
+    bucket: Bucket<B>,
+    /// Why an exchange could not start: the step fails with it.
+    failed: Option<Error>,
+}
+
 /// A data-parallel step's exchange of gradients: each step's gradients and loss
 /// averaged over the ranks, in buckets of about [`BUCKET_BYTES`] sent in the order the
 /// backward pass computes them, each as soon as its last gradient is computed (through
@@ -399,40 +413,62 @@ impl GradExchange {
     }
 
     /// Runs `backward` (a step's loss and gradients on this rank's share of the batch)
-    /// and gives its loss and gradients averaged over the ranks of `c`.
-    pub fn run<B: Backend, M: Module<B>>(
+    /// and gives its loss and gradients averaged over the ranks of `c`. The exchange
+    /// holds `c` (shared) while the backward pass runs, because it starts buckets from
+    /// the watcher the model's methods hand their outputs to.
+    pub fn run<B: Backend, M: Module<B>, C: Collective<B> + ?Sized + 'static>(
         &mut self,
-        c: &(impl Collective<B> + ?Sized),
+        c: &Rc<C>,
         model: &mut M,
         backward: impl FnOnce(&M) -> Result<(RawTensor<B>, M::Grads)>,
     ) -> Result<(RawTensor<B>, M::Grads)> {
-        let learnt = match self.after {
-            true => &[],
-            false => self.learnt.as_deref().unwrap_or(&[]),
+        let learnt: Rc<[Option<usize>]> = match (self.after, &self.learnt) {
+            (false, Some(learnt)) => learnt.as_slice().into(),
+            _ => Rc::new([]),
         };
-        let mut handed: Vec<RawTensor<B>> = Vec::new();
-        let mut started: Vec<(usize, RawTensor<B>)> = Vec::new();
-        let mut bucket = Bucket::new(!self.after);
-        let mut failed = None;
-        let mut watch = |out: &dyn std::any::Any| {
-            let Some(t) = out.downcast_ref::<RawTensor<B>>() else {
-                return;
-            };
-            let k = handed.len();
-            handed.push(t.clone());
-            // An output learnt as a gradient goes into the bucket, keyed by its place.
-            if failed.is_none() && learnt.get(k).is_some_and(Option::is_some) {
-                match bucket.add(c, k, t) {
-                    Ok(sent) => started.extend(sent.into_iter().flatten()),
-                    Err(e) => failed = Some(e),
+        let during = Rc::new(RefCell::new(During {
+            handed: Vec::new(),
+            started: Vec::new(),
+            bucket: Bucket::new(!self.after),
+            failed: None,
+        }));
+        let watch = {
+            let (during, c, learnt) = (during.clone(), c.clone(), learnt.clone());
+            move |out: &dyn std::any::Any| {
+                let Some(t) = out.downcast_ref::<RawTensor<B>>() else {
+                    return;
+                };
+                let During {
+                    handed,
+                    started,
+                    bucket,
+                    failed,
+                } = &mut *during.borrow_mut();
+                let k = handed.len();
+                handed.push(t.clone());
+                // An output learnt as a gradient goes into the bucket, keyed by its place.
+                if failed.is_none() && learnt.get(k).is_some_and(Option::is_some) {
+                    match bucket.add(&*c, k, t) {
+                        Ok(sent) => started.extend(sent.into_iter().flatten()),
+                        Err(e) => *failed = Some(e),
+                    }
                 }
             }
         };
         let (loss, grads) =
-            kiln_tensor::collective::watch_outputs(&mut watch, || backward(&*model))?;
+            kiln_tensor::collective::watch_outputs(Box::new(watch), || backward(&*model))?;
+        let During {
+            handed,
+            mut started,
+            mut bucket,
+            failed,
+        } = Rc::into_inner(during)
+            .expect("the watcher is dropped when its scope ends")
+            .into_inner();
         if let Some(e) = failed {
             return Err(e);
         }
+        let c: &C = c;
         started.extend(bucket.send(c)?);
         let mut raw: Vec<RawTensor<B>> = Vec::new();
         each_grad(model, &grads, &mut |_, g| raw.push(g.clone()))?;

@@ -10,6 +10,7 @@ use crate::optim::Optimizer;
 use crate::parallel::GradExchange;
 use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, Collective, HostData, RawTensor, Replay, Result};
+use std::rc::Rc;
 
 /// A captured step: its replay, the input buffers it reads and the loss it writes.
 struct Captured<B: Backend> {
@@ -49,7 +50,7 @@ pub struct StepReplay<B: Backend> {
     notice: Option<String>,
     /// The ranks this one averages its gradients and loss with (data parallelism),
     /// and how.
-    ranks: Option<(Box<dyn Collective<B>>, GradExchange)>,
+    ranks: Option<(Rc<dyn Collective<B>>, GradExchange)>,
 }
 
 /// A model's loss and gradients on a step's inputs, uploaded to the device.
@@ -117,7 +118,7 @@ impl<B: Backend> StepReplay<B> {
             true => GradExchange::new(),
             false => GradExchange::after_backward(),
         };
-        self.ranks = Some((ranks, exchange));
+        self.ranks = Some((Rc::from(ranks), exchange));
         Ok(self)
     }
 
@@ -242,15 +243,13 @@ impl<B: Backend> StepReplay<B> {
 /// The loss and gradients of `model` on `inputs`, averaged over `ranks` where the step
 /// is one rank's of a data-parallel run.
 fn rank_step<B: Backend, M: Module<B>>(
-    ranks: &mut Option<(Box<dyn Collective<B>>, GradExchange)>,
+    ranks: &mut Option<(Rc<dyn Collective<B>>, GradExchange)>,
     model: &mut M,
     inputs: &[RawTensor<B>],
     loss_and_grad: &mut LossAndGrad<'_, B, M>,
 ) -> Result<(RawTensor<B>, M::Grads)> {
     match ranks {
-        Some((ranks, exchange)) => {
-            exchange.run(ranks.as_ref(), model, |m| loss_and_grad(m, inputs))
-        }
+        Some((ranks, exchange)) => exchange.run(ranks, model, |m| loss_and_grad(m, inputs)),
         None => loss_and_grad(model, inputs),
     }
 }

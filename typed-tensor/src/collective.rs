@@ -3,16 +3,18 @@
 //! [`Backend`], so that a backend crate implements it for its own devices (NCCL on
 //! CUDA) and the training strategy in `kiln-train` is written once against it.
 //!
-//! Also here: [`watch_outputs`], which hands the outputs of the plans a closure runs to
-//! a watcher as soon as each is computed, so that a data-parallel step sends a bucket
-//! of gradients while the rest of the backward pass still runs.
+//! Also here: [`watch_outputs`], which hands the outputs of the model methods a closure
+//! calls to a watcher as soon as each is computed, so that a data-parallel step sends a
+//! bucket of gradients while the rest of the backward pass still runs. Generated model
+//! methods take no context argument, so the watcher reaches them through a scoped,
+//! owned thread-local that only `Programs::call` reads; everything below it (the
+//! `Program` runs) receives it as part of its run context.
 
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::raw::RawTensor;
 use std::any::Any;
-use std::cell::Cell;
-use std::ptr::NonNull;
+use std::cell::RefCell;
 
 /// How ranks exchange tensors: every rank calls the same operations, in the same order,
 /// with tensors of the same dims and dtypes. A call waits for every rank; a rank that
@@ -52,57 +54,53 @@ pub trait Collective<B: Backend> {
     }
 }
 
-/// A watcher of computed outputs, lifetime erased: valid while the [`watch_outputs`]
-/// call that set it runs.
-type Watcher = NonNull<dyn FnMut(&dyn Any)>;
+/// A watcher of computed outputs: told each output (a `RawTensor<B>` behind the
+/// `&dyn Any`) as soon as the work computing it is queued.
+pub type OutputWatch = Box<dyn FnMut(&dyn Any)>;
 
 thread_local! {
-    /// The watcher of this thread's outermost plan runs, if one is set.
-    static WATCHER: Cell<Option<Watcher>> = const { Cell::new(None) };
+    /// The watcher of the model methods this thread runs, if one is set: owned, so
+    /// nothing borrowed outlives its scope.
+    static WATCHER: RefCell<Option<OutputWatch>> = const { RefCell::new(None) };
 }
 
-/// Runs `body`, handing `watch` each output of the plans `body` runs on this thread (a
-/// `RawTensor<B>` behind the `&dyn Any`) as soon as the kernel computing it is queued,
-/// so that work on it (sending a gradient to the other ranks) can start while the
-/// plan's later kernels run. Only outermost runs are watched: a plan run inside
-/// another (a model's dynamic part) is not. A watcher is told, not asked: outputs of
-/// plans that run op by op are not handed to it at all.
-pub fn watch_outputs<R>(watch: &mut dyn FnMut(&dyn Any), body: impl FnOnce() -> R) -> R {
+/// Runs `body`, handing `watch` each output of the model methods `body` calls on this
+/// thread (`#[model]` methods, through `Programs::call`) as soon as the kernel
+/// computing it is queued, so that work on it (sending a gradient to the other ranks)
+/// can start while the method's later kernels run. Planned and op-by-op runs both
+/// hand their outputs out. Only outermost runs are watched: a plan run inside another
+/// (a model's dynamic part) is not. The watcher is owned (what it records, it shares
+/// with its caller, in an `Rc`), so nothing borrowed outlives the call.
+pub fn watch_outputs<R>(watch: OutputWatch, body: impl FnOnce() -> R) -> R {
     /// Puts back the watcher that was set before, however `body` ends.
-    struct Restore(Option<Watcher>);
+    struct Restore(Option<OutputWatch>);
     impl Drop for Restore {
         fn drop(&mut self) {
-            WATCHER.with(|w| w.set(self.0));
+            let before = self.0.take();
+            WATCHER.with(|w| *w.borrow_mut() = before);
         }
     }
-    // SAFETY: only the lifetime is erased; the pointer leaves the thread-local when
-    // `Restore` drops at the end of this call, before `watch`'s borrow ends, and
-    // `with_output_watcher` lends it only for the length of one call.
-    let erased: Watcher = unsafe {
-        std::mem::transmute::<NonNull<dyn FnMut(&dyn Any) + '_>, Watcher>(NonNull::from(watch))
-    };
-    let _restore = Restore(WATCHER.with(|w| w.replace(Some(erased))));
+    let _restore = Restore(WATCHER.with(|w| w.borrow_mut().replace(watch)));
     body()
 }
 
 /// Runs `f` with this thread's output watcher (see [`watch_outputs`]), taken for the
-/// call so that plans run inside `f` are not watched: what a plan's run calls around
-/// its kernels.
-pub fn with_output_watcher<R>(f: impl FnOnce(Option<&mut dyn FnMut(&dyn Any)>) -> R) -> R {
+/// call so that plans run inside `f` are not watched: what a model's method calls
+/// around its plan's run.
+pub fn with_output_watcher<R>(
+    f: impl FnOnce(Option<&mut (dyn FnMut(&dyn Any) + 'static)>) -> R,
+) -> R {
     /// Hands the watcher back to the thread-local, however `f` ends.
-    struct Return(Option<Watcher>);
+    struct Return(Option<OutputWatch>);
     impl Drop for Return {
         fn drop(&mut self) {
-            if self.0.is_some() {
-                WATCHER.with(|w| w.set(self.0));
+            if let Some(watch) = self.0.take() {
+                WATCHER.with(|w| *w.borrow_mut() = Some(watch));
             }
         }
     }
-    let taken = Return(WATCHER.with(|w| w.take()));
-    // SAFETY: the watcher outlives this call (see `watch_outputs`), and while it is
-    // lent here the thread-local is empty, so this is its only borrow.
-    let watcher = taken.0.map(|mut p| unsafe { p.as_mut() });
-    f(watcher)
+    let mut taken = Return(WATCHER.with(|w| w.borrow_mut().take()));
+    f(taken.0.as_deref_mut())
 }
 
 #[cfg(test)]
@@ -111,9 +109,10 @@ mod tests {
 
     #[test]
     fn a_watcher_is_lent_to_one_run_at_a_time_and_put_back_after_a_panic() {
-        let mut seen = Vec::new();
-        let mut watch = |v: &dyn Any| seen.push(*v.downcast_ref::<u32>().unwrap());
-        watch_outputs(&mut watch, || {
+        let seen = std::rc::Rc::new(RefCell::new(Vec::new()));
+        let record = seen.clone();
+        let watch = move |v: &dyn Any| record.borrow_mut().push(*v.downcast_ref::<u32>().unwrap());
+        watch_outputs(Box::new(watch), || {
             with_output_watcher(|outer| {
                 let outer = outer.expect("the watcher is lent to the outermost run");
                 outer(&1u32);
@@ -129,6 +128,6 @@ mod tests {
             with_output_watcher(|again| again.expect("handed back")(&3u32));
         });
         with_output_watcher(|after| assert!(after.is_none(), "the watcher outlived its call"));
-        assert_eq!(seen, [1, 2, 3]);
+        assert_eq!(*seen.borrow(), [1, 2, 3]);
     }
 }

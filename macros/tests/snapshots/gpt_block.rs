@@ -334,8 +334,7 @@ impl<Be: ::kiln::tensor::Backend> TinyBlock<Be> {
                     0,
                     Self::__KILN_PLAN_FORWARD,
                     __KILN_NATIVES,
-                    &__dev,
-                    __sizes,
+                    ::kiln::fusion::RunContext::step(&__dev, __sizes, &__seed),
                     &[
                         x,
                         self.ln1.weight.raw(),
@@ -355,7 +354,6 @@ impl<Be: ::kiln::tensor::Backend> TinyBlock<Be> {
                         self.down.weight.raw(),
                         self.down.bias.raw(),
                     ],
-                    &__seed,
                     |__outs| __outs.next().expect("a plan returns each of its outputs"),
                 )?
         })

@@ -220,8 +220,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                     0,
                     Self::__KILN_PLAN_FORWARD,
                     __KILN_NATIVES,
-                    &__dev,
-                    __sizes,
+                    ::kiln::fusion::RunContext::step(&__dev, __sizes, &__seed),
                     &[
                         x,
                         self.fc1.weight.raw(),
@@ -231,7 +230,6 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                         self.fc3.weight.raw(),
                         self.fc3.bias.raw(),
                     ],
-                    &__seed,
                     |__outs| __outs.next().expect("a plan returns each of its outputs"),
                 )?
         })
@@ -276,8 +274,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                     2,
                     Self::__KILN_PLAN_LOSS,
                     __KILN_NATIVES,
-                    &__dev,
-                    __sizes,
+                    ::kiln::fusion::RunContext::step(&__dev, __sizes, &__seed),
                     &[
                         x,
                         y,
@@ -288,7 +285,6 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                         self.fc3.weight.raw(),
                         self.fc3.bias.raw(),
                     ],
-                    &__seed,
                     |__outs| __outs.next().expect("a plan returns each of its outputs"),
                 )?
         })
@@ -355,8 +351,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                     3,
                     Self::__KILN_PLAN_LOSS_AND_GRAD,
                     __KILN_NATIVES,
-                    &__dev,
-                    __sizes,
+                    ::kiln::fusion::RunContext::step(&__dev, __sizes, &__seed),
                     &[
                         x,
                         y,
@@ -367,7 +362,6 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                         self.fc3.weight.raw(),
                         self.fc3.bias.raw(),
                     ],
-                    &__seed,
                     |__outs| (
                         __outs.next().expect("a plan returns each of its outputs"),
                         __outs.next().expect("a plan returns each of its outputs"),
