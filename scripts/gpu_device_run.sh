@@ -73,7 +73,7 @@ case $W in
     [ -x $B/conformance_test ] && run 200 $B/conformance_test --test-threads 1 matmul
     [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1
     [ -x $B/fused_models_test ] && run 300 $B/fused_models_test --test-threads 1
-    run 300 $B/kiln-bench --device cuda --workloads w3 --w3-configs w3,w3-bf16 --reps 30
+    run 300 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3,w3-bf16 --reps 30
     for p in f32 bf16; do
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
       run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
@@ -82,7 +82,7 @@ case $W in
       # About 1.5 bf16 steps past the warm-up, each kernel's GPU time.
       echo "== ncu w3-bf16"
       timeout 240 /usr/local/cuda/bin/ncu --launch-skip 4000 --launch-count 3000 \
-        --metrics gpu__time_duration.sum --csv $B/kiln-bench --device cuda --workloads w3 \
+        --metrics gpu__time_duration.sum --csv $B/kiln-bench --device cuda --data models/data --workloads w3 \
         --w3-configs w3-bf16 --reps 5 > "$OUT/w3prof.csv" 2>/dev/null
       python3 $B/ncu_sum.py "$OUT/w3prof.csv"
     fi ;;
@@ -213,7 +213,7 @@ case $W in
     models_data
     R="--lr ${LR:-0.001} --weight-decay ${WD:-0.1} --warmup 200 --epochs ${EPOCHS:-30} --batch-size 32"
     [ -x $B/fused_test ] && run 200 $B/fused_test --test-threads 1
-    run 200 $B/kiln-bench --device cuda --workloads w3 --w3-configs w3,w3-bf16 --reps 30
+    run 200 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3,w3-bf16 --reps 30
     run 330 $B/kiln-train --device cuda --model gpt-w3 --precision bf16 --optimizer adamw $R --out "$OUT/w3.safetensors"
     run 60 $B/kiln-generate --device cuda --checkpoint "$OUT/w3.safetensors" --prompt "ROMEO:" --bytes 200 --seed 1
     run 200 python3 scripts/gpt_torch.py train --config w3 --device cuda --precision bf16 --compile $R --target 1.5
@@ -222,7 +222,7 @@ case $W in
       # About 1.5 f32 steps past the warm-up, each kernel's GPU time.
       echo "== ncu w3 (f32)"
       timeout 200 /usr/local/cuda/bin/ncu --launch-skip 4000 --launch-count 3000 \
-        --metrics gpu__time_duration.sum --csv $B/kiln-bench --device cuda --workloads w3 \
+        --metrics gpu__time_duration.sum --csv $B/kiln-bench --device cuda --data models/data --workloads w3 \
         --w3-configs w3 --reps 5 > "$OUT/w3f32prof.csv" 2>/dev/null
       python3 $B/ncu_sum.py "$OUT/w3f32prof.csv"
     fi ;;
@@ -276,7 +276,7 @@ case $W in
       same "$OUT/graph/$n.safetensors" "$OUT/planned/$n.safetensors"
     done
     [ -x $B/cuda_graph_test ] && run 120 $B/cuda_graph_test --test-threads 1
-    [ -x $B/kiln-bench ] && run 150 $B/kiln-bench --device cuda --workloads w1,w3 --variants static,infer --w3-configs small,w3 --reps 5 ;;&
+    [ -x $B/kiln-bench ] && run 150 $B/kiln-bench --device cuda --data models/data --workloads w1,w3 --variants static,infer --w3-configs small,w3 --reps 5 ;;&
   steps)
     [ -x $B/capture_rules_test ] && run 120 $B/capture_rules_test --test-threads 1
     run 120 $B/gpu_bench --backend cuda --workloads w1graph,w1 --reps 20 --search on

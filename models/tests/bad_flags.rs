@@ -7,6 +7,7 @@ use output::{assert_refused, run};
 
 const TRAIN: &str = env!("CARGO_BIN_EXE_kiln-train");
 const INFER: &str = env!("CARGO_BIN_EXE_kiln-infer");
+const BENCH: &str = env!("CARGO_BIN_EXE_kiln-bench");
 
 #[test]
 fn nonsense_flags_and_paths_are_refused_in_one_line() {
@@ -103,6 +104,17 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
             INFER,
             vec!["--data", crafted, "--checkpoint", checkpoint],
             "more than the 2147483648 bytes an IDX file may hold",
+        ),
+        // kiln-bench's W3 reads its text where `--data` says, not the build folder.
+        (
+            BENCH,
+            vec!["--workloads", "w3", "--data", "/kiln-nowhere"],
+            "the data folder /kiln-nowhere does not exist",
+        ),
+        (
+            BENCH,
+            vec!["--workloads", "w3", "--data", crafted],
+            "shakespeare_7plays.txt",
         ),
     ] {
         let mut all = args.clone();

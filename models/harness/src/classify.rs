@@ -9,6 +9,8 @@
 //! each loop once per model, not once per batch size.
 
 use crate::data::{batches, shuffled, Split};
+// The class names, where callers of the classifier loops look for them.
+pub use crate::data::{FASHION_CLASSES, MNIST_CLASSES};
 use kiln::prelude::*;
 use kiln::tensor::nn::Module;
 use kiln::tensor::Collective;
@@ -355,23 +357,6 @@ pub fn accuracy<B: Backend, M: Classifier<B>>(
     }
     Ok(correct as f64 / split.len().max(1) as f64)
 }
-
-/// The class names of MNIST (the digits).
-pub const MNIST_CLASSES: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
-
-/// The class names of Fashion-MNIST.
-pub const FASHION_CLASSES: [&str; 10] = [
-    "T-shirt/top",
-    "Trouser",
-    "Pullover",
-    "Dress",
-    "Coat",
-    "Sandal",
-    "Shirt",
-    "Sneaker",
-    "Bag",
-    "Ankle boot",
-];
 
 /// What a classifier says of one example: the likeliest class and every class's
 /// probability (the softmax of its logits).

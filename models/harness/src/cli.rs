@@ -140,8 +140,8 @@ impl ImageData {
     /// Its class names.
     pub fn classes(self) -> &'static [&'static str; 10] {
         match self {
-            ImageData::Mnist => &crate::classify::MNIST_CLASSES,
-            ImageData::Fashion => &crate::classify::FASHION_CLASSES,
+            ImageData::Mnist => &crate::data::MNIST_CLASSES,
+            ImageData::Fashion => &crate::data::FASHION_CLASSES,
         }
     }
 }

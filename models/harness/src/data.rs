@@ -167,6 +167,23 @@ pub struct ImageDataset {
     pub test: Split,
 }
 
+/// The class names of MNIST (the digits).
+pub const MNIST_CLASSES: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+
+/// The class names of Fashion-MNIST.
+pub const FASHION_CLASSES: [&str; 10] = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+];
+
 /// Normalisation constants (mean, std) of MNIST's training pixels.
 pub const MNIST_NORM: (f32, f32) = (0.1307, 0.3081);
 /// Normalisation constants (mean, std) of Fashion-MNIST's training pixels.

@@ -41,6 +41,8 @@ struct Args {
     reps: usize,
     #[command(flatten)]
     device: kiln_models::cli::DeviceArg,
+    #[command(flatten)]
+    data: kiln_models::cli::DataArg,
 }
 
 /// Median wall time in milliseconds of `reps` runs of `f` on `dev`, each ended by a
@@ -258,6 +260,7 @@ fn w3_config<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
     name: &str,
     config: &str,
     reps: usize,
+    corpus: &Corpus,
 ) -> Result<()> {
     let mut model = M::init_named(dev, 1, "")?;
     let mut opt = AdamW::<Be>::new(AdamWConfig {
@@ -265,7 +268,6 @@ fn w3_config<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
         weight_decay: 0.0,
         ..AdamWConfig::default()
     })?;
-    let corpus = Corpus::shakespeare()?;
     let (ids, next) = windows(&corpus.train, B, T, 7)?;
     let x = Ids::<Be, B, T>::from_vec(ids, &[B, T], dev)?;
     let y = Ids::<Be, B, T>::from_vec(next, &[B, T], dev)?;
@@ -282,15 +284,29 @@ fn w3_config<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
 }
 
 /// W3: the GPT training step in the small configuration and, when asked for, in W3's
-/// own (width 512, 6 blocks, context 256: about 30 times the work).
-fn w3<Be: Backend>(dev: &Be::Device, name: &str, reps: usize, configs: &[&str]) -> Result<()> {
+/// own (width 512, 6 blocks, context 256: about 30 times the work), on windows of the
+/// Shakespeare text in the data folder `data` (`--data`).
+fn w3<Be: Backend>(
+    dev: &Be::Device,
+    name: &str,
+    reps: usize,
+    configs: &[&str],
+    data: &std::path::Path,
+) -> Result<()> {
+    let corpus = Corpus::shakespeare_in(data)?;
     for c in configs {
         match *c {
-            "small" => w3_config::<Be, SmallGpt<Be>, 32, 128>(dev, name, "small", reps)?,
-            "w3" => w3_config::<Be, W3Gpt<Be>, 32, 256>(dev, name, "w3", reps.div_ceil(5))?,
-            "w3-bf16" => {
-                w3_config::<Be, W3GptBf16<Be>, 32, 256>(dev, name, "w3-bf16", reps.div_ceil(5))?
+            "small" => w3_config::<Be, SmallGpt<Be>, 32, 128>(dev, name, "small", reps, &corpus)?,
+            "w3" => {
+                w3_config::<Be, W3Gpt<Be>, 32, 256>(dev, name, "w3", reps.div_ceil(5), &corpus)?
             }
+            "w3-bf16" => w3_config::<Be, W3GptBf16<Be>, 32, 256>(
+                dev,
+                name,
+                "w3-bf16",
+                reps.div_ceil(5),
+                &corpus,
+            )?,
             other => {
                 return Err(Error::invalid(
                     "kiln-bench",
@@ -323,7 +339,13 @@ impl OnDevice for Bench<'_> {
                 "w2" => w2::<Be>(dev, name, args.reps)?,
                 "dynamic" => dynamic_costs::<Be>(dev, name, args.reps)?,
                 "w4" => w4::<Be>(dev, name, args.reps)?,
-                "w3" => w3::<Be>(dev, name, args.reps, &list(&args.w3_configs))?,
+                "w3" => w3::<Be>(
+                    dev,
+                    name,
+                    args.reps,
+                    &list(&args.w3_configs),
+                    &args.data.dir()?,
+                )?,
                 other => {
                     return Err(Error::invalid(
                         "kiln-bench",
