@@ -1,0 +1,351 @@
+//! The planned run: each step's backend calls on the buffers of the plan's slots,
+//! reused across runs when nobody else holds them ([`Buffers`]).
+
+use super::context::{device_seed, seeded, Seeds};
+use super::resolve::{Prologue, Resolved, Step};
+use crate::parts::{call_part, Parts};
+use crate::plan::Plan;
+use crate::sym::SDim;
+use kiln_tensor::ir::{NodeId, NodeKind};
+use kiln_tensor::{fit_views, Backend, DType, Dims, Error, Layout, Op, RawTensor, Result, View};
+use std::sync::Arc;
+
+/// Where a node's value lives during a run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Src {
+    /// Not materialised (computed inside a kernel).
+    None,
+    /// The caller's input `k`.
+    Input(usize),
+    /// A slot of the arena.
+    Slot(usize),
+    /// The program's prologue scratch buffer.
+    Scratch,
+}
+
+/// The buffers of a program: one per slot, the prologue scratch, and where each node's
+/// value is during a run.
+#[derive(Debug)]
+pub(super) struct Buffers<B: Backend> {
+    pub(super) arena: Vec<Option<Arc<B::Storage>>>,
+    pub(super) scratch: Option<B::Storage>,
+    pub(super) src: Vec<Src>,
+    pub(super) layout: Vec<Layout>,
+}
+
+/// What one run reads: the plan, its resolution, the inputs and the device.
+pub(super) struct Run<'a, B: Backend> {
+    pub(super) plan: &'a Plan<SDim>,
+    pub(super) r: &'a Resolved,
+    pub(super) inputs: &'a [&'a RawTensor<B>],
+    pub(super) device: &'a B::Device,
+    pub(super) seeds: Seeds<'a, B>,
+}
+
+/// The slot a node is written to.
+pub(super) fn slot_of(plan: &Plan<SDim>, n: NodeId) -> Result<usize> {
+    plan.slot_of[n].ok_or_else(|| Error::invalid("run", format!("node {n} has no buffer slot")))
+}
+
+impl<B: Backend> Buffers<B> {
+    /// The buffer behind a node's value.
+    pub(super) fn storage<'a>(&'a self, run: &Run<'a, B>, n: NodeId) -> Result<&'a B::Storage> {
+        match self.src[n] {
+            Src::Input(k) => Ok(run.inputs[k].storage()),
+            Src::Slot(s) => self.arena[s]
+                .as_deref()
+                .ok_or_else(|| Error::invalid("run", "slot read before written")),
+            Src::Scratch => self
+                .scratch
+                .as_ref()
+                .ok_or_else(|| Error::invalid("run", "scratch read before written")),
+            Src::None => Err(Error::invalid(
+                "run",
+                format!("node {n} read before it was computed"),
+            )),
+        }
+    }
+
+    /// Takes slot `s` out of the arena as a buffer that can be written: the old one if
+    /// nobody else holds it and it fits, else a new one.
+    pub(super) fn take_slot(&mut self, run: &Run<'_, B>, s: usize) -> Result<Arc<B::Storage>> {
+        let (dtype, len) = (run.plan.slots[s], run.r.slot_len[s]);
+        if let Some(mut a) = self.arena[s].take() {
+            if let Some(st) = Arc::get_mut(&mut a) {
+                if B::storage_dtype(st) == dtype && B::storage_len(st) >= len {
+                    return Ok(a);
+                }
+            }
+        }
+        Ok(Arc::new(B::alloc(run.device, dtype, len)?))
+    }
+
+    /// Writes `node`'s slot with `write` (which reads other values through `self`),
+    /// then records where the node's value is.
+    pub(super) fn write_slot(
+        &mut self,
+        run: &Run<'_, B>,
+        node: NodeId,
+        write: impl FnOnce(&Self, &mut B::Storage) -> Result<()>,
+    ) -> Result<()> {
+        let s = slot_of(run.plan, node)?;
+        let mut buf = self.take_slot(run, s)?;
+        let result = write(
+            self,
+            Arc::get_mut(&mut buf).expect("taken slots are unique"),
+        );
+        self.arena[s] = Some(buf);
+        result?;
+        self.src[node] = Src::Slot(s);
+        self.layout[node] = Layout::contiguous(run.r.dims[node]);
+        Ok(())
+    }
+
+    /// The input views of op node `node`, fitted to what the backend's op expects.
+    pub(super) fn op_views<'a>(
+        &'a self,
+        run: &Run<'a, B>,
+        node: NodeId,
+        op: &Op,
+    ) -> Result<smallvec::SmallVec<[View<'a, B>; 4]>> {
+        let mut views = run.plan.graph.nodes[node]
+            .inputs
+            .iter()
+            .map(|&n| {
+                Ok(View {
+                    storage: self.storage(run, n)?,
+                    layout: self.layout[n],
+                })
+            })
+            .collect::<Result<smallvec::SmallVec<[View<'a, B>; 4]>>>()?;
+        fit_views(op, &mut views, &run.r.dims[node])?;
+        Ok(views)
+    }
+
+    /// Views of `nodes`, broadcast to `dims` (an elementwise expression's inputs).
+    pub(super) fn views<'a>(
+        &'a self,
+        run: &Run<'a, B>,
+        nodes: &[NodeId],
+        dims: &Dims,
+    ) -> Result<smallvec::SmallVec<[View<'a, B>; 8]>> {
+        nodes
+            .iter()
+            .map(|&n| {
+                let layout = if run.r.dims[n] == *dims {
+                    self.layout[n]
+                } else {
+                    self.layout[n].broadcast_to(dims)?
+                };
+                Ok(View {
+                    storage: self.storage(run, n)?,
+                    layout,
+                })
+            })
+            .collect()
+    }
+
+    /// The value of node `n` as a tensor sharing its buffer (what a part is given).
+    pub(super) fn tensor(&self, run: &Run<'_, B>, n: NodeId) -> Result<RawTensor<B>> {
+        let storage = match self.src[n] {
+            Src::Input(k) => run.inputs[k].storage().clone(),
+            Src::Slot(s) => self.arena[s]
+                .clone()
+                .ok_or_else(|| Error::invalid("run", "slot read before written"))?,
+            Src::Scratch | Src::None => {
+                return Err(Error::invalid(
+                    "run",
+                    format!("node {n} read before it was computed"),
+                ))
+            }
+        };
+        RawTensor::from_arc(storage, self.layout[n], run.device.clone())
+    }
+
+    /// Output node `o`'s value, once the step computing it has run.
+    pub(super) fn output(
+        &self,
+        inputs: &[&RawTensor<B>],
+        o: NodeId,
+        device: &B::Device,
+    ) -> Result<RawTensor<B>> {
+        let storage = match self.src[o] {
+            Src::Input(k) => inputs[k].storage().clone(),
+            Src::Slot(s) => self.arena[s].clone().expect("written slots hold a buffer"),
+            Src::None | Src::Scratch => {
+                return Err(Error::invalid(
+                    "run",
+                    format!("output node {o} was not written"),
+                ))
+            }
+        };
+        RawTensor::from_arc(storage, self.layout[o], device.clone())
+    }
+
+    /// Runs one kernel.
+    pub(super) fn step(
+        &mut self,
+        run: &Run<'_, B>,
+        step: &Step,
+        parts: &mut dyn Parts<B>,
+    ) -> Result<()> {
+        let (r, device) = (run.r, run.device);
+        match step {
+            Step::Fused {
+                expr,
+                native,
+                inputs,
+                output,
+            } => {
+                let dims = r.dims[*output];
+                self.write_slot(run, *output, |b, out| {
+                    let views = b.views(run, inputs, &dims)?;
+                    B::fused_elementwise(device, expr, *native, &views, &dims, &mut [out])
+                })
+            }
+            Step::Main {
+                main,
+                prologue,
+                epilogue,
+                output,
+            } => {
+                if let Some(prologue) = prologue {
+                    self.prologue(run, prologue)?;
+                }
+                let op = r.ops[*main].as_ref().expect("main nodes are ops");
+                self.write_slot(run, *output, |b, out| {
+                    let views = b.op_views(run, *main, op)?;
+                    // A product whose epilogue the device fuses into it (one call).
+                    if let (Op::MatMul, Some((expr, _, ins))) = (op, epilogue) {
+                        let epilogue_views = b.views(run, ins, &r.dims[*output])?;
+                        if let Some(fused) = B::matmul_with_epilogue(
+                            device,
+                            views[0],
+                            views[1],
+                            &r.metas[*main],
+                            expr,
+                            &epilogue_views,
+                        )? {
+                            *out = fused;
+                            return Ok(());
+                        }
+                    }
+                    B::execute_into(device, op, &views, &r.metas[*main], out)?;
+                    if let Some((expr, native, ins)) = epilogue {
+                        let dims = r.dims[*output];
+                        let views = b.views(run, ins, &dims)?;
+                        B::fused_elementwise(device, expr, *native, &views, &dims, &mut [out])?;
+                    }
+                    Ok(())
+                })
+            }
+            Step::Single { node, op } => {
+                if let Some(seed) = device_seed(op, run.seeds) {
+                    let meta = &r.metas[*node];
+                    return self.write_slot(run, *node, |_, out| {
+                        *out = B::rand_with_device_seed(device, op, seed.view(), meta)?;
+                        Ok(())
+                    });
+                }
+                let op = seeded(op, run.seeds)?;
+                self.write_slot(run, *node, |b, out| {
+                    let views = b.op_views(run, *node, &op)?;
+                    B::execute_into(device, &op, &views, &r.metas[*node], out)
+                })
+            }
+            Step::View { node } => self.view(run, *node),
+            Step::Call { node } => {
+                let n = &run.plan.graph.nodes[*node];
+                let (part, grad) = match n.kind {
+                    NodeKind::Call(p) => (p, false),
+                    NodeKind::CallGrad(p) => (p, true),
+                    _ => return Err(Error::invalid("run", format!("node {node} is not a call"))),
+                };
+                let input = self.tensor(run, n.inputs[0])?;
+                let declared = &n.meta.dims;
+                let out = call_part(parts, part, grad, input, &r.metas[*node], declared)?;
+                // The part's result is the node's buffer (no copy); the slot's next
+                // writer allocates afresh while the part still holds it.
+                let s = slot_of(run.plan, *node)?;
+                self.layout[*node] = *out.layout();
+                self.arena[s] = Some(out.storage().clone());
+                self.src[*node] = Src::Slot(s);
+                Ok(())
+            }
+        }
+    }
+
+    /// A reduction's or product's prologue, into the scratch buffer.
+    pub(super) fn prologue(&mut self, run: &Run<'_, B>, prologue: &Prologue) -> Result<()> {
+        let (expr, native, ins, root) = prologue;
+        let dims = run.r.dims[*root];
+        let fits = self
+            .scratch
+            .as_ref()
+            .is_some_and(|s| B::storage_len(s) >= dims.numel());
+        let mut scratch = match self.scratch.take() {
+            Some(s) if fits => s,
+            _ => B::alloc(run.device, DType::F32, dims.numel())?,
+        };
+        let result = self.views(run, ins, &dims).and_then(|views| {
+            B::fused_elementwise(
+                run.device,
+                expr,
+                *native,
+                &views,
+                &dims,
+                &mut [&mut scratch],
+            )
+        });
+        self.scratch = Some(scratch);
+        result?;
+        self.src[*root] = Src::Scratch;
+        self.layout[*root] = Layout::contiguous(dims);
+        Ok(())
+    }
+
+    /// A layout change: a view of its input's buffer, or a copy into its slot when a
+    /// reshape cannot view.
+    pub(super) fn view(&mut self, run: &Run<'_, B>, node: NodeId) -> Result<()> {
+        let input = run.plan.graph.nodes[node].inputs[0];
+        let l = self.layout[input];
+        let dims = run.r.dims[node];
+        let viewed = match run.r.ops[node].as_ref().expect("views are ops") {
+            Op::Permute { perm } => Some(l.permute(perm)?),
+            Op::Expand { .. } => Some(l.broadcast_to(&dims)?),
+            Op::Slice {
+                axis,
+                start,
+                end,
+                step,
+            } => Some(l.slice(*axis, *start, *end, *step)?),
+            Op::Reshape { .. } => l.reshape(&dims),
+            other => {
+                return Err(Error::invalid(
+                    "run",
+                    format!("{} is not a view", other.name()),
+                ))
+            }
+        };
+        match viewed {
+            Some(layout) => {
+                self.src[node] = self.src[input];
+                self.layout[node] = layout;
+            }
+            None => {
+                let s = slot_of(run.plan, node)?;
+                let copy = B::contiguous(
+                    run.device,
+                    View {
+                        storage: self.storage(run, input)?,
+                        layout: l,
+                    },
+                )?;
+                self.arena[s] = Some(Arc::new(copy));
+                self.src[node] = Src::Slot(s);
+                self.layout[node] = Layout::contiguous(dims);
+            }
+        }
+        Ok(())
+    }
+}
