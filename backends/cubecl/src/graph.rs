@@ -20,8 +20,8 @@
 //! caller's tensors are dropped or replaced; it replays on the thread that captured it
 //! (CubeCL orders a thread's work on that thread's stream).
 
-use crate::cuda::{driver_error, make_current, raw_resource};
 use crate::device::Report;
+use crate::driver::{driver_error, make_current, raw_resource};
 use crate::recording::Recording;
 use crate::storage::{host_to_bytes, CubeStorage};
 use crate::{Cuda, CudaDevice, KilnRuntime};

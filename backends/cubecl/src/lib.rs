@@ -101,6 +101,8 @@ pub mod watchdog;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "cuda")]
+mod driver;
+#[cfg(feature = "cuda")]
 pub mod graph;
 #[cfg(feature = "cuda")]
 pub mod nccl;

@@ -16,7 +16,7 @@
 //! NCCL would wait on forever): it aborts the communicator, which ends the waiting
 //! kernels, and the rank's next call fails saying why.
 
-use crate::cuda::{driver_error, make_current, raw_resource};
+use crate::driver::{driver_error, make_current, raw_resource};
 use crate::storage::device_size;
 use crate::watchdog::{Mark, Watchdog};
 use crate::{Cuda, CudaDevice};

@@ -183,104 +183,16 @@ fn launch<R: KilnRuntime>(
     let dtype = x.dtype;
     let (xs, os, ms) = (x, out, &m);
     if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
-        match dtype {
-            DType::F16 => unsafe {
-                k::reduce_arg::launch_unchecked::<half::f16, f32, R>(
-                    c,
-                    count,
-                    dim,
-                    arg(xs),
-                    arg(os),
-                    arg(ms),
-                    code,
-                    kr,
-                    rr,
-                    block,
-                    lanes,
-                    inner,
-                )
-            },
-            DType::BF16 => unsafe {
-                k::reduce_arg::launch_unchecked::<half::bf16, f32, R>(
-                    c,
-                    count,
-                    dim,
-                    arg(xs),
-                    arg(os),
-                    arg(ms),
-                    code,
-                    kr,
-                    rr,
-                    block,
-                    lanes,
-                    inner,
-                )
-            },
-            DType::F32 => unsafe {
-                k::reduce_arg::launch_unchecked::<f32, f32, R>(
-                    c,
-                    count,
-                    dim,
-                    arg(xs),
-                    arg(os),
-                    arg(ms),
-                    code,
-                    kr,
-                    rr,
-                    block,
-                    lanes,
-                    inner,
-                )
-            },
-            DType::F64 => unsafe {
-                k::reduce_arg::launch_unchecked::<f64, f64, R>(
-                    c,
-                    count,
-                    dim,
-                    arg(xs),
-                    arg(os),
-                    arg(ms),
-                    code,
-                    kr,
-                    rr,
-                    block,
-                    lanes,
-                    inner,
-                )
-            },
+        with_float_type!(dtype, F, A => unsafe {
+            k::reduce_arg::launch_unchecked::<F, A, R>(c, count, dim, arg(xs), arg(os), arg(ms), code, kr, rr, block, lanes, inner)
+        }, match dtype {
             DType::I32 => unsafe {
-                k::reduce_arg::launch_unchecked::<i32, i32, R>(
-                    c,
-                    count,
-                    dim,
-                    arg(xs),
-                    arg(os),
-                    arg(ms),
-                    code,
-                    kr,
-                    rr,
-                    block,
-                    lanes,
-                    inner,
-                )
+                k::reduce_arg::launch_unchecked::<i32, i32, R>(c, count, dim, arg(xs), arg(os), arg(ms), code, kr, rr, block, lanes, inner)
             },
             _ => unsafe {
-                k::reduce_arg::launch_unchecked::<u32, u32, R>(
-                    c,
-                    count,
-                    dim,
-                    arg(xs),
-                    arg(os),
-                    arg(ms),
-                    code,
-                    kr,
-                    rr,
-                    block,
-                    lanes,
-                    inner,
-                )
+                k::reduce_arg::launch_unchecked::<u32, u32, R>(c, count, dim, arg(xs), arg(os), arg(ms), code, kr, rr, block, lanes, inner)
             },
-        }
+        });
         return Ok(());
     }
     with_float_type!(dtype, F, A => unsafe {
