@@ -63,6 +63,14 @@ print(f"replayed and planned {sys.argv[1].split('/')[-1]}: {len(a)} tensors, {'b
 PY
 }
 case $W in
+  tests)
+    # Every carried CUDA test binary, one after the other: the backend's own (fused
+    # kernel, reductions, conformance, kernel cache) and the zoo's (fused plans, capture
+    # rules, CUDA graphs); what a refactor of the CUDA runtime must keep passing.
+    for t in fused_test reduce_test conformance_test kernel_cache_test fused_models_test \
+             capture_rules_test cuda_graph_test; do
+      [ -x $B/$t ] && run 300 $B/$t --test-threads 1 2>&1 | tail -25
+    done ;;
   mixed)
     # Mixed precision (issue 15): the fused-kernel tests on CUDA (the bf16 MLP's fused
     # plans against its op-by-op path and the CPU), W3's training step in f32 and with
