@@ -37,7 +37,7 @@ if ! has_vulkan; then
     fi
 fi
 cargo test -p kiln-cubecl --features wgpu --no-fail-fast "$@"
-# The zoo's models on wgpu (fused plans, captures, the dynamic path, a short MNIST run).
+# The zoo's models on wgpu (fused plans against op by op, capture rules, the dynamic path).
 cargo test -p kiln-gpu-system --features wgpu --no-fail-fast "$@"
 # The binaries with the wgpu backend: `--device wgpu` trains and evaluates the MLP.
 cargo test -p kiln-models --features wgpu --test devices --no-fail-fast "$@"

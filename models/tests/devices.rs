@@ -61,8 +61,13 @@ fn a_backend_this_build_lacks_is_refused_with_the_build_line() {
     }
 }
 
-/// The MLP trains on wgpu's first adapter (lavapipe in CI) and the checkpoint it saves
-/// evaluates there too (CI: `cargo test -p kiln-models --features wgpu --test devices`).
+/// The MLP learns on wgpu's first adapter (lavapipe in CI) through the whole training
+/// stack (data loader, build-time gradients, SGD, the schedule, the binary), and the
+/// checkpoint it saves evaluates there too (CI: `cargo test -p kiln-models --features
+/// wgpu --test devices`). 32 steps reach about 85% on the CPU; the bar leaves room for
+/// other rounding. The 95% recipe runs on the CPU (`mnist_short`): lavapipe takes about
+/// 8 minutes for it on 2 cores, and wgpu's values are held to the op-by-op path and the
+/// CPU by kiln-gpu-system's tests.
 #[cfg(feature = "wgpu")]
 #[test]
 fn the_mlp_trains_and_evaluates_on_wgpu() {
@@ -73,16 +78,16 @@ fn the_mlp_trains_and_evaluates_on_wgpu() {
     let (code, out, err) = run(
         BINARIES[0].1,
         &[
-            "--device", "wgpu", "--limit", "1024", "--epochs", "1", "--out", ckpt,
+            "--device", "wgpu", "--limit", "2048", "--epochs", "1", "--out", ckpt,
         ],
     );
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.starts_with("device: "), "{out}");
     let png = std::fs::read(dir.join("mlp.png")).expect("the curve beside the checkpoint");
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-    // Ten classes: a guess scores 10%.
+    // Ten classes: a guess scores 10%; 16 steps reach about 69%.
     let acc = number_after(&out[out.rfind("test accuracy").unwrap()..], "test accuracy");
-    assert!(acc > 50.0, "test accuracy {acc}%: {out}");
+    assert!(acc > 75.0, "test accuracy {acc}%: {out}");
     let (code, out, err) = run(
         BINARIES[1].1,
         &[
