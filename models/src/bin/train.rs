@@ -342,6 +342,9 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
     let started = Instant::now();
     let mut avg = f32::NAN;
     let mut last_acc = String::from("-");
+    // The step and accuracy (a fraction) of the latest evaluation: a run that ends on an epoch's end
+    // reports that one instead of evaluating the same weights twice.
+    let mut evaluated: Option<(u64, f64)> = None;
     let test = data.test.clone();
     let mut curve = Curve::new("test accuracy (%)");
     let mut on_step = |m: &M, o: &O, r: kiln_models::classify::StepReport| -> Result<()> {
@@ -364,7 +367,9 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
             state::save(&state_path, m, o, r.step + 1, &settings)?;
         }
         if (r.step + 1).is_multiple_of(steps_per_epoch) {
-            let acc = 100.0 * accuracy(m, &test, dev)?;
+            let fraction = accuracy(m, &test, dev)?;
+            evaluated = Some((r.step + 1, fraction));
+            let acc = 100.0 * fraction;
             curve.metric.push((r.step + 1, acc));
             last_acc = format!("{acc:.2}%");
             // `suspend` prints even when the bar is hidden (output not a terminal).
@@ -408,7 +413,10 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
     if start < total {
         state::save(&state_path, &model, &opt, total, &settings)?;
     }
-    let acc = accuracy(&model, &data.test, dev)?;
+    let acc = match evaluated {
+        Some((step, fraction)) if step == total => fraction,
+        _ => accuracy(&model, &data.test, dev)?,
+    };
     let secs = started.elapsed().as_secs_f64();
     let trained = total - start;
     println!(
