@@ -4,9 +4,10 @@
 use kiln::autodiff::{gradcheck, Tape, Tolerance, Var};
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::tensor::builder::Conv2dOptions;
+use kiln::tensor::attention::attention_by_primitives;
 use kiln::tensor::unary::TestDomain;
 use kiln::tensor::{
-    BinaryOp, Builder, BuilderExt, CmpOp, DType, Op, RawTensor, ReduceOp, Result, UnaryOp, Window2d,
+    AttentionSpec, BinaryOp, Builder, BuilderExt, CmpOp, DType, Op, RawTensor, ReduceOp, Result, UnaryOp, Window2d,
 };
 use proptest::prelude::*;
 
@@ -140,6 +141,120 @@ proptest! {
         let ow = win.out_size(1, w).unwrap();
         let cols: Vec<f64> = (0..2 * k * k * oh * ow).map(|i| kiln::tensor::rng::uniform(seed ^ 9, i as u32, -1.0, 1.0)).collect();
         check(vec![(cols, vec![1, 2 * k * k, oh * ow])], &move |g, x| g.apply(Op::Fold2d { window: win, height: h, width: w }, &[&x[0]]))?;
+    }
+}
+
+/// Random attention inputs: batch dims (0 to 2 of sizes 1..=2), queries, keys, widths,
+/// causal or not (causal takes as many queries as keys), a scale of either sign.
+fn attention_case() -> impl Strategy<Value = (Vec<Case>, AttentionSpec)> {
+    (
+        prop::collection::vec(1usize..=2, 0..=2),
+        1usize..=4,
+        1usize..=4,
+        1usize..=3,
+        1usize..=3,
+        any::<bool>(),
+        (0.2f64..1.5, any::<bool>()),
+        any::<u64>(),
+    )
+        .prop_map(|(batch, tq, tk, e, ev, causal, (scale, neg), seed)| {
+            let tk = if causal { tq } else { tk };
+            let dims = |rows: usize, width: usize| [batch.clone(), vec![rows, width]].concat();
+            let vals = |d: &[usize], s: u64| -> Vec<f64> {
+                (0..d.iter().product::<usize>())
+                    .map(|i| kiln::tensor::rng::uniform(s, i as u32, -1.5, 1.5))
+                    .collect()
+            };
+            let inputs = [dims(tq, e), dims(tk, e), dims(tk, ev)]
+                .into_iter()
+                .enumerate()
+                .map(|(i, d)| (vals(&d, seed ^ i as u64), d))
+                .collect();
+            let scale = if neg { -scale } else { scale };
+            (inputs, AttentionSpec { scale, causal })
+        })
+}
+
+/// The output and the gradients of q, k and v (of `Σ out·c` for a fixed cotangent `c`)
+/// of attention built by `build` on a tape, in f64.
+fn attention_values(
+    inputs: &[Case],
+    build: &dyn Fn(&mut Tape<Cpu>, &[Var<Cpu>]) -> Result<Var<Cpu>>,
+) -> Vec<Vec<f64>> {
+    let mut tape = Tape::<Cpu>::new(CpuDevice);
+    let leaves: Vec<Var<Cpu>> = inputs
+        .iter()
+        .map(|(v, d)| tape.leaf(RawTensor::<Cpu>::from_vec(v.clone(), d, &CpuDevice).unwrap()))
+        .collect();
+    let out = build(&mut tape, &leaves).unwrap();
+    let n = out.value().numel();
+    let c: Vec<f64> = (0..n).map(|i| ((i * 7 % 5) as f64 - 2.0) / 3.0).collect();
+    let c = tape.constant(RawTensor::<Cpu>::from_vec(c, out.value().dims(), &CpuDevice).unwrap());
+    let weighted = tape.mul(&out, &c).unwrap();
+    let loss = tape.sum_all(&weighted).unwrap();
+    let grads = tape.gradients(&loss).unwrap();
+    let mut all = vec![out.value().to_f64_vec().unwrap()];
+    for leaf in &leaves {
+        all.push(grads.get_or_zeros(leaf).unwrap().to_f64_vec().unwrap());
+    }
+    all
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn attention_rule((inputs, spec) in attention_case()) {
+        check(inputs, &move |g, x| g.attention(&x[0], &x[1], &x[2], spec))?;
+    }
+
+    /// The fused op and the primitives it stands for agree in value and gradient.
+    #[test]
+    fn attention_fused_as_unfused((inputs, spec) in attention_case()) {
+        let fused = attention_values(&inputs, &|g, x| g.attention(&x[0], &x[1], &x[2], spec));
+        let unfused = attention_values(&inputs, &|g, x| {
+            attention_by_primitives(g, &x[0], &x[1], &x[2], &spec)
+        });
+        for (what, (a, b)) in ["output", "dq", "dk", "dv"].iter().zip(fused.iter().zip(&unfused)) {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                prop_assert!((x - y).abs() <= 1e-12 + 1e-10 * y.abs(), "{what}[{i}]: fused {x}, unfused {y} ({spec:?})");
+            }
+        }
+    }
+
+    /// The backward ops' primitive spellings (what a backend without fused kernels
+    /// runs) agree with the CPU's kernels.
+    #[test]
+    fn attention_backward_by_primitives((inputs, spec) in attention_case()) {
+        use kiln::tensor::attention::{grad_by_primitives, lse_by_primitives};
+        use kiln::tensor::{AttentionInput, Eager};
+        let mut b = Eager::<Cpu>::new(CpuDevice);
+        let x: Vec<RawTensor<Cpu>> = inputs
+            .iter()
+            .map(|(v, d)| RawTensor::<Cpu>::from_vec(v.clone(), d, &CpuDevice).unwrap())
+            .collect();
+        let out = b.attention(&x[0], &x[1], &x[2], spec).unwrap();
+        let g: Vec<f64> = out.to_f64_vec().unwrap().iter().map(|v| (v * 3.0).sin()).collect();
+        let g = RawTensor::<Cpu>::from_vec(g, out.dims(), &CpuDevice).unwrap();
+        let lse = b.apply(Op::AttentionLse(spec), &[&x[0], &x[1]]).unwrap();
+        let lse_p = lse_by_primitives(&mut b, &x[0], &x[1], &spec).unwrap();
+        let prod = b.mul(&g, &out).unwrap();
+        let last = out.dims().len() - 1;
+        let delta = b.sum(&prod, &[last], true).unwrap();
+        let mut pairs = vec![("lse", lse.clone(), lse_p)];
+        for wrt in AttentionInput::ALL {
+            let six = [&x[0], &x[1], &x[2], &g, &lse, &delta];
+            let kernel = b.apply(Op::AttentionGrad { spec, wrt }, &six).unwrap();
+            let by_primitives = grad_by_primitives(&mut b, &spec, wrt, &six).unwrap();
+            pairs.push((wrt.name(), kernel, by_primitives));
+        }
+        for (what, kernel, by_primitives) in pairs {
+            prop_assert_eq!(kernel.dims(), by_primitives.dims());
+            let (a, b) = (kernel.to_f64_vec().unwrap(), by_primitives.to_f64_vec().unwrap());
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                prop_assert!((x - y).abs() <= 1e-12 + 1e-10 * y.abs(), "{what}[{i}]: kernel {x}, primitives {y} ({spec:?})");
+            }
+        }
     }
 }
 

@@ -117,6 +117,11 @@ pub fn vjp<G: Builder>(
             };
             Ok(vec![Some(unbroadcast(b, &ga, a)?), Some(gc)])
         }
+        Op::Attention(spec) => kiln_tensor::attention::attention_vjp(b, spec, x, y, g),
+        Op::AttentionLse(_) | Op::AttentionGrad { .. } => Err(Error::invalid(
+            op.name(),
+            "attention's backward pass is not differentiated again (no second derivatives of attention)",
+        )),
         Op::Gather { axis } => {
             let d = b.dims(x[0]);
             Ok(vec![Some(b.scatter_add(d, *axis, x[1], g)?), None])

@@ -373,6 +373,17 @@ impl<B: Backend> Builder for Lazy<B> {
         v.0.meta.clone()
     }
 
+    fn producer(&self, v: &LazyTensor<B>) -> Option<(Op, Vec<LazyTensor<B>>)> {
+        match &v.0.kind {
+            Kind::Op(op) => Some((op.clone(), v.state().inputs.clone())),
+            _ => None,
+        }
+    }
+
+    fn same_value(&self, a: &LazyTensor<B>, b: &LazyTensor<B>) -> bool {
+        a.id() == b.id()
+    }
+
     fn recip_dim(&mut self, like: &LazyTensor<B>, n: &usize) -> Result<LazyTensor<B>> {
         let meta = TensorMeta::new(vec![], like.0.meta.dtype);
         self.record(Kind::RecipDim(*n), meta, &[])

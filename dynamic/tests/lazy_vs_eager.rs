@@ -136,3 +136,88 @@ fn eager_mode_gives_the_lazy_values() {
         assert!((a - b).abs() < 1e-6, "{a} vs {b}");
     }
 }
+
+/// Attention weights written by hand, times the values.
+fn hand_written_attention<G: kiln_tensor::BuilderExt>(
+    b: &mut G,
+    q: &G::Value,
+    k: &G::Value,
+    v: &G::Value,
+) -> kiln_tensor::Result<G::Value> {
+    let kt = b.t(k)?;
+    let scores = b.matmul(q, &kt)?;
+    let scores = b.mul_scalar(&scores, 0.5)?;
+    let masked = b.causal_mask(&scores)?;
+    let weights = b.softmax(&masked, 3)?;
+    b.matmul(&weights, v)
+}
+
+#[test]
+fn hand_written_attention_is_recorded_as_the_fused_op() {
+    use kiln_tensor::{AttentionSpec, Builder, BuilderExt, Op};
+    let dev = CpuDevice;
+    let normal = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    let raw = [[2, 3, 5, 4], [2, 3, 5, 4], [2, 3, 5, 6]]
+        .iter()
+        .enumerate()
+        .map(|(i, d)| RawTensor::<Cpu>::rand(d, normal, 10 + i as u64, DType::F32, &dev).unwrap())
+        .collect::<Vec<_>>();
+    let cot = RawTensor::<Cpu>::rand(&[2, 3, 5, 6], normal, 20, DType::F32, &dev).unwrap();
+    // Values and gradients of Σ out·cot, by hand (recognised) or by the primitives.
+    let run = |by_hand: bool| {
+        let leaves: Vec<LazyTensor<Cpu>> =
+            raw.iter().map(|t| LazyTensor::leaf(t.clone(), true)).collect();
+        let mut b = kiln_dynamic::Lazy::<Cpu>::new(dev);
+        let (q, k, v) = (&leaves[0], &leaves[1], &leaves[2]);
+        let out = if by_hand {
+            hand_written_attention(&mut b, q, k, v).unwrap()
+        } else {
+            let spec = AttentionSpec {
+                scale: 0.5,
+                causal: true,
+            };
+            kiln_tensor::attention::attention_by_primitives(&mut b, q, k, v, &spec).unwrap()
+        };
+        let (op, _) = b.producer(&out).expect("recorded");
+        let c = LazyTensor::from_raw(cot.clone());
+        let loss = b.mul(&out, &c).unwrap();
+        let loss = b.sum_all(&loss).unwrap();
+        let grads = loss.backward().unwrap();
+        let mut all = vec![out.to_vec::<f32>().unwrap()];
+        for leaf in &leaves {
+            all.push(grads.get(leaf).expect("a gradient").to_vec::<f32>().unwrap());
+        }
+        (op, all)
+    };
+    let (fused_op, fused) = run(true);
+    let (plain_op, plain) = run(false);
+    assert_eq!(
+        fused_op,
+        Op::Attention(AttentionSpec {
+            scale: 0.5,
+            causal: true
+        })
+    );
+    assert_eq!(plain_op, Op::MatMul);
+    // The eager executor runs the primitives as written.
+    let eager = hand_written_attention(
+        &mut kiln_tensor::Eager::<Cpu>::new(dev),
+        &raw[0],
+        &raw[1],
+        &raw[2],
+    )
+    .unwrap();
+    assert_eq!(eager.dims().as_slice(), &[2, 3, 5, 6]);
+    let eager = eager.to_vec::<f32>().unwrap();
+    for (what, (a, b)) in ["output", "dq", "dk", "dv"].iter().zip(fused.iter().zip(&plain)) {
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{what}[{i}]: fused {x}, primitives {y}");
+        }
+    }
+    for (i, (x, y)) in fused[0].iter().zip(&eager).enumerate() {
+        assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "output[{i}]: fused {x}, eager {y}");
+    }
+}

@@ -6,8 +6,8 @@ use crate::plan::{Kernel, KernelKind, Plan};
 use crate::sym::SDim;
 use kiln_tensor::ir::{Graph, KeptGuard, Node, NodeKind};
 use kiln_tensor::{
-    BinaryOp, CmpOp, DType, Error, Guard, Op, RandDist, ReduceOp, Result, TensorMeta, UnaryOp,
-    Window2d,
+    AttentionInput, AttentionSpec, BinaryOp, CmpOp, DType, Error, Guard, Op, RandDist, ReduceOp,
+    Result, TensorMeta, UnaryOp, Window2d,
 };
 
 fn dims(d: &[SDim]) -> String {
@@ -60,6 +60,15 @@ pub fn op_text(op: &Op<SDim>) -> String {
             format!("{name}{{axis={axis},dims={}}}", dims(d))
         }
         Op::Cast { dtype } => format!("{name}{{dtype={dtype}}}"),
+        Op::Attention(spec) | Op::AttentionLse(spec) => {
+            format!("{name}{{scale={:?},causal={}}}", spec.scale, spec.causal)
+        }
+        Op::AttentionGrad { spec, wrt } => format!(
+            "{name}{{wrt={},scale={:?},causal={}}}",
+            wrt.name(),
+            spec.scale,
+            spec.causal
+        ),
         Op::Unfold2d(w) => format!("{name}{{{}}}", window(w)),
         Op::Fold2d {
             window: w,
@@ -169,6 +178,12 @@ pub fn parse_op(s: &str) -> Result<Op<SDim>> {
             dilation: parse_pair(get("d")?)?,
         })
     };
+    let spec = || -> Result<AttentionSpec> {
+        Ok(AttentionSpec {
+            scale: num(get("scale")?)?,
+            causal: num(get("causal")?)?,
+        })
+    };
     if let Some(u) = UnaryOp::ALL.iter().find(|u| u.name() == name) {
         return Ok(Op::Unary(*u));
     }
@@ -221,6 +236,18 @@ pub fn parse_op(s: &str) -> Result<Op<SDim>> {
         "cast" => Op::Cast {
             dtype: parse_dtype(get("dtype")?)?,
         },
+        "attention" => Op::Attention(spec()?),
+        "attention_lse" => Op::AttentionLse(spec()?),
+        "attention_grad" => {
+            let wrt = get("wrt")?;
+            Op::AttentionGrad {
+                spec: spec()?,
+                wrt: *AttentionInput::ALL
+                    .iter()
+                    .find(|w| w.name() == wrt)
+                    .ok_or_else(|| bad(wrt))?,
+            }
+        }
         "unfold2d" => Op::Unfold2d(win()?),
         "fold2d" => Op::Fold2d {
             window: win()?,

@@ -228,6 +228,18 @@ impl Builder for MGraph {
         self.g.guard(guard, inputs)
     }
 
+    fn producer(&self, v: &NodeId) -> Option<(Op<SDim>, Vec<NodeId>)> {
+        self.g.producer(v)
+    }
+
+    fn same_value(&self, a: &NodeId, b: &NodeId) -> bool {
+        a == b
+    }
+
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+
     fn recip_dim(&mut self, like: &NodeId, n: &SDim) -> Result<NodeId> {
         let r = self.g.recip_dim(like, n)?;
         self.grow_names();

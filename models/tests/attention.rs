@@ -8,7 +8,8 @@ use kiln::prelude::*;
 
 mod common;
 use common::check_finite_differences;
-use kiln::tensor::RawTensor;
+use kiln::tensor::ir::NodeKind;
+use kiln::tensor::{Op, RawTensor, UnaryOp};
 
 /// Causal self-attention of width 16 in two heads of 8.
 #[model]
@@ -96,4 +97,48 @@ fn gradients_match_finite_differences() {
     check_finite_differences(&mut model, &grads, &at, 1e-5, |m| {
         values(m.loss(&x, &target).unwrap().raw())[0]
     });
+}
+
+/// The hand-written attention is planned as the fused op: `attention` in the forward
+/// plan, its recomputed row statistics and the three gradients in the backward one, and
+/// no softmax over the scores (no `exp` of a rank-4 value) anywhere.
+#[test]
+fn hand_written_attention_plans_the_fused_op() {
+    let plans = Attention::<Cpu>::fusion_plans();
+    let mut text = String::new();
+    for (title, plan) in plans.iter() {
+        text += &format!("# {title}\n{plan}\n");
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/snapshots/attention_plans.txt");
+    if std::env::var_os("KILN_BLESS").is_some() {
+        std::fs::write(&path, &text).expect("write the snapshot");
+    }
+    let want = std::fs::read_to_string(&path)
+        .expect("tests/snapshots/attention_plans.txt (run with KILN_BLESS=1 to create it)");
+    assert!(
+        want == text,
+        "the plans changed; review them and run with KILN_BLESS=1 to accept"
+    );
+    let plan = |name: &str| {
+        plans
+            .iter()
+            .find(|(title, _)| title.ends_with(name))
+            .unwrap_or_else(|| panic!("no plan {name}"))
+            .1
+    };
+    assert_eq!(plan("::forward").matches(" op attention{").count(), 1);
+    let step = plan("::loss_and_grad");
+    assert_eq!(step.matches(" op attention_lse{").count(), 1, "{step}");
+    for wrt in ["q", "k", "v"] {
+        let op = format!(" op attention_grad{{wrt={wrt},");
+        assert_eq!(step.matches(&op).count(), 1, "{step}");
+    }
+    for (title, text) in plans.iter() {
+        let plan = kiln::fusion::Plan::parse(text).unwrap();
+        let exp_of_scores = plan.graph.nodes.iter().any(|n| {
+            matches!(n.kind, NodeKind::Op(Op::Unary(UnaryOp::Exp))) && n.meta.dims.len() == 4
+        });
+        assert!(!exp_of_scores, "{title} still exponentiates the scores:\n{text}");
+    }
 }

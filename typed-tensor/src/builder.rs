@@ -27,6 +27,25 @@ pub trait Builder {
         let metas: Vec<TensorMeta<Self::Dim>> = inputs.iter().map(|v| self.meta(v)).collect();
         guard.check(&metas.iter().collect::<Vec<_>>())
     }
+    /// The op and the inputs that made `v`, where this builder keeps the graph it
+    /// records (the macro's, the dynamic path's): what
+    /// [`recognise`](crate::attention::recognise) reads to find attention written by
+    /// hand. `None` (the default) for builders that run ops as they come.
+    fn producer(&self, v: &Self::Value) -> Option<(Op<Self::Dim>, Vec<Self::Value>)> {
+        let _ = v;
+        None
+    }
+    /// Whether `a` and `b` are one value of the recorded graph (see
+    /// [`Builder::producer`]); the default cannot tell and says no.
+    fn same_value(&self, a: &Self::Value, b: &Self::Value) -> bool {
+        let _ = (a, b);
+        false
+    }
+    /// The precision policy this builder applies ops under (the default: each op in
+    /// its inputs' dtype).
+    fn precision(&self) -> crate::Precision {
+        crate::Precision::F32
+    }
     /// A rank-0 constant `1/n` of `like`'s dtype, for means. The default needs `n` to
     /// be literal; a symbolic builder overrides it to compute `1/n` when `n` is known.
     fn recip_dim(&mut self, like: &Self::Value, n: &Self::Dim) -> Result<Self::Value> {
@@ -281,9 +300,38 @@ pub trait BuilderExt: Builder {
             &[x],
         )
     }
-    /// Batched matrix product.
+    /// Batched matrix product. Where the builder records a graph, attention weights
+    /// written by hand ([`recognise`](crate::attention::recognise)) times the values
+    /// become one [`Op::Attention`] instead (the weights stay in the graph for other
+    /// readers, unplanned if there are none).
     fn matmul(&mut self, a: &Self::Value, b: &Self::Value) -> Result<Self::Value> {
+        if let Some(found) = crate::attention::recognise(self, a) {
+            let k = self.t(&found.kt)?;
+            let metas = [self.meta(&found.q), self.meta(&k), self.meta(b)];
+            let fits = crate::attention::attention_meta(
+                "attention",
+                &found.spec,
+                &metas[0],
+                &metas[1],
+                &metas[2],
+            )
+            .is_ok();
+            if fits {
+                return self.attention(&found.q, &k, b, found.spec);
+            }
+        }
         self.apply(Op::MatMul, &[a, b])
+    }
+    /// Scaled dot-product attention `softmax(q·kᵀ·scale, causal)·v` as one op (see
+    /// [`crate::attention`]).
+    fn attention(
+        &mut self,
+        q: &Self::Value,
+        k: &Self::Value,
+        v: &Self::Value,
+        spec: crate::AttentionSpec,
+    ) -> Result<Self::Value> {
+        self.apply(Op::Attention(spec), &[q, k, v])
     }
     /// PyTorch's gather along `axis`.
     fn gather(&mut self, x: &Self::Value, axis: usize, index: &Self::Value) -> Result<Self::Value> {

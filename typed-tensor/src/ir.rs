@@ -163,6 +163,17 @@ impl<D: SymDim> Builder for Graph<D> {
         self.nodes[*v].meta.clone()
     }
 
+    fn producer(&self, v: &NodeId) -> Option<(Op<D>, Vec<NodeId>)> {
+        match &self.nodes[*v].kind {
+            NodeKind::Op(op) => Some((op.clone(), self.nodes[*v].inputs.clone())),
+            _ => None,
+        }
+    }
+
+    fn same_value(&self, a: &NodeId, b: &NodeId) -> bool {
+        a == b
+    }
+
     fn guard(&mut self, guard: Guard, inputs: &[&NodeId]) -> Result<()> {
         let metas: Vec<&TensorMeta<D>> = inputs.iter().map(|&&i| &self.nodes[i].meta).collect();
         guard.check(&metas)?;

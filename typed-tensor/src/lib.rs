@@ -19,6 +19,7 @@
 //! time, with spanned errors; the table above is for the typed API used directly.
 
 pub mod anomaly;
+pub mod attention;
 pub mod backend;
 pub mod binary;
 pub mod builder;
@@ -45,6 +46,7 @@ pub mod tensor;
 pub mod testing;
 pub mod unary;
 
+pub use attention::{AttentionInput, AttentionSpec};
 pub use backend::{Backend, Replay, View};
 pub use builder::{Builder, BuilderExt, Conv2dOptions};
 pub use collective::Collective;

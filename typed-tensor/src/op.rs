@@ -5,6 +5,7 @@
 //! Shape rules are generic over `SymDim`, so the same rule checks `usize` sizes at run
 //! time and symbolic sizes (a generic batch `B`, a literal `784`) inside the macro.
 
+pub use crate::attention::{AttentionInput, AttentionSpec};
 pub use crate::binary::BinaryOp;
 pub use crate::compare::CmpOp;
 use crate::dtype::DType;
@@ -84,6 +85,9 @@ pub enum OpClass {
     Indexing,
     /// Creates a tensor from nothing (constants, random numbers).
     Source,
+    /// Attention and its gradients: products with a softmax between them, one kernel
+    /// each (see [`crate::attention`]).
+    Attention,
 }
 
 macro_rules! op_names {
@@ -373,6 +377,22 @@ pub enum Op<D = usize> {
     },
     /// Batched matrix product `[.., M, K] × [.., K, N]`, broadcasting batch dims.
     MatMul,
+    /// Scaled dot-product attention with no `Tq×Tk` scores in memory
+    /// ([`crate::attention`]): `q [.., Tq, E]`, `k [.., Tk, E]`, `v [.., Tk, Ev]` →
+    /// `[.., Tq, Ev]`, batch dims identical.
+    Attention(AttentionSpec),
+    /// Each query's log-sum-exp of its scaled (and masked) scores: `q`, `k` →
+    /// `[.., Tq, 1]`, f32 for half floats. What attention's backward pass recomputes the
+    /// probabilities from.
+    AttentionLse(AttentionSpec),
+    /// The gradient of attention's input `wrt`, from `q`, `k`, `v`, the output's
+    /// gradient, the row log-sum-exp and `delta` (`Σ g·out` over the last axis).
+    AttentionGrad {
+        /// The attention's settings.
+        spec: AttentionSpec,
+        /// The input whose gradient this is.
+        wrt: AttentionInput,
+    },
     /// `out[i][j] = data[i][index[i][j]]` along `axis` (PyTorch's `gather`).
     Gather {
         /// The indexed axis.
@@ -508,6 +528,12 @@ impl<D> Op<D> {
                 value: *value,
             },
             Op::MatMul => Op::MatMul,
+            Op::Attention(spec) => Op::Attention(*spec),
+            Op::AttentionLse(spec) => Op::AttentionLse(*spec),
+            Op::AttentionGrad { spec, wrt } => Op::AttentionGrad {
+                spec: *spec,
+                wrt: *wrt,
+            },
             Op::Gather { axis } => Op::Gather { axis: *axis },
             Op::ScatterAdd { axis, dims } => Op::ScatterAdd {
                 axis: *axis,
@@ -562,6 +588,9 @@ impl<D> Op<D> {
             Op::Concat { .. } => "concat",
             Op::Pad { .. } => "pad",
             Op::MatMul => "matmul",
+            Op::Attention(_) => "attention",
+            Op::AttentionLse(_) => "attention_lse",
+            Op::AttentionGrad { .. } => "attention_grad",
             Op::Gather { .. } => "gather",
             Op::ScatterAdd { .. } => "scatter_add",
             Op::Cast { .. } => "cast",
@@ -589,7 +618,9 @@ impl<D> Op<D> {
             | Op::Fold2d { .. } => Arity::Exact(1),
             Op::Binary(_) | Op::Compare(_) | Op::MatMul | Op::Gather { .. } => Arity::Exact(2),
             Op::ScatterAdd { .. } => Arity::Exact(2),
-            Op::Where => Arity::Exact(3),
+            Op::Where | Op::Attention(_) => Arity::Exact(3),
+            Op::AttentionLse(_) => Arity::Exact(2),
+            Op::AttentionGrad { .. } => Arity::Exact(6),
             Op::Concat { .. } => Arity::AtLeast(1),
         }
     }
@@ -610,6 +641,7 @@ impl<D> Op<D> {
             | Op::Unfold2d(_)
             | Op::Fold2d { .. } => OpClass::Movement,
             Op::MatMul => OpClass::Contraction,
+            Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. } => OpClass::Attention,
             Op::Gather { .. } | Op::ScatterAdd { .. } => OpClass::Indexing,
             Op::Full { .. } | Op::Iota { .. } | Op::Rand { .. } => OpClass::Source,
         }
@@ -834,6 +866,11 @@ impl<D: SymDim> Op<D> {
                 Ok(TensorMeta::new(dims, x.dtype))
             }
             Op::MatMul => matmul_meta(inputs[0], inputs[1]),
+            Op::Attention(spec) => {
+                crate::attention::attention_meta(name, spec, inputs[0], inputs[1], inputs[2])
+            }
+            Op::AttentionLse(spec) => crate::attention::lse_meta(spec, inputs[0], inputs[1]),
+            Op::AttentionGrad { spec, wrt } => crate::attention::grad_meta(spec, *wrt, inputs),
             Op::Gather { axis } => {
                 let (data, index) = (inputs[0], inputs[1]);
                 check_index(name, index.dtype)?;

@@ -7,7 +7,9 @@
 //! Under `bf16`, parameters, optimizer state, gradients as the optimizer sees them, and
 //! everything but the matrix products stay f32: softmax, normalisation statistics and
 //! losses are accumulated in f32, as the products' results are cast back to f32 right
-//! away. The products (the layers' and attention's) take bf16 operands.
+//! away. The products (the layers' and attention's) take bf16 operands; fused attention
+//! takes bf16 queries, keys and values and keeps its softmax statistics in f32 inside
+//! the kernel, as the unfused plan keeps its softmax in f32.
 
 use crate::builder::Builder;
 use crate::op::Op;
@@ -64,7 +66,7 @@ impl Precision {
     /// `inputs`, if narrower than theirs: its inputs are cast to it and its result back.
     pub fn narrowed<D: SymDim>(self, op: &Op<D>, inputs: &[DType]) -> Option<DType> {
         match (self, op) {
-            (Precision::Bf16, Op::MatMul) if inputs.iter().all(|&d| d == DType::F32) => {
+            (Precision::Bf16, Op::MatMul | Op::Attention(_)) if inputs.iter().all(|&d| d == DType::F32) => {
                 Some(DType::BF16)
             }
             _ => None,
@@ -119,6 +121,12 @@ mod tests {
             Precision::Bf16.narrowed::<usize>(&Op::MatMul, &[DType::F64, DType::F64]),
             None
         );
+        let attention = Op::<usize>::Attention(crate::AttentionSpec { scale: 0.5, causal: true });
+        assert_eq!(
+            Precision::Bf16.narrowed(&attention, &[DType::F32; 3]),
+            Some(DType::BF16)
+        );
+        assert_eq!(Precision::F32.narrowed(&attention, &[DType::F32; 3]), None);
         let softmax_part = Op::<usize>::Cast { dtype: DType::F32 };
         assert_eq!(Precision::Bf16.narrowed(&softmax_part, &[DType::F32]), None);
     }

@@ -237,6 +237,22 @@ impl<B: Backend> RawTensor<B> {
         RawTensor::from_storage(storage, *self.dims(), self.device.clone())
     }
 
+    /// The buffer itself, when this tensor is its sole owner and views all of it in
+    /// order (a backend handing an op's result back); else a copy of its elements in
+    /// order.
+    pub fn into_storage(mut self) -> Result<B::Storage> {
+        let whole = self.layout.is_contiguous()
+            && self.layout.offset() == 0
+            && self.layout.numel() == B::storage_len(&self.storage);
+        if whole {
+            match Arc::try_unwrap(self.storage) {
+                Ok(storage) => return Ok(storage),
+                Err(shared) => self.storage = shared,
+            }
+        }
+        B::contiguous(&self.device, self.view())
+    }
+
     /// The buffer, for writing in place: only when this tensor is its sole owner and
     /// views all of it in order (so a write changes this tensor and nothing else).
     pub fn storage_mut(&mut self) -> Option<&mut B::Storage> {

@@ -7,6 +7,7 @@
 //! `matmul`; `spin` keeps a few threads awake between the short parallel products of
 //! batch-1 inference.
 
+pub mod attention;
 pub mod elementwise;
 pub mod fused;
 pub mod gemm;
@@ -241,6 +242,10 @@ impl Backend for Cpu {
                 value,
             } => movement::pad(x(0).0, x(0).1, *axis, *before, *after, *value),
             Op::MatMul => matmul::matmul(x(0).0, x(0).1, x(1).0, x(1).1)?,
+            Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. } => {
+                let parts: Vec<_> = (0..inputs.len()).map(x).collect();
+                attention::attention(op, &parts)?
+            }
             Op::Gather { axis } => index::gather(x(0).0, x(0).1, x(1).0, x(1).1, *axis)?,
             Op::ScatterAdd { axis, .. } => {
                 index::scatter_add(x(0).0, x(0).1, x(1).0, x(1).1, *axis, &dims)?

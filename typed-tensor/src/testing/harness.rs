@@ -124,7 +124,12 @@ pub fn op_tolerance(op: &Op, dtype: crate::DType) -> Tol {
         ),
         Op::Binary(b) => matches!(b, BinaryOp::Max | BinaryOp::Min),
         Op::Reduce { op, .. } => *op != ReduceOp::Sum,
-        Op::MatMul | Op::ScatterAdd { .. } | Op::Fold2d { .. } => false,
+        Op::MatMul
+        | Op::ScatterAdd { .. }
+        | Op::Fold2d { .. }
+        | Op::Attention(_)
+        | Op::AttentionLse(_)
+        | Op::AttentionGrad { .. } => false,
         _ => true,
     };
     if exact {

@@ -3,6 +3,7 @@
 //! - [`reference`]: a naive f64 interpreter of every primitive of the op table, the
 //!   definition each backend is held to;
 //! - [`formulas`]: direct f64 definitions of the composite ops;
+//! - [`attention`]: attention's reference, formulas and family;
 //! - [`tolerance`]: tolerances per dtype and the element-by-element comparison;
 //! - [`strategy`]: proptest strategies for shapes, values and input views;
 //! - [`primitives`], [`composites`], [`errors`]: the properties, one generic function
@@ -20,6 +21,7 @@
 //! `conformance_tests!(MyBackend, device(), Config::all().without(DType::F64))`.
 //! The `PROPTEST_CASES` environment variable overrides every property's case count.
 
+pub mod attention;
 pub mod composites;
 pub mod errors;
 pub mod formulas;
@@ -132,6 +134,7 @@ macro_rules! __conformance_families {
                 rand_device_seed;
             composites: softmax, norms, activations, cross_entropy, mse, linear, conv2d,
                 pool2d, embedding, dropout;
+            attention: attention;
             errors: bad_shapes;
         }
     };

@@ -354,6 +354,9 @@ pub fn eval(op: &Op, inputs: &[&RefTensor]) -> Result<RefTensor> {
                 .collect()
         }
         Op::MatMul => matmul(inputs[0], inputs[1], &out.dims),
+        Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. } => {
+            super::attention::eval(op, inputs)
+        }
         Op::Gather { axis } => {
             let (x, index) = (inputs[0], inputs[1]);
             let mut data = Vec::with_capacity(n);

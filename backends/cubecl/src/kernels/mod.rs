@@ -3,6 +3,7 @@
 //! contiguous output; the op is comptime data, so CubeCL compiles one specialised
 //! kernel per op, dtype and rank and caches it.
 
+pub mod attention;
 pub mod common;
 pub mod elementwise;
 pub mod fused;

@@ -2,6 +2,7 @@
 //! the ops built from the generic copy and fill kernels (contiguous, concat, pad,
 //! full) or from the host (rand).
 
+pub mod attention;
 pub mod elementwise;
 pub mod fused;
 pub mod index;
@@ -45,6 +46,9 @@ pub fn execute<R: KilnRuntime>(
             ..
         } => pad(dev, inputs[0], *axis, *before, *value, out),
         Op::MatMul => product(device, inputs[0], inputs[1], out),
+        Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. } => {
+            attention::attention(device, op, inputs, out)
+        }
         Op::Gather { axis } => index::gather(dev, inputs[0], inputs[1], *axis, out),
         Op::ScatterAdd { axis, .. } => index::scatter_add(dev, inputs[0], inputs[1], *axis, out),
         Op::Unfold2d(w) => window::unfold2d(dev, inputs[0], w, out),

@@ -1,0 +1,379 @@
+//! Attention on the CPU without the `Tq×Tk` scores in memory: each batch element's
+//! queries in blocks of [`QUERY_BLOCK`] rows against keys in blocks of [`KEY_BLOCK`], the
+//! scores of one block pair at a time (a GEMM), an online softmax carrying each row's
+//! maximum and sum across key blocks (the forward pass), and the backward pass
+//! recomputing each block's probabilities from the saved row log-sum-exp. Causal
+//! attention skips the key blocks above the diagonal. Batch elements run on rayon's
+//! threads, each block product on one. The math is `kiln_tensor::attention`'s; f16 and
+//! bf16 compute in f32, f64 in f64.
+
+use crate::gemm::{dgemm_with, sgemm_with, GemmOptions, MatRef};
+use crate::math::Real;
+use crate::storage::{with_float_storage, CpuStorage, FloatKernel};
+use crate::strided::gather;
+use kiln_tensor::attention::stats_dtype;
+use kiln_tensor::{AttentionInput, AttentionSpec, Element, Error, HostData, Layout, Op, Result};
+use num_traits::ToPrimitive;
+use rayon::prelude::*;
+
+/// Query rows per block.
+const QUERY_BLOCK: usize = 32;
+/// Key rows per block.
+const KEY_BLOCK: usize = 64;
+
+/// The compute types' block product on one thread: `c (m×n) (+)= a (m×k) · b (k×n)`.
+trait BlockGemm: Real {
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(m: usize, n: usize, k: usize, a: MatRef<Self>, b: MatRef<Self>, c: &mut [Self], acc: bool);
+}
+
+fn one_thread() -> GemmOptions {
+    GemmOptions {
+        threads: Some(1),
+        ..GemmOptions::default()
+    }
+}
+
+impl BlockGemm for f32 {
+    fn gemm(m: usize, n: usize, k: usize, a: MatRef<f32>, b: MatRef<f32>, c: &mut [f32], acc: bool) {
+        sgemm_with(&one_thread(), m, n, k, a, b, c, acc)
+    }
+}
+
+impl BlockGemm for f64 {
+    fn gemm(m: usize, n: usize, k: usize, a: MatRef<f64>, b: MatRef<f64>, c: &mut [f64], acc: bool) {
+        dgemm_with(&one_thread(), m, n, k, a, b, c, acc)
+    }
+}
+
+/// The sizes of one attention: batch elements, queries, keys, widths of q/k and of v.
+#[derive(Clone, Copy, Debug)]
+struct Sizes {
+    batch: usize,
+    tq: usize,
+    tk: usize,
+    e: usize,
+    ev: usize,
+}
+
+/// Runs [`Op::Attention`], [`Op::AttentionLse`] or [`Op::AttentionGrad`] on views whose
+/// dims the op table has checked; the result is contiguous, in the op's dtype.
+pub fn attention(op: &Op, inputs: &[(&CpuStorage, &Layout)]) -> Result<CpuStorage> {
+    let dims = |i: usize| inputs[i].1.dims();
+    let (q, k) = (dims(0), dims(1));
+    let r = q.rank();
+    let v_width = match op {
+        Op::AttentionLse(_) => k[r - 1],
+        _ => dims(2)[r - 1],
+    };
+    let n = Sizes {
+        batch: q.as_slice()[..r - 2].iter().product(),
+        tq: q[r - 2],
+        tk: k[r - 2],
+        e: q[r - 1],
+        ev: v_width,
+    };
+    with_float_storage!(
+        inputs[0].0,
+        _v,
+        T => run::<T>(op, inputs, n),
+        Err(Error::dtype(op.name(), format!("attends over floats, not {}", inputs[0].0.dtype())))
+    )
+}
+
+/// A view's elements in row-major order, in the compute type `C`.
+fn load<C: Real>(view: (&CpuStorage, &Layout)) -> Vec<C> {
+    with_float_storage!(
+        view.0,
+        v,
+        _T => gather(v, view.1)
+            .iter()
+            .map(|&x| C::from_f64_(Element::to_f64(x)))
+            .collect(),
+        unreachable!("the shape rule admits floats only")
+    )
+}
+
+/// Rounds compute-type values into a buffer of `T`'s dtype.
+fn store<T: FloatKernel>(values: Vec<T::C>) -> Vec<T> {
+    values.into_iter().map(T::store).collect()
+}
+
+fn run<T: FloatKernel>(op: &Op, inputs: &[(&CpuStorage, &Layout)], n: Sizes) -> Result<CpuStorage>
+where
+    T::C: BlockGemm,
+{
+    let (q, k) = (load::<T::C>(inputs[0]), load::<T::C>(inputs[1]));
+    Ok(match op {
+        Op::Attention(spec) => {
+            let v = load::<T::C>(inputs[2]);
+            let (out, _) = forward(&q, &k, Some(&v), n, spec);
+            T::wrap(store::<T>(out))
+        }
+        Op::AttentionLse(spec) => {
+            let (_, lse) = forward(&q, &k, None, n, spec);
+            let values: Vec<f64> = lse.iter().map(|c| c.to_f64().unwrap_or(f64::NAN)).collect();
+            CpuStorage::from_host(HostData::from_f64_slice(
+                stats_dtype(inputs[0].0.dtype()),
+                &values,
+            ))
+        }
+        Op::AttentionGrad { spec, wrt } => {
+            let v = load::<T::C>(inputs[2]);
+            let g = load::<T::C>(inputs[3]);
+            let (lse, delta) = (load::<T::C>(inputs[4]), load::<T::C>(inputs[5]));
+            let ins = GradInputs { q: &q, k: &k, v: &v, g: &g, lse: &lse, delta: &delta };
+            let grad = match wrt {
+                AttentionInput::Query => grad_q(&ins, n, spec),
+                AttentionInput::Key | AttentionInput::Value => grad_kv(&ins, n, spec, *wrt),
+            };
+            T::wrap(store::<T>(grad))
+        }
+        other => unreachable!("{} is not an attention op", other.name()),
+    })
+}
+
+/// The blocks of `0..len` in steps of `step`.
+fn blocks(len: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len).step_by(step.max(1)).map(move |s| (s, (s + step).min(len)))
+}
+
+/// Row-major `rows × cols` starting at row `first` of a batch element's matrix.
+fn rows<C>(data: &[C], first: usize, cols: usize) -> MatRef<'_, C> {
+    MatRef {
+        data,
+        offset: first * cols,
+        row_stride: cols,
+        col_stride: 1,
+    }
+}
+
+/// The scaled scores of queries `i0..i1` against keys `j0..j1` into `s` (row-major,
+/// `j1 - j0` wide), masked to −∞ above the diagonal when causal.
+#[allow(clippy::too_many_arguments)]
+fn block_scores<C: BlockGemm>(
+    q: &[C],
+    k: &[C],
+    n: Sizes,
+    spec: &AttentionSpec,
+    (i0, i1): (usize, usize),
+    (j0, j1): (usize, usize),
+    s: &mut [C],
+) {
+    let (bi, bj) = (i1 - i0, j1 - j0);
+    let s = &mut s[..bi * bj];
+    C::gemm(bi, bj, n.e, rows(q, i0, n.e), rows(k, j0, n.e).t(), s, false);
+    let scale = C::from_f64_(spec.scale);
+    for (r, row) in s.chunks_mut(bj.max(1)).enumerate().take(bi) {
+        for (c, x) in row.iter_mut().enumerate() {
+            *x = if spec.causal && j0 + c > i0 + r {
+                C::neg_infinity()
+            } else {
+                *x * scale
+            };
+        }
+    }
+}
+
+/// The forward pass: the output (when `v` is given) and each query's log-sum-exp.
+fn forward<C: BlockGemm>(q: &[C], k: &[C], v: Option<&[C]>, n: Sizes, spec: &AttentionSpec) -> (Vec<C>, Vec<C>) {
+    let mut out = vec![C::zero(); if v.is_some() { n.batch * n.tq * n.ev } else { 0 }];
+    let mut lse = vec![C::zero(); n.batch * n.tq];
+    let out_rows = (n.tq * n.ev).max(1);
+    let mut out_chunks: Vec<&mut [C]> = if v.is_some() {
+        out.chunks_mut(out_rows).collect()
+    } else {
+        (0..n.batch).map(|_| <&mut [C]>::default()).collect()
+    };
+    out_chunks
+        .par_iter_mut()
+        .zip(lse.par_chunks_mut(n.tq.max(1)))
+        .enumerate()
+        .for_each(|(b, (out_b, lse_b))| {
+            let qb = &q[b * n.tq * n.e..(b + 1) * n.tq * n.e];
+            let kb = &k[b * n.tk * n.e..(b + 1) * n.tk * n.e];
+            let vb = v.map(|v| &v[b * n.tk * n.ev..(b + 1) * n.tk * n.ev]);
+            forward_one(qb, kb, vb, n, spec, out_b, lse_b);
+        });
+    (out, lse)
+}
+
+/// The forward pass of one batch element.
+fn forward_one<C: BlockGemm>(
+    q: &[C],
+    k: &[C],
+    v: Option<&[C]>,
+    n: Sizes,
+    spec: &AttentionSpec,
+    out: &mut [C],
+    lse: &mut [C],
+) {
+    let mut s = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
+    let mut acc = vec![C::zero(); QUERY_BLOCK * n.ev];
+    let (mut max, mut sum) = (vec![C::zero(); QUERY_BLOCK], vec![C::zero(); QUERY_BLOCK]);
+    for (i0, i1) in blocks(n.tq, QUERY_BLOCK) {
+        let bi = i1 - i0;
+        max[..bi].fill(C::neg_infinity());
+        sum[..bi].fill(C::zero());
+        acc[..bi * n.ev].fill(C::zero());
+        let keys = if spec.causal { i1.min(n.tk) } else { n.tk };
+        for (j0, j1) in blocks(keys, KEY_BLOCK) {
+            let bj = j1 - j0;
+            block_scores(q, k, n, spec, (i0, i1), (j0, j1), &mut s);
+            for r in 0..bi {
+                let row = &mut s[r * bj..(r + 1) * bj];
+                let m = row.iter().fold(max[r], |a, &x| a.max(x));
+                if m == C::neg_infinity() {
+                    // Every key so far masked: nothing to add.
+                    row.fill(C::zero());
+                    continue;
+                }
+                let alpha = if max[r] == C::neg_infinity() { C::zero() } else { (max[r] - m).exp_() };
+                let mut total = C::zero();
+                for x in row.iter_mut() {
+                    *x = if *x == C::neg_infinity() { C::zero() } else { (*x - m).exp_() };
+                    total = total + *x;
+                }
+                sum[r] = sum[r] * alpha + total;
+                max[r] = m;
+                for a in &mut acc[r * n.ev..(r + 1) * n.ev] {
+                    *a = *a * alpha;
+                }
+            }
+            if let Some(v) = v {
+                let p = MatRef { data: &s[..], offset: 0, row_stride: bj, col_stride: 1 };
+                C::gemm(bi, n.ev, bj, p, rows(v, j0, n.ev), &mut acc[..bi * n.ev], true);
+            }
+        }
+        for r in 0..bi {
+            let i = i0 + r;
+            let seen = sum[r] > C::zero();
+            lse[i] = if seen { max[r] + sum[r].ln() } else { C::neg_infinity() };
+            if v.is_some() {
+                for c in 0..n.ev {
+                    out[i * n.ev + c] = if seen { acc[r * n.ev + c] / sum[r] } else { C::zero() };
+                }
+            }
+        }
+    }
+}
+
+/// What the backward pass reads, each batch element's rows after one another.
+struct GradInputs<'a, C> {
+    q: &'a [C],
+    k: &'a [C],
+    v: &'a [C],
+    g: &'a [C],
+    lse: &'a [C],
+    delta: &'a [C],
+}
+
+/// One batch element's slice of each input.
+fn element<'a, C>(ins: &GradInputs<'a, C>, n: Sizes, b: usize) -> GradInputs<'a, C> {
+    GradInputs {
+        q: &ins.q[b * n.tq * n.e..(b + 1) * n.tq * n.e],
+        k: &ins.k[b * n.tk * n.e..(b + 1) * n.tk * n.e],
+        v: &ins.v[b * n.tk * n.ev..(b + 1) * n.tk * n.ev],
+        g: &ins.g[b * n.tq * n.ev..(b + 1) * n.tq * n.ev],
+        lse: &ins.lse[b * n.tq..(b + 1) * n.tq],
+        delta: &ins.delta[b * n.tq..(b + 1) * n.tq],
+    }
+}
+
+/// The probabilities and `ds = p·(g·vᵀ − delta)` of queries `i0..i1` against keys
+/// `j0..j1`, into `p` and `ds` (row-major, `j1 - j0` wide); `ds` only when asked.
+#[allow(clippy::too_many_arguments)]
+fn block_grads<C: BlockGemm>(
+    x: &GradInputs<'_, C>,
+    n: Sizes,
+    spec: &AttentionSpec,
+    (i0, i1): (usize, usize),
+    (j0, j1): (usize, usize),
+    p: &mut [C],
+    ds: Option<&mut [C]>,
+) {
+    let (bi, bj) = (i1 - i0, j1 - j0);
+    block_scores(x.q, x.k, n, spec, (i0, i1), (j0, j1), p);
+    for r in 0..bi {
+        let lse = x.lse[i0 + r];
+        for e in &mut p[r * bj..(r + 1) * bj] {
+            *e = if *e == C::neg_infinity() || lse == C::neg_infinity() {
+                C::zero()
+            } else {
+                (*e - lse).exp_()
+            };
+        }
+    }
+    if let Some(ds) = ds {
+        let ds = &mut ds[..bi * bj];
+        C::gemm(bi, bj, n.ev, rows(x.g, i0, n.ev), rows(x.v, j0, n.ev).t(), ds, false);
+        for r in 0..bi {
+            let delta = x.delta[i0 + r];
+            for c in 0..bj {
+                let at = r * bj + c;
+                ds[at] = p[at] * (ds[at] - delta);
+            }
+        }
+    }
+}
+
+/// `dq = scale · Σ_j ds_ij k_j`, query blocks against the key blocks they see.
+fn grad_q<C: BlockGemm>(ins: &GradInputs<'_, C>, n: Sizes, spec: &AttentionSpec) -> Vec<C> {
+    let mut dq = vec![C::zero(); n.batch * n.tq * n.e];
+    dq.par_chunks_mut((n.tq * n.e).max(1)).enumerate().for_each(|(b, dq)| {
+        if n.tq * n.e == 0 {
+            return;
+        }
+        let x = element(ins, n, b);
+        let mut p = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
+        let mut ds = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
+        for (i0, i1) in blocks(n.tq, QUERY_BLOCK) {
+            let keys = if spec.causal { i1.min(n.tk) } else { n.tk };
+            for (j0, j1) in blocks(keys, KEY_BLOCK) {
+                block_grads(&x, n, spec, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
+                let (bi, bj) = (i1 - i0, j1 - j0);
+                let d = MatRef { data: &ds[..], offset: 0, row_stride: bj, col_stride: 1 };
+                C::gemm(bi, n.e, bj, d, rows(x.k, j0, n.e), &mut dq[i0 * n.e..i1 * n.e], true);
+            }
+        }
+        let scale = C::from_f64_(spec.scale);
+        dq.iter_mut().for_each(|d| *d = *d * scale);
+    });
+    dq
+}
+
+/// `dk = scale · Σ_i ds_ij q_i` or `dv = Σ_i p_ij g_i`, key blocks against the query
+/// blocks that see them.
+fn grad_kv<C: BlockGemm>(ins: &GradInputs<'_, C>, n: Sizes, spec: &AttentionSpec, wrt: AttentionInput) -> Vec<C> {
+    let width = if wrt == AttentionInput::Value { n.ev } else { n.e };
+    let mut out = vec![C::zero(); n.batch * n.tk * width];
+    out.par_chunks_mut((n.tk * width).max(1)).enumerate().for_each(|(b, out)| {
+        if n.tk * width == 0 {
+            return;
+        }
+        let x = element(ins, n, b);
+        let mut p = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
+        let mut ds = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
+        for (j0, j1) in blocks(n.tk, KEY_BLOCK) {
+            let first_query = if spec.causal { j0 } else { 0 };
+            for (i0, i1) in blocks(n.tq, QUERY_BLOCK).filter(|&(_, i1)| i1 > first_query) {
+                let (bi, bj) = (i1 - i0, j1 - j0);
+                let target = &mut out[j0 * width..j1 * width];
+                if wrt == AttentionInput::Value {
+                    block_grads(&x, n, spec, (i0, i1), (j0, j1), &mut p, None);
+                    let pt = MatRef { data: &p[..], offset: 0, row_stride: 1, col_stride: bj };
+                    C::gemm(bj, n.ev, bi, pt, rows(x.g, i0, n.ev), target, true);
+                } else {
+                    block_grads(&x, n, spec, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
+                    let dst = MatRef { data: &ds[..], offset: 0, row_stride: 1, col_stride: bj };
+                    C::gemm(bj, n.e, bi, dst, rows(x.q, i0, n.e), target, true);
+                }
+            }
+        }
+        if wrt == AttentionInput::Key {
+            let scale = C::from_f64_(spec.scale);
+            out.iter_mut().for_each(|d| *d = *d * scale);
+        }
+    });
+    out
+}

@@ -1,0 +1,715 @@
+//! Attention as ops of the table: scaled dot-product attention
+//! `softmax(q·kᵀ·scale, causal) · v` run as one kernel that never holds the `Tq×Tk`
+//! scores in memory ([`Op::Attention`]), the row statistics its backward pass recomputes
+//! probabilities from ([`Op::AttentionLse`]) and the gradient of each input
+//! ([`Op::AttentionGrad`]). This module owns what the three share: their settings, their
+//! shape and dtype rule, the math every kernel follows (written out in
+//! [`AttentionSpec`]'s docs and, in f64, in the conformance suite's reference), and the
+//! recognition of attention written by hand with primitives, so that a recording
+//! builder (the `#[model]` macro, the dynamic path) gives hand-written attention the
+//! fused kernel.
+//!
+//! The math, per batch element, for queries `i` and keys `j`:
+//! `s_ij = scale · q_i·k_j` (masked to −∞ above the diagonal when causal),
+//! `lse_i = log Σ_j exp(s_ij)`, `p_ij = exp(s_ij − lse_i)`, `out_i = Σ_j p_ij v_j`.
+//! Backward, with `g` the output's gradient and `delta_i = Σ_e g_ie · out_ie`:
+//! `dv_j = Σ_i p_ij g_i`, `ds_ij = p_ij (g_i·v_j − delta_i)`, `dq_i = scale Σ_j ds_ij k_j`,
+//! `dk_j = scale Σ_i ds_ij q_i`.
+
+use crate::builder::{Builder, BuilderExt};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::op::{fmt_dims, BinaryOp, Op, ReduceOp, SymDim, TensorMeta, UnaryOp};
+
+/// The settings of an attention op.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    /// The scores are `q·kᵀ · scale` (PyTorch's default is `1/√E` for width `E`).
+    pub scale: f64,
+    /// Query `i` attends to keys `j <= i` only (PyTorch's `is_causal`); causal attention
+    /// takes as many queries as keys.
+    pub causal: bool,
+}
+
+/// Which input of attention a gradient op returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionInput {
+    /// The queries `q`.
+    Query,
+    /// The keys `k`.
+    Key,
+    /// The values `v`.
+    Value,
+}
+
+impl AttentionInput {
+    /// The three, in the order of the op's inputs.
+    pub const ALL: [AttentionInput; 3] = [
+        AttentionInput::Query,
+        AttentionInput::Key,
+        AttentionInput::Value,
+    ];
+
+    /// The input's name in plans and messages: `q`, `k`, `v`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            AttentionInput::Query => "q",
+            AttentionInput::Key => "k",
+            AttentionInput::Value => "v",
+        }
+    }
+
+    /// Its position among the op's inputs.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The dtype the row statistics (`lse`, `delta`) are kept in for inputs of `dtype`: f32
+/// for the half floats (a bf16 log-sum-exp would lose the probabilities' digits), else
+/// the inputs' own.
+pub fn stats_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        other => other,
+    }
+}
+
+/// The result of attention over `q [.., Tq, E]`, `k [.., Tk, E]`, `v [.., Tk, Ev]`:
+/// `[.., Tq, Ev]` in their dtype. The batch dims of the three are one and the same
+/// (no broadcasting), their dtype one float dtype.
+pub fn attention_meta<D: SymDim>(
+    name: &'static str,
+    spec: &AttentionSpec,
+    q: &TensorMeta<D>,
+    k: &TensorMeta<D>,
+    v: &TensorMeta<D>,
+) -> Result<TensorMeta<D>> {
+    let shapes = || {
+        format!(
+            "q {}, k {}, v {}",
+            fmt_dims(&q.dims),
+            fmt_dims(&k.dims),
+            fmt_dims(&v.dims)
+        )
+    };
+    if q.dtype != k.dtype || q.dtype != v.dtype {
+        return Err(Error::dtype(
+            name,
+            format!(
+                "q, k and v must share a dtype, got {}, {} and {}",
+                q.dtype, k.dtype, v.dtype
+            ),
+        ));
+    }
+    if !q.dtype.is_float() {
+        return Err(Error::dtype(
+            name,
+            format!("attends over floats, not {}", q.dtype),
+        ));
+    }
+    let r = q.dims.len();
+    if r < 2 || k.dims.len() != r || v.dims.len() != r {
+        return Err(Error::shape(
+            name,
+            format!(
+                "q, k and v must be [.., T, E] of one rank (2 or more), got {}",
+                shapes()
+            ),
+        ));
+    }
+    let differ = |a: &D, b: &D| a.matches(b) == Some(false);
+    let batch_differs = (0..r - 2).any(|i| differ(&q.dims[i], &k.dims[i]) || differ(&q.dims[i], &v.dims[i]));
+    if batch_differs {
+        return Err(Error::shape(
+            name,
+            format!("q, k and v must share their batch dims, got {}", shapes()),
+        ));
+    }
+    if differ(&q.dims[r - 1], &k.dims[r - 1]) {
+        return Err(Error::shape(
+            name,
+            format!(
+                "q and k must have one width ({} vs {}), got {}",
+                q.dims[r - 1],
+                k.dims[r - 1],
+                shapes()
+            ),
+        ));
+    }
+    if differ(&k.dims[r - 2], &v.dims[r - 2]) {
+        return Err(Error::shape(
+            name,
+            format!(
+                "k and v must have one length ({} vs {}), got {}",
+                k.dims[r - 2],
+                v.dims[r - 2],
+                shapes()
+            ),
+        ));
+    }
+    if spec.causal && differ(&q.dims[r - 2], &k.dims[r - 2]) {
+        return Err(Error::shape(
+            name,
+            format!(
+                "causal attention takes as many queries as keys ({} vs {}), got {}",
+                q.dims[r - 2],
+                k.dims[r - 2],
+                shapes()
+            ),
+        ));
+    }
+    if !spec.scale.is_finite() {
+        return Err(Error::invalid(
+            name,
+            format!("the scale must be finite, got {}", spec.scale),
+        ));
+    }
+    let mut dims = q.dims.clone();
+    dims[r - 1] = v.dims[r - 1].clone();
+    Ok(TensorMeta::new(dims, q.dtype))
+}
+
+/// The dims and dtype of a row statistic of queries `q [.., Tq, E]`: `[.., Tq, 1]`.
+pub fn row_stats_meta<D: SymDim>(q: &TensorMeta<D>) -> TensorMeta<D> {
+    let mut dims = q.dims.clone();
+    if let Some(last) = dims.last_mut() {
+        *last = D::lit(1);
+    }
+    TensorMeta::new(dims, stats_dtype(q.dtype))
+}
+
+/// The rule of [`Op::AttentionLse`]: queries and keys as attention takes them.
+pub fn lse_meta<D: SymDim>(
+    spec: &AttentionSpec,
+    q: &TensorMeta<D>,
+    k: &TensorMeta<D>,
+) -> Result<TensorMeta<D>> {
+    // Keys stand in for the values: the statistics need no values.
+    attention_meta("attention_lse", spec, q, k, k)?;
+    Ok(row_stats_meta(q))
+}
+
+/// The rule of [`Op::AttentionGrad`]: inputs q, k, v, the output's gradient, the row
+/// log-sum-exp and `delta`; the result has the dims and dtype of input `wrt`.
+pub fn grad_meta<D: SymDim>(
+    spec: &AttentionSpec,
+    wrt: AttentionInput,
+    inputs: &[&TensorMeta<D>],
+) -> Result<TensorMeta<D>> {
+    let name = "attention_grad";
+    let [q, k, v, g, lse, delta] = inputs else {
+        return Err(Error::invalid(
+            name,
+            format!("takes 6 inputs, got {}", inputs.len()),
+        ));
+    };
+    let out = attention_meta(name, spec, q, k, v)?;
+    let same = |a: &TensorMeta<D>, b: &TensorMeta<D>| {
+        a.dtype == b.dtype
+            && a.dims.len() == b.dims.len()
+            && a.dims.iter().zip(&b.dims).all(|(x, y)| x.matches(y) != Some(false))
+    };
+    if !same(g, &out) {
+        return Err(Error::shape(
+            name,
+            format!(
+                "the output's gradient must be {} {}, got {} {}",
+                out.dtype,
+                fmt_dims(&out.dims),
+                g.dtype,
+                fmt_dims(&g.dims)
+            ),
+        ));
+    }
+    let stats = row_stats_meta(q);
+    for (what, m) in [("log-sum-exp", lse), ("delta", delta)] {
+        if !same(m, &stats) {
+            return Err(Error::shape(
+                name,
+                format!(
+                    "the row {what} must be {} {}, got {} {}",
+                    stats.dtype,
+                    fmt_dims(&stats.dims),
+                    m.dtype,
+                    fmt_dims(&m.dims)
+                ),
+            ));
+        }
+    }
+    Ok(inputs[wrt.index()].clone())
+}
+
+/// The gradients of attention's q, k and v given its inputs, its output `out` and the
+/// output's gradient `g`: the row statistics recomputed ([`Op::AttentionLse`]),
+/// `delta = Σ g·out` over the last axis, then one [`Op::AttentionGrad`] per input.
+pub fn attention_vjp<G: Builder + ?Sized>(
+    b: &mut G,
+    spec: &AttentionSpec,
+    x: &[&G::Value],
+    out: &G::Value,
+    g: &G::Value,
+) -> Result<Vec<Option<G::Value>>> {
+    let (q, k, v) = (x[0], x[1], x[2]);
+    let lse = b.apply(Op::AttentionLse(*spec), &[q, k])?;
+    let stats = stats_dtype(b.dtype(g));
+    let (gs, os) = if stats == b.dtype(g) {
+        (g.clone(), out.clone())
+    } else {
+        (b.cast(g, stats)?, b.cast(out, stats)?)
+    };
+    let prod = b.mul(&gs, &os)?;
+    let last = b.rank(&prod) - 1;
+    let delta = b.sum(&prod, &[last], true)?;
+    AttentionInput::ALL
+        .iter()
+        .map(|&wrt| {
+            b.apply(
+                Op::AttentionGrad { spec: *spec, wrt },
+                &[q, k, v, g, &lse, &delta],
+            )
+            .map(Some)
+        })
+        .collect()
+}
+
+/// Attention written with primitives, as a user writes it by hand:
+/// `softmax(causal_mask?(q·kᵀ · scale)) · v` (the mask only when causal; no product by
+/// the scale when it is 1). The fused op's meaning, and what [`recognise`] finds. Half
+/// inputs have their scores and softmax in f32 ([`stats_dtype`]), as the fused kernels
+/// do, and the weights cast back for the product with the values.
+pub fn attention_by_primitives<G: Builder + ?Sized>(
+    b: &mut G,
+    q: &G::Value,
+    k: &G::Value,
+    v: &G::Value,
+    spec: &AttentionSpec,
+) -> Result<G::Value> {
+    let s = scores(b, q, k, spec)?;
+    let last = b.rank(&s) - 1;
+    let w = b.softmax(&s, last)?;
+    let values = b.dtype(v);
+    let w = in_dtype(b, &w, values)?;
+    b.apply(Op::MatMul, &[&w, v])
+}
+
+/// [`Op::AttentionLse`] written with primitives: the log-sum-exp of each query's
+/// (masked) scores, `[.., Tq, 1]` in [`stats_dtype`].
+pub fn lse_by_primitives<G: Builder + ?Sized>(
+    b: &mut G,
+    q: &G::Value,
+    k: &G::Value,
+    spec: &AttentionSpec,
+) -> Result<G::Value> {
+    let s = scores(b, q, k, spec)?;
+    let last = b.rank(&s) - 1;
+    b.logsumexp(&s, last, true)
+}
+
+/// [`Op::AttentionGrad`] written with primitives, from its six inputs (q, k, v, the
+/// output's gradient, the row log-sum-exp and delta): the probabilities recomputed as
+/// `exp(s − lse)`, then the formulas of this module's docs as batched products. The
+/// scores go through memory: what a backend runs until it has a fused backward kernel,
+/// and a second spelling of the math for the tests.
+pub fn grad_by_primitives<G: Builder + ?Sized>(
+    b: &mut G,
+    spec: &AttentionSpec,
+    wrt: AttentionInput,
+    x: &[&G::Value],
+) -> Result<G::Value> {
+    let [q, k, v, g, lse, delta] = x else {
+        return Err(Error::invalid(
+            "attention_grad",
+            format!("takes 6 inputs, got {}", x.len()),
+        ));
+    };
+    let dtype = b.dtype(q);
+    let s = scores(b, q, k, spec)?;
+    let z = b.sub(&s, lse)?;
+    let p = b.unary(UnaryOp::Exp, &z)?;
+    if wrt == AttentionInput::Value {
+        let pt = b.t(&p)?;
+        let pt = in_dtype(b, &pt, dtype)?;
+        return b.apply(Op::MatMul, &[&pt, g]);
+    }
+    let vt = b.t(v)?;
+    let dp = b.apply(Op::MatMul, &[g, &vt])?;
+    let stats = b.dtype(&p);
+    let dp = in_dtype(b, &dp, stats)?;
+    let centred = b.sub(&dp, delta)?;
+    let ds = b.mul(&p, &centred)?;
+    let ds = in_dtype(b, &ds, dtype)?;
+    let product = if wrt == AttentionInput::Query {
+        b.apply(Op::MatMul, &[&ds, k])?
+    } else {
+        let dst = b.t(&ds)?;
+        b.apply(Op::MatMul, &[&dst, q])?
+    };
+    if spec.scale == 1.0 {
+        return Ok(product);
+    }
+    b.mul_scalar(&product, spec.scale)
+}
+
+/// The scores `q·kᵀ · scale` in [`stats_dtype`], masked above the diagonal when causal.
+fn scores<G: Builder + ?Sized>(
+    b: &mut G,
+    q: &G::Value,
+    k: &G::Value,
+    spec: &AttentionSpec,
+) -> Result<G::Value> {
+    let kt = b.t(k)?;
+    let s = b.apply(Op::MatMul, &[q, &kt])?;
+    let stats = stats_dtype(b.dtype(q));
+    let mut s = in_dtype(b, &s, stats)?;
+    if spec.scale != 1.0 {
+        s = b.mul_scalar(&s, spec.scale)?;
+    }
+    if spec.causal {
+        s = b.causal_mask(&s)?;
+    }
+    Ok(s)
+}
+
+/// `x` in `dtype`: itself when it has it, else a cast.
+fn in_dtype<G: Builder + ?Sized>(b: &mut G, x: &G::Value, dtype: DType) -> Result<G::Value> {
+    if b.dtype(x) == dtype {
+        return Ok(x.clone());
+    }
+    b.cast(x, dtype)
+}
+
+/// Hand-written attention weights found in a recording builder: `w` is
+/// `softmax(causal_mask?(q·kᵀ ⊙ c))` over its last axis, `⊙ c` a product by or a division
+/// by a rank-0 constant, or nothing.
+#[derive(Clone, Debug)]
+pub struct Recognised<V> {
+    /// The queries.
+    pub q: V,
+    /// The keys' transpose, `kᵀ` as the product read it (the keys are its transpose).
+    pub kt: V,
+    /// The scale and the mask.
+    pub spec: AttentionSpec,
+}
+
+/// Whether `w` holds attention weights computed by hand (see [`Recognised`]), reading the
+/// graph a recording builder keeps ([`Builder::producer`]); `None` for anything else and
+/// for every builder that runs ops as they come. The product may be narrowed by the
+/// builder's precision policy (casts of its operands and its result); the softmax and
+/// the mask must be [`BuilderExt::softmax`] and [`BuilderExt::causal_mask`] as they
+/// are written, which the tests hold to [`attention_by_primitives`].
+pub fn recognise<G: Builder + ?Sized>(b: &G, w: &G::Value) -> Option<Recognised<G::Value>> {
+    // softmax(x) = e / Σe, e = exp(x − max x), over the last axis.
+    let (div, [e, total]) = producer::<G, 2>(b, w)?;
+    let rank = b.meta(w).dims.len();
+    let last = vec![rank.checked_sub(1)?];
+    if div != Op::Binary(BinaryOp::Div) {
+        return None;
+    }
+    let (sum, [e2]) = producer::<G, 1>(b, &total)?;
+    if sum != (Op::Reduce { op: ReduceOp::Sum, axes: last.clone() }) || !b.same_value(&e, &e2) {
+        return None;
+    }
+    let (exp, [z]) = producer::<G, 1>(b, &e)?;
+    let (sub, [x, m]) = producer::<G, 2>(b, &z)?;
+    if exp != Op::Unary(UnaryOp::Exp) || sub != Op::Binary(BinaryOp::Sub) {
+        return None;
+    }
+    let (max, [x2]) = producer::<G, 1>(b, &m)?;
+    if max != (Op::Reduce { op: ReduceOp::Max, axes: last }) || !b.same_value(&x, &x2) {
+        return None;
+    }
+    let dtype = b.meta(&x).dtype;
+    // The mask: `x + bias` where the bias is `causal_mask`'s own, built again here.
+    let (scaled, causal) = match unmask(b, &x) {
+        Some(y) => (y, true),
+        None => (x, false),
+    };
+    let (product, scale) = unscale(b, &scaled);
+    let (op, [qn, ktn]) = producer::<G, 2>(b, &narrowed_from(b, &product, dtype)?)?;
+    if op != Op::MatMul {
+        return None;
+    }
+    // Under a narrowing policy the operands are casts of the values the user multiplied.
+    let half = b.meta(&qn).dtype;
+    let (q, kt) = if half == dtype {
+        (qn, ktn)
+    } else {
+        (narrowed_from(b, &qn, half)?, narrowed_from(b, &ktn, half)?)
+    };
+    if b.meta(&q).dtype != dtype || b.meta(&kt).dtype != dtype {
+        return None;
+    }
+    Some(Recognised {
+        q,
+        kt,
+        spec: AttentionSpec { scale, causal },
+    })
+}
+
+/// The op and the `N` inputs that made `v`, if a recording builder knows them.
+fn producer<G: Builder + ?Sized, const N: usize>(b: &G, v: &G::Value) -> Option<(Op<G::Dim>, [G::Value; N])> {
+    let (op, inputs) = b.producer(v)?;
+    Some((op, inputs.try_into().ok()?))
+}
+
+/// `v` through the casts the builder's precision policy puts around a narrowed product:
+/// for `wanted` f32 the product's result cast back to f32, for a half dtype an operand
+/// cast down from f32. `v` itself when there is no cast; `None` when there is one the
+/// policy would not have made (a cast the user wrote).
+fn narrowed_from<G: Builder + ?Sized>(b: &G, v: &G::Value, wanted: DType) -> Option<G::Value> {
+    let Some((Op::Cast { dtype }, [inner])) = producer::<G, 1>(b, v) else {
+        return Some(v.clone());
+    };
+    let from = b.meta(&inner).dtype;
+    let policy = b.precision().narrowed(&Op::<G::Dim>::MatMul, &[DType::F32, DType::F32]);
+    let fits = if wanted == DType::F32 {
+        dtype == DType::F32 && Some(from) == policy
+    } else {
+        dtype == wanted && from == DType::F32 && policy == Some(wanted)
+    };
+    fits.then_some(inner)
+}
+
+/// `y` when `x` is `causal_mask(y)`: `y + bias` with `bias` what
+/// [`BuilderExt::causal_mask`] adds to scores of `y`'s dims, built again in a scratch
+/// graph and compared op by op.
+fn unmask<G: Builder + ?Sized>(b: &G, x: &G::Value) -> Option<G::Value> {
+    let (add, [y, bias]) = producer::<G, 2>(b, x)?;
+    if add != Op::Binary(BinaryOp::Add) {
+        return None;
+    }
+    let meta = b.meta(&y);
+    let mut scratch = crate::ir::Graph::<G::Dim>::new();
+    let leaf = scratch.leaf(0, meta.dims, meta.dtype);
+    let masked = scratch.causal_mask(&leaf).ok()?;
+    let wanted = scratch.nodes[masked].inputs[1];
+    same_tree(b, &bias, &scratch, wanted).then_some(y)
+}
+
+/// Whether `v` was computed by the same ops, from no outside values, as `node` of `g`.
+fn same_tree<G: Builder + ?Sized>(
+    b: &G,
+    v: &G::Value,
+    g: &crate::ir::Graph<G::Dim>,
+    node: usize,
+) -> bool {
+    let crate::ir::NodeKind::Op(want) = &g.nodes[node].kind else {
+        return false;
+    };
+    let Some((op, inputs)) = b.producer(v) else {
+        return false;
+    };
+    op == *want
+        && inputs.len() == g.nodes[node].inputs.len()
+        && inputs
+            .iter()
+            .zip(&g.nodes[node].inputs)
+            .all(|(i, &n)| same_tree(b, i, g, n))
+}
+
+/// `x` without a product by, or a division by, a finite nonzero rank-0 constant, with
+/// the scale that takes it back; `(x, 1)` when there is none.
+fn unscale<G: Builder + ?Sized>(b: &G, x: &G::Value) -> (G::Value, f64) {
+    let found = producer::<G, 2>(b, x).and_then(|(op, [p, c])| {
+        let (c_op, _) = b.producer(&c)?;
+        let value = match c_op {
+            Op::Full { ref dims, value, .. } if dims.is_empty() => value,
+            _ => return None,
+        };
+        let scale = match op {
+            Op::Binary(BinaryOp::Mul) => value,
+            Op::Binary(BinaryOp::Div) => 1.0 / value,
+            _ => return None,
+        };
+        (scale.is_finite() && scale != 0.0).then_some((p, scale))
+    });
+    found.unwrap_or_else(|| (x.clone(), 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Graph, NodeKind};
+    use crate::Precision;
+
+    /// A graph recorded under a precision policy, as the macro records a model's.
+    struct Recording {
+        graph: Graph<usize>,
+        policy: Precision,
+    }
+
+    impl Builder for Recording {
+        type Dim = usize;
+        type Value = usize;
+        fn apply(&mut self, op: Op<usize>, inputs: &[&usize]) -> Result<usize> {
+            self.policy
+                .apply(self, op, inputs, |r, op, inputs| r.graph.apply(op, inputs))
+        }
+        fn meta(&self, v: &usize) -> TensorMeta<usize> {
+            self.graph.meta(v)
+        }
+        fn producer(&self, v: &usize) -> Option<(Op<usize>, Vec<usize>)> {
+            self.graph.producer(v)
+        }
+        fn same_value(&self, a: &usize, b: &usize) -> bool {
+            a == b
+        }
+        fn precision(&self) -> Precision {
+            self.policy
+        }
+    }
+
+    /// q `[2, 3, 5, 4]`, k `[2, 3, 5, 4]`, v `[2, 3, 5, 6]` as leaves.
+    fn recording(policy: Precision) -> (Recording, [usize; 3]) {
+        let mut graph = Graph::new();
+        let q = graph.leaf(0, vec![2, 3, 5, 4], DType::F32);
+        let k = graph.leaf(1, vec![2, 3, 5, 4], DType::F32);
+        let v = graph.leaf(2, vec![2, 3, 5, 6], DType::F32);
+        (Recording { graph, policy }, [q, k, v])
+    }
+
+    /// How a user writes the scores' scale.
+    #[derive(Clone, Copy, Debug)]
+    enum Scaled {
+        Times(f64),
+        Over(f64),
+        Not,
+    }
+
+    /// Hand-written attention weights, as the GPT's `CausalSelfAttention` writes them.
+    fn weights(b: &mut Recording, q: usize, k: usize, scaled: Scaled, causal: bool) -> usize {
+        let kt = b.t(&k).unwrap();
+        let mut s = b.matmul(&q, &kt).unwrap();
+        s = match scaled {
+            Scaled::Times(c) => b.mul_scalar(&s, c).unwrap(),
+            Scaled::Over(c) => {
+                let c = b.scalar_like(&s, c).unwrap();
+                b.div(&s, &c).unwrap()
+            }
+            Scaled::Not => s,
+        };
+        if causal {
+            s = b.causal_mask(&s).unwrap();
+        }
+        b.softmax(&s, 3).unwrap()
+    }
+
+    fn op_of(b: &Recording, v: usize) -> Op<usize> {
+        match &b.graph.nodes[v].kind {
+            NodeKind::Op(op) => op.clone(),
+            other => panic!("not an op: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn hand_written_attention_becomes_the_fused_op() {
+        let cases = [
+            (Scaled::Times(0.5), true, 0.5),
+            (Scaled::Over(2.0), true, 0.5),
+            (Scaled::Not, true, 1.0),
+            (Scaled::Times(-0.25), false, -0.25),
+            (Scaled::Over(8f64.sqrt()), false, 1.0 / 8f64.sqrt()),
+        ];
+        for policy in Precision::ALL {
+            for (scaled, causal, scale) in cases {
+                let (mut b, [q, k, v]) = recording(policy);
+                let w = weights(&mut b, q, k, scaled, causal);
+                let found = recognise(&b, &w).expect("recognised");
+                assert_eq!(found.q, q, "{scaled:?} {causal} {policy}");
+                assert_eq!(found.spec, AttentionSpec { scale, causal });
+                let out = b.matmul(&w, &v).unwrap();
+                assert_eq!(b.meta(&out), TensorMeta::new(vec![2, 3, 5, 6], DType::F32));
+                // Under bf16 the op is the policy's: its inputs and result cast.
+                let fused = match policy {
+                    Precision::F32 => out,
+                    Precision::Bf16 => {
+                        assert_eq!(op_of(&b, out), Op::Cast { dtype: DType::F32 });
+                        let inner = b.graph.nodes[out].inputs[0];
+                        assert_eq!(b.meta(&inner).dtype, DType::BF16);
+                        inner
+                    }
+                };
+                assert_eq!(op_of(&b, fused), Op::Attention(AttentionSpec { scale, causal }));
+            }
+        }
+    }
+
+    #[test]
+    fn the_primitive_spelling_is_what_is_recognised() {
+        for causal in [false, true] {
+            let spec = AttentionSpec { scale: 0.125, causal };
+            let (mut b, [q, k, v]) = recording(Precision::F32);
+            let out = attention_by_primitives(&mut b, &q, &k, &v, &spec).unwrap();
+            let w = b.graph.nodes[out].inputs[0];
+            let found = recognise(&b, &w).expect("recognised");
+            assert_eq!((found.q, found.spec), (q, spec));
+        }
+    }
+
+    #[test]
+    fn other_weights_stay_products() {
+        let (mut b, [q, k, v]) = recording(Precision::F32);
+        let kt = b.t(&k).unwrap();
+        let s = b.matmul(&q, &kt).unwrap();
+        // Softmax over the queries' axis.
+        let w = b.softmax(&s, 2).unwrap();
+        assert!(recognise(&b, &w).is_none());
+        // A mask that is not causal_mask's: the scores plus scores.
+        let biased = b.add(&s, &s).unwrap();
+        let w = b.softmax(&biased, 3).unwrap();
+        assert!(recognise(&b, &w).is_none());
+        // Scaled by a tensor, not a constant.
+        let by_tensor = b.mul(&s, &s).unwrap();
+        let w = b.softmax(&by_tensor, 3).unwrap();
+        let found = recognise(&b, &w);
+        assert!(found.is_none(), "{found:?}");
+        // A cast the user wrote (no policy narrows this product).
+        let qh = b.cast(&q, DType::BF16).unwrap();
+        let kh = b.cast(&kt, DType::BF16).unwrap();
+        let sh = b.matmul(&qh, &kh).unwrap();
+        let s32 = b.cast(&sh, DType::F32).unwrap();
+        let w = b.softmax(&s32, 3).unwrap();
+        assert!(recognise(&b, &w).is_none());
+        // A product by a zero scale is not attention's.
+        let zero = b.mul_scalar(&s, 0.0).unwrap();
+        let w = b.softmax(&zero, 3).unwrap();
+        assert!(recognise(&b, &w).is_none());
+        // Weights of the wrong length for the values stay a product (and its error).
+        let w = weights(&mut b, q, k, Scaled::Not, true);
+        let short = b.graph.leaf(3, vec![2, 3, 4, 6], DType::F32);
+        assert!(b.matmul(&w, &short).is_err());
+        let out = b.matmul(&w, &v).unwrap();
+        assert!(matches!(op_of(&b, out), Op::Attention(_)));
+    }
+
+    #[test]
+    fn the_rule_names_each_mismatch() {
+        let spec = AttentionSpec { scale: 1.0, causal: true };
+        let m = |d: &[usize]| TensorMeta::new(d.to_vec(), DType::F32);
+        let msg = |q: &[usize], k: &[usize], v: &[usize], spec: &AttentionSpec| {
+            attention_meta("attention", spec, &m(q), &m(k), &m(v))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = msg(&[2, 5, 4], &[2, 5, 3], &[2, 5, 4], &spec);
+        assert!(e.contains("one width (4 vs 3)"), "{e}");
+        let e = msg(&[2, 5, 4], &[2, 5, 4], &[2, 6, 4], &spec);
+        assert!(e.contains("one length (5 vs 6)"), "{e}");
+        let e = msg(&[2, 5, 4], &[2, 6, 4], &[2, 6, 4], &spec);
+        assert!(e.contains("as many queries as keys (5 vs 6)"), "{e}");
+        let e = msg(&[2, 5, 4], &[3, 5, 4], &[3, 5, 4], &spec);
+        assert!(e.contains("share their batch dims"), "{e}");
+        let e = msg(&[5], &[5], &[5], &spec);
+        assert!(e.contains("one rank (2 or more)"), "{e}");
+        let nan = AttentionSpec { scale: f64::NAN, causal: false };
+        let e = msg(&[2, 5, 4], &[2, 5, 4], &[2, 5, 4], &nan);
+        assert!(e.contains("scale must be finite"), "{e}");
+        let ok = AttentionSpec { causal: false, ..spec };
+        let out = attention_meta("attention", &ok, &m(&[2, 5, 4]), &m(&[2, 7, 4]), &m(&[2, 7, 3]));
+        assert_eq!(out.unwrap(), m(&[2, 5, 3]));
+        let ints = TensorMeta::new(vec![2, 2], DType::I32);
+        let e = attention_meta("attention", &ok, &ints, &ints, &ints).unwrap_err().to_string();
+        assert!(e.contains("attends over floats"), "{e}");
+    }
+}

@@ -1,0 +1,379 @@
+//! Attention in the conformance suite: the f64 reference of its three ops (what
+//! [`super::reference::eval`] runs for them), its formulas with the magnitudes their
+//! rounding grows with, and the `attention` family: the fused op and the gradients its
+//! backward rule computes on a backend, against those formulas, on random shapes and
+//! views, causal or not, with large scores, empty sequences and `T = 1`.
+
+use super::formulas::Expected;
+use super::harness::{judge, logical, run_property, upload};
+use super::reference::{RefTensor, Sum};
+use super::strategy::{input, small_shape, Domain, Input};
+use super::tolerance::Tol;
+use super::Config;
+use crate::attention::{attention_vjp, AttentionInput, AttentionSpec};
+use crate::backend::Backend;
+use crate::builder::BuilderExt;
+use crate::op::Op;
+use crate::raw::Eager;
+use proptest::prelude::*;
+use proptest::sample::select;
+
+/// Sizes of one attention: batch elements, queries, keys, widths of q/k and of v.
+#[derive(Clone, Copy, Debug)]
+struct Sizes {
+    batch: usize,
+    tq: usize,
+    tk: usize,
+    e: usize,
+    ev: usize,
+}
+
+impl Sizes {
+    fn of(q: &RefTensor, k: &RefTensor, v: &RefTensor) -> Self {
+        let r = q.dims.len();
+        Sizes {
+            batch: q.dims[..r - 2].iter().product(),
+            tq: q.dims[r - 2],
+            tk: k.dims[r - 2],
+            e: q.dims[r - 1],
+            ev: v.dims[r - 1],
+        }
+    }
+}
+
+/// The scaled scores of batch element `b`, query `i` (`None` where the mask hides key
+/// `j`).
+fn scores(q: &RefTensor, k: &RefTensor, n: Sizes, spec: &AttentionSpec, b: usize, i: usize) -> Vec<Option<f64>> {
+    (0..n.tk)
+        .map(|j| {
+            (!spec.causal || j <= i).then(|| {
+                let dot = Sum::of((0..n.e).map(|c| {
+                    q.data[(b * n.tq + i) * n.e + c] * k.data[(b * n.tk + j) * n.e + c]
+                }));
+                spec.scale * dot
+            })
+        })
+        .collect()
+}
+
+/// `log Σ_j exp(s_j)` over the keys a query sees; −∞ when it sees none.
+fn logsumexp(s: &[Option<f64>]) -> f64 {
+    let m = s.iter().flatten().fold(f64::NEG_INFINITY, |a, &x| a.max(x));
+    if m == f64::NEG_INFINITY {
+        return m;
+    }
+    m + Sum::of(s.iter().flatten().map(|&x| (x - m).exp())).ln()
+}
+
+/// The probabilities of one query's keys from its scores and log-sum-exp.
+fn probabilities(s: &[Option<f64>], lse: f64) -> Vec<f64> {
+    s.iter()
+        .map(|x| x.map_or(0.0, |x| (x - lse).exp()))
+        .collect()
+}
+
+/// The f64 value of an attention op of the table on logical inputs (the shape rule has
+/// checked them): what the reference interpreter returns for it, before rounding.
+pub fn eval(op: &Op, inputs: &[&RefTensor]) -> Vec<f64> {
+    match op {
+        Op::Attention(spec) => forward(inputs[0], inputs[1], inputs[2], spec).0,
+        Op::AttentionLse(spec) => {
+            let (q, k) = (inputs[0], inputs[1]);
+            let n = Sizes::of(q, k, k);
+            let mut out = Vec::with_capacity(n.batch * n.tq);
+            for b in 0..n.batch {
+                for i in 0..n.tq {
+                    out.push(logsumexp(&scores(q, k, n, spec, b, i)));
+                }
+            }
+            out
+        }
+        Op::AttentionGrad { spec, wrt } => {
+            let [q, k, v, g, lse, delta] = inputs else {
+                unreachable!("the shape rule checked six inputs")
+            };
+            let tq = q.dims[q.dims.len() - 2];
+            let stats = |b: usize, i: usize| (lse.data[b * tq + i], delta.data[b * tq + i]);
+            let [dq, dk, dv] = backward(q, k, v, g, spec, stats);
+            match wrt {
+                AttentionInput::Query => dq.0,
+                AttentionInput::Key => dk.0,
+                AttentionInput::Value => dv.0,
+            }
+        }
+        other => unreachable!("{} is not an attention op", other.name()),
+    }
+}
+
+/// The output and the per-element magnitude of its terms:
+/// `(2·S_i + 1)·Σ_j p_ij |v_j|` with `S_i` the largest `|s_ij|` plus the magnitude of its
+/// product (the error of a score becomes a relative error of its probability).
+fn forward(q: &RefTensor, k: &RefTensor, v: &RefTensor, spec: &AttentionSpec) -> (Vec<f64>, Vec<f64>) {
+    let n = Sizes::of(q, k, v);
+    let mut out = vec![0.0; n.batch * n.tq * n.ev];
+    let mut mag = vec![0.0; out.len()];
+    for b in 0..n.batch {
+        for i in 0..n.tq {
+            let s = scores(q, k, n, spec, b, i);
+            let p = probabilities(&s, logsumexp(&s));
+            let spread = 2.0 * score_magnitude(q, k, n, spec, b, i) + 1.0;
+            for c in 0..n.ev {
+                let at = (b * n.tq + i) * n.ev + c;
+                let vj = |j: usize| v.data[(b * n.tk + j) * n.ev + c];
+                out[at] = Sum::of((0..n.tk).map(|j| p[j] * vj(j)));
+                mag[at] = spread * Sum::of((0..n.tk).map(|j| p[j] * vj(j).abs()));
+            }
+        }
+    }
+    (out, mag)
+}
+
+/// The largest `|s_ij| + |scale|·Σ_c |q_ic k_jc|` of query `i`.
+fn score_magnitude(q: &RefTensor, k: &RefTensor, n: Sizes, spec: &AttentionSpec, b: usize, i: usize) -> f64 {
+    (0..n.tk)
+        .map(|j| {
+            let terms = Sum::of((0..n.e).map(|c| {
+                (q.data[(b * n.tq + i) * n.e + c] * k.data[(b * n.tk + j) * n.e + c]).abs()
+            }));
+            2.0 * spec.scale.abs() * terms
+        })
+        .fold(0.0, f64::max)
+}
+
+/// The gradients of q, k and v (each with its magnitudes), given the row statistics
+/// that `stats(b, i)` returns (`(lse, delta)`).
+fn backward(
+    q: &RefTensor,
+    k: &RefTensor,
+    v: &RefTensor,
+    g: &RefTensor,
+    spec: &AttentionSpec,
+    stats: impl Fn(usize, usize) -> (f64, f64),
+) -> [(Vec<f64>, Vec<f64>); 3] {
+    let n = Sizes::of(q, k, v);
+    let mut dq = (vec![0.0; q.numel()], vec![0.0; q.numel()]);
+    let mut dk = (vec![0.0; k.numel()], vec![0.0; k.numel()]);
+    let mut dv = (vec![0.0; v.numel()], vec![0.0; v.numel()]);
+    let qa = |b: usize, i: usize, c: usize| q.data[(b * n.tq + i) * n.e + c];
+    let ka = |b: usize, j: usize, c: usize| k.data[(b * n.tk + j) * n.e + c];
+    let va = |b: usize, j: usize, c: usize| v.data[(b * n.tk + j) * n.ev + c];
+    let ga = |b: usize, i: usize, c: usize| g.data[(b * n.tq + i) * n.ev + c];
+    for b in 0..n.batch {
+        // ds and p of every (i, j), with the magnitude of ds.
+        let mut p = vec![0.0; n.tq * n.tk];
+        let mut ds = vec![0.0; n.tq * n.tk];
+        let mut ds_mag = vec![0.0; n.tq * n.tk];
+        let mut p_mag = vec![0.0; n.tq * n.tk];
+        for i in 0..n.tq {
+            let (lse, delta) = stats(b, i);
+            let s = scores(q, k, n, spec, b, i);
+            let pi = probabilities(&s, lse);
+            let spread = 2.0 * score_magnitude(q, k, n, spec, b, i) + 1.0;
+            let g_out = Sum::of((0..n.ev).map(|c| ga(b, i, c).abs())) * Sum::of((0..n.tk).map(|j| (0..n.ev).map(|c| va(b, j, c).abs()).fold(0.0, f64::max)));
+            for j in 0..n.tk {
+                let dp = Sum::of((0..n.ev).map(|c| ga(b, i, c) * va(b, j, c)));
+                let dp_mag = Sum::of((0..n.ev).map(|c| (ga(b, i, c) * va(b, j, c)).abs()));
+                p[i * n.tk + j] = pi[j];
+                p_mag[i * n.tk + j] = pi[j] * spread;
+                ds[i * n.tk + j] = pi[j] * (dp - delta);
+                ds_mag[i * n.tk + j] = pi[j] * (spread * (dp - delta).abs() + dp_mag + delta.abs() + g_out);
+            }
+        }
+        for i in 0..n.tq {
+            for c in 0..n.e {
+                let at = (b * n.tq + i) * n.e + c;
+                dq.0[at] = spec.scale * Sum::of((0..n.tk).map(|j| ds[i * n.tk + j] * ka(b, j, c)));
+                dq.1[at] = spec.scale.abs() * Sum::of((0..n.tk).map(|j| ds_mag[i * n.tk + j] * ka(b, j, c).abs()));
+            }
+        }
+        for j in 0..n.tk {
+            for c in 0..n.e {
+                let at = (b * n.tk + j) * n.e + c;
+                dk.0[at] = spec.scale * Sum::of((0..n.tq).map(|i| ds[i * n.tk + j] * qa(b, i, c)));
+                dk.1[at] = spec.scale.abs() * Sum::of((0..n.tq).map(|i| ds_mag[i * n.tk + j] * qa(b, i, c).abs()));
+            }
+            for c in 0..n.ev {
+                let at = (b * n.tk + j) * n.ev + c;
+                dv.0[at] = Sum::of((0..n.tq).map(|i| p[i * n.tk + j] * ga(b, i, c)));
+                dv.1[at] = Sum::of((0..n.tq).map(|i| p_mag[i * n.tk + j] * ga(b, i, c).abs()));
+            }
+        }
+    }
+    [dq, dk, dv]
+}
+
+/// The formulas of attention and its gradients from the inputs alone (the statistics
+/// computed exactly, not read): output, then the gradients of q, k and v.
+pub fn expected(q: &RefTensor, k: &RefTensor, v: &RefTensor, g: &RefTensor, spec: &AttentionSpec) -> [Expected; 4] {
+    let n = Sizes::of(q, k, v);
+    let (out, out_mag) = forward(q, k, v, spec);
+    let stats = |b: usize, i: usize| {
+        let lse = logsumexp(&scores(q, k, n, spec, b, i));
+        let delta = Sum::of((0..n.ev).map(|c| {
+            let at = (b * n.tq + i) * n.ev + c;
+            g.data[at] * out[at]
+        }));
+        (lse, delta)
+    };
+    let [dq, dk, dv] = backward(q, k, v, g, spec, stats);
+    let make = |like: &RefTensor, (data, mag): (Vec<f64>, Vec<f64>)| Expected {
+        value: RefTensor::new(like.dims.clone(), data, like.dtype),
+        mag,
+    };
+    [
+        make(g, (out, out_mag)),
+        make(q, dq),
+        make(k, dk),
+        make(v, dv),
+    ]
+}
+
+/// One attention case: settings and inputs q, k, v and the output's gradient.
+#[derive(Clone, Debug)]
+pub struct AttentionCase {
+    /// Scale and mask.
+    pub spec: AttentionSpec,
+    /// q, k, v, g (in any layout).
+    pub inputs: Vec<Input>,
+}
+
+/// Random attentions: batch dims of rank 0 to 2, 0 to 9 queries and keys (as many of
+/// each when causal), widths 0 to 8 (wider and longer now and then), the default scale
+/// or any in [-2, 2], and now and then a scale of 40 whose scores reach the hundreds
+/// (the softmax's shift must keep them finite).
+pub fn attention_cases(config: &Config) -> BoxedStrategy<AttentionCase> {
+    let sizes = prop_oneof![
+        6 => (0..=9usize, 0..=9usize, 0..=8usize, 0..=8usize),
+        1 => (1..=2usize, 17..=40usize, 16..=64usize, 1..=24usize),
+    ];
+    let scale = prop_oneof![
+        3 => Just(None),
+        2 => (-2.0..2.0f64).prop_map(Some),
+        1 => Just(Some(40.0)),
+    ];
+    (
+        select(config.floats()),
+        small_shape(0, 2),
+        sizes,
+        scale,
+        any::<bool>(),
+    )
+        .prop_flat_map(|(dt, batch, (tq, tk, e, ev), scale, causal)| {
+            let tk = if causal { tq } else { tk };
+            let spec = AttentionSpec {
+                scale: scale.unwrap_or(1.0 / (e.max(1) as f64).sqrt()),
+                causal,
+            };
+            let dims = |t: usize, w: usize| {
+                let mut d = batch.clone();
+                d.extend([t, w]);
+                d
+            };
+            vec![
+                input(dims(tq, e), dt, Domain::Small),
+                input(dims(tk, e), dt, Domain::Small),
+                input(dims(tk, ev), dt, Domain::Small),
+                input(dims(tq, ev), dt, Domain::Small),
+            ]
+            .prop_map(move |inputs| AttentionCase { spec, inputs })
+        })
+        .boxed()
+}
+
+/// Runs the fused op and its backward rule on a backend and judges the output and the
+/// three gradients against [`expected`].
+pub fn check_attention<B: Backend>(device: &B::Device, case: &AttentionCase) -> Result<(), String> {
+    let xs = logical(&case.inputs)?;
+    let ts = upload::<B>(device, &case.inputs)?;
+    let mut b = Eager::<B>::new(device.clone());
+    let want = expected(&xs[0], &xs[1], &xs[2], &xs[3], &case.spec);
+    let got = b
+        .attention(&ts[0], &ts[1], &ts[2], case.spec)
+        .and_then(|out| {
+            let grads = attention_vjp(&mut b, &case.spec, &[&ts[0], &ts[1], &ts[2]], &out, &ts[3])?;
+            Ok((out, grads))
+        })
+        .map_err(|e| format!("{:?}: the backend failed: {e}", case.spec))?;
+    let (out, grads) = got;
+    let mut results = vec![out];
+    results.extend(grads.into_iter().map(|g| g.expect("attention's inputs all get gradients")));
+    // Products, a softmax and products again: a handful of roundings per element, in f32
+    // for the half floats, then one of the result.
+    let k = 16.0;
+    let names = ["output", "dq", "dk", "dv"];
+    for ((name, e), t) in names.iter().zip(want).zip(&results) {
+        let tol = Tol::for_dtype(e.value.dtype).times(k);
+        judge(Ok(e.value), RefTensor::from_raw(t), tol, Some(&e.mag))
+            .map_err(|err| format!("{:?}, {name}: {err}", case.spec))?;
+    }
+    Ok(())
+}
+
+/// The `attention` family: the fused op and its gradients.
+pub fn attention<B: Backend>(device: &B::Device, config: &Config) {
+    run_property("attention", config.cases(96), attention_cases(config), |c| {
+        check_attention::<B>(device, &c)
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+
+    fn t(dims: &[usize], data: &[f64]) -> RefTensor {
+        RefTensor::new(dims.to_vec(), data.to_vec(), DType::F64)
+    }
+
+    /// One query over two keys with scores 0 and ln 3: weights 1/4 and 3/4.
+    #[test]
+    fn weights_follow_the_softmax_of_the_scores() {
+        let q = t(&[1, 1], &[1.0]);
+        let k = t(&[2, 1], &[0.0, 3f64.ln()]);
+        let v = t(&[2, 1], &[4.0, 8.0]);
+        let spec = AttentionSpec { scale: 1.0, causal: false };
+        let out = eval(&Op::Attention(spec), &[&q, &k, &v]);
+        assert!((out[0] - 7.0).abs() < 1e-12, "{out:?}");
+        let lse = eval(&Op::AttentionLse(spec), &[&q, &k]);
+        assert!((lse[0] - 4f64.ln()).abs() < 1e-12, "{lse:?}");
+    }
+
+    /// Causal: the first query sees only the first key.
+    #[test]
+    fn a_causal_query_sees_the_keys_up_to_itself() {
+        let q = t(&[2, 1], &[1.0, 1.0]);
+        let k = t(&[2, 1], &[0.0, 0.0]);
+        let v = t(&[2, 1], &[2.0, 6.0]);
+        let spec = AttentionSpec { scale: 1.0, causal: true };
+        let out = eval(&Op::Attention(spec), &[&q, &k, &v]);
+        assert_eq!(out, vec![2.0, 4.0]);
+    }
+
+    /// The gradients match central differences of `Σ g·out` in f64.
+    #[test]
+    fn gradients_are_the_derivatives_of_the_output() {
+        let spec = AttentionSpec { scale: 0.7, causal: true };
+        let q = t(&[3, 2], &[0.3, -1.2, 0.8, 0.1, -0.5, 0.9]);
+        let k = t(&[3, 2], &[1.1, 0.4, -0.7, 0.2, 0.6, -1.3]);
+        let v = t(&[3, 2], &[0.5, -0.2, 1.4, 0.3, -0.9, 0.8]);
+        let g = t(&[3, 2], &[0.2, -0.6, 1.0, 0.4, -0.3, 0.7]);
+        let loss = |q: &RefTensor, k: &RefTensor, v: &RefTensor| {
+            let out = forward(q, k, v, &spec).0;
+            out.iter().zip(&g.data).map(|(a, b)| a * b).sum::<f64>()
+        };
+        let grads = expected(&q, &k, &v, &g, &spec);
+        for (which, grad) in grads[1..].iter().enumerate() {
+            for at in 0..6 {
+                let mut xs = [q.clone(), k.clone(), v.clone()];
+                let h = 1e-6;
+                xs[which].data[at] += h;
+                let up = loss(&xs[0], &xs[1], &xs[2]);
+                xs[which].data[at] -= 2.0 * h;
+                let down = loss(&xs[0], &xs[1], &xs[2]);
+                let numeric = (up - down) / (2.0 * h);
+                let got = grad.value.data[at];
+                assert!((numeric - got).abs() < 1e-7, "input {which}[{at}]: {got} vs {numeric}");
+            }
+        }
+    }
+}
