@@ -3,11 +3,12 @@
 
 use kiln::autodiff::{gradcheck, Tape, Tolerance, Var};
 use kiln::cpu::{Cpu, CpuDevice};
-use kiln::tensor::builder::Conv2dOptions;
 use kiln::tensor::attention::attention_by_primitives;
+use kiln::tensor::builder::Conv2dOptions;
 use kiln::tensor::unary::TestDomain;
 use kiln::tensor::{
-    AttentionSpec, BinaryOp, Builder, BuilderExt, CmpOp, DType, Op, RawTensor, ReduceOp, Result, UnaryOp, Window2d,
+    AttentionSpec, BinaryOp, Builder, BuilderExt, CmpOp, DType, Op, RawTensor, ReduceOp, Result,
+    UnaryOp, Window2d,
 };
 use proptest::prelude::*;
 

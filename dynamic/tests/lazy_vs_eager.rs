@@ -168,8 +168,10 @@ fn hand_written_attention_is_recorded_as_the_fused_op() {
     let cot = RawTensor::<Cpu>::rand(&[2, 3, 5, 6], normal, 20, DType::F32, &dev).unwrap();
     // Values and gradients of Σ out·cot, by hand (recognised) or by the primitives.
     let run = |by_hand: bool| {
-        let leaves: Vec<LazyTensor<Cpu>> =
-            raw.iter().map(|t| LazyTensor::leaf(t.clone(), true)).collect();
+        let leaves: Vec<LazyTensor<Cpu>> = raw
+            .iter()
+            .map(|t| LazyTensor::leaf(t.clone(), true))
+            .collect();
         let mut b = kiln_dynamic::Lazy::<Cpu>::new(dev);
         let (q, k, v) = (&leaves[0], &leaves[1], &leaves[2]);
         let out = if by_hand {
@@ -188,7 +190,13 @@ fn hand_written_attention_is_recorded_as_the_fused_op() {
         let grads = loss.backward().unwrap();
         let mut all = vec![out.to_vec::<f32>().unwrap()];
         for leaf in &leaves {
-            all.push(grads.get(leaf).expect("a gradient").to_vec::<f32>().unwrap());
+            all.push(
+                grads
+                    .get(leaf)
+                    .expect("a gradient")
+                    .to_vec::<f32>()
+                    .unwrap(),
+            );
         }
         (op, all)
     };
@@ -212,12 +220,21 @@ fn hand_written_attention_is_recorded_as_the_fused_op() {
     .unwrap();
     assert_eq!(eager.dims().as_slice(), &[2, 3, 5, 6]);
     let eager = eager.to_vec::<f32>().unwrap();
-    for (what, (a, b)) in ["output", "dq", "dk", "dv"].iter().zip(fused.iter().zip(&plain)) {
+    for (what, (a, b)) in ["output", "dq", "dk", "dv"]
+        .iter()
+        .zip(fused.iter().zip(&plain))
+    {
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{what}[{i}]: fused {x}, primitives {y}");
+            assert!(
+                (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                "{what}[{i}]: fused {x}, primitives {y}"
+            );
         }
     }
     for (i, (x, y)) in fused[0].iter().zip(&eager).enumerate() {
-        assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "output[{i}]: fused {x}, eager {y}");
+        assert!(
+            (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+            "output[{i}]: fused {x}, eager {y}"
+        );
     }
 }

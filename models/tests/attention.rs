@@ -139,6 +139,9 @@ fn hand_written_attention_plans_the_fused_op() {
         let exp_of_scores = plan.graph.nodes.iter().any(|n| {
             matches!(n.kind, NodeKind::Op(Op::Unary(UnaryOp::Exp))) && n.meta.dims.len() == 4
         });
-        assert!(!exp_of_scores, "{title} still exponentiates the scores:\n{text}");
+        assert!(
+            !exp_of_scores,
+            "{title} still exponentiates the scores:\n{text}"
+        );
     }
 }

@@ -119,7 +119,8 @@ pub fn attention_meta<D: SymDim>(
         ));
     }
     let differ = |a: &D, b: &D| a.matches(b) == Some(false);
-    let batch_differs = (0..r - 2).any(|i| differ(&q.dims[i], &k.dims[i]) || differ(&q.dims[i], &v.dims[i]));
+    let batch_differs =
+        (0..r - 2).any(|i| differ(&q.dims[i], &k.dims[i]) || differ(&q.dims[i], &v.dims[i]));
     if batch_differs {
         return Err(Error::shape(
             name,
@@ -208,7 +209,10 @@ pub fn grad_meta<D: SymDim>(
     let same = |a: &TensorMeta<D>, b: &TensorMeta<D>| {
         a.dtype == b.dtype
             && a.dims.len() == b.dims.len()
-            && a.dims.iter().zip(&b.dims).all(|(x, y)| x.matches(y) != Some(false))
+            && a.dims
+                .iter()
+                .zip(&b.dims)
+                .all(|(x, y)| x.matches(y) != Some(false))
     };
     if !same(g, &out) {
         return Err(Error::shape(
@@ -407,7 +411,13 @@ pub fn recognise<G: Builder + ?Sized>(b: &G, w: &G::Value) -> Option<Recognised<
         return None;
     }
     let (sum, [e2]) = producer::<G, 1>(b, &total)?;
-    if sum != (Op::Reduce { op: ReduceOp::Sum, axes: last.clone() }) || !b.same_value(&e, &e2) {
+    if sum
+        != (Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: last.clone(),
+        })
+        || !b.same_value(&e, &e2)
+    {
         return None;
     }
     let (exp, [z]) = producer::<G, 1>(b, &e)?;
@@ -416,7 +426,13 @@ pub fn recognise<G: Builder + ?Sized>(b: &G, w: &G::Value) -> Option<Recognised<
         return None;
     }
     let (max, [x2]) = producer::<G, 1>(b, &m)?;
-    if max != (Op::Reduce { op: ReduceOp::Max, axes: last }) || !b.same_value(&x, &x2) {
+    if max
+        != (Op::Reduce {
+            op: ReduceOp::Max,
+            axes: last,
+        })
+        || !b.same_value(&x, &x2)
+    {
         return None;
     }
     let dtype = b.meta(&x).dtype;
@@ -448,7 +464,10 @@ pub fn recognise<G: Builder + ?Sized>(b: &G, w: &G::Value) -> Option<Recognised<
 }
 
 /// The op and the `N` inputs that made `v`, if a recording builder knows them.
-fn producer<G: Builder + ?Sized, const N: usize>(b: &G, v: &G::Value) -> Option<(Op<G::Dim>, [G::Value; N])> {
+fn producer<G: Builder + ?Sized, const N: usize>(
+    b: &G,
+    v: &G::Value,
+) -> Option<(Op<G::Dim>, [G::Value; N])> {
     let (op, inputs) = b.producer(v)?;
     Some((op, inputs.try_into().ok()?))
 }
@@ -462,7 +481,9 @@ fn narrowed_from<G: Builder + ?Sized>(b: &G, v: &G::Value, wanted: DType) -> Opt
         return Some(v.clone());
     };
     let from = b.meta(&inner).dtype;
-    let policy = b.precision().narrowed(&Op::<G::Dim>::MatMul, &[DType::F32, DType::F32]);
+    let policy = b
+        .precision()
+        .narrowed(&Op::<G::Dim>::MatMul, &[DType::F32, DType::F32]);
     let fits = if wanted == DType::F32 {
         dtype == DType::F32 && Some(from) == policy
     } else {
@@ -514,7 +535,9 @@ fn unscale<G: Builder + ?Sized>(b: &G, x: &G::Value) -> (G::Value, f64) {
     let found = producer::<G, 2>(b, x).and_then(|(op, [p, c])| {
         let (c_op, _) = b.producer(&c)?;
         let value = match c_op {
-            Op::Full { ref dims, value, .. } if dims.is_empty() => value,
+            Op::Full {
+                ref dims, value, ..
+            } if dims.is_empty() => value,
             _ => return None,
         };
         let scale = match op {
@@ -630,7 +653,10 @@ mod tests {
                         inner
                     }
                 };
-                assert_eq!(op_of(&b, fused), Op::Attention(AttentionSpec { scale, causal }));
+                assert_eq!(
+                    op_of(&b, fused),
+                    Op::Attention(AttentionSpec { scale, causal })
+                );
             }
         }
     }
@@ -638,7 +664,10 @@ mod tests {
     #[test]
     fn the_primitive_spelling_is_what_is_recognised() {
         for causal in [false, true] {
-            let spec = AttentionSpec { scale: 0.125, causal };
+            let spec = AttentionSpec {
+                scale: 0.125,
+                causal,
+            };
             let (mut b, [q, k, v]) = recording(Precision::F32);
             let out = attention_by_primitives(&mut b, &q, &k, &v, &spec).unwrap();
             let w = b.graph.nodes[out].inputs[0];
@@ -685,7 +714,10 @@ mod tests {
 
     #[test]
     fn the_rule_names_each_mismatch() {
-        let spec = AttentionSpec { scale: 1.0, causal: true };
+        let spec = AttentionSpec {
+            scale: 1.0,
+            causal: true,
+        };
         let m = |d: &[usize]| TensorMeta::new(d.to_vec(), DType::F32);
         let msg = |q: &[usize], k: &[usize], v: &[usize], spec: &AttentionSpec| {
             attention_meta("attention", spec, &m(q), &m(k), &m(v))
@@ -702,14 +734,28 @@ mod tests {
         assert!(e.contains("share their batch dims"), "{e}");
         let e = msg(&[5], &[5], &[5], &spec);
         assert!(e.contains("one rank (2 or more)"), "{e}");
-        let nan = AttentionSpec { scale: f64::NAN, causal: false };
+        let nan = AttentionSpec {
+            scale: f64::NAN,
+            causal: false,
+        };
         let e = msg(&[2, 5, 4], &[2, 5, 4], &[2, 5, 4], &nan);
         assert!(e.contains("scale must be finite"), "{e}");
-        let ok = AttentionSpec { causal: false, ..spec };
-        let out = attention_meta("attention", &ok, &m(&[2, 5, 4]), &m(&[2, 7, 4]), &m(&[2, 7, 3]));
+        let ok = AttentionSpec {
+            causal: false,
+            ..spec
+        };
+        let out = attention_meta(
+            "attention",
+            &ok,
+            &m(&[2, 5, 4]),
+            &m(&[2, 7, 4]),
+            &m(&[2, 7, 3]),
+        );
         assert_eq!(out.unwrap(), m(&[2, 5, 3]));
         let ints = TensorMeta::new(vec![2, 2], DType::I32);
-        let e = attention_meta("attention", &ok, &ints, &ints, &ints).unwrap_err().to_string();
+        let e = attention_meta("attention", &ok, &ints, &ints, &ints)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("attends over floats"), "{e}");
     }
 }

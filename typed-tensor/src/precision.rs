@@ -66,7 +66,9 @@ impl Precision {
     /// `inputs`, if narrower than theirs: its inputs are cast to it and its result back.
     pub fn narrowed<D: SymDim>(self, op: &Op<D>, inputs: &[DType]) -> Option<DType> {
         match (self, op) {
-            (Precision::Bf16, Op::MatMul | Op::Attention(_)) if inputs.iter().all(|&d| d == DType::F32) => {
+            (Precision::Bf16, Op::MatMul | Op::Attention(_))
+                if inputs.iter().all(|&d| d == DType::F32) =>
+            {
                 Some(DType::BF16)
             }
             _ => None,
@@ -121,7 +123,10 @@ mod tests {
             Precision::Bf16.narrowed::<usize>(&Op::MatMul, &[DType::F64, DType::F64]),
             None
         );
-        let attention = Op::<usize>::Attention(crate::AttentionSpec { scale: 0.5, causal: true });
+        let attention = Op::<usize>::Attention(crate::AttentionSpec {
+            scale: 0.5,
+            causal: true,
+        });
         assert_eq!(
             Precision::Bf16.narrowed(&attention, &[DType::F32; 3]),
             Some(DType::BF16)

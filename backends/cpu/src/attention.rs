@@ -24,7 +24,15 @@ const KEY_BLOCK: usize = 64;
 /// The compute types' block product on one thread: `c (m×n) (+)= a (m×k) · b (k×n)`.
 trait BlockGemm: Real {
     #[allow(clippy::too_many_arguments)]
-    fn gemm(m: usize, n: usize, k: usize, a: MatRef<Self>, b: MatRef<Self>, c: &mut [Self], acc: bool);
+    fn gemm(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<Self>,
+        b: MatRef<Self>,
+        c: &mut [Self],
+        acc: bool,
+    );
 }
 
 fn one_thread() -> GemmOptions {
@@ -35,13 +43,29 @@ fn one_thread() -> GemmOptions {
 }
 
 impl BlockGemm for f32 {
-    fn gemm(m: usize, n: usize, k: usize, a: MatRef<f32>, b: MatRef<f32>, c: &mut [f32], acc: bool) {
+    fn gemm(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<f32>,
+        b: MatRef<f32>,
+        c: &mut [f32],
+        acc: bool,
+    ) {
         sgemm_with(&one_thread(), m, n, k, a, b, c, acc)
     }
 }
 
 impl BlockGemm for f64 {
-    fn gemm(m: usize, n: usize, k: usize, a: MatRef<f64>, b: MatRef<f64>, c: &mut [f64], acc: bool) {
+    fn gemm(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<f64>,
+        b: MatRef<f64>,
+        c: &mut [f64],
+        acc: bool,
+    ) {
         dgemm_with(&one_thread(), m, n, k, a, b, c, acc)
     }
 }
@@ -122,7 +146,14 @@ where
             let v = load::<T::C>(inputs[2]);
             let g = load::<T::C>(inputs[3]);
             let (lse, delta) = (load::<T::C>(inputs[4]), load::<T::C>(inputs[5]));
-            let ins = GradInputs { q: &q, k: &k, v: &v, g: &g, lse: &lse, delta: &delta };
+            let ins = GradInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                lse: &lse,
+                delta: &delta,
+            };
             let grad = match wrt {
                 AttentionInput::Query => grad_q(&ins, n, spec),
                 AttentionInput::Key | AttentionInput::Value => grad_kv(&ins, n, spec, *wrt),
@@ -135,7 +166,9 @@ where
 
 /// The blocks of `0..len` in steps of `step`.
 fn blocks(len: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..len).step_by(step.max(1)).map(move |s| (s, (s + step).min(len)))
+    (0..len)
+        .step_by(step.max(1))
+        .map(move |s| (s, (s + step).min(len)))
 }
 
 /// Row-major `rows × cols` starting at row `first` of a batch element's matrix.
@@ -162,7 +195,15 @@ fn block_scores<C: BlockGemm>(
 ) {
     let (bi, bj) = (i1 - i0, j1 - j0);
     let s = &mut s[..bi * bj];
-    C::gemm(bi, bj, n.e, rows(q, i0, n.e), rows(k, j0, n.e).t(), s, false);
+    C::gemm(
+        bi,
+        bj,
+        n.e,
+        rows(q, i0, n.e),
+        rows(k, j0, n.e).t(),
+        s,
+        false,
+    );
     let scale = C::from_f64_(spec.scale);
     for (r, row) in s.chunks_mut(bj.max(1)).enumerate().take(bi) {
         for (c, x) in row.iter_mut().enumerate() {
@@ -176,8 +217,21 @@ fn block_scores<C: BlockGemm>(
 }
 
 /// The forward pass: the output (when `v` is given) and each query's log-sum-exp.
-fn forward<C: BlockGemm>(q: &[C], k: &[C], v: Option<&[C]>, n: Sizes, spec: &AttentionSpec) -> (Vec<C>, Vec<C>) {
-    let mut out = vec![C::zero(); if v.is_some() { n.batch * n.tq * n.ev } else { 0 }];
+fn forward<C: BlockGemm>(
+    q: &[C],
+    k: &[C],
+    v: Option<&[C]>,
+    n: Sizes,
+    spec: &AttentionSpec,
+) -> (Vec<C>, Vec<C>) {
+    let mut out = vec![
+        C::zero();
+        if v.is_some() {
+            n.batch * n.tq * n.ev
+        } else {
+            0
+        }
+    ];
     let mut lse = vec![C::zero(); n.batch * n.tq];
     let out_rows = (n.tq * n.ev).max(1);
     let mut out_chunks: Vec<&mut [C]> = if v.is_some() {
@@ -228,10 +282,18 @@ fn forward_one<C: BlockGemm>(
                     row.fill(C::zero());
                     continue;
                 }
-                let alpha = if max[r] == C::neg_infinity() { C::zero() } else { (max[r] - m).exp_() };
+                let alpha = if max[r] == C::neg_infinity() {
+                    C::zero()
+                } else {
+                    (max[r] - m).exp_()
+                };
                 let mut total = C::zero();
                 for x in row.iter_mut() {
-                    *x = if *x == C::neg_infinity() { C::zero() } else { (*x - m).exp_() };
+                    *x = if *x == C::neg_infinity() {
+                        C::zero()
+                    } else {
+                        (*x - m).exp_()
+                    };
                     total = total + *x;
                 }
                 sum[r] = sum[r] * alpha + total;
@@ -241,17 +303,38 @@ fn forward_one<C: BlockGemm>(
                 }
             }
             if let Some(v) = v {
-                let p = MatRef { data: &s[..], offset: 0, row_stride: bj, col_stride: 1 };
-                C::gemm(bi, n.ev, bj, p, rows(v, j0, n.ev), &mut acc[..bi * n.ev], true);
+                let p = MatRef {
+                    data: &s[..],
+                    offset: 0,
+                    row_stride: bj,
+                    col_stride: 1,
+                };
+                C::gemm(
+                    bi,
+                    n.ev,
+                    bj,
+                    p,
+                    rows(v, j0, n.ev),
+                    &mut acc[..bi * n.ev],
+                    true,
+                );
             }
         }
         for r in 0..bi {
             let i = i0 + r;
             let seen = sum[r] > C::zero();
-            lse[i] = if seen { max[r] + sum[r].ln() } else { C::neg_infinity() };
+            lse[i] = if seen {
+                max[r] + sum[r].ln()
+            } else {
+                C::neg_infinity()
+            };
             if v.is_some() {
                 for c in 0..n.ev {
-                    out[i * n.ev + c] = if seen { acc[r * n.ev + c] / sum[r] } else { C::zero() };
+                    out[i * n.ev + c] = if seen {
+                        acc[r * n.ev + c] / sum[r]
+                    } else {
+                        C::zero()
+                    };
                 }
             }
         }
@@ -306,7 +389,15 @@ fn block_grads<C: BlockGemm>(
     }
     if let Some(ds) = ds {
         let ds = &mut ds[..bi * bj];
-        C::gemm(bi, bj, n.ev, rows(x.g, i0, n.ev), rows(x.v, j0, n.ev).t(), ds, false);
+        C::gemm(
+            bi,
+            bj,
+            n.ev,
+            rows(x.g, i0, n.ev),
+            rows(x.v, j0, n.ev).t(),
+            ds,
+            false,
+        );
         for r in 0..bi {
             let delta = x.delta[i0 + r];
             for c in 0..bj {
@@ -320,60 +411,96 @@ fn block_grads<C: BlockGemm>(
 /// `dq = scale · Σ_j ds_ij k_j`, query blocks against the key blocks they see.
 fn grad_q<C: BlockGemm>(ins: &GradInputs<'_, C>, n: Sizes, spec: &AttentionSpec) -> Vec<C> {
     let mut dq = vec![C::zero(); n.batch * n.tq * n.e];
-    dq.par_chunks_mut((n.tq * n.e).max(1)).enumerate().for_each(|(b, dq)| {
-        if n.tq * n.e == 0 {
-            return;
-        }
-        let x = element(ins, n, b);
-        let mut p = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
-        let mut ds = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
-        for (i0, i1) in blocks(n.tq, QUERY_BLOCK) {
-            let keys = if spec.causal { i1.min(n.tk) } else { n.tk };
-            for (j0, j1) in blocks(keys, KEY_BLOCK) {
-                block_grads(&x, n, spec, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
-                let (bi, bj) = (i1 - i0, j1 - j0);
-                let d = MatRef { data: &ds[..], offset: 0, row_stride: bj, col_stride: 1 };
-                C::gemm(bi, n.e, bj, d, rows(x.k, j0, n.e), &mut dq[i0 * n.e..i1 * n.e], true);
+    dq.par_chunks_mut((n.tq * n.e).max(1))
+        .enumerate()
+        .for_each(|(b, dq)| {
+            if n.tq * n.e == 0 {
+                return;
             }
-        }
-        let scale = C::from_f64_(spec.scale);
-        dq.iter_mut().for_each(|d| *d = *d * scale);
-    });
+            let x = element(ins, n, b);
+            let mut p = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
+            let mut ds = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
+            for (i0, i1) in blocks(n.tq, QUERY_BLOCK) {
+                let keys = if spec.causal { i1.min(n.tk) } else { n.tk };
+                for (j0, j1) in blocks(keys, KEY_BLOCK) {
+                    block_grads(&x, n, spec, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
+                    let (bi, bj) = (i1 - i0, j1 - j0);
+                    let d = MatRef {
+                        data: &ds[..],
+                        offset: 0,
+                        row_stride: bj,
+                        col_stride: 1,
+                    };
+                    C::gemm(
+                        bi,
+                        n.e,
+                        bj,
+                        d,
+                        rows(x.k, j0, n.e),
+                        &mut dq[i0 * n.e..i1 * n.e],
+                        true,
+                    );
+                }
+            }
+            let scale = C::from_f64_(spec.scale);
+            dq.iter_mut().for_each(|d| *d = *d * scale);
+        });
     dq
 }
 
 /// `dk = scale · Σ_i ds_ij q_i` or `dv = Σ_i p_ij g_i`, key blocks against the query
 /// blocks that see them.
-fn grad_kv<C: BlockGemm>(ins: &GradInputs<'_, C>, n: Sizes, spec: &AttentionSpec, wrt: AttentionInput) -> Vec<C> {
-    let width = if wrt == AttentionInput::Value { n.ev } else { n.e };
+fn grad_kv<C: BlockGemm>(
+    ins: &GradInputs<'_, C>,
+    n: Sizes,
+    spec: &AttentionSpec,
+    wrt: AttentionInput,
+) -> Vec<C> {
+    let width = if wrt == AttentionInput::Value {
+        n.ev
+    } else {
+        n.e
+    };
     let mut out = vec![C::zero(); n.batch * n.tk * width];
-    out.par_chunks_mut((n.tk * width).max(1)).enumerate().for_each(|(b, out)| {
-        if n.tk * width == 0 {
-            return;
-        }
-        let x = element(ins, n, b);
-        let mut p = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
-        let mut ds = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
-        for (j0, j1) in blocks(n.tk, KEY_BLOCK) {
-            let first_query = if spec.causal { j0 } else { 0 };
-            for (i0, i1) in blocks(n.tq, QUERY_BLOCK).filter(|&(_, i1)| i1 > first_query) {
-                let (bi, bj) = (i1 - i0, j1 - j0);
-                let target = &mut out[j0 * width..j1 * width];
-                if wrt == AttentionInput::Value {
-                    block_grads(&x, n, spec, (i0, i1), (j0, j1), &mut p, None);
-                    let pt = MatRef { data: &p[..], offset: 0, row_stride: 1, col_stride: bj };
-                    C::gemm(bj, n.ev, bi, pt, rows(x.g, i0, n.ev), target, true);
-                } else {
-                    block_grads(&x, n, spec, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
-                    let dst = MatRef { data: &ds[..], offset: 0, row_stride: 1, col_stride: bj };
-                    C::gemm(bj, n.e, bi, dst, rows(x.q, i0, n.e), target, true);
+    out.par_chunks_mut((n.tk * width).max(1))
+        .enumerate()
+        .for_each(|(b, out)| {
+            if n.tk * width == 0 {
+                return;
+            }
+            let x = element(ins, n, b);
+            let mut p = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
+            let mut ds = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
+            for (j0, j1) in blocks(n.tk, KEY_BLOCK) {
+                let first_query = if spec.causal { j0 } else { 0 };
+                for (i0, i1) in blocks(n.tq, QUERY_BLOCK).filter(|&(_, i1)| i1 > first_query) {
+                    let (bi, bj) = (i1 - i0, j1 - j0);
+                    let target = &mut out[j0 * width..j1 * width];
+                    if wrt == AttentionInput::Value {
+                        block_grads(&x, n, spec, (i0, i1), (j0, j1), &mut p, None);
+                        let pt = MatRef {
+                            data: &p[..],
+                            offset: 0,
+                            row_stride: 1,
+                            col_stride: bj,
+                        };
+                        C::gemm(bj, n.ev, bi, pt, rows(x.g, i0, n.ev), target, true);
+                    } else {
+                        block_grads(&x, n, spec, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
+                        let dst = MatRef {
+                            data: &ds[..],
+                            offset: 0,
+                            row_stride: 1,
+                            col_stride: bj,
+                        };
+                        C::gemm(bj, n.e, bi, dst, rows(x.q, i0, n.e), target, true);
+                    }
                 }
             }
-        }
-        if wrt == AttentionInput::Key {
-            let scale = C::from_f64_(spec.scale);
-            out.iter_mut().for_each(|d| *d = *d * scale);
-        }
-    });
+            if wrt == AttentionInput::Key {
+                let scale = C::from_f64_(spec.scale);
+                out.iter_mut().for_each(|d| *d = *d * scale);
+            }
+        });
     out
 }

@@ -43,13 +43,21 @@ impl Sizes {
 
 /// The scaled scores of batch element `b`, query `i` (`None` where the mask hides key
 /// `j`).
-fn scores(q: &RefTensor, k: &RefTensor, n: Sizes, spec: &AttentionSpec, b: usize, i: usize) -> Vec<Option<f64>> {
+fn scores(
+    q: &RefTensor,
+    k: &RefTensor,
+    n: Sizes,
+    spec: &AttentionSpec,
+    b: usize,
+    i: usize,
+) -> Vec<Option<f64>> {
     (0..n.tk)
         .map(|j| {
             (!spec.causal || j <= i).then(|| {
-                let dot = Sum::of((0..n.e).map(|c| {
-                    q.data[(b * n.tq + i) * n.e + c] * k.data[(b * n.tk + j) * n.e + c]
-                }));
+                let dot =
+                    Sum::of((0..n.e).map(|c| {
+                        q.data[(b * n.tq + i) * n.e + c] * k.data[(b * n.tk + j) * n.e + c]
+                    }));
                 spec.scale * dot
             })
         })
@@ -108,7 +116,12 @@ pub fn eval(op: &Op, inputs: &[&RefTensor]) -> Vec<f64> {
 /// The output and the per-element magnitude of its terms:
 /// `(2·S_i + 1)·Σ_j p_ij |v_j|` with `S_i` the largest `|s_ij|` plus the magnitude of its
 /// product (the error of a score becomes a relative error of its probability).
-fn forward(q: &RefTensor, k: &RefTensor, v: &RefTensor, spec: &AttentionSpec) -> (Vec<f64>, Vec<f64>) {
+fn forward(
+    q: &RefTensor,
+    k: &RefTensor,
+    v: &RefTensor,
+    spec: &AttentionSpec,
+) -> (Vec<f64>, Vec<f64>) {
     let n = Sizes::of(q, k, v);
     let mut out = vec![0.0; n.batch * n.tq * n.ev];
     let mut mag = vec![0.0; out.len()];
@@ -129,7 +142,14 @@ fn forward(q: &RefTensor, k: &RefTensor, v: &RefTensor, spec: &AttentionSpec) ->
 }
 
 /// The largest `|s_ij| + |scale|·Σ_c |q_ic k_jc|` of query `i`.
-fn score_magnitude(q: &RefTensor, k: &RefTensor, n: Sizes, spec: &AttentionSpec, b: usize, i: usize) -> f64 {
+fn score_magnitude(
+    q: &RefTensor,
+    k: &RefTensor,
+    n: Sizes,
+    spec: &AttentionSpec,
+    b: usize,
+    i: usize,
+) -> f64 {
     (0..n.tk)
         .map(|j| {
             let terms = Sum::of((0..n.e).map(|c| {
@@ -169,28 +189,34 @@ fn backward(
             let s = scores(q, k, n, spec, b, i);
             let pi = probabilities(&s, lse);
             let spread = 2.0 * score_magnitude(q, k, n, spec, b, i) + 1.0;
-            let g_out = Sum::of((0..n.ev).map(|c| ga(b, i, c).abs())) * Sum::of((0..n.tk).map(|j| (0..n.ev).map(|c| va(b, j, c).abs()).fold(0.0, f64::max)));
+            let g_out = Sum::of((0..n.ev).map(|c| ga(b, i, c).abs()))
+                * Sum::of(
+                    (0..n.tk).map(|j| (0..n.ev).map(|c| va(b, j, c).abs()).fold(0.0, f64::max)),
+                );
             for j in 0..n.tk {
                 let dp = Sum::of((0..n.ev).map(|c| ga(b, i, c) * va(b, j, c)));
                 let dp_mag = Sum::of((0..n.ev).map(|c| (ga(b, i, c) * va(b, j, c)).abs()));
                 p[i * n.tk + j] = pi[j];
                 p_mag[i * n.tk + j] = pi[j] * spread;
                 ds[i * n.tk + j] = pi[j] * (dp - delta);
-                ds_mag[i * n.tk + j] = pi[j] * (spread * (dp - delta).abs() + dp_mag + delta.abs() + g_out);
+                ds_mag[i * n.tk + j] =
+                    pi[j] * (spread * (dp - delta).abs() + dp_mag + delta.abs() + g_out);
             }
         }
         for i in 0..n.tq {
             for c in 0..n.e {
                 let at = (b * n.tq + i) * n.e + c;
                 dq.0[at] = spec.scale * Sum::of((0..n.tk).map(|j| ds[i * n.tk + j] * ka(b, j, c)));
-                dq.1[at] = spec.scale.abs() * Sum::of((0..n.tk).map(|j| ds_mag[i * n.tk + j] * ka(b, j, c).abs()));
+                dq.1[at] = spec.scale.abs()
+                    * Sum::of((0..n.tk).map(|j| ds_mag[i * n.tk + j] * ka(b, j, c).abs()));
             }
         }
         for j in 0..n.tk {
             for c in 0..n.e {
                 let at = (b * n.tk + j) * n.e + c;
                 dk.0[at] = spec.scale * Sum::of((0..n.tq).map(|i| ds[i * n.tk + j] * qa(b, i, c)));
-                dk.1[at] = spec.scale.abs() * Sum::of((0..n.tq).map(|i| ds_mag[i * n.tk + j] * qa(b, i, c).abs()));
+                dk.1[at] = spec.scale.abs()
+                    * Sum::of((0..n.tq).map(|i| ds_mag[i * n.tk + j] * qa(b, i, c).abs()));
             }
             for c in 0..n.ev {
                 let at = (b * n.tk + j) * n.ev + c;
@@ -204,7 +230,13 @@ fn backward(
 
 /// The formulas of attention and its gradients from the inputs alone (the statistics
 /// computed exactly, not read): output, then the gradients of q, k and v.
-pub fn expected(q: &RefTensor, k: &RefTensor, v: &RefTensor, g: &RefTensor, spec: &AttentionSpec) -> [Expected; 4] {
+pub fn expected(
+    q: &RefTensor,
+    k: &RefTensor,
+    v: &RefTensor,
+    g: &RefTensor,
+    spec: &AttentionSpec,
+) -> [Expected; 4] {
     let n = Sizes::of(q, k, v);
     let (out, out_mag) = forward(q, k, v, spec);
     let stats = |b: usize, i: usize| {
@@ -296,7 +328,11 @@ pub fn check_attention<B: Backend>(device: &B::Device, case: &AttentionCase) -> 
         .map_err(|e| format!("{:?}: the backend failed: {e}", case.spec))?;
     let (out, grads) = got;
     let mut results = vec![out];
-    results.extend(grads.into_iter().map(|g| g.expect("attention's inputs all get gradients")));
+    results.extend(
+        grads
+            .into_iter()
+            .map(|g| g.expect("attention's inputs all get gradients")),
+    );
     // Products, a softmax and products again: a handful of roundings per element, in f32
     // for the half floats, then one of the result.
     let k = 16.0;
@@ -311,9 +347,12 @@ pub fn check_attention<B: Backend>(device: &B::Device, case: &AttentionCase) -> 
 
 /// The `attention` family: the fused op and its gradients.
 pub fn attention<B: Backend>(device: &B::Device, config: &Config) {
-    run_property("attention", config.cases(96), attention_cases(config), |c| {
-        check_attention::<B>(device, &c)
-    });
+    run_property(
+        "attention",
+        config.cases(96),
+        attention_cases(config),
+        |c| check_attention::<B>(device, &c),
+    );
 }
 
 #[cfg(test)]
@@ -331,7 +370,10 @@ mod tests {
         let q = t(&[1, 1], &[1.0]);
         let k = t(&[2, 1], &[0.0, 3f64.ln()]);
         let v = t(&[2, 1], &[4.0, 8.0]);
-        let spec = AttentionSpec { scale: 1.0, causal: false };
+        let spec = AttentionSpec {
+            scale: 1.0,
+            causal: false,
+        };
         let out = eval(&Op::Attention(spec), &[&q, &k, &v]);
         assert!((out[0] - 7.0).abs() < 1e-12, "{out:?}");
         let lse = eval(&Op::AttentionLse(spec), &[&q, &k]);
@@ -344,7 +386,10 @@ mod tests {
         let q = t(&[2, 1], &[1.0, 1.0]);
         let k = t(&[2, 1], &[0.0, 0.0]);
         let v = t(&[2, 1], &[2.0, 6.0]);
-        let spec = AttentionSpec { scale: 1.0, causal: true };
+        let spec = AttentionSpec {
+            scale: 1.0,
+            causal: true,
+        };
         let out = eval(&Op::Attention(spec), &[&q, &k, &v]);
         assert_eq!(out, vec![2.0, 4.0]);
     }
@@ -352,7 +397,10 @@ mod tests {
     /// The gradients match central differences of `Σ g·out` in f64.
     #[test]
     fn gradients_are_the_derivatives_of_the_output() {
-        let spec = AttentionSpec { scale: 0.7, causal: true };
+        let spec = AttentionSpec {
+            scale: 0.7,
+            causal: true,
+        };
         let q = t(&[3, 2], &[0.3, -1.2, 0.8, 0.1, -0.5, 0.9]);
         let k = t(&[3, 2], &[1.1, 0.4, -0.7, 0.2, 0.6, -1.3]);
         let v = t(&[3, 2], &[0.5, -0.2, 1.4, 0.3, -0.9, 0.8]);
@@ -372,7 +420,10 @@ mod tests {
                 let down = loss(&xs[0], &xs[1], &xs[2]);
                 let numeric = (up - down) / (2.0 * h);
                 let got = grad.value.data[at];
-                assert!((numeric - got).abs() < 1e-7, "input {which}[{at}]: {got} vs {numeric}");
+                assert!(
+                    (numeric - got).abs() < 1e-7,
+                    "input {which}[{at}]: {got} vs {numeric}"
+                );
             }
         }
     }

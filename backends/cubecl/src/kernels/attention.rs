@@ -22,7 +22,8 @@ fn score<F: Float, A: Float>(
 ) -> A {
     let mut dot = A::new(0.0);
     for c in 0..e {
-        dot += A::cast_from(q[(q_row * e + c) as usize]) * A::cast_from(k[(k_row * e + c) as usize]);
+        dot +=
+            A::cast_from(q[(q_row * e + c) as usize]) * A::cast_from(k[(k_row * e + c) as usize]);
     }
     dot * scale
 }
@@ -79,7 +80,8 @@ pub fn attention_rows<F: Float, A: Float + CubeElement>(
             for j in 0..keys {
                 let p = (score::<F, A>(q, k, pos, b * tk + j, e, scale) - row_lse).exp();
                 for c in 0..ev {
-                    acc[(pos * ev + c) as usize] += p * A::cast_from(v[((b * tk + j) * ev + c) as usize]);
+                    acc[(pos * ev + c) as usize] +=
+                        p * A::cast_from(v[((b * tk + j) * ev + c) as usize]);
                 }
             }
             for c in 0..ev {
@@ -109,7 +111,8 @@ fn prob_and_ds<F: Float, A: Float>(
     let p = (score::<F, A>(q, k, i_row, j_row, e, scale) - lse[i_row as usize]).exp();
     let mut dp = A::new(0.0);
     for c in 0..ev {
-        dp += A::cast_from(g[(i_row * ev + c) as usize]) * A::cast_from(v[(j_row * ev + c) as usize]);
+        dp +=
+            A::cast_from(g[(i_row * ev + c) as usize]) * A::cast_from(v[(j_row * ev + c) as usize]);
     }
     (p, p * (dp - delta[i_row as usize]))
 }
@@ -143,9 +146,11 @@ pub fn attention_grad_q<F: Float, A: Float + CubeElement>(
         }
         // A row that sees no keys has lse −∞ and no terms.
         for j in 0..keys {
-            let (_p, ds) = prob_and_ds::<F, A>(q, k, v, g, lse, delta, pos, b * tk + j, e, ev, scale);
+            let (_p, ds) =
+                prob_and_ds::<F, A>(q, k, v, g, lse, delta, pos, b * tk + j, e, ev, scale);
             for c in 0..e {
-                acc[(pos * e + c) as usize] += ds * A::cast_from(k[((b * tk + j) * e + c) as usize]);
+                acc[(pos * e + c) as usize] +=
+                    ds * A::cast_from(k[((b * tk + j) * e + c) as usize]);
             }
         }
         for c in 0..e {
@@ -192,9 +197,11 @@ pub fn attention_grad_kv<F: Float, A: Float + CubeElement>(
             let (p, ds) = prob_and_ds::<F, A>(q, k, v, g, lse, delta, i_row, pos, e, ev, scale);
             for c in 0..width {
                 if values {
-                    acc[(pos * width + c) as usize] += p * A::cast_from(g[(i_row * ev + c) as usize]);
+                    acc[(pos * width + c) as usize] +=
+                        p * A::cast_from(g[(i_row * ev + c) as usize]);
                 } else {
-                    acc[(pos * width + c) as usize] += ds * A::cast_from(q[(i_row * e + c) as usize]);
+                    acc[(pos * width + c) as usize] +=
+                        ds * A::cast_from(q[(i_row * e + c) as usize]);
                 }
             }
         }
@@ -203,7 +210,8 @@ pub fn attention_grad_kv<F: Float, A: Float + CubeElement>(
             factor = A::new(1.0);
         }
         for c in 0..width {
-            grad[(pos * width + c) as usize] = F::cast_from(acc[(pos * width + c) as usize] * factor);
+            grad[(pos * width + c) as usize] =
+                F::cast_from(acc[(pos * width + c) as usize] * factor);
         }
     }
 }

@@ -58,7 +58,11 @@ pub fn attention<R: KilnRuntime>(
     };
     let dtype = inputs[0].storage.dtype;
     let stats = stats_dtype(dtype);
-    let result = dev.alloc(op.name(), out.dtype, Layout::contiguous(kiln_tensor::Dims::new(&out.dims)?).numel())?;
+    let result = dev.alloc(
+        op.name(),
+        out.dtype,
+        Layout::contiguous(kiln_tensor::Dims::new(&out.dims)?).numel(),
+    )?;
     let (spec, per_key, width) = match op {
         Op::Attention(s) => (s, false, ev),
         Op::AttentionLse(s) => (s, false, 1),
