@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|attention|w3step|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -70,6 +70,24 @@ case $W in
     for t in fused_test reduce_test conformance_test kernel_cache_test fused_models_test \
              capture_rules_test cuda_graph_test; do
       [ -x $B/$t ] && run 300 $B/$t --test-threads 1 2>&1 | tail -25
+    done ;;
+  attention)
+    # Fused attention (issue 29): the conformance family on CUDA (f64, f32, bf16, f16
+    # against the f64 reference, gradients included), the zoo's attention plans against
+    # their op-by-op paths, the fused op against the primitives and PyTorch's
+    # scaled_dot_product_attention on [32, 8, T, 64].
+    [ -x $B/conformance_test ] && run 300 $B/conformance_test --test-threads 1 attention
+    [ -x $B/fused_models_test ] && run 200 $B/fused_models_test --test-threads 1
+    run 200 $B/gpu_bench --backend cuda --workloads attention --reps 20
+    run 200 python3 scripts/bench_attention.py --reps 20 ;;
+  w3step)
+    # W3's step (kiln-bench, planned, f32 and bf16 products) with PyTorch's eager and
+    # torch.compile steps (f32, bf16 autocast) beside it.
+    models_data
+    run 300 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3,w3-bf16 --reps 30
+    for p in f32 bf16; do
+      run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
+      run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
     done ;;
   mixed)
     # Mixed precision (issue 15): the fused-kernel tests on CUDA (the bf16 MLP's fused

@@ -463,11 +463,14 @@ pub fn recognise<G: Builder + ?Sized>(b: &G, w: &G::Value) -> Option<Recognised<
     })
 }
 
+/// An op and its `N` inputs.
+type ProducedN<D, V, const N: usize> = (Op<D>, [V; N]);
+
 /// The op and the `N` inputs that made `v`, if a recording builder knows them.
 fn producer<G: Builder + ?Sized, const N: usize>(
     b: &G,
     v: &G::Value,
-) -> Option<(Op<G::Dim>, [G::Value; N])> {
+) -> Option<ProducedN<G::Dim, G::Value, N>> {
     let (op, inputs) = b.producer(v)?;
     Some((op, inputs.try_into().ok()?))
 }

@@ -11,6 +11,9 @@ use crate::op::{
     fmt_dims, BinaryOp, CmpOp, Op, RandDist, ReduceOp, SymDim, TensorMeta, UnaryOp, Window2d,
 };
 
+/// An op and the inputs it was applied to, as a recording builder keeps them.
+pub type Produced<D, V> = (Op<D>, Vec<V>);
+
 /// A sink for primitive ops.
 pub trait Builder {
     /// How this builder represents sizes.
@@ -31,7 +34,7 @@ pub trait Builder {
     /// records (the macro's, the dynamic path's): what
     /// [`recognise`](crate::attention::recognise) reads to find attention written by
     /// hand. `None` (the default) for builders that run ops as they come.
-    fn producer(&self, v: &Self::Value) -> Option<(Op<Self::Dim>, Vec<Self::Value>)> {
+    fn producer(&self, v: &Self::Value) -> Option<Produced<Self::Dim, Self::Value>> {
         let _ = v;
         None
     }

@@ -17,8 +17,12 @@ use kiln_models::chain::Chain;
 use kiln_models::classify::{accuracy, fit};
 use kiln_models::data::{ImageDataset, MNIST_NORM};
 use kiln_models::mlp::Mlp;
+use kiln_tensor::attention::{attention_by_primitives, attention_vjp};
 use kiln_tensor::testing::Config;
-use kiln_tensor::{Backend, Const, DType, RandDist, Rank2, RawTensor, Result, Tensor};
+use kiln_tensor::{
+    AttentionSpec, Backend, BuilderExt, Const, DType, Eager, RandDist, Rank2, RawTensor, Result,
+    Tensor,
+};
 use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
 use kiln_train::schedule::CosineWithWarmup;
 use std::time::Instant;
@@ -548,6 +552,69 @@ fn conformance<B: Backend>(dev: &B::Device, name: &str, config: &Config) -> Resu
     }
 }
 
+/// Attention over `[32, 8, T, 64]` (W3's batch and heads), T from 128 to 1024, causal
+/// and not, in f32 and (on CUDA) bf16: the fused op's forward pass and its forward and
+/// backward passes (the output, the row statistics and the three gradients), and the
+/// same attention as primitives (the scores in memory) beside it, with the largest
+/// difference of the fused output from the primitives'. TFLOP/s count
+/// FlashAttention's way: `4·B·H·T²·E` for the forward pass (half when causal) and 2.5
+/// times that for the backward pass.
+fn attention<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
+    let (batch, heads, e) = (32usize, 8usize, 64usize);
+    let dtypes: &[DType] = if name == "cuda" {
+        &[DType::F32, DType::BF16]
+    } else {
+        &[DType::F32]
+    };
+    let dist = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    let b = &mut Eager::<B>::new(dev.clone());
+    for &dtype in dtypes {
+        for t in [128usize, 256, 512, 1024] {
+            let dims = [batch, heads, t, e];
+            let mut input = |seed| {
+                let x = RawTensor::<B>::rand(&dims, dist, seed, DType::F32, dev)?;
+                b.cast(&x, dtype)
+            };
+            let (q, k, v, g) = (input(1)?, input(2)?, input(3)?, input(4)?);
+            for causal in [true, false] {
+                let spec = AttentionSpec {
+                    scale: 1.0 / (e as f64).sqrt(),
+                    causal,
+                };
+                let fused = b.attention(&q, &k, &v, spec)?;
+                let unfused = attention_by_primitives(b, &q, &k, &v, &spec)?;
+                let f = b.cast(&fused, DType::F32)?.to_vec::<f32>()?;
+                let u = b.cast(&unfused, DType::F32)?.to_vec::<f32>()?;
+                let diff = f
+                    .iter()
+                    .zip(&u)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                let fwd = time_ms::<B>(dev, reps, || b.attention(&q, &k, &v, spec).map(|_| ()))?;
+                let both = time_ms::<B>(dev, reps, || {
+                    let out = b.attention(&q, &k, &v, spec)?;
+                    attention_vjp(b, &spec, &[&q, &k, &v], &out, &g).map(|_| ())
+                })?;
+                let prim = time_ms::<B>(dev, reps, || {
+                    attention_by_primitives(b, &q, &k, &v, &spec).map(|_| ())
+                })?;
+                let flops =
+                    4.0 * (batch * heads * t * t * e) as f64 * if causal { 0.5 } else { 1.0 };
+                let tf = |ms: f64, f: f64| f / ms / 1e9;
+                println!(
+                    "bench=attention impl=kiln backend={name} dtype={dtype} T={t} causal={causal} fwd_ms={fwd:.4} fwd_tflops={:.1} fwdbwd_ms={both:.4} fwdbwd_tflops={:.1} primitives_fwd_ms={prim:.4} max_diff={diff:.2e}",
+                    tf(fwd, flops),
+                    tf(both, 3.5 * flops),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Runs each workload, one line per figure or failure; `false` when any failed.
 #[allow(dead_code)]
 fn run<B: Backend>(
@@ -569,6 +636,7 @@ fn run<B: Backend>(
             "dynamic-first" => dynamic_first::<B>(dev, name, reps),
             "mnist" => mnist::<B>(dev, name, epochs, data),
             "ops" => ops::<B>(dev, name, reps),
+            "attention" => attention::<B>(dev, name, reps),
             #[cfg(feature = "cuda")]
             "w1graph" if name == "cuda" => kiln_cubecl::CudaDevice::first().and_then(|d| {
                 for tf32 in [false, true] {
@@ -603,7 +671,7 @@ fn run<B: Backend>(
             }
             other => Err(kiln_tensor::Error::invalid(
                 "gpu_bench",
-                format!("unknown workload {other:?} (known: w1, w2, w4, dynamic, dynamic-first, mnist, ops, conformance; on cuda also w1graph, w1profile, dynprofile-w1, dynprofile-w2)"),
+                format!("unknown workload {other:?} (known: w1, w2, w4, attention, dynamic, dynamic-first, mnist, ops, conformance; on cuda also w1graph, w1profile, dynprofile-w1, dynprofile-w2)"),
             )),
         };
         if let Err(e) = r {

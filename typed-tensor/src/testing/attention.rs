@@ -270,13 +270,15 @@ pub struct AttentionCase {
 }
 
 /// Random attentions: batch dims of rank 0 to 2, 0 to 9 queries and keys (as many of
-/// each when causal), widths 0 to 8 (wider and longer now and then), the default scale
+/// each when causal), widths 0 to 8 (wider and longer now and then, and now and then
+/// 65 to 72 queries and keys: more than one cube of a GPU's tiled kernels), the default scale
 /// or any in [-2, 2], and now and then a scale of 40 whose scores reach the hundreds
 /// (the softmax's shift must keep them finite).
 pub fn attention_cases(config: &Config) -> BoxedStrategy<AttentionCase> {
     let sizes = prop_oneof![
         6 => (0..=9usize, 0..=9usize, 0..=8usize, 0..=8usize),
         1 => (1..=2usize, 17..=40usize, 16..=64usize, 1..=24usize),
+        1 => (65..=72usize, 65..=72usize, 1..=8usize, 1..=8usize),
     ];
     let scale = prop_oneof![
         3 => Just(None),

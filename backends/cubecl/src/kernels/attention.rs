@@ -1,126 +1,270 @@
-//! Attention's portable kernels (every runtime): one unit per query row for the forward
-//! pass, the row log-sum-exp and `dq`, one unit per key row for `dk` and `dv`. A unit
-//! walks the keys (or queries) it pairs with, recomputing each score from `q` and `k`,
-//! so no `Tq×Tk` matrix is written; its running sums of a row live in an f32 (f64)
-//! scratch row of global memory, cast into the result's dtype at the end. The math is
-//! `kiln_tensor::attention`'s. Inputs are contiguous `[batch·T, width]` rows.
+//! Attention's tiled kernels (FlashAttention's scheme, every runtime): a cube of
+//! [`TILE_ROWS`] units owns as many rows — query rows for the forward pass and `dq`, key
+//! rows for `dk` and `dv` — each unit one row held in registers, and streams the other
+//! side (keys and values, or queries and the output's gradient) through shared memory in
+//! tiles that every unit of the cube reads. The forward pass carries each row's running
+//! maximum and sum across the tiles (an online softmax, rescaling only when the maximum
+//! grows) and saves the row log-sum-exp; the gradients recompute each probability from
+//! it. No `Tq×Tk` matrix is ever stored; causal cubes stop at the last tile their rows
+//! see. The head widths, rounded up to a multiple of [`WIDTH_STEP`] and zero-padded, are
+//! comptime, so the per-row loops unroll into registers and one kernel serves nearby
+//! widths; heads wider than [`MAX_TILED_WIDTH`] go to [`super::attention_rows`]. The
+//! math is `kiln_tensor::attention`'s, accumulated in `A`.
 //!
-//! Metadata: `[rows, tq, tk, e, ev, causal]` (rows: the units' row count).
+//! Metadata: `[batch, tq, tk, causal, e, ev]` (`e`, `ev`: the widths as stored). Inputs
+//! are contiguous `[batch·T, width]` rows.
 
-use super::common::linear_pos;
+// Kernel code rounds up by hand: `u32::div_ceil` has no cube expansion.
+#![allow(clippy::manual_div_ceil)]
+use super::common::{cube_index, nan};
 use cubecl::prelude::*;
 
-/// `scale · q_i·k_j` over width `e`, `q_row` and `k_row` the global rows.
-#[cube]
-fn score<F: Float, A: Float>(
-    q: &Array<F>,
-    k: &Array<F>,
-    q_row: u32,
-    k_row: u32,
-    e: u32,
-    scale: A,
-) -> A {
-    let mut dot = A::new(0.0);
-    for c in 0..e {
-        dot +=
-            A::cast_from(q[(q_row * e + c) as usize]) * A::cast_from(k[(k_row * e + c) as usize]);
-    }
-    dot * scale
+/// Rows per cube, one per unit.
+pub const TILE_ROWS: u32 = 64;
+/// The widest head (`E` or `Ev`) the tiled kernels hold in registers.
+pub const MAX_TILED_WIDTH: usize = 256;
+
+/// The kernels' widths are the heads' rounded up to a multiple of this.
+pub const WIDTH_STEP: usize = 16;
+
+/// The comptime width of a head `width` wide.
+pub fn padded(width: usize) -> u32 {
+    width.next_multiple_of(WIDTH_STEP) as u32
 }
 
-/// Each query's log-sum-exp of its scores over the keys it sees (`neg_inf` when none),
-/// and with `with_values` its output `Σ_j p_ij v_j` (accumulated in `acc`).
+/// Rows of the streamed operands per shared-memory tile for padded head widths `e` and
+/// `ev`: the two tiles together hold at most 4,096 elements (32 KiB in f64), up to 32
+/// rows.
+pub fn tile_len(e: u32, ev: u32) -> u32 {
+    (4096 / (e + ev).max(1)).clamp(1, 32)
+}
+
+/// Copies rows `first..first + tile` of `src` (rows of `width` elements) into `dst` as
+/// rows of `padded` in `A` (converted once here, not by each unit that reads them),
+/// zeros past the row's end and for the rows at or past `end`; every unit of the cube
+/// takes part.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_tile<F: Float, A: Float>(
+    src: &Array<F>,
+    dst: &mut SharedMemory<A>,
+    first: u32,
+    end: u32,
+    width: u32,
+    #[comptime] tile: u32,
+    #[comptime] padded: u32,
+) {
+    let n = comptime!(tile * padded);
+    let steps = comptime!((tile * padded).div_ceil(TILE_ROWS));
+    // Not unrolled: on the H200 the unrolled loads cost more registers than the overlap
+    // gained (0.63 against 0.52 ms at T 256, f32).
+    for s in 0..steps {
+        let idx = UNIT_POS_X + s * TILE_ROWS;
+        if idx < n {
+            let r = idx / padded;
+            let c = idx % padded;
+            let mut x = A::new(0.0);
+            if first + r < end && c < width {
+                x = A::cast_from(src[((first + r) * width + c) as usize]);
+            }
+            dst[idx as usize] = x;
+        }
+    }
+}
+
+/// Copies the row statistics `first..first + tile` of `src` into `dst` (zeros past
+/// `end`).
+#[cube]
+fn load_stats<A: Float>(
+    src: &Array<A>,
+    dst: &mut SharedMemory<A>,
+    first: u32,
+    end: u32,
+    #[comptime] tile: u32,
+) {
+    if UNIT_POS_X < tile {
+        let mut x = A::new(0.0);
+        if first + UNIT_POS_X < end {
+            x = src[(first + UNIT_POS_X) as usize];
+        }
+        dst[UNIT_POS_X as usize] = x;
+    }
+}
+
+/// Row `row` of `src` (rows of `width`) in registers padded to `padded`, times
+/// `factor`; zeros for a unit past the last row.
+#[cube]
+fn load_row<F: Float, A: Float>(
+    src: &Array<F>,
+    row: u32,
+    live: bool,
+    factor: A,
+    width: u32,
+    #[comptime] padded: u32,
+) -> Array<A> {
+    let mut r = Array::<A>::new(padded as usize);
+    #[unroll]
+    for c in 0..padded {
+        let mut x = A::new(0.0);
+        if live && c < width {
+            x = A::cast_from(src[(row * width + c) as usize]) * factor;
+        }
+        r[c as usize] = x;
+    }
+    r
+}
+
+/// `Σ_c row_c · tile[at + c]`, in four interleaved partial sums: one chain of dependent
+/// FMAs would make each unit wait out the FMA latency `width` times.
+#[cube]
+fn dot<A: Float>(row: &Array<A>, tile: &SharedMemory<A>, at: u32, #[comptime] width: u32) -> A {
+    let mut s0 = A::new(0.0);
+    let mut s1 = A::new(0.0);
+    let mut s2 = A::new(0.0);
+    let mut s3 = A::new(0.0);
+    #[unroll]
+    for c4 in 0..width / 4 {
+        let c = c4 * 4;
+        s0 += row[c as usize] * tile[(at + c) as usize];
+        s1 += row[(c + 1) as usize] * tile[(at + c + 1) as usize];
+        s2 += row[(c + 2) as usize] * tile[(at + c + 2) as usize];
+        s3 += row[(c + 3) as usize] * tile[(at + c + 3) as usize];
+    }
+    (s0 + s1) + (s2 + s3)
+}
+
+/// `acc += w · tile[at..at + width]`.
+#[cube]
+fn add_scaled<A: Float>(
+    acc: &mut Array<A>,
+    w: A,
+    tile: &SharedMemory<A>,
+    at: u32,
+    #[comptime] width: u32,
+) {
+    #[unroll]
+    for c in 0..width {
+        acc[c as usize] += w * tile[(at + c) as usize];
+    }
+}
+
+/// Writes `acc · factor` (padded to `padded`) as row `row` of `dst` (rows of `width`).
+#[cube]
+fn store_row<F: Float, A: Float>(
+    dst: &mut Array<F>,
+    acc: &Array<A>,
+    row: u32,
+    factor: A,
+    width: u32,
+    #[comptime] padded: u32,
+) {
+    #[unroll]
+    for c in 0..padded {
+        if c < width {
+            dst[(row * width + c) as usize] = F::cast_from(acc[c as usize] * factor);
+        }
+    }
+}
+
+/// The forward pass of [`TILE_ROWS`] query rows: each row's log-sum-exp over the keys it
+/// sees (−∞ when it sees none) and with `with_values` its output `Σ_j p_ij v_j`. A key
+/// whose score is −∞ adds nothing (as on the CPU); a NaN score makes the row NaN.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub fn attention_rows<F: Float, A: Float + CubeElement>(
+pub fn flash_forward<F: Float, A: Float + CubeElement>(
     q: &Array<F>,
     k: &Array<F>,
     v: &Array<F>,
     out: &mut Array<F>,
     lse: &mut Array<A>,
-    acc: &mut Array<A>,
     meta: &Array<u32>,
     scale: A,
     neg_inf: A,
+    #[comptime] e: u32,
+    #[comptime] ev: u32,
+    #[comptime] tile: u32,
     #[comptime] with_values: bool,
 ) {
-    let pos = linear_pos();
-    if pos < meta[0] {
-        let (tq, tk, e, ev) = (meta[1], meta[2], meta[3], meta[4]);
-        let b = pos / tq;
-        let i = pos % tq;
-        let mut keys = tk;
-        if meta[5] == 1 {
-            keys = i + 1;
+    let (tq, tk) = (meta[1], meta[2]);
+    let causal = meta[3] == 1;
+    let (we, wv) = (meta[4], meta[5]);
+    let blocks = (tq + TILE_ROWS - 1) / TILE_ROWS;
+    let b = cube_index() / blocks;
+    // Whole cubes leave together, before any barrier.
+    if b < meta[0] {
+        let i0 = (cube_index() % blocks) * TILE_ROWS;
+        let i = i0 + UNIT_POS_X;
+        let live = i < tq;
+        let row = b * tq + i;
+        let qr = load_row::<F, A>(q, row, live, scale, we, e);
+        let mut o = Array::<A>::new(ev as usize);
+        #[unroll]
+        for c in 0..ev {
+            o[c as usize] = A::new(0.0);
         }
-        // The running maximum and the sum of exp(s − max).
         let mut m = neg_inf;
         let mut l = A::new(0.0);
-        for j in 0..keys {
-            let s = score::<F, A>(q, k, pos, b * tk + j, e, scale);
-            if j == 0 {
-                m = s;
-                l = A::new(1.0);
-            } else if s > m {
-                l = l * (m - s).exp() + A::new(1.0);
-                m = s;
-            } else {
-                l += (s - m).exp();
-            }
+        let mut keys = tk;
+        if causal {
+            keys = min(tk, i0 + TILE_ROWS);
         }
-        let mut row_lse = neg_inf;
-        if keys > 0 {
-            row_lse = m + l.ln();
-        }
-        lse[pos as usize] = row_lse;
-        if with_values {
-            for c in 0..ev {
-                acc[(pos * ev + c) as usize] = A::new(0.0);
+        let mut ks = SharedMemory::<A>::new((tile * e) as usize);
+        let mut vs = SharedMemory::<A>::new((tile * ev) as usize);
+        let mut j0 = 0u32;
+        while j0 < keys {
+            load_tile::<F, A>(k, &mut ks, b * tk + j0, b * tk + tk, we, tile, e);
+            if with_values {
+                load_tile::<F, A>(v, &mut vs, b * tk + j0, b * tk + tk, wv, tile, ev);
             }
-            for j in 0..keys {
-                let p = (score::<F, A>(q, k, pos, b * tk + j, e, scale) - row_lse).exp();
-                for c in 0..ev {
-                    acc[(pos * ev + c) as usize] +=
-                        p * A::cast_from(v[((b * tk + j) * ev + c) as usize]);
+            sync_cube();
+            for jj in 0..tile {
+                let j = j0 + jj;
+                if j < tk && (!causal || j <= i) {
+                    let s = dot::<A>(&qr, &ks, jj * e, e);
+                    if s > m {
+                        // The maximum grows: what was summed so far is rescaled to it.
+                        let alpha = (m - s).exp();
+                        l *= alpha;
+                        #[unroll]
+                        for c in 0..ev {
+                            o[c as usize] *= alpha;
+                        }
+                        m = s;
+                    }
+                    if s > neg_inf {
+                        let p = (s - m).exp();
+                        l += p;
+                        if with_values {
+                            add_scaled::<A>(&mut o, p, &vs, jj * ev, ev);
+                        }
+                    } else if nan::<A>(s) {
+                        l = s;
+                    }
                 }
             }
-            for c in 0..ev {
-                out[(pos * ev + c) as usize] = F::cast_from(acc[(pos * ev + c) as usize]);
+            sync_cube();
+            j0 += tile;
+        }
+        if live {
+            let mut row_lse = neg_inf;
+            let mut inv = A::new(0.0);
+            if l > A::new(0.0) || nan::<A>(l) {
+                row_lse = m + l.ln();
+                inv = A::new(1.0) / l;
+            }
+            lse[row as usize] = row_lse;
+            if with_values {
+                store_row::<F, A>(out, &o, row, inv, wv, ev);
             }
         }
     }
 }
 
-/// `p_ij` and `ds_ij = p_ij·(g_i·v_j − delta_i)` of query row `i_row` (global) and key
-/// row `j_row` (global).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn prob_and_ds<F: Float, A: Float>(
-    q: &Array<F>,
-    k: &Array<F>,
-    v: &Array<F>,
-    g: &Array<F>,
-    lse: &Array<A>,
-    delta: &Array<A>,
-    i_row: u32,
-    j_row: u32,
-    e: u32,
-    ev: u32,
-    scale: A,
-) -> (A, A) {
-    let p = (score::<F, A>(q, k, i_row, j_row, e, scale) - lse[i_row as usize]).exp();
-    let mut dp = A::new(0.0);
-    for c in 0..ev {
-        dp +=
-            A::cast_from(g[(i_row * ev + c) as usize]) * A::cast_from(v[(j_row * ev + c) as usize]);
-    }
-    (p, p * (dp - delta[i_row as usize]))
-}
-
-/// `dq_i = scale · Σ_j ds_ij k_j`, one unit per query row.
+/// `dq_i = scale · Σ_j p_ij (g_i·v_j − delta_i) k_j` for [`TILE_ROWS`] query rows, keys
+/// and values streamed.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub fn attention_grad_q<F: Float, A: Float + CubeElement>(
+pub fn flash_grad_q<F: Float, A: Float + CubeElement>(
     q: &Array<F>,
     k: &Array<F>,
     v: &Array<F>,
@@ -128,42 +272,69 @@ pub fn attention_grad_q<F: Float, A: Float + CubeElement>(
     lse: &Array<A>,
     delta: &Array<A>,
     dq: &mut Array<F>,
-    acc: &mut Array<A>,
     meta: &Array<u32>,
     scale: A,
+    #[comptime] e: u32,
+    #[comptime] ev: u32,
+    #[comptime] tile: u32,
 ) {
-    let pos = linear_pos();
-    if pos < meta[0] {
-        let (tq, tk, e, ev) = (meta[1], meta[2], meta[3], meta[4]);
-        let b = pos / tq;
-        let i = pos % tq;
+    let (tq, tk) = (meta[1], meta[2]);
+    let causal = meta[3] == 1;
+    let (we, wv) = (meta[4], meta[5]);
+    let blocks = (tq + TILE_ROWS - 1) / TILE_ROWS;
+    let b = cube_index() / blocks;
+    if b < meta[0] {
+        let i0 = (cube_index() % blocks) * TILE_ROWS;
+        let i = i0 + UNIT_POS_X;
+        let live = i < tq;
+        let row = b * tq + i;
+        let qr = load_row::<F, A>(q, row, live, scale, we, e);
+        let gr = load_row::<F, A>(g, row, live, A::new(1.0), wv, ev);
+        let mut row_lse = A::new(0.0);
+        let mut row_delta = A::new(0.0);
+        if live {
+            row_lse = lse[row as usize];
+            row_delta = delta[row as usize];
+        }
+        let mut acc = Array::<A>::new(e as usize);
+        #[unroll]
+        for c in 0..e {
+            acc[c as usize] = A::new(0.0);
+        }
         let mut keys = tk;
-        if meta[5] == 1 {
-            keys = i + 1;
+        if causal {
+            keys = min(tk, i0 + TILE_ROWS);
         }
-        for c in 0..e {
-            acc[(pos * e + c) as usize] = A::new(0.0);
-        }
-        // A row that sees no keys has lse −∞ and no terms.
-        for j in 0..keys {
-            let (_p, ds) =
-                prob_and_ds::<F, A>(q, k, v, g, lse, delta, pos, b * tk + j, e, ev, scale);
-            for c in 0..e {
-                acc[(pos * e + c) as usize] +=
-                    ds * A::cast_from(k[((b * tk + j) * e + c) as usize]);
+        let mut ks = SharedMemory::<A>::new((tile * e) as usize);
+        let mut vs = SharedMemory::<A>::new((tile * ev) as usize);
+        let mut j0 = 0u32;
+        while j0 < keys {
+            load_tile::<F, A>(k, &mut ks, b * tk + j0, b * tk + tk, we, tile, e);
+            load_tile::<F, A>(v, &mut vs, b * tk + j0, b * tk + tk, wv, tile, ev);
+            sync_cube();
+            for jj in 0..tile {
+                let j = j0 + jj;
+                if j < tk && (!causal || j <= i) {
+                    let p = (dot::<A>(&qr, &ks, jj * e, e) - row_lse).exp();
+                    let ds = p * (dot::<A>(&gr, &vs, jj * ev, ev) - row_delta);
+                    add_scaled::<A>(&mut acc, ds, &ks, jj * e, e);
+                }
             }
+            sync_cube();
+            j0 += tile;
         }
-        for c in 0..e {
-            dq[(pos * e + c) as usize] = F::cast_from(acc[(pos * e + c) as usize] * scale);
+        if live {
+            store_row::<F, A>(dq, &acc, row, scale, we, e);
         }
     }
 }
 
-/// `dk_j = scale · Σ_i ds_ij q_i` (`values` false) or `dv_j = Σ_i p_ij g_i` (true), one
-/// unit per key row.
+/// For [`TILE_ROWS`] key rows, `dk_j = scale · Σ_i p_ij (g_i·v_j − delta_i) q_i`
+/// (`values` false) or `dv_j = Σ_i p_ij g_i` (true), queries and the output's gradient
+/// streamed.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub fn attention_grad_kv<F: Float, A: Float + CubeElement>(
+pub fn flash_grad_kv<F: Float, A: Float + CubeElement>(
     q: &Array<F>,
     k: &Array<F>,
     v: &Array<F>,
@@ -171,47 +342,74 @@ pub fn attention_grad_kv<F: Float, A: Float + CubeElement>(
     lse: &Array<A>,
     delta: &Array<A>,
     grad: &mut Array<F>,
-    acc: &mut Array<A>,
     meta: &Array<u32>,
     scale: A,
+    #[comptime] e: u32,
+    #[comptime] ev: u32,
+    #[comptime] tile: u32,
     #[comptime] values: bool,
 ) {
-    let pos = linear_pos();
-    if pos < meta[0] {
-        let (tq, tk, e, ev) = (meta[1], meta[2], meta[3], meta[4]);
-        let b = pos / tk;
-        let j = pos % tk;
-        let mut first = 0u32;
-        if meta[5] == 1 {
-            first = j;
-        }
-        let mut width = e;
-        if values {
-            width = ev;
-        }
+    let (tq, tk) = (meta[1], meta[2]);
+    let causal = meta[3] == 1;
+    let (we, wv) = (meta[4], meta[5]);
+    let blocks = (tk + TILE_ROWS - 1) / TILE_ROWS;
+    let b = cube_index() / blocks;
+    if b < meta[0] {
+        let j0 = (cube_index() % blocks) * TILE_ROWS;
+        let j = j0 + UNIT_POS_X;
+        let live = j < tk;
+        let row = b * tk + j;
+        let kr = load_row::<F, A>(k, row, live, scale, we, e);
+        let width = comptime!(if values { ev } else { e });
+        // Unused for `dv` (the compiler drops the loads).
+        let vr = load_row::<F, A>(v, row, live, A::new(1.0), wv, ev);
+        let mut acc = Array::<A>::new(width as usize);
+        #[unroll]
         for c in 0..width {
-            acc[(pos * width + c) as usize] = A::new(0.0);
+            acc[c as usize] = A::new(0.0);
         }
-        for i in first..tq {
-            let i_row = b * tq + i;
-            let (p, ds) = prob_and_ds::<F, A>(q, k, v, g, lse, delta, i_row, pos, e, ev, scale);
-            for c in 0..width {
-                if values {
-                    acc[(pos * width + c) as usize] +=
-                        p * A::cast_from(g[(i_row * ev + c) as usize]);
-                } else {
-                    acc[(pos * width + c) as usize] +=
-                        ds * A::cast_from(q[(i_row * e + c) as usize]);
+        let mut qs = SharedMemory::<A>::new((tile * e) as usize);
+        let mut gs = SharedMemory::<A>::new((tile * ev) as usize);
+        let mut ls = SharedMemory::<A>::new(tile as usize);
+        let mut ds = SharedMemory::<A>::new(tile as usize);
+        // Causal: the cube's first key is seen from its own row on.
+        let mut i0 = 0u32;
+        if causal {
+            i0 = j0;
+        }
+        while i0 < tq {
+            load_tile::<F, A>(q, &mut qs, b * tq + i0, b * tq + tq, we, tile, e);
+            load_tile::<F, A>(g, &mut gs, b * tq + i0, b * tq + tq, wv, tile, ev);
+            load_stats::<A>(lse, &mut ls, b * tq + i0, b * tq + tq, tile);
+            if !values {
+                load_stats::<A>(delta, &mut ds, b * tq + i0, b * tq + tq, tile);
+            }
+            sync_cube();
+            for ii in 0..tile {
+                let i = i0 + ii;
+                if i < tq && (!causal || j <= i) {
+                    let p = (dot::<A>(&kr, &qs, ii * e, e) - ls[ii as usize]).exp();
+                    if values {
+                        add_scaled::<A>(&mut acc, p, &gs, ii * ev, ev);
+                    } else {
+                        let d = p * (dot::<A>(&vr, &gs, ii * ev, ev) - ds[ii as usize]);
+                        add_scaled::<A>(&mut acc, d, &qs, ii * e, e);
+                    }
                 }
             }
+            sync_cube();
+            i0 += tile;
         }
-        let mut factor = scale;
-        if values {
-            factor = A::new(1.0);
-        }
-        for c in 0..width {
-            grad[(pos * width + c) as usize] =
-                F::cast_from(acc[(pos * width + c) as usize] * factor);
+        if live {
+            let mut factor = scale;
+            if values {
+                factor = A::new(1.0);
+            }
+            let mut stored = we;
+            if values {
+                stored = wv;
+            }
+            store_row::<F, A>(grad, &acc, row, factor, stored, width);
         }
     }
 }

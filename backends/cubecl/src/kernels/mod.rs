@@ -4,6 +4,8 @@
 //! kernel per op, dtype and rank and caches it.
 
 pub mod attention;
+pub mod attention_mma;
+pub mod attention_rows;
 pub mod common;
 pub mod elementwise;
 pub mod fused;

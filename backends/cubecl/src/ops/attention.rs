@@ -1,24 +1,27 @@
-//! Launching attention's kernels ([`crate::kernels::attention`]): the inputs made
-//! contiguous rows where they are views, the sizes as metadata, the f32 (f64) scratch
-//! rows of the units' running sums, one launch per op.
-//!
-//! A runtime whose products go to a vendor library (CUDA's cuBLASLt) runs the three ops
-//! as their primitives instead ([`by_primitives`]): batched products through the
-//! library with the scores in memory, as fast as the unfused plan. The portable
-//! kernels, one unit per row, would be far slower there; a tiled kernel on the tensor
-//! cores is what replaces both.
+//! Launching attention's kernels: the inputs made contiguous rows where they are views,
+//! the sizes as metadata, one launch per op. Half-float heads up to
+//! [`mma::MAX_MMA_WIDTH`] wide on a device with 16×16×16 cooperative matrices (CUDA's
+//! tensor cores) run the tensor-core kernel ([`crate::kernels::attention_mma`]); other
+//! heads up to [`k::MAX_TILED_WIDTH`] wide the tiled kernels
+//! ([`crate::kernels::attention`]); wider ones (and empty ones) the per-row kernels
+//! ([`crate::kernels::attention_rows`]), whose running sums live in an f32 (f64) scratch
+//! row of global memory.
 
 use super::contiguous;
 use super::elementwise::arg;
-use crate::device::{CubeDevice, KilnRuntime};
+use crate::device::{CubeDevice, DeviceState, KilnRuntime};
 use crate::kernels::attention as k;
+use crate::kernels::attention_mma as mma;
+use crate::kernels::attention_rows as rows_k;
 use crate::storage::{with_float_type, CubeStorage};
-use crate::strided::{grid, word, BLOCK};
+use crate::strided::{grid, grid_per_item, word, BLOCK};
 use crate::CubeBackend;
-use kiln_tensor::attention::{
-    attention_by_primitives, grad_by_primitives, lse_by_primitives, stats_dtype,
-};
-use kiln_tensor::{AttentionInput, Eager, Error, Layout, Op, RawTensor, Result, TensorMeta, View};
+use cubecl::ir::features::MmaConfig;
+use cubecl::ir::{ElemType, FloatKind, StorageType};
+use cubecl::prelude::{CubeCount, CubeDim};
+use kiln_tensor::attention::stats_dtype;
+use kiln_tensor::{AttentionInput, DType, Error, Layout, Op, Result, TensorMeta, View};
+use std::sync::Arc;
 
 type V<'a, R> = View<'a, CubeBackend<R>>;
 
@@ -30,9 +33,6 @@ pub fn attention<R: KilnRuntime>(
     inputs: &[V<'_, R>],
     out: &TensorMeta,
 ) -> Result<CubeStorage<R>> {
-    if R::VENDOR_MATMUL {
-        return by_primitives(device, op, inputs);
-    }
     let dev = &device.state;
     // Kernels read plain rows: views (a head split's permuted q, k, v) are copied.
     let copies: Vec<Option<CubeStorage<R>>> = inputs
@@ -77,6 +77,107 @@ pub fn attention<R: KilnRuntime>(
     if rows == 0 {
         return Ok(result);
     }
+    let tiles = Tiles {
+        batch,
+        tq,
+        tk,
+        e,
+        ev,
+        causal: spec.causal,
+        own_rows: if per_key { tk } else { tq },
+        result_len: rows * width,
+    };
+    let widths_fit =
+        (1..=mma::MAX_MMA_WIDTH).contains(&e) && (1..=mma::MAX_MMA_WIDTH).contains(&ev);
+    if widths_fit && has_half_mma(dev, dtype) {
+        let (ew, evw) = (k::padded(e), k::padded(ev));
+        let warps = mma::warps(ew, evw);
+        let (meta, count, dim) = tiles.launch(dev, warps * 16, warps * 32)?;
+        let mode = match op {
+            Op::AttentionLse(_) => mma::MODE_LSE,
+            Op::Attention(_) => mma::MODE_OUT,
+            Op::AttentionGrad {
+                wrt: AttentionInput::Query,
+                ..
+            } => mma::MODE_DQ,
+            Op::AttentionGrad {
+                wrt: AttentionInput::Key,
+                ..
+            } => mma::MODE_DK,
+            _ => mma::MODE_DV,
+        };
+        // Unused operands bind one element of scratch (writable bindings must not
+        // alias): the statistics for the forward passes, the output for the
+        // log-sum-exp, the statistics written by all but the log-sum-exp.
+        let scratch_f = dev.alloc(op.name(), dtype, 1)?;
+        let scratch_a = dev.alloc(op.name(), stats, 1)?;
+        let (v, g, lse, delta) = match x.len() {
+            6 => (x[2], x[3], x[4], x[5]),
+            3 => (x[2], x[2], &scratch_a, &scratch_a),
+            _ => (x[1], x[1], &scratch_a, &scratch_a),
+        };
+        let (out, lse_out) = if mode == mma::MODE_LSE {
+            (&scratch_f, &result)
+        } else {
+            (&result, &scratch_a)
+        };
+        let c = &dev.client;
+        with_float_type!(dtype, F, A => {
+            unsafe {
+                mma::flash_mma::launch_unchecked::<F, A, R>(
+                    c, count, dim, arg(x[0]), arg(x[1]), arg(v), arg(g), arg(lse), arg(delta),
+                    arg(out), arg(lse_out), arg(&meta), spec.scale as A, A::NEG_INFINITY, ew, evw,
+                    mode, warps,
+                )
+            }
+        }, {
+            return Err(Error::dtype(op.name(), format!("attends over floats, not {dtype}")));
+        });
+        return Ok(result);
+    }
+    let tiled = (1..=k::MAX_TILED_WIDTH).contains(&e) && (1..=k::MAX_TILED_WIDTH).contains(&ev);
+    if tiled {
+        let (meta, count, dim) = tiles.launch(dev, k::TILE_ROWS, k::TILE_ROWS)?;
+        let (ew, evw) = (k::padded(e), k::padded(ev));
+        let tile = k::tile_len(ew, evw);
+        let c = &dev.client;
+        with_float_type!(dtype, F, A => {
+            let scale = spec.scale as A;
+            match op {
+                Op::Attention(_) | Op::AttentionLse(_) => {
+                    let with_values = matches!(op, Op::Attention(_));
+                    // The output keeps its log-sum-exp in scratch; the log-sum-exp alone
+                    // binds one element of scratch as the output it does not write
+                    // (writable bindings must not alias).
+                    let scratch = dev.alloc(op.name(), if with_values { stats } else { dtype }, if with_values { rows } else { 1 })?;
+                    let (v, out, lse) = if with_values { (x[2], &result, &scratch) } else { (x[1], &scratch, &result) };
+                    unsafe {
+                        k::flash_forward::launch_unchecked::<F, A, R>(
+                            c, count, dim, arg(x[0]), arg(x[1]), arg(v), arg(out), arg(lse),
+                            arg(&meta), scale, A::NEG_INFINITY, ew, evw, tile, with_values,
+                        )
+                    }
+                }
+                Op::AttentionGrad { wrt: AttentionInput::Query, .. } => unsafe {
+                    k::flash_grad_q::launch_unchecked::<F, A, R>(
+                        c, count, dim, arg(x[0]), arg(x[1]), arg(x[2]), arg(x[3]), arg(x[4]),
+                        arg(x[5]), arg(&result), arg(&meta), scale, ew, evw, tile,
+                    )
+                },
+                Op::AttentionGrad { wrt, .. } => unsafe {
+                    k::flash_grad_kv::launch_unchecked::<F, A, R>(
+                        c, count, dim, arg(x[0]), arg(x[1]), arg(x[2]), arg(x[3]), arg(x[4]),
+                        arg(x[5]), arg(&result), arg(&meta), scale, ew, evw, tile,
+                        *wrt == AttentionInput::Value,
+                    )
+                },
+                _ => unreachable!("matched above"),
+            }
+        }, {
+            return Err(Error::dtype(op.name(), format!("attends over floats, not {dtype}")));
+        });
+        return Ok(result);
+    }
     let words = [rows, tq, tk, e, ev, spec.causal as usize]
         .iter()
         .map(|&v| word(v))
@@ -97,20 +198,20 @@ pub fn attention<R: KilnRuntime>(
                 let lse = lse_rows.as_ref().unwrap_or(&result);
                 let (v, out) = if with_values { (x[2], &result) } else { (x[1], &acc) };
                 unsafe {
-                    k::attention_rows::launch_unchecked::<F, A, R>(
+                    rows_k::attention_rows::launch_unchecked::<F, A, R>(
                         c, count, dim, arg(x[0]), arg(x[1]), arg(v), arg(out), arg(lse), arg(&acc),
                         arg(&meta), scale, A::NEG_INFINITY, with_values,
                     )
                 }
             }
             Op::AttentionGrad { wrt: AttentionInput::Query, .. } => unsafe {
-                k::attention_grad_q::launch_unchecked::<F, A, R>(
+                rows_k::attention_grad_q::launch_unchecked::<F, A, R>(
                     c, count, dim, arg(x[0]), arg(x[1]), arg(x[2]), arg(x[3]), arg(x[4]), arg(x[5]),
                     arg(&result), arg(&acc), arg(&meta), scale,
                 )
             },
             Op::AttentionGrad { wrt, .. } => unsafe {
-                k::attention_grad_kv::launch_unchecked::<F, A, R>(
+                rows_k::attention_grad_kv::launch_unchecked::<F, A, R>(
                     c, count, dim, arg(x[0]), arg(x[1]), arg(x[2]), arg(x[3]), arg(x[4]), arg(x[5]),
                     arg(&result), arg(&acc), arg(&meta), scale, *wrt == AttentionInput::Value,
                 )
@@ -123,27 +224,64 @@ pub fn attention<R: KilnRuntime>(
     Ok(result)
 }
 
-/// One of the three ops run as its primitives ([`kiln_tensor::attention`]'s
-/// `*_by_primitives`) on this device, one op at a time.
-fn by_primitives<R: KilnRuntime>(
-    device: &CubeDevice<R>,
-    op: &Op,
-    inputs: &[V<'_, R>],
-) -> Result<CubeStorage<R>> {
-    let x = inputs
-        .iter()
-        .map(|v| {
-            let copy = contiguous(&device.state, *v)?;
-            RawTensor::from_storage(copy, *v.layout.dims(), device.clone())
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let refs: Vec<&RawTensor<CubeBackend<R>>> = x.iter().collect();
-    let b = &mut Eager::<CubeBackend<R>>::new(device.clone());
-    let result = match (op, refs.as_slice()) {
-        (Op::Attention(spec), [q, k, v]) => attention_by_primitives(b, q, k, v, spec)?,
-        (Op::AttentionLse(spec), [q, k]) => lse_by_primitives(b, q, k, spec)?,
-        (Op::AttentionGrad { spec, wrt }, six) => grad_by_primitives(b, spec, *wrt, six)?,
-        (other, _) => return Err(Error::invalid(other.name(), "is not an attention op")),
+/// Whether the device multiplies 16×16×16 tiles of `dtype` (a half float) into f32 on
+/// its tensor cores.
+fn has_half_mma<R: KilnRuntime>(dev: &DeviceState<R>, dtype: DType) -> bool {
+    let kind = match dtype {
+        DType::BF16 => FloatKind::BF16,
+        DType::F16 => FloatKind::F16,
+        _ => return false,
     };
-    result.into_storage()
+    let half = StorageType::Scalar(ElemType::Float(kind));
+    let config = MmaConfig {
+        a_type: half,
+        b_type: half,
+        cd_type: StorageType::Scalar(ElemType::Float(FloatKind::F32)),
+        m: 16,
+        n: 16,
+        k: 16,
+    };
+    dev.client.features().matmul.cmma.contains(&config)
+}
+
+/// The sizes the tiled and tensor-core kernels share: their metadata
+/// (`[batch, tq, tk, causal, e, ev]`) and their grid.
+struct Tiles {
+    batch: usize,
+    tq: usize,
+    tk: usize,
+    e: usize,
+    ev: usize,
+    causal: bool,
+    /// Rows per batch element of the side a cube owns (queries or keys).
+    own_rows: usize,
+    /// Elements of the result.
+    result_len: usize,
+}
+
+impl Tiles {
+    /// The metadata and a grid of cubes of `units` owning `rows_per_cube` rows each.
+    fn launch<R: KilnRuntime>(
+        &self,
+        dev: &Arc<DeviceState<R>>,
+        rows_per_cube: u32,
+        units: u32,
+    ) -> Result<(CubeStorage<R>, CubeCount, CubeDim)> {
+        let words = [
+            self.batch,
+            self.tq,
+            self.tk,
+            self.causal as usize,
+            self.e,
+            self.ev,
+        ]
+        .iter()
+        .map(|&v| word(v))
+        .collect::<Result<Vec<u32>>>()?;
+        word(self.result_len)?;
+        let meta = dev.metadata(&words)?;
+        let cubes = self.batch * self.own_rows.div_ceil(rows_per_cube as usize);
+        let (count, dim) = grid_per_item(cubes, units);
+        Ok((meta, count, dim))
+    }
 }
