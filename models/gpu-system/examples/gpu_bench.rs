@@ -593,6 +593,14 @@ fn attention<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()>
                     .zip(&u)
                     .map(|(a, b)| (a - b).abs())
                     .fold(0f32, f32::max);
+                // The two spellings round differently (the fused kernel rounds bf16
+                // weights before their product with v); more than that is a wrong kernel.
+                let tolerance = if dtype == DType::F32 { 1e-4 } else { 0.1 };
+                if !(diff <= tolerance) {
+                    return Err(kiln_tensor::Error::Device(format!(
+                        "attention {dtype} T={t} causal={causal}: fused differs from the primitives by {diff:e}"
+                    )));
+                }
                 let fwd = time_ms::<B>(dev, reps, || b.attention(&q, &k, &v, spec).map(|_| ()))?;
                 let both = time_ms::<B>(dev, reps, || {
                     let out = b.attention(&q, &k, &v, spec)?;

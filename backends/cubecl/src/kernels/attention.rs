@@ -73,9 +73,9 @@ fn load_tile<F: Float, A: Float>(
 }
 
 /// Copies the row statistics `first..first + tile` of `src` into `dst` (zeros past
-/// `end`).
+/// `end`); the first `tile` units of the cube take part.
 #[cube]
-fn load_stats<A: Float>(
+pub(super) fn load_stats<A: Float>(
     src: &Array<A>,
     dst: &mut SharedMemory<A>,
     first: u32,

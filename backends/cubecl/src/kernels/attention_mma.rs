@@ -19,6 +19,7 @@
 
 // Kernel code rounds up by hand: `u32::div_ceil` has no cube expansion.
 #![allow(clippy::manual_div_ceil)]
+use super::attention::load_stats;
 use super::common::{cube_index, nan};
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
@@ -138,24 +139,6 @@ fn put<F: Float>(
         if idx < n {
             dst[((idx / padded) * (padded + HALF_PAD) + idx % padded) as usize] = regs[s as usize];
         }
-    }
-}
-
-/// Row statistics `first..first + rows` of `src` into `dst` (zeros past `end`).
-#[cube]
-fn stage_stats<A: Float>(
-    src: &Array<A>,
-    dst: &mut SharedMemory<A>,
-    first: u32,
-    end: u32,
-    #[comptime] rows: u32,
-) {
-    if UNIT_POS_X < rows {
-        let mut x = A::new(0.0);
-        if first + UNIT_POS_X < end {
-            x = src[(first + UNIT_POS_X) as usize];
-        }
-        dst[UNIT_POS_X as usize] = x;
     }
 }
 
@@ -335,8 +318,8 @@ pub fn flash_mma<F: Float, A: Float + CubeElement>(
         let mut own_lse = SharedMemory::<A>::new(rows as usize);
         let mut own_delta = SharedMemory::<A>::new(rows as usize);
         if mode == MODE_DQ {
-            stage_stats::<A>(lse, &mut own_lse, own_base + own0, own_base + own_t, rows);
-            stage_stats::<A>(
+            load_stats::<A>(lse, &mut own_lse, own_base + own0, own_base + own_t, rows);
+            load_stats::<A>(
                 delta,
                 &mut own_delta,
                 own_base + own0,
@@ -526,14 +509,14 @@ pub fn flash_mma<F: Float, A: Float + CubeElement>(
                 put::<F>(&next, &mut ys, STREAM_ROWS, e, units);
                 put::<F>(&next2, &mut y2s, STREAM_ROWS, ev, units);
                 if !own_queries {
-                    stage_stats::<A>(
+                    load_stats::<A>(
                         lse,
                         &mut str_lse,
                         str_base + t0,
                         str_base + str_t,
                         STREAM_ROWS,
                     );
-                    stage_stats::<A>(
+                    load_stats::<A>(
                         delta,
                         &mut str_delta,
                         str_base + t0,
