@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|attention|w3step|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|attention|dropout|w3step|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -80,6 +80,13 @@ case $W in
     [ -x $B/fused_models_test ] && run 200 $B/fused_models_test --test-threads 1
     run 200 $B/gpu_bench --backend cuda --workloads attention --reps 20
     run 200 python3 scripts/bench_attention.py --reps 20 ;;
+  dropout)
+    # Attention dropout (issue 29): the conformance family on CUDA (dropout cases against
+    # the f64 reference, the mask's statistics, draws with a seed in device memory) and
+    # the capture rules (a step with attention dropout reading its seed from device
+    # memory draws the host-seeded step's mask).
+    [ -x $B/conformance_test ] && run 300 $B/conformance_test --test-threads 1 attention
+    [ -x $B/capture_rules_test ] && run 200 $B/capture_rules_test --test-threads 1 cuda ;;
   w3step)
     # W3's step (kiln-bench, planned, f32 and bf16 products) with PyTorch's eager and
     # torch.compile steps (f32, bf16 autocast) beside it.

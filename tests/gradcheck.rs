@@ -7,8 +7,8 @@ use kiln::tensor::attention::attention_by_primitives;
 use kiln::tensor::builder::Conv2dOptions;
 use kiln::tensor::unary::TestDomain;
 use kiln::tensor::{
-    AttentionSpec, BinaryOp, Builder, BuilderExt, CmpOp, DType, Op, RawTensor, ReduceOp, Result,
-    UnaryOp, Window2d,
+    AttentionDropout, AttentionSpec, BinaryOp, Builder, BuilderExt, CmpOp, DType, Op, RawTensor,
+    ReduceOp, Result, UnaryOp, Window2d,
 };
 use proptest::prelude::*;
 
@@ -146,8 +146,15 @@ proptest! {
 }
 
 /// Random attention inputs: batch dims (0 to 2 of sizes 1..=2), queries, keys, widths,
-/// causal or not (causal takes as many queries as keys), a scale of either sign.
+/// causal or not (causal takes as many queries as keys), a scale of either sign, and
+/// half the time dropout on the weights (a fixed mask for a fixed seed, so the
+/// differences see the same one).
 fn attention_case() -> impl Strategy<Value = (Vec<Case>, AttentionSpec)> {
+    let dropout = prop_oneof![
+        Just(None),
+        (prop::sample::select(vec![0.2, 0.5]), any::<u64>())
+            .prop_map(|(p, seed)| Some(AttentionDropout { p, seed })),
+    ];
     (
         prop::collection::vec(1usize..=2, 0..=2),
         1usize..=4,
@@ -157,23 +164,30 @@ fn attention_case() -> impl Strategy<Value = (Vec<Case>, AttentionSpec)> {
         any::<bool>(),
         (0.2f64..1.5, any::<bool>()),
         any::<u64>(),
+        dropout,
     )
-        .prop_map(|(batch, tq, tk, e, ev, causal, (scale, neg), seed)| {
-            let tk = if causal { tq } else { tk };
-            let dims = |rows: usize, width: usize| [batch.clone(), vec![rows, width]].concat();
-            let vals = |d: &[usize], s: u64| -> Vec<f64> {
-                (0..d.iter().product::<usize>())
-                    .map(|i| kiln::tensor::rng::uniform(s, i as u32, -1.5, 1.5))
-                    .collect()
-            };
-            let inputs = [dims(tq, e), dims(tk, e), dims(tk, ev)]
-                .into_iter()
-                .enumerate()
-                .map(|(i, d)| (vals(&d, seed ^ i as u64), d))
-                .collect();
-            let scale = if neg { -scale } else { scale };
-            (inputs, AttentionSpec { scale, causal })
-        })
+        .prop_map(
+            |(batch, tq, tk, e, ev, causal, (scale, neg), seed, dropout)| {
+                let tk = if causal { tq } else { tk };
+                let dims = |rows: usize, width: usize| [batch.clone(), vec![rows, width]].concat();
+                let vals = |d: &[usize], s: u64| -> Vec<f64> {
+                    (0..d.iter().product::<usize>())
+                        .map(|i| kiln::tensor::rng::uniform(s, i as u32, -1.5, 1.5))
+                        .collect()
+                };
+                let inputs = [dims(tq, e), dims(tk, e), dims(tk, ev)]
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, d)| (vals(&d, seed ^ i as u64), d))
+                    .collect();
+                let scale = if neg { -scale } else { scale };
+                let spec = AttentionSpec {
+                    dropout,
+                    ..AttentionSpec::new(scale, causal)
+                };
+                (inputs, spec)
+            },
+        )
 }
 
 /// The output and the gradients of q, k and v (of `Σ out·c` for a fixed cotangent `c`)

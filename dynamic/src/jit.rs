@@ -417,21 +417,17 @@ fn abstract_op(op: &Op, sizes: &mut Sizes, seeds: &mut Vec<u64>) -> Result<Op<SD
             }
             Op::Reshape { dims: out }
         }
-        Op::Rand {
-            dims,
-            dist,
-            seed,
-            dtype,
-        } => {
-            seeds.push(*seed);
-            Op::Rand {
-                dims: dims.iter().map(|&d| sizes.inner(d)).collect(),
-                dist: *dist,
-                seed: seeds.len() as u64 - 1,
-                dtype: *dtype,
+        op => {
+            let abstracted = op.try_map_dims(|&d| Ok(sizes.inner(d)))?;
+            match op.seed() {
+                // Draws take their seed from the run's table: one program, fresh masks.
+                Some(own) => {
+                    seeds.push(own);
+                    abstracted.with_seed(seeds.len() as u64 - 1)
+                }
+                None => abstracted,
             }
         }
-        op => op.try_map_dims(|&d| Ok(sizes.inner(d)))?,
     })
 }
 

@@ -137,24 +137,38 @@ fn eager_mode_gives_the_lazy_values() {
     }
 }
 
-/// Attention weights written by hand, times the values.
+/// Attention weights written by hand, with `dropout` (`(p, seed)`) on them or not,
+/// times the values.
 fn hand_written_attention<G: kiln_tensor::BuilderExt>(
     b: &mut G,
     q: &G::Value,
     k: &G::Value,
     v: &G::Value,
+    dropout: Option<(f64, u64)>,
 ) -> kiln_tensor::Result<G::Value> {
     let kt = b.t(k)?;
     let scores = b.matmul(q, &kt)?;
     let scores = b.mul_scalar(&scores, 0.5)?;
     let masked = b.causal_mask(&scores)?;
-    let weights = b.softmax(&masked, 3)?;
+    let mut weights = b.softmax(&masked, 3)?;
+    if let Some((p, seed)) = dropout {
+        weights = b.dropout(&weights, p, seed)?;
+    }
     b.matmul(&weights, v)
 }
 
 #[test]
 fn hand_written_attention_is_recorded_as_the_fused_op() {
-    use kiln_tensor::{AttentionSpec, Builder, BuilderExt, Op};
+    for dropout in [None, Some((0.3, 5))] {
+        recorded_as_the_fused_op(dropout);
+    }
+}
+
+/// Hand-written attention (with `dropout` on its weights or not) recorded on the dynamic
+/// path: the fused op, equal in value and gradient to the primitives recorded as they
+/// are and to the eager executor's run of the hand-written ops.
+fn recorded_as_the_fused_op(dropout: Option<(f64, u64)>) {
+    use kiln_tensor::{AttentionDropout, AttentionSpec, Builder, BuilderExt, Op};
     let dev = CpuDevice;
     let normal = RandDist::Normal {
         mean: 0.0,
@@ -166,6 +180,14 @@ fn hand_written_attention_is_recorded_as_the_fused_op() {
         .map(|(i, d)| RawTensor::<Cpu>::rand(d, normal, 10 + i as u64, DType::F32, &dev).unwrap())
         .collect::<Vec<_>>();
     let cot = RawTensor::<Cpu>::rand(&[2, 3, 5, 6], normal, 20, DType::F32, &dev).unwrap();
+    // The comparison in f32 tests `p` as f32 holds it.
+    let spec = AttentionSpec {
+        dropout: dropout.map(|(p, seed)| AttentionDropout {
+            p: p as f32 as f64,
+            seed,
+        }),
+        ..AttentionSpec::new(0.5, true)
+    };
     // Values and gradients of Σ out·cot, by hand (recognised) or by the primitives.
     let run = |by_hand: bool| {
         let leaves: Vec<LazyTensor<Cpu>> = raw
@@ -175,12 +197,8 @@ fn hand_written_attention_is_recorded_as_the_fused_op() {
         let mut b = kiln_dynamic::Lazy::<Cpu>::new(dev);
         let (q, k, v) = (&leaves[0], &leaves[1], &leaves[2]);
         let out = if by_hand {
-            hand_written_attention(&mut b, q, k, v).unwrap()
+            hand_written_attention(&mut b, q, k, v, dropout).unwrap()
         } else {
-            let spec = AttentionSpec {
-                scale: 0.5,
-                causal: true,
-            };
             kiln_tensor::attention::attention_by_primitives(&mut b, q, k, v, &spec).unwrap()
         };
         let (op, _) = b.producer(&out).expect("recorded");
@@ -202,13 +220,7 @@ fn hand_written_attention_is_recorded_as_the_fused_op() {
     };
     let (fused_op, fused) = run(true);
     let (plain_op, plain) = run(false);
-    assert_eq!(
-        fused_op,
-        Op::Attention(AttentionSpec {
-            scale: 0.5,
-            causal: true
-        })
-    );
+    assert_eq!(fused_op, Op::Attention(spec));
     assert_eq!(plain_op, Op::MatMul);
     // The eager executor runs the primitives as written.
     let eager = hand_written_attention(
@@ -216,6 +228,7 @@ fn hand_written_attention_is_recorded_as_the_fused_op() {
         &raw[0],
         &raw[1],
         &raw[2],
+        dropout,
     )
     .unwrap();
     assert_eq!(eager.dims().as_slice(), &[2, 3, 5, 6]);
@@ -227,14 +240,26 @@ fn hand_written_attention_is_recorded_as_the_fused_op() {
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
             assert!(
                 (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
-                "{what}[{i}]: fused {x}, primitives {y}"
+                "{what}[{i}]: fused {x}, primitives {y} ({dropout:?})"
             );
         }
     }
     for (i, (x, y)) in fused[0].iter().zip(&eager).enumerate() {
         assert!(
             (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
-            "output[{i}]: fused {x}, eager {y}"
+            "output[{i}]: fused {x}, eager {y} ({dropout:?})"
         );
     }
+    if dropout.is_some() {
+        assert_ne!(eager, run_without_dropout(&raw), "dropout changed nothing");
+    }
+}
+
+/// The hand-written attention's output without dropout, run eagerly.
+fn run_without_dropout(raw: &[RawTensor<Cpu>]) -> Vec<f32> {
+    let mut b = kiln_tensor::Eager::<Cpu>::new(CpuDevice);
+    hand_written_attention(&mut b, &raw[0], &raw[1], &raw[2], None)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
 }

@@ -162,7 +162,7 @@ pub fn training_draws(plans: &[(&str, &str)]) -> bool {
                 plan.graph
                     .nodes
                     .iter()
-                    .any(|n| matches!(n.kind, NodeKind::Op(Op::Rand { .. })))
+                    .any(|n| matches!(&n.kind, NodeKind::Op(op) if op.seed().is_some()))
             })
         })
 }

@@ -6,8 +6,8 @@ use crate::plan::{Kernel, KernelKind, Plan};
 use crate::sym::SDim;
 use kiln_tensor::ir::{Graph, KeptGuard, Node, NodeKind};
 use kiln_tensor::{
-    AttentionInput, AttentionSpec, BinaryOp, CmpOp, DType, Error, Guard, Op, RandDist, ReduceOp,
-    Result, TensorMeta, UnaryOp, Window2d,
+    AttentionDropout, AttentionInput, AttentionSpec, BinaryOp, CmpOp, DType, Error, Guard, Op,
+    RandDist, ReduceOp, Result, TensorMeta, UnaryOp, Window2d,
 };
 
 fn dims(d: &[SDim]) -> String {
@@ -60,15 +60,10 @@ pub fn op_text(op: &Op<SDim>) -> String {
             format!("{name}{{axis={axis},dims={}}}", dims(d))
         }
         Op::Cast { dtype } => format!("{name}{{dtype={dtype}}}"),
-        Op::Attention(spec) | Op::AttentionLse(spec) => {
-            format!("{name}{{scale={:?},causal={}}}", spec.scale, spec.causal)
+        Op::Attention(spec) | Op::AttentionLse(spec) => format!("{name}{{{}}}", attention(spec)),
+        Op::AttentionGrad { spec, wrt } => {
+            format!("{name}{{wrt={},{}}}", wrt.name(), attention(spec))
         }
-        Op::AttentionGrad { spec, wrt } => format!(
-            "{name}{{wrt={},scale={:?},causal={}}}",
-            wrt.name(),
-            spec.scale,
-            spec.causal
-        ),
         Op::Unfold2d(w) => format!("{name}{{{}}}", window(w)),
         Op::Fold2d {
             window: w,
@@ -140,6 +135,16 @@ fn parse_pair(s: &str) -> Result<[usize; 2]> {
     ])
 }
 
+/// An attention's settings as `op_text` writes them: `scale=..,causal=..` and, with
+/// dropout, `,dropout=p:seed`.
+fn attention(spec: &AttentionSpec) -> String {
+    let mut text = format!("scale={:?},causal={}", spec.scale, spec.causal);
+    if let Some(d) = spec.dropout {
+        text += &format!(",dropout={:?}:{}", d.p, d.seed);
+    }
+    text
+}
+
 fn parse_dtype(s: &str) -> Result<DType> {
     DType::ALL
         .iter()
@@ -179,9 +184,20 @@ pub fn parse_op(s: &str) -> Result<Op<SDim>> {
         })
     };
     let spec = || -> Result<AttentionSpec> {
+        let dropout = match kv.get("dropout") {
+            None => None,
+            Some(d) => {
+                let (p, seed) = d.split_once(':').ok_or_else(|| bad(d))?;
+                Some(AttentionDropout {
+                    p: num(p)?,
+                    seed: num(seed)?,
+                })
+            }
+        };
         Ok(AttentionSpec {
             scale: num(get("scale")?)?,
             causal: num(get("causal")?)?,
+            dropout,
         })
     };
     if let Some(u) = UnaryOp::ALL.iter().find(|u| u.name() == name) {
@@ -463,5 +479,36 @@ impl Plan<SDim> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_ops_read_back_as_written() {
+        let dropped = AttentionSpec {
+            dropout: Some(AttentionDropout {
+                p: 0.1f32 as f64,
+                seed: u64::MAX,
+            }),
+            ..AttentionSpec::new(-0.125, true)
+        };
+        for spec in [AttentionSpec::new(0.5, false), dropped] {
+            let ops = [
+                Op::Attention(spec),
+                Op::AttentionLse(spec),
+                Op::AttentionGrad {
+                    spec,
+                    wrt: AttentionInput::Value,
+                },
+            ];
+            for op in ops {
+                let text = op_text(&op);
+                assert_eq!(parse_op(&text).unwrap(), op, "{text}");
+            }
+        }
+        assert!(parse_op("attention{scale=1.0,causal=false,dropout=0.5}").is_err());
     }
 }

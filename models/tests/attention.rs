@@ -145,3 +145,61 @@ fn hand_written_attention_plans_the_fused_op() {
         );
     }
 }
+
+/// Causal attention of width 16 in two heads with dropout on its weights.
+#[model]
+type DroppedAttention = kiln_models::parts::DroppedSelfAttention<16, 2>;
+
+/// Dropout on hand-written attention weights becomes the fused op's: the training step
+/// plans one `attention` drawing its own mask (no `rand` of the scores' size), the
+/// evaluation plan one without dropout; planned and op-by-op steps with the same seed
+/// agree, the mask changes the loss and moves with the step.
+#[test]
+fn dropout_on_the_weights_is_the_fused_ops() {
+    let plans = DroppedAttention::<Cpu>::fusion_plans();
+    let plan = |name: &str| {
+        plans
+            .iter()
+            .find(|(title, _)| title.ends_with(name))
+            .unwrap_or_else(|| panic!("no plan {name}"))
+            .1
+    };
+    let step = plan("::loss_and_grad");
+    assert_eq!(step.matches(",dropout=0.25:0}").count(), 4, "{step}");
+    assert!(
+        !plan("::forward").contains("dropout="),
+        "{}",
+        plan("::forward")
+    );
+    for (title, text) in plans.iter() {
+        let plan = kiln::fusion::Plan::parse(text).unwrap();
+        let draws_scores = plan
+            .graph
+            .nodes
+            .iter()
+            .any(|n| matches!(n.kind, NodeKind::Op(Op::Rand { .. })) && n.meta.dims.len() == 4);
+        assert!(!draws_scores, "{title} draws a mask of the scores:\n{text}");
+    }
+    let model = DroppedAttention::<Cpu>::init(&CpuDevice, 3).unwrap();
+    let (x, target) = (seq(4), seq(5));
+    let run = |fused: bool, step: u64| {
+        model.set_fused(fused);
+        model.step_seeds().set_steps(step);
+        let (loss, grads) = model.loss_and_grad(&x, &target).unwrap();
+        let mut all = values(loss.raw());
+        all.extend(values(grads.q.weight.raw()));
+        all.extend(values(grads.k.bias.raw()));
+        all.extend(values(grads.v.weight.raw()));
+        all
+    };
+    let (a, b) = (run(true, 10), run(false, 10));
+    for (a, b) in a.iter().zip(&b) {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{a} fused, {b} op by op"
+        );
+    }
+    assert_ne!(a, run(true, 11), "the next step drew the same mask");
+    let eval = values(model.loss(&x, &target).unwrap().raw())[0];
+    assert_ne!(a[0], eval, "training dropped nothing");
+}

@@ -15,11 +15,17 @@
 //! Backward, with `g` the output's gradient and `delta_i = Σ_e g_ie · out_ie`:
 //! `dv_j = Σ_i p_ij g_i`, `ds_ij = p_ij (g_i·v_j − delta_i)`, `dq_i = scale Σ_j ds_ij k_j`,
 //! `dk_j = scale Σ_i ds_ij q_i`.
+//!
+//! With dropout on the weights ([`AttentionDropout`]), each `p_ij` of the output's sum
+//! is multiplied by `z_ij`, `1/(1 − p)` for a kept weight and 0 for a dropped one (the
+//! log-sum-exp is the undropped one): `out_i = Σ_j p_ij z_ij v_j`, `dv_j = Σ_i p_ij z_ij g_i`
+//! and `ds_ij = p_ij (z_ij g_i·v_j − delta_i)`; `delta` keeps its formula, since
+//! `Σ_j p_ij z_ij g_i·v_j = g_i·out_i`.
 
 use crate::builder::{Builder, BuilderExt};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::op::{fmt_dims, BinaryOp, Op, ReduceOp, SymDim, TensorMeta, UnaryOp};
+use crate::op::{fmt_dims, BinaryOp, CmpOp, Op, RandDist, ReduceOp, SymDim, TensorMeta, UnaryOp};
 
 /// The settings of an attention op.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -29,6 +35,87 @@ pub struct AttentionSpec {
     /// Query `i` attends to keys `j <= i` only (PyTorch's `is_causal`); causal attention
     /// takes as many queries as keys.
     pub causal: bool,
+    /// Dropout on the weights (PyTorch's `dropout_p` in training), or none.
+    pub dropout: Option<AttentionDropout>,
+}
+
+impl AttentionSpec {
+    /// Attention scaled by `scale`, causal or not, without dropout.
+    pub const fn new(scale: f64, causal: bool) -> Self {
+        AttentionSpec {
+            scale,
+            causal,
+            dropout: None,
+        }
+    }
+
+    /// The same attention without dropout: what the row statistics are computed with.
+    pub const fn without_dropout(self) -> Self {
+        AttentionSpec {
+            dropout: None,
+            ..self
+        }
+    }
+}
+
+/// The random draws' resolution: the generator's uniform values are multiples of 2⁻²⁴.
+const DRAWS: f64 = 16_777_216.0;
+
+/// Dropout on attention's weights, PyTorch's semantics: each weight is zeroed with
+/// probability `p` and the others scaled by `1/(1 − p)`. Weight `(b, i, j)` (batch
+/// element, query, key) is draw number [`dropout_counter`] of the counter-based
+/// generator ([`crate::rng`], stream 0 of `seed`, as `rand`'s uniform draws) and is
+/// dropped when its 24-bit uniform is below [`AttentionDropout::threshold`]: an exact
+/// integer test, so every kernel, and the primitive spelling (a `rand` of the weights'
+/// dims compared with `p`), drop the same weights. A run mixes `seed` with its step's
+/// seed as it does `rand`'s ([`crate::op::Op::with_seed`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionDropout {
+    /// The probability of dropping a weight, in [0, 1).
+    pub p: f64,
+    /// The seed of the draws.
+    pub seed: u64,
+}
+
+impl AttentionDropout {
+    /// A weight whose draw's 24 bits are below this is dropped: `⌈p·2²⁴⌉`.
+    pub fn threshold(&self) -> u32 {
+        (self.p * DRAWS).ceil() as u32
+    }
+
+    /// What a kept weight is multiplied by: `1/(1 − p)`.
+    pub fn keep_scale(&self) -> f64 {
+        1.0 / (1.0 - self.p)
+    }
+
+    /// The generator's key for this dropout's draws.
+    pub fn key(&self) -> u32 {
+        crate::rng::stream_key(self.seed, 0)
+    }
+
+    /// The factor of weight number `counter` ([`dropout_counter`]): [`Self::keep_scale`]
+    /// when it is kept, else 0.
+    pub fn factor(&self, counter: u32) -> f64 {
+        if crate::rng::bits(self.key(), counter) >> 8 >= self.threshold() {
+            self.keep_scale()
+        } else {
+            0.0
+        }
+    }
+
+    /// The probability the primitive spelling compares draws with: `p` rounded up to a
+    /// multiple of 2⁻²⁴ (exact in every float dtype), so that it drops what
+    /// [`Self::threshold`] drops.
+    pub fn drawn_p(&self) -> f64 {
+        self.threshold() as f64 / DRAWS
+    }
+}
+
+/// The draw number of weight `(b, i, j)` of attention with `tq` queries and `tk` keys:
+/// the weights in row-major order. [`attention_meta`] refuses attentions with more
+/// than 2³² weights, so it fits.
+pub const fn dropout_counter(b: usize, i: usize, j: usize, tq: usize, tk: usize) -> u32 {
+    ((b * tq + i) * tk + j) as u32
 }
 
 /// Which input of attention a gradient op returns.
@@ -166,6 +253,33 @@ pub fn attention_meta<D: SymDim>(
             format!("the scale must be finite, got {}", spec.scale),
         ));
     }
+    if let Some(d) = spec.dropout {
+        if !(0.0..1.0).contains(&d.p) {
+            return Err(Error::invalid(
+                name,
+                format!("the dropout probability must be in [0, 1), got {}", d.p),
+            ));
+        }
+        let lits: Option<Vec<usize>> = q.dims[..r - 1]
+            .iter()
+            .chain([&k.dims[r - 2]])
+            .map(|d| d.as_lit())
+            .collect();
+        let fits = |sizes: Vec<usize>| {
+            let weights = sizes.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+            weights.is_some_and(|w| w <= 1 << 32)
+        };
+        // Run-time sizes are checked when they are known.
+        if lits.is_some_and(|sizes| !fits(sizes)) {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "dropout draws one number per weight, and {} has more weights than the generator's 2^32 counter",
+                    shapes()
+                ),
+            ));
+        }
+    }
     let mut dims = q.dims.clone();
     dims[r - 1] = v.dims[r - 1].clone();
     Ok(TensorMeta::new(dims, q.dtype))
@@ -245,7 +359,8 @@ pub fn grad_meta<D: SymDim>(
 }
 
 /// The gradients of attention's q, k and v given its inputs, its output `out` and the
-/// output's gradient `g`: the row statistics recomputed ([`Op::AttentionLse`]),
+/// output's gradient `g`: the row statistics recomputed ([`Op::AttentionLse`], which
+/// dropout does not change),
 /// `delta = Σ g·out` over the last axis, then one [`Op::AttentionGrad`] per input.
 pub fn attention_vjp<G: Builder + ?Sized>(
     b: &mut G,
@@ -255,7 +370,7 @@ pub fn attention_vjp<G: Builder + ?Sized>(
     g: &G::Value,
 ) -> Result<Vec<Option<G::Value>>> {
     let (q, k, v) = (x[0], x[1], x[2]);
-    let lse = b.apply(Op::AttentionLse(*spec), &[q, k])?;
+    let lse = b.apply(Op::AttentionLse(spec.without_dropout()), &[q, k])?;
     let stats = stats_dtype(b.dtype(g));
     let (gs, os) = if stats == b.dtype(g) {
         (g.clone(), out.clone())
@@ -278,10 +393,11 @@ pub fn attention_vjp<G: Builder + ?Sized>(
 }
 
 /// Attention written with primitives, as a user writes it by hand:
-/// `softmax(causal_mask?(q·kᵀ · scale)) · v` (the mask only when causal; no product by
-/// the scale when it is 1). The fused op's meaning, and what [`recognise`] finds. Half
-/// inputs have their scores and softmax in f32 ([`stats_dtype`]), as the fused kernels
-/// do, and the weights cast back for the product with the values.
+/// `dropout?(softmax(causal_mask?(q·kᵀ · scale))) · v` (the mask only when causal, the
+/// dropout only with one; no product by the scale when it is 1). The fused op's
+/// meaning, and what [`recognise`] finds. Half inputs have their scores and softmax in
+/// f32 ([`stats_dtype`]), as the fused kernels do, and the weights cast back for the
+/// product with the values.
 pub fn attention_by_primitives<G: Builder + ?Sized>(
     b: &mut G,
     q: &G::Value,
@@ -292,6 +408,7 @@ pub fn attention_by_primitives<G: Builder + ?Sized>(
     let s = scores(b, q, k, spec)?;
     let last = b.rank(&s) - 1;
     let w = b.softmax(&s, last)?;
+    let w = dropped(b, &w, spec)?;
     let values = b.dtype(v);
     let w = in_dtype(b, &w, values)?;
     b.apply(Op::MatMul, &[&w, v])
@@ -332,6 +449,7 @@ pub fn grad_by_primitives<G: Builder + ?Sized>(
     let z = b.sub(&s, lse)?;
     let p = b.unary(UnaryOp::Exp, &z)?;
     if wrt == AttentionInput::Value {
+        let p = dropped(b, &p, spec)?;
         let pt = b.t(&p)?;
         let pt = in_dtype(b, &pt, dtype)?;
         return b.apply(Op::MatMul, &[&pt, g]);
@@ -340,6 +458,7 @@ pub fn grad_by_primitives<G: Builder + ?Sized>(
     let dp = b.apply(Op::MatMul, &[g, &vt])?;
     let stats = b.dtype(&p);
     let dp = in_dtype(b, &dp, stats)?;
+    let dp = dropped(b, &dp, spec)?;
     let centred = b.sub(&dp, delta)?;
     let ds = b.mul(&p, &centred)?;
     let ds = in_dtype(b, &ds, dtype)?;
@@ -353,6 +472,16 @@ pub fn grad_by_primitives<G: Builder + ?Sized>(
         return Ok(product);
     }
     b.mul_scalar(&product, spec.scale)
+}
+
+/// `w` (the weights' dims) with the spec's dropout applied: a `rand` of its dims
+/// compared with [`AttentionDropout::drawn_p`] ([`BuilderExt::dropout`]); `w` itself
+/// without dropout.
+fn dropped<G: Builder + ?Sized>(b: &mut G, w: &G::Value, spec: &AttentionSpec) -> Result<G::Value> {
+    match spec.dropout {
+        Some(d) if d.threshold() > 0 => b.dropout_scaled(w, d.drawn_p(), d.keep_scale(), d.seed),
+        _ => Ok(w.clone()),
+    }
 }
 
 /// The scores `q·kᵀ · scale` in [`stats_dtype`], masked above the diagonal when causal.
@@ -384,8 +513,9 @@ fn in_dtype<G: Builder + ?Sized>(b: &mut G, x: &G::Value, dtype: DType) -> Resul
 }
 
 /// Hand-written attention weights found in a recording builder: `w` is
-/// `softmax(causal_mask?(q·kᵀ ⊙ c))` over its last axis, `⊙ c` a product by or a division
-/// by a rank-0 constant, or nothing.
+/// `dropout?(softmax(causal_mask?(q·kᵀ ⊙ c)))` over its last axis, `⊙ c` a product by or
+/// a division by a rank-0 constant, or nothing, and the dropout
+/// [`BuilderExt::dropout`]'s spelling in f32 or f64.
 #[derive(Clone, Debug)]
 pub struct Recognised<V> {
     /// The queries.
@@ -403,6 +533,21 @@ pub struct Recognised<V> {
 /// the mask must be [`BuilderExt::softmax`] and [`BuilderExt::causal_mask`] as they
 /// are written, which the tests hold to [`attention_by_primitives`].
 pub fn recognise<G: Builder + ?Sized>(b: &G, w: &G::Value) -> Option<Recognised<G::Value>> {
+    if let Some((weights, dropout)) = undrop(b, w) {
+        let found = recognise_softmax(b, &weights)?;
+        return Some(Recognised {
+            spec: AttentionSpec {
+                dropout: Some(dropout),
+                ..found.spec
+            },
+            ..found
+        });
+    }
+    recognise_softmax(b, w)
+}
+
+/// [`recognise`] without dropout.
+fn recognise_softmax<G: Builder + ?Sized>(b: &G, w: &G::Value) -> Option<Recognised<G::Value>> {
     // softmax(x) = e / Σe, e = exp(x − max x), over the last axis.
     let (div, [e, total]) = producer::<G, 2>(b, w)?;
     let rank = b.meta(w).dims.len();
@@ -459,8 +604,58 @@ pub fn recognise<G: Builder + ?Sized>(b: &G, w: &G::Value) -> Option<Recognised<
     Some(Recognised {
         q,
         kt,
-        spec: AttentionSpec { scale, causal },
+        spec: AttentionSpec::new(scale, causal),
     })
+}
+
+/// `(w, dropout)` when `x` is `w` through [`BuilderExt::dropout`]'s spelling
+/// (`rand >= p ? w·scale : 0`, the draw uniform on [0, 1) of `w`'s dims and dtype, f32
+/// or f64, and the scale `1/(1 − p)`): the dropout with the `p` its comparison in that
+/// dtype tests.
+fn undrop<G: Builder + ?Sized>(b: &G, x: &G::Value) -> Option<(G::Value, AttentionDropout)> {
+    let (select, [keep, scaled, zero]) = producer::<G, 3>(b, x)?;
+    let (compare, [r, p]) = producer::<G, 2>(b, &keep)?;
+    let (mul, [w, scale]) = producer::<G, 2>(b, &scaled)?;
+    if select != Op::Where
+        || compare != Op::Compare(CmpOp::Ge)
+        || mul != Op::Binary(BinaryOp::Mul)
+        || constant(b, &zero)? != 0.0
+    {
+        return None;
+    }
+    let (Op::Rand { dist, seed, .. }, _) = b.producer(&r)? else {
+        return None;
+    };
+    let meta = b.meta(&w);
+    let uniform = dist
+        == RandDist::Uniform {
+            low: 0.0,
+            high: 1.0,
+        };
+    if !uniform || b.meta(&r) != meta || !matches!(meta.dtype, DType::F32 | DType::F64) {
+        return None;
+    }
+    let p = constant(b, &p)?;
+    // The comparison runs in the draw's dtype.
+    let p = if meta.dtype == DType::F32 {
+        p as f32 as f64
+    } else {
+        p
+    };
+    let dropout = AttentionDropout { p, seed };
+    let scale = constant(b, &scale)?;
+    let is_dropout = (0.0..1.0).contains(&p) && (scale / dropout.keep_scale() - 1.0).abs() < 1e-4;
+    is_dropout.then_some((w, dropout))
+}
+
+/// The value of `c` when it is a rank-0 constant (`full` of no dims).
+fn constant<G: Builder + ?Sized>(b: &G, c: &G::Value) -> Option<f64> {
+    match b.producer(c)?.0 {
+        Op::Full {
+            ref dims, value, ..
+        } if dims.is_empty() => Some(value),
+        _ => None,
+    }
 }
 
 /// An op and its `N` inputs.
@@ -536,13 +731,7 @@ fn same_tree<G: Builder + ?Sized>(
 /// the scale that takes it back; `(x, 1)` when there is none.
 fn unscale<G: Builder + ?Sized>(b: &G, x: &G::Value) -> (G::Value, f64) {
     let found = producer::<G, 2>(b, x).and_then(|(op, [p, c])| {
-        let (c_op, _) = b.producer(&c)?;
-        let value = match c_op {
-            Op::Full {
-                ref dims, value, ..
-            } if dims.is_empty() => value,
-            _ => return None,
-        };
+        let value = constant(b, &c)?;
         let scale = match op {
             Op::Binary(BinaryOp::Mul) => value,
             Op::Binary(BinaryOp::Div) => 1.0 / value,
@@ -643,7 +832,7 @@ mod tests {
                 let w = weights(&mut b, q, k, scaled, causal);
                 let found = recognise(&b, &w).expect("recognised");
                 assert_eq!(found.q, q, "{scaled:?} {causal} {policy}");
-                assert_eq!(found.spec, AttentionSpec { scale, causal });
+                assert_eq!(found.spec, AttentionSpec::new(scale, causal));
                 let out = b.matmul(&w, &v).unwrap();
                 assert_eq!(b.meta(&out), TensorMeta::new(vec![2, 3, 5, 6], DType::F32));
                 // Under bf16 the op is the policy's: its inputs and result cast.
@@ -658,7 +847,7 @@ mod tests {
                 };
                 assert_eq!(
                     op_of(&b, fused),
-                    Op::Attention(AttentionSpec { scale, causal })
+                    Op::Attention(AttentionSpec::new(scale, causal))
                 );
             }
         }
@@ -666,17 +855,85 @@ mod tests {
 
     #[test]
     fn the_primitive_spelling_is_what_is_recognised() {
+        let dropout = Some(AttentionDropout { p: 0.25, seed: 9 });
         for causal in [false, true] {
-            let spec = AttentionSpec {
-                scale: 0.125,
-                causal,
-            };
-            let (mut b, [q, k, v]) = recording(Precision::F32);
-            let out = attention_by_primitives(&mut b, &q, &k, &v, &spec).unwrap();
-            let w = b.graph.nodes[out].inputs[0];
-            let found = recognise(&b, &w).expect("recognised");
-            assert_eq!((found.q, found.spec), (q, spec));
+            for dropout in [None, dropout] {
+                let spec = AttentionSpec {
+                    scale: 0.125,
+                    causal,
+                    dropout,
+                };
+                let (mut b, [q, k, v]) = recording(Precision::F32);
+                let out = attention_by_primitives(&mut b, &q, &k, &v, &spec).unwrap();
+                let w = b.graph.nodes[out].inputs[0];
+                let found = recognise(&b, &w).expect("recognised");
+                assert_eq!((found.q, found.spec), (q, spec));
+            }
         }
+    }
+
+    #[test]
+    fn dropout_on_hand_written_weights_is_the_fused_ops() {
+        for policy in Precision::ALL {
+            let (mut b, [q, k, v]) = recording(policy);
+            let w = weights(&mut b, q, k, Scaled::Times(0.5), true);
+            let dropped = b.dropout(&w, 0.1, 7).unwrap();
+            let found = recognise(&b, &dropped).expect("recognised");
+            // The comparison runs in f32: `p` as that dtype holds it.
+            let dropout = AttentionDropout {
+                p: 0.1f32 as f64,
+                seed: 7,
+            };
+            assert_eq!(found.spec.dropout, Some(dropout), "{policy}");
+            let out = b.matmul(&dropped, &v).unwrap();
+            if policy == Precision::F32 {
+                let spec = AttentionSpec {
+                    dropout: Some(dropout),
+                    ..AttentionSpec::new(0.5, true)
+                };
+                assert_eq!(op_of(&b, out), Op::Attention(spec));
+            }
+        }
+        // A select that scales by something other than 1/(1 − p) is not dropout.
+        let (mut b, [q, k, _]) = recording(Precision::F32);
+        let w = weights(&mut b, q, k, Scaled::Not, false);
+        let odd = b.dropout_scaled(&w, 0.5, 3.0, 1).unwrap();
+        assert!(recognise(&b, &odd).is_none());
+        // Nor is one whose draw is normal.
+        let r = b
+            .rand(
+                vec![2, 3, 5, 5],
+                RandDist::Normal {
+                    mean: 0.0,
+                    std: 1.0,
+                },
+                1,
+                DType::F32,
+            )
+            .unwrap();
+        let half = b.scalar_like(&w, 0.5).unwrap();
+        let keep = b.compare(CmpOp::Ge, &r, &half).unwrap();
+        let scaled = b.mul_scalar(&w, 2.0).unwrap();
+        let zero = b.scalar_like(&w, 0.0).unwrap();
+        let normal = b.select(&keep, &scaled, &zero).unwrap();
+        assert!(recognise(&b, &normal).is_none());
+    }
+
+    #[test]
+    fn seeds_of_draws_are_the_ops_own() {
+        let dropped = AttentionSpec {
+            dropout: Some(AttentionDropout { p: 0.5, seed: 4 }),
+            ..AttentionSpec::new(1.0, false)
+        };
+        let op = Op::<usize>::AttentionGrad {
+            spec: dropped,
+            wrt: AttentionInput::Key,
+        };
+        assert_eq!(op.seed(), Some(4));
+        assert_eq!(op.with_seed(11).seed(), Some(11));
+        let plain = Op::<usize>::Attention(AttentionSpec::new(1.0, false));
+        assert_eq!(plain.seed(), None);
+        assert_eq!(plain.with_seed(3), plain);
     }
 
     #[test]
@@ -717,10 +974,7 @@ mod tests {
 
     #[test]
     fn the_rule_names_each_mismatch() {
-        let spec = AttentionSpec {
-            scale: 1.0,
-            causal: true,
-        };
+        let spec = AttentionSpec::new(1.0, true);
         let m = |d: &[usize]| TensorMeta::new(d.to_vec(), DType::F32);
         let msg = |q: &[usize], k: &[usize], v: &[usize], spec: &AttentionSpec| {
             attention_meta("attention", spec, &m(q), &m(k), &m(v))
@@ -737,12 +991,27 @@ mod tests {
         assert!(e.contains("share their batch dims"), "{e}");
         let e = msg(&[5], &[5], &[5], &spec);
         assert!(e.contains("one rank (2 or more)"), "{e}");
-        let nan = AttentionSpec {
-            scale: f64::NAN,
-            causal: false,
-        };
+        let nan = AttentionSpec::new(f64::NAN, false);
         let e = msg(&[2, 5, 4], &[2, 5, 4], &[2, 5, 4], &nan);
         assert!(e.contains("scale must be finite"), "{e}");
+        let with_p = |p: f64| AttentionSpec {
+            dropout: Some(AttentionDropout { p, seed: 0 }),
+            ..AttentionSpec::new(1.0, false)
+        };
+        for p in [1.0, -0.1, f64::NAN] {
+            let e = msg(&[2, 5, 4], &[2, 5, 4], &[2, 5, 4], &with_p(p));
+            assert!(e.contains("dropout probability must be in [0, 1)"), "{e}");
+        }
+        let e = msg(&[4, 65536, 4], &[4, 16385, 4], &[4, 16385, 4], &with_p(0.1));
+        assert!(e.contains("2^32 counter"), "{e}");
+        assert!(attention_meta(
+            "attention",
+            &with_p(0.1),
+            &m(&[4, 65536, 4]),
+            &m(&[4, 16384, 4]),
+            &m(&[4, 16384, 4])
+        )
+        .is_ok());
         let ok = AttentionSpec {
             causal: false,
             ..spec

@@ -140,19 +140,21 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
         fused_by_ops::<Self>(device, expr, inputs, dims, outputs)
     }
 
-    /// Runs `op`, an [`Op::Rand`], with its seed mixed (xor) with the 64-bit value in
-    /// `seed` (`i32` of dims `[2]`, low word first) on the device: what a captured
-    /// training step's dropout draws with, the host writing the next step's seed into
-    /// `seed` before each replay. The default reads `seed` to the host; devices that
-    /// capture read it in the kernel.
-    fn rand_with_device_seed(
+    /// Runs `op`, an op that draws random numbers ([`Op::seed`]: `rand`, attention with
+    /// dropout), on `inputs` with its seed mixed (xor) with the 64-bit value in `seed`
+    /// (`i32` of dims `[2]`, low word first) on the device: what a captured training
+    /// step's dropout draws with, the host writing the next step's seed into `seed`
+    /// before each replay. The default reads `seed` to the host; devices that capture
+    /// read it in the kernel.
+    fn draw_with_device_seed(
         device: &Self::Device,
         op: &Op,
+        inputs: &[View<'_, Self>],
         seed: View<'_, Self>,
         out: &TensorMeta,
     ) -> Result<Self::Storage> {
         let mixed = mix_device_seed(op, read_device_seed::<Self>(seed)?)?;
-        Self::execute(device, &mixed, &[], out)
+        Self::execute(device, &mixed, inputs, out)
     }
 
     /// An error naming `what()` when the calling thread is capturing (or checking the
@@ -244,24 +246,14 @@ pub fn read_device_seed<B: Backend>(seed: View<'_, B>) -> Result<u64> {
     Ok(words[0] as u32 as u64 | (words[1] as u32 as u64) << 32)
 }
 
-/// `op` (an [`Op::Rand`]) drawing with its own seed xor `seed`, as a training step
-/// mixes each dropout's seed with the step's.
+/// `op` (an op that draws, [`Op::seed`]) drawing with its own seed xor `seed`, as a
+/// training step mixes each dropout's seed with the step's.
 pub fn mix_device_seed(op: &Op, seed: u64) -> Result<Op> {
-    match op {
-        Op::Rand {
-            dims,
-            dist,
-            seed: own,
-            dtype,
-        } => Ok(Op::Rand {
-            dims: dims.clone(),
-            dist: *dist,
-            seed: own ^ seed,
-            dtype: *dtype,
-        }),
-        other => Err(Error::invalid(
-            other.name(),
-            "only `rand` draws with a seed from device memory",
+    match op.seed() {
+        Some(own) => Ok(op.with_seed(own ^ seed)),
+        None => Err(Error::invalid(
+            op.name(),
+            "draws no random numbers, so it takes no seed from device memory",
         )),
     }
 }

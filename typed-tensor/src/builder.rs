@@ -708,6 +708,17 @@ pub trait BuilderExt: Builder {
         if p == 0.0 {
             return Ok(x.clone());
         }
+        self.dropout_scaled(x, p, 1.0 / (1.0 - p), seed)
+    }
+    /// Dropout's spelling with primitives: `rand(dims(x), seed) >= p ? x·scale : 0`, the
+    /// draw and the comparison in `x`'s dtype.
+    fn dropout_scaled(
+        &mut self,
+        x: &Self::Value,
+        p: f64,
+        scale: f64,
+        seed: u64,
+    ) -> Result<Self::Value> {
         let dims = self.dims(x);
         let dtype = self.dtype(x);
         let r = self.rand(
@@ -721,7 +732,7 @@ pub trait BuilderExt: Builder {
         )?;
         let pv = self.scalar_like(x, p)?;
         let keep = self.compare(CmpOp::Ge, &r, &pv)?;
-        let scaled = self.mul_scalar(x, 1.0 / (1.0 - p))?;
+        let scaled = self.mul_scalar(x, scale)?;
         let zero = self.scalar_like(x, 0.0)?;
         self.select(&keep, &scaled, &zero)
     }

@@ -46,7 +46,7 @@ pub mod tensor;
 pub mod testing;
 pub mod unary;
 
-pub use attention::{AttentionInput, AttentionSpec};
+pub use attention::{AttentionDropout, AttentionInput, AttentionSpec};
 pub use backend::{Backend, Replay, View};
 pub use builder::{Builder, BuilderExt, Conv2dOptions};
 pub use collective::Collective;

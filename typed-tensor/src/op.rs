@@ -573,6 +573,49 @@ impl<D> Op<D> {
         })
     }
 
+    /// The seed of an op that draws random numbers (`rand`, attention with dropout),
+    /// which a run mixes with its step's ([`Op::with_seed`]); `None` for the others.
+    pub fn seed(&self) -> Option<u64> {
+        match self {
+            Op::Rand { seed, .. } => Some(*seed),
+            Op::Attention(spec) | Op::AttentionLse(spec) | Op::AttentionGrad { spec, .. } => {
+                spec.dropout.map(|d| d.seed)
+            }
+            _ => None,
+        }
+    }
+
+    /// The op drawing with `seed` in place of its own ([`Op::seed`]); other ops as they
+    /// are.
+    pub fn with_seed(&self, seed: u64) -> Op<D>
+    where
+        D: Clone,
+    {
+        let reseeded = |spec: &AttentionSpec| AttentionSpec {
+            dropout: spec
+                .dropout
+                .map(|d| crate::attention::AttentionDropout { seed, ..d }),
+            ..*spec
+        };
+        match self {
+            Op::Rand {
+                dims, dist, dtype, ..
+            } => Op::Rand {
+                dims: dims.clone(),
+                dist: *dist,
+                seed,
+                dtype: *dtype,
+            },
+            Op::Attention(spec) => Op::Attention(reseeded(spec)),
+            Op::AttentionLse(spec) => Op::AttentionLse(reseeded(spec)),
+            Op::AttentionGrad { spec, wrt } => Op::AttentionGrad {
+                spec: reseeded(spec),
+                wrt: *wrt,
+            },
+            other => other.clone(),
+        }
+    }
+
     /// The op's name in messages and plans.
     pub fn name(&self) -> &'static str {
         match self {

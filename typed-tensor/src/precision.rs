@@ -123,10 +123,7 @@ mod tests {
             Precision::Bf16.narrowed::<usize>(&Op::MatMul, &[DType::F64, DType::F64]),
             None
         );
-        let attention = Op::<usize>::Attention(crate::AttentionSpec {
-            scale: 0.5,
-            causal: true,
-        });
+        let attention = Op::<usize>::Attention(crate::AttentionSpec::new(0.5, true));
         assert_eq!(
             Precision::Bf16.narrowed(&attention, &[DType::F32; 3]),
             Some(DType::BF16)

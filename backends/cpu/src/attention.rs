@@ -4,15 +4,19 @@
 //! maximum and sum across key blocks (the forward pass), and the backward pass
 //! recomputing each block's probabilities from the saved row log-sum-exp. Causal
 //! attention skips the key blocks above the diagonal. Batch elements run on rayon's
-//! threads, each block product on one. The math is `kiln_tensor::attention`'s; f16 and
-//! bf16 compute in f32, f64 in f64.
+//! threads, each block product on one. Dropout on the weights multiplies each block's
+//! probabilities by their factors, drawn from the weights' counters as the op defines
+//! them. The math is `kiln_tensor::attention`'s; f16 and bf16 compute in f32, f64 in
+//! f64.
 
 use crate::gemm::{dgemm_with, sgemm_with, GemmOptions, MatRef};
 use crate::math::Real;
 use crate::storage::{with_float_storage, CpuStorage, FloatKernel};
 use crate::strided::gather;
-use kiln_tensor::attention::stats_dtype;
-use kiln_tensor::{AttentionInput, AttentionSpec, Element, Error, HostData, Layout, Op, Result};
+use kiln_tensor::attention::{dropout_counter, stats_dtype};
+use kiln_tensor::{
+    rng, AttentionInput, AttentionSpec, Element, Error, HostData, Layout, Op, Result,
+};
 use num_traits::ToPrimitive;
 use rayon::prelude::*;
 
@@ -78,6 +82,38 @@ struct Sizes {
     tk: usize,
     e: usize,
     ev: usize,
+}
+
+/// An attention's dropout in the compute type `C`: the generator's key, the draws that
+/// drop, and the factor of the kept weights.
+#[derive(Clone, Copy)]
+struct Dropout<C> {
+    key: u32,
+    threshold: u32,
+    keep: C,
+}
+
+impl<C: Real> Dropout<C> {
+    fn of(spec: &AttentionSpec) -> Option<Self> {
+        spec.dropout.map(|d| Dropout {
+            key: d.key(),
+            threshold: d.threshold(),
+            keep: C::from_f64_(d.keep_scale()),
+        })
+    }
+
+    /// Multiplies `row`, the weights of batch element `b`'s query `i` against keys
+    /// `j0..`, by their factors.
+    fn apply(&self, row: &mut [C], n: Sizes, b: usize, i: usize, j0: usize) {
+        for (c, x) in row.iter_mut().enumerate() {
+            let counter = dropout_counter(b, i, j0 + c, n.tq, n.tk);
+            *x = if rng::bits(self.key, counter) >> 8 >= self.threshold {
+                *x * self.keep
+            } else {
+                C::zero()
+            };
+        }
+    }
 }
 
 /// Runs [`Op::Attention`], [`Op::AttentionLse`] or [`Op::AttentionGrad`] on views whose
@@ -247,21 +283,25 @@ fn forward<C: BlockGemm>(
             let qb = &q[b * n.tq * n.e..(b + 1) * n.tq * n.e];
             let kb = &k[b * n.tk * n.e..(b + 1) * n.tk * n.e];
             let vb = v.map(|v| &v[b * n.tk * n.ev..(b + 1) * n.tk * n.ev]);
-            forward_one(qb, kb, vb, n, spec, out_b, lse_b);
+            forward_one(qb, kb, vb, n, spec, b, out_b, lse_b);
         });
     (out, lse)
 }
 
-/// The forward pass of one batch element.
+/// The forward pass of batch element `b`.
+#[allow(clippy::too_many_arguments)]
 fn forward_one<C: BlockGemm>(
     q: &[C],
     k: &[C],
     v: Option<&[C]>,
     n: Sizes,
     spec: &AttentionSpec,
+    b: usize,
     out: &mut [C],
     lse: &mut [C],
 ) {
+    // The log-sum-exp alone needs no draws.
+    let dropout = Dropout::<C>::of(spec).filter(|_| v.is_some());
     let mut s = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
     let mut acc = vec![C::zero(); QUERY_BLOCK * n.ev];
     let (mut max, mut sum) = (vec![C::zero(); QUERY_BLOCK], vec![C::zero(); QUERY_BLOCK]);
@@ -298,6 +338,9 @@ fn forward_one<C: BlockGemm>(
                 }
                 sum[r] = sum[r] * alpha + total;
                 max[r] = m;
+                if let Some(d) = &dropout {
+                    d.apply(row, n, b, i0 + r, j0);
+                }
                 for a in &mut acc[r * n.ev..(r + 1) * n.ev] {
                     *a = *a * alpha;
                 }
@@ -363,13 +406,15 @@ fn element<'a, C>(ins: &GradInputs<'a, C>, n: Sizes, b: usize) -> GradInputs<'a,
     }
 }
 
-/// The probabilities and `ds = p·(g·vᵀ − delta)` of queries `i0..i1` against keys
-/// `j0..j1`, into `p` and `ds` (row-major, `j1 - j0` wide); `ds` only when asked.
+/// For batch element `b`, queries `i0..i1` against keys `j0..j1`: with `ds` asked for,
+/// the probabilities into `p` and `ds = p·(z·g·vᵀ − delta)` into `ds`; without, the
+/// probabilities times their dropout factors `z` into `p` (row-major, `j1 - j0` wide).
 #[allow(clippy::too_many_arguments)]
 fn block_grads<C: BlockGemm>(
     x: &GradInputs<'_, C>,
     n: Sizes,
     spec: &AttentionSpec,
+    b: usize,
     (i0, i1): (usize, usize),
     (j0, j1): (usize, usize),
     p: &mut [C],
@@ -387,23 +432,33 @@ fn block_grads<C: BlockGemm>(
             };
         }
     }
-    if let Some(ds) = ds {
-        let ds = &mut ds[..bi * bj];
-        C::gemm(
-            bi,
-            bj,
-            n.ev,
-            rows(x.g, i0, n.ev),
-            rows(x.v, j0, n.ev).t(),
-            ds,
-            false,
-        );
-        for r in 0..bi {
-            let delta = x.delta[i0 + r];
-            for c in 0..bj {
-                let at = r * bj + c;
-                ds[at] = p[at] * (ds[at] - delta);
+    let dropout = Dropout::<C>::of(spec);
+    let Some(ds) = ds else {
+        if let Some(d) = &dropout {
+            for r in 0..bi {
+                d.apply(&mut p[r * bj..(r + 1) * bj], n, b, i0 + r, j0);
             }
+        }
+        return;
+    };
+    let ds = &mut ds[..bi * bj];
+    C::gemm(
+        bi,
+        bj,
+        n.ev,
+        rows(x.g, i0, n.ev),
+        rows(x.v, j0, n.ev).t(),
+        ds,
+        false,
+    );
+    for r in 0..bi {
+        if let Some(d) = &dropout {
+            d.apply(&mut ds[r * bj..(r + 1) * bj], n, b, i0 + r, j0);
+        }
+        let delta = x.delta[i0 + r];
+        for c in 0..bj {
+            let at = r * bj + c;
+            ds[at] = p[at] * (ds[at] - delta);
         }
     }
 }
@@ -423,7 +478,7 @@ fn grad_q<C: BlockGemm>(ins: &GradInputs<'_, C>, n: Sizes, spec: &AttentionSpec)
             for (i0, i1) in blocks(n.tq, QUERY_BLOCK) {
                 let keys = if spec.causal { i1.min(n.tk) } else { n.tk };
                 for (j0, j1) in blocks(keys, KEY_BLOCK) {
-                    block_grads(&x, n, spec, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
+                    block_grads(&x, n, spec, b, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
                     let (bi, bj) = (i1 - i0, j1 - j0);
                     let d = MatRef {
                         data: &ds[..],
@@ -477,7 +532,7 @@ fn grad_kv<C: BlockGemm>(
                     let (bi, bj) = (i1 - i0, j1 - j0);
                     let target = &mut out[j0 * width..j1 * width];
                     if wrt == AttentionInput::Value {
-                        block_grads(&x, n, spec, (i0, i1), (j0, j1), &mut p, None);
+                        block_grads(&x, n, spec, b, (i0, i1), (j0, j1), &mut p, None);
                         let pt = MatRef {
                             data: &p[..],
                             offset: 0,
@@ -486,7 +541,7 @@ fn grad_kv<C: BlockGemm>(
                         };
                         C::gemm(bj, n.ev, bi, pt, rows(x.g, i0, n.ev), target, true);
                     } else {
-                        block_grads(&x, n, spec, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
+                        block_grads(&x, n, spec, b, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
                         let dst = MatRef {
                             data: &ds[..],
                             offset: 0,

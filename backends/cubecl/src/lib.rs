@@ -160,6 +160,27 @@ impl<R: KilnRuntime> fmt::Debug for CubeBackend<R> {
     }
 }
 
+/// Each input's extent fits its buffer and the buffer lives on `device`.
+fn check_inputs<R: KilnRuntime>(
+    device: &CubeDevice<R>,
+    op: &Op,
+    inputs: &[View<'_, CubeBackend<R>>],
+) -> Result<()> {
+    for v in inputs {
+        check_extent(v.storage, &v.layout)?;
+        if v.storage.device.ordinal != device.state.ordinal
+            || !std::sync::Arc::ptr_eq(&v.storage.device, &device.state)
+        {
+            return Err(Error::DeviceMismatch {
+                op: op.name(),
+                lhs: <CubeBackend<R> as Backend>::device_name(device),
+                rhs: format!("{}:{}", R::NAME, v.storage.device.ordinal),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// A layout must stay inside its buffer: a broken view is reported, never read.
 pub(crate) fn check_extent<R: KilnRuntime>(s: &CubeStorage<R>, l: &Layout) -> Result<()> {
     if l.storage_extent() > s.len {
@@ -181,32 +202,38 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
         device.state.refuse_in_capture_with(what)
     }
 
-    fn rand_with_device_seed(
+    fn draw_with_device_seed(
         device: &CubeDevice<R>,
         op: &Op,
+        inputs: &[View<'_, Self>],
         seed: View<'_, Self>,
         out: &TensorMeta,
     ) -> Result<CubeStorage<R>> {
-        let Op::Rand {
-            dist,
-            seed: own,
-            dtype,
-            ..
-        } = op
-        else {
-            return Err(Error::invalid(
-                op.name(),
-                "only `rand` draws with a seed from device memory",
-            ));
-        };
         kiln_tensor::backend::check_device_seed(seed)?;
         check_extent(seed.storage, &seed.layout)?;
-        let n = out.dims.iter().product();
-        let seed = ops::DrawSeed::Device {
-            own: *own,
-            seed: seed.storage,
-        };
-        ops::rand(&device.state, n, *dist, seed, *dtype)
+        match op {
+            Op::Rand {
+                dist,
+                seed: own,
+                dtype,
+                ..
+            } => {
+                let n = out.dims.iter().product();
+                let seed = ops::DrawSeed::Device {
+                    own: *own,
+                    seed: seed.storage,
+                };
+                ops::rand(&device.state, n, *dist, seed, *dtype)
+            }
+            Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. } => {
+                check_inputs(device, op, inputs)?;
+                ops::attention::attention_drawing(device, op, inputs, out, Some(seed.storage))
+            }
+            other => Err(Error::invalid(
+                other.name(),
+                "draws no random numbers, so it takes no seed from device memory",
+            )),
+        }
     }
 
     fn assign(
@@ -322,18 +349,7 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
         inputs: &[View<'_, Self>],
         out: &TensorMeta,
     ) -> Result<CubeStorage<R>> {
-        for v in inputs {
-            check_extent(v.storage, &v.layout)?;
-            if v.storage.device.ordinal != device.state.ordinal
-                || !std::sync::Arc::ptr_eq(&v.storage.device, &device.state)
-            {
-                return Err(Error::DeviceMismatch {
-                    op: op.name(),
-                    lhs: Self::device_name(device),
-                    rhs: format!("{}:{}", R::NAME, v.storage.device.ordinal),
-                });
-            }
-        }
+        check_inputs(device, op, inputs)?;
         ops::execute(device, op, inputs, out)
     }
 

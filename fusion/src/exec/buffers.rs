@@ -242,8 +242,9 @@ impl<B: Backend> Buffers<B> {
             Step::Single { node, op } => {
                 if let Some(seed) = device_seed(op, run.seeds) {
                     let meta = &r.metas[*node];
-                    return self.write_slot(run, *node, |_, out| {
-                        *out = B::rand_with_device_seed(device, op, seed.view(), meta)?;
+                    return self.write_slot(run, *node, |b, out| {
+                        let views = b.op_views(run, *node, op)?;
+                        *out = B::draw_with_device_seed(device, op, &views, seed.view(), meta)?;
                         Ok(())
                     });
                 }

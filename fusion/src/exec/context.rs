@@ -14,7 +14,7 @@ pub enum Seeds<'a, B: Backend> {
     /// `i`-th dropout layer draws with `i ^ step_seed`.
     Mix(u64),
     /// Each op's own seed mixed (xor) with the one in this device buffer (`i32 [2]`,
-    /// low word first; [`Backend::rand_with_device_seed`]): a training step captured
+    /// low word first; [`Backend::draw_with_device_seed`]): a training step captured
     /// as a graph, whose seed the host rewrites before each replay.
     Device(&'a RawTensor<B>),
     /// The op's own seed is an index into this table, which holds the seed it draws
@@ -116,53 +116,44 @@ impl<'a, B: Backend> RunContext<'a, B> {
     }
 }
 
-/// `op` with the seed the run gives it (other ops unchanged). A draw whose seed is in
-/// device memory runs through [`draw_with_device_seed`] instead.
+/// `op` with the seed the run gives it (ops that draw nothing unchanged). A draw whose
+/// seed is in device memory runs through [`Backend::draw_with_device_seed`] instead.
 pub(super) fn seeded<'o, B: Backend>(
     op: &'o Op,
     seeds: Seeds<'_, B>,
 ) -> Result<std::borrow::Cow<'o, Op>> {
-    Ok(match op {
-        Op::Rand {
-            dims,
-            dist,
-            seed: own,
-            dtype,
-        } => {
-            std::borrow::Cow::Owned(Op::Rand {
-                dims: dims.clone(),
-                dist: *dist,
-                seed: match seeds {
-                    Seeds::Mix(seed) => own ^ seed,
-                    Seeds::Table(table) => *usize::try_from(*own)
-                        .ok()
-                        .and_then(|i| table.get(i))
-                        .ok_or_else(|| {
-                        Error::invalid(
-                            "run",
-                            format!("random op {own} has no seed in a table of {}", table.len()),
-                        )
-                    })?,
-                    Seeds::Device(_) => return Err(Error::invalid(
-                        "run",
-                        "a draw with a device seed is not mixed on the host (a broken invariant)",
-                    )),
-                },
-                dtype: *dtype,
-            })
+    let Some(own) = op.seed() else {
+        return Ok(std::borrow::Cow::Borrowed(op));
+    };
+    let seed = match seeds {
+        Seeds::Mix(seed) => own ^ seed,
+        Seeds::Table(table) => *usize::try_from(own)
+            .ok()
+            .and_then(|i| table.get(i))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "run",
+                    format!("random op {own} has no seed in a table of {}", table.len()),
+                )
+            })?,
+        Seeds::Device(_) => {
+            return Err(Error::invalid(
+                "run",
+                "a draw with a device seed is not mixed on the host (a broken invariant)",
+            ))
         }
-        op => std::borrow::Cow::Borrowed(op),
-    })
+    };
+    Ok(std::borrow::Cow::Owned(op.with_seed(seed)))
 }
 
-/// The device seed `op` draws with, when it is a draw and the run's seed is in device
-/// memory.
+/// The device seed `op` draws with, when it draws ([`Op::seed`]) and the run's seed is
+/// in device memory.
 pub(super) fn device_seed<'a, B: Backend>(
     op: &Op,
     seeds: Seeds<'a, B>,
 ) -> Option<&'a RawTensor<B>> {
-    match (op, seeds) {
-        (Op::Rand { .. }, Seeds::Device(seed)) => Some(seed),
+    match seeds {
+        Seeds::Device(seed) if op.seed().is_some() => Some(seed),
         _ => None,
     }
 }

@@ -98,7 +98,9 @@ impl<B: Backend> Program<B> {
                 .collect::<Result<Vec<&RawTensor<B>>>>()?;
             let value = match device_seed(op, seeds) {
                 Some(seed) => {
-                    let storage = B::rand_with_device_seed(device, op, seed.view(), &all[i])?;
+                    let views: Vec<_> = ins.iter().map(|t| t.view()).collect();
+                    let storage =
+                        B::draw_with_device_seed(device, op, &views, seed.view(), &all[i])?;
                     RawTensor::from_storage(storage, Dims::new(&all[i].dims)?, device.clone())?
                 }
                 None => {

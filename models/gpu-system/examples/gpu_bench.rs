@@ -580,10 +580,7 @@ fn attention<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()>
             };
             let (q, k, v, g) = (input(1)?, input(2)?, input(3)?, input(4)?);
             for causal in [true, false] {
-                let spec = AttentionSpec {
-                    scale: 1.0 / (e as f64).sqrt(),
-                    causal,
-                };
+                let spec = AttentionSpec::new(1.0 / (e as f64).sqrt(), causal);
                 let fused = b.attention(&q, &k, &v, spec)?;
                 let unfused = attention_by_primitives(b, &q, &k, &v, &spec)?;
                 let f = b.cast(&fused, DType::F32)?.to_vec::<f32>()?;

@@ -30,6 +30,10 @@ macro_rules! capture_rule_tests {
                 super::dropout_and_adam_read_their_step_values_from_device_memory::<$R>(&$device)
             }
             #[test]
+            fn attention_dropout_reads_its_seed_from_device_memory() -> Result<()> {
+                super::attention_dropout_reads_its_seed_from_device_memory::<$R>(&$device)
+            }
+            #[test]
             fn a_step_calling_a_dynamic_part_is_refused() -> Result<()> {
                 super::a_step_calling_a_dynamic_part_is_refused::<$R>(&$device)
             }
@@ -270,5 +274,53 @@ fn dropout_and_adam_read_their_step_values_from_device_memory<R: KilnRuntime>(
             "`{name}` differs between device-held and host step values"
         );
     }
+    Ok(())
+}
+
+/// Causal attention of width 16 in two heads with dropout on its weights.
+#[kiln::model]
+type DroppedAttention = kiln_models::parts::DroppedSelfAttention<16, 2>;
+
+/// Attention with dropout on its weights follows the rules once the step's seed is in
+/// device memory (refused while it is on the host), and the step draws the mask the
+/// same step draws with its seed on the host: loss and gradients bit for bit.
+fn attention_dropout_reads_its_seed_from_device_memory<R: KilnRuntime>(
+    dev: &CubeDevice<R>,
+) -> Result<()> {
+    type B<R> = CubeBackend<R>;
+    type Seq = (Const<2>, Const<5>, Const<16>);
+    let x = Tensor::<B<R>, Seq>::normal(0.0, 1.0, 4, dev)?;
+    let target = Tensor::<B<R>, Seq>::normal(0.0, 1.0, 5, dev)?;
+    let model = DroppedAttention::<B<R>>::init(dev, 3)?;
+    let values =
+        |(loss, grads): (Tensor<B<R>, ()>, DroppedAttentionGrads<B<R>>)| -> Result<Vec<f32>> {
+            let mut all = loss.raw().to_vec::<f32>()?;
+            all.extend(grads.q.weight.raw().to_vec::<f32>()?);
+            all.extend(grads.v.bias.raw().to_vec::<f32>()?);
+            Ok(all)
+        };
+    // Warm-up, and the step's values with its seed on the host.
+    model.step_seeds().set_steps(7);
+    let on_host = values(model.loss_and_grad(&x, &target)?)?;
+    model.step_seeds().set_steps(7);
+    let err = dev
+        .check_capturable(|| model.loss_and_grad(&x, &target).map(|_| ()))
+        .expect_err("a draw seeded on the host is refused");
+    assert!(format!("{err}").contains("seed on the host"), "{err}");
+    model.step_seeds().set_steps(7);
+    model.step_seeds().advance_on_device(dev)?;
+    let mut captured = None;
+    dev.check_capturable(|| {
+        captured = Some(model.loss_and_grad(&x, &target)?);
+        Ok(())
+    })?;
+    model.step_seeds().keep_on_host();
+    let captured = values(captured.expect("the step ran"))?;
+    assert_eq!(
+        captured, on_host,
+        "the device-seeded step drew another mask"
+    );
+    let next = values(model.loss_and_grad(&x, &target)?)?;
+    assert_ne!(next, on_host, "the next step drew the same mask");
     Ok(())
 }

@@ -21,7 +21,7 @@ pub enum StepSeed<B: Backend> {
     /// This seed, known on the host and passed to each draw.
     Host(u64),
     /// The seed in this device buffer (`i32` of dims `[2]`, low word first), read by
-    /// the kernels that draw ([`Backend::rand_with_device_seed`]).
+    /// the kernels that draw ([`Backend::draw_with_device_seed`]).
     Device(RawTensor<B>),
 }
 

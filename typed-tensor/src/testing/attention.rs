@@ -10,9 +10,13 @@ use super::reference::{RefTensor, Sum};
 use super::strategy::{input, small_shape, Domain, Input};
 use super::tolerance::Tol;
 use super::Config;
-use crate::attention::{attention_vjp, AttentionInput, AttentionSpec};
+use crate::attention::{
+    attention_vjp, dropout_counter, AttentionDropout, AttentionInput, AttentionSpec,
+};
 use crate::backend::Backend;
-use crate::builder::BuilderExt;
+use crate::builder::{Builder, BuilderExt};
+use crate::dtype::DType;
+use crate::op::CmpOp;
 use crate::op::Op;
 use crate::raw::Eager;
 use proptest::prelude::*;
@@ -62,6 +66,13 @@ fn scores(
             })
         })
         .collect()
+}
+
+/// The dropout factor `z_ij` of weight `(b, i, j)`: 1 without dropout, else
+/// `1/(1 − p)` or 0.
+fn factor(spec: &AttentionSpec, n: Sizes, b: usize, i: usize, j: usize) -> f64 {
+    spec.dropout
+        .map_or(1.0, |d| d.factor(dropout_counter(b, i, j, n.tq, n.tk)))
 }
 
 /// `log Σ_j exp(s_j)` over the keys a query sees; −∞ when it sees none.
@@ -128,7 +139,11 @@ fn forward(
     for b in 0..n.batch {
         for i in 0..n.tq {
             let s = scores(q, k, n, spec, b, i);
-            let p = probabilities(&s, logsumexp(&s));
+            let p: Vec<f64> = probabilities(&s, logsumexp(&s))
+                .iter()
+                .enumerate()
+                .map(|(j, p)| p * factor(spec, n, b, i, j))
+                .collect();
             let spread = 2.0 * score_magnitude(q, k, n, spec, b, i) + 1.0;
             for c in 0..n.ev {
                 let at = (b * n.tq + i) * n.ev + c;
@@ -194,13 +209,14 @@ fn backward(
                     (0..n.tk).map(|j| (0..n.ev).map(|c| va(b, j, c).abs()).fold(0.0, f64::max)),
                 );
             for j in 0..n.tk {
-                let dp = Sum::of((0..n.ev).map(|c| ga(b, i, c) * va(b, j, c)));
-                let dp_mag = Sum::of((0..n.ev).map(|c| (ga(b, i, c) * va(b, j, c)).abs()));
-                p[i * n.tk + j] = pi[j];
-                p_mag[i * n.tk + j] = pi[j] * spread;
+                let z = factor(spec, n, b, i, j);
+                let dp = z * Sum::of((0..n.ev).map(|c| ga(b, i, c) * va(b, j, c)));
+                let dp_mag = z * Sum::of((0..n.ev).map(|c| (ga(b, i, c) * va(b, j, c)).abs()));
+                p[i * n.tk + j] = pi[j] * z;
+                p_mag[i * n.tk + j] = pi[j] * z * spread;
                 ds[i * n.tk + j] = pi[j] * (dp - delta);
                 ds_mag[i * n.tk + j] =
-                    pi[j] * (spread * (dp - delta).abs() + dp_mag + delta.abs() + g_out);
+                    pi[j] * (spread * (dp - delta).abs() + dp_mag + delta.abs() + z * g_out);
             }
         }
         for i in 0..n.tq {
@@ -271,9 +287,10 @@ pub struct AttentionCase {
 
 /// Random attentions: batch dims of rank 0 to 2, 0 to 9 queries and keys (as many of
 /// each when causal), widths 0 to 8 (wider and longer now and then, and now and then
-/// 65 to 72 queries and keys: more than one cube of a GPU's tiled kernels), the default scale
-/// or any in [-2, 2], and now and then a scale of 40 whose scores reach the hundreds
-/// (the softmax's shift must keep them finite).
+/// 65 to 72 queries and keys: more than one cube of a GPU's tiled kernels), the default
+/// scale or any in [-2, 2], now and then a scale of 40 whose scores reach the hundreds
+/// (the softmax's shift must keep them finite), and in one case of three dropout on
+/// the weights with any seed.
 pub fn attention_cases(config: &Config) -> BoxedStrategy<AttentionCase> {
     let sizes = prop_oneof![
         6 => (0..=9usize, 0..=9usize, 0..=8usize, 0..=8usize),
@@ -285,18 +302,25 @@ pub fn attention_cases(config: &Config) -> BoxedStrategy<AttentionCase> {
         2 => (-2.0..2.0f64).prop_map(Some),
         1 => Just(Some(40.0)),
     ];
+    let dropout = prop_oneof![
+        2 => Just(None),
+        1 => (select(vec![0.1, 0.5, 0.9]), any::<u64>())
+            .prop_map(|(p, seed)| Some(AttentionDropout { p, seed })),
+    ];
     (
         select(config.floats()),
         small_shape(0, 2),
         sizes,
         scale,
         any::<bool>(),
+        dropout,
     )
-        .prop_flat_map(|(dt, batch, (tq, tk, e, ev), scale, causal)| {
+        .prop_flat_map(|(dt, batch, (tq, tk, e, ev), scale, causal, dropout)| {
             let tk = if causal { tq } else { tk };
             let spec = AttentionSpec {
                 scale: scale.unwrap_or(1.0 / (e.max(1) as f64).sqrt()),
                 causal,
+                dropout,
             };
             let dims = |t: usize, w: usize| {
                 let mut d = batch.clone();
@@ -347,7 +371,7 @@ pub fn check_attention<B: Backend>(device: &B::Device, case: &AttentionCase) -> 
     Ok(())
 }
 
-/// The `attention` family: the fused op and its gradients.
+/// The `attention` family: the fused op and its gradients, and dropout's statistics.
 pub fn attention<B: Backend>(device: &B::Device, config: &Config) {
     run_property(
         "attention",
@@ -355,12 +379,154 @@ pub fn attention<B: Backend>(device: &B::Device, config: &Config) {
         attention_cases(config),
         |c| check_attention::<B>(device, &c),
     );
+    for dtype in config.floats() {
+        if let Err(e) = check_dropout_statistics::<B>(device, dtype) {
+            panic!("attention dropout in {dtype}: {e}");
+        }
+    }
+}
+
+/// Dropout on the weights as PyTorch defines it, through the backend's kernel. With
+/// `q = 0` each of a query's `T` weights is `1/T`, and with `v` the identity the output
+/// `out_ij` is `z_ij / T`, so the factors `z` can be read back: each must be 0 or
+/// `1/(1 − p)` (and 0 exactly where the op's draws say), the share dropped near `p`, the
+/// same seed must drop the same weights and another seed others, and `p = 0` none.
+pub fn check_dropout_statistics<B: Backend>(
+    device: &B::Device,
+    dtype: DType,
+) -> Result<(), String> {
+    let (batch, t) = (4usize, 64usize);
+    let factors = |p: f64, seed: u64| -> Result<Vec<f64>, String> {
+        let mut b = Eager::<B>::new(device.clone());
+        let run = |b: &mut Eager<B>| -> crate::error::Result<Vec<f64>> {
+            let dims = vec![batch, t, t];
+            let q = b.full(dims.clone(), 0.0, dtype)?;
+            let rows = b.apply(
+                Op::Iota {
+                    dims: dims.clone(),
+                    axis: 1,
+                },
+                &[],
+            )?;
+            let cols = b.apply(
+                Op::Iota {
+                    dims: dims.clone(),
+                    axis: 2,
+                },
+                &[],
+            )?;
+            let diagonal = b.compare(CmpOp::Eq, &rows, &cols)?;
+            let (one, zero) = (b.full(dims.clone(), 1.0, dtype)?, b.full(dims, 0.0, dtype)?);
+            let v = b.select(&diagonal, &one, &zero)?;
+            let spec = AttentionSpec {
+                dropout: Some(AttentionDropout { p, seed }),
+                ..AttentionSpec::new(1.0, false)
+            };
+            let out = b.attention(&q, &q, &v, spec)?;
+            Ok(out.to_f64_vec()?.iter().map(|x| x * t as f64).collect())
+        };
+        run(&mut b).map_err(|e| format!("the backend failed: {e}"))
+    };
+    let p = 0.3;
+    let z = factors(p, 17)?;
+    let keep = 1.0 / (1.0 - p);
+    let d = AttentionDropout { p, seed: 17 };
+    for (at, &x) in z.iter().enumerate() {
+        let (bi, rest) = (at / (t * t), at % (t * t));
+        let want = d.factor(dropout_counter(bi, rest / t, rest % t, t, t));
+        let close = if want == 0.0 {
+            x == 0.0
+        } else {
+            (x / want - 1.0).abs() < 0.02
+        };
+        if !close || (want != 0.0 && want != keep) {
+            return Err(format!("weight {at}: factor {x}, the draws say {want}"));
+        }
+    }
+    let dropped = z.iter().filter(|&&x| x == 0.0).count() as f64 / z.len() as f64;
+    if (dropped - p).abs() > 0.03 {
+        return Err(format!("dropped {dropped} of the weights with p = {p}"));
+    }
+    if factors(p, 17)? != z {
+        return Err("the same seed dropped other weights".into());
+    }
+    let other = factors(p, 18)?;
+    let moved = z
+        .iter()
+        .zip(&other)
+        .filter(|(a, b)| (**a == 0.0) != (**b == 0.0))
+        .count();
+    if moved < z.len() / 10 {
+        return Err(format!(
+            "another seed moved only {moved} of {} drops",
+            z.len()
+        ));
+    }
+    if factors(0.0, 17)?.iter().any(|&x| (x - 1.0).abs() > 0.02) {
+        return Err("p = 0 dropped or scaled weights".into());
+    }
+    device_seeded_draws_match::<B>(device, dtype)
+        .map_err(|e| format!("with a seed in device memory: {e}"))
+}
+
+/// Attention's forward op and `dk` with dropout run through
+/// [`Backend::draw_with_device_seed`] (a captured step's seed in device memory) are bit
+/// for bit the ops with the seeds mixed on the host.
+fn device_seeded_draws_match<B: Backend>(
+    device: &B::Device,
+    dtype: DType,
+) -> crate::error::Result<()> {
+    use crate::backend::mix_device_seed;
+    use crate::raw::RawTensor;
+    let mut b = Eager::<B>::new(device.clone());
+    let dims = vec![2usize, 9, 5];
+    let draw = |b: &mut Eager<B>, seed: u64| {
+        b.rand(
+            dims.clone(),
+            crate::op::RandDist::Normal {
+                mean: 0.0,
+                std: 1.0,
+            },
+            seed,
+            dtype,
+        )
+    };
+    let (q, k, v) = (draw(&mut b, 1)?, draw(&mut b, 2)?, draw(&mut b, 3)?);
+    let spec = AttentionSpec {
+        dropout: Some(AttentionDropout { p: 0.4, seed: 17 }),
+        ..AttentionSpec::new(0.5, true)
+    };
+    let lse = b.apply(Op::AttentionLse(spec.without_dropout()), &[&q, &k])?;
+    let delta = b.full(lse.dims().to_vec(), 0.25, lse.dtype())?;
+    let forward = (Op::Attention(spec), vec![&q, &k, &v]);
+    let grad = Op::AttentionGrad {
+        spec,
+        wrt: AttentionInput::Key,
+    };
+    let grad = (grad, vec![&q, &k, &v, &v, &lse, &delta]);
+    let seed = 0x1234_5678_9abc_def0u64;
+    let words = vec![seed as u32 as i32, (seed >> 32) as u32 as i32];
+    let buffer = RawTensor::<B>::from_vec(words, &[2], device)?;
+    for (op, inputs) in [forward, grad] {
+        let metas: Vec<_> = inputs.iter().map(|t| t.meta()).collect();
+        let meta = op.infer(&metas.iter().collect::<Vec<_>>())?;
+        let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
+        let got = B::draw_with_device_seed(device, &op, &views, buffer.view(), &meta)?;
+        let want = B::execute(device, &mix_device_seed(&op, seed)?, &views, &meta)?;
+        let layout = crate::Layout::contiguous(crate::shape::Dims::new(&meta.dims)?);
+        if B::download(&got, &layout)? != B::download(&want, &layout)? {
+            return Err(crate::error::Error::invalid(
+                op.name(),
+                "drew other weights than the seeds mixed on the host",
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::DType;
 
     fn t(dims: &[usize], data: &[f64]) -> RefTensor {
         RefTensor::new(dims.to_vec(), data.to_vec(), DType::F64)
@@ -372,10 +538,7 @@ mod tests {
         let q = t(&[1, 1], &[1.0]);
         let k = t(&[2, 1], &[0.0, 3f64.ln()]);
         let v = t(&[2, 1], &[4.0, 8.0]);
-        let spec = AttentionSpec {
-            scale: 1.0,
-            causal: false,
-        };
+        let spec = AttentionSpec::new(1.0, false);
         let out = eval(&Op::Attention(spec), &[&q, &k, &v]);
         assert!((out[0] - 7.0).abs() < 1e-12, "{out:?}");
         let lse = eval(&Op::AttentionLse(spec), &[&q, &k]);
@@ -388,10 +551,7 @@ mod tests {
         let q = t(&[2, 1], &[1.0, 1.0]);
         let k = t(&[2, 1], &[0.0, 0.0]);
         let v = t(&[2, 1], &[2.0, 6.0]);
-        let spec = AttentionSpec {
-            scale: 1.0,
-            causal: true,
-        };
+        let spec = AttentionSpec::new(1.0, true);
         let out = eval(&Op::Attention(spec), &[&q, &k, &v]);
         assert_eq!(out, vec![2.0, 4.0]);
     }
@@ -399,10 +559,17 @@ mod tests {
     /// The gradients match central differences of `Σ g·out` in f64.
     #[test]
     fn gradients_are_the_derivatives_of_the_output() {
-        let spec = AttentionSpec {
-            scale: 0.7,
-            causal: true,
+        let plain = AttentionSpec::new(0.7, true);
+        let dropped = AttentionSpec {
+            dropout: Some(AttentionDropout { p: 0.5, seed: 3 }),
+            ..plain
         };
+        for spec in [plain, dropped] {
+            derivatives_match(spec);
+        }
+    }
+
+    fn derivatives_match(spec: AttentionSpec) {
         let q = t(&[3, 2], &[0.3, -1.2, 0.8, 0.1, -0.5, 0.9]);
         let k = t(&[3, 2], &[1.1, 0.4, -0.7, 0.2, 0.6, -1.3]);
         let v = t(&[3, 2], &[0.5, -0.2, 1.4, 0.3, -0.9, 0.8]);

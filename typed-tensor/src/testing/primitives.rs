@@ -832,7 +832,7 @@ pub fn rand<B: Backend>(device: &B::Device, config: &Config) {
 }
 
 /// `rand` with its seed mixed with one in device memory
-/// ([`Backend::rand_with_device_seed`], what a captured training step draws with):
+/// ([`Backend::draw_with_device_seed`], what a captured training step draws with):
 /// bit for bit the draw of `rand` with the seeds mixed on the host; a seed buffer that
 /// is not `i32 [2]` is an error.
 pub fn rand_device_seed<B: Backend>(device: &B::Device, config: &Config) {
@@ -853,7 +853,7 @@ pub fn rand_device_seed<B: Backend>(device: &B::Device, config: &Config) {
                 crate::RawTensor::<B>::from_vec(words, &[2], device)
             }
             .map_err(|e| e.to_string())?;
-            let got = B::rand_with_device_seed(device, &c.op, buffer.view(), &meta);
+            let got = B::draw_with_device_seed(device, &c.op, &[], buffer.view(), &meta);
             if bad == 0 {
                 return match got {
                     Err(e) if e.to_string().contains("i32 [2]") => Ok(()),

@@ -11,12 +11,19 @@
 //! widths; heads wider than [`MAX_TILED_WIDTH`] go to [`super::attention_rows`]. The
 //! math is `kiln_tensor::attention`'s, accumulated in `A`.
 //!
+//! Dropout on the weights (comptime `dropout`) multiplies each `p_ij` of the output and
+//! the gradients by its factor, drawn from the weight's counter as
+//! `kiln_tensor::AttentionDropout` defines it; the key derives from the op's own seed
+//! (launch arguments) xor the two words of `seed`, so a captured step reads its seed
+//! from device memory. Without dropout `seed` is not read.
+//!
 //! Metadata: `[batch, tq, tk, causal, e, ev]` (`e`, `ev`: the widths as stored). Inputs
 //! are contiguous `[batch·T, width]` rows.
 
 // Kernel code rounds up by hand: `u32::div_ceil` has no cube expansion.
 #![allow(clippy::manual_div_ceil)]
 use super::common::{cube_index, nan};
+use super::random::{dropout_factor, dropout_key};
 use cubecl::prelude::*;
 
 /// Rows per cube, one per unit.
@@ -37,6 +44,21 @@ pub fn padded(width: usize) -> u32 {
 /// rows.
 pub fn tile_len(e: u32, ev: u32) -> u32 {
     (4096 / (e + ev).max(1)).clamp(1, 32)
+}
+
+/// The key of dropout's draws ([`dropout_key`]); 0, `seed` unread, without dropout.
+#[cube]
+pub(super) fn key_of(
+    seed: &Array<u32>,
+    own_lo: u32,
+    own_hi: u32,
+    #[comptime] dropout: bool,
+) -> u32 {
+    let mut key = 0u32;
+    if dropout {
+        key = dropout_key(seed, own_lo, own_hi);
+    }
+    key
 }
 
 /// Copies rows `first..first + tile` of `src` (rows of `width` elements) into `dst` as
@@ -178,12 +200,18 @@ pub fn flash_forward<F: Float, A: Float + CubeElement>(
     out: &mut Array<F>,
     lse: &mut Array<A>,
     meta: &Array<u32>,
+    seed: &Array<u32>,
+    own_lo: u32,
+    own_hi: u32,
+    threshold: u32,
+    keep: A,
     scale: A,
     neg_inf: A,
     #[comptime] e: u32,
     #[comptime] ev: u32,
     #[comptime] tile: u32,
     #[comptime] with_values: bool,
+    #[comptime] dropout: bool,
 ) {
     let (tq, tk) = (meta[1], meta[2]);
     let causal = meta[3] == 1;
@@ -196,6 +224,7 @@ pub fn flash_forward<F: Float, A: Float + CubeElement>(
         let i = i0 + UNIT_POS_X;
         let live = i < tq;
         let row = b * tq + i;
+        let key = key_of(seed, own_lo, own_hi, dropout);
         let qr = load_row::<F, A>(q, row, live, scale, we, e);
         let mut o = Array::<A>::new(ev as usize);
         #[unroll]
@@ -235,7 +264,11 @@ pub fn flash_forward<F: Float, A: Float + CubeElement>(
                         let p = (s - m).exp();
                         l += p;
                         if with_values {
-                            add_scaled::<A>(&mut o, p, &vs, jj * ev, ev);
+                            let mut w = p;
+                            if dropout {
+                                w *= dropout_factor::<A>(key, threshold, row * tk + j, keep);
+                            }
+                            add_scaled::<A>(&mut o, w, &vs, jj * ev, ev);
                         }
                     } else if nan::<A>(s) {
                         l = s;
@@ -273,10 +306,16 @@ pub fn flash_grad_q<F: Float, A: Float + CubeElement>(
     delta: &Array<A>,
     dq: &mut Array<F>,
     meta: &Array<u32>,
+    seed: &Array<u32>,
+    own_lo: u32,
+    own_hi: u32,
+    threshold: u32,
+    keep: A,
     scale: A,
     #[comptime] e: u32,
     #[comptime] ev: u32,
     #[comptime] tile: u32,
+    #[comptime] dropout: bool,
 ) {
     let (tq, tk) = (meta[1], meta[2]);
     let causal = meta[3] == 1;
@@ -288,6 +327,7 @@ pub fn flash_grad_q<F: Float, A: Float + CubeElement>(
         let i = i0 + UNIT_POS_X;
         let live = i < tq;
         let row = b * tq + i;
+        let key = key_of(seed, own_lo, own_hi, dropout);
         let qr = load_row::<F, A>(q, row, live, scale, we, e);
         let gr = load_row::<F, A>(g, row, live, A::new(1.0), wv, ev);
         let mut row_lse = A::new(0.0);
@@ -316,8 +356,11 @@ pub fn flash_grad_q<F: Float, A: Float + CubeElement>(
                 let j = j0 + jj;
                 if j < tk && (!causal || j <= i) {
                     let p = (dot::<A>(&qr, &ks, jj * e, e) - row_lse).exp();
-                    let ds = p * (dot::<A>(&gr, &vs, jj * ev, ev) - row_delta);
-                    add_scaled::<A>(&mut acc, ds, &ks, jj * e, e);
+                    let mut dp = dot::<A>(&gr, &vs, jj * ev, ev);
+                    if dropout {
+                        dp *= dropout_factor::<A>(key, threshold, row * tk + j, keep);
+                    }
+                    add_scaled::<A>(&mut acc, p * (dp - row_delta), &ks, jj * e, e);
                 }
             }
             sync_cube();
@@ -343,11 +386,17 @@ pub fn flash_grad_kv<F: Float, A: Float + CubeElement>(
     delta: &Array<A>,
     grad: &mut Array<F>,
     meta: &Array<u32>,
+    seed: &Array<u32>,
+    own_lo: u32,
+    own_hi: u32,
+    threshold: u32,
+    keep: A,
     scale: A,
     #[comptime] e: u32,
     #[comptime] ev: u32,
     #[comptime] tile: u32,
     #[comptime] values: bool,
+    #[comptime] dropout: bool,
 ) {
     let (tq, tk) = (meta[1], meta[2]);
     let causal = meta[3] == 1;
@@ -359,6 +408,7 @@ pub fn flash_grad_kv<F: Float, A: Float + CubeElement>(
         let j = j0 + UNIT_POS_X;
         let live = j < tk;
         let row = b * tk + j;
+        let key = key_of(seed, own_lo, own_hi, dropout);
         let kr = load_row::<F, A>(k, row, live, scale, we, e);
         let width = comptime!(if values { ev } else { e });
         // Unused for `dv` (the compiler drops the loads).
@@ -389,11 +439,15 @@ pub fn flash_grad_kv<F: Float, A: Float + CubeElement>(
                 let i = i0 + ii;
                 if i < tq && (!causal || j <= i) {
                     let p = (dot::<A>(&kr, &qs, ii * e, e) - ls[ii as usize]).exp();
+                    let mut z = A::new(1.0);
+                    if dropout {
+                        z = dropout_factor::<A>(key, threshold, (b * tq + i) * tk + j, keep);
+                    }
                     if values {
-                        add_scaled::<A>(&mut acc, p, &gs, ii * ev, ev);
+                        add_scaled::<A>(&mut acc, p * z, &gs, ii * ev, ev);
                     } else {
-                        let d = p * (dot::<A>(&vr, &gs, ii * ev, ev) - ds[ii as usize]);
-                        add_scaled::<A>(&mut acc, d, &qs, ii * e, e);
+                        let dp = z * dot::<A>(&vr, &gs, ii * ev, ev);
+                        add_scaled::<A>(&mut acc, p * (dp - ds[ii as usize]), &qs, ii * e, e);
                     }
                 }
             }

@@ -4,11 +4,14 @@
 //! walks the keys (or queries) it pairs with in global memory, recomputing each score
 //! from `q` and `k`, so no `Tq×Tk` matrix is written; its running sums of a row live in
 //! an f32 (f64) scratch row of global memory, cast into the result's dtype at the end.
-//! The math is `kiln_tensor::attention`'s. Inputs are contiguous `[batch·T, width]` rows.
+//! The math is `kiln_tensor::attention`'s, dropout's factors drawn as the tiled kernels
+//! draw them ([`super::attention`]). Inputs are contiguous `[batch·T, width]` rows.
 //!
 //! Metadata: `[rows, tq, tk, e, ev, causal]` (rows: the units' row count).
 
+use super::attention::key_of;
 use super::common::linear_pos;
+use super::random::dropout_factor;
 use cubecl::prelude::*;
 
 /// `scale · q_i·k_j` over width `e`, `q_row` and `k_row` the global rows.
@@ -41,9 +44,15 @@ pub fn attention_rows<F: Float, A: Float + CubeElement>(
     lse: &mut Array<A>,
     acc: &mut Array<A>,
     meta: &Array<u32>,
+    seed: &Array<u32>,
+    own_lo: u32,
+    own_hi: u32,
+    threshold: u32,
+    keep: A,
     scale: A,
     neg_inf: A,
     #[comptime] with_values: bool,
+    #[comptime] dropout: bool,
 ) {
     let pos = linear_pos();
     if pos < meta[0] {
@@ -78,8 +87,12 @@ pub fn attention_rows<F: Float, A: Float + CubeElement>(
             for c in 0..ev {
                 acc[(pos * ev + c) as usize] = A::new(0.0);
             }
+            let key = key_of(seed, own_lo, own_hi, dropout);
             for j in 0..keys {
-                let p = (score::<F, A>(q, k, pos, b * tk + j, e, scale) - row_lse).exp();
+                let mut p = (score::<F, A>(q, k, pos, b * tk + j, e, scale) - row_lse).exp();
+                if dropout {
+                    p *= dropout_factor::<A>(key, threshold, pos * tk + j, keep);
+                }
                 for c in 0..ev {
                     acc[(pos * ev + c) as usize] +=
                         p * A::cast_from(v[((b * tk + j) * ev + c) as usize]);
@@ -92,8 +105,8 @@ pub fn attention_rows<F: Float, A: Float + CubeElement>(
     }
 }
 
-/// `p_ij` and `ds_ij = p_ij·(g_i·v_j − delta_i)` of query row `i_row` (global) and key
-/// row `j_row` (global).
+/// `p_ij·z` and `ds_ij = p_ij·(z·g_i·v_j − delta_i)` of query row `i_row` (global) and
+/// key row `j_row` (global), `z` the weight's dropout factor (1 without).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn prob_and_ds<F: Float, A: Float>(
@@ -108,6 +121,7 @@ fn prob_and_ds<F: Float, A: Float>(
     e: u32,
     ev: u32,
     scale: A,
+    z: A,
 ) -> (A, A) {
     let p = (score::<F, A>(q, k, i_row, j_row, e, scale) - lse[i_row as usize]).exp();
     let mut dp = A::new(0.0);
@@ -115,7 +129,7 @@ fn prob_and_ds<F: Float, A: Float>(
         dp +=
             A::cast_from(g[(i_row * ev + c) as usize]) * A::cast_from(v[(j_row * ev + c) as usize]);
     }
-    (p, p * (dp - delta[i_row as usize]))
+    (p * z, p * (z * dp - delta[i_row as usize]))
 }
 
 /// `dq_i = scale · Σ_j ds_ij k_j`, one unit per query row.
@@ -131,7 +145,13 @@ pub fn attention_grad_q<F: Float, A: Float + CubeElement>(
     dq: &mut Array<F>,
     acc: &mut Array<A>,
     meta: &Array<u32>,
+    seed: &Array<u32>,
+    own_lo: u32,
+    own_hi: u32,
+    threshold: u32,
+    keep: A,
     scale: A,
+    #[comptime] dropout: bool,
 ) {
     let pos = linear_pos();
     if pos < meta[0] {
@@ -145,10 +165,15 @@ pub fn attention_grad_q<F: Float, A: Float + CubeElement>(
         for c in 0..e {
             acc[(pos * e + c) as usize] = A::new(0.0);
         }
+        let key = key_of(seed, own_lo, own_hi, dropout);
         // A row that sees no keys has lse −∞ and no terms.
         for j in 0..keys {
+            let mut z = A::new(1.0);
+            if dropout {
+                z = dropout_factor::<A>(key, threshold, pos * tk + j, keep);
+            }
             let (_p, ds) =
-                prob_and_ds::<F, A>(q, k, v, g, lse, delta, pos, b * tk + j, e, ev, scale);
+                prob_and_ds::<F, A>(q, k, v, g, lse, delta, pos, b * tk + j, e, ev, scale, z);
             for c in 0..e {
                 acc[(pos * e + c) as usize] +=
                     ds * A::cast_from(k[((b * tk + j) * e + c) as usize]);
@@ -174,8 +199,14 @@ pub fn attention_grad_kv<F: Float, A: Float + CubeElement>(
     grad: &mut Array<F>,
     acc: &mut Array<A>,
     meta: &Array<u32>,
+    seed: &Array<u32>,
+    own_lo: u32,
+    own_hi: u32,
+    threshold: u32,
+    keep: A,
     scale: A,
     #[comptime] values: bool,
+    #[comptime] dropout: bool,
 ) {
     let pos = linear_pos();
     if pos < meta[0] {
@@ -193,9 +224,14 @@ pub fn attention_grad_kv<F: Float, A: Float + CubeElement>(
         for c in 0..width {
             acc[(pos * width + c) as usize] = A::new(0.0);
         }
+        let key = key_of(seed, own_lo, own_hi, dropout);
         for i in first..tq {
             let i_row = b * tq + i;
-            let (p, ds) = prob_and_ds::<F, A>(q, k, v, g, lse, delta, i_row, pos, e, ev, scale);
+            let mut z = A::new(1.0);
+            if dropout {
+                z = dropout_factor::<A>(key, threshold, i_row * tk + j, keep);
+            }
+            let (p, ds) = prob_and_ds::<F, A>(q, k, v, g, lse, delta, i_row, pos, e, ev, scale, z);
             for c in 0..width {
                 if values {
                     acc[(pos * width + c) as usize] +=

@@ -21,7 +21,7 @@ fn mix32(v: u32) -> u32 {
 
 /// `kiln_tensor::rng::bits`: the random bits of element `counter` under `key`.
 #[cube]
-fn bits(key: u32, counter: u32) -> u32 {
+pub(super) fn bits(key: u32, counter: u32) -> u32 {
     mix32(mix32(counter ^ key) + key)
 }
 
@@ -55,8 +55,23 @@ fn cos_two_pi<A: Float>(u: A, tau: A) -> A {
 
 /// `kiln_tensor::rng::stream_key` of the 64-bit seed `(hi, lo)`.
 #[cube]
-fn stream_key(lo: u32, hi: u32, stream: u32) -> u32 {
+pub(super) fn stream_key(lo: u32, hi: u32, stream: u32) -> u32 {
     mix32(lo ^ mix32(hi ^ (stream * 0x9e37_79b9u32)))
+}
+
+/// The key of a dropout's draws (`kiln_tensor::AttentionDropout::key`): its own seed
+/// `(own_hi, own_lo)` xor the seed in `seed` (two words, low first; zeros when the host
+/// mixed the seeds).
+#[cube]
+pub(super) fn dropout_key(seed: &Array<u32>, own_lo: u32, own_hi: u32) -> u32 {
+    stream_key(own_lo ^ seed[0], own_hi ^ seed[1], 0)
+}
+
+/// Dropout's factor of draw number `counter` under `key`: `keep` when the draw's 24 bits
+/// are at or above `threshold`, else 0 (`kiln_tensor::AttentionDropout::factor`).
+#[cube]
+pub(super) fn dropout_factor<A: Float>(key: u32, threshold: u32, counter: u32, keep: A) -> A {
+    select((bits(key, counter) >> 8) >= threshold, keep, A::new(0.0))
 }
 
 /// Writes element `i` of a draw with the streams' keys `key0` and `key1`: uniform on

@@ -5,7 +5,8 @@
 //! heads up to [`k::MAX_TILED_WIDTH`] wide the tiled kernels
 //! ([`crate::kernels::attention`]); wider ones (and empty ones) the per-row kernels
 //! ([`crate::kernels::attention_rows`]), whose running sums live in an f32 (f64) scratch
-//! row of global memory.
+//! row of global memory. Dropout on the weights runs on the tiled (or per-row) kernels:
+//! the tensor-core kernel does not draw.
 
 use super::contiguous;
 use super::elementwise::arg;
@@ -20,18 +21,32 @@ use cubecl::ir::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind, StorageType};
 use cubecl::prelude::{CubeCount, CubeDim};
 use kiln_tensor::attention::stats_dtype;
-use kiln_tensor::{AttentionInput, DType, Error, Layout, Op, Result, TensorMeta, View};
+use kiln_tensor::{
+    AttentionDropout, AttentionInput, DType, Error, Layout, Op, Result, TensorMeta, View,
+};
 use std::sync::Arc;
 
 type V<'a, R> = View<'a, CubeBackend<R>>;
 
 /// Runs [`Op::Attention`], [`Op::AttentionLse`] or [`Op::AttentionGrad`] (inputs as the
-/// op table checked them; the result contiguous).
+/// op table checked them; the result contiguous), a dropout drawing with its own seed.
 pub fn attention<R: KilnRuntime>(
     device: &CubeDevice<R>,
     op: &Op,
     inputs: &[V<'_, R>],
     out: &TensorMeta,
+) -> Result<CubeStorage<R>> {
+    attention_drawing(device, op, inputs, out, None)
+}
+
+/// [`attention`], a dropout drawing with its own seed xor the one in `device_seed`
+/// (`i32 [2]`, checked) when there is one: a captured step's.
+pub fn attention_drawing<R: KilnRuntime>(
+    device: &CubeDevice<R>,
+    op: &Op,
+    inputs: &[V<'_, R>],
+    out: &TensorMeta,
+    device_seed: Option<&CubeStorage<R>>,
 ) -> Result<CubeStorage<R>> {
     let dev = &device.state;
     // Kernels read plain rows: views (a head split's permuted q, k, v) are copied.
@@ -77,6 +92,9 @@ pub fn attention<R: KilnRuntime>(
     if rows == 0 {
         return Ok(result);
     }
+    // The row statistics need no draws.
+    let dropout = spec.dropout.filter(|_| !matches!(op, Op::AttentionLse(_)));
+    let draws = Draws::new(dev, dropout, device_seed)?;
     let tiles = Tiles {
         batch,
         tq,
@@ -89,7 +107,7 @@ pub fn attention<R: KilnRuntime>(
     };
     let widths_fit =
         (1..=mma::MAX_MMA_WIDTH).contains(&e) && (1..=mma::MAX_MMA_WIDTH).contains(&ev);
-    if widths_fit && has_half_mma(dev, dtype) {
+    if widths_fit && dropout.is_none() && has_half_mma(dev, dtype) {
         let (ew, evw) = (k::padded(e), k::padded(ev));
         let warps = mma::warps(ew, evw);
         let (meta, count, dim) = tiles.launch(dev, warps * 16, warps * 32)?;
@@ -141,8 +159,12 @@ pub fn attention<R: KilnRuntime>(
         let (ew, evw) = (k::padded(e), k::padded(ev));
         let tile = k::tile_len(ew, evw);
         let c = &dev.client;
+        let (seed, drop) = (draws.buffer(&meta), dropout.is_some());
+        let [own_lo, own_hi] = draws.own;
+        let threshold = draws.threshold;
         with_float_type!(dtype, F, A => {
             let scale = spec.scale as A;
+            let keep = draws.keep as A;
             match op {
                 Op::Attention(_) | Op::AttentionLse(_) => {
                     let with_values = matches!(op, Op::Attention(_));
@@ -154,21 +176,23 @@ pub fn attention<R: KilnRuntime>(
                     unsafe {
                         k::flash_forward::launch_unchecked::<F, A, R>(
                             c, count, dim, arg(x[0]), arg(x[1]), arg(v), arg(out), arg(lse),
-                            arg(&meta), scale, A::NEG_INFINITY, ew, evw, tile, with_values,
+                            arg(&meta), arg(seed), own_lo, own_hi, threshold, keep, scale, A::NEG_INFINITY, ew, evw, tile,
+                            with_values, drop,
                         )
                     }
                 }
                 Op::AttentionGrad { wrt: AttentionInput::Query, .. } => unsafe {
                     k::flash_grad_q::launch_unchecked::<F, A, R>(
                         c, count, dim, arg(x[0]), arg(x[1]), arg(x[2]), arg(x[3]), arg(x[4]),
-                        arg(x[5]), arg(&result), arg(&meta), scale, ew, evw, tile,
+                        arg(x[5]), arg(&result), arg(&meta), arg(seed), own_lo, own_hi, threshold, keep, scale, ew, evw,
+                        tile, drop,
                     )
                 },
                 Op::AttentionGrad { wrt, .. } => unsafe {
                     k::flash_grad_kv::launch_unchecked::<F, A, R>(
                         c, count, dim, arg(x[0]), arg(x[1]), arg(x[2]), arg(x[3]), arg(x[4]),
-                        arg(x[5]), arg(&result), arg(&meta), scale, ew, evw, tile,
-                        *wrt == AttentionInput::Value,
+                        arg(x[5]), arg(&result), arg(&meta), arg(seed), own_lo, own_hi, threshold, keep, scale, ew, evw,
+                        tile, *wrt == AttentionInput::Value, drop,
                     )
                 },
                 _ => unreachable!("matched above"),
@@ -187,8 +211,12 @@ pub fn attention<R: KilnRuntime>(
     let acc = dev.alloc(op.name(), stats, rows * width.max(1))?;
     let (count, dim) = grid(rows, BLOCK);
     let c = &dev.client;
+    let (seed, drop) = (draws.buffer(&meta), dropout.is_some());
+    let [own_lo, own_hi] = draws.own;
+    let threshold = draws.threshold;
     with_float_type!(dtype, F, A => {
         let scale = spec.scale as A;
+        let keep = draws.keep as A;
         match op {
             Op::Attention(_) | Op::AttentionLse(_) => {
                 let with_values = matches!(op, Op::Attention(_));
@@ -200,20 +228,21 @@ pub fn attention<R: KilnRuntime>(
                 unsafe {
                     rows_k::attention_rows::launch_unchecked::<F, A, R>(
                         c, count, dim, arg(x[0]), arg(x[1]), arg(v), arg(out), arg(lse), arg(&acc),
-                        arg(&meta), scale, A::NEG_INFINITY, with_values,
+                        arg(&meta), arg(seed), own_lo, own_hi, threshold, keep, scale, A::NEG_INFINITY, with_values, drop,
                     )
                 }
             }
             Op::AttentionGrad { wrt: AttentionInput::Query, .. } => unsafe {
                 rows_k::attention_grad_q::launch_unchecked::<F, A, R>(
                     c, count, dim, arg(x[0]), arg(x[1]), arg(x[2]), arg(x[3]), arg(x[4]), arg(x[5]),
-                    arg(&result), arg(&acc), arg(&meta), scale,
+                    arg(&result), arg(&acc), arg(&meta), arg(seed), own_lo, own_hi, threshold, keep, scale, drop,
                 )
             },
             Op::AttentionGrad { wrt, .. } => unsafe {
                 rows_k::attention_grad_kv::launch_unchecked::<F, A, R>(
                     c, count, dim, arg(x[0]), arg(x[1]), arg(x[2]), arg(x[3]), arg(x[4]), arg(x[5]),
-                    arg(&result), arg(&acc), arg(&meta), scale, *wrt == AttentionInput::Value,
+                    arg(&result), arg(&acc), arg(&meta), arg(seed), own_lo, own_hi, threshold, keep, scale,
+                    *wrt == AttentionInput::Value, drop,
                 )
             },
             _ => unreachable!("matched above"),
@@ -242,6 +271,68 @@ fn has_half_mma<R: KilnRuntime>(dev: &DeviceState<R>, dtype: DType) -> bool {
         k: 16,
     };
     dev.client.features().matmul.cmma.contains(&config)
+}
+
+/// What the kernels draw dropout's factors with: the seed buffer (two words the kernels
+/// xor with `own`), the op's own seed as two words (zeros when the buffer holds the
+/// whole seed), the threshold and the kept weights' factor. Scalars, not metadata: a
+/// captured step keeps them in its launches while the seed buffer changes.
+struct Draws<'a, R: KilnRuntime> {
+    seed: Option<SeedBuffer<'a, R>>,
+    own: [u32; 2],
+    threshold: u32,
+    keep: f64,
+}
+
+/// The two words the kernels xor with their own seed.
+enum SeedBuffer<'a, R: KilnRuntime> {
+    /// Uploaded here: the whole seed, mixed on the host.
+    Host(CubeStorage<R>),
+    /// A captured step's seed in device memory.
+    Device(&'a CubeStorage<R>),
+}
+
+impl<'a, R: KilnRuntime> Draws<'a, R> {
+    fn new(
+        dev: &Arc<DeviceState<R>>,
+        dropout: Option<AttentionDropout>,
+        device_seed: Option<&'a CubeStorage<R>>,
+    ) -> Result<Self> {
+        let split = |seed: u64| [seed as u32, (seed >> 32) as u32];
+        let Some(d) = dropout else {
+            return Ok(Draws {
+                seed: None,
+                own: [0; 2],
+                threshold: 0,
+                keep: 1.0,
+            });
+        };
+        let (own, seed) = match device_seed {
+            Some(buffer) => (split(d.seed), SeedBuffer::Device(buffer)),
+            None => {
+                // A replay would draw the same weights again.
+                dev.refuse_in_capture(
+                    "drawing attention dropout with a seed on the host (a replay would repeat the same draw)",
+                )?;
+                ([0, 0], SeedBuffer::Host(dev.metadata(&split(d.seed))?))
+            }
+        };
+        Ok(Draws {
+            seed: Some(seed),
+            own,
+            threshold: d.threshold(),
+            keep: d.keep_scale(),
+        })
+    }
+
+    /// The seed buffer the kernels read, or `unread` (any buffer) without dropout.
+    fn buffer<'b>(&'b self, unread: &'b CubeStorage<R>) -> &'b CubeStorage<R> {
+        match &self.seed {
+            Some(SeedBuffer::Host(buffer)) => buffer,
+            Some(SeedBuffer::Device(buffer)) => buffer,
+            None => unread,
+        }
+    }
 }
 
 /// The sizes the tiled and tensor-core kernels share: their metadata
