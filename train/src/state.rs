@@ -9,7 +9,8 @@
 //! settings of the run that wrote it (`kiln.state.run.<key>`), which a resume must
 //! repeat. What else a loop needs is a function of those: a [`Schedule`] is a function
 //! of the step, and a loop's data order a function of its seed and the step.
-//! Every tensor's checksum is verified on load.
+//! Every tensor's checksum is verified on load, and so is one over that metadata: the
+//! counts in it decide the steps a resume takes as much as the tensors do.
 //!
 //! [`Schedule`]: crate::schedule::Schedule
 
@@ -22,7 +23,12 @@ use std::path::Path;
 
 /// The metadata key that marks a training state, with its format's version.
 const VERSION_KEY: &str = "kiln.state.version";
-const VERSION: &str = "1";
+/// Version 2 checksums the metadata ([`METADATA_CHECKSUM_KEY`]); version 1 did not.
+const VERSION: &str = "2";
+/// The key of the checksum over every other `kiln.state.` entry of the metadata.
+const METADATA_CHECKSUM_KEY: &str = "kiln.state.checksum";
+/// The prefix of the metadata a state's checksum covers.
+const STATE_PREFIX: &str = "kiln.state.";
 const STEP_KEY: &str = "kiln.state.step";
 const SEEDS_KEY: &str = "kiln.state.seed_steps";
 const OPTIMIZER_KEY: &str = "kiln.state.optimizer";
@@ -60,7 +66,39 @@ pub fn save<B: Backend, M: Module<B>, O: Optimizer<B>>(
     for (k, v) in run {
         meta.insert(format!("{RUN_KEY}{k}"), v.clone());
     }
+    meta.insert(METADATA_CHECKSUM_KEY.to_string(), metadata_checksum(&meta));
     checkpoint::write_file(path.as_ref(), entries, &meta)
+}
+
+/// The checksum of a state's metadata: every `kiln.state.` entry but the checksum's
+/// own, in key order, each key and value with its length (so no two sets of entries
+/// encode alike).
+fn metadata_checksum(meta: &BTreeMap<String, String>) -> String {
+    let mut text = String::new();
+    for (k, v) in meta
+        .iter()
+        .filter(|(k, _)| k.starts_with(STATE_PREFIX) && *k != METADATA_CHECKSUM_KEY)
+    {
+        text += &format!("{}:{k}={}:{v}\n", k.len(), v.len());
+    }
+    kiln_safetensors::checksum(text.as_bytes())
+}
+
+/// Refuses a version-1 or foreign state, and one whose metadata does not match its
+/// checksum (an edited step count, counter or setting).
+fn check_metadata(path: &Path, meta: &BTreeMap<String, String>) -> Result<()> {
+    let bad = |why: String| Error::Format(format!("`{}` {why}", path.display()));
+    match meta.get(VERSION_KEY).map(String::as_str) {
+        Some(VERSION) => {}
+        Some("1") => return Err(bad("is a training state of version 1, whose step counts and settings carry no checksum; this Kiln resumes only from states it can verify (start the run again, or resume with the Kiln that wrote it)".into())),
+        Some(v) => return Err(bad(format!("is a training state of version {v}, which this Kiln does not read"))),
+        None => return Err(bad("is not a training state (a checkpoint holds parameters only; resume from the state file a training run writes)".into())),
+    }
+    match meta.get(METADATA_CHECKSUM_KEY) {
+        Some(c) if *c == metadata_checksum(meta) => Ok(()),
+        Some(_) => Err(bad("has metadata (its step count, counters or run settings) that does not match its checksum: the file was edited or damaged".into())),
+        None => Err(bad(format!("lacks `{METADATA_CHECKSUM_KEY}`, the checksum of its metadata"))),
+    }
 }
 
 /// Restores `model` and `opt` from the training state at `path` and returns the steps
@@ -78,11 +116,7 @@ pub fn load<B: Backend, M: Module<B>, O: Optimizer<B>>(
     let file = Reader::open(path)?;
     let meta = file.metadata();
     let bad = |why: String| Error::Format(format!("`{}` {why}", path.display()));
-    match meta.get(VERSION_KEY).map(String::as_str) {
-        Some(VERSION) => {}
-        Some(v) => return Err(bad(format!("is a training state of version {v}, which this Kiln does not read"))),
-        None => return Err(bad("is not a training state (a checkpoint holds parameters only; resume from the state file a training run writes)".into())),
-    }
+    check_metadata(path, meta)?;
     check_run(path, meta, run)?;
     let number = |key: &str| -> Result<u64> {
         let v = meta.get(key).ok_or_else(|| bad(format!("lacks `{key}`")))?;
@@ -169,12 +203,7 @@ pub fn verify(path: impl AsRef<Path>) -> Result<u64> {
     let path = path.as_ref();
     let file = Reader::open(path)?;
     let meta = file.metadata();
-    if meta.get(VERSION_KEY).map(String::as_str) != Some(VERSION) {
-        return Err(Error::Format(format!(
-            "`{}` is not a training state of version {VERSION}",
-            path.display()
-        )));
-    }
+    check_metadata(path, meta)?;
     file.require(Checksums::Required)?;
     for name in file.names() {
         file.bytes(&name, Checksums::Required)?;

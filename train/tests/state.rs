@@ -173,3 +173,72 @@ fn states_that_do_not_fit_are_refused_by_name() -> Result<()> {
     assert!(e.contains("this SGD has no momentum"), "{e}");
     Ok(())
 }
+
+/// `path`'s file with metadata entry `key` set to `value` (the header rewritten, the
+/// tensors' bytes untouched), written beside it.
+fn with_metadata(path: &Path, key: &str, value: &str) -> PathBuf {
+    let bytes = fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header["__metadata__"][key] = serde_json::Value::String(value.to_string());
+    let text = serde_json::to_vec(&header).unwrap();
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text);
+    out.extend(&bytes[8 + n..]);
+    let edited = path.with_file_name(format!("edited-{}.safetensors", key.replace('/', "_")));
+    fs::write(&edited, out).unwrap();
+    edited
+}
+
+/// Every count and setting a resume goes on from is verified: an edited step count,
+/// Adam step counter, dropout-seed counter or run setting is refused by the checksum
+/// over the metadata, as is a state without one (version 1, before it existed).
+#[test]
+fn edited_metadata_is_refused() -> Result<()> {
+    let path = scratch("edited").join("state.safetensors");
+    let adamw = || AdamW::<Cpu>::new(AdamWConfig::default()).unwrap();
+    let mut model = Net::init(&DEV, 4)?;
+    let mut opt = adamw();
+    steps(&mut model, &mut opt, 0, 5)?;
+    state::save(&path, &model, &opt, 50, &run_settings("0.05"))?;
+    let header = |p: &Path| -> BTreeMap<String, String> {
+        let bytes = fs::read(p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let h: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        serde_json::from_value(h["__metadata__"].clone()).unwrap()
+    };
+    let meta = header(&path);
+    let counter = meta
+        .keys()
+        .find(|k| k.starts_with("kiln.state.counter."))
+        .expect("AdamW records per-parameter step counters")
+        .clone();
+    // The edit that checks the test: the same value written back loads.
+    let same = with_metadata(&path, "kiln.state.step", "50");
+    assert_eq!(
+        state::load(
+            &same,
+            &mut Net::init(&DEV, 9)?,
+            &mut adamw(),
+            &run_settings("0.05")
+        )?,
+        50
+    );
+    for (key, value) in [
+        ("kiln.state.step", "40"),
+        (counter.as_str(), "4"),
+        ("kiln.state.run.--seed", "2"),
+        ("kiln.state.optimizer", "adamw "),
+    ] {
+        assert_ne!(meta.get(key).map(String::as_str), Some(value));
+        let edited = with_metadata(&path, key, value);
+        let e = refused(&edited, &mut adamw(), "0.05");
+        assert!(e.contains("does not match its checksum"), "{key}: {e}");
+        let e = state::verify(&edited).unwrap_err().to_string();
+        assert!(e.contains("does not match its checksum"), "{key}: {e}");
+    }
+    let old = with_metadata(&path, "kiln.state.version", "1");
+    let e = refused(&old, &mut adamw(), "0.05");
+    assert!(e.contains("version 1, whose step counts"), "{e}");
+    Ok(())
+}
