@@ -147,6 +147,7 @@ pub fn join_ranks<B: Backend>(
     env: &kiln_train::launch::RankEnv,
     timeout: std::time::Duration,
 ) -> Result<Box<dyn kiln_tensor::Collective<B>>> {
+    let timeout = kiln_train::launch::check_timeout("the rank timeout", timeout)?;
     #[cfg(feature = "cuda")]
     {
         use std::any::Any;

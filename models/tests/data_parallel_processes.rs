@@ -229,6 +229,26 @@ fn rank_settings_that_make_no_sense_are_refused() {
         &["--ranks", "2", "--rank-timeout", "0", "--out", out],
         "--rank-timeout 0",
     );
+    assert_refused(
+        TRAIN,
+        &[
+            "--ranks",
+            "2",
+            "--rank-timeout",
+            "18446744073709551615",
+            "--out",
+            out,
+        ],
+        "(at most 604800 s, a week)",
+    );
+    // More ranks than the machine holds are refused before any starts.
+    let most = kiln::train::launch::max_ranks();
+    let many = (most + 1).to_string();
+    assert_refused(
+        TRAIN,
+        &["--ranks", &many, "--out", out],
+        &format!("{many} ranks are more processes than this machine holds: at most {most}"),
+    );
     // A rank's environment and its command line must agree.
     let lone = Command::new(TRAIN)
         .args(["--out", out])
@@ -301,5 +321,79 @@ fn rank_settings_that_make_no_sense_are_refused() {
         "{err}"
     );
     assert!(!std::path::Path::new(out).exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The processes whose environment names the rendezvous folder `dir` (Linux's /proc).
+fn ranks_meeting_in(dir: &Path) -> Vec<u32> {
+    let wanted = format!("KILN_RENDEZVOUS={}", dir.display());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == wanted.as_bytes()))
+        })
+        .collect()
+}
+
+/// Killing the launcher with SIGKILL (no chance to stop its ranks) stops the ranks
+/// within seconds: they remove the rendezvous folder and write no checkpoint.
+#[cfg(target_os = "linux")]
+#[test]
+fn ranks_stop_when_their_launcher_is_killed() {
+    let dir = scratch("orphans");
+    let out = dir.join("m.safetensors");
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut launcher = Command::new(TRAIN)
+        .args([
+            "--ranks",
+            "2",
+            "--limit",
+            "4096",
+            "--epochs",
+            "50",
+            "--save-every",
+            "0",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .env("TMPDIR", &tmp)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(launcher.stdout.take().unwrap()).lines();
+    let joined = lines.find(|l| l.as_ref().is_ok_and(|l| l.starts_with("training Mlp")));
+    assert!(joined.is_some(), "rank 0 never started training");
+    let rendezvous: Vec<PathBuf> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("kiln-ranks-"))
+        })
+        .collect();
+    assert_eq!(rendezvous.len(), 1, "{rendezvous:?}");
+    let rendezvous = &rendezvous[0];
+    assert_eq!(ranks_meeting_in(rendezvous).len(), 2, "two ranks run");
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let killed = Instant::now();
+    while !ranks_meeting_in(rendezvous).is_empty() || rendezvous.exists() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(20),
+            "ranks {:?} outlived their launcher (folder left: {})",
+            ranks_meeting_in(rendezvous),
+            rendezvous.exists()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!out.exists(), "an orphaned rank saved a checkpoint");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -21,6 +21,47 @@ pub const WORLD_VAR: &str = "KILN_WORLD";
 pub const RENDEZVOUS_VAR: &str = "KILN_RENDEZVOUS";
 /// The environment variable [`launch`] sets (to 1): its ranks leave their errors to it.
 pub const LAUNCHER_VAR: &str = "KILN_LAUNCHER";
+/// The environment variable [`launch`] sets to its own process id: its ranks stop when
+/// it dies ([`RankEnv::watch_launcher`]).
+pub const LAUNCHER_PID_VAR: &str = "KILN_LAUNCHER_PID";
+
+/// The longest ranks may be told to wait for one another: a week. Longer is a
+/// mistake (and past the clock's range, an overflow).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Rank processes per core that [`launch`] starts at most: past that, ranks only
+/// take turns on the cores and their memory adds up.
+pub const RANKS_PER_CORE: usize = 4;
+
+/// `timeout` when ranks may wait that long ([`MAX_TIMEOUT`]), else an error naming the
+/// limit; `what` names the setting.
+pub fn check_timeout(what: &str, timeout: Duration) -> Result<Duration> {
+    if timeout.is_zero() {
+        return Err(Error::invalid(
+            "launch",
+            format!(
+                "{what} 0 fails every exchange: give the seconds ranks may wait for one another"
+            ),
+        ));
+    }
+    if timeout > MAX_TIMEOUT {
+        return Err(Error::invalid(
+            "launch",
+            format!(
+                "{what} {} s is longer than ranks may wait for one another (at most {} s, a week)",
+                timeout.as_secs(),
+                MAX_TIMEOUT.as_secs()
+            ),
+        ));
+    }
+    Ok(timeout)
+}
+
+/// The most rank processes this machine holds: [`RANKS_PER_CORE`] per core.
+pub fn max_ranks() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores * RANKS_PER_CORE
+}
 
 /// The rendezvous file a failing rank leaves its error in (`failure-<rank>`).
 const FAILURE_FILE: &str = "failure";
@@ -40,6 +81,8 @@ pub struct RankEnv {
     /// Whether [`launch`] started this rank (it reads the rank's error when it fails);
     /// a rank started otherwise prints its own.
     pub launched: bool,
+    /// The process id of the launcher that started this rank, when it said.
+    pub launcher: Option<u32>,
 }
 
 impl RankEnv {
@@ -73,7 +116,32 @@ impl RankEnv {
             world,
             rendezvous: PathBuf::from(dir),
             launched: get(LAUNCHER_VAR).as_deref() == Some("1"),
+            launcher: get(LAUNCHER_PID_VAR).and_then(|p| p.parse().ok()),
         }))
+    }
+
+    /// Stops this process when the launcher that started it dies (killed, say, with
+    /// no chance to stop its ranks): a thread checks every 100 ms that this process is
+    /// still the launcher's child, and once it is not, removes the rendezvous folder
+    /// and exits with an error naming the launcher. Nothing for a rank that was not
+    /// launched by [`launch`], or on systems without parent process ids.
+    pub fn watch_launcher(&self) {
+        #[cfg(unix)]
+        if let Some(launcher) = self.launcher {
+            let (rank, dir) = (self.rank, self.rendezvous.clone());
+            let _ = std::thread::Builder::new()
+                .name("kiln-launcher-watch".into())
+                .spawn(move || loop {
+                    if std::os::unix::process::parent_id() != launcher {
+                        let _ = std::fs::remove_dir_all(&dir);
+                        eprintln!(
+                            "error: rank {rank}: the launcher (process {launcher}) ended without stopping its ranks; stopping"
+                        );
+                        std::process::exit(1);
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                });
+        }
     }
 
     /// Writes `bytes` as the rendezvous file `name`, whole (a reader never sees part
@@ -100,7 +168,7 @@ impl RankEnv {
     /// `timeout`.
     pub fn wait_for(&self, name: &str, timeout: Duration) -> Result<Vec<u8>> {
         let path = self.rendezvous.join(name);
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + check_timeout("the rank timeout", timeout)?;
         loop {
             match std::fs::read(&path) {
                 Ok(bytes) => return Ok(bytes),
@@ -130,10 +198,22 @@ impl RankEnv {
 
 /// Runs `program` with `args` as `world` ranks, each with its [`RankEnv`] in the
 /// environment and the launcher's stdout and stderr, and waits for all of them. When
-/// one fails, the others are stopped and the error names the rank and how it ended.
+/// one fails, the others are stopped and the error names the rank and how it ended;
+/// when the launcher dies, ranks that watch it stop ([`RankEnv::watch_launcher`]).
+/// At most [`max_ranks`] ranks.
 pub fn launch(world: usize, program: &Path, args: &[String]) -> Result<()> {
     if world == 0 {
         return Err(Error::invalid("launch", "a run needs at least one rank"));
+    }
+    let most = max_ranks();
+    if world > most {
+        return Err(Error::invalid(
+            "launch",
+            format!(
+                "{world} ranks are more processes than this machine holds: at most {most} ({RANKS_PER_CORE} per core of its {})",
+                most / RANKS_PER_CORE
+            ),
+        ));
     }
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -161,6 +241,7 @@ fn run_ranks(world: usize, program: &Path, args: &[String], dir: &Path) -> Resul
             .env(WORLD_VAR, world.to_string())
             .env(RENDEZVOUS_VAR, dir)
             .env(LAUNCHER_VAR, "1")
+            .env(LAUNCHER_PID_VAR, std::process::id().to_string())
             .stdin(Stdio::null())
             .spawn();
         match child {
@@ -274,7 +355,7 @@ impl TcpRank {
     /// every exchange.
     pub fn join(env: &RankEnv, timeout: Duration) -> Result<TcpRank> {
         let fail = |why: String| Error::invalid("TcpRank", format!("rank {}: {why}", env.rank));
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + check_timeout("the rank timeout", timeout)?;
         let mut peers = Vec::new();
         if env.rank == 0 {
             let listener = TcpListener::bind("127.0.0.1:0")

@@ -18,6 +18,7 @@ fn envs(name: &str, world: usize) -> Vec<RankEnv> {
     std::fs::create_dir_all(&dir).unwrap();
     (0..world)
         .map(|rank| RankEnv {
+            launcher: None,
             rank,
             world,
             rendezvous: dir.clone(),

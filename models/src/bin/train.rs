@@ -923,9 +923,7 @@ fn check_args(args: &Args) -> Result<()> {
             "--ranks 0 runs nothing: give at least 1 (or leave it out for one process)".into(),
         );
     }
-    if args.rank_timeout == 0 {
-        return bad("--rank-timeout 0 fails every exchange: give the seconds ranks may wait for one another".into());
-    }
+    kiln::train::launch::check_timeout("--rank-timeout", Duration::from_secs(args.rank_timeout))?;
     if !(args.lr > 0.0 && args.lr.is_finite()) {
         return bad(format!("--lr must be a positive number, got {}", args.lr));
     }
@@ -996,6 +994,7 @@ fn start(args: &Args) -> Result<()> {
             launch(world, &me, &argv)
         }
         (Some(env), Some(world)) if env.world == world => {
+            env.watch_launcher();
             let device = match args.device.device {
                 DeviceChoice::Cuda(first) => DeviceChoice::Cuda(first + env.rank),
                 other => other,
