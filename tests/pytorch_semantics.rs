@@ -69,6 +69,35 @@ fn logsumexp_of_an_infinite_row_is_that_infinity() {
 }
 
 #[test]
+fn log_softmax_of_a_row_holding_inf_is_nan_as_softmax_is() {
+    let mut e = Eager::<Cpu>::new(CpuDevice);
+    let rows = [
+        [f32::INFINITY, 1.0, -2.0],
+        [f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY],
+        [f32::NEG_INFINITY, 0.0, 0.0],
+    ];
+    let x = f32s(&rows.concat(), &[3, 3]);
+    let log_p = values(&e.log_softmax(&x, 1).unwrap());
+    let p = values(&e.softmax(&x, 1).unwrap());
+    // PyTorch: torch.log_softmax([inf, 1, -2]) and of an all -inf row are all NaN.
+    for (r, row) in rows.iter().enumerate().take(2) {
+        assert!(
+            log_p[r * 3..r * 3 + 3].iter().all(|v| v.is_nan()),
+            "{row:?}: {log_p:?}"
+        );
+        assert!(
+            p[r * 3..r * 3 + 3].iter().all(|v| v.is_nan()),
+            "{row:?}: {p:?}"
+        );
+    }
+    // A masked entry beside finite ones is -inf, the others log(1/2).
+    assert_eq!(log_p[6], f32::NEG_INFINITY);
+    for v in &log_p[7..] {
+        assert!((v - 0.5f32.ln()).abs() < 1e-6, "{log_p:?}");
+    }
+}
+
+#[test]
 fn mean_refuses_integers() {
     let mut e = Eager::<Cpu>::new(CpuDevice);
     let x = RawTensor::<Cpu>::from_vec(vec![1i32, 2, 4], &[3], &CpuDevice).unwrap();

@@ -587,9 +587,18 @@ pub trait BuilderExt: Builder {
             self.reshape(&r, dims)
         }
     }
-    /// log(softmax(x)) along `axis`, stable.
+    /// log(softmax(x)) along `axis`, stable: `x − (m + log Σ exp(x − m))` with `m` the
+    /// row's maximum itself, not [`Self::logsumexp`]'s clamped one, so that a row
+    /// holding +inf (or only −inf) is NaN throughout, as [`Self::softmax`]'s row and
+    /// PyTorch's are (a clamped shift would give −inf beside one NaN). `x − m` feeds
+    /// only the sum, so planners fuse it into the reduction.
     fn log_softmax(&mut self, x: &Self::Value, axis: usize) -> Result<Self::Value> {
-        let lse = self.logsumexp(x, axis, true)?;
+        let m = self.max(x, &[axis], true)?;
+        let z = self.sub(x, &m)?;
+        let e = self.unary(UnaryOp::Exp, &z)?;
+        let s = self.sum(&e, &[axis], true)?;
+        let l = self.unary(UnaryOp::Log, &s)?;
+        let lse = self.add(&l, &m)?;
         self.sub(x, &lse)
     }
     /// Normalises over the trailing `norm_rank` axes, then scales and shifts (when given).

@@ -235,7 +235,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         })
     }
     #[doc(hidden)]
-    pub const __KILN_PLAN_LOSS: &'static str = "kiln-plan 1\nnode 0 leaf 0 in=[] f32 [1*B;784]\nnode 1 leaf 1 in=[] i32 [1*B]\nnode 2 leaf 2 in=[] f32 [1024;784]\nnode 3 leaf 3 in=[] f32 [1024]\nnode 4 op permute{perm=[1;0]} in=[2] f32 [784;1024]\nnode 5 op matmul in=[0;4] f32 [1*B;1024]\nnode 6 op add in=[5;3] f32 [1*B;1024]\nnode 7 op relu in=[6] f32 [1*B;1024]\nnode 8 leaf 4 in=[] f32 [1024;1024]\nnode 9 leaf 5 in=[] f32 [1024]\nnode 10 op permute{perm=[1;0]} in=[8] f32 [1024;1024]\nnode 11 op matmul in=[7;10] f32 [1*B;1024]\nnode 12 op add in=[11;9] f32 [1*B;1024]\nnode 13 op relu in=[12] f32 [1*B;1024]\nnode 14 leaf 6 in=[] f32 [10;1024]\nnode 15 leaf 7 in=[] f32 [10]\nnode 16 op permute{perm=[1;0]} in=[14] f32 [1024;10]\nnode 17 op matmul in=[13;16] f32 [1*B;10]\nnode 18 op add in=[17;15] f32 [1*B;10]\nnode 19 op max{axes=[1]} in=[18] f32 [1*B;1]\nnode 20 op full{dims=[],value=3.4028234663852886e38,dtype=f32} in=[] f32 []\nnode 21 op full{dims=[],value=-3.4028234663852886e38,dtype=f32} in=[] f32 []\nnode 22 op minimum in=[19;20] f32 [1*B;1]\nnode 23 op maximum in=[22;21] f32 [1*B;1]\nnode 24 op sub in=[18;23] f32 [1*B;10]\nnode 25 op exp in=[24] f32 [1*B;10]\nnode 26 op sum{axes=[1]} in=[25] f32 [1*B;1]\nnode 27 op log in=[26] f32 [1*B;1]\nnode 28 op add in=[27;23] f32 [1*B;1]\nnode 29 op sub in=[18;28] f32 [1*B;10]\nnode 30 op reshape{dims=[1*B;1]} in=[1] i32 [1*B;1]\nnode 31 op gather{axis=1} in=[29;30] f32 [1*B;1]\nnode 32 op sum{axes=[0;1]} in=[31] f32 [1;1]\nnode 33 op reshape{dims=[]} in=[32] f32 []\nnode 34 recip_dim 1*B in=[] f32 []\nnode 35 op mul in=[33;34] f32 []\nnode 36 op full{dims=[],value=-1.0,dtype=f32} in=[] f32 []\nnode 37 op mul in=[35;36] f32 []\ninputs [0;1;2;3;8;9;14;15]\noutputs [37]\nkernel view main=- nodes=[4] in=[2] out=[4]\nkernel matmul main=5 nodes=[5;6;7] in=[0;3;4] out=[7]\nkernel view main=- nodes=[10] in=[8] out=[10]\nkernel matmul main=11 nodes=[11;12;13] in=[7;9;10] out=[13]\nkernel view main=- nodes=[16] in=[14] out=[16]\nkernel matmul main=17 nodes=[17;18] in=[13;15;16] out=[18]\nkernel reduce main=19 nodes=[19;20;21;22;23] in=[18] out=[23]\nkernel reduce main=26 nodes=[24;25;26;27;28] in=[18;23] out=[28]\nkernel elementwise main=- nodes=[29] in=[18;28] out=[29]\nkernel view main=- nodes=[30] in=[1] out=[30]\nkernel single main=- nodes=[31] in=[29;30] out=[31]\nkernel reduce main=32 nodes=[32] in=[31] out=[32]\nkernel view main=- nodes=[33] in=[32] out=[33]\nkernel elementwise main=- nodes=[34;35;36;37] in=[33] out=[37]\nslot node=7 slot=0\nslot node=13 slot=1\nslot node=18 slot=0\nslot node=23 slot=1\nslot node=28 slot=2\nslot node=29 slot=1\nslot node=30 slot=3\nslot node=31 slot=2\nslot node=32 slot=0\nslot node=33 slot=1\nslot node=37 slot=2\nslots [f32,f32,f32,i32]\nname node=0 x\nname node=1 y\nname node=2 fc1_weight\nname node=3 fc1_bias\nname node=7 h\nname node=8 fc2_weight\nname node=9 fc2_bias\nname node=13 h\nname node=14 fc3_weight\nname node=15 fc3_bias\n";
+    pub const __KILN_PLAN_LOSS: &'static str = "kiln-plan 1\nnode 0 leaf 0 in=[] f32 [1*B;784]\nnode 1 leaf 1 in=[] i32 [1*B]\nnode 2 leaf 2 in=[] f32 [1024;784]\nnode 3 leaf 3 in=[] f32 [1024]\nnode 4 op permute{perm=[1;0]} in=[2] f32 [784;1024]\nnode 5 op matmul in=[0;4] f32 [1*B;1024]\nnode 6 op add in=[5;3] f32 [1*B;1024]\nnode 7 op relu in=[6] f32 [1*B;1024]\nnode 8 leaf 4 in=[] f32 [1024;1024]\nnode 9 leaf 5 in=[] f32 [1024]\nnode 10 op permute{perm=[1;0]} in=[8] f32 [1024;1024]\nnode 11 op matmul in=[7;10] f32 [1*B;1024]\nnode 12 op add in=[11;9] f32 [1*B;1024]\nnode 13 op relu in=[12] f32 [1*B;1024]\nnode 14 leaf 6 in=[] f32 [10;1024]\nnode 15 leaf 7 in=[] f32 [10]\nnode 16 op permute{perm=[1;0]} in=[14] f32 [1024;10]\nnode 17 op matmul in=[13;16] f32 [1*B;10]\nnode 18 op add in=[17;15] f32 [1*B;10]\nnode 19 op max{axes=[1]} in=[18] f32 [1*B;1]\nnode 20 op sub in=[18;19] f32 [1*B;10]\nnode 21 op exp in=[20] f32 [1*B;10]\nnode 22 op sum{axes=[1]} in=[21] f32 [1*B;1]\nnode 23 op log in=[22] f32 [1*B;1]\nnode 24 op add in=[23;19] f32 [1*B;1]\nnode 25 op sub in=[18;24] f32 [1*B;10]\nnode 26 op reshape{dims=[1*B;1]} in=[1] i32 [1*B;1]\nnode 27 op gather{axis=1} in=[25;26] f32 [1*B;1]\nnode 28 op sum{axes=[0;1]} in=[27] f32 [1;1]\nnode 29 op reshape{dims=[]} in=[28] f32 []\nnode 30 recip_dim 1*B in=[] f32 []\nnode 31 op mul in=[29;30] f32 []\nnode 32 op full{dims=[],value=-1.0,dtype=f32} in=[] f32 []\nnode 33 op mul in=[31;32] f32 []\ninputs [0;1;2;3;8;9;14;15]\noutputs [33]\nkernel view main=- nodes=[4] in=[2] out=[4]\nkernel matmul main=5 nodes=[5;6;7] in=[0;3;4] out=[7]\nkernel view main=- nodes=[10] in=[8] out=[10]\nkernel matmul main=11 nodes=[11;12;13] in=[7;9;10] out=[13]\nkernel view main=- nodes=[16] in=[14] out=[16]\nkernel matmul main=17 nodes=[17;18] in=[13;15;16] out=[18]\nkernel reduce main=19 nodes=[19] in=[18] out=[19]\nkernel reduce main=22 nodes=[20;21;22;23;24] in=[18;19] out=[24]\nkernel elementwise main=- nodes=[25] in=[18;24] out=[25]\nkernel view main=- nodes=[26] in=[1] out=[26]\nkernel single main=- nodes=[27] in=[25;26] out=[27]\nkernel reduce main=28 nodes=[28] in=[27] out=[28]\nkernel view main=- nodes=[29] in=[28] out=[29]\nkernel elementwise main=- nodes=[30;31;32;33] in=[29] out=[33]\nslot node=7 slot=0\nslot node=13 slot=1\nslot node=18 slot=0\nslot node=19 slot=1\nslot node=24 slot=2\nslot node=25 slot=1\nslot node=26 slot=3\nslot node=27 slot=2\nslot node=28 slot=0\nslot node=29 slot=1\nslot node=33 slot=2\nslots [f32,f32,f32,i32]\nname node=0 x\nname node=1 y\nname node=2 fc1_weight\nname node=3 fc1_bias\nname node=7 h\nname node=8 fc2_weight\nname node=9 fc2_bias\nname node=13 h\nname node=14 fc3_weight\nname node=15 fc3_bias\n";
     pub fn loss<const B: usize>(
         &self,
         x: &::kiln::tensor::Tensor<
@@ -264,10 +264,9 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                 (3, __kiln_natives_Mlp::loop_0),
                 (7, __kiln_natives_Mlp::loop_0),
                 (11, __kiln_natives_Mlp::loop_1),
-                (13, __kiln_natives_Mlp::loop_2),
-                (14, __kiln_natives_Mlp::loop_3),
-                (15, __kiln_natives_Mlp::loop_4),
-                (16, __kiln_natives_Mlp::loop_5),
+                (14, __kiln_natives_Mlp::loop_2),
+                (15, __kiln_natives_Mlp::loop_3),
+                (16, __kiln_natives_Mlp::loop_4),
             ];
             self.__kiln_plans
                 .call(
@@ -290,7 +289,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         })
     }
     #[doc(hidden)]
-    pub const __KILN_PLAN_LOSS_AND_GRAD: &'static str = "kiln-plan 1\nnode 0 leaf 0 in=[] f32 [1*B;784]\nnode 1 leaf 1 in=[] i32 [1*B]\nnode 2 leaf 2 in=[] f32 [1024;784]\nnode 3 leaf 3 in=[] f32 [1024]\nnode 4 op permute{perm=[1;0]} in=[2] f32 [784;1024]\nnode 5 op matmul in=[0;4] f32 [1*B;1024]\nnode 6 op add in=[5;3] f32 [1*B;1024]\nnode 7 op relu in=[6] f32 [1*B;1024]\nnode 8 leaf 4 in=[] f32 [1024;1024]\nnode 9 leaf 5 in=[] f32 [1024]\nnode 10 op permute{perm=[1;0]} in=[8] f32 [1024;1024]\nnode 11 op matmul in=[7;10] f32 [1*B;1024]\nnode 12 op add in=[11;9] f32 [1*B;1024]\nnode 13 op relu in=[12] f32 [1*B;1024]\nnode 14 leaf 6 in=[] f32 [10;1024]\nnode 15 leaf 7 in=[] f32 [10]\nnode 16 op permute{perm=[1;0]} in=[14] f32 [1024;10]\nnode 17 op matmul in=[13;16] f32 [1*B;10]\nnode 18 op add in=[17;15] f32 [1*B;10]\nnode 19 op max{axes=[1]} in=[18] f32 [1*B;1]\nnode 20 op full{dims=[],value=3.4028234663852886e38,dtype=f32} in=[] f32 []\nnode 21 op full{dims=[],value=-3.4028234663852886e38,dtype=f32} in=[] f32 []\nnode 22 op minimum in=[19;20] f32 [1*B;1]\nnode 23 op maximum in=[22;21] f32 [1*B;1]\nnode 24 op sub in=[18;23] f32 [1*B;10]\nnode 25 op exp in=[24] f32 [1*B;10]\nnode 26 op sum{axes=[1]} in=[25] f32 [1*B;1]\nnode 27 op log in=[26] f32 [1*B;1]\nnode 28 op add in=[27;23] f32 [1*B;1]\nnode 29 op sub in=[18;28] f32 [1*B;10]\nnode 30 op reshape{dims=[1*B;1]} in=[1] i32 [1*B;1]\nnode 31 op gather{axis=1} in=[29;30] f32 [1*B;1]\nnode 32 op sum{axes=[0;1]} in=[31] f32 [1;1]\nnode 33 op reshape{dims=[]} in=[32] f32 []\nnode 34 recip_dim 1*B in=[] f32 []\nnode 35 op mul in=[33;34] f32 []\nnode 36 op full{dims=[],value=-1.0,dtype=f32} in=[] f32 []\nnode 37 op mul in=[35;36] f32 []\nnode 38 op full{dims=[],value=1.0,dtype=f32} in=[] f32 []\nnode 39 op mul in=[38;36] f32 []\nnode 40 op mul in=[39;34] f32 []\nnode 41 op reshape{dims=[1;1]} in=[40] f32 [1;1]\nnode 42 op expand{dims=[1*B;1]} in=[41] f32 [1*B;1]\nnode 43 op scatter_add{axis=1,dims=[1*B;10]} in=[30;42] f32 [1*B;10]\nnode 44 op neg in=[43] f32 [1*B;10]\nnode 45 op sum{axes=[1]} in=[44] f32 [1*B;1]\nnode 46 op reshape{dims=[1*B;1]} in=[45] f32 [1*B;1]\nnode 47 op div in=[46;26] f32 [1*B;1]\nnode 48 op expand{dims=[1*B;10]} in=[47] f32 [1*B;10]\nnode 49 op mul in=[48;25] f32 [1*B;10]\nnode 50 op neg in=[49] f32 [1*B;10]\nnode 51 op sum{axes=[1]} in=[50] f32 [1*B;1]\nnode 52 op reshape{dims=[1*B;1]} in=[51] f32 [1*B;1]\nnode 53 op add in=[43;49] f32 [1*B;10]\nnode 54 op add in=[46;52] f32 [1*B;1]\nnode 55 op eq in=[22;21] bool [1*B;1]\nnode 56 op full{dims=[],value=0.5,dtype=f32} in=[] f32 []\nnode 57 op mul in=[54;56] f32 [1*B;1]\nnode 58 op where in=[55;57;54] f32 [1*B;1]\nnode 59 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 60 op lt in=[22;21] bool [1*B;1]\nnode 61 op where in=[60;59;58] f32 [1*B;1]\nnode 62 op eq in=[19;20] bool [1*B;1]\nnode 63 op full{dims=[],value=0.5,dtype=f32} in=[] f32 []\nnode 64 op mul in=[61;63] f32 [1*B;1]\nnode 65 op where in=[62;64;61] f32 [1*B;1]\nnode 66 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 67 op gt in=[19;20] bool [1*B;1]\nnode 68 op where in=[67;66;65] f32 [1*B;1]\nnode 69 op eq in=[18;19] bool [1*B;10]\nnode 70 op cast{dtype=f32} in=[69] f32 [1*B;10]\nnode 71 op sum{axes=[1]} in=[70] f32 [1*B;1]\nnode 72 op div in=[68;71] f32 [1*B;1]\nnode 73 op mul in=[70;72] f32 [1*B;10]\nnode 74 op add in=[53;73] f32 [1*B;10]\nnode 75 op sum{axes=[0]} in=[74] f32 [1;10]\nnode 76 op reshape{dims=[10]} in=[75] f32 [10]\nnode 77 op permute{perm=[1;0]} in=[16] f32 [10;1024]\nnode 78 op matmul in=[74;77] f32 [1*B;1024]\nnode 79 op permute{perm=[1;0]} in=[13] f32 [1024;1*B]\nnode 80 op permute{perm=[1;0]} in=[74] f32 [10;1*B]\nnode 81 op permute{perm=[1;0]} in=[79] f32 [1*B;1024]\nnode 82 op matmul in=[80;81] f32 [10;1024]\nnode 83 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 84 op le in=[12;83] bool [1*B;1024]\nnode 85 op where in=[84;83;78] f32 [1*B;1024]\nnode 86 op sum{axes=[0]} in=[85] f32 [1;1024]\nnode 87 op reshape{dims=[1024]} in=[86] f32 [1024]\nnode 88 op permute{perm=[1;0]} in=[10] f32 [1024;1024]\nnode 89 op matmul in=[85;88] f32 [1*B;1024]\nnode 90 op permute{perm=[1;0]} in=[7] f32 [1024;1*B]\nnode 91 op permute{perm=[1;0]} in=[85] f32 [1024;1*B]\nnode 92 op permute{perm=[1;0]} in=[90] f32 [1*B;1024]\nnode 93 op matmul in=[91;92] f32 [1024;1024]\nnode 94 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 95 op le in=[6;94] bool [1*B;1024]\nnode 96 op where in=[95;94;89] f32 [1*B;1024]\nnode 97 op sum{axes=[0]} in=[96] f32 [1;1024]\nnode 98 op reshape{dims=[1024]} in=[97] f32 [1024]\nnode 99 op permute{perm=[1;0]} in=[0] f32 [784;1*B]\nnode 100 op permute{perm=[1;0]} in=[96] f32 [1024;1*B]\nnode 101 op permute{perm=[1;0]} in=[99] f32 [1*B;784]\nnode 102 op matmul in=[100;101] f32 [1024;784]\ninputs [0;1;2;3;8;9;14;15]\noutputs [37;98;102;87;93;76;82]\nkernel view main=- nodes=[4] in=[2] out=[4]\nkernel matmul main=5 nodes=[5;6] in=[0;3;4] out=[6]\nkernel elementwise main=- nodes=[7] in=[6] out=[7]\nkernel view main=- nodes=[10] in=[8] out=[10]\nkernel matmul main=11 nodes=[11;12] in=[7;9;10] out=[12]\nkernel elementwise main=- nodes=[13] in=[12] out=[13]\nkernel view main=- nodes=[16] in=[14] out=[16]\nkernel matmul main=17 nodes=[17;18] in=[13;15;16] out=[18]\nkernel reduce main=19 nodes=[19] in=[18] out=[19]\nkernel elementwise main=- nodes=[20;22] in=[19] out=[22]\nkernel elementwise main=- nodes=[21;23] in=[22] out=[23]\nkernel elementwise main=- nodes=[24;25] in=[18;23] out=[25]\nkernel reduce main=26 nodes=[26] in=[25] out=[26]\nkernel elementwise main=- nodes=[27;28] in=[23;26] out=[28]\nkernel elementwise main=- nodes=[29] in=[18;28] out=[29]\nkernel view main=- nodes=[30] in=[1] out=[30]\nkernel single main=- nodes=[31] in=[29;30] out=[31]\nkernel reduce main=32 nodes=[32] in=[31] out=[32]\nkernel view main=- nodes=[33] in=[32] out=[33]\nkernel elementwise main=- nodes=[34;35;36;37] in=[33] out=[37]\nkernel elementwise main=- nodes=[34;36;38;39;40] in=[] out=[40]\nkernel view main=- nodes=[41] in=[40] out=[41]\nkernel view main=- nodes=[42] in=[41] out=[42]\nkernel single main=- nodes=[43] in=[30;42] out=[43]\nkernel reduce main=45 nodes=[44;45] in=[43] out=[45]\nkernel view main=- nodes=[46] in=[45] out=[46]\nkernel elementwise main=- nodes=[47] in=[26;46] out=[47]\nkernel view main=- nodes=[48] in=[47] out=[48]\nkernel elementwise main=- nodes=[49] in=[25;48] out=[49]\nkernel reduce main=51 nodes=[50;51] in=[49] out=[51]\nkernel view main=- nodes=[52] in=[51] out=[52]\nkernel elementwise main=- nodes=[54] in=[46;52] out=[54]\nkernel elementwise main=- nodes=[21;55;56;57;58;59;60;61] in=[22;54] out=[61]\nkernel elementwise main=- nodes=[69;70] in=[18;19] out=[70]\nkernel reduce main=71 nodes=[20;62;63;64;65;66;67;68;71;72] in=[19;61;70] out=[72]\nkernel elementwise main=- nodes=[53;73;74] in=[43;49;70;72] out=[74]\nkernel reduce main=75 nodes=[75] in=[74] out=[75]\nkernel view main=- nodes=[76] in=[75] out=[76]\nkernel view main=- nodes=[77] in=[16] out=[77]\nkernel view main=- nodes=[79] in=[13] out=[79]\nkernel view main=- nodes=[80] in=[74] out=[80]\nkernel view main=- nodes=[81] in=[79] out=[81]\nkernel matmul main=82 nodes=[82] in=[80;81] out=[82]\nkernel matmul main=78 nodes=[78;83;84;85] in=[12;74;77] out=[85]\nkernel reduce main=86 nodes=[86] in=[85] out=[86]\nkernel view main=- nodes=[87] in=[86] out=[87]\nkernel view main=- nodes=[88] in=[10] out=[88]\nkernel view main=- nodes=[90] in=[7] out=[90]\nkernel view main=- nodes=[91] in=[85] out=[91]\nkernel view main=- nodes=[92] in=[90] out=[92]\nkernel matmul main=93 nodes=[93] in=[91;92] out=[93]\nkernel matmul main=89 nodes=[89;94;95;96] in=[6;85;88] out=[96]\nkernel reduce main=97 nodes=[97] in=[96] out=[97]\nkernel view main=- nodes=[98] in=[97] out=[98]\nkernel view main=- nodes=[99] in=[0] out=[99]\nkernel view main=- nodes=[100] in=[96] out=[100]\nkernel view main=- nodes=[101] in=[99] out=[101]\nkernel matmul main=102 nodes=[102] in=[100;101] out=[102]\nslot node=6 slot=0\nslot node=7 slot=1\nslot node=12 slot=2\nslot node=13 slot=3\nslot node=18 slot=4\nslot node=19 slot=5\nslot node=22 slot=6\nslot node=23 slot=7\nslot node=25 slot=8\nslot node=26 slot=9\nslot node=28 slot=10\nslot node=29 slot=7\nslot node=30 slot=11\nslot node=31 slot=10\nslot node=32 slot=7\nslot node=33 slot=10\nslot node=37 slot=12\nslot node=40 slot=10\nslot node=41 slot=7\nslot node=43 slot=13\nslot node=45 slot=10\nslot node=46 slot=7\nslot node=47 slot=14\nslot node=49 slot=9\nslot node=51 slot=14\nslot node=52 slot=8\nslot node=54 slot=15\nslot node=61 slot=10\nslot node=70 slot=8\nslot node=72 slot=15\nslot node=74 slot=4\nslot node=75 slot=10\nslot node=76 slot=15\nslot node=82 slot=8\nslot node=85 slot=3\nslot node=86 slot=9\nslot node=87 slot=4\nslot node=93 slot=2\nslot node=96 slot=1\nslot node=97 slot=13\nslot node=98 slot=3\nslot node=102 slot=0\nslots [f32,f32,f32,f32,f32,f32,f32,f32,f32,f32,f32,i32,f32,f32,f32,f32]\nname node=0 x\nname node=1 y\nname node=2 fc1_weight\nname node=3 fc1_bias\nname node=7 h\nname node=8 fc2_weight\nname node=9 fc2_bias\nname node=13 h\nname node=14 fc3_weight\nname node=15 fc3_bias\nname node=37 loss\nname node=38 d_loss\nname node=76 d_fc3_bias\nname node=78 d_h\nname node=82 d_fc3_weight\nname node=87 d_fc2_bias\nname node=89 d_h\nname node=93 d_fc2_weight\nname node=98 d_fc1_bias\nname node=102 d_fc1_weight\n";
+    pub const __KILN_PLAN_LOSS_AND_GRAD: &'static str = "kiln-plan 1\nnode 0 leaf 0 in=[] f32 [1*B;784]\nnode 1 leaf 1 in=[] i32 [1*B]\nnode 2 leaf 2 in=[] f32 [1024;784]\nnode 3 leaf 3 in=[] f32 [1024]\nnode 4 op permute{perm=[1;0]} in=[2] f32 [784;1024]\nnode 5 op matmul in=[0;4] f32 [1*B;1024]\nnode 6 op add in=[5;3] f32 [1*B;1024]\nnode 7 op relu in=[6] f32 [1*B;1024]\nnode 8 leaf 4 in=[] f32 [1024;1024]\nnode 9 leaf 5 in=[] f32 [1024]\nnode 10 op permute{perm=[1;0]} in=[8] f32 [1024;1024]\nnode 11 op matmul in=[7;10] f32 [1*B;1024]\nnode 12 op add in=[11;9] f32 [1*B;1024]\nnode 13 op relu in=[12] f32 [1*B;1024]\nnode 14 leaf 6 in=[] f32 [10;1024]\nnode 15 leaf 7 in=[] f32 [10]\nnode 16 op permute{perm=[1;0]} in=[14] f32 [1024;10]\nnode 17 op matmul in=[13;16] f32 [1*B;10]\nnode 18 op add in=[17;15] f32 [1*B;10]\nnode 19 op max{axes=[1]} in=[18] f32 [1*B;1]\nnode 20 op sub in=[18;19] f32 [1*B;10]\nnode 21 op exp in=[20] f32 [1*B;10]\nnode 22 op sum{axes=[1]} in=[21] f32 [1*B;1]\nnode 23 op log in=[22] f32 [1*B;1]\nnode 24 op add in=[23;19] f32 [1*B;1]\nnode 25 op sub in=[18;24] f32 [1*B;10]\nnode 26 op reshape{dims=[1*B;1]} in=[1] i32 [1*B;1]\nnode 27 op gather{axis=1} in=[25;26] f32 [1*B;1]\nnode 28 op sum{axes=[0;1]} in=[27] f32 [1;1]\nnode 29 op reshape{dims=[]} in=[28] f32 []\nnode 30 recip_dim 1*B in=[] f32 []\nnode 31 op mul in=[29;30] f32 []\nnode 32 op full{dims=[],value=-1.0,dtype=f32} in=[] f32 []\nnode 33 op mul in=[31;32] f32 []\nnode 34 op full{dims=[],value=1.0,dtype=f32} in=[] f32 []\nnode 35 op mul in=[34;32] f32 []\nnode 36 op mul in=[35;30] f32 []\nnode 37 op reshape{dims=[1;1]} in=[36] f32 [1;1]\nnode 38 op expand{dims=[1*B;1]} in=[37] f32 [1*B;1]\nnode 39 op scatter_add{axis=1,dims=[1*B;10]} in=[26;38] f32 [1*B;10]\nnode 40 op neg in=[39] f32 [1*B;10]\nnode 41 op sum{axes=[1]} in=[40] f32 [1*B;1]\nnode 42 op reshape{dims=[1*B;1]} in=[41] f32 [1*B;1]\nnode 43 op div in=[42;22] f32 [1*B;1]\nnode 44 op expand{dims=[1*B;10]} in=[43] f32 [1*B;10]\nnode 45 op mul in=[44;21] f32 [1*B;10]\nnode 46 op neg in=[45] f32 [1*B;10]\nnode 47 op sum{axes=[1]} in=[46] f32 [1*B;1]\nnode 48 op reshape{dims=[1*B;1]} in=[47] f32 [1*B;1]\nnode 49 op add in=[39;45] f32 [1*B;10]\nnode 50 op add in=[42;48] f32 [1*B;1]\nnode 51 op eq in=[18;19] bool [1*B;10]\nnode 52 op cast{dtype=f32} in=[51] f32 [1*B;10]\nnode 53 op sum{axes=[1]} in=[52] f32 [1*B;1]\nnode 54 op div in=[50;53] f32 [1*B;1]\nnode 55 op mul in=[52;54] f32 [1*B;10]\nnode 56 op add in=[49;55] f32 [1*B;10]\nnode 57 op sum{axes=[0]} in=[56] f32 [1;10]\nnode 58 op reshape{dims=[10]} in=[57] f32 [10]\nnode 59 op permute{perm=[1;0]} in=[16] f32 [10;1024]\nnode 60 op matmul in=[56;59] f32 [1*B;1024]\nnode 61 op permute{perm=[1;0]} in=[13] f32 [1024;1*B]\nnode 62 op permute{perm=[1;0]} in=[56] f32 [10;1*B]\nnode 63 op permute{perm=[1;0]} in=[61] f32 [1*B;1024]\nnode 64 op matmul in=[62;63] f32 [10;1024]\nnode 65 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 66 op le in=[12;65] bool [1*B;1024]\nnode 67 op where in=[66;65;60] f32 [1*B;1024]\nnode 68 op sum{axes=[0]} in=[67] f32 [1;1024]\nnode 69 op reshape{dims=[1024]} in=[68] f32 [1024]\nnode 70 op permute{perm=[1;0]} in=[10] f32 [1024;1024]\nnode 71 op matmul in=[67;70] f32 [1*B;1024]\nnode 72 op permute{perm=[1;0]} in=[7] f32 [1024;1*B]\nnode 73 op permute{perm=[1;0]} in=[67] f32 [1024;1*B]\nnode 74 op permute{perm=[1;0]} in=[72] f32 [1*B;1024]\nnode 75 op matmul in=[73;74] f32 [1024;1024]\nnode 76 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 77 op le in=[6;76] bool [1*B;1024]\nnode 78 op where in=[77;76;71] f32 [1*B;1024]\nnode 79 op sum{axes=[0]} in=[78] f32 [1;1024]\nnode 80 op reshape{dims=[1024]} in=[79] f32 [1024]\nnode 81 op permute{perm=[1;0]} in=[0] f32 [784;1*B]\nnode 82 op permute{perm=[1;0]} in=[78] f32 [1024;1*B]\nnode 83 op permute{perm=[1;0]} in=[81] f32 [1*B;784]\nnode 84 op matmul in=[82;83] f32 [1024;784]\ninputs [0;1;2;3;8;9;14;15]\noutputs [33;80;84;69;75;58;64]\nkernel view main=- nodes=[4] in=[2] out=[4]\nkernel matmul main=5 nodes=[5;6] in=[0;3;4] out=[6]\nkernel elementwise main=- nodes=[7] in=[6] out=[7]\nkernel view main=- nodes=[10] in=[8] out=[10]\nkernel matmul main=11 nodes=[11;12] in=[7;9;10] out=[12]\nkernel elementwise main=- nodes=[13] in=[12] out=[13]\nkernel view main=- nodes=[16] in=[14] out=[16]\nkernel matmul main=17 nodes=[17;18] in=[13;15;16] out=[18]\nkernel reduce main=19 nodes=[19] in=[18] out=[19]\nkernel elementwise main=- nodes=[20;21] in=[18;19] out=[21]\nkernel reduce main=22 nodes=[22] in=[21] out=[22]\nkernel elementwise main=- nodes=[23;24] in=[19;22] out=[24]\nkernel elementwise main=- nodes=[25] in=[18;24] out=[25]\nkernel view main=- nodes=[26] in=[1] out=[26]\nkernel single main=- nodes=[27] in=[25;26] out=[27]\nkernel reduce main=28 nodes=[28] in=[27] out=[28]\nkernel view main=- nodes=[29] in=[28] out=[29]\nkernel elementwise main=- nodes=[30;31;32;33] in=[29] out=[33]\nkernel elementwise main=- nodes=[30;32;34;35;36] in=[] out=[36]\nkernel view main=- nodes=[37] in=[36] out=[37]\nkernel view main=- nodes=[38] in=[37] out=[38]\nkernel single main=- nodes=[39] in=[26;38] out=[39]\nkernel reduce main=41 nodes=[40;41] in=[39] out=[41]\nkernel view main=- nodes=[42] in=[41] out=[42]\nkernel elementwise main=- nodes=[43] in=[22;42] out=[43]\nkernel view main=- nodes=[44] in=[43] out=[44]\nkernel elementwise main=- nodes=[45] in=[21;44] out=[45]\nkernel reduce main=47 nodes=[46;47] in=[45] out=[47]\nkernel view main=- nodes=[48] in=[47] out=[48]\nkernel elementwise main=- nodes=[51;52] in=[18;19] out=[52]\nkernel reduce main=53 nodes=[50;53;54] in=[42;48;52] out=[54]\nkernel elementwise main=- nodes=[49;55;56] in=[39;45;52;54] out=[56]\nkernel reduce main=57 nodes=[57] in=[56] out=[57]\nkernel view main=- nodes=[58] in=[57] out=[58]\nkernel view main=- nodes=[59] in=[16] out=[59]\nkernel view main=- nodes=[61] in=[13] out=[61]\nkernel view main=- nodes=[62] in=[56] out=[62]\nkernel view main=- nodes=[63] in=[61] out=[63]\nkernel matmul main=64 nodes=[64] in=[62;63] out=[64]\nkernel matmul main=60 nodes=[60;65;66;67] in=[12;56;59] out=[67]\nkernel reduce main=68 nodes=[68] in=[67] out=[68]\nkernel view main=- nodes=[69] in=[68] out=[69]\nkernel view main=- nodes=[70] in=[10] out=[70]\nkernel view main=- nodes=[72] in=[7] out=[72]\nkernel view main=- nodes=[73] in=[67] out=[73]\nkernel view main=- nodes=[74] in=[72] out=[74]\nkernel matmul main=75 nodes=[75] in=[73;74] out=[75]\nkernel matmul main=71 nodes=[71;76;77;78] in=[6;67;70] out=[78]\nkernel reduce main=79 nodes=[79] in=[78] out=[79]\nkernel view main=- nodes=[80] in=[79] out=[80]\nkernel view main=- nodes=[81] in=[0] out=[81]\nkernel view main=- nodes=[82] in=[78] out=[82]\nkernel view main=- nodes=[83] in=[81] out=[83]\nkernel matmul main=84 nodes=[84] in=[82;83] out=[84]\nslot node=6 slot=0\nslot node=7 slot=1\nslot node=12 slot=2\nslot node=13 slot=3\nslot node=18 slot=4\nslot node=19 slot=5\nslot node=21 slot=6\nslot node=22 slot=7\nslot node=24 slot=8\nslot node=25 slot=9\nslot node=26 slot=10\nslot node=27 slot=8\nslot node=28 slot=9\nslot node=29 slot=8\nslot node=33 slot=11\nslot node=36 slot=8\nslot node=37 slot=9\nslot node=39 slot=12\nslot node=41 slot=8\nslot node=42 slot=9\nslot node=43 slot=13\nslot node=45 slot=7\nslot node=47 slot=13\nslot node=48 slot=6\nslot node=52 slot=14\nslot node=54 slot=5\nslot node=56 slot=4\nslot node=57 slot=6\nslot node=58 slot=5\nslot node=64 slot=14\nslot node=67 slot=3\nslot node=68 slot=7\nslot node=69 slot=4\nslot node=75 slot=2\nslot node=78 slot=1\nslot node=79 slot=12\nslot node=80 slot=3\nslot node=84 slot=0\nslots [f32,f32,f32,f32,f32,f32,f32,f32,f32,f32,i32,f32,f32,f32,f32]\nname node=0 x\nname node=1 y\nname node=2 fc1_weight\nname node=3 fc1_bias\nname node=7 h\nname node=8 fc2_weight\nname node=9 fc2_bias\nname node=13 h\nname node=14 fc3_weight\nname node=15 fc3_bias\nname node=33 loss\nname node=34 d_loss\nname node=58 d_fc3_bias\nname node=60 d_h\nname node=64 d_fc3_weight\nname node=69 d_fc2_bias\nname node=71 d_h\nname node=75 d_fc2_weight\nname node=80 d_fc1_bias\nname node=84 d_fc1_weight\n";
     ///The value of [`Self::loss`] and the gradient of every parameter, computed by the backward pass `#[model]` derived at build time (training mode: dropout active, batch statistics used and recorded).
     pub fn loss_and_grad<const B: usize>(
         &self,
@@ -325,26 +324,22 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         ) = {
             static __KILN_NATIVES: &::kiln::fusion::Natives = &[
                 (3, __kiln_natives_Mlp::loop_1),
-                (4, __kiln_natives_Mlp::loop_6),
+                (4, __kiln_natives_Mlp::loop_5),
                 (9, __kiln_natives_Mlp::loop_1),
-                (10, __kiln_natives_Mlp::loop_6),
+                (10, __kiln_natives_Mlp::loop_5),
                 (15, __kiln_natives_Mlp::loop_1),
-                (18, __kiln_natives_Mlp::loop_7),
-                (20, __kiln_natives_Mlp::loop_8),
-                (22, __kiln_natives_Mlp::loop_3),
-                (26, __kiln_natives_Mlp::loop_9),
-                (28, __kiln_natives_Mlp::loop_5),
-                (48, __kiln_natives_Mlp::loop_10),
-                (52, __kiln_natives_Mlp::loop_11),
-                (56, __kiln_natives_Mlp::loop_12),
+                (18, __kiln_natives_Mlp::loop_2),
+                (22, __kiln_natives_Mlp::loop_6),
+                (24, __kiln_natives_Mlp::loop_4),
+                (44, __kiln_natives_Mlp::loop_7),
+                (48, __kiln_natives_Mlp::loop_8),
+                (52, __kiln_natives_Mlp::loop_9),
+                (54, __kiln_natives_Mlp::loop_7),
                 (58, __kiln_natives_Mlp::loop_10),
-                (62, __kiln_natives_Mlp::loop_13),
-                (64, __kiln_natives_Mlp::loop_14),
-                (66, __kiln_natives_Mlp::loop_15),
-                (69, __kiln_natives_Mlp::loop_16),
-                (70, __kiln_natives_Mlp::loop_17),
-                (87, __kiln_natives_Mlp::loop_18),
-                (103, __kiln_natives_Mlp::loop_18),
+                (61, __kiln_natives_Mlp::loop_11),
+                (62, __kiln_natives_Mlp::loop_12),
+                (79, __kiln_natives_Mlp::loop_13),
+                (95, __kiln_natives_Mlp::loop_13),
             ];
             self.__kiln_plans
                 .call(
@@ -448,19 +443,6 @@ mod __kiln_natives_Mlp {
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = out[j];
-            let r1 = f32::from_bits(2139095039u32);
-            let r2 = binary_f32(BinaryOp::Min, r0, r1);
-            let r3 = f32::from_bits(4286578687u32);
-            let r4 = binary_f32(BinaryOp::Max, r2, r3);
-            out[j] = r4;
-        }
-    }
-    #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_3(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
         let out = &mut outs[0][..n];
@@ -473,7 +455,7 @@ mod __kiln_natives_Mlp {
         }
     }
     #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_4(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_3(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -486,7 +468,7 @@ mod __kiln_natives_Mlp {
         }
     }
     #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_5(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_4(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -499,7 +481,7 @@ mod __kiln_natives_Mlp {
         }
     }
     #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_6(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_5(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -510,31 +492,7 @@ mod __kiln_natives_Mlp {
         }
     }
     #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_7(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = f32::from_bits(2139095039u32);
-            let r2 = binary_f32(BinaryOp::Min, r0, r1);
-            out[j] = r2;
-        }
-    }
-    #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_8(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = f32::from_bits(4286578687u32);
-            let r2 = binary_f32(BinaryOp::Max, r0, r1);
-            out[j] = r2;
-        }
-    }
-    #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_9(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_6(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -548,7 +506,7 @@ mod __kiln_natives_Mlp {
         }
     }
     #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_10(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_7(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
@@ -559,7 +517,7 @@ mod __kiln_natives_Mlp {
         }
     }
     #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_11(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_8(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -572,7 +530,7 @@ mod __kiln_natives_Mlp {
         }
     }
     #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_12(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_9(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -585,40 +543,7 @@ mod __kiln_natives_Mlp {
         }
     }
     #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_13(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = binary_f32(BinaryOp::Add, r0, r1);
-            out[j] = r2;
-        }
-    }
-    #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_14(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = f32::from_bits(4286578687u32);
-            let r3 = compare_f32(CmpOp::Eq, r0, r2);
-            let r4 = f32::from_bits(1056964608u32);
-            let r5 = binary_f32(BinaryOp::Mul, r1, r4);
-            let r6 = select_f32(r3, r5, r1);
-            let r7 = compare_f32(CmpOp::Lt, r0, r2);
-            let r8 = f32::from_bits(0u32);
-            let r9 = select_f32(r7, r8, r6);
-            out[j] = r9;
-        }
-    }
-    #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_15(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_10(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -631,7 +556,7 @@ mod __kiln_natives_Mlp {
         }
     }
     #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_16(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_11(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -640,20 +565,13 @@ mod __kiln_natives_Mlp {
             let r0 = i0[j];
             let r1 = i1[j];
             let r2 = out[j];
-            let r3 = f32::from_bits(2139095039u32);
-            let r4 = compare_f32(CmpOp::Eq, r0, r3);
-            let r5 = f32::from_bits(1056964608u32);
-            let r6 = binary_f32(BinaryOp::Mul, r1, r5);
-            let r7 = select_f32(r4, r6, r1);
-            let r8 = compare_f32(CmpOp::Gt, r0, r3);
-            let r9 = f32::from_bits(0u32);
-            let r10 = select_f32(r8, r9, r7);
-            let r11 = binary_f32(BinaryOp::Div, r10, r2);
-            out[j] = r11;
+            let r3 = binary_f32(BinaryOp::Add, r0, r1);
+            let r4 = binary_f32(BinaryOp::Div, r3, r2);
+            out[j] = r4;
         }
     }
     #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_17(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_12(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let i1 = &ins[1][..n];
@@ -672,7 +590,7 @@ mod __kiln_natives_Mlp {
         }
     }
     #[allow(clippy::all, unused_variables)]
-    pub(super) fn loop_18(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_13(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         let n = outs[0].len();
         let i0 = &ins[0][..n];
         let out = &mut outs[0][..n];
