@@ -3,16 +3,24 @@
 //! into what the zoo's MNIST-style models take: 28×28, a light figure on a dark
 //! background, normalised as in training.
 //!
-//! Readers are bounded: a file's declared width and height are checked (with overflow
-//! checked arithmetic) against [`MAX_PIXELS`] and against the bytes it actually holds
-//! before anything is allocated; an unreadable or malformed file is an error naming it.
+//! Readers are bounded: the file is read through a limit of [`MAX_FILE_BYTES`] (a
+//! larger file is refused from its size, a stream such as `/dev/zero` once it passes
+//! the limit), its first bytes decide the format before more is read, a PNG is decoded
+//! from the file as it streams with the decoder's memory limit, and a file's declared
+//! width and height are checked (with overflow checked arithmetic) against
+//! [`MAX_PIXELS`] and against the bytes it actually holds before any pixel buffer is
+//! allocated; an unreadable or malformed file is an error naming it.
 
 use kiln::tensor::{Error, Result};
-use std::io::Read;
+use std::io::{BufReader, Read};
 use std::path::Path;
 
-/// The most pixels an image may declare (64 megapixels).
-pub const MAX_PIXELS: usize = 1 << 26;
+/// The most pixels an image may declare (16 megapixels: a 4096×4096 scan, a phone's
+/// photo); the classifiers see 28×28 of them.
+pub const MAX_PIXELS: usize = 1 << 24;
+
+/// The most bytes an image file may hold (256 MiB: a 16-megapixel PGM written as text).
+pub const MAX_FILE_BYTES: u64 = 256 << 20;
 
 /// The side of the square the classifiers take.
 pub const SIDE: usize = 28;
@@ -33,10 +41,40 @@ pub struct GreyImage {
 /// over white.
 pub fn read_image(path: &Path) -> Result<GreyImage> {
     let bad = |why: String| Error::Format(format!("cannot read image {}: {why}", path.display()));
-    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-    if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
-        read_png(&bytes).map_err(bad)
-    } else if bytes.starts_with(b"P5") || bytes.starts_with(b"P2") {
+    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let size = file.metadata().map_err(|e| bad(e.to_string()))?;
+    if size.is_file() && size.len() > MAX_FILE_BYTES {
+        return Err(bad(format!(
+            "it holds {} bytes, more than the {MAX_FILE_BYTES} read here",
+            size.len()
+        )));
+    }
+    let mut reader = BufReader::new(file.take(MAX_FILE_BYTES + 1));
+    let mut magic = Vec::with_capacity(8);
+    (&mut reader)
+        .take(8)
+        .read_to_end(&mut magic)
+        .map_err(|e| bad(e.to_string()))?;
+    let past_limit = || {
+        bad(format!(
+            "it is longer than the {MAX_FILE_BYTES} bytes read here"
+        ))
+    };
+    if magic.starts_with(b"\x89PNG\r\n\x1a\n") {
+        let image = read_png(std::io::Cursor::new(magic).chain(&mut reader)).map_err(bad)?;
+        // The decoder stops at the image's end; what is left must fit the limit too.
+        if reader.get_ref().limit() == 0 {
+            return Err(past_limit());
+        }
+        Ok(image)
+    } else if magic.starts_with(b"P5") || magic.starts_with(b"P2") {
+        let mut bytes = magic;
+        reader
+            .read_to_end(&mut bytes)
+            .map_err(|e| bad(e.to_string()))?;
+        if bytes.len() as u64 > MAX_FILE_BYTES {
+            return Err(past_limit());
+        }
         read_pgm(&bytes).map_err(bad)
     } else {
         Err(bad(
@@ -58,9 +96,9 @@ fn pixel_count(width: usize, height: usize) -> std::result::Result<usize, String
         })
 }
 
-fn read_png(bytes: &[u8]) -> std::result::Result<GreyImage, String> {
+fn read_png(bytes: impl Read) -> std::result::Result<GreyImage, String> {
     let mut decoder = png::Decoder::new_with_limits(
-        bytes,
+        BufReader::new(bytes),
         png::Limits {
             bytes: MAX_PIXELS * 8,
         },
@@ -271,6 +309,78 @@ mod tests {
             let e = pgm(header, data).unwrap_err();
             assert!(e.contains(want), "{header:?}: {e}");
         }
+    }
+
+    /// PNG's chunk checksum (CRC-32, reflected, polynomial 0xEDB88320).
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in bytes {
+            crc ^= b as u32;
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    /// A scratch file `name` for one test.
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("kiln-image-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join(name)
+    }
+
+    /// Files that would cost more than their worth are refused before the memory is
+    /// spent: a stream of zeros from its first bytes, a file over the size limit from its
+    /// size, a PNG declaring too many pixels from its header.
+    #[test]
+    fn unbounded_and_oversized_files_are_refused_before_reading_them() {
+        #[cfg(unix)]
+        {
+            let start = std::time::Instant::now();
+            let e = read_image(Path::new("/dev/zero")).unwrap_err().to_string();
+            assert!(e.contains("neither a PNG nor a PGM"), "{e}");
+            assert!(
+                start.elapsed().as_secs() < 2,
+                "read /dev/zero for {:?}",
+                start.elapsed()
+            );
+        }
+        let big = scratch("big.pgm");
+        let file = std::fs::File::create(&big).unwrap();
+        file.set_len(MAX_FILE_BYTES + 1).unwrap(); // sparse: no disk spent
+        drop(file);
+        let e = read_image(&big).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("more than the {MAX_FILE_BYTES} read here")),
+            "{e}"
+        );
+        std::fs::remove_file(&big).unwrap();
+        // A header declaring 5000×5000 pixels, then one empty IDAT chunk (the decoder
+        // reads up to the first) and no pixel data.
+        let huge = scratch("huge.png");
+        let mut header = Vec::new();
+        png::Encoder::new(&mut header, 5000, 5000)
+            .write_header()
+            .unwrap()
+            .finish()
+            .ok();
+        let iend = header.len() - 12;
+        header.truncate(iend);
+        header.extend(0u32.to_be_bytes());
+        header.extend(b"IDAT");
+        header.extend(crc32(b"IDAT").to_be_bytes());
+        std::fs::write(&huge, &header).unwrap();
+        let e = read_image(&huge).unwrap_err().to_string();
+        assert!(
+            e.contains("declares 5000×5000 pixels, more than the"),
+            "{e}"
+        );
+        std::fs::remove_file(&huge).unwrap();
     }
 
     #[test]
