@@ -109,6 +109,8 @@ pub struct Plan<D> {
     pub atoms: Vec<(u32, NodeId, usize)>,
     /// Readable names of nodes, where the source gave one (`h`, `fc1.weight`).
     pub names: Vec<Option<String>>,
+    /// The layer each node belongs to (`blocks.0.ln1`), where the source said.
+    pub layers: Vec<Option<String>>,
 }
 
 /// Whether an op's result can be part of an elementwise group.
@@ -173,15 +175,17 @@ pub fn plan<D: SymDim + 'static>(
     inputs: &[NodeId],
     outputs: &[NodeId],
 ) -> Plan<D> {
-    plan_named(graph, inputs, outputs, &[])
+    plan_named(graph, inputs, outputs, &[], &[])
 }
 
-/// `plan`, keeping readable node names (`names[i]` for node `i` of `graph`).
+/// `plan`, keeping readable node names (`names[i]` for node `i` of `graph`) and the
+/// layers nodes belong to (`layers[i]`).
 pub fn plan_named<D: SymDim + 'static>(
     graph: &Graph<D>,
     inputs: &[NodeId],
     outputs: &[NodeId],
     names: &[Option<String>],
+    layers: &[Option<String>],
 ) -> Plan<D> {
     // Keep only what the outputs need, renumbered in order.
     let live = graph.live(outputs);
@@ -189,6 +193,8 @@ pub fn plan_named<D: SymDim + 'static>(
     let mut new_id = vec![usize::MAX; graph.nodes.len()];
     let mut g = Graph::<D>::new();
     let mut kept_names = Vec::new();
+    let mut kept_layers = Vec::new();
+    let layer = |i: usize| layers.get(i).cloned().flatten();
     // How many kept nodes precede each original node (where its guards run again).
     let mut position = vec![0; graph.nodes.len() + 1];
     for (i, n) in graph.nodes.iter().enumerate() {
@@ -197,6 +203,7 @@ pub fn plan_named<D: SymDim + 'static>(
             // Already computed in its transposed form, at the product's position.
             new_id[i] = new_id[m];
             kept_names[new_id[m]] = names.get(i).cloned().flatten();
+            kept_layers[new_id[m]] = layer(i);
             continue;
         }
         if transposed.iter().any(|(m, _)| *m == i) {
@@ -208,15 +215,18 @@ pub fn plan_named<D: SymDim + 'static>(
             let bt = g.apply(swap.clone(), &[&b]).expect("a rank-2 permute");
             let at = g.apply(swap, &[&a]).expect("a rank-2 permute");
             kept_names.extend([None, None]);
+            kept_layers.extend([layer(i), layer(i)]);
             new_id[i] = g
                 .apply(Op::MatMul, &[&bt, &at])
                 .expect("the transposed product is valid");
             kept_names.push(names.get(i).cloned().flatten());
+            kept_layers.push(layer(i));
             continue;
         }
         if live[i] || inputs.contains(&i) {
             new_id[i] = g.nodes.len();
             kept_names.push(names.get(i).cloned().flatten());
+            kept_layers.push(layer(i));
             let mut n = n.clone();
             n.inputs = n.inputs.iter().map(|&j| new_id[j]).collect();
             g.nodes.push(n);
@@ -451,6 +461,7 @@ pub fn plan_named<D: SymDim + 'static>(
         slots,
         atoms,
         names: kept_names,
+        layers: kept_layers,
     }
 }
 

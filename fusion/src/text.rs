@@ -360,6 +360,19 @@ impl Plan<SDim> {
                 out += &format!("name node={i} {name}\n");
             }
         }
+        // Runs of nodes in one layer, `layer nodes=first..end key`.
+        let mut i = 0;
+        while i < self.layers.len() {
+            let Some(key) = &self.layers[i] else {
+                i += 1;
+                continue;
+            };
+            let end = (i..self.layers.len())
+                .find(|&j| self.layers[j].as_ref() != Some(key))
+                .unwrap_or(self.layers.len());
+            out += &format!("layer nodes={i}..{end} {key}\n");
+            i = end;
+        }
         out
     }
 
@@ -378,6 +391,7 @@ impl Plan<SDim> {
             slots: vec![],
             atoms: vec![],
             names: vec![],
+            layers: vec![],
         };
         for (no, line) in lines.enumerate() {
             Self::parse_line(&mut plan, line)
@@ -385,6 +399,7 @@ impl Plan<SDim> {
         }
         plan.slot_of.resize(plan.graph.nodes.len(), None);
         plan.names.resize(plan.graph.nodes.len(), None);
+        plan.layers.resize(plan.graph.nodes.len(), None);
         Ok(plan)
     }
 
@@ -451,6 +466,18 @@ impl Plan<SDim> {
                     } else {
                         inner.split(',').map(parse_dtype).collect::<Result<_>>()?
                     };
+                }
+                "layer" => {
+                    let (first, end) = field("nodes")?.split_once("..").ok_or_else(|| bad(line))?;
+                    let (first, end): (usize, usize) = (num(first)?, num(end)?);
+                    let key = rest.split_once(' ').map(|x| x.1).ok_or_else(|| bad(line))?;
+                    if first >= end || end > plan.graph.nodes.len() {
+                        return Err(bad(line));
+                    }
+                    plan.layers.resize(plan.graph.nodes.len(), None);
+                    for layer in &mut plan.layers[first..end] {
+                        *layer = Some(key.to_string());
+                    }
                 }
                 "name" => {
                     let n: usize = num(field("node")?)?;

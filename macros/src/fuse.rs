@@ -114,7 +114,7 @@ pub fn fuse(
     let leaves: Vec<NodeId> = (0..mg.g.nodes.len())
         .filter(|&i| live[i] && matches!(mg.g.nodes[i].kind, NodeKind::Leaf(_)))
         .collect();
-    let plan = plan_named(&mg.g, &leaves, outputs, &mg.names);
+    let plan = plan_named(&mg.g, &leaves, outputs, &mg.names, &mg.layers);
     let text = plan.to_text();
     let plan_const = quote! {
         #[doc(hidden)]

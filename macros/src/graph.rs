@@ -67,6 +67,9 @@ pub struct MGraph {
     pub leaves: Vec<Leaf>,
     /// Readable names, where a `let` gave one.
     pub names: Vec<Option<String>>,
+    /// The layer (its checkpoint prefix, `blocks.0.ln1`) whose call made each node, or
+    /// whose node's gradient it is, where one did: what anomaly mode names.
+    pub layers: Vec<Option<String>>,
     /// Buffer updates (training only).
     pub updates: Vec<Update>,
     /// Dropout layers seen so far (each gets its own seed offset).
@@ -79,9 +82,18 @@ pub struct MGraph {
 }
 
 impl MGraph {
-    /// Gives nodes added since the last call a (still empty) name slot.
+    /// Gives nodes added since the last call a (still empty) name and layer slot.
     fn grow_names(&mut self) {
         self.names.resize(self.g.nodes.len(), None);
+        self.layers.resize(self.g.nodes.len(), None);
+    }
+
+    /// Puts the nodes from `first` on that have no layer yet in layer `key`.
+    pub fn in_layer(&mut self, first: NodeId, key: &str) {
+        self.grow_names();
+        for layer in self.layers.iter_mut().skip(first) {
+            layer.get_or_insert_with(|| key.to_string());
+        }
     }
 
     /// Adds an input leaf.

@@ -45,6 +45,7 @@ pub fn backward(mg: &mut MGraph, loss: NodeId) -> kiln_tensor::Result<HashMap<No
             continue;
         };
         let inputs: Vec<&NodeId> = node.inputs.iter().collect();
+        let first = mg.g.nodes.len();
         let input_grads = vjp(mg, op, &inputs, &id, &g)?;
         for (&input, ig) in node.inputs.iter().zip(input_grads) {
             let Some(ig) = ig else { continue };
@@ -56,6 +57,10 @@ pub fn backward(mg: &mut MGraph, loss: NodeId) -> kiln_tensor::Result<HashMap<No
                 mg.name(total, &format!("d_{name}"));
             }
             grads.insert(input, total);
+        }
+        // A node's gradient belongs to the layer the node does.
+        if let Some(layer) = mg.layers.get(id).cloned().flatten() {
+            mg.in_layer(first, &layer);
         }
     }
     Ok(grads)

@@ -29,6 +29,21 @@ impl Probe {
     }
 }
 
+/// Causal weights over a sequence, not followed by values (so they stay the mask and
+/// softmax written, not the fused attention op).
+#[model]
+struct MaskProbe {
+    q: Linear<4, 4>,
+}
+
+#[model]
+impl MaskProbe {
+    /// Each position's causal weights over the positions up to it.
+    pub fn forward<const B: usize, const T: usize>(&self, x: Tensor<B, T, 4>) -> Tensor<B, T, T> {
+        self.q(x).matmul(x.t()).causal_mask().softmax()
+    }
+}
+
 fn input(values: Vec<f32>) -> Tensor<Cpu, Rank2<2, 4>> {
     Tensor::from_vec(values, &[2, 4], &DEV).unwrap()
 }
@@ -143,6 +158,38 @@ fn anomaly_mode_names_the_first_non_finite_op_on_every_path() {
         e.contains("holds NaN at [1, 1]") && e.contains("not computed there"),
         "{e}"
     );
+
+    // The planned path names the layer an op belongs to, as the dynamic path does.
+    let big = input(vec![3e38; 8]);
+    for fused in [true, false] {
+        model.set_fused(fused);
+        let e = model.forward::<2>(&big).unwrap_err().to_string();
+        assert!(
+            e.starts_with("anomaly: `matmul` is the first op whose output is not finite: inf at"),
+            "{e}"
+        );
+        assert!(e.contains(", in layer `fc1`)"), "{e}");
+    }
+    model.set_fused(true);
+
+    // A causal mask is intended, not a fault: planned and dynamic, a GPT's masked scores
+    // pass (the mask pushes scores down by the largest finite value, not to -inf).
+    let probe = MaskProbe::<Cpu>::init(&DEV, 5).unwrap();
+    let seq = Tensor::<Cpu, (Const<2>, Const<6>, Const<4>)>::normal(0.0, 1.0, 6, &DEV).unwrap();
+    for fused in [true, false] {
+        probe.set_fused(fused);
+        let w = probe.forward(&seq).unwrap().to_vec().unwrap();
+        assert_eq!(w[1], 0.0, "the first position sees only itself: {w:?}");
+    }
+    let gpt = kiln_models::dynamic::DynamicGpt::<Cpu>::new(16, 2, 2, 32, &DEV, 1).unwrap();
+    let ids: Vec<i32> = (0..14).map(|i| (i * 31 % 256) as i32).collect();
+    let next: Vec<i32> = ids.iter().map(|v| (v + 1) % 256).collect();
+    let (ids, next) = (
+        LazyTensor::<Cpu>::from_vec(ids, &[2, 7], &DEV).unwrap(),
+        LazyTensor::<Cpu>::from_vec(next, &[2, 7], &DEV).unwrap(),
+    );
+    let loss = gpt.loss(&ids, &next, Mode::Train { seed: 3 }).unwrap();
+    assert!(loss.to_vec::<f32>().unwrap()[0].is_finite());
 
     set_detect(false);
     let z = fc2.forward(&h, Mode::Eval).unwrap().sqrt().unwrap();

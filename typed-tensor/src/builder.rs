@@ -512,18 +512,25 @@ pub trait BuilderExt: Builder {
         let h = self.mul_scalar(x, 0.5)?;
         self.mul(&h, &one)
     }
-    /// `x` with every entry above the diagonal of its last two axes pushed down by
-    /// f32's largest finite value or more (to −∞ in dtypes that cannot hold it): row
-    /// (query) `i` keeps columns (keys) `j <= i`, and a softmax over the last axis then
-    /// gives the others zero weight, so attention scores `[.., T, T]` through it attend
-    /// causally. The positions come from `iota` on the device (no mask is built on the
-    /// host) and are compared in f32 (exact up to 2^24 positions, whatever `x`'s
-    /// dtype). The mask is added, `x + relu(j − i) · (−max)`, not selected, so no bool
-    /// value crosses kernels and the addition fuses with what reads `x`.
+    /// `x` with every entry above the diagonal of its last two axes pushed down by its
+    /// dtype's largest finite value: row (query) `i` keeps columns (keys) `j <= i`, and
+    /// a softmax over the last axis then gives the others zero weight, so attention
+    /// scores `[.., T, T]` through it attend causally. The mask is finite (no −∞), so
+    /// anomaly mode sees an intended mask, not a fault. The positions come from `iota` on
+    /// the device (no mask is built on the host) and are compared in f32 (exact up to
+    /// 2^24 positions, whatever `x`'s dtype). The mask is added,
+    /// `x + min(relu(j − i), 1) · (−max)`, not selected, so no bool value crosses kernels
+    /// and the addition fuses with what reads `x`.
     fn causal_mask(&mut self, x: &Self::Value) -> Result<Self::Value> {
         self.guard(Guard::SquareScores, &[x])?;
         let dims = self.dims(x);
         let dtype = self.dtype(x);
+        let Some(big) = dtype.finite_max() else {
+            return Err(Error::dtype(
+                "causal_mask",
+                format!("masks float scores, not {dtype}"),
+            ));
+        };
         let r = dims.len();
         let square = vec![dims[r - 2].clone(), dims[r - 1].clone()];
         let rows = self.apply(
@@ -544,11 +551,14 @@ pub trait BuilderExt: Builder {
         let cols = self.cast(&cols, DType::F32)?;
         let ahead = self.sub(&cols, &rows)?;
         let ahead = self.unary(UnaryOp::Relu, &ahead)?;
-        let penalty = self.full(vec![], -(f32::MAX as f64), DType::F32)?;
-        let mut bias = self.mul(&ahead, &penalty)?;
+        // 1 above the diagonal, 0 on and below it.
+        let one = self.scalar_like(&ahead, 1.0)?;
+        let mut above = self.binary(BinaryOp::Min, &ahead, &one)?;
         if dtype != DType::F32 {
-            bias = self.cast(&bias, dtype)?;
+            above = self.cast(&above, dtype)?;
         }
+        let penalty = self.full(vec![], -big, dtype)?;
+        let bias = self.mul(&above, &penalty)?;
         self.add(x, &bias)
     }
     /// Softmax along `axis` (max-subtracted for stability).

@@ -158,7 +158,7 @@ pub(super) mod anomaly {
             &bad,
             value.dtype(),
             value.dims().as_slice(),
-            &format!("node {i}{}", own_name(plan, i)),
+            &format!("node {i}{}{}", layer(plan, i), own_name(plan, i)),
             &leaves,
             variable.as_deref(),
         ))
@@ -171,6 +171,14 @@ pub(super) mod anomaly {
             None => format!("input {k}"),
         };
         given_error(&name, bad)
+    }
+
+    /// `, in layer `key`` when the plan says which layer node `i` belongs to.
+    fn layer(plan: &Plan<SDim>, i: NodeId) -> String {
+        match plan.layers.get(i).and_then(Option::as_ref) {
+            Some(key) => format!(", in layer `{key}`"),
+            None => String::new(),
+        }
     }
 
     fn own_name(plan: &Plan<SDim>, i: NodeId) -> String {

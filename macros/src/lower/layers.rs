@@ -138,8 +138,12 @@ impl<'a> Lower<'a> {
             }
             Mode::Eval => Mode::Eval,
         };
+        let first = self.mg.g.nodes.len();
         let out = match spec.forward(&mut self.mg, &refs, &xn, mode) {
-            Ok(o) => o,
+            Ok(o) => {
+                self.mg.in_layer(first, &l.key);
+                o
+            }
             Err(e) => {
                 self.err(
                     span,

@@ -90,7 +90,10 @@ impl<'a> Lower<'a> {
         self.fields = &def.fields;
         self.methods = &def.methods;
         self.nesting += 1;
+        let first = self.mg.g.nodes.len();
         let r = self.inline_call(m, &format!("{}.{method}", l.display), args, span);
+        // What its body computed outside its own layers is the nested model's.
+        self.mg.in_layer(first, &l.key);
         self.nesting -= 1;
         (self.fields, self.methods, self.frame) = saved;
         if let Ok(Val::T(y)) = &r {
