@@ -8,6 +8,8 @@ use output::{assert_refused, run};
 const TRAIN: &str = env!("CARGO_BIN_EXE_kiln-train");
 const INFER: &str = env!("CARGO_BIN_EXE_kiln-infer");
 const BENCH: &str = env!("CARGO_BIN_EXE_kiln-bench");
+const CLASSIFY: &str = env!("CARGO_BIN_EXE_kiln-classify");
+const GENERATE: &str = env!("CARGO_BIN_EXE_kiln-generate");
 
 #[test]
 fn nonsense_flags_and_paths_are_refused_in_one_line() {
@@ -160,6 +162,95 @@ fn kiln_infer_refuses_a_checkpoint_of_another_model_or_data_set() {
         all.extend(["--checkpoint", path]);
         assert_refused(INFER, &all, want);
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Files that load but cannot answer anything are refused in one line: a test set of
+/// no images (no accuracy of 0% on 0 images), a checkpoint whose weights are NaN with
+/// valid checksums (no `9 (NaN%)`), and an image model's checkpoint given to
+/// kiln-generate (one line naming the model it holds, not a list of tensors).
+#[test]
+fn files_that_cannot_answer_are_refused_in_one_line() {
+    use kiln::cpu::{Cpu, CpuDevice};
+    use kiln::tensor::nn::Module;
+    use kiln::tensor::RawTensor;
+    use std::collections::BTreeMap;
+    let dir = std::env::temp_dir().join(format!("kiln-cannot-answer-{}", std::process::id()));
+    let empty = dir.join("empty").join("mnist");
+    std::fs::create_dir_all(&empty).unwrap();
+    for (name, header) in [
+        (
+            "t10k-images-idx3-ubyte",
+            vec![0u8, 0, 8, 3, 0, 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 28],
+        ),
+        ("t10k-labels-idx1-ubyte", vec![0u8, 0, 8, 1, 0, 0, 0, 0]),
+    ] {
+        use std::io::Write;
+        let file = std::fs::File::create(empty.join(format!("{name}.gz"))).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
+        gz.write_all(&header).unwrap();
+        gz.finish().unwrap();
+    }
+    let model = kiln_models::mlp::Mlp::<Cpu>::init(&CpuDevice, 1).unwrap();
+    let meta = BTreeMap::from([
+        ("model".to_string(), "mlp".to_string()),
+        ("dataset".to_string(), "mnist".to_string()),
+    ]);
+    let good = dir.join("mlp.safetensors");
+    kiln::train::checkpoint::save_with_metadata(&model, &good, &meta).unwrap();
+    let good = good.to_str().unwrap();
+    assert_refused(
+        INFER,
+        &[
+            "--data",
+            dir.join("empty").to_str().unwrap(),
+            "--checkpoint",
+            good,
+        ],
+        "holds no images (0 of 28×28 pixels)",
+    );
+    // The same tensors, fc2's weight NaN, written with valid checksums.
+    let mut tensors: Vec<(String, RawTensor<Cpu>)> = Vec::new();
+    model.visit_params("", &mut |s| {
+        let mut t = s.value.clone();
+        if s.name == "fc2.weight" {
+            let n = t.numel();
+            t = RawTensor::from_vec(vec![f32::NAN; n], t.dims().as_slice(), &CpuDevice).unwrap();
+        }
+        tensors.push((s.name.to_string(), t));
+    });
+    let named: Vec<(&str, &RawTensor<Cpu>)> =
+        tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let nan = dir.join("nan.safetensors");
+    kiln::train::checkpoint::write_tensors_with_metadata(&nan, &named, &meta).unwrap();
+    let image = dir.join("seven.pgm");
+    std::fs::write(
+        &image,
+        [b"P5 2 2 255\n".as_slice(), &[0, 255, 255, 0]].concat(),
+    )
+    .unwrap();
+    assert_refused(
+        CLASSIFY,
+        &[
+            "--checkpoint",
+            nan.to_str().unwrap(),
+            image.to_str().unwrap(),
+        ],
+        "holds `fc2.weight` with NaN at [0, 0]",
+    );
+    assert_refused(
+        GENERATE,
+        &["--checkpoint", good],
+        "holds a model kiln-train trained as --model mlp, not a GPT",
+    );
+    // A file of another model without kiln-train's metadata: one line too.
+    let bare = dir.join("bare.safetensors");
+    kiln::train::checkpoint::save(&model, &bare).unwrap();
+    assert_refused(
+        GENERATE,
+        &["--checkpoint", bare.to_str().unwrap()],
+        "the file holds none of its",
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

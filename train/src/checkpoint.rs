@@ -225,6 +225,26 @@ pub(crate) fn prepare_load<B: Backend, M: Module<B>>(
         .map(|t| t.name.clone())
         .collect();
     if !problems.is_empty() {
+        let shared = held
+            .iter()
+            .filter(|t| names.contains(t.name.as_str()))
+            .count();
+        if shared == 0 && !held.is_empty() {
+            // Nothing in common: another model's file, said in one line.
+            let some: Vec<String> = held
+                .iter()
+                .take(3)
+                .map(|t| format!("`{}`", t.name))
+                .collect();
+            return Err(Error::Format(format!(
+                "cannot load `{}` into the model: the file holds none of its {} tensors but {} others ({}{}), a checkpoint of another model",
+                path.display(),
+                names.len(),
+                held.len(),
+                some.join(", "),
+                if held.len() > 3 { ", ..." } else { "" }
+            )));
+        }
         return Err(Error::Format(format!(
             "cannot load `{}` into the model:\n  - {}",
             path.display(),

@@ -342,6 +342,12 @@ pub fn accuracy<B: Backend, M: Classifier<B>>(
     split: &Split,
     device: &B::Device,
 ) -> Result<f64> {
+    if split.is_empty() {
+        return Err(Error::invalid(
+            "accuracy",
+            "the split holds no examples: an accuracy over none is undefined",
+        ));
+    }
     let order: Vec<usize> = (0..split.len()).collect();
     let mut correct = 0usize;
     for b in batches(split, &order, EVAL_BATCH) {
@@ -355,7 +361,7 @@ pub fn accuracy<B: Backend, M: Classifier<B>>(
         let pred = model.logits(&x)?.argmax(1, false)?.to_vec::<i32>()?;
         correct += pred.iter().zip(&b.labels).filter(|(p, l)| p == l).count();
     }
-    Ok(correct as f64 / split.len().max(1) as f64)
+    Ok(correct as f64 / split.len() as f64)
 }
 
 /// What a classifier says of one example: the likeliest class and every class's

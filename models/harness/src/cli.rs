@@ -64,8 +64,26 @@ pub struct ForeignArg {
 impl ForeignArg {
     /// A new model on `device` holding the checkpoint at `path`, its checksums verified
     /// unless `--foreign` was given; built without drawing values it would replace.
+    /// A parameter holding NaN or an infinity (a run that diverged, saved with valid
+    /// checksums) is refused, naming it: such a model answers nothing but NaN.
     pub fn load_new<B: Backend, M: Module<B>>(&self, path: &Path, device: &B::Device) -> Result<M> {
-        checkpoint::load_new(path, device, self.foreign)
+        let model: M = checkpoint::load_new(path, device, self.foreign)?;
+        let mut bad = Ok(());
+        model.visit_params("", &mut |slot| {
+            if bad.is_err() {
+                return;
+            }
+            bad = match kiln::tensor::anomaly::first_non_finite(slot.value) {
+                Ok(Some(value)) => Err(Error::Format(format!(
+                    "{} holds `{}` with {value}: the run that wrote it diverged; retrain, or resume from an earlier training state",
+                    path.display(),
+                    slot.name
+                ))),
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
+        });
+        bad.map(|()| model)
     }
 }
 

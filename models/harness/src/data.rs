@@ -1,7 +1,7 @@
 //! Data sets: an IDX (gzip'd) reader for MNIST and Fashion-MNIST, and seeded
 //! shuffling into batches. Files are read from the copies vendored in `models/data/`.
 
-use flate2::read::GzDecoder;
+use flate2::read::MultiGzDecoder;
 use kiln::tensor::{rng, Error, Result};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -20,13 +20,15 @@ pub const MAX_IDX_BYTES: usize = 1 << 31;
 /// Reads an IDX file of `ndim` dims, un-gzipping it on the fly when its name ends in
 /// `.gz`: the header first, then exactly the payload it declares (see
 /// [`read_idx_from`]), so decompression stops where the header says the data ends.
+/// Every gzip member is part of the stream (as `gunzip` reads them), so data in a
+/// second member is data past the payload, refused like any other.
 pub fn read_idx(path: &Path, ndim: usize) -> Result<(Vec<usize>, Vec<u8>)> {
     let file = std::fs::File::open(path)
         .map_err(|e| Error::Format(format!("cannot read {}: {e}", path.display())))?;
     let reader = std::io::BufReader::new(file);
     let what = path.display().to_string();
     if path.extension().is_some_and(|e| e == "gz") {
-        read_idx_from(GzDecoder::new(reader), ndim, &format!("{what} (gzip)"))
+        read_idx_from(MultiGzDecoder::new(reader), ndim, &format!("{what} (gzip)"))
     } else {
         read_idx_from(reader, ndim, &what)
     }
@@ -218,6 +220,15 @@ impl Split {
                 idims[0], ldims[0]
             )));
         }
+        if idims[0] == 0 || idims[1] * idims[2] == 0 {
+            return Err(Error::Format(format!(
+                "{}: holds no images ({} of {}×{} pixels): nothing to train on or measure",
+                dir.join(&image_file).display(),
+                idims[0],
+                idims[1],
+                idims[2]
+            )));
+        }
         if let Some(bad) = labels.iter().find(|&&l| l > 9) {
             return Err(Error::Format(format!(
                 "{label_file}: label {bad} is not a class 0-9"
@@ -357,7 +368,7 @@ mod tests {
                 Ok(k)
             }
         }
-        let mut counted = Counted(GzDecoder::new(&bomb[..]), 0);
+        let mut counted = Counted(MultiGzDecoder::new(&bomb[..]), 0);
         let e = read_idx_from(&mut counted, 3, "bomb")
             .unwrap_err()
             .to_string();
@@ -367,6 +378,26 @@ mod tests {
             "decompressed {} bytes",
             counted.1
         );
+    }
+
+    #[test]
+    fn data_in_a_second_gzip_member_is_refused() {
+        use flate2::{write::GzEncoder, Compression};
+        use std::io::Write;
+        let member = |bytes: &[u8]| {
+            let mut enc = GzEncoder::new(Vec::new(), Compression::fast());
+            enc.write_all(bytes).unwrap();
+            enc.finish().unwrap()
+        };
+        let one = member(&[0, 0, 8, 1, 0, 0, 0, 2, 7, 9]);
+        let path = std::env::temp_dir().join(format!("kiln-idx-{}.gz", std::process::id()));
+        std::fs::write(&path, &one).unwrap();
+        assert_eq!(read_idx(&path, 1).unwrap().1, vec![7, 9]);
+        let two = [one, member(&[5, 5, 5])].concat();
+        std::fs::write(&path, &two).unwrap();
+        let e = read_idx(&path, 1).unwrap_err().to_string();
+        assert!(e.contains("the payload has more"), "{e}");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

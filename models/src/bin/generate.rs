@@ -64,8 +64,18 @@ impl OnDevice for Generate<'_> {
             .clone()
             .unwrap_or_else(|| kiln_models::cli::default_checkpoint("gpt-shakespeare.safetensors"));
         let path = path.as_path();
+        let meta = checkpoint::read_metadata(path)?;
+        if let Some(model) = meta.get("model").filter(|m| *m != "gpt") {
+            return Err(Error::invalid(
+                "kiln-generate",
+                format!(
+                    "{} holds a model kiln-train trained as --model {model}, not a GPT: kiln-generate samples from --model gpt, gpt-tiny or gpt-w3 checkpoints",
+                    path.display()
+                ),
+            ));
+        }
         // Checkpoints from before configurations were named hold the tiny GPT.
-        let config = checkpoint::read_metadata(path)?
+        let config = meta
             .get("config")
             .cloned()
             .unwrap_or_else(|| "TinyGpt".to_string());
