@@ -19,6 +19,10 @@ fn main() {
     let started = std::time::Instant::now();
     let weights = kiln::embed!(SmallGpt, "../weights/gpt-shakespeare.safetensors");
     let prompt = std::env::args().nth(1).unwrap_or_else(|| "ROMEO:".into());
+    if prompt == "-h" || prompt == "--help" {
+        println!("Continue a prompt with 300 bytes from the small GPT whose weights are built into this program.\nusage: <this program> [PROMPT] (default ROMEO:)");
+        return;
+    }
     let sampling = Sampling {
         bytes: 300,
         temperature: 0.8,

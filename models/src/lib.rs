@@ -18,7 +18,7 @@ pub mod mlp;
 pub mod parts;
 mod short_run;
 
-pub use kiln_harness::{cli, curve, data, image, text};
+pub use kiln_harness::{cli, curve, data, image, progress, text};
 
 /// Training and evaluating image classifiers ([`kiln_harness::classify`]), with the
 /// zoo's classifiers and the short MNIST recipe every backend's suite runs.

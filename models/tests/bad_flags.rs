@@ -325,3 +325,52 @@ fn negative_numbers_get_a_message_about_their_flag() {
         assert_refused(bin, &args, want);
     }
 }
+
+/// Each binary's `--help` opens with what it does, not the package's description.
+#[test]
+fn each_binary_says_what_it_does_first() {
+    for (bin, first) in [
+        (TRAIN, "Train a model of the zoo"),
+        (INFER, "Evaluate an image classifier's checkpoint"),
+        (CLASSIFY, "Classify image files"),
+        (GENERATE, "Sample text from a trained GPT"),
+        (BENCH, "Run Kiln's benchmark workloads"),
+        (
+            env!("CARGO_BIN_EXE_kiln-train-dynamic"),
+            "Train the character-level GPT on the dynamic path",
+        ),
+    ] {
+        let (code, help, err) = output::run(bin, &["--help"]);
+        assert_eq!(code, Some(0), "{bin}: {err}");
+        assert!(help.starts_with(first), "{bin}: {help}");
+    }
+}
+
+/// The GPT configurations save to their own default files: `--model gpt-tiny` leaves
+/// the small GPT's checkpoint alone. Piped, the run's progress is plain lines.
+#[test]
+fn gpt_configurations_save_to_their_own_files() {
+    let dir = std::env::temp_dir().join(format!("kiln-gpt-paths-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = std::process::Command::new(TRAIN)
+        .args(["--model", "gpt-tiny", "--limit", "4096", "--epochs", "1"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Its output went to a pipe, not a terminal: progress came as plain lines.
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with("step ") && l.contains("(100%) loss")),
+        "{log}"
+    );
+    assert!(dir.join("runs/gpt-tiny-shakespeare.safetensors").exists());
+    assert!(!dir.join("runs/gpt-shakespeare.safetensors").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

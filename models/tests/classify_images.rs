@@ -50,7 +50,7 @@ fn image_files_give_the_data_sets_inputs() {
         for (path, index, label) in fixtures(prefix) {
             assert_eq!(test.labels[index], label, "{}", path.display());
             let want = &test.images[index * 784..(index + 1) * 784];
-            let got = classifier_input(&read_image(&path).unwrap(), data.norm());
+            let got = classifier_input(&read_image(&path).unwrap(), data.norm(), data.framing());
             if path.to_string_lossy().contains("big_inverted") {
                 let worst = got
                     .iter()

@@ -117,6 +117,13 @@ fn the_embedded_binaries_classify_image_files() {
         let (code, _, err) = output::run(exe.to_str().unwrap(), &[bad.to_str().unwrap()]);
         assert_eq!(code, Some(1), "{err}");
         assert!(err.contains("neither a PNG nor a PGM"), "{err}");
+        // `--help` is help, not a file to open; another option is refused.
+        let (code, help, err) = output::run(exe.to_str().unwrap(), &["--help"]);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(help.contains("usage: <this program> IMAGE..."), "{help}");
+        let (code, _, err) = output::run(exe.to_str().unwrap(), &["--bogus"]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("unknown option --bogus"), "{err}");
     }
 }
 
@@ -141,4 +148,7 @@ fn the_embedded_gpt_continues_a_prompt_as_kiln_generate_does() {
     );
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(stdout, from_file);
+    let (code, help, err) = output::run(exe.to_str().unwrap(), &["--help"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(help.contains("usage: <this program> [PROMPT]"), "{help}");
 }

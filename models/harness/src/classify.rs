@@ -420,19 +420,21 @@ pub fn predict<B: Backend, M: Classifier<B>>(
     Ok(Prediction::from_logits(&model.logits(&x)?.to_vec::<f32>()?))
 }
 
-/// Classifies image files (PNG or PGM, any size: see [`crate::image`]) with `model`,
-/// normalising with `norm`: each file's prediction, or the error naming it.
+/// Classifies image files (PNG or PGM, any size: see [`crate::image`]) with `model`
+/// trained on `data`, each framed and normalised as its images: each file's prediction,
+/// or the error naming it.
 pub fn classify_files<B: Backend, M: Classifier<B>>(
     model: &M,
     files: &[std::path::PathBuf],
-    norm: (f32, f32),
+    data: crate::cli::ImageData,
     device: &B::Device,
 ) -> Vec<Result<Prediction>> {
     files
         .iter()
         .map(|f| {
             let image = crate::image::read_image(f)?;
-            predict(model, crate::image::classifier_input(&image, norm), device)
+            let input = crate::image::classifier_input(&image, data.norm(), data.framing());
+            predict(model, input, device)
         })
         .collect()
 }
@@ -456,7 +458,33 @@ pub fn classify_command_line<B: Backend, M: Classifier<B>>(
             return 1;
         }
     };
-    let files: Vec<std::path::PathBuf> = std::env::args_os().skip(1).map(Into::into).collect();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let usage = "usage: <this program> IMAGE... (PNG or PGM files, any size; a dark figure on a light background is inverted)";
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!(
+            "Classify image files with the {} classifier whose weights are built into this program.\n{usage}",
+            data.folder()
+        );
+        return 0;
+    }
+    // `--` ends the options: files named like options come after it.
+    let (options, files) = match args.iter().position(|a| a == "--") {
+        Some(at) => (&args[..at], &args[at + 1..]),
+        None => (&args[..], &args[args.len()..]),
+    };
+    let mut paths: Vec<std::path::PathBuf> = Vec::new();
+    for a in options {
+        if a.to_string_lossy().starts_with('-') && a.len() > 1 {
+            eprintln!(
+                "error: unknown option {}: this program takes image files only ({usage})",
+                a.to_string_lossy()
+            );
+            return 1;
+        }
+        paths.push(a.into());
+    }
+    paths.extend(files.iter().map(std::path::PathBuf::from));
+    let files = paths;
     if files.is_empty() {
         eprintln!("error: name the image files to classify (PNG or PGM, any size)");
         return 1;
@@ -468,7 +496,7 @@ pub fn classify_command_line<B: Backend, M: Classifier<B>>(
     let mut status = 0;
     for (file, p) in files
         .iter()
-        .zip(classify_files(&model, &files, data.norm(), device))
+        .zip(classify_files(&model, &files, data, device))
     {
         match p {
             Ok(p) => println!("{}: {}", file.display(), p.describe(data.classes())),

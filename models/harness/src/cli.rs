@@ -155,6 +155,15 @@ impl ImageData {
         }
     }
 
+    /// How it frames an image in its 28×28 square (digits centred by mass, clothes
+    /// fitted).
+    pub fn framing(self) -> crate::image::Framing {
+        match self {
+            ImageData::Mnist => crate::image::Framing::CentredByMass,
+            ImageData::Fashion => crate::image::Framing::Fitted,
+        }
+    }
+
     /// Its class names.
     pub fn classes(self) -> &'static [&'static str; 10] {
         match self {

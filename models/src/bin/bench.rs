@@ -25,7 +25,7 @@ use std::time::Instant;
 
 /// Run Kiln's benchmark workloads on a device.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Workloads to run (comma-separated): w1, w2, w3, w4, dynamic (the dynamic path's own costs).
     #[arg(long, default_value = "w1,w2,w4")]

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 /// Classify image files with a trained checkpoint.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     #[command(flatten)]
     classifier: ClassifierCheckpoint,
@@ -32,7 +32,7 @@ fn run<M: Classifier<Cpu>>(args: &Args) -> Result<bool> {
         start.elapsed().as_secs_f64() * 1e3
     );
     let dataset = args.classifier.dataset;
-    let predictions = classify_files(&model, &args.images, dataset.norm(), &CpuDevice);
+    let predictions = classify_files(&model, &args.images, dataset, &CpuDevice);
     let mut all_read = true;
     for (file, p) in args.images.iter().zip(predictions) {
         match p {

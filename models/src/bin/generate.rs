@@ -24,10 +24,11 @@ use w3_instances::W3Gpt;
 /// Sample text from a trained GPT.
 #[derive(Parser, Debug)]
 // Negative numbers parse, so that a negative value gets a message about its flag.
-#[command(version, about, allow_negative_numbers = true)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
     /// The checkpoint (default: runs/gpt-shakespeare.safetensors in the current folder,
-    /// where kiln-train saves it).
+    /// where kiln-train --model gpt saves it; --model gpt-tiny and gpt-w3 save to
+    /// runs/gpt-tiny-shakespeare.safetensors and runs/gpt-w3-shakespeare.safetensors).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
     /// The text to continue.

@@ -13,9 +13,10 @@ use kiln_models::data::{Split, SplitName};
 use kiln_models::{lenet::LeNet, mlp::Mlp};
 use std::time::Instant;
 
-/// Evaluate a trained checkpoint.
+/// Evaluate an image classifier's checkpoint on its data set's test split: accuracy
+/// and batch-1 latency.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     #[command(flatten)]
     classifier: ClassifierCheckpoint,

@@ -7,7 +7,6 @@ use clap::{Parser, ValueEnum};
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use indicatif::{ProgressBar, ProgressStyle};
 use kiln::device::{run_on, DeviceChoice, OnDevice};
 use kiln::prelude::*;
 use kiln::tensor::nn::Module;
@@ -20,6 +19,7 @@ use kiln::train::state;
 use kiln_models::classify::{accuracy, fit_ranks, Classifier, FitSettings};
 use kiln_models::curve::Curve;
 use kiln_models::data::{ImageDataset, FASHION_NORM, MNIST_NORM};
+use kiln_models::progress::Progress;
 use kiln_models::{lenet::LeNet, mlp::Mlp};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -60,10 +60,11 @@ enum Opt {
     Adamw,
 }
 
-/// Train a model on MNIST-style images and save a checkpoint.
+/// Train a model of the zoo (an MLP or a CNN on MNIST-style images, or a GPT on
+/// Shakespeare) and save its checkpoint and training state.
 #[derive(Parser, Debug)]
 // Negative numbers parse, so that `--lr -1` gets a message about the rate.
-#[command(version, about, allow_negative_numbers = true)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
     /// The model.
     #[arg(long, value_enum, default_value = "mlp")]
@@ -334,10 +335,7 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
             args.lr
         );
     }
-    let bar = match leader {
-        true => progress_bar(total),
-        false => ProgressBar::hidden(),
-    };
+    let bar = Progress::new(total, leader);
     bar.set_position(start);
     let started = Instant::now();
     let mut avg = f32::NAN;
@@ -738,10 +736,13 @@ mod gpt {
             }
             corpus.train.truncate(args.limit);
         }
-        let out = args
-            .out
-            .clone()
-            .unwrap_or_else(|| kiln_models::cli::default_checkpoint("gpt-shakespeare.safetensors"));
+        // Each configuration its own file: `--model gpt-tiny` must not overwrite the
+        // small GPT's checkpoint.
+        let out = args.out.clone().unwrap_or_else(|| {
+            let model = clap::ValueEnum::to_possible_value(&args.model)
+                .map_or_else(|| "gpt".to_string(), |v| v.get_name().to_string());
+            kiln_models::cli::default_checkpoint(&format!("{model}-shakespeare.safetensors"))
+        });
         let state_path = super::state_path(args, &out)?;
         if leader {
             super::check_writable("checkpoint", &out)?;
@@ -773,10 +774,7 @@ mod gpt {
                 args.lr
             );
         }
-        let bar = match leader {
-            true => super::progress_bar(total),
-            false => indicatif::ProgressBar::hidden(),
-        };
+        let bar = kiln_models::progress::Progress::new(total, leader);
         bar.set_position(start);
         let started = Instant::now();
         let mut steps = StepReplay::new(dev, !args.no_graph, &opt, M::draws_at_random());
@@ -895,18 +893,6 @@ mod gpt {
         println!("training curve {}", png.display());
         Ok(())
     }
-}
-
-/// A progress bar of `total` steps: position, message, elapsed time and ETA.
-fn progress_bar(total: u64) -> ProgressBar {
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
-        )
-        .expect("static template"),
-    );
-    bar
 }
 
 /// The batch sizes `--batch-size` takes (the zoo's classifiers are built for these).

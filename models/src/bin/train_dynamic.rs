@@ -7,13 +7,13 @@
 //! plan of its own, every other length reuses one). On the CPU or a GPU (`--device`).
 
 use clap::Parser;
-use indicatif::{ProgressBar, ProgressStyle};
 use kiln::device::{run_on, OnDevice};
 use kiln::dynamic::{cache_stats, no_grad, LazyTensor};
 use kiln::tensor::nn::{step_seed, Mode};
 use kiln::tensor::{rng, Backend, Error, RawTensor, Result};
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer};
 use kiln_models::dynamic::DynamicGpt;
+use kiln_models::progress::Progress;
 use kiln_models::text::{windows, Corpus};
 use std::time::Instant;
 
@@ -23,7 +23,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Train the character-level GPT on the dynamic path, with variable sequence lengths.
 #[derive(Parser, Debug)]
 // Negative numbers parse, so that a negative value gets a message about its flag.
-#[command(version, about, allow_negative_numbers = true)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
     /// Training steps.
     #[arg(long, default_value_t = 300)]
@@ -111,11 +111,7 @@ fn train<Be: Backend>(args: &Args, dev: &Be::Device) -> Result<()> {
     })?;
     let lengths = args.context - args.min_len + 1;
     let key = rng::stream_key(args.seed, 7);
-    let bar = ProgressBar::new(args.steps);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
-            .map_err(|e| Error::invalid("progress", e.to_string()))?,
-    );
+    let bar = Progress::new(args.steps, true);
     let start = Instant::now();
     let mut tokens = 0usize;
     let mut last = f64::NAN;
@@ -141,7 +137,7 @@ fn train<Be: Backend>(args: &Args, dev: &Be::Device) -> Result<()> {
         ));
         bar.inc(1);
     }
-    bar.finish();
+    bar.finish_and_clear();
     let (ids, next) = windows(&corpus.held_out, args.batch, args.context, 99)?;
     let held_out = no_grad(|| {
         let ids = LazyTensor::from_raw(RawTensor::from_vec(ids, &[args.batch, args.context], dev)?);
