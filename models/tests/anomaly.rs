@@ -182,7 +182,7 @@ fn anomaly_mode_names_the_first_non_finite_op_on_every_path() {
         assert_eq!(w[1], 0.0, "the first position sees only itself: {w:?}");
     }
     let gpt = kiln_models::dynamic::DynamicGpt::<Cpu>::new(16, 2, 2, 32, &DEV, 1).unwrap();
-    let ids: Vec<i32> = (0..14).map(|i| (i * 31 % 256) as i32).collect();
+    let ids: Vec<i32> = (0..14).map(|i| i * 31 % 256).collect();
     let next: Vec<i32> = ids.iter().map(|v| (v + 1) % 256).collect();
     let (ids, next) = (
         LazyTensor::<Cpu>::from_vec(ids, &[2, 7], &DEV).unwrap(),
