@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|attention|dropout|w3step|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|attention|dropout|oom|w3step|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -86,6 +86,11 @@ case $W in
     # the capture rules (a step with attention dropout reading its seed from device
     # memory draws the host-seeded step's mask).
     [ -x $B/conformance_test ] && run 300 $B/conformance_test --test-threads 1 attention
+    [ -x $B/capture_rules_test ] && run 200 $B/capture_rules_test --test-threads 1 cuda ;;
+  oom)
+    # Out of device memory (issue 33): CUDA's default limit refuses an allocation past
+    # it, the program frees and trains on; the capture rules with the limit in place.
+    [ -x $B/oom_test ] && run 200 $B/oom_test --test-threads 1 --nocapture
     [ -x $B/capture_rules_test ] && run 200 $B/capture_rules_test --test-threads 1 cuda ;;
   w3step)
     # W3's step (kiln-bench, planned, f32 and bf16 products) with PyTorch's eager and

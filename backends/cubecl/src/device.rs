@@ -29,6 +29,9 @@ pub struct Opened<R: KilnRuntime> {
     pub dtypes: Vec<DType>,
     /// Whether the device is a CPU driver (lavapipe), which some kernels special-case.
     pub cpu_adapter: bool,
+    /// The memory limit the device opens with when `KILN_MEMORY_LIMIT` sets none, so
+    /// that running out is Kiln's error rather than the driver's (`None`: no limit).
+    pub default_memory_limit: Option<u64>,
     /// Runtime-specific state (cuBLASLt on CUDA).
     pub extra: R::Extra,
 }
@@ -130,6 +133,9 @@ pub struct DeviceState<R: KilnRuntime> {
     pub(crate) next_buffer: AtomicU64,
     /// The most device memory tensors may hold, in bytes (0: no limit but the device's).
     pub(crate) memory_limit: AtomicU64,
+    /// An upper bound of the bytes tensors hold: the last measure plus every allocation
+    /// since (frees are not counted, so it only overestimates).
+    pub(crate) usage_bound: AtomicU64,
 }
 
 /// The error flag of one launch that may fail, read at its thread's next
@@ -382,11 +388,24 @@ impl<R: KilnRuntime> DeviceState<R> {
         if limit == 0 {
             return Ok(());
         }
+        // Measuring asks CubeCL's server (a round trip per allocation): below half the
+        // limit by the upper bound, nothing can be near it.
+        let bound = self
+            .usage_bound
+            .fetch_add(bytes, Ordering::Relaxed)
+            .saturating_add(bytes);
+        if bound <= limit / 2 {
+            return Ok(());
+        }
         let usage = self
             .client
             .memory_usage()
             .map_err(|e| server_error(&self.name, e))?;
+        self.usage_bound
+            .store(usage.bytes_in_use.saturating_add(bytes), Ordering::Relaxed);
         if usage.bytes_in_use.saturating_add(bytes) > limit {
+            self.usage_bound
+                .store(usage.bytes_in_use, Ordering::Relaxed);
             return Err(Error::OutOfMemory {
                 device: format!(
                     "{} ({} of its {limit}-byte memory limit in use)",
@@ -546,7 +565,12 @@ impl<R: KilnRuntime> CubeDevice<R> {
                 metadata: Mutex::new(HashMap::new()),
                 recorder: Recorder::default(),
                 next_buffer: AtomicU64::new(0),
-                memory_limit: AtomicU64::new(memory_limit_from_env()?.unwrap_or(0)),
+                usage_bound: AtomicU64::new(0),
+                memory_limit: AtomicU64::new(
+                    memory_limit_from_env()?
+                        .or(opened.default_memory_limit)
+                        .unwrap_or(0),
+                ),
             }),
         };
         registry.push((ordinal, device.clone()));
@@ -575,10 +599,11 @@ impl<R: KilnRuntime> CubeDevice<R> {
 
     /// Limits the device memory this process's tensors may hold on the calling thread's
     /// stream to `bytes` (`None`: no limit but the device's; the environment variable
-    /// `KILN_MEMORY_LIMIT`, as `512MiB` or `2GiB`, sets it when the device opens). An
-    /// allocation past it is an [`Error::OutOfMemory`] the program can catch and
-    /// survive: the device stays usable once tensors are dropped. Worth setting where
-    /// the driver's own out-of-memory is fatal (wgpu aborts on it).
+    /// `KILN_MEMORY_LIMIT`, as `512MiB` or `2GiB`, sets it when the device opens, and
+    /// without it a CUDA device opens limited to 90% of its memory). An allocation past
+    /// it is an [`Error::OutOfMemory`] the program can catch and survive: the device
+    /// stays usable once tensors are dropped. Worth setting where the driver's own
+    /// out-of-memory is fatal (wgpu aborts on it).
     pub fn set_memory_limit(&self, bytes: Option<u64>) {
         self.state
             .memory_limit

@@ -86,6 +86,8 @@ impl KilnRuntime for WgpuRuntime {
             max_buffer_bytes,
             dtypes: vec![DType::F32, DType::I32, DType::U32, DType::Bool],
             cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,
+            // wgpu does not say how much memory an adapter has.
+            default_memory_limit: None,
             extra: (),
         })
     }

@@ -137,6 +137,10 @@ impl KilnRuntime for CudaRuntime {
                 max_buffer_bytes: total as u64 / 4,
                 dtypes: DType::ALL.to_vec(),
                 cpu_adapter: false,
+                // Kiln's own limit refuses an allocation before the driver would fail
+                // it (deep inside CubeCL's deferred allocation); the tenth left over
+                // covers the pools' pages, cuBLASLt's workspace and the driver's own.
+                default_memory_limit: Some(total as u64 / 10 * 9),
                 extra: CudaExtra {
                     ordinal,
                     blas: Mutex::new(None),
