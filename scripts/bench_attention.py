@@ -7,24 +7,14 @@ choice (flash for bf16, memory-efficient for f32), named in each line.
 
 Usage: python3 scripts/bench_attention.py [--reps 20]
 """
-import argparse, statistics, time
+import argparse
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
-def median_ms(f, reps):
-    for _ in range(2):
-        f()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        torch.cuda.synchronize()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(ts)
+# Timed as bench_gpu.py times the other workloads (this folder is on the path).
+from bench_gpu import median_ms
 
 
 def backend_of(q, k, v, causal):
