@@ -13,6 +13,8 @@
 # the conformance suite on CUDA), cuda_graph_test.xz and capture_rules_test.xz
 # (`-p kiln-gpu-system --test cuda_graph --test capture_rules`), dynamic_equal_test.xz
 # (`-p kiln-gpu-system --test dynamic_equal_wgpu`: the dynamic path and a model with a dynamic part on Vulkan),
+# oom_test.xz and driver_errors_test.xz (`-p kiln-cubecl --test out_of_memory_cuda
+# --test driver_errors_wgpu`: filling the device on CUDA and on Vulkan),
 # ncu_sum.py (scripts/: sums an `ncu --csv` dump),
 # bench_gpu.py (scripts/), this script, and gl/*.deb (libvulkan1 and the glvnd
 # libraries, `apt-get download`ed, as the device README says). CUDA 13 headers come
@@ -89,8 +91,11 @@ case $W in
     [ -x $B/capture_rules_test ] && run 200 $B/capture_rules_test --test-threads 1 cuda ;;
   oom)
     # Out of device memory (issue 33): CUDA's default limit refuses an allocation past
-    # it, the program frees and trains on; the capture rules with the limit in place.
+    # it, the program frees and trains on; on Vulkan, the default limit from the heap,
+    # then the driver's own refusal with the limit lifted (caught by an error scope);
+    # the capture rules with the limit in place.
     [ -x $B/oom_test ] && run 200 $B/oom_test --test-threads 1 --nocapture
+    [ -x $B/driver_errors_test ] && run 200 $B/driver_errors_test --test-threads 1 --include-ignored --nocapture
     [ -x $B/capture_rules_test ] && run 200 $B/capture_rules_test --test-threads 1 cuda ;;
   w3step)
     # W3's step (kiln-bench, planned, f32 and bf16 products) with PyTorch's eager and

@@ -88,6 +88,24 @@ pub trait KilnRuntime: Runtime + Sized {
         None
     }
 
+    /// Runs `allocate` (CubeCL reserving `bytes` of device memory; device work runs on
+    /// the calling thread) and returns [`Error::OutOfMemory`] where the driver refused
+    /// the memory, after handing back what CubeCL reserved. Runtimes whose allocator
+    /// reports failure through CubeCL's own errors just run it.
+    fn guard_allocation(
+        _state: &DeviceState<Self>,
+        _bytes: u64,
+        allocate: &mut dyn FnMut() -> Handle,
+    ) -> Result<Handle> {
+        Ok(allocate())
+    }
+
+    /// The first error the driver reported outside any error scope since the last call
+    /// (reported at the next synchronisation, as CUDA reports a kernel's fault).
+    fn take_driver_error(_state: &DeviceState<Self>) -> Option<Error> {
+        None
+    }
+
     /// Queues zeros over a whole buffer on the calling thread's stream (re-arms the
     /// error flags of a captured graph). Runtimes without graph capture never need it.
     fn fill_zeros(_state: &DeviceState<Self>, _handle: &Handle) -> Result<()> {
@@ -174,13 +192,26 @@ impl<R: KilnRuntime> DeviceState<R> {
     /// the error code and a detail (the bad index's bits). Under a graph capture the
     /// flag is left for the capture to zero once it ends (a copy from the host cannot
     /// be captured).
-    pub(crate) fn new_flag(self: &Arc<Self>) -> CubeStorage<R> {
+    pub(crate) fn new_flag(self: &Arc<Self>) -> Result<CubeStorage<R>> {
         let handle = if self.capturing_graph_here() {
-            self.client.empty(8)
+            self.reserve(8)?
         } else {
-            self.client.create_from_slice(&[0u8; 8])
+            self.reserve_with(&[0u8; 8])?
         };
-        self.wrap(handle, DType::U32, 2)
+        Ok(self.wrap(handle, DType::U32, 2))
+    }
+
+    /// A new device buffer of `bytes` (at least one word: CubeCL refuses empty ones).
+    pub(crate) fn reserve(&self, bytes: u64) -> Result<Handle> {
+        let bytes = bytes.max(4);
+        R::guard_allocation(self, bytes, &mut || self.client.empty(bytes as usize))
+    }
+
+    /// A new device buffer holding `bytes`.
+    pub(crate) fn reserve_with(&self, bytes: &[u8]) -> Result<Handle> {
+        R::guard_allocation(self, bytes.len() as u64, &mut || {
+            self.client.create_from_slice(bytes)
+        })
     }
 
     /// Starts recording the calling thread's launches (`graph`: for a CUDA graph).
@@ -262,7 +293,7 @@ impl<R: KilnRuntime> DeviceState<R> {
             "uploading a kernel's metadata (extents or strides seen for the first time)",
         )?;
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let handle = self.client.create_from_slice(&bytes);
+        let handle = self.reserve_with(&bytes)?;
         let mut cache = self.metadata.lock().expect("metadata cache");
         if cache.len() >= MAX_METADATA_THREADS && !cache.contains_key(&thread) {
             // Threads that ended leave their caches behind; start afresh.
@@ -342,6 +373,9 @@ impl<R: KilnRuntime> DeviceState<R> {
     /// returns the first error among them, in launch order.
     pub(crate) fn check_pending(&self) -> Result<()> {
         self.refuse_in_capture("reading kernels' error flags (a synchronisation)")?;
+        if let Some(error) = R::take_driver_error(self) {
+            return Err(error);
+        }
         let thread = std::thread::current().id();
         let mine: Vec<PendingCheck> = {
             let mut pending = self.pending.lock().expect("pending flags");

@@ -224,8 +224,8 @@ impl<R: KilnRuntime> DeviceState<R> {
             ));
         }
         self.check_memory(bytes)?;
-        // CubeCL refuses empty buffers; an empty tensor still gets a (never read) word.
-        let handle = self.client.empty((bytes as usize).max(4));
+        // An empty tensor still gets a (never read) word.
+        let handle = self.reserve(bytes)?;
         Ok(self.wrap(handle, dtype, len))
     }
 
@@ -240,7 +240,7 @@ impl<R: KilnRuntime> DeviceState<R> {
         if bytes.is_empty() {
             bytes = vec![0; 4];
         }
-        let handle = self.client.create_from_slice(&bytes);
+        let handle = self.reserve_with(&bytes)?;
         Ok(self.wrap(handle, dtype, data.len()))
     }
 
@@ -256,6 +256,10 @@ impl<R: KilnRuntime> DeviceState<R> {
             .client
             .read_one(s.handle.clone())
             .map_err(|e| server_error(&self.name, e))?;
+        // A fault the driver reported while this was computed makes the values garbage.
+        if let Some(error) = R::take_driver_error(self) {
+            return Err(error);
+        }
         bytes_to_host(s.dtype, &bytes, s.len)
     }
 }

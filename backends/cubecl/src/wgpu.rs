@@ -6,11 +6,20 @@
 //! used because CubeCL's SPIR-V path crashed lavapipe (Mesa 22.3) while building a
 //! matmul pipeline. wgpu has no f64, bf16 or (portably) f16 in compute shaders, so
 //! this runtime holds f32, i32, u32 and bool.
+//!
+//! Running out of memory is caught twice over: a GPU opens limited to 90% of its
+//! largest device-local Vulkan heap (Kiln's own [`Error::OutOfMemory`], before the
+//! driver is asked), and where the driver still refuses a buffer (other processes hold
+//! the memory, or the limit was lifted) an error scope around the allocation turns its
+//! refusal into the same error. Any other error the driver reports outside a scope is
+//! kept and returned at the next synchronisation, instead of wgpu's default handler
+//! panicking.
 
-use crate::device::{CubeDevice, KilnRuntime, Opened};
+use crate::device::{CubeDevice, DeviceState, KilnRuntime, Opened};
+use cubecl::server::Handle;
 use cubecl::wgpu::{init_device, RuntimeOptions, WgpuRuntime, WgpuSetup};
 use kiln_tensor::{DType, Error, Result};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// What to install when no adapter is found.
 pub const INSTALL_HINT: &str = "install a Vulkan driver: on Debian/Ubuntu `apt-get install \
@@ -18,9 +27,24 @@ pub const INSTALL_HINT: &str = "install a Vulkan driver: on Debian/Ubuntu `apt-g
      on a GPU machine, the vendor's driver with its Vulkan ICD (for NVIDIA, point \
      VK_DRIVER_FILES at nvidia_icd.json); the Vulkan loader is the libvulkan1 package";
 
+/// What a wgpu device keeps beside CubeCL's client.
+pub struct WgpuExtra {
+    /// The device CubeCL runs on, for error scopes around allocations.
+    device: wgpu::Device,
+    /// The first error the driver reported outside any error scope, not yet returned.
+    driver_error: Arc<Mutex<Option<String>>>,
+}
+
+impl WgpuExtra {
+    /// The wgpu device CubeCL runs on, for work outside Kiln on the same device.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+}
+
 impl KilnRuntime for WgpuRuntime {
     const NAME: &'static str = "wgpu";
-    type Extra = ();
+    type Extra = WgpuExtra;
 
     fn open(ordinal: usize) -> Result<Opened<Self>> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
@@ -66,6 +90,23 @@ impl KilnRuntime for WgpuRuntime {
                     info.name
                 ))
             })?;
+        let driver_error = Arc::new(Mutex::new(None));
+        let slot = driver_error.clone();
+        device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
+            slot.lock()
+                .expect("driver error slot")
+                .get_or_insert_with(|| error.to_string());
+        }));
+        // A CPU adapter's memory is the host's, and its heap size a nominal figure (Mesa
+        // 22.3's lavapipe says 2 GiB on any machine): only a GPU's heap is a limit.
+        let default_memory_limit = match info.device_type {
+            wgpu::DeviceType::Cpu => None,
+            _ => largest_device_heap(&adapter).map(|bytes| bytes / 10 * 9),
+        };
+        let extra = WgpuExtra {
+            device: device.clone(),
+            driver_error,
+        };
         let backend = info.backend;
         let setup = WgpuSetup {
             instance,
@@ -86,14 +127,75 @@ impl KilnRuntime for WgpuRuntime {
             max_buffer_bytes,
             dtypes: vec![DType::F32, DType::I32, DType::U32, DType::Bool],
             cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,
-            // wgpu does not say how much memory an adapter has.
-            default_memory_limit: None,
-            extra: (),
+            default_memory_limit,
+            extra,
         })
+    }
+
+    fn guard_allocation(
+        state: &DeviceState<Self>,
+        bytes: u64,
+        allocate: &mut dyn FnMut() -> Handle,
+    ) -> Result<Handle> {
+        // Error scopes are per thread, and CubeCL creates the buffer on this one.
+        let scope = state
+            .extra
+            .device
+            .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let handle = allocate();
+        let Some(refusal) = cubecl::future::block_on(scope.pop()) else {
+            return Ok(handle);
+        };
+        // The refused buffer is invalid: give its page back now, or CubeCL's pool would
+        // hand it to the next allocation of its size.
+        drop(handle);
+        state.client.memory_cleanup();
+        Err(Error::OutOfMemory {
+            device: format!("{} (the driver refused it: {refusal})", state.name),
+            bytes: bytes as usize,
+        })
+    }
+
+    fn take_driver_error(state: &DeviceState<Self>) -> Option<Error> {
+        let text = state
+            .extra
+            .driver_error
+            .lock()
+            .expect("driver error slot")
+            .take()?;
+        Some(Error::Device(format!(
+            "{}: the driver reported an error while running earlier work: {text}",
+            state.name
+        )))
     }
 
     fn registry() -> &'static Mutex<Vec<(usize, CubeDevice<Self>)>> {
         static DEVICES: Mutex<Vec<(usize, CubeDevice<WgpuRuntime>)>> = Mutex::new(Vec::new());
         &DEVICES
     }
+}
+
+/// The size of the adapter's largest device-local memory heap, where the adapter is a
+/// Vulkan one (`None` elsewhere: wgpu does not say how much memory an adapter has).
+#[cfg(any(target_os = "linux", target_os = "windows", target_os = "android"))]
+fn largest_device_heap(adapter: &wgpu::Adapter) -> Option<u64> {
+    // SAFETY: the hal adapter is only read (its physical device's memory properties),
+    // while `adapter` keeps it alive.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    let instance = hal.shared_instance().raw_instance();
+    // SAFETY: the physical device belongs to this instance.
+    let memory =
+        unsafe { instance.get_physical_device_memory_properties(hal.raw_physical_device()) };
+    memory
+        .memory_heaps_as_slice()
+        .iter()
+        .filter(|heap| heap.flags.contains(ash::vk::MemoryHeapFlags::DEVICE_LOCAL))
+        .map(|heap| heap.size)
+        .max()
+}
+
+/// Without Vulkan there is no portable way to ask an adapter's memory.
+#[cfg(not(any(target_os = "linux", target_os = "windows", target_os = "android")))]
+fn largest_device_heap(_adapter: &wgpu::Adapter) -> Option<u64> {
+    None
 }

@@ -97,7 +97,7 @@ pub fn binary<R: KilnRuntime>(
         k::binary_float::launch_unchecked::<F, A, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&out), arg(&m), code, rank)
     }, {
         let checked = op == BinaryOp::Div;
-        let flag = dev.new_flag();
+        let flag = dev.new_flag()?;
         match dtype {
             DType::I32 => unsafe {
                 k::binary_int::launch_unchecked::<i32, R>(c, count, dim, arg(a.storage), arg(b.storage), arg(&out), arg(&m), arg(&flag), code, rank, true)

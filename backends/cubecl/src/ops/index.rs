@@ -57,7 +57,7 @@ pub fn gather<R: KilnRuntime>(
     let m = dev.metadata(&w)?;
     // Zero in any dtype (the kernel writes it where an index is out of range).
     let zero = dev.metadata(&[0, 0])?;
-    let flags = dev.new_flag();
+    let flags = dev.new_flag()?;
     let (count, dim) = grid(n, BLOCK);
     let (r, a) = (rank as u32, axis as u32);
     let c = &dev.client;
@@ -131,7 +131,7 @@ pub fn scatter_add<R: KilnRuntime>(
         w.push(word(s)?);
     }
     let m = dev.metadata(&w)?;
-    let flags = dev.new_flag();
+    let flags = dev.new_flag()?;
     let (count, dim) = grid(n, BLOCK);
     let (r, a) = (rank as u32, axis as u32);
     let c = &dev.client;
