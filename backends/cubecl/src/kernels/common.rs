@@ -73,6 +73,15 @@ pub fn nan<A: Float>(x: A) -> bool {
     bool::cast_from(x.is_nan())
 }
 
+/// Whether a float is NaN, read from its bits as an f32 (exponent all ones, mantissa not
+/// zero): an integer test, which a driver that assumes floats are never NaN cannot fold
+/// away as it may [`nan`] (NVIDIA's Vulkan driver does, where WGSL allows it).
+#[cube]
+pub fn nan_bits<A: Float>(x: A) -> bool {
+    let bits = u32::reinterpret(f32::cast_from(x));
+    (bits & 0x7fff_ffffu32) > 0x7f80_0000u32
+}
+
 /// Whether a float is ±infinity, as a scalar bool.
 #[cube]
 pub fn inf<A: Float>(x: A) -> bool {

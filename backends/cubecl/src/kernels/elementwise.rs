@@ -15,6 +15,7 @@ pub const FLAG_DIV_ZERO: u32 = 3;
 /// its method in the op table. `float_unary` below is generated from the op table's
 /// list, so an op without a formula here is a build error, never a silent identity.
 pub(crate) mod unary_formulas {
+    use super::super::common::nan_bits;
     use cubecl::prelude::*;
 
     #[cube]
@@ -85,13 +86,14 @@ pub(crate) mod unary_formulas {
         A::new(1.0) / (A::new(1.0) + (-v).exp())
     }
 
-    /// NaN < 0 is false: relu(NaN) stays NaN, as in PyTorch. (Not on NVIDIA's Vulkan
-    /// driver, which gives 0, with or without a `v != v` check: WGSL lets drivers
-    /// assume there are no NaNs; BENCHMARKS.md, issue 12.)
+    /// relu(NaN) stays NaN, as in PyTorch. `v < 0` alone is false for NaN, but NVIDIA's
+    /// Vulkan driver folds that select into a max (0 for NaN), with or without a
+    /// `v != v` check (WGSL lets drivers assume there are no NaNs; BENCHMARKS.md, issue
+    /// 12): the NaN test on the bits is integer arithmetic, which it cannot fold.
     #[cube]
     pub fn relu<A: Float>(v: A) -> A {
         let mut r = v;
-        if v < A::new(0.0) {
+        if v < A::new(0.0) && !nan_bits::<A>(v) {
             r = A::new(0.0);
         }
         r
