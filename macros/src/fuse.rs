@@ -238,13 +238,19 @@ fn native_fn(name: &Ident, expr: &FusedExpr) -> TokenStream {
     quote! {
         #[allow(clippy::all, unused_variables)]
         pub(super) fn #name(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-            let n = outs[0].len();
-            #(let #ins = &ins[#idx][..n];)*
-            let out = &mut outs[0][..n];
-            for j in 0..n {
-                #(#steps)*
-                out[j] = #result;
+            // Inlined into both copies `wide` compiles (baseline, and AVX2 where the
+            // CPU has it).
+            #[inline(always)]
+            fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+                let n = outs[0].len();
+                #(let #ins = &ins[#idx][..n];)*
+                let out = &mut outs[0][..n];
+                for j in 0..n {
+                    #(#steps)*
+                    out[j] = #result;
+                }
             }
+            ::kiln::tensor::simd::wide(|| body(ins, outs))
         }
     }
 }

@@ -41,6 +41,7 @@ pub mod raw;
 pub mod real;
 pub mod rng;
 pub mod shape;
+pub mod simd;
 pub mod tensor;
 #[cfg(feature = "testing")]
 pub mod testing;

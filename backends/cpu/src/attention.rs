@@ -14,6 +14,7 @@ use crate::math::Real;
 use crate::storage::{with_float_storage, CpuStorage, FloatKernel};
 use crate::strided::gather;
 use kiln_tensor::attention::{dropout_counter, stats_dtype};
+use kiln_tensor::simd;
 use kiln_tensor::{
     rng, AttentionInput, AttentionSpec, Element, Error, HostData, Layout, Op, Result,
 };
@@ -241,15 +242,17 @@ fn block_scores<C: BlockGemm>(
         false,
     );
     let scale = C::from_f64_(spec.scale);
-    for (r, row) in s.chunks_mut(bj.max(1)).enumerate().take(bi) {
-        for (c, x) in row.iter_mut().enumerate() {
-            *x = if spec.causal && j0 + c > i0 + r {
-                C::neg_infinity()
-            } else {
-                *x * scale
-            };
+    simd::wide(|| {
+        for (r, row) in s.chunks_mut(bj.max(1)).enumerate().take(bi) {
+            for (c, x) in row.iter_mut().enumerate() {
+                *x = if spec.causal && j0 + c > i0 + r {
+                    C::neg_infinity()
+                } else {
+                    *x * scale
+                };
+            }
         }
-    }
+    });
 }
 
 /// The forward pass: the output (when `v` is given) and each query's log-sum-exp.
@@ -327,15 +330,18 @@ fn forward_one<C: BlockGemm>(
                 } else {
                     (max[r] - m).exp_()
                 };
-                let mut total = C::zero();
-                for x in row.iter_mut() {
-                    *x = if *x == C::neg_infinity() {
-                        C::zero()
-                    } else {
-                        (*x - m).exp_()
-                    };
-                    total = total + *x;
-                }
+                // The exponentials in a loop of their own, so that it vectorises; the
+                // sum stays in order.
+                simd::wide(|| {
+                    for x in row.iter_mut() {
+                        *x = if *x == C::neg_infinity() {
+                            C::zero()
+                        } else {
+                            (*x - m).exp_()
+                        };
+                    }
+                });
+                let total = row.iter().fold(C::zero(), |t, &x| t + x);
                 sum[r] = sum[r] * alpha + total;
                 max[r] = m;
                 if let Some(d) = &dropout {
@@ -422,16 +428,18 @@ fn block_grads<C: BlockGemm>(
 ) {
     let (bi, bj) = (i1 - i0, j1 - j0);
     block_scores(x.q, x.k, n, spec, (i0, i1), (j0, j1), p);
-    for r in 0..bi {
-        let lse = x.lse[i0 + r];
-        for e in &mut p[r * bj..(r + 1) * bj] {
-            *e = if *e == C::neg_infinity() || lse == C::neg_infinity() {
-                C::zero()
-            } else {
-                (*e - lse).exp_()
-            };
+    simd::wide(|| {
+        for r in 0..bi {
+            let lse = x.lse[i0 + r];
+            for e in &mut p[r * bj..(r + 1) * bj] {
+                *e = if *e == C::neg_infinity() || lse == C::neg_infinity() {
+                    C::zero()
+                } else {
+                    (*e - lse).exp_()
+                };
+            }
         }
-    }
+    });
     let dropout = Dropout::<C>::of(spec);
     let Some(ds) = ds else {
         if let Some(d) = &dropout {
@@ -456,10 +464,12 @@ fn block_grads<C: BlockGemm>(
             d.apply(&mut ds[r * bj..(r + 1) * bj], n, b, i0 + r, j0);
         }
         let delta = x.delta[i0 + r];
-        for c in 0..bj {
-            let at = r * bj + c;
-            ds[at] = p[at] * (ds[at] - delta);
-        }
+        let (ds, p) = (&mut ds[r * bj..(r + 1) * bj], &p[r * bj..(r + 1) * bj]);
+        simd::wide(|| {
+            for (d, &p) in ds.iter_mut().zip(p) {
+                *d = p * (*d - delta);
+            }
+        });
     }
 }
 

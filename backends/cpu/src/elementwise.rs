@@ -7,6 +7,7 @@ use crate::strided::{rows_per_task, RowPlan};
 use half::{bf16, f16};
 use kiln_tensor::binary::BinaryKernel;
 use kiln_tensor::compare::CompareKernel;
+use kiln_tensor::simd;
 use kiln_tensor::unary::UnaryKernel;
 use kiln_tensor::{BinaryOp, CmpOp, Dims, Element, Error, Layout, Result, UnaryOp};
 use rayon::prelude::*;
@@ -54,7 +55,7 @@ pub(crate) fn map1<T: Copy + Sync, O: Copy + Default + Send>(
     let s = plan.inner_strides[0];
     fill_rows(&plan, &mut out, |row, b| {
         let (b, n) = (b[0], row.len());
-        match s {
+        simd::wide(|| match s {
             1 => row
                 .iter_mut()
                 .zip(&data[b..b + n])
@@ -64,7 +65,7 @@ pub(crate) fn map1<T: Copy + Sync, O: Copy + Default + Send>(
                 .iter_mut()
                 .enumerate()
                 .for_each(|(i, o)| *o = f(data[b + i * s])),
-        }
+        })
     });
     out
 }
@@ -84,7 +85,7 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Copy + Default + Send>(
     fill_rows(&plan, &mut out, |row, base| {
         let (ba, bb) = (base[0], base[1]);
         let n = row.len();
-        match (sa, sb) {
+        simd::wide(|| match (sa, sb) {
             (1, 1) => row
                 .iter_mut()
                 .zip(&a[ba..ba + n])
@@ -106,7 +107,7 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Copy + Default + Send>(
                 .iter_mut()
                 .enumerate()
                 .for_each(|(i, o)| *o = f(a[ba + i * sa], b[bb + i * sb])),
-        }
+        })
     });
     out
 }
@@ -127,12 +128,14 @@ fn map3<C: Copy + Sync, T: Copy + Sync + Default + Send>(
         plan.inner_strides[2],
     ];
     fill_rows(&plan, &mut out, |row, base| {
-        row.iter_mut().enumerate().for_each(|(i, o)| {
-            *o = f(
-                c[base[0] + i * s[0]],
-                a[base[1] + i * s[1]],
-                b[base[2] + i * s[2]],
-            )
+        simd::wide(|| {
+            row.iter_mut().enumerate().for_each(|(i, o)| {
+                *o = f(
+                    c[base[0] + i * s[0]],
+                    a[base[1] + i * s[1]],
+                    b[base[2] + i * s[2]],
+                )
+            })
         });
     });
     out

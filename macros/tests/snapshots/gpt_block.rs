@@ -384,116 +384,148 @@ mod __kiln_natives_TinyBlock {
     use ::kiln::tensor::{BinaryOp, CmpOp, UnaryOp};
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = out[j];
-            let r1 = f32::from_bits(1031798784u32);
-            let r2 = binary_f32(BinaryOp::Mul, r0, r1);
-            out[j] = r2;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = out[j];
+                let r1 = f32::from_bits(1031798784u32);
+                let r2 = binary_f32(BinaryOp::Mul, r0, r1);
+                out[j] = r2;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = binary_f32(BinaryOp::Sub, r0, r1);
-            out[j] = r2;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = i1[j];
+                let r2 = binary_f32(BinaryOp::Sub, r0, r1);
+                out[j] = r2;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = binary_f32(BinaryOp::Mul, r0, r0);
-            out[j] = r1;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = binary_f32(BinaryOp::Mul, r0, r0);
+                out[j] = r1;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_3(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = out[j];
-            let r1 = f32::from_bits(1031798784u32);
-            let r2 = binary_f32(BinaryOp::Mul, r0, r1);
-            let r3 = f32::from_bits(925353388u32);
-            let r4 = binary_f32(BinaryOp::Add, r2, r3);
-            let r5 = unary_f32(UnaryOp::Rsqrt, r4);
-            out[j] = r5;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = out[j];
+                let r1 = f32::from_bits(1031798784u32);
+                let r2 = binary_f32(BinaryOp::Mul, r0, r1);
+                let r3 = f32::from_bits(925353388u32);
+                let r4 = binary_f32(BinaryOp::Add, r2, r3);
+                let r5 = unary_f32(UnaryOp::Rsqrt, r4);
+                out[j] = r5;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_4(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let i2 = &ins[2][..n];
-        let i3 = &ins[3][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = i2[j];
-            let r3 = i3[j];
-            let r4 = binary_f32(BinaryOp::Mul, r2, r3);
-            let r5 = binary_f32(BinaryOp::Mul, r4, r0);
-            let r6 = binary_f32(BinaryOp::Add, r5, r1);
-            out[j] = r6;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
+            let i2 = &ins[2][..n];
+            let i3 = &ins[3][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = i1[j];
+                let r2 = i2[j];
+                let r3 = i3[j];
+                let r4 = binary_f32(BinaryOp::Mul, r2, r3);
+                let r5 = binary_f32(BinaryOp::Mul, r4, r0);
+                let r6 = binary_f32(BinaryOp::Add, r5, r1);
+                out[j] = r6;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_5(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = out[j];
-            let r2 = binary_f32(BinaryOp::Add, r1, r0);
-            out[j] = r2;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = out[j];
+                let r2 = binary_f32(BinaryOp::Add, r1, r0);
+                out[j] = r2;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_6(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = out[j];
-            let r3 = binary_f32(BinaryOp::Add, r2, r1);
-            let r4 = binary_f32(BinaryOp::Add, r0, r3);
-            out[j] = r4;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = i1[j];
+                let r2 = out[j];
+                let r3 = binary_f32(BinaryOp::Add, r2, r1);
+                let r4 = binary_f32(BinaryOp::Add, r0, r3);
+                out[j] = r4;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_7(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = f32::from_bits(1060439283u32);
-            let r2 = binary_f32(BinaryOp::Mul, r0, r1);
-            let r3 = unary_f32(UnaryOp::Erf, r2);
-            let r4 = f32::from_bits(1065353216u32);
-            let r5 = binary_f32(BinaryOp::Add, r3, r4);
-            let r6 = f32::from_bits(1056964608u32);
-            let r7 = binary_f32(BinaryOp::Mul, r0, r6);
-            let r8 = binary_f32(BinaryOp::Mul, r7, r5);
-            out[j] = r8;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = f32::from_bits(1060439283u32);
+                let r2 = binary_f32(BinaryOp::Mul, r0, r1);
+                let r3 = unary_f32(UnaryOp::Erf, r2);
+                let r4 = f32::from_bits(1065353216u32);
+                let r5 = binary_f32(BinaryOp::Add, r3, r4);
+                let r6 = f32::from_bits(1056964608u32);
+                let r7 = binary_f32(BinaryOp::Mul, r0, r6);
+                let r8 = binary_f32(BinaryOp::Mul, r7, r5);
+                out[j] = r8;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
 }
 #[doc(hidden)]

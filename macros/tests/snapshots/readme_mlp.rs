@@ -417,191 +417,247 @@ mod __kiln_natives_Mlp {
     use ::kiln::tensor::{BinaryOp, CmpOp, UnaryOp};
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = out[j];
-            let r2 = binary_f32(BinaryOp::Add, r1, r0);
-            let r3 = unary_f32(UnaryOp::Relu, r2);
-            out[j] = r3;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = out[j];
+                let r2 = binary_f32(BinaryOp::Add, r1, r0);
+                let r3 = unary_f32(UnaryOp::Relu, r2);
+                out[j] = r3;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = out[j];
-            let r2 = binary_f32(BinaryOp::Add, r1, r0);
-            out[j] = r2;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = out[j];
+                let r2 = binary_f32(BinaryOp::Add, r1, r0);
+                out[j] = r2;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = binary_f32(BinaryOp::Sub, r0, r1);
-            let r3 = unary_f32(UnaryOp::Exp, r2);
-            out[j] = r3;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = i1[j];
+                let r2 = binary_f32(BinaryOp::Sub, r0, r1);
+                let r3 = unary_f32(UnaryOp::Exp, r2);
+                out[j] = r3;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_3(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = out[j];
-            let r2 = unary_f32(UnaryOp::Log, r1);
-            let r3 = binary_f32(BinaryOp::Add, r2, r0);
-            out[j] = r3;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = out[j];
+                let r2 = unary_f32(UnaryOp::Log, r1);
+                let r3 = binary_f32(BinaryOp::Add, r2, r0);
+                out[j] = r3;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_4(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = binary_f32(BinaryOp::Sub, r0, r1);
-            out[j] = r2;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = i1[j];
+                let r2 = binary_f32(BinaryOp::Sub, r0, r1);
+                out[j] = r2;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_5(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = unary_f32(UnaryOp::Relu, r0);
-            out[j] = r1;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = unary_f32(UnaryOp::Relu, r0);
+                out[j] = r1;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_6(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = unary_f32(UnaryOp::Log, r1);
-            let r3 = binary_f32(BinaryOp::Add, r2, r0);
-            out[j] = r3;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = i1[j];
+                let r2 = unary_f32(UnaryOp::Log, r1);
+                let r3 = binary_f32(BinaryOp::Add, r2, r0);
+                out[j] = r3;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_7(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = unary_f32(UnaryOp::Neg, r0);
-            out[j] = r1;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = unary_f32(UnaryOp::Neg, r0);
+                out[j] = r1;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_8(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = binary_f32(BinaryOp::Div, r1, r0);
-            out[j] = r2;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = i1[j];
+                let r2 = binary_f32(BinaryOp::Div, r1, r0);
+                out[j] = r2;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_9(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = binary_f32(BinaryOp::Mul, r1, r0);
-            out[j] = r2;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = i1[j];
+                let r2 = binary_f32(BinaryOp::Mul, r1, r0);
+                out[j] = r2;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_10(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = compare_f32(CmpOp::Eq, r0, r1);
-            out[j] = r2;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = i1[j];
+                let r2 = compare_f32(CmpOp::Eq, r0, r1);
+                out[j] = r2;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_11(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = out[j];
-            let r3 = binary_f32(BinaryOp::Add, r0, r1);
-            let r4 = binary_f32(BinaryOp::Div, r3, r2);
-            out[j] = r4;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = i1[j];
+                let r2 = out[j];
+                let r3 = binary_f32(BinaryOp::Add, r0, r1);
+                let r4 = binary_f32(BinaryOp::Div, r3, r2);
+                out[j] = r4;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_12(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let i1 = &ins[1][..n];
-        let i2 = &ins[2][..n];
-        let i3 = &ins[3][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = i1[j];
-            let r2 = i2[j];
-            let r3 = i3[j];
-            let r4 = binary_f32(BinaryOp::Add, r0, r1);
-            let r5 = binary_f32(BinaryOp::Mul, r2, r3);
-            let r6 = binary_f32(BinaryOp::Add, r4, r5);
-            out[j] = r6;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
+            let i2 = &ins[2][..n];
+            let i3 = &ins[3][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = i1[j];
+                let r2 = i2[j];
+                let r3 = i3[j];
+                let r4 = binary_f32(BinaryOp::Add, r0, r1);
+                let r5 = binary_f32(BinaryOp::Mul, r2, r3);
+                let r6 = binary_f32(BinaryOp::Add, r4, r5);
+                out[j] = r6;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     pub(super) fn loop_13(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        let n = outs[0].len();
-        let i0 = &ins[0][..n];
-        let out = &mut outs[0][..n];
-        for j in 0..n {
-            let r0 = i0[j];
-            let r1 = out[j];
-            let r2 = f32::from_bits(0u32);
-            let r3 = compare_f32(CmpOp::Le, r0, r2);
-            let r4 = select_f32(r3, r2, r1);
-            out[j] = r4;
+        #[inline(always)]
+        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+            let n = outs[0].len();
+            let i0 = &ins[0][..n];
+            let out = &mut outs[0][..n];
+            for j in 0..n {
+                let r0 = i0[j];
+                let r1 = out[j];
+                let r2 = f32::from_bits(0u32);
+                let r3 = compare_f32(CmpOp::Le, r0, r2);
+                let r4 = select_f32(r3, r2, r1);
+                out[j] = r4;
+            }
         }
+        ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
 }
 #[doc(hidden)]
