@@ -38,3 +38,68 @@ fn avx2_fma() -> bool {
 unsafe fn with_avx2_fma<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::wide;
+    use crate::fused::{binary_f32, unary_f32};
+    use crate::{BinaryOp, UnaryOp};
+
+    /// Values over every range the formulas branch on: tiny, ordinary, huge, the
+    /// exponential's limits, zeros, infinities and NaN.
+    fn values() -> Vec<f32> {
+        let mut v: Vec<f32> = (0..4096)
+            .map(|i| {
+                let t = (i as f32 * 0.618_034).fract();
+                let magnitude = 10f32.powf(t * 16.0 - 8.0);
+                if i % 2 == 0 {
+                    magnitude
+                } else {
+                    -magnitude
+                }
+            })
+            .collect();
+        v.extend([0.0, -0.0, 1.0, -1.0, 88.7, 89.0, -87.5, -104.0]);
+        v.extend([
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MIN_POSITIVE,
+        ]);
+        v
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn the_wide_copy_computes_every_op_to_the_bit() {
+        let xs = values();
+        let ys: Vec<f32> = xs.iter().rev().copied().collect();
+        for &op in UnaryOp::ALL {
+            let plain: Vec<f32> = xs.iter().map(|&x| unary_f32(op, x)).collect();
+            let mut vector = vec![0.0; xs.len()];
+            wide(|| {
+                for (o, &x) in vector.iter_mut().zip(&xs) {
+                    *o = unary_f32(op, x);
+                }
+            });
+            assert_eq!(bits(&plain), bits(&vector), "{op:?}");
+        }
+        for &op in BinaryOp::ALL {
+            let plain: Vec<f32> = xs
+                .iter()
+                .zip(&ys)
+                .map(|(&x, &y)| binary_f32(op, x, y))
+                .collect();
+            let mut vector = vec![0.0; xs.len()];
+            wide(|| {
+                for ((o, &x), &y) in vector.iter_mut().zip(&xs).zip(&ys) {
+                    *o = binary_f32(op, x, y);
+                }
+            });
+            assert_eq!(bits(&plain), bits(&vector), "{op:?}");
+        }
+    }
+}
