@@ -174,7 +174,7 @@ pub fn fuse(
     };
     let setup = quote! {
         #(#buffers)*
-        static __KILN_NATIVES: &::kiln::fusion::Natives = &[#(#natives),*];
+        const __KILN_NATIVES: &::kiln::fusion::Natives = &[#(#natives),*];
     };
     let program = quote!(#id, Self::#const_name, __KILN_NATIVES);
     Fused {
@@ -237,6 +237,7 @@ fn native_fn(name: &Ident, expr: &FusedExpr) -> TokenStream {
     let result = r(expr.results[0]);
     quote! {
         #[allow(clippy::all, unused_variables)]
+        #[inline]
         pub(super) fn #name(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
             // Inlined into both copies `wide` compiles (baseline, and AVX2 where the
             // CPU has it).

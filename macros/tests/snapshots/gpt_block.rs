@@ -306,7 +306,7 @@ impl<Be: ::kiln::tensor::Backend> TinyBlock<Be> {
         let __dev = x.device().clone();
         let __seed = ::kiln::tensor::nn::StepSeed::Host(0);
         Ok({
-            static __KILN_NATIVES: &::kiln::fusion::Natives = &[
+            const __KILN_NATIVES: &::kiln::fusion::Natives = &[
                 (1, __kiln_natives_TinyBlock::loop_0),
                 (2, __kiln_natives_TinyBlock::loop_1),
                 (4, __kiln_natives_TinyBlock::loop_2),
@@ -383,6 +383,7 @@ mod __kiln_natives_TinyBlock {
     #[allow(unused_imports)]
     use ::kiln::tensor::{BinaryOp, CmpOp, UnaryOp};
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -398,6 +399,7 @@ mod __kiln_natives_TinyBlock {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -415,6 +417,7 @@ mod __kiln_natives_TinyBlock {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -430,6 +433,7 @@ mod __kiln_natives_TinyBlock {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_3(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -448,6 +452,7 @@ mod __kiln_natives_TinyBlock {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_4(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -471,6 +476,7 @@ mod __kiln_natives_TinyBlock {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_5(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -487,6 +493,7 @@ mod __kiln_natives_TinyBlock {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_6(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -506,6 +513,7 @@ mod __kiln_natives_TinyBlock {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_7(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {

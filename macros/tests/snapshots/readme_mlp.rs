@@ -210,7 +210,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         let __dev = x.device().clone();
         let __seed = ::kiln::tensor::nn::StepSeed::Host(0);
         Ok({
-            static __KILN_NATIVES: &::kiln::fusion::Natives = &[
+            const __KILN_NATIVES: &::kiln::fusion::Natives = &[
                 (3, __kiln_natives_Mlp::loop_0),
                 (7, __kiln_natives_Mlp::loop_0),
                 (11, __kiln_natives_Mlp::loop_1),
@@ -260,7 +260,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         let __dev = x.device().clone();
         let __seed = ::kiln::tensor::nn::StepSeed::Host(0);
         Ok({
-            static __KILN_NATIVES: &::kiln::fusion::Natives = &[
+            const __KILN_NATIVES: &::kiln::fusion::Natives = &[
                 (3, __kiln_natives_Mlp::loop_0),
                 (7, __kiln_natives_Mlp::loop_0),
                 (11, __kiln_natives_Mlp::loop_1),
@@ -322,7 +322,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
             d_fc3_bias,
             d_fc3_weight,
         ) = {
-            static __KILN_NATIVES: &::kiln::fusion::Natives = &[
+            const __KILN_NATIVES: &::kiln::fusion::Natives = &[
                 (3, __kiln_natives_Mlp::loop_1),
                 (4, __kiln_natives_Mlp::loop_5),
                 (9, __kiln_natives_Mlp::loop_1),
@@ -416,6 +416,7 @@ mod __kiln_natives_Mlp {
     #[allow(unused_imports)]
     use ::kiln::tensor::{BinaryOp, CmpOp, UnaryOp};
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_0(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -433,6 +434,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_1(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -449,6 +451,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -467,6 +470,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_3(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -484,6 +488,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_4(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -501,6 +506,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_5(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -516,6 +522,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_6(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -534,6 +541,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_7(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -549,6 +557,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_8(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -566,6 +575,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_9(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -583,6 +593,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_10(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -600,6 +611,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_11(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -619,6 +631,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_12(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
@@ -642,6 +655,7 @@ mod __kiln_natives_Mlp {
         ::kiln::tensor::simd::wide(|| body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
+    #[inline]
     pub(super) fn loop_13(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
