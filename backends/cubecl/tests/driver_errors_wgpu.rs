@@ -7,9 +7,10 @@
 
 #![cfg(feature = "wgpu")]
 
+mod common;
+
 use kiln_cubecl::{Wgpu, WgpuDevice};
-use kiln_tensor::nn::{Linear, Module};
-use kiln_tensor::{DType, Error, Rank2, RawTensor, Result, Tensor};
+use kiln_tensor::{DType, Error, RawTensor, Result};
 
 #[test]
 fn a_driver_error_outside_kiln_is_returned_at_the_next_read() -> Result<()> {
@@ -125,21 +126,5 @@ fn filling_the_device_past_the_limit_is_the_drivers_refusal_caught() -> Result<(
     // trains (forward pass, weight gradient, update).
     drop(held);
     assert_eq!(probe.to_vec::<f32>()?, vec![7.0; 4]);
-    let layer = Linear::<Wgpu, 1024, 1024>::init(&dev, 1)?;
-    let input =
-        Tensor::<Wgpu, Rank2<4096, 1024>>::from_vec(vec![0.01; 4096 * 1024], &[4096, 1024], &dev)?;
-    let y = layer.forward(&input)?;
-    assert!(y.to_vec()?.iter().all(|v: &f32| v.is_finite()));
-    let mut w = None;
-    layer.visit_params("", &mut |s| {
-        if s.name == "weight" {
-            w = Some(s.value.clone());
-        }
-    });
-    let w = w.expect("a weight");
-    let ones = RawTensor::<Wgpu>::from_vec(vec![1f32; 4096 * 1024], &[4096, 1024], &dev)?;
-    let grad = ones.t()?.matmul(input.raw())?;
-    let stepped = w.sub(&grad.mul_scalar(1e-3)?)?;
-    assert!(stepped.to_vec::<f32>()?.iter().all(|v| v.is_finite()));
-    Ok(())
+    common::a_layer_trains::<Wgpu>(&dev)
 }

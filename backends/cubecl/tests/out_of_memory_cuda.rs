@@ -7,9 +7,10 @@
 
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use kiln_cubecl::{Cuda, CudaDevice};
-use kiln_tensor::nn::{Linear, Module};
-use kiln_tensor::{DType, Error, Rank2, RawTensor, Result, Tensor};
+use kiln_tensor::{DType, Error, RawTensor, Result};
 
 #[test]
 fn filling_the_device_is_an_error_the_program_survives() -> Result<()> {
@@ -52,22 +53,5 @@ fn filling_the_device_is_an_error_the_program_survives() -> Result<()> {
     // pass, the gradient of its weight, and the weight updated.
     assert_eq!(held[0].to_vec::<f32>()?[..4], [0.0; 4]);
     drop(held);
-    let layer = Linear::<Cuda, 1024, 1024>::init(&dev, 1)?;
-    let input =
-        Tensor::<Cuda, Rank2<4096, 1024>>::from_vec(vec![0.01; 4096 * 1024], &[4096, 1024], &dev)?;
-    let y = layer.forward(&input)?;
-    assert!(y.to_vec()?.iter().all(|v: &f32| v.is_finite()));
-    let mut w = None;
-    layer.visit_params("", &mut |s| {
-        if s.name == "weight" {
-            w = Some(s.value.clone());
-        }
-    });
-    let w = w.expect("a weight");
-    // d(Σ y)/dW = 1ᵀ·x: each row the column sums of the input.
-    let ones = RawTensor::<Cuda>::from_vec(vec![1f32; 4096 * 1024], &[4096, 1024], &dev)?;
-    let grad = ones.t()?.matmul(input.raw())?;
-    let stepped = w.sub(&grad.mul_scalar(1e-3)?)?;
-    assert!(stepped.to_vec::<f32>()?.iter().all(|v| v.is_finite()));
-    Ok(())
+    common::a_layer_trains::<Cuda>(&dev)
 }
