@@ -47,6 +47,7 @@ impl KilnRuntime for WgpuRuntime {
     type Extra = WgpuExtra;
 
     fn open(ordinal: usize) -> Result<Opened<Self>> {
+        let options = runtime_options()?;
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
             backends: wgpu::Backends::PRIMARY,
             ..wgpu::InstanceDescriptor::new_without_display_handle()
@@ -115,7 +116,7 @@ impl KilnRuntime for WgpuRuntime {
             queue,
             backend,
         };
-        let cube_device = init_device(setup, RuntimeOptions::default());
+        let cube_device = init_device(setup, options);
         let max_buffer_bytes =
             (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
         Ok(Opened {
@@ -198,4 +199,24 @@ fn largest_device_heap(adapter: &wgpu::Adapter) -> Option<u64> {
 #[cfg(not(any(target_os = "linux", target_os = "windows", target_os = "android")))]
 fn largest_device_heap(_adapter: &wgpu::Adapter) -> Option<u64> {
     None
+}
+
+/// CubeCL's options, whose launches per submission `CUBECL_WGPU_MAX_TASKS` may set:
+/// CubeCL panics on a value that is not a whole number, so it is checked here first and
+/// refused in one line naming the variable.
+fn runtime_options() -> Result<RuntimeOptions> {
+    const VAR: &str = "CUBECL_WGPU_MAX_TASKS";
+    if let Some(text) = std::env::var_os(VAR) {
+        let text = text.to_string_lossy();
+        if !matches!(text.parse::<usize>(), Ok(n) if n >= 1) {
+            return Err(Error::invalid(
+                VAR,
+                format!(
+                    "{text:?} is not a number of launches per submission: give a whole \
+                     number of at least 1 (CubeCL's default is 32), or unset it"
+                ),
+            ));
+        }
+    }
+    Ok(RuntimeOptions::default())
 }
