@@ -189,17 +189,16 @@ impl<R: KilnRuntime> DeviceState<R> {
     }
 
     /// A fresh zeroed error flag for one launch of a kernel that may fail: two words,
-    /// the error code and a detail (the bad index's bits). It is zeroed by a fill
-    /// kernel, not copied from the host: wgpu submits everything queued before each
-    /// copy from the host, which would cut every step into a submission per checked
-    /// launch. Under a graph capture the flag is left for the capture to zero once it
-    /// ends (a fill inside the graph would clear errors earlier replays left unread).
+    /// the error code and a detail (the bad index's bits). Under a graph capture the
+    /// flag is left for the capture to zero once it ends (a copy from the host cannot
+    /// be captured).
     pub(crate) fn new_flag(self: &Arc<Self>) -> Result<CubeStorage<R>> {
-        let flag = self.wrap(self.reserve(8)?, DType::U32, 2);
-        if !self.capturing_graph_here() {
-            crate::ops::elementwise::fill(self, &flag, &kiln_tensor::HostData::U32(vec![0; 2]))?;
-        }
-        Ok(flag)
+        let handle = if self.capturing_graph_here() {
+            self.reserve(8)?
+        } else {
+            self.reserve_with(&[0u8; 8])?
+        };
+        Ok(self.wrap(handle, DType::U32, 2))
     }
 
     /// A new device buffer of `bytes` (at least one word: CubeCL refuses empty ones).
