@@ -78,7 +78,6 @@ impl RowPlan {
 
     /// Calls `f(row, bases)` for rows `start..end`, with each input's storage offset of
     /// the row's first element.
-    #[inline(always)]
     pub fn for_rows(&self, start: usize, end: usize, mut f: impl FnMut(usize, &[usize])) {
         if start >= end {
             return;
