@@ -39,4 +39,7 @@ pub mod schedule;
 pub mod state;
 
 pub use optim::{Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, OptimizerState, Sgd, SgdConfig};
-pub use schedule::{Constant, CosineWithWarmup, Schedule};
+pub use schedule::{
+    Anneal, Constant, CosineRestarts, CosineWithWarmup, Exponential, Lambda, Linear, OneCycle,
+    Schedule, StepDecay, Warmup,
+};
