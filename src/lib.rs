@@ -14,6 +14,7 @@
 //! ```
 
 pub use kiln_autodiff as autodiff;
+pub use kiln_data as data;
 pub use kiln_dynamic as dynamic;
 pub use kiln_fusion as fusion;
 pub use kiln_tensor as tensor;

@@ -2,7 +2,7 @@
 //! shuffling into batches. Files are read from the copies vendored in `models/data/`.
 
 use flate2::read::MultiGzDecoder;
-use kiln::tensor::{rng, Error, Result};
+use kiln::tensor::{Error, Result};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -262,17 +262,10 @@ impl ImageDataset {
     }
 }
 
-/// A seeded permutation of `0..n` (Fisher–Yates over the counter-based generator),
-/// different for every `(seed, epoch)`.
-pub fn shuffled(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..n).collect();
-    let key = rng::stream_key(seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15), 7);
-    for i in (1..n).rev() {
-        let j = ((rng::bits(key, i as u32) as u64 * (i as u64 + 1)) >> 32) as usize;
-        idx.swap(i, j);
-    }
-    idx
-}
+/// A seeded permutation of `0..n`, different for every `(seed, epoch)`: the
+/// [`DataLoader`](kiln::data::DataLoader)'s, so the zoo's runs and a user's loader
+/// visit examples alike.
+pub use kiln::data::shuffled;
 
 /// One batch on the host: images `[n, pixels]` and labels `[n]`.
 #[derive(Clone, Debug)]
