@@ -3,7 +3,8 @@
 //! Owns what training needs beyond gradients: optimizers ([`optim`]), learning-rate
 //! schedules ([`schedule`]), safetensors checkpoints in PyTorch's naming
 //! ([`checkpoint`]), training states a crashed run resumes from ([`state`]), training
-//! steps replayed as graphs ([`replay`]), and data parallelism ([`parallel`]): ranks
+//! steps replayed as graphs ([`replay`]), evaluation metrics on the device
+//! ([`metrics`]), and data parallelism ([`parallel`]): ranks
 //! that average their gradients, started as processes by [`launch`]. Everything here
 //! works on any
 //! [`kiln_tensor::nn::Module`] through
@@ -32,6 +33,7 @@
 
 pub mod checkpoint;
 pub mod launch;
+pub mod metrics;
 pub mod optim;
 pub mod parallel;
 pub mod replay;
