@@ -40,7 +40,9 @@ pub mod replay;
 pub mod schedule;
 pub mod state;
 
-pub use optim::{Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, OptimizerState, Sgd, SgdConfig};
+pub use optim::{
+    Adam, AdamConfig, AdamW, AdamWConfig, GradClip, Optimizer, OptimizerState, Sgd, SgdConfig,
+};
 pub use schedule::{
     Anneal, Constant, CosineRestarts, CosineWithWarmup, Exponential, Lambda, Linear, OneCycle,
     Schedule, StepDecay, Warmup,

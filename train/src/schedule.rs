@@ -327,7 +327,7 @@ impl OneCycle {
         let ends = self.phase_ends();
         let mut start = 0.0;
         for end in ends.iter().map(|p| p.0) {
-            if !(end > start) {
+            if end <= start {
                 return Err(Error::invalid(
                     OP,
                     format!(

@@ -6,7 +6,9 @@ use kiln_autodiff::Tape;
 use kiln_cpu::{Cpu, CpuDevice};
 use kiln_tensor::nn::{Linear, LinearGrads, Module};
 use kiln_tensor::{f16, BuilderExt, DType, Error, RawTensor, Result};
-use kiln_train::optim::{Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+use kiln_train::optim::{
+    global_norm, Adam, AdamConfig, AdamW, AdamWConfig, GradClip, Optimizer, Sgd, SgdConfig,
+};
 
 const DEV: CpuDevice = CpuDevice;
 
@@ -375,7 +377,9 @@ fn in_place_equals_by_value<O: Optimizer<Cpu>>(mut fused: O, mut plain: O) -> Re
             .map(|v| v as f32)
             .collect();
         fused.step(&mut fused_model, &linear_grads(gw.clone(), gb.clone())?)?;
-        plain_model.update_params(&linear_grads(gw, gb)?, "", &mut |name, p, g| {
+        let grads = linear_grads(gw, gb)?;
+        plain.prepare_clip(&mut plain_model, &grads)?;
+        plain_model.update_params(&grads, "", &mut |name, p, g| {
             *p = plain.update_param(name, p, g)?;
             Ok(())
         })?;
@@ -715,5 +719,162 @@ fn training_a_linear_model_reduces_the_loss() -> Result<()> {
             "{name}: loss went from {first} to {last}, not below 1% of the start"
         );
     }
+    Ok(())
+}
+
+/// The gradients clipped as PyTorch's `clip_grad_value_` / `clip_grad_norm_` would,
+/// on the host in f64, over all of a step's gradients.
+fn clipped_reference(clip: GradClip, grads: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    match clip {
+        GradClip::None => grads.to_vec(),
+        GradClip::Value(c) => grads
+            .iter()
+            .map(|g| g.iter().map(|v| v.clamp(-c, c)).collect())
+            .collect(),
+        GradClip::Norm(max) => {
+            let norm = grads.iter().flatten().map(|v| v * v).sum::<f64>().sqrt();
+            let scale = (max / (norm + 1e-6)).min(1.0);
+            grads
+                .iter()
+                .map(|g| g.iter().map(|v| v * scale).collect())
+                .collect()
+        }
+    }
+}
+
+const CLIPS: [GradClip; 4] = [
+    GradClip::Value(0.3),
+    GradClip::Norm(0.5),
+    GradClip::Norm(100.0),
+    GradClip::None,
+];
+
+#[test]
+fn clipping_matches_pytorch_clip_then_step() -> Result<()> {
+    for clip in CLIPS {
+        let config = SgdConfig {
+            lr: 0.1,
+            momentum: 0.9,
+            ..Default::default()
+        };
+        let mut opt = Sgd::<Cpu>::new(config)?;
+        opt.set_grad_clip(clip)?;
+        assert_eq!(opt.grad_clip(), clip);
+        let mut adamw = AdamW::<Cpu>::new(AdamWConfig {
+            lr: 0.05,
+            ..Default::default()
+        })?;
+        adamw.set_grad_clip(clip)?;
+        let mut model = Linear::<Cpu, 3, 2>::init(&DEV, 5)?;
+        let mut model_adamw = Linear::<Cpu, 3, 2>::init(&DEV, 5)?;
+        let mut want = [to_f64(model.weight.to_vec()?), to_f64(model.bias.to_vec()?)];
+        let mut want_adamw = want.clone();
+        let mut refs = sgd_refs(config);
+        let mut refs_adamw = [
+            RefAdam::new(0.05, (0.9, 0.999), 1e-8, 0.01, true, 6),
+            RefAdam::new(0.05, (0.9, 0.999), 1e-8, 0.01, true, 2),
+        ];
+        for step in 0..4u64 {
+            let gw: Vec<f32> = values(step * 10, 6).into_iter().map(|v| v as f32).collect();
+            let gb: Vec<f32> = values(step * 10 + 1, 2)
+                .into_iter()
+                .map(|v| v as f32)
+                .collect();
+            opt.step(&mut model, &linear_grads(gw.clone(), gb.clone())?)?;
+            adamw.step(&mut model_adamw, &linear_grads(gw.clone(), gb.clone())?)?;
+            let g = clipped_reference(clip, &[to_f64(gw), to_f64(gb)]);
+            for k in 0..2 {
+                refs[k].step(&mut want[k], &g[k]);
+                refs_adamw[k].step(&mut want_adamw[k], &g[k]);
+            }
+            let what = format!("{clip:?} step {step}");
+            assert_close(&to_f64(model.weight.to_vec()?), &want[0], 1e-5, &what);
+            assert_close(&to_f64(model.bias.to_vec()?), &want[1], 1e-5, &what);
+            assert_close(
+                &to_f64(model_adamw.weight.to_vec()?),
+                &want_adamw[0],
+                1e-5,
+                &what,
+            );
+            assert_close(
+                &to_f64(model_adamw.bias.to_vec()?),
+                &want_adamw[1],
+                1e-5,
+                &what,
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn clipped_updates_in_place_equal_by_value() -> Result<()> {
+    for clip in CLIPS {
+        let sgd = || -> Result<Sgd<Cpu>> {
+            let mut o = Sgd::new(SgdConfig {
+                lr: 0.05,
+                momentum: 0.9,
+                weight_decay: 0.01,
+                ..Default::default()
+            })?;
+            o.set_grad_clip(clip)?;
+            Ok(o)
+        };
+        in_place_equals_by_value(sgd()?, sgd()?)?;
+        for weight_decay in [0.0, 0.1] {
+            let config = AdamConfig {
+                lr: 0.05,
+                weight_decay,
+                ..Default::default()
+            };
+            let adam = || -> Result<Adam<Cpu>> {
+                let mut o = Adam::new(config)?;
+                o.set_grad_clip(clip)?;
+                Ok(o)
+            };
+            in_place_equals_by_value(adam()?, adam()?)?;
+            let adamw = || -> Result<AdamW<Cpu>> {
+                let mut o = AdamW::new(AdamWConfig {
+                    lr: 0.05,
+                    weight_decay,
+                    ..Default::default()
+                })?;
+                o.set_grad_clip(clip)?;
+                Ok(o)
+            };
+            in_place_equals_by_value(adamw()?, adamw()?)?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn clipping_settings_and_misuse_are_errors() -> Result<()> {
+    let mut opt = Sgd::<Cpu>::new(SgdConfig::default())?;
+    for bad in [
+        GradClip::Value(0.0),
+        GradClip::Value(-1.0),
+        GradClip::Norm(f64::NAN),
+        GradClip::Norm(f64::INFINITY),
+    ] {
+        invalid(opt.set_grad_clip(bad), "must be finite and > 0");
+    }
+    assert_eq!(opt.grad_clip(), GradClip::None);
+    // The global norm needs every gradient of the step: one parameter's update alone
+    // cannot clip by it.
+    let mut adam = Adam::<Cpu>::new(AdamConfig::default())?;
+    adam.set_grad_clip(GradClip::Norm(1.0))?;
+    let p = RawTensor::<Cpu>::from_vec(vec![1.0f32, 2.0], &[2], &DEV)?;
+    invalid(
+        adam.update_param("w", &p, &p),
+        "needs all of the step's gradients",
+    );
+    // ... and the failed update left no state behind.
+    assert_eq!(adam.step_count("w"), None);
+    // The norm itself, over both parameters.
+    let mut model = Linear::<Cpu, 3, 2>::init(&DEV, 1)?;
+    let (gw, gb) = (vec![3.0f32, 0.0, 0.0, 0.0, 0.0, 0.0], vec![0.0f32, 4.0]);
+    let norm = global_norm(&mut model, &linear_grads(gw, gb)?)?;
+    assert_eq!(norm.to_vec::<f32>()?, vec![5.0]);
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! [`Adam`] and [`AdamW`]: their settings, moments and per-step values in device
 //! memory, shared by both flavours (they differ only in where weight decay goes).
 
-use super::rules::{self, AdamPerStep, Eager, ExprBuilder};
+use super::clip::{Clipping, GradClip};
+use super::rules::{self, AdamPerStep, Clip, Eager, ExprBuilder};
 use super::{check_lr, check_non_negative, check_state, compute_inputs, finish};
 use super::{Optimizer, OptimizerState};
 use kiln_tensor::fused::{ExprStep, FusedExpr};
@@ -94,12 +95,14 @@ struct Moments<B: Backend> {
 /// Adam's per-parameter state, shared by [`Adam`] and [`AdamW`].
 struct AdamState<B: Backend> {
     moments: HashMap<String, Moments<B>>,
-    /// The fused update last built and the hyper-parameters it is for (the learning
-    /// rate aside: it reaches the update through `scalars`).
-    fused: Option<(AdamStep, FusedExpr)>,
+    /// The fused update last built and the hyper-parameters and clipping it is for
+    /// (the learning rate aside: it reaches the update through `scalars`).
+    fused: Option<((AdamStep, GradClip), FusedExpr)>,
     /// The values that change between steps, in device memory: what the fused update
     /// reads, so that a captured step reads each replay's.
     scalars: Option<StepScalars<B>>,
+    /// Gradient clipping.
+    clip: Clipping<B>,
 }
 
 /// Adam's per-step values in device memory (f32, rank 0 each), written between steps.
@@ -155,6 +158,7 @@ impl<B: Backend> AdamState<B> {
         grad: &RawTensor<B>,
     ) -> Result<RawTensor<B>> {
         let (p, g) = compute_inputs(op, name, param, grad)?;
+        let clip = self.clip.eager(g.dtype())?;
         let s = match self.moments.remove(name) {
             Some(s) => {
                 check_state(op, name, "first moment", &s.exp_avg, &p)?;
@@ -178,6 +182,7 @@ impl<B: Backend> AdamState<B> {
             per_step,
             &p,
             &g,
+            &clip,
             &s.exp_avg,
             &s.exp_avg_sq,
         )?;
@@ -206,11 +211,14 @@ impl<B: Backend> AdamState<B> {
     /// The update of an f32 parameter and its two moments as one fused kernel, outputs
     /// `[param, exp_avg, exp_avg_sq]` read and written in place, inputs `[grad,
     /// (1 − lr·wd when decoupled), 1/√(1 − β₂ᵗ), lr/(1 − β₁ᵗ)]`, the per-step values
-    /// broadcast from device memory: [`rules::adam`] read as an expression, so it
-    /// agrees bit for bit with [`AdamState::update`].
-    fn fused_expr(h: AdamStep) -> Result<FusedExpr> {
+    /// broadcast from device memory, and last, clipping by the global norm, its scale:
+    /// [`rules::adam`] read as an expression, so it agrees bit for bit with
+    /// [`AdamState::update`].
+    fn fused_expr(h: AdamStep, clip: GradClip) -> Result<FusedExpr> {
         let decays = h.decoupled != 0.0;
-        let (mut e, g, outputs) = ExprBuilder::new(3 + usize::from(decays), 3);
+        let norm = matches!(clip, GradClip::Norm(_));
+        let inputs = 3 + usize::from(decays) + usize::from(norm);
+        let (mut e, g, outputs) = ExprBuilder::new(inputs, 3);
         let decay = decays.then(|| e.input(1));
         let first = 1 + usize::from(decays);
         let per_step = AdamPerStep {
@@ -218,8 +226,13 @@ impl<B: Backend> AdamState<B> {
             inv_root_correction2: e.input(first),
             step_size: e.input(first + 1),
         };
+        let clip = match clip {
+            GradClip::None => Clip::None,
+            GradClip::Value(c) => Clip::Value(c),
+            GradClip::Norm(_) => Clip::Scale(e.input(inputs - 1)),
+        };
         let [p, m, v] = [outputs[0], outputs[1], outputs[2]];
-        let results = rules::adam(&mut e, &h, per_step, &p, &g, &m, &v)?;
+        let results = rules::adam(&mut e, &h, per_step, &p, &g, &clip, &m, &v)?;
         Ok(e.finish(results.to_vec()))
     }
 
@@ -318,24 +331,32 @@ impl<B: Backend> AdamState<B> {
         let step = s.step + 1;
         let (dims, device) = (*param.dims(), param.device().clone());
         self.write_scalars(h, step, &device)?;
-        let shape_of = |h: AdamStep| AdamStep { lr: 0.0, ..h };
+        let clip = self.clip.mode();
+        let key = (AdamStep { lr: 0.0, ..h }, clip);
         if self
             .fused
             .as_ref()
-            .is_none_or(|(built_for, _)| *built_for != shape_of(h))
+            .is_none_or(|(built_for, _)| *built_for != key)
         {
-            self.fused = Some((shape_of(h), Self::fused_expr(h)?));
+            self.fused = Some((key, Self::fused_expr(h, clip)?));
         }
         let (_, expr) = self.fused.as_ref().expect("built above");
         let scalars = &self.scalars.as_ref().expect("written above").values;
-        // The decay factor only where the update decays; on the stack (no allocation).
+        // The decay factor only where the update decays, the clipping scale only where
+        // it clips by the norm; on the stack (no allocation).
         let skip = usize::from(h.decoupled == 0.0);
-        let mut inputs = [grad.view(); 4];
-        for (slot, t) in inputs[1..].iter_mut().zip(&scalars[skip..]) {
-            *slot = t.view();
-            slot.layout = slot.layout.broadcast_to(&dims)?;
+        let scale = match clip {
+            GradClip::Norm(_) => Some(self.clip.scale()?),
+            _ => None,
+        };
+        let mut inputs = [grad.view(); 5];
+        let mut count = 1;
+        for t in scalars[skip..].iter().chain(scale) {
+            inputs[count] = t.view();
+            inputs[count].layout = inputs[count].layout.broadcast_to(&dims)?;
+            count += 1;
         }
-        let inputs = &inputs[..4 - skip];
+        let inputs = &inputs[..count];
         let s = self.moments.get_mut(name).expect("checked above");
         let (Some(p), Some(m), Some(v)) = (
             param.storage_mut(),
@@ -465,6 +486,7 @@ impl<B: Backend> Adam<B> {
                 moments: HashMap::new(),
                 fused: None,
                 scalars: None,
+                clip: Clipping::new(),
             },
         })
     }
@@ -508,6 +530,7 @@ impl<B: Backend> AdamW<B> {
                 moments: HashMap::new(),
                 fused: None,
                 scalars: None,
+                clip: Clipping::new(),
             },
         })
     }
@@ -579,6 +602,22 @@ macro_rules! adam_optimizer {
 
             fn replay_refusal(&self) -> Option<String> {
                 None
+            }
+
+            fn grad_clip(&self) -> GradClip {
+                self.state.clip.mode()
+            }
+
+            fn set_grad_clip(&mut self, clip: GradClip) -> Result<()> {
+                self.state.clip.set(clip)
+            }
+
+            fn prepare_clip<M: kiln_tensor::nn::Module<B>>(
+                &mut self,
+                model: &mut M,
+                grads: &M::Grads,
+            ) -> Result<()> {
+                self.state.clip.prepare(model, grads)
             }
         }
     };

@@ -15,10 +15,12 @@ use kiln_tensor::{Backend, DType, Error, RawTensor, Result};
 use std::collections::BTreeMap;
 
 mod adam;
+mod clip;
 mod rules;
 mod sgd;
 
 pub use adam::{Adam, AdamConfig, AdamW, AdamWConfig};
+pub use clip::{global_norm, GradClip};
 pub use sgd::{Sgd, SgdConfig};
 
 /// An optimizer's per-parameter state, as a training-state checkpoint holds it.
@@ -142,7 +144,38 @@ pub trait Optimizer<B: Backend> {
         Ok(())
     }
 
-    /// Updates every parameter of `model` from `grads`; in anomaly mode
+    /// How this optimizer clips gradients ([`GradClip::None`] unless set).
+    fn grad_clip(&self) -> GradClip {
+        GradClip::None
+    }
+
+    /// Clips every gradient before the update, inside the update itself (the same
+    /// fused kernel): by value, or by the global norm of the step's gradients. An error
+    /// for a bound that is not finite and > 0, or from an optimizer that cannot clip.
+    fn set_grad_clip(&mut self, clip: GradClip) -> Result<()> {
+        clip.check()?;
+        match clip {
+            GradClip::None => Ok(()),
+            _ => Err(Error::invalid(
+                "set_grad_clip",
+                "this optimizer does not clip gradients",
+            )),
+        }
+    }
+
+    /// What clipping by the global norm needs from all of the step's gradients (the
+    /// scale, computed on the device). [`Optimizer::step`] calls it; call it yourself
+    /// only when updating parameters one at a time with [`Optimizer::update_param`].
+    fn prepare_clip<M: Module<B>>(&mut self, model: &mut M, grads: &M::Grads) -> Result<()>
+    where
+        Self: Sized,
+    {
+        let _ = (model, grads);
+        Ok(())
+    }
+
+    /// Updates every parameter of `model` from `grads` (clipped first where
+    /// [`Optimizer::set_grad_clip`] says); in anomaly mode
     /// ([`kiln_tensor::anomaly`]), an update that leaves a parameter not finite is an
     /// error naming it.
     ///
@@ -152,6 +185,7 @@ pub trait Optimizer<B: Backend> {
     where
         Self: Sized,
     {
+        self.prepare_clip(model, grads)?;
         let detect = kiln_tensor::anomaly::detecting();
         model.update_params(grads, "", &mut |name, p, g| {
             self.update_param_in_place(name, p, g)?;

@@ -120,18 +120,44 @@ impl UpdateOps for ExprBuilder {
     }
 }
 
-/// `torch.optim.SGD`'s update of parameter `p` from gradient `g` at learning rate
-/// `lr`, given its momentum buffer from the last step (`None` on the first): the new
-/// parameter and, with momentum, the new buffer.
+/// How a rule clips its gradient before using it (see `optim/clip.rs`).
+pub(super) enum Clip<V> {
+    /// As it is.
+    None,
+    /// Clamped into `[−c, c]`.
+    Value(f64),
+    /// Multiplied by a per-step value (the global norm's scale).
+    Scale(V),
+}
+
+/// `g` clipped as `clip` says.
+fn clipped<O: UpdateOps>(o: &mut O, clip: &Clip<O::Value>, g: &O::Value) -> Result<O::Value> {
+    match clip {
+        Clip::None => Ok(g.clone()),
+        Clip::Value(c) => {
+            let (lo, hi) = (o.constant(-c), o.constant(*c));
+            let above = o.with_scalar(BinaryOp::Max, g, lo)?;
+            o.with_scalar(BinaryOp::Min, &above, hi)
+        }
+        Clip::Scale(k) => o.binary(BinaryOp::Mul, g, k),
+    }
+}
+
+/// `torch.optim.SGD`'s update of parameter `p` from gradient `g` (clipped first, as
+/// `clip_grad_*_` before `step()` would) at learning rate `lr`, given its momentum
+/// buffer from the last step (`None` on the first): the new parameter and, with
+/// momentum, the new buffer.
 pub(super) fn sgd<O: UpdateOps>(
     o: &mut O,
     c: &SgdConfig,
     lr: O::Scalar,
     p: &O::Value,
     g: &O::Value,
+    clip: &Clip<O::Value>,
     buffer: Option<&O::Value>,
 ) -> Result<(O::Value, Option<O::Value>)> {
     use BinaryOp::{Add, Mul, Sub};
+    let g = &clipped(o, clip, g)?;
     let d = match c.weight_decay {
         0.0 => g.clone(),
         wd => {
@@ -194,17 +220,21 @@ impl AdamPerStep<f64> {
 }
 
 /// `torch.optim.Adam`'s (with `decay`, `AdamW`'s) update of parameter `p` from
-/// gradient `g` given its moments `m` and `v`: `[p, m, v]` after the step.
+/// gradient `g` (clipped first) given its moments `m` and `v`: `[p, m, v]` after the
+/// step.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn adam<O: UpdateOps>(
     o: &mut O,
     h: &AdamStep,
     k: AdamPerStep<O::Scalar>,
     p: &O::Value,
     g: &O::Value,
+    clip: &Clip<O::Value>,
     m: &O::Value,
     v: &O::Value,
 ) -> Result<[O::Value; 3]> {
     use BinaryOp::{Add, Div, Mul, Sub};
+    let g = &clipped(o, clip, g)?;
     let p = match k.decay {
         Some(decay) => o.with_scalar(Mul, p, decay)?,
         None => p.clone(),

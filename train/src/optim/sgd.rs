@@ -1,6 +1,7 @@
 //! [`Sgd`]: its settings, momentum buffers and the device copy of its learning rate.
 
-use super::rules::{self, Eager, ExprBuilder};
+use super::clip::{Clipping, GradClip};
+use super::rules::{self, Clip, Eager, ExprBuilder};
 use super::{check_lr, check_non_negative, check_state, compute_inputs, finish};
 use super::{Optimizer, OptimizerState};
 use kiln_tensor::fused::{ExprStep, FusedExpr};
@@ -47,8 +48,10 @@ impl Default for SgdConfig {
 pub struct Sgd<B: Backend> {
     config: SgdConfig,
     momentum_buffers: HashMap<String, RawTensor<B>>,
-    /// The fused update for the current settings, built on first use.
-    fused: Option<FusedExpr>,
+    /// Gradient clipping.
+    clip: Clipping<B>,
+    /// The fused update for the current settings and clipping, built on first use.
+    fused: Option<(GradClip, FusedExpr)>,
     /// The learning rate in device memory (rank 0, f32), read by the fused update and
     /// rewritten in place by `set_lr`: a captured step (a CUDA graph) reads the rate
     /// of each replay, not the one it was captured with.
@@ -79,6 +82,7 @@ impl<B: Backend> Sgd<B> {
         Ok(Sgd {
             config,
             momentum_buffers: HashMap::new(),
+            clip: Clipping::new(),
             fused: None,
             lr_on_device: None,
         })
@@ -95,14 +99,21 @@ impl<B: Backend> Sgd<B> {
     }
 
     /// The update of an f32 parameter and its momentum buffer as one fused kernel,
-    /// outputs `[param, buffer]` read and written in place, inputs `[grad, lr]` (the
-    /// learning rate broadcast from device memory): [`rules::sgd`] read as an
-    /// expression, so it agrees bit for bit with `update_param`.
-    fn fused_expr(c: &SgdConfig) -> Result<FusedExpr> {
-        let (mut e, g, outputs) = ExprBuilder::new(2, 2);
+    /// outputs `[param, buffer]` read and written in place, inputs `[grad, lr]` and,
+    /// clipping by the global norm, its scale (per-step values broadcast from device
+    /// memory): [`rules::sgd`] read as an expression, so it agrees bit for bit with
+    /// `update_param`.
+    fn fused_expr(c: &SgdConfig, clip: GradClip) -> Result<FusedExpr> {
+        let norm = matches!(clip, GradClip::Norm(_));
+        let (mut e, g, outputs) = ExprBuilder::new(2 + usize::from(norm), 2);
         let lr = e.input(1);
+        let clip = match clip {
+            GradClip::None => Clip::None,
+            GradClip::Value(v) => Clip::Value(v),
+            GradClip::Norm(_) => Clip::Scale(e.input(2)),
+        };
         let (p, b) = (outputs[0], outputs[1]);
-        let (new_p, new_b) = rules::sgd(&mut e, c, lr, &p, &g, Some(&b))?;
+        let (new_p, new_b) = rules::sgd(&mut e, c, lr, &p, &g, &clip, Some(&b))?;
         let new_b = new_b.expect("a fused update has momentum");
         Ok(e.finish(vec![new_p, new_b]))
     }
@@ -168,18 +179,31 @@ impl<B: Backend> Sgd<B> {
         if buf.dims() != param.dims() || buf.dtype() != DType::F32 {
             return Ok(false);
         }
-        if self.fused.is_none() {
-            self.fused = Some(Self::fused_expr(&c)?);
+        let clip = self.clip.mode();
+        if self
+            .fused
+            .as_ref()
+            .is_none_or(|(built_for, _)| *built_for != clip)
+        {
+            self.fused = Some((clip, Self::fused_expr(&c, clip)?));
         }
-        let expr = self.fused.as_ref().expect("built above");
+        let (_, expr) = self.fused.as_ref().expect("built above");
         let lr = self.lr_on_device.as_ref().expect("written above");
-        let mut lr = lr.view();
-        lr.layout = lr.layout.broadcast_to(&dims)?;
+        let mut inputs = [grad.view(), lr.view(), lr.view()];
+        inputs[1].layout = inputs[1].layout.broadcast_to(&dims)?;
+        let count = match clip {
+            GradClip::Norm(_) => {
+                inputs[2] = self.clip.scale()?.view();
+                inputs[2].layout = inputs[2].layout.broadcast_to(&dims)?;
+                3
+            }
+            _ => 2,
+        };
         let buf = self.momentum_buffers.get_mut(name).expect("checked above");
         let (Some(p), Some(b)) = (param.storage_mut(), buf.storage_mut()) else {
             return Ok(false);
         };
-        B::fused_elementwise(&device, expr, None, &[grad.view(), lr], &dims, &mut [p, b])?;
+        B::fused_elementwise(&device, expr, None, &inputs[..count], &dims, &mut [p, b])?;
         Ok(true)
     }
 }
@@ -201,7 +225,8 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
             }
         };
         let first = buffer.is_none();
-        let (new, buffer) = rules::sgd(&mut Eager::new(), &c, c.lr, &p, &g, buffer)?;
+        let clip = self.clip.eager(g.dtype())?;
+        let (new, buffer) = rules::sgd(&mut Eager::new(), &c, c.lr, &p, &g, &clip, buffer)?;
         if let Some(b) = buffer {
             // The first buffer is the gradient itself: a copy, so that the buffer owns
             // its storage and later steps update it in place (the gradient's buffer
@@ -243,6 +268,22 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
 
     fn reset(&mut self) {
         self.momentum_buffers.clear();
+    }
+
+    fn grad_clip(&self) -> GradClip {
+        self.clip.mode()
+    }
+
+    fn set_grad_clip(&mut self, clip: GradClip) -> Result<()> {
+        self.clip.set(clip)
+    }
+
+    fn prepare_clip<M: kiln_tensor::nn::Module<B>>(
+        &mut self,
+        model: &mut M,
+        grads: &M::Grads,
+    ) -> Result<()> {
+        self.clip.prepare(model, grads)
     }
 
     fn state(&self) -> OptimizerState<B> {
