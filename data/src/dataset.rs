@@ -196,6 +196,68 @@ impl Dataset for InMemory {
     }
 }
 
+/// Some of a dataset's examples, in a given order (PyTorch's `Subset`).
+#[derive(Debug)]
+pub struct Subset<D> {
+    data: Arc<D>,
+    indices: Vec<usize>,
+}
+
+impl<D: Dataset> Subset<D> {
+    /// Examples `indices` of `data`: an error naming the first index out of range.
+    pub fn new(data: Arc<D>, indices: Vec<usize>) -> Result<Self> {
+        if let Some(&i) = indices.iter().find(|&&i| i >= data.len()) {
+            return Err(Error::invalid(
+                "Subset",
+                format!("index {i} of a dataset of {}", data.len()),
+            ));
+        }
+        Ok(Subset { data, indices })
+    }
+
+    /// The indices into the whole dataset, in this subset's order.
+    pub fn indices(&self) -> &[usize] {
+        &self.indices
+    }
+}
+
+impl<D: Dataset> Dataset for Subset<D> {
+    fn len(&self) -> usize {
+        self.indices.len()
+    }
+
+    fn get(&self, index: usize) -> Result<Example> {
+        check_index("Subset", index, self.indices.len())?;
+        self.data.get(self.indices[index])
+    }
+}
+
+/// `data` split at random into parts of `sizes` examples (they must add up to its
+/// length), the same parts for the same `seed` (PyTorch's `random_split`).
+pub fn random_split<D: Dataset>(data: D, sizes: &[usize], seed: u64) -> Result<Vec<Subset<D>>> {
+    let total: usize = sizes.iter().sum();
+    if total != data.len() {
+        return Err(Error::invalid(
+            "random_split",
+            format!(
+                "parts of {sizes:?} add up to {total}, not the dataset's {}",
+                data.len()
+            ),
+        ));
+    }
+    let order = crate::loader::shuffled(data.len(), seed, u64::MAX);
+    let data = Arc::new(data);
+    let mut start = 0;
+    sizes
+        .iter()
+        .map(|&n| {
+            let part = Subset::new(data.clone(), order[start..start + n].to_vec());
+            start += n;
+            part
+        })
+        .collect()
+}
+
 /// An error unless `index` is below `len`.
 pub(crate) fn check_index(what: &str, index: usize, len: usize) -> Result<()> {
     if index >= len {

@@ -40,7 +40,7 @@ pub mod loader;
 pub mod text;
 
 pub use csv::{Column, CsvConfig, CsvDataset, LabelKind};
-pub use dataset::{Dataset, Example, Field, InMemory, Values};
+pub use dataset::{random_split, Dataset, Example, Field, InMemory, Subset, Values};
 pub use folder::{Channels, ImageFolder, ImageFolderConfig};
 pub use loader::{
     collate, shuffled, Batches, DataLoader, DeviceBatch, HostBatch, LastBatch, LoaderConfig,

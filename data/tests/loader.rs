@@ -357,3 +357,32 @@ fn batches_reach_the_device_as_typed_tensors() {
         "{e}"
     );
 }
+
+#[test]
+fn random_split_parts_are_disjoint_seeded_and_checked() {
+    use kiln_data::random_split;
+    let parts = random_split(numbered(10), &[7, 3], 5).unwrap();
+    let mut all: Vec<usize> = parts.iter().flat_map(|p| p.indices().to_vec()).collect();
+    assert_eq!((parts[0].len(), parts[1].len()), (7, 3));
+    assert_ne!(parts[0].indices(), &[0, 1, 2, 3, 4, 5, 6], "shuffled");
+    let again = random_split(numbered(10), &[7, 3], 5).unwrap();
+    assert_eq!(again[1].indices(), parts[1].indices());
+    // The subset reads the whole dataset's examples.
+    let i = parts[1].indices()[2];
+    let Values::F32(x) = parts[1].get(2).unwrap().input.values else {
+        panic!()
+    };
+    assert_eq!(x[0], i as f32);
+    all.sort();
+    assert_eq!(all, (0..10).collect::<Vec<_>>());
+    let e = random_split(numbered(10), &[7, 4], 5)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("add up to 11, not the dataset's 10"), "{e}");
+    let e = kiln_data::Subset::new(Arc::new(numbered(3)), vec![0, 3])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("index 3 of a dataset of 3"), "{e}");
+}
