@@ -331,8 +331,8 @@ impl OneCycle {
                 return Err(Error::invalid(
                     OP,
                     format!(
-                        "a phase of {} steps with pct_start {}{} is shorter than one step; \
-                         give more total_steps or another pct_start",
+                        "with {} total steps and pct_start {}{}, a phase is shorter than one \
+                         step; give more total_steps or another pct_start",
                         self.total_steps,
                         self.pct_start,
                         if self.three_phase {
