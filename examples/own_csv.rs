@@ -1,5 +1,5 @@
 //! Your own CSV file: a table of numeric columns and a label column, trained into a
-//! classifier and evaluated on a held-out part.
+//! classifier by the `Learner` and evaluated on a held-out part after each epoch.
 //!
 //! ```text
 //! cargo run --release --example own_csv                      # examples/data/iris.csv
@@ -14,9 +14,10 @@
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::data::{random_split, CsvConfig, CsvDataset, DataLoader, Dataset, LoaderConfig};
 use kiln::prelude::*;
-use kiln::train::metrics::{Accuracy, Metric, Outputs};
+use kiln::train::learner::Learner;
+use kiln::train::metrics::Accuracy;
 use kiln::train::optim::{AdamW, AdamWConfig, GradClip, Optimizer};
-use kiln::train::schedule::{OneCycle, Schedule};
+use kiln::train::schedule::OneCycle;
 use std::path::Path;
 
 /// A small perceptron over one row of `FEATURES` numbers, scoring `CLASSES` classes.
@@ -46,7 +47,6 @@ pub type Iris = Tabular<4, 3>;
 /// Trains on 80% of the rows of `path` for `epochs`, returning the last epoch's mean
 /// loss and the accuracy on the other 20%.
 pub fn train_csv(path: &Path, label: &str, epochs: u64) -> Result<(f64, f64)> {
-    let dev = CpuDevice;
     let table = CsvDataset::open(path, &CsvConfig::classes_in(label))?;
     let test_rows = table.len() / 5;
     let sizes = [table.len() - test_rows, test_rows];
@@ -67,35 +67,17 @@ pub fn train_csv(path: &Path, label: &str, epochs: u64) -> Result<(f64, f64)> {
         },
     )?;
 
-    let mut model = Iris::<Cpu>::init(&dev, 3)?;
     let mut opt = AdamW::<Cpu>::new(AdamWConfig::default())?;
     opt.set_grad_clip(GradClip::Norm(1.0))?;
-    let schedule = OneCycle::new(0.02, epochs * train.batches_per_epoch() as u64)?;
-    let (mut step, mut last_loss) = (0, f64::NAN);
-    for epoch in 0..epochs {
-        let (mut sum, mut n) = (0.0, 0);
-        for batch in train.epoch(epoch) {
-            let batch = batch?.to_device::<Cpu>(&dev)?;
-            opt.set_lr(schedule.lr_at(step))?;
-            let (loss, grads) = model.loss_and_grad(&batch.input_as()?, &batch.target_as()?)?;
-            opt.step(&mut model, &grads)?;
-            sum += loss.to_vec()?[0] as f64;
-            n += 1;
-            step += 1;
-        }
-        last_loss = sum / n as f64;
-    }
-    let mut accuracy = Accuracy::<Cpu>::accuracy();
-    for batch in test.epoch(0) {
-        let batch = batch?.to_device::<Cpu>(&dev)?;
-        let scores = model.forward(&batch.input_as()?)?;
-        accuracy.update(&Outputs {
-            scores: Some(scores.raw()),
-            targets: Some(&batch.target),
-            loss: None,
-        })?;
-    }
-    Ok((last_loss, accuracy.value()?))
+    let steps = epochs * train.batches_per_epoch() as u64;
+    let mut learner = Learner::new(Iris::<Cpu>::init(&CpuDevice, 3)?, opt, CpuDevice)
+        .epochs(epochs)
+        .schedule(OneCycle::new(0.02, steps)?)
+        .metric(Accuracy::accuracy())
+        .on_epoch(|_| Ok(()));
+    let reports = learner.fit(&train, Some(&test))?;
+    let last = reports.last().expect("at least one epoch");
+    Ok((last.train_loss, last.metrics[0].1))
 }
 
 fn main() {

@@ -1,6 +1,7 @@
 //! Your own image folder: one sub-folder per class (`root/<class>/<image>`, PNG, JPEG
-//! or PGM, any size), trained into a small convolutional classifier and evaluated on a
-//! second folder of the same classes.
+//! or PGM, any size), trained into a small convolutional classifier by the `Learner`,
+//! which prints a line per epoch (loss, throughput, held-out accuracy and F1, the time
+//! left) and keeps a training state to resume from.
 //!
 //! ```text
 //! cargo run --release --example own_image_folder      # examples/data/fashion-folder
@@ -13,9 +14,10 @@
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::data::{Channels, DataLoader, ImageFolder, ImageFolderConfig, LoaderConfig};
 use kiln::prelude::*;
-use kiln::train::metrics::{Accuracy, Averaged, ClassCounts, Metric, Outputs};
-use kiln::train::optim::{AdamW, AdamWConfig, Optimizer};
-use kiln::train::schedule::{CosineWithWarmup, Schedule};
+use kiln::train::learner::Learner;
+use kiln::train::metrics::{Accuracy, Averaged, ClassCounts};
+use kiln::train::optim::{AdamW, AdamWConfig};
+use kiln::train::schedule::CosineWithWarmup;
 use std::path::Path;
 
 /// A small convolutional network for 28×28 grey images of `CLASSES` classes.
@@ -57,9 +59,15 @@ pub struct Report {
     pub f1: f64,
 }
 
-/// Trains on the images under `train_dir` for `epochs` and evaluates on `test_dir`.
-pub fn train_folder(train_dir: &Path, test_dir: &Path, epochs: u64) -> Result<Report> {
-    let dev = CpuDevice;
+/// Trains on the images under `train_dir` for `epochs` and evaluates on `test_dir`
+/// after each epoch, saving a training state to `state` (and resuming from it) when
+/// given one.
+pub fn train_folder(
+    train_dir: &Path,
+    test_dir: &Path,
+    epochs: u64,
+    state: Option<&Path>,
+) -> Result<Report> {
     let images = ImageFolderConfig {
         mean: vec![0.286],
         std: vec![0.353],
@@ -92,42 +100,23 @@ pub fn train_folder(train_dir: &Path, test_dir: &Path, epochs: u64) -> Result<Re
         },
     )?;
 
-    let mut model = FashionCnn::<Cpu>::init(&dev, 1)?;
-    let mut opt = AdamW::<Cpu>::new(AdamWConfig::default())?;
     let total = epochs * train.batches_per_epoch() as u64;
-    let schedule = CosineWithWarmup::new(3e-3, 1e-4, total / 10, total)?;
-    let (mut step, mut loss) = (0, f64::NAN);
-    for epoch in 0..epochs {
-        let (mut sum, mut n) = (0.0, 0);
-        for batch in train.epoch(epoch) {
-            let batch = batch?.to_device::<Cpu>(&dev)?;
-            opt.set_lr(schedule.lr_at(step))?;
-            let (l, grads) = model.loss_and_grad(&batch.input_as()?, &batch.target_as()?)?;
-            opt.step(&mut model, &grads)?;
-            sum += l.to_vec()?[0] as f64;
-            n += 1;
-            step += 1;
-        }
-        loss = sum / n as f64;
+    let model = FashionCnn::<Cpu>::init(&CpuDevice, 1)?;
+    let mut learner = Learner::new(model, AdamW::new(AdamWConfig::default())?, CpuDevice)
+        .epochs(epochs)
+        .schedule(CosineWithWarmup::new(3e-3, 1e-4, total / 10, total)?)
+        .metric(Accuracy::accuracy())
+        .metric(ClassCounts::new(Averaged::F1));
+    if let Some(path) = state {
+        learner = learner.state_file(path);
     }
-    let mut accuracy = Accuracy::<Cpu>::accuracy();
-    let mut f1 = ClassCounts::<Cpu>::new(Averaged::F1);
-    for batch in test.epoch(0) {
-        let batch = batch?.to_device::<Cpu>(&dev)?;
-        let scores = model.forward(&batch.input_as()?)?;
-        let outputs = Outputs {
-            scores: Some(scores.raw()),
-            targets: Some(&batch.target),
-            loss: None,
-        };
-        accuracy.update(&outputs)?;
-        f1.update(&outputs)?;
-    }
+    let reports = learner.fit(&train, Some(&test))?;
+    let last = reports.last().expect("at least one epoch");
     Ok(Report {
         classes,
-        loss,
-        accuracy: accuracy.value()?,
-        f1: f1.value()?,
+        loss: last.train_loss,
+        accuracy: last.metrics[0].1,
+        f1: last.metrics[1].1,
     })
 }
 
@@ -136,7 +125,10 @@ fn main() {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data/fashion-folder");
     let train = args.next().map_or_else(|| data.join("train"), Into::into);
     let test = args.next().map_or_else(|| data.join("test"), Into::into);
-    match train_folder(&train, &test, 8) {
+    let state = std::env::temp_dir().join("kiln-own-image-folder.state.safetensors");
+    // A fresh run each time; keep the file to resume an interrupted one instead.
+    let _ = std::fs::remove_file(&state);
+    match train_folder(&train, &test, 8, Some(&state)) {
         Ok(r) => println!(
             "{} classes; last epoch's loss {:.4}; held-out accuracy {:.1}%, macro F1 {:.3}",
             r.classes.len(),

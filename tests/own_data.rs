@@ -27,7 +27,7 @@ fn the_csv_example_learns_iris() {
 fn the_csv_example_names_what_does_not_fit() {
     let dir = std::env::temp_dir().join(format!("kiln-own-csv-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    // Five feature columns where the model takes four: the typed batch refuses it.
+    // Five feature columns where the model takes four: refused before the step.
     let wide = dir.join("wide.csv");
     let rows: String = (0..60)
         .map(|i| format!("{i},1,2,3,4,{}\n", i % 3))
@@ -38,7 +38,7 @@ fn the_csv_example_names_what_does_not_fit() {
         .unwrap()
         .to_string();
     assert!(
-        e.contains("[?, 4]") && e.contains("the batch's inputs"),
+        e.contains("Iris::loss: `x` is f32 [16, 5] but the method takes f32 [?, 4]"),
         "{e}"
     );
     let e = own_csv::train_csv(&wide, "species", 1)
@@ -51,7 +51,8 @@ fn the_csv_example_names_what_does_not_fit() {
 #[test]
 fn the_image_folder_example_learns_fashion() {
     let folder = data().join("fashion-folder");
-    let r = own_image_folder::train_folder(&folder.join("train"), &folder.join("test"), 8).unwrap();
+    let r = own_image_folder::train_folder(&folder.join("train"), &folder.join("test"), 8, None)
+        .unwrap();
     assert_eq!(r.classes.len(), 10);
     assert_eq!(r.classes[0], "ankle-boot");
     // 60 held-out images of 10 classes; chance is 10%.

@@ -4,7 +4,7 @@
 //! plan with the sizes given at run time (fused, or op by op). Each method that returns
 //! a scalar also gets `<name>_and_grad`.
 
-use crate::dsl::FieldKind;
+use crate::dsl::{DimTok, FieldKind};
 use crate::lower::{Lower, Val};
 use crate::model::{parse_defs, parse_fields, parse_method, raw_name, size_args, Def, MethodSig};
 use crate::structs::def_macro;
@@ -274,6 +274,11 @@ pub(crate) fn expand_impl_in(
     let titles: Vec<String> = plans.iter().map(|(t, _)| format!("{model}::{t}")).collect();
     let consts: Vec<&syn::Ident> = plans.iter().map(|(_, c)| c).collect();
     let clean = errors.is_empty();
+    let supervised = if clean {
+        supervised_impl(model, &methods)
+    } else {
+        None
+    };
     let expanded = quote! {
         impl<Be: ::kiln::tensor::Backend> #model<Be> {
             #(#out)*
@@ -300,11 +305,96 @@ pub(crate) fn expand_impl_in(
                 #summary
             }
         }
+        #supervised
         #natives
         #def
         #(#compile_errors)*
     };
     (expanded, clean)
+}
+
+/// A call of `bind_sizes` reading `m`'s size parameters from the raw tensors
+/// `values`: `None` when a size parameter of `m` appears in none of its arguments'
+/// dims (it cannot be read from them).
+fn size_binding(model: &Ident, m: &MethodSig, values: &[TokenStream]) -> Option<TokenStream> {
+    let bound: Vec<String> = m
+        .args
+        .iter()
+        .flat_map(|(_, t)| &t.dims)
+        .filter_map(|d| match d {
+            DimTok::Param(p) => Some(p.to_string()),
+            _ => None,
+        })
+        .collect();
+    if m.consts.iter().any(|c| !bound.contains(&c.to_string())) {
+        return None;
+    }
+    let title = format!("{model}::{}", m.name());
+    let declared = m.args.iter().map(|(name, ty)| {
+        let name = name.to_string();
+        let e = crate::dsl::dtype_type(ty.dtype);
+        let dims = ty.dims.iter().map(|d| match d {
+            DimTok::Lit(n) => quote!(Lit(#n)),
+            DimTok::Param(p) => {
+                let p = p.to_string();
+                quote!(Param(#p))
+            }
+            DimTok::Dyn => quote!(Dyn),
+        });
+        quote!((#name, <#e as ::kiln::tensor::Element>::DTYPE, &[#(#dims),*]))
+    });
+    Some(quote! {{
+        use ::kiln::train::learner::DimSpec::*;
+        ::kiln::train::learner::bind_sizes(#title, &[#(#declared),*], &[#(#values),*])?
+    }})
+}
+
+/// `Supervised` for a model whose impl has `loss(input, target)` returning a scalar
+/// (and, for metrics, `forward(input)`), calling their planned raw methods with the
+/// sizes read from the batch; `None` for a model without such a `loss`.
+fn supervised_impl(model: &Ident, methods: &[MethodSig]) -> Option<TokenStream> {
+    let loss = methods
+        .iter()
+        .find(|m| *m.name() == "loss" && m.is_scalar_loss() && m.args.len() == 2)?;
+    let pair = [quote!(input), quote!(target)];
+    let sizes = size_binding(model, loss, &pair)?;
+    let raw_loss = raw_name(loss.name());
+    let raw_and_grad = quote::format_ident!("__kiln_{}_and_grad", loss.name());
+    let scores = methods
+        .iter()
+        .find(|m| *m.name() == "forward" && m.args.len() == 1 && !m.ret_tuple && m.ret.len() == 1)
+        .and_then(|f| Some((raw_name(f.name()), size_binding(model, f, &pair[..1])?)));
+    let scores = match scores {
+        Some((raw, sizes)) => quote!(Ok(Some(self.#raw(&#sizes, input)?))),
+        None => quote!(Ok(None)),
+    };
+    let raw = quote!(::kiln::tensor::RawTensor<Be>);
+    Some(quote! {
+        impl<Be: ::kiln::tensor::Backend> #model<Be> {
+            #[doc(hidden)]
+            fn __kiln_loss_sizes(input: &#raw, target: &#raw) -> ::kiln::tensor::Result<::std::vec::Vec<(&'static str, usize)>> {
+                Ok(#sizes)
+            }
+        }
+
+        impl<Be: ::kiln::tensor::Backend> ::kiln::train::learner::Supervised<Be> for #model<Be> {
+            fn loss_and_grads(
+                &self,
+                input: &#raw,
+                target: &#raw,
+            ) -> ::kiln::tensor::Result<(#raw, <Self as ::kiln::tensor::nn::Module<Be>>::Grads)> {
+                self.#raw_and_grad(&Self::__kiln_loss_sizes(input, target)?, input, target)
+            }
+
+            fn eval_loss(&self, input: &#raw, target: &#raw) -> ::kiln::tensor::Result<#raw> {
+                self.#raw_loss(&Self::__kiln_loss_sizes(input, target)?, input, target)
+            }
+
+            fn scores(&self, input: &#raw) -> ::kiln::tensor::Result<::core::option::Option<#raw>> {
+                #scores
+            }
+        }
+    })
 }
 
 fn signature(m: &MethodSig) -> TokenStream {

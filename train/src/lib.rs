@@ -33,6 +33,7 @@
 
 pub mod checkpoint;
 pub mod launch;
+pub mod learner;
 pub mod metrics;
 pub mod optim;
 pub mod parallel;

@@ -406,6 +406,78 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         "Mlp: 1,863,690 parameters; what `forward` calls:\n  layer  type                output        params\n  fc1    Linear<784, 1024>   [B, 1024]    803,840\n  fc2    Linear<1024, 1024>  [B, 1024]  1,049,600\n  fc3    Linear<1024, 10>    [B, 10]       10,250\n"
     }
 }
+impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
+    #[doc(hidden)]
+    fn __kiln_loss_sizes(
+        input: &::kiln::tensor::RawTensor<Be>,
+        target: &::kiln::tensor::RawTensor<Be>,
+    ) -> ::kiln::tensor::Result<::std::vec::Vec<(&'static str, usize)>> {
+        Ok({
+            use ::kiln::train::learner::DimSpec::*;
+            ::kiln::train::learner::bind_sizes(
+                "Mlp::loss",
+                &[
+                    (
+                        "x",
+                        <f32 as ::kiln::tensor::Element>::DTYPE,
+                        &[Param("B"), Lit(784usize)],
+                    ),
+                    ("y", <i32 as ::kiln::tensor::Element>::DTYPE, &[Param("B")]),
+                ],
+                &[input, target],
+            )?
+        })
+    }
+}
+impl<Be: ::kiln::tensor::Backend> ::kiln::train::learner::Supervised<Be> for Mlp<Be> {
+    fn loss_and_grads(
+        &self,
+        input: &::kiln::tensor::RawTensor<Be>,
+        target: &::kiln::tensor::RawTensor<Be>,
+    ) -> ::kiln::tensor::Result<
+        (::kiln::tensor::RawTensor<Be>, <Self as ::kiln::tensor::nn::Module<Be>>::Grads),
+    > {
+        self.__kiln_loss_and_grad(
+            &Self::__kiln_loss_sizes(input, target)?,
+            input,
+            target,
+        )
+    }
+    fn eval_loss(
+        &self,
+        input: &::kiln::tensor::RawTensor<Be>,
+        target: &::kiln::tensor::RawTensor<Be>,
+    ) -> ::kiln::tensor::Result<::kiln::tensor::RawTensor<Be>> {
+        self.__kiln_loss(&Self::__kiln_loss_sizes(input, target)?, input, target)
+    }
+    fn scores(
+        &self,
+        input: &::kiln::tensor::RawTensor<Be>,
+    ) -> ::kiln::tensor::Result<::core::option::Option<::kiln::tensor::RawTensor<Be>>> {
+        Ok(
+            Some(
+                self
+                    .__kiln_forward(
+                        &{
+                            use ::kiln::train::learner::DimSpec::*;
+                            ::kiln::train::learner::bind_sizes(
+                                "Mlp::forward",
+                                &[
+                                    (
+                                        "x",
+                                        <f32 as ::kiln::tensor::Element>::DTYPE,
+                                        &[Param("B"), Lit(784usize)],
+                                    ),
+                                ],
+                                &[input],
+                            )?
+                        },
+                        input,
+                    )?,
+            ),
+        )
+    }
+}
 #[doc(hidden)]
 #[allow(non_snake_case)]
 mod __kiln_natives_Mlp {
