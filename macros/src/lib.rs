@@ -141,6 +141,24 @@ pub fn derive_module(item: TokenStream) -> TokenStream {
 }
 
 /// Marks a model: on a struct of layers, and on the impl holding its methods.
+///
+/// ```text
+/// #[model] struct Mlp { fc1: Linear<784, 128>, fc2: Linear<128, 10> }
+/// #[model] impl Mlp {
+///     fn forward<const B: usize>(&self, x: Tensor<B, 784>) -> Tensor<B, 10> { self.fc2(self.fc1(x).relu()) }
+///     fn loss<const B: usize>(&self, x: Tensor<B, 784>, y: Tensor<B, i32>) -> Tensor { self.forward(x).cross_entropy(y) }
+/// }
+/// #[model] type Small = Gpt<128, 4>;           // an instance of a model with sizes
+/// #[model(precision = bf16)] type SmallBf16 = Gpt<128, 4>;
+/// ```
+///
+/// Shapes are checked when the program compiles; each method becomes a planned,
+/// fused method (evaluation mode), each scalar method also `<name>_and_grad`
+/// (training mode), and a `loss(input, target)` makes the model trainable by
+/// `kiln::train::learner::Learner`. The grammar (fields, layers, signatures, bodies,
+/// named sizes) is in this crate's documentation; the guide, with an example of every
+/// construct, training and evaluation behaviour and translations from PyTorch, is
+/// `docs/guide.md` in the repository, and every tensor method is in `docs/methods.md`.
 #[proc_macro_attribute]
 pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
     let attr = proc_macro2::TokenStream::from(attr);

@@ -21,7 +21,7 @@
 //! Files are read header first: a length field past the end, a header that does not
 //! describe its tensors, or tensor data declared longer or shorter than the file holds
 //! is refused before any data is read; then tensors are streamed one at a time
-//! ([`read`](self::read)).
+//! (its `read` module).
 
 mod read;
 
