@@ -294,3 +294,155 @@ fn a_model_without_forward_trains_but_gives_no_scores() {
     .to_string();
     assert!(e.contains("a run of 0 epochs"), "{e}");
 }
+
+#[test]
+fn steps_through_the_callback_train_as_the_plain_path_does() {
+    use kiln::train::learner::StepInfo;
+    let (train, test) = loaders(32);
+    let opt = || {
+        AdamW::<Cpu>::new(AdamWConfig {
+            lr: 0.01,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let model = || Points::<Cpu>::init(&CpuDevice, 4).unwrap();
+    let mut plain = Learner::new(model(), opt(), CpuDevice)
+        .epochs(2)
+        .on_epoch(|_| Ok(()));
+    let plain_reports = plain.fit(&train, Some(&test)).unwrap();
+
+    let state = scratch("every.safetensors");
+    let mut seen: Vec<StepInfo> = Vec::new();
+    let mut saved_at_six = None;
+    let mut stepped = Learner::new(model(), opt(), CpuDevice)
+        .epochs(2)
+        .state_file(&state)
+        .save_every(5)
+        .on_epoch(|_| Ok(()))
+        .on_step(|_, _, info: &StepInfo| {
+            if info.step == 6 {
+                saved_at_six = Some(kiln::train::state::verify(&state)?);
+            }
+            seen.push(info.clone());
+            Ok(())
+        });
+    let reports = stepped.fit(&train, Some(&test)).unwrap();
+    assert_eq!(params(&stepped.model), params(&plain.model), "bit for bit");
+    drop(stepped);
+    // 200 examples in batches of 32: six full ones and one of 8, per epoch.
+    assert_eq!(seen.len(), 14);
+    assert_eq!(
+        seen.iter().map(|s| s.step).collect::<Vec<_>>(),
+        (0..14).collect::<Vec<_>>()
+    );
+    assert!(seen
+        .iter()
+        .all(|s| s.steps == 14 && s.epoch == s.step / 7 && s.loss.is_finite()));
+    assert_eq!(saved_at_six, Some(5), "the state saved after step 5");
+    assert_eq!(kiln::train::state::verify(&state).unwrap(), 14);
+    let weights = [32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 8.0];
+    let mean: f64 = seen[7..]
+        .iter()
+        .zip(weights)
+        .map(|(s, w)| s.loss as f64 * w)
+        .sum::<f64>()
+        / 200.0;
+    assert!(
+        (reports[1].train_loss - mean).abs() < 1e-5,
+        "{} against {mean}",
+        reports[1].train_loss
+    );
+    assert!((reports[1].train_loss - plain_reports[1].train_loss).abs() < 1e-5);
+    std::fs::remove_file(&state).unwrap();
+}
+
+#[test]
+fn two_ranks_train_as_one_process_on_the_whole_batch() {
+    use kiln::data::LastBatch;
+    use kiln::train::parallel::ThreadGroup;
+    let config = LoaderConfig {
+        batch_size: 40,
+        seed: 9,
+        workers: 0,
+        last_batch: LastBatch::Drop,
+        ..LoaderConfig::default()
+    };
+    let opt = || {
+        Sgd::<Cpu>::new(SgdConfig {
+            lr: 0.1,
+            momentum: 0.9,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let mut single = Learner::new(
+        Points::<Cpu>::init(&CpuDevice, 7).unwrap(),
+        opt(),
+        CpuDevice,
+    )
+    .epochs(2)
+    .on_epoch(|_| Ok(()));
+    single
+        .fit(
+            &DataLoader::new(points(200, 1), config).unwrap(),
+            None::<&DataLoader<InMemory>>,
+        )
+        .unwrap();
+    let want: Vec<f32> = params(&single.model)
+        .into_iter()
+        .map(f32::from_bits)
+        .collect();
+
+    let ranks = ThreadGroup::new(2, std::time::Duration::from_secs(30)).unwrap();
+    let handles: Vec<_> = ranks
+        .into_iter()
+        .map(|rank| {
+            std::thread::spawn(move || {
+                // Rank 1 starts from other weights: the run starts from rank 0's.
+                let seed = if rank.rank() == 0 { 7 } else { 99 };
+                let mut learner = Learner::new(
+                    Points::<Cpu>::init(&CpuDevice, seed).unwrap(),
+                    opt(),
+                    CpuDevice,
+                )
+                .epochs(2)
+                .ranks(Box::new(rank))
+                .on_epoch(|_| Ok(()));
+                let loader = DataLoader::new(points(200, 1), config).unwrap();
+                learner.fit(&loader, None::<&DataLoader<InMemory>>).unwrap();
+                params(&learner.model)
+                    .into_iter()
+                    .map(f32::from_bits)
+                    .collect::<Vec<f32>>()
+            })
+        })
+        .collect();
+    for h in handles {
+        let got = h.join().unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "{g} against {w}");
+        }
+    }
+}
+
+#[test]
+fn replayed_or_split_steps_need_batches_of_one_size() {
+    let (train, _) = loaders(32); // the last batch kept
+    let opt = Sgd::<Cpu>::new(SgdConfig::default()).unwrap();
+    let mut learner =
+        Learner::new(Points::<Cpu>::init(&CpuDevice, 1).unwrap(), opt, CpuDevice).replay(true);
+    let e = learner
+        .fit(&train, None::<&DataLoader<InMemory>>)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("drop the last batch"), "{e}");
+    let opt = Sgd::<Cpu>::new(SgdConfig::default()).unwrap();
+    let mut learner =
+        Learner::new(Points::<Cpu>::init(&CpuDevice, 1).unwrap(), opt, CpuDevice).save_every(3);
+    let e = learner
+        .fit(&train, None::<&DataLoader<InMemory>>)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("save_every needs a state file"), "{e}");
+}

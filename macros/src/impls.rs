@@ -393,6 +393,10 @@ fn supervised_impl(model: &Ident, methods: &[MethodSig]) -> Option<TokenStream> 
             fn scores(&self, input: &#raw) -> ::kiln::tensor::Result<::core::option::Option<#raw>> {
                 #scores
             }
+
+            fn draws_at_random() -> bool {
+                ::kiln::fusion::plan::training_draws(Self::fusion_plans())
+            }
         }
     })
 }

@@ -179,3 +179,65 @@ fn mutated_files_are_errors_or_values_never_panics() {
         );
     }
 }
+
+/// The same for the files a user's own data comes in: PNG, JPEG and PGM images (read
+/// by `kiln::data::image`, as an image folder reads them) and CSV tables (opened and
+/// every row read, as the loader reads them).
+#[test]
+fn mutated_images_and_tables_are_errors_or_values_never_panics() {
+    use kiln::data::{image::read_image, CsvConfig, CsvDataset, Dataset};
+    let before = peak_memory_kib();
+    let dir = std::env::temp_dir().join(format!("kiln-fuzz-data-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("case");
+    let image = |b: &[u8]| {
+        std::fs::write(&file, b).unwrap();
+        match read_image(&file) {
+            Ok(img) => {
+                // What it read is what it says it read.
+                assert_eq!(img.pixels.len(), img.width * img.height * img.channels);
+                true
+            }
+            Err(_) => false,
+        }
+    };
+    let mut png_bytes = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut png_bytes, 5, 4);
+        enc.set_color(png::ColorType::Rgba);
+        let data: Vec<u8> = (0..80).map(|i| (i * 3) as u8).collect();
+        enc.write_header().unwrap().write_image_data(&data).unwrap();
+    }
+    let png_ok = fuzz("png", &png_bytes, 5, &image);
+    let jpeg = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../data/tests/fixtures/gradient.jpg"
+    ))
+    .unwrap();
+    let jpeg_ok = fuzz("jpeg", &jpeg, 6, &image);
+    let mut pgm = b"P5 4 3 255\n".to_vec();
+    pgm.extend((0..12).map(|i| (i * 20) as u8));
+    let pgm_ok = fuzz("pgm", &pgm, 7, &image);
+    let csv = b"a,b,label\n1.5,2,cat\n-3,4e2,dog\n0.25,\"7\",cat\n";
+    let table = |b: &[u8]| {
+        std::fs::write(&file, b).unwrap();
+        let Ok(data) = CsvDataset::open(&file, &CsvConfig::classes_in("label")) else {
+            return false;
+        };
+        // A file that opened reads every row.
+        (0..data.len()).all(|i| data.get(i).is_ok())
+    };
+    let csv_ok = fuzz("csv", csv, 8, &table);
+    std::fs::remove_dir_all(&dir).unwrap();
+    println!(
+        "{} cases per reader: {png_ok} PNG, {jpeg_ok} JPEG, {pgm_ok} PGM and {csv_ok} CSV mutations read as values, the rest were errors",
+        cases()
+    );
+    if let (Some(before), Some(after)) = (before, peak_memory_kib()) {
+        assert!(
+            after - before < MEMORY_BOUND_KIB,
+            "peak memory grew by {} KiB (bound {MEMORY_BOUND_KIB})",
+            after - before
+        );
+    }
+}

@@ -1,19 +1,26 @@
 //! [`Learner`]: one training loop for any model with a loss — a `#[model]` whose impl
 //! has a `loss(input, target)` method implements [`Supervised`] — over a
 //! [`DataLoader`]: the learning rate from a [`Schedule`] before each step, the
-//! optimizer's step (clipping included), the epoch's mean loss read once per epoch,
-//! evaluation with [`Metric`]s after each epoch, a training state saved after each
-//! epoch and resumed from (the same batches, the same rates, the same result as an
-//! uninterrupted run), and one report line per epoch with throughput and the time
-//! left.
+//! optimizer's step (clipping included), evaluation with [`Metric`]s after each epoch,
+//! a training state saved after each epoch (and every so many steps) and resumed from
+//! (the same batches, the same rates, the same result as an uninterrupted run), one
+//! report line per epoch with throughput and the time left, and a callback after each
+//! step (for a progress bar or a curve).
+//!
+//! Steps run planned, their losses summed on the device and read once per epoch; or,
+//! with [`Learner::replay`], [`Learner::ranks`] or [`Learner::on_step`], through
+//! [`StepReplay`]: captured once warm and replayed as a graph where the backend can
+//! (CUDA), averaged over data-parallel ranks, each step's loss read for the callback.
 
 use crate::metrics::{MeanLoss, Metric, Outputs};
 use crate::optim::Optimizer;
+use crate::parallel::broadcast_state;
+use crate::replay::{StepInput, StepReplay};
 use crate::schedule::Schedule;
 use crate::state;
-use kiln_data::{DataLoader, Dataset, DeviceBatch};
+use kiln_data::{DataLoader, Dataset, DeviceBatch, Field, HostBatch, LastBatch, Values};
 use kiln_tensor::nn::Module;
-use kiln_tensor::{Backend, Error, RawTensor, Result};
+use kiln_tensor::{Backend, Collective, Error, HostData, RawTensor, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -42,6 +49,34 @@ pub trait Supervised<B: Backend>: Module<B> {
     /// The batch's scores (`[.., classes]`) in evaluation mode, for metrics; `None`
     /// for a model without a `forward` of its inputs.
     fn scores(&self, input: &RawTensor<B>) -> Result<Option<RawTensor<B>>>;
+
+    /// Whether a training step draws random values (dropout masks), so that a replayed
+    /// step must find its seed in device memory. `#[model]` reads it from its plans;
+    /// the default, `true`, is always correct.
+    fn draws_at_random() -> bool
+    where
+        Self: Sized,
+    {
+        true
+    }
+}
+
+/// What one step did, for [`Learner::on_step`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepInfo {
+    /// The epoch, from 0.
+    pub epoch: u64,
+    /// The step, from 0 over the whole run.
+    pub step: u64,
+    /// Steps in the whole run.
+    pub steps: u64,
+    /// The step's loss (averaged over the ranks in a data-parallel run).
+    pub loss: f32,
+    /// Its learning rate.
+    pub lr: f64,
+    /// A one-line notice about how steps run, on the step it concerns: captured as a
+    /// graph and replayed from now on, or why not.
+    pub notice: Option<String>,
 }
 
 /// What one epoch did.
@@ -107,6 +142,9 @@ fn clock(seconds: f64) -> String {
 /// A callback given each epoch's report.
 pub type OnEpoch<'a> = Box<dyn FnMut(&EpochReport) -> Result<()> + 'a>;
 
+/// A callback given the model, the optimizer and what each step did.
+pub type OnStep<'a, M, O> = Box<dyn FnMut(&M, &O, &StepInfo) -> Result<()> + 'a>;
+
 /// Trains a [`Supervised`] model with an [`Optimizer`] (see the module docs).
 ///
 /// ```no_run
@@ -137,7 +175,13 @@ pub struct Learner<'a, B: Backend, M, O> {
     schedule: Option<Box<dyn Schedule + 'a>>,
     metrics: Vec<Box<dyn Metric<B> + 'a>>,
     state_file: Option<PathBuf>,
+    save_every: u64,
     on_epoch: OnEpoch<'a>,
+    on_step: Option<OnStep<'a, M, O>>,
+    replay: bool,
+    ranks: Option<Box<dyn Collective<B>>>,
+    /// This process's rank and the number of ranks (0 of 1 without ranks).
+    place: (usize, usize),
 }
 
 impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
@@ -153,11 +197,50 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
             schedule: None,
             metrics: Vec::new(),
             state_file: None,
+            save_every: 0,
             on_epoch: Box::new(|r| {
                 eprintln!("{r}");
                 Ok(())
             }),
+            on_step: None,
+            replay: false,
+            ranks: None,
+            place: (0, 1),
         }
+    }
+
+    /// Also saves the training state every `steps` steps (0: at the end of each epoch
+    /// only); needs [`Learner::state_file`].
+    pub fn save_every(mut self, steps: u64) -> Self {
+        self.save_every = steps;
+        self
+    }
+
+    /// Calls `f` after every step with the model, the optimizer and what the step did
+    /// (each step's loss is then read from the device); an error from `f` stops the run.
+    pub fn on_step(mut self, f: impl FnMut(&M, &O, &StepInfo) -> Result<()> + 'a) -> Self {
+        self.on_step = Some(Box::new(f));
+        self
+    }
+
+    /// Captures the second step as a graph and replays it for every later one, where
+    /// the backend captures (CUDA) and the optimizer replays correctly (the first
+    /// step's [`StepInfo::notice`] says which). Every batch must then have one size:
+    /// the loader's last batch dropped.
+    pub fn replay(mut self, on: bool) -> Self {
+        self.replay = on;
+        self
+    }
+
+    /// Trains as one rank of a data-parallel run: the model starts as rank 0's, each of
+    /// the loader's batches is split evenly over the ranks (every rank's loader must
+    /// read the same batches: the same data, seed and batch size, the last batch
+    /// dropped), and gradients and losses are averaged before every rank's identical
+    /// step. Reports, callbacks and state files are rank 0's.
+    pub fn ranks(mut self, ranks: Box<dyn Collective<B>>) -> Self {
+        self.place = (ranks.rank(), ranks.world());
+        self.ranks = Some(ranks);
+        self
     }
 
     /// Trains for `epochs` passes over the training data.
@@ -201,18 +284,43 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         train: &DataLoader<D>,
         eval: Option<&DataLoader<E>>,
     ) -> Result<Vec<EpochReport>> {
+        const OP: &str = "Learner";
         if self.epochs == 0 {
-            return Err(Error::invalid("Learner", "a run of 0 epochs"));
+            return Err(Error::invalid(OP, "a run of 0 epochs"));
+        }
+        if self.save_every > 0 && self.state_file.is_none() {
+            return Err(Error::invalid(
+                OP,
+                "save_every needs a state file to save to (Learner::state_file)",
+            ));
+        }
+        let (rank, world) = self.place;
+        let stepped = self.replay || world > 1 || self.on_step.is_some();
+        if (self.replay || world > 1) && train.config().last_batch != LastBatch::Drop {
+            return Err(Error::invalid(
+                OP,
+                "replayed or data-parallel steps need batches of one size: drop the last \
+                 batch (LastBatch::Drop)",
+            ));
+        }
+        if train.config().batch_size % world != 0 {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "a batch of {} does not split evenly over {world} ranks",
+                    train.config().batch_size
+                ),
+            ));
         }
         let per_epoch = train.batches_per_epoch() as u64;
         let total = self.epochs.saturating_mul(per_epoch);
-        let run = run_settings(train);
+        let run = run_settings(train, world);
         let mut step = 0;
         if let Some(path) = self.state_file.as_ref().filter(|p| p.exists()) {
             step = state::load(path, &mut self.model, &mut self.optimizer, &run)?;
             if step > total {
                 return Err(Error::invalid(
-                    "Learner",
+                    OP,
                     format!(
                         "{} took {step} steps, more than this run's {total} ({} epochs of {per_epoch})",
                         path.display(),
@@ -221,34 +329,108 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                 ));
             }
         }
+        let mut steps = match stepped {
+            true => {
+                let draws = M::draws_at_random();
+                let mut steps = StepReplay::new(&self.device, self.replay, &self.optimizer, draws);
+                if world > 1 {
+                    let Some(ranks) = self.ranks.take() else {
+                        return Err(Error::invalid(
+                            OP,
+                            "a data-parallel Learner fits once (its ranks are spent)",
+                        ));
+                    };
+                    broadcast_state(ranks.as_ref(), &mut self.model, 0)?;
+                    if let Some(seeds) = self.model.step_seeds() {
+                        seeds.set_rank(rank as u64);
+                    }
+                    steps = steps.data_parallel(ranks)?;
+                }
+                Some(steps)
+            }
+            false => None,
+        };
+        let result = self.epochs_from(train, eval, &run, &mut step, total, &mut steps);
+        if let Some(steps) = steps {
+            steps.finish(&self.model);
+        }
+        result
+    }
+
+    /// The epochs of [`Learner::fit`] from step `step` on.
+    fn epochs_from<D: Dataset + 'static, E: Dataset + 'static>(
+        &mut self,
+        train: &DataLoader<D>,
+        eval: Option<&DataLoader<E>>,
+        run: &BTreeMap<String, String>,
+        step: &mut u64,
+        total: u64,
+        steps: &mut Option<StepReplay<B>>,
+    ) -> Result<Vec<EpochReport>> {
+        let per_epoch = train.batches_per_epoch() as u64;
+        let (rank, world) = self.place;
         let mut reports = Vec::new();
-        for epoch in step / per_epoch..self.epochs {
+        for epoch in *step / per_epoch..self.epochs {
             let start = Instant::now();
-            let mut loss = MeanLoss::<B>::new();
-            let (mut examples, mut lr) = (0usize, self.optimizer.lr());
-            let first = (step - epoch * per_epoch) as usize;
+            let mut device_loss = MeanLoss::<B>::new();
+            let (mut host_loss, mut examples, mut lr) = (0.0, 0usize, self.optimizer.lr());
+            let first = (*step - epoch * per_epoch) as usize;
             for batch in train.epoch_from(epoch, first)? {
                 let batch = batch?;
                 let n = batch.len();
-                let batch = batch.to_device::<B>(&self.device)?;
                 if let Some(s) = &self.schedule {
-                    lr = s.lr_at(step);
+                    lr = s.lr_at(*step);
                     self.optimizer.set_lr(lr).map_err(|e| {
                         e.with_context(&format!("the schedule's rate at step {step}"))
                     })?;
                 }
-                let (l, grads) = self.model.loss_and_grads(&batch.input, &batch.target)?;
-                self.optimizer.step(&mut self.model, &grads)?;
-                loss.update(&Outputs {
-                    scores: None,
-                    targets: None,
-                    loss: Some((&l, n)),
-                })?;
+                match steps.as_mut() {
+                    Some(steps) => {
+                        let mine = share(&batch, rank, world)?;
+                        let inputs = vec![step_input(&mine.input), step_input(&mine.target)];
+                        let outcome = steps.step(
+                            &mut self.model,
+                            &mut self.optimizer,
+                            inputs,
+                            &mut |m, xy| m.loss_and_grads(&xy[0], &xy[1]),
+                        )?;
+                        host_loss += outcome.loss as f64 * n as f64;
+                        if let (Some(f), 0) = (self.on_step.as_mut(), rank) {
+                            let info = StepInfo {
+                                epoch,
+                                step: *step,
+                                steps: total,
+                                loss: outcome.loss,
+                                lr,
+                                notice: outcome.notice,
+                            };
+                            f(&self.model, &self.optimizer, &info)?;
+                        }
+                    }
+                    None => {
+                        let batch = batch.to_device::<B>(&self.device)?;
+                        let (l, grads) = self.model.loss_and_grads(&batch.input, &batch.target)?;
+                        self.optimizer.step(&mut self.model, &grads)?;
+                        device_loss.update(&Outputs {
+                            scores: None,
+                            targets: None,
+                            loss: Some((&l, n)),
+                        })?;
+                    }
+                }
                 examples += n;
-                step += 1;
+                *step += 1;
+                if self.save_every > 0 && *step % self.save_every == 0 && rank == 0 {
+                    if let Some(path) = &self.state_file {
+                        state::save(path, &self.model, &self.optimizer, *step, run)?;
+                    }
+                }
             }
             let train_seconds = start.elapsed().as_secs_f64();
-            let train_loss = loss.value()?;
+            let train_loss = match steps {
+                Some(_) => host_loss / examples.max(1) as f64,
+                None => device_loss.value()?,
+            };
             let (eval_loss, metrics) = match eval {
                 Some(data) => {
                     let (l, m) = self.evaluate(data)?;
@@ -256,14 +438,14 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                 }
                 None => (None, Vec::new()),
             };
-            if let Some(path) = &self.state_file {
-                state::save(path, &self.model, &self.optimizer, step, &run)?;
+            if let (Some(path), 0) = (&self.state_file, rank) {
+                state::save(path, &self.model, &self.optimizer, *step, run)?;
             }
             let seconds = start.elapsed().as_secs_f64();
             let report = EpochReport {
                 epoch,
                 epochs: self.epochs,
-                step,
+                step: *step,
                 train_loss,
                 lr,
                 examples_per_second: examples as f64 / train_seconds.max(1e-9),
@@ -272,7 +454,9 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                 eval_loss,
                 metrics,
             };
-            (self.on_epoch)(&report)?;
+            if rank == 0 {
+                (self.on_epoch)(&report)?;
+            }
             reports.push(report);
         }
         Ok(reports)
@@ -321,7 +505,10 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
 
 /// The settings a resumed run must share with the run that wrote its state: what
 /// decides which examples each step sees.
-fn run_settings<D: Dataset + 'static>(train: &DataLoader<D>) -> BTreeMap<String, String> {
+fn run_settings<D: Dataset + 'static>(
+    train: &DataLoader<D>,
+    world: usize,
+) -> BTreeMap<String, String> {
     let c = train.config();
     BTreeMap::from([
         ("examples".to_string(), train.dataset().len().to_string()),
@@ -329,7 +516,43 @@ fn run_settings<D: Dataset + 'static>(train: &DataLoader<D>) -> BTreeMap<String,
         ("shuffle".to_string(), c.shuffle.to_string()),
         ("seed".to_string(), c.seed.to_string()),
         ("last_batch".to_string(), format!("{:?}", c.last_batch)),
+        ("ranks".to_string(), world.to_string()),
     ])
+}
+
+/// Rank `rank`'s even share of `batch`'s rows (the whole batch for one rank).
+fn share(batch: &HostBatch, rank: usize, world: usize) -> Result<HostBatch> {
+    if world == 1 {
+        return Ok(batch.clone());
+    }
+    let n = batch.len();
+    let rows = |f: &Field| -> Result<Field> {
+        let per_row = f.values.len() / n.max(1);
+        let (lo, hi) = (rank * n / world * per_row, (rank + 1) * n / world * per_row);
+        let values = match &f.values {
+            Values::F32(v) => Values::F32(v[lo..hi].to_vec()),
+            Values::I32(v) => Values::I32(v[lo..hi].to_vec()),
+        };
+        let mut dims = f.dims.clone();
+        dims[0] = n / world;
+        Field::new(dims, values)
+    };
+    Ok(HostBatch {
+        input: rows(&batch.input)?,
+        target: rows(&batch.target)?,
+        indices: batch.indices[rank * n / world..(rank + 1) * n / world].to_vec(),
+    })
+}
+
+/// A field as a step's host input.
+fn step_input(f: &Field) -> StepInput<'_> {
+    StepInput {
+        data: match &f.values {
+            Values::F32(v) => HostData::F32(v.clone()),
+            Values::I32(v) => HostData::I32(v.clone()),
+        },
+        dims: &f.dims,
+    }
 }
 
 /// One dim of a method's tensor argument, as `#[model]` declared it.
