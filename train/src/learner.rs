@@ -303,7 +303,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                  batch (LastBatch::Drop)",
             ));
         }
-        if train.config().batch_size % world != 0 {
+        if !train.config().batch_size.is_multiple_of(world) {
             return Err(Error::invalid(
                 OP,
                 format!(
@@ -420,7 +420,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                 }
                 examples += n;
                 *step += 1;
-                if self.save_every > 0 && *step % self.save_every == 0 && rank == 0 {
+                if self.save_every > 0 && step.is_multiple_of(self.save_every) && rank == 0 {
                     if let Some(path) = &self.state_file {
                         state::save(path, &self.model, &self.optimizer, *step, run)?;
                     }
