@@ -59,13 +59,7 @@ pub fn train_csv(path: &Path, label: &str, epochs: u64) -> Result<(f64, f64)> {
         ..LoaderConfig::default()
     };
     let train = DataLoader::new(train, config)?;
-    let test = DataLoader::new(
-        test,
-        LoaderConfig {
-            shuffle: false,
-            ..config
-        },
-    )?;
+    let test = DataLoader::new(test, config.for_evaluation())?;
 
     let mut opt = AdamW::<Cpu>::new(AdamWConfig::default())?;
     opt.set_grad_clip(GradClip::Norm(1.0))?;

@@ -92,13 +92,7 @@ pub fn train_folder(
         ..LoaderConfig::default()
     };
     let train = DataLoader::new(train, config)?;
-    let test = DataLoader::new(
-        test,
-        LoaderConfig {
-            shuffle: false,
-            ..config
-        },
-    )?;
+    let test = DataLoader::new(test, config.for_evaluation())?;
 
     let total = epochs * train.batches_per_epoch() as u64;
     let model = FashionCnn::<Cpu>::init(&CpuDevice, 1)?;

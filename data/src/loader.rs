@@ -58,6 +58,18 @@ impl Default for LoaderConfig {
     }
 }
 
+impl LoaderConfig {
+    /// The same settings for evaluation data: every example once, in index order (no
+    /// shuffling, the last batch kept).
+    pub fn for_evaluation(self) -> Self {
+        LoaderConfig {
+            shuffle: false,
+            last_batch: LastBatch::Keep,
+            ..self
+        }
+    }
+}
+
 /// The most worker threads a loader starts.
 pub const MAX_WORKERS: usize = 256;
 

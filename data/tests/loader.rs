@@ -80,15 +80,14 @@ fn an_epoch_visits_every_example_once_in_a_seeded_order() {
     )
     .unwrap();
     assert_ne!(all(other_seed.epoch(0)), epoch0);
-    // Unshuffled: in index order.
-    let plain = DataLoader::new(
-        numbered(7),
-        LoaderConfig {
-            shuffle: false,
-            ..config(3, 1)
-        },
-    )
-    .unwrap();
+    // For evaluation: in index order, the short last batch kept whatever the training
+    // settings say.
+    let training = LoaderConfig {
+        last_batch: LastBatch::Drop,
+        ..config(3, 1)
+    };
+    let plain = DataLoader::new(numbered(7), training.for_evaluation()).unwrap();
+    assert_eq!(plain.batches_per_epoch(), 3);
     let order: Vec<usize> = all(plain.epoch(4))
         .iter()
         .flat_map(|b| b.indices.clone())

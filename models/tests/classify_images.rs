@@ -167,7 +167,7 @@ fn kiln_classify_prints_each_files_class_and_probabilities() {
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(
         err.contains("cannot read image")
-            && err.contains("not_an_image.png: it is neither a PNG nor a PGM"),
+            && err.contains("not_an_image.png: it is neither a PNG, a JPEG nor a PGM"),
         "{err}"
     );
     assert!(err.contains("cannot read image /kiln-nowhere.png"), "{err}");

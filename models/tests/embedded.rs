@@ -116,7 +116,7 @@ fn the_embedded_binaries_classify_image_files() {
         let bad = images.join("not_an_image.png");
         let (code, _, err) = output::run(exe.to_str().unwrap(), &[bad.to_str().unwrap()]);
         assert_eq!(code, Some(1), "{err}");
-        assert!(err.contains("neither a PNG nor a PGM"), "{err}");
+        assert!(err.contains("neither a PNG, a JPEG nor a PGM"), "{err}");
         // `--help` is help, not a file to open; another option is refused.
         let (code, help, err) = output::run(exe.to_str().unwrap(), &["--help"]);
         assert_eq!(code, Some(0), "{err}");

@@ -477,6 +477,9 @@ impl<Be: ::kiln::tensor::Backend> ::kiln::train::learner::Supervised<Be> for Mlp
             ),
         )
     }
+    fn draws_at_random() -> bool {
+        ::kiln::fusion::plan::training_draws(Self::fusion_plans())
+    }
 }
 #[doc(hidden)]
 #[allow(non_snake_case)]

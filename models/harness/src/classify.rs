@@ -420,7 +420,7 @@ pub fn predict<B: Backend, M: Classifier<B>>(
     Ok(Prediction::from_logits(&model.logits(&x)?.to_vec::<f32>()?))
 }
 
-/// Classifies image files (PNG or PGM, any size: see [`crate::image`]) with `model`
+/// Classifies image files (PNG, JPEG or PGM, any size: see [`crate::image`]) with `model`
 /// trained on `data`, each framed and normalised as its images: each file's prediction,
 /// or the error naming it.
 pub fn classify_files<B: Backend, M: Classifier<B>>(
@@ -459,7 +459,7 @@ pub fn classify_command_line<B: Backend, M: Classifier<B>>(
         }
     };
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    let usage = "usage: <this program> IMAGE... (PNG or PGM files, any size; a dark figure on a light background is inverted)";
+    let usage = "usage: <this program> IMAGE... (PNG, JPEG or PGM files, any size; a dark figure on a light background is inverted)";
     if args.iter().any(|a| a == "-h" || a == "--help") {
         println!(
             "Classify image files with the {} classifier whose weights are built into this program.\n{usage}",
@@ -486,7 +486,7 @@ pub fn classify_command_line<B: Backend, M: Classifier<B>>(
     paths.extend(files.iter().map(std::path::PathBuf::from));
     let files = paths;
     if files.is_empty() {
-        eprintln!("error: name the image files to classify (PNG or PGM, any size)");
+        eprintln!("error: name the image files to classify (PNG, JPEG or PGM, any size)");
         return 1;
     }
     eprintln!(

@@ -1,4 +1,4 @@
-//! `kiln-classify`: classifies image files (PNG or PGM, any size) with a checkpoint
+//! `kiln-classify`: classifies image files (PNG, JPEG or PGM, any size) with a checkpoint
 //! written by `kiln-train` (or by PyTorch, with `--foreign`), on the CPU, printing each
 //! file's class and every class's probability.
 
@@ -17,7 +17,7 @@ use std::time::Instant;
 struct Args {
     #[command(flatten)]
     classifier: ClassifierCheckpoint,
-    /// The image files (PNG or PGM, any size; a dark figure on a light background is
+    /// The image files (PNG, JPEG or PGM, any size; a dark figure on a light background is
     /// inverted, as the data sets show light figures on black).
     #[arg(required = true)]
     images: Vec<PathBuf>,
