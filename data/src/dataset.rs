@@ -235,8 +235,9 @@ impl<D: Dataset> Dataset for Subset<D> {
 /// `data` split at random into parts of `sizes` examples (they must add up to its
 /// length), the same parts for the same `seed` (PyTorch's `random_split`).
 pub fn random_split<D: Dataset>(data: D, sizes: &[usize], seed: u64) -> Result<Vec<Subset<D>>> {
-    let total: usize = sizes.iter().sum();
-    if total != data.len() {
+    let total = sizes.iter().try_fold(0usize, |t, &n| t.checked_add(n));
+    if total != Some(data.len()) {
+        let total = total.map_or("more than a usize holds".to_string(), |t| t.to_string());
         return Err(Error::invalid(
             "random_split",
             format!(

@@ -374,6 +374,11 @@ fn random_split_parts_are_disjoint_seeded_and_checked() {
     assert_eq!(x[0], i as f32);
     all.sort();
     assert_eq!(all, (0..10).collect::<Vec<_>>());
+    let e = random_split(numbered(10), &[usize::MAX, 2], 5)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("more than a usize holds"), "{e}");
     let e = random_split(numbered(10), &[7, 4], 5)
         .err()
         .unwrap()

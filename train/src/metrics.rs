@@ -177,6 +177,17 @@ impl<B: Backend> Metric<B> for TopK<B> {
 
     fn update(&mut self, o: &Outputs<'_, B>) -> Result<()> {
         let f = flat(&self.name(), o)?;
+        if self.k > f.classes {
+            return Err(Error::invalid(
+                "Metric::update",
+                format!(
+                    "{}: the top {} of {} classes",
+                    self.name(),
+                    self.k,
+                    f.classes
+                ),
+            ));
+        }
         let dev = f.targets.device().clone();
         // Targets clamped into range for the gather; those out of range are counted
         // apart and make `value` an error.

@@ -209,6 +209,15 @@ fn sequences_nan_scores_and_bad_targets() {
         e.contains("accuracy needs the batch's scores and targets"),
         "{e}"
     );
+    let mut top5 = TopK::<Cpu>::new(5).unwrap();
+    let e = feed(
+        &mut top5,
+        &scores(vec![0.0; 6], &[2, 3]),
+        &targets(vec![0, 1], &[2]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("top5: the top 5 of 3 classes"), "{e}");
     assert!(TopK::<Cpu>::new(0)
         .unwrap_err()
         .to_string()
