@@ -37,6 +37,10 @@ macro_rules! capture_rule_tests {
             fn a_step_calling_a_dynamic_part_is_refused() -> Result<()> {
                 super::a_step_calling_a_dynamic_part_is_refused::<$R>(&$device)
             }
+            #[test]
+            fn clipped_steps_follow_the_rules_and_metrics_read_once() -> Result<()> {
+                super::clipped_steps_follow_the_rules_and_metrics_read_once::<$R>(&$device)
+            }
         }
     };
 }
@@ -105,6 +109,63 @@ fn a_warmed_up_training_step_follows_the_rules<R: KilnRuntime>(dev: &CubeDevice<
     let err = CubeBackend::<R>::synchronize(dev).expect_err("labels out of range are an error");
     assert!(format!("{err}").contains("out of range"), "{err}");
     CubeBackend::<R>::synchronize(dev)
+}
+
+/// Clipping by the global norm computes its scale on the device and writes it in
+/// place, so a warmed-up clipped step is capturable (by value needs nothing per step);
+/// and the metrics accumulate on the device, agreeing with the host's count.
+fn clipped_steps_follow_the_rules_and_metrics_read_once<R: KilnRuntime>(
+    dev: &CubeDevice<R>,
+) -> Result<()> {
+    use kiln_train::metrics::{Accuracy, Averaged, ClassCounts, Metric, Outputs};
+    use kiln_train::optim::GradClip;
+    let (x, y) = inputs(dev, (0..BATCH as i32).map(|i| i % 10).collect())?;
+    for clip in [GradClip::Norm(0.5), GradClip::Value(0.01)] {
+        let mut model = Mlp::<CubeBackend<R>>::init(dev, 5)?;
+        let mut opt = sgd::<R>(0.9)?;
+        opt.set_grad_clip(clip)?;
+        let mut step = |model: &mut Mlp<CubeBackend<R>>| -> Result<_> {
+            let (loss, grads) = model.loss_and_grad(&x, &y)?;
+            opt.step(model, &grads)?;
+            Ok(loss)
+        };
+        let first = step(&mut model)?.to_vec()?[0];
+        let mut last = first;
+        for _ in 0..3 {
+            last = dev.check_capturable(|| step(&mut model))?.to_vec()?[0];
+        }
+        assert!(last < first, "{clip:?}: {first} then {last}");
+    }
+    let model = Mlp::<CubeBackend<R>>::init(dev, 5)?;
+    let scores = model.forward(&x)?;
+    let outputs = Outputs {
+        scores: Some(scores.raw()),
+        targets: Some(y.raw()),
+        loss: None,
+    };
+    let mut accuracy = Accuracy::accuracy();
+    let mut macro_recall = ClassCounts::new(Averaged::Recall);
+    accuracy.update(&outputs)?;
+    macro_recall.update(&outputs)?;
+    let (s, labels) = (scores.to_vec()?, y.to_vec()?);
+    let (mut hits, mut per_class) = (0, [(0.0f64, 0.0f64); 10]);
+    for (i, &l) in labels.iter().enumerate() {
+        let row = &s[i * 10..(i + 1) * 10];
+        let best = (0..10).fold(0, |b, c| if row[c] > row[b] { c } else { b });
+        let hit = best == l as usize;
+        hits += usize::from(hit);
+        per_class[l as usize].0 += f64::from(u8::from(hit));
+        per_class[l as usize].1 += 1.0;
+    }
+    assert_eq!(accuracy.value()?, hits as f64 / BATCH as f64);
+    // Every class occurs as a target: macro recall is the mean of per-class hit rates.
+    let recall = per_class.iter().map(|(h, n)| h / n).sum::<f64>() / 10.0;
+    assert!(
+        (macro_recall.value()? - recall).abs() < 1e-12,
+        "{} against {recall}",
+        macro_recall.value()?
+    );
+    Ok(())
 }
 
 fn what_a_replay_cannot_repeat_is_refused<R: KilnRuntime>(dev: &CubeDevice<R>) -> Result<()> {
