@@ -5,6 +5,9 @@ use crate::dataset::{check_index, Dataset, Example, Field};
 use kiln_tensor::{Error, Result};
 use std::path::Path;
 
+/// The largest text file [`TextWindows::bytes_of`] reads (1 GiB: 4 GiB of tokens).
+pub const MAX_TEXT_BYTES: u64 = 1 << 30;
+
 /// Windows of a token sequence: example `i` is the `context` tokens from `i · stride`
 /// as the input and the same window one token later as the target, both `i32`, dims
 /// `[context]`.
@@ -17,11 +20,34 @@ pub struct TextWindows {
 }
 
 impl TextWindows {
-    /// The bytes of the file at `path` as tokens (vocabulary 256).
+    /// The bytes of the file at `path` as tokens (vocabulary 256); a file over
+    /// [`MAX_TEXT_BYTES`] is refused from its size, unread.
     pub fn bytes_of(path: impl AsRef<Path>, context: usize, stride: usize) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path)
-            .map_err(|e| Error::Format(format!("{}: cannot read it: {e}", path.display())))?;
+        let bad = |why: String| Error::Format(format!("{}: {why}", path.display()));
+        let file = std::fs::File::open(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+        let size = file
+            .metadata()
+            .map_err(|e| bad(format!("cannot read it: {e}")))?
+            .len();
+        if size > MAX_TEXT_BYTES {
+            return Err(bad(format!(
+                "it holds {size} bytes, more than the {MAX_TEXT_BYTES} read here (a token \
+                 each, as i32); tokenize it yourself and give the ids to TextWindows::new"
+            )));
+        }
+        let mut bytes = Vec::with_capacity(size as usize);
+        // Through the limit too: a file that grows, or a stream, stops there.
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(file, MAX_TEXT_BYTES + 1),
+            &mut bytes,
+        )
+        .map_err(|e| bad(format!("cannot read it: {e}")))?;
+        if bytes.len() as u64 > MAX_TEXT_BYTES {
+            return Err(bad(format!(
+                "it is longer than the {MAX_TEXT_BYTES} bytes read here"
+            )));
+        }
         let tokens = bytes.into_iter().map(i32::from).collect();
         Self::new(tokens, 256, context, stride)
             .map_err(|e| e.with_context(&format!("reading {}", path.display())))

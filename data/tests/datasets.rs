@@ -183,6 +183,13 @@ fn text_windows_predict_the_next_token() {
             .to_string();
         assert!(e.contains(want), "{e}");
     }
+    let big = dir.join("big.txt");
+    let file = std::fs::File::create(&big).unwrap();
+    file.set_len(kiln_data::text::MAX_TEXT_BYTES + 1).unwrap(); // sparse: no disk spent
+    drop(file);
+    let e = TextWindows::bytes_of(&big, 2, 1).unwrap_err().to_string();
+    assert!(e.contains("more than the 1073741824 read here"), "{e}");
+    std::fs::remove_file(&big).unwrap();
     let e = TextWindows::bytes_of(dir.join("none.txt"), 2, 1)
         .unwrap_err()
         .to_string();
