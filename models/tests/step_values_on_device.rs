@@ -6,8 +6,8 @@
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::tensor::nn::{Module, Slot};
 use kiln::tensor::{DType, RandDist, RawTensor, Result};
+use kiln::train::learner::Supervised;
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer};
-use kiln_models::classify::Classifier;
 use kiln_models::lenet::LeNet;
 
 fn params(model: &LeNet<Cpu>) -> Vec<(String, Vec<f32>)> {
@@ -46,7 +46,7 @@ fn train(on_device: bool, fused: bool) -> Result<LeNet<Cpu>> {
             opt.prepare_step()?;
             model.step_seeds().advance_on_device(&dev)?;
         }
-        let (_, grads) = Classifier::loss_and_grad(&model, &x, &y)?;
+        let (_, grads) = Supervised::loss_and_grads(&model, &x, &y)?;
         opt.step(&mut model, &grads)?;
     }
     model.step_seeds().keep_on_host();
@@ -74,7 +74,7 @@ fn a_seed_left_unadvanced_draws_the_same_masks() -> Result<()> {
     let x = RawTensor::<Cpu>::full(&[16, 1, 28, 28], 0.5, DType::F32, &dev)?;
     let y = RawTensor::<Cpu>::from_vec(vec![1i32; 16], &[16], &dev)?;
     let loss = |m: &LeNet<Cpu>| -> Result<f32> {
-        Ok(Classifier::loss_and_grad(m, &x, &y)?.0.to_vec::<f32>()?[0])
+        Ok(Supervised::loss_and_grads(m, &x, &y)?.0.to_vec::<f32>()?[0])
     };
     model.step_seeds().advance_on_device(&dev)?;
     let (a, b) = (loss(&model)?, loss(&model)?);

@@ -264,10 +264,10 @@ fn a_step_calling_a_dynamic_part_is_refused<R: KilnRuntime>(dev: &CubeDevice<R>)
 fn dropout_and_adam_read_their_step_values_from_device_memory<R: KilnRuntime>(
     dev: &CubeDevice<R>,
 ) -> Result<()> {
-    use kiln_models::classify::Classifier;
     use kiln_models::lenet::LeNet;
     use kiln_tensor::nn::Module;
     use kiln_tensor::RawTensor;
+    use kiln_train::learner::Supervised;
     use kiln_train::optim::{AdamW, AdamWConfig};
     type B<R> = CubeBackend<R>;
     let x = RawTensor::<B<R>>::rand(
@@ -295,11 +295,11 @@ fn dropout_and_adam_read_their_step_values_from_device_memory<R: KilnRuntime>(
         (&mut checked, &mut opt_checked),
         (&mut planned, &mut opt_planned),
     ] {
-        let (_, grads) = Classifier::loss_and_grad(model, &x, &y)?;
+        let (_, grads) = Supervised::loss_and_grads(model, &x, &y)?;
         opt.step(model, &grads)?;
     }
     let step = |model: &mut LeNet<B<R>>, opt: &mut AdamW<B<R>>| -> Result<()> {
-        let (_, grads) = Classifier::loss_and_grad(model, &x, &y)?;
+        let (_, grads) = Supervised::loss_and_grads(model, &x, &y)?;
         opt.step(model, &grads)
     };
     // With the seed on the host, the draw is refused; so is Adam writing its values.

@@ -240,7 +240,7 @@ where
             },
         ];
         let outcome = steps.step(&mut model, &mut opt, inputs, &mut |m, xy| {
-            m.loss_and_grad(&xy[0], &xy[1])
+            m.loss_and_grads(&xy[0], &xy[1])
         })?;
         assert!(outcome.loss.is_finite());
         if replay && i == 1 {

@@ -1,143 +1,48 @@
 //! Training and evaluating image classifiers: the `Classifier` trait the zoo's models
-//! implement (their generated `loss_and_grad` and `forward`, for each batch size in
-//! [`BATCH_SIZES`], through [`classifier!`](crate::classifier)), and loops over a data
-//! split that take the batch size at run time.
-//!
-//! A `#[model]` method's batch is a const generic; a training loop's is a command-line
-//! value. The loops here are generic over the model only, and `Classifier` turns the
-//! run-time batch into the const one in one `match` per method, so a binary compiles
-//! each loop once per model, not once per batch size.
+//! implement (through [`classifier!`](crate::classifier): the generated `Supervised`,
+//! which runs a `#[model]`'s planned methods at the batch its inputs have, and the
+//! dims of one example), and loops over a data split that take the batch size at run
+//! time.
 
 use crate::data::{batches, shuffled, Split};
 // The class names, where callers of the classifier loops look for them.
 pub use crate::data::{FASHION_CLASSES, MNIST_CLASSES};
 use kiln::prelude::*;
-use kiln::tensor::nn::Module;
 use kiln::tensor::Collective;
 use kiln::tensor::{HostData, RawTensor};
+use kiln::train::learner::Supervised;
 use kiln::train::optim::Optimizer;
 use kiln::train::parallel::broadcast_state;
 use kiln::train::replay::{StepInput, StepReplay};
 use kiln::train::schedule::Schedule;
 
-/// The batch sizes the zoo's classifiers run: 1 (latency), the training batches, and
-/// 500 (evaluation).
-pub const BATCH_SIZES: [usize; 8] = [1, 16, 32, 64, 128, 256, 500, 512];
-
 /// The batch the evaluation loop uses.
 pub const EVAL_BATCH: usize = 500;
 
-/// An image classifier whose batch size is one of [`BATCH_SIZES`], given at run time
-/// as the first dim of its inputs.
-pub trait Classifier<B: Backend>: Module<B> {
+/// An image classifier: a `#[model]` with `loss(images, labels)` and `forward(images)`
+/// (so `Supervised`, which runs them at the batch the inputs have), and the dims of one
+/// example.
+pub trait Classifier<B: Backend>: Supervised<B> {
     /// The dims of one example (`[784]` for the MLP, `[1, 28, 28]` for the CNN).
     const EXAMPLE: &'static [usize];
-    /// The loss (a scalar) and the gradients of a batch, in training mode: images of
-    /// dims `[batch, EXAMPLE..]` and `[batch]` integer labels.
-    fn loss_and_grad(
-        &self,
-        x: &RawTensor<B>,
-        y: &RawTensor<B>,
-    ) -> Result<(RawTensor<B>, Self::Grads)>;
+
     /// The `[batch, 10]` class logits of a batch, in evaluation mode.
-    fn logits(&self, x: &RawTensor<B>) -> Result<RawTensor<B>>;
-    /// Whether the training step draws random values (dropout masks).
-    fn draws_at_random() -> bool;
+    fn logits(&self, x: &RawTensor<B>) -> Result<RawTensor<B>> {
+        self.scores(x)?.ok_or_else(|| {
+            Error::invalid("classifier", "the model has no `forward` giving its logits")
+        })
+    }
 }
 
-/// Runs `$body` with `$batch` a const equal to the run-time batch `$n`, when that is
-/// one of [`BATCH_SIZES`].
-#[doc(hidden)]
-#[macro_export]
-macro_rules! with_batch {
-    ($n:expr, $batch:ident => $body:expr) => {
-        match $n {
-            1 => {
-                const $batch: usize = 1;
-                $body
-            }
-            16 => {
-                const $batch: usize = 16;
-                $body
-            }
-            32 => {
-                const $batch: usize = 32;
-                $body
-            }
-            64 => {
-                const $batch: usize = 64;
-                $body
-            }
-            128 => {
-                const $batch: usize = 128;
-                $body
-            }
-            256 => {
-                const $batch: usize = 256;
-                $body
-            }
-            500 => {
-                const $batch: usize = 500;
-                $body
-            }
-            512 => {
-                const $batch: usize = 512;
-                $body
-            }
-            other => Err($crate::classify::batch_size_refused(other)),
-        }
-    };
-}
-
-/// Implements [`Classifier`] for a model with a `loss_and_grad` and a `forward`
-/// const-generic over the batch: `classifier!(Mlp, [784]);` in the model's crate.
+/// Implements [`Classifier`] for a `#[model]` with `loss(images, labels)` and
+/// `forward(images)`: `classifier!(Mlp, [784]);` in the model's crate.
 #[macro_export]
 macro_rules! classifier {
     ($model:ident, [$($example:literal),*]) => {
         impl<B: ::kiln::tensor::Backend> $crate::classify::Classifier<B> for $model<B> {
             const EXAMPLE: &'static [usize] = &[$($example),*];
-            fn loss_and_grad(
-                &self,
-                x: &::kiln::tensor::RawTensor<B>,
-                y: &::kiln::tensor::RawTensor<B>,
-            ) -> ::kiln::tensor::Result<(::kiln::tensor::RawTensor<B>, Self::Grads)> {
-                $crate::with_batch!($crate::classify::batch_of(x)?, BATCH => {
-                    let (loss, grads) = $model::loss_and_grad::<BATCH>(
-                        self,
-                        &::kiln::tensor::Tensor::from_raw(x.clone())?,
-                        &::kiln::tensor::Tensor::from_raw(y.clone())?,
-                    )?;
-                    Ok((loss.into_raw(), grads))
-                })
-            }
-            fn logits(&self, x: &::kiln::tensor::RawTensor<B>) -> ::kiln::tensor::Result<::kiln::tensor::RawTensor<B>> {
-                $crate::with_batch!($crate::classify::batch_of(x)?, BATCH => {
-                    Ok(self.forward::<BATCH>(&::kiln::tensor::Tensor::from_raw(x.clone())?)?.into_raw())
-                })
-            }
-            fn draws_at_random() -> bool {
-                ::kiln::fusion::plan::training_draws($model::<B>::fusion_plans())
-            }
         }
     };
-}
-
-/// The error for a batch size not in [`BATCH_SIZES`].
-#[doc(hidden)]
-pub fn batch_size_refused(n: usize) -> Error {
-    Error::invalid(
-        "classifier",
-        format!("batch size {n} is not one of {BATCH_SIZES:?}"),
-    )
-}
-
-/// The batch size of a batch of images: its first dim.
-#[doc(hidden)]
-pub fn batch_of<B: Backend>(x: &RawTensor<B>) -> Result<usize> {
-    x.dims()
-        .first()
-        .copied()
-        .ok_or_else(|| Error::invalid("classifier", "a batch of images has a batch dim"))
 }
 
 /// Uploads `batch` images (flattened, in order) in the classifier's input dims.
@@ -242,11 +147,8 @@ pub fn fit_ranks<B: Backend, M: Classifier<B>, O: Optimizer<B>>(
         start,
         replay,
     } = *settings;
-    if !BATCH_SIZES.contains(&batch) {
-        return Err(Error::invalid(
-            "fit",
-            format!("batch size {batch} is not one of {BATCH_SIZES:?}"),
-        ));
+    if batch == 0 {
+        return Err(Error::invalid("fit", "the batch size must be at least 1"));
     }
     let mut steps = StepReplay::new(device, replay, opt, M::draws_at_random());
     let (rank, world) = match ranks {
@@ -315,7 +217,7 @@ pub fn fit_ranks<B: Backend, M: Classifier<B>, O: Optimizer<B>>(
                     },
                 ];
                 let outcome = steps.step(model, opt, inputs, &mut |m, xy| {
-                    m.loss_and_grad(&xy[0], &xy[1])
+                    m.loss_and_grads(&xy[0], &xy[1])
                 })?;
                 let report = StepReport {
                     epoch,
