@@ -162,7 +162,7 @@ pub(crate) fn kernel_exprs<G, D: std::fmt::Debug>(
 }
 
 /// The expressions of kernel `k` that `#[model]` compiles into native loops, at the
-/// positions [`Program::new`] expects them: `[group or prologue, epilogue]`. An
+/// positions `Program::new` expects them: `[group or prologue, epilogue]`. An
 /// expression with a constant known only at run time (`1/B`) has none.
 pub fn native_exprs(plan: &Plan<SDim>, k: usize) -> [Option<FusedExpr>; 2] {
     let ops: Vec<Option<Op<SDim>>> = plan

@@ -1,5 +1,5 @@
 //! The elementwise binary primitives (with NumPy broadcasting), each declared once in
-//! [`for_each_binary!`]: variant and method names, the dtypes it accepts, its formula
+//! [`for_each_binary!`](crate::for_each_binary!): variant and method names, the dtypes it accepts, its formula
 //! over any compute type [`Real`] (the f64 reference, the CPU float kernels and the
 //! fused loops), its gradient rule, and the domains the conformance suite draws its
 //! operands from. As for the unary ops, the enum, the `RawTensor` methods, the CPU and
@@ -106,7 +106,7 @@ macro_rules! define_binary {
         compute($x:ident, $y:ident) $formula:block
         grad($bd:ident, $ga:ident, $gb:ident, $gy:ident, $gg:ident) $rule:block)*) => {
         /// Elementwise ops of two inputs, with NumPy broadcasting (declared in
-        /// [`for_each_binary!`]).
+        /// [`for_each_binary!`](crate::for_each_binary!)).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum BinaryOp {
             $($(#[$doc])* $v,)*

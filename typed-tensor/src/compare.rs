@@ -1,5 +1,5 @@
 //! The elementwise comparisons (with NumPy broadcasting; the result is bool), each
-//! declared once in [`for_each_compare!`]: variant and method names and the
+//! declared once in [`for_each_compare!`](crate::for_each_compare!): variant and method names and the
 //! comparison, written over any `PartialOrd` value (the f64 reference, the CPU kernels
 //! in every dtype, the fused loops). The enum, the CPU and fused dispatch and the GPU
 //! kernel's dispatch come from the list. Comparisons pass no gradient.
@@ -37,7 +37,7 @@ pub trait CompareKernel<T> {
 macro_rules! define_compare {
     ($($(#[$doc:meta])* $v:ident $method:ident $name:literal compute($x:ident, $y:ident) $formula:block)*) => {
         /// Elementwise comparisons, with NumPy broadcasting; the result is bool
-        /// (declared in [`for_each_compare!`]).
+        /// (declared in [`for_each_compare!`](crate::for_each_compare!)).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum CmpOp {
             $($(#[$doc])* $v,)*

@@ -1,19 +1,19 @@
-//! The methods users call on tensors, declared once. [`for_each_method!`] is the table
+//! The methods users call on tensors, declared once. [`for_each_method!`](crate::for_each_method!) is the table
 //! of every method a `#[model]` body may call on a tensor besides the elementwise ops
 //! of the op table: its name, the form of its call (what it reads from `::<..>` and
-//! from its arguments), its documentation and its composition over a [`Builder`]. The
+//! from its arguments), its documentation and its composition over a `Builder`. The
 //! shape and dtype rules are those of the primitives it composes and the
 //! [`Guard`](crate::Guard)s of its composite, so every spelling refuses the same
 //! inputs with the same words. From the table come [`Method`] (which the macro looks
 //! a call up in and applies to its symbolic graph), and the methods of every tensor
-//! value that carries its own builder ([`tensor_methods!`]: the eager
+//! value that carries its own builder ([`tensor_methods!`](crate::tensor_methods!): the eager
 //! [`crate::RawTensor`] and the dynamic path's lazy tensor); the typed
 //! [`crate::Tensor`] methods call those.
 //!
 //! A method whose model-body form reads sizes or an axis from `::<..>` (`sum::<1>()`,
 //! `reshape::<B, 12>()`) has a run-time form taking the same values as arguments; the
 //! general ones (`sum(&[axes], keepdim)`, `reshape(&[dims])`) are written beside the
-//! table in [`tensor_methods!`], and the table's entry says how the model-body call
+//! table in [`tensor_methods!`](crate::tensor_methods!), and the table's entry says how the model-body call
 //! maps onto it.
 
 use crate::builder::BuilderExt;
@@ -258,7 +258,7 @@ pub fn misfit() -> Error {
 
 macro_rules! method_enum {
     ($( #[doc = $doc:literal] $v:ident $name:ident $form:ident ( $($arg:ident),* ) -> $typed:ident => |$b:ident, $x:ident| $body:expr ; )*) => {
-        /// A method of the table ([`for_each_method!`]).
+        /// A method of the table ([`for_each_method!`](crate::for_each_method!)).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum Method {
             $(#[doc = $doc] $v,)*
@@ -471,7 +471,7 @@ macro_rules! __tensor_binary_methods {
 
 /// The table's methods whose run-time form is their model-body form (`x.mse(&y)`,
 /// `x.softmax(axis)`); the others' run-time forms are the general methods of
-/// [`tensor_methods!`].
+/// [`tensor_methods!`](crate::tensor_methods!).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __tensor_table_methods {

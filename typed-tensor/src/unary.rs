@@ -1,4 +1,4 @@
-//! The elementwise unary primitives, each declared once in [`for_each_unary!`]: its
+//! The elementwise unary primitives, each declared once in [`for_each_unary!`](crate::for_each_unary!): its
 //! variant and method names, the dtypes it accepts, its formula (one expression over
 //! any compute type [`Real`]: in f64 it is the reference every backend is tested
 //! against, in f32 and f64 it is what the CPU kernels and the fused loops run), its
@@ -199,7 +199,7 @@ macro_rules! define_unary {
     ($($(#[$doc:meta])* $v:ident $method:ident $name:literal [$dtypes:ident, $domain:ident]
         compute($x:ident) $formula:block
         grad($b:ident, $gx:ident, $gy:ident, $gg:ident) $rule:block)*) => {
-        /// Elementwise ops of one input (declared in [`for_each_unary!`]).
+        /// Elementwise ops of one input (declared in [`for_each_unary!`](crate::for_each_unary!)).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum UnaryOp {
             $($(#[$doc])* $v,)*

@@ -1,5 +1,5 @@
 //! Attention on the CPU without the `Tq×Tk` scores in memory: each batch element's
-//! queries in blocks of [`QUERY_BLOCK`] rows against keys in blocks of [`KEY_BLOCK`], the
+//! queries in blocks of `QUERY_BLOCK` rows against keys in blocks of `KEY_BLOCK`, the
 //! scores of one block pair at a time (a GEMM), an online softmax carrying each row's
 //! maximum and sum across key blocks (the forward pass), and the backward pass
 //! recomputing each block's probabilities from the saved row log-sum-exp. Causal

@@ -5,7 +5,7 @@
 //!
 //! [`split`] hands a job's tasks out one at a time to the calling thread and the
 //! helpers, so a core that is slower today (another process, an interrupt) takes fewer
-//! of them; helpers that see no job for [`SPIN`] go to sleep on a condition variable,
+//! of them; helpers that see no job for `SPIN` go to sleep on a condition variable,
 //! so an idle program does not burn its cores. One job runs at a time: a caller that
 //! finds the pool busy (another thread's job, or a job nested inside a task) gets
 //! `false` back and runs its work some other way.

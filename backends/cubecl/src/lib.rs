@@ -1,13 +1,13 @@
 //! # kiln-cubecl
 //!
-//! Kiln's GPU backend: one [`Backend`] implementation, [`CubeBackend<R>`], generic over
-//! CubeCL runtimes, with [`Wgpu`] (feature `wgpu`: Vulkan, Metal, DX12 through CubeCL's
-//! WGSL compiler) and [`Cuda`] (feature `cuda`: CUDA C++ through NVRTC, matrix
+//! Kiln's GPU backend: one `Backend` implementation, `CubeBackend<R>`, generic over
+//! CubeCL runtimes, with `Wgpu` (feature `wgpu`: Vulkan, Metal, DX12 through CubeCL's
+//! WGSL compiler) and `Cuda` (feature `cuda`: CUDA C++ through NVRTC, matrix
 //! products through cuBLASLt).
 //!
-//! It owns the device (adapter or GPU selection, limits, the error flags: [`device`]),
-//! device buffers ([`storage`]), the `#[cube]` kernels ([`kernels`]) and their
-//! launches ([`ops`]). Every primitive of the op table runs as a kernel whose inputs are
+//! It owns the device (adapter or GPU selection, limits, the error flags: `device`),
+//! device buffers (`storage`), the `#[cube]` kernels (`kernels`) and their
+//! launches (`ops`). Every primitive of the op table runs as a kernel whose inputs are
 //! strided views (views never reach a backend, so a transposed or broadcast input is
 //! read in place) and whose op is comptime data, so CubeCL compiles one specialised
 //! kernel per op, dtype and rank and caches it.
@@ -28,11 +28,11 @@
 //! | cuda | every dtype: f32, f64, f16, bf16, i32, u32, bool |
 //!
 //! Half floats compute in f32 and round once, as on the CPU; bools are stored as u32.
-//! An op on a dtype a device lacks is an [`Error::Unsupported`].
+//! An op on a dtype a device lacks is an `Error::Unsupported`.
 //!
 //! ## Errors
 //!
-//! Opening a device without a driver or adapter is an [`Error::Device`] that says
+//! Opening a device without a driver or adapter is an `Error::Device` that says
 //! what to install. A buffer larger than the device binds (lavapipe caps a storage
 //! buffer at 128 MiB, and over that launches were silently skipped) is refused before
 //! anything is queued. Out-of-range gather/scatter indices and integer division by
@@ -44,7 +44,7 @@
 //!
 //! ## Random numbers
 //!
-//! `rand` runs on the device ([`kernels::random`]): `kiln_tensor::rng`'s counter-based
+//! `rand` runs on the device (`kernels::random`): `kiln_tensor::rng`'s counter-based
 //! bits exactly, mapped to values in the compute type (f32 for f32 and the half floats,
 //! f64 for f64) with the device's `ln`, `sqrt` and `cos`, so values agree with the
 //! CPU's f64 mapping to a few ulps, not bit for bit. A draw cannot be captured into a
@@ -54,7 +54,7 @@
 //!
 //! `Backend::fused_elementwise` runs a fused expression of a build-time plan (an
 //! elementwise group, a reduction's prologue or epilogue, a product's epilogue, an
-//! optimizer update) as one generic `#[cube]` kernel ([`kernels::fused`]) whose
+//! optimizer update) as one generic `#[cube]` kernel (`kernels::fused`) whose
 //! comptime data is the expression's structure; CubeCL compiles it once per device and
 //! caches it, and constants are run-time scalars. Contiguous launches move 16-byte
 //! vectors (several per unit on large tensors); broadcasts and views take a strided
@@ -63,14 +63,14 @@
 //!
 //! ## CUDA graphs
 //!
-//! [`CudaDevice::capture`] records the device work of a step (a static training step:
+//! `CudaDevice::capture` records the device work of a step (a static training step:
 //! forward, backward and the optimizer's in-place update) into a CUDA graph, and
-//! [`CudaGraph::replay`] runs it with one driver call, so a step no longer pays the
+//! `CudaGraph::replay` runs it with one driver call, so a step no longer pays the
 //! host's work per kernel. New inputs are written into the captured input tensors
-//! between replays ([`write_into`]). A capture refuses what a replay could not repeat
+//! between replays (`write_into`). A capture refuses what a replay could not repeat
 //! (a copy from the host, a read, state replaced instead of updated in place) with an
 //! error naming it; kernel metadata comes from a per-device cache of read-only buffers,
-//! so steady-state steps upload nothing (module [`graph`]).
+//! so steady-state steps upload nothing (module `graph`).
 //!
 //! ## Not yet here
 //!

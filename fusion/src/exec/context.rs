@@ -43,13 +43,13 @@ impl<'a, B: Backend> From<&'a StepSeed<B>> for Seeds<'a, B> {
 /// Who is told of each output of a run (a `RawTensor<B>` behind the `&dyn Any`).
 pub type Watcher<'a> = &'a mut dyn FnMut(&dyn Any);
 
-/// What a [`Program`] run reads besides its inputs: the device, the size parameters
+/// What a `Program` run reads besides its inputs: the device, the size parameters
 /// bound by name (`("B", 256)`), where random ops get their seeds, the parts of a model
 /// the plan calls out to (modules on the dynamic path), and who is told of each output
 /// as soon as the work computing it is queued (a data-parallel step sending gradients
 /// during the backward pass). Built with [`RunContext::new`] and the setters below;
-/// one value for both paths, planned ([`Program::run`]) and op by op
-/// ([`Program::run_op_by_op`]).
+/// one value for both paths, planned (`Program::run`) and op by op
+/// (`Program::run_op_by_op`).
 pub struct RunContext<'a, B: Backend> {
     pub(crate) device: &'a B::Device,
     pub(crate) sizes: &'a [(&'a str, usize)],

@@ -6,8 +6,8 @@
 //! memory plan. A slot's buffer is reused on the next run when nobody else holds it,
 //! so with static shapes a steady-state run allocates nothing.
 //!
-//! A program is what `resolve` decided for the current sizes ([`Resolved`], read-only
-//! while a run executes) beside the buffers ([`Buffers`], the only state a run changes).
+//! A program is what `resolve` decided for the current sizes (`Resolved`, read-only
+//! while a run executes) beside the buffers (`Buffers`, the only state a run changes).
 //!
 //! The files: `context.rs` (what a run reads besides its inputs: [`RunContext`],
 //! [`Seeds`]), `resolve.rs` (a plan's dims resolved for its inputs' sizes, the guards

@@ -183,7 +183,7 @@ pub struct ClassifierCheckpoint {
     /// The data set it was trained on (its normalisation and class names).
     #[arg(long, value_enum, default_value = "mnist")]
     pub dataset: ImageData,
-    /// The checkpoint (default: runs/<model>-<dataset>.safetensors in the current
+    /// The checkpoint (default: runs/MODEL-DATASET.safetensors in the current
     /// folder, where kiln-train saves it).
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,

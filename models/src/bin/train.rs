@@ -101,13 +101,13 @@ struct Args {
     /// Seed for initialisation and shuffling.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Where to save the checkpoint (default: runs/<model>-<dataset>.safetensors in the
+    /// Where to save the checkpoint (default: runs/MODEL-DATASET.safetensors in the
     /// current folder).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Where the training state (model, optimizer, step, seeds) is written every
     /// --save-every steps and at the end, and resumed from (default: beside the
-    /// checkpoint, <out>.state.safetensors).
+    /// checkpoint, OUT.state.safetensors).
     #[arg(long)]
     state: Option<PathBuf>,
     /// Write the training state every N steps (0: only at the end).

@@ -57,7 +57,7 @@ impl TensorEntry {
 /// What keeps the tensors a file `held` from loading into a model that `wanted`
 /// them, one line each: a tensor missing, extra, or of other dims or dtype, and a name
 /// the model has twice. PyTorch's batch-norm counters beside a model's running
-/// statistics are not extra. Empty when the file fits. The rules of [`load`], which
+/// statistics are not extra. Empty when the file fits. The rules of `load`, which
 /// `kiln::embed!` applies at build time.
 pub fn fit_problems(wanted: &[TensorEntry], held: &[TensorEntry]) -> Vec<String> {
     let by_name: HashMap<&str, &TensorEntry> = held.iter().map(|t| (t.name.as_str(), t)).collect();
