@@ -91,7 +91,11 @@
 //! not once per batch size. A method returning a scalar also gets `<name>_and_grad`,
 //! returning the value and an `MlpGrads` computed by a backward pass derived at build
 //! time and planned with the forward one. `Mlp::fusion_plans()`, `fusion_report()` and
-//! `fusion_dot()` show the plans.
+//! `fusion_dot()` show the plans. A model whose impl has `loss(input, target)`
+//! returning a scalar also implements `kiln::train::learner::Supervised`: its sizes are
+//! read from the batch's dims (after checking them against the declaration) and the
+//! raw methods run, so the `Learner` trains it at any batch size; `forward(input)`, where
+//! there is one, gives the scores metrics read.
 //!
 //! A nested model's parameters are the holder's, named as PyTorch names them
 //! (`blocks.0.up.weight`); its gradients come back through `Module::grads_from_raw`.
