@@ -107,19 +107,19 @@ impl HostBatch {
         self.indices.is_empty()
     }
 
-    /// The batch on `device`.
-    pub fn to_device<B: Backend>(&self, device: &B::Device) -> Result<DeviceBatch<B>> {
+    /// The batch on `device` (its host values moved, not copied, into the upload).
+    pub fn to_device<B: Backend>(self, device: &B::Device) -> Result<DeviceBatch<B>> {
         Ok(DeviceBatch {
-            input: to_raw(&self.input, device)?,
-            target: to_raw(&self.target, device)?,
+            input: to_raw(self.input, device)?,
+            target: to_raw(self.target, device)?,
         })
     }
 }
 
-fn to_raw<B: Backend>(field: &Field, device: &B::Device) -> Result<RawTensor<B>> {
-    match &field.values {
-        Values::F32(v) => RawTensor::from_vec(v.clone(), &field.dims, device),
-        Values::I32(v) => RawTensor::from_vec(v.clone(), &field.dims, device),
+fn to_raw<B: Backend>(field: Field, device: &B::Device) -> Result<RawTensor<B>> {
+    match field.values {
+        Values::F32(v) => RawTensor::from_vec(v, &field.dims, device),
+        Values::I32(v) => RawTensor::from_vec(v, &field.dims, device),
     }
 }
 

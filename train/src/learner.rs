@@ -386,8 +386,18 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                 }
                 match steps.as_mut() {
                     Some(steps) => {
-                        let mine = share(&batch, rank, world)?;
-                        let inputs = vec![step_input(&mine.input), step_input(&mine.target)];
+                        let mine = share(batch, rank, world)?;
+                        let (input, target) = (host_data(mine.input), host_data(mine.target));
+                        let inputs = vec![
+                            StepInput {
+                                data: input.0,
+                                dims: &input.1,
+                            },
+                            StepInput {
+                                data: target.0,
+                                dims: &target.1,
+                            },
+                        ];
                         let outcome = steps.step(
                             &mut self.model,
                             &mut self.optimizer,
@@ -520,10 +530,10 @@ fn run_settings<D: Dataset + 'static>(
     ])
 }
 
-/// Rank `rank`'s even share of `batch`'s rows (the whole batch for one rank).
-fn share(batch: &HostBatch, rank: usize, world: usize) -> Result<HostBatch> {
+/// Rank `rank`'s even share of `batch`'s rows (the whole batch, unmoved, for one rank).
+fn share(batch: HostBatch, rank: usize, world: usize) -> Result<HostBatch> {
     if world == 1 {
-        return Ok(batch.clone());
+        return Ok(batch);
     }
     let n = batch.len();
     let rows = |f: &Field| -> Result<Field> {
@@ -544,15 +554,13 @@ fn share(batch: &HostBatch, rank: usize, world: usize) -> Result<HostBatch> {
     })
 }
 
-/// A field as a step's host input.
-fn step_input(f: &Field) -> StepInput<'_> {
-    StepInput {
-        data: match &f.values {
-            Values::F32(v) => HostData::F32(v.clone()),
-            Values::I32(v) => HostData::I32(v.clone()),
-        },
-        dims: &f.dims,
-    }
+/// A field's values and dims, as a step's host input takes them (moved, not copied).
+fn host_data(f: Field) -> (HostData, Vec<usize>) {
+    let data = match f.values {
+        Values::F32(v) => HostData::F32(v),
+        Values::I32(v) => HostData::I32(v),
+    };
+    (data, f.dims)
 }
 
 /// One dim of a method's tensor argument, as `#[model]` declared it.

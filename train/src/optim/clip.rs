@@ -48,7 +48,7 @@ pub fn global_norm<B: Backend, M: Module<B>>(
     grads: &M::Grads,
 ) -> Result<RawTensor<B>> {
     let mut total: Option<RawTensor<B>> = None;
-    model.update_params(grads, "", &mut |_, _, g| {
+    for (_, g) in crate::parallel::named_grads(model, grads)? {
         let g = g.cast(DType::F32)?;
         let axes: Vec<usize> = (0..g.rank()).collect();
         let squares = g.ops().mul(&g, &g)?.sum(&axes, false)?;
@@ -56,8 +56,7 @@ pub fn global_norm<B: Backend, M: Module<B>>(
             None => squares,
             Some(t) => t.ops().add(&t, &squares)?,
         });
-        Ok(())
-    })?;
+    }
     let total = total.ok_or_else(|| Error::invalid("global_norm", "the model has no gradients"))?;
     total.ops().unary(UnaryOp::Sqrt, &total)
 }
