@@ -3,8 +3,11 @@
 (token + position embeddings, 10% dropout on them and on each residual branch, pre-norm blocks of causal self-attention with separate
 q/k/v/proj projections and a GELU MLP of width 4·D, a final LayerNorm, a head over 256
 bytes), the same split of the vendored Shakespeare text (the last 10% held out), the
-same windows in the same order (a port of `kiln_models::text::windows` and Kiln's
-counter-based generator), the same AdamW and cosine schedule as `kiln-train --model gpt`.
+same windows in the same order (`train`: kiln-train's epochs of consecutive windows of
+the context, shuffled as `kiln::data::shuffled` does; `bench`: a port of
+`kiln_models::text::windows`; both over Kiln's counter-based generator), the same
+AdamW and cosine schedule, and the same evaluation (the whole held-out text after
+every epoch) as `kiln-train --model gpt`.
 
   python3 scripts/gpt_torch.py train --config small --batch-size 32 --epochs 20 --lr 0.003
   python3 scripts/gpt_torch.py bench --config small --batch-size 32 --reps 5
@@ -110,8 +113,20 @@ def corpus(limit=0):
     return (train[:limit] if limit else train), held
 
 
+def shuffled(n, seed, epoch):
+    """A port of `kiln::data::shuffled`: the order of epoch `epoch` of a loader of `n`
+    examples shuffled with `seed` (Fisher-Yates over Kiln's generator)."""
+    idx = list(range(n))
+    key = stream_key(seed ^ ((epoch * 0x9E3779B97F4A7C15) & M64), 7)
+    for i in range(n - 1, 0, -1):
+        j = (bits(key, i) * (i + 1)) >> 32
+        idx[i], idx[j] = idx[j], idx[i]
+    return idx
+
+
 def held_out_full(model, held, batch, length, device="cpu"):
-    """Mean loss over consecutive windows of the whole held-out text (as kiln-train)."""
+    """Mean loss over consecutive windows of the whole held-out text (kiln-train's
+    evaluation after every epoch and at the end)."""
     n = (len(held) - 1) // length
     total, count = 0.0, 0
     model.eval()
@@ -123,18 +138,6 @@ def held_out_full(model, held, batch, length, device="cpu"):
             count += 1
     model.train()
     return total / count
-
-
-def held_out_sample(model, held, batch, length, device="cpu"):
-    """Mean loss over 16 seeded held-out batches (kiln-train's estimate each epoch)."""
-    model.eval()
-    total = 0.0
-    with torch.no_grad():
-        for s in range(16):
-            ids, nxt = windows(held, batch, length, M64 - s)
-            total += model.loss(ids.to(device), nxt.to(device)).item()
-    model.train()
-    return total / 16
 
 
 def lr_at(step, base, low, warmup, total):
@@ -153,7 +156,10 @@ def train(a):
     model = Gpt(d, h, l, ctx, a.dropout).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=a.weight_decay, fused=a.device != "cpu")
-    per_epoch = len(train_text) // (b * ctx)
+    # kiln-train's loader: consecutive windows of the context, `b` a step in a shuffled
+    # order per epoch, the last short batch dropped.
+    n_windows = (len(train_text) - 1) // ctx
+    per_epoch = n_windows // b
     total = max(per_epoch * a.epochs, 1)
     warmup = min(a.warmup, total // 2)
     params = sum(p.numel() for p in model.parameters())
@@ -164,8 +170,13 @@ def train(a):
                               enabled=a.precision == "bf16")
     loss_fn = torch.compile(model.loss) if a.compile else model.loss
     start, avg, reached = time.perf_counter(), float("nan"), None
+    order = []
     for step in range(total):
-        ids, nxt = windows(train_text, b, ctx, ((a.seed * 1_000_003) & M64) ^ step)
+        if step % per_epoch == 0:
+            order = shuffled(n_windows, a.seed, step // per_epoch)
+        mine = order[(step % per_epoch) * b:(step % per_epoch + 1) * b]
+        ids = torch.tensor([list(train_text[w * ctx:(w + 1) * ctx]) for w in mine])
+        nxt = torch.tensor([list(train_text[w * ctx + 1:(w + 1) * ctx + 1]) for w in mine])
         ids, nxt = ids.to(a.device), nxt.to(a.device)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a.lr, a.lr * 0.1, warmup, total)
@@ -178,7 +189,7 @@ def train(a):
         avg = v if math.isnan(avg) else 0.98 * avg + 0.02 * v
         if (step + 1) % per_epoch == 0:
             with autocast:
-                h = held_out_sample(model, held, b, ctx, a.device)
+                h = held_out_full(model, held, b, ctx, a.device)
             took = time.perf_counter() - start
             if reached is None and a.target and h <= a.target:
                 reached = (step + 1, took)
@@ -190,7 +201,7 @@ def train(a):
     with autocast:
         held_loss = held_out_full(model, held, b, ctx, a.device)
     if a.target:
-        print(f"held-out sample at most {a.target} nats/byte: "
+        print(f"held-out loss at most {a.target} nats/byte: "
               + (f"step {reached[0]} after {reached[1]:.1f}s" if reached else "not reached"))
     print(f"trained {total} steps in {trained:.1f}s ({trained * 1e3 / total:.1f} ms per step); "
           f"train loss {avg:.3f}, held-out loss {held_loss:.3f} nats/byte over the whole held-out text")

@@ -5,7 +5,7 @@
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::data::{DataLoader, Field, InMemory, LoaderConfig, Values};
 use kiln::prelude::*;
-use kiln::train::learner::{EpochReport, Learner, Supervised};
+use kiln::train::learner::{EpochReport, Learner, Resume, Supervised};
 use kiln::train::metrics::{Accuracy, MeanLoss};
 use kiln::train::optim::{AdamW, AdamWConfig, Sgd, SgdConfig};
 use kiln::train::schedule::StepDecay;
@@ -445,4 +445,100 @@ fn replayed_or_split_steps_need_batches_of_one_size() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("save_every needs a state file"), "{e}");
+}
+
+/// What `kiln-train` asks of the Learner: the progress display and the curve (which
+/// read every step's loss) train as the plain run does, bit for bit; the checkpoint at
+/// the end carries the given metadata and the last evaluation; `Resume::Never` starts
+/// afresh over an old state, `Resume::Required` refuses a missing one; a state of
+/// other settings is refused, naming the setting.
+#[test]
+fn progress_curve_checkpoint_and_resume_policy() {
+    let (train, test) = loaders(20);
+    let opt = || {
+        Sgd::<Cpu>::new(SgdConfig {
+            lr: 0.1,
+            momentum: 0.9,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let model = || Points::<Cpu>::init(&CpuDevice, 4).unwrap();
+    let quiet = |_: &EpochReport| Ok(());
+    let mut plain = Learner::new(model(), opt(), CpuDevice)
+        .epochs(2)
+        .on_epoch(quiet);
+    plain.fit(&train, Some(&test)).unwrap();
+
+    let (state, ckpt, png) = (
+        scratch("policy.state.safetensors"),
+        scratch("policy.safetensors"),
+        scratch("policy.png"),
+    );
+    let shown = |resume| {
+        Learner::new(model(), opt(), CpuDevice)
+            .epochs(2)
+            .metric(Accuracy::accuracy())
+            .state_file(&state)
+            .resume(resume)
+            .setting("--lr", 0.1)
+            .checkpoint_file(&ckpt)
+            .metadata("model", "points")
+            .progress(true)
+            .curve(&png, "Points")
+            .on_epoch(quiet)
+    };
+    let mut first = shown(Resume::Required);
+    let e = first.fit(&train, Some(&test)).unwrap_err().to_string();
+    assert!(e.contains("there is no training state at"), "{e}");
+    let mut first = shown(Resume::IfPresent);
+    let reports = first.fit(&train, Some(&test)).unwrap();
+    assert_eq!(params(&first.model), params(&plain.model), "bit for bit");
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    let meta = kiln::train::checkpoint::read_metadata(&ckpt).unwrap();
+    assert_eq!(meta.get("model").map(String::as_str), Some("points"));
+    let accuracy = reports[1].metrics[0].1;
+    assert_eq!(meta["eval_accuracy"], format!("{accuracy:.6}"));
+    assert!(meta.contains_key("eval_loss"), "{meta:?}");
+
+    // Never: a fresh run over the finished run's state takes all its steps again.
+    let mut again = shown(Resume::Never);
+    assert_eq!(again.fit(&train, Some(&test)).unwrap().len(), 2);
+    assert_eq!(again.first_step(), 0);
+    assert_eq!(params(&again.model), params(&plain.model));
+    // IfPresent on a finished run: nothing left, no epochs.
+    let mut done = shown(Resume::IfPresent);
+    assert!(done.fit(&train, Some(&test)).unwrap().is_empty());
+    assert_eq!(done.first_step(), 20);
+    // Another rate than the state's is refused, naming it.
+    let mut other = shown(Resume::IfPresent).setting("--lr", 0.2);
+    let e = other.fit(&train, Some(&test)).unwrap_err().to_string();
+    assert!(e.contains("--lr: 0.1 there, 0.2 here"), "{e}");
+    for f in [&state, &ckpt, &png] {
+        std::fs::remove_file(f).unwrap();
+    }
+}
+
+/// A loss that is not finite stops the run at its step, before a state is saved.
+#[test]
+fn a_loss_that_is_not_finite_stops_the_run_at_its_step() {
+    let (train, _) = loaders(20);
+    let opt = Sgd::<Cpu>::new(SgdConfig {
+        lr: 1e30,
+        ..Default::default()
+    })
+    .unwrap();
+    let state = scratch("nan.state.safetensors");
+    let mut learner = Learner::new(Points::<Cpu>::init(&CpuDevice, 1).unwrap(), opt, CpuDevice)
+        .epochs(3)
+        .state_file(&state)
+        .progress(true);
+    let e = learner
+        .fit(&train, None::<&DataLoader<InMemory>>)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the loss became"), "{e}");
+    assert!(e.contains("KILN_ANOMALY=1"), "{e}");
+    assert!(!state.exists(), "a state of a diverged run was saved");
 }

@@ -3,8 +3,8 @@
 //! clear error (never a hang) from a dataset that fails or panics.
 
 use kiln_data::{
-    collate, DataLoader, Dataset, Example, Field, HostBatch, InMemory, LastBatch, LoaderConfig,
-    Values,
+    collate, shuffled, DataLoader, Dataset, Example, Field, HostBatch, InMemory, LastBatch,
+    LoaderConfig, Values,
 };
 use kiln_tensor::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -389,4 +389,14 @@ fn random_split_parts_are_disjoint_seeded_and_checked() {
         .unwrap()
         .to_string();
     assert!(e.contains("index 3 of a dataset of 3"), "{e}");
+}
+
+/// The shuffled orders are pinned: `scripts/gpt_torch.py` ports them (its `shuffled`
+/// printed these), so that PyTorch's side of the GPT comparison trains on the windows
+/// kiln-train does, in the same order.
+#[test]
+fn shuffled_orders_are_those_the_pytorch_script_ports() {
+    assert_eq!(shuffled(10, 1, 0), [0, 6, 3, 4, 7, 2, 5, 8, 1, 9]);
+    assert_eq!(shuffled(10, 1, 1), [7, 0, 4, 5, 9, 6, 1, 2, 8, 3]);
+    assert_eq!(shuffled(12, 7, 3), [1, 7, 0, 10, 9, 4, 6, 11, 2, 8, 3, 5]);
 }

@@ -5,7 +5,7 @@
 //! classifier recipes over them (`classify::short_mnist_run`); and the binaries
 //! `kiln-train` (the README's main job), `kiln-infer`, `kiln-generate` (samples from a
 //! trained GPT) and `kiln-bench` (the workloads of DESIGN.md, one parseable line per
-//! figure). The loaders, training loops, command line and curve they use live in
+//! figure). The loaders, evaluation loops and command line they use live in
 //! `kiln-harness`, re-exported here under their own names, so that editing a model
 //! recompiles the models and not what surrounds them.
 
@@ -18,11 +18,11 @@ pub mod mlp;
 pub mod parts;
 mod short_run;
 
-pub use kiln_harness::{cli, curve, data, image, progress, text};
+pub use kiln_harness::{cli, data, image, text};
 
 /// Training and evaluating image classifiers ([`kiln_harness::classify`]), with the
 /// zoo's classifiers and the short MNIST recipe every backend's suite runs.
 pub mod classify {
-    pub use crate::short_run::{short_mnist_run, ShortRun};
+    pub use crate::short_run::{mnist_mlp_run, short_mnist_run, ShortRun};
     pub use kiln_harness::classify::*;
 }

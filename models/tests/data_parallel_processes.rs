@@ -294,7 +294,7 @@ fn rank_settings_that_make_no_sense_are_refused() {
         "{err}"
     );
     assert!(
-        err.contains("exited with status 1: invalid argument to `kiln-train`: 100 training examples make no full batch of 128"),
+        err.contains("exited with status 1: invalid argument to `kiln-train`: 100 training examples make no full batch of 128 (2 ranks of 64)"),
         "{err}"
     );
     assert!(!std::path::Path::new(out).exists());

@@ -131,8 +131,8 @@ fn train_then_generate() {
         ),
         (
             train,
-            vec!["--model", "gpt", "--batch-size", "8"],
-            "16, 32 or 64 windows per step",
+            vec!["--model", "gpt", "--batch-size", "0"],
+            "--batch-size 0 takes no examples a step",
         ),
         (
             train,

@@ -1,6 +1,6 @@
 //! Nothing lost: a training run interrupted at any moment resumes from its training
 //! state to the parameters of the run that was never interrupted, bit for bit on the
-//! CPU: in process (the CNN with dropout, batch norm and AdamW), and against the real
+//! CPU: in process through the Learner (the CNN with dropout, batch norm and AdamW), and against the real
 //! binary killed with SIGKILL over and over (the MLP), or once (the GPT).
 
 #[path = "support/bits.rs"]
@@ -10,18 +10,20 @@ mod output;
 use bits::bits;
 
 use kiln::cpu::{Cpu, CpuDevice};
+use kiln::data::{DataLoader, LastBatch, LoaderConfig};
 use kiln::prelude::*;
+use kiln::train::learner::{Learner, Resume};
 use kiln::train::optim::{AdamW, AdamWConfig};
 use kiln::train::schedule::CosineWithWarmup;
 use kiln::train::{checkpoint, state};
-use kiln_models::classify::fit;
+use kiln_models::classify::Examples;
 use kiln_models::data::ImageDataset;
 use kiln_models::lenet::LeNet;
 use kiln_models::mlp::Mlp;
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const TRAIN: &str = env!("CARGO_BIN_EXE_kiln-train");
@@ -38,7 +40,7 @@ fn scratch(test: &str) -> PathBuf {
 }
 
 /// LeNet (dropout draws a mask each step, batch norm updates its statistics) trained
-/// with AdamW through `fit` for 2 epochs of 8 steps: straight through, or failing
+/// with AdamW by the Learner for 2 epochs of 8 steps: straight through, or failing
 /// after step 11 (mid-epoch, after the state was saved at step 10) and resumed from
 /// the state in a fresh model and optimizer.
 #[test]
@@ -46,8 +48,16 @@ fn the_cnn_with_dropout_and_adamw_resumes_bit_for_bit() -> Result<()> {
     let path = scratch("cnn").join("state.safetensors");
     let mut data = ImageDataset::mnist()?;
     data.train = data.train.take(512);
-    let settings = BTreeMap::from([("run".to_string(), "cnn test".to_string())]);
-    let schedule = CosineWithWarmup::new(0.01, 1e-4, 4, 16)?;
+    let train = DataLoader::new(
+        Examples::of::<Cpu, LeNet<Cpu>>(Arc::new(data.train))?,
+        LoaderConfig {
+            batch_size: 64,
+            seed: 3,
+            last_batch: LastBatch::Drop,
+            workers: 1,
+            ..LoaderConfig::default()
+        },
+    )?;
     let adamw = || {
         AdamW::<Cpu>::new(AdamWConfig {
             lr: 0.01,
@@ -55,45 +65,38 @@ fn the_cnn_with_dropout_and_adamw_resumes_bit_for_bit() -> Result<()> {
             ..AdamWConfig::default()
         })
     };
-    let train = |model: &mut LeNet<Cpu>, opt: &mut AdamW<Cpu>, start: u64, crash: Option<u64>| {
-        fit(
-            model,
-            opt,
-            &schedule,
-            &data.train,
-            64,
-            2,
-            3,
-            start,
-            &DEV,
-            true,
-            &mut |m, o, r| {
-                if r.step + 1 == 10 {
-                    state::save(&path, m, o, 10, &settings)?;
-                }
-                match crash {
-                    Some(at) if r.step + 1 == at => Err(Error::invalid("test", "crashed")),
-                    _ => Ok(()),
-                }
-            },
-        )
+    let learner = |model: LeNet<Cpu>, crash: Option<u64>, saves: bool| -> Result<_> {
+        let mut l = Learner::new(model, adamw()?, DEV)
+            .epochs(2)
+            .schedule(CosineWithWarmup::new(0.01, 1e-4, 4, 16)?)
+            .replay(true)
+            .setting("run", "cnn test")
+            .on_epoch(|_| Ok(()))
+            .on_step(move |_, _, r| match crash {
+                Some(at) if r.step + 1 == at => Err(Error::invalid("test", "crashed")),
+                _ => Ok(()),
+            });
+        if saves {
+            l = l.state_file(&path).save_every(10);
+        }
+        Ok(l)
     };
+    let none = None::<&DataLoader<Examples>>;
 
-    let mut straight = LeNet::<Cpu>::init(&DEV, 3)?;
-    train(&mut straight, &mut adamw()?, 0, None)?;
+    let mut straight = learner(LeNet::<Cpu>::init(&DEV, 3)?, None, false)?;
+    straight.fit(&train, none)?;
 
-    let mut crashed = LeNet::<Cpu>::init(&DEV, 3)?;
-    let e = train(&mut crashed, &mut adamw()?, 0, Some(11)).unwrap_err();
+    let mut crashed = learner(LeNet::<Cpu>::init(&DEV, 3)?, Some(11), true)?;
+    let e = crashed.fit(&train, none).unwrap_err();
     assert!(e.to_string().contains("crashed"), "{e}");
-    let mut resumed = LeNet::<Cpu>::init(&DEV, 77)?;
-    let mut opt = adamw()?;
-    let start = state::load(&path, &mut resumed, &mut opt, &settings)?;
-    assert_eq!(start, 10);
-    train(&mut resumed, &mut opt, start, None)?;
-    assert_eq!(bits(&resumed), bits(&straight));
+    assert_eq!(state::verify(&path)?, 10, "the state of step 10 was saved");
+    let mut resumed = learner(LeNet::<Cpu>::init(&DEV, 77)?, None, true)?.resume(Resume::Required);
+    resumed.fit(&train, none)?;
+    assert_eq!(resumed.first_step(), 10);
+    assert_eq!(bits(&resumed.model), bits(&straight.model));
     assert_eq!(
-        resumed.step_seeds().steps(),
-        straight.step_seeds().steps(),
+        resumed.model.step_seeds().steps(),
+        straight.model.step_seeds().steps(),
         "the dropout seeds went on from the same step"
     );
     Ok(())

@@ -4,17 +4,23 @@
 //! optimizer's step (clipping included), evaluation with [`Metric`]s after each epoch,
 //! a training state saved after each epoch (and every so many steps) and resumed from
 //! (the same batches, the same rates, the same result as an uninterrupted run), one
-//! report line per epoch with throughput and the time left, and a callback after each
-//! step (for a progress bar or a curve).
+//! report line per epoch with throughput and the time left, a progress bar (plain
+//! lines when standard error is not a terminal), the training curve as a PNG, a
+//! checkpoint with metadata at the end, and a callback after each step.
 //!
 //! Steps run planned, their losses summed on the device and read once per epoch; or,
-//! with [`Learner::replay`], [`Learner::ranks`] or [`Learner::on_step`], through
-//! [`StepReplay`]: captured once warm and replayed as a graph where the backend can
-//! (CUDA), averaged over data-parallel ranks, each step's loss read for the callback.
+//! with [`Learner::replay`], [`Learner::ranks`], [`Learner::progress`],
+//! [`Learner::curve`] or [`Learner::on_step`], through [`StepReplay`]: captured once
+//! warm and replayed as a graph where the backend can (CUDA), averaged over
+//! data-parallel ranks, each step's loss read (a loss that is not finite stops the run
+//! at that step).
 
+use crate::checkpoint;
+use crate::curve::Curve;
 use crate::metrics::{MeanLoss, Metric, Outputs};
 use crate::optim::Optimizer;
 use crate::parallel::broadcast_state;
+use crate::progress::Progress;
 use crate::replay::{StepInput, StepReplay};
 use crate::schedule::Schedule;
 use crate::state;
@@ -23,7 +29,7 @@ use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, Collective, Error, HostData, RawTensor, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A model trained on (input, target) batches. `#[model]` implements it for a model
 /// whose impl has a `loss` method of two tensors (the batch's inputs and targets)
@@ -145,6 +151,18 @@ pub type OnEpoch<'a> = Box<dyn FnMut(&EpochReport) -> Result<()> + 'a>;
 /// A callback given the model, the optimizer and what each step did.
 pub type OnStep<'a, M, O> = Box<dyn FnMut(&M, &O, &StepInfo) -> Result<()> + 'a>;
 
+/// Whether [`Learner::fit`] continues from its [`Learner::state_file`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Resume {
+    /// Continue from the state file when it exists, start afresh when it does not.
+    #[default]
+    IfPresent,
+    /// Continue from the state file; its absence is an error.
+    Required,
+    /// Start afresh, replacing any state file there.
+    Never,
+}
+
 /// Trains a [`Supervised`] model with an [`Optimizer`] (see the module docs).
 ///
 /// ```no_run
@@ -175,19 +193,28 @@ pub struct Learner<'a, B: Backend, M, O> {
     schedule: Option<Box<dyn Schedule + 'a>>,
     metrics: Vec<Box<dyn Metric<B> + 'a>>,
     state_file: Option<PathBuf>,
+    resume: Resume,
+    settings: BTreeMap<String, String>,
     save_every: u64,
-    on_epoch: OnEpoch<'a>,
+    checkpoint: Option<PathBuf>,
+    metadata: BTreeMap<String, String>,
+    progress: bool,
+    curve: Option<(PathBuf, String)>,
+    /// `None`: each report printed as a line.
+    on_epoch: Option<OnEpoch<'a>>,
     on_step: Option<OnStep<'a, M, O>>,
     replay: bool,
     ranks: Option<Box<dyn Collective<B>>>,
     /// This process's rank and the number of ranks (0 of 1 without ranks).
     place: (usize, usize),
+    /// The step the last fit started from.
+    first_step: u64,
 }
 
 impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
     /// A learner of `model` with `optimizer` on `device`: one epoch, the optimizer's
-    /// own learning rate, no metrics, no state file, each epoch's report printed to
-    /// standard error as one line.
+    /// own learning rate, no metrics, no state file, no progress bar, each epoch's
+    /// report printed to standard output as one line.
     pub fn new(model: M, optimizer: O, device: B::Device) -> Self {
         Learner {
             model,
@@ -197,15 +224,19 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
             schedule: None,
             metrics: Vec::new(),
             state_file: None,
+            resume: Resume::IfPresent,
+            settings: BTreeMap::new(),
             save_every: 0,
-            on_epoch: Box::new(|r| {
-                eprintln!("{r}");
-                Ok(())
-            }),
+            checkpoint: None,
+            metadata: BTreeMap::new(),
+            progress: false,
+            curve: None,
+            on_epoch: None,
             on_step: None,
             replay: false,
             ranks: None,
             place: (0, 1),
+            first_step: 0,
         }
     }
 
@@ -272,13 +303,62 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
     /// Calls `f` with each epoch's report instead of printing it; an error from `f`
     /// stops the run.
     pub fn on_epoch(mut self, f: impl FnMut(&EpochReport) -> Result<()> + 'a) -> Self {
-        self.on_epoch = Box::new(f);
+        self.on_epoch = Some(Box::new(f));
+        self
+    }
+
+    /// Whether [`Learner::fit`] continues from the state file ([`Resume::IfPresent`]
+    /// unless set).
+    pub fn resume(mut self, resume: Resume) -> Self {
+        self.resume = resume;
+        self
+    }
+
+    /// Adds `key = value` to the settings a resumed run must share with the run that
+    /// wrote its state (beside the Learner's own: the examples, the batch, the
+    /// shuffling): a learning rate, a model's size, a fingerprint of the data. A state
+    /// of other settings is refused, naming each one that differs.
+    pub fn setting(mut self, key: &str, value: impl ToString) -> Self {
+        self.settings.insert(key.to_string(), value.to_string());
+        self
+    }
+
+    /// Saves the trained model to `path` when the run ends (safetensors, PyTorch's
+    /// names, Kiln's checksums; [`checkpoint::save_with_metadata`]), its metadata the
+    /// [`Learner::metadata`] given and the last evaluation (`eval_loss`, and
+    /// `eval_<metric>` for each metric).
+    pub fn checkpoint_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.checkpoint = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// Adds `key = value` to the checkpoint's metadata (what the model is, what it was
+    /// trained on).
+    pub fn metadata(mut self, key: &str, value: impl ToString) -> Self {
+        self.metadata.insert(key.to_string(), value.to_string());
+        self
+    }
+
+    /// Shows the run's progress (step, running loss, examples a second, time left): a
+    /// bar where standard error is a terminal, a line every twentieth of the run or 30
+    /// seconds elsewhere. Lines the Learner prints go through it.
+    pub fn progress(mut self, on: bool) -> Self {
+        self.progress = on;
+        self
+    }
+
+    /// Draws the training curve to `path` (a PNG titled `title`) when the run ends: the
+    /// running mean of the training loss at every step above the first metric (or the
+    /// evaluation loss) at every epoch.
+    pub fn curve(mut self, path: impl AsRef<Path>, title: &str) -> Self {
+        self.curve = Some((path.as_ref().to_path_buf(), title.to_string()));
         self
     }
 
     /// Trains on `train` (evaluating on `eval` after each epoch, where given) from
-    /// where the state file left off, or from the start; returns the reports of the
-    /// epochs it ran.
+    /// where the state file left off (see [`Learner::resume`]), or from the start;
+    /// returns the reports of the epochs it ran. Reports, files and the progress
+    /// display are rank 0's; so is the evaluation.
     pub fn fit<D: Dataset + 'static, E: Dataset + 'static>(
         &mut self,
         train: &DataLoader<D>,
@@ -295,7 +375,11 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
             ));
         }
         let (rank, world) = self.place;
-        let stepped = self.replay || world > 1 || self.on_step.is_some();
+        let stepped = self.replay
+            || world > 1
+            || self.on_step.is_some()
+            || self.progress
+            || self.curve.is_some();
         if (self.replay || world > 1) && train.config().last_batch != LastBatch::Drop {
             return Err(Error::invalid(
                 OP,
@@ -313,11 +397,23 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
             ));
         }
         let per_epoch = train.batches_per_epoch() as u64;
+        if per_epoch == 0 {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "{} training examples make no full batch of {}",
+                    train.dataset().len(),
+                    train.config().batch_size
+                ),
+            ));
+        }
         let total = self.epochs.saturating_mul(per_epoch);
-        let run = run_settings(train, world);
+        let mut run = run_settings(train, world);
+        run.extend(self.settings.clone());
+        let console = Console::new(rank == 0, self.progress, total);
         let mut step = 0;
-        if let Some(path) = self.state_file.as_ref().filter(|p| p.exists()) {
-            step = state::load(path, &mut self.model, &mut self.optimizer, &run)?;
+        if let Some(path) = self.resume_from()? {
+            step = state::load(&path, &mut self.model, &mut self.optimizer, &run)?;
             if step > total {
                 return Err(Error::invalid(
                     OP,
@@ -328,7 +424,16 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                     ),
                 ));
             }
+            console.line(&match step == total {
+                true => format!(
+                    "resumed from {}: all {total} steps were taken, nothing is left to train",
+                    path.display()
+                ),
+                false => format!("resumed from {} at step {step} of {total}", path.display()),
+            });
         }
+        console.start_at(step);
+        self.first_step = step;
         let mut steps = match stepped {
             true => {
                 let draws = M::draws_at_random();
@@ -350,14 +455,93 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
             }
             false => None,
         };
-        let result = self.epochs_from(train, eval, &run, &mut step, total, &mut steps);
+        let mut record = Record {
+            console,
+            curve: self.curve.as_ref().map(|_| {
+                Curve::new(&match self.metrics.first() {
+                    Some(m) => m.name(),
+                    None => "evaluation loss".to_string(),
+                })
+            }),
+            running_loss: f32::NAN,
+            started: Instant::now(),
+            evaluating: Duration::ZERO,
+            examples: 0,
+        };
+        let result = self.epochs_from(train, eval, &run, &mut step, total, &mut steps, &mut record);
         if let Some(steps) = steps {
             steps.finish(&self.model);
         }
-        result
+        record.console.finish();
+        let reports = result?;
+        if rank == 0 {
+            self.save_outputs(&reports, eval, &record)?;
+        }
+        Ok(reports)
+    }
+
+    /// The state file to resume from, as [`Learner::resume`] says.
+    fn resume_from(&self) -> Result<Option<PathBuf>> {
+        let path = match (&self.state_file, self.resume) {
+            (_, Resume::Never) => return Ok(None),
+            (Some(path), _) => path,
+            (None, Resume::Required) => {
+                return Err(Error::invalid(
+                    "Learner",
+                    "Resume::Required needs a state file to resume from (Learner::state_file)",
+                ))
+            }
+            (None, Resume::IfPresent) => return Ok(None),
+        };
+        match (path.exists(), self.resume) {
+            (true, _) => Ok(Some(path.clone())),
+            (false, Resume::Required) => Err(Error::invalid(
+                "Learner",
+                format!(
+                    "there is no training state at {} to resume from",
+                    path.display()
+                ),
+            )),
+            (false, _) => Ok(None),
+        }
+    }
+
+    /// What a run leaves at its end: the curve and the checkpoint (its metadata with
+    /// the last evaluation: of the last epoch, or made now when no epoch ran).
+    fn save_outputs<E: Dataset + 'static>(
+        &mut self,
+        reports: &[EpochReport],
+        eval: Option<&DataLoader<E>>,
+        record: &Record,
+    ) -> Result<()> {
+        if let (Some((path, title)), Some(curve)) = (&self.curve, &record.curve) {
+            curve.write_png(path, title)?;
+            record
+                .console
+                .line(&format!("training curve {}", path.display()));
+        }
+        let Some(path) = self.checkpoint.clone() else {
+            return Ok(());
+        };
+        let last = match (reports.last(), eval) {
+            (Some(r), _) => r.eval_loss.map(|l| (l, r.metrics.clone())),
+            (None, Some(data)) => Some(self.evaluate(data)?),
+            (None, None) => None,
+        };
+        let mut meta = self.metadata.clone();
+        if let Some((loss, metrics)) = last {
+            meta.insert("eval_loss".into(), format!("{loss:.6}"));
+            for (name, v) in metrics {
+                meta.insert(format!("eval_{name}"), format!("{v:.6}"));
+            }
+        }
+        checkpoint::save_with_metadata(&self.model, &path, &meta)?;
+        record.console.line(&format!("saved {}", path.display()));
+        Ok(())
     }
 
     /// The epochs of [`Learner::fit`] from step `step` on.
+    #[allow(clippy::too_many_arguments)]
     fn epochs_from<D: Dataset + 'static, E: Dataset + 'static>(
         &mut self,
         train: &DataLoader<D>,
@@ -366,6 +550,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         step: &mut u64,
         total: u64,
         steps: &mut Option<StepReplay<B>>,
+        record: &mut Record,
     ) -> Result<Vec<EpochReport>> {
         let per_epoch = train.batches_per_epoch() as u64;
         let (rank, world) = self.place;
@@ -404,7 +589,20 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                             inputs,
                             &mut |m, xy| m.loss_and_grads(&xy[0], &xy[1]),
                         )?;
+                        // The same averaged loss on every rank: all stop together.
+                        if !outcome.loss.is_finite() {
+                            return Err(non_finite(format!(
+                                "the loss became {} at step {step}",
+                                outcome.loss
+                            )));
+                        }
                         host_loss += outcome.loss as f64 * n as f64;
+                        if rank == 0 {
+                            if let Some(notice) = &outcome.notice {
+                                record.console.line(notice);
+                            }
+                            record.step(*step, outcome.loss, lr, n);
+                        }
                         if let (Some(f), 0) = (self.on_step.as_mut(), rank) {
                             let info = StepInfo {
                                 epoch,
@@ -441,13 +639,21 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                 Some(_) => host_loss / examples.max(1) as f64,
                 None => device_loss.value()?,
             };
-            let (eval_loss, metrics) = match eval {
-                Some(data) => {
+            if !train_loss.is_finite() {
+                return Err(non_finite(format!(
+                    "the mean training loss of epoch {} became {train_loss}",
+                    epoch + 1
+                )));
+            }
+            let evaluating = Instant::now();
+            let (eval_loss, metrics) = match (eval, rank) {
+                (Some(data), 0) => {
                     let (l, m) = self.evaluate(data)?;
                     (Some(l), m)
                 }
-                None => (None, Vec::new()),
+                _ => (None, Vec::new()),
             };
+            record.evaluating += evaluating.elapsed();
             if let (Some(path), 0) = (&self.state_file, rank) {
                 state::save(path, &self.model, &self.optimizer, *step, run)?;
             }
@@ -465,11 +671,26 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                 metrics,
             };
             if rank == 0 {
-                (self.on_epoch)(&report)?;
+                if let Some(curve) = record.curve.as_mut() {
+                    let value = report.metrics.first().map(|m| m.1).or(report.eval_loss);
+                    if let Some(v) = value {
+                        curve.metric.push((*step, v));
+                    }
+                }
+                match self.on_epoch.as_mut() {
+                    Some(f) => f(&report)?,
+                    None => record.console.line(&report.to_string()),
+                }
             }
             reports.push(report);
         }
         Ok(reports)
+    }
+
+    /// The step the last [`Learner::fit`] started from: 0, or where its state file left
+    /// off.
+    pub fn first_step(&self) -> u64 {
+        self.first_step
     }
 
     /// The mean loss and every metric over `data`, in evaluation mode.
@@ -510,6 +731,94 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
             .map(|m| Ok((m.name(), m.value()?)))
             .collect::<Result<_>>()?;
         Ok((loss.value()?, metrics))
+    }
+}
+
+/// The error of a loss that is not finite (`what` says which and where), pointing at
+/// anomaly mode unless it is on.
+fn non_finite(what: String) -> Error {
+    let hint = match kiln_tensor::anomaly::detecting() {
+        true => "",
+        false => {
+            " (anomaly mode, KILN_ANOMALY=1, finds the op that first made a value that is not finite)"
+        }
+    };
+    Error::invalid("Learner", format!("{what}{hint}"))
+}
+
+/// Where a run's lines go: rank 0's standard output, through the progress display
+/// where there is one; nothing on the other ranks.
+struct Console {
+    leader: bool,
+    progress: Option<Progress>,
+}
+
+impl Console {
+    /// Rank 0's console (`leader`), with a progress display over `total` steps when
+    /// `progress`.
+    fn new(leader: bool, progress: bool, total: u64) -> Self {
+        Console {
+            leader,
+            progress: (leader && progress).then(|| Progress::new(total, true)),
+        }
+    }
+
+    /// Prints `line`.
+    fn line(&self, line: &str) {
+        match (&self.progress, self.leader) {
+            (Some(p), _) => p.println(line),
+            (None, true) => println!("{line}"),
+            (None, false) => {}
+        }
+    }
+
+    /// The run starts at `step` (a resumed run).
+    fn start_at(&self, step: u64) {
+        if let Some(p) = &self.progress {
+            p.set_position(step);
+        }
+    }
+
+    /// Clears the bar.
+    fn finish(&self) {
+        if let Some(p) = &self.progress {
+            p.finish_and_clear();
+        }
+    }
+}
+
+/// What rank 0 keeps of a run's steps: the running loss for the progress display and
+/// the curve, and the throughput since this run's first step.
+struct Record {
+    console: Console,
+    curve: Option<Curve>,
+    running_loss: f32,
+    started: Instant,
+    /// Time spent evaluating, left out of the throughput.
+    evaluating: Duration,
+    examples: usize,
+}
+
+impl Record {
+    /// Step `step` ended with `loss` at rate `lr` on `n` examples (on this rank).
+    fn step(&mut self, step: u64, loss: f32, lr: f64, n: usize) {
+        self.running_loss = match self.running_loss.is_nan() {
+            true => loss,
+            false => 0.98 * self.running_loss + 0.02 * loss,
+        };
+        self.examples += n;
+        if let Some(curve) = self.curve.as_mut() {
+            curve.loss.push((step + 1, f64::from(self.running_loss)));
+        }
+        if let Some(p) = &self.console.progress {
+            let training = self.started.elapsed().saturating_sub(self.evaluating);
+            let rate = self.examples as f64 / training.as_secs_f64().max(1e-9);
+            p.set_message(format!(
+                "loss {:.4} lr {lr:.2e} {rate:.0} examples/s",
+                self.running_loss
+            ));
+            p.inc(1);
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! # kiln-train
 //!
-//! Owns what training needs beyond gradients: optimizers ([`optim`]), learning-rate
+//! Owns what training needs beyond gradients: the training loop ([`learner`], with its
+//! progress display ([`progress`]) and training curve ([`curve`])), optimizers ([`optim`]), learning-rate
 //! schedules ([`schedule`]), safetensors checkpoints in PyTorch's naming
 //! ([`checkpoint`]), training states a crashed run resumes from ([`state`]), training
 //! steps replayed as graphs ([`replay`]), evaluation metrics on the device
@@ -32,11 +33,13 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod curve;
 pub mod launch;
 pub mod learner;
 pub mod metrics;
 pub mod optim;
 pub mod parallel;
+pub mod progress;
 pub mod replay;
 pub mod schedule;
 pub mod state;

@@ -14,7 +14,7 @@
 )]
 
 use kiln_models::chain::Chain;
-use kiln_models::classify::{accuracy, fit};
+use kiln_models::classify::mnist_mlp_run;
 use kiln_models::data::{ImageDataset, MNIST_NORM};
 use kiln_models::mlp::Mlp;
 use kiln_tensor::attention::{attention_by_primitives, attention_vjp};
@@ -24,7 +24,6 @@ use kiln_tensor::{
     Tensor,
 };
 use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
-use kiln_train::schedule::CosineWithWarmup;
 use std::time::Instant;
 
 /// Median wall time in milliseconds of `reps` runs of `f`, each followed by a device
@@ -446,37 +445,12 @@ fn mnist<B: Backend>(dev: &B::Device, name: &str, epochs: usize, dir: &str) -> R
     } else {
         ImageDataset::load(std::path::Path::new(dir), MNIST_NORM)?
     };
-    let mut model = Mlp::<B>::init(dev, 1)?;
-    let mut opt = Sgd::<B>::new(SgdConfig {
-        lr: 0.05,
-        momentum: 0.9,
-        ..SgdConfig::default()
-    })?;
-    let steps = (data.train.len() / 64 * epochs) as u64;
-    let schedule = CosineWithWarmup::new(0.05, 0.0005, 200, steps)?;
-    let start = Instant::now();
-    let mut last = f32::NAN;
-    fit(
-        &mut model,
-        &mut opt,
-        &schedule,
-        &data.train,
-        64,
-        epochs,
-        1,
-        0,
-        dev,
-        true,
-        &mut |_, _, r| {
-            last = r.loss;
-            Ok(())
-        },
-    )?;
-    let secs = start.elapsed().as_secs_f64();
-    let acc = accuracy(&model, &data.test, dev)?;
+    let run = mnist_mlp_run::<B>(dev, data, epochs as u64, 200)?;
     println!(
-        "bench=MNIST impl=kiln backend={name} model=mlp epochs={epochs} batch=64 secs={secs:.1} last_loss={last:.4} test_acc={:.2}",
-        acc * 100.0
+        "bench=MNIST impl=kiln backend={name} model=mlp epochs={epochs} batch=64 secs={:.1} last_loss={:.4} test_acc={:.2}",
+        run.seconds,
+        run.losses.last().copied().unwrap_or(f32::NAN),
+        run.accuracy * 100.0
     );
     Ok(())
 }

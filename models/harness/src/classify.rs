@@ -1,20 +1,17 @@
-//! Training and evaluating image classifiers: the `Classifier` trait the zoo's models
-//! implement (through [`classifier!`](crate::classifier): the generated `Supervised`,
-//! which runs a `#[model]`'s planned methods at the batch its inputs have, and the
-//! dims of one example), and loops over a data split that take the batch size at run
-//! time.
+//! Image classifiers: the `Classifier` trait the zoo's models implement (through
+//! [`classifier!`](crate::classifier): the generated `Supervised`, which runs a
+//! `#[model]`'s planned methods at the batch its inputs have, and the dims of one
+//! example), a data split as the [`Dataset`] kiln-train's `Learner` trains them on
+//! ([`Examples`]), their accuracy, and predictions for image files.
 
-use crate::data::{batches, shuffled, Split};
+use crate::data::{batches, Split};
 // The class names, where callers of the classifier loops look for them.
 pub use crate::data::{FASHION_CLASSES, MNIST_CLASSES};
+use kiln::data::{Dataset, Example, Field, Values};
 use kiln::prelude::*;
-use kiln::tensor::Collective;
-use kiln::tensor::{HostData, RawTensor};
+use kiln::tensor::RawTensor;
 use kiln::train::learner::Supervised;
-use kiln::train::optim::Optimizer;
-use kiln::train::parallel::broadcast_state;
-use kiln::train::replay::{StepInput, StepReplay};
-use kiln::train::schedule::Schedule;
+use std::sync::Arc;
 
 /// The batch the evaluation loop uses.
 pub const EVAL_BATCH: usize = 500;
@@ -56,185 +53,56 @@ pub fn images<B: Backend, M: Classifier<B>>(
     RawTensor::from_vec(pixels, &dims, device)
 }
 
-/// What one training step reports.
-#[derive(Clone, Debug)]
-pub struct StepReport {
-    /// The epoch (from 0).
-    pub epoch: usize,
-    /// The global step (from 0).
-    pub step: u64,
-    /// The batch's loss.
-    pub loss: f32,
-    /// The learning rate used.
-    pub lr: f64,
-    /// A one-line notice about how steps run, on the step it concerns: the step was
-    /// captured as a graph and the following ones replay it, or why it was not.
-    pub notice: Option<String>,
+/// A split's images as the [`Dataset`] a classifier `M` trains on through
+/// kiln-train's `Learner`: example `i` is image `i` in `M`'s input dims
+/// ([`Classifier::EXAMPLE`]) and its label (dims `[]`, so a batch's targets are `[n]`).
+pub struct Examples {
+    split: Arc<Split>,
+    dims: Vec<usize>,
 }
 
-/// Trains for `epochs` over `train` in shuffled batches of `batch` (a final partial
-/// batch is dropped), setting the learning rate from `schedule` before each step.
-/// `start` steps are taken already (a resumed run): the loop begins where they
-/// ended, with the batch and learning rate the uninterrupted run would have had
-/// there; `on_step` gets the model and the optimizer after each step, for a training
-/// state to be saved ([`kiln::train::state`]).
-/// With `replay`, on a backend that captures (CUDA), the second step is captured as a
-/// graph and every later step replays it ([`StepReplay`]): each batch written into the
-/// same input buffers, and the learning rate, the optimizer's per-step values and the
-/// dropout seed into device memory; an optimizer a replay would not train correctly
-/// runs planned, and the first step's report says why.
-#[allow(clippy::too_many_arguments)]
-pub fn fit<B: Backend, M: Classifier<B>, O: Optimizer<B>>(
-    model: &mut M,
-    opt: &mut O,
-    schedule: &dyn Schedule,
-    train: &Split,
-    batch: usize,
-    epochs: usize,
-    seed: u64,
-    start: u64,
-    device: &B::Device,
-    replay: bool,
-    on_step: &mut dyn FnMut(&M, &O, StepReport) -> Result<()>,
-) -> Result<()> {
-    let settings = FitSettings {
-        batch,
-        epochs,
-        seed,
-        start,
-        replay,
-    };
-    fit_ranks(
-        model, opt, schedule, train, &settings, device, None, on_step,
-    )
-}
-
-/// How [`fit_ranks`] trains: examples per step (per rank), passes over the data, the
-/// shuffling seed, the steps already taken and whether steps may replay.
-#[derive(Clone, Copy, Debug)]
-pub struct FitSettings {
-    /// Examples per step on each rank.
-    pub batch: usize,
-    /// Passes over the training set.
-    pub epochs: usize,
-    /// The shuffling seed.
-    pub seed: u64,
-    /// Steps taken already (a resumed run).
-    pub start: u64,
-    /// Whether steps may be captured and replayed as a graph.
-    pub replay: bool,
-}
-
-/// [`fit`] as one rank of a data-parallel run when `ranks` is given: replicas start as
-/// rank 0's, each step takes `batch · world` shuffled examples (every rank shuffles
-/// alike), this rank trains on its `batch` of them, and the gradients and loss are
-/// averaged over the ranks before every rank's identical optimizer step.
-#[allow(clippy::too_many_arguments)]
-pub fn fit_ranks<B: Backend, M: Classifier<B>, O: Optimizer<B>>(
-    model: &mut M,
-    opt: &mut O,
-    schedule: &dyn Schedule,
-    train: &Split,
-    settings: &FitSettings,
-    device: &B::Device,
-    ranks: Option<Box<dyn Collective<B>>>,
-    on_step: &mut dyn FnMut(&M, &O, StepReport) -> Result<()>,
-) -> Result<()> {
-    let FitSettings {
-        batch,
-        epochs,
-        seed,
-        start,
-        replay,
-    } = *settings;
-    if batch == 0 {
-        return Err(Error::invalid("fit", "the batch size must be at least 1"));
-    }
-    let mut steps = StepReplay::new(device, replay, opt, M::draws_at_random());
-    let (rank, world) = match ranks {
-        Some(ranks) => {
-            broadcast_state(ranks.as_ref(), model, 0)?;
-            let place = (ranks.rank(), ranks.world());
-            if let Some(seeds) = model.step_seeds() {
-                seeds.set_rank(place.0 as u64);
-            }
-            steps = steps.data_parallel(ranks)?;
-            place
+impl Examples {
+    /// `split`'s images as examples of `M`; an error when `M` takes another number of
+    /// pixels.
+    pub fn of<B: Backend, M: Classifier<B>>(split: Arc<Split>) -> Result<Self> {
+        let dims = M::EXAMPLE.to_vec();
+        if dims.iter().product::<usize>() != split.pixels {
+            return Err(Error::shape(
+                "Examples",
+                format!(
+                    "the classifier takes examples of dims {dims:?}, but the images have {} pixels",
+                    split.pixels
+                ),
+            ));
         }
-        None => (0, 1),
-    };
-    let mut image_dims = vec![batch];
-    image_dims.extend_from_slice(M::EXAMPLE);
-    let label_dims = [batch];
-    let global = batch * world;
-    let per_epoch = (train.len() / global) as u64;
-    if per_epoch == 0 {
-        let ranks = if world > 1 {
-            format!(" ({world} ranks of {batch})")
-        } else {
-            String::new()
+        Ok(Examples { split, dims })
+    }
+
+    /// The split the examples come from.
+    pub fn split(&self) -> &Split {
+        &self.split
+    }
+}
+
+impl Dataset for Examples {
+    fn len(&self) -> usize {
+        self.split.len()
+    }
+
+    fn get(&self, index: usize) -> Result<Example> {
+        let Some(&label) = self.split.labels.get(index) else {
+            return Err(Error::invalid(
+                "Examples",
+                format!("index {index} of a split of {} examples", self.split.len()),
+            ));
         };
-        return Err(Error::invalid(
-            "fit",
-            format!(
-                "{} training examples make no full batch of {global}{ranks}",
-                train.len()
-            ),
-        ));
+        let px = self.split.pixels;
+        let pixels = self.split.images[index * px..(index + 1) * px].to_vec();
+        Ok(Example {
+            input: Field::new(self.dims.clone(), Values::F32(pixels))?,
+            target: Field::class(label),
+        })
     }
-    let pixels = train.pixels;
-    let mut run = || -> Result<()> {
-        let mut step = start;
-        for epoch in (start / per_epoch) as usize..epochs {
-            let order = shuffled(train.len(), seed, epoch as u64);
-            let done = if epoch as u64 == start / per_epoch {
-                (start % per_epoch) as usize * global
-            } else {
-                0
-            };
-            for b in batches(train, &order[done..], global) {
-                if b.labels.len() < global {
-                    continue;
-                }
-                let lr = schedule.lr_at(step);
-                opt.set_lr(lr)?;
-                // This rank's share of the step's examples (all of them without ranks).
-                let (images, labels) = if world == 1 {
-                    (b.images, b.labels)
-                } else {
-                    let mine = rank * batch..(rank + 1) * batch;
-                    let images = b.images[mine.start * pixels..mine.end * pixels].to_vec();
-                    (images, b.labels[mine].to_vec())
-                };
-                let inputs = vec![
-                    StepInput {
-                        data: HostData::F32(images),
-                        dims: &image_dims,
-                    },
-                    StepInput {
-                        data: HostData::I32(labels),
-                        dims: &label_dims,
-                    },
-                ];
-                let outcome = steps.step(model, opt, inputs, &mut |m, xy| {
-                    m.loss_and_grads(&xy[0], &xy[1])
-                })?;
-                let report = StepReport {
-                    epoch,
-                    step,
-                    loss: outcome.loss,
-                    lr,
-                    notice: outcome.notice,
-                };
-                on_step(model, opt, report)?;
-                step += 1;
-            }
-        }
-        Ok(())
-    };
-    let result = run();
-    steps.finish(model);
-    result
 }
 
 /// The fraction of `split` classified correctly, in batches of [`EVAL_BATCH`] (the

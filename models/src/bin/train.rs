@@ -7,22 +7,21 @@ use clap::{Parser, ValueEnum};
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use kiln::data::{DataLoader, Dataset as _, LastBatch, LoaderConfig};
 use kiln::device::{run_on, DeviceChoice, OnDevice};
 use kiln::prelude::*;
-use kiln::tensor::nn::Module;
 use kiln::tensor::Collective;
-use kiln::train::checkpoint;
 use kiln::train::launch::{launch, RankEnv};
+use kiln::train::learner::{Learner, Resume, Supervised};
+use kiln::train::metrics::TopK;
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use kiln::train::schedule::CosineWithWarmup;
-use kiln::train::state;
-use kiln_models::classify::{accuracy, fit_ranks, Classifier, FitSettings};
-use kiln_models::curve::Curve;
+use kiln_models::classify::{Classifier, Examples, EVAL_BATCH};
 use kiln_models::data::{ImageDataset, FASHION_NORM, MNIST_NORM};
-use kiln_models::progress::Progress;
 use kiln_models::{lenet::LeNet, mlp::Mlp};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Which model to train.
@@ -76,7 +75,7 @@ struct Args {
     /// Passes over the training set.
     #[arg(long, default_value_t = 5)]
     epochs: usize,
-    /// Examples per step: 16, 32, 64, 128, 256 or 512 (a model's batch is static).
+    /// Examples per step (per rank): images, or the GPT's windows of its context.
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
     /// The optimizer.
@@ -207,14 +206,80 @@ struct Ranks<Be: Backend> {
     collective: Box<dyn Collective<Be>>,
 }
 
+/// What a mode (the classifiers, the GPT) hands the Learner: the model, its data,
+/// the schedule, and what the run's files and reports say.
+struct Job<'a, Be: Backend, M, D, E> {
+    args: &'a Args,
+    dev: &'a Be::Device,
+    ranks: Option<Ranks<Be>>,
+    model: M,
+    train: DataLoader<D>,
+    eval: DataLoader<E>,
+    /// Test accuracy on the evaluation data (the classifiers).
+    accuracy: bool,
+    schedule: CosineWithWarmup,
+    /// The settings a resumed run must share, keyed by flag.
+    settings: BTreeMap<String, String>,
+    files: Files,
+    /// The curve's title.
+    title: String,
+    /// The checkpoint's metadata.
+    metadata: BTreeMap<String, String>,
+}
+
+/// Where a run writes: the checkpoint and the training state.
+struct Files {
+    out: PathBuf,
+    state: PathBuf,
+}
+
+impl Files {
+    /// `--out` (or `runs/default`) and `--state` (or beside it), checked writable by
+    /// rank 0 (`leader`) before any work; with `--resume`, the state must be there.
+    fn new(args: &Args, default: &str, leader: bool) -> Result<Files> {
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| kiln_models::cli::default_checkpoint(default));
+        let state = state_path(args, &out)?;
+        if leader {
+            check_writable("checkpoint", &out)?;
+            check_writable("training state", &state)?;
+        }
+        if args.resume && !state.exists() {
+            return Err(Error::invalid(
+                "kiln-train",
+                format!(
+                    "there is no training state at {} to resume from (a run writes it every --save-every steps; --state names another)",
+                    state.display()
+                ),
+            ));
+        }
+        Ok(Files { out, state })
+    }
+}
+
+/// What a finished run measured: the steps it took and their time, the last epoch's
+/// training loss, and the final evaluation.
+struct Finished {
+    steps: u64,
+    seconds: f64,
+    train_loss: Option<f64>,
+    eval_loss: f64,
+    metrics: Vec<(String, f64)>,
+}
+
 /// A training run generic over the optimizer, which `--optimizer` chooses.
 trait WithOptimizer<Be: Backend> {
     /// Trains with `opt`.
-    fn train<O: Optimizer<Be>>(self, opt: O) -> Result<()>;
+    fn train<O: Optimizer<Be>>(self, opt: O) -> Result<Option<Finished>>;
 }
 
 /// Builds the optimizer `--optimizer` names from the flags and hands it to `run`.
-fn with_optimizer<Be: Backend>(args: &Args, run: impl WithOptimizer<Be>) -> Result<()> {
+fn with_optimizer<Be: Backend>(
+    args: &Args,
+    run: impl WithOptimizer<Be>,
+) -> Result<Option<Finished>> {
     match args.optimizer {
         Opt::Sgd => run.train(Sgd::<Be>::new(SgdConfig {
             lr: args.lr,
@@ -230,17 +295,61 @@ fn with_optimizer<Be: Backend>(args: &Args, run: impl WithOptimizer<Be>) -> Resu
     }
 }
 
-/// Training an image classifier `M`.
-struct ClassifierRun<'a, Be: Backend, M> {
-    args: &'a Args,
-    dev: &'a Be::Device,
-    ranks: Option<Ranks<Be>>,
-    model: std::marker::PhantomData<M>,
-}
-
-impl<Be: Backend, M: Classifier<Be>> WithOptimizer<Be> for ClassifierRun<'_, Be, M> {
-    fn train<O: Optimizer<Be>>(self, opt: O) -> Result<()> {
-        train_classifier::<Be, M, O>(self.args, self.dev, self.ranks, opt)
+impl<Be, M, D, E> WithOptimizer<Be> for Job<'_, Be, M, D, E>
+where
+    Be: Backend,
+    M: Supervised<Be>,
+    D: kiln::data::Dataset + 'static,
+    E: kiln::data::Dataset + 'static,
+{
+    /// The run through the Learner; rank 0's measurements (`None` on the others).
+    fn train<O: Optimizer<Be>>(self, opt: O) -> Result<Option<Finished>> {
+        let args = self.args;
+        let leader = self.ranks.as_ref().is_none_or(|r| r.rank == 0);
+        let mut learner = Learner::new(self.model, opt, self.dev.clone())
+            .epochs(args.epochs as u64)
+            .schedule(self.schedule)
+            .state_file(&self.files.state)
+            .resume(match args.resume {
+                true => Resume::Required,
+                false => Resume::Never,
+            })
+            .save_every(args.save_every)
+            .checkpoint_file(&self.files.out)
+            .progress(true)
+            .curve(self.files.out.with_extension("png"), &self.title)
+            .replay(!args.no_graph);
+        for (key, value) in &self.settings {
+            learner = learner.setting(key, value);
+        }
+        for (key, value) in &self.metadata {
+            learner = learner.metadata(key, value);
+        }
+        if self.accuracy {
+            learner = learner.metric(TopK::accuracy());
+        }
+        if let Some(ranks) = self.ranks {
+            learner = learner.ranks(ranks.collective);
+        }
+        let started = Instant::now();
+        let reports = learner.fit(&self.train, Some(&self.eval))?;
+        if !leader {
+            return Ok(None);
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let last = reports.last();
+        let (eval_loss, metrics) = match last.and_then(|r| r.eval_loss.map(|l| (l, &r.metrics))) {
+            Some((l, m)) => (l, m.clone()),
+            None => learner.evaluate(&self.eval)?,
+        };
+        println!("training state {}", self.files.state.display());
+        Ok(Some(Finished {
+            steps: last.map_or(0, |r| r.step - learner.first_step()),
+            seconds,
+            train_loss: last.map(|r| r.train_loss),
+            eval_loss,
+            metrics,
+        }))
     }
 }
 
@@ -249,58 +358,19 @@ fn run<Be: Backend, M: Classifier<Be>>(
     dev: &Be::Device,
     ranks: Option<Ranks<Be>>,
 ) -> Result<()> {
-    let run = ClassifierRun::<Be, M> {
-        args,
-        dev,
-        ranks,
-        model: std::marker::PhantomData,
-    };
-    with_optimizer(args, run)
-}
-
-fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
-    args: &Args,
-    dev: &Be::Device,
-    ranks: Option<Ranks<Be>>,
-    mut opt: O,
-) -> Result<()> {
-    let (rank, world) = ranks.as_ref().map_or((0, 1), |r| (r.rank, r.world));
-    // Rank 0 reports and writes files; the others train in silence.
-    let leader = rank == 0;
+    let world = ranks.as_ref().map_or(1, |r| r.world);
+    let leader = ranks.as_ref().is_none_or(|r| r.rank == 0);
     let batch = args.batch_size;
-    if !TRAIN_BATCHES.contains(&batch) {
-        return Err(Error::invalid(
-            "kiln-train",
-            format!("batch size {batch} is not one of {TRAIN_BATCHES:?}"),
-        ));
-    }
     let dataset = args.dataset.unwrap_or(Dataset::Mnist);
     let (dir, norm) = match dataset {
         Dataset::Mnist => ("mnist", MNIST_NORM),
         Dataset::Fashion => ("fashion-mnist", FASHION_NORM),
     };
-    let out = args.out.clone().unwrap_or_else(|| {
-        let name = format!("{:?}-{:?}.safetensors", args.model, dataset).to_lowercase();
-        kiln_models::cli::default_checkpoint(&name)
-    });
-    let state_path = state_path(args, &out)?;
-    if leader {
-        check_writable("checkpoint", &out)?;
-        check_writable("training state", &state_path)?;
-    }
+    let name = format!("{:?}-{:?}.safetensors", args.model, dataset).to_lowercase();
+    let files = Files::new(args, &name, leader)?;
     let mut data = ImageDataset::load(&args.data.dir()?.join(dir), norm)?;
     if args.limit > 0 {
         data.train = data.train.take(args.limit);
-    }
-    let global = batch * world;
-    if data.train.len() < global {
-        return Err(Error::invalid(
-            "kiln-train",
-            format!(
-                "{} training examples make no full batch of {global}: the run would take no optimizer step",
-                data.train.len()
-            ),
-        ));
     }
     if data.test.is_empty() {
         return Err(Error::invalid(
@@ -308,136 +378,96 @@ fn train_classifier<Be: Backend, M: Classifier<Be>, O: Optimizer<Be>>(
             "the test split is empty: there is nothing to evaluate on",
         ));
     }
-    let mut model = M::init(dev, args.seed)?;
-    let steps_per_epoch = (data.train.len() / global) as u64;
-    let total = steps_per_epoch * args.epochs as u64;
+    let global = batch * world;
+    if data.train.len() < global {
+        let ranks = match world {
+            1 => String::new(),
+            n => format!(" ({n} ranks of {batch})"),
+        };
+        return Err(Error::invalid(
+            "kiln-train",
+            format!(
+                "{} training examples make no full batch of {global}{ranks}: the run would take no optimizer step",
+                data.train.len()
+            ),
+        ));
+    }
+    let train = Examples::of::<Be, M>(Arc::new(data.train))?;
+    let fingerprint = train.split().fingerprint();
+    let examples = train.len();
+    let train = DataLoader::new(
+        train,
+        LoaderConfig {
+            batch_size: global,
+            shuffle: true,
+            seed: args.seed,
+            last_batch: LastBatch::Drop,
+            workers: 1,
+            prefetch: 2,
+        },
+    )?;
+    let test = Examples::of::<Be, M>(Arc::new(data.test))?;
+    let eval = DataLoader::new(
+        test,
+        LoaderConfig {
+            batch_size: EVAL_BATCH,
+            ..train.config().for_evaluation()
+        },
+    )?;
+    let total = train.batches_per_epoch() as u64 * args.epochs as u64;
     let schedule = CosineWithWarmup::new(
         args.lr,
         args.lr * 0.01,
         args.warmup.min(total / 2),
         total.max(1),
     )?;
-    let settings = run_settings(args, &format!("{dataset:?}"), &data.train.fingerprint());
-    let start = resume(args, &state_path, &mut model, &mut opt, &settings, total)?;
+    let model = M::init(dev, args.seed)?;
     if leader {
         let ranks = match world {
             1 => String::new(),
             n => format!(" ({n} ranks of {batch})"),
         };
         println!(
-            "training {:?} ({} parameters) on {:?}: {} examples, batch {global}{ranks}, {} epochs, {:?} lr {}",
+            "training {:?} ({} parameters) on {dataset:?}: {examples} examples, batch {global}{ranks}, {} epochs, {:?} lr {}",
             args.model,
             model.num_params(),
-            dataset,
-            data.train.len(),
             args.epochs,
             args.optimizer,
             args.lr
         );
     }
-    let bar = Progress::new(total, leader);
-    bar.set_position(start);
-    let started = Instant::now();
-    let mut avg = f32::NAN;
-    let mut last_acc = String::from("-");
-    // The step and accuracy (a fraction) of the latest evaluation: a run that ends on an epoch's end
-    // reports that one instead of evaluating the same weights twice.
-    let mut evaluated: Option<(u64, f64)> = None;
-    let test = data.test.clone();
-    let mut curve = Curve::new("test accuracy (%)");
-    let mut on_step = |m: &M, o: &O, r: kiln_models::classify::StepReport| -> Result<()> {
-        avg = if avg.is_nan() {
-            r.loss
-        } else {
-            0.98 * avg + 0.02 * r.loss
-        };
-        curve.loss.push((r.step + 1, avg as f64));
-        if !r.loss.is_finite() {
-            return Err(kiln_models::cli::non_finite_loss(r.loss, r.step));
-        }
-        if !leader {
-            return Ok(());
-        }
-        if let Some(notice) = &r.notice {
-            bar.suspend(|| println!("{notice}"));
-        }
-        if args.save_every > 0 && (r.step + 1).is_multiple_of(args.save_every) {
-            state::save(&state_path, m, o, r.step + 1, &settings)?;
-        }
-        if (r.step + 1).is_multiple_of(steps_per_epoch) {
-            let fraction = accuracy(m, &test, dev)?;
-            evaluated = Some((r.step + 1, fraction));
-            let acc = 100.0 * fraction;
-            curve.metric.push((r.step + 1, acc));
-            last_acc = format!("{acc:.2}%");
-            // `suspend` prints even when the bar is hidden (output not a terminal).
-            bar.suspend(|| {
-                println!(
-                    "epoch {} done: loss {avg:.4}, test accuracy {last_acc}",
-                    r.epoch + 1
-                )
-            });
-        }
-        let rate = ((r.step + 1 - start) * global as u64) as f64 / started.elapsed().as_secs_f64();
-        bar.set_message(format!(
-            "epoch {} loss {avg:.4} acc {last_acc} {rate:.0} samples/s",
-            r.epoch + 1
-        ));
-        bar.inc(1);
-        Ok(())
-    };
-    let fitting = FitSettings {
-        batch,
-        epochs: args.epochs,
-        seed: args.seed,
-        start,
-        replay: !args.no_graph,
-    };
-    let collective = ranks.map(|r| r.collective);
-    fit_ranks(
-        &mut model,
-        &mut opt,
-        &schedule,
-        &data.train,
-        &fitting,
+    let job = Job {
+        args,
         dev,
-        collective,
-        &mut on_step,
-    )?;
-    bar.finish_and_clear();
-    if !leader {
-        return Ok(());
-    }
-    if start < total {
-        state::save(&state_path, &model, &opt, total, &settings)?;
-    }
-    let acc = match evaluated {
-        Some((step, fraction)) if step == total => fraction,
-        _ => accuracy(&model, &data.test, dev)?,
+        ranks,
+        model,
+        train,
+        eval,
+        accuracy: true,
+        schedule,
+        settings: run_settings(args, &format!("{dataset:?}"), &fingerprint),
+        files,
+        title: format!("{:?} on {dataset:?}", args.model),
+        metadata: BTreeMap::from([
+            ("model".into(), format!("{:?}", args.model).to_lowercase()),
+            ("dataset".into(), format!("{dataset:?}").to_lowercase()),
+        ]),
     };
-    let secs = started.elapsed().as_secs_f64();
-    let trained = total - start;
+    let Some(done) = with_optimizer(args, job)? else {
+        return Ok(());
+    };
+    let accuracy = done
+        .metrics
+        .iter()
+        .find(|m| m.0 == "accuracy")
+        .map_or(f64::NAN, |m| m.1);
     println!(
-        "trained {trained} steps in {secs:.1}s ({:.0} samples/s); test accuracy {:.2}%",
-        (trained * global as u64) as f64 / secs,
-        acc * 100.0
+        "trained {} steps in {:.1}s ({:.0} samples/s); test accuracy {:.2}%",
+        done.steps,
+        done.seconds,
+        (done.steps * global as u64) as f64 / done.seconds,
+        accuracy * 100.0
     );
-    let mut meta = BTreeMap::new();
-    meta.insert(
-        "model".to_string(),
-        format!("{:?}", args.model).to_lowercase(),
-    );
-    meta.insert(
-        "dataset".to_string(),
-        format!("{:?}", dataset).to_lowercase(),
-    );
-    meta.insert("test_accuracy".to_string(), format!("{acc:.4}"));
-    checkpoint::save_with_metadata(&model, &out, &meta)?;
-    println!("saved {}", out.display());
-    println!("training state {}", state_path.display());
-    let png = out.with_extension("png");
-    curve.write_png(&png, &format!("{:?} on {:?}", args.model, dataset))?;
-    println!("training curve {}", png.display());
     Ok(())
 }
 
@@ -483,49 +513,6 @@ fn run_settings(args: &Args, dataset: &str, data: &str) -> BTreeMap<String, Stri
     ])
 }
 
-/// With `--resume`, restores the model and optimizer from the training state at `path`
-/// and returns the steps it had taken (of `total`); otherwise 0.
-fn resume<Be: Backend, M: Module<Be>, O: Optimizer<Be>>(
-    args: &Args,
-    path: &Path,
-    model: &mut M,
-    opt: &mut O,
-    settings: &BTreeMap<String, String>,
-    total: u64,
-) -> Result<u64> {
-    if !args.resume {
-        return Ok(0);
-    }
-    if !path.exists() {
-        return Err(Error::invalid(
-            "kiln-train",
-            format!(
-                "there is no training state at {} to resume from (a run writes it every --save-every steps; --state names another)",
-                path.display()
-            ),
-        ));
-    }
-    let step = state::load(path, model, opt, settings)?;
-    if step > total {
-        return Err(Error::invalid(
-            "kiln-train",
-            format!(
-                "{} has taken {step} steps, more than this run's {total}",
-                path.display()
-            ),
-        ));
-    }
-    if step == total {
-        println!(
-            "resumed from {}: all {total} steps were taken, nothing is left to train",
-            path.display()
-        );
-    } else {
-        println!("resumed from {} at step {step} of {total}", path.display());
-    }
-    Ok(step)
-}
-
 #[path = "../gpt_instances.rs"]
 mod gpt_instances;
 #[path = "../w3_instances.rs"]
@@ -533,22 +520,16 @@ mod w3_instances;
 
 /// Training a GPT on the Shakespeare bytes.
 mod gpt {
-    use super::{Args, PrecisionArg, Ranks};
+    use super::{Args, Files, Job, PrecisionArg, Ranks};
     use crate::gpt_instances::{SmallGpt, TinyGpt};
     use crate::w3_instances::{W3Gpt, W3GptBf16};
+    use kiln::data::{DataLoader, LastBatch, LoaderConfig, TextWindows};
     use kiln::prelude::*;
-    use kiln::tensor::HostData;
-    use kiln::train::checkpoint;
-    use kiln::train::optim::Optimizer;
-    use kiln::train::parallel::broadcast_state;
-    use kiln::train::replay::{StepInput, StepReplay};
-    use kiln::train::schedule::{CosineWithWarmup, Schedule};
-    use kiln::train::state;
-    use kiln_models::curve::Curve;
-    use kiln_models::gpt::{GptModel, Ids};
-    use kiln_models::text::{windows, Corpus};
+    use kiln::train::learner::Supervised;
+    use kiln::train::schedule::CosineWithWarmup;
+    use kiln_models::gpt::GptModel;
+    use kiln_models::text::Corpus;
     use std::collections::BTreeMap;
-    use std::time::Instant;
 
     /// The tiny GPT with bf16 matrix products (`--precision bf16`).
     #[model(precision = bf16)]
@@ -571,8 +552,7 @@ mod gpt {
         W3,
     }
 
-    /// Trains the GPT of `size` with `--batch-size` 16, 32 or 64 windows of its context
-    /// per step (W3: 32).
+    /// Trains the GPT of `size` on `--batch-size` windows of its context per step.
     pub fn run<Be: Backend>(
         args: &Args,
         dev: &Be::Device,
@@ -587,150 +567,36 @@ mod gpt {
         }
         let bf16 = args.precision == PrecisionArg::Bf16;
         use Size::{Small, Tiny, W3};
-        match (size, bf16, args.batch_size) {
-            (Tiny, false, 16) => train::<Be, TinyGpt<Be>, 16, 32>(args, dev, ranks),
-            (Tiny, false, 32) => train::<Be, TinyGpt<Be>, 32, 32>(args, dev, ranks),
-            (Tiny, false, 64) => train::<Be, TinyGpt<Be>, 64, 32>(args, dev, ranks),
-            (Small, false, 16) => train::<Be, SmallGpt<Be>, 16, 128>(args, dev, ranks),
-            (Small, false, 32) => train::<Be, SmallGpt<Be>, 32, 128>(args, dev, ranks),
-            (Small, false, 64) => train::<Be, SmallGpt<Be>, 64, 128>(args, dev, ranks),
-            (Tiny, true, 16) => train::<Be, TinyGptBf16<Be>, 16, 32>(args, dev, ranks),
-            (Tiny, true, 32) => train::<Be, TinyGptBf16<Be>, 32, 32>(args, dev, ranks),
-            (Tiny, true, 64) => train::<Be, TinyGptBf16<Be>, 64, 32>(args, dev, ranks),
-            (Small, true, 16) => train::<Be, SmallGptBf16<Be>, 16, 128>(args, dev, ranks),
-            (Small, true, 32) => train::<Be, SmallGptBf16<Be>, 32, 128>(args, dev, ranks),
-            (Small, true, 64) => train::<Be, SmallGptBf16<Be>, 64, 128>(args, dev, ranks),
-            (W3, false, 32) => train::<Be, W3Gpt<Be>, 32, 256>(args, dev, ranks),
-            (W3, true, 32) => train::<Be, W3GptBf16<Be>, 32, 256>(args, dev, ranks),
-            (W3, _, other) => Err(Error::invalid(
-                "kiln-train",
-                format!("W3's GPT trains on 32 windows per step, not {other}"),
-            )),
-            (_, _, other) => Err(Error::invalid(
-                "kiln-train",
-                format!("the GPT trains on 16, 32 or 64 windows per step, not {other}"),
-            )),
+        match (size, bf16) {
+            (Tiny, false) => train::<Be, TinyGpt<Be>>(args, dev, ranks),
+            (Small, false) => train::<Be, SmallGpt<Be>>(args, dev, ranks),
+            (Tiny, true) => train::<Be, TinyGptBf16<Be>>(args, dev, ranks),
+            (Small, true) => train::<Be, SmallGptBf16<Be>>(args, dev, ranks),
+            (W3, false) => train::<Be, W3Gpt<Be>>(args, dev, ranks),
+            (W3, true) => train::<Be, W3GptBf16<Be>>(args, dev, ranks),
         }
     }
 
-    /// `B` seeded windows of `text` and their next bytes.
-    fn batch<Be: Backend, const B: usize, const T: usize>(
-        text: &[u8],
-        seed: u64,
-        dev: &Be::Device,
-    ) -> Result<(Ids<Be, B, T>, Ids<Be, B, T>)> {
-        let (ids, next) = windows(text, B, T, seed)?;
-        Ok((
-            Tensor::from_vec(ids, &[B, T], dev)?,
-            Tensor::from_vec(next, &[B, T], dev)?,
-        ))
-    }
-
-    /// Mean loss (nats per byte) over 16 seeded held-out batches: the estimate
-    /// printed while training.
-    fn held_out_sample<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
-        model: &M,
-        corpus: &Corpus,
-        dev: &Be::Device,
-    ) -> Result<f32> {
-        let mut total = 0.0;
-        for s in 0..16u64 {
-            let (x, y) = batch::<Be, B, T>(&corpus.held_out, u64::MAX - s, dev)?;
-            total += model.loss(&x, &y)?.raw().to_vec::<f32>()?[0];
-        }
-        Ok(total / 16.0)
-    }
-
-    /// Mean loss (nats per byte) over the whole held-out text, cut into consecutive
-    /// windows of `T` bytes (the figure reported at the end; the PyTorch script
-    /// measures the same windows).
-    fn held_out_full<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
-        model: &M,
-        corpus: &Corpus,
-        dev: &Be::Device,
-    ) -> Result<f32> {
-        let text = &corpus.held_out;
-        let windows = (text.len() - 1) / T;
-        let mut sum = 0.0f64;
-        let mut counted = 0usize;
-        for first in (0..windows).step_by(B) {
-            if first + B > windows {
-                break;
-            }
-            let mut ids = Vec::with_capacity(B * T);
-            let mut next = Vec::with_capacity(B * T);
-            for w in first..first + B {
-                ids.extend(text[w * T..(w + 1) * T].iter().map(|&c| c as i32));
-                next.extend(text[w * T + 1..(w + 1) * T + 1].iter().map(|&c| c as i32));
-            }
-            let x = Ids::<Be, B, T>::from_vec(ids, &[B, T], dev)?;
-            let y = Ids::<Be, B, T>::from_vec(next, &[B, T], dev)?;
-            sum += model.loss(&x, &y)?.raw().to_vec::<f32>()?[0] as f64;
-            counted += 1;
-        }
-        if counted == 0 {
-            return Err(Error::invalid(
-                "kiln-train",
-                "the held-out text is shorter than one batch",
-            ));
-        }
-        Ok((sum / counted as f64) as f32)
-    }
-
-    /// Training the GPT `M` on `B` windows of `T` bytes per step.
-    struct GptRun<'a, Be: Backend, M, const B: usize, const T: usize> {
-        args: &'a Args,
-        dev: &'a Be::Device,
-        ranks: Option<Ranks<Be>>,
-        model: std::marker::PhantomData<M>,
-    }
-
-    impl<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize> super::WithOptimizer<Be>
-        for GptRun<'_, Be, M, B, T>
-    {
-        fn train<O: Optimizer<Be>>(self, opt: O) -> Result<()> {
-            train_with::<Be, M, O, B, T>(self.args, self.dev, self.ranks, opt)
-        }
-    }
-
-    fn train<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
+    /// Trains the GPT `M` on shuffled windows of its whole context (`M::CONTEXT`
+    /// bytes, one after another through the training text), `--batch-size` per rank
+    /// per step, evaluated after each epoch on the held-out text's windows.
+    fn train<Be: Backend, M: GptModel<Be> + Supervised<Be>>(
         args: &Args,
         dev: &Be::Device,
         ranks: Option<Ranks<Be>>,
     ) -> Result<()> {
-        let run = GptRun::<Be, M, B, T> {
-            args,
-            dev,
-            ranks,
-            model: std::marker::PhantomData,
-        };
-        super::with_optimizer(args, run)
-    }
-
-    fn train_with<
-        Be: Backend,
-        M: GptModel<Be>,
-        O: Optimizer<Be>,
-        const B: usize,
-        const T: usize,
-    >(
-        args: &Args,
-        dev: &Be::Device,
-        ranks: Option<Ranks<Be>>,
-        mut opt: O,
-    ) -> Result<()> {
-        let (rank, world) = ranks.as_ref().map_or((0, 1), |r| (r.rank, r.world));
-        // Rank 0 reports and writes files; the others train in silence.
-        let leader = rank == 0;
+        let world = ranks.as_ref().map_or(1, |r| r.world);
+        let leader = ranks.as_ref().is_none_or(|r| r.rank == 0);
+        let (batch, context) = (args.batch_size, M::CONTEXT);
+        let global = batch * world;
         let mut corpus = Corpus::shakespeare_in(&args.data.dir()?)?;
         if args.limit > 0 {
-            if args.limit <= B * T * world {
+            if args.limit <= global * context {
                 return Err(Error::invalid(
                     "kiln-train",
                     format!(
-                        "--limit {} leaves less than one step of {} windows of {T} bytes",
+                        "--limit {} leaves less than one step of {global} windows of {context} bytes",
                         args.limit,
-                        B * world
                     ),
                 ));
             }
@@ -738,171 +604,100 @@ mod gpt {
         }
         // Each configuration its own file: `--model gpt-tiny` must not overwrite the
         // small GPT's checkpoint.
-        let out = args.out.clone().unwrap_or_else(|| {
-            let model = clap::ValueEnum::to_possible_value(&args.model)
-                .map_or_else(|| "gpt".to_string(), |v| v.get_name().to_string());
-            kiln_models::cli::default_checkpoint(&format!("{model}-shakespeare.safetensors"))
-        });
-        let state_path = super::state_path(args, &out)?;
-        if leader {
-            super::check_writable("checkpoint", &out)?;
-            super::check_writable("training state", &state_path)?;
-        }
-        let mut model = M::init_named(dev, args.seed, "")?;
-        let per_epoch = (corpus.train.len() / (B * world * T)) as u64;
-        let total = (per_epoch * args.epochs as u64).max(1);
-        let schedule =
-            CosineWithWarmup::new(args.lr, args.lr * 0.1, args.warmup.min(total / 2), total)?;
+        let name = clap::ValueEnum::to_possible_value(&args.model)
+            .map_or_else(|| "gpt".to_string(), |v| v.get_name().to_string());
+        let files = Files::new(args, &format!("{name}-shakespeare.safetensors"), leader)?;
         let mut crc = crc32fast::Hasher::new();
         crc.update(&corpus.train);
         let data = format!("{} bytes, crc32 {:08x}", corpus.train.len(), crc.finalize());
-        let settings = super::run_settings(args, "shakespeare", &data);
-        let start = super::resume(args, &state_path, &mut model, &mut opt, &settings, total)?;
+        let bytes = |text: &[u8]| text.iter().map(|&b| i32::from(b)).collect::<Vec<_>>();
+        let train = DataLoader::new(
+            TextWindows::new(bytes(&corpus.train), 256, context, context)?,
+            LoaderConfig {
+                batch_size: global,
+                shuffle: true,
+                seed: args.seed,
+                last_batch: LastBatch::Drop,
+                workers: 1,
+                prefetch: 2,
+            },
+        )?;
+        // The whole held-out text in consecutive windows, batches of one size (a
+        // replayed step's evaluation reuses its plans).
+        let eval = DataLoader::new(
+            TextWindows::new(bytes(&corpus.held_out), 256, context, context)?,
+            LoaderConfig {
+                batch_size: batch,
+                shuffle: false,
+                ..*train.config()
+            },
+        )?;
+        let total = (train.batches_per_epoch() as u64 * args.epochs as u64).max(1);
+        let schedule =
+            CosineWithWarmup::new(args.lr, args.lr * 0.1, args.warmup.min(total / 2), total)?;
+        let model = M::init_named(dev, args.seed, "")?;
         if leader {
             let ranks = match world {
                 1 => String::new(),
-                n => format!(" ({n} ranks of {B})"),
+                n => format!(" ({n} ranks of {batch})"),
             };
             println!(
-                "training {} ({} parameters) on Shakespeare: {} training bytes, {} held out, {} windows of {T} per step{ranks}, {total} steps, {:?} lr {}",
+                "training {} ({} parameters) on Shakespeare: {} training bytes, {} held out, {global} windows of {context} per step{ranks}, {total} steps, {:?} lr {}",
                 M::NAME,
                 model.num_params(),
                 corpus.train.len(),
                 corpus.held_out.len(),
-                B * world,
                 args.optimizer,
                 args.lr
             );
         }
-        let bar = kiln_models::progress::Progress::new(total, leader);
-        bar.set_position(start);
-        let started = Instant::now();
-        let mut steps = StepReplay::new(dev, !args.no_graph, &opt, M::draws_at_random());
-        if let Some(ranks) = ranks {
-            broadcast_state(ranks.collective.as_ref(), &mut model, 0)?;
-            if let Some(seeds) = model.step_seeds() {
-                seeds.set_rank(rank as u64);
-            }
-            steps = steps.data_parallel(ranks.collective)?;
-        }
-        let mut avg = f32::NAN;
-        let mut curve = Curve::new("held-out loss (nats/byte, 16 batches)");
-        let mut run = || -> Result<()> {
-            for step in start..total {
-                // The step's windows for every rank, and this rank's share of them.
-                let (ids, next) = windows(
-                    &corpus.train,
-                    B * world,
-                    T,
-                    args.seed.wrapping_mul(1_000_003) ^ step,
-                )?;
-                let (ids, next) = if world == 1 {
-                    (ids, next)
-                } else {
-                    let mine = rank * B * T..(rank + 1) * B * T;
-                    (ids[mine.clone()].to_vec(), next[mine].to_vec())
-                };
-                opt.set_lr(schedule.lr_at(step))?;
-                let inputs = vec![
-                    StepInput {
-                        data: HostData::I32(ids),
-                        dims: &[B, T],
-                    },
-                    StepInput {
-                        data: HostData::I32(next),
-                        dims: &[B, T],
-                    },
-                ];
-                let outcome = steps.step(&mut model, &mut opt, inputs, &mut |m, xy| {
-                    let (ids, next) = (
-                        Tensor::from_raw(xy[0].clone())?,
-                        Tensor::from_raw(xy[1].clone())?,
-                    );
-                    let (loss, grads) = m.loss_and_grad::<B, T>(&ids, &next)?;
-                    Ok((loss.into_raw(), grads))
-                })?;
-                let loss = outcome.loss;
-                if !loss.is_finite() {
-                    return Err(kiln_models::cli::non_finite_loss(loss, step));
-                }
-                if !leader {
-                    continue;
-                }
-                if let Some(notice) = &outcome.notice {
-                    bar.suspend(|| println!("{notice}"));
-                }
-                avg = if avg.is_nan() {
-                    loss
-                } else {
-                    0.98 * avg + 0.02 * loss
-                };
-                curve.loss.push((step + 1, avg as f64));
-                if args.save_every > 0 && (step + 1).is_multiple_of(args.save_every) {
-                    state::save(&state_path, &model, &opt, step + 1, &settings)?;
-                }
-                if (step + 1) % per_epoch.max(1) == 0 {
-                    let h = held_out_sample::<Be, M, B, T>(&model, &corpus, dev)?;
-                    curve.metric.push((step + 1, h as f64));
-                    bar.suspend(|| {
-                        println!(
-                            "step {}: train loss {avg:.3}, held-out loss {h:.3} nats/byte ({:.0}s)",
-                            step + 1,
-                            started.elapsed().as_secs_f64()
-                        )
-                    });
-                }
-                let rate = ((step + 1 - start) * (B * world * T) as u64) as f64
-                    / started.elapsed().as_secs_f64();
-                bar.set_message(format!("loss {avg:.3} {rate:.0} tokens/s"));
-                bar.inc(1);
-            }
-            Ok(())
+        let job = Job {
+            args,
+            dev,
+            ranks,
+            model,
+            train,
+            eval,
+            accuracy: false,
+            schedule,
+            settings: super::run_settings(args, "shakespeare", &data),
+            files,
+            title: format!("{} on Shakespeare (evaluation loss in nats/byte)", M::NAME),
+            metadata: BTreeMap::from([
+                ("model".into(), "gpt".into()),
+                ("config".into(), M::CONFIG.into()),
+                (
+                    "precision".into(),
+                    format!("{:?}", args.precision).to_lowercase(),
+                ),
+                ("dataset".into(), "shakespeare".into()),
+            ]),
         };
-        let result = run();
-        steps.finish(&model);
-        result?;
-        bar.finish_and_clear();
-        if !leader {
+        let Some(done) = super::with_optimizer(args, job)? else {
             return Ok(());
-        }
-        if start < total {
-            state::save(&state_path, &model, &opt, total, &settings)?;
-        }
-        let secs = started.elapsed().as_secs_f64();
-        let h = held_out_full::<Be, M, B, T>(&model, &corpus, dev)?;
+        };
+        let train_loss = done
+            .train_loss
+            .map_or_else(|| "-".to_string(), |l| format!("{l:.3}"));
         println!(
-            "trained {} steps in {secs:.1}s ({:.1} ms per step); train loss {avg:.3}, held-out loss {h:.3} nats/byte over the whole held-out text",
-            total - start,
-            secs * 1e3 / (total - start).max(1) as f64
+            "trained {} steps in {:.1}s ({:.1} ms per step); train loss {train_loss}, held-out loss {:.3} nats/byte over the whole held-out text",
+            done.steps,
+            done.seconds,
+            done.seconds * 1e3 / done.steps.max(1) as f64,
+            done.eval_loss
         );
-        let meta = BTreeMap::from([
-            ("model".to_string(), "gpt".to_string()),
-            ("config".to_string(), M::CONFIG.to_string()),
-            (
-                "precision".to_string(),
-                format!("{:?}", args.precision).to_lowercase(),
-            ),
-            ("dataset".to_string(), "shakespeare".to_string()),
-            ("held_out_loss".to_string(), format!("{h:.4}")),
-        ]);
-        checkpoint::save_with_metadata(&model, &out, &meta)?;
-        println!("saved {}", out.display());
-        println!("training state {}", state_path.display());
-        let png = out.with_extension("png");
-        curve.write_png(&png, &format!("{} on Shakespeare", M::NAME))?;
-        println!("training curve {}", png.display());
         Ok(())
     }
 }
-
-/// The batch sizes `--batch-size` takes (the zoo's classifiers are built for these).
-const TRAIN_BATCHES: [usize; 6] = [16, 32, 64, 128, 256, 512];
 
 /// Refuses settings that would train nothing or train wrongly, before any work.
 fn check_args(args: &Args) -> Result<()> {
     let bad = |what: String| Err(Error::invalid("kiln-train", what));
     if args.epochs == 0 {
         return bad("--epochs 0 trains nothing: give at least 1".into());
+    }
+    if args.batch_size == 0 {
+        return bad("--batch-size 0 takes no examples a step: give at least 1".into());
     }
     if args.ranks == Some(0) {
         return bad(

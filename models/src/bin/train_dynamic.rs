@@ -12,8 +12,8 @@ use kiln::dynamic::{cache_stats, no_grad, LazyTensor};
 use kiln::tensor::nn::{step_seed, Mode};
 use kiln::tensor::{rng, Backend, Error, RawTensor, Result};
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer};
+use kiln::train::progress::Progress;
 use kiln_models::dynamic::DynamicGpt;
-use kiln_models::progress::Progress;
 use kiln_models::text::{windows, Corpus};
 use std::time::Instant;
 

@@ -1,16 +1,16 @@
-//! The training curve `kiln-train` writes beside its checkpoint: the training loss
-//! (a running mean, every step) above the evaluation metric (test accuracy or
+//! The training curve the [`Learner`](crate::learner::Learner) draws: the training
+//! loss (a running mean, every step) above the evaluation metric (an accuracy or a
 //! held-out loss, at each evaluation), drawn to a PNG with plotters and the vendored
-//! DejaVu Sans Mono font (models/assets/, its license beside it).
+//! DejaVu Sans Mono font (train/assets/, its license beside it).
 
-use kiln::tensor::{Error, Result};
+use kiln_tensor::{Error, Result};
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 use std::path::Path;
 use std::sync::Once;
 
 /// The font's bytes, compiled in so a run needs no system fonts.
-const FONT: &[u8] = include_bytes!("../../assets/DejaVuSansMono.ttf");
+const FONT: &[u8] = include_bytes!("../assets/DejaVuSansMono.ttf");
 
 /// What a training run records for its curve.
 #[derive(Clone, Debug, Default)]

@@ -21,6 +21,8 @@ pub struct Progress {
 struct Lines {
     total: u64,
     position: u64,
+    /// The position the run started from.
+    first: u64,
     message: String,
     started: Instant,
     printed_at: Instant,
@@ -53,6 +55,7 @@ impl Progress {
             lines: Some(Mutex::new(Lines {
                 total,
                 position: 0,
+                first: 0,
                 message: String::new(),
                 started: now,
                 printed_at: now,
@@ -66,6 +69,7 @@ impl Progress {
         self.bar.set_position(position);
         self.with_lines(|l| {
             l.position = position;
+            l.first = position;
             l.printed_position = position;
         });
     }
@@ -87,8 +91,18 @@ impl Progress {
                 || l.position == l.total;
             if due && l.position > l.printed_position {
                 let elapsed = l.started.elapsed().as_secs_f64();
+                // The time left at the pace of this run's own steps (a resumed run
+                // starts its clock at its first step).
+                let done = l.position - l.first;
+                let left = match done {
+                    0 => String::new(),
+                    _ => {
+                        let secs = elapsed * (l.total - l.position) as f64 / done as f64;
+                        format!(", {secs:.0} s left")
+                    }
+                };
                 println!(
-                    "step {}/{} ({:.0}%) {} [{elapsed:.0} s]",
+                    "step {}/{} ({:.0}%) {} [{elapsed:.0} s{left}]",
                     l.position,
                     l.total,
                     100.0 * l.position as f64 / l.total.max(1) as f64,
@@ -98,6 +112,11 @@ impl Progress {
                 l.printed_position = l.position;
             }
         });
+    }
+
+    /// Prints `line` on standard output with the bar out of its way.
+    pub fn println(&self, line: &str) {
+        self.bar.suspend(|| println!("{line}"));
     }
 
     /// Runs `f` (which prints) with the bar out of its way.
