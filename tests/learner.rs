@@ -518,6 +518,15 @@ fn progress_curve_checkpoint_and_resume_policy() {
     for f in [&state, &ckpt, &png] {
         std::fs::remove_file(f).unwrap();
     }
+    // A curve that could not be written is refused before the first step, not after
+    // the last.
+    let mut folder = shown(Resume::Never).curve(std::env::temp_dir(), "Points");
+    let e = folder.fit(&train, Some(&test)).unwrap_err().to_string();
+    assert!(
+        e.contains("the training curve path") && e.contains("is a folder"),
+        "{e}"
+    );
+    assert!(!state.exists(), "a step was taken");
 }
 
 /// A loss that is not finite stops the run at its step, before a state is saved.

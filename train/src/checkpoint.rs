@@ -617,3 +617,31 @@ fn sync_dir(dir: &Path) -> Result<()> {
 fn sync_dir(_dir: &Path) -> Result<()> {
     Ok(())
 }
+
+/// Creates `path`'s folder and checks that a file can be written there, so that a run
+/// is not lost to a path it cannot save to: an error naming `what` (`checkpoint`,
+/// `training state`) and the path when the folder cannot be made or written, or when
+/// `path` is a folder.
+pub fn check_writable(what: &str, path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    let cannot = |e: std::io::Error| {
+        Error::invalid(
+            "check_writable",
+            format!("cannot write the {what} {}: {e}", path.display()),
+        )
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(cannot)?;
+    if path.is_dir() {
+        return Err(Error::invalid(
+            "check_writable",
+            format!("the {what} path {} is a folder", path.display()),
+        ));
+    }
+    let probe = dir.join(format!(".kiln-probe-{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(cannot)?;
+    std::fs::remove_file(&probe).map_err(cannot)
+}

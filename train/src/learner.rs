@@ -408,8 +408,22 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
             ));
         }
         let total = self.epochs.saturating_mul(per_epoch);
-        let mut run = run_settings(train, world);
-        run.extend(self.settings.clone());
+        // The Learner's own settings win over a caller's of the same name.
+        let mut run = self.settings.clone();
+        run.extend(run_settings(train, world));
+        if rank == 0 {
+            // Before any step: a run is not lost to a path it cannot save to.
+            let files = [
+                ("training state", self.state_file.as_ref()),
+                ("checkpoint", self.checkpoint.as_ref()),
+                ("training curve", self.curve.as_ref().map(|c| &c.0)),
+            ];
+            for (what, path) in files {
+                if let Some(path) = path {
+                    checkpoint::check_writable(what, path)?;
+                }
+            }
+        }
         let console = Console::new(rank == 0, self.progress, total);
         let mut step = 0;
         if let Some(path) = self.resume_from()? {

@@ -11,6 +11,7 @@ use kiln::data::{DataLoader, Dataset as _, LastBatch, LoaderConfig};
 use kiln::device::{run_on, DeviceChoice, OnDevice};
 use kiln::prelude::*;
 use kiln::tensor::Collective;
+use kiln::train::checkpoint;
 use kiln::train::launch::{launch, RankEnv};
 use kiln::train::learner::{Learner, Resume, Supervised};
 use kiln::train::metrics::TopK;
@@ -243,8 +244,8 @@ impl Files {
             .unwrap_or_else(|| kiln_models::cli::default_checkpoint(default));
         let state = state_path(args, &out)?;
         if leader {
-            check_writable("checkpoint", &out)?;
-            check_writable("training state", &state)?;
+            checkpoint::check_writable("checkpoint", &out)?;
+            checkpoint::check_writable("training state", &state)?;
         }
         if args.resume && !state.exists() {
             return Err(Error::invalid(
@@ -721,31 +722,6 @@ fn check_args(args: &Args) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// Creates `out`'s folder and checks a file can be written there, before training:
-/// a run is not lost to a path that cannot be saved to. `what` names the file.
-fn check_writable(what: &str, out: &Path) -> Result<()> {
-    let cannot = |e: std::io::Error| {
-        Error::invalid(
-            "kiln-train",
-            format!("cannot write the {what} {}: {e}", out.display()),
-        )
-    };
-    let dir = match out.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
-    };
-    std::fs::create_dir_all(dir).map_err(cannot)?;
-    if out.is_dir() {
-        return Err(Error::invalid(
-            "kiln-train",
-            format!("the {what} path {} is a folder", out.display()),
-        ));
-    }
-    let probe = dir.join(format!(".kiln-train-probe-{}", std::process::id()));
-    std::fs::File::create(&probe).map_err(cannot)?;
-    std::fs::remove_file(&probe).map_err(cannot)
 }
 
 fn main() {
