@@ -473,7 +473,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
             console,
             curve: self.curve.as_ref().map(|_| {
                 Curve::new(&match self.metrics.first() {
-                    Some(m) => m.name(),
+                    Some(m) => format!("evaluation {}", m.name()),
                     None => "evaluation loss".to_string(),
                 })
             }),
