@@ -396,17 +396,7 @@ fn run<Be: Backend, M: Classifier<Be>>(
     let train = Examples::of::<Be, M>(Arc::new(data.train))?;
     let fingerprint = train.split().fingerprint();
     let examples = train.len();
-    let train = DataLoader::new(
-        train,
-        LoaderConfig {
-            batch_size: global,
-            shuffle: true,
-            seed: args.seed,
-            last_batch: LastBatch::Drop,
-            workers: 1,
-            prefetch: 2,
-        },
-    )?;
+    let train = DataLoader::new(train, training_batches(args, global))?;
     let test = Examples::of::<Be, M>(Arc::new(data.test))?;
     let eval = DataLoader::new(
         test,
@@ -472,6 +462,20 @@ fn run<Be: Backend, M: Classifier<Be>>(
     Ok(())
 }
 
+/// How both modes batch their training data: `global` examples a step (every rank's
+/// share), shuffled with `--seed` anew each epoch, the last short batch dropped (a
+/// replayed or data-parallel step takes batches of one size), read one worker ahead.
+fn training_batches(args: &Args, global: usize) -> LoaderConfig {
+    LoaderConfig {
+        batch_size: global,
+        shuffle: true,
+        seed: args.seed,
+        last_batch: LastBatch::Drop,
+        workers: 1,
+        prefetch: 2,
+    }
+}
+
 /// Where the training state goes: `--state`, or beside the checkpoint `out`.
 /// (One file cannot be both: the checkpoint saved at the end would replace the state.)
 fn state_path(args: &Args, out: &Path) -> Result<PathBuf> {
@@ -524,7 +528,7 @@ mod gpt {
     use super::{Args, Files, Job, PrecisionArg, Ranks};
     use crate::gpt_instances::{SmallGpt, TinyGpt};
     use crate::w3_instances::{W3Gpt, W3GptBf16};
-    use kiln::data::{DataLoader, LastBatch, LoaderConfig, TextWindows};
+    use kiln::data::{DataLoader, LoaderConfig, TextWindows};
     use kiln::prelude::*;
     use kiln::train::learner::Supervised;
     use kiln::train::schedule::CosineWithWarmup;
@@ -614,14 +618,7 @@ mod gpt {
         let bytes = |text: &[u8]| text.iter().map(|&b| i32::from(b)).collect::<Vec<_>>();
         let train = DataLoader::new(
             TextWindows::new(bytes(&corpus.train), 256, context, context)?,
-            LoaderConfig {
-                batch_size: global,
-                shuffle: true,
-                seed: args.seed,
-                last_batch: LastBatch::Drop,
-                workers: 1,
-                prefetch: 2,
-            },
+            super::training_batches(args, global),
         )?;
         // The whole held-out text in consecutive windows, batches of one size (a
         // replayed step's evaluation reuses its plans).
