@@ -2,14 +2,15 @@
 # Edit-compile time of a model change, as a user meets it (issue 9, item 6):
 #  1. a one-line edit of the MLP (`relu` -> `gelu` in its first layer), then a release
 #     rebuild of the one-model binary (`examples/mnist_mlp.rs`: the MLP trained on
-#     MNIST) and of `kiln-train` (both zoo models, the command line, checkpoints);
+#     MNIST by the Learner) and of `kiln-train` (both zoo models, the command line, checkpoints);
 #  2. a shape mistake in the MLP (`fc3` fed 1000 features), then `cargo check` of
 #     kiln-models until the error shows;
 #  3. a shape mistake in the GPT (a block's `down` fed `2 * D` features), then
 #     `cargo check` of `kiln-generate` (which declares the tiny and the small GPT,
 #     `Gpt<128, 4, 4, 128>`) until the error shows.
-# The models live in kiln-models and what trains them in kiln-harness, so an edit of a
-# model recompiles the models, not the loaders, command line and plotting.
+# The models live in kiln-models, what trains them in kiln-train (the Learner, its
+# progress and curve) and the zoo's data and command line in kiln-harness, so an edit
+# of a model recompiles the models, not what surrounds them.
 # Each is timed `--runs` times (alternating with the original source, so every timed
 # build starts from a warm build of the other side) and the median is printed as one
 # parseable line. The source is restored on exit, whatever happens.
