@@ -507,10 +507,16 @@ fn progress_curve_checkpoint_and_resume_policy() {
     assert_eq!(again.fit(&train, Some(&test)).unwrap().len(), 2);
     assert_eq!(again.first_step(), 0);
     assert_eq!(params(&again.model), params(&plain.model));
-    // IfPresent on a finished run: nothing left, no epochs.
+    // IfPresent on a finished run: nothing left, no epochs, and the curve of the run
+    // that took the steps stays.
+    let drawn = std::fs::read(&png).unwrap();
     let mut done = shown(Resume::IfPresent);
     assert!(done.fit(&train, Some(&test)).unwrap().is_empty());
     assert_eq!(done.first_step(), 20);
+    assert!(
+        std::fs::read(&png).unwrap() == drawn,
+        "an empty curve replaced it"
+    );
     // Another rate than the state's is refused, naming it.
     let mut other = shown(Resume::IfPresent).setting("--lr", 0.2);
     let e = other.fit(&train, Some(&test)).unwrap_err().to_string();

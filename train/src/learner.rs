@@ -349,7 +349,8 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
 
     /// Draws the training curve to `path` (a PNG titled `title`) when the run ends: the
     /// running mean of the training loss at every step above the first metric (or the
-    /// evaluation loss) at every epoch.
+    /// evaluation loss) at every epoch, of the steps this run took (a resumed run draws
+    /// its own; one that took none leaves the file as it was).
     pub fn curve(mut self, path: impl AsRef<Path>, title: &str) -> Self {
         self.curve = Some((path.as_ref().to_path_buf(), title.to_string()));
         self
@@ -528,7 +529,9 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         eval: Option<&DataLoader<E>>,
         record: &Record,
     ) -> Result<()> {
-        if let (Some((path, title)), Some(curve)) = (&self.curve, &record.curve) {
+        // A run that took no step (resumed at its end) leaves the earlier curve alone.
+        let drawn = record.curve.as_ref().filter(|c| !c.loss.is_empty());
+        if let (Some((path, title)), Some(curve)) = (&self.curve, drawn) {
             curve.write_png(path, title)?;
             record
                 .console
