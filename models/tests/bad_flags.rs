@@ -59,6 +59,10 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
             "--precision bf16 is built for the GPT (--model gpt, gpt-tiny or gpt-w3)",
         ),
         (
+            &["--model", "gpt-tiny", "--batch-size", "100000"],
+            "the training text makes 26443 windows of 32 bytes, no full step of 100000",
+        ),
+        (
             &["--model", "gpt-tiny", "--resume"],
             "there is no training state at",
         ),

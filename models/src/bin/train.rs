@@ -528,7 +528,7 @@ mod gpt {
     use super::{Args, Files, Job, PrecisionArg, Ranks};
     use crate::gpt_instances::{SmallGpt, TinyGpt};
     use crate::w3_instances::{W3Gpt, W3GptBf16};
-    use kiln::data::{DataLoader, LoaderConfig, TextWindows};
+    use kiln::data::{DataLoader, Dataset as _, LoaderConfig, TextWindows};
     use kiln::prelude::*;
     use kiln::train::learner::Supervised;
     use kiln::train::schedule::CosineWithWarmup;
@@ -616,20 +616,27 @@ mod gpt {
         crc.update(&corpus.train);
         let data = format!("{} bytes, crc32 {:08x}", corpus.train.len(), crc.finalize());
         let bytes = |text: &[u8]| text.iter().map(|&b| i32::from(b)).collect::<Vec<_>>();
-        let train = DataLoader::new(
-            TextWindows::new(bytes(&corpus.train), 256, context, context)?,
-            super::training_batches(args, global),
-        )?;
-        // The whole held-out text in consecutive windows, batches of one size (a
-        // replayed step's evaluation reuses its plans).
-        let eval = DataLoader::new(
-            TextWindows::new(bytes(&corpus.held_out), 256, context, context)?,
-            LoaderConfig {
-                batch_size: batch,
-                shuffle: false,
-                ..*train.config()
-            },
-        )?;
+        let windows = TextWindows::new(bytes(&corpus.train), 256, context, context)?;
+        if windows.len() < global {
+            return Err(Error::invalid(
+                "kiln-train",
+                format!(
+                    "the training text makes {} windows of {context} bytes, no full step of {global} (--batch-size{})",
+                    windows.len(),
+                    if world > 1 { " × --ranks" } else { "" }
+                ),
+            ));
+        }
+        let train = DataLoader::new(windows, super::training_batches(args, global))?;
+        // The whole held-out text in consecutive windows, in batches of one size (a
+        // replayed step's evaluation reuses its plans), smaller when the text is.
+        let held_out = TextWindows::new(bytes(&corpus.held_out), 256, context, context)?;
+        let eval_batches = LoaderConfig {
+            batch_size: batch.min(held_out.len()),
+            shuffle: false,
+            ..*train.config()
+        };
+        let eval = DataLoader::new(held_out, eval_batches)?;
         let total = (train.batches_per_epoch() as u64 * args.epochs as u64).max(1);
         let schedule =
             CosineWithWarmup::new(args.lr, args.lr * 0.1, args.warmup.min(total / 2), total)?;
