@@ -395,6 +395,16 @@ fn random_split_parts_are_disjoint_seeded_and_checked() {
 /// printed these), so that PyTorch's side of the GPT comparison trains on the windows
 /// kiln-train does, in the same order.
 #[test]
+fn a_shuffled_order_is_a_seeded_permutation_of_each_epoch() {
+    let a = shuffled(1000, 1, 0);
+    let mut s = a.clone();
+    s.sort_unstable();
+    assert_eq!(s, (0..1000).collect::<Vec<_>>());
+    assert_eq!(a, shuffled(1000, 1, 0));
+    assert_ne!(a, shuffled(1000, 1, 1));
+}
+
+#[test]
 fn shuffled_orders_are_those_the_pytorch_script_ports() {
     assert_eq!(shuffled(10, 1, 0), [0, 6, 3, 4, 7, 2, 5, 8, 1, 9]);
     assert_eq!(shuffled(10, 1, 1), [7, 0, 4, 5, 9, 6, 1, 2, 8, 3]);

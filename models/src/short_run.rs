@@ -106,7 +106,7 @@ pub fn mnist_mlp_run<B: Backend>(
         learner.model
     };
     let seconds = started.elapsed().as_secs_f64();
-    let accuracy = accuracy(&model, &data.test, device)?;
+    let accuracy = accuracy(&model, Arc::new(data.test), device)?;
     Ok(ShortRun {
         model,
         losses,

@@ -25,7 +25,10 @@ fn mlp_reaches_95_percent_after_a_short_run() -> Result<()> {
     checkpoint::save(&run.model, &path)?;
     let mut again = Mlp::<Cpu>::init(&dev, 99)?;
     checkpoint::load(&mut again, &path)?;
-    assert_eq!(accuracy(&again, &data.test, &dev)?, run.accuracy);
+    assert_eq!(
+        accuracy(&again, std::sync::Arc::new(data.test), &dev)?,
+        run.accuracy
+    );
     std::fs::remove_dir_all(&dir)?;
     Ok(())
 }

@@ -710,45 +710,58 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         self.first_step
     }
 
-    /// The mean loss and every metric over `data`, in evaluation mode.
+    /// The mean loss and every metric over `data`, in evaluation mode ([`evaluate`]
+    /// with this Learner's model and metrics).
     pub fn evaluate<E: Dataset + 'static>(
         &mut self,
         data: &DataLoader<E>,
     ) -> Result<(f64, Vec<(String, f64)>)> {
-        let mut loss = MeanLoss::<B>::new();
-        for m in &mut self.metrics {
-            m.reset();
-        }
-        for batch in data.epoch(0) {
-            let batch = batch?;
-            let n = batch.len();
-            let DeviceBatch { input, target } = batch.to_device::<B>(&self.device)?;
-            let l = self.model.eval_loss(&input, &target)?;
-            loss.update(&Outputs {
-                scores: None,
-                targets: None,
-                loss: Some((&l, n)),
-            })?;
-            if self.metrics.is_empty() {
-                continue;
-            }
-            let scores = self.model.scores(&input)?;
-            let outputs = Outputs {
-                scores: scores.as_ref(),
-                targets: Some(&target),
-                loss: Some((&l, n)),
-            };
-            for m in &mut self.metrics {
-                m.update(&outputs)?;
-            }
-        }
-        let metrics = self
-            .metrics
-            .iter()
-            .map(|m| Ok((m.name(), m.value()?)))
-            .collect::<Result<_>>()?;
-        Ok((loss.value()?, metrics))
+        evaluate(&self.model, &self.device, data, &mut self.metrics)
     }
+}
+
+/// The mean loss of `model` and each of `metrics` over `data`, in evaluation mode:
+/// what the Learner reports after each epoch, for a model outside a Learner (an
+/// inference program's test accuracy). The metrics are reset first; each batch adds
+/// to them on the device, and each is read once at the end.
+pub fn evaluate<B: Backend, M: Supervised<B>, E: Dataset + 'static>(
+    model: &M,
+    device: &B::Device,
+    data: &DataLoader<E>,
+    metrics: &mut [Box<dyn Metric<B> + '_>],
+) -> Result<(f64, Vec<(String, f64)>)> {
+    let mut loss = MeanLoss::<B>::new();
+    for m in metrics.iter_mut() {
+        m.reset();
+    }
+    for batch in data.epoch(0) {
+        let batch = batch?;
+        let n = batch.len();
+        let DeviceBatch { input, target } = batch.to_device::<B>(device)?;
+        let l = model.eval_loss(&input, &target)?;
+        loss.update(&Outputs {
+            scores: None,
+            targets: None,
+            loss: Some((&l, n)),
+        })?;
+        if metrics.is_empty() {
+            continue;
+        }
+        let scores = model.scores(&input)?;
+        let outputs = Outputs {
+            scores: scores.as_ref(),
+            targets: Some(&target),
+            loss: Some((&l, n)),
+        };
+        for m in metrics.iter_mut() {
+            m.update(&outputs)?;
+        }
+    }
+    let metrics = metrics
+        .iter()
+        .map(|m| Ok((m.name(), m.value()?)))
+        .collect::<Result<_>>()?;
+    Ok((loss.value()?, metrics))
 }
 
 /// The error of a loss that is not finite (`what` says which and where), pointing at

@@ -4,13 +4,15 @@
 //! example), a data split as the [`Dataset`] kiln-train's `Learner` trains them on
 //! ([`Examples`]), their accuracy, and predictions for image files.
 
-use crate::data::{batches, Split};
+use crate::data::Split;
 // The class names, where callers of the classifier loops look for them.
 pub use crate::data::{FASHION_CLASSES, MNIST_CLASSES};
-use kiln::data::{Dataset, Example, Field, Values};
+use kiln::data::{DataLoader, Dataset, Example, Field, LoaderConfig, Values};
 use kiln::prelude::*;
 use kiln::tensor::RawTensor;
+use kiln::train::learner::evaluate;
 use kiln::train::learner::Supervised;
+use kiln::train::metrics::{Metric, TopK};
 use std::sync::Arc;
 
 /// The batch the evaluation loop uses.
@@ -105,11 +107,11 @@ impl Dataset for Examples {
     }
 }
 
-/// The fraction of `split` classified correctly, in batches of [`EVAL_BATCH`] (the
-/// last one padded with copies of its first example, whose predictions are ignored).
+/// The fraction of `split` classified correctly, in batches of [`EVAL_BATCH`]: the
+/// Learner's evaluation ([`kiln::train::learner::evaluate`]) with top-1 accuracy.
 pub fn accuracy<B: Backend, M: Classifier<B>>(
     model: &M,
-    split: &Split,
+    split: Arc<Split>,
     device: &B::Device,
 ) -> Result<f64> {
     if split.is_empty() {
@@ -118,20 +120,17 @@ pub fn accuracy<B: Backend, M: Classifier<B>>(
             "the split holds no examples: an accuracy over none is undefined",
         ));
     }
-    let order: Vec<usize> = (0..split.len()).collect();
-    let mut correct = 0usize;
-    for b in batches(split, &order, EVAL_BATCH) {
-        let n = b.labels.len();
-        let mut px = b.images;
-        let first: Vec<f32> = px[..split.pixels].to_vec();
-        for _ in n..EVAL_BATCH {
-            px.extend_from_slice(&first);
-        }
-        let x = images::<B, M>(px, EVAL_BATCH, device)?;
-        let pred = model.logits(&x)?.argmax(1, false)?.to_vec::<i32>()?;
-        correct += pred.iter().zip(&b.labels).filter(|(p, l)| p == l).count();
-    }
-    Ok(correct as f64 / split.len() as f64)
+    let examples = DataLoader::new(
+        Examples::of::<B, M>(split)?,
+        LoaderConfig {
+            batch_size: EVAL_BATCH,
+            workers: 1,
+            ..LoaderConfig::default().for_evaluation()
+        },
+    )?;
+    let mut top1: [Box<dyn Metric<B>>; 1] = [Box::new(TopK::accuracy())];
+    let (_, metrics) = evaluate(model, device, &examples, &mut top1)?;
+    Ok(metrics[0].1)
 }
 
 /// What a classifier says of one example: the likeliest class and every class's

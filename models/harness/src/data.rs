@@ -1,5 +1,7 @@
-//! Data sets: an IDX (gzip'd) reader for MNIST and Fashion-MNIST, and seeded
-//! shuffling into batches. Files are read from the copies vendored in `models/data/`.
+//! Data sets: an IDX (gzip'd) reader for MNIST and Fashion-MNIST and their splits
+//! (batched and shuffled by `kiln::data::DataLoader` through
+//! [`Examples`](crate::classify::Examples)). Files are read from the copies vendored in
+//! `models/data/`.
 
 use flate2::read::MultiGzDecoder;
 use kiln::tensor::{Error, Result};
@@ -262,38 +264,6 @@ impl ImageDataset {
     }
 }
 
-/// A seeded permutation of `0..n`, different for every `(seed, epoch)`: the
-/// [`DataLoader`](kiln::data::DataLoader)'s, so the zoo's runs and a user's loader
-/// visit examples alike.
-pub use kiln::data::shuffled;
-
-/// One batch on the host: images `[n, pixels]` and labels `[n]`.
-#[derive(Clone, Debug)]
-pub struct Batch {
-    /// Row-major pixels.
-    pub images: Vec<f32>,
-    /// Labels.
-    pub labels: Vec<i32>,
-}
-
-/// Batches of `split` in the order `order`, `size` at a time (the last may be short).
-pub fn batches<'a>(
-    split: &'a Split,
-    order: &'a [usize],
-    size: usize,
-) -> impl Iterator<Item = Batch> + 'a {
-    order.chunks(size.max(1)).map(move |ids| {
-        let mut images = Vec::with_capacity(ids.len() * split.pixels);
-        for &i in ids {
-            images.extend_from_slice(&split.images[i * split.pixels..(i + 1) * split.pixels]);
-        }
-        Batch {
-            images,
-            labels: ids.iter().map(|&i| split.labels[i]).collect(),
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,16 +361,6 @@ mod tests {
         let e = read_idx(&path, 1).unwrap_err().to_string();
         assert!(e.contains("the payload has more"), "{e}");
         std::fs::remove_file(&path).unwrap();
-    }
-
-    #[test]
-    fn shuffle_is_a_seeded_permutation() {
-        let a = shuffled(1000, 1, 0);
-        let mut s = a.clone();
-        s.sort_unstable();
-        assert_eq!(s, (0..1000).collect::<Vec<_>>());
-        assert_eq!(a, shuffled(1000, 1, 0));
-        assert_ne!(a, shuffled(1000, 1, 1));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The character-level corpus: the vendored Shakespeare text as bytes (a vocabulary of
-//! 256), a fixed split (the last 10% held out), and seeded batches of windows with
-//! their next-byte targets.
+//! 256), a fixed split (the last 10% held out), and seeded batches of windows at
+//! random positions with their next-byte targets (what the step benchmarks and the
+//! PyTorch script's `bench` time; training reads `TextWindows` through the Learner).
 
 use crate::data::data_dir;
 use kiln::tensor::{rng, Error, Result};

@@ -50,12 +50,12 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
     let model: M = classifier.load(dev)?;
     // Evaluation reads the test split alone.
     let dataset = classifier.dataset;
-    let test = Split::load(
+    let test = std::sync::Arc::new(Split::load(
         &args.data.dir()?.join(dataset.folder()),
         SplitName::Test,
         dataset.norm(),
-    )?;
-    let acc = accuracy(&model, &test, dev)?;
+    )?);
+    let acc = accuracy(&model, test.clone(), dev)?;
     println!(
         "{}: test accuracy {:.2}% on {} images",
         path.display(),
