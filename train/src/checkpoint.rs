@@ -641,7 +641,11 @@ pub fn check_writable(what: &str, path: impl AsRef<Path>) -> Result<()> {
             format!("the {what} path {} is a folder", path.display()),
         ));
     }
-    let probe = dir.join(format!(".kiln-probe-{}", std::process::id()));
+    // A name of its own per call: two checks in one process (two Learners on two
+    // threads, tests side by side) must not remove each other's probe.
+    static PROBES: AtomicU64 = AtomicU64::new(0);
+    let n = PROBES.fetch_add(1, Ordering::Relaxed);
+    let probe = dir.join(format!(".kiln-probe-{}-{n}", std::process::id()));
     std::fs::File::create(&probe).map_err(cannot)?;
     std::fs::remove_file(&probe).map_err(cannot)
 }
