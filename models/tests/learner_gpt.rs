@@ -3,14 +3,16 @@
 //! held-out perplexity falls, and a run resumed from its state (dropout's seeds
 //! included) ends with the uninterrupted run's parameters, bit for bit.
 
+#[path = "support/bits.rs"]
+mod bits;
 #[path = "../src/gpt_instances.rs"]
 #[allow(dead_code)]
 mod gpt_instances;
 
+use bits::bits;
 use gpt_instances::TinyGpt;
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::data::{random_split, DataLoader, Dataset, LastBatch, LoaderConfig, TextWindows};
-use kiln::prelude::*;
 use kiln::train::learner::{EpochReport, Learner};
 use kiln::train::metrics::MeanLoss;
 use kiln::train::optim::{AdamW, AdamWConfig};
@@ -55,20 +57,6 @@ fn learner<'a>(seed: u64) -> Learner<'a, Cpu, TinyGpt<Cpu>, AdamW<Cpu>> {
     )
     .metric(MeanLoss::perplexity())
     .on_epoch(|_: &EpochReport| Ok(()))
-}
-
-fn bits(m: &TinyGpt<Cpu>) -> Vec<u32> {
-    let mut out = Vec::new();
-    m.visit_params("", &mut |slot| {
-        out.extend(
-            slot.value
-                .to_vec::<f32>()
-                .unwrap()
-                .into_iter()
-                .map(f32::to_bits),
-        )
-    });
-    out
 }
 
 #[test]

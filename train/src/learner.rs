@@ -293,8 +293,9 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         self
     }
 
-    /// Saves a training state to `path` after every epoch, and resumes from it when it
-    /// exists (refusing a state written by a run with other data or batch settings).
+    /// Saves a training state to `path` after every epoch, and resumes from it as
+    /// [`Learner::resume`] says (by default when it exists), refusing a state written
+    /// by a run with other data, batch settings or [`Learner::setting`]s.
     pub fn state_file(mut self, path: impl AsRef<Path>) -> Self {
         self.state_file = Some(path.as_ref().to_path_buf());
         self
