@@ -7,7 +7,8 @@
 #     kiln-models until the error shows;
 #  3. a shape mistake in the GPT (a block's `down` fed `2 * D` features), then
 #     `cargo check` of `kiln-generate` (which declares the tiny and the small GPT,
-#     `Gpt<128, 4, 4, 128>`) until the error shows.
+#     `Gpt<128, 4, 4, 128>`) until the error shows: it shows in kiln-models, where the
+#     block's definition is checked at stand-in sizes, before the instances.
 # The models live in kiln-models, what trains them in kiln-train (the Learner, its
 # progress and curve) and the zoo's data and command line in kiln-harness, so an edit
 # of a model recompiles the models, not what surrounds them.

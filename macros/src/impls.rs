@@ -52,7 +52,7 @@ pub fn expand_impl(item: ItemStruct, imp: ItemImpl, def_items: Vec<Def>) -> Toke
     if !item.generics.params.is_empty() {
         return expand_definition(&item, &imp, &def_items);
     }
-    expand_impl_in(item, imp, def_items, "", Precision::F32).0
+    expand_impl_in(item, imp, def_items, Mistakes::Reported(""), Precision::F32).0
 }
 
 /// The impl of a model with sizes: checked for what can be checked without sizes,
@@ -91,8 +91,18 @@ fn expand_definition(item: &ItemStruct, imp: &ItemImpl, defs: &[Def]) -> TokenSt
         ));
     }
     errors.extend(crate::model::check_definition(&params, imp, &item.ident));
+    let mut errors: Vec<TokenStream> = errors.iter().map(|e| e.to_compile_error()).collect();
+    if errors.is_empty() {
+        let this = Def {
+            item: item.clone(),
+            imp: imp.clone(),
+            broken: false,
+        };
+        errors.extend(crate::instances::definition_mistakes(&this, defs).unwrap_or_default());
+    }
+    // A definition with mistakes of its own is handed on marked broken: its instances
+    // add no errors.
     let def = def_macro(item, imp, defs, !errors.is_empty());
-    let errors = errors.iter().map(|e| e.to_compile_error());
     quote!(#def #(#errors)*)
 }
 
@@ -124,13 +134,23 @@ pub(crate) fn shape_mistakes(
     Some(errors)
 }
 
-/// Expands the impl of a model with literal sizes, appending `context` (which
-/// instance this is, if one) to every message; with whether it found no mistakes.
+/// What an expansion does with the mistakes it finds.
+#[derive(Clone, Copy)]
+pub(crate) enum Mistakes<'a> {
+    /// Reports them, each message followed by this context (which instance this is, if
+    /// one).
+    Reported(&'a str),
+    /// Leaves them out: the definition's own expansion reported them.
+    Silent,
+}
+
+/// Expands the impl of a model with literal sizes, its mistakes reported or not; with
+/// whether it found none.
 pub(crate) fn expand_impl_in(
     item: ItemStruct,
     imp: ItemImpl,
     def_items: Vec<Def>,
-    context: &str,
+    mistakes: Mistakes<'_>,
     precision: Precision,
 ) -> (TokenStream, bool) {
     let model = &item.ident;
@@ -258,9 +278,13 @@ pub(crate) fn expand_impl_in(
             out.push(stub_and_grad(model, m));
         }
     }
-    let compile_errors = errors
-        .iter()
-        .map(|e| crate::lower::messages::errors_in(e, context));
+    let compile_errors: Vec<TokenStream> = match mistakes {
+        Mistakes::Reported(context) => errors
+            .iter()
+            .map(|e| crate::lower::messages::errors_in(e, context))
+            .collect(),
+        Mistakes::Silent => Vec::new(),
+    };
     let natives = natives.module();
     let def = def_macro(&item, &imp, &def_items, !errors.is_empty());
     let summary = summary_text(

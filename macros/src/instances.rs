@@ -12,11 +12,12 @@
 //! the definition's module has to resolve where the instance is declared.
 
 use crate::arith::{eval, text, Env, Num, Subst};
+use crate::impls::Mistakes;
 use crate::lower::messages::errors_in;
 use crate::model::Def;
 use crate::model::{model_paths_mut, size_params};
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote};
+use quote::{format_ident, quote, ToTokens};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{GenericArgument, Generics, Ident, ItemType, PathArguments, Type};
@@ -269,25 +270,7 @@ fn coincidences(
     if params.is_empty() {
         return None;
     }
-    let check = |values: &[u64]| -> Option<Vec<syn::Error>> {
-        let mut inst = Instantiator {
-            defs,
-            made: Vec::new(),
-            making: vec![alias.ident.clone()],
-            errors: Vec::new(),
-        };
-        let top = inst.instantiate(def, values, &alias.ident, None, alias.ident.span())?;
-        if !inst.errors.is_empty()
-            || inst
-                .made
-                .iter()
-                .chain([&top])
-                .any(|d| crate::model::parse_fields(&d.item).is_err())
-        {
-            return None;
-        }
-        crate::impls::shape_mistakes(&top.item, &top.imp, &inst.made, precision)
-    };
+    let check = |values: &[u64]| mistakes_at(def, defs, values, &alias.ident, precision);
     // Every size x3; then each size by a different power of 3, rising and falling
     // along the parameters, so that any two sizes part in one of them while a quotient
     // of the two stays whole in the other.
@@ -335,6 +318,122 @@ fn coincidences(
     None
 }
 
+/// The shape mistakes of `def` with its sizes set to `values` (named `name`), found by
+/// lowering its methods without planning; `None` when those sizes are refused by the
+/// definition's own arithmetic (an uneven `D / H`) or its parts do not parse.
+fn mistakes_at(
+    def: &Def,
+    defs: &[Def],
+    values: &[u64],
+    name: &Ident,
+    precision: kiln_tensor::Precision,
+) -> Option<Vec<syn::Error>> {
+    let mut inst = Instantiator {
+        defs,
+        made: Vec::new(),
+        making: vec![name.clone()],
+        errors: Vec::new(),
+    };
+    let top = inst.instantiate(def, values, name, None, name.span())?;
+    if !inst.errors.is_empty()
+        || inst
+            .made
+            .iter()
+            .chain([&top])
+            .any(|d| crate::model::parse_fields(&d.item).is_err())
+    {
+        return None;
+    }
+    crate::impls::shape_mistakes(&top.item, &top.imp, &inst.made, precision)
+}
+
+/// The size a stand-in gives a count (`L` in `blocks: [Block<D>; L]`): two parts, so
+/// that one part's output feeds the next, without lowering many of them.
+const STAND_IN_COUNT: u64 = 2;
+
+/// The smallest stand-in for a size: a multiple of 8, so that halves, quarters and
+/// eighths (`D / 2`, `D / 8`) stay whole.
+const STAND_IN_BASE: u64 = 8;
+
+/// Shape mistakes a definition holds whatever its sizes, found where it is written,
+/// before any instance (a library may hold definitions that only its users
+/// instantiate). The definition is checked at stand-in sizes, as its instances are
+/// checked with theirs varied: `8 * 3^k` by falling powers along the parameters (every
+/// two sizes part, and a quotient of an earlier size by a later one stays whole), else
+/// by rising ones, else all equal; a count (an array's length) is 2. The first stand-in
+/// the definition's own arithmetic allows is the check: its mistakes are reported with
+/// a note naming its sizes.
+pub(crate) fn definition_mistakes(def: &Def, defs: &[Def]) -> Option<Vec<TokenStream>> {
+    let params = size_params(&def.item.generics).ok()?;
+    if params.is_empty() || def.broken {
+        return None;
+    }
+    let counts = counted_sizes(&def.item, &params);
+    let sized: Vec<usize> = (0..params.len()).filter(|i| !counts[*i]).collect();
+    let m = sized.len() as u32;
+    let stand_in = |power: &dyn Fn(u32) -> u32| -> Vec<u64> {
+        (0..params.len())
+            .map(|i| match sized.iter().position(|&j| j == i) {
+                None => STAND_IN_COUNT,
+                Some(k) => STAND_IN_BASE * VARIED.pow(power(k as u32)),
+            })
+            .collect()
+    };
+    let mut stand_ins = vec![stand_in(&|k| m - 1 - k)];
+    if m > 1 {
+        stand_ins.push(stand_in(&|k| k));
+        stand_ins.push(stand_in(&|_| 1));
+    }
+    let name = &def.item.ident;
+    for values in stand_ins {
+        let Some(mistakes) = mistakes_at(def, defs, &values, name, kiln_tensor::Precision::F32)
+        else {
+            continue;
+        };
+        // One stand-in the arithmetic allows is the check; instances vary their own
+        // sizes further.
+        if mistakes.is_empty() {
+            return None;
+        }
+        let shown = params
+            .iter()
+            .zip(&values)
+            .map(|(p, v)| format!("{p} = {v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let note = format!(
+            " (in the definition of `{name}`, checked with the stand-in sizes {shown}: a definition must hold for any sizes)"
+        );
+        let mut seen = std::collections::HashSet::new();
+        return Some(
+            mistakes
+                .iter()
+                .filter(|e| seen.insert(e.to_string()))
+                .map(|e| errors_in(e, &note))
+                .collect(),
+        );
+    }
+    None
+}
+
+/// Which of `params` are counts: a size written in an array field's length.
+fn counted_sizes(item: &syn::ItemStruct, params: &[Ident]) -> Vec<bool> {
+    fn lengths(ty: &Type, out: &mut Vec<String>) {
+        if let Type::Array(a) = ty {
+            out.extend(a.len.to_token_stream().into_iter().map(|t| t.to_string()));
+            lengths(&a.elem, out);
+        }
+    }
+    let mut words = Vec::new();
+    for f in &item.fields {
+        lengths(&f.ty, &mut words);
+    }
+    params
+        .iter()
+        .map(|p| words.iter().any(|w| p == w))
+        .collect()
+}
+
 /// Expands `#[model] type Name = Model<sizes..>;`, given `Model`'s definition and the
 /// definitions bundled with it: the model with those sizes, as if written with
 /// literals, named `Name`, its nested models instantiated in a hidden module.
@@ -364,11 +463,10 @@ pub fn expand_instance(
         ));
     };
     let (attrs, vis, ident) = (&alias.attrs, &alias.vis, &alias.ident);
-    if def.broken {
-        // Its own expansion reported its mistakes: this instance adds none.
-        let placeholder: syn::ItemStruct = syn::parse_quote!(#(#attrs)* #vis struct #ident {});
-        return crate::structs::placeholder(&placeholder, quote!());
-    }
+    // A definition that reported mistakes of its own (found at stand-in sizes, say)
+    // still expands at these numbers, so that the instance's callers compile, but its
+    // instances add no errors.
+    let quiet = def.broken;
     let params = size_params(&def.item.generics).unwrap_or_default();
     if let Some(e) = named_sizes(target, &name, &params) {
         return fail(e);
@@ -412,7 +510,7 @@ pub fn expand_instance(
             .errors
             .iter()
             .flat_map(|e| e.clone())
-            .filter(|e| seen.insert(e.to_string()))
+            .filter(|e| !quiet && seen.insert(e.to_string()))
             .map(|e| errors_in(&e, &context));
         let placeholder: syn::ItemStruct = syn::parse_quote!(#(#attrs)* #vis struct #ident {});
         return crate::structs::placeholder(&placeholder, quote!(#(#errors)*));
@@ -440,11 +538,15 @@ pub fn expand_instance(
     });
     let top_struct =
         crate::structs::expand_struct(item.clone()).unwrap_or_else(|e| e.to_compile_error());
+    let mistakes = match quiet {
+        true => Mistakes::Silent,
+        false => Mistakes::Reported(&context),
+    };
     let (top_impl, clean) =
-        crate::impls::expand_impl_in(item, top.imp, inst.made.clone(), &context, precision);
+        crate::impls::expand_impl_in(item, top.imp, inst.made.clone(), mistakes, precision);
     // Reported beside a working expansion: the model runs at these numbers, and its
     // callers get no errors of their own.
-    let coincidences: TokenStream = clean
+    let coincidences: TokenStream = (clean && !quiet)
         .then(|| coincidences(def, &defs, &values, &params, &alias, precision))
         .flatten()
         .map(|(mistakes, note)| {

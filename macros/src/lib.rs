@@ -11,8 +11,8 @@
 //!   types; `arith.rs` owns size arithmetic (what `{ 4 * D }` and `D / H` mean).
 //! - **check** — `lower/`: each method body lowered to a graph (`graph.rs`) by the
 //!   tables' rules, every independent mistake collected, worded in `lower/messages.rs`;
-//!   `instances.rs` fixes a definition's sizes at an instance and checks it again with
-//!   its sizes varied.
+//!   `instances.rs` checks a definition at stand-in sizes where it is written, fixes its
+//!   sizes at an instance and checks it again with its sizes varied.
 //! - **emit** — `structs.rs` (the struct, its `Module` impl and the hand-over macros),
 //!   `impls.rs` (typed shims over planned raw methods, `summary()`), `fuse.rs` (plans
 //!   and native loops), `train.rs` (the backward pass and `<name>_and_grad`),

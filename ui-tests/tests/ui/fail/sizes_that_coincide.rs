@@ -1,8 +1,8 @@
 use kiln::prelude::*;
 
 // `q.matmul(k)` without the transpose checks at `Heads<128, 4, 32>`, where the head
-// width `D / H` happens to equal the context `T`: the definition is checked with its
-// sizes varied too, so the mistake is still reported.
+// width `D / H` happens to equal the context `T`: the definition is checked where it is
+// written with stand-in sizes that part them, so the mistake is reported there.
 #[model]
 struct Heads<const D: usize, const H: usize, const T: usize> {
     qkv: Linear<D, { 3 * D }>,
@@ -21,8 +21,8 @@ impl<const D: usize, const H: usize, const T: usize> Heads<D, H, T> {
 #[model]
 type Coinciding = Heads<128, 4, 32>;
 
-// Two sizes of one degree that happen to be equal (`T` and `D`, both 32) part when
-// the sizes are scaled by different factors.
+// Two sizes of one degree that happen to be equal (`T` and `D`, both 32) part at the
+// stand-in sizes.
 #[model]
 struct Rows<const T: usize, const D: usize> {
     fc: Linear<D, D>,
@@ -54,10 +54,31 @@ impl<const N: usize> Square<N> {
 #[model]
 type Sixteen = Square<16>;
 
-// The instance still works at its own numbers: its callers get no errors.
+// Stand-in sizes (multiples of 8 and of powers of 3) cannot give `D / 5` whole, so this
+// definition is checked at its instance only: there `D / 5` and `T` are both 16, and
+// the instance is checked again with its sizes varied, which parts them.
+#[model]
+struct Fifths<const T: usize, const D: usize> {
+    fc: Linear<{ D / 5 }, D>,
+}
+
+#[model]
+impl Fifths {
+    fn widen<const B: usize>(&self, x: Tensor<B, T>) -> Tensor<B, D> {
+        self.fc(x)
+    }
+}
+
+#[model]
+type SixteenAndEighty = Fifths<16, 80>;
+
+// The instances still work at their own numbers: their callers get no errors.
 fn main() {
     use kiln::cpu::{Cpu, CpuDevice};
     let model = Coinciding::<Cpu>::init(&CpuDevice, 0).unwrap();
     let x = Tensor::<Cpu, Rank3<2, 32, 128>>::zeros(&CpuDevice).unwrap();
     let _scores = model.scores(&x).unwrap();
+    let model = SixteenAndEighty::<Cpu>::init(&CpuDevice, 0).unwrap();
+    let x = Tensor::<Cpu, Rank2<2, 16>>::zeros(&CpuDevice).unwrap();
+    let _wide = model.widen(&x).unwrap();
 }
