@@ -10,6 +10,7 @@
 
 pub mod exec;
 pub mod exprs;
+pub mod instances;
 pub mod parts;
 pub mod plan;
 pub mod programs;

@@ -86,6 +86,28 @@ impl<B: Backend> Programs<B> {
         inputs: &[&RawTensor<B>],
         take: impl FnOnce(&mut dyn Iterator<Item = RawTensor<B>>) -> R,
     ) -> Result<R> {
+        let mut take = Some(take);
+        let mut taken = None;
+        self.call_with(id, plan_text, natives, cx, inputs, &mut |outputs| {
+            let take = take.take().expect("a program hands its outputs over once");
+            taken = Some(take(outputs));
+        })?;
+        Ok(taken.expect("a program that succeeds hands its outputs over"))
+    }
+
+    /// [`Programs::call`] with its receiver of the outputs behind a reference: generic
+    /// over the backend only, so a program that uses a backend whose executor is
+    /// compiled upstream (the CPU's, see [`crate::instances`]) links to that copy.
+    #[inline(never)]
+    pub(crate) fn call_with(
+        &self,
+        id: usize,
+        plan_text: &str,
+        natives: &'static Natives,
+        cx: RunContext<'_, B>,
+        inputs: &[&RawTensor<B>],
+        take: &mut dyn FnMut(&mut dyn Iterator<Item = RawTensor<B>>),
+    ) -> Result<()> {
         // Anomaly mode checks every op's value, which only op-by-op execution has.
         let fused = self.fused() && !kiln_tensor::anomaly::detecting();
         let RunContext {
@@ -109,11 +131,13 @@ impl<B: Backend> Programs<B> {
             self.with(id, plan_text, natives, |p| {
                 if fused {
                     if let Some(mut outputs) = p.run(&mut cx, inputs)? {
-                        return Ok(take(&mut outputs));
+                        take(&mut outputs);
+                        return Ok(());
                     }
                 }
                 let outputs = p.run_op_by_op(&mut cx, inputs)?;
-                Ok(take(&mut outputs.into_iter()))
+                take(&mut outputs.into_iter());
+                Ok(())
             })
         })
     }

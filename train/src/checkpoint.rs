@@ -32,7 +32,7 @@ pub use kiln_safetensors::{fit_problems, header_entries, TensorEntry};
 pub(crate) use kiln_safetensors::{Checksums, Reader};
 pub(crate) use read::ReadTensor;
 
-use kiln_tensor::nn::Module;
+use kiln_tensor::nn::{LoadFn, Module, Slot, StepSeeds};
 use kiln_tensor::{Backend, DType, Error, HostData, RawTensor, Result};
 use safetensors::Dtype;
 use std::borrow::Cow;
@@ -41,6 +41,36 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What checkpoints and training states need of a model: its tensors by name, visited
+/// and loaded, and its step counter. Object safe, so the code that saves and loads
+/// models takes `&dyn Tensors<B>` and is compiled once per backend, not once per model
+/// (the CPU's copy in this crate, `instances.rs`); every [`Module`] is one.
+pub(crate) trait Tensors<B: Backend> {
+    /// [`Module::visit_params`].
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, B>));
+    /// [`Module::visit_buffers`].
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, B>));
+    /// [`Module::load_named`].
+    fn load_named(&mut self, prefix: &str, get: &mut LoadFn<'_, B>) -> Result<()>;
+    /// [`Module::step_seeds`].
+    fn step_seeds(&self) -> Option<&StepSeeds<B>>;
+}
+
+impl<B: Backend, M: Module<B>> Tensors<B> for M {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, B>)) {
+        Module::visit_params(self, prefix, f)
+    }
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, B>)) {
+        Module::visit_buffers(self, prefix, f)
+    }
+    fn load_named(&mut self, prefix: &str, get: &mut LoadFn<'_, B>) -> Result<()> {
+        Module::load_named(self, prefix, get)
+    }
+    fn step_seeds(&self) -> Option<&StepSeeds<B>> {
+        Module::step_seeds(self)
+    }
+}
 
 /// Saves `model`'s parameters and buffers to a safetensors file at `path`, atomically.
 pub fn save<B: Backend, M: Module<B>>(model: &M, path: impl AsRef<Path>) -> Result<()> {
@@ -54,14 +84,24 @@ pub fn save_with_metadata<B: Backend, M: Module<B>>(
     path: impl AsRef<Path>,
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
+    save_tensors(model, path.as_ref(), metadata)
+}
+
+/// [`save_with_metadata`] of any model.
+#[inline(never)]
+pub(crate) fn save_tensors<B: Backend>(
+    model: &dyn Tensors<B>,
+    path: &Path,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
     check_user_metadata(metadata)?;
-    write_file(path.as_ref(), model_entries(model)?, metadata)
+    write_file(path, model_entries(model)?, metadata)
 }
 
 /// A model's tensors as a file holds them: parameters, buffers, and for each batch-norm
 /// layer PyTorch's `num_batches_tracked`, the model's training steps as its step
 /// counter counts them (0 for a module without one).
-pub(crate) fn model_entries<B: Backend, M: Module<B>>(model: &M) -> Result<Vec<(String, Encoded)>> {
+pub(crate) fn model_entries<B: Backend>(model: &dyn Tensors<B>) -> Result<Vec<(String, Encoded)>> {
     let tensors = module_tensors(model);
     let names: BTreeSet<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
     let steps = model.step_seeds().map_or(0, |s| s.taken());
@@ -156,8 +196,9 @@ pub fn load_bytes_foreign<B: Backend, M: Module<B>>(
     load_bytes_checked(model, name, bytes, Checksums::IfPresent)
 }
 
-fn load_bytes_checked<B: Backend, M: Module<B>>(
-    model: &mut M,
+#[inline(never)]
+pub(crate) fn load_bytes_checked<B: Backend>(
+    model: &mut dyn Tensors<B>,
     name: &str,
     bytes: &'static [u8],
     checksums: Checksums,
@@ -167,8 +208,10 @@ fn load_bytes_checked<B: Backend, M: Module<B>>(
     apply_load(model, Path::new(name), prepared)
 }
 
-fn load_checked<B: Backend, M: Module<B>>(
-    model: &mut M,
+/// [`load`] or [`load_foreign`] of any model.
+#[inline(never)]
+pub(crate) fn load_checked<B: Backend>(
+    model: &mut dyn Tensors<B>,
     path: &Path,
     checksums: Checksums,
 ) -> Result<()> {
@@ -187,8 +230,8 @@ pub(crate) struct PreparedLoad<B: Backend> {
 /// Checks that `file` holds exactly `model`'s tensors (names for which `others` is true
 /// aside: they belong to someone else) with matching checksums, and decodes them,
 /// touching nothing: every mismatch is reported in one error.
-pub(crate) fn prepare_load<B: Backend, M: Module<B>>(
-    model: &M,
+pub(crate) fn prepare_load<B: Backend>(
+    model: &dyn Tensors<B>,
     file: &Reader,
     checksums: Checksums,
     others: &dyn Fn(&str) -> bool,
@@ -282,8 +325,8 @@ pub(crate) fn prepare_load<B: Backend, M: Module<B>>(
 
 /// Puts what [`prepare_load`] decoded into `model`; the batch-norm counters (their
 /// largest, should layers disagree) become its training-step counter.
-pub(crate) fn apply_load<B: Backend, M: Module<B>>(
-    model: &mut M,
+pub(crate) fn apply_load<B: Backend>(
+    model: &mut dyn Tensors<B>,
     path: &Path,
     prepared: PreparedLoad<B>,
 ) -> Result<()> {
@@ -433,7 +476,7 @@ fn with_metadata(bytes: Vec<u8>, metadata: &BTreeMap<String, String>) -> Result<
 }
 
 /// Parameters then buffers of `model`, with their names.
-fn module_tensors<B: Backend, M: Module<B>>(model: &M) -> Vec<(String, RawTensor<B>)> {
+fn module_tensors<B: Backend>(model: &dyn Tensors<B>) -> Vec<(String, RawTensor<B>)> {
     let mut out = Vec::new();
     let mut push =
         |s: kiln_tensor::nn::Slot<'_, B>| out.push((s.name.to_string(), s.value.clone()));

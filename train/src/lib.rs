@@ -34,6 +34,7 @@
 
 pub mod checkpoint;
 pub mod curve;
+pub mod instances;
 pub mod launch;
 pub mod learner;
 pub mod metrics;

@@ -175,6 +175,7 @@ impl<B: Backend> Metric<B> for TopK<B> {
         }
     }
 
+    #[inline(never)]
     fn update(&mut self, o: &Outputs<'_, B>) -> Result<()> {
         let f = flat(&self.name(), o)?;
         if self.k > f.classes {
@@ -226,6 +227,7 @@ impl<B: Backend> Metric<B> for TopK<B> {
         Ok(())
     }
 
+    #[inline(never)]
     fn value(&self) -> Result<f64> {
         if self.count == 0 {
             return Err(no_batches(&self.name()));
@@ -284,6 +286,7 @@ impl<B: Backend> Metric<B> for MeanLoss<B> {
         }
     }
 
+    #[inline(never)]
     fn update(&mut self, o: &Outputs<'_, B>) -> Result<()> {
         let Some((loss, items)) = o.loss else {
             return Err(Error::invalid(
@@ -311,6 +314,7 @@ impl<B: Backend> Metric<B> for MeanLoss<B> {
         Ok(())
     }
 
+    #[inline(never)]
     fn value(&self) -> Result<f64> {
         if self.count == 0 {
             return Err(no_batches(&self.name()));
@@ -396,6 +400,7 @@ impl<B: Backend> Metric<B> for ClassCounts<B> {
         .into()
     }
 
+    #[inline(never)]
     fn update(&mut self, o: &Outputs<'_, B>) -> Result<()> {
         let f = flat(&self.name(), o)?;
         if self.counts.is_some() && f.classes != self.classes {
@@ -438,6 +443,7 @@ impl<B: Backend> Metric<B> for ClassCounts<B> {
         Ok(())
     }
 
+    #[inline(never)]
     fn value(&self) -> Result<f64> {
         let (p, r, f) = self.averages()?;
         Ok(match self.report {

@@ -14,7 +14,7 @@
 //!
 //! [`Schedule`]: crate::schedule::Schedule
 
-use crate::checkpoint::{self, Checksums, Encoded, ReadTensor, Reader};
+use crate::checkpoint::{self, Checksums, Encoded, ReadTensor, Reader, Tensors};
 use crate::optim::{Optimizer, OptimizerState};
 use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, Error, Result};
@@ -47,6 +47,18 @@ pub fn save<B: Backend, M: Module<B>, O: Optimizer<B>>(
     step: u64,
     run: &BTreeMap<String, String>,
 ) -> Result<()> {
+    save_state(path.as_ref(), model, opt, step, run)
+}
+
+/// [`save`] of any model and optimizer.
+#[inline(never)]
+pub(crate) fn save_state<B: Backend>(
+    path: &Path,
+    model: &dyn Tensors<B>,
+    opt: &dyn Optimizer<B>,
+    step: u64,
+    run: &BTreeMap<String, String>,
+) -> Result<()> {
     let mut entries = checkpoint::model_entries(model)?;
     let opt_state = opt.state();
     for ((slot, name), t) in &opt_state.tensors {
@@ -67,7 +79,7 @@ pub fn save<B: Backend, M: Module<B>, O: Optimizer<B>>(
         meta.insert(format!("{RUN_KEY}{k}"), v.clone());
     }
     meta.insert(METADATA_CHECKSUM_KEY.to_string(), metadata_checksum(&meta));
-    checkpoint::write_file(path.as_ref(), entries, &meta)
+    checkpoint::write_file(path, entries, &meta)
 }
 
 /// The checksum of a state's metadata: every `kiln.state.` entry but the checksum's
@@ -112,7 +124,17 @@ pub fn load<B: Backend, M: Module<B>, O: Optimizer<B>>(
     opt: &mut O,
     run: &BTreeMap<String, String>,
 ) -> Result<u64> {
-    let path = path.as_ref();
+    load_state(path.as_ref(), model, opt, run)
+}
+
+/// [`load`] into any model and optimizer.
+#[inline(never)]
+pub(crate) fn load_state<B: Backend>(
+    path: &Path,
+    model: &mut dyn Tensors<B>,
+    opt: &mut dyn Optimizer<B>,
+    run: &BTreeMap<String, String>,
+) -> Result<u64> {
     let file = Reader::open(path)?;
     let meta = file.metadata();
     let bad = |why: String| Error::Format(format!("`{}` {why}", path.display()));

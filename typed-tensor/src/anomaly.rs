@@ -64,6 +64,7 @@ impl std::fmt::Display for NonFinite {
 
 /// The first non-finite value of `t` (read to the host), or `None` when every value
 /// is finite; integer and bool tensors have none.
+#[inline(never)]
 pub fn first_non_finite<B: Backend>(t: &RawTensor<B>) -> Result<Option<NonFinite>> {
     if !t.dtype().is_float() {
         return Ok(None);

@@ -328,6 +328,7 @@ impl<B: Backend> Builder for Eager<B> {
         v.meta()
     }
 
+    #[inline(never)]
     fn apply(&mut self, op: Op, inputs: &[&RawTensor<B>]) -> Result<RawTensor<B>> {
         let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
         let meta_refs: Vec<&TensorMeta> = metas.iter().collect();

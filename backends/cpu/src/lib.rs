@@ -12,6 +12,7 @@ pub mod elementwise;
 pub mod fused;
 pub mod gemm;
 pub mod index;
+pub mod instances;
 pub mod math;
 pub mod matmul;
 pub mod movement;

@@ -551,6 +551,7 @@ impl<B: Backend> AdamW<B> {
 macro_rules! adam_optimizer {
     ($ty:ident, $name:literal, $kind:literal) => {
         impl<B: Backend> Optimizer<B> for $ty<B> {
+            #[inline(never)]
             fn update_param(
                 &mut self,
                 name: &str,
@@ -560,6 +561,7 @@ macro_rules! adam_optimizer {
                 self.state.update($name, self.hyper(), name, param, grad)
             }
 
+            #[inline(never)]
             fn update_param_in_place(
                 &mut self,
                 name: &str,

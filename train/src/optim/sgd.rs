@@ -209,6 +209,7 @@ impl<B: Backend> Sgd<B> {
 }
 
 impl<B: Backend> Optimizer<B> for Sgd<B> {
+    #[inline(never)]
     fn update_param(
         &mut self,
         name: &str,
@@ -237,6 +238,7 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
         finish(param, new)
     }
 
+    #[inline(never)]
     fn update_param_in_place(
         &mut self,
         name: &str,

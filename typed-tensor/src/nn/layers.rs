@@ -34,6 +34,7 @@ pub fn zero_initialised<R>(f: impl FnOnce() -> R) -> R {
 
 /// A tensor initialised as `spec` says, seeded by its full name (zeros inside
 /// [`zero_initialised`]).
+#[inline(never)]
 pub fn init_tensor<B: Backend>(
     spec: &ParamSpec,
     device: &B::Device,

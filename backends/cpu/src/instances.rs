@@ -1,0 +1,41 @@
+//! The CPU's copies of kiln-tensor's backend-generic entry points (eager ops, layer
+//! initialisation, anomaly checks), compiled in this crate once. Rust shares a generic
+//! function's instance with the crates downstream when the function is
+//! `#[inline(never)]` and an upstream crate holds that instance, called directly: so a
+//! program on the CPU links to these instead of compiling them again. Each function
+//! here forwards to its entry point; `kiln_fusion::instances` and
+//! `kiln_train::instances` do the same for the executor and for training.
+
+use crate::Cpu;
+use kiln_tensor::anomaly::{first_non_finite, NonFinite};
+use kiln_tensor::builder::Builder;
+use kiln_tensor::nn::{init_tensor, ParamSpec};
+use kiln_tensor::raw::Eager;
+use kiln_tensor::{Op, RawTensor, Result};
+
+/// One op applied eagerly on the CPU (what every `RawTensor` method runs).
+#[doc(hidden)]
+pub fn apply_eagerly(
+    eager: &mut Eager<Cpu>,
+    op: Op,
+    inputs: &[&RawTensor<Cpu>],
+) -> Result<RawTensor<Cpu>> {
+    eager.apply(op, inputs)
+}
+
+/// A layer's tensor initialised on the CPU.
+#[doc(hidden)]
+pub fn init_layer_tensor(
+    spec: &ParamSpec,
+    device: &<Cpu as kiln_tensor::Backend>::Device,
+    seed: u64,
+    name: &str,
+) -> Result<RawTensor<Cpu>> {
+    init_tensor::<Cpu>(spec, device, seed, name)
+}
+
+/// Anomaly mode's search for a value that is not finite, on the CPU.
+#[doc(hidden)]
+pub fn find_non_finite(t: &RawTensor<Cpu>) -> Result<Option<NonFinite>> {
+    first_non_finite(t)
+}

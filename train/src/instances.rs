@@ -1,0 +1,123 @@
+//! The CPU's copies of the training code's backend-generic entry points (optimizer
+//! updates, metrics, checkpoints and training states), compiled in this crate once. Rust shares a generic function's
+//! instance with the crates downstream when the function is `#[inline(never)]` and an
+//! upstream crate holds that instance, called directly: so a program that trains on the
+//! CPU links to these instead of compiling them again. Each function here forwards to
+//! its entry point; `kiln_fusion::instances` does the same for the executor.
+
+use crate::checkpoint::{self, Checksums, Tensors};
+use crate::metrics::{ClassCounts, MeanLoss, Metric, Outputs, TopK};
+use crate::optim::{Adam, AdamW, Optimizer, Sgd};
+use crate::state;
+use kiln_cpu::Cpu;
+use kiln_tensor::{RawTensor, Result};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Forwards to each optimizer's [`Optimizer::update_param`] and
+/// [`Optimizer::update_param_in_place`] on the CPU.
+macro_rules! optimizer_instances {
+    ($($opt:ident: $update:ident, $in_place:ident;)*) => {$(
+        #[doc(hidden)]
+        pub fn $update(
+            opt: &mut $opt<Cpu>,
+            name: &str,
+            param: &RawTensor<Cpu>,
+            grad: &RawTensor<Cpu>,
+        ) -> Result<RawTensor<Cpu>> {
+            opt.update_param(name, param, grad)
+        }
+
+        #[doc(hidden)]
+        pub fn $in_place(
+            opt: &mut $opt<Cpu>,
+            name: &str,
+            param: &mut RawTensor<Cpu>,
+            grad: &RawTensor<Cpu>,
+        ) -> Result<()> {
+            opt.update_param_in_place(name, param, grad)
+        }
+    )*};
+}
+
+optimizer_instances! {
+    Sgd: sgd_update, sgd_update_in_place;
+    Adam: adam_update, adam_update_in_place;
+    AdamW: adamw_update, adamw_update_in_place;
+}
+
+/// Forwards to each metric's [`Metric::update`] and [`Metric::value`] on the CPU.
+macro_rules! metric_instances {
+    ($($metric:ident: $update:ident, $value:ident;)*) => {$(
+        #[doc(hidden)]
+        pub fn $update(metric: &mut $metric<Cpu>, outputs: &Outputs<'_, Cpu>) -> Result<()> {
+            metric.update(outputs)
+        }
+
+        #[doc(hidden)]
+        pub fn $value(metric: &$metric<Cpu>) -> Result<f64> {
+            metric.value()
+        }
+    )*};
+}
+
+metric_instances! {
+    TopK: top_k_update, top_k_value;
+    MeanLoss: mean_loss_update, mean_loss_value;
+    ClassCounts: class_counts_update, class_counts_value;
+}
+
+/// [`crate::checkpoint::save_with_metadata`] of any model on the CPU.
+#[doc(hidden)]
+#[allow(private_interfaces)]
+pub fn save_tensors(
+    model: &dyn Tensors<Cpu>,
+    path: &Path,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    checkpoint::save_tensors(model, path, metadata)
+}
+
+/// [`crate::checkpoint::load`] and its kin of any model on the CPU.
+#[doc(hidden)]
+#[allow(private_interfaces)]
+pub fn load_checked(model: &mut dyn Tensors<Cpu>, path: &Path, checksums: Checksums) -> Result<()> {
+    checkpoint::load_checked(model, path, checksums)
+}
+
+/// [`crate::checkpoint::load_bytes`] and its kin of any model on the CPU.
+#[doc(hidden)]
+#[allow(private_interfaces)]
+pub fn load_bytes_checked(
+    model: &mut dyn Tensors<Cpu>,
+    name: &str,
+    bytes: &'static [u8],
+    checksums: Checksums,
+) -> Result<()> {
+    checkpoint::load_bytes_checked(model, name, bytes, checksums)
+}
+
+/// [`crate::state::save`] of any model and optimizer on the CPU.
+#[doc(hidden)]
+#[allow(private_interfaces)]
+pub fn save_state(
+    path: &Path,
+    model: &dyn Tensors<Cpu>,
+    opt: &dyn Optimizer<Cpu>,
+    step: u64,
+    run: &BTreeMap<String, String>,
+) -> Result<()> {
+    state::save_state(path, model, opt, step, run)
+}
+
+/// [`crate::state::load`] into any model and optimizer on the CPU.
+#[doc(hidden)]
+#[allow(private_interfaces)]
+pub fn load_state(
+    path: &Path,
+    model: &mut dyn Tensors<Cpu>,
+    opt: &mut dyn Optimizer<Cpu>,
+    run: &BTreeMap<String, String>,
+) -> Result<u64> {
+    state::load_state(path, model, opt, run)
+}
