@@ -666,7 +666,11 @@ fn sync_dir(_dir: &Path) -> Result<()> {
 /// `training state`) and the path when the folder cannot be made or written, or when
 /// `path` is a folder.
 pub fn check_writable(what: &str, path: impl AsRef<Path>) -> Result<()> {
-    let path = path.as_ref();
+    writable(what, path.as_ref())
+}
+
+/// [`check_writable`] of a path.
+fn writable(what: &str, path: &Path) -> Result<()> {
     let cannot = |e: std::io::Error| {
         Error::invalid(
             "check_writable",

@@ -1,15 +1,17 @@
 //! The CPU's copies of the training code's backend-generic entry points (optimizer
-//! updates, metrics, checkpoints and training states), compiled in this crate once. Rust shares a generic function's
+//! updates, metrics, evaluation, checkpoints and training states), compiled in this crate once. Rust shares a generic function's
 //! instance with the crates downstream when the function is `#[inline(never)]` and an
 //! upstream crate holds that instance, called directly: so a program that trains on the
 //! CPU links to these instead of compiling them again. Each function here forwards to
 //! its entry point; `kiln_fusion::instances` does the same for the executor.
 
 use crate::checkpoint::{self, Checksums, Tensors};
+use crate::learner::{self, Evaluated};
 use crate::metrics::{ClassCounts, MeanLoss, Metric, Outputs, TopK};
 use crate::optim::{Adam, AdamW, Optimizer, Sgd};
 use crate::state;
-use kiln_cpu::Cpu;
+use kiln_cpu::{Cpu, CpuDevice};
+use kiln_data::Batches;
 use kiln_tensor::{RawTensor, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -120,4 +122,16 @@ pub fn load_state(
     run: &BTreeMap<String, String>,
 ) -> Result<u64> {
     state::load_state(path, model, opt, run)
+}
+
+/// [`crate::learner::evaluate`] of any model on the CPU.
+#[doc(hidden)]
+#[allow(private_interfaces)]
+pub fn evaluate_batches(
+    model: &dyn Evaluated<Cpu>,
+    device: &CpuDevice,
+    batches: Batches,
+    metrics: &mut [Box<dyn Metric<Cpu> + '_>],
+) -> Result<(f64, Vec<(String, f64)>)> {
+    learner::evaluate_batches(model, device, batches, metrics)
 }

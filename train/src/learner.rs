@@ -24,7 +24,9 @@ use crate::progress::Progress;
 use crate::replay::{StepInput, StepReplay};
 use crate::schedule::Schedule;
 use crate::state;
-use kiln_data::{DataLoader, Dataset, DeviceBatch, Field, HostBatch, LastBatch, Values};
+use kiln_data::{
+    Batches, DataLoader, Dataset, DeviceBatch, Field, HostBatch, LastBatch, LoaderConfig, Values,
+};
 use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, Collective, Error, HostData, RawTensor, Result};
 use std::collections::BTreeMap;
@@ -412,7 +414,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         let total = self.epochs.saturating_mul(per_epoch);
         // The Learner's own settings win over a caller's of the same name.
         let mut run = self.settings.clone();
-        run.extend(run_settings(train, world));
+        run.extend(run_settings(train.dataset().len(), train.config(), world));
         if rank == 0 {
             // Before any step: a run is not lost to a path it cannot save to.
             let files = [
@@ -731,15 +733,45 @@ pub fn evaluate<B: Backend, M: Supervised<B>, E: Dataset + 'static>(
     data: &DataLoader<E>,
     metrics: &mut [Box<dyn Metric<B> + '_>],
 ) -> Result<(f64, Vec<(String, f64)>)> {
+    evaluate_batches(model, device, data.epoch(0), metrics)
+}
+
+/// What evaluation needs of a model: [`Supervised`]'s evaluation-mode methods, object
+/// safe, so the evaluation loop is compiled once per backend, not once per model (the
+/// CPU's copy in this crate, `instances.rs`).
+pub(crate) trait Evaluated<B: Backend> {
+    /// [`Supervised::eval_loss`].
+    fn evaluation_loss(&self, input: &RawTensor<B>, target: &RawTensor<B>) -> Result<RawTensor<B>>;
+    /// [`Supervised::scores`].
+    fn evaluation_scores(&self, input: &RawTensor<B>) -> Result<Option<RawTensor<B>>>;
+}
+
+impl<B: Backend, M: Supervised<B>> Evaluated<B> for M {
+    fn evaluation_loss(&self, input: &RawTensor<B>, target: &RawTensor<B>) -> Result<RawTensor<B>> {
+        self.eval_loss(input, target)
+    }
+    fn evaluation_scores(&self, input: &RawTensor<B>) -> Result<Option<RawTensor<B>>> {
+        self.scores(input)
+    }
+}
+
+/// [`evaluate`] of any model over one pass of `batches`.
+#[inline(never)]
+pub(crate) fn evaluate_batches<B: Backend>(
+    model: &dyn Evaluated<B>,
+    device: &B::Device,
+    batches: Batches,
+    metrics: &mut [Box<dyn Metric<B> + '_>],
+) -> Result<(f64, Vec<(String, f64)>)> {
     let mut loss = MeanLoss::<B>::new();
     for m in metrics.iter_mut() {
         m.reset();
     }
-    for batch in data.epoch(0) {
+    for batch in batches {
         let batch = batch?;
         let n = batch.len();
         let DeviceBatch { input, target } = batch.to_device::<B>(device)?;
-        let l = model.eval_loss(&input, &target)?;
+        let l = model.evaluation_loss(&input, &target)?;
         loss.update(&Outputs {
             scores: None,
             targets: None,
@@ -748,7 +780,7 @@ pub fn evaluate<B: Backend, M: Supervised<B>, E: Dataset + 'static>(
         if metrics.is_empty() {
             continue;
         }
-        let scores = model.scores(&input)?;
+        let scores = model.evaluation_scores(&input)?;
         let outputs = Outputs {
             scores: scores.as_ref(),
             targets: Some(&target),
@@ -855,13 +887,9 @@ impl Record {
 
 /// The settings a resumed run must share with the run that wrote its state: what
 /// decides which examples each step sees.
-fn run_settings<D: Dataset + 'static>(
-    train: &DataLoader<D>,
-    world: usize,
-) -> BTreeMap<String, String> {
-    let c = train.config();
+fn run_settings(examples: usize, c: &LoaderConfig, world: usize) -> BTreeMap<String, String> {
     BTreeMap::from([
-        ("examples".to_string(), train.dataset().len().to_string()),
+        ("examples".to_string(), examples.to_string()),
         ("batch_size".to_string(), c.batch_size.to_string()),
         ("shuffle".to_string(), c.shuffle.to_string()),
         ("seed".to_string(), c.seed.to_string()),

@@ -1,5 +1,5 @@
-//! The CPU's copies of kiln-tensor's backend-generic entry points (eager ops, layer
-//! initialisation, anomaly checks), compiled in this crate once. Rust shares a generic
+//! The CPU's copies of kiln-tensor's backend-generic entry points (eager ops, layers'
+//! initialisation and loading, anomaly checks), compiled in this crate once. Rust shares a generic
 //! function's instance with the crates downstream when the function is
 //! `#[inline(never)]` and an upstream crate holds that instance, called directly: so a
 //! program on the CPU links to these instead of compiling them again. Each function
@@ -9,7 +9,7 @@
 use crate::Cpu;
 use kiln_tensor::anomaly::{first_non_finite, NonFinite};
 use kiln_tensor::builder::Builder;
-use kiln_tensor::nn::{init_tensor, ParamSpec};
+use kiln_tensor::nn::{init_layer, init_tensor, load_layer, LayerSpec, LoadFn, ParamSpec};
 use kiln_tensor::raw::Eager;
 use kiln_tensor::{Op, RawTensor, Result};
 
@@ -38,4 +38,26 @@ pub fn init_layer_tensor(
 #[doc(hidden)]
 pub fn find_non_finite(t: &RawTensor<Cpu>) -> Result<Option<NonFinite>> {
     first_non_finite(t)
+}
+
+/// A layer's tensors initialised on the CPU.
+#[doc(hidden)]
+pub fn init_layer_tensors(
+    spec: &LayerSpec,
+    device: &<Cpu as kiln_tensor::Backend>::Device,
+    seed: u64,
+    prefix: &str,
+) -> Result<(Vec<RawTensor<Cpu>>, Vec<RawTensor<Cpu>>)> {
+    init_layer::<Cpu>(spec, device, seed, prefix)
+}
+
+/// A layer's tensors' new values, loaded on the CPU.
+#[doc(hidden)]
+pub fn load_layer_tensors(
+    prefix: &str,
+    names: &[&str],
+    olds: &[RawTensor<Cpu>],
+    get: &mut LoadFn<'_, Cpu>,
+) -> Result<Vec<RawTensor<Cpu>>> {
+    load_layer(prefix, names, olds, get)
 }

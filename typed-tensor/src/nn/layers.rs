@@ -64,6 +64,45 @@ pub fn init_tensor<B: Backend>(
     }
 }
 
+/// A layer's parameters and buffers, each initialised as `spec` says: what a layer's
+/// `init_named` wraps in its typed fields. Generic over the backend only, so it is
+/// compiled once per backend, not once per layer size (the CPU's copy in kiln-cpu).
+#[inline(never)]
+pub fn init_layer<B: Backend>(
+    spec: &LayerSpec,
+    device: &B::Device,
+    seed: u64,
+    prefix: &str,
+) -> Result<(Vec<RawTensor<B>>, Vec<RawTensor<B>>)> {
+    let init = |ps: &ParamSpec| init_tensor(ps, device, seed, &join(prefix, ps.name));
+    Ok((
+        spec.params().iter().map(init).collect::<Result<_>>()?,
+        spec.buffers().iter().map(init).collect::<Result<_>>()?,
+    ))
+}
+
+/// The new values of a layer's tensors (`olds`, named `names` under `prefix`), each
+/// from `get` and keeping its old dims and dtype: what a layer's `load_named` puts in
+/// its typed fields once all of them are known, so a refused tensor leaves the layer
+/// unchanged. Generic over the backend only, as [`init_layer`].
+#[inline(never)]
+pub fn load_layer<B: Backend>(
+    prefix: &str,
+    names: &[&str],
+    olds: &[RawTensor<B>],
+    get: &mut super::module::LoadFn<'_, B>,
+) -> Result<Vec<RawTensor<B>>> {
+    names
+        .iter()
+        .zip(olds)
+        .map(|(name, old)| {
+            let name = join(prefix, name);
+            let new = get(&name, old)?;
+            same_slot(&name, old, new)
+        })
+        .collect()
+}
+
 /// A replacement for `old` must keep its dims and dtype.
 pub(crate) fn same_slot<B: Backend>(
     name: &str,
@@ -188,18 +227,12 @@ macro_rules! layer {
 
             #[allow(unused_variables, unused_mut)]
             fn init_named(device: &B::Device, seed: u64, prefix: &str) -> Result<Self> {
-                let spec = Self::spec();
-                let mut params = spec.params().into_iter();
-                let mut buffers = spec.buffers().into_iter();
+                let (params, buffers) = init_layer::<B>(&Self::spec(), device, seed, prefix)?;
+                let mut params = params.into_iter();
+                let mut buffers = buffers.into_iter();
                 Ok($name {
-                    $($p: {
-                        let ps = params.next().expect("spec lists every field");
-                        Tensor::from_raw(init_tensor(&ps, device, seed, &join(prefix, ps.name))?)?
-                    },)*
-                    $($b: {
-                        let bs = buffers.next().expect("spec lists every buffer");
-                        Buffer::new(Tensor::from_raw(init_tensor(&bs, device, seed, &join(prefix, bs.name))?)?)
-                    },)*
+                    $($p: Tensor::from_raw(params.next().expect("spec lists every field"))?,)*
+                    $($b: Buffer::new(Tensor::from_raw(buffers.next().expect("spec lists every buffer"))?),)*
                     _backend: std::marker::PhantomData,
                 })
             }
@@ -233,19 +266,12 @@ macro_rules! layer {
                 $grads::from_raw(grads)
             }
 
-            #[allow(unused_variables)]
+            #[allow(unused_mut, unused_variables)]
             fn load_named(&mut self, prefix: &str, get: &mut super::module::LoadFn<'_, B>) -> Result<()> {
-                $({
-                    let name = join(prefix, stringify!($p));
-                    let new = get(&name, self.$p.raw())?;
-                    self.$p = Tensor::from_raw(same_slot(&name, self.$p.raw(), new)?)?;
-                })*
-                $({
-                    let name = join(prefix, stringify!($b));
-                    let old = self.$b.get();
-                    let new = get(&name, old.raw())?;
-                    self.$b.set(Tensor::from_raw(same_slot(&name, old.raw(), new)?)?);
-                })*
+                let names: &[&str] = &[$(stringify!($p),)* $(stringify!($b),)*];
+                let mut new = load_layer(prefix, names, &self.tensors(), get)?.into_iter();
+                $(self.$p = Tensor::from_raw(new.next().expect("one value per name"))?;)*
+                $(self.$b.set(Tensor::from_raw(new.next().expect("one value per name"))?);)*
                 Ok(())
             }
         }
