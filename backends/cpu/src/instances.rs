@@ -9,7 +9,9 @@
 use crate::Cpu;
 use kiln_tensor::anomaly::{first_non_finite, NonFinite};
 use kiln_tensor::builder::Builder;
-use kiln_tensor::nn::{init_layer, init_tensor, load_layer, LayerSpec, LoadFn, ParamSpec};
+use kiln_tensor::nn::{
+    init_layer, init_tensor, load_layer, LayerSpec, LayerTensors, LoadFn, ParamSpec,
+};
 use kiln_tensor::raw::Eager;
 use kiln_tensor::{Op, RawTensor, Result};
 
@@ -47,7 +49,7 @@ pub fn init_layer_tensors(
     device: &<Cpu as kiln_tensor::Backend>::Device,
     seed: u64,
     prefix: &str,
-) -> Result<(Vec<RawTensor<Cpu>>, Vec<RawTensor<Cpu>>)> {
+) -> Result<LayerTensors<Cpu>> {
     init_layer::<Cpu>(spec, device, seed, prefix)
 }
 

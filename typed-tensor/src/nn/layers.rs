@@ -64,6 +64,9 @@ pub fn init_tensor<B: Backend>(
     }
 }
 
+/// A layer's parameters and its buffers, in its spec's order.
+pub type LayerTensors<B> = (Vec<RawTensor<B>>, Vec<RawTensor<B>>);
+
 /// A layer's parameters and buffers, each initialised as `spec` says: what a layer's
 /// `init_named` wraps in its typed fields. Generic over the backend only, so it is
 /// compiled once per backend, not once per layer size (the CPU's copy in kiln-cpu).
@@ -73,7 +76,7 @@ pub fn init_layer<B: Backend>(
     device: &B::Device,
     seed: u64,
     prefix: &str,
-) -> Result<(Vec<RawTensor<B>>, Vec<RawTensor<B>>)> {
+) -> Result<LayerTensors<B>> {
     let init = |ps: &ParamSpec| init_tensor(ps, device, seed, &join(prefix, ps.name));
     Ok((
         spec.params().iter().map(init).collect::<Result<_>>()?,
