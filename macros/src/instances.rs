@@ -351,14 +351,16 @@ fn mistakes_at(
 /// that one part's output feeds the next, without lowering many of them.
 const STAND_IN_COUNT: u64 = 2;
 
-/// The smallest stand-in for a size: a multiple of 8, so that halves, quarters and
-/// eighths (`D / 2`, `D / 8`) stay whole.
-const STAND_IN_BASE: u64 = 8;
+/// The smallest stand-in for a size: a multiple of 64, so that halves down to
+/// sixty-fourths (`D / 2`, `D / 8`) stay whole, and as wide as the windows of a
+/// convolution stack over an image of that side (a stand-in smaller than what the
+/// definition's layers need would be a mistake of the stand-in, not of the definition).
+const STAND_IN_BASE: u64 = 64;
 
 /// Shape mistakes a definition holds whatever its sizes, found where it is written,
 /// before any instance (a library may hold definitions that only its users
 /// instantiate). The definition is checked at stand-in sizes, as its instances are
-/// checked with theirs varied: `8 * 3^k` by falling powers along the parameters (every
+/// checked with theirs varied: `64 * 3^k` by falling powers along the parameters (every
 /// two sizes part, and a quotient of an earlier size by a later one stays whole), else
 /// by rising ones, else all equal; a count (an array's length) is 2. The first stand-in
 /// the definition's own arithmetic allows is the check: its mistakes are reported with
@@ -464,8 +466,8 @@ pub fn expand_instance(
     };
     let (attrs, vis, ident) = (&alias.attrs, &alias.vis, &alias.ident);
     // A definition that reported mistakes of its own (found at stand-in sizes, say)
-    // still expands at these numbers, so that the instance's callers compile, but its
-    // instances add no errors.
+    // still expands at these numbers, so that the instance's callers compile; its
+    // instances repeat none of its mistakes, and report only their numbers' own.
     let quiet = def.broken;
     let params = size_params(&def.item.generics).unwrap_or_default();
     if let Some(e) = named_sizes(target, &name, &params) {
@@ -504,13 +506,14 @@ pub fn expand_instance(
     }
     if !inst.errors.is_empty() || top.is_none() {
         // One message per mistake: an uneven `D / H` is reported where it is first
-        // met, not at each of its uses.
+        // met, not at each of its uses. These are the instance's own (its numbers'
+        // arithmetic), reported even when the definition reported mistakes of its own.
         let mut seen = std::collections::HashSet::new();
         let errors = inst
             .errors
             .iter()
             .flat_map(|e| e.clone())
-            .filter(|e| !quiet && seen.insert(e.to_string()))
+            .filter(|e| seen.insert(e.to_string()))
             .map(|e| errors_in(&e, &context));
         let placeholder: syn::ItemStruct = syn::parse_quote!(#(#attrs)* #vis struct #ident {});
         return crate::structs::placeholder(&placeholder, quote!(#(#errors)*));

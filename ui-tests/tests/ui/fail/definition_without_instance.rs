@@ -81,6 +81,37 @@ impl Halves {
     }
 }
 
+// A definition whose only size is a count reports nothing.
+#[model]
+pub struct Deep<const L: usize> {
+    layers: [Linear<8, 8>; L],
+}
+
+#[model]
+impl Deep {
+    pub fn forward<const B: usize>(&self, x: Tensor<B, 8>) -> Tensor<B, 8> {
+        let mut h = x;
+        for layer in &self.layers {
+            h = layer(h).relu();
+        }
+        h
+    }
+}
+
+// Stand-in sizes are large enough for a wide window: a 9×9 convolution over an image
+// of side `S` reports nothing.
+#[model]
+pub struct Wide<const S: usize> {
+    conv: Conv2d<1, 4, 9>,
+}
+
+#[model]
+impl Wide {
+    pub fn forward<const B: usize>(&self, x: Tensor<B, 1, S, S>) -> Tensor<B, 4> {
+        self.conv(x).relu().mean::<3>().mean::<2>()
+    }
+}
+
 // A model holding the broken block adds no error of its own, nor does its instance or
 // a caller of that instance.
 #[model]

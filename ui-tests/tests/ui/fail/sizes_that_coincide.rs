@@ -54,7 +54,7 @@ impl<const N: usize> Square<N> {
 #[model]
 type Sixteen = Square<16>;
 
-// Stand-in sizes (multiples of 8 and of powers of 3) cannot give `D / 5` whole, so this
+// Stand-in sizes (multiples of 64 and of powers of 3) cannot give `D / 5` whole, so this
 // definition is checked at its instance only: there `D / 5` and `T` are both 16, and
 // the instance is checked again with its sizes varied, which parts them.
 #[model]
