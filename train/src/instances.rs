@@ -1,12 +1,13 @@
 //! The CPU's copies of the training code's backend-generic entry points (optimizer
-//! updates, metrics, evaluation, checkpoints and training states), compiled in this crate once. Rust shares a generic function's
-//! instance with the crates downstream when the function is `#[inline(never)]` and an
-//! upstream crate holds that instance, called directly: so a program that trains on the
-//! CPU links to these instead of compiling them again. Each function here forwards to
-//! its entry point; `kiln_fusion::instances` does the same for the executor.
+//! updates, metrics, evaluation, checkpoints, training states and the Learner's loop),
+//! compiled in this crate once. Rust shares a generic function's instance with the
+//! crates downstream when the function is `#[inline(never)]` and an upstream crate
+//! holds that instance, called directly: so a program that trains on the CPU links to
+//! these instead of compiling them again. Each function here forwards to its entry
+//! point; `kiln_fusion::instances` does the same for the executor.
 
 use crate::checkpoint::{self, Checksums, Tensors};
-use crate::learner::{self, Evaluated};
+use crate::learner::{self, EpochReport, Evaluated, Loader, Run, Trainee};
 use crate::metrics::{ClassCounts, MeanLoss, Metric, Outputs, TopK};
 use crate::optim::{Adam, AdamW, Optimizer, Sgd};
 use crate::state;
@@ -134,4 +135,16 @@ pub fn evaluate_batches(
     metrics: &mut [Box<dyn Metric<Cpu> + '_>],
 ) -> Result<(f64, Vec<(String, f64)>)> {
     learner::evaluate_batches(model, device, batches, metrics)
+}
+
+/// [`crate::learner::Learner::fit`]'s loop of any model, optimizer and data on the CPU.
+#[doc(hidden)]
+#[allow(private_interfaces)]
+pub fn fit(
+    run: &mut Run<'_, Cpu>,
+    trainee: &mut dyn Trainee<Cpu>,
+    train: &dyn Loader,
+    eval: Option<&dyn Loader>,
+) -> Result<Vec<EpochReport>> {
+    run.fit(trainee, train, eval)
 }

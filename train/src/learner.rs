@@ -15,13 +15,13 @@
 //! data-parallel ranks, each step's loss read (a loss that is not finite stops the run
 //! at that step).
 
-use crate::checkpoint;
+use crate::checkpoint::{self, Tensors};
 use crate::curve::Curve;
 use crate::metrics::{MeanLoss, Metric, Outputs};
 use crate::optim::Optimizer;
 use crate::parallel::broadcast_state;
 use crate::progress::Progress;
-use crate::replay::{StepInput, StepReplay};
+use crate::replay::{StepInput, StepOutcome, StepReplay};
 use crate::schedule::Schedule;
 use crate::state;
 use kiln_data::{
@@ -190,6 +190,15 @@ pub struct Learner<'a, B: Backend, M, O> {
     pub model: M,
     /// Its optimizer.
     pub optimizer: O,
+    on_step: Option<OnStep<'a, M, O>>,
+    run: Run<'a, B>,
+}
+
+/// Everything of a [`Learner`] but its model, its optimizer and the callback that sees
+/// them: what its training loop runs with, generic over the backend only, so that the
+/// loop is compiled once per backend (the CPU's copy in this crate, `instances.rs`),
+/// not once per model.
+pub(crate) struct Run<'a, B: Backend> {
     device: B::Device,
     epochs: u64,
     schedule: Option<Box<dyn Schedule + 'a>>,
@@ -204,7 +213,6 @@ pub struct Learner<'a, B: Backend, M, O> {
     curve: Option<(PathBuf, String)>,
     /// `None`: each report printed as a line.
     on_epoch: Option<OnEpoch<'a>>,
-    on_step: Option<OnStep<'a, M, O>>,
     replay: bool,
     ranks: Option<Box<dyn Collective<B>>>,
     /// This process's rank and the number of ranks (0 of 1 without ranks).
@@ -221,31 +229,33 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         Learner {
             model,
             optimizer,
-            device,
-            epochs: 1,
-            schedule: None,
-            metrics: Vec::new(),
-            state_file: None,
-            resume: Resume::IfPresent,
-            settings: BTreeMap::new(),
-            save_every: 0,
-            checkpoint: None,
-            metadata: BTreeMap::new(),
-            progress: false,
-            curve: None,
-            on_epoch: None,
             on_step: None,
-            replay: false,
-            ranks: None,
-            place: (0, 1),
-            first_step: 0,
+            run: Run {
+                device,
+                epochs: 1,
+                schedule: None,
+                metrics: Vec::new(),
+                state_file: None,
+                resume: Resume::IfPresent,
+                settings: BTreeMap::new(),
+                save_every: 0,
+                checkpoint: None,
+                metadata: BTreeMap::new(),
+                progress: false,
+                curve: None,
+                on_epoch: None,
+                replay: false,
+                ranks: None,
+                place: (0, 1),
+                first_step: 0,
+            },
         }
     }
 
     /// Also saves the training state every `steps` steps (0: at the end of each epoch
     /// only); needs [`Learner::state_file`].
     pub fn save_every(mut self, steps: u64) -> Self {
-        self.save_every = steps;
+        self.run.save_every = steps;
         self
     }
 
@@ -261,7 +271,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
     /// step's [`StepInfo::notice`] says which). Every batch must then have one size:
     /// the loader's last batch dropped.
     pub fn replay(mut self, on: bool) -> Self {
-        self.replay = on;
+        self.run.replay = on;
         self
     }
 
@@ -271,27 +281,27 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
     /// dropped), and gradients and losses are averaged before every rank's identical
     /// step. Reports, callbacks and state files are rank 0's.
     pub fn ranks(mut self, ranks: Box<dyn Collective<B>>) -> Self {
-        self.place = (ranks.rank(), ranks.world());
-        self.ranks = Some(ranks);
+        self.run.place = (ranks.rank(), ranks.world());
+        self.run.ranks = Some(ranks);
         self
     }
 
     /// Trains for `epochs` passes over the training data.
     pub fn epochs(mut self, epochs: u64) -> Self {
-        self.epochs = epochs;
+        self.run.epochs = epochs;
         self
     }
 
     /// Sets the learning rate from `schedule` before every step (by the step's index
     /// over the whole run).
     pub fn schedule(mut self, schedule: impl Schedule + 'a) -> Self {
-        self.schedule = Some(Box::new(schedule));
+        self.run.schedule = Some(Box::new(schedule));
         self
     }
 
     /// Computes `metric` on the evaluation data after every epoch.
     pub fn metric(mut self, metric: impl Metric<B> + 'a) -> Self {
-        self.metrics.push(Box::new(metric));
+        self.run.metrics.push(Box::new(metric));
         self
     }
 
@@ -299,21 +309,21 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
     /// [`Learner::resume`] says (by default when it exists), refusing a state written
     /// by a run with other data, batch settings or [`Learner::setting`]s.
     pub fn state_file(mut self, path: impl AsRef<Path>) -> Self {
-        self.state_file = Some(path.as_ref().to_path_buf());
+        self.run.state_file = Some(path.as_ref().to_path_buf());
         self
     }
 
     /// Calls `f` with each epoch's report instead of printing it; an error from `f`
     /// stops the run.
     pub fn on_epoch(mut self, f: impl FnMut(&EpochReport) -> Result<()> + 'a) -> Self {
-        self.on_epoch = Some(Box::new(f));
+        self.run.on_epoch = Some(Box::new(f));
         self
     }
 
     /// Whether [`Learner::fit`] continues from the state file ([`Resume::IfPresent`]
     /// unless set).
     pub fn resume(mut self, resume: Resume) -> Self {
-        self.resume = resume;
+        self.run.resume = resume;
         self
     }
 
@@ -322,7 +332,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
     /// shuffling): a learning rate, a model's size, a fingerprint of the data. A state
     /// of other settings is refused, naming each one that differs.
     pub fn setting(mut self, key: &str, value: impl ToString) -> Self {
-        self.settings.insert(key.to_string(), value.to_string());
+        self.run.settings.insert(key.to_string(), value.to_string());
         self
     }
 
@@ -331,14 +341,14 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
     /// [`Learner::metadata`] given and the last evaluation (`eval_loss`, and
     /// `eval_<metric>` for each metric).
     pub fn checkpoint_file(mut self, path: impl AsRef<Path>) -> Self {
-        self.checkpoint = Some(path.as_ref().to_path_buf());
+        self.run.checkpoint = Some(path.as_ref().to_path_buf());
         self
     }
 
     /// Adds `key = value` to the checkpoint's metadata (what the model is, what it was
     /// trained on).
     pub fn metadata(mut self, key: &str, value: impl ToString) -> Self {
-        self.metadata.insert(key.to_string(), value.to_string());
+        self.run.metadata.insert(key.to_string(), value.to_string());
         self
     }
 
@@ -346,7 +356,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
     /// bar where standard error is a terminal, a line every twentieth of the run or 30
     /// seconds elsewhere. Lines the Learner prints go through it.
     pub fn progress(mut self, on: bool) -> Self {
-        self.progress = on;
+        self.run.progress = on;
         self
     }
 
@@ -355,7 +365,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
     /// evaluation loss) at every epoch, of the steps this run took (a resumed run draws
     /// its own; one that took none leaves the file as it was).
     pub fn curve(mut self, path: impl AsRef<Path>, title: &str) -> Self {
-        self.curve = Some((path.as_ref().to_path_buf(), title.to_string()));
+        self.run.curve = Some((path.as_ref().to_path_buf(), title.to_string()));
         self
     }
 
@@ -368,6 +378,158 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         train: &DataLoader<D>,
         eval: Option<&DataLoader<E>>,
     ) -> Result<Vec<EpochReport>> {
+        let mut trainee = Pair {
+            model: &mut self.model,
+            optimizer: &mut self.optimizer,
+            on_step: &mut self.on_step,
+        };
+        self.run
+            .fit(&mut trainee, train, eval.map(|e| e as &dyn Loader))
+    }
+
+    /// The step the last [`Learner::fit`] started from: 0, or where its state file left
+    /// off.
+    pub fn first_step(&self) -> u64 {
+        self.run.first_step
+    }
+
+    /// The mean loss and every metric over `data`, in evaluation mode ([`evaluate`]
+    /// with this Learner's model and metrics).
+    pub fn evaluate<E: Dataset + 'static>(
+        &mut self,
+        data: &DataLoader<E>,
+    ) -> Result<(f64, Vec<(String, f64)>)> {
+        evaluate(&self.model, &self.run.device, data, &mut self.run.metrics)
+    }
+}
+
+/// A Learner's model and optimizer as its training loop sees them: object safe, so the
+/// loop ([`Run::fit`]) is generic over the backend only.
+pub(crate) trait Trainee<B: Backend> {
+    /// The model's tensors and the optimizer, for training states.
+    fn parts(&mut self) -> (&mut dyn Tensors<B>, &mut dyn Optimizer<B>);
+    /// The model's tensors.
+    fn tensors(&self) -> &dyn Tensors<B>;
+    /// The model in evaluation.
+    fn evaluated(&self) -> &dyn Evaluated<B>;
+    /// The optimizer.
+    fn optimizer(&self) -> &dyn Optimizer<B>;
+    /// [`Supervised::draws_at_random`].
+    fn draws_at_random(&self) -> bool;
+    /// Makes the model rank 0's ([`broadcast_state`]).
+    fn broadcast(&mut self, ranks: &dyn Collective<B>) -> Result<()>;
+    /// One step on an uploaded batch: its loss (on the device), the optimizer's step
+    /// taken.
+    fn step(&mut self, input: &RawTensor<B>, target: &RawTensor<B>) -> Result<RawTensor<B>>;
+    /// One step through `steps` (replayed, data-parallel or watched).
+    fn replayed_step(
+        &mut self,
+        steps: &mut StepReplay<B>,
+        inputs: Vec<StepInput<'_>>,
+    ) -> Result<StepOutcome>;
+    /// Whether a callback watches every step ([`Learner::on_step`]).
+    fn watched(&self) -> bool;
+    /// Calls that callback.
+    fn on_step(&mut self, info: &StepInfo) -> Result<()>;
+    /// Ends `steps` ([`StepReplay::finish`]).
+    fn finish(&self, steps: StepReplay<B>);
+}
+
+/// A [`Trainee`]: a Learner's model, optimizer and step callback, borrowed for a fit.
+struct Pair<'l, 'a, M, O> {
+    model: &'l mut M,
+    optimizer: &'l mut O,
+    on_step: &'l mut Option<OnStep<'a, M, O>>,
+}
+
+impl<B: Backend, M: Supervised<B>, O: Optimizer<B>> Trainee<B> for Pair<'_, '_, M, O> {
+    fn parts(&mut self) -> (&mut dyn Tensors<B>, &mut dyn Optimizer<B>) {
+        (self.model, self.optimizer)
+    }
+    fn tensors(&self) -> &dyn Tensors<B> {
+        self.model
+    }
+    fn evaluated(&self) -> &dyn Evaluated<B> {
+        self.model
+    }
+    fn optimizer(&self) -> &dyn Optimizer<B> {
+        self.optimizer
+    }
+    fn draws_at_random(&self) -> bool {
+        M::draws_at_random()
+    }
+    fn broadcast(&mut self, ranks: &dyn Collective<B>) -> Result<()> {
+        broadcast_state(ranks, self.model, 0)
+    }
+    fn step(&mut self, input: &RawTensor<B>, target: &RawTensor<B>) -> Result<RawTensor<B>> {
+        let (loss, grads) = self.model.loss_and_grads(input, target)?;
+        self.optimizer.step(self.model, &grads)?;
+        Ok(loss)
+    }
+    fn replayed_step(
+        &mut self,
+        steps: &mut StepReplay<B>,
+        inputs: Vec<StepInput<'_>>,
+    ) -> Result<StepOutcome> {
+        steps.step(self.model, self.optimizer, inputs, &mut |m, xy| {
+            m.loss_and_grads(&xy[0], &xy[1])
+        })
+    }
+    fn watched(&self) -> bool {
+        self.on_step.is_some()
+    }
+    fn on_step(&mut self, info: &StepInfo) -> Result<()> {
+        match self.on_step.as_mut() {
+            Some(f) => f(self.model, self.optimizer, info),
+            None => Ok(()),
+        }
+    }
+    fn finish(&self, steps: StepReplay<B>) {
+        steps.finish(self.model);
+    }
+}
+
+/// A training or evaluation loader as the training loop sees it, whatever its dataset.
+pub(crate) trait Loader {
+    /// The number of examples.
+    fn examples(&self) -> usize;
+    /// How it batches.
+    fn config(&self) -> &LoaderConfig;
+    /// [`DataLoader::batches_per_epoch`].
+    fn batches_per_epoch(&self) -> usize;
+    /// [`DataLoader::epoch_from`].
+    fn epoch_from(&self, epoch: u64, first: usize) -> Result<Batches>;
+    /// [`DataLoader::epoch`].
+    fn epoch(&self, epoch: u64) -> Batches;
+}
+
+impl<D: Dataset + 'static> Loader for DataLoader<D> {
+    fn examples(&self) -> usize {
+        self.dataset().len()
+    }
+    fn config(&self) -> &LoaderConfig {
+        DataLoader::config(self)
+    }
+    fn batches_per_epoch(&self) -> usize {
+        DataLoader::batches_per_epoch(self)
+    }
+    fn epoch_from(&self, epoch: u64, first: usize) -> Result<Batches> {
+        DataLoader::epoch_from(self, epoch, first)
+    }
+    fn epoch(&self, epoch: u64) -> Batches {
+        DataLoader::epoch(self, epoch)
+    }
+}
+
+impl<'a, B: Backend> Run<'a, B> {
+    /// [`Learner::fit`] of any model and optimizer (`trainee`) on any data.
+    #[inline(never)]
+    pub(crate) fn fit(
+        &mut self,
+        trainee: &mut dyn Trainee<B>,
+        train: &dyn Loader,
+        eval: Option<&dyn Loader>,
+    ) -> Result<Vec<EpochReport>> {
         const OP: &str = "Learner";
         if self.epochs == 0 {
             return Err(Error::invalid(OP, "a run of 0 epochs"));
@@ -379,11 +541,8 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
             ));
         }
         let (rank, world) = self.place;
-        let stepped = self.replay
-            || world > 1
-            || self.on_step.is_some()
-            || self.progress
-            || self.curve.is_some();
+        let stepped =
+            self.replay || world > 1 || trainee.watched() || self.progress || self.curve.is_some();
         if (self.replay || world > 1) && train.config().last_batch != LastBatch::Drop {
             return Err(Error::invalid(
                 OP,
@@ -406,7 +565,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                 OP,
                 format!(
                     "{} training examples make no full batch of {}",
-                    train.dataset().len(),
+                    train.examples(),
                     train.config().batch_size
                 ),
             ));
@@ -414,7 +573,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         let total = self.epochs.saturating_mul(per_epoch);
         // The Learner's own settings win over a caller's of the same name.
         let mut run = self.settings.clone();
-        run.extend(run_settings(train.dataset().len(), train.config(), world));
+        run.extend(run_settings(train.examples(), train.config(), world));
         if rank == 0 {
             // Before any step: a run is not lost to a path it cannot save to.
             let files = [
@@ -431,7 +590,8 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         let console = Console::new(rank == 0, self.progress, total);
         let mut step = 0;
         if let Some(path) = self.resume_from()? {
-            step = state::load(&path, &mut self.model, &mut self.optimizer, &run)?;
+            let (model, optimizer) = trainee.parts();
+            step = state::load_state(&path, model, optimizer, &run)?;
             if step > total {
                 return Err(Error::invalid(
                     OP,
@@ -454,8 +614,9 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         self.first_step = step;
         let mut steps = match stepped {
             true => {
-                let draws = M::draws_at_random();
-                let mut steps = StepReplay::new(&self.device, self.replay, &self.optimizer, draws);
+                let draws = trainee.draws_at_random();
+                let mut steps =
+                    StepReplay::new(&self.device, self.replay, trainee.optimizer(), draws);
                 if world > 1 {
                     let Some(ranks) = self.ranks.take() else {
                         return Err(Error::invalid(
@@ -463,8 +624,8 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                             "a data-parallel Learner fits once (its ranks are spent)",
                         ));
                     };
-                    broadcast_state(ranks.as_ref(), &mut self.model, 0)?;
-                    if let Some(seeds) = self.model.step_seeds() {
+                    trainee.broadcast(ranks.as_ref())?;
+                    if let Some(seeds) = trainee.tensors().step_seeds() {
                         seeds.set_rank(rank as u64);
                     }
                     steps = steps.data_parallel(ranks)?;
@@ -486,14 +647,23 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
             evaluating: Duration::ZERO,
             examples: 0,
         };
-        let result = self.epochs_from(train, eval, &run, &mut step, total, &mut steps, &mut record);
+        let result = self.epochs_from(
+            trainee,
+            train,
+            eval,
+            &run,
+            &mut step,
+            total,
+            &mut steps,
+            &mut record,
+        );
         if let Some(steps) = steps {
-            steps.finish(&self.model);
+            trainee.finish(steps);
         }
         record.console.finish();
         let reports = result?;
         if rank == 0 {
-            self.save_outputs(&reports, eval, &record)?;
+            self.save_outputs(trainee, &reports, eval, &record)?;
         }
         Ok(reports)
     }
@@ -526,10 +696,11 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
 
     /// What a run leaves at its end: the curve and the checkpoint (its metadata with
     /// the last evaluation: of the last epoch, or made now when no epoch ran).
-    fn save_outputs<E: Dataset + 'static>(
+    fn save_outputs(
         &mut self,
+        trainee: &mut dyn Trainee<B>,
         reports: &[EpochReport],
-        eval: Option<&DataLoader<E>>,
+        eval: Option<&dyn Loader>,
         record: &Record,
     ) -> Result<()> {
         // A run that took no step (resumed at its end) leaves the earlier curve alone.
@@ -545,7 +716,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         };
         let last = match (reports.last(), eval) {
             (Some(r), _) => r.eval_loss.map(|l| (l, r.metrics.clone())),
-            (None, Some(data)) => Some(self.evaluate(data)?),
+            (None, Some(data)) => Some(self.evaluate(trainee.evaluated(), data)?),
             (None, None) => None,
         };
         let mut meta = self.metadata.clone();
@@ -555,17 +726,18 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                 meta.insert(format!("eval_{name}"), format!("{v:.6}"));
             }
         }
-        checkpoint::save_with_metadata(&self.model, &path, &meta)?;
+        checkpoint::save_tensors(trainee.tensors(), &path, &meta)?;
         record.console.line(&format!("saved {}", path.display()));
         Ok(())
     }
 
     /// The epochs of [`Learner::fit`] from step `step` on.
     #[allow(clippy::too_many_arguments)]
-    fn epochs_from<D: Dataset + 'static, E: Dataset + 'static>(
+    fn epochs_from(
         &mut self,
-        train: &DataLoader<D>,
-        eval: Option<&DataLoader<E>>,
+        trainee: &mut dyn Trainee<B>,
+        train: &dyn Loader,
+        eval: Option<&dyn Loader>,
         run: &BTreeMap<String, String>,
         step: &mut u64,
         total: u64,
@@ -578,14 +750,14 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         for epoch in *step / per_epoch..self.epochs {
             let start = Instant::now();
             let mut device_loss = MeanLoss::<B>::new();
-            let (mut host_loss, mut examples, mut lr) = (0.0, 0usize, self.optimizer.lr());
+            let (mut host_loss, mut examples, mut lr) = (0.0, 0usize, trainee.optimizer().lr());
             let first = (*step - epoch * per_epoch) as usize;
             for batch in train.epoch_from(epoch, first)? {
                 let batch = batch?;
                 let n = batch.len();
                 if let Some(s) = &self.schedule {
                     lr = s.lr_at(*step);
-                    self.optimizer.set_lr(lr).map_err(|e| {
+                    trainee.parts().1.set_lr(lr).map_err(|e| {
                         e.with_context(&format!("the schedule's rate at step {step}"))
                     })?;
                 }
@@ -603,12 +775,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                                 dims: &target.1,
                             },
                         ];
-                        let outcome = steps.step(
-                            &mut self.model,
-                            &mut self.optimizer,
-                            inputs,
-                            &mut |m, xy| m.loss_and_grads(&xy[0], &xy[1]),
-                        )?;
+                        let outcome = trainee.replayed_step(steps, inputs)?;
                         // The same averaged loss on every rank: all stop together.
                         if !outcome.loss.is_finite() {
                             return Err(non_finite(format!(
@@ -623,7 +790,7 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                             }
                             record.step(*step, outcome.loss, lr, n);
                         }
-                        if let (Some(f), 0) = (self.on_step.as_mut(), rank) {
+                        if rank == 0 && trainee.watched() {
                             let info = StepInfo {
                                 epoch,
                                 step: *step,
@@ -632,13 +799,12 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                                 lr,
                                 notice: outcome.notice,
                             };
-                            f(&self.model, &self.optimizer, &info)?;
+                            trainee.on_step(&info)?;
                         }
                     }
                     None => {
                         let batch = batch.to_device::<B>(&self.device)?;
-                        let (l, grads) = self.model.loss_and_grads(&batch.input, &batch.target)?;
-                        self.optimizer.step(&mut self.model, &grads)?;
+                        let l = trainee.step(&batch.input, &batch.target)?;
                         device_loss.update(&Outputs {
                             scores: None,
                             targets: None,
@@ -650,7 +816,8 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
                 *step += 1;
                 if self.save_every > 0 && step.is_multiple_of(self.save_every) && rank == 0 {
                     if let Some(path) = &self.state_file {
-                        state::save(path, &self.model, &self.optimizer, *step, run)?;
+                        let (model, optimizer) = trainee.parts();
+                        state::save_state(path, model, optimizer, *step, run)?;
                     }
                 }
             }
@@ -668,14 +835,15 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
             let evaluating = Instant::now();
             let (eval_loss, metrics) = match (eval, rank) {
                 (Some(data), 0) => {
-                    let (l, m) = self.evaluate(data)?;
+                    let (l, m) = self.evaluate(trainee.evaluated(), data)?;
                     (Some(l), m)
                 }
                 _ => (None, Vec::new()),
             };
             record.evaluating += evaluating.elapsed();
             if let (Some(path), 0) = (&self.state_file, rank) {
-                state::save(path, &self.model, &self.optimizer, *step, run)?;
+                let (model, optimizer) = trainee.parts();
+                state::save_state(path, model, optimizer, *step, run)?;
             }
             let seconds = start.elapsed().as_secs_f64();
             let report = EpochReport {
@@ -707,19 +875,13 @@ impl<'a, B: Backend, M: Supervised<B>, O: Optimizer<B>> Learner<'a, B, M, O> {
         Ok(reports)
     }
 
-    /// The step the last [`Learner::fit`] started from: 0, or where its state file left
-    /// off.
-    pub fn first_step(&self) -> u64 {
-        self.first_step
-    }
-
-    /// The mean loss and every metric over `data`, in evaluation mode ([`evaluate`]
-    /// with this Learner's model and metrics).
-    pub fn evaluate<E: Dataset + 'static>(
+    /// The mean loss and every metric of `model` over `data`, in evaluation mode.
+    fn evaluate(
         &mut self,
-        data: &DataLoader<E>,
+        model: &dyn Evaluated<B>,
+        data: &dyn Loader,
     ) -> Result<(f64, Vec<(String, f64)>)> {
-        evaluate(&self.model, &self.device, data, &mut self.metrics)
+        evaluate_batches(model, &self.device, data.epoch(0), &mut self.metrics)
     }
 }
 

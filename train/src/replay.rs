@@ -61,7 +61,12 @@ impl<B: Backend> StepReplay<B> {
     /// Steps on `device`, captured once warm and replayed when `replay` is asked and
     /// the backend captures, unless `opt` would not replay correctly or anomaly mode is
     /// on (the first step's notice then says why). `draws`: whether the step draws random values (dropout).
-    pub fn new(device: &B::Device, replay: bool, opt: &impl Optimizer<B>, draws: bool) -> Self {
+    pub fn new(
+        device: &B::Device,
+        replay: bool,
+        opt: &(impl Optimizer<B> + ?Sized),
+        draws: bool,
+    ) -> Self {
         let asked = replay && B::captures(device);
         let refusal = match asked {
             // Anomaly mode reads every op's value back, which a capture cannot hold.
