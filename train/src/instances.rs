@@ -1,21 +1,25 @@
 //! The CPU's copies of the training code's backend-generic entry points (optimizer
-//! updates, metrics, evaluation, checkpoints, training states and the Learner's loop),
-//! compiled in this crate once. Rust shares a generic function's instance with the
-//! crates downstream when the function is `#[inline(never)]` and an upstream crate
-//! holds that instance, called directly: so a program that trains on the CPU links to
-//! these instead of compiling them again. Each function here forwards to its entry
-//! point; `kiln_fusion::instances` does the same for the executor.
+//! updates, metrics, evaluation, checkpoints, training states, the Learner's loop, the
+//! step replay and the gradient exchange), compiled in this crate once. Rust shares a
+//! generic function's instance with the crates downstream when the function is
+//! `#[inline(never)]` and an upstream crate holds that instance, called directly: so a
+//! program that trains on the CPU links to these instead of compiling them again. Each
+//! function here forwards to its entry point; `kiln_fusion::instances` does the same
+//! for the executor.
 
 use crate::checkpoint::{self, Checksums, Tensors};
 use crate::learner::{self, EpochReport, Evaluated, Loader, Run, Trainee};
 use crate::metrics::{ClassCounts, MeanLoss, Metric, Outputs, TopK};
 use crate::optim::{Adam, AdamW, Optimizer, Sgd};
+use crate::parallel::{Backward, GradExchange};
+use crate::replay::{StepInput, StepOutcome, StepParts, StepReplay};
 use crate::state;
 use kiln_cpu::{Cpu, CpuDevice};
 use kiln_data::Batches;
-use kiln_tensor::{RawTensor, Result};
+use kiln_tensor::{Collective, RawTensor, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::rc::Rc;
 
 /// Forwards to each optimizer's [`Optimizer::update_param`] and
 /// [`Optimizer::update_param_in_place`] on the CPU.
@@ -147,4 +151,27 @@ pub fn fit(
     eval: Option<&dyn Loader>,
 ) -> Result<Vec<EpochReport>> {
     run.fit(trainee, train, eval)
+}
+
+/// [`StepReplay::step`] of any model and optimizer on the CPU.
+#[doc(hidden)]
+#[allow(private_interfaces)]
+pub fn replay_step(
+    steps: &mut StepReplay<Cpu>,
+    parts: &mut dyn StepParts<Cpu>,
+    inputs: Vec<StepInput<'_>>,
+) -> Result<StepOutcome> {
+    steps.step_parts(parts, inputs)
+}
+
+/// [`GradExchange::run`] of any model on the CPU: the loss and the gradients averaged
+/// over the ranks.
+#[doc(hidden)]
+#[allow(private_interfaces)]
+pub fn exchange_grads(
+    exchange: &mut GradExchange,
+    ranks: &Rc<dyn Collective<Cpu>>,
+    backward: &mut Backward<'_, Cpu>,
+) -> Result<(RawTensor<Cpu>, Vec<RawTensor<Cpu>>)> {
+    exchange.exchange(ranks, backward)
 }

@@ -422,6 +422,28 @@ impl GradExchange {
         model: &mut M,
         backward: impl FnOnce(&M) -> Result<(RawTensor<B>, M::Grads)>,
     ) -> Result<(RawTensor<B>, M::Grads)> {
+        let mut backward = Some(backward);
+        let (loss, averaged) = self.exchange(c, &mut || {
+            let backward = backward
+                .take()
+                .expect("an exchange runs its backward pass once");
+            let (loss, grads) = backward(&*model)?;
+            let mut raw = Vec::new();
+            each_grad(model, &grads, &mut |_, g| raw.push(g.clone()))?;
+            Ok((loss, raw))
+        })?;
+        let grads = M::grads_from_raw(&mut averaged.into_iter())?;
+        Ok((loss, grads))
+    }
+
+    /// [`GradExchange::run`] of any model: `backward` gives the loss and the gradients
+    /// in `visit_params` order; so are the averaged ones returned.
+    #[inline(never)]
+    pub(crate) fn exchange<B: Backend, C: Collective<B> + ?Sized + 'static>(
+        &mut self,
+        c: &Rc<C>,
+        backward: &mut Backward<'_, B>,
+    ) -> Result<(RawTensor<B>, Vec<RawTensor<B>>)> {
         let learnt: Rc<[Option<usize>]> = match (self.after, &self.learnt) {
             (false, Some(learnt)) => learnt.as_slice().into(),
             _ => Rc::new([]),
@@ -455,8 +477,7 @@ impl GradExchange {
                 }
             }
         };
-        let (loss, grads) =
-            kiln_tensor::collective::watch_outputs(Box::new(watch), || backward(&*model))?;
+        let (loss, raw) = kiln_tensor::collective::watch_outputs(Box::new(watch), backward)?;
         let During {
             handed,
             mut started,
@@ -470,8 +491,6 @@ impl GradExchange {
         }
         let c: &C = c;
         started.extend(bucket.send(c)?);
-        let mut raw: Vec<RawTensor<B>> = Vec::new();
-        each_grad(model, &grads, &mut |_, g| raw.push(g.clone()))?;
         let mut averaged: Vec<Option<RawTensor<B>>> = (0..raw.len()).map(|_| None).collect();
         let mut relearn = self.learnt.is_none();
         for (k, avg) in started {
@@ -502,10 +521,13 @@ impl GradExchange {
                     .collect(),
             );
         }
-        let grads = M::grads_from_raw(&mut averaged.into_iter().flatten())?;
-        Ok((loss.remove(0), grads))
+        Ok((loss.remove(0), averaged.into_iter().flatten().collect()))
     }
 }
+
+/// A backward pass as [`GradExchange::exchange`] runs it: the loss and every gradient,
+/// in `visit_params` order.
+pub(crate) type Backward<'a, B> = dyn FnMut() -> Result<(RawTensor<B>, Vec<RawTensor<B>>)> + 'a;
 
 /// Whether two tensors are the same values: one buffer, one layout.
 fn same_buffer<B: Backend>(a: &RawTensor<B>, b: &RawTensor<B>) -> bool {

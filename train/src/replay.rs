@@ -145,13 +145,25 @@ impl<B: Backend> StepReplay<B> {
         inputs: Vec<StepInput<'_>>,
         loss_and_grad: &mut LossAndGrad<'_, B, M>,
     ) -> Result<StepOutcome> {
+        let mut parts = Parts {
+            model,
+            opt,
+            loss_and_grad,
+        };
+        self.step_parts(&mut parts, inputs)
+    }
+
+    /// [`StepReplay::step`] of any model and optimizer.
+    #[inline(never)]
+    pub(crate) fn step_parts(
+        &mut self,
+        parts: &mut dyn StepParts<B>,
+        inputs: Vec<StepInput<'_>>,
+    ) -> Result<StepOutcome> {
         let device = &self.device;
         if self.captures && self.steps >= 1 {
             // Outside the captured work: a replay reads these from device memory.
-            opt.prepare_step()?;
-            if let (true, Some(seeds)) = (self.draws, model.step_seeds()) {
-                seeds.advance_on_device(device)?;
-            }
+            parts.prepare(self.draws, device)?;
         }
         let loss = match &self.graph {
             Some(graph) => {
@@ -170,7 +182,7 @@ impl<B: Backend> StepReplay<B> {
                     B::write_host(buffer, &input.data)?;
                 }
                 graph.replay.replay()?;
-                opt.step_replayed();
+                parts.replayed();
                 if let Some((ranks, _)) = &self.ranks {
                     // The replay's exchanges wait on the other ranks: under the timeout.
                     ranks.watch()?;
@@ -186,9 +198,7 @@ impl<B: Backend> StepReplay<B> {
                     let mut out = None;
                     let ranks = &mut self.ranks;
                     let replay = B::capture(device, &mut || {
-                        let (loss, grads) = rank_step(ranks, model, &uploaded, loss_and_grad)?;
-                        opt.step(model, &grads)?;
-                        out = Some(loss);
+                        out = Some(parts.train(ranks, &uploaded)?);
                         Ok(())
                     })?;
                     let loss = out.expect("a captured step ran and returned its loss");
@@ -203,10 +213,7 @@ impl<B: Backend> StepReplay<B> {
                     });
                     value
                 } else {
-                    let (loss, grads) =
-                        rank_step(&mut self.ranks, model, &uploaded, loss_and_grad)?;
-                    opt.step(model, &grads)?;
-                    loss.to_vec::<f32>()?[0]
+                    parts.train(&mut self.ranks, &uploaded)?.to_vec::<f32>()?[0]
                 }
             }
         };
@@ -242,6 +249,55 @@ impl<B: Backend> StepReplay<B> {
         if let Some(seeds) = model.step_seeds() {
             seeds.keep_on_host();
         }
+    }
+}
+
+/// A step's model, optimizer and loss as [`StepReplay::step_parts`] sees them: object
+/// safe, so the replay is compiled once per backend (the CPU's copy in this crate,
+/// `instances.rs`), not once per model.
+pub(crate) trait StepParts<B: Backend> {
+    /// Writes the coming step's per-step values into device memory, where a replay
+    /// reads them: the optimizer's, and the dropout seed when the step `draws`.
+    fn prepare(&mut self, draws: bool, device: &B::Device) -> Result<()>;
+    /// Counts a replayed step on the host ([`Optimizer::step_replayed`]).
+    fn replayed(&mut self);
+    /// The step's loss on `inputs` (averaged over `ranks` where there are), its
+    /// gradients applied by the optimizer.
+    fn train(
+        &mut self,
+        ranks: &mut Option<(Rc<dyn Collective<B>>, GradExchange)>,
+        inputs: &[RawTensor<B>],
+    ) -> Result<RawTensor<B>>;
+}
+
+/// A [`StepParts`]: what [`StepReplay::step`] was given.
+struct Parts<'p, 'l, B: Backend, M: Module<B>, O> {
+    model: &'p mut M,
+    opt: &'p mut O,
+    loss_and_grad: &'p mut LossAndGrad<'l, B, M>,
+}
+
+impl<B: Backend, M: Module<B>, O: Optimizer<B>> StepParts<B> for Parts<'_, '_, B, M, O> {
+    fn prepare(&mut self, draws: bool, device: &B::Device) -> Result<()> {
+        self.opt.prepare_step()?;
+        if let (true, Some(seeds)) = (draws, self.model.step_seeds()) {
+            seeds.advance_on_device(device)?;
+        }
+        Ok(())
+    }
+
+    fn replayed(&mut self) {
+        self.opt.step_replayed();
+    }
+
+    fn train(
+        &mut self,
+        ranks: &mut Option<(Rc<dyn Collective<B>>, GradExchange)>,
+        inputs: &[RawTensor<B>],
+    ) -> Result<RawTensor<B>> {
+        let (loss, grads) = rank_step(ranks, self.model, inputs, self.loss_and_grad)?;
+        self.opt.step(self.model, &grads)?;
+        Ok(loss)
     }
 }
 
