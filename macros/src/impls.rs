@@ -101,7 +101,7 @@ fn expand_definition(item: &ItemStruct, imp: &ItemImpl, defs: &[Def]) -> TokenSt
         errors.extend(crate::instances::definition_mistakes(&this, defs).unwrap_or_default());
     }
     // A definition with mistakes of its own is handed on marked broken: its instances
-    // add no errors.
+    // repeat none of them.
     let def = def_macro(item, imp, defs, !errors.is_empty());
     quote!(#def #(#errors)*)
 }

@@ -294,14 +294,7 @@ fn coincidences(
         let Some(first) = mistakes.first() else {
             continue;
         };
-        let shown = |vals: &[u64]| {
-            params
-                .iter()
-                .zip(vals)
-                .map(|(p, v)| format!("{p} = {v}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let shown = |vals: &[u64]| sizes_shown(params, vals);
         let mut seen = std::collections::HashSet::new();
         let mistakes = std::iter::once(first)
             .chain(&mistakes[1..])
@@ -397,12 +390,7 @@ pub(crate) fn definition_mistakes(def: &Def, defs: &[Def]) -> Option<Vec<TokenSt
         if mistakes.is_empty() {
             return None;
         }
-        let shown = params
-            .iter()
-            .zip(&values)
-            .map(|(p, v)| format!("{p} = {v}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let shown = sizes_shown(&params, &values);
         let note = format!(
             " (in the definition of `{name}`, checked with the stand-in sizes {shown}: a definition must hold for any sizes)"
         );
@@ -416,6 +404,16 @@ pub(crate) fn definition_mistakes(def: &Def, defs: &[Def]) -> Option<Vec<TokenSt
         );
     }
     None
+}
+
+/// `D = 192, H = 64`: sizes named, for messages.
+fn sizes_shown(params: &[Ident], values: &[u64]) -> String {
+    params
+        .iter()
+        .zip(values)
+        .map(|(p, v)| format!("{p} = {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Which of `params` are counts: a size written in an array field's length.
