@@ -1,6 +1,7 @@
-//! The CPU's copies of the training code's backend-generic entry points (optimizer
-//! updates, metrics, evaluation, checkpoints, training states, the Learner's loop, the
-//! step replay and the gradient exchange), compiled in this crate once. Rust shares a
+//! The CPU's copies of the training code's backend-generic entry points (optimizers
+//! and their updates, clipping, metrics, evaluation, checkpoints, training states, the
+//! Learner's loop, the step replay and the gradient exchange), compiled in this crate
+//! once. Rust shares a
 //! generic function's instance with the crates downstream when the function is
 //! `#[inline(never)]` and an upstream crate holds that instance, called directly: so a
 //! program that trains on the CPU links to these instead of compiling them again. Each
@@ -10,7 +11,10 @@
 use crate::checkpoint::{self, Checksums, Tensors};
 use crate::learner::{self, EpochReport, Evaluated, Loader, Run, Trainee};
 use crate::metrics::{ClassCounts, MeanLoss, Metric, Outputs, TopK};
-use crate::optim::{Adam, AdamW, Optimizer, Sgd};
+use crate::optim::clip::{self, Clipping};
+use crate::optim::{
+    Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, OptimizerState, Sgd, SgdConfig,
+};
 use crate::parallel::{Backward, GradExchange};
 use crate::replay::{StepInput, StepOutcome, StepParts, StepReplay};
 use crate::state;
@@ -51,6 +55,62 @@ optimizer_instances! {
     Sgd: sgd_update, sgd_update_in_place;
     Adam: adam_update, adam_update_in_place;
     AdamW: adamw_update, adamw_update_in_place;
+}
+
+/// Forwards to each optimizer's constructor and its [`Optimizer`] methods that touch
+/// more than a field (the learning rate, the state, the per-step values) on the CPU.
+macro_rules! optimizer_setup_instances {
+    ($($opt:ident($config:ident): $new:ident, $set_lr:ident, $state:ident, $load_state:ident, $prepare:ident;)*) => {$(
+        #[doc(hidden)]
+        pub fn $new(config: $config) -> Result<$opt<Cpu>> {
+            $opt::new(config)
+        }
+
+        #[doc(hidden)]
+        pub fn $set_lr(opt: &mut $opt<Cpu>, lr: f64) -> Result<()> {
+            opt.set_lr(lr)
+        }
+
+        #[doc(hidden)]
+        pub fn $state(opt: &$opt<Cpu>) -> OptimizerState<Cpu> {
+            opt.state()
+        }
+
+        #[doc(hidden)]
+        pub fn $load_state(opt: &mut $opt<Cpu>, state: OptimizerState<Cpu>) -> Result<()> {
+            opt.load_state(state)
+        }
+
+        #[doc(hidden)]
+        pub fn $prepare(opt: &mut $opt<Cpu>) -> Result<()> {
+            opt.prepare_step()
+        }
+    )*};
+}
+
+optimizer_setup_instances! {
+    Sgd(SgdConfig): sgd_new, sgd_set_lr, sgd_state, sgd_load_state, sgd_prepare_step;
+    Adam(AdamConfig): adam_new, adam_set_lr, adam_state, adam_load_state, adam_prepare_step;
+    AdamW(AdamWConfig): adamw_new, adamw_set_lr, adamw_state, adamw_load_state, adamw_prepare_step;
+}
+
+/// [`crate::optim::global_norm`]'s arithmetic on the CPU.
+#[doc(hidden)]
+pub fn norm_of(grads: Vec<(String, RawTensor<Cpu>)>) -> Result<RawTensor<Cpu>> {
+    clip::norm_of(grads)
+}
+
+/// Clipping's scale from the global norm on the CPU.
+#[doc(hidden)]
+#[allow(private_interfaces)]
+pub fn clip_scale_for(clipping: &mut Clipping<Cpu>, norm: RawTensor<Cpu>) -> Result<()> {
+    clipping.scale_for(norm)
+}
+
+/// Anomaly mode's check of an update on the CPU.
+#[doc(hidden)]
+pub fn check_update(name: &str, param: &RawTensor<Cpu>, grad: &RawTensor<Cpu>) -> Result<()> {
+    crate::optim::check_update(name, param, grad)
 }
 
 /// Forwards to each metric's [`Metric::update`] and [`Metric::value`] on the CPU.

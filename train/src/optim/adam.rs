@@ -472,6 +472,7 @@ impl<B: Backend> Adam<B> {
     }
 
     /// An optimizer with these settings (an error for settings PyTorch rejects).
+    #[inline(never)]
     pub fn new(config: AdamConfig) -> Result<Self> {
         check_adam(
             "Adam",
@@ -516,6 +517,7 @@ impl<B: Backend> AdamW<B> {
     }
 
     /// An optimizer with these settings (an error for settings PyTorch rejects).
+    #[inline(never)]
     pub fn new(config: AdamWConfig) -> Result<Self> {
         check_adam(
             "AdamW",
@@ -576,6 +578,7 @@ macro_rules! adam_optimizer {
                 self.config.lr
             }
 
+            #[inline(never)]
             fn set_lr(&mut self, lr: f64) -> Result<()> {
                 check_lr($name, lr)?;
                 self.config.lr = lr;
@@ -586,14 +589,17 @@ macro_rules! adam_optimizer {
                 self.state.clear();
             }
 
+            #[inline(never)]
             fn state(&self) -> OptimizerState<B> {
                 self.state.state($kind)
             }
 
+            #[inline(never)]
             fn load_state(&mut self, state: OptimizerState<B>) -> Result<()> {
                 self.state.load_state($kind, state)
             }
 
+            #[inline(never)]
             fn prepare_step(&mut self) -> Result<()> {
                 self.state.prepare_step(self.hyper())
             }

@@ -47,8 +47,15 @@ pub fn global_norm<B: Backend, M: Module<B>>(
     model: &mut M,
     grads: &M::Grads,
 ) -> Result<RawTensor<B>> {
+    norm_of(crate::parallel::named_grads(model, grads)?)
+}
+
+/// The norm of all of `grads` together: [`global_norm`]'s arithmetic, generic over the
+/// backend only (the CPU's copy compiled in this crate, `instances.rs`).
+#[inline(never)]
+pub(crate) fn norm_of<B: Backend>(grads: Vec<(String, RawTensor<B>)>) -> Result<RawTensor<B>> {
     let mut total: Option<RawTensor<B>> = None;
-    for (_, g) in crate::parallel::named_grads(model, grads)? {
+    for (_, g) in grads {
         let g = g.cast(DType::F32)?;
         let axes: Vec<usize> = (0..g.rank()).collect();
         let squares = g.ops().mul(&g, &g)?.sum(&axes, false)?;
@@ -62,7 +69,7 @@ pub fn global_norm<B: Backend, M: Module<B>>(
 }
 
 /// An optimizer's clipping: the mode and, for the global norm, this step's scale.
-pub(super) struct Clipping<B: Backend> {
+pub(crate) struct Clipping<B: Backend> {
     mode: GradClip,
     /// `min(1, max_norm / (‖g‖ + 1e-6))`, rank 0, f32, on the gradients' device.
     scale: Option<RawTensor<B>>,
@@ -93,10 +100,19 @@ impl<B: Backend> Clipping<B> {
     /// For the global norm: this step's scale, from all of `grads`, written into
     /// device memory (in place after the first step, so that a replay recomputes it).
     pub(super) fn prepare<M: Module<B>>(&mut self, model: &mut M, grads: &M::Grads) -> Result<()> {
+        let GradClip::Norm(_) = self.mode else {
+            return Ok(());
+        };
+        self.scale_for(global_norm(model, grads)?)
+    }
+
+    /// Writes the scale that clipping to [`GradClip::Norm`] applies given the
+    /// gradients' global `norm` (generic over the backend only, as [`norm_of`]).
+    #[inline(never)]
+    pub(crate) fn scale_for(&mut self, norm: RawTensor<B>) -> Result<()> {
         let GradClip::Norm(max_norm) = self.mode else {
             return Ok(());
         };
-        let norm = global_norm(model, grads)?;
         let device = norm.device().clone();
         if self.scale.as_ref().is_none_or(|s| *s.device() != device) {
             self.scale = Some(RawTensor::zeros(&[], DType::F32, &device)?);

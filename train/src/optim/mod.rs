@@ -15,7 +15,7 @@ use kiln_tensor::{Backend, DType, Error, RawTensor, Result};
 use std::collections::BTreeMap;
 
 mod adam;
-mod clip;
+pub(crate) mod clip;
 mod rules;
 mod sgd;
 
@@ -198,7 +198,12 @@ pub trait Optimizer<B: Backend> {
 }
 
 /// Anomaly mode's check of parameter `name` after its update from gradient `grad`.
-fn check_update<B: Backend>(name: &str, param: &RawTensor<B>, grad: &RawTensor<B>) -> Result<()> {
+#[inline(never)]
+pub(crate) fn check_update<B: Backend>(
+    name: &str,
+    param: &RawTensor<B>,
+    grad: &RawTensor<B>,
+) -> Result<()> {
     use kiln_tensor::anomaly::first_non_finite;
     let Some(bad) = first_non_finite(param)? else {
         return Ok(());

@@ -60,6 +60,7 @@ pub struct Sgd<B: Backend> {
 
 impl<B: Backend> Sgd<B> {
     /// An optimizer with these settings (an error for settings PyTorch rejects).
+    #[inline(never)]
     pub fn new(config: SgdConfig) -> Result<Self> {
         check_lr("Sgd", config.lr)?;
         check_non_negative("Sgd", "momentum", config.momentum)?;
@@ -255,6 +256,7 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
         self.config.lr
     }
 
+    #[inline(never)]
     fn set_lr(&mut self, lr: f64) -> Result<()> {
         check_lr("Sgd", lr)?;
         if lr == self.config.lr {
@@ -288,6 +290,7 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
         self.clip.prepare(model, grads)
     }
 
+    #[inline(never)]
     fn state(&self) -> OptimizerState<B> {
         let mut state = OptimizerState::empty("sgd");
         for (name, buffer) in &self.momentum_buffers {
@@ -298,6 +301,7 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
         state
     }
 
+    #[inline(never)]
     fn load_state(&mut self, state: OptimizerState<B>) -> Result<()> {
         state.check("sgd", &[MOMENTUM_BUFFER], &[])?;
         if self.config.momentum == 0.0 && !state.tensors.is_empty() {
