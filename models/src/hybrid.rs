@@ -2,12 +2,11 @@
 //! forward pass is planned at build time around a call to [`Refiner`], a module whose
 //! depth is a run-time setting, written in plain Rust over lazy tensors. The plan calls
 //! out to it, checks the shape it returns against the shape the call declares, and
-//! runs its backward pass where the build-time backward pass reaches it.
-//! [`StaticHybridMlp`] is the same network all `#[model]` (the refiner at depth one),
-//! which the tests hold it equal to.
+//! runs its backward pass where the build-time backward pass reaches it. The tests
+//! hold it equal to the same network all `#[model]` (the refiner at depth one), which
+//! lives with them (models/tests/support/dynamic_equal.rs).
 
 use crate::dynamic::DynamicResidualMlp;
-use crate::parts::ResidualMlp;
 use kiln::dynamic::{DynamicModule, LazyTensor};
 use kiln::prelude::*;
 use kiln::tensor::nn::{join, Mode};
@@ -96,65 +95,5 @@ impl<Be: Backend> HybridMlp<Be> {
     /// The dynamic part, to change its depth.
     pub fn refiner_mut(&mut self) -> &mut Refiner<Be> {
         &mut self.refine
-    }
-}
-
-/// The refiner at depth one, as a `#[model]`: `refine.block` is a `ResidualMlp`.
-#[model]
-pub struct StaticRefiner {
-    block: ResidualMlp,
-}
-
-#[model]
-impl StaticRefiner {
-    /// The block, once.
-    pub fn forward<const B: usize>(&self, x: Tensor<B, 32>) -> Tensor<B, 32> {
-        self.block(x)
-    }
-}
-
-/// [`HybridMlp`] all planned at build time (its refiner at depth one).
-#[model]
-pub struct StaticHybridMlp {
-    input: Linear<16, 32>,
-    refine: StaticRefiner,
-    head: Linear<32, 4>,
-}
-
-#[model]
-impl StaticHybridMlp {
-    /// The prediction for a batch of rows.
-    pub fn forward<const B: usize>(&self, x: Tensor<B, 16>) -> Tensor<B, 4> {
-        let h = self.input(x).relu();
-        let h = self.refine(h);
-        self.head(h)
-    }
-
-    /// Mean squared error against `y`.
-    pub fn loss<const B: usize>(&self, x: Tensor<B, 16>, y: Tensor<B, 4>) -> Tensor {
-        (self.forward(x) - y).square().mean_all()
-    }
-
-    /// [`HybridMlp::forward_twice`], planned.
-    pub fn forward_twice<const B: usize>(&self, x: Tensor<B, 16>) -> Tensor<B, 4> {
-        let h = self.input(x).relu();
-        let r = self.refine(h);
-        self.head(self.refine(r + h))
-    }
-
-    /// Mean squared error of `forward_twice` against `y`.
-    pub fn loss_twice<const B: usize>(&self, x: Tensor<B, 16>, y: Tensor<B, 4>) -> Tensor {
-        (self.forward_twice(x) - y).square().mean_all()
-    }
-
-    /// The refiner at depth two: the block applied twice.
-    pub fn forward_deep<const B: usize>(&self, x: Tensor<B, 16>) -> Tensor<B, 4> {
-        let h = self.input(x).relu();
-        self.head(self.refine(self.refine(h)))
-    }
-
-    /// Mean squared error of `forward_deep` against `y`.
-    pub fn loss_deep<const B: usize>(&self, x: Tensor<B, 16>, y: Tensor<B, 4>) -> Tensor {
-        (self.forward_deep(x) - y).square().mean_all()
     }
 }

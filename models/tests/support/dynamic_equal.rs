@@ -17,7 +17,7 @@ use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use kiln_models::dynamic::{
     DynamicAttention, DynamicGpt, DynamicLeNet, DynamicMlp, DynamicResidualMlp,
 };
-use kiln_models::hybrid::{HybridMlp, StaticHybridMlp};
+use kiln_models::hybrid::HybridMlp;
 use kiln_models::lenet::LeNet;
 use kiln_models::mlp::Mlp;
 use kiln_models::parts::ResidualMlp;
@@ -29,6 +29,67 @@ use gpt_instances::TinyGpt;
 /// Causal self-attention of width 16 in two heads.
 #[model]
 type Attention = kiln_models::parts::CausalSelfAttention<16, 2>;
+
+/// The refiner at depth one, as a `#[model]`: `refine.block` is a `ResidualMlp`.
+#[model]
+pub struct StaticRefiner {
+    block: ResidualMlp,
+}
+
+#[model]
+impl StaticRefiner {
+    /// The block, once.
+    pub fn forward<const B: usize>(&self, x: Tensor<B, 32>) -> Tensor<B, 32> {
+        self.block(x)
+    }
+}
+
+/// [`HybridMlp`] all planned at build time (its refiner at depth one): the twin the
+/// hybrid checks hold it equal to.
+#[model]
+pub struct StaticHybridMlp {
+    input: Linear<16, 32>,
+    refine: StaticRefiner,
+    head: Linear<32, 4>,
+}
+
+#[model]
+impl StaticHybridMlp {
+    /// The prediction for a batch of rows.
+    pub fn forward<const B: usize>(&self, x: Tensor<B, 16>) -> Tensor<B, 4> {
+        let h = self.input(x).relu();
+        let h = self.refine(h);
+        self.head(h)
+    }
+
+    /// Mean squared error against `y`.
+    pub fn loss<const B: usize>(&self, x: Tensor<B, 16>, y: Tensor<B, 4>) -> Tensor {
+        (self.forward(x) - y).square().mean_all()
+    }
+
+    /// [`HybridMlp::forward_twice`], planned.
+    pub fn forward_twice<const B: usize>(&self, x: Tensor<B, 16>) -> Tensor<B, 4> {
+        let h = self.input(x).relu();
+        let r = self.refine(h);
+        self.head(self.refine(r + h))
+    }
+
+    /// Mean squared error of `forward_twice` against `y`.
+    pub fn loss_twice<const B: usize>(&self, x: Tensor<B, 16>, y: Tensor<B, 4>) -> Tensor {
+        (self.forward_twice(x) - y).square().mean_all()
+    }
+
+    /// The refiner at depth two: the block applied twice.
+    pub fn forward_deep<const B: usize>(&self, x: Tensor<B, 16>) -> Tensor<B, 4> {
+        let h = self.input(x).relu();
+        self.head(self.refine(self.refine(h)))
+    }
+
+    /// Mean squared error of `forward_deep` against `y`.
+    pub fn loss_deep<const B: usize>(&self, x: Tensor<B, 16>, y: Tensor<B, 4>) -> Tensor {
+        (self.forward_deep(x) - y).square().mean_all()
+    }
+}
 
 /// `(name, values)` of every parameter (and buffer, when `buffers`).
 type Named = Vec<(String, Vec<f32>)>;
