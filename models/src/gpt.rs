@@ -219,6 +219,7 @@ pub fn generate<Be: Backend, M: GptModel<Be>>(
 
 /// Draws a byte from `logits` at `temperature` among the `top_k` most likely, with the
 /// uniform draw `u` in [0, 1).
+#[inline]
 fn sample(logits: &[f32], temperature: f64, top_k: usize, u: f64) -> u8 {
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
