@@ -15,7 +15,7 @@ use crate::optim::clip::{self, Clipping};
 use crate::optim::{
     Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, OptimizerState, Sgd, SgdConfig,
 };
-use crate::parallel::{Backward, GradExchange};
+use crate::parallel::{self, Backward, ByName, GradExchange};
 use crate::replay::{StepInput, StepOutcome, StepParts, StepReplay};
 use crate::state;
 use kiln_cpu::{Cpu, CpuDevice};
@@ -234,4 +234,23 @@ pub fn exchange_grads(
     backward: &mut Backward<'_, Cpu>,
 ) -> Result<(RawTensor<Cpu>, Vec<RawTensor<Cpu>>)> {
     exchange.exchange(ranks, backward)
+}
+
+/// [`crate::parallel::broadcast_state`]'s exchange on the CPU.
+#[doc(hidden)]
+#[allow(private_interfaces)]
+pub fn broadcast_named(
+    ranks: &dyn Collective<Cpu>,
+    names: Vec<String>,
+    tensors: Vec<RawTensor<Cpu>>,
+    root: usize,
+) -> Result<ByName<Cpu>> {
+    parallel::broadcast_named(ranks, names, tensors, root)
+}
+
+/// [`crate::parallel::broadcast_state`]'s lookup by name on the CPU.
+#[doc(hidden)]
+#[allow(private_interfaces)]
+pub fn take_named(by_name: &mut ByName<Cpu>, name: &str) -> Result<RawTensor<Cpu>> {
+    by_name.take(name)
 }

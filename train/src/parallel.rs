@@ -243,14 +243,36 @@ pub fn broadcast_state<B: Backend, M: Module<B>>(
     };
     model.visit_params("", &mut take);
     model.visit_buffers("", &mut take);
+    let mut by_name = broadcast_named(c, names, tensors, root)?;
+    model.load_named("", &mut |name, _| by_name.take(name))
+}
+
+/// Rank `root`'s values of the tensors `names`, `tensors` (every rank's in the same
+/// order), by name: [`broadcast_state`]'s exchange, generic over the backend and the
+/// collective only (the CPU's copy for `dyn Collective` compiled in this crate,
+/// `instances.rs`).
+#[inline(never)]
+pub(crate) fn broadcast_named<B: Backend, C: Collective<B> + ?Sized>(
+    c: &C,
+    names: Vec<String>,
+    tensors: Vec<RawTensor<B>>,
+    root: usize,
+) -> Result<ByName<B>> {
     let values = c.broadcast(&tensors, root)?;
-    let mut by_name: std::collections::HashMap<String, RawTensor<B>> =
-        names.into_iter().zip(values).collect();
-    model.load_named("", &mut |name, _| {
-        by_name
+    Ok(ByName(names.into_iter().zip(values).collect()))
+}
+
+/// Tensors by parameter or buffer name, each taken once.
+pub(crate) struct ByName<B: Backend>(std::collections::HashMap<String, RawTensor<B>>);
+
+impl<B: Backend> ByName<B> {
+    /// The tensor named `name`, removed; an error if there is none.
+    #[inline(never)]
+    pub(crate) fn take(&mut self, name: &str) -> Result<RawTensor<B>> {
+        self.0
             .remove(name)
             .ok_or_else(|| Error::invalid("broadcast_state", format!("{name} was not visited")))
-    })
+    }
 }
 
 /// `grads` (of this rank's share of the batch) averaged over the ranks: with equal

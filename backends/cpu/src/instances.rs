@@ -1,5 +1,5 @@
 //! The CPU's copies of kiln-tensor's backend-generic entry points (eager ops, layers'
-//! initialisation and loading, anomaly checks), compiled in this crate once. Rust shares a generic
+//! initialisation and loading, step seeds, anomaly checks), compiled in this crate once. Rust shares a generic
 //! function's instance with the crates downstream when the function is
 //! `#[inline(never)]` and an upstream crate holds that instance, called directly: so a
 //! program on the CPU links to these instead of compiling them again. Each function
@@ -10,7 +10,7 @@ use crate::Cpu;
 use kiln_tensor::anomaly::{first_non_finite, NonFinite};
 use kiln_tensor::builder::Builder;
 use kiln_tensor::nn::{
-    init_layer, init_tensor, load_layer, LayerSpec, LayerTensors, LoadFn, ParamSpec,
+    init_layer, init_tensor, load_layer, LayerSpec, LayerTensors, LoadFn, ParamSpec, StepSeeds,
 };
 use kiln_tensor::raw::Eager;
 use kiln_tensor::{Op, RawTensor, Result};
@@ -62,4 +62,13 @@ pub fn load_layer_tensors(
     get: &mut LoadFn<'_, Cpu>,
 ) -> Result<Vec<RawTensor<Cpu>>> {
     load_layer(prefix, names, olds, get)
+}
+
+/// The next training step's seed written into the CPU's memory.
+#[doc(hidden)]
+pub fn advance_seeds_on_device(
+    seeds: &StepSeeds<Cpu>,
+    device: &<Cpu as kiln_tensor::Backend>::Device,
+) -> Result<()> {
+    seeds.advance_on_device(device)
 }

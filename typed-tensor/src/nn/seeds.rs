@@ -111,6 +111,7 @@ impl<B: Backend> StepSeeds<B> {
     /// call it before each step of a captured loop, outside the capture. A backend
     /// that captures has the value written into the same buffer each time (the one a
     /// captured step reads); others get a fresh buffer.
+    #[inline(never)]
     pub fn advance_on_device(&self, device: &B::Device) -> Result<()> {
         let mut on_device = self.on_device.lock().unwrap_or_else(|e| e.into_inner());
         let seed = self.seed_at(self.steps.fetch_add(1, Ordering::Relaxed));
