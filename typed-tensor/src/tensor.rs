@@ -60,7 +60,7 @@ pub struct Kernel<const K: usize>;
 
 /// Whether a raw tensor of `dtype` and `dims` fits a typed tensor of `want_dtype` and
 /// `want_dims` (`None` for `Dyn`). Not generic: compiled once, not per tensor type.
-fn check_fits(
+pub(crate) fn check_fits(
     dtype: DType,
     dims: &Dims,
     want_dtype: DType,
@@ -76,7 +76,7 @@ fn check_fits(
 }
 
 /// An update left a tensor's dims and dtype as they were.
-fn check_unchanged(before: (&Dims, DType), after: (&Dims, DType)) -> Result<()> {
+pub(crate) fn check_unchanged(before: (&Dims, DType), after: (&Dims, DType)) -> Result<()> {
     if before.0 != after.0 || before.1 != after.1 {
         return Err(Error::shape(
             "update",
@@ -96,8 +96,9 @@ impl<B: Backend, S: Shape, E: Element> Tensor<B, S, E> {
         Ok(Self::wrap(raw))
     }
 
-    /// Wraps a raw tensor already known to fit `S` and `E`.
-    fn wrap(raw: RawTensor<B>) -> Self {
+    /// Wraps a raw tensor already known to fit `S` and `E` (a layer's tensor made or
+    /// checked against its spec, which states the same dims).
+    pub(crate) fn wrap(raw: RawTensor<B>) -> Self {
         debug_assert!(S::check(raw.dims()).is_ok() && raw.dtype() == E::DTYPE);
         Tensor {
             raw,
@@ -116,6 +117,12 @@ impl<B: Backend, S: Shape, E: Element> Tensor<B, S, E> {
         let (dims, dtype) = (*self.raw.dims(), self.raw.dtype());
         f(&mut self.raw)?;
         check_unchanged((&dims, dtype), (self.raw.dims(), self.raw.dtype()))
+    }
+
+    /// The untyped tensor, to change in place: whoever changes it keeps its dims and
+    /// dtype (checked as [`Tensor::update_raw`] does).
+    pub(crate) fn raw_mut(&mut self) -> &mut RawTensor<B> {
+        &mut self.raw
     }
 
     /// Unwraps the untyped tensor.

@@ -1,5 +1,5 @@
 //! The CPU's copies of kiln-tensor's backend-generic entry points (eager ops, layers'
-//! initialisation and loading, step seeds, anomaly checks), compiled in this crate once. Rust shares a generic
+//! initialisation, loading, gradients, updates and visits, step seeds, anomaly checks), compiled in this crate once. Rust shares a generic
 //! function's instance with the crates downstream when the function is
 //! `#[inline(never)]` and an upstream crate holds that instance, called directly: so a
 //! program on the CPU links to these instead of compiling them again. Each function
@@ -10,7 +10,8 @@ use crate::Cpu;
 use kiln_tensor::anomaly::{first_non_finite, NonFinite};
 use kiln_tensor::builder::Builder;
 use kiln_tensor::nn::{
-    init_layer, init_tensor, load_layer, LayerSpec, LayerTensors, LoadFn, ParamSpec, StepSeeds,
+    init_layer, init_tensor, load_layer, take_layer_grads, update_layer, visit_layer, LayerSpec,
+    LayerTensors, LoadFn, ParamSpec, Slot, StepSeeds, UpdateFn,
 };
 use kiln_tensor::raw::Eager;
 use kiln_tensor::{Op, RawTensor, Result};
@@ -71,4 +72,37 @@ pub fn advance_seeds_on_device(
     device: &<Cpu as kiln_tensor::Backend>::Device,
 ) -> Result<()> {
     seeds.advance_on_device(device)
+}
+
+/// A layer's parameters updated from their gradients on the CPU.
+#[doc(hidden)]
+pub fn update_layer_tensors(
+    prefix: &str,
+    names: &[&str],
+    params: &mut [&mut RawTensor<Cpu>],
+    grads: &[&RawTensor<Cpu>],
+    f: &mut UpdateFn<'_, Cpu>,
+) -> Result<()> {
+    update_layer(prefix, names, params, grads, f)
+}
+
+/// A layer's tensors visited by name on the CPU.
+#[doc(hidden)]
+pub fn visit_layer_tensors(
+    prefix: &str,
+    names: &[&str],
+    tensors: &[&RawTensor<Cpu>],
+    f: &mut dyn FnMut(Slot<'_, Cpu>),
+) {
+    visit_layer(prefix, names, tensors, f)
+}
+
+/// A layer's gradients taken and checked on the CPU.
+#[doc(hidden)]
+pub fn take_layer_gradients(
+    raw: &mut dyn Iterator<Item = RawTensor<Cpu>>,
+    wants: &[(&[Option<usize>], kiln_tensor::DType)],
+    taken: &mut [Option<RawTensor<Cpu>>],
+) -> Result<()> {
+    take_layer_grads(raw, wants, taken)
 }

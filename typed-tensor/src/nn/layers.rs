@@ -106,6 +106,67 @@ pub fn load_layer<B: Backend>(
         .collect()
 }
 
+/// Calls `f` with each of a layer's parameters (named `names` under `prefix`) and its
+/// gradient, in order: what a layer's `update_params` does with its typed fields. An
+/// update that changes a parameter's dims or dtype is an error. Generic over the
+/// backend only, as [`init_layer`].
+#[inline(never)]
+pub fn update_layer<B: Backend>(
+    prefix: &str,
+    names: &[&str],
+    params: &mut [&mut RawTensor<B>],
+    grads: &[&RawTensor<B>],
+    f: &mut super::module::UpdateFn<'_, B>,
+) -> Result<()> {
+    for ((name, param), grad) in names.iter().zip(params.iter_mut()).zip(grads) {
+        super::module::with_name(prefix, name, |name| {
+            let before = (*param.dims(), param.dtype());
+            f(name, param, grad)?;
+            crate::tensor::check_unchanged((&before.0, before.1), (param.dims(), param.dtype()))
+        })?;
+    }
+    Ok(())
+}
+
+/// Calls `f` with each of a layer's tensors (named `names` under `prefix`): what a
+/// layer's `visit_params` and `visit_buffers` do with its typed fields. Generic over
+/// the backend only, as [`init_layer`].
+#[inline(never)]
+pub fn visit_layer<B: Backend>(
+    prefix: &str,
+    names: &[&str],
+    tensors: &[&RawTensor<B>],
+    f: &mut dyn FnMut(Slot<'_, B>),
+) {
+    for (name, value) in names.iter().zip(tensors) {
+        f(Slot {
+            name: &join(prefix, name),
+            value,
+        });
+    }
+}
+
+/// Takes the next `wants.len()` gradients of `raw` into `taken`, each checked against
+/// the dims and dtype its field's type states (`wants`, in parameter order): what a
+/// layer's gradients' `from_raw` wraps in its typed fields. Into the caller's slots,
+/// not a `Vec`, as a training step takes its gradients without allocating. Generic
+/// over the backend only, as [`init_layer`].
+#[inline(never)]
+pub fn take_layer_grads<B: Backend>(
+    raw: &mut dyn Iterator<Item = RawTensor<B>>,
+    wants: &[(&[Option<usize>], DType)],
+    taken: &mut [Option<RawTensor<B>>],
+) -> Result<()> {
+    for (&(dims, dtype), slot) in wants.iter().zip(taken) {
+        let g = raw
+            .next()
+            .ok_or_else(|| Error::invalid("grads", "too few gradients"))?;
+        crate::tensor::check_fits(g.dtype(), g.dims(), dtype, dims)?;
+        *slot = Some(g);
+    }
+    Ok(())
+}
+
 /// A replacement for `old` must keep its dims and dtype.
 pub(crate) fn same_slot<B: Backend>(
     name: &str,
@@ -187,9 +248,13 @@ macro_rules! layer {
         impl<B: Backend, $(const $c: usize),*> $grads<B, $($c),*> {
             /// Gradients from raw tensors in parameter order (checked against the types).
             pub fn from_raw(raw: impl IntoIterator<Item = RawTensor<B>>) -> Result<Self> {
-                let mut raw = raw.into_iter();
+                let wants: &[(&[Option<usize>], DType)] =
+                    &[$((&<$pt as Shape>::DIMS[..<$pt as Shape>::RANK], DType::F32)),*];
+                let mut taken = [$({ stringify!($p); None::<RawTensor<B>> }),*];
+                take_layer_grads::<B>(&mut raw.into_iter(), wants, &mut taken)?;
+                let mut taken = taken.into_iter().flatten();
                 Ok($grads {
-                    $($p: Tensor::from_raw(raw.next().ok_or_else(|| Error::invalid("grads", "too few gradients"))?)?,)*
+                    $($p: Tensor::wrap(taken.next().expect("one gradient per parameter")),)*
                     _backend: std::marker::PhantomData,
                 })
             }
@@ -228,26 +293,31 @@ macro_rules! layer {
         impl<B: Backend, $(const $c: usize),*> Module<B> for $name<B, $($c),*> {
             type Grads = $grads<B, $($c),*>;
 
+            // The tensors `init_layer` and `load_layer` return have the spec's dims and
+            // dtypes, which are the fields' types: they are wrapped without a second
+            // check, so that what is compiled per layer size stays a few moves.
             #[allow(unused_variables, unused_mut)]
             fn init_named(device: &B::Device, seed: u64, prefix: &str) -> Result<Self> {
                 let (params, buffers) = init_layer::<B>(&Self::spec(), device, seed, prefix)?;
                 let mut params = params.into_iter();
                 let mut buffers = buffers.into_iter();
                 Ok($name {
-                    $($p: Tensor::from_raw(params.next().expect("spec lists every field"))?,)*
-                    $($b: Buffer::new(Tensor::from_raw(buffers.next().expect("spec lists every buffer"))?),)*
+                    $($p: Tensor::wrap(params.next().expect("spec lists every field")),)*
+                    $($b: Buffer::new(Tensor::wrap(buffers.next().expect("spec lists every buffer"))),)*
                     _backend: std::marker::PhantomData,
                 })
             }
 
             #[allow(unused_variables)]
             fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, B>)) {
-                $(f(Slot { name: &join(prefix, stringify!($p)), value: self.$p.raw() });)*
+                visit_layer(prefix, &[$(stringify!($p)),*], &[$(self.$p.raw()),*], f)
             }
 
             #[allow(unused_variables)]
             fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(Slot<'_, B>)) {
-                $(let v = self.$b.get(); f(Slot { name: &join(prefix, stringify!($b)), value: v.raw() });)*
+                let values = ($(self.$b.get(),)*);
+                let ($($b,)*) = &values;
+                visit_layer(prefix, &[$(stringify!($b)),*], &[$($b.raw()),*], f)
             }
 
             #[allow(unused_variables)]
@@ -257,12 +327,13 @@ macro_rules! layer {
                 prefix: &str,
                 f: &mut super::module::UpdateFn<'_, B>,
             ) -> Result<()> {
-                $(
-                    super::module::with_name(prefix, stringify!($p), |name| {
-                        self.$p.update_raw(|raw| f(name, raw, grads.$p.raw()))
-                    })?;
-                )*
-                Ok(())
+                update_layer(
+                    prefix,
+                    &[$(stringify!($p)),*],
+                    &mut [$(self.$p.raw_mut()),*],
+                    &[$(grads.$p.raw()),*],
+                    f,
+                )
             }
 
             fn grads_from_raw(grads: &mut dyn Iterator<Item = RawTensor<B>>) -> Result<Self::Grads> {
@@ -273,8 +344,8 @@ macro_rules! layer {
             fn load_named(&mut self, prefix: &str, get: &mut super::module::LoadFn<'_, B>) -> Result<()> {
                 let names: &[&str] = &[$(stringify!($p),)* $(stringify!($b),)*];
                 let mut new = load_layer(prefix, names, &self.tensors(), get)?.into_iter();
-                $(self.$p = Tensor::from_raw(new.next().expect("one value per name"))?;)*
-                $(self.$b.set(Tensor::from_raw(new.next().expect("one value per name"))?);)*
+                $(self.$p = Tensor::wrap(new.next().expect("one value per name"));)*
+                $(self.$b.set(Tensor::wrap(new.next().expect("one value per name")));)*
                 Ok(())
             }
         }
