@@ -7,7 +7,9 @@
 //! trained GPT) and `kiln-bench` (the workloads of DESIGN.md, one parseable line per
 //! figure). The loaders, evaluation loops and command line they use live in
 //! `kiln-harness`, re-exported here under their own names, so that editing a model
-//! recompiles the models and not what surrounds them.
+//! recompiles the models and not what surrounds them. Every function of the library
+//! is generic or `#[inline]`: a model edit rebuilds its front end only, and the
+//! machine code is compiled in the binaries that use it.
 
 pub mod chain;
 pub mod dynamic;
