@@ -12,14 +12,15 @@
 use crate::gemm::{dgemm_with, sgemm_with, GemmOptions, MatRef};
 use crate::math::Real;
 use crate::storage::{with_float_storage, CpuStorage, FloatKernel};
-use crate::strided::gather;
+use crate::strided::{gather, gather_into};
 use kiln_tensor::attention::{dropout_counter, stats_dtype};
 use kiln_tensor::simd;
 use kiln_tensor::{
-    rng, AttentionInput, AttentionSpec, Element, Error, HostData, Layout, Op, Result,
+    rng, AttentionInput, AttentionSpec, DType, Element, Error, HostData, Layout, Op, Result,
 };
 use num_traits::ToPrimitive;
 use rayon::prelude::*;
+use std::cell::RefCell;
 
 /// Query rows per block.
 const QUERY_BLOCK: usize = 32;
@@ -120,6 +121,17 @@ impl<C: Real> Dropout<C> {
 /// Runs [`Op::Attention`], [`Op::AttentionLse`] or [`Op::AttentionGrad`] on views whose
 /// dims the op table has checked; the result is contiguous, in the op's dtype.
 pub fn attention(op: &Op, inputs: &[(&CpuStorage, &Layout)]) -> Result<CpuStorage> {
+    let n = sizes(op, inputs);
+    with_float_storage!(
+        inputs[0].0,
+        _v,
+        T => run::<T>(op, inputs, n),
+        Err(Error::dtype(op.name(), format!("attends over floats, not {}", inputs[0].0.dtype())))
+    )
+}
+
+/// The sizes of the attention `op` over `inputs`.
+fn sizes(op: &Op, inputs: &[(&CpuStorage, &Layout)]) -> Sizes {
     let dims = |i: usize| inputs[i].1.dims();
     let (q, k) = (dims(0), dims(1));
     let r = q.rank();
@@ -127,19 +139,114 @@ pub fn attention(op: &Op, inputs: &[(&CpuStorage, &Layout)]) -> Result<CpuStorag
         Op::AttentionLse(_) => k[r - 1],
         _ => dims(2)[r - 1],
     };
-    let n = Sizes {
+    Sizes {
         batch: q.as_slice()[..r - 2].iter().product(),
         tq: q[r - 2],
         tk: k[r - 2],
         e: q[r - 1],
         ev: v_width,
-    };
-    with_float_storage!(
-        inputs[0].0,
-        _v,
-        T => run::<T>(op, inputs, n),
-        Err(Error::dtype(op.name(), format!("attends over floats, not {}", inputs[0].0.dtype())))
-    )
+    }
+}
+
+thread_local! {
+    /// Buffers the f32 path gathers strided inputs (and the forward pass's discarded
+    /// log-sum-exp) into, kept between calls on this thread: a training step's
+    /// attention reads its permuted heads without allocating once they have grown.
+    static SCRATCH: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs an attention op over f32 inputs into `out`, the f32 buffer of its contiguous
+/// result (at least as long as the result): reads contiguous inputs in place and
+/// gathers strided ones into buffers kept between calls, so that a training step's
+/// attention allocates nothing once warm. `false` (nothing written) for other dtypes.
+/// The inputs' extents must have been checked.
+pub fn attention_f32_into(
+    op: &Op,
+    inputs: &[(&CpuStorage, &Layout)],
+    out: &mut [f32],
+) -> Result<bool> {
+    let mut data: [&[f32]; 6] = [&[]; 6];
+    if inputs.len() > data.len() {
+        return Ok(false);
+    }
+    for (slot, (storage, _)) in data.iter_mut().zip(inputs) {
+        let CpuStorage::F32(d) = storage else {
+            return Ok(false);
+        };
+        *slot = d;
+    }
+    let n = sizes(op, inputs);
+    let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    scratch.resize_with(inputs.len() + 1, Vec::new);
+    for (buf, (&d, (_, layout))) in scratch.iter_mut().zip(data.iter().zip(inputs)) {
+        if !layout.is_contiguous() {
+            buf.clear();
+            gather_into(d, layout, buf);
+        }
+    }
+    let (bufs, extra) = scratch.split_at_mut(inputs.len());
+    let mut ins: [&[f32]; 6] = [&[]; 6];
+    for ((slot, &d), (buf, (_, layout))) in ins.iter_mut().zip(&data).zip(bufs.iter().zip(inputs)) {
+        *slot = if layout.is_contiguous() {
+            &d[layout.offset()..layout.offset() + layout.numel()]
+        } else {
+            buf
+        };
+    }
+    match op {
+        Op::Attention(spec) => {
+            let lse = &mut extra[0];
+            lse.clear();
+            lse.resize(n.batch * n.tq, 0.0);
+            forward_into(
+                ins[0],
+                ins[1],
+                Some(ins[2]),
+                n,
+                spec,
+                &mut out[..n.batch * n.tq * n.ev],
+                lse,
+            );
+        }
+        Op::AttentionLse(spec) if stats_dtype(DType::F32) == DType::F32 => {
+            forward_into(
+                ins[0],
+                ins[1],
+                None,
+                n,
+                spec,
+                &mut [],
+                &mut out[..n.batch * n.tq],
+            );
+        }
+        Op::AttentionGrad { spec, wrt } => {
+            let grads = GradInputs {
+                q: ins[0],
+                k: ins[1],
+                v: ins[2],
+                g: ins[3],
+                lse: ins[4],
+                delta: ins[5],
+            };
+            match wrt {
+                AttentionInput::Query => {
+                    grad_q_into(&grads, n, spec, &mut out[..n.batch * n.tq * n.e])
+                }
+                AttentionInput::Key => {
+                    grad_kv_into(&grads, n, spec, *wrt, &mut out[..n.batch * n.tk * n.e])
+                }
+                AttentionInput::Value => {
+                    grad_kv_into(&grads, n, spec, *wrt, &mut out[..n.batch * n.tk * n.ev])
+                }
+            }
+        }
+        _ => {
+            SCRATCH.with(|s| *s.borrow_mut() = scratch);
+            return Ok(false);
+        }
+    }
+    SCRATCH.with(|s| *s.borrow_mut() = scratch);
+    Ok(true)
 }
 
 /// A view's elements in row-major order, in the compute type `C`.
@@ -272,23 +379,39 @@ fn forward<C: BlockGemm>(
         }
     ];
     let mut lse = vec![C::zero(); n.batch * n.tq];
-    let out_rows = (n.tq * n.ev).max(1);
-    let mut out_chunks: Vec<&mut [C]> = if v.is_some() {
-        out.chunks_mut(out_rows).collect()
-    } else {
-        (0..n.batch).map(|_| <&mut [C]>::default()).collect()
-    };
-    out_chunks
-        .par_iter_mut()
-        .zip(lse.par_chunks_mut(n.tq.max(1)))
-        .enumerate()
-        .for_each(|(b, (out_b, lse_b))| {
-            let qb = &q[b * n.tq * n.e..(b + 1) * n.tq * n.e];
-            let kb = &k[b * n.tk * n.e..(b + 1) * n.tk * n.e];
-            let vb = v.map(|v| &v[b * n.tk * n.ev..(b + 1) * n.tk * n.ev]);
-            forward_one(qb, kb, vb, n, spec, b, out_b, lse_b);
-        });
+    forward_into(q, k, v, n, spec, &mut out, &mut lse);
     (out, lse)
+}
+
+/// The forward pass into `out` (`batch · tq · ev` values when `v` is given, else
+/// none) and `lse` (`batch · tq`), every value written.
+fn forward_into<C: BlockGemm>(
+    q: &[C],
+    k: &[C],
+    v: Option<&[C]>,
+    n: Sizes,
+    spec: &AttentionSpec,
+    out: &mut [C],
+    lse: &mut [C],
+) {
+    let out_rows = (n.tq * n.ev).max(1);
+    let lse_rows = lse.par_chunks_mut(n.tq.max(1));
+    let each = |b: usize, out_b: &mut [C], lse_b: &mut [C]| {
+        let qb = &q[b * n.tq * n.e..(b + 1) * n.tq * n.e];
+        let kb = &k[b * n.tk * n.e..(b + 1) * n.tk * n.e];
+        let vb = v.map(|v| &v[b * n.tk * n.ev..(b + 1) * n.tk * n.ev]);
+        forward_one(qb, kb, vb, n, spec, b, out_b, lse_b);
+    };
+    if v.is_some() {
+        out.par_chunks_mut(out_rows)
+            .zip(lse_rows)
+            .enumerate()
+            .for_each(|(b, (out_b, lse_b))| each(b, out_b, lse_b));
+    } else {
+        lse_rows
+            .enumerate()
+            .for_each(|(b, lse_b)| each(b, &mut [], lse_b));
+    }
 }
 
 /// The forward pass of batch element `b`.
@@ -476,6 +599,18 @@ fn block_grads<C: BlockGemm>(
 /// `dq = scale · Σ_j ds_ij k_j`, query blocks against the key blocks they see.
 fn grad_q<C: BlockGemm>(ins: &GradInputs<'_, C>, n: Sizes, spec: &AttentionSpec) -> Vec<C> {
     let mut dq = vec![C::zero(); n.batch * n.tq * n.e];
+    grad_q_into(ins, n, spec, &mut dq);
+    dq
+}
+
+/// [`grad_q`] into `dq` (`batch · tq · e` values, overwritten).
+fn grad_q_into<C: BlockGemm>(
+    ins: &GradInputs<'_, C>,
+    n: Sizes,
+    spec: &AttentionSpec,
+    dq: &mut [C],
+) {
+    dq.fill(C::zero());
     dq.par_chunks_mut((n.tq * n.e).max(1))
         .enumerate()
         .for_each(|(b, dq)| {
@@ -510,7 +645,6 @@ fn grad_q<C: BlockGemm>(ins: &GradInputs<'_, C>, n: Sizes, spec: &AttentionSpec)
             let scale = C::from_f64_(spec.scale);
             dq.iter_mut().for_each(|d| *d = *d * scale);
         });
-    dq
 }
 
 /// `dk = scale · Σ_i ds_ij q_i` or `dv = Σ_i p_ij g_i`, key blocks against the query
@@ -527,6 +661,24 @@ fn grad_kv<C: BlockGemm>(
         n.e
     };
     let mut out = vec![C::zero(); n.batch * n.tk * width];
+    grad_kv_into(ins, n, spec, wrt, &mut out);
+    out
+}
+
+/// [`grad_kv`] into `out` (`batch · tk` rows of the gradient's width, overwritten).
+fn grad_kv_into<C: BlockGemm>(
+    ins: &GradInputs<'_, C>,
+    n: Sizes,
+    spec: &AttentionSpec,
+    wrt: AttentionInput,
+    out: &mut [C],
+) {
+    let width = if wrt == AttentionInput::Value {
+        n.ev
+    } else {
+        n.e
+    };
+    out.fill(C::zero());
     out.par_chunks_mut((n.tk * width).max(1))
         .enumerate()
         .for_each(|(b, out)| {
@@ -567,5 +719,4 @@ fn grad_kv<C: BlockGemm>(
                 out.iter_mut().for_each(|d| *d = *d * scale);
             }
         });
-    out
 }

@@ -79,10 +79,24 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Copy + Default + Send>(
     lb: &Layout,
     f: impl Fn(A, B) -> O + Sync,
 ) -> Vec<O> {
-    let plan = RowPlan::new(dims, &[la, lb]);
     let mut out = vec![O::default(); dims.numel()];
+    map2_into(dims, a, la, b, lb, &mut out, f);
+    out
+}
+
+/// [`map2`] into `out` (`dims.numel()` values, contiguous).
+pub(crate) fn map2_into<A: Copy + Sync, B: Copy + Sync, O: Copy + Send>(
+    dims: &Dims,
+    a: &[A],
+    la: &Layout,
+    b: &[B],
+    lb: &Layout,
+    out: &mut [O],
+    f: impl Fn(A, B) -> O + Sync,
+) {
+    let plan = RowPlan::new(dims, &[la, lb]);
     let (sa, sb) = (plan.inner_strides[0], plan.inner_strides[1]);
-    fill_rows(&plan, &mut out, |row, base| {
+    fill_rows(&plan, out, |row, base| {
         let (ba, bb) = (base[0], base[1]);
         let n = row.len();
         simd::wide(|| match (sa, sb) {
@@ -109,7 +123,6 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Copy + Default + Send>(
                 .for_each(|(i, o)| *o = f(a[ba + i * sa], b[bb + i * sb])),
         })
     });
-    out
 }
 
 /// out[i] = f(c[i], a[i], b[i]) over three strided views of the same dims.
@@ -120,14 +133,27 @@ fn map3<C: Copy + Sync, T: Copy + Sync + Default + Send>(
     (b, lb): (&[T], &Layout),
     f: impl Fn(C, T, T) -> T + Sync,
 ) -> Vec<T> {
-    let plan = RowPlan::new(dims, &[lc, la, lb]);
     let mut out = vec![T::default(); dims.numel()];
+    map3_into(dims, (c, lc), (a, la), (b, lb), &mut out, f);
+    out
+}
+
+/// [`map3`] into `out` (`dims.numel()` values, contiguous).
+fn map3_into<C: Copy + Sync, T: Copy + Sync + Send>(
+    dims: &Dims,
+    (c, lc): (&[C], &Layout),
+    (a, la): (&[T], &Layout),
+    (b, lb): (&[T], &Layout),
+    out: &mut [T],
+    f: impl Fn(C, T, T) -> T + Sync,
+) {
+    let plan = RowPlan::new(dims, &[lc, la, lb]);
     let s = [
         plan.inner_strides[0],
         plan.inner_strides[1],
         plan.inner_strides[2],
     ];
-    fill_rows(&plan, &mut out, |row, base| {
+    fill_rows(&plan, out, |row, base| {
         simd::wide(|| {
             row.iter_mut().enumerate().for_each(|(i, o)| {
                 *o = f(
@@ -138,7 +164,6 @@ fn map3<C: Copy + Sync, T: Copy + Sync + Default + Send>(
             })
         });
     });
-    out
 }
 
 fn unary_float<T: FloatKernel>(op: UnaryOp, x: &[T], l: &Layout) -> Vec<T> {
@@ -325,6 +350,65 @@ pub fn compare(
         }
         .into(),
     ))
+}
+
+/// Runs a comparison of two f32 views (already broadcast to `dims`) into `out`
+/// (`dims.numel()` values): what a planned step's comparison writes into its slot.
+/// `false` (nothing written) for other dtypes.
+pub fn compare_f32_into(
+    op: CmpOp,
+    dims: &Dims,
+    (a, la): (&CpuStorage, &Layout),
+    (b, lb): (&CpuStorage, &Layout),
+    out: &mut [bool],
+) -> bool {
+    let (CpuStorage::F32(a), CpuStorage::F32(b)) = (a, b) else {
+        return false;
+    };
+    struct Into<'a> {
+        dims: &'a Dims,
+        a: (&'a [f32], &'a Layout),
+        b: (&'a [f32], &'a Layout),
+        out: &'a mut [bool],
+    }
+    impl CompareKernel<f32> for Into<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn run(self, f: impl Fn(f32, f32) -> bool + Copy + Send + Sync) {
+            let ((a, la), (b, lb)) = (self.a, self.b);
+            map2_into(self.dims, a, la, b, lb, self.out, f)
+        }
+    }
+    op.dispatch(Into {
+        dims,
+        a: (a, la),
+        b: (b, lb),
+        out,
+    });
+    true
+}
+
+/// Runs `cond ? a : b` over f32 views (all three already broadcast to `dims`) into
+/// `out` (`dims.numel()` values). `false` (nothing written) for other dtypes.
+pub fn select_f32_into(
+    dims: &Dims,
+    (c, lc): (&CpuStorage, &Layout),
+    (a, la): (&CpuStorage, &Layout),
+    (b, lb): (&CpuStorage, &Layout),
+    out: &mut [f32],
+) -> bool {
+    let (CpuStorage::Bool(c), CpuStorage::F32(a), CpuStorage::F32(b)) = (c, a, b) else {
+        return false;
+    };
+    map3_into(
+        dims,
+        (c, lc),
+        (a, la),
+        (b, lb),
+        out,
+        |k, p, q| if k { p } else { q },
+    );
+    true
 }
 
 /// Runs `cond ? a : b` (all three already broadcast to `dims`).

@@ -166,6 +166,26 @@ impl Backend for Cpu {
                     return Ok(());
                 }
             }
+            (Op::Compare(c), CpuStorage::Bool(o)) if o.len() >= numel && inputs.len() == 2 => {
+                let (a, b) = (&inputs[0], &inputs[1]);
+                check_extent(a.storage, &a.layout)?;
+                check_extent(b.storage, &b.layout)?;
+                let dims = Dims::new(&meta.dims)?;
+                let (a, b) = ((a.storage, &a.layout), (b.storage, &b.layout));
+                if elementwise::compare_f32_into(*c, &dims, a, b, &mut o[..numel]) {
+                    return Ok(());
+                }
+            }
+            (Op::Where, CpuStorage::F32(o)) if o.len() >= numel && inputs.len() == 3 => {
+                for v in inputs {
+                    check_extent(v.storage, &v.layout)?;
+                }
+                let dims = Dims::new(&meta.dims)?;
+                let x = |i: usize| (inputs[i].storage, &inputs[i].layout);
+                if elementwise::select_f32_into(&dims, x(0), x(1), x(2), &mut o[..numel]) {
+                    return Ok(());
+                }
+            }
             (Op::Iota { axis, .. }, CpuStorage::I32(o)) if o.len() >= numel => {
                 source::iota_into(meta.dims.as_slice(), *axis, o);
                 return Ok(());
@@ -190,6 +210,24 @@ impl Backend for Cpu {
             if c.len() >= numel {
                 let (a, b) = (&inputs[0], &inputs[1]);
                 if matmul::matmul_f32_into(a.storage, &a.layout, b.storage, &b.layout, c) {
+                    return Ok(());
+                }
+            }
+        }
+        if let (
+            Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. },
+            CpuStorage::F32(o),
+        ) = (op, &mut *out)
+        {
+            if o.len() >= numel && (1..=6).contains(&inputs.len()) {
+                for v in inputs {
+                    check_extent(v.storage, &v.layout)?;
+                }
+                let parts: [(&CpuStorage, &Layout); 6] = std::array::from_fn(|i| {
+                    let v = &inputs[i.min(inputs.len() - 1)];
+                    (v.storage, &v.layout)
+                });
+                if attention::attention_f32_into(op, &parts[..inputs.len()], o)? {
                     return Ok(());
                 }
             }

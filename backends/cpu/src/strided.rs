@@ -127,6 +127,13 @@ pub fn gather<'a, T: Copy + Send + Sync>(data: &'a [T], layout: &Layout) -> Cow<
         return Cow::Borrowed(&data[layout.offset()..layout.offset() + n]);
     }
     let mut out = Vec::with_capacity(n);
+    gather_into(data, layout, &mut out);
+    Cow::Owned(out)
+}
+
+/// The elements a layout selects, in row-major order, appended to `out` (a buffer the
+/// caller reuses, so that a strided read allocates nothing once it has grown).
+pub fn gather_into<T: Copy + Send + Sync>(data: &[T], layout: &Layout, out: &mut Vec<T>) {
     let plan = RowPlan::new(layout.dims(), &[layout]);
     let (inner, s) = (plan.inner, plan.inner_strides[0]);
     plan.for_rows(0, plan.rows, |_, b| {
@@ -137,7 +144,6 @@ pub fn gather<'a, T: Copy + Send + Sync>(data: &'a [T], layout: &Layout) -> Cow<
             out.extend((0..inner).map(|i| data[b + i * s]));
         }
     });
-    Cow::Owned(out)
 }
 
 /// Rows per parallel task so that each task handles at least `grain` elements.

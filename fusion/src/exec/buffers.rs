@@ -6,9 +6,18 @@ use super::resolve::{Prologue, Resolved, Step};
 use crate::parts::{call_part, Parts};
 use crate::plan::Plan;
 use crate::sym::SDim;
+use kiln_tensor::fused::{ExprStep, FusedExpr};
 use kiln_tensor::ir::{NodeId, NodeKind};
 use kiln_tensor::{fit_views, Backend, DType, Dims, Error, Layout, Op, RawTensor, Result, View};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
+
+/// The expression that copies its one input: a reshape that cannot view writes its
+/// input's elements into its slot with it.
+static COPY: LazyLock<FusedExpr> = LazyLock::new(|| FusedExpr {
+    steps: vec![ExprStep::Input(0)],
+    results: vec![0],
+    inputs: 1,
+});
 
 /// Where a node's value lives during a run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -334,17 +343,17 @@ impl<B: Backend> Buffers<B> {
                 self.layout[node] = layout;
             }
             None => {
-                let s = slot_of(run.plan, node)?;
-                let copy = B::contiguous(
-                    run.device,
-                    View {
-                        storage: self.storage(run, input)?,
+                // The input's elements in row-major order are the reshape's: copied
+                // into the node's slot over the input's own dims (no allocation once
+                // the slot has grown).
+                let in_dims = *l.dims();
+                self.write_slot(run, node, |b, out| {
+                    let view = View {
+                        storage: b.storage(run, input)?,
                         layout: l,
-                    },
-                )?;
-                self.arena[s] = Some(Arc::new(copy));
-                self.src[node] = Src::Slot(s);
-                self.layout[node] = Layout::contiguous(dims);
+                    };
+                    B::fused_elementwise(run.device, &COPY, None, &[view], &in_dims, &mut [out])
+                })?;
             }
         }
         Ok(())

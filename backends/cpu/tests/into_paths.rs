@@ -1,0 +1,121 @@
+//! The CPU's into-paths (what a planned step writes into its reused slots) against the
+//! allocating ops they stand for, bit for bit: attention's forward pass, row
+//! statistics and three gradients over strided (permuted) heads, causal or not, with
+//! dropout or without; comparisons and selections, broadcast operands included. Each
+//! output buffer starts full of a value the op never writes, so a value left unwritten
+//! shows.
+
+use kiln_cpu::{Cpu, CpuDevice, CpuStorage};
+use kiln_tensor::{
+    AttentionDropout, AttentionInput, AttentionSpec, Backend, CmpOp, DType, Dims, Op, RawTensor,
+    Result, TensorMeta, View,
+};
+
+fn random(dims: &[usize], seed: u64) -> Result<RawTensor<Cpu>> {
+    let n: usize = dims.iter().product();
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let values = (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    RawTensor::from_vec(values, dims, &CpuDevice)
+}
+
+/// `[B, T, H, E]` permuted to `[B, H, T, E]`: a strided view, as a model's heads are.
+fn heads(b: usize, t: usize, h: usize, e: usize, seed: u64) -> Result<RawTensor<Cpu>> {
+    random(&[b, t, h, e], seed)?.permute(&[0, 2, 1, 3])
+}
+
+fn bits(s: &CpuStorage) -> Vec<u32> {
+    match s {
+        CpuStorage::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+        CpuStorage::Bool(v) => v.iter().map(|&x| x as u32).collect(),
+        other => panic!("unexpected dtype {}", other.dtype()),
+    }
+}
+
+/// `op` through `execute` and through `execute_into` into a stale buffer of `dtype`
+/// (one element longer than the result, as a reused slot may be), equal bit for bit.
+fn same_both_ways(op: &Op, inputs: &[&RawTensor<Cpu>], dims: &[usize], dtype: DType) -> Result<()> {
+    let views: Vec<View<'_, Cpu>> = inputs.iter().map(|t| t.view()).collect();
+    let meta = TensorMeta::new(dims.to_vec(), dtype);
+    let want = Cpu::execute(&CpuDevice, op, &views, &meta)?;
+    let n: usize = dims.iter().product();
+    let mut out = match dtype {
+        DType::F32 => CpuStorage::F32(vec![f32::from_bits(0x7fc0_1234); n + 1].into()),
+        DType::Bool => CpuStorage::Bool(vec![true; n + 1].into()),
+        other => panic!("unexpected dtype {other}"),
+    };
+    Cpu::execute_into(&CpuDevice, op, &views, &meta, &mut out)?;
+    assert_eq!(bits(&out)[..n], bits(&want)[..], "{}", op.name());
+    Ok(())
+}
+
+#[test]
+fn attention_into_its_slot_is_the_allocating_op() -> Result<()> {
+    let (b, t, h, e) = (2, 70, 3, 8);
+    let (q, k, v) = (
+        heads(b, t, h, e, 1)?,
+        heads(b, t, h, e, 2)?,
+        heads(b, t, h, e, 3)?,
+    );
+    let g = random(&[b, h, t, e], 4)?;
+    for causal in [false, true] {
+        for dropout in [None, Some(AttentionDropout { p: 0.25, seed: 9 })] {
+            let spec = AttentionSpec {
+                dropout,
+                ..AttentionSpec::new(1.0 / (e as f64).sqrt(), causal)
+            };
+            same_both_ways(
+                &Op::Attention(spec),
+                &[&q, &k, &v],
+                &[b, h, t, e],
+                DType::F32,
+            )?;
+            let stats = Op::AttentionLse(spec.without_dropout());
+            same_both_ways(&stats, &[&q, &k], &[b, h, t, 1], DType::F32)?;
+            // The statistics the backward pass reads: the row log-sum-exp and the
+            // row sums of g · out, taken from the allocating ops.
+            let lse_meta = TensorMeta::new(vec![b, h, t, 1], DType::F32);
+            let lse = Cpu::execute(&CpuDevice, &stats, &[q.view(), k.view()], &lse_meta)?;
+            let lse = RawTensor::<Cpu>::from_storage(lse, Dims::new(&[b, h, t, 1])?, CpuDevice)?;
+            let delta = random(&[b, h, t, 1], 5)?;
+            for wrt in [
+                AttentionInput::Query,
+                AttentionInput::Key,
+                AttentionInput::Value,
+            ] {
+                let op = Op::AttentionGrad { spec, wrt };
+                same_both_ways(
+                    &op,
+                    &[&q, &k, &v, &g, &lse, &delta],
+                    &[b, h, t, e],
+                    DType::F32,
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn comparisons_and_selections_into_their_slots_are_the_allocating_ops() -> Result<()> {
+    let x = random(&[3, 40, 17], 6)?;
+    let y = random(&[3, 17, 40], 7)?.permute(&[0, 2, 1])?;
+    let half =
+        RawTensor::<Cpu>::from_vec(vec![0.5f32], &[], &CpuDevice)?.broadcast_to(&[3, 40, 17])?;
+    for op in CmpOp::ALL {
+        same_both_ways(&Op::Compare(*op), &[&x, &y], &[3, 40, 17], DType::Bool)?;
+        same_both_ways(&Op::Compare(*op), &[&x, &half], &[3, 40, 17], DType::Bool)?;
+    }
+    let mask = x.compare(CmpOp::Ge, &half)?;
+    same_both_ways(&Op::Where, &[&mask, &x, &y], &[3, 40, 17], DType::F32)?;
+    same_both_ways(&Op::Where, &[&mask, &x, &half], &[3, 40, 17], DType::F32)?;
+    Ok(())
+}
