@@ -150,3 +150,62 @@ pub fn pick_rows_f32_into(
     }
     Ok(true)
 }
+
+/// The embedding case of gather and scatter-add along axis 0 on f32, written into
+/// `out` without staging. The index is `[r, d]` of i32 broadcast along its last axis
+/// (stride 0: one row number per row). Gather reads rows of `values` (the table,
+/// `[bound, d]`) into `out` `[r, d]`; scatter-add zeroes `out` `[bound, d]` and adds row
+/// `r` of `values` (`[r, d]`) into row `index[r]`, rows in order, as [`scatter_add`]
+/// does. `Ok(false)` for any other case.
+pub fn embedding_rows_f32_into(
+    values: &CpuStorage,
+    vl: &Layout,
+    index: &CpuStorage,
+    il: &Layout,
+    bound: usize,
+    scatter: bool,
+    out: &mut [f32],
+) -> Result<bool> {
+    let (CpuStorage::F32(v), CpuStorage::I32(ix)) = (values, index) else {
+        return Ok(false);
+    };
+    let (id, vd) = (il.dims(), vl.dims());
+    if id.rank() != 2 || vd.rank() != 2 || il.strides()[1] != 0 || vd[1] != id[1] {
+        return Ok(false);
+    }
+    let (rows, width) = (id[0], id[1]);
+    if (scatter && vd[0] != rows) || (!scatter && vd[0] != bound) {
+        return Ok(false);
+    }
+    let op = if scatter { "scatter_add" } else { "gather" };
+    let at = |r: usize| ix[il.offset() + r * il.strides()[0]];
+    for r in 0..rows {
+        let i = at(r);
+        if i < 0 || i as usize >= bound {
+            return Err(Error::index_out_of_range(op, i as i64, bound));
+        }
+    }
+    let (vs, vo) = (vl.strides(), vl.offset());
+    if scatter {
+        let out = &mut out[..bound * width];
+        out.fill(0.0);
+        for r in 0..rows {
+            let row = &mut out[at(r) as usize * width..][..width];
+            for (c, o) in row.iter_mut().enumerate() {
+                *o += v[vo + r * vs[0] + c * vs[1]];
+            }
+        }
+    } else {
+        for (r, row) in out[..rows * width].chunks_mut(width.max(1)).enumerate() {
+            let first = vo + at(r) as usize * vs[0];
+            if vs[1] == 1 {
+                row.copy_from_slice(&v[first..first + width]);
+            } else {
+                for (c, o) in row.iter_mut().enumerate() {
+                    *o = v[first + c * vs[1]];
+                }
+            }
+        }
+    }
+    Ok(true)
+}

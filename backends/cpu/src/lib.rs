@@ -108,6 +108,37 @@ impl Backend for Cpu {
                     return Ok(());
                 }
             }
+            (Op::Gather { axis: 0 }, CpuStorage::F32(o))
+                if o.len() >= numel && inputs[0].layout.rank() == 2 =>
+            {
+                let (x, i) = (&inputs[0], &inputs[1]);
+                check_extent(x.storage, &x.layout)?;
+                check_extent(i.storage, &i.layout)?;
+                let bound = x.layout.dims()[0];
+                if index::embedding_rows_f32_into(
+                    x.storage, &x.layout, i.storage, &i.layout, bound, false, o,
+                )? {
+                    return Ok(());
+                }
+            }
+            (Op::ScatterAdd { axis: 0, dims }, CpuStorage::F32(o))
+                if o.len() >= numel && dims.len() == 2 =>
+            {
+                let (i, src) = (&inputs[0], &inputs[1]);
+                check_extent(i.storage, &i.layout)?;
+                check_extent(src.storage, &src.layout)?;
+                if index::embedding_rows_f32_into(
+                    src.storage,
+                    &src.layout,
+                    i.storage,
+                    &i.layout,
+                    dims[0],
+                    true,
+                    o,
+                )? {
+                    return Ok(());
+                }
+            }
             (Op::ScatterAdd { axis: 1, dims }, CpuStorage::F32(o))
                 if o.len() >= numel && dims.len() == 2 =>
             {

@@ -119,3 +119,53 @@ fn comparisons_and_selections_into_their_slots_are_the_allocating_ops() -> Resul
     same_both_ways(&Op::Where, &[&mask, &x, &half], &[3, 40, 17], DType::F32)?;
     Ok(())
 }
+
+#[test]
+fn embedding_lookups_and_their_gradients_into_their_slots_are_the_allocating_ops() -> Result<()> {
+    let (vocab, width, rows) = (50, 16, 37);
+    // Repeated ids: the scatter-add's sums take their terms in row order on both paths.
+    let ids: Vec<i32> = (0..rows).map(|r| (r * 7 % 11) as i32).collect();
+    let index =
+        RawTensor::<Cpu>::from_vec(ids, &[rows, 1], &CpuDevice)?.broadcast_to(&[rows, width])?;
+    let table = random(&[vocab, width], 8)?;
+    let strided_table = random(&[width, vocab], 9)?.permute(&[1, 0])?;
+    for t in [&table, &strided_table] {
+        same_both_ways(
+            &Op::Gather { axis: 0 },
+            &[t, &index],
+            &[rows, width],
+            DType::F32,
+        )?;
+    }
+    let scatter = Op::ScatterAdd {
+        axis: 0,
+        dims: vec![vocab, width],
+    };
+    let src = random(&[rows, width], 10)?;
+    let strided_src = random(&[width, rows], 11)?.permute(&[1, 0])?;
+    for s in [&src, &strided_src] {
+        same_both_ways(&scatter, &[&index, s], &[vocab, width], DType::F32)?;
+    }
+    // An id past the table: the same error on both paths.
+    let bad = RawTensor::<Cpu>::from_vec(vec![3i32, 50], &[2, 1], &CpuDevice)?
+        .broadcast_to(&[2, width])?;
+    let meta = TensorMeta::new(vec![2, width], DType::F32);
+    let want = Cpu::execute(
+        &CpuDevice,
+        &Op::Gather { axis: 0 },
+        &[table.view(), bad.view()],
+        &meta,
+    )
+    .expect_err("out of range");
+    let mut out = CpuStorage::F32(vec![0.0; 2 * width].into());
+    let got = Cpu::execute_into(
+        &CpuDevice,
+        &Op::Gather { axis: 0 },
+        &[table.view(), bad.view()],
+        &meta,
+        &mut out,
+    )
+    .expect_err("out of range");
+    assert_eq!(got.to_string(), want.to_string());
+    Ok(())
+}
