@@ -362,6 +362,30 @@ fn block_scores<C: BlockGemm>(
     });
 }
 
+/// One thread's block buffers, reused across the batch elements it runs (rayon's
+/// `for_each_init`): a block's scores or probabilities and their gradients, the
+/// output accumulator, and each query row's running maximum and sum. Every use
+/// overwrites what it reads.
+struct BlockScratch<C> {
+    p: Vec<C>,
+    ds: Vec<C>,
+    acc: Vec<C>,
+    max: Vec<C>,
+    sum: Vec<C>,
+}
+
+impl<C: Real> BlockScratch<C> {
+    fn new(n: Sizes) -> Self {
+        BlockScratch {
+            p: vec![C::zero(); QUERY_BLOCK * KEY_BLOCK],
+            ds: vec![C::zero(); QUERY_BLOCK * KEY_BLOCK],
+            acc: vec![C::zero(); QUERY_BLOCK * n.ev],
+            max: vec![C::zero(); QUERY_BLOCK],
+            sum: vec![C::zero(); QUERY_BLOCK],
+        }
+    }
+}
+
 /// The forward pass: the output (when `v` is given) and each query's log-sum-exp.
 fn forward<C: BlockGemm>(
     q: &[C],
@@ -396,21 +420,22 @@ fn forward_into<C: BlockGemm>(
 ) {
     let out_rows = (n.tq * n.ev).max(1);
     let lse_rows = lse.par_chunks_mut(n.tq.max(1));
-    let each = |b: usize, out_b: &mut [C], lse_b: &mut [C]| {
+    let each = |sc: &mut BlockScratch<C>, b: usize, out_b: &mut [C], lse_b: &mut [C]| {
         let qb = &q[b * n.tq * n.e..(b + 1) * n.tq * n.e];
         let kb = &k[b * n.tk * n.e..(b + 1) * n.tk * n.e];
         let vb = v.map(|v| &v[b * n.tk * n.ev..(b + 1) * n.tk * n.ev]);
-        forward_one(qb, kb, vb, n, spec, b, out_b, lse_b);
+        forward_one(qb, kb, vb, n, spec, b, out_b, lse_b, sc);
     };
+    let scratch = || BlockScratch::new(n);
     if v.is_some() {
         out.par_chunks_mut(out_rows)
             .zip(lse_rows)
             .enumerate()
-            .for_each(|(b, (out_b, lse_b))| each(b, out_b, lse_b));
+            .for_each_init(scratch, |sc, (b, (out_b, lse_b))| each(sc, b, out_b, lse_b));
     } else {
         lse_rows
             .enumerate()
-            .for_each(|(b, lse_b)| each(b, &mut [], lse_b));
+            .for_each_init(scratch, |sc, (b, lse_b)| each(sc, b, &mut [], lse_b));
     }
 }
 
@@ -425,12 +450,16 @@ fn forward_one<C: BlockGemm>(
     b: usize,
     out: &mut [C],
     lse: &mut [C],
+    scratch: &mut BlockScratch<C>,
 ) {
     // The log-sum-exp alone needs no draws.
     let dropout = Dropout::<C>::of(spec).filter(|_| v.is_some());
-    let mut s = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
-    let mut acc = vec![C::zero(); QUERY_BLOCK * n.ev];
-    let (mut max, mut sum) = (vec![C::zero(); QUERY_BLOCK], vec![C::zero(); QUERY_BLOCK]);
+    let (mut s, acc, max, sum) = (
+        &mut scratch.p,
+        &mut scratch.acc,
+        &mut scratch.max,
+        &mut scratch.sum,
+    );
     for (i0, i1) in blocks(n.tq, QUERY_BLOCK) {
         let bi = i1 - i0;
         max[..bi].fill(C::neg_infinity());
@@ -613,38 +642,40 @@ fn grad_q_into<C: BlockGemm>(
     dq.fill(C::zero());
     dq.par_chunks_mut((n.tq * n.e).max(1))
         .enumerate()
-        .for_each(|(b, dq)| {
-            if n.tq * n.e == 0 {
-                return;
-            }
-            let x = element(ins, n, b);
-            let mut p = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
-            let mut ds = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
-            for (i0, i1) in blocks(n.tq, QUERY_BLOCK) {
-                let keys = if spec.causal { i1.min(n.tk) } else { n.tk };
-                for (j0, j1) in blocks(keys, KEY_BLOCK) {
-                    block_grads(&x, n, spec, b, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
-                    let (bi, bj) = (i1 - i0, j1 - j0);
-                    let d = MatRef {
-                        data: &ds[..],
-                        offset: 0,
-                        row_stride: bj,
-                        col_stride: 1,
-                    };
-                    C::gemm(
-                        bi,
-                        n.e,
-                        bj,
-                        d,
-                        rows(x.k, j0, n.e),
-                        &mut dq[i0 * n.e..i1 * n.e],
-                        true,
-                    );
+        .for_each_init(
+            || BlockScratch::new(n),
+            |sc, (b, dq)| {
+                if n.tq * n.e == 0 {
+                    return;
                 }
-            }
-            let scale = C::from_f64_(spec.scale);
-            dq.iter_mut().for_each(|d| *d = *d * scale);
-        });
+                let x = element(ins, n, b);
+                let (mut p, mut ds) = (&mut sc.p, &mut sc.ds);
+                for (i0, i1) in blocks(n.tq, QUERY_BLOCK) {
+                    let keys = if spec.causal { i1.min(n.tk) } else { n.tk };
+                    for (j0, j1) in blocks(keys, KEY_BLOCK) {
+                        block_grads(&x, n, spec, b, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
+                        let (bi, bj) = (i1 - i0, j1 - j0);
+                        let d = MatRef {
+                            data: &ds[..],
+                            offset: 0,
+                            row_stride: bj,
+                            col_stride: 1,
+                        };
+                        C::gemm(
+                            bi,
+                            n.e,
+                            bj,
+                            d,
+                            rows(x.k, j0, n.e),
+                            &mut dq[i0 * n.e..i1 * n.e],
+                            true,
+                        );
+                    }
+                }
+                let scale = C::from_f64_(spec.scale);
+                dq.iter_mut().for_each(|d| *d = *d * scale);
+            },
+        );
 }
 
 /// `dk = scale · Σ_i ds_ij q_i` or `dv = Σ_i p_ij g_i`, key blocks against the query
@@ -681,42 +712,44 @@ fn grad_kv_into<C: BlockGemm>(
     out.fill(C::zero());
     out.par_chunks_mut((n.tk * width).max(1))
         .enumerate()
-        .for_each(|(b, out)| {
-            if n.tk * width == 0 {
-                return;
-            }
-            let x = element(ins, n, b);
-            let mut p = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
-            let mut ds = vec![C::zero(); QUERY_BLOCK * KEY_BLOCK];
-            for (j0, j1) in blocks(n.tk, KEY_BLOCK) {
-                let first_query = if spec.causal { j0 } else { 0 };
-                for (i0, i1) in blocks(n.tq, QUERY_BLOCK).filter(|&(_, i1)| i1 > first_query) {
-                    let (bi, bj) = (i1 - i0, j1 - j0);
-                    let target = &mut out[j0 * width..j1 * width];
-                    if wrt == AttentionInput::Value {
-                        block_grads(&x, n, spec, b, (i0, i1), (j0, j1), &mut p, None);
-                        let pt = MatRef {
-                            data: &p[..],
-                            offset: 0,
-                            row_stride: 1,
-                            col_stride: bj,
-                        };
-                        C::gemm(bj, n.ev, bi, pt, rows(x.g, i0, n.ev), target, true);
-                    } else {
-                        block_grads(&x, n, spec, b, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
-                        let dst = MatRef {
-                            data: &ds[..],
-                            offset: 0,
-                            row_stride: 1,
-                            col_stride: bj,
-                        };
-                        C::gemm(bj, n.e, bi, dst, rows(x.q, i0, n.e), target, true);
+        .for_each_init(
+            || BlockScratch::new(n),
+            |sc, (b, out)| {
+                if n.tk * width == 0 {
+                    return;
+                }
+                let x = element(ins, n, b);
+                let (mut p, mut ds) = (&mut sc.p, &mut sc.ds);
+                for (j0, j1) in blocks(n.tk, KEY_BLOCK) {
+                    let first_query = if spec.causal { j0 } else { 0 };
+                    for (i0, i1) in blocks(n.tq, QUERY_BLOCK).filter(|&(_, i1)| i1 > first_query) {
+                        let (bi, bj) = (i1 - i0, j1 - j0);
+                        let target = &mut out[j0 * width..j1 * width];
+                        if wrt == AttentionInput::Value {
+                            block_grads(&x, n, spec, b, (i0, i1), (j0, j1), &mut p, None);
+                            let pt = MatRef {
+                                data: &p[..],
+                                offset: 0,
+                                row_stride: 1,
+                                col_stride: bj,
+                            };
+                            C::gemm(bj, n.ev, bi, pt, rows(x.g, i0, n.ev), target, true);
+                        } else {
+                            block_grads(&x, n, spec, b, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
+                            let dst = MatRef {
+                                data: &ds[..],
+                                offset: 0,
+                                row_stride: 1,
+                                col_stride: bj,
+                            };
+                            C::gemm(bj, n.e, bi, dst, rows(x.q, i0, n.e), target, true);
+                        }
                     }
                 }
-            }
-            if wrt == AttentionInput::Key {
-                let scale = C::from_f64_(spec.scale);
-                out.iter_mut().for_each(|d| *d = *d * scale);
-            }
-        });
+                if wrt == AttentionInput::Key {
+                    let scale = C::from_f64_(spec.scale);
+                    out.iter_mut().for_each(|d| *d = *d * scale);
+                }
+            },
+        );
 }
