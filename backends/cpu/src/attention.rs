@@ -454,7 +454,7 @@ fn forward_one<C: BlockGemm>(
 ) {
     // The log-sum-exp alone needs no draws.
     let dropout = Dropout::<C>::of(spec).filter(|_| v.is_some());
-    let (mut s, acc, max, sum) = (
+    let (s, acc, max, sum) = (
         &mut scratch.p,
         &mut scratch.acc,
         &mut scratch.max,
@@ -468,7 +468,7 @@ fn forward_one<C: BlockGemm>(
         let keys = if spec.causal { i1.min(n.tk) } else { n.tk };
         for (j0, j1) in blocks(keys, KEY_BLOCK) {
             let bj = j1 - j0;
-            block_scores(q, k, n, spec, (i0, i1), (j0, j1), &mut s);
+            block_scores(q, k, n, spec, (i0, i1), (j0, j1), s);
             for r in 0..bi {
                 let row = &mut s[r * bj..(r + 1) * bj];
                 let m = row.iter().fold(max[r], |a, &x| a.max(x));
@@ -649,11 +649,11 @@ fn grad_q_into<C: BlockGemm>(
                     return;
                 }
                 let x = element(ins, n, b);
-                let (mut p, mut ds) = (&mut sc.p, &mut sc.ds);
+                let (p, ds) = (&mut sc.p, &mut sc.ds);
                 for (i0, i1) in blocks(n.tq, QUERY_BLOCK) {
                     let keys = if spec.causal { i1.min(n.tk) } else { n.tk };
                     for (j0, j1) in blocks(keys, KEY_BLOCK) {
-                        block_grads(&x, n, spec, b, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
+                        block_grads(&x, n, spec, b, (i0, i1), (j0, j1), p, Some(ds));
                         let (bi, bj) = (i1 - i0, j1 - j0);
                         let d = MatRef {
                             data: &ds[..],
@@ -719,14 +719,14 @@ fn grad_kv_into<C: BlockGemm>(
                     return;
                 }
                 let x = element(ins, n, b);
-                let (mut p, mut ds) = (&mut sc.p, &mut sc.ds);
+                let (p, ds) = (&mut sc.p, &mut sc.ds);
                 for (j0, j1) in blocks(n.tk, KEY_BLOCK) {
                     let first_query = if spec.causal { j0 } else { 0 };
                     for (i0, i1) in blocks(n.tq, QUERY_BLOCK).filter(|&(_, i1)| i1 > first_query) {
                         let (bi, bj) = (i1 - i0, j1 - j0);
                         let target = &mut out[j0 * width..j1 * width];
                         if wrt == AttentionInput::Value {
-                            block_grads(&x, n, spec, b, (i0, i1), (j0, j1), &mut p, None);
+                            block_grads(&x, n, spec, b, (i0, i1), (j0, j1), p, None);
                             let pt = MatRef {
                                 data: &p[..],
                                 offset: 0,
@@ -735,7 +735,7 @@ fn grad_kv_into<C: BlockGemm>(
                             };
                             C::gemm(bj, n.ev, bi, pt, rows(x.g, i0, n.ev), target, true);
                         } else {
-                            block_grads(&x, n, spec, b, (i0, i1), (j0, j1), &mut p, Some(&mut ds));
+                            block_grads(&x, n, spec, b, (i0, i1), (j0, j1), p, Some(ds));
                             let dst = MatRef {
                                 data: &ds[..],
                                 offset: 0,
