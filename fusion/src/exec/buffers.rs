@@ -342,10 +342,11 @@ impl<B: Backend> Buffers<B> {
                 self.src[node] = self.src[input];
                 self.layout[node] = layout;
             }
-            None => {
-                // The input's elements in row-major order are the reshape's: copied
-                // into the node's slot over the input's own dims (no allocation once
-                // the slot has grown).
+            // The input's elements in row-major order are the reshape's: an f32 value
+            // is copied into the node's slot over the input's own dims (no allocation
+            // once the slot has grown); other dtypes, which fused kernels do not all
+            // read and write, into a fresh buffer.
+            None if run.plan.graph.nodes[node].meta.dtype == DType::F32 => {
                 let in_dims = *l.dims();
                 self.write_slot(run, node, |b, out| {
                     let view = View {
@@ -354,6 +355,19 @@ impl<B: Backend> Buffers<B> {
                     };
                     B::fused_elementwise(run.device, &COPY, None, &[view], &in_dims, &mut [out])
                 })?;
+            }
+            None => {
+                let s = slot_of(run.plan, node)?;
+                let copy = B::contiguous(
+                    run.device,
+                    View {
+                        storage: self.storage(run, input)?,
+                        layout: l,
+                    },
+                )?;
+                self.arena[s] = Some(Arc::new(copy));
+                self.src[node] = Src::Slot(s);
+                self.layout[node] = Layout::contiguous(dims);
             }
         }
         Ok(())
