@@ -13,10 +13,11 @@ use crate::gemm::{dgemm_with, sgemm_with, GemmOptions, MatRef};
 use crate::math::Real;
 use crate::storage::{with_float_storage, CpuStorage, FloatKernel};
 use crate::strided::{gather, gather_into};
+use crate::Cpu;
 use kiln_tensor::attention::{dropout_counter, stats_dtype};
 use kiln_tensor::simd;
 use kiln_tensor::{
-    rng, AttentionInput, AttentionSpec, DType, Element, Error, HostData, Layout, Op, Result,
+    rng, AttentionInput, AttentionSpec, DType, Element, Error, HostData, Layout, Op, Result, View,
 };
 use num_traits::ToPrimitive;
 use rayon::prelude::*;
@@ -160,21 +161,20 @@ thread_local! {
 /// gathers strided ones into buffers kept between calls, so that a training step's
 /// attention allocates nothing once warm. `false` (nothing written) for other dtypes.
 /// The inputs' extents must have been checked.
-pub fn attention_f32_into(
-    op: &Op,
-    inputs: &[(&CpuStorage, &Layout)],
-    out: &mut [f32],
-) -> Result<bool> {
+pub fn attention_f32_into(op: &Op, views: &[View<'_, Cpu>], out: &mut [f32]) -> Result<bool> {
     let mut data: [&[f32]; 6] = [&[]; 6];
-    if inputs.len() > data.len() {
+    if views.is_empty() || views.len() > data.len() {
         return Ok(false);
     }
-    for (slot, (storage, _)) in data.iter_mut().zip(inputs) {
-        let CpuStorage::F32(d) = storage else {
+    let mut inputs: [(&CpuStorage, &Layout); 6] = [(views[0].storage, &views[0].layout); 6];
+    for ((slot, input), v) in data.iter_mut().zip(&mut inputs).zip(views) {
+        let CpuStorage::F32(d) = v.storage else {
             return Ok(false);
         };
         *slot = d;
+        *input = (v.storage, &v.layout);
     }
+    let inputs = &inputs[..views.len()];
     let n = sizes(op, inputs);
     let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
     scratch.resize_with(inputs.len() + 1, Vec::new);

@@ -308,24 +308,34 @@ fn compare_typed<T: Copy + Sync + PartialOrd>(
     b: &[T],
     lb: &Layout,
 ) -> Vec<bool> {
+    let mut out = vec![false; dims.numel()];
+    compare_typed_into(op, dims, (a, la), (b, lb), &mut out);
+    out
+}
+
+/// [`compare_typed`] into `out` (`dims.numel()` values, contiguous).
+fn compare_typed_into<T: Copy + Sync + PartialOrd>(
+    op: CmpOp,
+    dims: &Dims,
+    a: (&[T], &Layout),
+    b: (&[T], &Layout),
+    out: &mut [bool],
+) {
     struct Map<'a, T> {
         dims: &'a Dims,
         a: (&'a [T], &'a Layout),
         b: (&'a [T], &'a Layout),
+        out: &'a mut [bool],
     }
     impl<T: Copy + Sync + PartialOrd> CompareKernel<T> for Map<'_, T> {
-        type Output = Vec<bool>;
+        type Output = ();
         #[inline(always)]
-        fn run(self, f: impl Fn(T, T) -> bool + Copy + Send + Sync) -> Vec<bool> {
+        fn run(self, f: impl Fn(T, T) -> bool + Copy + Send + Sync) {
             let ((a, la), (b, lb)) = (self.a, self.b);
-            map2(self.dims, a, la, b, lb, f)
+            map2_into(self.dims, a, la, b, lb, self.out, f)
         }
     }
-    op.dispatch(Map {
-        dims,
-        a: (a, la),
-        b: (b, lb),
-    })
+    op.dispatch(Map { dims, a, b, out })
 }
 
 /// Runs a comparison (operands already broadcast to `dims`).
@@ -365,27 +375,18 @@ pub fn compare_f32_into(
     let (CpuStorage::F32(a), CpuStorage::F32(b)) = (a, b) else {
         return false;
     };
-    struct Into<'a> {
-        dims: &'a Dims,
-        a: (&'a [f32], &'a Layout),
-        b: (&'a [f32], &'a Layout),
-        out: &'a mut [bool],
-    }
-    impl CompareKernel<f32> for Into<'_> {
-        type Output = ();
-        #[inline(always)]
-        fn run(self, f: impl Fn(f32, f32) -> bool + Copy + Send + Sync) {
-            let ((a, la), (b, lb)) = (self.a, self.b);
-            map2_into(self.dims, a, la, b, lb, self.out, f)
-        }
-    }
-    op.dispatch(Into {
-        dims,
-        a: (a, la),
-        b: (b, lb),
-        out,
-    });
+    compare_typed_into(op, dims, (a, la), (b, lb), out);
     true
+}
+
+/// `where`'s rule: `p` where `k` holds, else `q`.
+#[inline(always)]
+fn pick<T>(k: bool, p: T, q: T) -> T {
+    if k {
+        p
+    } else {
+        q
+    }
 }
 
 /// Runs `cond ? a : b` over f32 views (all three already broadcast to `dims`) into
@@ -400,14 +401,7 @@ pub fn select_f32_into(
     let (CpuStorage::Bool(c), CpuStorage::F32(a), CpuStorage::F32(b)) = (c, a, b) else {
         return false;
     };
-    map3_into(
-        dims,
-        (c, lc),
-        (a, la),
-        (b, lb),
-        out,
-        |k, p, q| if k { p } else { q },
-    );
+    map3_into(dims, (c, lc), (a, la), (b, lb), out, pick);
     true
 }
 
@@ -427,7 +421,7 @@ pub fn select(
     macro_rules! sel {
         ($($v:ident),*) => {
             match (a, b) {
-                $((CpuStorage::$v(x), CpuStorage::$v(y)) => CpuStorage::$v(map3(dims, (c, lc), (x, la), (y, lb), |k, p, q| if k { p } else { q }).into()),)*
+                $((CpuStorage::$v(x), CpuStorage::$v(y)) => CpuStorage::$v(map3(dims, (c, lc), (x, la), (y, lb), pick).into()),)*
                 _ => return Err(unsupported("where", a)),
             }
         };

@@ -250,15 +250,11 @@ impl Backend for Cpu {
             CpuStorage::F32(o),
         ) = (op, &mut *out)
         {
-            if o.len() >= numel && (1..=6).contains(&inputs.len()) {
+            if o.len() >= numel {
                 for v in inputs {
                     check_extent(v.storage, &v.layout)?;
                 }
-                let parts: [(&CpuStorage, &Layout); 6] = std::array::from_fn(|i| {
-                    let v = &inputs[i.min(inputs.len() - 1)];
-                    (v.storage, &v.layout)
-                });
-                if attention::attention_f32_into(op, &parts[..inputs.len()], o)? {
+                if attention::attention_f32_into(op, inputs, o)? {
                     return Ok(());
                 }
             }
