@@ -156,7 +156,7 @@ pub(crate) fn kernel_exprs<G, D: std::fmt::Debug>(
                 ));
             }
         }
-        KernelKind::Single | KernelKind::View | KernelKind::Call => {}
+        KernelKind::Single | KernelKind::View | KernelKind::Call | KernelKind::OnePass => {}
     }
     Ok(out)
 }

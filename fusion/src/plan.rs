@@ -22,6 +22,9 @@
 //! - **Views** (permute, expand, slice, reshape) are not kernels: they re-read their
 //!   input's buffer with another layout (a reshape of a layout that cannot be viewed
 //!   copies into its own slot).
+//! - **One-pass groups**: ops that one kernel pass computes together over the same
+//!   values (`kiln_tensor::attention::one_pass`: an attention and its row statistics,
+//!   an attention's gradients) are one kernel, run where the first of them is.
 //! - Everything else runs as a single-op kernel.
 
 use kiln_tensor::ir::{Graph, KeptGuard, NodeId, NodeKind};
@@ -43,6 +46,9 @@ pub enum KernelKind {
     View,
     /// A call out to a part of the model the plan does not see, or its gradient.
     Call,
+    /// Ops that one pass computes together (an attention and its statistics, an
+    /// attention's gradients), each written to its own buffer.
+    OnePass,
 }
 
 impl KernelKind {
@@ -55,6 +61,7 @@ impl KernelKind {
             KernelKind::Single => "single",
             KernelKind::View => "view",
             KernelKind::Call => "call",
+            KernelKind::OnePass => "one_pass",
         }
     }
 
@@ -67,6 +74,7 @@ impl KernelKind {
             KernelKind::Single,
             KernelKind::View,
             KernelKind::Call,
+            KernelKind::OnePass,
         ]
         .into_iter()
         .find(|k| k.name() == s)
@@ -420,6 +428,7 @@ pub fn plan_named<D: SymDim + 'static>(
             outputs: vec![out],
         });
     }
+    merge_one_pass(&g, &mut kernels);
     // Group members compute rank-0 constants inline, rather than reading them.
     for k in kernels.iter_mut() {
         let mut extra = Vec::new();
@@ -448,7 +457,12 @@ pub fn plan_named<D: SymDim + 'static>(
         ins.sort_unstable();
         k.inputs = ins;
     }
-    kernels.sort_by_key(|k| *k.nodes.iter().max().expect("kernels have nodes"));
+    // A kernel runs where its last node is; a one-pass group where its first op is
+    // (every member reads only values from before it).
+    kernels.sort_by_key(|k| match k.kind {
+        KernelKind::OnePass => k.nodes[0],
+        _ => *k.nodes.iter().max().expect("kernels have nodes"),
+    });
 
     let (slot_of, slots) = assign_slots(&g, &kernels, &outputs);
     let atoms = find_atoms(&g);
@@ -463,6 +477,69 @@ pub fn plan_named<D: SymDim + 'static>(
         names: kept_names,
         layers: kept_layers,
     }
+}
+
+/// Merges the single-op kernels of ops that one pass computes together
+/// ([`kiln_tensor::attention::one_pass`]) into one kernel: each member reads the first
+/// of the first member's inputs, and the members are in node order.
+fn merge_one_pass<D: SymDim>(g: &Graph<D>, kernels: &mut Vec<Kernel>) {
+    let single = |k: &Kernel| match (k.kind, k.nodes.as_slice()) {
+        (KernelKind::Single, &[n]) => match &g.nodes[n].kind {
+            NodeKind::Op(
+                op @ (Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. }),
+            ) => Some((n, op)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let mut candidates: Vec<(NodeId, &Op<D>, usize)> = kernels
+        .iter()
+        .enumerate()
+        .filter_map(|(ki, k)| single(k).map(|(n, op)| (n, op, ki)))
+        .collect();
+    candidates.sort_unstable_by_key(|c| c.0);
+    let mut taken = vec![false; candidates.len()];
+    let mut merged: Vec<Kernel> = Vec::new();
+    let mut gone = vec![false; kernels.len()];
+    for a in 0..candidates.len() {
+        if taken[a] {
+            continue;
+        }
+        let reads = &g.nodes[candidates[a].0].inputs;
+        let mut members = vec![a];
+        for b in a + 1..candidates.len() {
+            let theirs = &g.nodes[candidates[b].0].inputs;
+            if taken[b] || !reads.starts_with(theirs) {
+                continue;
+            }
+            let mut ops: Vec<&Op<D>> = members.iter().map(|&m| candidates[m].1).collect();
+            ops.push(candidates[b].1);
+            if kiln_tensor::attention::one_pass(&ops) {
+                members.push(b);
+            }
+        }
+        if members.len() < 2 {
+            continue;
+        }
+        let nodes: Vec<NodeId> = members.iter().map(|&m| candidates[m].0).collect();
+        for &m in &members {
+            taken[m] = true;
+            gone[candidates[m].2] = true;
+        }
+        merged.push(Kernel {
+            kind: KernelKind::OnePass,
+            nodes: nodes.clone(),
+            main: None,
+            inputs: vec![],
+            outputs: nodes,
+        });
+    }
+    let mut ki = 0;
+    kernels.retain(|_| {
+        ki += 1;
+        !gone[ki - 1]
+    });
+    kernels.extend(merged);
 }
 
 /// Rank-2 products whose only use is a transpose `[1, 0]` (and which are not outputs

@@ -100,8 +100,9 @@ fn gradients_match_finite_differences() {
 }
 
 /// The hand-written attention is planned as the fused op: `attention` in the forward
-/// plan, its recomputed row statistics and the three gradients in the backward one, and
-/// no softmax over the scores (no `exp` of a rank-4 value) anywhere.
+/// plan, its row statistics and the three gradients in the backward one (the step runs
+/// the attention and its statistics as one pass, the gradients as another), and no
+/// softmax over the scores (no `exp` of a rank-4 value) anywhere.
 #[test]
 fn hand_written_attention_plans_the_fused_op() {
     let plans = Attention::<Cpu>::fusion_plans();
@@ -134,6 +135,30 @@ fn hand_written_attention_plans_the_fused_op() {
         let op = format!(" op attention_grad{{wrt={wrt},");
         assert_eq!(step.matches(&op).count(), 1, "{step}");
     }
+    // One kernel pass writes the attention and its statistics, one the three gradients.
+    let parsed = kiln::fusion::Plan::parse(step).unwrap();
+    let passes: Vec<Vec<&str>> = parsed
+        .kernels
+        .iter()
+        .filter(|k| k.kind == kiln::fusion::KernelKind::OnePass)
+        .map(|k| {
+            k.nodes
+                .iter()
+                .map(|&n| match &parsed.graph.nodes[n].kind {
+                    NodeKind::Op(op) => op.name(),
+                    _ => "not an op",
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        passes,
+        [
+            vec!["attention", "attention_lse"],
+            vec!["attention_grad"; 3]
+        ],
+        "{step}"
+    );
     for (title, text) in plans.iter() {
         let plan = kiln::fusion::Plan::parse(text).unwrap();
         let exp_of_scores = plan.graph.nodes.iter().any(|n| {

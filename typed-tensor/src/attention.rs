@@ -392,6 +392,29 @@ pub fn attention_vjp<G: Builder + ?Sized>(
         .collect()
 }
 
+/// Whether one pass of a kernel computes `ops` together, in this order: an
+/// [`Op::Attention`] and the [`Op::AttentionLse`] of its queries and keys (the forward
+/// pass has the undropped statistics whatever the dropout), or gradients of one
+/// attention ([`Op::AttentionGrad`] of one spec) with respect to distinct inputs. Each
+/// op reads the first of the first op's inputs (as many as it takes); the caller
+/// checks that they are the same values.
+pub fn one_pass<D>(ops: &[&Op<D>]) -> bool {
+    match ops {
+        [Op::Attention(spec), Op::AttentionLse(stats)] => spec.without_dropout() == *stats,
+        [Op::AttentionGrad { spec, .. }, _, ..] => {
+            let mut seen = Vec::with_capacity(ops.len());
+            ops.iter().all(|op| match op {
+                Op::AttentionGrad { spec: s, wrt } if s == spec && !seen.contains(wrt) => {
+                    seen.push(*wrt);
+                    true
+                }
+                _ => false,
+            })
+        }
+        _ => false,
+    }
+}
+
 /// Attention written with primitives, as a user writes it by hand:
 /// `dropout?(softmax(causal_mask?(q·kᵀ · scale))) · v` (the mask only when causal, the
 /// dropout only with one; no product by the scale when it is 1). The fused op's

@@ -7,7 +7,7 @@ use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::fused::{ExprStep, FusedExpr, NativeFn};
 use crate::layout::Layout;
-use crate::op::{CmpOp, Op, TensorMeta};
+use crate::op::{Arity, CmpOp, Op, TensorMeta};
 use crate::shape::Dims;
 use std::fmt::Debug;
 
@@ -104,6 +104,21 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
     ) -> Result<()> {
         *out = Self::execute(device, op, inputs, meta)?;
         Ok(())
+    }
+
+    /// Runs `ops`, which one kernel pass computes together
+    /// ([`crate::attention::one_pass`]), each into its `outs` entry as
+    /// [`Backend::execute_into`] would with its result's `metas` entry. `inputs` are the
+    /// first op's; each op reads as many of them as it takes. The default runs the ops
+    /// one after another.
+    fn execute_one_pass_into(
+        device: &Self::Device,
+        ops: &[&Op],
+        inputs: &[View<'_, Self>],
+        metas: &[&TensorMeta],
+        outs: &mut [&mut Self::Storage],
+    ) -> Result<()> {
+        one_pass_by_ops::<Self>(device, ops, inputs, metas, outs)
     }
 
     /// Runs a matrix product (`a` and `b` as [`Backend::execute`] takes them for
@@ -256,6 +271,25 @@ pub fn mix_device_seed(op: &Op, seed: u64) -> Result<Op> {
             "draws no random numbers, so it takes no seed from device memory",
         )),
     }
+}
+
+/// [`Backend::execute_one_pass_into`] op by op: each op through
+/// [`Backend::execute_into`] on as many of `inputs` as it takes.
+pub fn one_pass_by_ops<B: Backend>(
+    device: &B::Device,
+    ops: &[&Op],
+    inputs: &[View<'_, B>],
+    metas: &[&TensorMeta],
+    outs: &mut [&mut B::Storage],
+) -> Result<()> {
+    for ((op, meta), out) in ops.iter().zip(metas).zip(outs.iter_mut()) {
+        let takes = match op.arity() {
+            Arity::Exact(n) => n.min(inputs.len()),
+            Arity::AtLeast(_) => inputs.len(),
+        };
+        B::execute_into(device, op, &inputs[..takes], meta, out)?;
+    }
+    Ok(())
 }
 
 /// [`Backend::fused_elementwise`] step by step with [`Backend::execute`].

@@ -3,30 +3,38 @@
 //! scores of one block pair at a time (a GEMM), an online softmax carrying each row's
 //! maximum and sum across key blocks (the forward pass), and the backward pass
 //! recomputing each block's probabilities from the saved row log-sum-exp. Causal
-//! attention skips the key blocks above the diagonal. Batch elements run on rayon's
-//! threads, each block product on one. Dropout on the weights multiplies each block's
-//! probabilities by their factors, drawn from the weights' counters as the op defines
-//! them. The math is `kiln_tensor::attention`'s; f16 and bf16 compute in f32, f64 in
-//! f64.
+//! attention skips the key blocks above the diagonal and the masked columns of the
+//! blocks on it. Batch elements run on rayon's threads, each block product on one.
+//! Inputs are read where they lie (a model's heads are permuted views), never gathered.
+//!
+//! One forward pass writes the output, the row log-sum-exp, or both (a plan's
+//! [`Op::Attention`] and [`Op::AttentionLse`] of the same queries and keys run as one
+//! pass); one backward pass writes any of the three gradients, sharing each block's
+//! probabilities and their gradient between them. Dropout on the weights multiplies
+//! each block's probabilities by their factors, drawn from the weights' counters as the
+//! op defines them. The math is `kiln_tensor::attention`'s; f16 and bf16 compute in
+//! f32, f64 in f64.
 
 use crate::gemm::{dgemm_with, sgemm_with, GemmOptions, MatRef};
 use crate::math::Real;
 use crate::storage::{with_float_storage, CpuStorage, FloatKernel};
-use crate::strided::{gather, gather_into};
+use crate::strided::gather;
 use crate::Cpu;
 use kiln_tensor::attention::{dropout_counter, stats_dtype};
 use kiln_tensor::simd;
 use kiln_tensor::{
-    rng, AttentionInput, AttentionSpec, DType, Element, Error, HostData, Layout, Op, Result, View,
+    rng, AttentionInput, AttentionSpec, DType, Dims, Element, Error, HostData, Layout, Op, Result,
+    View,
 };
-use num_traits::ToPrimitive;
+use num_traits::{ToPrimitive, Zero};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// Query rows per block.
 const QUERY_BLOCK: usize = 32;
-/// Key rows per block.
-const KEY_BLOCK: usize = 64;
+/// Key rows per block: a block's scores are `QUERY_BLOCK × KEY_BLOCK`, small enough
+/// to stay in the core's cache, long enough that the row work runs in wide vectors.
+const KEY_BLOCK: usize = 128;
 
 /// The compute types' block product on one thread: `c (m×n) (+)= a (m×k) · b (k×n)`.
 trait BlockGemm: Real {
@@ -87,6 +95,40 @@ struct Sizes {
     ev: usize,
 }
 
+/// An input as the kernels read it: a strided view whose last two axes are each batch
+/// element's matrix (rows, columns) and whose leading axes number the batch elements.
+#[derive(Clone, Copy)]
+struct Operand<'a, C> {
+    data: &'a [C],
+    layout: &'a Layout,
+}
+
+impl<'a, C> Operand<'a, C> {
+    /// Where batch element `b`'s matrix starts in `data`.
+    fn base(&self, b: usize) -> usize {
+        let (dims, strides) = (self.layout.dims().as_slice(), self.layout.strides());
+        let mut rest = b;
+        let mut at = self.layout.offset();
+        for axis in (0..dims.len() - 2).rev() {
+            at += (rest % dims[axis]) * strides[axis];
+            rest /= dims[axis];
+        }
+        at
+    }
+
+    /// Batch element `b`'s matrix from row `first` on.
+    fn rows(&self, b: usize, first: usize) -> MatRef<'a, C> {
+        let s = self.layout.strides();
+        let (row, col) = (s[s.len() - 2], s[s.len() - 1]);
+        MatRef {
+            data: self.data,
+            offset: self.base(b) + first * row,
+            row_stride: row,
+            col_stride: col,
+        }
+    }
+}
+
 /// An attention's dropout in the compute type `C`: the generator's key, the draws that
 /// drop, and the factor of the kept weights.
 #[derive(Clone, Copy)]
@@ -105,24 +147,90 @@ impl<C: Real> Dropout<C> {
         })
     }
 
-    /// Multiplies `row`, the weights of batch element `b`'s query `i` against keys
-    /// `j0..`, by their factors.
-    fn apply(&self, row: &mut [C], n: Sizes, b: usize, i: usize, j0: usize) {
-        for (c, x) in row.iter_mut().enumerate() {
-            let counter = dropout_counter(b, i, j0 + c, n.tq, n.tk);
-            *x = if rng::bits(self.key, counter) >> 8 >= self.threshold {
-                *x * self.keep
-            } else {
-                C::zero()
-            };
+    /// The factors of batch element `b`'s query `i` against keys `j0..` into `row`:
+    /// the kept weights' factor, or 0 for a dropped one.
+    fn factors(&self, row: &mut [C], n: Sizes, b: usize, i: usize, j0: usize) {
+        let first = dropout_counter(b, i, j0, n.tq, n.tk);
+        simd::wide(|| {
+            for (c, z) in row.iter_mut().enumerate() {
+                let counter = first.wrapping_add(c as u32);
+                *z = if rng::bits(self.key, counter) >> 8 >= self.threshold {
+                    self.keep
+                } else {
+                    C::zero()
+                };
+            }
+        });
+    }
+}
+
+/// Multiplies each weight by its dropout factor; a dropped weight becomes 0 whatever
+/// it was.
+#[inline(always)]
+fn apply_factors<C: Real>(row: &mut [C], z: &[C]) {
+    for (x, &z) in row.iter_mut().zip(z) {
+        *x = if z == C::zero() { C::zero() } else { *x * z };
+    }
+}
+
+/// Lanes of the row reductions: partial results in independent lanes vectorise, and
+/// their order is fixed, so every pass over the same row gives the same bits.
+const LANES: usize = 16;
+
+/// Scales `row` by `scale` in place and returns its largest value (−∞ for an empty
+/// row; NaNs are passed over, as `max` does).
+#[inline(always)]
+fn scale_and_max<C: Real>(row: &mut [C], scale: C) -> C {
+    let mut lanes = [C::neg_infinity(); LANES];
+    let mut chunks = row.chunks_exact_mut(LANES);
+    for chunk in &mut chunks {
+        for (l, x) in lanes.iter_mut().zip(chunk) {
+            *x = *x * scale;
+            *l = l.max(*x);
         }
+    }
+    let mut m = C::neg_infinity();
+    for x in chunks.into_remainder() {
+        *x = *x * scale;
+        m = m.max(*x);
+    }
+    lanes.iter().fold(m, |a, &l| a.max(l))
+}
+
+/// Replaces each value of `row` by `e^(x − shift)` and returns their sum.
+#[inline(always)]
+fn exp_and_sum<C: Real>(row: &mut [C], shift: C) -> C {
+    let mut lanes = [C::zero(); LANES];
+    let mut chunks = row.chunks_exact_mut(LANES);
+    for chunk in &mut chunks {
+        for (l, x) in lanes.iter_mut().zip(chunk) {
+            *x = (*x - shift).exp_();
+            *l = *l + *x;
+        }
+    }
+    let mut total = C::zero();
+    for x in chunks.into_remainder() {
+        *x = (*x - shift).exp_();
+        total = total + *x;
+    }
+    lanes.iter().fold(total, |a, &l| a + l)
+}
+
+/// How many of keys `j0..j0 + len` query `i` sees: all of them, or under a causal mask
+/// those up to `i`.
+#[inline(always)]
+fn visible(spec: &AttentionSpec, i: usize, j0: usize, len: usize) -> usize {
+    if spec.causal {
+        (i + 1).saturating_sub(j0).min(len)
+    } else {
+        len
     }
 }
 
 /// Runs [`Op::Attention`], [`Op::AttentionLse`] or [`Op::AttentionGrad`] on views whose
 /// dims the op table has checked; the result is contiguous, in the op's dtype.
 pub fn attention(op: &Op, inputs: &[(&CpuStorage, &Layout)]) -> Result<CpuStorage> {
-    let n = sizes(op, inputs);
+    let n = sizes(op, |i| inputs[i].1.dims());
     with_float_storage!(
         inputs[0].0,
         _v,
@@ -131,9 +239,8 @@ pub fn attention(op: &Op, inputs: &[(&CpuStorage, &Layout)]) -> Result<CpuStorag
     )
 }
 
-/// The sizes of the attention `op` over `inputs`.
-fn sizes(op: &Op, inputs: &[(&CpuStorage, &Layout)]) -> Sizes {
-    let dims = |i: usize| inputs[i].1.dims();
+/// The sizes of the attention `op` over inputs of dims `dims(0)`, `dims(1)`, ….
+fn sizes<'a>(op: &Op, dims: impl Fn(usize) -> &'a Dims) -> Sizes {
     let (q, k) = (dims(0), dims(1));
     let r = q.rank();
     let v_width = match op {
@@ -150,68 +257,55 @@ fn sizes(op: &Op, inputs: &[(&CpuStorage, &Layout)]) -> Sizes {
 }
 
 thread_local! {
-    /// Buffers the f32 path gathers strided inputs (and the forward pass's discarded
-    /// log-sum-exp) into, kept between calls on this thread: a training step's
-    /// attention reads its permuted heads without allocating once they have grown.
-    static SCRATCH: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+    /// The forward pass's row log-sum-exp when only its output is asked for, kept
+    /// between calls on this thread so that a training step's attention allocates
+    /// nothing once warm.
+    static DISCARDED_LSE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The f32 data of each view, or `None` when one is not f32.
+fn f32_operands<'a>(views: &'a [View<'a, Cpu>]) -> Option<[Operand<'a, f32>; 6]> {
+    if views.is_empty() || views.len() > 6 {
+        return None;
+    }
+    let first = Operand {
+        data: &[],
+        layout: &views[0].layout,
+    };
+    let mut ops = [first; 6];
+    for (slot, v) in ops.iter_mut().zip(views) {
+        let CpuStorage::F32(d) = v.storage else {
+            return None;
+        };
+        *slot = Operand {
+            data: d,
+            layout: &v.layout,
+        };
+    }
+    Some(ops)
 }
 
 /// Runs an attention op over f32 inputs into `out`, the f32 buffer of its contiguous
-/// result (at least as long as the result): reads contiguous inputs in place and
-/// gathers strided ones into buffers kept between calls, so that a training step's
-/// attention allocates nothing once warm. `false` (nothing written) for other dtypes.
-/// The inputs' extents must have been checked.
+/// result (at least as long as the result), reading the inputs where they lie, so that
+/// a training step's attention allocates nothing once warm. `false` (nothing written)
+/// for other dtypes. The inputs' extents must have been checked.
 pub fn attention_f32_into(op: &Op, views: &[View<'_, Cpu>], out: &mut [f32]) -> Result<bool> {
-    let mut data: [&[f32]; 6] = [&[]; 6];
-    if views.is_empty() || views.len() > data.len() {
+    let Some(x) = f32_operands(views) else {
         return Ok(false);
-    }
-    let mut inputs: [(&CpuStorage, &Layout); 6] = [(views[0].storage, &views[0].layout); 6];
-    for ((slot, input), v) in data.iter_mut().zip(&mut inputs).zip(views) {
-        let CpuStorage::F32(d) = v.storage else {
-            return Ok(false);
-        };
-        *slot = d;
-        *input = (v.storage, &v.layout);
-    }
-    let inputs = &inputs[..views.len()];
-    let n = sizes(op, inputs);
-    let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    scratch.resize_with(inputs.len() + 1, Vec::new);
-    for (buf, (&d, (_, layout))) in scratch.iter_mut().zip(data.iter().zip(inputs)) {
-        if !layout.is_contiguous() {
-            buf.clear();
-            gather_into(d, layout, buf);
-        }
-    }
-    let (bufs, extra) = scratch.split_at_mut(inputs.len());
-    let mut ins: [&[f32]; 6] = [&[]; 6];
-    for ((slot, &d), (buf, (_, layout))) in ins.iter_mut().zip(&data).zip(bufs.iter().zip(inputs)) {
-        *slot = if layout.is_contiguous() {
-            &d[layout.offset()..layout.offset() + layout.numel()]
-        } else {
-            buf
-        };
-    }
+    };
+    let n = sizes(op, |i| views[i].layout.dims());
     match op {
-        Op::Attention(spec) => {
-            let lse = &mut extra[0];
+        Op::Attention(spec) => DISCARDED_LSE.with(|lse| {
+            let mut lse = lse.borrow_mut();
             lse.clear();
             lse.resize(n.batch * n.tq, 0.0);
-            forward_into(
-                ins[0],
-                ins[1],
-                Some(ins[2]),
-                n,
-                spec,
-                &mut out[..n.batch * n.tq * n.ev],
-                lse,
-            );
-        }
+            let out = &mut out[..n.batch * n.tq * n.ev];
+            forward_into(x[0], x[1], Some(x[2]), n, spec, out, &mut lse);
+        }),
         Op::AttentionLse(spec) if stats_dtype(DType::F32) == DType::F32 => {
             forward_into(
-                ins[0],
-                ins[1],
+                x[0],
+                x[1],
                 None,
                 n,
                 spec,
@@ -220,32 +314,67 @@ pub fn attention_f32_into(op: &Op, views: &[View<'_, Cpu>], out: &mut [f32]) -> 
             );
         }
         Op::AttentionGrad { spec, wrt } => {
-            let grads = GradInputs {
-                q: ins[0],
-                k: ins[1],
-                v: ins[2],
-                g: ins[3],
-                lse: ins[4],
-                delta: ins[5],
+            let mut outs = GradOutputs::default();
+            *outs.of(*wrt) = Some(&mut out[..n.batch * n.rows(*wrt) * n.width(*wrt)]);
+            grads_into(&GradInputs::of(&x), n, spec, outs);
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Runs attention ops that one pass computes together, over f32 inputs, into `outs`
+/// (each an f32 buffer at least as long as its op's contiguous result): an
+/// [`Op::Attention`] followed by the [`Op::AttentionLse`] of its queries and keys (one
+/// forward pass writes both), or [`Op::AttentionGrad`]s of one attention (one
+/// backward pass writes them all). `views` are the inputs of the op that reads the
+/// most (the attention, or any of the gradients). `false` (nothing written) when the
+/// ops are not such a group or the inputs are not f32. The inputs' extents must have
+/// been checked.
+pub fn attention_group_f32_into(
+    ops: &[&Op],
+    views: &[View<'_, Cpu>],
+    outs: &mut [&mut [f32]],
+) -> Result<bool> {
+    if !kiln_tensor::attention::one_pass(ops) || ops.len() != outs.len() {
+        return Ok(false);
+    }
+    let Some(x) = f32_operands(views) else {
+        return Ok(false);
+    };
+    let n = sizes(ops[0], |i| views[i].layout.dims());
+    match ops {
+        [Op::Attention(spec), Op::AttentionLse(_)] => {
+            let [out, lse] = outs else {
+                unreachable!("two ops, two outputs")
             };
-            match wrt {
-                AttentionInput::Query => {
-                    grad_q_into(&grads, n, spec, &mut out[..n.batch * n.tq * n.e])
-                }
-                AttentionInput::Key => {
-                    grad_kv_into(&grads, n, spec, *wrt, &mut out[..n.batch * n.tk * n.e])
-                }
-                AttentionInput::Value => {
-                    grad_kv_into(&grads, n, spec, *wrt, &mut out[..n.batch * n.tk * n.ev])
-                }
-            }
+            let out = &mut out[..n.batch * n.tq * n.ev];
+            forward_into(
+                x[0],
+                x[1],
+                Some(x[2]),
+                n,
+                spec,
+                out,
+                &mut lse[..n.batch * n.tq],
+            );
         }
         _ => {
-            SCRATCH.with(|s| *s.borrow_mut() = scratch);
-            return Ok(false);
+            let mut grads = GradOutputs::default();
+            let mut spec = None;
+            for (op, out) in ops.iter().zip(outs.iter_mut()) {
+                let Op::AttentionGrad { spec: s, wrt } = op else {
+                    return Ok(false);
+                };
+                spec = Some(*s);
+                *grads.of(*wrt) = Some(&mut out[..n.batch * n.rows(*wrt) * n.width(*wrt)]);
+            }
+            let Some(spec) = spec else {
+                return Ok(false);
+            };
+            grads_into(&GradInputs::of(&x), n, &spec, grads);
         }
     }
-    SCRATCH.with(|s| *s.borrow_mut() = scratch);
     Ok(true)
 }
 
@@ -271,15 +400,27 @@ fn run<T: FloatKernel>(op: &Op, inputs: &[(&CpuStorage, &Layout)], n: Sizes) -> 
 where
     T::C: BlockGemm,
 {
-    let (q, k) = (load::<T::C>(inputs[0]), load::<T::C>(inputs[1]));
+    // Widened into contiguous buffers, which the kernels then read in place.
+    let values: Vec<Vec<T::C>> = inputs.iter().map(|&v| load::<T::C>(v)).collect();
+    let layouts: Vec<Layout> = inputs
+        .iter()
+        .map(|(_, l)| Layout::contiguous(l.dims().clone()))
+        .collect();
+    let x: Vec<Operand<'_, T::C>> = values
+        .iter()
+        .zip(&layouts)
+        .map(|(data, layout)| Operand { data, layout })
+        .collect();
     Ok(match op {
         Op::Attention(spec) => {
-            let v = load::<T::C>(inputs[2]);
-            let (out, _) = forward(&q, &k, Some(&v), n, spec);
+            let mut out = vec![T::C::zero(); n.batch * n.tq * n.ev];
+            let mut lse = vec![T::C::zero(); n.batch * n.tq];
+            forward_into(x[0], x[1], Some(x[2]), n, spec, &mut out, &mut lse);
             T::wrap(store::<T>(out))
         }
         Op::AttentionLse(spec) => {
-            let (_, lse) = forward(&q, &k, None, n, spec);
+            let mut lse = vec![T::C::zero(); n.batch * n.tq];
+            forward_into(x[0], x[1], None, n, spec, &mut [], &mut lse);
             let values: Vec<f64> = lse.iter().map(|c| c.to_f64().unwrap_or(f64::NAN)).collect();
             CpuStorage::from_host(HostData::from_f64_slice(
                 stats_dtype(inputs[0].0.dtype()),
@@ -287,21 +428,11 @@ where
             ))
         }
         Op::AttentionGrad { spec, wrt } => {
-            let v = load::<T::C>(inputs[2]);
-            let g = load::<T::C>(inputs[3]);
-            let (lse, delta) = (load::<T::C>(inputs[4]), load::<T::C>(inputs[5]));
-            let ins = GradInputs {
-                q: &q,
-                k: &k,
-                v: &v,
-                g: &g,
-                lse: &lse,
-                delta: &delta,
-            };
-            let grad = match wrt {
-                AttentionInput::Query => grad_q(&ins, n, spec),
-                AttentionInput::Key | AttentionInput::Value => grad_kv(&ins, n, spec, *wrt),
-            };
+            let mut grad = vec![T::C::zero(); n.batch * n.rows(*wrt) * n.width(*wrt)];
+            let mut outs = GradOutputs::default();
+            *outs.of(*wrt) = Some(&mut grad);
+            let x: [Operand<'_, T::C>; 6] = std::array::from_fn(|i| x[i]);
+            grads_into(&GradInputs::of(&x), n, spec, outs);
             T::wrap(store::<T>(grad))
         }
         other => unreachable!("{} is not an attention op", other.name()),
@@ -315,59 +446,38 @@ fn blocks(len: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
         .map(move |s| (s, (s + step).min(len)))
 }
 
-/// Row-major `rows × cols` starting at row `first` of a batch element's matrix.
-fn rows<C>(data: &[C], first: usize, cols: usize) -> MatRef<'_, C> {
-    MatRef {
-        data,
-        offset: first * cols,
-        row_stride: cols,
-        col_stride: 1,
+/// Row-major `rows × cols` block of `data`, transposed when `t`.
+fn block<C>(data: &[C], cols: usize, t: bool) -> MatRef<'_, C> {
+    let m = MatRef::row_major(data, cols);
+    if t {
+        m.t()
+    } else {
+        m
     }
 }
 
-/// The scaled scores of queries `i0..i1` against keys `j0..j1` into `s` (row-major,
-/// `j1 - j0` wide), masked to −∞ above the diagonal when causal.
-#[allow(clippy::too_many_arguments)]
-fn block_scores<C: BlockGemm>(
-    q: &[C],
-    k: &[C],
-    n: Sizes,
-    spec: &AttentionSpec,
-    (i0, i1): (usize, usize),
-    (j0, j1): (usize, usize),
-    s: &mut [C],
-) {
-    let (bi, bj) = (i1 - i0, j1 - j0);
-    let s = &mut s[..bi * bj];
-    C::gemm(
-        bi,
-        bj,
-        n.e,
-        rows(q, i0, n.e),
-        rows(k, j0, n.e).t(),
-        s,
-        false,
-    );
-    let scale = C::from_f64_(spec.scale);
-    simd::wide(|| {
-        for (r, row) in s.chunks_mut(bj.max(1)).enumerate().take(bi) {
-            for (c, x) in row.iter_mut().enumerate() {
-                *x = if spec.causal && j0 + c > i0 + r {
-                    C::neg_infinity()
-                } else {
-                    *x * scale
-                };
-            }
-        }
-    });
+/// `out`'s first `per · count` values cut into `count` consecutive pieces of `per`.
+fn pieces<C>(out: Option<&mut [C]>, per: usize, count: usize) -> Vec<Option<&mut [C]>> {
+    let Some(mut rest) = out else {
+        return (0..count).map(|_| None).collect();
+    };
+    (0..count)
+        .map(|_| {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(per);
+            rest = tail;
+            Some(piece)
+        })
+        .collect()
 }
 
 /// One thread's block buffers, reused across the batch elements it runs (rayon's
-/// `for_each_init`): a block's scores or probabilities and their gradients, the
-/// output accumulator, and each query row's running maximum and sum. Every use
-/// overwrites what it reads.
+/// `for_each_init`): a block's probabilities, their dropout factors and the weights
+/// they leave, the probabilities' gradient, the output accumulator, and each query
+/// row's running maximum and sum. Every use overwrites what it reads.
 struct BlockScratch<C> {
     p: Vec<C>,
+    z: Vec<C>,
+    pz: Vec<C>,
     ds: Vec<C>,
     acc: Vec<C>,
     max: Vec<C>,
@@ -376,9 +486,12 @@ struct BlockScratch<C> {
 
 impl<C: Real> BlockScratch<C> {
     fn new(n: Sizes) -> Self {
+        let block = QUERY_BLOCK * KEY_BLOCK;
         BlockScratch {
-            p: vec![C::zero(); QUERY_BLOCK * KEY_BLOCK],
-            ds: vec![C::zero(); QUERY_BLOCK * KEY_BLOCK],
+            p: vec![C::zero(); block],
+            z: vec![C::zero(); block],
+            pz: vec![C::zero(); block],
+            ds: vec![C::zero(); block],
             acc: vec![C::zero(); QUERY_BLOCK * n.ev],
             max: vec![C::zero(); QUERY_BLOCK],
             sum: vec![C::zero(); QUERY_BLOCK],
@@ -386,80 +499,52 @@ impl<C: Real> BlockScratch<C> {
     }
 }
 
-/// The forward pass: the output (when `v` is given) and each query's log-sum-exp.
-fn forward<C: BlockGemm>(
-    q: &[C],
-    k: &[C],
-    v: Option<&[C]>,
-    n: Sizes,
-    spec: &AttentionSpec,
-) -> (Vec<C>, Vec<C>) {
-    let mut out = vec![
-        C::zero();
-        if v.is_some() {
-            n.batch * n.tq * n.ev
-        } else {
-            0
-        }
-    ];
-    let mut lse = vec![C::zero(); n.batch * n.tq];
-    forward_into(q, k, v, n, spec, &mut out, &mut lse);
-    (out, lse)
-}
-
 /// The forward pass into `out` (`batch · tq · ev` values when `v` is given, else
 /// none) and `lse` (`batch · tq`), every value written.
 fn forward_into<C: BlockGemm>(
-    q: &[C],
-    k: &[C],
-    v: Option<&[C]>,
+    q: Operand<'_, C>,
+    k: Operand<'_, C>,
+    v: Option<Operand<'_, C>>,
     n: Sizes,
     spec: &AttentionSpec,
     out: &mut [C],
     lse: &mut [C],
 ) {
-    let out_rows = (n.tq * n.ev).max(1);
-    let lse_rows = lse.par_chunks_mut(n.tq.max(1));
-    let each = |sc: &mut BlockScratch<C>, b: usize, out_b: &mut [C], lse_b: &mut [C]| {
-        let qb = &q[b * n.tq * n.e..(b + 1) * n.tq * n.e];
-        let kb = &k[b * n.tk * n.e..(b + 1) * n.tk * n.e];
-        let vb = v.map(|v| &v[b * n.tk * n.ev..(b + 1) * n.tk * n.ev]);
-        forward_one(qb, kb, vb, n, spec, b, out_b, lse_b, sc);
-    };
-    let scratch = || BlockScratch::new(n);
-    if v.is_some() {
-        out.par_chunks_mut(out_rows)
-            .zip(lse_rows)
-            .enumerate()
-            .for_each_init(scratch, |sc, (b, (out_b, lse_b))| each(sc, b, out_b, lse_b));
-    } else {
-        lse_rows
-            .enumerate()
-            .for_each_init(scratch, |sc, (b, lse_b)| each(sc, b, &mut [], lse_b));
-    }
+    let outs = pieces(v.map(|_| out), n.tq * n.ev, n.batch);
+    let lses = pieces(Some(lse), n.tq, n.batch);
+    outs.into_par_iter().zip(lses).enumerate().for_each_init(
+        || BlockScratch::new(n),
+        |sc, (b, (out, lse))| {
+            let lse = lse.expect("every batch element has its statistics");
+            forward_one(q, k, v, n, spec, b, out.unwrap_or_default(), lse, sc);
+        },
+    );
 }
 
 /// The forward pass of batch element `b`.
 #[allow(clippy::too_many_arguments)]
 fn forward_one<C: BlockGemm>(
-    q: &[C],
-    k: &[C],
-    v: Option<&[C]>,
+    q: Operand<'_, C>,
+    k: Operand<'_, C>,
+    v: Option<Operand<'_, C>>,
     n: Sizes,
     spec: &AttentionSpec,
     b: usize,
     out: &mut [C],
     lse: &mut [C],
-    scratch: &mut BlockScratch<C>,
+    sc: &mut BlockScratch<C>,
 ) {
     // The log-sum-exp alone needs no draws.
     let dropout = Dropout::<C>::of(spec).filter(|_| v.is_some());
-    let (s, acc, max, sum) = (
-        &mut scratch.p,
-        &mut scratch.acc,
-        &mut scratch.max,
-        &mut scratch.sum,
-    );
+    let scale = C::from_f64_(spec.scale);
+    let BlockScratch {
+        p: s,
+        z,
+        acc,
+        max,
+        sum,
+        ..
+    } = sc;
     for (i0, i1) in blocks(n.tq, QUERY_BLOCK) {
         let bi = i1 - i0;
         max[..bi].fill(C::neg_infinity());
@@ -468,58 +553,43 @@ fn forward_one<C: BlockGemm>(
         let keys = if spec.causal { i1.min(n.tk) } else { n.tk };
         for (j0, j1) in blocks(keys, KEY_BLOCK) {
             let bj = j1 - j0;
-            block_scores(q, k, n, spec, (i0, i1), (j0, j1), s);
-            for r in 0..bi {
-                let row = &mut s[r * bj..(r + 1) * bj];
-                let m = row.iter().fold(max[r], |a, &x| a.max(x));
-                if m == C::neg_infinity() {
-                    // Every key so far masked: nothing to add.
-                    row.fill(C::zero());
-                    continue;
-                }
-                let alpha = if max[r] == C::neg_infinity() {
-                    C::zero()
-                } else {
-                    (max[r] - m).exp_()
-                };
-                // The exponentials in a loop of their own, so that it vectorises; the
-                // sum stays in order.
-                simd::wide(|| {
-                    for x in row.iter_mut() {
-                        *x = if *x == C::neg_infinity() {
-                            C::zero()
-                        } else {
-                            (*x - m).exp_()
-                        };
+            let s = &mut s[..bi * bj];
+            C::gemm(bi, bj, n.e, q.rows(b, i0), k.rows(b, j0).t(), s, false);
+            simd::wide(|| {
+                for r in 0..bi {
+                    let row = &mut s[r * bj..(r + 1) * bj];
+                    let (live, masked) = row.split_at_mut(visible(spec, i0 + r, j0, bj));
+                    masked.fill(C::zero());
+                    let m = scale_and_max(live, scale).max(max[r]);
+                    if m == C::neg_infinity() {
+                        // Every key so far masked or at −∞: nothing to add.
+                        live.fill(C::zero());
+                        continue;
                     }
-                });
-                let total = row.iter().fold(C::zero(), |t, &x| t + x);
-                sum[r] = sum[r] * alpha + total;
-                max[r] = m;
-                if let Some(d) = &dropout {
-                    d.apply(row, n, b, i0 + r, j0);
+                    let alpha = if max[r] == C::neg_infinity() {
+                        C::zero()
+                    } else {
+                        (max[r] - m).exp_()
+                    };
+                    sum[r] = sum[r] * alpha + exp_and_sum(live, m);
+                    max[r] = m;
+                    for a in &mut acc[r * n.ev..(r + 1) * n.ev] {
+                        *a = *a * alpha;
+                    }
                 }
-                for a in &mut acc[r * n.ev..(r + 1) * n.ev] {
-                    *a = *a * alpha;
+            });
+            let Some(v) = v else {
+                continue;
+            };
+            if let Some(d) = &dropout {
+                let z = &mut z[..bi * bj];
+                for r in 0..bi {
+                    d.factors(&mut z[r * bj..(r + 1) * bj], n, b, i0 + r, j0);
                 }
+                simd::wide(|| apply_factors(s, z));
             }
-            if let Some(v) = v {
-                let p = MatRef {
-                    data: &s[..],
-                    offset: 0,
-                    row_stride: bj,
-                    col_stride: 1,
-                };
-                C::gemm(
-                    bi,
-                    n.ev,
-                    bj,
-                    p,
-                    rows(v, j0, n.ev),
-                    &mut acc[..bi * n.ev],
-                    true,
-                );
-            }
+            let p = block(s, bj, false);
+            C::gemm(bi, n.ev, bj, p, v.rows(b, j0), &mut acc[..bi * n.ev], true);
         }
         for r in 0..bi {
             let i = i0 + r;
@@ -542,214 +612,217 @@ fn forward_one<C: BlockGemm>(
     }
 }
 
-/// What the backward pass reads, each batch element's rows after one another.
+/// What the backward pass reads: the forward pass's inputs, the output's gradient `g`,
+/// and each query's log-sum-exp and `delta` (rows of width 1).
 struct GradInputs<'a, C> {
-    q: &'a [C],
-    k: &'a [C],
-    v: &'a [C],
-    g: &'a [C],
-    lse: &'a [C],
-    delta: &'a [C],
+    q: Operand<'a, C>,
+    k: Operand<'a, C>,
+    v: Operand<'a, C>,
+    g: Operand<'a, C>,
+    lse: Operand<'a, C>,
+    delta: Operand<'a, C>,
 }
 
-/// One batch element's slice of each input.
-fn element<'a, C>(ins: &GradInputs<'a, C>, n: Sizes, b: usize) -> GradInputs<'a, C> {
-    GradInputs {
-        q: &ins.q[b * n.tq * n.e..(b + 1) * n.tq * n.e],
-        k: &ins.k[b * n.tk * n.e..(b + 1) * n.tk * n.e],
-        v: &ins.v[b * n.tk * n.ev..(b + 1) * n.tk * n.ev],
-        g: &ins.g[b * n.tq * n.ev..(b + 1) * n.tq * n.ev],
-        lse: &ins.lse[b * n.tq..(b + 1) * n.tq],
-        delta: &ins.delta[b * n.tq..(b + 1) * n.tq],
+impl<'a, C: Copy> GradInputs<'a, C> {
+    /// The gradient ops' inputs, in their order.
+    fn of(x: &[Operand<'a, C>; 6]) -> Self {
+        GradInputs {
+            q: x[0],
+            k: x[1],
+            v: x[2],
+            g: x[3],
+            lse: x[4],
+            delta: x[5],
+        }
     }
 }
 
-/// For batch element `b`, queries `i0..i1` against keys `j0..j1`: with `ds` asked for,
-/// the probabilities into `p` and `ds = p·(z·g·vᵀ − delta)` into `ds`; without, the
-/// probabilities times their dropout factors `z` into `p` (row-major, `j1 - j0` wide).
-#[allow(clippy::too_many_arguments)]
-fn block_grads<C: BlockGemm>(
+/// The gradients a backward pass writes (`batch` matrices after one another, each
+/// overwritten), any of them absent.
+struct GradOutputs<'a, C> {
+    q: Option<&'a mut [C]>,
+    k: Option<&'a mut [C]>,
+    v: Option<&'a mut [C]>,
+}
+
+impl<C> Default for GradOutputs<'_, C> {
+    fn default() -> Self {
+        GradOutputs {
+            q: None,
+            k: None,
+            v: None,
+        }
+    }
+}
+
+impl<'a, C> GradOutputs<'a, C> {
+    /// The place of the gradient with respect to `wrt`.
+    fn of(&mut self, wrt: AttentionInput) -> &mut Option<&'a mut [C]> {
+        match wrt {
+            AttentionInput::Query => &mut self.q,
+            AttentionInput::Key => &mut self.k,
+            AttentionInput::Value => &mut self.v,
+        }
+    }
+}
+
+impl Sizes {
+    /// The rows of the gradient with respect to `wrt`: one per query or per key.
+    fn rows(&self, wrt: AttentionInput) -> usize {
+        match wrt {
+            AttentionInput::Query => self.tq,
+            AttentionInput::Key | AttentionInput::Value => self.tk,
+        }
+    }
+
+    /// The width of the gradient with respect to `wrt`.
+    fn width(&self, wrt: AttentionInput) -> usize {
+        match wrt {
+            AttentionInput::Query | AttentionInput::Key => self.e,
+            AttentionInput::Value => self.ev,
+        }
+    }
+}
+
+/// The backward pass: the asked-for gradients `dq = scale · Σ_j ds_ij k_j`,
+/// `dk = scale · Σ_i ds_ij q_i` and `dv = Σ_i p_ij z_ij g_i`, each batch element's key
+/// blocks against the query blocks that see them.
+fn grads_into<C: BlockGemm>(
+    x: &GradInputs<'_, C>,
+    n: Sizes,
+    spec: &AttentionSpec,
+    outs: GradOutputs<'_, C>,
+) {
+    let dq = pieces(outs.q, n.tq * n.e, n.batch);
+    let dk = pieces(outs.k, n.tk * n.e, n.batch);
+    let dv = pieces(outs.v, n.tk * n.ev, n.batch);
+    dq.into_par_iter()
+        .zip(dk)
+        .zip(dv)
+        .enumerate()
+        .for_each_init(
+            || BlockScratch::new(n),
+            |sc, (b, ((q, k), v))| {
+                grads_one(x, n, spec, b, GradOutputs { q, k, v }, sc);
+            },
+        );
+}
+
+/// The backward pass of batch element `b`.
+fn grads_one<C: BlockGemm>(
     x: &GradInputs<'_, C>,
     n: Sizes,
     spec: &AttentionSpec,
     b: usize,
-    (i0, i1): (usize, usize),
-    (j0, j1): (usize, usize),
-    p: &mut [C],
-    ds: Option<&mut [C]>,
+    mut outs: GradOutputs<'_, C>,
+    sc: &mut BlockScratch<C>,
 ) {
-    let (bi, bj) = (i1 - i0, j1 - j0);
-    block_scores(x.q, x.k, n, spec, (i0, i1), (j0, j1), p);
-    simd::wide(|| {
-        for r in 0..bi {
-            let lse = x.lse[i0 + r];
-            for e in &mut p[r * bj..(r + 1) * bj] {
-                *e = if *e == C::neg_infinity() || lse == C::neg_infinity() {
-                    C::zero()
-                } else {
-                    (*e - lse).exp_()
-                };
-            }
-        }
-    });
-    let dropout = Dropout::<C>::of(spec);
-    let Some(ds) = ds else {
-        if let Some(d) = &dropout {
-            for r in 0..bi {
-                d.apply(&mut p[r * bj..(r + 1) * bj], n, b, i0 + r, j0);
-            }
-        }
-        return;
-    };
-    let ds = &mut ds[..bi * bj];
-    C::gemm(
-        bi,
-        bj,
-        n.ev,
-        rows(x.g, i0, n.ev),
-        rows(x.v, j0, n.ev).t(),
-        ds,
-        false,
-    );
-    for r in 0..bi {
-        if let Some(d) = &dropout {
-            d.apply(&mut ds[r * bj..(r + 1) * bj], n, b, i0 + r, j0);
-        }
-        let delta = x.delta[i0 + r];
-        let (ds, p) = (&mut ds[r * bj..(r + 1) * bj], &p[r * bj..(r + 1) * bj]);
-        simd::wide(|| {
-            for (d, &p) in ds.iter_mut().zip(p) {
-                *d = p * (*d - delta);
-            }
-        });
+    for out in [&mut outs.q, &mut outs.k, &mut outs.v]
+        .into_iter()
+        .flatten()
+    {
+        out.fill(C::zero());
     }
-}
-
-/// `dq = scale · Σ_j ds_ij k_j`, query blocks against the key blocks they see.
-fn grad_q<C: BlockGemm>(ins: &GradInputs<'_, C>, n: Sizes, spec: &AttentionSpec) -> Vec<C> {
-    let mut dq = vec![C::zero(); n.batch * n.tq * n.e];
-    grad_q_into(ins, n, spec, &mut dq);
-    dq
-}
-
-/// [`grad_q`] into `dq` (`batch · tq · e` values, overwritten).
-fn grad_q_into<C: BlockGemm>(
-    ins: &GradInputs<'_, C>,
-    n: Sizes,
-    spec: &AttentionSpec,
-    dq: &mut [C],
-) {
-    dq.fill(C::zero());
-    dq.par_chunks_mut((n.tq * n.e).max(1))
-        .enumerate()
-        .for_each_init(
-            || BlockScratch::new(n),
-            |sc, (b, dq)| {
-                if n.tq * n.e == 0 {
-                    return;
-                }
-                let x = element(ins, n, b);
-                let (p, ds) = (&mut sc.p, &mut sc.ds);
-                for (i0, i1) in blocks(n.tq, QUERY_BLOCK) {
-                    let keys = if spec.causal { i1.min(n.tk) } else { n.tk };
-                    for (j0, j1) in blocks(keys, KEY_BLOCK) {
-                        block_grads(&x, n, spec, b, (i0, i1), (j0, j1), p, Some(ds));
-                        let (bi, bj) = (i1 - i0, j1 - j0);
-                        let d = MatRef {
-                            data: &ds[..],
-                            offset: 0,
-                            row_stride: bj,
-                            col_stride: 1,
-                        };
-                        C::gemm(
-                            bi,
-                            n.e,
-                            bj,
-                            d,
-                            rows(x.k, j0, n.e),
-                            &mut dq[i0 * n.e..i1 * n.e],
-                            true,
-                        );
+    let wants_ds = outs.q.is_some() || outs.k.is_some();
+    let dropout = Dropout::<C>::of(spec);
+    let scale = C::from_f64_(spec.scale);
+    let (lse, delta) = (x.lse.rows(b, 0), x.delta.rows(b, 0));
+    let BlockScratch { p, z, pz, ds, .. } = sc;
+    for (j0, j1) in blocks(n.tk, KEY_BLOCK) {
+        let bj = j1 - j0;
+        let first_query = if spec.causal { j0 } else { 0 };
+        for (i0, i1) in blocks(n.tq, QUERY_BLOCK).filter(|&(_, i1)| i1 > first_query) {
+            let bi = i1 - i0;
+            // The probabilities, recomputed from the saved log-sum-exp.
+            let p = &mut p[..bi * bj];
+            C::gemm(bi, bj, n.e, x.q.rows(b, i0), x.k.rows(b, j0).t(), p, false);
+            simd::wide(|| {
+                for r in 0..bi {
+                    let row = &mut p[r * bj..(r + 1) * bj];
+                    let (live, masked) = row.split_at_mut(visible(spec, i0 + r, j0, bj));
+                    masked.fill(C::zero());
+                    let l = lse.at(i0 + r, 0);
+                    if l == C::neg_infinity() {
+                        live.fill(C::zero());
+                        continue;
+                    }
+                    for e in live.iter_mut() {
+                        *e = (*e * scale - l).exp_();
                     }
                 }
-                let scale = C::from_f64_(spec.scale);
-                dq.iter_mut().for_each(|d| *d = *d * scale);
-            },
-        );
-}
-
-/// `dk = scale · Σ_i ds_ij q_i` or `dv = Σ_i p_ij g_i`, key blocks against the query
-/// blocks that see them.
-fn grad_kv<C: BlockGemm>(
-    ins: &GradInputs<'_, C>,
-    n: Sizes,
-    spec: &AttentionSpec,
-    wrt: AttentionInput,
-) -> Vec<C> {
-    let width = if wrt == AttentionInput::Value {
-        n.ev
-    } else {
-        n.e
-    };
-    let mut out = vec![C::zero(); n.batch * n.tk * width];
-    grad_kv_into(ins, n, spec, wrt, &mut out);
-    out
-}
-
-/// [`grad_kv`] into `out` (`batch · tk` rows of the gradient's width, overwritten).
-fn grad_kv_into<C: BlockGemm>(
-    ins: &GradInputs<'_, C>,
-    n: Sizes,
-    spec: &AttentionSpec,
-    wrt: AttentionInput,
-    out: &mut [C],
-) {
-    let width = if wrt == AttentionInput::Value {
-        n.ev
-    } else {
-        n.e
-    };
-    out.fill(C::zero());
-    out.par_chunks_mut((n.tk * width).max(1))
-        .enumerate()
-        .for_each_init(
-            || BlockScratch::new(n),
-            |sc, (b, out)| {
-                if n.tk * width == 0 {
-                    return;
+            });
+            // The weights the output summed: the probabilities times their factors.
+            let weights: &[C] = match &dropout {
+                Some(d) => {
+                    let z = &mut z[..bi * bj];
+                    for r in 0..bi {
+                        d.factors(&mut z[r * bj..(r + 1) * bj], n, b, i0 + r, j0);
+                    }
+                    let pz = &mut pz[..bi * bj];
+                    pz.copy_from_slice(p);
+                    simd::wide(|| apply_factors(pz, z));
+                    pz
                 }
-                let x = element(ins, n, b);
-                let (p, ds) = (&mut sc.p, &mut sc.ds);
-                for (j0, j1) in blocks(n.tk, KEY_BLOCK) {
-                    let first_query = if spec.causal { j0 } else { 0 };
-                    for (i0, i1) in blocks(n.tq, QUERY_BLOCK).filter(|&(_, i1)| i1 > first_query) {
-                        let (bi, bj) = (i1 - i0, j1 - j0);
-                        let target = &mut out[j0 * width..j1 * width];
-                        if wrt == AttentionInput::Value {
-                            block_grads(&x, n, spec, b, (i0, i1), (j0, j1), p, None);
-                            let pt = MatRef {
-                                data: &p[..],
-                                offset: 0,
-                                row_stride: 1,
-                                col_stride: bj,
-                            };
-                            C::gemm(bj, n.ev, bi, pt, rows(x.g, i0, n.ev), target, true);
-                        } else {
-                            block_grads(&x, n, spec, b, (i0, i1), (j0, j1), p, Some(ds));
-                            let dst = MatRef {
-                                data: &ds[..],
-                                offset: 0,
-                                row_stride: 1,
-                                col_stride: bj,
-                            };
-                            C::gemm(bj, n.e, bi, dst, rows(x.q, i0, n.e), target, true);
-                        }
+                None => p,
+            };
+            if let Some(dv) = outs.v.as_deref_mut() {
+                let target = &mut dv[j0 * n.ev..j1 * n.ev];
+                let wt = block(weights, bj, true);
+                C::gemm(bj, n.ev, bi, wt, x.g.rows(b, i0), target, true);
+            }
+            if !wants_ds {
+                continue;
+            }
+            // ds = p · (z · g·vᵀ − delta)
+            let ds = &mut ds[..bi * bj];
+            C::gemm(
+                bi,
+                bj,
+                n.ev,
+                x.g.rows(b, i0),
+                x.v.rows(b, j0).t(),
+                ds,
+                false,
+            );
+            if dropout.is_some() {
+                simd::wide(|| apply_factors(ds, &z[..bi * bj]));
+            }
+            simd::wide(|| {
+                for r in 0..bi {
+                    let d = delta.at(i0 + r, 0);
+                    let (ds, p) = (&mut ds[r * bj..(r + 1) * bj], &p[r * bj..(r + 1) * bj]);
+                    for (g, &p) in ds.iter_mut().zip(p) {
+                        *g = p * (*g - d);
                     }
                 }
-                if wrt == AttentionInput::Key {
-                    let scale = C::from_f64_(spec.scale);
-                    out.iter_mut().for_each(|d| *d = *d * scale);
-                }
-            },
-        );
+            });
+            if let Some(dk) = outs.k.as_deref_mut() {
+                let target = &mut dk[j0 * n.e..j1 * n.e];
+                C::gemm(
+                    bj,
+                    n.e,
+                    bi,
+                    block(ds, bj, true),
+                    x.q.rows(b, i0),
+                    target,
+                    true,
+                );
+            }
+            if let Some(dq) = outs.q.as_deref_mut() {
+                let target = &mut dq[i0 * n.e..i1 * n.e];
+                C::gemm(
+                    bi,
+                    n.e,
+                    bj,
+                    block(ds, bj, false),
+                    x.k.rows(b, j0),
+                    target,
+                    true,
+                );
+            }
+        }
+    }
+    for out in [&mut outs.q, &mut outs.k].into_iter().flatten() {
+        simd::wide(|| out.iter_mut().for_each(|d| *d = *d * scale));
+    }
 }

@@ -263,6 +263,35 @@ impl Backend for Cpu {
         Ok(())
     }
 
+    fn execute_one_pass_into(
+        device: &CpuDevice,
+        ops: &[&Op],
+        inputs: &[View<'_, Cpu>],
+        metas: &[&TensorMeta],
+        outs: &mut [&mut CpuStorage],
+    ) -> Result<()> {
+        {
+            let mut slices: Vec<&mut [f32]> = Vec::with_capacity(outs.len());
+            for (out, meta) in outs.iter_mut().zip(metas) {
+                match &mut **out {
+                    CpuStorage::F32(o) if o.len() >= meta.dims.iter().product::<usize>() => {
+                        slices.push(&mut o[..])
+                    }
+                    _ => break,
+                }
+            }
+            if slices.len() == ops.len() {
+                for v in inputs {
+                    check_extent(v.storage, &v.layout)?;
+                }
+                if attention::attention_group_f32_into(ops, inputs, &mut slices)? {
+                    return Ok(());
+                }
+            }
+        }
+        kiln_tensor::backend::one_pass_by_ops::<Cpu>(device, ops, inputs, metas, outs)
+    }
+
     fn fused_elementwise(
         device: &CpuDevice,
         expr: &kiln_tensor::fused::FusedExpr,

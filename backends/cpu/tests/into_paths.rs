@@ -1,7 +1,8 @@
 //! The CPU's into-paths (what a planned step writes into its reused slots) against the
 //! allocating ops they stand for, bit for bit: attention's forward pass, row
 //! statistics and three gradients over strided (permuted) heads, causal or not, with
-//! dropout or without; comparisons and selections, broadcast operands included. Each
+//! dropout or without, alone and in the one-pass groups a plan runs them in;
+//! comparisons and selections, broadcast operands included. Each
 //! output buffer starts full of a value the op never writes, so a value left unwritten
 //! shows.
 
@@ -102,6 +103,123 @@ fn attention_into_its_slot_is_the_allocating_op() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A buffer of `n` f32 values none of the ops writes (NaN with a payload).
+fn stale(n: usize) -> CpuStorage {
+    CpuStorage::F32(vec![f32::from_bits(0x7fc0_1234); n + 1].into())
+}
+
+/// The ops of a one-pass group through `execute_one_pass_into`, each equal bit for bit
+/// to the op run alone through `execute`.
+fn one_pass_is_each_op(ops: &[&Op], inputs: &[&RawTensor<Cpu>], dims: &[&[usize]]) -> Result<()> {
+    assert!(kiln_tensor::attention::one_pass(ops));
+    let views: Vec<View<'_, Cpu>> = inputs.iter().map(|t| t.view()).collect();
+    let metas: Vec<TensorMeta> = dims
+        .iter()
+        .map(|d| TensorMeta::new(d.to_vec(), DType::F32))
+        .collect();
+    let mut outs: Vec<CpuStorage> = dims.iter().map(|d| stale(d.iter().product())).collect();
+    let mut out_refs: Vec<&mut CpuStorage> = outs.iter_mut().collect();
+    let meta_refs: Vec<&TensorMeta> = metas.iter().collect();
+    Cpu::execute_one_pass_into(&CpuDevice, ops, &views, &meta_refs, &mut out_refs)?;
+    // The group's own pass ran (not the op-by-op fallback): called directly, it takes
+    // the group and writes the same bits.
+    let mut direct: Vec<Vec<f32>> = dims
+        .iter()
+        .map(|d| vec![f32::NAN; d.iter().product()])
+        .collect();
+    let mut slices: Vec<&mut [f32]> = direct.iter_mut().map(|d| &mut d[..]).collect();
+    assert!(kiln_cpu::attention::attention_group_f32_into(
+        ops,
+        &views,
+        &mut slices
+    )?);
+    for (d, out) in direct.iter().zip(&outs) {
+        let d: Vec<u32> = d.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(bits(out)[..d.len()], d[..]);
+    }
+    for ((op, meta), out) in ops.iter().zip(&metas).zip(&outs) {
+        let takes = match op.arity() {
+            kiln_tensor::Arity::Exact(n) => n,
+            kiln_tensor::Arity::AtLeast(_) => views.len(),
+        };
+        let want = Cpu::execute(&CpuDevice, op, &views[..takes], meta)?;
+        let n: usize = meta.dims.iter().product();
+        assert_eq!(
+            bits(out)[..n],
+            bits(&want)[..],
+            "{} in a one-pass group",
+            op.name()
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn one_pass_groups_write_what_their_ops_write_alone() -> Result<()> {
+    // Query and key counts that are not multiples of the blocks.
+    let (b, t, h, e) = (2, 150, 3, 8);
+    let (q, k, v) = (
+        heads(b, t, h, e, 11)?,
+        heads(b, t, h, e, 12)?,
+        heads(b, t, h, e, 13)?,
+    );
+    let g = random(&[b, h, t, e], 14)?;
+    let delta = random(&[b, h, t, 1], 15)?;
+    let (rows, stats): (&[usize], &[usize]) = (&[b, h, t, e], &[b, h, t, 1]);
+    for causal in [false, true] {
+        for dropout in [None, Some(AttentionDropout { p: 0.25, seed: 9 })] {
+            let spec = AttentionSpec {
+                dropout,
+                ..AttentionSpec::new(0.3, causal)
+            };
+            let lse_op = Op::AttentionLse(spec.without_dropout());
+            one_pass_is_each_op(
+                &[&Op::Attention(spec), &lse_op],
+                &[&q, &k, &v],
+                &[rows, stats],
+            )?;
+            let lse = Cpu::execute(
+                &CpuDevice,
+                &lse_op,
+                &[q.view(), k.view()],
+                &TensorMeta::new(stats.to_vec(), DType::F32),
+            )?;
+            let lse = RawTensor::<Cpu>::from_storage(lse, Dims::new(stats)?, CpuDevice)?;
+            let grad = |wrt| Op::AttentionGrad { spec, wrt };
+            let (dq, dk, dv) = (
+                grad(AttentionInput::Query),
+                grad(AttentionInput::Key),
+                grad(AttentionInput::Value),
+            );
+            let ins = [&q, &k, &v, &g, &lse, &delta];
+            one_pass_is_each_op(&[&dq, &dk, &dv], &ins, &[rows, rows, rows])?;
+            // Any two of them, in any order.
+            one_pass_is_each_op(&[&dv, &dq], &ins, &[rows, rows])?;
+            one_pass_is_each_op(&[&dk, &dv], &ins, &[rows, rows])?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn ops_one_pass_does_not_compute_together_are_refused_as_a_group() {
+    let spec = AttentionSpec::new(0.5, true);
+    let other = AttentionSpec::new(0.25, true);
+    let grad = |spec, wrt| Op::AttentionGrad { spec, wrt };
+    let q = AttentionInput::Query;
+    let refused: [&[Op]; 5] = [
+        &[Op::Attention(spec)],
+        &[Op::AttentionLse(spec), Op::Attention(spec)],
+        &[Op::Attention(spec), Op::AttentionLse(other)],
+        &[grad(spec, q), grad(spec, q)],
+        &[grad(spec, q), grad(other, AttentionInput::Key)],
+    ];
+    for ops in refused {
+        let refs: Vec<&Op> = ops.iter().collect();
+        assert!(!kiln_tensor::attention::one_pass(&refs), "{ops:?}");
+    }
 }
 
 #[test]

@@ -8,7 +8,10 @@ use crate::plan::Plan;
 use crate::sym::SDim;
 use kiln_tensor::fused::{ExprStep, FusedExpr};
 use kiln_tensor::ir::{NodeId, NodeKind};
-use kiln_tensor::{fit_views, Backend, DType, Dims, Error, Layout, Op, RawTensor, Result, View};
+use kiln_tensor::{
+    fit_views, Backend, DType, Dims, Error, Layout, Op, RawTensor, Result, TensorMeta, View,
+};
+use smallvec::SmallVec;
 use std::sync::{Arc, LazyLock};
 
 /// The expression that copies its one input: a reshape that cannot view writes its
@@ -248,20 +251,16 @@ impl<B: Backend> Buffers<B> {
                     Ok(())
                 })
             }
-            Step::Single { node, op } => {
-                if let Some(seed) = device_seed(op, run.seeds) {
-                    let meta = &r.metas[*node];
-                    return self.write_slot(run, *node, |b, out| {
-                        let views = b.op_views(run, *node, op)?;
-                        *out = B::draw_with_device_seed(device, op, &views, seed.view(), meta)?;
-                        Ok(())
-                    });
+            Step::Single { node, op } => self.single(run, *node, op),
+            Step::OnePass { nodes, ops } => {
+                if ops.iter().any(|op| device_seed(op, run.seeds).is_some()) {
+                    // Draws whose seed is in device memory run one by one.
+                    for (&node, op) in nodes.iter().zip(ops) {
+                        self.single(run, node, op)?;
+                    }
+                    return Ok(());
                 }
-                let op = seeded(op, run.seeds)?;
-                self.write_slot(run, *node, |b, out| {
-                    let views = b.op_views(run, *node, &op)?;
-                    B::execute_into(device, &op, &views, &r.metas[*node], out)
-                })
+                self.one_pass(run, nodes, ops)
             }
             Step::View { node } => self.view(run, *node),
             Step::Call { node } => {
@@ -283,6 +282,69 @@ impl<B: Backend> Buffers<B> {
                 Ok(())
             }
         }
+    }
+
+    /// One op into its slot.
+    fn single(&mut self, run: &Run<'_, B>, node: NodeId, op: &Op) -> Result<()> {
+        let (r, device) = (run.r, run.device);
+        if let Some(seed) = device_seed(op, run.seeds) {
+            let meta = &r.metas[node];
+            return self.write_slot(run, node, |b, out| {
+                let views = b.op_views(run, node, op)?;
+                *out = B::draw_with_device_seed(device, op, &views, seed.view(), meta)?;
+                Ok(())
+            });
+        }
+        let op = seeded(op, run.seeds)?;
+        self.write_slot(run, node, |b, out| {
+            let views = b.op_views(run, node, &op)?;
+            B::execute_into(device, &op, &views, &r.metas[node], out)
+        })
+    }
+
+    /// Ops one pass computes together, each into its slot; they read the first node's
+    /// inputs.
+    fn one_pass(&mut self, run: &Run<'_, B>, nodes: &[NodeId], ops: &[Op]) -> Result<()> {
+        let slots = nodes
+            .iter()
+            .map(|&n| slot_of(run.plan, n))
+            .collect::<Result<SmallVec<[usize; 3]>>>()?;
+        let mut bufs = SmallVec::<[Arc<B::Storage>; 3]>::new();
+        for &s in &slots {
+            match self.take_slot(run, s) {
+                Ok(buf) => bufs.push(buf),
+                Err(e) => {
+                    for (&s, buf) in slots.iter().zip(bufs) {
+                        self.arena[s] = Some(buf);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let result = (|| {
+            let ops = ops
+                .iter()
+                .map(|op| seeded(op, run.seeds))
+                .collect::<Result<SmallVec<[_; 3]>>>()?;
+            let ops: SmallVec<[&Op; 3]> = ops.iter().map(|op| op.as_ref()).collect();
+            let views = self.op_views(run, nodes[0], ops[0])?;
+            let metas: SmallVec<[&TensorMeta; 3]> =
+                nodes.iter().map(|&n| &run.r.metas[n]).collect();
+            let mut outs: SmallVec<[&mut B::Storage; 3]> = bufs
+                .iter_mut()
+                .map(|b| Arc::get_mut(b).expect("taken slots are unique"))
+                .collect();
+            B::execute_one_pass_into(run.device, &ops, &views, &metas, &mut outs)
+        })();
+        for (&s, buf) in slots.iter().zip(bufs) {
+            self.arena[s] = Some(buf);
+        }
+        result?;
+        for (&n, &s) in nodes.iter().zip(&slots) {
+            self.src[n] = Src::Slot(s);
+            self.layout[n] = Layout::contiguous(run.r.dims[n]);
+        }
+        Ok(())
     }
 
     /// A reduction's or product's prologue, into the scratch buffer.

@@ -44,14 +44,20 @@ pub(super) enum Step {
     View { node: NodeId },
     /// A call out to a part (or its backward pass), its result into its slot.
     Call { node: NodeId },
+    /// Ops one pass computes together, each result into its slot; each reads the
+    /// first of the first node's inputs.
+    OnePass { nodes: Vec<NodeId>, ops: Vec<Op> },
 }
 
 impl Step {
-    /// The node whose value the step computes.
-    pub(super) fn node(&self) -> NodeId {
+    /// The nodes whose values the step computes.
+    pub(super) fn nodes(&self) -> &[NodeId] {
         match self {
-            Step::Fused { output, .. } | Step::Main { output, .. } => *output,
-            Step::Single { node, .. } | Step::View { node } | Step::Call { node } => *node,
+            Step::OnePass { nodes, .. } => nodes,
+            Step::Fused { output, .. } | Step::Main { output, .. } => std::slice::from_ref(output),
+            Step::Single { node, .. } | Step::View { node } | Step::Call { node } => {
+                std::slice::from_ref(node)
+            }
         }
     }
 }
@@ -343,14 +349,21 @@ pub(super) fn resolve(
             }
             KernelKind::View => Step::View { node: k.outputs[0] },
             KernelKind::Call => Step::Call { node: k.outputs[0] },
+            KernelKind::OnePass => Step::OnePass {
+                nodes: k.outputs.clone(),
+                ops: k
+                    .outputs
+                    .iter()
+                    .map(|&n| ops[n].clone().expect("one-pass kernels run ops"))
+                    .collect(),
+            },
         });
     }
     let ready = steps
         .iter()
         .map(|step| {
-            let node = step.node();
             (0..plan.outputs.len())
-                .filter(|&o| plan.outputs[o] == node)
+                .filter(|&o| step.nodes().contains(&plan.outputs[o]))
                 .collect()
         })
         .collect();
