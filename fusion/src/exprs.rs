@@ -211,11 +211,23 @@ fn split_main<G, D>(
         );
     }
     pro.sort_unstable();
-    let epi = k
+    let mut epi: Vec<NodeId> = k
         .nodes
         .iter()
         .copied()
         .filter(|&n| n != main && !pro.contains(&n) && !is_const(n))
         .collect();
+    // A value both parts read (a comparison groups recompute where they read it) is
+    // computed in each: the prologue's values are gone when the epilogue runs.
+    let mut i = 0;
+    while i < epi.len() {
+        for &j in &graph.nodes[epi[i]].inputs {
+            if pro.contains(&j) && !epi.contains(&j) {
+                epi.push(j);
+            }
+        }
+        i += 1;
+    }
+    epi.sort_unstable();
     (pro, main, epi)
 }

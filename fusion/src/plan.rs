@@ -7,8 +7,11 @@
 //! - **Elementwise groups** are trees: an elementwise node joins its consumer's group
 //!   when it has exactly one consumer, that consumer is elementwise, and both have the
 //!   same dims (a broadcast operand is read from memory, not recomputed). Rank-0
-//!   constants are inlined into every group that uses them. Only f32 (and bool values
-//!   that stay inside a group) fuse; other dtypes run op by op, except the casts of
+//!   constants are inlined into every group that uses them, and so are cheap values
+//!   that several groups read (a dropout mask that the forward and the backward pass
+//!   both read is recomputed from its draws in each, GELU's pieces in its gradient):
+//!   they are recomputed, never stored. Only f32 (and bool values that stay inside a
+//!   group) fuse; other dtypes run op by op, except the casts of
 //!   mixed precision: a cast from bf16 or f16 to f32 reads its half input at a group's
 //!   edge (widening is exact), and a cast from f32 to bf16 or f16 is always its group's
 //!   root (the narrowing happens as the result is stored, so no half value is ever
@@ -156,6 +159,65 @@ fn inline_constant<D: SymDim>(g: &Graph<D>, n: NodeId) -> bool {
     }
 }
 
+/// The most ops a value that groups recompute may cost (with the recomputed values it
+/// reads): recomputing costs arithmetic in each reader, storing costs a kernel and a
+/// buffer written and read again.
+const RECOMPUTE_LIMIT: usize = 16;
+
+/// The elementwise values that groups recompute where they read them, as they do
+/// rank-0 constants, instead of storing them: f32 or bool values, not outputs, that
+/// more than one group reads (a dropout mask the forward and the backward pass both
+/// read, the pieces of GELU its gradient reads again), each reader of their dims, and
+/// the values only such a value reads. A value costing more than [`RECOMPUTE_LIMIT`] ops
+/// is stored.
+fn recomputed_values<D: SymDim>(
+    g: &Graph<D>,
+    fusable: &[bool],
+    consumers: &[Vec<NodeId>],
+    outputs: &[NodeId],
+) -> Vec<bool> {
+    let n = g.nodes.len();
+    let candidate = |i: NodeId| {
+        let node = &g.nodes[i];
+        fusable[i]
+            && !outputs.contains(&i)
+            && !matches!(&node.kind, NodeKind::Op(Op::Cast { .. }))
+            && matches!(node.meta.dtype, DType::F32 | DType::Bool)
+            && !consumers[i].is_empty()
+            && consumers[i]
+                .iter()
+                .all(|&c| fusable[c] && g.nodes[c].meta.dims == node.meta.dims)
+    };
+    // Readers first: a value whose only reader is recomputed is part of it.
+    let mut recomputed = vec![false; n];
+    for i in (0..n).rev() {
+        if candidate(i) {
+            recomputed[i] = match consumers[i].as_slice() {
+                [c] => recomputed[*c],
+                _ => true,
+            };
+        }
+    }
+    let mut cost = vec![0usize; n];
+    for i in 0..n {
+        if !recomputed[i] {
+            continue;
+        }
+        let inputs = &g.nodes[i].inputs;
+        let c = 1 + inputs
+            .iter()
+            .filter(|&&j| recomputed[j])
+            .map(|&j| cost[j])
+            .sum::<usize>();
+        if c > RECOMPUTE_LIMIT {
+            recomputed[i] = false;
+        } else {
+            cost[i] = c;
+        }
+    }
+    recomputed
+}
+
 fn is_view<D>(op: &Op<D>) -> bool {
     op.is_view()
 }
@@ -271,8 +333,22 @@ pub fn plan_named<D: SymDim + 'static>(
     // that read it. Blocking a reader can make another bool leave its group, hence the
     // loop.
     let mut fusable: Vec<bool> = (0..n).map(|i| fusable_elementwise(&g, i)).collect();
+    // Values recomputed in each group that reads them are not group members.
+    let mut recomputed = recomputed_values(&g, &fusable, &consumers, &outputs);
+    for i in 0..n {
+        fusable[i] &= !recomputed[i];
+    }
     loop {
         let mut changed = false;
+        // A recomputed value that a kernel reads from memory (one that stopped fusing)
+        // is stored after all, by a group of its own.
+        for i in 0..n {
+            if recomputed[i] && consumers[i].iter().any(|&c| !fusable[c] && !recomputed[c]) {
+                recomputed[i] = false;
+                fusable[i] = true;
+                changed = true;
+            }
+        }
         for i in 0..n {
             if !fusable[i] || g.nodes[i].meta.dtype != DType::Bool {
                 continue;
@@ -395,13 +471,17 @@ pub fn plan_named<D: SymDim + 'static>(
         }
         let kind = match &node.kind {
             NodeKind::Leaf(_) => continue,
-            // A constant only elementwise groups read is inlined into them instead.
+            // A constant only elementwise groups read is inlined into them instead, as
+            // is every recomputed value (all its readers are in groups or recomputed).
             _ if inline_constant(&g, i)
                 && !is_output(i)
-                && consumers[i].iter().all(|&c| group[c].is_some()) =>
+                && consumers[i]
+                    .iter()
+                    .all(|&c| group[c].is_some() || recomputed[c]) =>
             {
                 continue
             }
+            _ if recomputed[i] => continue,
             NodeKind::RecipDim(_) => KernelKind::Single,
             NodeKind::Call(_) | NodeKind::CallGrad(_) => KernelKind::Call,
             NodeKind::Op(op) if is_view(op) => KernelKind::View,
@@ -429,16 +509,22 @@ pub fn plan_named<D: SymDim + 'static>(
         });
     }
     merge_one_pass(&g, &mut kernels);
-    // Group members compute rank-0 constants inline, rather than reading them.
+    // Group members compute rank-0 constants and recomputed values (and what those
+    // read that is not in memory) inline, rather than reading them.
     for k in kernels.iter_mut() {
-        let mut extra = Vec::new();
-        for &m in &k.nodes {
-            if group[m].is_none() {
-                continue;
-            }
+        let mut extra: Vec<NodeId> = Vec::new();
+        let mut readers: Vec<NodeId> = k
+            .nodes
+            .iter()
+            .copied()
+            .filter(|&m| group[m].is_some())
+            .collect();
+        while let Some(m) = readers.pop() {
             for &j in &g.nodes[m].inputs {
-                if inline_constant(&g, j) && !k.nodes.contains(&j) && !extra.contains(&j) {
+                let inlined = inline_constant(&g, j) || recomputed[j];
+                if inlined && !k.nodes.contains(&j) && !extra.contains(&j) {
                     extra.push(j);
+                    readers.push(j);
                 }
             }
         }

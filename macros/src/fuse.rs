@@ -251,7 +251,7 @@ fn native_fn(name: &Ident, expr: &FusedExpr) -> TokenStream {
                     out[j] = #result;
                 }
             }
-            ::kiln::tensor::simd::wide(|| body(ins, outs))
+            ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
         }
     }
 }

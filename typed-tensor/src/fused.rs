@@ -87,21 +87,27 @@ pub fn to_bool_f32(v: f32) -> f32 {
 /// `dst[i] = f(a[i])`, monomorphised per op so that the loop vectorises.
 #[inline(always)]
 fn map1(dst: &mut [f32], a: &[f32], f: impl Fn(f32) -> f32) {
-    crate::simd::wide(|| {
-        for (d, &x) in dst.iter_mut().zip(a) {
-            *d = f(x);
-        }
-    })
+    crate::simd::wide(
+        #[inline(always)]
+        || {
+            for (d, &x) in dst.iter_mut().zip(a) {
+                *d = f(x);
+            }
+        },
+    )
 }
 
 /// `dst[i] = f(a[i], b[i])`, monomorphised per op.
 #[inline(always)]
 fn map2(dst: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
-    crate::simd::wide(|| {
-        for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
-            *d = f(x, y);
-        }
-    })
+    crate::simd::wide(
+        #[inline(always)]
+        || {
+            for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
+                *d = f(x, y);
+            }
+        },
+    )
 }
 
 /// A unary op over a chunk: the `match` outside the loop.

@@ -37,7 +37,14 @@ pub fn unit_f32(bits: u32) -> f32 {
 /// Element `i` of a uniform draw on [low, high).
 #[inline]
 pub fn uniform(seed: u64, i: u32, low: f64, high: f64) -> f64 {
-    let u = unit_f32(bits(stream_key(seed, 0), i)) as f64;
+    uniform_with_key(stream_key(seed, 0), i, low, high)
+}
+
+/// [`uniform`] with the draw's key ([`stream_key`] of its seed, stream 0) computed
+/// once by the caller: a loop over a draw's elements that vectorises.
+#[inline(always)]
+pub fn uniform_with_key(key: u32, i: u32, low: f64, high: f64) -> f64 {
+    let u = unit_f32(bits(key, i)) as f64;
     low + (high - low) * u
 }
 

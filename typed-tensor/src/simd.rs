@@ -8,8 +8,10 @@
 //! what the baseline copy computes, to the bit.
 
 /// Runs `f`, compiled with AVX2 and FMA where the CPU has them. `f` and what it calls
-/// inline into the wider copy only where they are inlined (closures and
-/// `#[inline(always)]` helpers are): call it around a whole loop, not per element.
+/// are compiled into the wider copy only where they are inlined into it: pass an
+/// `#[inline(always)]` closure (`wide(#[inline(always)] || ..)`; a large closure left
+/// to the optimiser stays a baseline function) that calls `#[inline(always)]` helpers,
+/// around a whole loop, not per element.
 #[inline(always)]
 pub fn wide<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
@@ -80,11 +82,14 @@ mod tests {
         for &op in UnaryOp::ALL {
             let plain: Vec<f32> = xs.iter().map(|&x| unary_f32(op, x)).collect();
             let mut vector = vec![0.0; xs.len()];
-            wide(|| {
-                for (o, &x) in vector.iter_mut().zip(&xs) {
-                    *o = unary_f32(op, x);
-                }
-            });
+            wide(
+                #[inline(always)]
+                || {
+                    for (o, &x) in vector.iter_mut().zip(&xs) {
+                        *o = unary_f32(op, x);
+                    }
+                },
+            );
             assert_eq!(bits(&plain), bits(&vector), "{op:?}");
         }
         for &op in BinaryOp::ALL {
@@ -94,11 +99,14 @@ mod tests {
                 .map(|(&x, &y)| binary_f32(op, x, y))
                 .collect();
             let mut vector = vec![0.0; xs.len()];
-            wide(|| {
-                for ((o, &x), &y) in vector.iter_mut().zip(&xs).zip(&ys) {
-                    *o = binary_f32(op, x, y);
-                }
-            });
+            wide(
+                #[inline(always)]
+                || {
+                    for ((o, &x), &y) in vector.iter_mut().zip(&xs).zip(&ys) {
+                        *o = binary_f32(op, x, y);
+                    }
+                },
+            );
             assert_eq!(bits(&plain), bits(&vector), "{op:?}");
         }
     }

@@ -151,16 +151,19 @@ impl<C: Real> Dropout<C> {
     /// the kept weights' factor, or 0 for a dropped one.
     fn factors(&self, row: &mut [C], n: Sizes, b: usize, i: usize, j0: usize) {
         let first = dropout_counter(b, i, j0, n.tq, n.tk);
-        simd::wide(|| {
-            for (c, z) in row.iter_mut().enumerate() {
-                let counter = first.wrapping_add(c as u32);
-                *z = if rng::bits(self.key, counter) >> 8 >= self.threshold {
-                    self.keep
-                } else {
-                    C::zero()
-                };
-            }
-        });
+        simd::wide(
+            #[inline(always)]
+            || {
+                for (c, z) in row.iter_mut().enumerate() {
+                    let counter = first.wrapping_add(c as u32);
+                    *z = if rng::bits(self.key, counter) >> 8 >= self.threshold {
+                        self.keep
+                    } else {
+                        C::zero()
+                    };
+                }
+            },
+        );
     }
 }
 
@@ -555,29 +558,32 @@ fn forward_one<C: BlockGemm>(
             let bj = j1 - j0;
             let s = &mut s[..bi * bj];
             C::gemm(bi, bj, n.e, q.rows(b, i0), k.rows(b, j0).t(), s, false);
-            simd::wide(|| {
-                for r in 0..bi {
-                    let row = &mut s[r * bj..(r + 1) * bj];
-                    let (live, masked) = row.split_at_mut(visible(spec, i0 + r, j0, bj));
-                    masked.fill(C::zero());
-                    let m = scale_and_max(live, scale).max(max[r]);
-                    if m == C::neg_infinity() {
-                        // Every key so far masked or at −∞: nothing to add.
-                        live.fill(C::zero());
-                        continue;
+            simd::wide(
+                #[inline(always)]
+                || {
+                    for r in 0..bi {
+                        let row = &mut s[r * bj..(r + 1) * bj];
+                        let (live, masked) = row.split_at_mut(visible(spec, i0 + r, j0, bj));
+                        masked.fill(C::zero());
+                        let m = scale_and_max(live, scale).max(max[r]);
+                        if m == C::neg_infinity() {
+                            // Every key so far masked or at −∞: nothing to add.
+                            live.fill(C::zero());
+                            continue;
+                        }
+                        let alpha = if max[r] == C::neg_infinity() {
+                            C::zero()
+                        } else {
+                            (max[r] - m).exp_()
+                        };
+                        sum[r] = sum[r] * alpha + exp_and_sum(live, m);
+                        max[r] = m;
+                        for a in &mut acc[r * n.ev..(r + 1) * n.ev] {
+                            *a = *a * alpha;
+                        }
                     }
-                    let alpha = if max[r] == C::neg_infinity() {
-                        C::zero()
-                    } else {
-                        (max[r] - m).exp_()
-                    };
-                    sum[r] = sum[r] * alpha + exp_and_sum(live, m);
-                    max[r] = m;
-                    for a in &mut acc[r * n.ev..(r + 1) * n.ev] {
-                        *a = *a * alpha;
-                    }
-                }
-            });
+                },
+            );
             let Some(v) = v else {
                 continue;
             };
@@ -586,7 +592,10 @@ fn forward_one<C: BlockGemm>(
                 for r in 0..bi {
                     d.factors(&mut z[r * bj..(r + 1) * bj], n, b, i0 + r, j0);
                 }
-                simd::wide(|| apply_factors(s, z));
+                simd::wide(
+                    #[inline(always)]
+                    || apply_factors(s, z),
+                );
             }
             let p = block(s, bj, false);
             C::gemm(bi, n.ev, bj, p, v.rows(b, j0), &mut acc[..bi * n.ev], true);
@@ -736,21 +745,24 @@ fn grads_one<C: BlockGemm>(
             // The probabilities, recomputed from the saved log-sum-exp.
             let p = &mut p[..bi * bj];
             C::gemm(bi, bj, n.e, x.q.rows(b, i0), x.k.rows(b, j0).t(), p, false);
-            simd::wide(|| {
-                for r in 0..bi {
-                    let row = &mut p[r * bj..(r + 1) * bj];
-                    let (live, masked) = row.split_at_mut(visible(spec, i0 + r, j0, bj));
-                    masked.fill(C::zero());
-                    let l = lse.at(i0 + r, 0);
-                    if l == C::neg_infinity() {
-                        live.fill(C::zero());
-                        continue;
+            simd::wide(
+                #[inline(always)]
+                || {
+                    for r in 0..bi {
+                        let row = &mut p[r * bj..(r + 1) * bj];
+                        let (live, masked) = row.split_at_mut(visible(spec, i0 + r, j0, bj));
+                        masked.fill(C::zero());
+                        let l = lse.at(i0 + r, 0);
+                        if l == C::neg_infinity() {
+                            live.fill(C::zero());
+                            continue;
+                        }
+                        for e in live.iter_mut() {
+                            *e = (*e * scale - l).exp_();
+                        }
                     }
-                    for e in live.iter_mut() {
-                        *e = (*e * scale - l).exp_();
-                    }
-                }
-            });
+                },
+            );
             // The weights the output summed: the probabilities times their factors.
             let weights: &[C] = match &dropout {
                 Some(d) => {
@@ -760,7 +772,10 @@ fn grads_one<C: BlockGemm>(
                     }
                     let pz = &mut pz[..bi * bj];
                     pz.copy_from_slice(p);
-                    simd::wide(|| apply_factors(pz, z));
+                    simd::wide(
+                        #[inline(always)]
+                        || apply_factors(pz, z),
+                    );
                     pz
                 }
                 None => p,
@@ -785,17 +800,23 @@ fn grads_one<C: BlockGemm>(
                 false,
             );
             if dropout.is_some() {
-                simd::wide(|| apply_factors(ds, &z[..bi * bj]));
+                simd::wide(
+                    #[inline(always)]
+                    || apply_factors(ds, &z[..bi * bj]),
+                );
             }
-            simd::wide(|| {
-                for r in 0..bi {
-                    let d = delta.at(i0 + r, 0);
-                    let (ds, p) = (&mut ds[r * bj..(r + 1) * bj], &p[r * bj..(r + 1) * bj]);
-                    for (g, &p) in ds.iter_mut().zip(p) {
-                        *g = p * (*g - d);
+            simd::wide(
+                #[inline(always)]
+                || {
+                    for r in 0..bi {
+                        let d = delta.at(i0 + r, 0);
+                        let (ds, p) = (&mut ds[r * bj..(r + 1) * bj], &p[r * bj..(r + 1) * bj]);
+                        for (g, &p) in ds.iter_mut().zip(p) {
+                            *g = p * (*g - d);
+                        }
                     }
-                }
-            });
+                },
+            );
             if let Some(dk) = outs.k.as_deref_mut() {
                 let target = &mut dk[j0 * n.e..j1 * n.e];
                 C::gemm(
@@ -823,6 +844,9 @@ fn grads_one<C: BlockGemm>(
         }
     }
     for out in [&mut outs.q, &mut outs.k].into_iter().flatten() {
-        simd::wide(|| out.iter_mut().for_each(|d| *d = *d * scale));
+        simd::wide(
+            #[inline(always)]
+            || out.iter_mut().for_each(|d| *d = *d * scale),
+        );
     }
 }

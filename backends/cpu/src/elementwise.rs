@@ -55,17 +55,20 @@ pub(crate) fn map1<T: Copy + Sync, O: Copy + Default + Send>(
     let s = plan.inner_strides[0];
     fill_rows(&plan, &mut out, |row, b| {
         let (b, n) = (b[0], row.len());
-        simd::wide(|| match s {
-            1 => row
-                .iter_mut()
-                .zip(&data[b..b + n])
-                .for_each(|(o, &x)| *o = f(x)),
-            0 => row.fill(f(data[b])),
-            _ => row
-                .iter_mut()
-                .enumerate()
-                .for_each(|(i, o)| *o = f(data[b + i * s])),
-        })
+        simd::wide(
+            #[inline(always)]
+            || match s {
+                1 => row
+                    .iter_mut()
+                    .zip(&data[b..b + n])
+                    .for_each(|(o, &x)| *o = f(x)),
+                0 => row.fill(f(data[b])),
+                _ => row
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, o)| *o = f(data[b + i * s])),
+            },
+        )
     });
     out
 }
@@ -99,29 +102,32 @@ pub(crate) fn map2_into<A: Copy + Sync, B: Copy + Sync, O: Copy + Send>(
     fill_rows(&plan, out, |row, base| {
         let (ba, bb) = (base[0], base[1]);
         let n = row.len();
-        simd::wide(|| match (sa, sb) {
-            (1, 1) => row
-                .iter_mut()
-                .zip(&a[ba..ba + n])
-                .zip(&b[bb..bb + n])
-                .for_each(|((o, &x), &y)| *o = f(x, y)),
-            (1, 0) => {
-                let y = b[bb];
-                row.iter_mut()
+        simd::wide(
+            #[inline(always)]
+            || match (sa, sb) {
+                (1, 1) => row
+                    .iter_mut()
                     .zip(&a[ba..ba + n])
-                    .for_each(|(o, &x)| *o = f(x, y))
-            }
-            (0, 1) => {
-                let x = a[ba];
-                row.iter_mut()
                     .zip(&b[bb..bb + n])
-                    .for_each(|(o, &y)| *o = f(x, y))
-            }
-            _ => row
-                .iter_mut()
-                .enumerate()
-                .for_each(|(i, o)| *o = f(a[ba + i * sa], b[bb + i * sb])),
-        })
+                    .for_each(|((o, &x), &y)| *o = f(x, y)),
+                (1, 0) => {
+                    let y = b[bb];
+                    row.iter_mut()
+                        .zip(&a[ba..ba + n])
+                        .for_each(|(o, &x)| *o = f(x, y))
+                }
+                (0, 1) => {
+                    let x = a[ba];
+                    row.iter_mut()
+                        .zip(&b[bb..bb + n])
+                        .for_each(|(o, &y)| *o = f(x, y))
+                }
+                _ => row
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, o)| *o = f(a[ba + i * sa], b[bb + i * sb])),
+            },
+        )
     });
 }
 
@@ -154,15 +160,18 @@ fn map3_into<C: Copy + Sync, T: Copy + Sync + Send>(
         plan.inner_strides[2],
     ];
     fill_rows(&plan, out, |row, base| {
-        simd::wide(|| {
-            row.iter_mut().enumerate().for_each(|(i, o)| {
-                *o = f(
-                    c[base[0] + i * s[0]],
-                    a[base[1] + i * s[1]],
-                    b[base[2] + i * s[2]],
-                )
-            })
-        });
+        simd::wide(
+            #[inline(always)]
+            || {
+                row.iter_mut().enumerate().for_each(|(i, o)| {
+                    *o = f(
+                        c[base[0] + i * s[0]],
+                        a[base[1] + i * s[1]],
+                        b[base[2] + i * s[2]],
+                    )
+                })
+            },
+        );
     });
 }
 

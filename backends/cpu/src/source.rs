@@ -2,7 +2,7 @@
 
 use crate::storage::{CpuElement, CpuStorage};
 use half::{bf16, f16};
-use kiln_tensor::{rng, DType, Error, RandDist, Result};
+use kiln_tensor::{rng, simd, DType, Error, RandDist, Result};
 use rayon::prelude::*;
 
 /// A buffer of `n` copies of `value` as `dtype`.
@@ -61,11 +61,38 @@ fn draw(dist: RandDist, seed: u64, i: u32) -> f64 {
 /// drawn each step into the plan's buffer, not a fresh one).
 pub fn rand_f32_into(n: usize, dist: RandDist, seed: u64, out: &mut [f32]) -> Result<()> {
     check_count(n)?;
-    out[..n].par_iter_mut().enumerate().for_each(|(i, o)| {
-        *o = <f32 as kiln_tensor::Element>::from_f64(draw(dist, seed, i as u32))
-    });
+    let chunks = out[..n].par_chunks_mut(DRAW_CHUNK).enumerate();
+    match dist {
+        // Uniform draws in wide vectors: the key once, then integer mixing and the
+        // mapping to values lane by lane.
+        RandDist::Uniform { low, high } => {
+            let key = rng::stream_key(seed, 0);
+            chunks.for_each(|(c, chunk)| {
+                let first = (c * DRAW_CHUNK) as u32;
+                simd::wide(
+                    #[inline(always)]
+                    || {
+                        for (j, o) in chunk.iter_mut().enumerate() {
+                            let i = first.wrapping_add(j as u32);
+                            *o = rng::uniform_with_key(key, i, low, high) as f32;
+                        }
+                    },
+                )
+            })
+        }
+        RandDist::Normal { .. } => chunks.for_each(|(c, chunk)| {
+            let first = (c * DRAW_CHUNK) as u32;
+            for (j, o) in chunk.iter_mut().enumerate() {
+                let i = first.wrapping_add(j as u32);
+                *o = <f32 as kiln_tensor::Element>::from_f64(draw(dist, seed, i));
+            }
+        }),
+    }
     Ok(())
 }
+
+/// Elements a thread draws at a time.
+const DRAW_CHUNK: usize = 1 << 14;
 
 /// `n` seeded random values of `dist` as `dtype`.
 pub fn rand(n: usize, dist: RandDist, seed: u64, dtype: DType) -> Result<CpuStorage> {

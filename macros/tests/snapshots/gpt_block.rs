@@ -267,7 +267,7 @@ macro_rules! __kiln_model_TinyBlock {
 pub(crate) use __kiln_model_TinyBlock;
 impl<Be: ::kiln::tensor::Backend> TinyBlock<Be> {
     #[doc(hidden)]
-    pub const __KILN_PLAN_FORWARD: &'static str = "kiln-plan 1\nnode 0 leaf 0 in=[] f32 [1*B;1*T;16]\nnode 1 leaf 1 in=[] f32 [16]\nnode 2 leaf 2 in=[] f32 [16]\nnode 3 op sum{axes=[2]} in=[0] f32 [1*B;1*T;1]\nnode 4 op full{dims=[],value=0.0625,dtype=f32} in=[] f32 []\nnode 5 op mul in=[3;4] f32 [1*B;1*T;1]\nnode 6 op sub in=[0;5] f32 [1*B;1*T;16]\nnode 7 op mul in=[6;6] f32 [1*B;1*T;16]\nnode 8 op sum{axes=[2]} in=[7] f32 [1*B;1*T;1]\nnode 9 op full{dims=[],value=0.0625,dtype=f32} in=[] f32 []\nnode 10 op mul in=[8;9] f32 [1*B;1*T;1]\nnode 11 op full{dims=[],value=1e-5,dtype=f32} in=[] f32 []\nnode 12 op add in=[10;11] f32 [1*B;1*T;1]\nnode 13 op rsqrt in=[12] f32 [1*B;1*T;1]\nnode 14 op mul in=[6;13] f32 [1*B;1*T;16]\nnode 15 op mul in=[14;1] f32 [1*B;1*T;16]\nnode 16 op add in=[15;2] f32 [1*B;1*T;16]\nnode 17 leaf 3 in=[] f32 [16;16]\nnode 18 leaf 4 in=[] f32 [16]\nnode 19 op permute{perm=[1;0]} in=[17] f32 [16;16]\nnode 20 op matmul in=[16;19] f32 [1*B;1*T;16]\nnode 21 op add in=[20;18] f32 [1*B;1*T;16]\nnode 22 op reshape{dims=[1*B;1*T;2;8]} in=[21] f32 [1*B;1*T;2;8]\nnode 23 op permute{perm=[0;2;1;3]} in=[22] f32 [1*B;2;1*T;8]\nnode 24 leaf 5 in=[] f32 [16;16]\nnode 25 leaf 6 in=[] f32 [16]\nnode 26 op permute{perm=[1;0]} in=[24] f32 [16;16]\nnode 27 op matmul in=[16;26] f32 [1*B;1*T;16]\nnode 28 op add in=[27;25] f32 [1*B;1*T;16]\nnode 29 op reshape{dims=[1*B;1*T;2;8]} in=[28] f32 [1*B;1*T;2;8]\nnode 30 op permute{perm=[0;2;1;3]} in=[29] f32 [1*B;2;1*T;8]\nnode 31 leaf 7 in=[] f32 [16;16]\nnode 32 leaf 8 in=[] f32 [16]\nnode 33 op permute{perm=[1;0]} in=[31] f32 [16;16]\nnode 34 op matmul in=[16;33] f32 [1*B;1*T;16]\nnode 35 op add in=[34;32] f32 [1*B;1*T;16]\nnode 36 op reshape{dims=[1*B;1*T;2;8]} in=[35] f32 [1*B;1*T;2;8]\nnode 37 op permute{perm=[0;2;1;3]} in=[36] f32 [1*B;2;1*T;8]\nnode 38 op permute{perm=[0;1;3;2]} in=[30] f32 [1*B;2;8;1*T]\nnode 39 op permute{perm=[0;1;3;2]} in=[38] f32 [1*B;2;1*T;8]\nnode 40 op attention{scale=0.35355339059327373,causal=true} in=[23;39;37] f32 [1*B;2;1*T;8]\nnode 41 op permute{perm=[0;2;1;3]} in=[40] f32 [1*B;1*T;2;8]\nnode 42 op reshape{dims=[1*B;1*T;16]} in=[41] f32 [1*B;1*T;16]\nnode 43 leaf 9 in=[] f32 [16;16]\nnode 44 leaf 10 in=[] f32 [16]\nnode 45 op permute{perm=[1;0]} in=[43] f32 [16;16]\nnode 46 op matmul in=[42;45] f32 [1*B;1*T;16]\nnode 47 op add in=[46;44] f32 [1*B;1*T;16]\nnode 48 op add in=[0;47] f32 [1*B;1*T;16]\nnode 49 leaf 11 in=[] f32 [16]\nnode 50 leaf 12 in=[] f32 [16]\nnode 51 op sum{axes=[2]} in=[48] f32 [1*B;1*T;1]\nnode 52 op full{dims=[],value=0.0625,dtype=f32} in=[] f32 []\nnode 53 op mul in=[51;52] f32 [1*B;1*T;1]\nnode 54 op sub in=[48;53] f32 [1*B;1*T;16]\nnode 55 op mul in=[54;54] f32 [1*B;1*T;16]\nnode 56 op sum{axes=[2]} in=[55] f32 [1*B;1*T;1]\nnode 57 op full{dims=[],value=0.0625,dtype=f32} in=[] f32 []\nnode 58 op mul in=[56;57] f32 [1*B;1*T;1]\nnode 59 op full{dims=[],value=1e-5,dtype=f32} in=[] f32 []\nnode 60 op add in=[58;59] f32 [1*B;1*T;1]\nnode 61 op rsqrt in=[60] f32 [1*B;1*T;1]\nnode 62 op mul in=[54;61] f32 [1*B;1*T;16]\nnode 63 op mul in=[62;49] f32 [1*B;1*T;16]\nnode 64 op add in=[63;50] f32 [1*B;1*T;16]\nnode 65 leaf 13 in=[] f32 [64;16]\nnode 66 leaf 14 in=[] f32 [64]\nnode 67 op permute{perm=[1;0]} in=[65] f32 [16;64]\nnode 68 op matmul in=[64;67] f32 [1*B;1*T;64]\nnode 69 op add in=[68;66] f32 [1*B;1*T;64]\nnode 70 op full{dims=[],value=0.7071067811865476,dtype=f32} in=[] f32 []\nnode 71 op mul in=[69;70] f32 [1*B;1*T;64]\nnode 72 op erf in=[71] f32 [1*B;1*T;64]\nnode 73 op full{dims=[],value=1.0,dtype=f32} in=[] f32 []\nnode 74 op add in=[72;73] f32 [1*B;1*T;64]\nnode 75 op full{dims=[],value=0.5,dtype=f32} in=[] f32 []\nnode 76 op mul in=[69;75] f32 [1*B;1*T;64]\nnode 77 op mul in=[76;74] f32 [1*B;1*T;64]\nnode 78 leaf 15 in=[] f32 [16;64]\nnode 79 leaf 16 in=[] f32 [16]\nnode 80 op permute{perm=[1;0]} in=[78] f32 [64;16]\nnode 81 op matmul in=[77;80] f32 [1*B;1*T;16]\nnode 82 op add in=[81;79] f32 [1*B;1*T;16]\nnode 83 op add in=[48;82] f32 [1*B;1*T;16]\ninputs [0;1;2;17;18;24;25;31;32;43;44;49;50;65;66;78;79]\noutputs [83]\nkernel reduce main=3 nodes=[3;4;5] in=[0] out=[5]\nkernel elementwise main=- nodes=[6] in=[0;5] out=[6]\nkernel reduce main=8 nodes=[7;8;9;10;11;12;13] in=[6] out=[13]\nkernel elementwise main=- nodes=[14;15;16] in=[1;2;6;13] out=[16]\nkernel view main=- nodes=[19] in=[17] out=[19]\nkernel matmul main=20 nodes=[20;21] in=[16;18;19] out=[21]\nkernel view main=- nodes=[22] in=[21] out=[22]\nkernel view main=- nodes=[23] in=[22] out=[23]\nkernel view main=- nodes=[26] in=[24] out=[26]\nkernel matmul main=27 nodes=[27;28] in=[16;25;26] out=[28]\nkernel view main=- nodes=[29] in=[28] out=[29]\nkernel view main=- nodes=[30] in=[29] out=[30]\nkernel view main=- nodes=[33] in=[31] out=[33]\nkernel matmul main=34 nodes=[34;35] in=[16;32;33] out=[35]\nkernel view main=- nodes=[36] in=[35] out=[36]\nkernel view main=- nodes=[37] in=[36] out=[37]\nkernel view main=- nodes=[38] in=[30] out=[38]\nkernel view main=- nodes=[39] in=[38] out=[39]\nkernel single main=- nodes=[40] in=[23;37;39] out=[40]\nkernel view main=- nodes=[41] in=[40] out=[41]\nkernel view main=- nodes=[42] in=[41] out=[42]\nkernel view main=- nodes=[45] in=[43] out=[45]\nkernel matmul main=46 nodes=[46;47;48] in=[0;42;44;45] out=[48]\nkernel reduce main=51 nodes=[51;52;53] in=[48] out=[53]\nkernel elementwise main=- nodes=[54] in=[48;53] out=[54]\nkernel reduce main=56 nodes=[55;56;57;58;59;60;61] in=[54] out=[61]\nkernel elementwise main=- nodes=[62;63;64] in=[49;50;54;61] out=[64]\nkernel view main=- nodes=[67] in=[65] out=[67]\nkernel matmul main=68 nodes=[68;69] in=[64;66;67] out=[69]\nkernel elementwise main=- nodes=[70;71;72;73;74;75;76;77] in=[69] out=[77]\nkernel view main=- nodes=[80] in=[78] out=[80]\nkernel matmul main=81 nodes=[81;82;83] in=[48;77;79;80] out=[83]\nslot node=5 slot=0\nslot node=6 slot=1\nslot node=13 slot=0\nslot node=16 slot=2\nslot node=21 slot=1\nslot node=22 slot=0\nslot node=28 slot=3\nslot node=29 slot=4\nslot node=35 slot=5\nslot node=36 slot=2\nslot node=40 slot=6\nslot node=42 slot=1\nslot node=48 slot=3\nslot node=53 slot=2\nslot node=54 slot=1\nslot node=61 slot=2\nslot node=64 slot=5\nslot node=69 slot=6\nslot node=77 slot=2\nslot node=83 slot=5\nslots [f32,f32,f32,f32,f32,f32,f32]\nname node=0 x\nname node=1 ln1_weight\nname node=2 ln1_bias\nname node=17 attn_q_weight\nname node=18 attn_q_bias\nname node=23 q\nname node=24 attn_k_weight\nname node=25 attn_k_bias\nname node=30 k\nname node=31 attn_v_weight\nname node=32 attn_v_bias\nname node=37 v\nname node=42 y\nname node=43 attn_proj_weight\nname node=44 attn_proj_bias\nname node=48 h\nname node=49 ln2_weight\nname node=50 ln2_bias\nname node=65 up_weight\nname node=66 up_bias\nname node=78 down_weight\nname node=79 down_bias\nlayer nodes=3..17 ln1\nlayer nodes=17..19 attn\nlayer nodes=19..22 attn.q\nlayer nodes=22..26 attn\nlayer nodes=26..29 attn.k\nlayer nodes=29..33 attn\nlayer nodes=33..36 attn.v\nlayer nodes=36..45 attn\nlayer nodes=45..48 attn.proj\nlayer nodes=51..65 ln2\nlayer nodes=67..70 up\nlayer nodes=80..83 down\n";
+    pub const __KILN_PLAN_FORWARD: &'static str = "kiln-plan 1\nnode 0 leaf 0 in=[] f32 [1*B;1*T;16]\nnode 1 leaf 1 in=[] f32 [16]\nnode 2 leaf 2 in=[] f32 [16]\nnode 3 op sum{axes=[2]} in=[0] f32 [1*B;1*T;1]\nnode 4 op full{dims=[],value=0.0625,dtype=f32} in=[] f32 []\nnode 5 op mul in=[3;4] f32 [1*B;1*T;1]\nnode 6 op sub in=[0;5] f32 [1*B;1*T;16]\nnode 7 op mul in=[6;6] f32 [1*B;1*T;16]\nnode 8 op sum{axes=[2]} in=[7] f32 [1*B;1*T;1]\nnode 9 op full{dims=[],value=0.0625,dtype=f32} in=[] f32 []\nnode 10 op mul in=[8;9] f32 [1*B;1*T;1]\nnode 11 op full{dims=[],value=1e-5,dtype=f32} in=[] f32 []\nnode 12 op add in=[10;11] f32 [1*B;1*T;1]\nnode 13 op rsqrt in=[12] f32 [1*B;1*T;1]\nnode 14 op mul in=[6;13] f32 [1*B;1*T;16]\nnode 15 op mul in=[14;1] f32 [1*B;1*T;16]\nnode 16 op add in=[15;2] f32 [1*B;1*T;16]\nnode 17 leaf 3 in=[] f32 [16;16]\nnode 18 leaf 4 in=[] f32 [16]\nnode 19 op permute{perm=[1;0]} in=[17] f32 [16;16]\nnode 20 op matmul in=[16;19] f32 [1*B;1*T;16]\nnode 21 op add in=[20;18] f32 [1*B;1*T;16]\nnode 22 op reshape{dims=[1*B;1*T;2;8]} in=[21] f32 [1*B;1*T;2;8]\nnode 23 op permute{perm=[0;2;1;3]} in=[22] f32 [1*B;2;1*T;8]\nnode 24 leaf 5 in=[] f32 [16;16]\nnode 25 leaf 6 in=[] f32 [16]\nnode 26 op permute{perm=[1;0]} in=[24] f32 [16;16]\nnode 27 op matmul in=[16;26] f32 [1*B;1*T;16]\nnode 28 op add in=[27;25] f32 [1*B;1*T;16]\nnode 29 op reshape{dims=[1*B;1*T;2;8]} in=[28] f32 [1*B;1*T;2;8]\nnode 30 op permute{perm=[0;2;1;3]} in=[29] f32 [1*B;2;1*T;8]\nnode 31 leaf 7 in=[] f32 [16;16]\nnode 32 leaf 8 in=[] f32 [16]\nnode 33 op permute{perm=[1;0]} in=[31] f32 [16;16]\nnode 34 op matmul in=[16;33] f32 [1*B;1*T;16]\nnode 35 op add in=[34;32] f32 [1*B;1*T;16]\nnode 36 op reshape{dims=[1*B;1*T;2;8]} in=[35] f32 [1*B;1*T;2;8]\nnode 37 op permute{perm=[0;2;1;3]} in=[36] f32 [1*B;2;1*T;8]\nnode 38 op permute{perm=[0;1;3;2]} in=[30] f32 [1*B;2;8;1*T]\nnode 39 op permute{perm=[0;1;3;2]} in=[38] f32 [1*B;2;1*T;8]\nnode 40 op attention{scale=0.35355339059327373,causal=true} in=[23;39;37] f32 [1*B;2;1*T;8]\nnode 41 op permute{perm=[0;2;1;3]} in=[40] f32 [1*B;1*T;2;8]\nnode 42 op reshape{dims=[1*B;1*T;16]} in=[41] f32 [1*B;1*T;16]\nnode 43 leaf 9 in=[] f32 [16;16]\nnode 44 leaf 10 in=[] f32 [16]\nnode 45 op permute{perm=[1;0]} in=[43] f32 [16;16]\nnode 46 op matmul in=[42;45] f32 [1*B;1*T;16]\nnode 47 op add in=[46;44] f32 [1*B;1*T;16]\nnode 48 op add in=[0;47] f32 [1*B;1*T;16]\nnode 49 leaf 11 in=[] f32 [16]\nnode 50 leaf 12 in=[] f32 [16]\nnode 51 op sum{axes=[2]} in=[48] f32 [1*B;1*T;1]\nnode 52 op full{dims=[],value=0.0625,dtype=f32} in=[] f32 []\nnode 53 op mul in=[51;52] f32 [1*B;1*T;1]\nnode 54 op sub in=[48;53] f32 [1*B;1*T;16]\nnode 55 op mul in=[54;54] f32 [1*B;1*T;16]\nnode 56 op sum{axes=[2]} in=[55] f32 [1*B;1*T;1]\nnode 57 op full{dims=[],value=0.0625,dtype=f32} in=[] f32 []\nnode 58 op mul in=[56;57] f32 [1*B;1*T;1]\nnode 59 op full{dims=[],value=1e-5,dtype=f32} in=[] f32 []\nnode 60 op add in=[58;59] f32 [1*B;1*T;1]\nnode 61 op rsqrt in=[60] f32 [1*B;1*T;1]\nnode 62 op mul in=[54;61] f32 [1*B;1*T;16]\nnode 63 op mul in=[62;49] f32 [1*B;1*T;16]\nnode 64 op add in=[63;50] f32 [1*B;1*T;16]\nnode 65 leaf 13 in=[] f32 [64;16]\nnode 66 leaf 14 in=[] f32 [64]\nnode 67 op permute{perm=[1;0]} in=[65] f32 [16;64]\nnode 68 op matmul in=[64;67] f32 [1*B;1*T;64]\nnode 69 op add in=[68;66] f32 [1*B;1*T;64]\nnode 70 op full{dims=[],value=0.7071067811865476,dtype=f32} in=[] f32 []\nnode 71 op mul in=[69;70] f32 [1*B;1*T;64]\nnode 72 op erf in=[71] f32 [1*B;1*T;64]\nnode 73 op full{dims=[],value=1.0,dtype=f32} in=[] f32 []\nnode 74 op add in=[72;73] f32 [1*B;1*T;64]\nnode 75 op full{dims=[],value=0.5,dtype=f32} in=[] f32 []\nnode 76 op mul in=[69;75] f32 [1*B;1*T;64]\nnode 77 op mul in=[76;74] f32 [1*B;1*T;64]\nnode 78 leaf 15 in=[] f32 [16;64]\nnode 79 leaf 16 in=[] f32 [16]\nnode 80 op permute{perm=[1;0]} in=[78] f32 [64;16]\nnode 81 op matmul in=[77;80] f32 [1*B;1*T;16]\nnode 82 op add in=[81;79] f32 [1*B;1*T;16]\nnode 83 op add in=[48;82] f32 [1*B;1*T;16]\ninputs [0;1;2;17;18;24;25;31;32;43;44;49;50;65;66;78;79]\noutputs [83]\nkernel reduce main=3 nodes=[3;4;5] in=[0] out=[5]\nkernel reduce main=8 nodes=[6;7;8;9;10;11;12;13] in=[0;5] out=[13]\nkernel elementwise main=- nodes=[6;14;15;16] in=[0;1;2;5;13] out=[16]\nkernel view main=- nodes=[19] in=[17] out=[19]\nkernel matmul main=20 nodes=[20;21] in=[16;18;19] out=[21]\nkernel view main=- nodes=[22] in=[21] out=[22]\nkernel view main=- nodes=[23] in=[22] out=[23]\nkernel view main=- nodes=[26] in=[24] out=[26]\nkernel matmul main=27 nodes=[27;28] in=[16;25;26] out=[28]\nkernel view main=- nodes=[29] in=[28] out=[29]\nkernel view main=- nodes=[30] in=[29] out=[30]\nkernel view main=- nodes=[33] in=[31] out=[33]\nkernel matmul main=34 nodes=[34;35] in=[16;32;33] out=[35]\nkernel view main=- nodes=[36] in=[35] out=[36]\nkernel view main=- nodes=[37] in=[36] out=[37]\nkernel view main=- nodes=[38] in=[30] out=[38]\nkernel view main=- nodes=[39] in=[38] out=[39]\nkernel single main=- nodes=[40] in=[23;37;39] out=[40]\nkernel view main=- nodes=[41] in=[40] out=[41]\nkernel view main=- nodes=[42] in=[41] out=[42]\nkernel view main=- nodes=[45] in=[43] out=[45]\nkernel matmul main=46 nodes=[46;47;48] in=[0;42;44;45] out=[48]\nkernel reduce main=51 nodes=[51;52;53] in=[48] out=[53]\nkernel reduce main=56 nodes=[54;55;56;57;58;59;60;61] in=[48;53] out=[61]\nkernel elementwise main=- nodes=[54;62;63;64] in=[48;49;50;53;61] out=[64]\nkernel view main=- nodes=[67] in=[65] out=[67]\nkernel matmul main=68 nodes=[68] in=[64;67] out=[68]\nkernel elementwise main=- nodes=[69;70;71;72;73;74;75;76;77] in=[66;68] out=[77]\nkernel view main=- nodes=[80] in=[78] out=[80]\nkernel matmul main=81 nodes=[81;82;83] in=[48;77;79;80] out=[83]\nslot node=5 slot=0\nslot node=13 slot=1\nslot node=16 slot=2\nslot node=21 slot=0\nslot node=22 slot=1\nslot node=28 slot=3\nslot node=29 slot=4\nslot node=35 slot=5\nslot node=36 slot=2\nslot node=40 slot=6\nslot node=42 slot=0\nslot node=48 slot=3\nslot node=53 slot=2\nslot node=61 slot=0\nslot node=64 slot=5\nslot node=68 slot=6\nslot node=77 slot=0\nslot node=83 slot=5\nslots [f32,f32,f32,f32,f32,f32,f32]\nname node=0 x\nname node=1 ln1_weight\nname node=2 ln1_bias\nname node=17 attn_q_weight\nname node=18 attn_q_bias\nname node=23 q\nname node=24 attn_k_weight\nname node=25 attn_k_bias\nname node=30 k\nname node=31 attn_v_weight\nname node=32 attn_v_bias\nname node=37 v\nname node=42 y\nname node=43 attn_proj_weight\nname node=44 attn_proj_bias\nname node=48 h\nname node=49 ln2_weight\nname node=50 ln2_bias\nname node=65 up_weight\nname node=66 up_bias\nname node=78 down_weight\nname node=79 down_bias\nlayer nodes=3..17 ln1\nlayer nodes=17..19 attn\nlayer nodes=19..22 attn.q\nlayer nodes=22..26 attn\nlayer nodes=26..29 attn.k\nlayer nodes=29..33 attn\nlayer nodes=33..36 attn.v\nlayer nodes=36..45 attn\nlayer nodes=45..48 attn.proj\nlayer nodes=51..65 ln2\nlayer nodes=67..70 up\nlayer nodes=80..83 down\n";
     /// `x + attn(ln1(x))`, then the same with the MLP; each branch dropped out by 10%
     /// while training.
     pub fn forward<const B: usize, const T: usize>(
@@ -309,21 +309,18 @@ impl<Be: ::kiln::tensor::Backend> TinyBlock<Be> {
             const __KILN_NATIVES: &::kiln::fusion::Natives = &[
                 (1, __kiln_natives_TinyBlock::loop_0),
                 (2, __kiln_natives_TinyBlock::loop_1),
-                (4, __kiln_natives_TinyBlock::loop_2),
-                (5, __kiln_natives_TinyBlock::loop_3),
-                (6, __kiln_natives_TinyBlock::loop_4),
-                (11, __kiln_natives_TinyBlock::loop_5),
-                (19, __kiln_natives_TinyBlock::loop_5),
-                (27, __kiln_natives_TinyBlock::loop_5),
-                (45, __kiln_natives_TinyBlock::loop_6),
-                (47, __kiln_natives_TinyBlock::loop_0),
-                (48, __kiln_natives_TinyBlock::loop_1),
-                (50, __kiln_natives_TinyBlock::loop_2),
-                (51, __kiln_natives_TinyBlock::loop_3),
-                (52, __kiln_natives_TinyBlock::loop_4),
-                (57, __kiln_natives_TinyBlock::loop_5),
-                (58, __kiln_natives_TinyBlock::loop_7),
-                (63, __kiln_natives_TinyBlock::loop_6),
+                (3, __kiln_natives_TinyBlock::loop_2),
+                (4, __kiln_natives_TinyBlock::loop_3),
+                (9, __kiln_natives_TinyBlock::loop_4),
+                (17, __kiln_natives_TinyBlock::loop_4),
+                (25, __kiln_natives_TinyBlock::loop_4),
+                (43, __kiln_natives_TinyBlock::loop_5),
+                (45, __kiln_natives_TinyBlock::loop_0),
+                (46, __kiln_natives_TinyBlock::loop_1),
+                (47, __kiln_natives_TinyBlock::loop_2),
+                (48, __kiln_natives_TinyBlock::loop_3),
+                (54, __kiln_natives_TinyBlock::loop_6),
+                (59, __kiln_natives_TinyBlock::loop_5),
             ];
             self.__kiln_plans
                 .call(
@@ -396,7 +393,7 @@ mod __kiln_natives_TinyBlock {
                 out[j] = r2;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -411,30 +408,15 @@ mod __kiln_natives_TinyBlock {
                 let r0 = i0[j];
                 let r1 = i1[j];
                 let r2 = binary_f32(BinaryOp::Sub, r0, r1);
-                out[j] = r2;
+                let r3 = binary_f32(BinaryOp::Mul, r2, r2);
+                out[j] = r3;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
     pub(super) fn loop_2(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-        #[inline(always)]
-        fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
-            let n = outs[0].len();
-            let i0 = &ins[0][..n];
-            let out = &mut outs[0][..n];
-            for j in 0..n {
-                let r0 = i0[j];
-                let r1 = binary_f32(BinaryOp::Mul, r0, r0);
-                out[j] = r1;
-            }
-        }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
-    }
-    #[allow(clippy::all, unused_variables)]
-    #[inline]
-    pub(super) fn loop_3(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
             let n = outs[0].len();
@@ -449,11 +431,11 @@ mod __kiln_natives_TinyBlock {
                 out[j] = r5;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
-    pub(super) fn loop_4(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_3(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
             let n = outs[0].len();
@@ -461,23 +443,26 @@ mod __kiln_natives_TinyBlock {
             let i1 = &ins[1][..n];
             let i2 = &ins[2][..n];
             let i3 = &ins[3][..n];
+            let i4 = &ins[4][..n];
             let out = &mut outs[0][..n];
             for j in 0..n {
                 let r0 = i0[j];
                 let r1 = i1[j];
                 let r2 = i2[j];
                 let r3 = i3[j];
-                let r4 = binary_f32(BinaryOp::Mul, r2, r3);
-                let r5 = binary_f32(BinaryOp::Mul, r4, r0);
-                let r6 = binary_f32(BinaryOp::Add, r5, r1);
-                out[j] = r6;
+                let r4 = i4[j];
+                let r5 = binary_f32(BinaryOp::Sub, r0, r3);
+                let r6 = binary_f32(BinaryOp::Mul, r5, r4);
+                let r7 = binary_f32(BinaryOp::Mul, r6, r1);
+                let r8 = binary_f32(BinaryOp::Add, r7, r2);
+                out[j] = r8;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
-    pub(super) fn loop_5(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_4(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
             let n = outs[0].len();
@@ -490,11 +475,11 @@ mod __kiln_natives_TinyBlock {
                 out[j] = r2;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
-    pub(super) fn loop_6(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_5(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
             let n = outs[0].len();
@@ -510,30 +495,33 @@ mod __kiln_natives_TinyBlock {
                 out[j] = r4;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
-    pub(super) fn loop_7(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
+    pub(super) fn loop_6(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
         #[inline(always)]
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
             let n = outs[0].len();
             let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
             let out = &mut outs[0][..n];
             for j in 0..n {
                 let r0 = i0[j];
-                let r1 = f32::from_bits(1060439283u32);
-                let r2 = binary_f32(BinaryOp::Mul, r0, r1);
-                let r3 = unary_f32(UnaryOp::Erf, r2);
-                let r4 = f32::from_bits(1065353216u32);
-                let r5 = binary_f32(BinaryOp::Add, r3, r4);
-                let r6 = f32::from_bits(1056964608u32);
-                let r7 = binary_f32(BinaryOp::Mul, r0, r6);
-                let r8 = binary_f32(BinaryOp::Mul, r7, r5);
-                out[j] = r8;
+                let r1 = i1[j];
+                let r2 = binary_f32(BinaryOp::Add, r1, r0);
+                let r3 = f32::from_bits(1060439283u32);
+                let r4 = binary_f32(BinaryOp::Mul, r2, r3);
+                let r5 = unary_f32(UnaryOp::Erf, r4);
+                let r6 = f32::from_bits(1065353216u32);
+                let r7 = binary_f32(BinaryOp::Add, r5, r6);
+                let r8 = f32::from_bits(1056964608u32);
+                let r9 = binary_f32(BinaryOp::Mul, r2, r8);
+                let r10 = binary_f32(BinaryOp::Mul, r9, r7);
+                out[j] = r10;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
 }
 #[doc(hidden)]

@@ -289,7 +289,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
         })
     }
     #[doc(hidden)]
-    pub const __KILN_PLAN_LOSS_AND_GRAD: &'static str = "kiln-plan 1\nnode 0 leaf 0 in=[] f32 [1*B;784]\nnode 1 leaf 1 in=[] i32 [1*B]\nnode 2 leaf 2 in=[] f32 [1024;784]\nnode 3 leaf 3 in=[] f32 [1024]\nnode 4 op permute{perm=[1;0]} in=[2] f32 [784;1024]\nnode 5 op matmul in=[0;4] f32 [1*B;1024]\nnode 6 op add in=[5;3] f32 [1*B;1024]\nnode 7 op relu in=[6] f32 [1*B;1024]\nnode 8 leaf 4 in=[] f32 [1024;1024]\nnode 9 leaf 5 in=[] f32 [1024]\nnode 10 op permute{perm=[1;0]} in=[8] f32 [1024;1024]\nnode 11 op matmul in=[7;10] f32 [1*B;1024]\nnode 12 op add in=[11;9] f32 [1*B;1024]\nnode 13 op relu in=[12] f32 [1*B;1024]\nnode 14 leaf 6 in=[] f32 [10;1024]\nnode 15 leaf 7 in=[] f32 [10]\nnode 16 op permute{perm=[1;0]} in=[14] f32 [1024;10]\nnode 17 op matmul in=[13;16] f32 [1*B;10]\nnode 18 op add in=[17;15] f32 [1*B;10]\nnode 19 op max{axes=[1]} in=[18] f32 [1*B;1]\nnode 20 op sub in=[18;19] f32 [1*B;10]\nnode 21 op exp in=[20] f32 [1*B;10]\nnode 22 op sum{axes=[1]} in=[21] f32 [1*B;1]\nnode 23 op log in=[22] f32 [1*B;1]\nnode 24 op add in=[23;19] f32 [1*B;1]\nnode 25 op sub in=[18;24] f32 [1*B;10]\nnode 26 op reshape{dims=[1*B;1]} in=[1] i32 [1*B;1]\nnode 27 op gather{axis=1} in=[25;26] f32 [1*B;1]\nnode 28 op sum{axes=[0;1]} in=[27] f32 [1;1]\nnode 29 op reshape{dims=[]} in=[28] f32 []\nnode 30 recip_dim 1*B in=[] f32 []\nnode 31 op mul in=[29;30] f32 []\nnode 32 op full{dims=[],value=-1.0,dtype=f32} in=[] f32 []\nnode 33 op mul in=[31;32] f32 []\nnode 34 op full{dims=[],value=1.0,dtype=f32} in=[] f32 []\nnode 35 op mul in=[34;32] f32 []\nnode 36 op mul in=[35;30] f32 []\nnode 37 op reshape{dims=[1;1]} in=[36] f32 [1;1]\nnode 38 op expand{dims=[1*B;1]} in=[37] f32 [1*B;1]\nnode 39 op scatter_add{axis=1,dims=[1*B;10]} in=[26;38] f32 [1*B;10]\nnode 40 op neg in=[39] f32 [1*B;10]\nnode 41 op sum{axes=[1]} in=[40] f32 [1*B;1]\nnode 42 op reshape{dims=[1*B;1]} in=[41] f32 [1*B;1]\nnode 43 op div in=[42;22] f32 [1*B;1]\nnode 44 op expand{dims=[1*B;10]} in=[43] f32 [1*B;10]\nnode 45 op mul in=[44;21] f32 [1*B;10]\nnode 46 op neg in=[45] f32 [1*B;10]\nnode 47 op sum{axes=[1]} in=[46] f32 [1*B;1]\nnode 48 op reshape{dims=[1*B;1]} in=[47] f32 [1*B;1]\nnode 49 op add in=[39;45] f32 [1*B;10]\nnode 50 op add in=[42;48] f32 [1*B;1]\nnode 51 op eq in=[18;19] bool [1*B;10]\nnode 52 op cast{dtype=f32} in=[51] f32 [1*B;10]\nnode 53 op sum{axes=[1]} in=[52] f32 [1*B;1]\nnode 54 op div in=[50;53] f32 [1*B;1]\nnode 55 op mul in=[52;54] f32 [1*B;10]\nnode 56 op add in=[49;55] f32 [1*B;10]\nnode 57 op sum{axes=[0]} in=[56] f32 [1;10]\nnode 58 op reshape{dims=[10]} in=[57] f32 [10]\nnode 59 op permute{perm=[1;0]} in=[16] f32 [10;1024]\nnode 60 op matmul in=[56;59] f32 [1*B;1024]\nnode 61 op permute{perm=[1;0]} in=[13] f32 [1024;1*B]\nnode 62 op permute{perm=[1;0]} in=[56] f32 [10;1*B]\nnode 63 op permute{perm=[1;0]} in=[61] f32 [1*B;1024]\nnode 64 op matmul in=[62;63] f32 [10;1024]\nnode 65 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 66 op le in=[12;65] bool [1*B;1024]\nnode 67 op where in=[66;65;60] f32 [1*B;1024]\nnode 68 op sum{axes=[0]} in=[67] f32 [1;1024]\nnode 69 op reshape{dims=[1024]} in=[68] f32 [1024]\nnode 70 op permute{perm=[1;0]} in=[10] f32 [1024;1024]\nnode 71 op matmul in=[67;70] f32 [1*B;1024]\nnode 72 op permute{perm=[1;0]} in=[7] f32 [1024;1*B]\nnode 73 op permute{perm=[1;0]} in=[67] f32 [1024;1*B]\nnode 74 op permute{perm=[1;0]} in=[72] f32 [1*B;1024]\nnode 75 op matmul in=[73;74] f32 [1024;1024]\nnode 76 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 77 op le in=[6;76] bool [1*B;1024]\nnode 78 op where in=[77;76;71] f32 [1*B;1024]\nnode 79 op sum{axes=[0]} in=[78] f32 [1;1024]\nnode 80 op reshape{dims=[1024]} in=[79] f32 [1024]\nnode 81 op permute{perm=[1;0]} in=[0] f32 [784;1*B]\nnode 82 op permute{perm=[1;0]} in=[78] f32 [1024;1*B]\nnode 83 op permute{perm=[1;0]} in=[81] f32 [1*B;784]\nnode 84 op matmul in=[82;83] f32 [1024;784]\ninputs [0;1;2;3;8;9;14;15]\noutputs [33;80;84;69;75;58;64]\nkernel view main=- nodes=[4] in=[2] out=[4]\nkernel matmul main=5 nodes=[5;6] in=[0;3;4] out=[6]\nkernel elementwise main=- nodes=[7] in=[6] out=[7]\nkernel view main=- nodes=[10] in=[8] out=[10]\nkernel matmul main=11 nodes=[11;12] in=[7;9;10] out=[12]\nkernel elementwise main=- nodes=[13] in=[12] out=[13]\nkernel view main=- nodes=[16] in=[14] out=[16]\nkernel matmul main=17 nodes=[17;18] in=[13;15;16] out=[18]\nkernel reduce main=19 nodes=[19] in=[18] out=[19]\nkernel elementwise main=- nodes=[20;21] in=[18;19] out=[21]\nkernel reduce main=22 nodes=[22] in=[21] out=[22]\nkernel elementwise main=- nodes=[23;24] in=[19;22] out=[24]\nkernel elementwise main=- nodes=[25] in=[18;24] out=[25]\nkernel view main=- nodes=[26] in=[1] out=[26]\nkernel single main=- nodes=[27] in=[25;26] out=[27]\nkernel reduce main=28 nodes=[28] in=[27] out=[28]\nkernel view main=- nodes=[29] in=[28] out=[29]\nkernel elementwise main=- nodes=[30;31;32;33] in=[29] out=[33]\nkernel elementwise main=- nodes=[30;32;34;35;36] in=[] out=[36]\nkernel view main=- nodes=[37] in=[36] out=[37]\nkernel view main=- nodes=[38] in=[37] out=[38]\nkernel single main=- nodes=[39] in=[26;38] out=[39]\nkernel reduce main=41 nodes=[40;41] in=[39] out=[41]\nkernel view main=- nodes=[42] in=[41] out=[42]\nkernel elementwise main=- nodes=[43] in=[22;42] out=[43]\nkernel view main=- nodes=[44] in=[43] out=[44]\nkernel elementwise main=- nodes=[45] in=[21;44] out=[45]\nkernel reduce main=47 nodes=[46;47] in=[45] out=[47]\nkernel view main=- nodes=[48] in=[47] out=[48]\nkernel elementwise main=- nodes=[51;52] in=[18;19] out=[52]\nkernel reduce main=53 nodes=[50;53;54] in=[42;48;52] out=[54]\nkernel elementwise main=- nodes=[49;55;56] in=[39;45;52;54] out=[56]\nkernel reduce main=57 nodes=[57] in=[56] out=[57]\nkernel view main=- nodes=[58] in=[57] out=[58]\nkernel view main=- nodes=[59] in=[16] out=[59]\nkernel view main=- nodes=[61] in=[13] out=[61]\nkernel view main=- nodes=[62] in=[56] out=[62]\nkernel view main=- nodes=[63] in=[61] out=[63]\nkernel matmul main=64 nodes=[64] in=[62;63] out=[64]\nkernel matmul main=60 nodes=[60;65;66;67] in=[12;56;59] out=[67]\nkernel reduce main=68 nodes=[68] in=[67] out=[68]\nkernel view main=- nodes=[69] in=[68] out=[69]\nkernel view main=- nodes=[70] in=[10] out=[70]\nkernel view main=- nodes=[72] in=[7] out=[72]\nkernel view main=- nodes=[73] in=[67] out=[73]\nkernel view main=- nodes=[74] in=[72] out=[74]\nkernel matmul main=75 nodes=[75] in=[73;74] out=[75]\nkernel matmul main=71 nodes=[71;76;77;78] in=[6;67;70] out=[78]\nkernel reduce main=79 nodes=[79] in=[78] out=[79]\nkernel view main=- nodes=[80] in=[79] out=[80]\nkernel view main=- nodes=[81] in=[0] out=[81]\nkernel view main=- nodes=[82] in=[78] out=[82]\nkernel view main=- nodes=[83] in=[81] out=[83]\nkernel matmul main=84 nodes=[84] in=[82;83] out=[84]\nslot node=6 slot=0\nslot node=7 slot=1\nslot node=12 slot=2\nslot node=13 slot=3\nslot node=18 slot=4\nslot node=19 slot=5\nslot node=21 slot=6\nslot node=22 slot=7\nslot node=24 slot=8\nslot node=25 slot=9\nslot node=26 slot=10\nslot node=27 slot=8\nslot node=28 slot=9\nslot node=29 slot=8\nslot node=33 slot=11\nslot node=36 slot=8\nslot node=37 slot=9\nslot node=39 slot=12\nslot node=41 slot=8\nslot node=42 slot=9\nslot node=43 slot=13\nslot node=45 slot=7\nslot node=47 slot=13\nslot node=48 slot=6\nslot node=52 slot=14\nslot node=54 slot=5\nslot node=56 slot=4\nslot node=57 slot=6\nslot node=58 slot=5\nslot node=64 slot=14\nslot node=67 slot=3\nslot node=68 slot=7\nslot node=69 slot=4\nslot node=75 slot=2\nslot node=78 slot=1\nslot node=79 slot=12\nslot node=80 slot=3\nslot node=84 slot=0\nslots [f32,f32,f32,f32,f32,f32,f32,f32,f32,f32,i32,f32,f32,f32,f32]\nname node=0 x\nname node=1 y\nname node=2 fc1_weight\nname node=3 fc1_bias\nname node=7 h\nname node=8 fc2_weight\nname node=9 fc2_bias\nname node=13 h\nname node=14 fc3_weight\nname node=15 fc3_bias\nname node=33 loss\nname node=34 d_loss\nname node=58 d_fc3_bias\nname node=60 d_h\nname node=64 d_fc3_weight\nname node=69 d_fc2_bias\nname node=71 d_h\nname node=75 d_fc2_weight\nname node=80 d_fc1_bias\nname node=84 d_fc1_weight\nlayer nodes=4..7 fc1\nlayer nodes=10..13 fc2\nlayer nodes=16..19 fc3\nlayer nodes=57..65 fc3\nlayer nodes=68..76 fc2\nlayer nodes=79..85 fc1\n";
+    pub const __KILN_PLAN_LOSS_AND_GRAD: &'static str = "kiln-plan 1\nnode 0 leaf 0 in=[] f32 [1*B;784]\nnode 1 leaf 1 in=[] i32 [1*B]\nnode 2 leaf 2 in=[] f32 [1024;784]\nnode 3 leaf 3 in=[] f32 [1024]\nnode 4 op permute{perm=[1;0]} in=[2] f32 [784;1024]\nnode 5 op matmul in=[0;4] f32 [1*B;1024]\nnode 6 op add in=[5;3] f32 [1*B;1024]\nnode 7 op relu in=[6] f32 [1*B;1024]\nnode 8 leaf 4 in=[] f32 [1024;1024]\nnode 9 leaf 5 in=[] f32 [1024]\nnode 10 op permute{perm=[1;0]} in=[8] f32 [1024;1024]\nnode 11 op matmul in=[7;10] f32 [1*B;1024]\nnode 12 op add in=[11;9] f32 [1*B;1024]\nnode 13 op relu in=[12] f32 [1*B;1024]\nnode 14 leaf 6 in=[] f32 [10;1024]\nnode 15 leaf 7 in=[] f32 [10]\nnode 16 op permute{perm=[1;0]} in=[14] f32 [1024;10]\nnode 17 op matmul in=[13;16] f32 [1*B;10]\nnode 18 op add in=[17;15] f32 [1*B;10]\nnode 19 op max{axes=[1]} in=[18] f32 [1*B;1]\nnode 20 op sub in=[18;19] f32 [1*B;10]\nnode 21 op exp in=[20] f32 [1*B;10]\nnode 22 op sum{axes=[1]} in=[21] f32 [1*B;1]\nnode 23 op log in=[22] f32 [1*B;1]\nnode 24 op add in=[23;19] f32 [1*B;1]\nnode 25 op sub in=[18;24] f32 [1*B;10]\nnode 26 op reshape{dims=[1*B;1]} in=[1] i32 [1*B;1]\nnode 27 op gather{axis=1} in=[25;26] f32 [1*B;1]\nnode 28 op sum{axes=[0;1]} in=[27] f32 [1;1]\nnode 29 op reshape{dims=[]} in=[28] f32 []\nnode 30 recip_dim 1*B in=[] f32 []\nnode 31 op mul in=[29;30] f32 []\nnode 32 op full{dims=[],value=-1.0,dtype=f32} in=[] f32 []\nnode 33 op mul in=[31;32] f32 []\nnode 34 op full{dims=[],value=1.0,dtype=f32} in=[] f32 []\nnode 35 op mul in=[34;32] f32 []\nnode 36 op mul in=[35;30] f32 []\nnode 37 op reshape{dims=[1;1]} in=[36] f32 [1;1]\nnode 38 op expand{dims=[1*B;1]} in=[37] f32 [1*B;1]\nnode 39 op scatter_add{axis=1,dims=[1*B;10]} in=[26;38] f32 [1*B;10]\nnode 40 op neg in=[39] f32 [1*B;10]\nnode 41 op sum{axes=[1]} in=[40] f32 [1*B;1]\nnode 42 op reshape{dims=[1*B;1]} in=[41] f32 [1*B;1]\nnode 43 op div in=[42;22] f32 [1*B;1]\nnode 44 op expand{dims=[1*B;10]} in=[43] f32 [1*B;10]\nnode 45 op mul in=[44;21] f32 [1*B;10]\nnode 46 op neg in=[45] f32 [1*B;10]\nnode 47 op sum{axes=[1]} in=[46] f32 [1*B;1]\nnode 48 op reshape{dims=[1*B;1]} in=[47] f32 [1*B;1]\nnode 49 op add in=[39;45] f32 [1*B;10]\nnode 50 op add in=[42;48] f32 [1*B;1]\nnode 51 op eq in=[18;19] bool [1*B;10]\nnode 52 op cast{dtype=f32} in=[51] f32 [1*B;10]\nnode 53 op sum{axes=[1]} in=[52] f32 [1*B;1]\nnode 54 op div in=[50;53] f32 [1*B;1]\nnode 55 op mul in=[52;54] f32 [1*B;10]\nnode 56 op add in=[49;55] f32 [1*B;10]\nnode 57 op sum{axes=[0]} in=[56] f32 [1;10]\nnode 58 op reshape{dims=[10]} in=[57] f32 [10]\nnode 59 op permute{perm=[1;0]} in=[16] f32 [10;1024]\nnode 60 op matmul in=[56;59] f32 [1*B;1024]\nnode 61 op permute{perm=[1;0]} in=[13] f32 [1024;1*B]\nnode 62 op permute{perm=[1;0]} in=[56] f32 [10;1*B]\nnode 63 op permute{perm=[1;0]} in=[61] f32 [1*B;1024]\nnode 64 op matmul in=[62;63] f32 [10;1024]\nnode 65 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 66 op le in=[12;65] bool [1*B;1024]\nnode 67 op where in=[66;65;60] f32 [1*B;1024]\nnode 68 op sum{axes=[0]} in=[67] f32 [1;1024]\nnode 69 op reshape{dims=[1024]} in=[68] f32 [1024]\nnode 70 op permute{perm=[1;0]} in=[10] f32 [1024;1024]\nnode 71 op matmul in=[67;70] f32 [1*B;1024]\nnode 72 op permute{perm=[1;0]} in=[7] f32 [1024;1*B]\nnode 73 op permute{perm=[1;0]} in=[67] f32 [1024;1*B]\nnode 74 op permute{perm=[1;0]} in=[72] f32 [1*B;1024]\nnode 75 op matmul in=[73;74] f32 [1024;1024]\nnode 76 op full{dims=[],value=0.0,dtype=f32} in=[] f32 []\nnode 77 op le in=[6;76] bool [1*B;1024]\nnode 78 op where in=[77;76;71] f32 [1*B;1024]\nnode 79 op sum{axes=[0]} in=[78] f32 [1;1024]\nnode 80 op reshape{dims=[1024]} in=[79] f32 [1024]\nnode 81 op permute{perm=[1;0]} in=[0] f32 [784;1*B]\nnode 82 op permute{perm=[1;0]} in=[78] f32 [1024;1*B]\nnode 83 op permute{perm=[1;0]} in=[81] f32 [1*B;784]\nnode 84 op matmul in=[82;83] f32 [1024;784]\ninputs [0;1;2;3;8;9;14;15]\noutputs [33;80;84;69;75;58;64]\nkernel view main=- nodes=[4] in=[2] out=[4]\nkernel matmul main=5 nodes=[5] in=[0;4] out=[5]\nkernel elementwise main=- nodes=[6;7] in=[3;5] out=[7]\nkernel view main=- nodes=[10] in=[8] out=[10]\nkernel matmul main=11 nodes=[11] in=[7;10] out=[11]\nkernel elementwise main=- nodes=[12;13] in=[9;11] out=[13]\nkernel view main=- nodes=[16] in=[14] out=[16]\nkernel matmul main=17 nodes=[17;18] in=[13;15;16] out=[18]\nkernel reduce main=19 nodes=[19] in=[18] out=[19]\nkernel elementwise main=- nodes=[20;21] in=[18;19] out=[21]\nkernel reduce main=22 nodes=[22] in=[21] out=[22]\nkernel elementwise main=- nodes=[23;24] in=[19;22] out=[24]\nkernel elementwise main=- nodes=[25] in=[18;24] out=[25]\nkernel view main=- nodes=[26] in=[1] out=[26]\nkernel single main=- nodes=[27] in=[25;26] out=[27]\nkernel reduce main=28 nodes=[28] in=[27] out=[28]\nkernel view main=- nodes=[29] in=[28] out=[29]\nkernel elementwise main=- nodes=[30;31;32;33] in=[29] out=[33]\nkernel elementwise main=- nodes=[30;32;34;35;36] in=[] out=[36]\nkernel view main=- nodes=[37] in=[36] out=[37]\nkernel view main=- nodes=[38] in=[37] out=[38]\nkernel single main=- nodes=[39] in=[26;38] out=[39]\nkernel reduce main=41 nodes=[40;41] in=[39] out=[41]\nkernel view main=- nodes=[42] in=[41] out=[42]\nkernel elementwise main=- nodes=[43] in=[22;42] out=[43]\nkernel view main=- nodes=[44] in=[43] out=[44]\nkernel reduce main=47 nodes=[45;46;47] in=[21;44] out=[47]\nkernel view main=- nodes=[48] in=[47] out=[48]\nkernel elementwise main=- nodes=[51;52] in=[18;19] out=[52]\nkernel reduce main=53 nodes=[50;53;54] in=[42;48;52] out=[54]\nkernel elementwise main=- nodes=[45;49;55;56] in=[21;39;44;52;54] out=[56]\nkernel reduce main=57 nodes=[57] in=[56] out=[57]\nkernel view main=- nodes=[58] in=[57] out=[58]\nkernel view main=- nodes=[59] in=[16] out=[59]\nkernel view main=- nodes=[61] in=[13] out=[61]\nkernel view main=- nodes=[62] in=[56] out=[62]\nkernel view main=- nodes=[63] in=[61] out=[63]\nkernel matmul main=64 nodes=[64] in=[62;63] out=[64]\nkernel matmul main=60 nodes=[12;60;65;66;67] in=[9;11;56;59] out=[67]\nkernel reduce main=68 nodes=[68] in=[67] out=[68]\nkernel view main=- nodes=[69] in=[68] out=[69]\nkernel view main=- nodes=[70] in=[10] out=[70]\nkernel view main=- nodes=[72] in=[7] out=[72]\nkernel view main=- nodes=[73] in=[67] out=[73]\nkernel view main=- nodes=[74] in=[72] out=[74]\nkernel matmul main=75 nodes=[75] in=[73;74] out=[75]\nkernel matmul main=71 nodes=[6;71;76;77;78] in=[3;5;67;70] out=[78]\nkernel reduce main=79 nodes=[79] in=[78] out=[79]\nkernel view main=- nodes=[80] in=[79] out=[80]\nkernel view main=- nodes=[81] in=[0] out=[81]\nkernel view main=- nodes=[82] in=[78] out=[82]\nkernel view main=- nodes=[83] in=[81] out=[83]\nkernel matmul main=84 nodes=[84] in=[82;83] out=[84]\nslot node=5 slot=0\nslot node=7 slot=1\nslot node=11 slot=2\nslot node=13 slot=3\nslot node=18 slot=4\nslot node=19 slot=5\nslot node=21 slot=6\nslot node=22 slot=7\nslot node=24 slot=8\nslot node=25 slot=9\nslot node=26 slot=10\nslot node=27 slot=8\nslot node=28 slot=9\nslot node=29 slot=8\nslot node=33 slot=11\nslot node=36 slot=8\nslot node=37 slot=9\nslot node=39 slot=12\nslot node=41 slot=8\nslot node=42 slot=9\nslot node=43 slot=13\nslot node=47 slot=7\nslot node=48 slot=14\nslot node=52 slot=15\nslot node=54 slot=5\nslot node=56 slot=4\nslot node=57 slot=14\nslot node=58 slot=5\nslot node=64 slot=15\nslot node=67 slot=3\nslot node=68 slot=13\nslot node=69 slot=4\nslot node=75 slot=2\nslot node=78 slot=1\nslot node=79 slot=12\nslot node=80 slot=3\nslot node=84 slot=0\nslots [f32,f32,f32,f32,f32,f32,f32,f32,f32,f32,i32,f32,f32,f32,f32,f32]\nname node=0 x\nname node=1 y\nname node=2 fc1_weight\nname node=3 fc1_bias\nname node=7 h\nname node=8 fc2_weight\nname node=9 fc2_bias\nname node=13 h\nname node=14 fc3_weight\nname node=15 fc3_bias\nname node=33 loss\nname node=34 d_loss\nname node=58 d_fc3_bias\nname node=60 d_h\nname node=64 d_fc3_weight\nname node=69 d_fc2_bias\nname node=71 d_h\nname node=75 d_fc2_weight\nname node=80 d_fc1_bias\nname node=84 d_fc1_weight\nlayer nodes=4..7 fc1\nlayer nodes=10..13 fc2\nlayer nodes=16..19 fc3\nlayer nodes=57..65 fc3\nlayer nodes=68..76 fc2\nlayer nodes=79..85 fc1\n";
     ///The value of [`Self::loss`] and the gradient of every parameter, computed by the backward pass `#[model]` derived at build time (training mode: dropout active, batch statistics used and recorded).
     pub fn loss_and_grad<const B: usize>(
         &self,
@@ -323,9 +323,7 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
             d_fc3_weight,
         ) = {
             const __KILN_NATIVES: &::kiln::fusion::Natives = &[
-                (3, __kiln_natives_Mlp::loop_1),
                 (4, __kiln_natives_Mlp::loop_5),
-                (9, __kiln_natives_Mlp::loop_1),
                 (10, __kiln_natives_Mlp::loop_5),
                 (15, __kiln_natives_Mlp::loop_1),
                 (18, __kiln_natives_Mlp::loop_2),
@@ -334,12 +332,11 @@ impl<Be: ::kiln::tensor::Backend> Mlp<Be> {
                 (44, __kiln_natives_Mlp::loop_7),
                 (48, __kiln_natives_Mlp::loop_8),
                 (52, __kiln_natives_Mlp::loop_9),
-                (54, __kiln_natives_Mlp::loop_7),
-                (58, __kiln_natives_Mlp::loop_10),
-                (61, __kiln_natives_Mlp::loop_11),
-                (62, __kiln_natives_Mlp::loop_12),
-                (79, __kiln_natives_Mlp::loop_13),
-                (95, __kiln_natives_Mlp::loop_13),
+                (56, __kiln_natives_Mlp::loop_10),
+                (59, __kiln_natives_Mlp::loop_11),
+                (60, __kiln_natives_Mlp::loop_12),
+                (77, __kiln_natives_Mlp::loop_13),
+                (93, __kiln_natives_Mlp::loop_13),
             ];
             self.__kiln_plans
                 .call(
@@ -506,7 +503,7 @@ mod __kiln_natives_Mlp {
                 out[j] = r3;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -523,7 +520,7 @@ mod __kiln_natives_Mlp {
                 out[j] = r2;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -542,7 +539,7 @@ mod __kiln_natives_Mlp {
                 out[j] = r3;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -560,7 +557,7 @@ mod __kiln_natives_Mlp {
                 out[j] = r3;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -578,7 +575,7 @@ mod __kiln_natives_Mlp {
                 out[j] = r2;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -587,14 +584,17 @@ mod __kiln_natives_Mlp {
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
             let n = outs[0].len();
             let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
             let out = &mut outs[0][..n];
             for j in 0..n {
                 let r0 = i0[j];
-                let r1 = unary_f32(UnaryOp::Relu, r0);
-                out[j] = r1;
+                let r1 = i1[j];
+                let r2 = binary_f32(BinaryOp::Add, r1, r0);
+                let r3 = unary_f32(UnaryOp::Relu, r2);
+                out[j] = r3;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -613,7 +613,7 @@ mod __kiln_natives_Mlp {
                 out[j] = r3;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -629,7 +629,7 @@ mod __kiln_natives_Mlp {
                 out[j] = r1;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -647,7 +647,7 @@ mod __kiln_natives_Mlp {
                 out[j] = r2;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -662,10 +662,11 @@ mod __kiln_natives_Mlp {
                 let r0 = i0[j];
                 let r1 = i1[j];
                 let r2 = binary_f32(BinaryOp::Mul, r1, r0);
-                out[j] = r2;
+                let r3 = unary_f32(UnaryOp::Neg, r2);
+                out[j] = r3;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -683,7 +684,7 @@ mod __kiln_natives_Mlp {
                 out[j] = r2;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -703,7 +704,7 @@ mod __kiln_natives_Mlp {
                 out[j] = r4;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -715,19 +716,22 @@ mod __kiln_natives_Mlp {
             let i1 = &ins[1][..n];
             let i2 = &ins[2][..n];
             let i3 = &ins[3][..n];
+            let i4 = &ins[4][..n];
             let out = &mut outs[0][..n];
             for j in 0..n {
                 let r0 = i0[j];
                 let r1 = i1[j];
                 let r2 = i2[j];
                 let r3 = i3[j];
-                let r4 = binary_f32(BinaryOp::Add, r0, r1);
-                let r5 = binary_f32(BinaryOp::Mul, r2, r3);
-                let r6 = binary_f32(BinaryOp::Add, r4, r5);
-                out[j] = r6;
+                let r4 = i4[j];
+                let r5 = binary_f32(BinaryOp::Mul, r2, r0);
+                let r6 = binary_f32(BinaryOp::Add, r1, r5);
+                let r7 = binary_f32(BinaryOp::Mul, r3, r4);
+                let r8 = binary_f32(BinaryOp::Add, r6, r7);
+                out[j] = r8;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
     #[allow(clippy::all, unused_variables)]
     #[inline]
@@ -736,17 +740,20 @@ mod __kiln_natives_Mlp {
         fn body(ins: &[&[f32]], outs: &mut [&mut [f32]]) {
             let n = outs[0].len();
             let i0 = &ins[0][..n];
+            let i1 = &ins[1][..n];
             let out = &mut outs[0][..n];
             for j in 0..n {
                 let r0 = i0[j];
-                let r1 = out[j];
-                let r2 = f32::from_bits(0u32);
-                let r3 = compare_f32(CmpOp::Le, r0, r2);
-                let r4 = select_f32(r3, r2, r1);
-                out[j] = r4;
+                let r1 = i1[j];
+                let r2 = out[j];
+                let r3 = binary_f32(BinaryOp::Add, r1, r0);
+                let r4 = f32::from_bits(0u32);
+                let r5 = compare_f32(CmpOp::Le, r3, r4);
+                let r6 = select_f32(r5, r4, r2);
+                out[j] = r6;
             }
         }
-        ::kiln::tensor::simd::wide(|| body(ins, outs))
+        ::kiln::tensor::simd::wide(#[inline(always)] || body(ins, outs))
     }
 }
 #[doc(hidden)]
