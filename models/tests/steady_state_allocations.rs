@@ -1,6 +1,7 @@
 //! With static shapes, a training step's memory plan is static: after the first steps
-//! the fused step (forward, backward, SGD update) reuses every buffer it allocated.
-//! A counting global allocator verifies it.
+//! the fused step (forward, backward, optimizer update) reuses every buffer it
+//! allocated, for the MLP and for the GPTs (attention, embeddings, layer norms, GELU,
+//! dropout). A counting global allocator verifies it.
 //!
 //! The step runs inside rayon's pool (as a training loop should): a parallel loop
 //! started from outside the pool goes through rayon's global queue, which allocates a
@@ -9,9 +10,15 @@
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+use kiln_models::gpt::GptModel;
 use kiln_models::mlp::Mlp;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[path = "../src/gpt_instances.rs"]
+#[allow(dead_code)]
+mod gpt_instances;
+use gpt_instances::{SmallGpt, TinyGpt};
 
 /// The system allocator, counting allocations and bytes.
 struct Counting;
@@ -41,34 +48,72 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-// One test, the optimizers in turn: the counters are global.
+// One test, the models and optimizers in turn: the counters are global.
 #[test]
 fn a_steady_state_training_step_allocates_nothing() -> Result<()> {
-    steady_state_step_allocates_nothing(Sgd::<Cpu>::new(SgdConfig {
+    mlp_step_allocates_nothing(Sgd::<Cpu>::new(SgdConfig {
         lr: 0.01,
         momentum: 0.9,
         ..SgdConfig::default()
     })?)?;
     // AdamW updates each parameter and its moments in place, in one fused pass.
-    steady_state_step_allocates_nothing(AdamW::<Cpu>::new(AdamWConfig {
-        weight_decay: 0.1,
-        ..AdamWConfig::default()
-    })?)
+    let adamw = || {
+        AdamW::<Cpu>::new(AdamWConfig {
+            weight_decay: 0.1,
+            ..AdamWConfig::default()
+        })
+    };
+    mlp_step_allocates_nothing(adamw()?)?;
+    // The GPTs: attention's passes, embeddings, layer norms, GELU and dropout (drawn
+    // anew each step) on top, the small one at sizes where every kernel runs on the
+    // pool's threads.
+    gpt_step_allocates_nothing::<TinyGpt<Cpu>, 4, 32>(adamw()?)?;
+    gpt_step_allocates_nothing::<SmallGpt<Cpu>, 8, 128>(adamw()?)
 }
 
-fn steady_state_step_allocates_nothing<O: Optimizer<Cpu> + Send>(mut opt: O) -> Result<()> {
+fn mlp_step_allocates_nothing<O: Optimizer<Cpu> + Send>(opt: O) -> Result<()> {
     let dev = CpuDevice;
-    let mut model = Mlp::<Cpu>::init(&dev, 1)?;
+    let model = Mlp::<Cpu>::init(&dev, 1)?;
     let x = Tensor::<Cpu, Rank2<64, 784>>::normal(0.0, 1.0, 5, &dev)?;
     let y =
         Tensor::<Cpu, (Const<64>,), i32>::from_vec((0..64).map(|i| i % 10).collect(), &[64], &dev)?;
-    let step = |model: &mut Mlp<Cpu>, opt: &mut O| -> Result<()> {
+    steady_state_allocates_nothing("the MLP", model, opt, |model, opt| {
         let (_, grads) = model.loss_and_grad(&x, &y)?;
         opt.step(model, &grads)
+    })
+}
+
+fn gpt_step_allocates_nothing<M, const B: usize, const T: usize>(opt: AdamW<Cpu>) -> Result<()>
+where
+    M: GptModel<Cpu> + Send,
+{
+    let dev = CpuDevice;
+    let model = M::init(&dev, 1)?;
+    let ids = |k: usize| {
+        Tensor::<Cpu, (Const<B>, Const<T>), i32>::from_vec(
+            (0..B * T).map(|i| (i * k % 256) as i32).collect(),
+            &[B, T],
+            &dev,
+        )
     };
+    let (ids, next) = (ids(7)?, ids(5)?);
+    steady_state_allocates_nothing(M::NAME, model, opt, |model, opt| {
+        let (_, grads) = model.loss_and_grad(&ids, &next)?;
+        opt.step(model, &grads)
+    })
+}
+
+/// Runs `step` until every buffer and per-thread scratch has grown, then asserts that
+/// three more steps allocate nothing.
+fn steady_state_allocates_nothing<M: Send, O: Send>(
+    what: &str,
+    mut model: M,
+    mut opt: O,
+    step: impl Fn(&mut M, &mut O) -> Result<()> + Sync,
+) -> Result<()> {
     // Warm-up on every pool thread in turn (`broadcast`), so that whichever thread
     // runs the measured steps has grown its per-thread scratch (GEMM panels, fused
-    // kernel staging) before.
+    // kernel staging, attention's blocks) before.
     let shared = std::sync::Mutex::new((&mut model, &mut opt));
     for _ in 0..4 {
         for r in rayon::broadcast(|_| {
@@ -97,11 +142,13 @@ fn steady_state_step_allocates_nothing<O: Optimizer<Cpu> + Send>(mut opt: O) -> 
         BYTES.load(Ordering::Relaxed) - b0,
     );
     let largest = LARGEST.load(Ordering::Relaxed);
-    println!("three steady-state steps: {allocs} allocations, {bytes} bytes, largest {largest}");
+    println!(
+        "{what}: three steady-state steps: {allocs} allocations, {bytes} bytes, largest {largest}"
+    );
     assert_eq!(
         (allocs, bytes),
         (0, 0),
-        "largest allocation {largest} bytes"
+        "{what}: largest allocation {largest} bytes"
     );
     Ok(())
 }

@@ -402,10 +402,10 @@ pub fn one_pass<D>(ops: &[&Op<D>]) -> bool {
     match ops {
         [Op::Attention(spec), Op::AttentionLse(stats)] => spec.without_dropout() == *stats,
         [Op::AttentionGrad { spec, .. }, _, ..] => {
-            let mut seen = Vec::with_capacity(ops.len());
+            let mut seen = [false; AttentionInput::ALL.len()];
             ops.iter().all(|op| match op {
-                Op::AttentionGrad { spec: s, wrt } if s == spec && !seen.contains(wrt) => {
-                    seen.push(*wrt);
+                Op::AttentionGrad { spec: s, wrt } if s == spec && !seen[*wrt as usize] => {
+                    seen[*wrt as usize] = true;
                     true
                 }
                 _ => false,

@@ -585,6 +585,31 @@ impl<D> Op<D> {
         }
     }
 
+    /// [`Op::with_seed`] written over `out`, reusing its buffers where `out` is the same
+    /// kind of draw: a step's draws reseeded without allocating.
+    pub fn reseed_into(&self, seed: u64, out: &mut Op<D>)
+    where
+        D: Clone,
+    {
+        match (self, &mut *out) {
+            (
+                Op::Rand {
+                    dims, dist, dtype, ..
+                },
+                Op::Rand {
+                    dims: to_dims,
+                    dist: to_dist,
+                    seed: to_seed,
+                    dtype: to_dtype,
+                },
+            ) => {
+                to_dims.clone_from(dims);
+                (*to_dist, *to_seed, *to_dtype) = (*dist, seed, *dtype);
+            }
+            _ => *out = self.with_seed(seed),
+        }
+    }
+
     /// The op drawing with `seed` in place of its own ([`Op::seed`]); other ops as they
     /// are.
     pub fn with_seed(&self, seed: u64) -> Op<D>
@@ -1283,6 +1308,31 @@ mod tests {
             .infer(&[&m(&[3]), &m(&[4])])
             .unwrap_err();
         assert!(e.to_string().contains("[3] with [4]"), "{e}");
+    }
+
+    #[test]
+    fn reseeding_in_place_is_with_seed() {
+        let draw = |dims: Vec<usize>, seed| Op::<usize>::Rand {
+            dims,
+            dist: RandDist::Uniform {
+                low: 0.0,
+                high: 1.0,
+            },
+            seed,
+            dtype: DType::F32,
+        };
+        let ops = [
+            draw(vec![3, 4], 1),
+            draw(vec![5], 2),
+            Op::Unary(UnaryOp::Exp),
+        ];
+        for from in &ops {
+            for over in &ops {
+                let mut out = over.clone();
+                from.reseed_into(77, &mut out);
+                assert_eq!(out, from.with_seed(77), "{from:?} over {over:?}");
+            }
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@ use kiln_tensor::{
     View,
 };
 use num_traits::{ToPrimitive, Zero};
+use rayon::iter::Either;
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -38,6 +39,9 @@ const KEY_BLOCK: usize = 128;
 
 /// The compute types' block product on one thread: `c (m×n) (+)= a (m×k) · b (k×n)`.
 trait BlockGemm: Real {
+    /// Runs `f` on this thread's block buffers, fitted to sizes `n`.
+    fn with_scratch<R>(n: Sizes, f: impl FnOnce(&mut BlockScratch<Self>) -> R) -> R;
+
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         m: usize,
@@ -58,6 +62,21 @@ fn one_thread() -> GemmOptions {
 }
 
 impl BlockGemm for f32 {
+    fn with_scratch<R>(n: Sizes, f: impl FnOnce(&mut BlockScratch<f32>) -> R) -> R {
+        F32_BLOCKS.with(|blocks| match blocks.try_borrow_mut() {
+            Ok(mut blocks) => {
+                blocks.fit(n);
+                f(&mut blocks)
+            }
+            // Only if a task ran inside another on this thread: buffers of its own.
+            Err(_) => {
+                let mut own = BlockScratch::empty();
+                own.fit(n);
+                f(&mut own)
+            }
+        })
+    }
+
     fn gemm(
         m: usize,
         n: usize,
@@ -72,6 +91,13 @@ impl BlockGemm for f32 {
 }
 
 impl BlockGemm for f64 {
+    // f64 attention (gradient checks) takes buffers per batch element.
+    fn with_scratch<R>(n: Sizes, f: impl FnOnce(&mut BlockScratch<f64>) -> R) -> R {
+        let mut own = BlockScratch::empty();
+        own.fit(n);
+        f(&mut own)
+    }
+
     fn gemm(
         m: usize,
         n: usize,
@@ -459,24 +485,28 @@ fn block<C>(data: &[C], cols: usize, t: bool) -> MatRef<'_, C> {
     }
 }
 
-/// `out`'s first `per · count` values cut into `count` consecutive pieces of `per`.
-fn pieces<C>(out: Option<&mut [C]>, per: usize, count: usize) -> Vec<Option<&mut [C]>> {
-    let Some(mut rest) = out else {
-        return (0..count).map(|_| None).collect();
-    };
-    (0..count)
-        .map(|_| {
-            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(per);
-            rest = tail;
-            Some(piece)
-        })
-        .collect()
+/// `out`'s first `per · count` values cut into `count` consecutive pieces of `per`
+/// (none each when `out` is absent), without collecting them.
+fn pieces<C: Send>(
+    out: Option<&mut [C]>,
+    per: usize,
+    count: usize,
+) -> impl IndexedParallelIterator<Item = Option<&mut [C]>> {
+    match out {
+        Some(out) if per > 0 => Either::Left(out[..per * count].par_chunks_mut(per).map(Some)),
+        out => {
+            let present = out.is_some();
+            Either::Right(
+                rayon::iter::repeat_n((), count).map(move |_| present.then_some(&mut [][..])),
+            )
+        }
+    }
 }
 
-/// One thread's block buffers, reused across the batch elements it runs (rayon's
-/// `for_each_init`): a block's probabilities, their dropout factors and the weights
-/// they leave, the probabilities' gradient, the output accumulator, and each query
-/// row's running maximum and sum. Every use overwrites what it reads.
+/// One thread's block buffers, kept between the batch elements and the calls it runs
+/// ([`BlockGemm::with_scratch`]): a block's probabilities, their dropout factors and
+/// the weights they leave, the probabilities' gradient, the output accumulator, and
+/// each query row's running maximum and sum. Every use overwrites what it reads.
 struct BlockScratch<C> {
     p: Vec<C>,
     z: Vec<C>,
@@ -488,18 +518,40 @@ struct BlockScratch<C> {
 }
 
 impl<C: Real> BlockScratch<C> {
-    fn new(n: Sizes) -> Self {
-        let block = QUERY_BLOCK * KEY_BLOCK;
+    const fn empty() -> Self {
         BlockScratch {
-            p: vec![C::zero(); block],
-            z: vec![C::zero(); block],
-            pz: vec![C::zero(); block],
-            ds: vec![C::zero(); block],
-            acc: vec![C::zero(); QUERY_BLOCK * n.ev],
-            max: vec![C::zero(); QUERY_BLOCK],
-            sum: vec![C::zero(); QUERY_BLOCK],
+            p: Vec::new(),
+            z: Vec::new(),
+            pz: Vec::new(),
+            ds: Vec::new(),
+            acc: Vec::new(),
+            max: Vec::new(),
+            sum: Vec::new(),
         }
     }
+
+    /// Grows the buffers to what attention of sizes `n` uses.
+    fn fit(&mut self, n: Sizes) {
+        let block = QUERY_BLOCK * KEY_BLOCK;
+        for (buf, len) in [
+            (&mut self.p, block),
+            (&mut self.z, block),
+            (&mut self.pz, block),
+            (&mut self.ds, block),
+            (&mut self.acc, QUERY_BLOCK * n.ev),
+            (&mut self.max, QUERY_BLOCK),
+            (&mut self.sum, QUERY_BLOCK),
+        ] {
+            if buf.len() < len {
+                buf.resize(len, C::zero());
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread's f32 block buffers ([`BlockScratch`]).
+    static F32_BLOCKS: RefCell<BlockScratch<f32>> = const { RefCell::new(BlockScratch::empty()) };
 }
 
 /// The forward pass into `out` (`batch · tq · ev` values when `v` is given, else
@@ -515,13 +567,12 @@ fn forward_into<C: BlockGemm>(
 ) {
     let outs = pieces(v.map(|_| out), n.tq * n.ev, n.batch);
     let lses = pieces(Some(lse), n.tq, n.batch);
-    outs.into_par_iter().zip(lses).enumerate().for_each_init(
-        || BlockScratch::new(n),
-        |sc, (b, (out, lse))| {
-            let lse = lse.expect("every batch element has its statistics");
-            forward_one(q, k, v, n, spec, b, out.unwrap_or_default(), lse, sc);
-        },
-    );
+    outs.zip(lses).enumerate().for_each(|(b, (out, lse))| {
+        let lse = lse.expect("every batch element has its statistics");
+        C::with_scratch(n, |sc| {
+            forward_one(q, k, v, n, spec, b, out.unwrap_or_default(), lse, sc)
+        });
+    });
 }
 
 /// The forward pass of batch element `b`.
@@ -705,16 +756,11 @@ fn grads_into<C: BlockGemm>(
     let dq = pieces(outs.q, n.tq * n.e, n.batch);
     let dk = pieces(outs.k, n.tk * n.e, n.batch);
     let dv = pieces(outs.v, n.tk * n.ev, n.batch);
-    dq.into_par_iter()
-        .zip(dk)
-        .zip(dv)
-        .enumerate()
-        .for_each_init(
-            || BlockScratch::new(n),
-            |sc, (b, ((q, k), v))| {
-                grads_one(x, n, spec, b, GradOutputs { q, k, v }, sc);
-            },
-        );
+    dq.zip(dk).zip(dv).enumerate().for_each(|(b, ((q, k), v))| {
+        C::with_scratch(n, |sc| {
+            grads_one(x, n, spec, b, GradOutputs { q, k, v }, sc)
+        });
+    });
 }
 
 /// The backward pass of batch element `b`.

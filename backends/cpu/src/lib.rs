@@ -270,21 +270,24 @@ impl Backend for Cpu {
         metas: &[&TensorMeta],
         outs: &mut [&mut CpuStorage],
     ) -> Result<()> {
-        {
-            let mut slices: Vec<&mut [f32]> = Vec::with_capacity(outs.len());
-            for (out, meta) in outs.iter_mut().zip(metas) {
+        if ops.len() <= 3 && outs.len() == ops.len() {
+            let mut slices: [&mut [f32]; 3] = [&mut [], &mut [], &mut []];
+            let mut f32_outs = 0;
+            for ((out, meta), slice) in outs.iter_mut().zip(metas).zip(&mut slices) {
                 match &mut **out {
                     CpuStorage::F32(o) if o.len() >= meta.dims.iter().product::<usize>() => {
-                        slices.push(&mut o[..])
+                        *slice = &mut o[..];
+                        f32_outs += 1;
                     }
                     _ => break,
                 }
             }
-            if slices.len() == ops.len() {
+            if f32_outs == ops.len() {
                 for v in inputs {
                     check_extent(v.storage, &v.layout)?;
                 }
-                if attention::attention_group_f32_into(ops, inputs, &mut slices)? {
+                let slices = &mut slices[..f32_outs];
+                if attention::attention_group_f32_into(ops, inputs, slices)? {
                     return Ok(());
                 }
             }

@@ -24,6 +24,20 @@ fn batch_offsets(l: &Layout) -> Vec<usize> {
     v
 }
 
+/// The storage offset of matrix number `i` of a view (row-major over the batch dims),
+/// computed where it is needed rather than listed.
+fn batch_offset(l: &Layout, i: usize) -> usize {
+    let r = l.rank();
+    let (dims, strides) = (l.dims().as_slice(), l.strides());
+    let mut rest = i;
+    let mut at = l.offset();
+    for axis in (0..r - 2).rev() {
+        at += (rest % dims[axis]) * strides[axis];
+        rest /= dims[axis];
+    }
+    at
+}
+
 fn mat<'a, T>(data: &'a [T], l: &Layout, offset: usize) -> MatRef<'a, T> {
     let r = l.rank();
     MatRef {
@@ -50,7 +64,8 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     ) -> Vec<f32> {
         let [m, _, n] = mkn;
         let mut c = vec![0f32; oa.len() * m * n];
-        f32_into(a, la, oa, b, lb, ob, mkn, &mut c);
+        let (oa, ob) = (|i: usize| oa[i], |i: usize| ob[i]);
+        f32_into(a, la, &oa, b, lb, &ob, mkn, &mut c);
         c
     }
     let mkn = [m, k, n];
@@ -88,10 +103,10 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
 fn f32_into<A: GemmInput, B: GemmInput>(
     a: &[A],
     la: &Layout,
-    oa: &[usize],
+    oa: &(dyn Fn(usize) -> usize + Sync),
     b: &[B],
     lb: &Layout,
-    ob: &[usize],
+    ob: &(dyn Fn(usize) -> usize + Sync),
     mkn: [usize; 3],
     c: &mut [f32],
 ) {
@@ -102,7 +117,7 @@ fn f32_into<A: GemmInput, B: GemmInput>(
     // Many small products (conv as a batched matmul, attention heads): one thread per
     // product beats splitting each small product across threads.
     let per = m * n * k;
-    if oa.len() >= rayon::current_num_threads() && per < SMALL_PRODUCT {
+    if c.len() / (m * n) >= rayon::current_num_threads() && per < SMALL_PRODUCT {
         let single = GemmOptions {
             threads: Some(1),
             ..GemmOptions::default()
@@ -113,21 +128,22 @@ fn f32_into<A: GemmInput, B: GemmInput>(
                 m,
                 n,
                 k,
-                mat(a, la, oa[i]),
-                mat(b, lb, ob[i]),
+                mat(a, la, oa(i)),
+                mat(b, lb, ob(i)),
                 cm,
                 false,
             );
         });
     } else {
         for (i, cm) in c.chunks_mut(m * n).enumerate() {
-            sgemm(m, n, k, mat(a, la, oa[i]), mat(b, lb, ob[i]), cm, false);
+            sgemm(m, n, k, mat(a, la, oa(i)), mat(b, lb, ob(i)), cm, false);
         }
     }
 }
 
 /// An f32 product `[.., M, K] × [.., K, N]` written into the first elements of `c`
-/// (which must hold them); `false` when the inputs are not both f32.
+/// (which must hold them); `false` when the inputs are not both f32. Each matrix's
+/// offset is computed where it is needed: a steady-state step allocates nothing.
 pub fn matmul_f32_into(
     a: &CpuStorage,
     la: &Layout,
@@ -141,21 +157,7 @@ pub fn matmul_f32_into(
     let r = la.rank();
     let mkn = [la.dims()[r - 2], la.dims()[r - 1], lb.dims()[r - 1]];
     let len = la.dims().as_slice()[..r - 2].iter().product::<usize>() * mkn[0] * mkn[2];
-    if r == 2 {
-        // No batch: no offset lists to build (a steady-state step allocates nothing).
-        f32_into(
-            x,
-            la,
-            &[la.offset()],
-            y,
-            lb,
-            &[lb.offset()],
-            mkn,
-            &mut c[..len],
-        );
-    } else {
-        let (oa, ob) = (batch_offsets(la), batch_offsets(lb));
-        f32_into(x, la, &oa, y, lb, &ob, mkn, &mut c[..len]);
-    }
+    let (oa, ob) = (|i| batch_offset(la, i), |i| batch_offset(lb, i));
+    f32_into(x, la, &oa, y, lb, &ob, mkn, &mut c[..len]);
     true
 }

@@ -1,7 +1,7 @@
 //! The planned run: each step's backend calls on the buffers of the plan's slots,
 //! reused across runs when nobody else holds them ([`Buffers`]).
 
-use super::context::{device_seed, seeded, Seeds};
+use super::context::{device_seed, run_seed, seeded, Seeds};
 use super::resolve::{Prologue, Resolved, Step};
 use crate::parts::{call_part, Parts};
 use crate::plan::Plan;
@@ -43,6 +43,8 @@ pub(super) struct Buffers<B: Backend> {
     pub(super) scratch: Option<B::Storage>,
     pub(super) src: Vec<Src>,
     pub(super) layout: Vec<Layout>,
+    /// The last draw run, reseeded for the next one in place.
+    pub(super) reseeded: Option<Op>,
 }
 
 /// What one run reads: the plan, its resolution, the inputs and the device.
@@ -113,13 +115,14 @@ impl<B: Backend> Buffers<B> {
         Ok(())
     }
 
-    /// The input views of op node `node`, fitted to what the backend's op expects.
+    /// The input views of op node `node`, fitted to what the backend's op expects (held
+    /// inline up to six, attention's gradients' count: a step allocates nothing).
     pub(super) fn op_views<'a>(
         &'a self,
         run: &Run<'a, B>,
         node: NodeId,
         op: &Op,
-    ) -> Result<smallvec::SmallVec<[View<'a, B>; 4]>> {
+    ) -> Result<smallvec::SmallVec<[View<'a, B>; 6]>> {
         let mut views = run.plan.graph.nodes[node]
             .inputs
             .iter()
@@ -129,18 +132,19 @@ impl<B: Backend> Buffers<B> {
                     layout: self.layout[n],
                 })
             })
-            .collect::<Result<smallvec::SmallVec<[View<'a, B>; 4]>>>()?;
+            .collect::<Result<smallvec::SmallVec<[View<'a, B>; 6]>>>()?;
         fit_views(op, &mut views, &run.r.dims[node])?;
         Ok(views)
     }
 
-    /// Views of `nodes`, broadcast to `dims` (an elementwise expression's inputs).
+    /// Views of `nodes`, broadcast to `dims` (an elementwise expression's inputs, held
+    /// inline up to sixteen, what the CPU's fused kernels take).
     pub(super) fn views<'a>(
         &'a self,
         run: &Run<'a, B>,
         nodes: &[NodeId],
         dims: &Dims,
-    ) -> Result<smallvec::SmallVec<[View<'a, B>; 8]>> {
+    ) -> Result<smallvec::SmallVec<[View<'a, B>; 16]>> {
         nodes
             .iter()
             .map(|&n| {
@@ -295,11 +299,22 @@ impl<B: Backend> Buffers<B> {
                 Ok(())
             });
         }
-        let op = seeded(op, run.seeds)?;
-        self.write_slot(run, node, |b, out| {
-            let views = b.op_views(run, node, &op)?;
-            B::execute_into(device, &op, &views, &r.metas[node], out)
-        })
+        // A draw runs reseeded in the program's own copy of it (no allocation).
+        let mut reseeded = self.reseeded.take();
+        let op = match (run_seed(op, run.seeds)?, &mut reseeded) {
+            (Some(seed), Some(copy)) => {
+                op.reseed_into(seed, copy);
+                &*copy
+            }
+            (Some(seed), copy) => copy.insert(op.with_seed(seed)),
+            (None, _) => op,
+        };
+        let result = self.write_slot(run, node, |b, out| {
+            let views = b.op_views(run, node, op)?;
+            B::execute_into(device, op, &views, &r.metas[node], out)
+        });
+        self.reseeded = reseeded;
+        result
     }
 
     /// Ops one pass computes together, each into its slot; they read the first node's

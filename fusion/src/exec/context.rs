@@ -122,10 +122,18 @@ pub(super) fn seeded<'o, B: Backend>(
     op: &'o Op,
     seeds: Seeds<'_, B>,
 ) -> Result<std::borrow::Cow<'o, Op>> {
+    Ok(match run_seed(op, seeds)? {
+        Some(seed) => std::borrow::Cow::Owned(op.with_seed(seed)),
+        None => std::borrow::Cow::Borrowed(op),
+    })
+}
+
+/// The seed the run gives `op` in place of its own, when it draws.
+pub(super) fn run_seed<B: Backend>(op: &Op, seeds: Seeds<'_, B>) -> Result<Option<u64>> {
     let Some(own) = op.seed() else {
-        return Ok(std::borrow::Cow::Borrowed(op));
+        return Ok(None);
     };
-    let seed = match seeds {
+    Ok(Some(match seeds {
         Seeds::Mix(seed) => own ^ seed,
         Seeds::Table(table) => *usize::try_from(own)
             .ok()
@@ -142,8 +150,7 @@ pub(super) fn seeded<'o, B: Backend>(
                 "a draw with a device seed is not mixed on the host (a broken invariant)",
             ))
         }
-    };
-    Ok(std::borrow::Cow::Owned(op.with_seed(seed)))
+    }))
 }
 
 /// The device seed `op` draws with, when it draws ([`Op::seed`]) and the run's seed is

@@ -49,6 +49,7 @@ impl<B: Backend> Program<B> {
                 scratch: None,
                 src: vec![Src::None; n],
                 layout: vec![Layout::contiguous(Dims::scalar()); n],
+                reseeded: None,
             },
             plan,
             natives,
