@@ -433,7 +433,7 @@ where
     let values: Vec<Vec<T::C>> = inputs.iter().map(|&v| load::<T::C>(v)).collect();
     let layouts: Vec<Layout> = inputs
         .iter()
-        .map(|(_, l)| Layout::contiguous(l.dims().clone()))
+        .map(|(_, l)| Layout::contiguous(*l.dims()))
         .collect();
     let x: Vec<Operand<'_, T::C>> = values
         .iter()

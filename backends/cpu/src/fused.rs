@@ -351,8 +351,9 @@ pub fn fused_elementwise(
                 let mut cursor = first.clone();
                 for r in 1..task_rows {
                     walk.advance(&mut cursor, n_in);
-                    for i in 0..n_in {
-                        whole[i] &= cursor.bases[i] == first.bases[i] + r * row_len;
+                    let bases = cursor.bases.iter().zip(&first.bases);
+                    for (w, (at, start)) in whole[..n_in].iter_mut().zip(bases) {
+                        *w &= *at == start + r * row_len;
                     }
                 }
                 let mut cursor = first.clone();

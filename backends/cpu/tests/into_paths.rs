@@ -13,19 +13,7 @@ use kiln_tensor::{
 };
 
 fn random(dims: &[usize], seed: u64) -> Result<RawTensor<Cpu>> {
-    let n: usize = dims.iter().product();
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let values = (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect();
-    RawTensor::from_vec(values, dims, &CpuDevice)
+    kiln_tensor::testing::lcg_tensor(dims, seed, &CpuDevice)
 }
 
 /// `[B, T, H, E]` permuted to `[B, H, T, E]`: a strided view, as a model's heads are.

@@ -178,3 +178,26 @@ macro_rules! conformance_tests {
         )*)*
     };
 }
+
+/// A `dims` tensor of f32 values in [-1, 1) from a 64-bit linear congruential
+/// generator seeded with `seed`: cheap, reproducible inputs for kernel tests and
+/// benchmarks that compare two paths over the same values.
+pub fn lcg_tensor<B: crate::Backend>(
+    dims: &[usize],
+    seed: u64,
+    device: &B::Device,
+) -> crate::Result<crate::RawTensor<B>> {
+    let n: usize = dims.iter().product();
+    let step = |s: u64| {
+        s.wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407)
+    };
+    let mut s = step(seed);
+    let values = (0..n)
+        .map(|_| {
+            s = step(s);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    crate::RawTensor::from_vec(values, dims, device)
+}
