@@ -217,7 +217,7 @@ fn split_main<G, D>(
         .copied()
         .filter(|&n| n != main && !pro.contains(&n) && !is_const(n))
         .collect();
-    // A value both parts read (a comparison groups recompute where they read it) is
+    // A value both parts read (a value groups recompute where they read it) is
     // computed in each: the prologue's values are gone when the epilogue runs.
     let mut i = 0;
     while i < epi.len() {

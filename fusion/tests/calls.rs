@@ -2,8 +2,8 @@
 //! becomes): the planner makes each a kernel of its own with the elementwise work
 //! around it still fused; the fused and the op-by-op paths call the parts alike and
 //! give equal values; a part's result of another shape or dtype than declared is one
-//! error, the same on both paths; a plan text whose calls are wired wrongly is an
-//! error, never a panic. A planned run hands its outputs to an output watcher as
+//! error, the same on both paths; a plan text whose calls are wired wrongly, or whose
+//! one-pass kernel names ops one pass does not compute, is an error, never a panic. A planned run hands its outputs to an output watcher as
 //! they are computed (not those of plans run inside its parts).
 
 use kiln_cpu::{Cpu, CpuDevice};
@@ -259,5 +259,47 @@ fn a_watcher_is_handed_each_output_planned_and_op_by_op_not_a_parts_outputs() ->
         })?;
         assert_eq!(sorted(handed.take()), sorted(outs), "fused: {fused}");
     }
+    Ok(())
+}
+
+/// A plan text whose one-pass kernel names ops that one pass does not compute together
+/// (here an attention's statistics before the attention) is one error when it runs,
+/// on the planned path, not a wrong value.
+#[test]
+fn a_one_pass_kernel_of_other_ops_in_a_plan_text_is_an_error() -> Result<()> {
+    use kiln_tensor::{AttentionSpec, Builder, Op};
+    let mut g = Graph::<SDim>::new();
+    let dims = || vec![SDim::lit(2), SDim::lit(5), SDim::lit(4)];
+    let (q, k, v) = (
+        g.leaf(0, dims(), DType::F32),
+        g.leaf(1, dims(), DType::F32),
+        g.leaf(2, dims(), DType::F32),
+    );
+    let spec = AttentionSpec::new(0.5, true);
+    let out = g.apply(Op::Attention(spec), &[&q, &k, &v])?;
+    let lse = g.apply(Op::AttentionLse(spec), &[&q, &k])?;
+    let p = plan(&g, &[q, k, v], &[out, lse]);
+    let text = p.to_text();
+    let pass = text
+        .lines()
+        .find(|l| l.starts_with("kernel one_pass"))
+        .expect("the attention and its statistics are one pass")
+        .to_string();
+    let (a, b) = (out, lse);
+    let swapped = pass
+        .replace(&format!("nodes=[{a};{b}]"), &format!("nodes=[{b};{a}]"))
+        .replace(&format!("out=[{a};{b}]"), &format!("out=[{b};{a}]"));
+    assert_ne!(swapped, pass);
+    let mut program = Program::<Cpu>::new(Plan::parse(&text.replace(&pass, &swapped))?, &[]);
+    let x = RawTensor::<Cpu>::from_vec(
+        (0..40).map(|i| i as f32 * 0.1).collect(),
+        &[2, 5, 4],
+        &CpuDevice,
+    )?;
+    let err = match program.run(&mut RunContext::new(&CpuDevice), &[&x, &x, &x]) {
+        Ok(_) => panic!("the swapped pass ran"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("as one pass, which they are not"), "{err}");
     Ok(())
 }

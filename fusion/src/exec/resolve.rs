@@ -283,6 +283,42 @@ pub(super) fn infer_nodes(
     })
 }
 
+/// Kernel `ki`'s one pass over `nodes`, or an error when a plan text names ops that
+/// one pass does not compute together: each must read the first of the first node's
+/// inputs, as the backends' one-pass kernels read them.
+fn one_pass_step(
+    plan: &Plan<SDim>,
+    ops: &[Option<Op>],
+    ki: usize,
+    nodes: &[NodeId],
+) -> Result<Step> {
+    let refused = || {
+        Error::invalid(
+            "plan",
+            format!("kernel {ki} runs nodes {nodes:?} as one pass, which they are not"),
+        )
+    };
+    let ops = nodes
+        .iter()
+        .map(|&n| ops.get(n).cloned().flatten().ok_or_else(refused))
+        .collect::<Result<Vec<Op>>>()?;
+    let refs: Vec<&Op> = ops.iter().collect();
+    let Some(&lead) = nodes.first() else {
+        return Err(refused());
+    };
+    let first = &plan.graph.nodes[lead].inputs;
+    let shared = nodes
+        .iter()
+        .all(|&n| first.starts_with(&plan.graph.nodes[n].inputs));
+    if !shared || !kiln_tensor::attention::one_pass(&refs) {
+        return Err(refused());
+    }
+    Ok(Step::OnePass {
+        nodes: nodes.to_vec(),
+        ops,
+    })
+}
+
 /// Resolves dims, ops and kernels for these parameters and inputs (see
 /// `infer_nodes`): no kernel sees a buffer of another size than its shape says. The
 /// result is declined (not `planned`) when the inputs are valid but the plan's
@@ -349,14 +385,7 @@ pub(super) fn resolve(
             }
             KernelKind::View => Step::View { node: k.outputs[0] },
             KernelKind::Call => Step::Call { node: k.outputs[0] },
-            KernelKind::OnePass => Step::OnePass {
-                nodes: k.outputs.clone(),
-                ops: k
-                    .outputs
-                    .iter()
-                    .map(|&n| ops[n].clone().expect("one-pass kernels run ops"))
-                    .collect(),
-            },
+            KernelKind::OnePass => one_pass_step(plan, &ops, ki, &k.outputs)?,
         });
     }
     let ready = steps
