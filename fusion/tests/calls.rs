@@ -3,8 +3,9 @@
 //! around it still fused; the fused and the op-by-op paths call the parts alike and
 //! give equal values; a part's result of another shape or dtype than declared is one
 //! error, the same on both paths; a plan text whose calls are wired wrongly, or whose
-//! one-pass kernel names ops one pass does not compute, is an error, never a panic. A planned run hands its outputs to an output watcher as
-//! they are computed (not those of plans run inside its parts).
+//! one-pass kernel names ops one pass does not compute, is an error, never a panic. A
+//! planned run hands its outputs to an output watcher as they are computed (not those
+//! of plans run inside its parts).
 
 use kiln_cpu::{Cpu, CpuDevice};
 use kiln_fusion::{plan, KernelKind, Parts, Plan, Program, RunContext, SDim};
