@@ -30,6 +30,11 @@ fi
 # path) and the binaries with `--device wgpu` (models/tests/devices.rs) run beside
 # everything else, and every crate above kiln-cubecl compiles once.
 export CARGO_TERM_COLOR=never
+# trybuild builds its cases in a project of its own, under cargo's default dev profile
+# (full debug info): 162 MB per ui pass case and 3.4 GB in all, which once filled a
+# CI machine's disk. The workspace's dev profile has no debug info either, so this
+# changes only trybuild's build (1.0 GB, and its build is faster).
+export CARGO_PROFILE_DEV_DEBUG=false
 features=(--features kiln-gpu-system/wgpu,kiln-models/wgpu)
 cargo test --workspace "${features[@]}" --no-fail-fast "$@"
 
