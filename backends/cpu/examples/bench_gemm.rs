@@ -1,5 +1,6 @@
 //! GEMM throughput benchmark: one parseable line per figure, e.g.
-//! `gemm f32 1024x1024x1024 nn threads=2 gflops=250.1 us=8585.2 isa=avx512`.
+//! `gemm f32 1024x1024x1024 nn threads=2 gflops=250.1 us=8585.2 isa=avx512` (bf16 lines
+//! name the bf16 kernel that ran: `isa=avx512-bf16` or `isa=widened`).
 //!
 //! Usage: bench_gemm [--filter SUBSTR] [--threads N] [--portable|--avx2] [--samples N]
 //!                   [--cputime] [--efficiency] [--best] [--dtype f16|bf16] [--shape MxNxK:ll]
@@ -310,8 +311,14 @@ fn run_shape<X: kiln_cpu::gemm::GemmInput>(
     let secs = time_it(samples, || {
         sgemm_with(opts, m, n, k, a, b, black_box(&mut c), false)
     });
+    // Two bf16 operands run on the bf16 dot-product kernel where the CPU has one.
+    let kernel = if dtype == "bf16" && opts.bf16_dot && isa == "avx512" {
+        kiln_cpu::gemm::bf16_kernel()
+    } else {
+        isa
+    };
     println!(
-        "gemm {dtype} {name} threads={threads} gflops={:.1} us={:.1} isa={isa}",
+        "gemm {dtype} {name} threads={threads} gflops={:.1} us={:.1} isa={kernel}",
         flops / secs / 1e9,
         secs * 1e6
     );

@@ -17,7 +17,7 @@
 //! panels, an f32 B with contiguous rows is read in place instead of packed.
 
 use super::kernels::{KernelSpec, MAX_TILE};
-use super::pack::{pack_block, PanelSrc};
+use super::pack::{pack_for, PanelSrc};
 use super::scratch::{with_scratch, SHARED_SCRATCH, TASK_SCRATCH};
 use super::{Elem, Load, MatRef};
 use rayon::prelude::*;
@@ -227,7 +227,7 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
                     LazyPanels::new(&mut abuf[..apanels * mr * kc], mr * kc, &states[..apanels]);
                 let pack_a = |q: usize, dst: &mut [T]| {
                     let l0 = ic + q * mr;
-                    pack_block(spec.isa, asrc, l0, mr.min(ic + mc - l0), pc, kc, mr, dst);
+                    pack_for(spec, asrc, l0, mr.min(ic + mc - l0), pc, kc, mr, dst);
                 };
                 let task = |t: usize| {
                     let (bj, bi) = (t / part.slices, t % part.slices);
@@ -252,7 +252,7 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
                                 let full = nc / nr * nr;
                                 if full < nc {
                                     let (j0, w) = (jc + full, nc - full);
-                                    pack_block(spec.isa, bsrc, j0, w, pc, kc, nr, bbuf);
+                                    pack_for(spec, bsrc, j0, w, pc, kc, nr, bbuf);
                                 }
                                 let base = &data[b.offset + pc * b.row_stride + jc..];
                                 BBlock::Direct {
@@ -263,7 +263,7 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
                                 }
                             }
                             None => {
-                                pack_block(spec.isa, bsrc, jc, nc, pc, kc, nr, bbuf);
+                                pack_for(spec, bsrc, jc, nc, pc, kc, nr, bbuf);
                                 BBlock::Packed(bbuf)
                             }
                         };

@@ -44,6 +44,9 @@ pub(crate) struct KernelSpec<T> {
     pub nc: usize,
     /// The tile routine.
     pub func: KernelFn<T>,
+    /// Whether the kernel reads bf16 pairs ([`super::pack::pack_bf16_pairs`]: two
+    /// reduction steps per 32-bit slot) instead of panels widened to `T`.
+    pub pairs: bool,
 }
 
 /// Largest MR*NR of any kernel, for edge-tile buffers.
@@ -96,6 +99,7 @@ pub(crate) fn f32_kernel(isa: Isa) -> KernelSpec<f32> {
             mc: 2016,
             nc: 384,
             func: x86::sgemm_avx512_14x32,
+            pairs: false,
         },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => KernelSpec {
@@ -106,6 +110,7 @@ pub(crate) fn f32_kernel(isa: Isa) -> KernelSpec<f32> {
             mc: 600,
             nc: 512,
             func: x86::sgemm_avx2_6x16,
+            pairs: false,
         },
         _ => KernelSpec {
             isa: Isa::Portable,
@@ -115,9 +120,50 @@ pub(crate) fn f32_kernel(isa: Isa) -> KernelSpec<f32> {
             mc: 512,
             nc: 512,
             func: portable_f32,
+            pairs: false,
         },
     };
     tuned(spec)
+}
+
+/// The bf16 dot-product kernel (AVX512-BF16's `vdpbf16ps`: 32 multiply-adds of bf16
+/// pairs per instruction, twice the f32 kernel's), when the CPU has it and `isa`
+/// allows AVX-512.
+///
+/// Blocking as for the f32 kernel, in steps: a slot holds two, so kc = 1024 keeps
+/// the A micro-panel at 14 x 512 x 4 B = 28 KiB of L1 and a thread's B block at
+/// 1024 x 384 x 2 B = 768 KiB of L2.
+pub(crate) fn bf16_dot_kernel(isa: Isa) -> Option<KernelSpec<f32>> {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx512_packing() && bf16_dot_supported() {
+        return Some(tuned(KernelSpec {
+            isa,
+            mr: 14,
+            nr: 32,
+            kc: 1024,
+            mc: 2016,
+            nc: 384,
+            func: x86::bf16_avx512_14x32,
+            pairs: true,
+        }));
+    }
+    let _ = isa;
+    None
+}
+
+/// Whether this CPU has AVX512-BF16 (detected once).
+pub(crate) fn bf16_dot_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static OK: OnceLock<bool> = OnceLock::new();
+        *OK.get_or_init(|| {
+            std::env::var_os("KILN_GEMM_NO_BF16_DOT").is_none()
+                && is_x86_feature_detected!("avx512bf16")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// The f64 kernel for `isa` (already clamped to what the CPU supports).
@@ -132,6 +178,7 @@ pub(crate) fn f64_kernel(isa: Isa) -> KernelSpec<f64> {
             mc: 504,
             nc: 512,
             func: x86::dgemm_avx512_14x16,
+            pairs: false,
         },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => KernelSpec {
@@ -142,6 +189,7 @@ pub(crate) fn f64_kernel(isa: Isa) -> KernelSpec<f64> {
             mc: 504,
             nc: 512,
             func: x86::dgemm_avx2_6x8,
+            pairs: false,
         },
         _ => KernelSpec {
             isa: Isa::Portable,
@@ -151,6 +199,7 @@ pub(crate) fn f64_kernel(isa: Isa) -> KernelSpec<f64> {
             mc: 512,
             nc: 512,
             func: portable_f64,
+            pairs: false,
         },
     }
 }
@@ -425,6 +474,24 @@ mod x86 {
                 b = b.wrapping_add(rs_b);
             }
         }
+        // SAFETY: forwarded contract.
+        unsafe { store_tile(&acc, c, rs_c, cols, load_c) }
+    }
+
+    /// Writes (or, with `load_c`, adds) a tile of R rows of 32 accumulators into the
+    /// first `cols` columns of C's rows.
+    ///
+    /// # Safety
+    /// Row i < R of C has `cols` valid elements at c + i*rs_c; the CPU supports AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn store_tile<const R: usize>(
+        acc: &[[__m512; 2]; R],
+        c: *mut f32,
+        rs_c: usize,
+        cols: usize,
+        load_c: bool,
+    ) {
         let (m0, m1) = masks16(cols);
         for (i, acc) in acc.iter().enumerate() {
             // SAFETY: row i < R of the tile has `cols` valid elements at c + i*rs_c;
@@ -449,6 +516,88 @@ mod x86 {
                 }
             }
         }
+    }
+
+    /// AVX512-BF16 kernel, 14 x 32 over bf16 pairs (panels from
+    /// [`super::super::pack::pack_bf16_pairs`]), dispatching on the number of valid rows.
+    ///
+    /// # Safety
+    /// As for [`super::KernelFn`], with `a` valid for `14 * kc.div_ceil(2)` slots and
+    /// `b` for 32 at each `q * rs_b`, `q < kc.div_ceil(2)`; the CPU must support
+    /// AVX-512F and AVX512-BF16.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn bf16_avx512_14x32(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        rs_b: usize,
+        c: *mut f32,
+        rs_c: usize,
+        rows: usize,
+        cols: usize,
+        load_c: bool,
+    ) {
+        let pairs = kc.div_ceil(2);
+        // SAFETY (all arms): forwarded contract; R == rows <= 14.
+        unsafe {
+            match rows {
+                14 => bf16_rows::<14>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                13 => bf16_rows::<13>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                12 => bf16_rows::<12>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                11 => bf16_rows::<11>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                10 => bf16_rows::<10>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                9 => bf16_rows::<9>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                8 => bf16_rows::<8>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                7 => bf16_rows::<7>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                6 => bf16_rows::<6>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                5 => bf16_rows::<5>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                4 => bf16_rows::<4>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                3 => bf16_rows::<3>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                2 => bf16_rows::<2>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+                _ => bf16_rows::<1>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
+            }
+        }
+    }
+
+    /// The bf16 14x32 kernel restricted to its first `R` rows: per pair of steps, two
+    /// vector loads of B pairs, R broadcasts of an A pair and 2R `vdpbf16ps`, each
+    /// adding two exact bf16 products to an f32 accumulator.
+    ///
+    /// # Safety
+    /// As for [`bf16_avx512_14x32`] with `rows == R` and `pairs == kc.div_ceil(2)`.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn bf16_rows<const R: usize>(
+        pairs: usize,
+        a: *const f32,
+        b: *const f32,
+        rs_b: usize,
+        c: *mut f32,
+        rs_c: usize,
+        cols: usize,
+        load_c: bool,
+    ) {
+        const MR: usize = 14;
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        let (mut a, mut b) = (a.cast::<i32>(), b);
+        for _ in 0..pairs {
+            // SAFETY: fewer than `pairs` slot rows taken, so the 32 slots at b and the
+            // first R of the 14 at a are inside the panels; the casts between
+            // 512-bit vector types only relabel lanes.
+            unsafe {
+                let b0: __m512bh = std::mem::transmute(_mm512_loadu_ps(b));
+                let b1: __m512bh = std::mem::transmute(_mm512_loadu_ps(b.add(16)));
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i)));
+                    acc[0] = _mm512_dpbf16_ps(acc[0], ai, b0);
+                    acc[1] = _mm512_dpbf16_ps(acc[1], ai, b1);
+                }
+                a = a.add(MR);
+                b = b.add(rs_b);
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe { store_tile(&acc, c, rs_c, cols, load_c) }
     }
 
     /// AVX-512 f64 kernel, 14 x 16 (28 zmm accumulators), dispatching on valid rows.

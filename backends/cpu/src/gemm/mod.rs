@@ -330,6 +330,9 @@ pub struct GemmOptions {
     pub threads: Option<usize>,
     /// Allow the in-place shortcuts for skinny shapes (m or n of 1, or up to 16).
     pub allow_gemv: bool,
+    /// Multiply two bf16 operands with the CPU's bf16 dot-product instructions where it
+    /// has them (AVX512-BF16), instead of widening them to f32 while packing.
+    pub bf16_dot: bool,
 }
 
 impl Default for GemmOptions {
@@ -338,6 +341,7 @@ impl Default for GemmOptions {
             isa: Isa::detect(),
             threads: None,
             allow_gemv: true,
+            bf16_dot: true,
         }
     }
 }
@@ -408,8 +412,25 @@ pub fn sgemm_with<A: GemmInput, B: GemmInput>(
     if opts.allow_gemv && gemv::try_skinny(isa, threads, m, n, k, a, b, c, accumulate) {
         return;
     }
-    let spec = kernels::f32_kernel(isa);
+    let both_bf16 = matches!(
+        (A::bits(a.data), B::bits(b.data)),
+        (SrcBits::Bf16(_), SrcBits::Bf16(_))
+    );
+    let spec = match kernels::bf16_dot_kernel(isa) {
+        Some(spec) if both_bf16 && opts.bf16_dot => spec,
+        _ => kernels::f32_kernel(isa),
+    };
     driver::gemm_oriented(&spec, m, n, k, a, b, c, accumulate, threads);
+}
+
+/// The kernel a product of two bf16 operands runs on this CPU: `"avx512-bf16"` (bf16
+/// pairs, f32 accumulation) or `"widened"` (the f32 kernel on operands widened while
+/// packing). Skinny products take the in-place paths, which widen, either way.
+pub fn bf16_kernel() -> &'static str {
+    match kernels::bf16_dot_kernel(Isa::detect()) {
+        Some(_) => "avx512-bf16",
+        None => "widened",
+    }
 }
 
 /// [`dgemm`] with explicit options (internal: tests and benchmarks).

@@ -6,7 +6,8 @@
 //! matrix edge are zero so the kernels never need to know about edges in k or
 //! in the lane direction.
 
-use super::{Elem, Isa, Load};
+use super::kernels::KernelSpec;
+use super::{Elem, Isa, Load, SrcBits};
 
 /// A strided source for packing, addressed as (lane i, reduction step p).
 #[derive(Clone, Copy)]
@@ -39,7 +40,6 @@ pub(crate) fn pack_block<T: Elem, X: Load<T>>(
     assert!(dst.len() >= panels * width * kc);
     #[cfg(target_arch = "x86_64")]
     if (width == 14 || width == 32) && (src.ls == 1 || src.ks == 1) && isa.avx512_packing() {
-        use super::SrcBits;
         let bits = X::bits(src.data);
         if let (false, Some(dst)) = (matches!(bits, SrcBits::Other), T::as_f32_mut(dst)) {
             let (off, ls, ks) = (src.off, src.ls, src.ks);
@@ -85,6 +85,93 @@ pub(crate) fn pack_block<T: Elem, X: Load<T>>(
         let rows = width.min(l0 + lanes - first);
         let off = src.off + first * src.ls + p0 * src.ks;
         pack_panel(src.data, off, src.ls, src.ks, rows, kc, width, panel);
+    }
+}
+
+/// Packs a block for `spec`'s kernel: bf16 pairs for a pairs kernel (which the caller
+/// picks for bf16 operands only), panels widened to `T` ([`pack_block`]) otherwise.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pack_for<T: Elem, X: Load<T>>(
+    spec: &KernelSpec<T>,
+    src: PanelSrc<'_, X>,
+    l0: usize,
+    lanes: usize,
+    p0: usize,
+    kc: usize,
+    width: usize,
+    dst: &mut [T],
+) {
+    if spec.pairs {
+        let (SrcBits::Bf16(data), Some(dst)) = (X::bits(src.data), T::as_f32_mut(dst)) else {
+            unreachable!("a pairs kernel runs on bf16 operands only");
+        };
+        let src = PanelSrc {
+            data,
+            off: src.off,
+            ls: src.ls,
+            ks: src.ks,
+        };
+        return pack_bf16_pairs(src, l0, lanes, p0, kc, width, dst);
+    }
+    pack_block(spec.isa, src, l0, lanes, p0, kc, width, dst)
+}
+
+/// Packs a bf16 block for the dot-product kernels: lanes `[l0, l0 + lanes)` and steps
+/// `[p0, p0 + kc)` of `src` (bf16 bit patterns) as panels of `width` lanes holding two
+/// steps per 32-bit slot, `dst[q * width + i] = src(i, 2q) | src(i, 2q + 1) << 16`
+/// (the even step in the low half, as `vdpbf16ps` pairs them). Lanes past the edge and
+/// the odd step past `kc` are zero. Panels keep [`pack_block`]'s stride of
+/// `width * kc` slots (the driver addresses them so); each uses its first
+/// `width * kc.div_ceil(2)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pack_bf16_pairs(
+    src: PanelSrc<'_, u16>,
+    l0: usize,
+    lanes: usize,
+    p0: usize,
+    kc: usize,
+    width: usize,
+    dst: &mut [f32],
+) {
+    let (pairs, panels) = (kc.div_ceil(2), lanes.div_ceil(width));
+    assert!(dst.len() >= panels * width * kc);
+    let slot = |lo: u16, hi: u16| f32::from_bits(u32::from(lo) | u32::from(hi) << 16);
+    for (q, panel) in dst.chunks_exact_mut(width * kc).take(panels).enumerate() {
+        let first = l0 + q * width;
+        let rows = width.min(l0 + lanes - first);
+        let panel = &mut panel[..width * pairs];
+        let base = src.off + first * src.ls + p0 * src.ks;
+        if src.ls == 1 {
+            // Lanes contiguous: interleave two source rows per slot row.
+            for (p, d) in panel.chunks_exact_mut(width).enumerate() {
+                let even = &src.data[base + 2 * p * src.ks..][..rows];
+                if 2 * p + 1 < kc {
+                    let odd = &src.data[base + (2 * p + 1) * src.ks..][..rows];
+                    for ((d, &e), &o) in d.iter_mut().zip(even).zip(odd) {
+                        *d = slot(e, o);
+                    }
+                } else {
+                    for (d, &e) in d.iter_mut().zip(even) {
+                        *d = slot(e, 0);
+                    }
+                }
+                d[rows..].fill(0.0);
+            }
+        } else {
+            // Steps contiguous (ks == 1) or both strided: walk each lane's steps.
+            for i in 0..rows {
+                let at = |p: usize| src.data[base + i * src.ls + p * src.ks];
+                for p in 0..pairs {
+                    let odd = if 2 * p + 1 < kc { at(2 * p + 1) } else { 0 };
+                    panel[p * width + i] = slot(at(2 * p), odd);
+                }
+            }
+            if rows < width {
+                for d in panel.chunks_exact_mut(width) {
+                    d[rows..].fill(0.0);
+                }
+            }
+        }
     }
 }
 

@@ -114,6 +114,7 @@ fn option_sets() -> Vec<GemmOptions> {
                     isa,
                     threads,
                     allow_gemv,
+                    bf16_dot: true,
                 });
             }
         }
@@ -288,6 +289,35 @@ fn sgemm_all_layouts_all_paths() {
 
 /// Shapes big enough for several KC/MC/NC blocks, the thread partition, and
 /// the transposed orientation (small n).
+/// bf16 products over several blocks of each dimension, with reduction blocks of odd
+/// length (k = 2049 splits into three of 683), so pairs start at odd steps.
+#[test]
+fn bf16_dot_multi_block() {
+    let shapes = [
+        (2100, 40, 30),
+        (40, 900, 70),
+        (30, 50, 2049),
+        (300, 70, 1031),
+    ];
+    for threads in [Some(1), Some(2)] {
+        let opts = GemmOptions {
+            threads,
+            allow_gemv: false,
+            ..GemmOptions::default()
+        };
+        for (s, &(m, n, k)) in shapes.iter().enumerate() {
+            for (la, lb) in [
+                (Layout::RowMajor, Layout::RowMajor),
+                (Layout::Transposed, Layout::Transposed),
+                (Layout::Scattered, Layout::RowMajor),
+            ] {
+                let (x, y) = (bf16::from_f32, bf16::from_f32);
+                check_sgemm_typed(&opts, m, n, k, la, lb, s % 2 == 0, s as u64, x, y);
+            }
+        }
+    }
+}
+
 #[test]
 fn sgemm_multi_block() {
     let shapes = [
@@ -304,6 +334,7 @@ fn sgemm_multi_block() {
                 isa,
                 threads,
                 allow_gemv: true,
+                bf16_dot: true,
             };
             for (s, &(m, n, k)) in shapes.iter().enumerate() {
                 check_sgemm(
@@ -341,6 +372,7 @@ fn busy_shared_panels_fall_back_to_private_packing() {
                 isa,
                 threads,
                 allow_gemv: true,
+                bf16_dot: true,
             };
             check_sgemm(
                 &opts,
@@ -384,6 +416,7 @@ fn sgemm_huge_k() {
             isa,
             threads: None,
             allow_gemv: true,
+            bf16_dot: true,
         };
         check_sgemm(
             &opts,
@@ -543,6 +576,7 @@ fn dgemm_layouts_and_blocks() {
                 isa,
                 threads,
                 allow_gemv: true,
+                bf16_dot: true,
             };
             for &(m, n, k) in SHAPES.iter().chain(&[(130, 70, 600), (5, 300, 270)]) {
                 for la in [
@@ -598,8 +632,18 @@ proptest! {
         accumulate: bool, seed: u64, isa_idx in 0usize..3, threads in 1usize..3, allow_gemv: bool,
     ) {
         let all = isas();
-        let opts = GemmOptions { isa: all[isa_idx % all.len()], threads: Some(threads), allow_gemv };
+        let opts = GemmOptions { isa: all[isa_idx % all.len()], threads: Some(threads), allow_gemv, bf16_dot: true };
         check_sgemm(&opts, m, n, k, la, lb, accumulate, seed);
+    }
+
+    #[test]
+    fn prop_bf16_dot_matches_reference(
+        m in 0usize..70, n in 0usize..70, k in 0usize..70,
+        la in layout_strategy(), lb in layout_strategy(),
+        accumulate: bool, seed: u64, threads in 1usize..3, bf16_dot: bool,
+    ) {
+        let opts = GemmOptions { isa: Isa::detect(), threads: Some(threads), allow_gemv: false, bf16_dot };
+        check_sgemm_typed(&opts, m, n, k, la, lb, accumulate, seed, bf16::from_f32, bf16::from_f32);
     }
 
     #[test]
@@ -609,7 +653,37 @@ proptest! {
         accumulate: bool, seed: u64, isa_idx in 0usize..3,
     ) {
         let all = isas();
-        let opts = GemmOptions { isa: all[isa_idx % all.len()], threads: None, allow_gemv: true };
+        let opts = GemmOptions { isa: all[isa_idx % all.len()], threads: None, allow_gemv: true, bf16_dot: true };
         check_dgemm(&opts, m, n, k, la, lb, accumulate, seed);
+    }
+}
+
+/// Where the CPU has AVX512-BF16, bf16 products run on it: its dot products treat
+/// subnormal bf16 inputs as zero (the instruction's rule), which the widened path does
+/// not, so the two paths tell themselves apart on them.
+#[test]
+fn bf16_products_run_on_the_dot_kernel_where_the_cpu_has_it() {
+    let (m, n, k) = (32, 64, 6);
+    let tiny = bf16::from_bits(0x0001); // the smallest subnormal, about 9.2e-41
+    let a = vec![tiny; m * k];
+    let b = vec![bf16::from_f32(1.0); k * n];
+    let run = |bf16_dot| {
+        let opts = GemmOptions {
+            bf16_dot,
+            allow_gemv: false,
+            ..GemmOptions::default()
+        };
+        let mut c = vec![0f32; m * n];
+        let (a, b) = (MatRef::row_major(&a, k), MatRef::row_major(&b, n));
+        sgemm_with(&opts, m, n, k, a, b, &mut c, false);
+        c
+    };
+    let exact = k as f32 * tiny.to_f32();
+    assert!(run(false).iter().all(|&v| v == exact));
+    let dot = run(true);
+    if super::bf16_kernel() == "avx512-bf16" {
+        assert!(dot.iter().all(|&v| v == 0.0), "the dot kernel did not run");
+    } else {
+        assert!(dot.iter().all(|&v| v == exact));
     }
 }
