@@ -20,6 +20,7 @@ use crate::math::Real;
 use crate::storage::{with_float_storage, CpuStorage, FloatKernel};
 use crate::strided::gather;
 use crate::Cpu;
+use half::bf16;
 use kiln_tensor::attention::{dropout_counter, stats_dtype};
 use kiln_tensor::simd;
 use kiln_tensor::{
@@ -323,33 +324,7 @@ pub fn attention_f32_into(op: &Op, views: &[View<'_, Cpu>], out: &mut [f32]) -> 
         return Ok(false);
     };
     let n = sizes(op, |i| views[i].layout.dims());
-    match op {
-        Op::Attention(spec) => DISCARDED_LSE.with(|lse| {
-            let mut lse = lse.borrow_mut();
-            lse.clear();
-            lse.resize(n.batch * n.tq, 0.0);
-            let out = &mut out[..n.batch * n.tq * n.ev];
-            forward_into(x[0], x[1], Some(x[2]), n, spec, out, &mut lse);
-        }),
-        Op::AttentionLse(spec) if stats_dtype(DType::F32) == DType::F32 => {
-            forward_into(
-                x[0],
-                x[1],
-                None,
-                n,
-                spec,
-                &mut [],
-                &mut out[..n.batch * n.tq],
-            );
-        }
-        Op::AttentionGrad { spec, wrt } => {
-            let mut outs = GradOutputs::default();
-            *outs.of(*wrt) = Some(&mut out[..n.batch * n.rows(*wrt) * n.width(*wrt)]);
-            grads_into(&GradInputs::of(&x), n, spec, outs);
-        }
-        _ => return Ok(false),
-    }
-    Ok(true)
+    ops_into(&[op], &x, n, &mut [out])
 }
 
 /// Runs attention ops that one pass computes together, over f32 inputs, into `outs`
@@ -372,23 +347,39 @@ pub fn attention_group_f32_into(
         return Ok(false);
     };
     let n = sizes(ops[0], |i| views[i].layout.dims());
-    match ops {
-        [Op::Attention(spec), Op::AttentionLse(_)] => {
-            let [out, lse] = outs else {
-                unreachable!("two ops, two outputs")
-            };
+    ops_into(ops, &x, n, outs)
+}
+
+/// Runs one attention op, or a group that one pass computes, over f32 operands into
+/// `outs` (one per op, each at least as long as its result); `false` (nothing written)
+/// for ops it does not run.
+fn ops_into(
+    ops: &[&Op],
+    x: &[Operand<'_, f32>; 6],
+    n: Sizes,
+    outs: &mut [&mut [f32]],
+) -> Result<bool> {
+    match (ops, outs) {
+        ([Op::Attention(spec)], [out]) => DISCARDED_LSE.with(|lse| {
+            let mut lse = lse.borrow_mut();
+            lse.clear();
+            lse.resize(n.batch * n.tq, 0.0);
             let out = &mut out[..n.batch * n.tq * n.ev];
-            forward_into(
-                x[0],
-                x[1],
-                Some(x[2]),
-                n,
-                spec,
-                out,
-                &mut lse[..n.batch * n.tq],
-            );
+            forward_into(x[0], x[1], Some(x[2]), n, spec, out, &mut lse);
+        }),
+        ([Op::AttentionLse(spec)], [lse]) => {
+            if stats_dtype(DType::F32) != DType::F32 {
+                return Ok(false);
+            }
+            let lse = &mut lse[..n.batch * n.tq];
+            forward_into(x[0], x[1], None, n, spec, &mut [], lse);
         }
-        _ => {
+        ([Op::Attention(spec), Op::AttentionLse(_)], [out, lse]) => {
+            let out = &mut out[..n.batch * n.tq * n.ev];
+            let lse = &mut lse[..n.batch * n.tq];
+            forward_into(x[0], x[1], Some(x[2]), n, spec, out, lse);
+        }
+        (ops, outs) => {
             let mut grads = GradOutputs::default();
             let mut spec = None;
             for (op, out) in ops.iter().zip(outs.iter_mut()) {
@@ -401,10 +392,150 @@ pub fn attention_group_f32_into(
             let Some(spec) = spec else {
                 return Ok(false);
             };
-            grads_into(&GradInputs::of(&x), n, &spec, grads);
+            grads_into(&GradInputs::of(x), n, &spec, grads);
         }
     }
     Ok(true)
+}
+
+/// The length of `op`'s contiguous result over sizes `n`.
+fn result_len(op: &Op, n: Sizes) -> usize {
+    match op {
+        Op::AttentionLse(_) => n.batch * n.tq,
+        Op::AttentionGrad { wrt, .. } => n.batch * n.rows(*wrt) * n.width(*wrt),
+        _ => n.batch * n.tq * n.ev,
+    }
+}
+
+/// This thread's f32 buffers for attention over bf16: the widened inputs' storages and
+/// the results before rounding.
+#[derive(Default)]
+struct WidenedBuffers {
+    storages: Vec<Vec<f32>>,
+    results: [Vec<f32>; 3],
+}
+
+thread_local! {
+    static WIDENED: RefCell<WidenedBuffers> = RefCell::new(WidenedBuffers::default());
+}
+
+/// Runs one attention op, or a group [`attention_group_f32_into`] takes, over bf16
+/// inputs into `outs` (bf16 results, f32 statistics, each at least as long as its
+/// result): each input storage widened once into this thread's f32 buffers with its
+/// layout kept (permuted heads are still read in place), the f32 kernels run, and each
+/// result rounded to its dtype as the op-by-op path rounds it (the same values), so a
+/// bf16 training step's attention runs in one pass and allocates nothing once warm.
+/// `false` (nothing written) for other dtypes, ops or outputs. The inputs' extents
+/// must have been checked.
+pub fn attention_bf16_into(
+    ops: &[&Op],
+    views: &[View<'_, Cpu>],
+    outs: &mut [&mut CpuStorage],
+) -> Result<bool> {
+    let grouped = ops.len() == 1 || kiln_tensor::attention::one_pass(ops);
+    if !grouped || ops.len() != outs.len() || ops.len() > 3 || views.is_empty() || views.len() > 6 {
+        return Ok(false);
+    }
+    // bf16 operands, and a gradient's statistics (`lse`, `delta`) in f32.
+    let mut sources: [&[bf16]; 6] = [&[]; 6];
+    let mut stats_in: [&[f32]; 6] = [&[]; 6];
+    for (i, v) in views.iter().enumerate() {
+        match v.storage {
+            CpuStorage::BF16(d) if i < 4 => sources[i] = d,
+            CpuStorage::F32(d) if i >= 4 => stats_in[i] = d,
+            _ => return Ok(false),
+        }
+    }
+    let n = sizes(ops[0], |i| views[i].layout.dims());
+    let stats = stats_dtype(DType::BF16);
+    let fits = ops.iter().zip(outs.iter()).all(|(op, out)| {
+        let len = result_len(op, n);
+        match (op, &**out) {
+            (Op::AttentionLse(_), CpuStorage::F32(o)) => stats == DType::F32 && o.len() >= len,
+            (Op::AttentionLse(_), _) => false,
+            (_, CpuStorage::BF16(o)) => o.len() >= len,
+            _ => false,
+        }
+    });
+    if !fits {
+        return Ok(false);
+    }
+    WIDENED.with(|w| {
+        let Ok(mut w) = w.try_borrow_mut() else {
+            return Ok(false);
+        };
+        let WidenedBuffers { storages, results } = &mut *w;
+        // One widened copy per distinct storage, up to the furthest element a view of
+        // it reads.
+        let mut copy_of = [0usize; 6];
+        let mut distinct: [(*const bf16, usize); 6] = [(std::ptr::null(), 0); 6];
+        let mut count = 0;
+        for (i, (src, v)) in sources.iter().zip(views).enumerate().take(4) {
+            let extent = v.layout.storage_extent();
+            match distinct[..count].iter().position(|d| d.0 == src.as_ptr()) {
+                Some(c) => {
+                    copy_of[i] = c;
+                    distinct[c].1 = distinct[c].1.max(extent);
+                }
+                None => {
+                    copy_of[i] = count;
+                    distinct[count] = (src.as_ptr(), extent);
+                    count += 1;
+                }
+            }
+        }
+        if storages.len() < count {
+            storages.resize_with(count, Vec::new);
+        }
+        for (c, wide) in storages[..count].iter_mut().enumerate() {
+            let i = copy_of
+                .iter()
+                .position(|&k| k == c)
+                .expect("each copy has a view");
+            let src = &sources[i][..distinct[c].1];
+            wide.clear();
+            wide.extend(src.iter().map(|&x| bf16::to_f32(x)));
+        }
+        let first = Operand {
+            data: &[],
+            layout: &views[0].layout,
+        };
+        let mut x = [first; 6];
+        for (i, v) in views.iter().enumerate() {
+            let data = if i < 4 {
+                &storages[copy_of[i]][..]
+            } else {
+                stats_in[i]
+            };
+            x[i] = Operand {
+                data,
+                layout: &v.layout,
+            };
+        }
+        let [r0, r1, r2] = results;
+        let mut slices: [&mut [f32]; 3] = [&mut [], &mut [], &mut []];
+        for ((slice, r), op) in slices.iter_mut().zip([r0, r1, r2]).zip(ops) {
+            r.clear();
+            r.resize(result_len(op, n), 0.0);
+            *slice = &mut r[..];
+        }
+        if !ops_into(ops, &x, n, &mut slices[..ops.len()])? {
+            return Ok(false);
+        }
+        for ((slice, op), out) in slices.iter().zip(ops).zip(outs.iter_mut()) {
+            let len = result_len(op, n);
+            match &mut **out {
+                CpuStorage::F32(o) => o[..len].copy_from_slice(&slice[..len]),
+                CpuStorage::BF16(o) => {
+                    for (d, &v) in o[..len].iter_mut().zip(&slice[..len]) {
+                        *d = bf16::from_f32(v);
+                    }
+                }
+                _ => unreachable!("the outputs were checked to fit"),
+            }
+        }
+        Ok(true)
+    })
 }
 
 /// A view's elements in row-major order, in the compute type `C`.

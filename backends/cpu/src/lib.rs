@@ -259,6 +259,20 @@ impl Backend for Cpu {
                 }
             }
         }
+        if matches!(
+            op,
+            Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. }
+        ) && inputs
+            .first()
+            .is_some_and(|v| v.storage.dtype() == DType::BF16)
+        {
+            for v in inputs {
+                check_extent(v.storage, &v.layout)?;
+            }
+            if attention::attention_bf16_into(&[op], inputs, &mut [&mut *out])? {
+                return Ok(());
+            }
+        }
         *out = Self::execute(device, op, inputs, meta)?;
         Ok(())
     }
@@ -290,6 +304,17 @@ impl Backend for Cpu {
                 if attention::attention_group_f32_into(ops, inputs, slices)? {
                     return Ok(());
                 }
+            }
+        }
+        if inputs
+            .first()
+            .is_some_and(|v| v.storage.dtype() == DType::BF16)
+        {
+            for v in inputs {
+                check_extent(v.storage, &v.layout)?;
+            }
+            if attention::attention_bf16_into(ops, inputs, outs)? {
+                return Ok(());
             }
         }
         kiln_tensor::backend::one_pass_by_ops::<Cpu>(device, ops, inputs, metas, outs)

@@ -2,7 +2,8 @@
 //! allocating ops they stand for, bit for bit: attention's forward pass, row
 //! statistics and three gradients over strided (permuted) heads, causal or not, with
 //! dropout or without, alone and in the one-pass groups a plan runs them in;
-//! comparisons and selections, broadcast operands included. Each
+//! over bf16 heads (widened once, rounded as the allocating ops round); comparisons and
+//! selections, broadcast operands included. Each
 //! output buffer starts full of a value the op never writes, so a value left unwritten
 //! shows.
 
@@ -24,6 +25,7 @@ fn heads(b: usize, t: usize, h: usize, e: usize, seed: u64) -> Result<RawTensor<
 fn bits(s: &CpuStorage) -> Vec<u32> {
     match s {
         CpuStorage::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+        CpuStorage::BF16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
         CpuStorage::Bool(v) => v.iter().map(|&x| x as u32).collect(),
         other => panic!("unexpected dtype {}", other.dtype()),
     }
@@ -273,5 +275,99 @@ fn embedding_lookups_and_their_gradients_into_their_slots_are_the_allocating_ops
     )
     .expect_err("out of range");
     assert_eq!(got.to_string(), want.to_string());
+    Ok(())
+}
+
+/// A buffer of `n` elements of `dtype` that no op writes (a NaN with a payload).
+fn stale_of(dtype: DType, n: usize) -> CpuStorage {
+    match dtype {
+        DType::BF16 => CpuStorage::BF16(vec![half::bf16::from_bits(0x7fc3); n + 1].into()),
+        _ => stale(n),
+    }
+}
+
+/// bf16 attention (f32 statistics) through `execute_into` alone and
+/// `execute_one_pass_into` in groups, each op equal bit for bit to the allocating op,
+/// which widens its inputs and rounds its result the same way.
+#[test]
+fn bf16_attention_into_its_slots_is_the_allocating_op() -> Result<()> {
+    let (b, t, h, e) = (2, 150, 3, 8);
+    let half = |x: RawTensor<Cpu>| x.cast(DType::BF16);
+    let (q, k, v) = (
+        half(heads(b, t, h, e, 21)?)?,
+        half(heads(b, t, h, e, 22)?)?,
+        half(heads(b, t, h, e, 23)?)?,
+    );
+    let g = half(random(&[b, h, t, e], 24)?)?;
+    let delta = random(&[b, h, t, 1], 25)?;
+    let (rows, stats): (&[usize], &[usize]) = (&[b, h, t, e], &[b, h, t, 1]);
+    let check = |ops: &[&Op], inputs: &[&RawTensor<Cpu>], outs: &[(&[usize], DType)]| {
+        let views: Vec<View<'_, Cpu>> = inputs.iter().map(|t| t.view()).collect();
+        let metas: Vec<TensorMeta> = outs
+            .iter()
+            .map(|(d, dtype)| TensorMeta::new(d.to_vec(), *dtype))
+            .collect();
+        let meta_refs: Vec<&TensorMeta> = metas.iter().collect();
+        let mut got: Vec<CpuStorage> = outs
+            .iter()
+            .map(|(d, dtype)| stale_of(*dtype, d.iter().product()))
+            .collect();
+        let mut refs: Vec<&mut CpuStorage> = got.iter_mut().collect();
+        if ops.len() == 1 {
+            Cpu::execute_into(&CpuDevice, ops[0], &views, &metas[0], refs[0])?;
+        } else {
+            Cpu::execute_one_pass_into(&CpuDevice, ops, &views, &meta_refs, &mut refs)?;
+        }
+        // The bf16 pass ran (not a fallback that would have replaced the buffers).
+        for ((out, meta), (_, dtype)) in got.iter().zip(&metas).zip(outs) {
+            assert_eq!(out.dtype(), *dtype);
+            assert_eq!(out.len(), meta.dims.iter().product::<usize>() + 1);
+        }
+        for ((op, meta), out) in ops.iter().zip(&metas).zip(&got) {
+            let takes = match op.arity() {
+                kiln_tensor::Arity::Exact(n) => n,
+                kiln_tensor::Arity::AtLeast(_) => views.len(),
+            };
+            let want = Cpu::execute(&CpuDevice, op, &views[..takes], meta)?;
+            let n: usize = meta.dims.iter().product();
+            assert_eq!(bits(out)[..n], bits(&want)[..], "bf16 {}", op.name());
+        }
+        Ok::<(), kiln_tensor::Error>(())
+    };
+    for causal in [false, true] {
+        for dropout in [None, Some(AttentionDropout { p: 0.25, seed: 9 })] {
+            let spec = AttentionSpec {
+                dropout,
+                ..AttentionSpec::new(0.3, causal)
+            };
+            let attention = Op::Attention(spec);
+            let lse_op = Op::AttentionLse(spec.without_dropout());
+            check(&[&attention], &[&q, &k, &v], &[(rows, DType::BF16)])?;
+            check(&[&lse_op], &[&q, &k], &[(stats, DType::F32)])?;
+            check(
+                &[&attention, &lse_op],
+                &[&q, &k, &v],
+                &[(rows, DType::BF16), (stats, DType::F32)],
+            )?;
+            let lse = Cpu::execute(
+                &CpuDevice,
+                &lse_op,
+                &[q.view(), k.view()],
+                &TensorMeta::new(stats.to_vec(), DType::F32),
+            )?;
+            let lse = RawTensor::<Cpu>::from_storage(lse, Dims::new(stats)?, CpuDevice)?;
+            let grad = |wrt| Op::AttentionGrad { spec, wrt };
+            let (dq, dk, dv) = (
+                grad(AttentionInput::Query),
+                grad(AttentionInput::Key),
+                grad(AttentionInput::Value),
+            );
+            let ins = [&q, &k, &v, &g, &lse, &delta];
+            let r = (rows, DType::BF16);
+            check(&[&dk], &ins, &[r])?;
+            check(&[&dq, &dk, &dv], &ins, &[r, r, r])?;
+            check(&[&dv, &dq], &ins, &[r, r])?;
+        }
+    }
     Ok(())
 }

@@ -30,7 +30,7 @@ struct Args {
     /// Workloads to run (comma-separated): w1, w2, w3, w4, dynamic (the dynamic path's own costs).
     #[arg(long, default_value = "w1,w2,w4")]
     workloads: String,
-    /// W3's configurations (comma-separated): small, w3, w3-bf16.
+    /// W3's configurations (comma-separated): small, small-bf16, w3, w3-bf16 (the bf16 lines on the CPU name the kernel their products ran on).
     #[arg(long, default_value = "small")]
     w3_configs: String,
     /// W1 variants to run (comma-separated): static, static-unfused, dynamic, infer.
@@ -251,7 +251,7 @@ fn w1<Be: Backend>(dev: &Be::Device, name: &str, reps: usize, variants: &[&str])
 
 #[path = "../w3_instances.rs"]
 mod w3_instances;
-use w3_instances::{W3Gpt, W3GptBf16};
+use w3_instances::{SmallGptBf16, W3Gpt, W3GptBf16};
 
 /// W3 in one configuration: a GPT training step (loss and gradients over `B` windows
 /// of the model's context, then AdamW) on seeded windows of the Shakespeare text.
@@ -276,8 +276,13 @@ fn w3_config<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
         opt.step(&mut model, &grads)
     })?;
     let tokens_per_s = (B * T) as f64 / (ms * 1e-3);
+    let kernel = if name == "cpu" && config.ends_with("-bf16") {
+        format!(" gemm_bf16={}", kiln::cpu::gemm::bf16_kernel())
+    } else {
+        String::new()
+    };
     println!(
-        "bench=W3 impl=kiln backend={name} task={config} batch={B} ms={ms:.1} tokens_per_s={tokens_per_s:.0} params={}",
+        "bench=W3 impl=kiln backend={name} task={config} batch={B} ms={ms:.1} tokens_per_s={tokens_per_s:.0} params={}{kernel}",
         model.num_params()
     );
     Ok(())
@@ -297,6 +302,9 @@ fn w3<Be: Backend>(
     for c in configs {
         match *c {
             "small" => w3_config::<Be, SmallGpt<Be>, 32, 128>(dev, name, "small", reps, &corpus)?,
+            "small-bf16" => {
+                w3_config::<Be, SmallGptBf16<Be>, 32, 128>(dev, name, "small-bf16", reps, &corpus)?
+            }
             "w3" => {
                 w3_config::<Be, W3Gpt<Be>, 32, 256>(dev, name, "w3", reps.div_ceil(5), &corpus)?
             }
@@ -310,7 +318,9 @@ fn w3<Be: Backend>(
             other => {
                 return Err(Error::invalid(
                     "kiln-bench",
-                    format!("unknown W3 configuration {other:?} (known: small, w3, w3-bf16)"),
+                    format!(
+                        "unknown W3 configuration {other:?} (known: small, small-bf16, w3, w3-bf16)"
+                    ),
                 ))
             }
         }

@@ -527,7 +527,7 @@ mod w3_instances;
 mod gpt {
     use super::{Args, Files, Job, PrecisionArg, Ranks};
     use crate::gpt_instances::{SmallGpt, TinyGpt};
-    use crate::w3_instances::{W3Gpt, W3GptBf16};
+    use crate::w3_instances::{SmallGptBf16, W3Gpt, W3GptBf16};
     use kiln::data::{DataLoader, Dataset as _, LoaderConfig, TextWindows};
     use kiln::prelude::*;
     use kiln::train::learner::Supervised;
@@ -540,11 +540,7 @@ mod gpt {
     #[model(precision = bf16)]
     type TinyGptBf16 = kiln_models::gpt::Gpt<16, 2, 2, 32>;
 
-    /// The small GPT with bf16 matrix products (`--precision bf16`).
-    #[model(precision = bf16)]
-    type SmallGptBf16 = kiln_models::gpt::Gpt<128, 4, 4, 128>;
-
-    kiln_models::gpt_model!(TinyGptBf16 as TinyGpt, SmallGptBf16 as SmallGpt);
+    kiln_models::gpt_model!(TinyGptBf16 as TinyGpt);
 
     /// Which GPT `--model` trains.
     #[derive(Clone, Copy, PartialEq, Eq)]
