@@ -493,8 +493,18 @@ pub fn attention_bf16_into(
                 .position(|&k| k == c)
                 .expect("each copy has a view");
             let src = &sources[i][..distinct[c].1];
-            wide.clear();
-            wide.extend(src.iter().map(|&x| bf16::to_f32(x)));
+            if wide.len() < src.len() {
+                wide.resize(src.len(), 0.0);
+            }
+            let wide = &mut wide[..src.len()];
+            simd::wide(
+                #[inline(always)]
+                || {
+                    for (w, x) in wide.iter_mut().zip(src) {
+                        *w = bf16::to_f32(*x);
+                    }
+                },
+            );
         }
         let first = Operand {
             data: &[],
@@ -514,10 +524,13 @@ pub fn attention_bf16_into(
         }
         let [r0, r1, r2] = results;
         let mut slices: [&mut [f32]; 3] = [&mut [], &mut [], &mut []];
+        // The kernels write every element of their results: grow, never clear.
         for ((slice, r), op) in slices.iter_mut().zip([r0, r1, r2]).zip(ops) {
-            r.clear();
-            r.resize(result_len(op, n), 0.0);
-            *slice = &mut r[..];
+            let len = result_len(op, n);
+            if r.len() < len {
+                r.resize(len, 0.0);
+            }
+            *slice = &mut r[..len];
         }
         if !ops_into(ops, &x, n, &mut slices[..ops.len()])? {
             return Ok(false);
@@ -526,11 +539,14 @@ pub fn attention_bf16_into(
             let len = result_len(op, n);
             match &mut **out {
                 CpuStorage::F32(o) => o[..len].copy_from_slice(&slice[..len]),
-                CpuStorage::BF16(o) => {
-                    for (d, &v) in o[..len].iter_mut().zip(&slice[..len]) {
-                        *d = bf16::from_f32(v);
-                    }
-                }
+                CpuStorage::BF16(o) => simd::wide(
+                    #[inline(always)]
+                    || {
+                        for (d, &v) in o[..len].iter_mut().zip(&slice[..len]) {
+                            *d = bf16::from_f32(v);
+                        }
+                    },
+                ),
                 _ => unreachable!("the outputs were checked to fit"),
             }
         }

@@ -10,7 +10,7 @@ use crate::storage::{CpuStorage, FloatKernel};
 use half::{bf16, f16};
 use kiln_tensor::fused::{FusedExpr, NativeFn};
 use kiln_tensor::shape::MAX_RANK;
-use kiln_tensor::{Dims, Error, Layout, Result, View};
+use kiln_tensor::{simd, Dims, Error, Layout, Result, View};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -183,12 +183,15 @@ impl OutPtr {
                     }
                 }
                 OutPtr::BF16(p) => {
-                    for (o, v) in std::slice::from_raw_parts_mut(p.add(at), len)
-                        .iter_mut()
-                        .zip(chunk)
-                    {
-                        *o = <bf16 as FloatKernel>::store(*v);
-                    }
+                    let out = std::slice::from_raw_parts_mut(p.add(at), len);
+                    simd::wide(
+                        #[inline(always)]
+                        || {
+                            for (o, v) in out.iter_mut().zip(chunk) {
+                                *o = <bf16 as FloatKernel>::store(*v);
+                            }
+                        },
+                    )
                 }
                 OutPtr::F16(p) => {
                     for (o, v) in std::slice::from_raw_parts_mut(p.add(at), len)
@@ -244,6 +247,23 @@ impl Operand<'_> {
             (Operand::F32(d), st) => {
                 for (p, v) in out.iter_mut().zip(d[base..].iter().step_by(st)) {
                     *p = *v;
+                }
+            }
+            // bf16 widens by a shift: vector-wide where its values lie together.
+            (Operand::BF16(d), 1) => {
+                let d = &d[base..base + out.len()];
+                simd::wide(
+                    #[inline(always)]
+                    || {
+                        for (p, v) in out.iter_mut().zip(d) {
+                            *p = v.load();
+                        }
+                    },
+                )
+            }
+            (Operand::BF16(d), st) => {
+                for (p, v) in out.iter_mut().zip(d[base..].iter().step_by(st)) {
+                    *p = v.load();
                 }
             }
             (d, st) => {

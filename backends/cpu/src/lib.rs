@@ -245,6 +245,17 @@ impl Backend for Cpu {
                 }
             }
         }
+        if let (Op::MatMul, CpuStorage::BF16(c)) = (op, &mut *out) {
+            for v in inputs {
+                check_extent(v.storage, &v.layout)?;
+            }
+            if c.len() >= numel {
+                let (a, b) = (&inputs[0], &inputs[1]);
+                if matmul::matmul_bf16_into(a.storage, &a.layout, b.storage, &b.layout, c) {
+                    return Ok(());
+                }
+            }
+        }
         if let (
             Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. },
             CpuStorage::F32(o),

@@ -161,3 +161,54 @@ pub fn matmul_f32_into(
     f32_into(x, la, &oa, y, lb, &ob, mkn, &mut c[..len]);
     true
 }
+
+thread_local! {
+    /// The f32 products of bf16 operands before they are rounded into their buffer,
+    /// kept between calls so that a steady-state step allocates nothing.
+    static UNROUNDED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A bf16 product `[.., M, K] × [.., K, N]` written into the first elements of `c`
+/// (which must hold them): computed in f32 (on the bf16 dot-product kernel where the
+/// CPU has one) into this thread's buffer, then rounded as [`matmul`] rounds. `false`
+/// when the inputs are not both bf16.
+pub fn matmul_bf16_into(
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+    c: &mut [bf16],
+) -> bool {
+    let (CpuStorage::BF16(x), CpuStorage::BF16(y)) = (a, b) else {
+        return false;
+    };
+    let r = la.rank();
+    let mkn = [la.dims()[r - 2], la.dims()[r - 1], lb.dims()[r - 1]];
+    let len = la.dims().as_slice()[..r - 2].iter().product::<usize>() * mkn[0] * mkn[2];
+    let (oa, ob) = (|i| batch_offset(la, i), |i| batch_offset(lb, i));
+    UNROUNDED.with(|buf| {
+        let Ok(mut buf) = buf.try_borrow_mut() else {
+            return false;
+        };
+        // Every element is written by the product: grow the buffer, never clear it.
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        let products = &mut buf[..len];
+        f32_into(x, la, &oa, y, lb, &ob, mkn, products);
+        c[..len]
+            .par_chunks_mut(1 << 14)
+            .zip(products.par_chunks(1 << 14))
+            .for_each(|(c, v)| {
+                kiln_tensor::simd::wide(
+                    #[inline(always)]
+                    || {
+                        for (d, &v) in c.iter_mut().zip(v) {
+                            *d = bf16::from_f32(v);
+                        }
+                    },
+                )
+            });
+        true
+    })
+}

@@ -111,7 +111,7 @@ pub(crate) fn pack_for<T: Elem, X: Load<T>>(
             ls: src.ls,
             ks: src.ks,
         };
-        return pack_bf16_pairs(src, l0, lanes, p0, kc, width, dst);
+        return pack_bf16_pairs(spec.isa, src, l0, lanes, p0, kc, width, dst);
     }
     pack_block(spec.isa, src, l0, lanes, p0, kc, width, dst)
 }
@@ -125,6 +125,7 @@ pub(crate) fn pack_for<T: Elem, X: Load<T>>(
 /// `width * kc.div_ceil(2)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pack_bf16_pairs(
+    isa: Isa,
     src: PanelSrc<'_, u16>,
     l0: usize,
     lanes: usize,
@@ -135,7 +136,44 @@ pub(crate) fn pack_bf16_pairs(
 ) {
     let (pairs, panels) = (kc.div_ceil(2), lanes.div_ceil(width));
     assert!(dst.len() >= panels * width * kc);
-    let slot = |lo: u16, hi: u16| f32::from_bits(u32::from(lo) | u32::from(hi) << 16);
+    #[cfg(target_arch = "x86_64")]
+    if src.ks == 1
+        && (width == 14 || width == 32)
+        && [src.off, src.ls, p0, kc].iter().all(|v| v % 2 == 0)
+        && isa.avx512_packing()
+    {
+        // Steps contiguous and pairs word-aligned: each pair of steps is one 32-bit
+        // word, so a panel is the f32 packing's transpose of those words.
+        // SAFETY: any bits are a valid f32; `align_to` leaves out a misaligned head.
+        let (head, words, _) = unsafe { src.data.align_to::<f32>() };
+        if head.is_empty() {
+            for (q, panel) in dst.chunks_exact_mut(width * kc).take(panels).enumerate() {
+                let first = l0 + q * width;
+                let rows = width.min(l0 + lanes - first);
+                // SAFETY: AVX-512F/BW/VL are available (checked above); word
+                // `(off + l*ls)/2 + p0/2 + p` for a lane l of this panel and p < kc/2
+                // holds bf16 elements `off + l*ls + p0 + 2p` and the next, which the
+                // caller checked to exist (so the word lies inside `words`); the panel
+                // holds `width * pairs` slots.
+                unsafe {
+                    x86::pack::<x86::F32>(
+                        words,
+                        src.off / 2,
+                        src.ls / 2,
+                        1,
+                        first,
+                        rows,
+                        p0 / 2,
+                        pairs,
+                        width,
+                        &mut panel[..width * pairs],
+                    )
+                };
+            }
+            return;
+        }
+    }
+    let _ = isa;
     for (q, panel) in dst.chunks_exact_mut(width * kc).take(panels).enumerate() {
         let first = l0 + q * width;
         let rows = width.min(l0 + lanes - first);
@@ -145,20 +183,17 @@ pub(crate) fn pack_bf16_pairs(
             // Lanes contiguous: interleave two source rows per slot row.
             for (p, d) in panel.chunks_exact_mut(width).enumerate() {
                 let even = &src.data[base + 2 * p * src.ks..][..rows];
-                if 2 * p + 1 < kc {
-                    let odd = &src.data[base + (2 * p + 1) * src.ks..][..rows];
-                    for ((d, &e), &o) in d.iter_mut().zip(even).zip(odd) {
-                        *d = slot(e, o);
-                    }
-                } else {
-                    for (d, &e) in d.iter_mut().zip(even) {
-                        *d = slot(e, 0);
-                    }
-                }
+                let odd =
+                    (2 * p + 1 < kc).then(|| &src.data[base + (2 * p + 1) * src.ks..][..rows]);
+                kiln_tensor::simd::wide(
+                    #[inline(always)]
+                    || interleave(even, odd, &mut d[..rows]),
+                );
                 d[rows..].fill(0.0);
             }
         } else {
             // Steps contiguous (ks == 1) or both strided: walk each lane's steps.
+            let slot = |lo: u16, hi: u16| f32::from_bits(u32::from(lo) | u32::from(hi) << 16);
             for i in 0..rows {
                 let at = |p: usize| src.data[base + i * src.ls + p * src.ks];
                 for p in 0..pairs {
@@ -170,6 +205,24 @@ pub(crate) fn pack_bf16_pairs(
                 for d in panel.chunks_exact_mut(width) {
                     d[rows..].fill(0.0);
                 }
+            }
+        }
+    }
+}
+
+/// One slot row of bf16 pairs: `d[i] = even[i] | odd[i] << 16` (`odd` zero past the last
+/// step).
+#[inline(always)]
+fn interleave(even: &[u16], odd: Option<&[u16]>, d: &mut [f32]) {
+    match odd {
+        Some(odd) => {
+            for ((d, &e), &o) in d.iter_mut().zip(even).zip(odd) {
+                *d = f32::from_bits(u32::from(e) | u32::from(o) << 16);
+            }
+        }
+        None => {
+            for (d, &e) in d.iter_mut().zip(even) {
+                *d = f32::from_bits(u32::from(e));
             }
         }
     }
