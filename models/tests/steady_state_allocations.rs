@@ -1,7 +1,7 @@
 //! With static shapes, a training step's memory plan is static: after the first steps
 //! the fused step (forward, backward, optimizer update) reuses every buffer it
 //! allocated, for the MLP and for the GPTs (attention, embeddings, layer norms, GELU,
-//! dropout). A counting global allocator verifies it.
+//! dropout), in f32 and with bf16 products. A counting global allocator verifies it.
 //!
 //! The step runs inside rayon's pool (as a training loop should): a parallel loop
 //! started from outside the pool goes through rayon's global queue, which allocates a
@@ -68,8 +68,16 @@ fn a_steady_state_training_step_allocates_nothing() -> Result<()> {
     // anew each step) on top, the small one at sizes where every kernel runs on the
     // pool's threads.
     gpt_step_allocates_nothing::<TinyGpt<Cpu>, 4, 32>(adamw()?)?;
-    gpt_step_allocates_nothing::<SmallGpt<Cpu>, 8, 128>(adamw()?)
+    gpt_step_allocates_nothing::<SmallGpt<Cpu>, 8, 128>(adamw()?)?;
+    // Mixed precision: bf16 products (on the CPU's bf16 dot-product kernel where it has
+    // one), attention over bf16 heads, the casts between.
+    gpt_step_allocates_nothing::<SmallGptBf16<Cpu>, 8, 128>(adamw()?)
 }
+
+/// The small GPT with bf16 matrix products.
+#[model(precision = bf16)]
+type SmallGptBf16 = kiln_models::gpt::Gpt<128, 4, 4, 128>;
+kiln_models::gpt_model!(SmallGptBf16 as SmallGpt);
 
 fn mlp_step_allocates_nothing<O: Optimizer<Cpu> + Send>(opt: O) -> Result<()> {
     let dev = CpuDevice;
