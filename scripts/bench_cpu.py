@@ -4,7 +4,7 @@ both see the same machine load, and prints each figure's median and the ratio to
 PyTorch (a ratio above 1 means Kiln is faster).
 
 Usage: python3 scripts/bench_cpu.py [--rounds 3] [--threads 2] [--workloads w1,w2,w4]
-       python3 scripts/bench_cpu.py --workloads w3 [--w3-configs small,w3]
+       python3 scripts/bench_cpu.py --workloads w3 [--w3-configs small,small-bf16,w3,w3-bf16]
 (build first: cargo build --release -p kiln-models)
 """
 import argparse, os, statistics, subprocess, sys, time
@@ -47,8 +47,11 @@ def torch_figures(workloads, reps, threads, w3_configs=()):
     if "w3" in workloads:
         import gpt_torch
         for config in w3_configs:
-            r = reps if config == "small" else -(-reps // 5)
-            out[("W3", config, "32")] = gpt_torch.step_ms(config, 32, r)
+            # `small-bf16`, `w3-bf16`: the same model under bf16 autocast.
+            base = config.removesuffix("-bf16")
+            precision = "f32" if base == config else "bf16"
+            r = reps if base == "small" else -(-reps // 5)
+            out[("W3", config, "32")] = gpt_torch.step_ms(base, 32, r, precision=precision)
     if "w4" in workloads:
         n = 1024
         a, b = torch.randn(n, n), torch.randn(n, n)

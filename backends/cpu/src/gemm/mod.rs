@@ -420,7 +420,95 @@ pub fn sgemm_with<A: GemmInput, B: GemmInput>(
         Some(spec) if both_bf16 && opts.bf16_dot => spec,
         _ => kernels::f32_kernel(isa),
     };
+    let parts = reduction_parts(m, n, k);
+    if parts > 1 {
+        return split_reduction(&spec, parts, m, n, k, a, b, c, accumulate, threads);
+    }
     driver::gemm_oriented(&spec, m, n, k, a, b, c, accumulate, threads);
+}
+
+/// Into how many parts a product's reduction is split: a long reduction into a small C
+/// (a weight's gradient over a batch of tokens: `[128, 4096] · [4096, 512]`) splits
+/// into parts of at least 1,024 steps, each a one-thread product over its own steps,
+/// summed after in a fixed order. Parallel over C alone, such a product
+/// synchronises its threads once per reduction block and shares A's panels between
+/// them; parts need neither. The split depends on the shape only, never on the
+/// threads, so the result is the same on any machine.
+fn reduction_parts(m: usize, n: usize, k: usize) -> usize {
+    const MIN_STEPS: usize = 1024;
+    const MAX_PARTS: usize = 8;
+    // C small enough that the parts' copies stay in cache (256 KiB each).
+    if k >= 2 * MIN_STEPS && k >= 8 * m.max(n) && m * n <= 1 << 16 {
+        (k / MIN_STEPS).min(MAX_PARTS)
+    } else {
+        1
+    }
+}
+
+/// `c (+)= a·b` as `parts` products over consecutive runs of the reduction (each a
+/// multiple of two steps, so bf16 pairs stay whole), run side by side on one thread
+/// each: the first into `c`, the others into this thread's buffers, then added to
+/// `c` in order.
+#[allow(clippy::too_many_arguments)]
+fn split_reduction<A: Load<f32>, B: Load<f32>>(
+    spec: &kernels::KernelSpec<f32>,
+    parts: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<A>,
+    b: MatRef<B>,
+    c: &mut [f32],
+    accumulate: bool,
+    threads: usize,
+) {
+    use rayon::prelude::*;
+    let per = k.div_ceil(parts).next_multiple_of(2);
+    let parts = k.div_ceil(per);
+    let mn = m * n;
+    scratch::with_scratch(&scratch::PARTS_SCRATCH, |buf| {
+        let rest = buf.slice::<f32>((parts - 1) * mn);
+        let mut outs: [&mut [f32]; 8] = Default::default();
+        outs[0] = &mut *c;
+        for (out, part) in outs[1..].iter_mut().zip(rest.chunks_exact_mut(mn)) {
+            *out = part;
+        }
+        let part = |p: usize, out: &mut [f32]| {
+            let k0 = p * per;
+            let kp = per.min(k - k0);
+            let ap = MatRef {
+                offset: a.offset + k0 * a.col_stride,
+                ..a
+            };
+            let bp = MatRef {
+                offset: b.offset + k0 * b.row_stride,
+                ..b
+            };
+            driver::gemm_oriented(spec, m, n, kp, ap, bp, out, accumulate && p == 0, 1);
+        };
+        let outs = &mut outs[..parts];
+        if threads > 1 {
+            outs.par_iter_mut()
+                .with_max_len(1)
+                .enumerate()
+                .for_each(|(p, out)| part(p, out));
+        } else {
+            outs.iter_mut()
+                .enumerate()
+                .for_each(|(p, out)| part(p, out));
+        }
+        let (first, others) = outs.split_at_mut(1);
+        for other in others.iter() {
+            kiln_tensor::simd::wide(
+                #[inline(always)]
+                || {
+                    for (c, v) in first[0].iter_mut().zip(other.iter()) {
+                        *c += *v;
+                    }
+                },
+            );
+        }
+    });
 }
 
 /// The kernel a product of two bf16 operands runs on this CPU: `"avx512-bf16"` (bf16

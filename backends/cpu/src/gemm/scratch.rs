@@ -41,6 +41,8 @@ thread_local! {
     pub(crate) static TASK_SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch::new()) };
     /// Blocks packed once per call and shared read-only with the workers, owned by the calling thread.
     pub(crate) static SHARED_SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch::new()) };
+    /// The partial products of a reduction split into parts, owned by the calling thread.
+    pub(crate) static PARTS_SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch::new()) };
 }
 
 /// Runs `f` with this thread's buffer from `key`.

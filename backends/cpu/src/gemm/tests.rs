@@ -327,6 +327,9 @@ fn sgemm_multi_block() {
         (1, 3000, 300),
         (2100, 33, 9),
         (150, 2100, 40),
+        // Long reductions into a small C, split into parts (an odd length; four parts).
+        (40, 70, 3001),
+        (64, 300, 4100),
     ];
     for isa in isas() {
         for threads in [None, Some(1), Some(2)] {
@@ -685,5 +688,46 @@ fn bf16_products_run_on_the_dot_kernel_where_the_cpu_has_it() {
         assert!(dot.iter().all(|&v| v == 0.0), "the dot kernel did not run");
     } else {
         assert!(dot.iter().all(|&v| v == exact));
+    }
+}
+
+/// A product whose reduction splits into parts gives the same bits whatever the
+/// threads (the split depends on the shape alone), and the parts cover every step.
+#[test]
+fn split_reductions_do_not_depend_on_the_threads() {
+    let (m, n, k) = (48, 96, 5000);
+    assert!(super::reduction_parts(m, n, k) > 1);
+    let mut rng = Rng(3);
+    let a: Vec<f32> = (0..m * k).map(|_| rng.val()).collect();
+    let b: Vec<f32> = (0..k * n).map(|_| rng.val()).collect();
+    let c0: Vec<f32> = (0..m * n).map(|_| rng.val()).collect();
+    let run = |threads| {
+        let opts = GemmOptions {
+            threads: Some(threads),
+            ..GemmOptions::default()
+        };
+        let mut c = c0.clone();
+        let (a, b) = (MatRef::row_major(&a, k), MatRef::row_major(&b, n));
+        sgemm_with(&opts, m, n, k, a, b, &mut c, true);
+        c
+    };
+    let one = run(1);
+    for threads in [2, 3] {
+        let got = run(threads);
+        assert!(one
+            .iter()
+            .zip(&got)
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+    // Exact: products of multiples of 1/64 are multiples of 1/4096, and these partial
+    // sums stay far below 2^24 / 4096 in magnitude, so f32 adds them without rounding.
+    for i in 0..m {
+        for j in 0..n {
+            let want: f64 = (0..k)
+                .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
+                .sum::<f64>()
+                + f64::from(c0[i * n + j]);
+            assert_eq!(f64::from(one[i * n + j]), want, "c[{i},{j}]");
+        }
     }
 }
