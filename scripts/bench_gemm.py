@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Alternates our bench_gemm example and the same shapes in PyTorch (2 threads),
-shape by shape for several rounds, then prints per-shape medians (of the
-per-run medians) and the ours/torch ratio.
+and with --peer the `gemm` crate (scripts/gemm_peer), shape by shape for several
+rounds, then prints per-shape medians (of the per-run medians) and the ratios.
 
-Usage: python3 bench_vs_torch.py [--rounds 5] [--filter SUBSTR] [--bin PATH]
-                                 [--threads 2] [--cputime] [--best]
-Build first: cargo build --release -p kiln-cpu --examples
+Usage: python3 scripts/bench_gemm.py [--rounds 5] [--filter SUBSTR] [--bin PATH]
+                                     [--threads 2] [--cputime] [--best] [--peer PATH]
+Build first: cargo build --release -p kiln-cpu --examples, and for --peer
+(cd scripts/gemm_peer && cargo build --release).
 """
 import argparse
 import re
@@ -30,6 +31,17 @@ SHAPES = [
     (256, 1024, 10, "nn"),
     (4, 1024, 784, "nt"),
     (64, 64, 64, "nn"),
+    # The small GPT's products (width 128, MLP 512, 4,096 tokens a step): forward
+    # against [out, in] weights, input gradients, weight gradients.
+    (4096, 128, 128, "nt"),
+    (4096, 512, 128, "nt"),
+    (4096, 128, 512, "nt"),
+    (4096, 128, 128, "nn"),
+    (4096, 128, 512, "nn"),
+    (4096, 512, 128, "nn"),
+    (128, 128, 4096, "tn"),
+    (128, 512, 4096, "tn"),
+    (512, 128, 4096, "tn"),
 ]
 
 
@@ -71,6 +83,16 @@ def ours_shape(binary, key, samples, threads, cputime=False, best=False):
     raise RuntimeError(f"no figure for {key!r} in:\n{text}")
 
 
+def peer_shape(binary, m, n, k, layout, samples, threads):
+    """The `gemm` crate's GFLOP/s on one shape (median wall time)."""
+    text = subprocess.run([binary, f"{m}x{n}x{k}", layout, str(threads), str(samples)],
+                          check=True, capture_output=True, text=True).stdout
+    mt = re.search(r"gflops=([\d.]+)", text)
+    if not mt:
+        raise RuntimeError(f"no figure in:\n{text}")
+    return float(mt.group(1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -90,10 +112,13 @@ def main():
         help="fastest batch and best round instead of medians (interference only slows "
         "things down, so on a busy machine this approximates the unloaded speed)",
     )
+    ap.add_argument("--peer", default=None,
+                    help="the gemm crate's benchmark (scripts/gemm_peer/target/release/"
+                    "kiln-gemm-peer): a third column, median wall time")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     shapes = [s for s in SHAPES if not args.filter or args.filter in f"{s[0]}x{s[1]}x{s[2]} {s[3]}"]
-    ours, theirs = {}, {}
+    ours, theirs, peer = {}, {}, {}
     for r in range(args.rounds):
         # Alternate per shape, so both sides see the same machine load.
         for m, n, k, layout in shapes:
@@ -102,15 +127,23 @@ def main():
             t = torch_shape(m, n, k, layout, args.samples, args.cputime, args.best)
             ours.setdefault(key, []).append(o)
             theirs.setdefault(key, []).append(t)
+            if args.peer:
+                p = peer_shape(args.peer, m, n, k, layout, args.samples, args.threads)
+                peer.setdefault(key, []).append(p)
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     mode = "best process-CPU-time" if args.cputime else ("best wall time" if args.best else "median wall time")
     print(f"torch {torch.__version__} threads={torch.get_num_threads()} rounds={args.rounds} ({mode})")
-    print(f"{'shape':<22}{'ours GF/s':>10}{'torch GF/s':>11}{'ratio':>8}")
+    extra = f"{'gemm GF/s':>10}{'vs gemm':>8}" if args.peer else ""
+    print(f"{'shape':<22}{'ours GF/s':>10}{'torch GF/s':>11}{'ratio':>8}{extra}")
     for m, n, k, layout in shapes:
         key = f"{m}x{n}x{k} {layout}"
         agg = max if args.cputime or args.best else statistics.median
         o, t = agg(ours[key]), agg(theirs[key])
-        print(f"{key:<22}{o:>10.1f}{t:>11.1f}{o / t:>8.2f}")
+        extra = ""
+        if args.peer:
+            p = statistics.median(peer[key])
+            extra = f"{p:>10.1f}{o / p:>8.2f}"
+        print(f"{key:<22}{o:>10.1f}{t:>11.1f}{o / t:>8.2f}{extra}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,17 @@ const SHAPES: &[(usize, usize, usize, &str)] = &[
     (256, 1024, 10, "nn"),
     (4, 1024, 784, "nt"),
     (64, 64, 64, "nn"),
+    // The small GPT's products (width 128, MLP 512, 4,096 tokens a step): forward
+    // against `[out, in]` weights, input gradients, weight gradients.
+    (4096, 128, 128, "nt"),
+    (4096, 512, 128, "nt"),
+    (4096, 128, 512, "nt"),
+    (4096, 128, 128, "nn"),
+    (4096, 128, 512, "nn"),
+    (4096, 512, 128, "nn"),
+    (128, 128, 4096, "tn"),
+    (128, 512, 4096, "tn"),
+    (512, 128, 4096, "tn"),
 ];
 
 fn rand_vec(len: usize, seed: u64) -> Vec<f32> {
