@@ -433,7 +433,16 @@ pub fn attention_bf16_into(
     outs: &mut [&mut CpuStorage],
 ) -> Result<bool> {
     let grouped = ops.len() == 1 || kiln_tensor::attention::one_pass(ops);
-    if !grouped || ops.len() != outs.len() || ops.len() > 3 || views.is_empty() || views.len() > 6 {
+    let attends = ops.iter().all(|op| {
+        let reads = match op {
+            Op::Attention(_) => 3,
+            Op::AttentionLse(_) => 2,
+            Op::AttentionGrad { .. } => 6,
+            _ => return false,
+        };
+        views.len() >= reads
+    });
+    if !grouped || !attends || ops.len() != outs.len() || ops.len() > 3 || views.len() > 6 {
         return Ok(false);
     }
     // bf16 operands, and a gradient's statistics (`lse`, `delta`) in f32.

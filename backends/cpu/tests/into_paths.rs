@@ -32,7 +32,8 @@ fn bits(s: &CpuStorage) -> Vec<u32> {
 }
 
 /// `op` through `execute` and through `execute_into` into a stale buffer of `dtype`
-/// (one element longer than the result, as a reused slot may be), equal bit for bit.
+/// (one element longer than the result, as a reused slot may be), equal bit for bit,
+/// the buffer written in place (not replaced).
 fn same_both_ways(op: &Op, inputs: &[&RawTensor<Cpu>], dims: &[usize], dtype: DType) -> Result<()> {
     let views: Vec<View<'_, Cpu>> = inputs.iter().map(|t| t.view()).collect();
     let meta = TensorMeta::new(dims.to_vec(), dtype);
@@ -40,12 +41,29 @@ fn same_both_ways(op: &Op, inputs: &[&RawTensor<Cpu>], dims: &[usize], dtype: DT
     let n: usize = dims.iter().product();
     let mut out = match dtype {
         DType::F32 => CpuStorage::F32(vec![f32::from_bits(0x7fc0_1234); n + 1].into()),
+        DType::BF16 => CpuStorage::BF16(vec![half::bf16::from_bits(0x7fc3); n + 1].into()),
         DType::Bool => CpuStorage::Bool(vec![true; n + 1].into()),
         other => panic!("unexpected dtype {other}"),
     };
     Cpu::execute_into(&CpuDevice, op, &views, &meta, &mut out)?;
+    assert_eq!(out.len(), n + 1, "{} replaced its buffer", op.name());
     assert_eq!(bits(&out)[..n], bits(&want)[..], "{}", op.name());
     Ok(())
+}
+
+/// bf16 products (batched, a transposed and a broadcast operand, a long reduction that
+/// splits into parts) into their slots are the allocating products.
+#[test]
+fn bf16_products_into_their_slots_are_the_allocating_products() -> Result<()> {
+    let half = |x: RawTensor<Cpu>| x.cast(DType::BF16);
+    let a = half(random(&[3, 40, 70], 31)?)?;
+    let b = half(random(&[3, 50, 70], 32)?)?.permute(&[0, 2, 1])?;
+    same_both_ways(&Op::MatMul, &[&a, &b], &[3, 40, 50], DType::BF16)?;
+    let w = half(random(&[70, 50], 33)?)?.broadcast_to(&[3, 70, 50])?;
+    same_both_ways(&Op::MatMul, &[&a, &w], &[3, 40, 50], DType::BF16)?;
+    let x = half(random(&[4096, 64], 34)?)?.permute(&[1, 0])?;
+    let g = half(random(&[4096, 96], 35)?)?;
+    same_both_ways(&Op::MatMul, &[&x, &g], &[64, 96], DType::BF16)
 }
 
 #[test]
