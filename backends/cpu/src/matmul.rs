@@ -154,12 +154,18 @@ pub fn matmul_f32_into(
     let (CpuStorage::F32(x), CpuStorage::F32(y)) = (a, b) else {
         return false;
     };
-    let r = la.rank();
-    let mkn = [la.dims()[r - 2], la.dims()[r - 1], lb.dims()[r - 1]];
-    let len = la.dims().as_slice()[..r - 2].iter().product::<usize>() * mkn[0] * mkn[2];
+    let (mkn, len) = product_sizes(la, lb);
     let (oa, ob) = (|i| batch_offset(la, i), |i| batch_offset(lb, i));
     f32_into(x, la, &oa, y, lb, &ob, mkn, &mut c[..len]);
     true
+}
+
+/// `[M, K, N]` of the product of views `la` and `lb`, and its element count.
+fn product_sizes(la: &Layout, lb: &Layout) -> ([usize; 3], usize) {
+    let r = la.rank();
+    let mkn = [la.dims()[r - 2], la.dims()[r - 1], lb.dims()[r - 1]];
+    let len = la.dims().as_slice()[..r - 2].iter().product::<usize>() * mkn[0] * mkn[2];
+    (mkn, len)
 }
 
 thread_local! {
@@ -182,9 +188,7 @@ pub fn matmul_bf16_into(
     let (CpuStorage::BF16(x), CpuStorage::BF16(y)) = (a, b) else {
         return false;
     };
-    let r = la.rank();
-    let mkn = [la.dims()[r - 2], la.dims()[r - 1], lb.dims()[r - 1]];
-    let len = la.dims().as_slice()[..r - 2].iter().product::<usize>() * mkn[0] * mkn[2];
+    let (mkn, len) = product_sizes(la, lb);
     let (oa, ob) = (|i| batch_offset(la, i), |i| batch_offset(lb, i));
     UNROUNDED.with(|buf| {
         let Ok(mut buf) = buf.try_borrow_mut() else {

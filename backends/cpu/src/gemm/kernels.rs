@@ -294,6 +294,20 @@ mod x86 {
     use super::generic_kernel;
     use std::arch::x86_64::*;
 
+    /// Runs `$body` with the const `$R` set to `$rows` (which the kernels' contract
+    /// keeps within 1..=14): the 14-row kernels' dispatch on an edge panel's valid rows.
+    macro_rules! rows_1_to_14 {
+        ($rows:expr, $R:ident => $body:expr) => {
+            rows_1_to_14!(@arms $rows, $R, $body, [14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2])
+        };
+        (@arms $rows:expr, $R:ident, $body:expr, [$($n:literal),*]) => {
+            match $rows {
+                $($n => { const $R: usize = $n; $body })*
+                _ => { const $R: usize = 1; $body }
+            }
+        };
+    }
+
     /// AVX2+FMA f32 kernel (6x16: 12 ymm accumulators).
     ///
     /// # Safety
@@ -378,39 +392,9 @@ mod x86 {
         // SAFETY (all arms): forwarded contract; R == rows <= 14.
         unsafe {
             if rs_b == 32 {
-                match rows {
-                    14 => s_rows::<14, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    13 => s_rows::<13, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    12 => s_rows::<12, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    11 => s_rows::<11, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    10 => s_rows::<10, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    9 => s_rows::<9, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    8 => s_rows::<8, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    7 => s_rows::<7, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    6 => s_rows::<6, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    5 => s_rows::<5, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    4 => s_rows::<4, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    3 => s_rows::<3, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    2 => s_rows::<2, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    _ => s_rows::<1, false>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                }
+                rows_1_to_14!(rows, R => s_rows::<R, false>(kc, a, b, rs_b, c, rs_c, cols, load_c))
             } else {
-                match rows {
-                    14 => s_rows::<14, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    13 => s_rows::<13, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    12 => s_rows::<12, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    11 => s_rows::<11, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    10 => s_rows::<10, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    9 => s_rows::<9, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    8 => s_rows::<8, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    7 => s_rows::<7, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    6 => s_rows::<6, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    5 => s_rows::<5, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    4 => s_rows::<4, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    3 => s_rows::<3, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    2 => s_rows::<2, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                    _ => s_rows::<1, true>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                }
+                rows_1_to_14!(rows, R => s_rows::<R, true>(kc, a, b, rs_b, c, rs_c, cols, load_c))
             }
         }
     }
@@ -540,22 +524,7 @@ mod x86 {
         let pairs = kc.div_ceil(2);
         // SAFETY (all arms): forwarded contract; R == rows <= 14.
         unsafe {
-            match rows {
-                14 => bf16_rows::<14>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                13 => bf16_rows::<13>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                12 => bf16_rows::<12>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                11 => bf16_rows::<11>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                10 => bf16_rows::<10>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                9 => bf16_rows::<9>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                8 => bf16_rows::<8>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                7 => bf16_rows::<7>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                6 => bf16_rows::<6>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                5 => bf16_rows::<5>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                4 => bf16_rows::<4>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                3 => bf16_rows::<3>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                2 => bf16_rows::<2>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-                _ => bf16_rows::<1>(pairs, a, b, rs_b, c, rs_c, cols, load_c),
-            }
+            rows_1_to_14!(rows, R => bf16_rows::<R>(pairs, a, b, rs_b, c, rs_c, cols, load_c))
         }
     }
 
@@ -617,24 +586,7 @@ mod x86 {
         load_c: bool,
     ) {
         // SAFETY (all arms): forwarded contract; R == rows <= 14.
-        unsafe {
-            match rows {
-                14 => d_rows::<14>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                13 => d_rows::<13>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                12 => d_rows::<12>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                11 => d_rows::<11>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                10 => d_rows::<10>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                9 => d_rows::<9>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                8 => d_rows::<8>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                7 => d_rows::<7>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                6 => d_rows::<6>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                5 => d_rows::<5>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                4 => d_rows::<4>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                3 => d_rows::<3>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                2 => d_rows::<2>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-                _ => d_rows::<1>(kc, a, b, rs_b, c, rs_c, cols, load_c),
-            }
-        }
+        unsafe { rows_1_to_14!(rows, R => d_rows::<R>(kc, a, b, rs_b, c, rs_c, cols, load_c)) }
     }
 
     /// The 14x16 f64 kernel restricted to its first `R` rows.
