@@ -114,6 +114,17 @@ fn f32_into<A: GemmInput, B: GemmInput>(
     if m * n == 0 {
         return;
     }
+    // A batch of row blocks against one shared matrix (a linear layer over [B, T, K]
+    // tokens): one tall product, so the shared matrix is packed once and the threads
+    // split the rows, instead of one small product per batch element.
+    if let Some(rows) = folded_rows(la, lb, m) {
+        let a = MatRef {
+            row_stride: la.strides()[la.rank() - 2],
+            ..mat(a, la, oa(0))
+        };
+        sgemm(rows, n, k, a, mat(b, lb, ob(0)), c, false);
+        return;
+    }
     // Many small products (conv as a batched matmul, attention heads): one thread per
     // product beats splitting each small product across threads.
     let per = m * n * k;
@@ -139,6 +150,30 @@ fn f32_into<A: GemmInput, B: GemmInput>(
             sgemm(m, n, k, mat(a, la, oa(i)), mat(b, lb, ob(i)), cm, false);
         }
     }
+}
+
+/// The row count of the product as one `[rows, K] × [K, N]` product, when its batch
+/// can fold into the rows: `b` is the same matrix for every batch element (broadcast
+/// batch dims) and `a`'s batch dims continue its row stride (row blocks stacked in
+/// storage). `None` for a single product or batches that do not fold.
+fn folded_rows(la: &Layout, lb: &Layout, m: usize) -> Option<usize> {
+    let r = la.rank();
+    let (dims, a_strides, b_strides) = (la.dims().as_slice(), la.strides(), lb.strides());
+    let batch: usize = dims[..r - 2].iter().product();
+    if batch <= 1 {
+        return None;
+    }
+    let mut next = a_strides[r - 2].checked_mul(m)?;
+    for axis in (0..r - 2).rev() {
+        if dims[axis] == 1 {
+            continue;
+        }
+        if b_strides[axis] != 0 || a_strides[axis] != next || next == 0 {
+            return None;
+        }
+        next = next.checked_mul(dims[axis])?;
+    }
+    Some(batch * m)
 }
 
 /// An f32 product `[.., M, K] × [.., K, N]` written into the first elements of `c`
@@ -215,4 +250,91 @@ pub fn matmul_bf16_into(
             });
         true
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(dims: &[usize], strides: &[usize]) -> Layout {
+        Layout::from_parts(Dims::new(dims).unwrap(), strides, 0)
+    }
+
+    #[test]
+    fn only_stacked_rows_against_a_shared_matrix_fold() {
+        let a = layout(&[2, 3, 5, 4], &[60, 20, 4, 1]);
+        let shared = layout(&[2, 3, 4, 6], &[0, 0, 6, 1]);
+        assert_eq!(folded_rows(&a, &shared, 5), Some(30));
+        // A transposed shared matrix folds as well; its own strides are the GEMM's.
+        let shared_t = layout(&[2, 3, 4, 6], &[0, 0, 1, 4]);
+        assert_eq!(folded_rows(&a, &shared_t, 5), Some(30));
+        // One matrix per batch element: nothing to share.
+        let batched = layout(&[2, 3, 4, 6], &[72, 24, 6, 1]);
+        assert_eq!(folded_rows(&a, &batched, 5), None);
+        // Rows that do not continue across batch elements (a slice, permuted batch dims).
+        let gapped = layout(&[2, 3, 5, 4], &[66, 22, 4, 1]);
+        assert_eq!(folded_rows(&gapped, &shared, 5), None);
+        let permuted = layout(&[3, 2, 5, 4], &[20, 60, 4, 1]);
+        let shared32 = layout(&[3, 2, 4, 6], &[0, 0, 6, 1]);
+        assert_eq!(folded_rows(&permuted, &shared32, 5), None);
+        // Transposed rows (a column-major A) do not stack.
+        let a_t = layout(&[2, 5, 4], &[20, 1, 5]);
+        assert_eq!(folded_rows(&a_t, &layout(&[2, 4, 6], &[0, 6, 1]), 5), None);
+        // Size-1 batch dims are skipped; a single product is not a batch.
+        let a1 = layout(&[1, 3, 5, 4], &[999, 20, 4, 1]);
+        let s1 = layout(&[1, 3, 4, 6], &[7, 0, 6, 1]);
+        assert_eq!(folded_rows(&a1, &s1, 5), Some(15));
+        assert_eq!(folded_rows(&layout(&[1, 5, 4], &[20, 4, 1]), &s1, 5), None);
+    }
+
+    /// The folded product against one product per batch element (bit for bit) and
+    /// against an f64 reference, over sizes that cross the kernels' tiles.
+    #[test]
+    fn folded_products_are_the_per_batch_products() {
+        for &(batch, m, k, n, transposed) in &[
+            (3usize, 5usize, 7usize, 9usize, false),
+            (4, 30, 70, 50, true),
+            (32, 16, 128, 40, false),
+            (2, 1, 33, 17, true),
+        ] {
+            let a: Vec<f32> = (0..batch * m * k)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+                .collect();
+            let w: Vec<f32> = (0..k * n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 30.0).collect();
+            let la = Layout::contiguous(Dims::new(&[batch, m, k]).unwrap());
+            // The weight as `[k, n]`, or as `[n, k]` read transposed, broadcast over the batch.
+            let lb = if transposed {
+                layout(&[batch, k, n], &[0, 1, k])
+            } else {
+                layout(&[batch, k, n], &[0, n, 1])
+            };
+            assert_eq!(folded_rows(&la, &lb, m), Some(batch * m));
+            let (sa, sb) = (CpuStorage::F32(a.clone().into()), CpuStorage::F32(w.clone().into()));
+            let CpuStorage::F32(got) = matmul(&sa, &la, &sb, &lb).unwrap() else {
+                panic!("an f32 product is f32");
+            };
+            let mut want = vec![0f32; batch * m * n];
+            for (i, c) in want.chunks_mut(m * n).enumerate() {
+                let ai = MatRef {
+                    data: &a[..],
+                    offset: i * m * k,
+                    row_stride: k,
+                    col_stride: 1,
+                };
+                sgemm(m, n, k, ai, mat(&w[..], &lb, 0), c, false);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{batch}x{m}x{k}x{n}");
+            for (i, g) in got.iter().enumerate() {
+                let (row, col) = (i / n, i % n);
+                let exact: f64 = (0..k)
+                    .map(|p| {
+                        let wv = if transposed { w[col * k + p] } else { w[p * n + col] };
+                        a[row * k + p] as f64 * wv as f64
+                    })
+                    .sum();
+                assert!((*g as f64 - exact).abs() <= 1e-4 * (1.0 + exact.abs()), "{i}: {g} vs {exact}");
+            }
+        }
+    }
 }
