@@ -940,10 +940,12 @@ fn grads_one<C: BlockGemm>(
     let (lse, delta) = (x.lse.rows(b, 0), x.delta.rows(b, 0));
     let BlockScratch { p, z, pz, ds, .. } = sc;
     for (j0, j1) in blocks(n.tk, KEY_BLOCK) {
-        let bj = j1 - j0;
         let first_query = if spec.causal { j0 } else { 0 };
         for (i0, i1) in blocks(n.tq, QUERY_BLOCK).filter(|&(_, i1)| i1 > first_query) {
             let bi = i1 - i0;
+            // Under a causal mask this block's queries see none of the keys past the
+            // last query: their probabilities are 0 and every product skips them.
+            let bj = visible(spec, i1 - 1, j0, j1 - j0);
             // The probabilities, recomputed from the saved log-sum-exp.
             let p = &mut p[..bi * bj];
             C::gemm(bi, bj, n.e, x.q.rows(b, i0), x.k.rows(b, j0).t(), p, false);
@@ -983,7 +985,7 @@ fn grads_one<C: BlockGemm>(
                 None => p,
             };
             if let Some(dv) = outs.v.as_deref_mut() {
-                let target = &mut dv[j0 * n.ev..j1 * n.ev];
+                let target = &mut dv[j0 * n.ev..(j0 + bj) * n.ev];
                 let wt = block(weights, bj, true);
                 C::gemm(bj, n.ev, bi, wt, x.g.rows(b, i0), target, true);
             }
@@ -1020,7 +1022,7 @@ fn grads_one<C: BlockGemm>(
                 },
             );
             if let Some(dk) = outs.k.as_deref_mut() {
-                let target = &mut dk[j0 * n.e..j1 * n.e];
+                let target = &mut dk[j0 * n.e..(j0 + bj) * n.e];
                 C::gemm(
                     bj,
                     n.e,

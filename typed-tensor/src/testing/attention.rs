@@ -296,6 +296,8 @@ pub fn attention_cases(config: &Config) -> BoxedStrategy<AttentionCase> {
         6 => (0..=9usize, 0..=9usize, 0..=8usize, 0..=8usize),
         1 => (1..=2usize, 17..=40usize, 16..=64usize, 1..=24usize),
         1 => (65..=72usize, 65..=72usize, 1..=8usize, 1..=8usize),
+        // Past one key block (128): the causal pass's second block row.
+        1 => (129..=140usize, 129..=140usize, 1..=3usize, 1..=3usize),
     ];
     let scale = prop_oneof![
         3 => Just(None),
