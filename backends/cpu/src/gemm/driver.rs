@@ -125,6 +125,11 @@ fn tasks_per_thread() -> usize {
     })
 }
 
+/// The most f32 values of packed A (8 MiB) for which one block takes all of A's rows
+/// (a product with 4,096 rows and a reduction of up to 512 steps): measured on a Zen 4,
+/// 4096x128x128 went from 165 to 184 GFLOP/s and 4096x128x256 from 171 to 185.
+const WHOLE_A_FLOATS: usize = 1 << 21;
+
 /// Smallest column block (in B panels) worth a task of its own: below this the
 /// A panel brought into L1 is reused across too few B panels.
 const MIN_BLOCK_PANELS: usize = 4;
@@ -186,7 +191,16 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
 ) {
     let (mr, nr) = (spec.mr, spec.nr);
     let kc_blk = balanced_block(k, spec.kc, 1);
-    let mc_blk = balanced_block(m, spec.mc, mr);
+    // A tall product with a short reduction (a linear layer over a batch of tokens)
+    // keeps all of A in one block when its panels are small enough: one parallel phase
+    // instead of several, B packed once per task instead of once per task and block,
+    // and the tasks balanced over all rows.
+    let whole = m.next_multiple_of(mr);
+    let mc_blk = if whole * kc_blk <= WHOLE_A_FLOATS {
+        whole
+    } else {
+        balanced_block(m, spec.mc, mr)
+    };
     let asrc = PanelSrc {
         data: a.data,
         off: a.offset,

@@ -330,6 +330,9 @@ fn sgemm_multi_block() {
         // Long reductions into a small C, split into parts (an odd length; four parts).
         (40, 70, 3001),
         (64, 300, 4100),
+        // All of A in one block: two column blocks sharing its panels; two k blocks.
+        (4100, 420, 130),
+        (5000, 40, 600),
     ];
     for isa in isas() {
         for threads in [None, Some(1), Some(2)] {
