@@ -128,7 +128,10 @@ mod tests {
         let check = |what: String, copies: Vec<(&str, Vec<u32>)>| {
             let (_, plain) = &copies[0];
             for (name, got) in &copies[1..] {
-                assert_eq!(plain, got, "{what}: the {name} copy differs from the baseline");
+                assert_eq!(
+                    plain, got,
+                    "{what}: the {name} copy differs from the baseline"
+                );
             }
         };
         for &op in UnaryOp::ALL {

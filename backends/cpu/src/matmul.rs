@@ -300,7 +300,9 @@ mod tests {
             let a: Vec<f32> = (0..batch * m * k)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
                 .collect();
-            let w: Vec<f32> = (0..k * n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 30.0).collect();
+            let w: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 30.0)
+                .collect();
             let la = Layout::contiguous(Dims::new(&[batch, m, k]).unwrap());
             // The weight as `[k, n]`, or as `[n, k]` read transposed, broadcast over the batch.
             let lb = if transposed {
@@ -309,7 +311,10 @@ mod tests {
                 layout(&[batch, k, n], &[0, n, 1])
             };
             assert_eq!(folded_rows(&la, &lb, m), Some(batch * m));
-            let (sa, sb) = (CpuStorage::F32(a.clone().into()), CpuStorage::F32(w.clone().into()));
+            let (sa, sb) = (
+                CpuStorage::F32(a.clone().into()),
+                CpuStorage::F32(w.clone().into()),
+            );
             let CpuStorage::F32(got) = matmul(&sa, &la, &sb, &lb).unwrap() else {
                 panic!("an f32 product is f32");
             };
@@ -329,11 +334,18 @@ mod tests {
                 let (row, col) = (i / n, i % n);
                 let exact: f64 = (0..k)
                     .map(|p| {
-                        let wv = if transposed { w[col * k + p] } else { w[p * n + col] };
+                        let wv = if transposed {
+                            w[col * k + p]
+                        } else {
+                            w[p * n + col]
+                        };
                         a[row * k + p] as f64 * wv as f64
                     })
                     .sum();
-                assert!((*g as f64 - exact).abs() <= 1e-4 * (1.0 + exact.abs()), "{i}: {g} vs {exact}");
+                assert!(
+                    (*g as f64 - exact).abs() <= 1e-4 * (1.0 + exact.abs()),
+                    "{i}: {g} vs {exact}"
+                );
             }
         }
     }
