@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|attention|dropout|oom|w3step|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|attention|dropout|oom|w3step|w3profile|w3check|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -103,6 +103,30 @@ case $W in
     models_data
     run 300 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3,w3-bf16 --reps 30
     for p in f32 bf16; do
+      run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
+      run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
+    done ;;
+  w3profile)
+    # W3's step on CUDA (kiln-bench: planned and replayed, f32 and bf16 products), then
+    # each kernel's GPU time over exactly one planned step of each (KILN_PROFILE_STEP:
+    # the step inside a profiler range; ncu with the clocks left alone).
+    models_data
+    run 300 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-bf16,w3 --reps 30
+    for c in w3-bf16 w3; do
+      echo "== ncu $c (one planned step)"
+      KILN_PROFILE_STEP=1 timeout 240 /usr/local/cuda/bin/ncu --profile-from-start off --clock-control none \
+        --metrics gpu__time_duration.sum --csv $B/kiln-bench --device cuda --data models/data \
+        --workloads w3 --w3-configs $c --reps 1 > "$OUT/prof-$c.csv" 2>"$OUT/prof-$c.err"
+      python3 $B/ncu_sum.py "$OUT/prof-$c.csv" | head -45
+    done ;;
+  w3check)
+    # Issue 30's changes on CUDA: the attention and scatter-add conformance families
+    # (the forward pass with its statistics and the keys' and values' gradients in one
+    # launch, against the ops alone and the f64 reference; an embedding's gradient by
+    # rows), then the w3profile figures and PyTorch's eager and compiled W3 steps.
+    [ -x $B/conformance_test ] && run 400 $B/conformance_test --test-threads 1 attention scatter
+    bash $0 w3profile
+    for p in bf16 f32; do
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
       run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
     done ;;

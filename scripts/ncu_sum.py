@@ -9,7 +9,7 @@ for r in rows:
     v = float(r["Metric Value"].replace(",", ""))
     us = v / 1000 if r["Metric Unit"] in ("ns", "nsecond") else (v if r["Metric Unit"] in ("us", "usecond") else v * 1000)
     total += us
-    k = r["Kernel Name"][:60]
+    k = r["Kernel Name"][:110]
     c, t = names.get(k, (0, 0.0))
     names[k] = (c + 1, t + us)
 print(f"kernels={sum(c for c, _ in names.values())} gpu_us={total:.1f}")

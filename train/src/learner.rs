@@ -102,6 +102,9 @@ pub struct EpochReport {
     pub lr: f64,
     /// Training examples a second over the epoch (evaluation not counted).
     pub examples_per_second: f64,
+    /// Seconds the epoch's steps took (`save_every` states included; its evaluation
+    /// and end-of-epoch state left out).
+    pub train_seconds: f64,
     /// Seconds the epoch took, evaluation included.
     pub seconds: f64,
     /// Seconds the remaining epochs should take at this epoch's pace.
@@ -853,6 +856,7 @@ impl<'a, B: Backend> Run<'a, B> {
                 train_loss,
                 lr,
                 examples_per_second: examples as f64 / train_seconds.max(1e-9),
+                train_seconds,
                 seconds,
                 eta_seconds: seconds * (self.epochs - epoch - 1) as f64,
                 eval_loss,

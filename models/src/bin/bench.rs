@@ -10,8 +10,11 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use kiln::device::{run_on, OnDevice};
 use kiln::dynamic::LazyTensor;
 use kiln::prelude::*;
+use kiln::tensor::HostData;
 use kiln::tensor::{DType, RandDist};
+use kiln::train::learner::Supervised;
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+use kiln::train::replay::{StepInput, StepReplay};
 use kiln_models::chain::Chain;
 use kiln_models::dynamic::DynamicMlp;
 use kiln_models::gpt::{GptModel, Ids};
@@ -255,7 +258,7 @@ use w3_instances::{SmallGptBf16, W3Gpt, W3GptBf16};
 
 /// W3 in one configuration: a GPT training step (loss and gradients over `B` windows
 /// of the model's context, then AdamW) on seeded windows of the Shakespeare text.
-fn w3_config<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
+fn w3_config<Be: Backend, M: GptModel<Be> + Supervised<Be>, const B: usize, const T: usize>(
     dev: &Be::Device,
     name: &str,
     config: &str,
@@ -269,23 +272,77 @@ fn w3_config<Be: Backend, M: GptModel<Be>, const B: usize, const T: usize>(
         ..AdamWConfig::default()
     })?;
     let (ids, next) = windows(&corpus.train, B, T, 7)?;
-    let x = Ids::<Be, B, T>::from_vec(ids, &[B, T], dev)?;
-    let y = Ids::<Be, B, T>::from_vec(next, &[B, T], dev)?;
+    let x = Ids::<Be, B, T>::from_vec(ids.clone(), &[B, T], dev)?;
+    let y = Ids::<Be, B, T>::from_vec(next.clone(), &[B, T], dev)?;
     let ms = time_ms::<Be>(dev, reps, || {
         let (_, grads) = model.loss_and_grad(&x, &y)?;
         opt.step(&mut model, &grads)
     })?;
-    let tokens_per_s = (B * T) as f64 / (ms * 1e-3);
     let kernel = if name == "cpu" && config.ends_with("-bf16") {
         format!(" gemm_bf16={}", kiln::cpu::gemm::bf16_kernel())
     } else {
         String::new()
     };
-    println!(
-        "bench=W3 impl=kiln backend={name} task={config} batch={B} ms={ms:.1} tokens_per_s={tokens_per_s:.0} params={}{kernel}",
-        model.num_params()
-    );
+    let params = model.num_params();
+    let report = |variant: &str, ms: f64| {
+        let tokens_per_s = (B * T) as f64 / (ms * 1e-3);
+        println!(
+            "bench=W3 impl=kiln backend={name} task={config} step={variant} batch={B} ms={ms:.2} tokens_per_s={tokens_per_s:.0} params={params}{kernel}"
+        );
+    };
+    report("planned", ms);
+    if Be::captures(dev) {
+        // The step as `kiln-train` runs it on a capturing device: captured on its
+        // second run, then replayed with the windows written into the graph's inputs
+        // (each replay reads its loss back, as training does).
+        let mut steps = StepReplay::new(dev, true, &opt, <M as Supervised<Be>>::draws_at_random());
+        let dims = [B, T];
+        let mut replayed = || {
+            let inputs = [&ids, &next]
+                .map(|v| StepInput {
+                    data: HostData::I32(v.clone()),
+                    dims: &dims,
+                })
+                .into();
+            steps
+                .step(&mut model, &mut opt, inputs, &mut |m, xy| {
+                    m.loss_and_grads(&xy[0], &xy[1])
+                })
+                .map(drop)
+        };
+        let ms = time_ms::<Be>(dev, reps * 3, &mut replayed)?;
+        let replaying = steps.replaying();
+        steps.finish(&model);
+        if !replaying {
+            return Err(Error::invalid(
+                "kiln-bench",
+                "the device captures, but the W3 step was not replayed",
+            ));
+        }
+        report("replayed", ms);
+    }
+    if std::env::var_os("KILN_PROFILE_STEP").is_some() {
+        profiled_step(name, || {
+            let (_, grads) = model.loss_and_grad(&x, &y)?;
+            opt.step(&mut model, &grads)?;
+            Be::synchronize(dev)
+        })?;
+    }
     Ok(())
+}
+
+/// With `KILN_PROFILE_STEP` set, one more planned step of each W3 configuration runs
+/// inside a CUDA profiler range, for `ncu --profile-from-start off`: exactly one
+/// step's kernels (the planned step launches what a replay does).
+fn profiled_step(name: &str, step: impl FnOnce() -> Result<()>) -> Result<()> {
+    match name {
+        #[cfg(feature = "cuda")]
+        "cuda" => kiln::cubecl::cuda::profiler_range(step),
+        _ => Err(Error::invalid(
+            "KILN_PROFILE_STEP",
+            format!("profiles a CUDA step, not one on {name}"),
+        )),
+    }
 }
 
 /// W3: the GPT training step in the small configuration and, when asked for, in W3's

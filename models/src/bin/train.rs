@@ -265,6 +265,8 @@ impl Files {
 struct Finished {
     steps: u64,
     seconds: f64,
+    /// The seconds its steps took, evaluations left out.
+    step_seconds: f64,
     train_loss: Option<f64>,
     eval_loss: f64,
     metrics: Vec<(String, f64)>,
@@ -347,6 +349,7 @@ where
         Ok(Some(Finished {
             steps: last.map_or(0, |r| r.step - learner.first_step()),
             seconds,
+            step_seconds: reports.iter().map(|r| r.train_seconds).sum(),
             train_loss: last.map(|r| r.train_loss),
             eval_loss,
             metrics,
@@ -681,10 +684,11 @@ mod gpt {
             .train_loss
             .map_or_else(|| "-".to_string(), |l| format!("{l:.3}"));
         println!(
-            "trained {} steps in {:.1}s ({:.1} ms per step); train loss {train_loss}, held-out loss {:.3} nats/byte over the whole held-out text",
+            "trained {} steps in {:.1}s ({:.1} ms per step; {:.1} steps/s without evaluations); train loss {train_loss}, held-out loss {:.3} nats/byte over the whole held-out text",
             done.steps,
             done.seconds,
             done.seconds * 1e3 / done.steps.max(1) as f64,
+            done.steps as f64 / done.step_seconds.max(1e-9),
             done.eval_loss
         );
         Ok(())

@@ -86,6 +86,19 @@ impl CubeDevice<CudaRuntime> {
     }
 }
 
+/// Runs `f` between `cuProfilerStart` and `cuProfilerStop`, so that `ncu
+/// --profile-from-start off` profiles exactly the kernels it launches (`f` should
+/// synchronise the device before it returns). Without a profiler attached both calls
+/// do nothing.
+pub fn profiler_range<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: plain driver calls on the current context; a failure only means no profile.
+    unsafe { cudarc::driver::sys::cuProfilerStart() };
+    let out = f();
+    // SAFETY: as above.
+    unsafe { cudarc::driver::sys::cuProfilerStop() };
+    out
+}
+
 /// Runs a call that may panic because a library could not be loaded.
 fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
