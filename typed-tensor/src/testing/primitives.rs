@@ -624,12 +624,68 @@ pub fn scatter_add_cases(config: &Config) -> BoxedStrategy<OpCase> {
         .boxed()
 }
 
-/// `scatter_add`.
+/// Scatter-add whose index is one value per position along the axis, broadcast over
+/// the other dims (an embedding's gradient: row ids over the rows' columns), along
+/// axes short and longer than a GPU cube (up to 600 positions, so that a backend that
+/// reads the index in blocks crosses several).
+pub fn scatter_add_row_cases(config: &Config) -> BoxedStrategy<OpCase> {
+    let dtypes = config.dtypes.clone();
+    (
+        dtype_choice(),
+        index_dtype(),
+        small_shape(1, 3),
+        any::<usize>(),
+        prop_oneof![3 => 0..5usize, 1 => 200..=600usize],
+        1..=40usize,
+    )
+        .prop_flat_map(move |((rejected, k), it, dims, a, along, width)| {
+            let dt = pick_dtype(&dtypes, |d| d != DType::Bool, rejected, k);
+            let axis = a % dims.len();
+            let mut sdims = dims.clone();
+            sdims[axis] = along;
+            if let Some(last) = (0..dims.len()).rev().find(|&d| d != axis) {
+                // Wide rows, as an embedding's, cut into more than one block of columns.
+                sdims[last] = (dims[last] * width).min(300);
+            }
+            let mut out_dims = sdims.clone();
+            out_dims[axis] = dims[axis];
+            let one_per_row: Vec<usize> = (0..sdims.len())
+                .map(|d| if d == axis { along } else { 1 })
+                .collect();
+            let bound = dims[axis];
+            let expanded = sdims.clone();
+            (
+                super::strategy::fresh(one_per_row, it, Domain::IndexOrBad(bound)),
+                input(sdims, dt, Domain::Any),
+            )
+                .prop_map(move |(mut i, s)| {
+                    i.views.push(Op::Expand {
+                        dims: expanded.clone(),
+                    });
+                    OpCase {
+                        op: Op::ScatterAdd {
+                            axis,
+                            dims: out_dims.clone(),
+                        },
+                        inputs: vec![i, s],
+                    }
+                })
+        })
+        .boxed()
+}
+
+/// `scatter_add`, with any index and with one index per position along the axis.
 pub fn scatter_add<B: Backend>(device: &B::Device, config: &Config) {
     run_property(
         "scatter_add",
         config.cases(128),
         scatter_add_cases(config),
+        |c| check_op::<B>(device, &c),
+    );
+    run_property(
+        "scatter_add_rows",
+        config.cases(64),
+        scatter_add_row_cases(config),
         |c| check_op::<B>(device, &c),
     );
 }

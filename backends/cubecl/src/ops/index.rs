@@ -4,7 +4,7 @@ use super::elementwise::arg;
 use crate::device::{DeviceState, KilnRuntime};
 use crate::kernels::index as k;
 use crate::storage::{device_size, CubeStorage};
-use crate::strided::{grid, word, BLOCK};
+use crate::strided::{grid, grid_per_item, word, BLOCK};
 use crate::CubeBackend;
 use kiln_tensor::{DType, Error, Result, TensorMeta, View};
 use std::sync::Arc;
@@ -132,24 +132,48 @@ pub fn scatter_add<R: KilnRuntime>(
     }
     let m = dev.metadata(&w)?;
     let flags = dev.new_flag()?;
-    let (count, dim) = grid(n, BLOCK);
+    // An index constant off the axis (an embedding's row ids broadcast over its
+    // columns) is read once per cube of columns, not once per output element.
+    let (i_dims, i_strides) = (index.layout.dims(), index.layout.strides());
+    let rows = src.layout.numel() > 0
+        && (0..rank).all(|d| d == axis || i_strides[d] == 0 || i_dims[d] == 1);
+    let columns = n / out.dims[axis];
+    let (count, dim) = match rows {
+        true => grid_per_item(out.dims[axis] * columns.div_ceil(BLOCK as usize), BLOCK),
+        false => grid(n, BLOCK),
+    };
     let (r, a) = (rank as u32, axis as u32);
     let c = &dev.client;
     macro_rules! go {
         ($T:ty, $A:ty, $I:ty) => {
             unsafe {
-                k::scatter_add::launch_unchecked::<$T, $A, $I, R>(
-                    c,
-                    count,
-                    dim,
-                    arg(index.storage),
-                    arg(src.storage),
-                    arg(&result),
-                    arg(&m),
-                    arg(&flags),
-                    r,
-                    a,
-                )
+                match rows {
+                    true => k::scatter_add_rows::launch_unchecked::<$T, $A, $I, R>(
+                        c,
+                        count,
+                        dim,
+                        arg(index.storage),
+                        arg(src.storage),
+                        arg(&result),
+                        arg(&m),
+                        arg(&flags),
+                        r,
+                        a,
+                        BLOCK,
+                    ),
+                    false => k::scatter_add::launch_unchecked::<$T, $A, $I, R>(
+                        c,
+                        count,
+                        dim,
+                        arg(index.storage),
+                        arg(src.storage),
+                        arg(&result),
+                        arg(&m),
+                        arg(&flags),
+                        r,
+                        a,
+                    ),
+                }
             }
         };
     }
