@@ -116,7 +116,9 @@ pub use storage::CubeStorage;
 
 use crate::strided::Operand;
 use kiln_tensor::fused::{FusedExpr, NativeFn};
-use kiln_tensor::{Backend, DType, Dims, Error, HostData, Layout, Op, Result, TensorMeta, View};
+use kiln_tensor::{
+    AttentionInput, Backend, DType, Dims, Error, HostData, Layout, Op, Result, TensorMeta, View,
+};
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -351,6 +353,56 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
     ) -> Result<CubeStorage<R>> {
         check_inputs(device, op, inputs)?;
         ops::execute(device, op, inputs, out)
+    }
+
+    fn execute_one_pass_into(
+        device: &CubeDevice<R>,
+        ops: &[&Op],
+        inputs: &[View<'_, Self>],
+        metas: &[&TensorMeta],
+        outs: &mut [&mut CubeStorage<R>],
+    ) -> Result<()> {
+        match (ops, metas, outs) {
+            ([op @ Op::Attention(_), Op::AttentionLse(_)], [meta, _], [out, lse]) => {
+                check_inputs(device, op, inputs)?;
+                for v in inputs {
+                    device.state.check_dtype(op.name(), v.storage.dtype)?;
+                }
+                let (o, l) = ops::attention::attention_with_lse(device, op, inputs, meta)?;
+                **out = o;
+                **lse = l;
+                Ok(())
+            }
+            (ops, metas, outs) => {
+                let wrt = |input| {
+                    ops.iter()
+                        .position(|op| matches!(op, Op::AttentionGrad { wrt, .. } if *wrt == input))
+                };
+                if let (Some(k), Some(v)) = (wrt(AttentionInput::Key), wrt(AttentionInput::Value)) {
+                    check_inputs(device, ops[k], inputs)?;
+                    for x in inputs {
+                        device.state.check_dtype(ops[k].name(), x.storage.dtype)?;
+                    }
+                    let (dk, dv) =
+                        ops::attention::key_and_value_grads(device, ops[k], inputs, metas[k])?;
+                    *outs[k] = dk;
+                    let done = match dv {
+                        Some(dv) => {
+                            *outs[v] = dv;
+                            v
+                        }
+                        None => k,
+                    };
+                    for (i, op) in ops.iter().enumerate() {
+                        if i != k && i != done {
+                            Self::execute_into(device, op, inputs, metas[i], outs[i])?;
+                        }
+                    }
+                    return Ok(());
+                }
+                kiln_tensor::backend::one_pass_by_ops::<Self>(device, ops, inputs, metas, outs)
+            }
+        }
     }
 
     fn alloc(device: &CubeDevice<R>, dtype: DType, len: usize) -> Result<CubeStorage<R>> {

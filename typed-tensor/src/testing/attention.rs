@@ -355,6 +355,7 @@ pub fn check_attention<B: Backend>(device: &B::Device, case: &AttentionCase) -> 
         })
         .map_err(|e| format!("{:?}: the backend failed: {e}", case.spec))?;
     let (out, grads) = got;
+    check_one_pass::<B>(device, case, &ts)?;
     let mut results = vec![out];
     results.extend(
         grads
@@ -369,6 +370,84 @@ pub fn check_attention<B: Backend>(device: &B::Device, case: &AttentionCase) -> 
         let tol = Tol::for_dtype(e.value.dtype).times(k);
         judge(Ok(e.value), RefTensor::from_raw(t), tol, Some(&e.mag))
             .map_err(|err| format!("{:?}, {name}: {err}", case.spec))?;
+    }
+    Ok(())
+}
+
+/// The groups one kernel pass may compute ([`crate::attention::one_pass`]) — the output
+/// with its row statistics, and the three gradients — through
+/// [`Backend::execute_one_pass_into`], each result equal to its op run alone within a
+/// few roundings: a backend's combined launch is an optimisation, never another answer.
+fn check_one_pass<B: Backend>(
+    device: &B::Device,
+    case: &AttentionCase,
+    ts: &[crate::raw::RawTensor<B>],
+) -> Result<(), String> {
+    let spec = case.spec;
+    let mut b = Eager::<B>::new(device.clone());
+    let fail = |e: crate::Error| format!("{spec:?}: the backend failed: {e}");
+    let lse_op = Op::AttentionLse(spec.without_dropout());
+    let out = b
+        .apply(Op::Attention(spec), &[&ts[0], &ts[1], &ts[2]])
+        .map_err(fail)?;
+    let lse = b.apply(lse_op.clone(), &[&ts[0], &ts[1]]).map_err(fail)?;
+    let prod = b.mul(&ts[3], &out).map_err(fail)?;
+    let prod = b
+        .cast(&prod, crate::attention::stats_dtype(b.dtype(&prod)))
+        .map_err(fail)?;
+    let last = b.rank(&prod) - 1;
+    let delta = b.sum(&prod, &[last], true).map_err(fail)?;
+    let grad_inputs = [&ts[0], &ts[1], &ts[2], &ts[3], &lse, &delta];
+    let grad = |wrt| Op::AttentionGrad { spec, wrt };
+    let grads = AttentionInput::ALL
+        .iter()
+        .map(|&wrt| b.apply(grad(wrt), &grad_inputs))
+        .collect::<crate::Result<Vec<_>>>()
+        .map_err(fail)?;
+    let groups: [(Vec<Op>, Vec<&crate::raw::RawTensor<B>>, Vec<_>); 2] = [
+        (
+            vec![Op::Attention(spec), lse_op],
+            vec![&ts[0], &ts[1], &ts[2]],
+            vec![&out, &lse],
+        ),
+        (
+            AttentionInput::ALL.iter().map(|&w| grad(w)).collect(),
+            grad_inputs.to_vec(),
+            grads.iter().collect(),
+        ),
+    ];
+    for (ops, inputs, alone) in groups {
+        let refs: Vec<&Op> = ops.iter().collect();
+        let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
+        let metas: Vec<crate::TensorMeta> = alone
+            .iter()
+            .map(|t| crate::TensorMeta::new(t.dims().to_vec(), t.dtype()))
+            .collect();
+        let meta_refs: Vec<&crate::TensorMeta> = metas.iter().collect();
+        let mut bufs = metas
+            .iter()
+            .map(|m| B::alloc(device, m.dtype, m.dims.iter().product()))
+            .collect::<crate::Result<Vec<_>>>()
+            .map_err(fail)?;
+        let mut outs: Vec<&mut B::Storage> = bufs.iter_mut().collect();
+        B::execute_one_pass_into(device, &refs, &views, &meta_refs, &mut outs).map_err(fail)?;
+        for ((op, buf), t) in ops.iter().zip(bufs).zip(alone) {
+            let together = crate::raw::RawTensor::<B>::from_storage(buf, *t.dims(), device.clone())
+                .and_then(|r| RefTensor::from_raw(&r))
+                .map_err(fail)?;
+            let one = RefTensor::from_raw(t).map_err(fail)?;
+            // A few roundings: a kernel compiled for the pair may contract a multiply-add
+            // that the op's own kernel does not (the tensor-core kernel's share one code
+            // path and agree bit for bit).
+            let tol = Tol::for_dtype(t.dtype()).times(4.0);
+            super::tolerance::compare(&together, &one, tol, None).map_err(|e| {
+                format!(
+                    "{spec:?}: {} computed in one pass with {} ops differs from the op alone: {e}",
+                    op.name(),
+                    ops.len()
+                )
+            })?;
+        }
     }
     Ok(())
 }

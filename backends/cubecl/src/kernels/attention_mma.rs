@@ -50,6 +50,10 @@ pub const MODE_DQ: u32 = 2;
 pub const MODE_DK: u32 = 3;
 /// The gradient of v.
 pub const MODE_DV: u32 = 4;
+/// The gradients of k and v in one pass over the queries: `dk` into `out`, `dv` into
+/// `out2`, each bit for bit what [`MODE_DK`] and [`MODE_DV`] compute alone (the same
+/// weights, accumulated in the same order), for the cost of about one of them.
+pub const MODE_DKV: u32 = 5;
 
 /// Warps per cube for padded widths `e` and `ev`.
 pub fn warps(e: u32, ev: u32) -> u32 {
@@ -202,7 +206,9 @@ fn scores<F: Float, A: Float>(
 /// One launch of attention on the tensor cores; `mode` says which result (the `MODE_*`
 /// constants), `e` and `ev` are the padded widths (multiples of 16), `warps` the cube's.
 /// `out` is the result's rows (unused for the log-sum-exp), `stats` the log-sum-exp
-/// written (for it alone).
+/// written (for it alone, or beside the output with `keep_stats`: the output's first
+/// pass computes it anyway, so the forward pass and its statistics cost one launch),
+/// `out2` the second result of [`MODE_DKV`] (unused otherwise).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_mma<F: Float, A: Float + CubeElement>(
@@ -213,6 +219,7 @@ pub fn flash_mma<F: Float, A: Float + CubeElement>(
     lse: &Array<A>,
     delta: &Array<A>,
     out: &mut Array<F>,
+    out2: &mut Array<F>,
     stats: &mut Array<A>,
     meta: &Array<u32>,
     scale: A,
@@ -221,12 +228,14 @@ pub fn flash_mma<F: Float, A: Float + CubeElement>(
     #[comptime] ev: u32,
     #[comptime] mode: u32,
     #[comptime] warps: u32,
+    #[comptime] keep_stats: bool,
 ) {
     let units = comptime!(warps * 32);
     let rows = comptime!(warps * 16);
     // Own rows are queries for the log-sum-exp, the output and dq; keys for dk and dv.
     let own_queries = comptime!(mode <= MODE_DQ);
-    let two_products = comptime!(mode == MODE_DQ || mode == MODE_DK);
+    let both = comptime!(mode == MODE_DKV);
+    let two_products = comptime!(mode == MODE_DQ || mode == MODE_DK || both);
     // The accumulated product's source is the second streamed tile (v, g) for the output
     // and dv, the first (k, q) for dq and dk; its width is the result's.
     let from_second = comptime!(mode == MODE_OUT || mode == MODE_DV);
@@ -236,6 +245,9 @@ pub fn flash_mma<F: Float, A: Float + CubeElement>(
     let y_regs = comptime!((STREAM_ROWS * e).div_ceil(units));
     let y2_regs = comptime!((STREAM_ROWS * ev).div_ceil(units));
     let blocks = comptime!((result_width / 16) as usize);
+    // `dv`'s accumulators beside `dk`'s, for both gradients in one pass.
+    let blocks2 = comptime!(if both { (ev / 16) as usize } else { 0usize });
+    let v_stride = comptime!(ev + HALF_PAD);
 
     let (tq, tk) = (meta[1], meta[2]);
     let causal = meta[3] == 1;
@@ -344,6 +356,11 @@ pub fn flash_mma<F: Float, A: Float + CubeElement>(
             ALIGN,
         );
         let mut ws = SharedMemory::<F>::new_aligned((rows * WEIGHT_STRIDE) as usize, ALIGN);
+        // `dv`'s weights (the probabilities) beside `dk`'s.
+        let mut ws2 = SharedMemory::<F>::new_aligned(
+            comptime!(if both { rows * WEIGHT_STRIDE } else { 16 }) as usize,
+            ALIGN,
+        );
 
         // The streamed range: causal queries see keys up to themselves, keys are seen
         // by queries from themselves on.
@@ -438,7 +455,7 @@ pub fn flash_mma<F: Float, A: Float + CubeElement>(
                     row_lse = top + sum.ln();
                 }
                 own_lse[(warp * 16 + r) as usize] = row_lse;
-                if mode == MODE_LSE && i < own_t {
+                if (mode == MODE_LSE || keep_stats) && i < own_t {
                     stats[(own_base + i) as usize] = row_lse;
                 }
             }
@@ -450,6 +467,18 @@ pub fn flash_mma<F: Float, A: Float + CubeElement>(
             #[unroll]
             for _o in 0..blocks {
                 accs.push(Matrix::<A>::from_value(
+                    MatrixIdent::Accumulator,
+                    16usize,
+                    16usize,
+                    16usize,
+                    MatrixLayout::Undefined,
+                    A::new(0.0),
+                ));
+            }
+            let mut accs2 = Sequence::<Matrix<A>>::new();
+            #[unroll]
+            for _o in 0..blocks2 {
+                accs2.push(Matrix::<A>::from_value(
                     MatrixIdent::Accumulator,
                     16usize,
                     16usize,
@@ -597,15 +626,20 @@ pub fn flash_mma<F: Float, A: Float + CubeElement>(
                         row_delta = str_delta[c as usize];
                     }
                     let mut w = A::new(0.0);
+                    let mut p = A::new(0.0);
                     let seen = !(row_lse == neg_inf);
                     if own < own_t && other < str_t && (!causal || key <= query) && seen {
                         let at = (warp_at + r * SCORE_STRIDE + c) as usize;
-                        w = (ss[at] * scale - row_lse).exp();
+                        p = (ss[at] * scale - row_lse).exp();
+                        w = p;
                         if two_products {
                             w *= dps[at] - row_delta;
                         }
                     }
                     ws[(weights_at + r * WEIGHT_STRIDE + c) as usize] = F::cast_from(w);
+                    if both {
+                        ws2[(weights_at + r * WEIGHT_STRIDE + c) as usize] = F::cast_from(p);
+                    }
                 }
                 sync_cube();
                 // acc (16×result) += weights (16×STREAM_ROWS) · source (STREAM_ROWS×result).
@@ -652,6 +686,36 @@ pub fn flash_mma<F: Float, A: Float + CubeElement>(
                         }
                     }
                 }
+                // dv (16×ev) += probabilities (16×STREAM_ROWS) · g (STREAM_ROWS×ev).
+                #[unroll]
+                for o in 0..blocks2 {
+                    let acc = accs2.index(o);
+                    let col = o as u32 * 16;
+                    #[unroll]
+                    for kk in 0..STREAM_ROWS / 16 {
+                        let a_at = (weights_at + kk * 16) as usize;
+                        let a = Matrix::<F>::from_slice(
+                            MatrixIdent::A,
+                            16usize,
+                            16usize,
+                            16usize,
+                            MatrixLayout::RowMajor,
+                            &ws2.slice(a_at, a_at + (15 * WEIGHT_STRIDE + 16) as usize),
+                            WEIGHT_STRIDE,
+                        );
+                        let b_at = (kk * 16 * v_stride + col) as usize;
+                        let b = Matrix::<F>::from_slice(
+                            MatrixIdent::B,
+                            16usize,
+                            16usize,
+                            16usize,
+                            MatrixLayout::RowMajor,
+                            &y2s.slice(b_at, b_at + (15 * v_stride + 16) as usize),
+                            v_stride,
+                        );
+                        cmma::execute::<F, F, A, A>(&a, &b, acc, acc);
+                    }
+                }
                 sync_cube();
                 t0 += STREAM_ROWS;
             }
@@ -685,6 +749,32 @@ pub fn flash_mma<F: Float, A: Float + CubeElement>(
                     if own < own_t && c < stored {
                         let x = ss[(warp_at + r * SCORE_STRIDE + idx % 16) as usize] * factor;
                         out[((own_base + own) * stored + c) as usize] = F::cast_from(x);
+                    }
+                }
+                sync_cube();
+            }
+            // dv's, unscaled, into the second result.
+            #[unroll]
+            for o in 0..blocks2 {
+                cmma::store(
+                    &mut ss.slice_mut(
+                        warp_at as usize,
+                        (warp_at + 15 * SCORE_STRIDE + 16) as usize,
+                    ),
+                    accs2.index(o),
+                    SCORE_STRIDE,
+                    MatrixLayout::RowMajor,
+                );
+                sync_cube();
+                #[unroll]
+                for t in 0..8u32 {
+                    let idx = lane + t * 32;
+                    let r = idx / 16;
+                    let c = o as u32 * 16 + idx % 16;
+                    let own = own0 + warp * 16 + r;
+                    if own < own_t && c < wv {
+                        let x = ss[(warp_at + r * SCORE_STRIDE + idx % 16) as usize];
+                        out2[((own_base + own) * wv + c) as usize] = F::cast_from(x);
                     }
                 }
                 sync_cube();

@@ -48,6 +48,77 @@ pub fn attention_drawing<R: KilnRuntime>(
     out: &TensorMeta,
     device_seed: Option<&CubeStorage<R>>,
 ) -> Result<CubeStorage<R>> {
+    launch(device, op, inputs, out, device_seed, Beside::Nothing).map(|(result, _)| result)
+}
+
+/// An [`Op::Attention`] and the [`Op::AttentionLse`] of its queries and keys in one
+/// launch (`kiln_tensor::attention::one_pass`): the forward kernels compute each row's
+/// log-sum-exp on the way to the output, and here write it too. The same values, bit
+/// for bit, as the two ops one after the other.
+pub fn attention_with_lse<R: KilnRuntime>(
+    device: &CubeDevice<R>,
+    op: &Op,
+    inputs: &[V<'_, R>],
+    out: &TensorMeta,
+) -> Result<(CubeStorage<R>, CubeStorage<R>)> {
+    if !matches!(op, Op::Attention(_)) {
+        return Err(Error::invalid(
+            op.name(),
+            "only an attention's output has its statistics computed beside it",
+        ));
+    }
+    match launch(device, op, inputs, out, None, Beside::Lse)? {
+        (result, Some(lse)) => Ok((result, lse)),
+        (_, None) => unreachable!("every forward kernel keeps its statistics when asked"),
+    }
+}
+
+/// The gradient of attention's keys (`op`: its [`Op::AttentionGrad`]; `inputs` its
+/// six) and, where the tensor-core kernel runs, the values' from the same launch
+/// ([`mma::MODE_DKV`]), bit for bit what the two ops compute alone; elsewhere the
+/// values' is `None` (the caller runs its op).
+pub fn key_and_value_grads<R: KilnRuntime>(
+    device: &CubeDevice<R>,
+    op: &Op,
+    inputs: &[V<'_, R>],
+    out: &TensorMeta,
+) -> Result<(CubeStorage<R>, Option<CubeStorage<R>>)> {
+    if !matches!(
+        op,
+        Op::AttentionGrad {
+            wrt: AttentionInput::Key,
+            ..
+        }
+    ) {
+        return Err(Error::invalid(
+            op.name(),
+            "only the keys' gradient has the values' computed beside it",
+        ));
+    }
+    launch(device, op, inputs, out, None, Beside::ValueGrad)
+}
+
+/// What one launch computes beside its op's result, when asked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Beside {
+    Nothing,
+    /// An [`Op::Attention`]'s row log-sum-exp (`[rows]` in the statistics' dtype): every
+    /// forward kernel computes it on the way.
+    Lse,
+    /// The values' gradient beside the keys': only the tensor-core kernel computes it
+    /// (elsewhere nothing is returned beside).
+    ValueGrad,
+}
+
+/// One attention op's launch, and what `beside` asks for where the kernel computes it.
+fn launch<R: KilnRuntime>(
+    device: &CubeDevice<R>,
+    op: &Op,
+    inputs: &[V<'_, R>],
+    out: &TensorMeta,
+    device_seed: Option<&CubeStorage<R>>,
+    beside: Beside,
+) -> Result<(CubeStorage<R>, Option<CubeStorage<R>>)> {
     let dev = &device.state;
     // Kernels read plain rows: views (a head split's permuted q, k, v) are copied.
     let copies: Vec<Option<CubeStorage<R>>> = inputs
@@ -89,8 +160,13 @@ pub fn attention_drawing<R: KilnRuntime>(
         other => return Err(Error::invalid(other.name(), "is not an attention op")),
     };
     let rows = batch * if per_key { tk } else { tq };
+    // The forward pass's statistics, when kept: one per query row.
+    let kept_lse = match beside {
+        Beside::Lse => Some(dev.alloc(op.name(), stats, rows)?),
+        _ => None,
+    };
     if rows == 0 {
-        return Ok(result);
+        return Ok((result, kept_lse));
     }
     // The row statistics need no draws.
     let dropout = spec.dropout.filter(|_| !matches!(op, Op::AttentionLse(_)));
@@ -111,6 +187,7 @@ pub fn attention_drawing<R: KilnRuntime>(
         let (ew, evw) = (k::padded(e), k::padded(ev));
         let warps = mma::warps(ew, evw);
         let (meta, count, dim) = tiles.launch(dev, warps * 16, warps * 32)?;
+        let both = beside == Beside::ValueGrad;
         let mode = match op {
             Op::AttentionLse(_) => mma::MODE_LSE,
             Op::Attention(_) => mma::MODE_OUT,
@@ -121,8 +198,17 @@ pub fn attention_drawing<R: KilnRuntime>(
             Op::AttentionGrad {
                 wrt: AttentionInput::Key,
                 ..
+            } if both => mma::MODE_DKV,
+            Op::AttentionGrad {
+                wrt: AttentionInput::Key,
+                ..
             } => mma::MODE_DK,
             _ => mma::MODE_DV,
+        };
+        // The values' gradient: one row of `ev` per key.
+        let dv = match both {
+            true => Some(dev.alloc(op.name(), dtype, rows * ev)?),
+            false => None,
         };
         // Unused operands bind one element of scratch (writable bindings must not
         // alias): the statistics for the forward passes, the output for the
@@ -137,21 +223,30 @@ pub fn attention_drawing<R: KilnRuntime>(
         let (out, lse_out) = if mode == mma::MODE_LSE {
             (&scratch_f, &result)
         } else {
-            (&result, &scratch_a)
+            (&result, kept_lse.as_ref().unwrap_or(&scratch_a))
+        };
+        let keep_stats = kept_lse.is_some();
+        let own_out2;
+        let out2 = match &dv {
+            Some(dv) => dv,
+            None => {
+                own_out2 = dev.alloc(op.name(), dtype, 1)?;
+                &own_out2
+            }
         };
         let c = &dev.client;
         with_float_type!(dtype, F, A => {
             unsafe {
                 mma::flash_mma::launch_unchecked::<F, A, R>(
                     c, count, dim, arg(x[0]), arg(x[1]), arg(v), arg(g), arg(lse), arg(delta),
-                    arg(out), arg(lse_out), arg(&meta), spec.scale as A, A::NEG_INFINITY, ew, evw,
-                    mode, warps,
+                    arg(out), arg(out2), arg(lse_out), arg(&meta), spec.scale as A, A::NEG_INFINITY, ew, evw,
+                    mode, warps, keep_stats,
                 )
             }
         }, {
             return Err(Error::dtype(op.name(), format!("attends over floats, not {dtype}")));
         });
-        return Ok(result);
+        return Ok((result, kept_lse.or(dv)));
     }
     let tiled = (1..=k::MAX_TILED_WIDTH).contains(&e) && (1..=k::MAX_TILED_WIDTH).contains(&ev);
     if tiled {
@@ -171,8 +266,15 @@ pub fn attention_drawing<R: KilnRuntime>(
                     // The output keeps its log-sum-exp in scratch; the log-sum-exp alone
                     // binds one element of scratch as the output it does not write
                     // (writable bindings must not alias).
-                    let scratch = dev.alloc(op.name(), if with_values { stats } else { dtype }, if with_values { rows } else { 1 })?;
-                    let (v, out, lse) = if with_values { (x[2], &result, &scratch) } else { (x[1], &scratch, &result) };
+                    let own_scratch;
+                    let scratch = match &kept_lse {
+                        Some(kept) => kept,
+                        None => {
+                            own_scratch = dev.alloc(op.name(), if with_values { stats } else { dtype }, if with_values { rows } else { 1 })?;
+                            &own_scratch
+                        }
+                    };
+                    let (v, out, lse) = if with_values { (x[2], &result, scratch) } else { (x[1], scratch, &result) };
                     unsafe {
                         k::flash_forward::launch_unchecked::<F, A, R>(
                             c, count, dim, arg(x[0]), arg(x[1]), arg(v), arg(out), arg(lse),
@@ -200,7 +302,7 @@ pub fn attention_drawing<R: KilnRuntime>(
         }, {
             return Err(Error::dtype(op.name(), format!("attends over floats, not {dtype}")));
         });
-        return Ok(result);
+        return Ok((result, kept_lse));
     }
     let words = [rows, tq, tk, e, ev, spec.causal as usize]
         .iter()
@@ -222,8 +324,11 @@ pub fn attention_drawing<R: KilnRuntime>(
                 let with_values = matches!(op, Op::Attention(_));
                 // The forward pass writes each row's log-sum-exp; for the output alone
                 // into a row of scratch.
-                let lse_rows = if with_values { Some(dev.alloc(op.name(), stats, rows)?) } else { None };
-                let lse = lse_rows.as_ref().unwrap_or(&result);
+                let lse_rows = match (&kept_lse, with_values) {
+                    (None, true) => Some(dev.alloc(op.name(), stats, rows)?),
+                    _ => None,
+                };
+                let lse = kept_lse.as_ref().or(lse_rows.as_ref()).unwrap_or(&result);
                 let (v, out) = if with_values { (x[2], &result) } else { (x[1], &acc) };
                 unsafe {
                     rows_k::attention_rows::launch_unchecked::<F, A, R>(
@@ -250,7 +355,7 @@ pub fn attention_drawing<R: KilnRuntime>(
     }, {
         return Err(Error::dtype(op.name(), format!("attends over floats, not {dtype}")));
     });
-    Ok(result)
+    Ok((result, kept_lse))
 }
 
 /// Whether the device multiplies 16×16×16 tiles of `dtype` (a half float) into f32 on
