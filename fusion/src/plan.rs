@@ -30,7 +30,7 @@
 //!   an attention's gradients) are one kernel, run where the first of them is.
 //! - Everything else runs as a single-op kernel.
 
-use kiln_tensor::ir::{Graph, KeptGuard, NodeId, NodeKind};
+use kiln_tensor::ir::{Graph, KeptGuard, Node, NodeId, NodeKind};
 use kiln_tensor::{Builder, DType, Op, OpClass, SymDim};
 use std::collections::HashMap;
 
@@ -218,6 +218,47 @@ fn recomputed_values<D: SymDim>(
     recomputed
 }
 
+/// The kept ops by their first input and name, so that an op computing what an
+/// earlier one computes (the same op of the same inputs, dims and dtype: the layer
+/// norm's output cast to bf16 once for each of the three projections reading it) is
+/// planned once.
+#[derive(Default)]
+struct Repeats {
+    by_key: HashMap<(Option<NodeId>, &'static str), Vec<NodeId>>,
+}
+
+impl Repeats {
+    /// The key of `n`, an op whose value depends on its inputs alone; `None` for
+    /// leaves, calls and draws (each draw is its own).
+    fn key<D>(n: &Node<D>) -> Option<(Option<NodeId>, &'static str)> {
+        match &n.kind {
+            NodeKind::Op(op) if op.seed().is_none() => Some((n.inputs.first().copied(), op.name())),
+            _ => None,
+        }
+    }
+
+    /// The kept node `n` repeats, if any. An output is never folded into another: the
+    /// plan hands each output its own buffer.
+    fn earlier<D: SymDim>(&self, g: &Graph<D>, n: &Node<D>, output: bool) -> Option<NodeId> {
+        if output {
+            return None;
+        }
+        let key = Self::key(n)?;
+        self.by_key
+            .get(&key)?
+            .iter()
+            .copied()
+            .find(|&m| g.nodes[m] == *n)
+    }
+
+    /// Notes kept node `id`, `n`.
+    fn note<D>(&mut self, n: &Node<D>, id: NodeId) {
+        if let Some(key) = Self::key(n) {
+            self.by_key.entry(key).or_default().push(id);
+        }
+    }
+}
+
 fn is_view<D>(op: &Op<D>) -> bool {
     op.is_view()
 }
@@ -267,6 +308,7 @@ pub fn plan_named<D: SymDim + 'static>(
     let layer = |i: usize| layers.get(i).cloned().flatten();
     // How many kept nodes precede each original node (where its guards run again).
     let mut position = vec![0; graph.nodes.len() + 1];
+    let mut repeats = Repeats::default();
     for (i, n) in graph.nodes.iter().enumerate() {
         position[i] = g.nodes.len();
         if let Some(&(m, _)) = transposed.iter().find(|(_, p)| *p == i) {
@@ -294,11 +336,16 @@ pub fn plan_named<D: SymDim + 'static>(
             continue;
         }
         if live[i] || inputs.contains(&i) {
-            new_id[i] = g.nodes.len();
-            kept_names.push(names.get(i).cloned().flatten());
-            kept_layers.push(layer(i));
             let mut n = n.clone();
             n.inputs = n.inputs.iter().map(|&j| new_id[j]).collect();
+            if let Some(same) = repeats.earlier(&g, &n, outputs.contains(&i)) {
+                new_id[i] = same;
+                continue;
+            }
+            new_id[i] = g.nodes.len();
+            repeats.note(&n, new_id[i]);
+            kept_names.push(names.get(i).cloned().flatten());
+            kept_layers.push(layer(i));
             g.nodes.push(n);
         }
     }
