@@ -123,8 +123,10 @@ case $W in
     # Issue 30's changes on CUDA: the attention and scatter-add conformance families
     # (the forward pass with its statistics and the keys' and values' gradients in one
     # launch, against the ops alone and the f64 reference; an embedding's gradient by
-    # rows), then the w3profile figures and PyTorch's eager and compiled W3 steps.
+    # rows), the fused kernels' tests (reductions of a prologue computed as they read
+    # it), then the w3profile figures and PyTorch's eager and compiled W3 steps.
     [ -x $B/conformance_test ] && run 400 $B/conformance_test --test-threads 1 attention scatter
+    [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1
     bash $0 w3profile
     for p in bf16 f32; do
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p

@@ -138,6 +138,24 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Runs `op`, a reduction, over the result of `prologue` (a fused expression of one
+    /// result and no outputs, over `inputs`, each with `dims`) without storing that
+    /// result: a plan's reduction whose input is computed by the group before it (a
+    /// layer norm's squared deviations, a bias gradient's masked values). Returns the
+    /// reduction's result (`out` its dims and dtype), or `Ok(None)` to leave both to the
+    /// caller (the default): the expression into scratch, then the reduction.
+    fn reduce_with_prologue(
+        device: &Self::Device,
+        op: &Op,
+        prologue: &FusedExpr,
+        inputs: &[View<'_, Self>],
+        dims: &Dims,
+        out: &TensorMeta,
+    ) -> Result<Option<Self::Storage>> {
+        let _ = (device, op, prologue, inputs, dims, out);
+        Ok(None)
+    }
+
     /// Runs a fused elementwise kernel: each output (contiguous f32 of at least
     /// `dims`' element count) takes its result of `expr` at every element of `dims`;
     /// every input view has `dims` (broadcast by strides). `native` is the kernel as a

@@ -355,6 +355,21 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
         ops::execute(device, op, inputs, out)
     }
 
+    fn reduce_with_prologue(
+        device: &CubeDevice<R>,
+        op: &Op,
+        prologue: &FusedExpr,
+        inputs: &[View<'_, Self>],
+        dims: &Dims,
+        out: &TensorMeta,
+    ) -> Result<Option<CubeStorage<R>>> {
+        let Op::Reduce { op: r, axes } = op else {
+            return Ok(None);
+        };
+        check_inputs(device, op, inputs)?;
+        ops::reduce::reduce_with_prologue(&device.state, *r, prologue, inputs, dims, axes, out)
+    }
+
     fn execute_one_pass_into(
         device: &CubeDevice<R>,
         ops: &[&Op],

@@ -11,7 +11,9 @@
 
 use kiln_cpu::{Cpu, CpuDevice};
 use kiln_tensor::fused::{ExprStep, FusedExpr};
-use kiln_tensor::{Backend, BinaryOp, CmpOp, DType, Dims, RawTensor, Result, UnaryOp};
+use kiln_tensor::{
+    Backend, BinaryOp, CmpOp, DType, Dims, Op, RawTensor, ReduceOp, Result, TensorMeta, UnaryOp,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
@@ -27,6 +29,10 @@ macro_rules! fused_tests {
             #[test]
             fn both_variants_run_a_large_expression() -> Result<()> {
                 super::both_variants_run_a_large_expression::<$B>(&$device)
+            }
+            #[test]
+            fn reductions_of_random_expressions_match_the_stored_path() {
+                super::reductions_of_random_expressions_match_the_stored_path::<$B>(&$device)
             }
             #[test]
             fn bad_operands_are_errors() -> Result<()> {
@@ -134,6 +140,8 @@ fn case() -> impl Strategy<Value = Case> {
         // Rows of whole vectors: row and column broadcasts take the vectorised kernel.
         2 => (1usize..7, prop::sample::select(vec![4usize, 8, 12])),
         1 => Just((96usize, 100usize)),
+        // A long column: a sum down it is cut into chunks.
+        1 => Just((1500usize, 8usize)),
     ];
     (
         prop::collection::vec(kind, 1..4),
@@ -291,6 +299,91 @@ fn random_expressions_match_the_cpu<G: Backend>(dev: &G::Device) {
             for (k, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
                 agree(g, c).map_err(|e| TestCaseError::fail(format!("output {k}: {e}")))?;
             }
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// The reduction (`op` over `axes`) of the case's first result on backend `B`, computed
+/// as the reduction reads it (`fused`: [`Backend::reduce_with_prologue`], which must
+/// take it) or stored first and then reduced.
+fn reduce_case<B: Backend>(
+    dev: &B::Device,
+    case: &Case,
+    op: ReduceOp,
+    axes: &[usize],
+    fused: bool,
+) -> Result<Vec<f32>> {
+    let [r, c] = case.dims;
+    let inputs = case
+        .kinds
+        .iter()
+        .zip(&case.inputs)
+        .map(|(&k, v)| view::<B>(dev, k, v, r, c))
+        .collect::<Result<Vec<_>>>()?;
+    let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
+    let reduce = Op::Reduce {
+        op,
+        axes: axes.to_vec(),
+    };
+    let out_dims: Vec<usize> = (0..2)
+        .map(|d| if axes.contains(&d) { 1 } else { case.dims[d] })
+        .collect();
+    let meta = TensorMeta::new(out_dims.clone(), DType::F32);
+    let dims = Dims::new(&case.dims)?;
+    let result = if fused {
+        B::reduce_with_prologue(dev, &reduce, &case.expr, &views, &dims, &meta)?
+            .expect("an f32 prologue of f32 inputs is reduced as it is read")
+    } else {
+        let mut stored = RawTensor::<B>::from_vec(vec![0.0f32; r * c], &[r, c], dev)?;
+        let buffer = stored
+            .storage_mut()
+            .expect("a fresh tensor owns its buffer");
+        B::fused_elementwise(dev, &case.expr, None, &views, &dims, &mut [buffer])?;
+        B::execute(dev, &reduce, &[stored.view()], &meta)?
+    };
+    RawTensor::<B>::from_storage(result, Dims::new(&out_dims)?, dev.clone())?.to_vec::<f32>()
+}
+
+/// A plan's reduction of a fused group's result, computed as it is read, against the
+/// same expression stored and then reduced, on the device and on the CPU: sums (cut
+/// into chunks down long columns), maxima and minima over rows, columns and both.
+fn reductions_of_random_expressions_match_the_stored_path<G: Backend>(dev: &G::Device) {
+    let config = Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]);
+    let mut runner = TestRunner::new_with_rng(config, rng);
+    // One result, no outputs read: a prologue.
+    let prologue = case()
+        .prop_filter("a prologue reads no outputs", |case| {
+            !case
+                .expr
+                .steps
+                .iter()
+                .any(|s| matches!(s, ExprStep::Output(_)))
+        })
+        .prop_map(|mut case| {
+            case.expr.results.truncate(1);
+            case.outputs.truncate(1);
+            case
+        });
+    let ops = prop::sample::select(vec![ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min]);
+    let axes = prop::sample::select(vec![vec![0usize], vec![1], vec![0, 1]]);
+    runner
+        .run(&(prologue, ops, axes), |(case, op, axes)| {
+            let fail = |e: kiln_tensor::Error| TestCaseError::fail(e.to_string());
+            let fused = reduce_case::<G>(dev, &case, op, &axes, true).map_err(fail)?;
+            let stored = reduce_case::<G>(dev, &case, op, &axes, false).map_err(fail)?;
+            let cpu = reduce_case::<Cpu>(&CpuDevice, &case, op, &axes, false).map_err(fail)?;
+            agree(&fused, &stored).map_err(|e| {
+                TestCaseError::fail(format!("{op:?} over {axes:?}, fused against stored: {e}"))
+            })?;
+            agree(&fused, &cpu).map_err(|e| {
+                TestCaseError::fail(format!("{op:?} over {axes:?}, against the CPU: {e}"))
+            })?;
             Ok(())
         })
         .unwrap();

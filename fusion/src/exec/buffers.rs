@@ -2,7 +2,7 @@
 //! reused across runs when nobody else holds them ([`Buffers`]).
 
 use super::context::{device_seed, run_seed, seeded, Seeds};
-use super::resolve::{Prologue, Resolved, Step};
+use super::resolve::{Epilogue, Prologue, Resolved, Step};
 use crate::parts::{call_part, Parts};
 use crate::plan::Plan;
 use crate::sym::SDim;
@@ -225,10 +225,13 @@ impl<B: Backend> Buffers<B> {
                 epilogue,
                 output,
             } => {
+                let op = r.ops[*main].as_ref().expect("main nodes are ops");
                 if let Some(prologue) = prologue {
+                    if self.reduce_with_prologue(run, *main, op, prologue, epilogue, *output)? {
+                        return Ok(());
+                    }
                     self.prologue(run, prologue)?;
                 }
-                let op = r.ops[*main].as_ref().expect("main nodes are ops");
                 self.write_slot(run, *output, |b, out| {
                     let views = b.op_views(run, *main, op)?;
                     // A product whose epilogue the device fuses into it (one call).
@@ -360,6 +363,43 @@ impl<B: Backend> Buffers<B> {
             self.layout[n] = Layout::contiguous(run.r.dims[n]);
         }
         Ok(())
+    }
+
+    /// A reduction of its prologue's result in one call where the backend fuses the
+    /// two ([`Backend::reduce_with_prologue`]), then its epilogue in place; `false` when
+    /// the backend leaves them apart (or `main` is no reduction of the prologue's root).
+    fn reduce_with_prologue(
+        &mut self,
+        run: &Run<'_, B>,
+        main: NodeId,
+        op: &Op,
+        prologue: &Prologue,
+        epilogue: &Option<Epilogue>,
+        output: NodeId,
+    ) -> Result<bool> {
+        let (expr, _, ins, root) = prologue;
+        if !matches!(op, Op::Reduce { .. }) || run.plan.graph.nodes[main].inputs[..] != [*root] {
+            return Ok(false);
+        }
+        let dims = run.r.dims[*root];
+        let mut fused = false;
+        self.write_slot(run, output, |b, out| {
+            let views = b.views(run, ins, &dims)?;
+            let Some(result) =
+                B::reduce_with_prologue(run.device, op, expr, &views, &dims, &run.r.metas[main])?
+            else {
+                return Ok(());
+            };
+            *out = result;
+            fused = true;
+            if let Some((expr, native, ins)) = epilogue {
+                let dims = run.r.dims[output];
+                let views = b.views(run, ins, &dims)?;
+                B::fused_elementwise(run.device, expr, *native, &views, &dims, &mut [out])?;
+            }
+            Ok(())
+        })?;
+        Ok(fused)
     }
 
     /// A reduction's or product's prologue, into the scratch buffer.

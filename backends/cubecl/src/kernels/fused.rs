@@ -336,6 +336,33 @@ pub fn fused_strided(
     }
 }
 
+/// The result of an expression with one result and no outputs (a plan's prologue) at
+/// element `pos` of its dims, each input read through strided metadata laid out as
+/// [`fused_strided`]'s: what a reduction reads in place of the prologue's stored value.
+#[cube]
+pub fn prologue_value(
+    inputs: &Sequence<Array<f32>>,
+    meta: &Sequence<u32>,
+    consts: &Sequence<f32>,
+    zero: f32,
+    pos: u32,
+    #[comptime] config: FusedConfig,
+) -> f32 {
+    let mut regs = Sequence::<f32>::new();
+    #[unroll]
+    for i in 0..config.steps.len() {
+        let step = comptime!(config.steps[i]);
+        let mut operand = zero;
+        if let Step::Input(k) = step {
+            let src = inputs.index(comptime!(k as usize));
+            operand = src[offset_in(meta, pos, config.rank, k) as usize];
+        }
+        let v = eval_step(&regs, consts, operand, step);
+        regs.push(v);
+    }
+    *regs.index(comptime!(config.results[0] as usize))
+}
+
 /// Which inputs and outputs of [`fused_mixed`] are bf16 (the others are f32).
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct HalfEdges {

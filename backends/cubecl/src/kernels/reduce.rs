@@ -18,6 +18,7 @@
 //! uniform control flow (WGSL requires it).
 
 use super::common::{cube_index, inf, nan, offset_of};
+use super::fused::{prologue_value, FusedConfig};
 use cubecl::prelude::*;
 use kiln_tensor::ReduceOp;
 
@@ -154,18 +155,29 @@ fn float_better<A: Float>(v: A, best: A, #[comptime] wants_max: bool) -> bool {
 /// rather than from ±infinity: CubeCL's WGSL compiler writes infinite constants as
 /// `f32(inf)`, which WGSL rejects, and the launch is then dropped.
 // Comptime branches (`comptime!(op == …)`) stay apart from the runtime ones inside them.
-#[allow(clippy::collapsible_if)]
+///
+/// With a `prologue`, the reduced elements are not read from `x` but computed where
+/// they are needed: element `i` of the (contiguous) input is the prologue's value at
+/// `i` over `inputs` ([`prologue_value`]; `pmeta` their strided metadata, `consts` its
+/// constants), so that a plan's reduction of a fused group's result stores nothing
+/// between the two.
+#[allow(clippy::collapsible_if, clippy::too_many_arguments, unused_assignments)]
 #[cube(launch_unchecked)]
 pub fn reduce_float<F: Float, A: Float>(
     x: &Array<F>,
     out: &mut Array<F>,
     meta: &Array<u32>,
+    inputs: &Sequence<Array<f32>>,
+    pmeta: &Sequence<u32>,
+    consts: &Sequence<f32>,
+    zero: f32,
     #[comptime] op: u32,
     #[comptime] kr: u32,
     #[comptime] rr: u32,
     #[comptime] block: u32,
     #[comptime] lanes: u32,
     #[comptime] items_inner: bool,
+    #[comptime] prologue: Option<FusedConfig>,
 ) {
     let w = work(meta, kr, rr, block, lanes, items_inner);
     let mut acc = A::new(0.0);
@@ -173,7 +185,14 @@ pub fn reduce_float<F: Float, A: Float>(
     let mut any = false;
     let mut r = w.first + w.lane;
     while r < w.end {
-        let v = A::cast_from(x[(w.base + reduced_offset(meta, r, kr, rr)) as usize]);
+        let at = w.base + reduced_offset(meta, r, kr, rr);
+        let mut v = A::new(0.0);
+        if comptime!(prologue.is_some()) {
+            let config = comptime!(prologue.clone().unwrap());
+            v = A::cast_from(prologue_value(inputs, pmeta, consts, zero, at, config));
+        } else {
+            v = A::cast_from(x[at as usize]);
+        }
         if comptime!(op == SUM) {
             // Neumaier's compensated sum (the reference's), skipping the correction
             // once the sum is infinite or NaN.

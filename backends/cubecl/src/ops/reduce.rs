@@ -4,11 +4,14 @@
 
 use super::elementwise::arg;
 use crate::device::{DeviceState, KilnRuntime};
+use crate::kernels::fused::FusedConfig;
 use crate::kernels::reduce as k;
 use crate::storage::{with_float_type, CubeStorage};
-use crate::strided::{coalesce, grid_per_item, word, Operand};
+use crate::strided::{coalesce, elementwise_meta, grid_per_item, word, Operand};
 use crate::CubeBackend;
-use kiln_tensor::{DType, Error, ReduceOp, Result, TensorMeta, View};
+use cubecl::prelude::SequenceArg;
+use kiln_tensor::fused::{ExprStep, FusedExpr};
+use kiln_tensor::{DType, Dims, Error, ReduceOp, Result, TensorMeta, View};
 use std::sync::Arc;
 
 /// A reduction over `axes` (kept as size-1 dims in `out`).
@@ -19,8 +22,101 @@ pub fn reduce<R: KilnRuntime>(
     axes: &[usize],
     out: &TensorMeta,
 ) -> Result<CubeStorage<R>> {
-    let dims = x.layout.dims().to_vec();
-    let strides = x.layout.strides().to_vec();
+    let source = Source {
+        dims: x.layout.dims().to_vec(),
+        strides: x.layout.strides().to_vec(),
+        offset: x.layout.offset(),
+        dtype: x.storage.dtype,
+        stored: x.storage,
+        prologue: None,
+    };
+    reduce_source(dev, op, &source, axes, out)
+}
+
+/// A reduction over `axes` of `prologue`'s result over `inputs` (each of `dims`),
+/// computed as the reduction reads it and never stored
+/// ([`kiln_tensor::Backend::reduce_with_prologue`]): sums, maxima and minima of f32
+/// expressions of f32 inputs. `None` for the others (the caller stores the result
+/// and reduces it).
+pub fn reduce_with_prologue<R: KilnRuntime>(
+    dev: &Arc<DeviceState<R>>,
+    op: ReduceOp,
+    prologue: &FusedExpr,
+    inputs: &[View<'_, CubeBackend<R>>],
+    dims: &Dims,
+    axes: &[usize],
+    out: &TensorMeta,
+) -> Result<Option<CubeStorage<R>>> {
+    let reads_outputs = prologue
+        .steps
+        .iter()
+        .any(|s| matches!(s, ExprStep::Output(_)));
+    let fits = matches!(op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min)
+        && out.dtype == DType::F32
+        && prologue.results.len() == 1
+        && prologue.inputs == inputs.len()
+        && !reads_outputs
+        && !inputs.is_empty()
+        && inputs
+            .iter()
+            .all(|v| v.storage.dtype == DType::F32 && v.layout.dims() == dims);
+    if !fits {
+        return Ok(None);
+    }
+    let operands: Vec<Operand> = inputs.iter().map(|v| Operand::of(&v.layout)).collect();
+    let (rank, words) = elementwise_meta(dims, &operands)?;
+    let (config, consts) = FusedConfig::new(prologue, Vec::new(), rank, 1);
+    let computed = Computed {
+        config,
+        consts,
+        words,
+        inputs: inputs.iter().map(|v| v.storage).collect(),
+    };
+    let mut strides = vec![1; dims.len()];
+    for d in (0..dims.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * dims[d + 1];
+    }
+    let source = Source {
+        dims: dims.to_vec(),
+        strides,
+        offset: 0,
+        dtype: DType::F32,
+        // Bound as the kernel's unread `x`.
+        stored: inputs[0].storage,
+        prologue: Some(&computed),
+    };
+    reduce_source(dev, op, &source, axes, out).map(Some)
+}
+
+/// What a reduction reads: a stored view, or a prologue computed as it is read (over
+/// the contiguous `dims`).
+struct Source<'a, R: KilnRuntime> {
+    dims: Vec<usize>,
+    strides: Vec<usize>,
+    offset: usize,
+    dtype: DType,
+    stored: &'a CubeStorage<R>,
+    prologue: Option<&'a Computed<'a, R>>,
+}
+
+/// A prologue as the reduction kernel takes it: its configuration and constants, its
+/// inputs' strided metadata and buffers.
+struct Computed<'a, R: KilnRuntime> {
+    config: FusedConfig,
+    consts: Vec<f32>,
+    words: Vec<u32>,
+    inputs: Vec<&'a CubeStorage<R>>,
+}
+
+/// [`reduce`] of a [`Source`].
+fn reduce_source<R: KilnRuntime>(
+    dev: &Arc<DeviceState<R>>,
+    op: ReduceOp,
+    x: &Source<'_, R>,
+    axes: &[usize],
+    out: &TensorMeta,
+) -> Result<CubeStorage<R>> {
+    let (dims, strides) = (&x.dims, &x.strides);
     let extent: usize = axes.iter().map(|&a| dims[a]).product();
     let n_out: usize = out.dims.iter().product();
     if op != ReduceOp::Sum && extent == 0 {
@@ -46,12 +142,12 @@ pub fn reduce<R: KilnRuntime>(
     };
     let (kd, ko) = split(true);
     let (rd, ro) = split(false);
-    let dtype = x.storage.dtype;
+    let dtype = x.dtype;
     let whole = Geometry {
         n_out,
         kept_dims: kd,
         reduced_dims: rd,
-        offset: x.layout.offset(),
+        offset: x.offset,
         kept_strides: ko[0].strides.clone(),
         reduced_strides: ro[0].strides.clone(),
     };
@@ -59,12 +155,12 @@ pub fn reduce<R: KilnRuntime>(
     let splits = op == ReduceOp::Sum && matches!(dtype, DType::F32 | DType::F64);
     let pass = Pass::plan(&whole, extent, splits);
     if pass.chunks == 1 {
-        launch(dev, op, x.storage, &result, &whole, &pass)?;
+        launch(dev, op, x.stored, x.prologue, &result, &whole, &pass)?;
         return Ok(result);
     }
     // Partials `[chunks, n_out]`, then their column sums.
     let partials = dev.alloc(op.name(), dtype, pass.chunks * n_out)?;
-    launch(dev, op, x.storage, &partials, &whole, &pass)?;
+    launch(dev, op, x.stored, x.prologue, &partials, &whole, &pass)?;
     let columns = Geometry {
         n_out,
         kept_dims: vec![n_out],
@@ -74,7 +170,7 @@ pub fn reduce<R: KilnRuntime>(
         reduced_strides: vec![n_out],
     };
     let sum = Pass::plan(&columns, pass.chunks, false);
-    launch(dev, op, &partials, &result, &columns, &sum)?;
+    launch(dev, op, &partials, None, &result, &columns, &sum)?;
     Ok(result)
 }
 
@@ -163,11 +259,13 @@ impl Pass {
     }
 }
 
-/// One reduction launch of `x` into `out`: `g`'s outputs (times the pass's chunks).
+/// One reduction launch of `x` (or of `prologue`'s values) into `out`: `g`'s outputs
+/// (times the pass's chunks).
 fn launch<R: KilnRuntime>(
     dev: &Arc<DeviceState<R>>,
     op: ReduceOp,
     x: &CubeStorage<R>,
+    prologue: Option<&Computed<'_, R>>,
     out: &CubeStorage<R>,
     g: &Geometry,
     pass: &Pass,
@@ -195,8 +293,25 @@ fn launch<R: KilnRuntime>(
         });
         return Ok(());
     }
+    let (mut inputs, mut pmeta, mut consts) =
+        (SequenceArg::new(), SequenceArg::new(), SequenceArg::new());
+    if let Some(p) = prologue {
+        for s in &p.inputs {
+            inputs.push(arg(s));
+        }
+        for &w in &p.words {
+            pmeta.push(w);
+        }
+        for &v in &p.consts {
+            consts.push(v);
+        }
+    }
+    let config = prologue.map(|p| p.config.clone());
+    // SAFETY (both launches): every read stays inside its buffer (the geometry's
+    // offsets were checked against the view, a prologue's inputs against its dims),
+    // and the kernel writes only below the item count.
     with_float_type!(dtype, F, A => unsafe {
-        k::reduce_float::launch_unchecked::<F, A, R>(c, count, dim, arg(xs), arg(os), arg(ms), code, kr, rr, block, lanes, inner)
+        k::reduce_float::launch_unchecked::<F, A, R>(c, count, dim, arg(xs), arg(os), arg(ms), inputs, pmeta, consts, 0.0, code, kr, rr, block, lanes, inner, config)
     }, match dtype {
         DType::I32 => unsafe {
             k::reduce_int::launch_unchecked::<i32, R>(c, count, dim, arg(xs), arg(os), arg(ms), code, kr, rr, block, lanes, inner)
