@@ -338,10 +338,13 @@ fn profiled_step(name: &str, step: impl FnOnce() -> Result<()>) -> Result<()> {
     match name {
         #[cfg(feature = "cuda")]
         "cuda" => kiln::cubecl::cuda::profiler_range(step),
-        _ => Err(Error::invalid(
-            "KILN_PROFILE_STEP",
-            format!("profiles a CUDA step, not one on {name}"),
-        )),
+        _ => {
+            drop(step);
+            Err(Error::invalid(
+                "KILN_PROFILE_STEP",
+                format!("profiles a CUDA step, not one on {name}"),
+            ))
+        }
     }
 }
 
