@@ -75,7 +75,7 @@ pub fn nan<A: Float>(x: A) -> bool {
 
 /// Whether a float is NaN, read from its bits as an f32 (exponent all ones, mantissa not
 /// zero): an integer test, which a driver that assumes floats are never NaN cannot fold
-/// away as it may [`nan`] (NVIDIA's Vulkan driver does, where WGSL allows it).
+/// away as it may [`nan()`] (NVIDIA's Vulkan driver does, where WGSL allows it).
 #[cube]
 pub fn nan_bits<A: Float>(x: A) -> bool {
     let bits = u32::reinterpret(f32::cast_from(x));

@@ -338,7 +338,7 @@ pub fn fused_strided(
 
 /// The result of an expression with one result and no outputs (a plan's prologue) at
 /// element `pos` of its dims, each input read through strided metadata laid out as
-/// [`fused_strided`]'s: what a reduction reads in place of the prologue's stored value.
+/// [`fused_strided()`]'s: what a reduction reads in place of the prologue's stored value.
 #[cube]
 pub fn prologue_value(
     inputs: &Sequence<Array<f32>>,
@@ -363,7 +363,7 @@ pub fn prologue_value(
     *regs.index(comptime!(config.results[0] as usize))
 }
 
-/// Which inputs and outputs of [`fused_mixed`] are bf16 (the others are f32).
+/// Which inputs and outputs of [`fused_mixed()`] are bf16 (the others are f32).
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct HalfEdges {
     /// For each input, whether it is bf16.
@@ -372,7 +372,7 @@ pub struct HalfEdges {
     pub outputs: Vec<bool>,
 }
 
-/// [`fused_strided`] for a group at whose edges mixed precision casts: each input and
+/// [`fused_strided()`] for a group at whose edges mixed precision casts: each input and
 /// output is f32 or bf16 (`halves` says which; each kind is numbered in its own
 /// sequence). bf16 values widen as they load and round to nearest even as they store,
 /// as the unfused casts do; everything between is f32.
@@ -434,11 +434,11 @@ pub fn fused_mixed(
     }
 }
 
-/// [`fused_vectorized`] for a group at whose edges mixed precision casts: inputs read
+/// [`fused_vectorized()`] for a group at whose edges mixed precision casts: inputs read
 /// as vectors, and outputs, are f32 or bf16 vectors of `N` (`halves` says which; inputs
 /// read as single values are f32; `vectors`, `half_vectors` and `scalars` are each
 /// numbered in their own sequence, in input order). bf16 lanes widen as they load and
-/// round to nearest even as they store, as in [`fused_mixed`].
+/// round to nearest even as they store, as in [`fused_mixed()`].
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn fused_mixed_vectorized<N: Size>(

@@ -2,7 +2,7 @@
 //! (each one sums, in index order, the source elements whose index points at it), so
 //! it needs no float atomics (which WGSL lacks) and is deterministic. Where the index
 //! is one value per position along the axis (an embedding's gradient: the index
-//! broadcast over the rows' columns), [`scatter_add_rows`] reads each index once per
+//! broadcast over the rows' columns), [`scatter_add_rows()`] reads each index once per
 //! cube instead of once per output element. Out-of-range indices set the launch's
 //! error flag: `[code, the index's bits]`.
 
@@ -135,16 +135,16 @@ pub fn scatter_add<T: Numeric, A: Numeric, I: Int>(
     }
 }
 
-/// [`scatter_add`] where the index does not vary off `axis` (its strides there are 0)
+/// [`scatter_add()`] where the index does not vary off `axis` (its strides there are 0)
 /// and the source has elements: one cube per output position along `axis` (a target)
 /// and `block` of the other positions (columns). Each `block` of source positions
 /// along the axis, the cube's units read one index each, and a prefix sum over the
 /// cube lists the positions pointing at the target in order; then every unit adds its
-/// column of the listed sources, in index order, as [`scatter_add`] does: the same
+/// column of the listed sources, in index order, as [`scatter_add()`] does: the same
 /// sums, bit for bit, with each unit's loop as long as the target's share of the
 /// sources rather than all of them.
 ///
-/// Metadata as [`scatter_add`]'s.
+/// Metadata as [`scatter_add()`]'s.
 #[cube(launch_unchecked)]
 pub fn scatter_add_rows<T: Numeric, A: Numeric, I: Int>(
     index: &Array<I>,
@@ -161,6 +161,8 @@ pub fn scatter_add_rows<T: Numeric, A: Numeric, I: Int>(
     let src_at = index_at + 1 + rank;
     let out_size = meta[(1 + axis) as usize];
     let columns = meta[0] / out_size;
+    // Kernel code rounds up by hand: `u32::div_ceil` has no cube expansion.
+    #[allow(clippy::manual_div_ceil)]
     let tiles = (columns + block - 1) / block;
     let cube = cube_index();
     // Whole cubes past the last target leave together, before any barrier.

@@ -100,16 +100,16 @@ pub fn matmul<F: Float, A: Float>(
     }
 }
 
-/// Rows of output per unit of [`matmul_direct`].
+/// Rows of output per unit of [`matmul_direct()`].
 pub const DIRECT_ROWS: u32 = 8;
-/// Units (columns) per cube of [`matmul_direct`].
+/// Units (columns) per cube of [`matmul_direct()`].
 pub const DIRECT_COLS: u32 = 64;
 
 /// The matrix product for CPU adapters (Mesa's lavapipe): no shared memory and no
 /// barriers, which a CPU driver runs by switching between the invocations of a
 /// workgroup. Each unit owns one column and [`DIRECT_ROWS`] rows of the output and
 /// walks K directly in global memory; neighbouring units read neighbouring columns of
-/// `b` and the same elements of `a`. Same metadata as [`matmul`]; accumulation in `A`
+/// `b` and the same elements of `a`. Same metadata as [`matmul()`]; accumulation in `A`
 /// in the order of K, like the tiled kernel.
 #[cube(launch_unchecked)]
 pub fn matmul_direct<F: Float, A: Float>(

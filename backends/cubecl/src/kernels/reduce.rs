@@ -158,7 +158,7 @@ fn float_better<A: Float>(v: A, best: A, #[comptime] wants_max: bool) -> bool {
 ///
 /// With a `prologue`, the reduced elements are not read from `x` but computed where
 /// they are needed: element `i` of the (contiguous) input is the prologue's value at
-/// `i` over `inputs` ([`prologue_value`]; `pmeta` their strided metadata, `consts` its
+/// `i` over `inputs` ([`prologue_value()`]; `pmeta` their strided metadata, `consts` its
 /// constants), so that a plan's reduction of a fused group's result stores nothing
 /// between the two.
 #[allow(clippy::collapsible_if, clippy::too_many_arguments, unused_assignments)]

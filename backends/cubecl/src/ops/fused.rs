@@ -115,8 +115,8 @@ pub fn fused_elementwise<R: KilnRuntime>(
 
 /// [`fused_elementwise`] for a group at whose edges mixed precision casts (bf16 inputs
 /// or outputs beside f32 ones): one kernel that widens and narrows at the edges,
-/// vectorised where the operands allow ([`k::fused_mixed_vectorized`]), else strided
-/// ([`k::fused_mixed`]). Returns `false`, having done nothing, for operands of
+/// vectorised where the operands allow ([`k::fused_mixed_vectorized()`]), else strided
+/// ([`k::fused_mixed()`]). Returns `false`, having done nothing, for operands of
 /// other dtypes (f16, bool), which the caller runs another way.
 pub fn fused_mixed<R: KilnRuntime>(
     device: &CubeDevice<R>,
