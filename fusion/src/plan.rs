@@ -311,14 +311,15 @@ pub fn plan_named<D: SymDim + 'static>(
     let mut repeats = Repeats::default();
     for (i, n) in graph.nodes.iter().enumerate() {
         position[i] = g.nodes.len();
-        if let Some(&(m, _)) = transposed.iter().find(|(_, p)| *p == i) {
+        if let Some(t) = transposed.iter().find(|t| t.permute == i) {
             // Already computed in its transposed form, at the product's position.
-            new_id[i] = new_id[m];
-            kept_names[new_id[m]] = names.get(i).cloned().flatten();
-            kept_layers[new_id[m]] = layer(i);
+            let last = new_id[*t.through.last().unwrap_or(&t.product)];
+            new_id[i] = last;
+            kept_names[last] = names.get(i).cloned().flatten();
+            kept_layers[last] = layer(i);
             continue;
         }
-        if transposed.iter().any(|(m, _)| *m == i) {
+        if transposed.iter().any(|t| t.product == i) {
             // (a·b)ᵀ = bᵀ·aᵀ: the permutes are views, the product writes the
             // transposed result contiguously (weight gradients in PyTorch's layout,
             // which optimizers then read in order).
@@ -331,6 +332,20 @@ pub fn plan_named<D: SymDim + 'static>(
             new_id[i] = g
                 .apply(Op::MatMul, &[&bt, &at])
                 .expect("the transposed product is valid");
+            kept_names.push(names.get(i).cloned().flatten());
+            kept_layers.push(layer(i));
+            continue;
+        }
+        if transposed.iter().any(|t| t.through.contains(&i)) {
+            // An element-wise op between the product and its transpose (a mixed
+            // precision product's widening cast) commutes with the transpose: it is
+            // applied to the transposed value.
+            let NodeKind::Op(op) = &n.kind else {
+                unreachable!("only ops are chained through")
+            };
+            new_id[i] = g
+                .apply(op.clone(), &[&new_id[n.inputs[0]]])
+                .expect("an element-wise op of the transposed value is valid");
             kept_names.push(names.get(i).cloned().flatten());
             kept_layers.push(layer(i));
             continue;
@@ -675,13 +690,22 @@ fn merge_one_pass<D: SymDim>(g: &Graph<D>, kernels: &mut Vec<Kernel>) {
     kernels.extend(merged);
 }
 
-/// Rank-2 products whose only use is a transpose `[1, 0]` (and which are not outputs
-/// themselves), as `(product, transpose)` pairs.
+/// A rank-2 product reaching a transpose `[1, 0]` through a chain of element-wise
+/// unary ops (casts), each the only use of the one before and none an output: planned
+/// as the transposed product, so the transpose costs nothing.
+struct TransposedProduct {
+    product: NodeId,
+    /// The element-wise ops between the product and the transpose, in order.
+    through: Vec<NodeId>,
+    permute: NodeId,
+}
+
+/// The products that are planned transposed ([`TransposedProduct`]).
 fn transposed_products<D: SymDim>(
     g: &Graph<D>,
     live: &[bool],
     outputs: &[NodeId],
-) -> Vec<(NodeId, NodeId)> {
+) -> Vec<TransposedProduct> {
     let mut uses = vec![Vec::new(); g.nodes.len()];
     for (i, n) in g.nodes.iter().enumerate() {
         if live[i] {
@@ -690,16 +714,34 @@ fn transposed_products<D: SymDim>(
             }
         }
     }
+    let only_use = |n: NodeId| match uses[n].as_slice() {
+        [u] if !outputs.contains(&n) => Some(*u),
+        _ => None,
+    };
     let mut out = Vec::new();
     for (m, node) in g.nodes.iter().enumerate() {
         let product =
             live[m] && matches!(node.kind, NodeKind::Op(Op::MatMul)) && node.meta.dims.len() == 2;
-        if !product || outputs.contains(&m) {
+        if !product {
             continue;
         }
-        if let [p] = uses[m].as_slice() {
-            if matches!(&g.nodes[*p].kind, NodeKind::Op(Op::Permute { perm }) if perm == &[1, 0]) {
-                out.push((m, *p));
+        let mut through = Vec::new();
+        let mut at = m;
+        while let Some(next) = only_use(at) {
+            match &g.nodes[next].kind {
+                NodeKind::Op(Op::Permute { perm }) if perm == &[1, 0] => {
+                    out.push(TransposedProduct {
+                        product: m,
+                        through,
+                        permute: next,
+                    });
+                    break;
+                }
+                NodeKind::Op(Op::Cast { .. } | Op::Unary(_)) => {
+                    through.push(next);
+                    at = next;
+                }
+                _ => break,
             }
         }
     }
