@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|attention|dropout|oom|w3step|w3profile|w3check|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -128,6 +128,25 @@ case $W in
     [ -x $B/conformance_test ] && run 400 $B/conformance_test --test-threads 1 attention scatter
     [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1
     bash $0 w3profile
+    for p in bf16 f32; do
+      run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
+      run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
+    done ;;
+  w3groups)
+    # Issue 30's multi-tensor AdamW and transposed weight gradients on CUDA: the grouped
+    # kernel against the CPU, AdamW's grouped step against one parameter at a time and
+    # replayed in a CUDA graph, then W3 (planned, replayed; ncu of one bf16 step) and
+    # PyTorch's eager and compiled W3 steps beside it.
+    models_data
+    [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1 groups
+    [ -x $B/fused_models_test ] && run 200 $B/fused_models_test --test-threads 1 adamw
+    [ -x $B/cuda_graph_test ] && run 200 $B/cuda_graph_test --test-threads 1 replayed_steps_train_every_model
+    run 300 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-bf16,w3 --reps 30
+    echo "== ncu w3-bf16 (one planned step)"
+    KILN_PROFILE_STEP=1 timeout 240 /usr/local/cuda/bin/ncu --profile-from-start off --clock-control none \
+      --metrics gpu__time_duration.sum --csv $B/kiln-bench --device cuda --data models/data \
+      --workloads w3 --w3-configs w3-bf16 --reps 1 > "$OUT/prof-w3-bf16.csv" 2>"$OUT/prof-w3-bf16.err"
+    python3 $B/ncu_sum.py "$OUT/prof-w3-bf16.csv" | head -45
     for p in bf16 f32; do
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
       run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile

@@ -173,6 +173,35 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
         fused_by_ops::<Self>(device, expr, inputs, dims, outputs)
     }
 
+    /// Whether [`Backend::fused_elementwise_groups`] runs many groups in fewer launches
+    /// than one each, so that a caller with many small applications of one expression
+    /// (an optimizer's update of every parameter) gains by gathering them. The
+    /// default: no.
+    fn groups_fused_elementwise(device: &Self::Device) -> bool {
+        let _ = device;
+        false
+    }
+
+    /// Runs `expr` once per group, each as [`Backend::fused_elementwise`] would: group
+    /// `i` reads `inputs[i·k..(i+1)·k]` (`k = expr.inputs`) over `dims[i]` and writes
+    /// `outputs[i·o..(i+1)·o]` (`o` the expression's result count). A multi-tensor
+    /// kernel: backends that can launch it over many groups at once override it; the
+    /// default runs the groups one by one.
+    fn fused_elementwise_groups(
+        device: &Self::Device,
+        expr: &FusedExpr,
+        inputs: &[View<'_, Self>],
+        dims: &[Dims],
+        outputs: &mut [&mut Self::Storage],
+    ) -> Result<()> {
+        let (k, o) = group_arity(expr, inputs, dims, outputs)?;
+        for (i, d) in dims.iter().enumerate() {
+            let ins = &inputs[i * k..(i + 1) * k];
+            Self::fused_elementwise(device, expr, None, ins, d, &mut outputs[i * o..(i + 1) * o])?;
+        }
+        Ok(())
+    }
+
     /// Runs `op`, an op that draws random numbers ([`Op::seed`]: `rand`, attention with
     /// dropout), on `inputs` with its seed mixed (xor) with the 64-bit value in `seed`
     /// (`i32` of dims `[2]`, low word first) on the device: what a captured training
@@ -308,6 +337,31 @@ pub fn one_pass_by_ops<B: Backend>(
         B::execute_into(device, op, &inputs[..takes], meta, out)?;
     }
     Ok(())
+}
+
+/// The inputs and outputs per group of a [`Backend::fused_elementwise_groups`] call,
+/// `(k, o)`; an error unless `inputs` and `outputs` hold exactly that many per group.
+pub fn group_arity<B: Backend>(
+    expr: &FusedExpr,
+    inputs: &[View<'_, B>],
+    dims: &[Dims],
+    outputs: &[&mut B::Storage],
+) -> Result<(usize, usize)> {
+    let (k, o, g) = (expr.inputs, expr.results.len(), dims.len());
+    if inputs.len() != g * k || outputs.len() != g * o {
+        return Err(Error::invalid(
+            "fused_elementwise_groups",
+            format!(
+                "{g} groups of an expression of {k} inputs and {o} outputs need {} inputs and \
+                 {} outputs, got {} and {}",
+                g * k,
+                g * o,
+                inputs.len(),
+                outputs.len()
+            ),
+        ));
+    }
+    Ok((k, o))
 }
 
 /// [`Backend::fused_elementwise`] step by step with [`Backend::execute`].

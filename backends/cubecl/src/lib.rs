@@ -481,4 +481,18 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
         }
         ops::fused::fused_elementwise(device, expr, inputs, dims, outputs)
     }
+
+    fn groups_fused_elementwise(_: &CubeDevice<R>) -> bool {
+        true
+    }
+
+    fn fused_elementwise_groups(
+        device: &CubeDevice<R>,
+        expr: &FusedExpr,
+        inputs: &[View<'_, Self>],
+        dims: &[Dims],
+        outputs: &mut [&mut CubeStorage<R>],
+    ) -> Result<()> {
+        ops::fused::fused_elementwise_groups(device, expr, inputs, dims, outputs)
+    }
 }

@@ -38,6 +38,10 @@ macro_rules! fused_tests {
             fn bad_operands_are_errors() -> Result<()> {
                 super::bad_operands_are_errors::<$B>(&$device)
             }
+            #[test]
+            fn groups_of_random_expressions_match_the_cpu() {
+                super::groups_of_random_expressions_match_the_cpu::<$B>(&$device)
+            }
         }
     };
 }
@@ -260,6 +264,106 @@ fn run<B: Backend>(dev: &B::Device, case: &Case) -> Result<Vec<Vec<f32>>> {
     outs.iter().map(|t| t.to_vec::<f32>()).collect()
 }
 
+/// Runs `cases` (one expression, each case a group of its own dims and values) through
+/// [`Backend::fused_elementwise_groups`] on backend `B`: each group's outputs after.
+fn run_groups<B: Backend>(dev: &B::Device, cases: &[Case]) -> Result<Vec<Vec<Vec<f32>>>> {
+    let mut inputs = Vec::new();
+    let mut outs = Vec::new();
+    let mut dims = Vec::new();
+    for case in cases {
+        let [r, c] = case.dims;
+        for (&k, v) in case.kinds.iter().zip(&case.inputs) {
+            inputs.push(view::<B>(dev, k, v, r, c)?);
+        }
+        for v in &case.outputs {
+            outs.push(RawTensor::<B>::from_vec(v.clone(), &[r * c], dev)?);
+        }
+        dims.push(Dims::new(&case.dims)?);
+    }
+    let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
+    let mut storages: Vec<&mut B::Storage> = outs
+        .iter_mut()
+        .map(|t| t.storage_mut().expect("a fresh tensor owns its buffer"))
+        .collect();
+    B::fused_elementwise_groups(dev, &cases[0].expr, &views, &dims, &mut storages)?;
+    drop(storages);
+    let per = cases[0].outputs.len();
+    let values = outs
+        .iter()
+        .map(|t| t.to_vec::<f32>())
+        .collect::<Result<Vec<_>>>()?;
+    Ok(values.chunks(per).map(|c| c.to_vec()).collect())
+}
+
+/// Groups of one random expression: up to 40 (more than one launch takes), of random
+/// dims, mostly contiguous or broadcast inputs (the multi-tensor kernel's) with some
+/// groups of other views or of dims not a whole number of vectors among them (each
+/// run alone): every group's outputs as the CPU computes them one group at a time.
+fn groups_of_random_expressions_match_the_cpu<G: Backend>(dev: &G::Device) {
+    let config = Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]);
+    let mut runner = TestRunner::new_with_rng(config, rng);
+    let groups = (case(), 1usize..40, any::<bool>(), any::<u64>());
+    runner
+        .run(&groups, |(first, count, plain, seed)| {
+            // Every group reads its inputs alike where `plain` (the kernel's case).
+            let kinds: Vec<Kind> = match plain {
+                true => first
+                    .kinds
+                    .iter()
+                    .map(|&k| match k {
+                        Kind::Scalar => Kind::Scalar,
+                        _ => Kind::Contiguous,
+                    })
+                    .collect(),
+                false => first.kinds.clone(),
+            };
+            let mut state = seed | 1;
+            let mut next = move |n: u64| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state % n
+            };
+            let shapes = [[1, 4], [3, 8], [8, 64], [5, 7], [2, 2], [96, 100], [1, 1]];
+            let cases: Vec<Case> = (0..count)
+                .map(|_| {
+                    let [r, c] = shapes[next(shapes.len() as u64) as usize];
+                    let mut value = || (next(17) as f32 - 8.0) * 0.25;
+                    Case {
+                        expr: first.expr.clone(),
+                        kinds: kinds.clone(),
+                        dims: [r, c],
+                        inputs: kinds
+                            .iter()
+                            .map(|&k| (0..buffer_len(k, r, c)).map(|_| value()).collect())
+                            .collect(),
+                        outputs: (0..first.outputs.len())
+                            .map(|_| (0..r * c).map(|_| value()).collect())
+                            .collect(),
+                    }
+                })
+                .collect();
+            let gpu =
+                run_groups::<G>(dev, &cases).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            for (g, case) in cases.iter().enumerate() {
+                let cpu =
+                    run::<Cpu>(&CpuDevice, case).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                for (k, (gv, cv)) in gpu[g].iter().zip(&cpu).enumerate() {
+                    agree(gv, cv).map_err(|e| {
+                        TestCaseError::fail(format!("group {g} of {count}, output {k}: {e}"))
+                    })?;
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
 /// Whether two results agree: equal NaN-ness and infinities, else within a tolerance
 /// scaled by the largest finite reference value (sums of inexact terms may cancel).
 fn agree(gpu: &[f32], cpu: &[f32]) -> std::result::Result<(), String> {
@@ -436,5 +540,19 @@ fn bad_operands_are_errors<G: Backend>(dev: &G::Device) -> Result<()> {
     assert!(e.unwrap_err().to_string().contains("output 0"));
     let e = G::fused_elementwise(dev, &expr, None, &[], &dims, &mut [&mut out]);
     assert!(e.unwrap_err().to_string().contains("reads 1 inputs"));
+    // Groups: each is checked as one call would be, and the counts must fit the groups.
+    let two = [dims, dims];
+    let views = [floats.view(), ints.view()];
+    let mut other = G::alloc(dev, DType::F32, 8)?;
+    let e = G::fused_elementwise_groups(dev, &expr, &views, &two, &mut [&mut out, &mut other]);
+    assert!(e.unwrap_err().to_string().contains("input 0 is I32"));
+    let views = [floats.view(), floats.view()];
+    let e = G::fused_elementwise_groups(dev, &expr, &views, &two, &mut [&mut out, &mut short]);
+    assert!(e.unwrap_err().to_string().contains("output 0"));
+    let e = G::fused_elementwise_groups(dev, &expr, &views[..1], &two, &mut [&mut out, &mut other]);
+    assert!(e
+        .unwrap_err()
+        .to_string()
+        .contains("2 groups of an expression of 1 inputs and 1 outputs need 2 inputs"));
     Ok(())
 }

@@ -30,6 +30,10 @@ macro_rules! fused_model_tests {
             fn steady_state_steps_take_no_new_device_memory() -> Result<()> {
                 super::steady_state_steps_take_no_new_device_memory(&$device)
             }
+            #[test]
+            fn adamw_updates_parameters_together_as_one_by_one() -> Result<()> {
+                super::adamw_updates_parameters_together_as_one_by_one::<$B>(&$device)
+            }
         }
     };
 }
@@ -213,6 +217,73 @@ fn mlp_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> 
         for ((name, a), (_, b)) in state::<G, _>(&fused).iter().zip(&state::<G, _>(&unfused)) {
             let d = max_diff(a, b);
             assert!(d <= 1e-5, "step {step}: `{name}` differs by {d}");
+        }
+    }
+    Ok(())
+}
+
+/// AdamW's step over the MLP's parameters, updated together in a few launches (the
+/// multi-tensor update; the 10-element bias, not whole vectors, alone), gives the
+/// values, moments and step counts of the same updates made one parameter at a time,
+/// bit for bit: with weight decay, clipping by the global norm, and a learning rate
+/// changed between steps.
+fn adamw_updates_parameters_together_as_one_by_one<G: Backend>(dev: &G::Device) -> Result<()> {
+    use kiln_models::mlp::Mlp;
+    use kiln_tensor::nn::Module;
+    use kiln_tensor::RandDist;
+    use kiln_train::optim::{AdamW, AdamWConfig, GradClip, Optimizer};
+    assert!(
+        G::groups_fused_elementwise(dev),
+        "the backend groups updates"
+    );
+    let (mut together, mut alone) = (Mlp::<G>::init(dev, 5)?, Mlp::<G>::init(dev, 5)?);
+    let config = AdamWConfig {
+        lr: 1e-2,
+        weight_decay: 0.1,
+        ..AdamWConfig::default()
+    };
+    let (mut opt_t, mut opt_a) = (AdamW::<G>::new(config)?, AdamW::<G>::new(config)?);
+    for opt in [&mut opt_t, &mut opt_a] {
+        opt.set_grad_clip(GradClip::Norm(0.5))?;
+    }
+    let mut dims = Vec::new();
+    together.visit_params("", &mut |s| dims.push(*s.value.dims()));
+    let normal = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    for step in 0..4u64 {
+        let raw = dims
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                RawTensor::<G>::rand(d.as_slice(), normal, 10 * step + i as u64, DType::F32, dev)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let grads = Mlp::<G>::grads_from_raw(&mut raw.into_iter())?;
+        if step == 2 {
+            opt_t.set_lr(3e-3)?;
+            opt_a.set_lr(3e-3)?;
+        }
+        opt_t.step(&mut together, &grads)?;
+        opt_a.prepare_clip(&mut alone, &grads)?;
+        alone.update_params(&grads, "", &mut |name, p, g| {
+            opt_a.update_param_in_place(name, p, g)
+        })?;
+        for ((name, a), (_, b)) in state::<G, _>(&together).iter().zip(&state::<G, _>(&alone)) {
+            assert!(
+                a == b,
+                "step {step}: `{name}` differs by {}",
+                max_diff(a, b)
+            );
+        }
+        let (st, sa) = (opt_t.state(), opt_a.state());
+        assert_eq!(st.counters, sa.counters, "step {step}: step counts");
+        for ((key, a), (_, b)) in st.tensors.iter().zip(&sa.tensors) {
+            assert!(
+                a.to_vec::<f32>()? == b.to_vec::<f32>()?,
+                "step {step}: {key:?} differs"
+            );
         }
     }
     Ok(())

@@ -180,7 +180,10 @@ pub trait Optimizer<B: Backend> {
     /// error naming it.
     ///
     /// Parameters are updated in declaration order; if one fails (a gradient of the
-    /// wrong shape), those before it have already taken their step.
+    /// wrong shape), those before it have already taken their step. An optimizer that
+    /// updates parameters together (Adam and AdamW where the backend groups fused
+    /// kernels: one or a few launches for the whole model) updates those first, so they
+    /// have taken theirs too.
     fn step<M: Module<B>>(&mut self, model: &mut M, grads: &M::Grads) -> Result<()>
     where
         Self: Sized,

@@ -254,43 +254,152 @@ pub fn fused_vectorized<N: Size>(
     }
     #[unroll]
     for j in 0..config.per_unit {
-        // Lane-major results: lane `l`'s value of output `o` at `l * outs + o`.
         let mut lane_results = Sequence::<f32>::new();
-        #[unroll]
-        for lane in 0..N::value() {
-            let mut regs = Sequence::<f32>::new();
-            #[unroll]
-            for i in 0..config.steps.len() {
-                let step = comptime!(config.steps[i]);
-                let mut operand = zero;
-                match step {
-                    Step::Input(k) => {
-                        operand = loaded.index(comptime!(j as usize * inputs + k as usize))[lane];
-                    }
-                    Step::Output(k) => {
-                        operand = current.index(comptime!(j as usize * outs + k as usize))[lane];
-                    }
-                    _ => {}
-                }
-                let v = eval_step(&regs, consts, operand, step);
-                regs.push(v);
-            }
-            #[unroll]
-            for o in 0..outs {
-                lane_results.push(*regs.index(comptime!(config.results[o] as usize)));
-            }
-        }
+        eval_lanes::<N>(
+            &loaded,
+            &current,
+            consts,
+            zero,
+            &mut lane_results,
+            comptime!(j as usize * inputs),
+            comptime!(j as usize * outs),
+            config.clone(),
+        );
         let pos = first + j * grid;
         if pos < units {
             #[unroll]
             for o in 0..outs {
-                let mut line = Vector::<f32, N>::new(zero);
-                #[unroll]
-                for lane in 0..N::value() {
-                    line[lane] = *lane_results.index(comptime!(lane * outs + o));
-                }
                 let out = outputs.index_mut(o);
-                out[pos as usize] = line;
+                out[pos as usize] = vector_of::<N>(&lane_results, zero, o, outs);
+            }
+        }
+    }
+}
+
+/// The expression at every lane of one vector, pushed lane-major onto `lane_results`
+/// (lane `l`'s value of output `o` at `l · outs + o`): input `k`'s vector is
+/// `loaded[at_in + k]`, output `o`'s current one `current[at_out + o]`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn eval_lanes<N: Size>(
+    loaded: &Sequence<Vector<f32, N>>,
+    current: &Sequence<Vector<f32, N>>,
+    consts: &Sequence<f32>,
+    zero: f32,
+    lane_results: &mut Sequence<f32>,
+    #[comptime] at_in: usize,
+    #[comptime] at_out: usize,
+    #[comptime] config: FusedConfig,
+) {
+    #[unroll]
+    for lane in 0..N::value() {
+        let mut regs = Sequence::<f32>::new();
+        #[unroll]
+        for i in 0..config.steps.len() {
+            let step = comptime!(config.steps[i]);
+            let mut operand = zero;
+            match step {
+                Step::Input(k) => {
+                    operand = loaded.index(comptime!(at_in + k as usize))[lane];
+                }
+                Step::Output(k) => {
+                    operand = current.index(comptime!(at_out + k as usize))[lane];
+                }
+                _ => {}
+            }
+            let v = eval_step(&regs, consts, operand, step);
+            regs.push(v);
+        }
+        #[unroll]
+        for o in 0..config.results.len() {
+            lane_results.push(*regs.index(comptime!(config.results[o] as usize)));
+        }
+    }
+}
+
+/// Output `o`'s vector (of `outs`) from lane-major results ([`eval_lanes`]).
+#[cube]
+fn vector_of<N: Size>(
+    lane_results: &Sequence<f32>,
+    zero: f32,
+    #[comptime] o: usize,
+    #[comptime] outs: usize,
+) -> Vector<f32, N> {
+    let mut line = Vector::<f32, N>::new(zero);
+    #[unroll]
+    for lane in 0..N::value() {
+        line[lane] = *lane_results.index(comptime!(lane * outs + o));
+    }
+    line
+}
+
+/// The fused kernel over many groups of contiguous operands in one launch (a
+/// multi-tensor update: each parameter with its gradient and state one group), one
+/// vector per unit. Group `g` covers the units `starts[g]..starts[g + 1]` and binds its
+/// inputs read as vectors at `vectors[g · v ..]`, those read as one value at
+/// `scalars[g · s ..]` and its outputs at `outputs[g · o ..]` (`v`, `s` and `o` per
+/// group, in input order; `config.kinds` holds only [`InputKind::Vector`] and
+/// [`InputKind::Scalar`]). Sequences are indexed at compile time, so the expression
+/// is unrolled once per group and a launch takes a bounded number of groups.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fused_groups_vectorized<N: Size>(
+    vectors: &Sequence<Array<Vector<f32, N>>>,
+    scalars: &Sequence<Array<f32>>,
+    outputs: &mut Sequence<Array<Vector<f32, N>>>,
+    starts: &Sequence<u32>,
+    zero: f32,
+    consts: &Sequence<f32>,
+    #[comptime] config: FusedConfig,
+    #[comptime] groups: u32,
+) {
+    let pos = linear_pos();
+    let inputs = comptime!(config.kinds.len());
+    let outs = comptime!(config.results.len());
+    let per_vectors = comptime!(config.kinds.iter().filter(|k| k.vectors()).count());
+    let per_scalars = comptime!(inputs - per_vectors);
+    #[unroll]
+    for g in 0..groups {
+        let start = *starts.index(comptime!(g as usize));
+        let end = *starts.index(comptime!(g as usize + 1));
+        if pos >= start && pos < end {
+            let at = pos - start;
+            let mut loaded = Sequence::<Vector<f32, N>>::new();
+            #[unroll]
+            for k in 0..inputs {
+                let slot = comptime!(kind_slot(&config.kinds, &[], k));
+                if comptime!(config.kinds[k].vectors()) {
+                    let seq = vectors.index(comptime!(g as usize * per_vectors + slot));
+                    loaded.push(seq[at as usize]);
+                } else {
+                    let seq = scalars.index(comptime!(g as usize * per_scalars + slot));
+                    loaded.push(Vector::<f32, N>::new(seq[0]));
+                }
+            }
+            let mut current = Sequence::<Vector<f32, N>>::new();
+            #[unroll]
+            for o in 0..outs {
+                if comptime!(reads_output(&config.steps, o)) {
+                    current.push(outputs.index(comptime!(g as usize * outs + o))[at as usize]);
+                } else {
+                    current.push(Vector::<f32, N>::new(zero));
+                }
+            }
+            let mut lane_results = Sequence::<f32>::new();
+            eval_lanes::<N>(
+                &loaded,
+                &current,
+                consts,
+                zero,
+                &mut lane_results,
+                0usize,
+                0usize,
+                config.clone(),
+            );
+            #[unroll]
+            for o in 0..outs {
+                let out = outputs.index_mut(comptime!(g as usize * outs + o));
+                out[at as usize] = vector_of::<N>(&lane_results, zero, o, outs);
             }
         }
     }

@@ -113,6 +113,133 @@ pub fn fused_elementwise<R: KilnRuntime>(
     Ok(())
 }
 
+/// Groups one launch of [`k::fused_groups_vectorized()`] takes at most: the kernel
+/// unrolls the expression once per group, and an optimizer's step over a hundred
+/// parameters then takes a handful of launches.
+const GROUPS_PER_LAUNCH: usize = 16;
+
+/// Runs `expr` once per group (the `Backend::fused_elementwise_groups` contract): runs
+/// of consecutive groups whose operands the vectorised kernel reads alike (f32,
+/// contiguous or single values, whole vectors) share launches of
+/// [`k::fused_groups_vectorized()`], as many per launch as the device binds buffers
+/// for; any other group runs alone through [`fused_elementwise`].
+pub fn fused_elementwise_groups<R: KilnRuntime>(
+    device: &CubeDevice<R>,
+    expr: &FusedExpr,
+    inputs: &[V<'_, R>],
+    dims: &[Dims],
+    outputs: &mut [&mut CubeStorage<R>],
+) -> Result<()> {
+    let (k, o) =
+        kiln_tensor::backend::group_arity::<crate::CubeBackend<R>>(expr, inputs, dims, outputs)?;
+    let dev = &device.state;
+    // Per group, how the vectorised kernel reads each input, or `None` to run it alone.
+    let mut kinds = Vec::with_capacity(dims.len());
+    for (g, d) in dims.iter().enumerate() {
+        let (ins, outs) = (&inputs[g * k..(g + 1) * k], &outputs[g * o..(g + 1) * o]);
+        let n: usize = d.iter().product();
+        check_operands(device, expr, ins, d, outs, n, &[DType::F32])?;
+        let read: Option<Vec<InputKind>> = ins
+            .iter()
+            .map(|v| match input_kind(v, d)? {
+                (kind @ (InputKind::Vector | InputKind::Scalar), _) => Some(kind),
+                _ => None,
+            })
+            .collect();
+        kinds.push(
+            read.filter(|_| n > 0 && n.is_multiple_of(VECTOR) && n / VECTOR <= u32::MAX as usize),
+        );
+    }
+    let bindings = dev.client.properties().hardware.max_bindings as usize;
+    // Room for the launch's own buffers (its scalar arguments' and metadata's).
+    let per_launch = (bindings.saturating_sub(4) / (k + o).max(1)).clamp(1, GROUPS_PER_LAUNCH);
+    let mut g = 0;
+    while g < dims.len() {
+        let Some(read) = kinds[g].clone() else {
+            let (ins, outs) = (
+                &inputs[g * k..(g + 1) * k],
+                &mut outputs[g * o..(g + 1) * o],
+            );
+            fused_elementwise(device, expr, ins, &dims[g], outs)?;
+            g += 1;
+            continue;
+        };
+        let mut end = g + 1;
+        while end < dims.len() && end - g < per_launch && kinds[end].as_ref() == Some(&read) {
+            end += 1;
+        }
+        launch_groups(
+            device,
+            expr,
+            read,
+            &inputs[g * k..end * k],
+            &dims[g..end],
+            &mut outputs[g * o..end * o],
+        )?;
+        g = end;
+    }
+    Ok(())
+}
+
+/// One launch of [`k::fused_groups_vectorized()`] over `dims.len()` groups whose inputs
+/// are all read as `read` says (checked by the caller).
+fn launch_groups<R: KilnRuntime>(
+    device: &CubeDevice<R>,
+    expr: &FusedExpr,
+    read: Vec<InputKind>,
+    inputs: &[V<'_, R>],
+    dims: &[Dims],
+    outputs: &mut [&mut CubeStorage<R>],
+) -> Result<()> {
+    let dev = &device.state;
+    let (k, o) = (read.len(), outputs.len() / dims.len());
+    let (config, consts) = FusedConfig::new(expr, read.clone(), 0, 1);
+    note_kernel(dev, &config);
+    let (mut vectors, mut scalars, mut outs) =
+        (SequenceArg::new(), SequenceArg::new(), SequenceArg::new());
+    let mut starts = SequenceArg::new();
+    let mut units = 0usize;
+    starts.push(0u32);
+    for (g, d) in dims.iter().enumerate() {
+        let ins = &inputs[g * k..(g + 1) * k];
+        note_overwritten(dev, expr, ins, &outputs[g * o..(g + 1) * o]);
+        for (v, kind) in ins.iter().zip(&read) {
+            match kind.vectors() {
+                true => vectors.push(vector_arg(v.storage)),
+                false => scalars.push(arg(v.storage)),
+            }
+        }
+        units += d.iter().product::<usize>() / VECTOR;
+        starts.push(word(units)?);
+    }
+    for out in outputs.iter() {
+        outs.push(vector_arg(out));
+    }
+    let (count, dim) = grid(units, BLOCK);
+    let groups = u32::try_from(dims.len()).expect("at most GROUPS_PER_LAUNCH groups");
+    // SAFETY: group `g`'s units `starts[g]..starts[g + 1]` are its element count in
+    // vectors; its vector inputs are contiguous from offset 0 and hold that many
+    // (`input_kind`), its single-value inputs their element 0, and its outputs at least
+    // that many (`check_operands`); units past the last group touch nothing.
+    unsafe {
+        k::fused_groups_vectorized::launch_unchecked::<R>(
+            &dev.client,
+            count,
+            dim,
+            VECTOR,
+            vectors,
+            scalars,
+            outs,
+            starts,
+            0.0,
+            constants(consts),
+            config,
+            groups,
+        )
+    }
+    Ok(())
+}
+
 /// [`fused_elementwise`] for a group at whose edges mixed precision casts (bf16 inputs
 /// or outputs beside f32 ones): one kernel that widens and narrows at the edges,
 /// vectorised where the operands allow ([`k::fused_mixed_vectorized()`]), else strided
