@@ -133,15 +133,21 @@ case $W in
       run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
     done ;;
   w3groups)
-    # Issue 30's multi-tensor AdamW and transposed weight gradients on CUDA: the grouped
-    # kernel against the CPU, AdamW's grouped step against one parameter at a time and
-    # replayed in a CUDA graph, then W3 (planned, replayed; ncu of one bf16 step) and
-    # PyTorch's eager and compiled W3 steps beside it.
+    # Issue 30's multi-tensor kernel on CUDA: groups of random expressions against the
+    # CPU (fused_test, kiln-cubecl's `groups_of_random_expressions_match_the_cpu`; when
+    # it passes, CUDA's `KilnRuntime::GROUPS_FUSED_ELEMENTWISE` can be turned on), replayed
+    # steps against planned ones, then W3 (planned, replayed; ncu of one bf16 step) and
+    # PyTorch's eager and compiled W3 steps beside it (SHORT=1: bf16 PyTorch only, no ncu).
     models_data
     [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1 groups
-    [ -x $B/fused_models_test ] && run 200 $B/fused_models_test --test-threads 1 adamw
     [ -x $B/cuda_graph_test ] && run 200 $B/cuda_graph_test --test-threads 1 replayed_steps_train_every_model
     run 300 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-bf16,w3 --reps 30
+    if [ -n "${SHORT:-}" ]; then
+      # A short call: PyTorch's bf16 W3 steps only.
+      run 100 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision bf16
+      run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision bf16 --compile
+      exit 0
+    fi
     echo "== ncu w3-bf16 (one planned step)"
     KILN_PROFILE_STEP=1 timeout 240 /usr/local/cuda/bin/ncu --profile-from-start off --clock-control none \
       --metrics gpu__time_duration.sum --csv $B/kiln-bench --device cuda --data models/data \

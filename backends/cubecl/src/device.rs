@@ -53,6 +53,12 @@ pub trait KilnRuntime: Runtime + Sized {
     /// take as laid out are worth a contiguous copy).
     const VENDOR_MATMUL: bool = false;
 
+    /// Whether many groups of one fused expression share launches of the multi-tensor
+    /// kernel (`Backend::groups_fused_elementwise`). Off where the kernel has not yet
+    /// run against the one-group-at-a-time path on the runtime's hardware (CUDA: the
+    /// `w3groups` case of `scripts/gpu_device_run.sh` checks it there).
+    const GROUPS_FUSED_ELEMENTWISE: bool = false;
+
     /// A matrix product the runtime runs through a vendor library, or `None` to use
     /// Kiln's own kernel. `bias`, where given, is an f32 row `[N]` broadcast over the
     /// result (stride 0 but along the last dim) that the library adds to it as its

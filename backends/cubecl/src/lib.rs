@@ -483,7 +483,7 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
     }
 
     fn groups_fused_elementwise(_: &CubeDevice<R>) -> bool {
-        true
+        R::GROUPS_FUSED_ELEMENTWISE
     }
 
     fn fused_elementwise_groups(

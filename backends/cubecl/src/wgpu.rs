@@ -44,6 +44,7 @@ impl WgpuExtra {
 
 impl KilnRuntime for WgpuRuntime {
     const NAME: &'static str = "wgpu";
+    const GROUPS_FUSED_ELEMENTWISE: bool = true;
     type Extra = WgpuExtra;
 
     fn open(ordinal: usize) -> Result<Opened<Self>> {

@@ -30,10 +30,6 @@ macro_rules! fused_model_tests {
             fn steady_state_steps_take_no_new_device_memory() -> Result<()> {
                 super::steady_state_steps_take_no_new_device_memory(&$device)
             }
-            #[test]
-            fn adamw_updates_parameters_together_as_one_by_one() -> Result<()> {
-                super::adamw_updates_parameters_together_as_one_by_one::<$B>(&$device)
-            }
         }
     };
 }
@@ -222,30 +218,65 @@ fn mlp_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> 
     Ok(())
 }
 
-/// AdamW's step over the MLP's parameters, updated together in a few launches (the
-/// multi-tensor update; the 10-element bias, not whole vectors, alone), gives the
-/// values, moments and step counts of the same updates made one parameter at a time,
-/// bit for bit: with weight decay, clipping by the global norm, and a learning rate
-/// changed between steps.
-fn adamw_updates_parameters_together_as_one_by_one<G: Backend>(dev: &G::Device) -> Result<()> {
-    use kiln_models::mlp::Mlp;
-    use kiln_tensor::nn::Module;
-    use kiln_tensor::RandDist;
-    use kiln_train::optim::{AdamW, AdamWConfig, GradClip, Optimizer};
+/// The optimizers' grouped steps on wgpu (CUDA runs them one parameter at a time until
+/// its multi-tensor kernel is checked there: `KilnRuntime::GROUPS_FUSED_ELEMENTWISE`).
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_optimizers_update_parameters_together_as_one_by_one() -> Result<()> {
+    let dev = kiln_cubecl::WgpuDevice::first()
+        .unwrap_or_else(|e| panic!("no wgpu device for the fused tests: {e}"));
+    optimizers_update_parameters_together_as_one_by_one::<kiln_cubecl::Wgpu>(&dev)
+}
+
+/// AdamW's and SGD's steps over the MLP's parameters, updated together in a few
+/// launches (the multi-tensor update; the 10-element bias, not whole vectors, alone),
+/// give the values and state (moments and step counts, momentum buffers) of the same
+/// updates made one parameter at a time, bit for bit: with weight decay, clipping, and
+/// a learning rate changed between steps.
+#[cfg(feature = "wgpu")]
+fn optimizers_update_parameters_together_as_one_by_one<G: Backend>(dev: &G::Device) -> Result<()> {
+    use kiln_train::optim::{AdamW, AdamWConfig, GradClip, Optimizer, Sgd, SgdConfig};
     assert!(
         G::groups_fused_elementwise(dev),
         "the backend groups updates"
     );
-    let (mut together, mut alone) = (Mlp::<G>::init(dev, 5)?, Mlp::<G>::init(dev, 5)?);
-    let config = AdamWConfig {
-        lr: 1e-2,
-        weight_decay: 0.1,
-        ..AdamWConfig::default()
+    let adamw = || {
+        let mut o = AdamW::<G>::new(AdamWConfig {
+            lr: 1e-2,
+            weight_decay: 0.1,
+            ..AdamWConfig::default()
+        })?;
+        o.set_grad_clip(GradClip::Norm(0.5))?;
+        Ok(o)
     };
-    let (mut opt_t, mut opt_a) = (AdamW::<G>::new(config)?, AdamW::<G>::new(config)?);
-    for opt in [&mut opt_t, &mut opt_a] {
-        opt.set_grad_clip(GradClip::Norm(0.5))?;
-    }
+    together_as_one_by_one(dev, "AdamW", adamw)?;
+    let sgd = || {
+        let mut o = Sgd::<G>::new(SgdConfig {
+            lr: 0.05,
+            momentum: 0.9,
+            weight_decay: 1e-3,
+            nesterov: true,
+            ..SgdConfig::default()
+        })?;
+        o.set_grad_clip(GradClip::Value(0.8))?;
+        Ok(o)
+    };
+    together_as_one_by_one(dev, "SGD", sgd)
+}
+
+/// Four steps of two optimizers from `make` on two copies of the MLP, one through
+/// `Optimizer::step` (grouped), one a parameter at a time, compared after each.
+#[cfg(feature = "wgpu")]
+fn together_as_one_by_one<G: Backend, O: kiln_train::optim::Optimizer<G>>(
+    dev: &G::Device,
+    what: &str,
+    make: impl Fn() -> Result<O>,
+) -> Result<()> {
+    use kiln_models::mlp::Mlp;
+    use kiln_tensor::nn::Module;
+    use kiln_tensor::RandDist;
+    let (mut together, mut alone) = (Mlp::<G>::init(dev, 5)?, Mlp::<G>::init(dev, 5)?);
+    let (mut opt_t, mut opt_a) = (make()?, make()?);
     let mut dims = Vec::new();
     together.visit_params("", &mut |s| dims.push(*s.value.dims()));
     let normal = RandDist::Normal {
@@ -262,8 +293,9 @@ fn adamw_updates_parameters_together_as_one_by_one<G: Backend>(dev: &G::Device) 
             .collect::<Result<Vec<_>>>()?;
         let grads = Mlp::<G>::grads_from_raw(&mut raw.into_iter())?;
         if step == 2 {
-            opt_t.set_lr(3e-3)?;
-            opt_a.set_lr(3e-3)?;
+            let lr = opt_t.lr() * 0.3;
+            opt_t.set_lr(lr)?;
+            opt_a.set_lr(lr)?;
         }
         opt_t.step(&mut together, &grads)?;
         opt_a.prepare_clip(&mut alone, &grads)?;
@@ -273,16 +305,17 @@ fn adamw_updates_parameters_together_as_one_by_one<G: Backend>(dev: &G::Device) 
         for ((name, a), (_, b)) in state::<G, _>(&together).iter().zip(&state::<G, _>(&alone)) {
             assert!(
                 a == b,
-                "step {step}: `{name}` differs by {}",
+                "{what}, step {step}: `{name}` differs by {}",
                 max_diff(a, b)
             );
         }
         let (st, sa) = (opt_t.state(), opt_a.state());
-        assert_eq!(st.counters, sa.counters, "step {step}: step counts");
+        assert_eq!(st.counters, sa.counters, "{what}, step {step}: step counts");
+        assert_eq!(st.tensors.len(), sa.tensors.len());
         for ((key, a), (_, b)) in st.tensors.iter().zip(&sa.tensors) {
             assert!(
                 a.to_vec::<f32>()? == b.to_vec::<f32>()?,
-                "step {step}: {key:?} differs"
+                "{what}, step {step}: {key:?} differs"
             );
         }
     }

@@ -2,8 +2,9 @@
 //! memory, shared by both flavours (they differ only in where weight decay goes).
 
 use super::clip::{Clipping, GradClip};
+use super::grouped::{owned, GroupedRule, Groups, Staged};
 use super::rules::{self, AdamPerStep, Clip, Eager, ExprBuilder};
-use super::{check_lr, check_non_negative, check_state, check_update, compute_inputs, finish};
+use super::{check_lr, check_non_negative, check_state, compute_inputs, finish};
 use super::{Optimizer, OptimizerState};
 use kiln_tensor::fused::{ExprStep, FusedExpr};
 use kiln_tensor::nn::Module;
@@ -104,21 +105,104 @@ struct AdamState<B: Backend> {
     scalars: Option<StepScalars<B>>,
     /// Gradient clipping.
     clip: Clipping<B>,
-    /// The parameters of the step being updated together, and for each parameter the
-    /// step visits whether it is one of them (kept between steps: no allocation once
-    /// warm).
-    staged: Vec<Staged<B>>,
-    grouped: Vec<bool>,
+    /// What grouped steps keep between steps.
+    groups: Groups<B, 2>,
 }
 
-/// A parameter updated with others in one launch: taken out of the model and its
-/// moments out of the state for the launch (each place holding its gradient meanwhile,
-/// a tensor of the same dims and dtype), put back after it.
-struct Staged<B: Backend> {
-    param: RawTensor<B>,
-    grad: RawTensor<B>,
-    exp_avg: RawTensor<B>,
-    exp_avg_sq: RawTensor<B>,
+/// Adam's grouped step of step count `step` on `device` ([`super::grouped`]): the
+/// moments are the state.
+struct AdamGroup<'a, B: Backend> {
+    state: &'a mut AdamState<B>,
+    op: &'static str,
+    h: AdamStep,
+    step: u64,
+    device: B::Device,
+}
+
+impl<B: Backend> GroupedRule<B, 2> for AdamGroup<'_, B> {
+    fn take_state(&mut self, name: &str, grad: &RawTensor<B>) -> Option<[RawTensor<B>; 2]> {
+        let s = self.state.moments.get_mut(name)?;
+        let joins = s.step + 1 == self.step
+            && *grad.device() == self.device
+            && owned(&s.exp_avg, grad)
+            && owned(&s.exp_avg_sq, grad);
+        joins.then(|| {
+            [
+                std::mem::replace(&mut s.exp_avg, grad.clone()),
+                std::mem::replace(&mut s.exp_avg_sq, grad.clone()),
+            ]
+        })
+    }
+
+    fn put_back_state(&mut self, name: &str, state: [RawTensor<B>; 2], updated: bool) {
+        let s = self
+            .state
+            .moments
+            .get_mut(name)
+            .expect("taken by `take_state`");
+        [s.exp_avg, s.exp_avg_sq] = state;
+        if updated {
+            s.step = self.step;
+        }
+    }
+
+    fn update_group(&mut self, staged: &mut [Staged<B, 2>]) -> Result<()> {
+        let (h, st) = (self.h, &mut *self.state);
+        let clip = st.clip.mode();
+        let key = (AdamStep { lr: 0.0, ..h }, clip);
+        if st
+            .fused
+            .as_ref()
+            .is_none_or(|(built_for, _)| *built_for != key)
+        {
+            st.fused = Some((key, AdamState::<B>::fused_expr(h, clip)?));
+        }
+        let (_, expr) = st.fused.as_ref().expect("built above");
+        let scalars = &st
+            .scalars
+            .as_ref()
+            .expect("written by `step_grouped`")
+            .values;
+        let skip = usize::from(h.decoupled == 0.0);
+        let scale = match clip {
+            GradClip::Norm(_) => Some(st.clip.scale()?),
+            _ => None,
+        };
+        let mut inputs = Vec::with_capacity(staged.len() * expr.inputs);
+        let mut dims = Vec::with_capacity(staged.len());
+        let mut outputs = Vec::with_capacity(staged.len() * 3);
+        for Staged { param, grad, state } in staged.iter_mut() {
+            let d = *param.dims();
+            inputs.push(grad.view());
+            for t in scalars[skip..].iter().chain(scale) {
+                let mut v = t.view();
+                v.layout = v.layout.broadcast_to(&d)?;
+                inputs.push(v);
+            }
+            dims.push(d);
+            let [m, v] = state;
+            let (Some(p), Some(m), Some(v)) =
+                (param.storage_mut(), m.storage_mut(), v.storage_mut())
+            else {
+                return Err(Error::invalid(
+                    self.op,
+                    "a staged parameter's buffer is shared (a broken invariant)",
+                ));
+            };
+            outputs.extend([p, m, v]);
+        }
+        B::fused_elementwise_groups(&self.device, expr, &inputs, &dims, &mut outputs)
+    }
+
+    fn update_alone(
+        &mut self,
+        name: &str,
+        param: &mut RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<()> {
+        self.state
+            .update_in_place(self.op, self.h, name, param, grad)
+    }
 }
 
 /// Adam's per-step values in device memory (f32, rank 0 each), written between steps.
@@ -386,178 +470,41 @@ impl<B: Backend> AdamState<B> {
         Ok(true)
     }
 
-    /// [`Optimizer::step`]: every parameter of `model` updated from `grads`. Where the
-    /// backend groups fused kernels ([`Backend::groups_fused_elementwise`]), the
-    /// parameters whose fused update applies at the step's count are updated together
-    /// in one or a few launches (the multi-tensor update, the same expression as
-    /// [`AdamState::update_fused`], so bit for bit the same values); the others, and
-    /// every parameter in anomaly mode, one by one as [`AdamState::update_in_place`].
-    fn step<M: Module<B>>(
+    /// [`Optimizer::step`] with the parameters updated together
+    /// ([`super::grouped`]) where the backend groups fused kernels and anomaly mode is
+    /// off; `false`, having done nothing, where it does not apply (the caller updates
+    /// them one by one). Parameters join when their fused update
+    /// ([`AdamState::update_fused`], the same expression) applies at the step's count.
+    fn step_grouped<M: Module<B>>(
         &mut self,
         op: &'static str,
         h: AdamStep,
         model: &mut M,
         grads: &M::Grads,
-    ) -> Result<()> {
-        let detect = kiln_tensor::anomaly::detecting();
+    ) -> Result<bool> {
         let group = self
             .moments
             .values()
             .next()
             .map(|s| (s.step + 1, s.exp_avg.device().clone()))
-            .filter(|(_, device)| !detect && B::groups_fused_elementwise(device));
-        let Some((step, device)) = group else {
-            return model.update_params(grads, "", &mut |name, p, g| {
-                self.update_in_place(op, h, name, p, g)?;
-                if detect {
-                    check_update(name, p, g)?;
-                }
-                Ok(())
+            .filter(|(_, device)| {
+                !kiln_tensor::anomaly::detecting() && B::groups_fused_elementwise(device)
             });
+        let Some((step, device)) = group else {
+            return Ok(false);
         };
         self.write_scalars(h, step, &device)?;
-        let (mut staged, mut grouped) = (
-            std::mem::take(&mut self.staged),
-            std::mem::take(&mut self.grouped),
-        );
-        staged.clear();
-        grouped.clear();
-        // First walk: take out the parameters the grouped update covers.
-        let walk = model.update_params(grads, "", &mut |name, p, g| {
-            let take = self.groups(name, p, g, step, &device);
-            grouped.push(take);
-            if take {
-                let s = self.moments.get_mut(name).expect("checked by `groups`");
-                staged.push(Staged {
-                    param: std::mem::replace(p, g.clone()),
-                    grad: g.clone(),
-                    exp_avg: std::mem::replace(&mut s.exp_avg, g.clone()),
-                    exp_avg_sq: std::mem::replace(&mut s.exp_avg_sq, g.clone()),
-                });
-            }
-            Ok(())
-        });
-        let launched = walk.and_then(|()| self.update_staged(h, &device, &mut staged));
-        // Second walk: put them back, and update the others one by one (after the
-        // launch, which read the per-step values they may rewrite).
-        let (mut visited, mut restored) = (0, 0);
-        let mut failed = None;
-        let back = model.update_params(grads, "", &mut |name, p, g| {
-            let taken = grouped.get(visited).copied().unwrap_or(false);
-            visited += 1;
-            if taken {
-                let t = &mut staged[restored];
-                restored += 1;
-                std::mem::swap(p, &mut t.param);
-                let s = self.moments.get_mut(name).expect("staged above");
-                std::mem::swap(&mut s.exp_avg, &mut t.exp_avg);
-                std::mem::swap(&mut s.exp_avg_sq, &mut t.exp_avg_sq);
-                if launched.is_ok() {
-                    s.step = step;
-                }
-            } else if launched.is_ok() && failed.is_none() {
-                failed = self.update_in_place(op, h, name, p, g).err();
-            }
-            Ok(())
-        });
-        let complete = restored == staged.len();
-        staged.clear();
-        self.staged = staged;
-        self.grouped = grouped;
-        if !complete {
-            return Err(Error::invalid(
-                op,
-                "the model's parameters changed between the walks of one step (a broken invariant)",
-            ));
-        }
-        launched?;
-        back?;
-        failed.map_or(Ok(()), Err)
-    }
-
-    /// Whether parameter `name` joins the grouped update of step `step` on `device`:
-    /// an f32 parameter and gradient of one shape, moments from step `step − 1` that
-    /// fit it, and parameter and moments held by nobody else.
-    fn groups(
-        &self,
-        name: &str,
-        p: &RawTensor<B>,
-        g: &RawTensor<B>,
-        step: u64,
-        device: &B::Device,
-    ) -> bool {
-        let own = |t: &RawTensor<B>| {
-            t.dims() == p.dims()
-                && t.dtype() == DType::F32
-                && t.device() == device
-                && std::sync::Arc::strong_count(t.storage()) == 1
+        let mut groups = std::mem::take(&mut self.groups);
+        let mut rule = AdamGroup {
+            state: self,
+            op,
+            h,
+            step,
+            device,
         };
-        let fits = g.dims() == p.dims() && g.dtype() == DType::F32 && g.device() == device;
-        fits && own(p)
-            && self
-                .moments
-                .get(name)
-                .is_some_and(|s| s.step + 1 == step && own(&s.exp_avg) && own(&s.exp_avg_sq))
-    }
-
-    /// The grouped update of the staged parameters: one [`Backend::fused_elementwise_groups`]
-    /// call, each parameter a group reading the inputs [`AdamState::update_fused`] reads.
-    fn update_staged(
-        &mut self,
-        h: AdamStep,
-        device: &B::Device,
-        staged: &mut [Staged<B>],
-    ) -> Result<()> {
-        if staged.is_empty() {
-            return Ok(());
-        }
-        let clip = self.clip.mode();
-        let key = (AdamStep { lr: 0.0, ..h }, clip);
-        if self
-            .fused
-            .as_ref()
-            .is_none_or(|(built_for, _)| *built_for != key)
-        {
-            self.fused = Some((key, Self::fused_expr(h, clip)?));
-        }
-        let (_, expr) = self.fused.as_ref().expect("built above");
-        let scalars = &self.scalars.as_ref().expect("written by `step`").values;
-        let skip = usize::from(h.decoupled == 0.0);
-        let scale = match clip {
-            GradClip::Norm(_) => Some(self.clip.scale()?),
-            _ => None,
-        };
-        let mut inputs = Vec::with_capacity(staged.len() * expr.inputs);
-        let mut dims = Vec::with_capacity(staged.len());
-        let mut outputs = Vec::with_capacity(staged.len() * 3);
-        for Staged {
-            param,
-            grad,
-            exp_avg,
-            exp_avg_sq,
-        } in staged.iter_mut()
-        {
-            let d = *param.dims();
-            inputs.push(grad.view());
-            for t in scalars[skip..].iter().chain(scale) {
-                let mut v = t.view();
-                v.layout = v.layout.broadcast_to(&d)?;
-                inputs.push(v);
-            }
-            dims.push(d);
-            let (Some(p), Some(m), Some(v)) = (
-                param.storage_mut(),
-                exp_avg.storage_mut(),
-                exp_avg_sq.storage_mut(),
-            ) else {
-                return Err(Error::invalid(
-                    "Adam",
-                    "a staged parameter's buffer is shared (a broken invariant)",
-                ));
-            };
-            outputs.extend([p, m, v]);
-        }
-        B::fused_elementwise_groups(device, expr, &inputs, &dims, &mut outputs)
+        let done = groups.step(op, &mut rule, model, grads);
+        self.groups = groups;
+        done.map(|()| true)
     }
 
     /// [`Optimizer::state`], for an optimizer of `kind`.
@@ -678,8 +625,7 @@ impl<B: Backend> Adam<B> {
                 fused: None,
                 scalars: None,
                 clip: Clipping::new(),
-                staged: Vec::new(),
-                grouped: Vec::new(),
+                groups: Groups::default(),
             },
         })
     }
@@ -725,8 +671,7 @@ impl<B: Backend> AdamW<B> {
                 fused: None,
                 scalars: None,
                 clip: Clipping::new(),
-                staged: Vec::new(),
-                grouped: Vec::new(),
+                groups: Groups::default(),
             },
         })
     }
@@ -810,7 +755,10 @@ macro_rules! adam_optimizer {
             ) -> Result<()> {
                 self.prepare_clip(model, grads)?;
                 let h = self.hyper();
-                self.state.step($name, h, model, grads)
+                match self.state.step_grouped($name, h, model, grads)? {
+                    true => Ok(()),
+                    false => super::step_one_by_one(self, model, grads),
+                }
             }
 
             fn replay_refusal(&self) -> Option<String> {

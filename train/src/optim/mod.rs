@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 mod adam;
 pub(crate) mod clip;
+mod grouped;
 mod rules;
 mod sgd;
 
@@ -180,24 +181,34 @@ pub trait Optimizer<B: Backend> {
     /// error naming it.
     ///
     /// Parameters are updated in declaration order; if one fails (a gradient of the
-    /// wrong shape), those before it have already taken their step. An optimizer that
-    /// updates parameters together (Adam and AdamW where the backend groups fused
-    /// kernels: one or a few launches for the whole model) updates those first, so they
+    /// wrong shape), those before it have already taken their step. Where the backend
+    /// groups fused kernels, Adam, AdamW and SGD with momentum update the parameters
+    /// they can together first (one or a few launches for the whole model), so those
     /// have taken theirs too.
     fn step<M: Module<B>>(&mut self, model: &mut M, grads: &M::Grads) -> Result<()>
     where
         Self: Sized,
     {
         self.prepare_clip(model, grads)?;
-        let detect = kiln_tensor::anomaly::detecting();
-        model.update_params(grads, "", &mut |name, p, g| {
-            self.update_param_in_place(name, p, g)?;
-            if detect {
-                check_update(name, p, g)?;
-            }
-            Ok(())
-        })
+        step_one_by_one(self, model, grads)
     }
+}
+
+/// [`Optimizer::step`] after clipping's preparation, one parameter at a time (each
+/// checked in anomaly mode).
+fn step_one_by_one<B: Backend, O: Optimizer<B>, M: Module<B>>(
+    opt: &mut O,
+    model: &mut M,
+    grads: &M::Grads,
+) -> Result<()> {
+    let detect = kiln_tensor::anomaly::detecting();
+    model.update_params(grads, "", &mut |name, p, g| {
+        opt.update_param_in_place(name, p, g)?;
+        if detect {
+            check_update(name, p, g)?;
+        }
+        Ok(())
+    })
 }
 
 /// Anomaly mode's check of parameter `name` after its update from gradient `grad`.

@@ -1,10 +1,12 @@
 //! [`Sgd`]: its settings, momentum buffers and the device copy of its learning rate.
 
 use super::clip::{Clipping, GradClip};
+use super::grouped::{owned, GroupedRule, Groups, Staged};
 use super::rules::{self, Clip, Eager, ExprBuilder};
 use super::{check_lr, check_non_negative, check_state, compute_inputs, finish};
 use super::{Optimizer, OptimizerState};
 use kiln_tensor::fused::{ExprStep, FusedExpr};
+use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, DType, Error, RawTensor, Result};
 use std::collections::HashMap;
 
@@ -56,6 +58,8 @@ pub struct Sgd<B: Backend> {
     /// rewritten in place by `set_lr`: a captured step (a CUDA graph) reads the rate
     /// of each replay, not the one it was captured with.
     lr_on_device: Option<RawTensor<B>>,
+    /// What grouped steps keep between steps.
+    groups: Groups<B, 1>,
 }
 
 impl<B: Backend> Sgd<B> {
@@ -86,6 +90,7 @@ impl<B: Backend> Sgd<B> {
             clip: Clipping::new(),
             fused: None,
             lr_on_device: None,
+            groups: Groups::default(),
         })
     }
 
@@ -209,6 +214,117 @@ impl<B: Backend> Sgd<B> {
     }
 }
 
+impl<B: Backend> Sgd<B> {
+    /// [`Optimizer::step`] with the parameters updated together
+    /// ([`super::grouped`]) where the backend groups fused kernels, momentum is on and
+    /// anomaly mode is off; `false`, having done nothing, where it does not apply.
+    /// Parameters join when their fused update ([`Sgd::update_fused`], the same
+    /// expression) applies.
+    fn step_grouped<M: Module<B>>(&mut self, model: &mut M, grads: &M::Grads) -> Result<bool> {
+        let device = self
+            .momentum_buffers
+            .values()
+            .next()
+            .map(|b| b.device().clone())
+            .filter(|device| {
+                self.config.momentum != 0.0
+                    && !kiln_tensor::anomaly::detecting()
+                    && B::groups_fused_elementwise(device)
+            });
+        let Some(device) = device else {
+            return Ok(false);
+        };
+        if self
+            .lr_on_device
+            .as_ref()
+            .is_none_or(|t| *t.device() != device)
+        {
+            self.lr_on_device = None;
+            self.write_lr_on_device(&device)?;
+        }
+        let clip = self.clip.mode();
+        if self
+            .fused
+            .as_ref()
+            .is_none_or(|(built_for, _)| *built_for != clip)
+        {
+            self.fused = Some((clip, Self::fused_expr(&self.config, clip)?));
+        }
+        let mut groups = std::mem::take(&mut self.groups);
+        let done = groups.step("Sgd", &mut SgdGroup { sgd: self, device }, model, grads);
+        self.groups = groups;
+        done.map(|()| true)
+    }
+}
+
+/// SGD's grouped step on `device` ([`super::grouped`]): the momentum buffer is the
+/// state.
+struct SgdGroup<'a, B: Backend> {
+    sgd: &'a mut Sgd<B>,
+    device: B::Device,
+}
+
+impl<B: Backend> GroupedRule<B, 1> for SgdGroup<'_, B> {
+    fn take_state(&mut self, name: &str, grad: &RawTensor<B>) -> Option<[RawTensor<B>; 1]> {
+        let b = self.sgd.momentum_buffers.get_mut(name)?;
+        let joins = *grad.device() == self.device && owned(b, grad);
+        joins.then(|| [std::mem::replace(b, grad.clone())])
+    }
+
+    fn put_back_state(&mut self, name: &str, [buffer]: [RawTensor<B>; 1], _: bool) {
+        let b = self
+            .sgd
+            .momentum_buffers
+            .get_mut(name)
+            .expect("taken by `take_state`");
+        *b = buffer;
+    }
+
+    fn update_group(&mut self, staged: &mut [Staged<B, 1>]) -> Result<()> {
+        let sgd = &*self.sgd;
+        let (_, expr) = sgd.fused.as_ref().expect("built by `step_grouped`");
+        let lr = sgd
+            .lr_on_device
+            .as_ref()
+            .expect("written by `step_grouped`");
+        let scale = match sgd.clip.mode() {
+            GradClip::Norm(_) => Some(sgd.clip.scale()?),
+            _ => None,
+        };
+        let mut inputs = Vec::with_capacity(staged.len() * expr.inputs);
+        let mut dims = Vec::with_capacity(staged.len());
+        let mut outputs = Vec::with_capacity(staged.len() * 2);
+        for Staged { param, grad, state } in staged.iter_mut() {
+            let d = *param.dims();
+            inputs.push(grad.view());
+            for t in std::iter::once(lr).chain(scale) {
+                let mut v = t.view();
+                v.layout = v.layout.broadcast_to(&d)?;
+                inputs.push(v);
+            }
+            dims.push(d);
+            let [b] = state;
+            let (Some(p), Some(b)) = (param.storage_mut(), b.storage_mut()) else {
+                return Err(Error::invalid(
+                    "Sgd",
+                    "a staged parameter's buffer is shared (a broken invariant)",
+                ));
+            };
+            outputs.extend([p, b]);
+        }
+        B::fused_elementwise_groups(&self.device, expr, &inputs, &dims, &mut outputs)
+    }
+
+    fn update_alone(
+        &mut self,
+        name: &str,
+        param: &mut RawTensor<B>,
+        grad: &RawTensor<B>,
+    ) -> Result<()> {
+        self.sgd.update_param_in_place(name, param, grad)
+    }
+}
+
 impl<B: Backend> Optimizer<B> for Sgd<B> {
     #[inline(never)]
     fn update_param(
@@ -252,6 +368,15 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
         Ok(())
     }
 
+    #[inline(never)]
+    fn step<M: Module<B>>(&mut self, model: &mut M, grads: &M::Grads) -> Result<()> {
+        self.prepare_clip(model, grads)?;
+        match self.step_grouped(model, grads)? {
+            true => Ok(()),
+            false => super::step_one_by_one(self, model, grads),
+        }
+    }
+
     fn lr(&self) -> f64 {
         self.config.lr
     }
@@ -282,11 +407,7 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
         self.clip.set(clip)
     }
 
-    fn prepare_clip<M: kiln_tensor::nn::Module<B>>(
-        &mut self,
-        model: &mut M,
-        grads: &M::Grads,
-    ) -> Result<()> {
+    fn prepare_clip<M: Module<B>>(&mut self, model: &mut M, grads: &M::Grads) -> Result<()> {
         self.clip.prepare(model, grads)
     }
 
