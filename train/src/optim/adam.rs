@@ -2,7 +2,7 @@
 //! memory, shared by both flavours (they differ only in where weight decay goes).
 
 use super::clip::{Clipping, GradClip};
-use super::grouped::{owned, GroupedRule, Groups, Staged};
+use super::grouped::{owned, update_together, GroupedRule, Groups, Staged};
 use super::rules::{self, AdamPerStep, Clip, Eager, ExprBuilder};
 use super::{check_lr, check_non_negative, check_state, compute_inputs, finish};
 use super::{Optimizer, OptimizerState};
@@ -168,30 +168,8 @@ impl<B: Backend> GroupedRule<B, 2> for AdamGroup<'_, B> {
             GradClip::Norm(_) => Some(st.clip.scale()?),
             _ => None,
         };
-        let mut inputs = Vec::with_capacity(staged.len() * expr.inputs);
-        let mut dims = Vec::with_capacity(staged.len());
-        let mut outputs = Vec::with_capacity(staged.len() * 3);
-        for Staged { param, grad, state } in staged.iter_mut() {
-            let d = *param.dims();
-            inputs.push(grad.view());
-            for t in scalars[skip..].iter().chain(scale) {
-                let mut v = t.view();
-                v.layout = v.layout.broadcast_to(&d)?;
-                inputs.push(v);
-            }
-            dims.push(d);
-            let [m, v] = state;
-            let (Some(p), Some(m), Some(v)) =
-                (param.storage_mut(), m.storage_mut(), v.storage_mut())
-            else {
-                return Err(Error::invalid(
-                    self.op,
-                    "a staged parameter's buffer is shared (a broken invariant)",
-                ));
-            };
-            outputs.extend([p, m, v]);
-        }
-        B::fused_elementwise_groups(&self.device, expr, &inputs, &dims, &mut outputs)
+        let per_step: Vec<&RawTensor<B>> = scalars[skip..].iter().chain(scale).collect();
+        update_together(self.op, &self.device, expr, &per_step, staged)
     }
 
     fn update_alone(

@@ -8,6 +8,7 @@
 //! launch runs the expression each optimizer's one-by-one fused update runs, reading
 //! the same per-step values, so both give the same bits.
 
+use kiln_tensor::fused::FusedExpr;
 use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, DType, Error, RawTensor, Result};
 use std::sync::Arc;
@@ -136,4 +137,35 @@ impl<B: Backend, const N: usize> Groups<B, N> {
         back?;
         failed.map_or(Ok(()), Err)
     }
+}
+
+/// One [`Backend::fused_elementwise_groups`] call of `expr` over `staged` on `device`:
+/// each group reads its gradient, then each of `per_step` (rank-0 values broadcast to
+/// the parameter's dims), and updates its parameter and state in place, in that order.
+pub(super) fn update_together<B: Backend, const N: usize>(
+    op: &'static str,
+    device: &B::Device,
+    expr: &FusedExpr,
+    per_step: &[&RawTensor<B>],
+    staged: &mut [Staged<B, N>],
+) -> Result<()> {
+    let mut inputs = Vec::with_capacity(staged.len() * (1 + per_step.len()));
+    let mut dims = Vec::with_capacity(staged.len());
+    let mut outputs = Vec::with_capacity(staged.len() * (1 + N));
+    for Staged { param, grad, state } in staged.iter_mut() {
+        let d = *param.dims();
+        inputs.push(grad.view());
+        for t in per_step {
+            let mut v = t.view();
+            v.layout = v.layout.broadcast_to(&d)?;
+            inputs.push(v);
+        }
+        dims.push(d);
+        let shared = || Error::invalid(op, "a staged buffer is shared (a broken invariant)");
+        outputs.push(param.storage_mut().ok_or_else(shared)?);
+        for t in state.iter_mut() {
+            outputs.push(t.storage_mut().ok_or_else(shared)?);
+        }
+    }
+    B::fused_elementwise_groups(device, expr, &inputs, &dims, &mut outputs)
 }

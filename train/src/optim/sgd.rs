@@ -1,7 +1,7 @@
 //! [`Sgd`]: its settings, momentum buffers and the device copy of its learning rate.
 
 use super::clip::{Clipping, GradClip};
-use super::grouped::{owned, GroupedRule, Groups, Staged};
+use super::grouped::{owned, update_together, GroupedRule, Groups, Staged};
 use super::rules::{self, Clip, Eager, ExprBuilder};
 use super::{check_lr, check_non_negative, check_state, compute_inputs, finish};
 use super::{Optimizer, OptimizerState};
@@ -152,6 +152,21 @@ impl<B: Backend> Sgd<B> {
         Ok(())
     }
 
+    /// Makes the device copy of the learning rate live on `device` (moved there, or made
+    /// on the first fused step, which a captured step must find already done: an upload
+    /// cannot be captured).
+    fn lr_on(&mut self, device: &B::Device) -> Result<()> {
+        if self
+            .lr_on_device
+            .as_ref()
+            .is_none_or(|t| t.device() != device)
+        {
+            self.lr_on_device = None;
+            self.write_lr_on_device(device)?;
+        }
+        Ok(())
+    }
+
     /// Runs the fused update when it applies (f32, momentum, a buffer from an earlier
     /// step, parameter and buffer held by nobody else); `false` otherwise.
     fn update_fused(
@@ -171,14 +186,7 @@ impl<B: Backend> Sgd<B> {
         // Made on the first step, which runs by value (it starts the momentum buffer):
         // a captured step must find it there (an upload cannot be captured).
         let (dims, device) = (*param.dims(), param.device().clone());
-        if self
-            .lr_on_device
-            .as_ref()
-            .is_none_or(|t| *t.device() != device)
-        {
-            self.lr_on_device = None;
-            self.write_lr_on_device(&device)?;
-        }
+        self.lr_on(&device)?;
         let Some(buf) = self.momentum_buffers.get(name) else {
             return Ok(false);
         };
@@ -234,14 +242,7 @@ impl<B: Backend> Sgd<B> {
         let Some(device) = device else {
             return Ok(false);
         };
-        if self
-            .lr_on_device
-            .as_ref()
-            .is_none_or(|t| *t.device() != device)
-        {
-            self.lr_on_device = None;
-            self.write_lr_on_device(&device)?;
-        }
+        self.lr_on(&device)?;
         let clip = self.clip.mode();
         if self
             .fused
@@ -291,28 +292,8 @@ impl<B: Backend> GroupedRule<B, 1> for SgdGroup<'_, B> {
             GradClip::Norm(_) => Some(sgd.clip.scale()?),
             _ => None,
         };
-        let mut inputs = Vec::with_capacity(staged.len() * expr.inputs);
-        let mut dims = Vec::with_capacity(staged.len());
-        let mut outputs = Vec::with_capacity(staged.len() * 2);
-        for Staged { param, grad, state } in staged.iter_mut() {
-            let d = *param.dims();
-            inputs.push(grad.view());
-            for t in std::iter::once(lr).chain(scale) {
-                let mut v = t.view();
-                v.layout = v.layout.broadcast_to(&d)?;
-                inputs.push(v);
-            }
-            dims.push(d);
-            let [b] = state;
-            let (Some(p), Some(b)) = (param.storage_mut(), b.storage_mut()) else {
-                return Err(Error::invalid(
-                    "Sgd",
-                    "a staged parameter's buffer is shared (a broken invariant)",
-                ));
-            };
-            outputs.extend([p, b]);
-        }
-        B::fused_elementwise_groups(&self.device, expr, &inputs, &dims, &mut outputs)
+        let per_step: Vec<&RawTensor<B>> = std::iter::once(lr).chain(scale).collect();
+        update_together("Sgd", &self.device, expr, &per_step, staged)
     }
 
     fn update_alone(
