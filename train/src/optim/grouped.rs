@@ -89,7 +89,7 @@ impl<B: Backend, const N: usize> Groups<B, N> {
         staged.clear();
         joined.clear();
         let walk = model.update_params(grads, "", &mut |name, p, g| {
-            let state = (g.dims() == p.dims() && g.dtype() == DType::F32 && owned(p, g))
+            let state = (g.dtype() == DType::F32 && owned(p, g))
                 .then(|| rule.take_state(name, g))
                 .flatten();
             joined.push(state.is_some());

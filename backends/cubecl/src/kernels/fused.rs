@@ -613,41 +613,22 @@ pub fn fused_mixed_vectorized<N: Size>(
     }
     #[unroll]
     for j in 0..config.per_unit {
-        // Lane-major results: lane `l`'s value of output `o` at `l * outs + o`.
         let mut lane_results = Sequence::<f32>::new();
-        #[unroll]
-        for lane in 0..N::value() {
-            let mut regs = Sequence::<f32>::new();
-            #[unroll]
-            for i in 0..config.steps.len() {
-                let step = comptime!(config.steps[i]);
-                let mut operand = zero;
-                match step {
-                    Step::Input(k) => {
-                        operand = loaded.index(comptime!(j as usize * inputs + k as usize))[lane];
-                    }
-                    Step::Output(k) => {
-                        operand = current.index(comptime!(j as usize * outs + k as usize))[lane];
-                    }
-                    _ => {}
-                }
-                let v = eval_step(&regs, consts, operand, step);
-                regs.push(v);
-            }
-            #[unroll]
-            for o in 0..outs {
-                lane_results.push(*regs.index(comptime!(config.results[o] as usize)));
-            }
-        }
+        eval_lanes::<N>(
+            &loaded,
+            &current,
+            consts,
+            zero,
+            &mut lane_results,
+            comptime!(j as usize * inputs),
+            comptime!(j as usize * outs),
+            config.clone(),
+        );
         let pos = first + j * grid;
         if pos < units {
             #[unroll]
             for o in 0..outs {
-                let mut line = Vector::<f32, N>::new(zero);
-                #[unroll]
-                for lane in 0..N::value() {
-                    line[lane] = *lane_results.index(comptime!(lane * outs + o));
-                }
+                let line = vector_of::<N>(&lane_results, zero, o, outs);
                 let at = comptime!(slot(&halves.outputs, o));
                 if comptime!(halves.outputs[o]) {
                     let out = half_outputs.index_mut(at);
