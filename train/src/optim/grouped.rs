@@ -46,8 +46,9 @@ pub(super) trait GroupedRule<B: Backend, const N: usize> {
     ) -> Result<()>;
 }
 
-/// What a grouped step keeps between steps (so that a warm step allocates nothing on
-/// the host): the staged parameters and, per parameter visited, whether it joined.
+/// What a grouped step keeps between steps, reused from one to the next: the staged
+/// parameters and, per parameter visited, whether it joined. (The launch's operand
+/// lists are built per step: grouping runs on GPU backends only.)
 pub(super) struct Groups<B: Backend, const N: usize> {
     staged: Vec<Staged<B, N>>,
     joined: Vec<bool>,
@@ -62,8 +63,8 @@ impl<B: Backend, const N: usize> Default for Groups<B, N> {
     }
 }
 
-/// Whether `t` is an f32 tensor of `dims` on `device` whose buffer nobody else holds
-/// (so that an update may write it in place).
+/// Whether `t` is an f32 tensor of `like`'s dims on its device whose buffer nobody
+/// else holds (so that an update may write it in place).
 pub(super) fn owned<B: Backend>(t: &RawTensor<B>, like: &RawTensor<B>) -> bool {
     t.dims() == like.dims()
         && t.dtype() == DType::F32
