@@ -8,6 +8,7 @@
 //! caches a model's programs; [`parts`] is how a plan calls out to parts of a model
 //! it does not see, modules on the dynamic path).
 
+mod casts;
 pub mod exec;
 pub mod exprs;
 pub mod instances;

@@ -3,6 +3,10 @@
 //! data: the `#[model]` macro builds it at build time (symbolic dims) and embeds its
 //! text form; a run-time JIT can build the same thing from a graph with `usize` dims.
 //!
+//! Before grouping, mixed precision's casts are moved across the permutes and reshapes
+//! around them (`casts`): widening casts after them, narrowing casts before them, and a
+//! narrowing of a widened value dropped, so that casts fuse into the groups beside them.
+//!
 //! Grouping rules (all decided on the graph alone):
 //! - **Elementwise groups** are trees: an elementwise node joins its consumer's group
 //!   when it has exactly one consumer, that consumer is elementwise, and both have the
@@ -165,8 +169,9 @@ fn inline_constant<D: SymDim>(g: &Graph<D>, n: NodeId) -> bool {
 const RECOMPUTE_LIMIT: usize = 16;
 
 /// The elementwise values that groups recompute where they read them, as they do
-/// rank-0 constants, instead of storing them: f32 or bool values, not outputs, that
-/// more than one group reads (a dropout mask the forward and the backward pass both
+/// rank-0 constants, instead of storing them: f32 or bool values (a widening cast of a
+/// half value among them: its readers load the half value), not outputs, that more
+/// than one group reads (a dropout mask the forward and the backward pass both
 /// read, the pieces of GELU its gradient reads again), each reader of their dims, and
 /// the values only such a value reads. A value costing more than [`RECOMPUTE_LIMIT`] ops
 /// is stored.
@@ -179,9 +184,17 @@ fn recomputed_values<D: SymDim>(
     let n = g.nodes.len();
     let candidate = |i: NodeId| {
         let node = &g.nodes[i];
+        // A widening cast is a load of its half input, so readers repeat it; other
+        // casts are stored (a narrowing cast roots its group).
+        let cast_ok = match (&node.kind, node.inputs.as_slice()) {
+            (NodeKind::Op(Op::Cast { dtype }), [x]) => {
+                *dtype == DType::F32 && is_half(g.nodes[*x].meta.dtype)
+            }
+            _ => true,
+        };
         fusable[i]
             && !outputs.contains(&i)
-            && !matches!(&node.kind, NodeKind::Op(Op::Cast { .. }))
+            && cast_ok
             && matches!(node.meta.dtype, DType::F32 | DType::Bool)
             && !consumers[i].is_empty()
             && consumers[i]
@@ -292,6 +305,27 @@ pub fn plan<D: SymDim + 'static>(
 /// `plan`, keeping readable node names (`names[i]` for node `i` of `graph`) and the
 /// layers nodes belong to (`layers[i]`).
 pub fn plan_named<D: SymDim + 'static>(
+    graph: &Graph<D>,
+    inputs: &[NodeId],
+    outputs: &[NodeId],
+    names: &[Option<String>],
+    layers: &[Option<String>],
+) -> Plan<D> {
+    let Some(moved) = crate::casts::move_casts(graph, outputs) else {
+        return plan_graph(graph, inputs, outputs, names, layers);
+    };
+    let at = |v: &[Option<String>], i: NodeId| v.get(i).cloned().flatten();
+    let names: Vec<Option<String>> = (moved.origin.iter())
+        .map(|&(i, value)| if value { at(names, i) } else { None })
+        .collect();
+    let layers: Vec<Option<String>> = (moved.origin.iter()).map(|&(i, _)| at(layers, i)).collect();
+    let inputs: Vec<NodeId> = inputs.iter().map(|&i| moved.new_id[i]).collect();
+    let outputs: Vec<NodeId> = outputs.iter().map(|&i| moved.new_id[i]).collect();
+    plan_graph(&moved.graph, &inputs, &outputs, &names, &layers)
+}
+
+/// [`plan_named`] once the casts have been moved across views.
+fn plan_graph<D: SymDim + 'static>(
     graph: &Graph<D>,
     inputs: &[NodeId],
     outputs: &[NodeId],
@@ -465,15 +499,18 @@ pub fn plan_named<D: SymDim + 'static>(
     let root = |gi: usize| *groups[gi].last().expect("groups are not empty");
     // Groups that read or write a half value: the products' and reductions' kernels
     // take f32 prologues and epilogues only.
+    // A recomputed widening cast, which the group computes inline, reads a half value
+    // too.
+    let mut reads_half = vec![false; n];
+    for i in 0..n {
+        let node = &g.nodes[i];
+        reads_half[i] = is_half(node.meta.dtype)
+            || (node.inputs.iter())
+                .any(|&j| is_half(g.nodes[j].meta.dtype) || (recomputed[j] && reads_half[j]));
+    }
     let half_edges: Vec<bool> = groups
         .iter()
-        .map(|grp| {
-            grp.iter().any(|&i| {
-                let node = &g.nodes[i];
-                is_half(node.meta.dtype)
-                    || node.inputs.iter().any(|&j| is_half(g.nodes[j].meta.dtype))
-            })
-        })
+        .map(|grp| grp.iter().any(|&i| reads_half[i]))
         .collect();
 
     // Which group becomes a prologue or an epilogue of which reduction / product.
