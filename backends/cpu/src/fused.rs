@@ -8,7 +8,7 @@
 
 use crate::storage::{CpuStorage, FloatKernel};
 use half::{bf16, f16};
-use kiln_tensor::fused::{FusedExpr, NativeFn};
+use kiln_tensor::fused::{ExprStep, FusedExpr, NativeFn};
 use kiln_tensor::shape::MAX_RANK;
 use kiln_tensor::{simd, Dims, Error, Layout, Result, View};
 use rayon::prelude::*;
@@ -238,6 +238,37 @@ impl Operand<'_> {
         }
     }
 
+    /// Stages the rows of input `i` that `out` holds (`row_len` each, the first at
+    /// `first`) as f32, row after row: bf16 rows one vector-wide loop, not a call each.
+    fn stage_rows(&self, walk: &Walk, first: &Cursor, i: usize, row_len: usize, out: &mut [f32]) {
+        let stride = walk.inner_strides[i];
+        let mut cursor = first.clone();
+        match (self, stride) {
+            (Operand::BF16(d), 1) => simd::wide(
+                #[inline(always)]
+                || {
+                    for (r, row) in out.chunks_exact_mut(row_len).enumerate() {
+                        if r > 0 {
+                            walk.advance(&mut cursor, i + 1);
+                        }
+                        let at = cursor.bases[i];
+                        for (p, v) in row.iter_mut().zip(&d[at..at + row_len]) {
+                            *p = v.load();
+                        }
+                    }
+                },
+            ),
+            _ => {
+                for (r, row) in out.chunks_exact_mut(row_len).enumerate() {
+                    if r > 0 {
+                        walk.advance(&mut cursor, i + 1);
+                    }
+                    self.stage(cursor.bases[i], stride, row);
+                }
+            }
+        }
+    }
+
     /// Copies `out.len()` elements from `base`, `stride` apart, into `out` as f32.
     fn stage(&self, base: usize, stride: usize, out: &mut [f32]) {
         match (self, stride) {
@@ -273,6 +304,39 @@ impl Operand<'_> {
             }
         }
     }
+}
+
+/// Copies the elements of one input `walk` describes, in row-major order, into `out`
+/// (which holds exactly that many): rows in parallel where there are many. `true`.
+fn copy_rows<T: Copy + Send + Sync>(data: &[T], walk: &Walk, out: &mut [T]) -> bool {
+    let (inner, stride) = (walk.inner, walk.inner_strides[0]);
+    let rows_per_task = (4 * CHUNK).div_ceil(inner).max(1);
+    let task = |(t, chunk): (usize, &mut [T])| {
+        let mut cursor = walk.cursor(t * rows_per_task, 1);
+        for (r, row) in chunk.chunks_exact_mut(inner).enumerate() {
+            if r > 0 {
+                walk.advance(&mut cursor, 1);
+            }
+            let at = cursor.bases[0];
+            if stride == 1 {
+                row.copy_from_slice(&data[at..at + inner]);
+            } else {
+                for (j, o) in row.iter_mut().enumerate() {
+                    *o = data[at + j * stride];
+                }
+            }
+        }
+    };
+    if out.len() < PARALLEL_MIN {
+        out.chunks_mut(rows_per_task * inner)
+            .enumerate()
+            .for_each(task);
+    } else {
+        out.par_chunks_mut(rows_per_task * inner)
+            .enumerate()
+            .for_each(task);
+    }
+    true
 }
 
 /// Runs `expr` (or `native`) over `dims` into `outputs`; see
@@ -328,6 +392,20 @@ pub fn fused_elementwise(
         return Ok(true);
     }
     let walk = Walk::new(dims, &layouts[..inputs.len()]);
+    // A copy (a reshape that cannot view) moves its rows as they are, without a round
+    // trip through f32.
+    let copies = expr.steps == [ExprStep::Input(0)] && expr.results == [0];
+    if copies && inputs.len() == 1 && outputs.len() == 1 {
+        let copied = match (datas[0], &mut *outputs[0]) {
+            (Operand::F32(d), CpuStorage::F32(o)) => copy_rows(d, &walk, &mut o[..n]),
+            (Operand::BF16(d), CpuStorage::BF16(o)) => copy_rows(d, &walk, &mut o[..n]),
+            (Operand::F16(d), CpuStorage::F16(o)) => copy_rows(d, &walk, &mut o[..n]),
+            _ => false,
+        };
+        if copied {
+            return Ok(true);
+        }
+    }
     // A task covers a chunk of one long row, or whole short rows (a permuted head's
     // 32 values, a layer's 128 beside per-row statistics) up to a chunk's worth, so
     // that no task is mostly overhead.
@@ -360,13 +438,13 @@ pub fn fused_elementwise(
             }
             let (staged, rest) = s.split_at_mut(n_in * CHUNK);
             let (out_staged, regs) = rest.split_at_mut(staged_outs * CHUNK);
-            // Whole short rows: an f32 input whose rows lie one after another is read
-            // in place, the others are staged row after row.
+            // Whole short rows: an input whose rows lie one after another is read as
+            // one run (in place where it is f32), the others are staged row after row.
             let mut whole = [false; MAX_OPERANDS];
             let first = walk.cursor(first_row, if task_rows > 1 { n_in } else { 0 });
             if task_rows > 1 {
-                for i in 0..n_in {
-                    whole[i] = matches!(datas[i], Operand::F32(_)) && walk.inner_strides[i] == 1;
+                for (w, &stride) in whole.iter_mut().zip(&walk.inner_strides).take(n_in) {
+                    *w = stride == 1;
                 }
                 let mut cursor = first.clone();
                 for r in 1..task_rows {
@@ -376,16 +454,12 @@ pub fn fused_elementwise(
                         *w &= *at == start + r * row_len;
                     }
                 }
-                let mut cursor = first.clone();
-                for r in 0..task_rows {
-                    if r > 0 {
-                        walk.advance(&mut cursor, n_in);
-                    }
-                    for (i, part) in staged.chunks_mut(CHUNK).take(n_in).enumerate() {
-                        if !whole[i] {
-                            let row = &mut part[r * row_len..(r + 1) * row_len];
-                            datas[i].stage(cursor.bases[i], walk.inner_strides[i], row);
-                        }
+                for (i, part) in staged.chunks_mut(CHUNK).take(n_in).enumerate() {
+                    let part = &mut part[..len];
+                    match (whole[i], datas[i]) {
+                        (true, Operand::F32(_)) => {}
+                        (true, d) => d.stage(first.bases[i], 1, part),
+                        (false, d) => d.stage_rows(&walk, &first, i, row_len, part),
                     }
                 }
             }

@@ -116,3 +116,88 @@ fn a_bool_input_over_short_rows_reads_as_ones_and_zeros() -> Result<()> {
     assert_eq!(bits(&got, n), bits(&want, n));
     Ok(())
 }
+
+#[test]
+fn half_inputs_over_short_rows_widen_as_the_ops_do() -> Result<()> {
+    // The expression's first two inputs as bf16 or f16: the permuted one staged row by
+    // row, the contiguous one whose rows follow one another staged as one run.
+    for half in [DType::BF16, DType::F16] {
+        for (b, t, h, e) in [(3, 37, 4, 32), (2, 61, 3, 5), (1, 3, 1, 5000)] {
+            let dims = [b, t, h, e];
+            let a = random(&[b, h, t, e], 1)?
+                .cast(half)?
+                .permute(&[0, 2, 1, 3])?;
+            let x = random(&dims, 2)?.cast(half)?;
+            let c = random(&[b, t, h, 1], 3)?.broadcast_to(&dims)?;
+            let d = Dims::new(&dims)?;
+            let views: [View<'_, Cpu>; 3] = [a.view(), x.view(), c.view()];
+            let n = d.numel();
+            let mut want = Cpu::alloc(&CpuDevice, DType::F32, n)?;
+            kiln_tensor::backend::fused_by_ops::<Cpu>(
+                &CpuDevice,
+                &expr(),
+                &views,
+                &d,
+                &mut [&mut want],
+            )?;
+            for loop_fn in [None, Some(native as kiln_tensor::fused::NativeFn)] {
+                let mut got = CpuStorage::F32(vec![f32::NAN; n].into());
+                Cpu::fused_elementwise(&CpuDevice, &expr(), loop_fn, &views, &d, &mut [&mut got])?;
+                assert_eq!(bits(&got, n), bits(&want, n), "{half}, {dims:?}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A storage's elements as raw bits, whatever its float dtype.
+fn raw_bits(s: &CpuStorage) -> Vec<u32> {
+    match s {
+        CpuStorage::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+        CpuStorage::BF16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+        CpuStorage::F16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+        other => panic!("unexpected dtype {}", other.dtype()),
+    }
+}
+
+#[test]
+fn a_copy_moves_the_elements_of_every_float_dtype_unchanged() -> Result<()> {
+    use ExprStep::*;
+    let copy = FusedExpr {
+        steps: vec![Input(0)],
+        results: vec![0],
+        inputs: 1,
+    };
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        // A head merge (rows of 32 apart), the same large enough to run in parallel, a
+        // transpose (inner stride not 1) and a broadcast (inner stride 0).
+        let merged = random(&[3, 4, 37, 32], 7)?
+            .cast(dtype)?
+            .permute(&[0, 2, 1, 3])?;
+        let large = random(&[8, 4, 128, 32], 8)?
+            .cast(dtype)?
+            .permute(&[0, 2, 1, 3])?;
+        let transposed = random(&[33, 70], 9)?.cast(dtype)?.permute(&[1, 0])?;
+        let broadcast = random(&[5, 1], 10)?.cast(dtype)?.broadcast_to(&[5, 9])?;
+        for x in [merged, large, transposed, broadcast] {
+            let want = x.contiguous()?;
+            let n = x.numel();
+            let mut got = Cpu::alloc(&CpuDevice, dtype, n)?;
+            Cpu::fused_elementwise(
+                &CpuDevice,
+                &copy,
+                None,
+                &[x.view()],
+                x.dims(),
+                &mut [&mut got],
+            )?;
+            assert_eq!(
+                raw_bits(&got),
+                raw_bits(want.storage()),
+                "{dtype}, {:?}",
+                x.layout()
+            );
+        }
+    }
+    Ok(())
+}

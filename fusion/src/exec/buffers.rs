@@ -459,11 +459,16 @@ impl<B: Backend> Buffers<B> {
                 self.src[node] = self.src[input];
                 self.layout[node] = layout;
             }
-            // The input's elements in row-major order are the reshape's: an f32 value
-            // is copied into the node's slot over the input's own dims (no allocation
-            // once the slot has grown); other dtypes, which fused kernels do not all
-            // read and write, into a fresh buffer.
-            None if run.plan.graph.nodes[node].meta.dtype == DType::F32 => {
+            // The input's elements in row-major order are the reshape's: an f32 value,
+            // or a half one (which fused kernels read and write at their edges, and
+            // copy exactly through f32), is copied into the node's slot over the
+            // input's own dims (no allocation once the slot has grown); other dtypes,
+            // which fused kernels do not all read and write, into a fresh buffer.
+            None if matches!(
+                run.plan.graph.nodes[node].meta.dtype,
+                DType::F32 | DType::BF16 | DType::F16
+            ) =>
+            {
                 let in_dims = *l.dims();
                 self.write_slot(run, node, |b, out| {
                     let view = View {
