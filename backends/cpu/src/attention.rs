@@ -13,11 +13,13 @@
 //! probabilities and their gradient between them. Dropout on the weights multiplies
 //! each block's probabilities by their factors, drawn from the weights' counters as the
 //! op defines them. The math is `kiln_tensor::attention`'s; f16 and bf16 compute in
-//! f32, f64 in f64.
+//! f32, f64 in f64. bf16 heads are read where they lie, the block products packing
+//! them (bf16 pairs for the CPU's dot-product instructions where both factors are
+//! inputs); f16 heads are widened first.
 
-use crate::gemm::{dgemm_with, sgemm_with, GemmOptions, MatRef};
+use crate::gemm::{dgemm_with, sgemm_with, GemmInput, GemmOptions, MatRef};
 use crate::math::Real;
-use crate::storage::{with_float_storage, CpuStorage, FloatKernel};
+use crate::storage::{with_float_storage, CpuElement, CpuStorage, FloatKernel};
 use crate::strided::gather;
 use crate::Cpu;
 use half::bf16;
@@ -38,18 +40,38 @@ const QUERY_BLOCK: usize = 32;
 /// to stay in the core's cache, long enough that the row work runs in wide vectors.
 const KEY_BLOCK: usize = 128;
 
-/// The compute types' block product on one thread: `c (m×n) (+)= a (m×k) · b (k×n)`.
+/// A compute type's thread-local block buffers.
 trait BlockGemm: Real {
     /// Runs `f` on this thread's block buffers, fitted to sizes `n`.
     fn with_scratch<R>(n: Sizes, f: impl FnOnce(&mut BlockScratch<Self>) -> R) -> R;
+}
 
+/// The block products of compute type `Self` over inputs of element type `X` (the
+/// compute type itself, or bf16 read as it is packed), on one thread:
+/// `c (m×n) (+)= a (m×k) · b (k×n)`. `b` is always an input (keys, values, queries,
+/// the output's gradient); `a` is an input or a block computed here.
+trait BlockProducts<X>: BlockGemm {
+    /// Both factors inputs (scores `q·kᵀ`, `g·vᵀ`): bf16 pairs on the CPU's bf16
+    /// dot-product instructions where it has them.
     #[allow(clippy::too_many_arguments)]
-    fn gemm(
+    fn gemm_inputs(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<X>,
+        b: MatRef<X>,
+        c: &mut [Self],
+        acc: bool,
+    );
+
+    /// A computed block times an input (`p·v`, `pᵀ·g`, `ds·k`, `dsᵀ·q`).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_block(
         m: usize,
         n: usize,
         k: usize,
         a: MatRef<Self>,
-        b: MatRef<Self>,
+        b: MatRef<X>,
         c: &mut [Self],
         acc: bool,
     );
@@ -77,13 +99,27 @@ impl BlockGemm for f32 {
             }
         })
     }
+}
 
-    fn gemm(
+impl<X: GemmInput> BlockProducts<X> for f32 {
+    fn gemm_inputs(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<X>,
+        b: MatRef<X>,
+        c: &mut [f32],
+        acc: bool,
+    ) {
+        sgemm_with(&one_thread(), m, n, k, a, b, c, acc)
+    }
+
+    fn gemm_block(
         m: usize,
         n: usize,
         k: usize,
         a: MatRef<f32>,
-        b: MatRef<f32>,
+        b: MatRef<X>,
         c: &mut [f32],
         acc: bool,
     ) {
@@ -98,8 +134,22 @@ impl BlockGemm for f64 {
         own.fit(n);
         f(&mut own)
     }
+}
 
-    fn gemm(
+impl BlockProducts<f64> for f64 {
+    fn gemm_inputs(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<f64>,
+        b: MatRef<f64>,
+        c: &mut [f64],
+        acc: bool,
+    ) {
+        dgemm_with(&one_thread(), m, n, k, a, b, c, acc)
+    }
+
+    fn gemm_block(
         m: usize,
         n: usize,
         k: usize,
@@ -261,6 +311,10 @@ fn visible(spec: &AttentionSpec, i: usize, j0: usize, len: usize) -> usize {
 /// dims the op table has checked; the result is contiguous, in the op's dtype.
 pub fn attention(op: &Op, inputs: &[(&CpuStorage, &Layout)]) -> Result<CpuStorage> {
     let n = sizes(op, |i| inputs[i].1.dims());
+    // bf16 runs the planned path's kernel, so that eager and planned give the same bits.
+    if let CpuStorage::BF16(_) = inputs[0].0 {
+        return attention_bf16(op, inputs, n);
+    }
     with_float_storage!(
         inputs[0].0,
         _v,
@@ -293,26 +347,43 @@ thread_local! {
     static DISCARDED_LSE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The f32 data of each view, or `None` when one is not f32.
-fn f32_operands<'a>(views: &'a [View<'a, Cpu>]) -> Option<[Operand<'a, f32>; 6]> {
+/// The tensors among `views` (queries, keys, values, the output's gradient) as `X`,
+/// through `data`, and the statistics after them (a gradient's `lse` and `delta`) as
+/// f32; `None` when a view holds another dtype.
+#[allow(clippy::type_complexity)]
+fn operands<'a, X: Copy>(
+    views: &'a [View<'a, Cpu>],
+    data: impl Fn(&'a CpuStorage) -> Option<&'a [X]>,
+) -> Option<([Operand<'a, X>; 4], [Operand<'a, f32>; 2])> {
     if views.is_empty() || views.len() > 6 {
         return None;
     }
-    let first = Operand {
-        data: &[],
-        layout: &views[0].layout,
-    };
-    let mut ops = [first; 6];
-    for (slot, v) in ops.iter_mut().zip(views) {
-        let CpuStorage::F32(d) = v.storage else {
-            return None;
-        };
-        *slot = Operand {
-            data: d,
-            layout: &v.layout,
-        };
+    let layout = &views[0].layout;
+    let mut x = [Operand { data: &[], layout }; 4];
+    let mut stats = [Operand { data: &[], layout }; 2];
+    for (i, v) in views.iter().enumerate() {
+        let layout = &v.layout;
+        if i < 4 {
+            x[i] = Operand {
+                data: data(v.storage)?,
+                layout,
+            };
+        } else {
+            let CpuStorage::F32(d) = v.storage else {
+                return None;
+            };
+            stats[i - 4] = Operand { data: d, layout };
+        }
     }
-    Some(ops)
+    Some((x, stats))
+}
+
+/// The f32 data of a storage.
+fn f32_data(s: &CpuStorage) -> Option<&[f32]> {
+    match s {
+        CpuStorage::F32(d) => Some(d),
+        _ => None,
+    }
 }
 
 /// Runs an attention op over f32 inputs into `out`, the f32 buffer of its contiguous
@@ -320,11 +391,11 @@ fn f32_operands<'a>(views: &'a [View<'a, Cpu>]) -> Option<[Operand<'a, f32>; 6]>
 /// a training step's attention allocates nothing once warm. `false` (nothing written)
 /// for other dtypes. The inputs' extents must have been checked.
 pub fn attention_f32_into(op: &Op, views: &[View<'_, Cpu>], out: &mut [f32]) -> Result<bool> {
-    let Some(x) = f32_operands(views) else {
+    let Some((x, stats)) = operands(views, f32_data) else {
         return Ok(false);
     };
     let n = sizes(op, |i| views[i].layout.dims());
-    ops_into(&[op], &x, n, &mut [out])
+    ops_into(&[op], &x, &stats, n, &mut [out])
 }
 
 /// Runs attention ops that one pass computes together, over f32 inputs, into `outs`
@@ -343,19 +414,21 @@ pub fn attention_group_f32_into(
     if !kiln_tensor::attention::one_pass(ops) || ops.len() != outs.len() {
         return Ok(false);
     }
-    let Some(x) = f32_operands(views) else {
+    let Some((x, stats)) = operands(views, f32_data) else {
         return Ok(false);
     };
     let n = sizes(ops[0], |i| views[i].layout.dims());
-    ops_into(ops, &x, n, outs)
+    ops_into(ops, &x, &stats, n, outs)
 }
 
-/// Runs one attention op, or a group that one pass computes, over f32 operands into
-/// `outs` (one per op, each at least as long as its result); `false` (nothing written)
-/// for ops it does not run.
-fn ops_into(
+/// Runs one attention op, or a group that one pass computes, over tensors of element
+/// type `X` (f32, or bf16 read as the block products pack it) and f32 statistics into
+/// f32 `outs` (one per op, each at least as long as its result); `false` (nothing
+/// written) for ops it does not run.
+fn ops_into<X: GemmInput>(
     ops: &[&Op],
-    x: &[Operand<'_, f32>; 6],
+    x: &[Operand<'_, X>; 4],
+    stats: &[Operand<'_, f32>; 2],
     n: Sizes,
     outs: &mut [&mut [f32]],
 ) -> Result<bool> {
@@ -365,19 +438,19 @@ fn ops_into(
             lse.clear();
             lse.resize(n.batch * n.tq, 0.0);
             let out = &mut out[..n.batch * n.tq * n.ev];
-            forward_into(x[0], x[1], Some(x[2]), n, spec, out, &mut lse);
+            forward_into::<f32, X>(x[0], x[1], Some(x[2]), n, spec, out, &mut lse);
         }),
         ([Op::AttentionLse(spec)], [lse]) => {
             if stats_dtype(DType::F32) != DType::F32 {
                 return Ok(false);
             }
             let lse = &mut lse[..n.batch * n.tq];
-            forward_into(x[0], x[1], None, n, spec, &mut [], lse);
+            forward_into::<f32, X>(x[0], x[1], None, n, spec, &mut [], lse);
         }
         ([Op::Attention(spec), Op::AttentionLse(_)], [out, lse]) => {
             let out = &mut out[..n.batch * n.tq * n.ev];
             let lse = &mut lse[..n.batch * n.tq];
-            forward_into(x[0], x[1], Some(x[2]), n, spec, out, lse);
+            forward_into::<f32, X>(x[0], x[1], Some(x[2]), n, spec, out, lse);
         }
         (ops, outs) => {
             let mut grads = GradOutputs::default();
@@ -392,7 +465,7 @@ fn ops_into(
             let Some(spec) = spec else {
                 return Ok(false);
             };
-            grads_into(&GradInputs::of(x), n, &spec, grads);
+            grads_into::<f32, X>(&GradInputs::of(x, stats), n, &spec, grads);
         }
     }
     Ok(true)
@@ -407,24 +480,30 @@ fn result_len(op: &Op, n: Sizes) -> usize {
     }
 }
 
-/// This thread's f32 buffers for attention over bf16: the widened inputs' storages and
-/// the results before rounding.
+/// This thread's f32 results of attention over bf16, before rounding.
 #[derive(Default)]
-struct WidenedBuffers {
-    storages: Vec<Vec<f32>>,
-    results: [Vec<f32>; 3],
-}
+struct UnroundedResults([Vec<f32>; 3]);
 
 thread_local! {
-    static WIDENED: RefCell<WidenedBuffers> = RefCell::new(WidenedBuffers::default());
+    static UNROUNDED: RefCell<UnroundedResults> = RefCell::new(UnroundedResults::default());
+}
+
+/// The bf16 data of a storage.
+fn bf16_data(s: &CpuStorage) -> Option<&[bf16]> {
+    match s {
+        CpuStorage::BF16(d) => Some(d),
+        _ => None,
+    }
 }
 
 /// Runs one attention op, or a group [`attention_group_f32_into`] takes, over bf16
 /// inputs into `outs` (bf16 results, f32 statistics, each at least as long as its
-/// result): each input storage widened once into this thread's f32 buffers with its
-/// layout kept (permuted heads are still read in place), the f32 kernels run, and each
-/// result rounded to its dtype as the op-by-op path rounds it (the same values), so a
-/// bf16 training step's attention runs in one pass and allocates nothing once warm.
+/// result): the kernels read the bf16 tensors where they lie (permuted heads in
+/// place), their block products packing bf16 pairs for the CPU's bf16 dot-product
+/// instructions where it has them (scores, `g·vᵀ`) or widening them (a computed block
+/// times an input), and compute in f32 into this thread's buffers; each result is then
+/// rounded to its dtype. So a bf16 training step's attention runs in one pass and
+/// allocates nothing once warm, and [`attention`] gives the same bits (it runs this).
 /// `false` (nothing written) for other dtypes, ops or outputs. The inputs' extents
 /// must have been checked.
 pub fn attention_bf16_into(
@@ -445,22 +524,16 @@ pub fn attention_bf16_into(
     if !grouped || !attends || ops.len() != outs.len() || ops.len() > 3 || views.len() > 6 {
         return Ok(false);
     }
-    // bf16 operands, and a gradient's statistics (`lse`, `delta`) in f32.
-    let mut sources: [&[bf16]; 6] = [&[]; 6];
-    let mut stats_in: [&[f32]; 6] = [&[]; 6];
-    for (i, v) in views.iter().enumerate() {
-        match v.storage {
-            CpuStorage::BF16(d) if i < 4 => sources[i] = d,
-            CpuStorage::F32(d) if i >= 4 => stats_in[i] = d,
-            _ => return Ok(false),
-        }
-    }
+    // bf16 tensors, and a gradient's statistics (`lse`, `delta`) in f32.
+    let Some((x, stats)) = operands(views, bf16_data) else {
+        return Ok(false);
+    };
     let n = sizes(ops[0], |i| views[i].layout.dims());
-    let stats = stats_dtype(DType::BF16);
+    let stats_type = stats_dtype(DType::BF16);
     let fits = ops.iter().zip(outs.iter()).all(|(op, out)| {
         let len = result_len(op, n);
         match (op, &**out) {
-            (Op::AttentionLse(_), CpuStorage::F32(o)) => stats == DType::F32 && o.len() >= len,
+            (Op::AttentionLse(_), CpuStorage::F32(o)) => stats_type == DType::F32 && o.len() >= len,
             (Op::AttentionLse(_), _) => false,
             (_, CpuStorage::BF16(o)) => o.len() >= len,
             _ => false,
@@ -469,69 +542,11 @@ pub fn attention_bf16_into(
     if !fits {
         return Ok(false);
     }
-    WIDENED.with(|w| {
+    UNROUNDED.with(|w| {
         let Ok(mut w) = w.try_borrow_mut() else {
             return Ok(false);
         };
-        let WidenedBuffers { storages, results } = &mut *w;
-        // One widened copy per distinct storage, up to the furthest element a view of
-        // it reads.
-        let mut copy_of = [0usize; 6];
-        let mut distinct: [(*const bf16, usize); 6] = [(std::ptr::null(), 0); 6];
-        let mut count = 0;
-        for (i, (src, v)) in sources.iter().zip(views).enumerate().take(4) {
-            let extent = v.layout.storage_extent();
-            match distinct[..count].iter().position(|d| d.0 == src.as_ptr()) {
-                Some(c) => {
-                    copy_of[i] = c;
-                    distinct[c].1 = distinct[c].1.max(extent);
-                }
-                None => {
-                    copy_of[i] = count;
-                    distinct[count] = (src.as_ptr(), extent);
-                    count += 1;
-                }
-            }
-        }
-        if storages.len() < count {
-            storages.resize_with(count, Vec::new);
-        }
-        for (c, wide) in storages[..count].iter_mut().enumerate() {
-            let i = copy_of
-                .iter()
-                .position(|&k| k == c)
-                .expect("each copy has a view");
-            let src = &sources[i][..distinct[c].1];
-            if wide.len() < src.len() {
-                wide.resize(src.len(), 0.0);
-            }
-            let wide = &mut wide[..src.len()];
-            simd::wide(
-                #[inline(always)]
-                || {
-                    for (w, x) in wide.iter_mut().zip(src) {
-                        *w = bf16::to_f32(*x);
-                    }
-                },
-            );
-        }
-        let first = Operand {
-            data: &[],
-            layout: &views[0].layout,
-        };
-        let mut x = [first; 6];
-        for (i, v) in views.iter().enumerate() {
-            let data = if i < 4 {
-                &storages[copy_of[i]][..]
-            } else {
-                stats_in[i]
-            };
-            x[i] = Operand {
-                data,
-                layout: &v.layout,
-            };
-        }
-        let [r0, r1, r2] = results;
+        let [r0, r1, r2] = &mut w.0;
         let mut slices: [&mut [f32]; 3] = [&mut [], &mut [], &mut []];
         // The kernels write every element of their results: grow, never clear.
         for ((slice, r), op) in slices.iter_mut().zip([r0, r1, r2]).zip(ops) {
@@ -541,7 +556,7 @@ pub fn attention_bf16_into(
             }
             *slice = &mut r[..len];
         }
-        if !ops_into(ops, &x, n, &mut slices[..ops.len()])? {
+        if !ops_into(ops, &x, &stats, n, &mut slices[..ops.len()])? {
             return Ok(false);
         }
         for ((slice, op), out) in slices.iter().zip(ops).zip(outs.iter_mut()) {
@@ -561,6 +576,29 @@ pub fn attention_bf16_into(
         }
         Ok(true)
     })
+}
+
+/// [`attention`] over bf16 inputs: [`attention_bf16_into`] into fresh storage.
+fn attention_bf16(op: &Op, inputs: &[(&CpuStorage, &Layout)], n: Sizes) -> Result<CpuStorage> {
+    let views: Vec<View<'_, Cpu>> = inputs
+        .iter()
+        .map(|&(storage, layout)| View {
+            storage,
+            layout: *layout,
+        })
+        .collect();
+    let len = result_len(op, n);
+    let mut out = match (op, stats_dtype(DType::BF16)) {
+        (Op::AttentionLse(_), DType::F32) => <f32 as CpuElement>::wrap(vec![0.0; len]),
+        _ => <bf16 as CpuElement>::wrap(vec![bf16::ZERO; len]),
+    };
+    if !attention_bf16_into(&[op], &views, &mut [&mut out])? {
+        return Err(Error::invalid(
+            op.name(),
+            "bf16 attention takes bf16 tensors and f32 statistics",
+        ));
+    }
+    Ok(out)
 }
 
 /// A view's elements in row-major order, in the compute type `C`.
@@ -583,7 +621,7 @@ fn store<T: FloatKernel>(values: Vec<T::C>) -> Vec<T> {
 
 fn run<T: FloatKernel>(op: &Op, inputs: &[(&CpuStorage, &Layout)], n: Sizes) -> Result<CpuStorage>
 where
-    T::C: BlockGemm,
+    T::C: BlockProducts<T::C> + Sync,
 {
     // Widened into contiguous buffers, which the kernels then read in place.
     let values: Vec<Vec<T::C>> = inputs.iter().map(|&v| load::<T::C>(v)).collect();
@@ -616,8 +654,8 @@ where
             let mut grad = vec![T::C::zero(); n.batch * n.rows(*wrt) * n.width(*wrt)];
             let mut outs = GradOutputs::default();
             *outs.of(*wrt) = Some(&mut grad);
-            let x: [Operand<'_, T::C>; 6] = std::array::from_fn(|i| x[i]);
-            grads_into(&GradInputs::of(&x), n, spec, outs);
+            let (tensors, stats) = ([x[0], x[1], x[2], x[3]], [x[4], x[5]]);
+            grads_into(&GradInputs::of(&tensors, &stats), n, spec, outs);
             T::wrap(store::<T>(grad))
         }
         other => unreachable!("{} is not an attention op", other.name()),
@@ -712,10 +750,10 @@ thread_local! {
 
 /// The forward pass into `out` (`batch · tq · ev` values when `v` is given, else
 /// none) and `lse` (`batch · tq`), every value written.
-fn forward_into<C: BlockGemm>(
-    q: Operand<'_, C>,
-    k: Operand<'_, C>,
-    v: Option<Operand<'_, C>>,
+fn forward_into<C: BlockProducts<X>, X: Copy + Sync>(
+    q: Operand<'_, X>,
+    k: Operand<'_, X>,
+    v: Option<Operand<'_, X>>,
     n: Sizes,
     spec: &AttentionSpec,
     out: &mut [C],
@@ -733,10 +771,10 @@ fn forward_into<C: BlockGemm>(
 
 /// The forward pass of batch element `b`.
 #[allow(clippy::too_many_arguments)]
-fn forward_one<C: BlockGemm>(
-    q: Operand<'_, C>,
-    k: Operand<'_, C>,
-    v: Option<Operand<'_, C>>,
+fn forward_one<C: BlockProducts<X>, X: Copy>(
+    q: Operand<'_, X>,
+    k: Operand<'_, X>,
+    v: Option<Operand<'_, X>>,
     n: Sizes,
     spec: &AttentionSpec,
     b: usize,
@@ -764,7 +802,7 @@ fn forward_one<C: BlockGemm>(
         for (j0, j1) in blocks(keys, KEY_BLOCK) {
             let bj = j1 - j0;
             let s = &mut s[..bi * bj];
-            C::gemm(bi, bj, n.e, q.rows(b, i0), k.rows(b, j0).t(), s, false);
+            C::gemm_inputs(bi, bj, n.e, q.rows(b, i0), k.rows(b, j0).t(), s, false);
             simd::wide(
                 #[inline(always)]
                 || {
@@ -805,7 +843,7 @@ fn forward_one<C: BlockGemm>(
                 );
             }
             let p = block(s, bj, false);
-            C::gemm(bi, n.ev, bj, p, v.rows(b, j0), &mut acc[..bi * n.ev], true);
+            C::gemm_block(bi, n.ev, bj, p, v.rows(b, j0), &mut acc[..bi * n.ev], true);
         }
         for r in 0..bi {
             let i = i0 + r;
@@ -830,25 +868,26 @@ fn forward_one<C: BlockGemm>(
 
 /// What the backward pass reads: the forward pass's inputs, the output's gradient `g`,
 /// and each query's log-sum-exp and `delta` (rows of width 1).
-struct GradInputs<'a, C> {
-    q: Operand<'a, C>,
-    k: Operand<'a, C>,
-    v: Operand<'a, C>,
-    g: Operand<'a, C>,
+struct GradInputs<'a, C, X> {
+    q: Operand<'a, X>,
+    k: Operand<'a, X>,
+    v: Operand<'a, X>,
+    g: Operand<'a, X>,
     lse: Operand<'a, C>,
     delta: Operand<'a, C>,
 }
 
-impl<'a, C: Copy> GradInputs<'a, C> {
-    /// The gradient ops' inputs, in their order.
-    fn of(x: &[Operand<'a, C>; 6]) -> Self {
+impl<'a, C: Copy, X: Copy> GradInputs<'a, C, X> {
+    /// The gradient ops' inputs, in their order: the four tensors, then the two
+    /// statistics.
+    fn of(x: &[Operand<'a, X>; 4], stats: &[Operand<'a, C>; 2]) -> Self {
         GradInputs {
             q: x[0],
             k: x[1],
             v: x[2],
             g: x[3],
-            lse: x[4],
-            delta: x[5],
+            lse: stats[0],
+            delta: stats[1],
         }
     }
 }
@@ -903,8 +942,8 @@ impl Sizes {
 /// The backward pass: the asked-for gradients `dq = scale · Σ_j ds_ij k_j`,
 /// `dk = scale · Σ_i ds_ij q_i` and `dv = Σ_i p_ij z_ij g_i`, each batch element's key
 /// blocks against the query blocks that see them.
-fn grads_into<C: BlockGemm>(
-    x: &GradInputs<'_, C>,
+fn grads_into<C: BlockProducts<X>, X: Copy + Sync>(
+    x: &GradInputs<'_, C, X>,
     n: Sizes,
     spec: &AttentionSpec,
     outs: GradOutputs<'_, C>,
@@ -920,8 +959,8 @@ fn grads_into<C: BlockGemm>(
 }
 
 /// The backward pass of batch element `b`.
-fn grads_one<C: BlockGemm>(
-    x: &GradInputs<'_, C>,
+fn grads_one<C: BlockProducts<X>, X: Copy>(
+    x: &GradInputs<'_, C, X>,
     n: Sizes,
     spec: &AttentionSpec,
     b: usize,
@@ -948,7 +987,7 @@ fn grads_one<C: BlockGemm>(
             let bj = visible(spec, i1 - 1, j0, j1 - j0);
             // The probabilities, recomputed from the saved log-sum-exp.
             let p = &mut p[..bi * bj];
-            C::gemm(bi, bj, n.e, x.q.rows(b, i0), x.k.rows(b, j0).t(), p, false);
+            C::gemm_inputs(bi, bj, n.e, x.q.rows(b, i0), x.k.rows(b, j0).t(), p, false);
             simd::wide(
                 #[inline(always)]
                 || {
@@ -987,14 +1026,14 @@ fn grads_one<C: BlockGemm>(
             if let Some(dv) = outs.v.as_deref_mut() {
                 let target = &mut dv[j0 * n.ev..(j0 + bj) * n.ev];
                 let wt = block(weights, bj, true);
-                C::gemm(bj, n.ev, bi, wt, x.g.rows(b, i0), target, true);
+                C::gemm_block(bj, n.ev, bi, wt, x.g.rows(b, i0), target, true);
             }
             if !wants_ds {
                 continue;
             }
             // ds = p · (z · g·vᵀ − delta)
             let ds = &mut ds[..bi * bj];
-            C::gemm(
+            C::gemm_inputs(
                 bi,
                 bj,
                 n.ev,
@@ -1023,7 +1062,7 @@ fn grads_one<C: BlockGemm>(
             );
             if let Some(dk) = outs.k.as_deref_mut() {
                 let target = &mut dk[j0 * n.e..(j0 + bj) * n.e];
-                C::gemm(
+                C::gemm_block(
                     bj,
                     n.e,
                     bi,
@@ -1035,7 +1074,7 @@ fn grads_one<C: BlockGemm>(
             }
             if let Some(dq) = outs.q.as_deref_mut() {
                 let target = &mut dq[i0 * n.e..i1 * n.e];
-                C::gemm(
+                C::gemm_block(
                     bi,
                     n.e,
                     bj,
