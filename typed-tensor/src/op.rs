@@ -215,27 +215,28 @@ pub fn exp_f32(x: f32) -> f32 {
     }
 }
 
-/// erf in f32: Numerical Recipes' Chebyshev fit of erfc (fractional error under
-/// 1.2e-7), so the absolute error of erf stays near f32 rounding everywhere.
+/// erf in f32: `x · P(x²) / Q(x²)` with `x` clamped to `[-4, 4]` (past 4, erf is 1 in
+/// f32), `P` of degree 6 and `Q` of degree 4, a rational fit of `erf(x) / x` made for
+/// Kiln (weighted least squares towards the smallest relative error on `[0, 4]`). In
+/// f32 arithmetic it is within 4.4e-7 of erf everywhere, relative error included (no
+/// `1 − erfc` cancellation near 0), and it vectorises to one division and ten
+/// multiply-adds, with no exponential: GELU's erf costs a third of the previous
+/// `erfc`-based form's. The result is clamped to `[-1, 1]`; NaN stays NaN.
 #[inline]
 pub fn erf_f32(x: f32) -> f32 {
-    let a = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * a);
-    let poly = -1.265_512_2
-        + t * (1.000_023_7
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_204
-                                + t * (1.488_515_9 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    let erfc = t * exp_f32(-a * a + poly);
-    let r = 1.0 - erfc;
-    if x < 0.0 {
-        -r
-    } else {
-        r
-    }
+    let x = x.clamp(-4.0, 4.0);
+    let u = x * x;
+    let p = -1.940_637_5e-6 + u * 1.910_885e-8;
+    let p = 1.469_780_4e-4 + u * p;
+    let p = 3.978_934e-3 + u * p;
+    let p = 5.148_922_3e-2 + u * p;
+    let p = 0.206_861_3 + u * p;
+    let p = 1.128_379_1 + u * p;
+    let q = 1.493_496_3e-2 + u * 1.018_19e-3;
+    let q = 0.117_860_906 + u * q;
+    let q = 0.516_657_4 + u * q;
+    let q = 1.0 + u * q;
+    (x * p / q).clamp(-1.0, 1.0)
 }
 
 /// How a random source draws its values.
@@ -1397,6 +1398,36 @@ mod tests {
         assert_eq!(exp_f32(-110.0), 0.0);
         assert!(exp_f32(f32::NAN).is_nan());
         assert_eq!(exp_f32(-f32::MAX), 0.0);
+    }
+
+    /// `erf_f32` against the f64 erf: within 4.5e-7 absolutely and relatively (tiny
+    /// arguments included), odd, saturating at ±1, NaN kept.
+    #[test]
+    fn erf_f32_is_within_half_a_micro_of_erf() {
+        let mut x = -6.0f32;
+        while x <= 6.0 {
+            let (got, want) = (erf_f32(x) as f64, erf_f64(x as f64));
+            let err = (got - want).abs();
+            assert!(
+                err <= 4.5e-7 * want.abs().max(1e-30) || err <= 4.5e-7 && want.abs() > 0.5,
+                "erf({x}) = {got}, want {want}"
+            );
+            assert!(got.abs() <= 1.0);
+            assert_eq!(erf_f32(-x), -erf_f32(x));
+            x += 1.0 / 4096.0;
+        }
+        for e in -38..0 {
+            let x = 10f32.powi(e) * 1.37;
+            let (got, want) = (erf_f32(x) as f64, erf_f64(x as f64));
+            assert!(
+                (got - want).abs() <= 4.5e-7 * want,
+                "erf({x}) = {got}, want {want}"
+            );
+        }
+        assert_eq!(erf_f32(f32::INFINITY), 1.0);
+        assert_eq!(erf_f32(f32::NEG_INFINITY), -1.0);
+        assert_eq!(erf_f32(0.0), 0.0);
+        assert!(erf_f32(f32::NAN).is_nan());
     }
 
     #[test]
