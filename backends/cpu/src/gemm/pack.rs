@@ -190,8 +190,16 @@ pub(crate) fn pack_bf16_pairs(
                         let even = &src.data[base + 2 * p * src.ks..][..rows];
                         let odd = (2 * p + 1 < kc)
                             .then(|| &src.data[base + (2 * p + 1) * src.ks..][..rows]);
-                        interleave(even, odd, &mut d[..rows]);
-                        d[rows..].fill(0.0);
+                        // Full panels of the kernels' widths as fixed-length loops,
+                        // which vectorise whole.
+                        match (rows, odd) {
+                            (14, Some(odd)) => interleave_full::<14>(even, odd, d),
+                            (32, Some(odd)) => interleave_full::<32>(even, odd, d),
+                            _ => {
+                                interleave(even, odd, &mut d[..rows]);
+                                d[rows..].fill(0.0);
+                            }
+                        }
                     }
                 },
             );
@@ -211,6 +219,19 @@ pub(crate) fn pack_bf16_pairs(
                 }
             }
         }
+    }
+}
+
+/// [`interleave`] of a full slot row of `N` lanes.
+#[inline(always)]
+fn interleave_full<const N: usize>(even: &[u16], odd: &[u16], d: &mut [f32]) {
+    let (even, odd, d): (&[u16; N], &[u16; N], &mut [f32; N]) = (
+        even[..N].try_into().expect("N lanes"),
+        odd[..N].try_into().expect("N lanes"),
+        (&mut d[..N]).try_into().expect("N lanes"),
+    );
+    for i in 0..N {
+        d[i] = f32::from_bits(u32::from(even[i]) | u32::from(odd[i]) << 16);
     }
 }
 
