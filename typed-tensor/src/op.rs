@@ -231,7 +231,7 @@ pub fn erf_f32(x: f32) -> f32 {
     let p = 3.978_934e-3 + u * p;
     let p = 5.148_922_3e-2 + u * p;
     let p = 0.206_861_3 + u * p;
-    let p = 1.128_379_1 + u * p;
+    let p = std::f32::consts::FRAC_2_SQRT_PI + u * p;
     let q = 1.493_496_3e-2 + u * 1.018_19e-3;
     let q = 0.117_860_906 + u * q;
     let q = 0.516_657_4 + u * q;
