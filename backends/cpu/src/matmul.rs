@@ -1,7 +1,9 @@
 //! Batched matrix products over strided views: one GEMM call per batch element, the
 //! strides (transposes, broadcast batches) resolved by the GEMM's packing.
 
-use crate::gemm::{dgemm, sgemm, sgemm_with, GemmInput, GemmOptions, MatRef};
+use crate::gemm::{
+    dgemm, sgemm_finishing, sgemm_with, FinalBlock, Finish, GemmInput, GemmOptions, MatRef,
+};
 use crate::storage::CpuStorage;
 use half::{bf16, f16};
 use kiln_tensor::{Dims, Layout, Result};
@@ -65,7 +67,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
         let [m, _, n] = mkn;
         let mut c = vec![0f32; oa.len() * m * n];
         let (oa, ob) = (|i: usize| oa[i], |i: usize| ob[i]);
-        f32_into(a, la, &oa, b, lb, &ob, mkn, &mut c);
+        f32_into(a, la, &oa, b, lb, &ob, mkn, &mut c, None);
         c
     }
     let mkn = [m, k, n];
@@ -98,7 +100,12 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     })
 }
 
-/// The products of `a` and `b` (strided views as [`matmul`] takes them) into `c`.
+/// What a batch of products hands on once values are final: the offset in `c` of the
+/// product's matrix, and a block of it.
+type FinishBatch<'a> = &'a (dyn Fn(usize, &FinalBlock<'_, f32>) + Sync);
+
+/// The products of `a` and `b` (strided views as [`matmul`] takes them) into `c`,
+/// handing each block of it to `finish` once final.
 #[allow(clippy::too_many_arguments)]
 fn f32_into<A: GemmInput, B: GemmInput>(
     a: &[A],
@@ -109,11 +116,13 @@ fn f32_into<A: GemmInput, B: GemmInput>(
     ob: &(dyn Fn(usize) -> usize + Sync),
     mkn: [usize; 3],
     c: &mut [f32],
+    finish: Option<FinishBatch<'_>>,
 ) {
     let [m, k, n] = mkn;
     if m * n == 0 {
         return;
     }
+    let options = GemmOptions::default();
     // A batch of row blocks against one shared matrix (a linear layer over [B, T, K]
     // tokens): one tall product, so the shared matrix is packed once and the threads
     // split the rows, instead of one small product per batch element.
@@ -122,7 +131,19 @@ fn f32_into<A: GemmInput, B: GemmInput>(
             row_stride: la.strides()[la.rank() - 2],
             ..mat(a, la, oa(0))
         };
-        sgemm(rows, n, k, a, mat(b, lb, ob(0)), c, false);
+        let at_start = finish.map(|f| move |block: &FinalBlock<'_, f32>| f(0, block));
+        let at_start = at_start.as_ref().map(|f| f as Finish<'_>);
+        sgemm_finishing(
+            &options,
+            rows,
+            n,
+            k,
+            a,
+            mat(b, lb, ob(0)),
+            c,
+            false,
+            at_start,
+        );
         return;
     }
     // Many small products (conv as a batched matmul, attention heads): one thread per
@@ -144,10 +165,16 @@ fn f32_into<A: GemmInput, B: GemmInput>(
                 cm,
                 false,
             );
+            if let Some(f) = finish {
+                f(i * m * n, &FinalBlock::whole(cm, m, n));
+            }
         });
     } else {
         for (i, cm) in c.chunks_mut(m * n).enumerate() {
-            sgemm(m, n, k, mat(a, la, oa(i)), mat(b, lb, ob(i)), cm, false);
+            let (a, b) = (mat(a, la, oa(i)), mat(b, lb, ob(i)));
+            let at_product = finish.map(|f| move |block: &FinalBlock<'_, f32>| f(i * m * n, block));
+            let at_product = at_product.as_ref().map(|f| f as Finish<'_>);
+            sgemm_finishing(&options, m, n, k, a, b, cm, false, at_product);
         }
     }
 }
@@ -191,7 +218,7 @@ pub fn matmul_f32_into(
     };
     let (mkn, len) = product_sizes(la, lb);
     let (oa, ob) = (|i| batch_offset(la, i), |i| batch_offset(lb, i));
-    f32_into(x, la, &oa, y, lb, &ob, mkn, &mut c[..len]);
+    f32_into(x, la, &oa, y, lb, &ob, mkn, &mut c[..len], None);
     true
 }
 
@@ -234,27 +261,57 @@ pub fn matmul_bf16_into(
             buf.resize(len, 0.0);
         }
         let products = &mut buf[..len];
-        f32_into(x, la, &oa, y, lb, &ob, mkn, products);
-        c[..len]
-            .par_chunks_mut(1 << 14)
-            .zip(products.par_chunks(1 << 14))
-            .for_each(|(c, v)| {
+        let (c, n) = (&mut c[..len], mkn[2]);
+        // Each block of the products is rounded into `c` by the thread that computed
+        // it, as soon as it is final (while it is in that core's cache).
+        let out = RoundedOut(c.as_mut_ptr(), len);
+        let round = |base: usize, block: &FinalBlock<'_, f32>| {
+            for r in 0..block.rows {
+                let at = base + (block.first_row + r) * n + block.first_col;
+                let row = block.row(r);
+                // SAFETY: the blocks of one product cover its matrix once and the
+                // products' matrices lie apart, so no two calls write the same
+                // elements; `at + cols <= len` is checked, and `c` outlives the call.
+                let dst = unsafe { out.slice(at, row.len()) };
                 kiln_tensor::simd::wide(
                     #[inline(always)]
                     || {
-                        for (d, &v) in c.iter_mut().zip(v) {
+                        for (d, &v) in dst.iter_mut().zip(row) {
                             *d = bf16::from_f32(v);
                         }
                     },
                 )
-            });
+            }
+        };
+        f32_into(x, la, &oa, y, lb, &ob, mkn, products, Some(&round));
         true
     })
+}
+
+/// The bf16 result of a product, written block by block from the threads that finish
+/// the blocks: a pointer to its first element and its length.
+struct RoundedOut(*mut bf16, usize);
+
+// SAFETY: the threads write disjoint elements (see `slice`'s callers).
+unsafe impl Sync for RoundedOut {}
+
+impl RoundedOut {
+    /// Elements `at..at + len`.
+    ///
+    /// # Safety
+    /// No other live slice overlaps them.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, at: usize, len: usize) -> &mut [bf16] {
+        assert!(at + len <= self.1, "a block inside the product");
+        // SAFETY: in bounds (checked), not aliased (per the caller).
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gemm::sgemm;
 
     fn layout(dims: &[usize], strides: &[usize]) -> Layout {
         Layout::from_parts(Dims::new(dims).unwrap(), strides, 0)

@@ -54,9 +54,68 @@ impl<T> COut<T> {
     }
 }
 
+/// A block of C whose values are final: rows `first_row..first_row + rows` and
+/// columns `first_col..first_col + cols` of a row-major C.
+pub(crate) struct FinalBlock<'a, T> {
+    /// The block's first row.
+    pub first_row: usize,
+    /// How many rows it has.
+    pub rows: usize,
+    /// The block's first column.
+    pub first_col: usize,
+    /// How many columns it has.
+    pub cols: usize,
+    c: COut<T>,
+    _c: PhantomData<&'a [T]>,
+}
+
+impl<'a, T> FinalBlock<'a, T> {
+    /// All of the row-major `m x n` matrix `c`, final.
+    pub(crate) fn whole(c: &'a mut [T], m: usize, n: usize) -> Self {
+        assert_eq!(c.len(), m * n, "a whole block covers C");
+        FinalBlock {
+            first_row: 0,
+            rows: m,
+            first_col: 0,
+            cols: n,
+            c: COut {
+                ptr: c.as_mut_ptr(),
+                rs: n,
+                cs: 1,
+            },
+            _c: PhantomData,
+        }
+    }
+
+    /// Row `r` of the block (`r < rows`), its `cols` values.
+    pub(crate) fn row(&self, r: usize) -> &[T] {
+        assert!(
+            r < self.rows && self.c.cs == 1,
+            "a row of a row-major block"
+        );
+        // SAFETY: the block lies inside C (the driver hands out its tasks' blocks, or
+        // `whole` one C), its rows are contiguous (cs == 1), and no task writes them
+        // any more: they are final.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.c
+                    .ptr
+                    .add((self.first_row + r) * self.c.rs + self.first_col),
+                self.cols,
+            )
+        }
+    }
+}
+
+/// What a product calls for each block of C once its values are final: from the task
+/// that finished the block, while it is still in that core's cache (a bf16 product
+/// rounds it there). The blocks cover C once.
+pub(crate) type Finish<'a, T = f32> = &'a (dyn Fn(&FinalBlock<'_, T>) + Sync);
+
 /// Computes c (row-major m x n) (+)= a·b, either directly or as cᵀ = bᵀ·aᵀ when
 /// that transposed problem wastes much less of the register tile (e.g. n = 10,
-/// where 10 of 32 columns would be used but 10 of 14 rows are).
+/// where 10 of 32 columns would be used but 10 of 14 rows are). `finish`, where given,
+/// sees C in final blocks (all of it at the end in the transposed orientation).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_oriented<T: Elem, A: Load<T>, B: Load<T>>(
     spec: &KernelSpec<T>,
@@ -68,6 +127,7 @@ pub(crate) fn gemm_oriented<T: Elem, A: Load<T>, B: Load<T>>(
     c: &mut [T],
     accumulate: bool,
     threads: usize,
+    finish: Option<Finish<'_, T>>,
 ) {
     debug_assert_eq!(c.len(), m * n);
     let padded = |m: usize, n: usize| m.next_multiple_of(spec.mr) * n.next_multiple_of(spec.nr);
@@ -88,17 +148,34 @@ pub(crate) fn gemm_oriented<T: Elem, A: Load<T>, B: Load<T>>(
         // The transposed orientation writes C through a temporary tile (C is
         // column-strided for it), so only take it for a clear win.
         if padded(n, m) * 3 < padded(m, n) * 2 {
-            gemm(spec, n, m, k, b.t(), a.t(), transposed, accumulate, threads);
+            gemm(
+                spec,
+                n,
+                m,
+                k,
+                b.t(),
+                a.t(),
+                transposed,
+                accumulate,
+                threads,
+                None,
+            );
+            false
         } else {
-            gemm(spec, m, n, k, a, b, row_major, accumulate, threads);
+            gemm(spec, m, n, k, a, b, row_major, accumulate, threads, finish);
+            true
         }
     };
-    if threads > 1 {
+    let finished = if threads > 1 {
         // Drive the loop nest from a pool thread: its parallel loops then start
         // by pushing work locally instead of waking a sleeping caller each time.
-        rayon::scope(|_| run());
+        rayon::scope(|_| run())
     } else {
-        run();
+        run()
+    };
+    // The transposed orientation's blocks are columns of C: it is finished whole.
+    if let (Some(f), false) = (finish, finished) {
+        f(&FinalBlock::whole(c, m, n));
     }
 }
 
@@ -188,6 +265,7 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
     c: COut<T>,
     accumulate: bool,
     threads: usize,
+    finish: Option<Finish<'_, T>>,
 ) {
     let (mr, nr) = (spec.mr, spec.nr);
     let kc_blk = balanced_block(k, spec.kc, 1);
@@ -313,6 +391,19 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
                             }
                         }
                     });
+                    // After the last reduction block the task's rows and columns
+                    // are final: handed on while they are in this core's cache.
+                    if let (Some(f), true) = (finish, pc + kc == k && q0 < q1) {
+                        let first_row = ic + q0 * mr;
+                        f(&FinalBlock {
+                            first_row,
+                            rows: (ic + mc).min(ic + q1 * mr) - first_row,
+                            first_col: jc,
+                            cols: nc,
+                            c,
+                            _c: PhantomData,
+                        });
+                    }
                 };
                 if threads > 1 && ntasks > 1 {
                     (0..ntasks).into_par_iter().with_max_len(1).for_each(task);

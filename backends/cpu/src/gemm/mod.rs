@@ -14,6 +14,7 @@
 //! - `scratch`: the thread-local packing buffers reused across calls.
 
 mod driver;
+pub(crate) use driver::{FinalBlock, Finish};
 mod gemv;
 mod kernels;
 mod pack;
@@ -404,13 +405,35 @@ pub fn sgemm_with<A: GemmInput, B: GemmInput>(
     c: &mut [f32],
     accumulate: bool,
 ) {
+    sgemm_finishing(opts, m, n, k, a, b, c, accumulate, None)
+}
+
+/// [`sgemm_with`], handing C to `finish` in blocks that cover it once, each as soon as
+/// its values are final (in a parallel product, from the thread that computed it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_finishing<A: GemmInput, B: GemmInput>(
+    opts: &GemmOptions,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<A>,
+    b: MatRef<B>,
+    c: &mut [f32],
+    accumulate: bool,
+    finish: Option<driver::Finish<'_>>,
+) {
+    let whole = |c: &mut [f32]| {
+        if let (Some(f), false) = (finish, c.is_empty()) {
+            f(&driver::FinalBlock::whole(c, m, n));
+        }
+    };
     if !prologue(m, n, k, &a, &b, c, accumulate) {
-        return;
+        return whole(c);
     }
     let isa = opts.isa.clamp();
     let threads = pick_threads(opts, m, n, k);
     if opts.allow_gemv && gemv::try_skinny(isa, threads, m, n, k, a, b, c, accumulate) {
-        return;
+        return whole(c);
     }
     let both_bf16 = matches!(
         (A::bits(a.data), B::bits(b.data)),
@@ -422,9 +445,10 @@ pub fn sgemm_with<A: GemmInput, B: GemmInput>(
     };
     let parts = reduction_parts(m, n, k);
     if parts > 1 {
-        return split_reduction(&spec, parts, m, n, k, a, b, c, accumulate, threads);
+        split_reduction(&spec, parts, m, n, k, a, b, c, accumulate, threads);
+        return whole(c);
     }
-    driver::gemm_oriented(&spec, m, n, k, a, b, c, accumulate, threads);
+    driver::gemm_oriented(&spec, m, n, k, a, b, c, accumulate, threads, finish);
 }
 
 /// Into how many parts a product's reduction is split: a long reduction into a small C
@@ -484,7 +508,7 @@ fn split_reduction<A: Load<f32>, B: Load<f32>>(
                 offset: b.offset + k0 * b.row_stride,
                 ..b
             };
-            driver::gemm_oriented(spec, m, n, kp, ap, bp, out, accumulate && p == 0, 1);
+            driver::gemm_oriented(spec, m, n, kp, ap, bp, out, accumulate && p == 0, 1, None);
         };
         let outs = &mut outs[..parts];
         if threads > 1 {
@@ -540,7 +564,7 @@ pub fn dgemm_with(
     let isa = opts.isa.clamp();
     let threads = pick_threads(opts, m, n, k);
     let spec = kernels::f64_kernel(isa);
-    driver::gemm_oriented(&spec, m, n, k, a, b, c, accumulate, threads);
+    driver::gemm_oriented(&spec, m, n, k, a, b, c, accumulate, threads, None);
 }
 
 /// Validates the contract and settles the degenerate shapes; returns whether a product remains to compute.

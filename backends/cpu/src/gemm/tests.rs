@@ -734,3 +734,73 @@ fn split_reductions_do_not_depend_on_the_threads() {
         }
     }
 }
+
+/// `sgemm_finishing` hands C over in blocks that cover it exactly once, each already
+/// holding its final values when handed over: tall products (blocks per task), the
+/// reduction in two blocks (handed over after the second), the transposed
+/// orientation and skinny and split-reduction products (C whole at the end),
+/// on one thread and two, over f32 and bf16.
+#[test]
+fn finish_sees_every_element_once_and_final() {
+    use std::sync::Mutex;
+    let shapes = [
+        (2100, 40, 30),
+        (40, 900, 70),
+        (300, 10, 50),
+        (30, 50, 2049),
+        (1, 300, 40),
+        (300, 70, 1031),
+        (5, 7, 0),
+    ];
+    for threads in [Some(1), Some(2)] {
+        for allow_gemv in [false, true] {
+            let opts = GemmOptions {
+                threads,
+                allow_gemv,
+                ..GemmOptions::default()
+            };
+            for (s, &(m, n, k)) in shapes.iter().enumerate() {
+                let mut rng = Rng(s as u64 + 7);
+                let a = Mat::new(Layout::RowMajor, m, k, &mut rng, bf16::from_f32);
+                let b = Mat::new(Layout::Transposed, k, n, &mut rng, bf16::from_f32);
+                let mut want = vec![0f32; m * n];
+                sgemm_with(&opts, m, n, k, a.view(), b.view(), &mut want, false);
+                let seen = Mutex::new((vec![f32::NAN; m * n], vec![0u8; m * n]));
+                let finish = |block: &FinalBlock<'_, f32>| {
+                    let mut seen = seen.lock().unwrap();
+                    for r in 0..block.rows {
+                        let row = block.row(r);
+                        assert_eq!(row.len(), block.cols);
+                        for (j, &v) in row.iter().enumerate() {
+                            let at = (block.first_row + r) * n + block.first_col + j;
+                            seen.0[at] = v;
+                            seen.1[at] += 1;
+                        }
+                    }
+                };
+                let mut c = vec![f32::NAN; m * n];
+                sgemm_finishing(
+                    &opts,
+                    m,
+                    n,
+                    k,
+                    a.view(),
+                    b.view(),
+                    &mut c,
+                    false,
+                    Some(&finish),
+                );
+                let (values, counts) = seen.into_inner().unwrap();
+                let what = format!("{opts:?} {m}x{n}x{k}");
+                assert!(counts.iter().all(|&c| c == 1), "{what}: covered {counts:?}");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&values),
+                    bits(&want),
+                    "{what}: values when handed over"
+                );
+                assert_eq!(bits(&c), bits(&want), "{what}");
+            }
+        }
+    }
+}
