@@ -63,27 +63,28 @@ fn short_rows_run_many_to_a_task_and_equal_the_ops() -> Result<()> {
         let a = random(&[b, h, t, e], 1)?.permute(&[0, 2, 1, 3])?;
         let x = random(&dims, 2)?;
         let c = random(&[b, t, h, 1], 3)?.broadcast_to(&dims)?;
-        let d = Dims::new(&dims)?;
-        let views: [View<'_, Cpu>; 3] = [a.view(), x.view(), c.view()];
-        let n = d.numel();
-        let mut want = Cpu::alloc(&CpuDevice, DType::F32, n)?;
-        kiln_tensor::backend::fused_by_ops::<Cpu>(
-            &CpuDevice,
-            &expr(),
-            &views,
-            &d,
-            &mut [&mut want],
-        )?;
-        for loop_fn in [None, Some(native as kiln_tensor::fused::NativeFn)] {
-            let mut got = CpuStorage::F32(vec![f32::NAN; n + 3].into());
-            Cpu::fused_elementwise(&CpuDevice, &expr(), loop_fn, &views, &d, &mut [&mut got])?;
-            assert_eq!(
-                bits(&got, n),
-                bits(&want, n),
-                "{dims:?}, native {}",
-                loop_fn.is_some()
-            );
-        }
+        fused_equals_ops(&[a.view(), x.view(), c.view()], &dims, "f32")?;
+    }
+    Ok(())
+}
+
+/// [`expr`] over `views` of `dims`, through the native loop and the interpreter, equal
+/// bit for bit to the expression run op by op.
+fn fused_equals_ops(views: &[View<'_, Cpu>], dims: &[usize], what: &str) -> Result<()> {
+    let d = Dims::new(dims)?;
+    let n = d.numel();
+    let mut want = Cpu::alloc(&CpuDevice, DType::F32, n)?;
+    kiln_tensor::backend::fused_by_ops::<Cpu>(&CpuDevice, &expr(), views, &d, &mut [&mut want])?;
+    for loop_fn in [None, Some(native as kiln_tensor::fused::NativeFn)] {
+        // Longer than the result: the kernel writes its elements and no others.
+        let mut got = CpuStorage::F32(vec![f32::NAN; n + 3].into());
+        Cpu::fused_elementwise(&CpuDevice, &expr(), loop_fn, views, &d, &mut [&mut got])?;
+        assert_eq!(
+            bits(&got, n),
+            bits(&want, n),
+            "{what}, {dims:?}, native {}",
+            loop_fn.is_some()
+        );
     }
     Ok(())
 }
@@ -129,22 +130,7 @@ fn half_inputs_over_short_rows_widen_as_the_ops_do() -> Result<()> {
                 .permute(&[0, 2, 1, 3])?;
             let x = random(&dims, 2)?.cast(half)?;
             let c = random(&[b, t, h, 1], 3)?.broadcast_to(&dims)?;
-            let d = Dims::new(&dims)?;
-            let views: [View<'_, Cpu>; 3] = [a.view(), x.view(), c.view()];
-            let n = d.numel();
-            let mut want = Cpu::alloc(&CpuDevice, DType::F32, n)?;
-            kiln_tensor::backend::fused_by_ops::<Cpu>(
-                &CpuDevice,
-                &expr(),
-                &views,
-                &d,
-                &mut [&mut want],
-            )?;
-            for loop_fn in [None, Some(native as kiln_tensor::fused::NativeFn)] {
-                let mut got = CpuStorage::F32(vec![f32::NAN; n].into());
-                Cpu::fused_elementwise(&CpuDevice, &expr(), loop_fn, &views, &d, &mut [&mut got])?;
-                assert_eq!(bits(&got, n), bits(&want, n), "{half}, {dims:?}");
-            }
+            fused_equals_ops(&[a.view(), x.view(), c.view()], &dims, &half.to_string())?;
         }
     }
     Ok(())
