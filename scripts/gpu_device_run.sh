@@ -157,6 +157,16 @@ case $W in
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
       run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
     done ;;
+  casts)
+    # Issue 31's planner change on CUDA (casts moved across views, widening casts
+    # recomputed in their readers, bf16 reshape copies into slots): the fused kernels'
+    # tests, the fused-models tests (the bf16 GPT planned against op by op and the CPU),
+    # replayed steps against planned ones, and W3 in f32 and bf16, planned and replayed.
+    models_data
+    [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1
+    [ -x $B/fused_models_test ] && run 300 $B/fused_models_test --test-threads 1
+    [ -x $B/cuda_graph_test ] && run 200 $B/cuda_graph_test --test-threads 1 replayed_steps_train_every_model
+    run 300 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-bf16,w3 --reps 30 ;;
   mixed)
     # Mixed precision (issue 15): the fused-kernel tests on CUDA (the bf16 MLP's fused
     # plans against its op-by-op path and the CPU), W3's training step in f32 and with
