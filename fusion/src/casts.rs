@@ -33,11 +33,6 @@ pub(crate) struct Moved<D> {
     pub origin: Vec<(NodeId, bool)>,
 }
 
-/// bf16 or f16.
-fn is_half(d: DType) -> bool {
-    d == DType::BF16 || d == DType::F16
-}
-
 /// Whether a view commutes with a cast without changing how many values it converts.
 fn keeps_count<D>(op: &Op<D>) -> bool {
     matches!(op, Op::Permute { .. } | Op::Reshape { .. })
@@ -46,7 +41,7 @@ fn keeps_count<D>(op: &Op<D>) -> bool {
 /// The half value `n` widens, if `n` is a widening cast.
 fn widened<D>(g: &Graph<D>, n: NodeId) -> Option<NodeId> {
     match (&g.nodes[n].kind, g.nodes[n].inputs.as_slice()) {
-        (NodeKind::Op(Op::Cast { dtype: DType::F32 }), [x]) if is_half(g.nodes[*x].meta.dtype) => {
+        (NodeKind::Op(Op::Cast { dtype: DType::F32 }), [x]) if g.nodes[*x].meta.dtype.is_half() => {
             Some(*x)
         }
         _ => None,
@@ -104,7 +99,7 @@ impl<D: SymDim> Rewrite<D> {
 pub(crate) fn move_casts<D: SymDim>(graph: &Graph<D>, outputs: &[NodeId]) -> Option<Moved<D>> {
     let mixed = graph.nodes.iter().any(|n| match &n.kind {
         NodeKind::Op(Op::Cast { dtype }) => {
-            is_half(*dtype) || is_half(graph.nodes[n.inputs[0]].meta.dtype)
+            dtype.is_half() || graph.nodes[n.inputs[0]].meta.dtype.is_half()
         }
         _ => false,
     });
@@ -118,11 +113,15 @@ pub(crate) fn move_casts<D: SymDim>(graph: &Graph<D>, outputs: &[NodeId]) -> Opt
     let mut new_id: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
     // How many rewritten nodes precede each original node (where its guards run).
     let mut position = Vec::with_capacity(graph.nodes.len() + 1);
+    let mut is_output = vec![false; graph.nodes.len()];
+    for &o in outputs {
+        is_output[o] = true;
+    }
     let mut moved = false;
     for (i, node) in graph.nodes.iter().enumerate() {
         position.push(r.g.nodes.len());
         let inputs: Vec<NodeId> = node.inputs.iter().map(|&j| new_id[j]).collect();
-        let replaceable = !outputs.contains(&i);
+        let replaceable = !is_output[i];
         let rewritten = match (&node.kind, inputs.as_slice()) {
             // view(cast_f32(x)) = cast_f32(view(x)).
             (NodeKind::Op(op), &[u]) if replaceable && keeps_count(op) => {
@@ -131,7 +130,7 @@ pub(crate) fn move_casts<D: SymDim>(graph: &Graph<D>, outputs: &[NodeId]) -> Opt
                     r.add(Op::Cast { dtype: DType::F32 }, &[v], i, true)
                 })
             }
-            (NodeKind::Op(Op::Cast { dtype }), &[u]) if replaceable && is_half(*dtype) => {
+            (NodeKind::Op(Op::Cast { dtype }), &[u]) if replaceable && dtype.is_half() => {
                 match widened(&r.g, u) {
                     // cast_half(cast_f32(x)) = x, for x of that half dtype.
                     Some(x) if r.g.nodes[x].meta.dtype == *dtype => Some(x),

@@ -139,17 +139,12 @@ fn fusable_elementwise<D: SymDim>(g: &Graph<D>, n: NodeId) -> bool {
     }
     if let (Op::Cast { dtype }, [x]) = (op, node.inputs.as_slice()) {
         let from = g.nodes[*x].meta.dtype;
-        if (from == DType::F32 && is_half(*dtype)) || (is_half(from) && *dtype == DType::F32) {
+        if (from == DType::F32 && dtype.is_half()) || (from.is_half() && *dtype == DType::F32) {
             return true;
         }
     }
     let ok = |d: DType| d == DType::F32 || d == DType::Bool;
     ok(node.meta.dtype) && node.inputs.iter().all(|&i| ok(g.nodes[i].meta.dtype))
-}
-
-/// bf16 or f16: the dtypes a fused group reads and writes only at its edges.
-fn is_half(d: DType) -> bool {
-    d == DType::BF16 || d == DType::F16
 }
 
 /// Whether a node is a rank-0 constant that groups inline.
@@ -188,7 +183,7 @@ fn recomputed_values<D: SymDim>(
         // casts are stored (a narrowing cast roots its group).
         let cast_ok = match (&node.kind, node.inputs.as_slice()) {
             (NodeKind::Op(Op::Cast { dtype }), [x]) => {
-                *dtype == DType::F32 && is_half(g.nodes[*x].meta.dtype)
+                *dtype == DType::F32 && g.nodes[*x].meta.dtype.is_half()
             }
             _ => true,
         };
@@ -479,7 +474,7 @@ fn plan_graph<D: SymDim + 'static>(
             // A half value is stored by the group that narrows it, never computed with.
             [c] if !is_output(i)
                 && fusable[*c]
-                && !is_half(g.nodes[i].meta.dtype)
+                && !g.nodes[i].meta.dtype.is_half()
                 && g.nodes[*c].meta.dims == g.nodes[i].meta.dims =>
             {
                 group[*c]
@@ -504,9 +499,9 @@ fn plan_graph<D: SymDim + 'static>(
     let mut reads_half = vec![false; n];
     for i in 0..n {
         let node = &g.nodes[i];
-        reads_half[i] = is_half(node.meta.dtype)
+        reads_half[i] = node.meta.dtype.is_half()
             || (node.inputs.iter())
-                .any(|&j| is_half(g.nodes[j].meta.dtype) || (recomputed[j] && reads_half[j]));
+                .any(|&j| g.nodes[j].meta.dtype.is_half() || (recomputed[j] && reads_half[j]));
     }
     let half_edges: Vec<bool> = groups
         .iter()

@@ -454,7 +454,7 @@ pub trait BuilderExt: Builder {
             ));
         }
         // An f16 sum overflows (past 65504) long before the mean does.
-        let half = matches!(dtype, DType::F16 | DType::BF16);
+        let half = dtype.is_half();
         let wide = if half {
             self.cast(x, DType::F32)?
         } else {

@@ -45,6 +45,12 @@ impl DType {
         }
     }
 
+    /// Whether this is a 16-bit float (bf16 or f16): the dtypes of mixed precision,
+    /// which fused kernels read and write only at their edges.
+    pub const fn is_half(self) -> bool {
+        matches!(self, DType::BF16 | DType::F16)
+    }
+
     /// Whether this is a floating-point dtype.
     pub const fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)

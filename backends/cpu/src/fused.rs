@@ -308,8 +308,8 @@ impl Operand<'_> {
 }
 
 /// Copies the elements of one input `walk` describes, in row-major order, into `out`
-/// (which holds exactly that many): rows in parallel where there are many. `true`.
-fn copy_rows<T: Copy + Send + Sync>(data: &[T], walk: &Walk, out: &mut [T]) -> bool {
+/// (which holds exactly that many): rows in parallel where there are many.
+fn copy_rows<T: Copy + Send + Sync>(data: &[T], walk: &Walk, out: &mut [T]) {
     let (inner, stride) = (walk.inner, walk.inner_strides[0]);
     let rows_per_task = (4 * CHUNK).div_ceil(inner).max(1);
     let task = |(t, chunk): (usize, &mut [T])| {
@@ -337,7 +337,6 @@ fn copy_rows<T: Copy + Send + Sync>(data: &[T], walk: &Walk, out: &mut [T]) -> b
             .enumerate()
             .for_each(task);
     }
-    true
 }
 
 /// Runs `expr` (or `native`) over `dims` into `outputs`; see
@@ -397,13 +396,23 @@ pub fn fused_elementwise(
     // trip through f32.
     let copies = expr.steps == [ExprStep::Input(0)] && expr.results == [0];
     if copies && inputs.len() == 1 && outputs.len() == 1 {
-        let copied = match (datas[0], &mut *outputs[0]) {
-            (Operand::F32(d), CpuStorage::F32(o)) => copy_rows(d, &walk, &mut o[..n]),
-            (Operand::BF16(d), CpuStorage::BF16(o)) => copy_rows(d, &walk, &mut o[..n]),
-            (Operand::F16(d), CpuStorage::F16(o)) => copy_rows(d, &walk, &mut o[..n]),
+        // Between dtypes, the general kernel below converts.
+        let same_dtype = match (datas[0], &mut *outputs[0]) {
+            (Operand::F32(d), CpuStorage::F32(o)) => {
+                copy_rows(d, &walk, &mut o[..n]);
+                true
+            }
+            (Operand::BF16(d), CpuStorage::BF16(o)) => {
+                copy_rows(d, &walk, &mut o[..n]);
+                true
+            }
+            (Operand::F16(d), CpuStorage::F16(o)) => {
+                copy_rows(d, &walk, &mut o[..n]);
+                true
+            }
             _ => false,
         };
-        if copied {
+        if same_dtype {
             return Ok(true);
         }
     }

@@ -239,8 +239,7 @@ thread_local! {
 /// A bf16 product `[.., M, K] × [.., K, N]` written into the first elements of `c`
 /// (which must hold them): computed in f32 (on the bf16 dot-product kernel where the
 /// CPU has one) into this thread's buffer, each block rounded as [`matmul`] rounds by
-/// the thread that finished it. `false`
-/// when the inputs are not both bf16.
+/// the thread that finished it. `false` when the inputs are not both bf16.
 pub fn matmul_bf16_into(
     a: &CpuStorage,
     la: &Layout,

@@ -464,10 +464,10 @@ impl<B: Backend> Buffers<B> {
             // copy exactly through f32), is copied into the node's slot over the
             // input's own dims (no allocation once the slot has grown); other dtypes,
             // which fused kernels do not all read and write, into a fresh buffer.
-            None if matches!(
-                run.plan.graph.nodes[node].meta.dtype,
-                DType::F32 | DType::BF16 | DType::F16
-            ) =>
+            None if {
+                let dtype = run.plan.graph.nodes[node].meta.dtype;
+                dtype == DType::F32 || dtype.is_half()
+            } =>
             {
                 let in_dims = *l.dims();
                 self.write_slot(run, node, |b, out| {

@@ -226,7 +226,7 @@ pub fn check_composite<B: Backend>(device: &B::Device, case: &CompositeCase) -> 
 /// max-subtraction), [-3, 3] in f16 and bf16, whose rounding of intermediate values
 /// would otherwise dominate.
 fn domain(dt: DType) -> Domain {
-    if matches!(dt, DType::F16 | DType::BF16) {
+    if dt.is_half() {
         Domain::Small
     } else {
         Domain::Any
