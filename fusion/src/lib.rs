@@ -16,6 +16,7 @@ pub mod parts;
 pub mod plan;
 pub mod programs;
 pub mod report;
+mod rows;
 pub mod sym;
 pub mod text;
 

@@ -102,6 +102,9 @@ pub struct Kernel {
     pub inputs: Vec<NodeId>,
     /// The nodes it writes to memory.
     pub outputs: Vec<NodeId>,
+    /// The row pass it belongs to, if any (`crate::rows`): the kernels of one pass
+    /// are consecutive and may run as one pass over blocks of rows.
+    pub row_pass: Option<usize>,
 }
 
 /// A graph, its kernels in execution order, and where their outputs live.
@@ -557,6 +560,7 @@ fn plan_graph<D: SymDim + 'static>(
             main: None,
             inputs: vec![],
             outputs: vec![root(gi)],
+            row_pass: None,
         });
     }
     for (i, node) in g.nodes.iter().enumerate() {
@@ -600,6 +604,7 @@ fn plan_graph<D: SymDim + 'static>(
             main,
             inputs: vec![],
             outputs: vec![out],
+            row_pass: None,
         });
     }
     merge_one_pass(&g, &mut kernels);
@@ -644,6 +649,7 @@ fn plan_graph<D: SymDim + 'static>(
         _ => *k.nodes.iter().max().expect("kernels have nodes"),
     });
 
+    crate::rows::mark_row_passes(&g, &mut kernels);
     let (slot_of, slots) = assign_slots(&g, &kernels, &outputs);
     let atoms = find_atoms(&g);
     Plan {
@@ -712,6 +718,7 @@ fn merge_one_pass<D: SymDim>(g: &Graph<D>, kernels: &mut Vec<Kernel>) {
             main: None,
             inputs: vec![],
             outputs: nodes,
+            row_pass: None,
         });
     }
     let mut ki = 0;
@@ -802,11 +809,14 @@ fn assign_slots<D: SymDim>(
     let n = g.nodes.len();
     let mut has_slot = vec![false; n];
     let mut def = vec![usize::MAX; n];
+    // The kernels of a row pass run interleaved: what any of them reads or writes is
+    // live from the pass's first kernel to its last.
+    let at = crate::rows::pass_ends(kernels);
     for (k, kernel) in kernels.iter().enumerate() {
         for &o in &kernel.outputs {
             let reshape = matches!(&g.nodes[o].kind, NodeKind::Op(Op::Reshape { .. }));
             has_slot[o] = kernel.kind != KernelKind::View || reshape;
-            def[o] = k;
+            def[o] = at[k];
         }
     }
     // Last kernel reading each slot-holding node (through views too); outputs live on.
@@ -817,7 +827,7 @@ fn assign_slots<D: SymDim>(
             let mut roots = Vec::new();
             buffer_roots(g, &has_slot, i, &mut roots);
             for r in roots {
-                last[r] = Some(last[r].map_or(k, |l: usize| l.max(k)));
+                last[r] = Some(last[r].map_or(at[k], |l: usize| l.max(at[k])));
             }
         }
     }

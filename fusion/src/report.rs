@@ -1,4 +1,5 @@
-//! Seeing a plan: a printout (kernels, what each fuses, bytes each reads and writes)
+//! Seeing a plan: a printout (kernels, what each fuses, bytes each reads and writes,
+//! the row pass each belongs to)
 //! and a Graphviz DOT export with one cluster per kernel.
 
 use crate::plan::{KernelKind, Plan};
@@ -97,9 +98,12 @@ impl<D: SymDim> Plan<D> {
                 })
                 .collect();
             let (r, w) = self.kernel_bytes(k);
+            let pass = kern
+                .row_pass
+                .map_or(String::new(), |p| format!(" (row pass {p})"));
             let _ = writeln!(
                 out,
-                "  k{k:<3} {:<11} [{}] ({}) -> {}  reads {r} B, writes {w} B",
+                "  k{k:<3} {:<11} [{}] ({}) -> {}  reads {r} B, writes {w} B{pass}",
                 kern.kind.name(),
                 fused.join(" "),
                 ins.join(", "),

@@ -330,11 +330,12 @@ impl Plan<SDim> {
         for k in &self.kernels {
             let main = k.main.map_or("-".to_string(), |m| m.to_string());
             out += &format!(
-                "kernel {} main={main} nodes={} in={} out={}\n",
+                "kernel {} main={main} nodes={} in={} out={}{}\n",
                 k.kind.name(),
                 list(&k.nodes),
                 list(&k.inputs),
-                list(&k.outputs)
+                list(&k.outputs),
+                k.row_pass.map_or(String::new(), |p| format!(" rows={p}"))
             );
         }
         for (i, s) in self.slot_of.iter().enumerate() {
@@ -447,6 +448,10 @@ impl Plan<SDim> {
                         nodes: parse_list(field("nodes")?)?,
                         inputs: parse_list(field("in")?)?,
                         outputs: parse_list(field("out")?)?,
+                        row_pass: match field("rows") {
+                            Ok(p) => Some(num(p)?),
+                            Err(_) => None,
+                        },
                     });
                 }
                 "slot" => {

@@ -156,6 +156,21 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Runs `pass`, a chain of kernels over the same rows ([`crate::rows`]), as one
+    /// pass over blocks of rows: `inputs` are the views its phases read (each over
+    /// whole rows or one value per row), `outputs` contiguous buffers of `pass.rows`
+    /// whole rows or values. `Ok(false)` leaves the kernels to the caller, who runs
+    /// them one after another (the default).
+    fn fused_rows(
+        device: &Self::Device,
+        pass: &crate::rows::RowPass,
+        inputs: &[View<'_, Self>],
+        outputs: &mut [&mut Self::Storage],
+    ) -> Result<bool> {
+        let _ = (device, pass, inputs, outputs);
+        Ok(false)
+    }
+
     /// Runs a fused elementwise kernel: each output (contiguous f32 of at least
     /// `dims`' element count) takes its result of `expr` at every element of `dims`;
     /// every input view has `dims` (broadcast by strides). `native` is the kernel as a

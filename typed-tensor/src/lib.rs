@@ -40,6 +40,7 @@ pub mod precision;
 pub mod raw;
 pub mod real;
 pub mod rng;
+pub mod rows;
 pub mod shape;
 pub mod simd;
 pub mod tensor;

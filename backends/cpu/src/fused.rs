@@ -149,7 +149,7 @@ struct Cursor {
 /// f32, or bool (a comparison whose result other kernels read) or a half float (the
 /// narrowing cast of mixed precision), written through a staged f32 chunk.
 #[derive(Clone, Copy)]
-enum OutPtr {
+pub(crate) enum OutPtr {
     F32(*mut f32),
     Bool(*mut bool),
     BF16(*mut bf16),
@@ -157,6 +157,22 @@ enum OutPtr {
 }
 
 impl OutPtr {
+    /// The same buffer from element `n` on.
+    ///
+    /// # Safety
+    /// Element `n` lies inside the buffer (or just past its end).
+    pub(crate) unsafe fn add(self, n: usize) -> OutPtr {
+        // SAFETY: per the caller.
+        unsafe {
+            match self {
+                OutPtr::F32(p) => OutPtr::F32(p.add(n)),
+                OutPtr::Bool(p) => OutPtr::Bool(p.add(n)),
+                OutPtr::BF16(p) => OutPtr::BF16(p.add(n)),
+                OutPtr::F16(p) => OutPtr::F16(p.add(n)),
+            }
+        }
+    }
+
     /// Whether the kernel computes this output into a staged chunk first.
     fn staged(self) -> bool {
         !matches!(self, OutPtr::F32(_))
@@ -213,7 +229,7 @@ unsafe impl Sync for OutPtr {}
 /// An input's elements: f32, bool (read as 0.0 and 1.0, as expressions compute), or a
 /// half float (widened exactly: the widening cast of mixed precision).
 #[derive(Clone, Copy)]
-enum Operand<'a> {
+pub(crate) enum Operand<'a> {
     F32(&'a [f32]),
     Bool(&'a [bool]),
     BF16(&'a [bf16]),
@@ -221,7 +237,7 @@ enum Operand<'a> {
 }
 
 impl Operand<'_> {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             Operand::F32(d) => d.len(),
             Operand::Bool(d) => d.len(),
@@ -230,7 +246,7 @@ impl Operand<'_> {
         }
     }
 
-    fn get(&self, i: usize) -> f32 {
+    pub(crate) fn get(&self, i: usize) -> f32 {
         match self {
             Operand::F32(d) => d[i],
             Operand::Bool(d) => d[i] as u8 as f32,
@@ -388,32 +404,62 @@ pub fn fused_elementwise(
         }
         outs[k] = ptr;
     }
+    run(
+        expr,
+        native,
+        &datas[..inputs.len()],
+        &layouts[..inputs.len()],
+        dims,
+        &outs[..outputs.len()],
+        true,
+    );
+    Ok(true)
+}
+
+/// Runs `expr` (or `native`) over `dims` from `datas` (seen through `layouts`, which
+/// lie inside them) into `outs`, each holding at least `dims.numel()` elements that
+/// nobody else reads or writes meanwhile; in parallel when large and `parallel` (a
+/// caller that holds per-thread scratch across the call passes `false`: a thread
+/// waiting for parallel tasks may run the caller's other tasks meanwhile).
+pub(crate) fn run(
+    expr: &FusedExpr,
+    native: Option<NativeFn>,
+    datas: &[Operand<'_>],
+    layouts: &[Layout],
+    dims: &Dims,
+    outs: &[OutPtr],
+    parallel: bool,
+) {
+    let n = dims.numel();
     if n == 0 {
-        return Ok(true);
+        return;
     }
-    let walk = Walk::new(dims, &layouts[..inputs.len()]);
+    let walk = Walk::new(dims, layouts);
     // A copy (a reshape that cannot view) moves its rows as they are, without a round
     // trip through f32.
     let copies = expr.steps == [ExprStep::Input(0)] && expr.results == [0];
-    if copies && inputs.len() == 1 && outputs.len() == 1 {
+    if copies && datas.len() == 1 && outs.len() == 1 {
         // Between dtypes, the general kernel below converts.
-        let same_dtype = match (datas[0], &mut *outputs[0]) {
-            (Operand::F32(d), CpuStorage::F32(o)) => {
-                copy_rows(d, &walk, &mut o[..n]);
-                true
+        // SAFETY: the output holds `n` elements no one else touches (the contract).
+        let same_dtype = unsafe {
+            match (datas[0], outs[0]) {
+                (Operand::F32(d), OutPtr::F32(o)) => {
+                    copy_rows(d, &walk, std::slice::from_raw_parts_mut(o, n));
+                    true
+                }
+                (Operand::BF16(d), OutPtr::BF16(o)) => {
+                    copy_rows(d, &walk, std::slice::from_raw_parts_mut(o, n));
+                    true
+                }
+                (Operand::F16(d), OutPtr::F16(o)) => {
+                    copy_rows(d, &walk, std::slice::from_raw_parts_mut(o, n));
+                    true
+                }
+                _ => false,
             }
-            (Operand::BF16(d), CpuStorage::BF16(o)) => {
-                copy_rows(d, &walk, &mut o[..n]);
-                true
-            }
-            (Operand::F16(d), CpuStorage::F16(o)) => {
-                copy_rows(d, &walk, &mut o[..n]);
-                true
-            }
-            _ => false,
         };
         if same_dtype {
-            return Ok(true);
+            return;
         }
     }
     // A task covers a chunk of one long row, or whole short rows (a permuted head's
@@ -426,7 +472,7 @@ pub fn fused_elementwise(
     };
     let rows = walk.rows();
     let tasks = rows.div_ceil(rows_per_task) * chunks_per_row;
-    let (n_in, n_out) = (inputs.len(), outputs.len());
+    let (n_in, n_out) = (datas.len(), outs.len());
     let staged_outs = outs[..n_out].iter().filter(|o| o.staged()).count();
     let task = |t: usize| {
         let (first_row, c) = ((t / chunks_per_row) * rows_per_task, t % chunks_per_row);
@@ -516,10 +562,9 @@ pub fn fused_elementwise(
             }
         });
     };
-    if n < PARALLEL_MIN || tasks == 1 {
+    if !parallel || n < PARALLEL_MIN || tasks == 1 {
         (0..tasks).for_each(task);
     } else {
         (0..tasks).into_par_iter().for_each(task);
     }
-    Ok(true)
 }

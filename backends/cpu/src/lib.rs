@@ -17,6 +17,7 @@ pub mod math;
 pub mod matmul;
 pub mod movement;
 pub mod reduce;
+pub mod rows;
 pub mod source;
 pub mod spin;
 pub mod storage;
@@ -329,6 +330,15 @@ impl Backend for Cpu {
             }
         }
         kiln_tensor::backend::one_pass_by_ops::<Cpu>(device, ops, inputs, metas, outs)
+    }
+
+    fn fused_rows(
+        _: &CpuDevice,
+        pass: &kiln_tensor::rows::RowPass,
+        inputs: &[View<'_, Cpu>],
+        outputs: &mut [&mut CpuStorage],
+    ) -> Result<bool> {
+        rows::fused_rows(pass, inputs, outputs)
     }
 
     fn fused_elementwise(

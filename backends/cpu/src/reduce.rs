@@ -187,6 +187,21 @@ pub fn reduce(op: ReduceOp, x: &CpuStorage, layout: &Layout, axes: &[usize]) -> 
     })
 }
 
+/// One row's f32 sum, max or min (a NaN wins max and min, as in PyTorch): what every
+/// reduction of contiguous rows computes, so a row pass gives the same bits. Sum and
+/// the others only; an empty row is refused before this.
+pub(crate) fn reduce_row_f32(op: ReduceOp, row: &[f32]) -> f32 {
+    let pick = move |m: f32, v: f32| match op {
+        ReduceOp::Max if v > m || v.is_nan() => v,
+        ReduceOp::Min if v < m || v.is_nan() => v,
+        _ => m,
+    };
+    match op {
+        ReduceOp::Sum => sum_row(row),
+        _ => row.iter().fold(row[0], |m, &v| pick(m, v)),
+    }
+}
+
 /// An f32 sum, max or min written into `out` without staging copies, when `layout` is
 /// contiguous and `axes` are its leading or its trailing axes (bias gradients, row
 /// statistics); `false` for every other case, which [`reduce`] handles.
@@ -223,12 +238,7 @@ pub fn reduce_f32_into(
     if suffix {
         let inner: usize = d[r - k..].iter().product();
         let rows = &mut out[..n / inner];
-        let row = |(o, row): (&mut f32, &[f32])| {
-            *o = match op {
-                ReduceOp::Sum => sum_row(row),
-                _ => row.iter().fold(row[0], |m, &v| pick(m, v)),
-            }
-        };
+        let row = |(o, row): (&mut f32, &[f32])| *o = reduce_row_f32(op, row);
         if n >= crate::elementwise::GRAIN && rows.len() > 1 {
             rows.par_iter_mut().zip(x.par_chunks(inner)).for_each(row);
         } else {

@@ -3,6 +3,7 @@
 
 use super::context::{device_seed, run_seed, seeded, Seeds};
 use super::resolve::{Epilogue, Prologue, Resolved, Step};
+use super::rows::RowsStep;
 use crate::parts::{call_part, Parts};
 use crate::plan::Plan;
 use crate::sym::SDim;
@@ -270,6 +271,7 @@ impl<B: Backend> Buffers<B> {
                 self.one_pass(run, nodes, ops)
             }
             Step::View { node } => self.view(run, *node),
+            Step::Rows(rows) => self.rows(run, rows, parts),
             Step::Call { node } => {
                 let n = &run.plan.graph.nodes[*node];
                 let (part, grad) = match n.kind {
@@ -318,6 +320,69 @@ impl<B: Backend> Buffers<B> {
         });
         self.reseeded = reseeded;
         result
+    }
+
+    /// A row pass: one backend call where the backend runs passes, else its kernels
+    /// one after another.
+    fn rows(&mut self, run: &Run<'_, B>, rows: &RowsStep, parts: &mut dyn Parts<B>) -> Result<()> {
+        for &v in &rows.before {
+            self.view(run, v)?;
+        }
+        let slots = (rows.outputs.iter())
+            .map(|&n| slot_of(run.plan, n))
+            .collect::<Result<SmallVec<[usize; 8]>>>()?;
+        let mut bufs = SmallVec::<[Arc<B::Storage>; 8]>::new();
+        for &s in &slots {
+            match self.take_slot(run, s) {
+                Ok(buf) => bufs.push(buf),
+                Err(e) => {
+                    for (&s, buf) in slots.iter().zip(bufs) {
+                        self.arena[s] = Some(buf);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let result = (|| {
+            let views = (rows.inputs.iter())
+                .map(|(n, dims)| {
+                    let layout = if run.r.dims[*n] == *dims {
+                        self.layout[*n]
+                    } else {
+                        self.layout[*n].broadcast_to(dims)?
+                    };
+                    Ok(View {
+                        storage: self.storage(run, *n)?,
+                        layout,
+                    })
+                })
+                .collect::<Result<SmallVec<[View<'_, B>; 16]>>>()?;
+            let mut outs: SmallVec<[&mut B::Storage; 8]> = bufs
+                .iter_mut()
+                .map(|b| Arc::get_mut(b).expect("taken slots are unique"))
+                .collect();
+            B::fused_rows(run.device, &rows.pass, &views, &mut outs)
+        })();
+        for (&s, buf) in slots.iter().zip(bufs) {
+            self.arena[s] = Some(buf);
+        }
+        if !result? {
+            for step in &rows.members {
+                match step {
+                    Step::View { node } if rows.before.contains(node) => {}
+                    step => self.step(run, step, parts)?,
+                }
+            }
+            return Ok(());
+        }
+        for (&n, &s) in rows.outputs.iter().zip(&slots) {
+            self.src[n] = Src::Slot(s);
+            self.layout[n] = Layout::contiguous(run.r.dims[n]);
+        }
+        for &v in &rows.after {
+            self.view(run, v)?;
+        }
+        Ok(())
     }
 
     /// Ops one pass computes together, each into its slot; they read the first node's

@@ -11,13 +11,15 @@
 //!
 //! The files: `context.rs` (what a run reads besides its inputs: [`RunContext`],
 //! [`Seeds`]), `resolve.rs` (a plan's dims resolved for its inputs' sizes, the guards
-//! run again, each kernel turned into steps), `buffers.rs` (the planned run's steps on
+//! run again, each kernel turned into steps), `rows.rs` (row passes resolved),
+//! `buffers.rs` (the planned run's steps on
 //! the slots' buffers) and `op_by_op.rs` (the reference path, one backend call per node).
 
 mod buffers;
 mod context;
 mod op_by_op;
 mod resolve;
+mod rows;
 
 pub use context::{RunContext, Seeds, Watcher};
 pub use resolve::Natives;

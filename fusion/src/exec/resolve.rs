@@ -2,6 +2,7 @@
 //! rules, the guards run again, and each kernel turned into the steps a planned run
 //! takes ([`Resolved`]), or the reason the plan does not describe these inputs.
 
+use super::rows::{fold_row_passes, RowsStep};
 use crate::exprs::kernel_exprs;
 use crate::plan::{KernelKind, Plan};
 use crate::sym::SDim;
@@ -47,6 +48,9 @@ pub(super) enum Step {
     /// Ops one pass computes together, each result into its slot; each reads the
     /// first of the first node's inputs.
     OnePass { nodes: Vec<NodeId>, ops: Vec<Op> },
+    /// Kernels over the same rows, run as one pass over blocks of rows where the
+    /// backend does (`crate::rows`).
+    Rows(Box<RowsStep>),
 }
 
 impl Step {
@@ -54,6 +58,7 @@ impl Step {
     pub(super) fn nodes(&self) -> &[NodeId] {
         match self {
             Step::OnePass { nodes, .. } => nodes,
+            Step::Rows(rows) => &rows.nodes,
             Step::Fused { output, .. } | Step::Main { output, .. } => std::slice::from_ref(output),
             Step::Single { node, .. } | Step::View { node } | Step::Call { node } => {
                 std::slice::from_ref(node)
@@ -388,6 +393,7 @@ pub(super) fn resolve(
             KernelKind::OnePass => one_pass_step(plan, &ops, ki, &k.outputs)?,
         });
     }
+    let steps = fold_row_passes(plan, &dims, &ops, steps)?;
     let ready = steps
         .iter()
         .map(|step| {
