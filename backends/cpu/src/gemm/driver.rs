@@ -295,8 +295,21 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
     // With at most two A panels, each B element is used at most twice: reading
     // an f32 B in place (rows contiguous) beats copying it into panels first.
     let b_native = B::as_native(b.data).filter(|_| b.col_stride == 1 && m <= 2 * mr && n >= nr);
+    // Where several slices of A panels multiply the same B block in one reduction
+    // block, B is packed once for all of them (in parallel, before the tasks) instead
+    // of by every task: a linear layer's weight over 4,096 tokens was packed eight
+    // times. With several reduction blocks (a weight gradient's), the packing phase
+    // per block cost more than it saved.
+    let may_share_b = b_native.is_none() && threads > 1 && k <= kc_blk;
+    let shared_b_len = if may_share_b {
+        n.next_multiple_of(nr) * kc_blk
+    } else {
+        0
+    };
     with_scratch(&SHARED_SCRATCH, |shared| {
-        let abuf = shared.slice::<T>(kc_blk * mc_blk);
+        let (abuf, bshared) = shared
+            .slice::<T>(kc_blk * mc_blk + shared_b_len)
+            .split_at_mut(kc_blk * mc_blk);
         // Panel states, kept between calls (steady-state products allocate nothing).
         let mut states = STATES.with(|s| s.take());
         if states.len() < mc_blk / mr {
@@ -317,6 +330,11 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
                 }
                 let apack =
                     LazyPanels::new(&mut abuf[..apanels * mr * kc], mr * kc, &states[..apanels]);
+                let share_b = may_share_b && part.slices > 1;
+                if share_b {
+                    pack_b_shared(spec, bsrc, n, pc, kc, threads, &mut bshared[..]);
+                }
+                let bshared = &*bshared;
                 let pack_a = |q: usize, dst: &mut [T]| {
                     let l0 = ic + q * mr;
                     pack_for(spec, asrc, l0, mr.min(ic + mc - l0), pc, kc, mr, dst);
@@ -354,6 +372,9 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
                                     tail: bbuf,
                                 }
                             }
+                            None if share_b => BBlock::Packed(
+                                &bshared[jc * kc..(jc + nc.next_multiple_of(nr)) * kc],
+                            ),
                             None => {
                                 pack_for(spec, bsrc, jc, nc, pc, kc, nr, bbuf);
                                 BBlock::Packed(bbuf)
@@ -414,6 +435,30 @@ fn gemm<T: Elem, A: Load<T>, B: Load<T>>(
         }
         STATES.with(|s| s.set(states));
     });
+}
+
+/// Packs all `n` columns of B for reduction steps `pc..pc + kc` into `dst` (panel `q`
+/// at `q · nr · kc`, as [`BBlock::Packed`] reads them), the columns split over
+/// `threads` tasks.
+#[allow(clippy::too_many_arguments)]
+fn pack_b_shared<T: Elem, B: Load<T>>(
+    spec: &KernelSpec<T>,
+    bsrc: PanelSrc<'_, B>,
+    n: usize,
+    pc: usize,
+    kc: usize,
+    threads: usize,
+    dst: &mut [T],
+) {
+    let nr = spec.nr;
+    let cols = n.div_ceil(nr).div_ceil(threads).max(1) * nr;
+    let dst = &mut dst[..n.next_multiple_of(nr) * kc];
+    dst.par_chunks_mut(cols * kc)
+        .enumerate()
+        .for_each(|(i, d)| {
+            let j0 = i * cols;
+            pack_for(spec, bsrc, j0, cols.min(n - j0), pc, kc, nr, d);
+        });
 }
 
 thread_local! {

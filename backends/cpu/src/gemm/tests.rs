@@ -298,6 +298,8 @@ fn bf16_dot_multi_block() {
         (40, 900, 70),
         (30, 50, 2049),
         (300, 70, 1031),
+        // B packed once for the slices of A panels of each of two column blocks.
+        (300, 260, 100),
     ];
     for threads in [Some(1), Some(2)] {
         let opts = GemmOptions {
@@ -332,6 +334,9 @@ fn sgemm_multi_block() {
         (64, 300, 4100),
         // All of A in one block: two column blocks sharing its panels; two k blocks.
         (4100, 420, 130),
+        // One reduction block, two column blocks each multiplied by several slices of
+        // A panels: B packed once for all of them.
+        (200, 300, 64),
         (5000, 40, 600),
     ];
     for isa in isas() {
