@@ -5,7 +5,9 @@
 //! for ic in m by MC                 shared A block (packed lazily, see LazyPanels)
 //!   for pc in k by KC               reduction block
 //!     parallel over (column block of <= NC, slice of A panels):
-//!       pack B[pc.., jc..]          into this thread's buffer (stays in its L2)
+//!       pack B[pc.., jc..]          into this thread's buffer (stays in its L2), or,
+//!                                   with one reduction block and several slices,
+//!                                   once for all tasks before they start
 //!       for ir over MR panels       pack A panel on first use; it stays in L1 ...
 //!         for jr over NR panels     ... while B micro-panels stream from L2
 //!           microkernel -> C tile
