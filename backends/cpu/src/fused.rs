@@ -157,6 +157,17 @@ pub(crate) enum OutPtr {
 }
 
 impl OutPtr {
+    /// The elements of `s` and their count, where fused kernels write its dtype.
+    pub(crate) fn of(s: &mut CpuStorage) -> Option<(usize, OutPtr)> {
+        Some(match s {
+            CpuStorage::F32(d) => (d.len(), OutPtr::F32(d.as_mut_ptr())),
+            CpuStorage::Bool(d) => (d.len(), OutPtr::Bool(d.as_mut_ptr())),
+            CpuStorage::BF16(d) => (d.len(), OutPtr::BF16(d.as_mut_ptr())),
+            CpuStorage::F16(d) => (d.len(), OutPtr::F16(d.as_mut_ptr())),
+            _ => return None,
+        })
+    }
+
     /// The same buffer from element `n` on.
     ///
     /// # Safety
@@ -236,7 +247,18 @@ pub(crate) enum Operand<'a> {
     F16(&'a [f16]),
 }
 
-impl Operand<'_> {
+impl<'a> Operand<'a> {
+    /// The elements of `s`, where fused kernels read its dtype.
+    pub(crate) fn of(s: &'a CpuStorage) -> Option<Self> {
+        Some(match s {
+            CpuStorage::F32(d) => Operand::F32(d),
+            CpuStorage::Bool(d) => Operand::Bool(d),
+            CpuStorage::BF16(d) => Operand::BF16(d),
+            CpuStorage::F16(d) => Operand::F16(d),
+            _ => return None,
+        })
+    }
+
     pub(crate) fn len(&self) -> usize {
         match self {
             Operand::F32(d) => d.len(),
@@ -371,12 +393,8 @@ pub fn fused_elementwise(
     let mut datas: [Operand<'_>; MAX_OPERANDS] = [Operand::F32(&[]); MAX_OPERANDS];
     let mut layouts = [Layout::contiguous(*dims); MAX_OPERANDS];
     for (i, v) in inputs.iter().enumerate() {
-        let data = match v.storage {
-            CpuStorage::F32(d) => Operand::F32(d),
-            CpuStorage::Bool(d) => Operand::Bool(d),
-            CpuStorage::BF16(d) => Operand::BF16(d),
-            CpuStorage::F16(d) => Operand::F16(d),
-            _ => return Ok(false),
+        let Some(data) = Operand::of(v.storage) else {
+            return Ok(false);
         };
         if v.layout.dims() != dims || v.layout.storage_extent() > data.len() {
             return Err(Error::invalid(
@@ -389,12 +407,8 @@ pub fn fused_elementwise(
     }
     let mut outs = [OutPtr::F32(std::ptr::null_mut()); MAX_OPERANDS];
     for (k, o) in outputs.iter_mut().enumerate() {
-        let (len, ptr) = match &mut **o {
-            CpuStorage::F32(d) => (d.len(), OutPtr::F32(d.as_mut_ptr())),
-            CpuStorage::Bool(d) => (d.len(), OutPtr::Bool(d.as_mut_ptr())),
-            CpuStorage::BF16(d) => (d.len(), OutPtr::BF16(d.as_mut_ptr())),
-            CpuStorage::F16(d) => (d.len(), OutPtr::F16(d.as_mut_ptr())),
-            _ => return Ok(false),
+        let Some((len, ptr)) = OutPtr::of(o) else {
+            return Ok(false);
         };
         if len < n {
             return Err(Error::invalid(

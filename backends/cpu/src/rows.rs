@@ -122,12 +122,8 @@ pub fn fused_rows(
     let mut lead_dims: Option<&[usize]> = None;
     let mut ins: SmallVec<[Input<'_>; MAX_INPUTS]> = SmallVec::new();
     for (i, v) in inputs.iter().enumerate() {
-        let data = match v.storage {
-            CpuStorage::F32(d) => Operand::F32(d),
-            CpuStorage::Bool(d) => Operand::Bool(d),
-            CpuStorage::BF16(d) => Operand::BF16(d),
-            CpuStorage::F16(d) => Operand::F16(d),
-            _ => return Ok(false),
+        let Some(data) = Operand::of(v.storage) else {
+            return Ok(false);
         };
         let (d, st) = (v.layout.dims(), v.layout.strides());
         let r = d.len();
@@ -174,12 +170,8 @@ pub fn fused_rows(
     }
     for (k, (o, &whole)) in outputs.iter_mut().zip(&pass.whole_rows).enumerate() {
         let w = if whole { width } else { 1 };
-        let (len, ptr) = match &mut **o {
-            CpuStorage::F32(d) => (d.len(), OutPtr::F32(d.as_mut_ptr())),
-            CpuStorage::Bool(d) => (d.len(), OutPtr::Bool(d.as_mut_ptr())),
-            CpuStorage::BF16(d) => (d.len(), OutPtr::BF16(d.as_mut_ptr())),
-            CpuStorage::F16(d) => (d.len(), OutPtr::F16(d.as_mut_ptr())),
-            _ => return Ok(false),
+        let Some((len, ptr)) = OutPtr::of(o) else {
+            return Ok(false);
         };
         if len < rows * w {
             return bad(format!("output {k} holds {len} < {} elements", rows * w));

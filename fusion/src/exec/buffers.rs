@@ -23,6 +23,9 @@ static COPY: LazyLock<FusedExpr> = LazyLock::new(|| FusedExpr {
     inputs: 1,
 });
 
+/// Slots taken out of the arena to be written, put back by the caller.
+type TakenSlots<B> = SmallVec<[Arc<<B as Backend>::Storage>; 8]>;
+
 /// Where a node's value lives during a run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Src {
@@ -93,6 +96,31 @@ impl<B: Backend> Buffers<B> {
             }
         }
         Ok(Arc::new(B::alloc(run.device, dtype, len)?))
+    }
+
+    /// Takes the slots of `nodes` out of the arena as buffers that can be written (see
+    /// [`Buffers::take_slot`]), all or none; the caller puts them back.
+    pub(super) fn take_slots(
+        &mut self,
+        run: &Run<'_, B>,
+        nodes: &[NodeId],
+    ) -> Result<(SmallVec<[usize; 8]>, TakenSlots<B>)> {
+        let slots = (nodes.iter())
+            .map(|&n| slot_of(run.plan, n))
+            .collect::<Result<SmallVec<[usize; 8]>>>()?;
+        let mut bufs = SmallVec::<[Arc<B::Storage>; 8]>::new();
+        for &s in &slots {
+            match self.take_slot(run, s) {
+                Ok(buf) => bufs.push(buf),
+                Err(e) => {
+                    for (&s, buf) in slots.iter().zip(bufs) {
+                        self.arena[s] = Some(buf);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok((slots, bufs))
     }
 
     /// Writes `node`'s slot with `write` (which reads other values through `self`),
@@ -328,21 +356,7 @@ impl<B: Backend> Buffers<B> {
         for &v in &rows.before {
             self.view(run, v)?;
         }
-        let slots = (rows.outputs.iter())
-            .map(|&n| slot_of(run.plan, n))
-            .collect::<Result<SmallVec<[usize; 8]>>>()?;
-        let mut bufs = SmallVec::<[Arc<B::Storage>; 8]>::new();
-        for &s in &slots {
-            match self.take_slot(run, s) {
-                Ok(buf) => bufs.push(buf),
-                Err(e) => {
-                    for (&s, buf) in slots.iter().zip(bufs) {
-                        self.arena[s] = Some(buf);
-                    }
-                    return Err(e);
-                }
-            }
-        }
+        let (slots, mut bufs) = self.take_slots(run, &rows.outputs)?;
         let result = (|| {
             let views = (rows.inputs.iter())
                 .map(|(n, dims)| {
@@ -388,22 +402,7 @@ impl<B: Backend> Buffers<B> {
     /// Ops one pass computes together, each into its slot; they read the first node's
     /// inputs.
     fn one_pass(&mut self, run: &Run<'_, B>, nodes: &[NodeId], ops: &[Op]) -> Result<()> {
-        let slots = nodes
-            .iter()
-            .map(|&n| slot_of(run.plan, n))
-            .collect::<Result<SmallVec<[usize; 3]>>>()?;
-        let mut bufs = SmallVec::<[Arc<B::Storage>; 3]>::new();
-        for &s in &slots {
-            match self.take_slot(run, s) {
-                Ok(buf) => bufs.push(buf),
-                Err(e) => {
-                    for (&s, buf) in slots.iter().zip(bufs) {
-                        self.arena[s] = Some(buf);
-                    }
-                    return Err(e);
-                }
-            }
-        }
+        let (slots, mut bufs) = self.take_slots(run, nodes)?;
         let result = (|| {
             let ops = ops
                 .iter()

@@ -7,6 +7,7 @@ use super::resolve::Step;
 use crate::plan::Plan;
 use crate::rows::reduces_rows;
 use crate::sym::SDim;
+use kiln_tensor::fused::{FusedExpr, NativeFn};
 use kiln_tensor::ir::{NodeId, NodeKind};
 use kiln_tensor::rows::{RowPass, RowPhase, RowRead, RowTarget};
 use kiln_tensor::{Dims, Error, Op, Result};
@@ -166,6 +167,25 @@ fn resolve_pass(
             Err(refused("a kernel works over other dims"))
         }
     };
+    // A phase of `expr` reading `ins` over `over`, writing `target`.
+    let map = |rs: &mut RowsStep,
+               (expr, native): (&FusedExpr, Option<NativeFn>),
+               ins: &[NodeId],
+               over: Dims,
+               target: RowTarget|
+     -> Result<()> {
+        let inputs = (ins.iter())
+            .map(|&n| read(rs, n, over))
+            .collect::<Result<Vec<_>>>()?;
+        rs.pass.phases.push(RowPhase::Map {
+            expr: expr.clone(),
+            native,
+            inputs,
+            target,
+            per_row: over == per_row,
+        });
+        Ok(())
+    };
     for step in &members {
         match step {
             Step::View { node } => {
@@ -189,18 +209,10 @@ fn resolve_pass(
             } => {
                 let over = dims[*output];
                 let one_per_row = domain(over)?;
-                let ins = (inputs.iter())
-                    .map(|&n| read(&mut rs, n, over))
-                    .collect::<Result<Vec<_>>>()?;
                 rs.outputs.push(*output);
                 rs.pass.whole_rows.push(!one_per_row);
-                rs.pass.phases.push(RowPhase::Map {
-                    expr: expr.clone(),
-                    native: *native,
-                    inputs: ins,
-                    target: RowTarget::Output(rs.outputs.len() - 1),
-                    per_row: one_per_row,
-                });
+                let target = RowTarget::Output(rs.outputs.len() - 1);
+                map(&mut rs, (expr, *native), inputs, over, target)?;
             }
             Step::Main {
                 main,
@@ -222,16 +234,7 @@ fn resolve_pass(
                 }
                 let input = match prologue {
                     Some((expr, native, ins, root)) if *root == x => {
-                        let ins = (ins.iter())
-                            .map(|&n| read(&mut rs, n, full))
-                            .collect::<Result<Vec<_>>>()?;
-                        rs.pass.phases.push(RowPhase::Map {
-                            expr: expr.clone(),
-                            native: *native,
-                            inputs: ins,
-                            target: RowTarget::Scratch,
-                            per_row: false,
-                        });
+                        map(&mut rs, (expr, *native), ins, full, RowTarget::Scratch)?;
                         RowRead::Scratch
                     }
                     Some(_) => return Err(refused("a prologue computes another value")),
@@ -242,16 +245,13 @@ fn resolve_pass(
                 let out = rs.outputs.len() - 1;
                 rs.pass.phases.push(RowPhase::Reduce { op, input, out });
                 if let Some((expr, native, ins)) = epilogue {
-                    let ins = (ins.iter())
-                        .map(|&n| read(&mut rs, n, per_row))
-                        .collect::<Result<Vec<_>>>()?;
-                    rs.pass.phases.push(RowPhase::Map {
-                        expr: expr.clone(),
-                        native: *native,
-                        inputs: ins,
-                        target: RowTarget::Output(out),
-                        per_row: true,
-                    });
+                    map(
+                        &mut rs,
+                        (expr, *native),
+                        ins,
+                        per_row,
+                        RowTarget::Output(out),
+                    )?;
                 }
             }
             _ => return Err(refused("one is neither a view, a reduction nor a group")),
