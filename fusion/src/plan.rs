@@ -33,6 +33,9 @@
 //!   values (`kiln_tensor::attention::one_pass`: an attention and its row statistics,
 //!   an attention's gradients) are one kernel, run where the first of them is.
 //! - Everything else runs as a single-op kernel.
+//! - **Row passes**: consecutive kernels over the same rows (a layer norm's reductions
+//!   and normalisation) are marked to run as one pass over blocks of rows (`rows.rs`);
+//!   each keeps its own expression and output.
 
 use kiln_tensor::ir::{Graph, KeptGuard, Node, NodeId, NodeKind};
 use kiln_tensor::{Builder, DType, Op, OpClass, SymDim};
