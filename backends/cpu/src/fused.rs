@@ -309,7 +309,7 @@ impl<'a> Operand<'a> {
     }
 
     /// Copies `out.len()` elements from `base`, `stride` apart, into `out` as f32.
-    fn stage(&self, base: usize, stride: usize, out: &mut [f32]) {
+    pub(crate) fn stage(&self, base: usize, stride: usize, out: &mut [f32]) {
         match (self, stride) {
             (Operand::F32(d), 1) => out.copy_from_slice(&d[base..base + out.len()]),
             (d, 0) => out.fill(d.get(base)),

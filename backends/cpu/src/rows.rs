@@ -1,5 +1,5 @@
-//! Row passes on the CPU ([`kiln_tensor::rows`]): the rows are cut into blocks of a few
-//! thousand elements (in parallel with rayon when there are many), and every phase of
+//! Row passes on the CPU ([`kiln_tensor::rows`]): the rows are cut into blocks of about
+//! 16K elements (in parallel with rayon when there are many), and every phase of
 //! the pass runs over one block before the next block starts, so a layer norm reads
 //! its input from memory once and its statistics never leave the cache. Each phase is
 //! the kernel it stands for run over the block's rows (the fused kernels' loops, the
@@ -343,7 +343,10 @@ unsafe fn run_block(pass: &RowPass, ins: &[Input<'_>], outs: &[Output], first: u
                             RowRead::Output { k, .. } => {
                                 match unsafe { outs[k].rows(first + j, 1) } {
                                     Operand::F32(d) => d,
-                                    d => stage(d, 0, 1, row),
+                                    d => {
+                                        d.stage(0, 1, row);
+                                        row
+                                    }
                                 }
                             }
                             RowRead::Input(k) => {
@@ -351,7 +354,10 @@ unsafe fn run_block(pass: &RowPass, ins: &[Input<'_>], outs: &[Output], first: u
                                 let at = i.row_start(first + j);
                                 match i.data {
                                     Operand::F32(d) if i.last_stride == 1 => &d[at..at + width],
-                                    d => stage(d, at, i.last_stride, row),
+                                    d => {
+                                        d.stage(at, i.last_stride, row);
+                                        row
+                                    }
                                 }
                             }
                         };
@@ -361,12 +367,4 @@ unsafe fn run_block(pass: &RowPass, ins: &[Input<'_>], outs: &[Output], first: u
             }
         }
     });
-}
-
-/// `out.len()` elements of `d` from `at`, `stride` apart, as f32.
-fn stage<'a>(d: Operand<'_>, at: usize, stride: usize, out: &'a mut [f32]) -> &'a [f32] {
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = d.get(at + j * stride);
-    }
-    out
 }

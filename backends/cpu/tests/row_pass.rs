@@ -1,9 +1,10 @@
 //! The CPU's row passes ([`kiln_tensor::rows`]) against an f64 reference: a row sum,
 //! its mean in place, the squared deviations into scratch and their sum, and the
 //! centred rows times a broadcast weight, over contiguous rows, over rows of a
-//! permuted view (blocks that stop where its rows stop being evenly apart), in one
-//! block and in many (parallel); and passes that read what is not written yet, or
-//! write a reduction into whole rows, refused.
+//! permuted view (blocks that stop where its rows stop being evenly apart), over rows
+//! whose elements lie apart (a transpose), in one block and in many (parallel); and
+//! passes that read what is not written yet, or write a reduction into whole rows,
+//! refused.
 
 use kiln_cpu::{Cpu, CpuDevice, CpuStorage};
 use kiln_tensor::fused::{ExprStep, FusedExpr};
@@ -165,6 +166,9 @@ fn a_pass_computes_each_phase_for_every_row() -> Result<()> {
         // within one batch entry.
         let t = random(&[dims[1], dims[0], dims[2]], seed + 20)?.permute(&[1, 0, 2])?;
         check(&t, &random(&dims[2..], seed + 30)?)?;
+        // Rows read across a transpose (elements of a row apart): staged for the sums.
+        let t = random(&[dims[0], dims[2], dims[1]], seed + 40)?.permute(&[0, 2, 1])?;
+        check(&t, &random(&dims[2..], seed + 50)?)?;
     }
     Ok(())
 }
