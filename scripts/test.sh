@@ -9,18 +9,33 @@ cd "$(dirname "$0")/.."
 
 # The wgpu backend runs on Mesa's lavapipe (a CPU Vulkan driver) where there is no GPU:
 # install it and the Vulkan loader when missing. The tests fail, naming what to install,
-# when no adapter is found; they are never skipped.
+# when no adapter is found; they are never skipped. The f16 precision's wgpu tests need
+# f16 in shaders, which lavapipe has from Mesa 23 on: Debian 12's own Mesa is 22.3, so
+# there lavapipe comes from bookworm-backports.
 has_vulkan() {
     ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1' &&
         ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1
 }
-if ! has_vulkan; then
+old_mesa() {
+    local v
+    v=$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || true)
+    [ -n "$v" ] && dpkg --compare-versions "$v" lt 23
+}
+if ! has_vulkan || old_mesa; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        from=()
+        if grep -q '^VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null; then
+            echo "deb http://deb.debian.org/debian bookworm-backports main" \
+                >/etc/apt/sources.list.d/kiln-bookworm-backports.list
+            from=(-t bookworm-backports)
+        fi
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${from[@]}" \
+            mesa-vulkan-drivers libvulkan1
     else
-        echo "warning: no Vulkan driver found and cannot install one (needs root and apt-get):" \
-            "install mesa-vulkan-drivers and libvulkan1; the wgpu tests will fail" >&2
+        echo "warning: no Vulkan driver with f16 found and cannot install one (needs root" \
+            "and apt-get): install mesa-vulkan-drivers (Mesa 23 or later) and libvulkan1;" \
+            "the wgpu tests will fail" >&2
     fi
 fi
 

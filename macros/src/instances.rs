@@ -535,10 +535,11 @@ pub fn expand_instance(
     item.attrs.push(syn::parse_quote!(#[doc = #doc]));
     item.vis = alias.vis.clone();
     let parts = inst.made.iter().map(|d| {
-        crate::structs::expand_struct(d.item.clone()).unwrap_or_else(|e| e.to_compile_error())
+        crate::structs::expand_struct(d.item.clone(), kiln_tensor::Precision::F32)
+            .unwrap_or_else(|e| e.to_compile_error())
     });
-    let top_struct =
-        crate::structs::expand_struct(item.clone()).unwrap_or_else(|e| e.to_compile_error());
+    let top_struct = crate::structs::expand_struct(item.clone(), precision)
+        .unwrap_or_else(|e| e.to_compile_error());
     let mistakes = match quiet {
         true => Mistakes::Silent,
         false => Mistakes::Reported(&context),

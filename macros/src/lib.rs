@@ -184,7 +184,7 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
         parsed => parsed,
     };
     match item {
-        Ok(Item::Struct(s)) => structs::expand_struct(s)
+        Ok(Item::Struct(s)) => structs::expand_struct(s, kiln_tensor::Precision::F32)
             .unwrap_or_else(|e| e.to_compile_error())
             .into(),
         Ok(Item::Impl(i)) => {

@@ -40,7 +40,8 @@ fn the_readme_model_expands_as_the_snapshot_shows() {
             _ => None,
         })
         .expect("a model impl");
-    let mut tokens = structs::expand_struct(s.clone()).expect("the struct expands");
+    let mut tokens =
+        structs::expand_struct(s.clone(), kiln_tensor::Precision::F32).expect("the struct expands");
     tokens.extend(impls::expand_impl(s, imp, Vec::new()));
     check(
         "readme_mlp.rs",

@@ -5,6 +5,7 @@
 
 use crate::dsl::FieldKind;
 use crate::model::{is_dynamic, parse_fields, Def};
+use kiln_tensor::Precision;
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 use syn::{Fields, Ident, ItemImpl, ItemStruct};
@@ -14,8 +15,9 @@ pub fn callback_name(model: &Ident) -> Ident {
     format_ident!("__kiln_model_{}", model)
 }
 
-/// Expands `#[model] struct`.
-pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
+/// Expands `#[model] struct`; an instance under a loss-scaled `precision` also holds
+/// its loss scale.
+pub fn expand_struct(item: ItemStruct, precision: Precision) -> syn::Result<TokenStream> {
     if !item.generics.params.is_empty() {
         return Ok(definition(&item));
     }
@@ -69,6 +71,31 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
         }
     });
 
+    // Only a loss-scaled model holds a scale: the optimizer skips steps by it.
+    let (scale_field, scale_init, scale_of, scale_method) = match precision.loss_scaled() {
+        false => (quote!(), quote!(), quote!(), quote!()),
+        true => (
+            quote! {
+                #[doc(hidden)]
+                pub __kiln_loss_scale: ::kiln::tensor::nn::LossScale<Be>,
+            },
+            quote!(__kiln_loss_scale: ::kiln::tensor::nn::LossScale::new(),),
+            quote! {
+                fn loss_scale(&self) -> ::core::option::Option<&::kiln::tensor::nn::LossScale<Be>> {
+                    ::core::option::Option::Some(&self.__kiln_loss_scale)
+                }
+            },
+            quote! {
+                /// The dynamic loss scale its training steps start the backward pass
+                /// from (f16 gradients kept in range); the optimizer skips a step whose
+                /// gradients overflowed and halves it.
+                pub fn loss_scale(&self) -> &::kiln::tensor::nn::LossScale<Be> {
+                    &self.__kiln_loss_scale
+                }
+            },
+        ),
+    };
+
     Ok(quote! {
         #(#attrs)*
         #vis struct #name<Be: ::kiln::tensor::Backend> {
@@ -77,6 +104,7 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
             pub __kiln_seeds: ::kiln::tensor::nn::StepSeeds<Be>,
             #[doc(hidden)]
             pub __kiln_plans: ::kiln::fusion::Programs<Be>,
+            #scale_field
         }
 
         #[doc = #struct_doc]
@@ -94,6 +122,7 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
                     #(#ids: ::kiln::tensor::nn::Module::init_named(device, seed, &::kiln::tensor::nn::join(prefix, #names))?,)*
                     __kiln_seeds: ::kiln::tensor::nn::StepSeeds::new(seed),
                     __kiln_plans: ::core::default::Default::default(),
+                    #scale_init
                 })
             }
 
@@ -127,6 +156,8 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
             fn step_seeds(&self) -> ::core::option::Option<&::kiln::tensor::nn::StepSeeds<Be>> {
                 ::core::option::Option::Some(&self.__kiln_seeds)
             }
+
+            #scale_of
 
             fn grads_from_raw(
                 grads: &mut dyn ::core::iter::Iterator<Item = ::kiln::tensor::RawTensor<Be>>,
@@ -168,6 +199,8 @@ pub fn expand_struct(item: ItemStruct) -> syn::Result<TokenStream> {
             pub fn step_seeds(&self) -> &::kiln::tensor::nn::StepSeeds<Be> {
                 &self.__kiln_seeds
             }
+
+            #scale_method
         }
 
         #callback_macro

@@ -13,20 +13,27 @@ use crate::model::{Defs, MethodSig};
 use kiln_autodiff::vjp;
 use kiln_tensor::ir::{NodeId, NodeKind};
 use kiln_tensor::nn::{join, Mode};
-use kiln_tensor::{BuilderExt, Precision};
+use kiln_tensor::{BuilderExt, DType, Precision};
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 use std::collections::{HashMap, HashSet};
 use syn::Ident;
 
-/// The backward pass: appends gradient nodes for `loss` and returns, per forward node,
-/// its gradient node.
-pub fn backward(mg: &mut MGraph, loss: NodeId) -> kiln_tensor::Result<HashMap<NodeId, NodeId>> {
+/// The backward pass: appends gradient nodes for `loss`, starting from `seed` (the
+/// loss scale) or else from 1, and returns, per forward node, its gradient node.
+pub fn backward(
+    mg: &mut MGraph,
+    loss: NodeId,
+    seed: Option<NodeId>,
+) -> kiln_tensor::Result<HashMap<NodeId, NodeId>> {
     let dtype = mg.g.nodes[loss].meta.dtype;
-    let one = mg.full(vec![], 1.0, dtype)?;
-    mg.name(one, "d_loss");
+    let d_loss = match seed {
+        Some(scale) => mg.cast(&scale, dtype)?,
+        None => mg.full(vec![], 1.0, dtype)?,
+    };
+    mg.name(d_loss, "d_loss");
     let mut grads: HashMap<NodeId, NodeId> = HashMap::new();
-    grads.insert(loss, one);
+    grads.insert(loss, d_loss);
     for id in (0..=loss).rev() {
         let Some(&g) = grads.get(&id) else { continue };
         let node = mg.g.nodes[id].clone();
@@ -138,12 +145,26 @@ pub fn value_and_grad(
     };
     let mut mg = std::mem::take(&mut lower.mg);
     mg.name(loss, "loss");
-    let grads = backward(&mut mg, loss).map_err(|e| {
+    let scaled = precision.loss_scaled();
+    if scaled && !mg.parts.is_empty() {
+        return Err(vec![syn::Error::new(
+            m.name().span(),
+            format!(
+                "`{}` calls a dynamic part, whose gradients the loss scaling of an {precision} instance does not reach yet: train it in f32 or bf16",
+                m.name()
+            ),
+        )]);
+    }
+    // A loss-scaled step starts its backward pass from the model's loss scale (an
+    // input of the plan) and divides each parameter's gradient by it again.
+    let loss_scale = scaled.then(|| mg.input(format_ident!("__loss_scale"), vec![], DType::F32));
+    let differentiate = |e: kiln_tensor::Error| {
         vec![syn::Error::new(
             m.name().span(),
             format!("cannot differentiate `{}`: {}", m.name(), describe(&e)),
         )]
-    })?;
+    };
+    let grads = backward(&mut mg, loss, loss_scale).map_err(differentiate)?;
 
     // Which leaf node holds each parameter, by checkpoint name.
     let mut param_node: HashMap<String, NodeId> = HashMap::new();
@@ -161,6 +182,16 @@ pub fn value_and_grad(
     params.sort();
     for (key, &n) in params {
         if let Some(&g) = grads.get(&n) {
+            let g = match loss_scale {
+                Some(scale) => {
+                    let unscaled = mg.div(&g, &scale).map_err(differentiate)?;
+                    if let Some(name) = mg.names.get(g).cloned().flatten() {
+                        mg.name(unscaled, &format!("{name}_unscaled"));
+                    }
+                    unscaled
+                }
+                None => g,
+            };
             outputs.push(g);
             grad_of.insert(key.clone(), g);
         }
@@ -262,6 +293,8 @@ pub fn value_and_grad(
         .iter()
         .map(|_| quote!(__outs.next().expect("a plan returns each of its outputs")));
     let run = fused.run(quote!(|__outs| (#(#nexts,)*)));
+    let scale_input =
+        scaled.then(|| quote!(let __loss_scale = &self.__kiln_loss_scale.tensor(&__dev)?;));
     Ok(quote! {
         #plan_const
 
@@ -276,6 +309,7 @@ pub fn value_and_grad(
         fn #raw(&self, __sizes: &[(&str, usize)], #(#arg_names: &::kiln::tensor::RawTensor<Be>),*) -> ::kiln::tensor::Result<(::kiln::tensor::RawTensor<Be>, #grads_ty<Be>)> {
             let __dev = #device;
             let __seed = self.__kiln_seeds.next();
+            #scale_input
             #parts
             let (#(#out_vars,)*) = #run;
             #(#updates)*

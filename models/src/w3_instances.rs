@@ -1,5 +1,5 @@
 //! W3's GPT (six blocks of width 512 in eight heads, context 256), in f32 and with bf16
-//! matrix products, and the small GPT with bf16 products, for the binaries that train,
+//! or f16 matrix products, and the small GPT with bf16 or f16 products, for the binaries that train,
 //! sample and measure them, each including this file with
 //! `#[path = "…/w3_instances.rs"] mod w3_instances;`. Kept apart from
 //! `gpt_instances.rs` so that the tests, which include that file, do not build them.
@@ -21,4 +21,21 @@ pub type W3GptBf16 = Gpt<512, 8, 6, 256>;
 #[model(precision = bf16)]
 pub type SmallGptBf16 = Gpt<128, 4, 4, 128>;
 
-kiln_models::gpt_model!(W3Gpt, W3GptBf16 as W3Gpt, SmallGptBf16 as SmallGpt);
+/// W3's GPT with f16 matrix products and loss-scaled training steps; its checkpoints
+/// name `W3Gpt`.
+#[model(precision = f16)]
+pub type W3GptF16 = Gpt<512, 8, 6, 256>;
+
+/// The small GPT with f16 matrix products and loss-scaled training steps
+/// (`kiln-train --precision f16`, `kiln-bench --w3-configs small-f16`); its checkpoints
+/// name `SmallGpt`.
+#[model(precision = f16)]
+pub type SmallGptF16 = Gpt<128, 4, 4, 128>;
+
+kiln_models::gpt_model!(
+    W3Gpt,
+    W3GptBf16 as W3Gpt,
+    SmallGptBf16 as SmallGpt,
+    W3GptF16 as W3Gpt,
+    SmallGptF16 as SmallGpt
+);

@@ -56,7 +56,7 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
         ),
         (
             &["--precision", "bf16"],
-            "--precision bf16 is built for the GPT (--model gpt, gpt-tiny or gpt-w3)",
+            "--precision bf16 and f16 are built for the GPT (--model gpt, gpt-tiny or gpt-w3)",
         ),
         (
             &["--model", "gpt-tiny", "--batch-size", "100000"],

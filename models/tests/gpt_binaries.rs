@@ -151,7 +151,7 @@ fn train_then_generate() {
 }
 
 #[test]
-fn bf16_training_matches_f32_and_its_checkpoint_generates() {
+fn bf16_and_f16_training_match_f32_and_their_checkpoints_generate() {
     let dir = std::env::temp_dir().join(format!("kiln-gpt-bf16-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let train = env!("CARGO_BIN_EXE_kiln-train");
@@ -181,17 +181,19 @@ fn bf16_training_matches_f32_and_its_checkpoint_generates() {
         (output::number_after(&out, "held-out loss"), ckpt)
     };
     let (exact, _) = held_out("f32");
-    let (mixed, ckpt) = held_out("bf16");
-    assert!(
-        (exact - mixed).abs() <= 0.02 * exact,
-        "held-out loss {mixed} with bf16 products, {exact} in f32"
-    );
-    // The checkpoint records the configuration, so kiln-generate builds the model.
-    let generate = env!("CARGO_BIN_EXE_kiln-generate");
-    let (ok, out, err) = run(generate, &["--checkpoint", &ckpt, "--bytes", "20"]);
-    assert!(
-        ok,
-        "kiln-generate failed on a bf16-trained checkpoint: {err}"
-    );
-    assert!(out.len() >= 20, "{out:?}");
+    for precision in ["bf16", "f16"] {
+        let (mixed, ckpt) = held_out(precision);
+        assert!(
+            (exact - mixed).abs() <= 0.02 * exact,
+            "held-out loss {mixed} with {precision} products, {exact} in f32"
+        );
+        // The checkpoint records the configuration, so kiln-generate builds the model.
+        let generate = env!("CARGO_BIN_EXE_kiln-generate");
+        let (ok, out, err) = run(generate, &["--checkpoint", &ckpt, "--bytes", "20"]);
+        assert!(
+            ok,
+            "kiln-generate failed on a {precision}-trained checkpoint: {err}"
+        );
+        assert!(out.len() >= 20, "{out:?}");
+    }
 }

@@ -32,7 +32,7 @@ pub use kiln_safetensors::{fit_problems, header_entries, TensorEntry};
 pub(crate) use kiln_safetensors::{Checksums, Reader};
 pub(crate) use read::ReadTensor;
 
-use kiln_tensor::nn::{LoadFn, Module, Slot, StepSeeds};
+use kiln_tensor::nn::{LoadFn, LossScale, Module, Slot, StepSeeds};
 use kiln_tensor::{Backend, DType, Error, HostData, RawTensor, Result};
 use safetensors::Dtype;
 use std::borrow::Cow;
@@ -55,6 +55,8 @@ pub(crate) trait Tensors<B: Backend> {
     fn load_named(&mut self, prefix: &str, get: &mut LoadFn<'_, B>) -> Result<()>;
     /// [`Module::step_seeds`].
     fn step_seeds(&self) -> Option<&StepSeeds<B>>;
+    /// [`Module::loss_scale`].
+    fn loss_scale(&self) -> Option<&LossScale<B>>;
 }
 
 impl<B: Backend, M: Module<B>> Tensors<B> for M {
@@ -69,6 +71,9 @@ impl<B: Backend, M: Module<B>> Tensors<B> for M {
     }
     fn step_seeds(&self) -> Option<&StepSeeds<B>> {
         Module::step_seeds(self)
+    }
+    fn loss_scale(&self) -> Option<&LossScale<B>> {
+        Module::loss_scale(self)
     }
 }
 

@@ -145,6 +145,12 @@ impl<B: Backend> StepReplay<B> {
         inputs: Vec<StepInput<'_>>,
         loss_and_grad: &mut LossAndGrad<'_, B, M>,
     ) -> Result<StepOutcome> {
+        if self.captures && self.steps == 0 && model.loss_scale().is_some() {
+            self.captures = false;
+            self.notice = Some(
+                "the training step is not replayed as a graph: its loss scaling decides on the host whether each step is taken; it runs planned".into(),
+            );
+        }
         let mut parts = Parts {
             model,
             opt,

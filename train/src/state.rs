@@ -5,7 +5,8 @@
 //! The file holds the model's tensors under their checkpoint names (batch-norm
 //! counters included), the optimizer's under `optimizer/<slot>/<parameter>`
 //! (`optimizer/exp_avg/fc1.weight`), and in its metadata: the steps taken, the model's
-//! step-seed counter (its dropout masks), the optimizer's kind and counters, and the
+//! step-seed counter (its dropout masks), a loss-scaled model's loss scale, the
+//! optimizer's kind and counters, and the
 //! settings of the run that wrote it (`kiln.state.run.<key>`), which a resume must
 //! repeat. What else a loop needs is a function of those: a [`Schedule`] is a function
 //! of the step, and a loop's data order a function of its seed and the step.
@@ -16,7 +17,7 @@
 
 use crate::checkpoint::{self, Checksums, Encoded, ReadTensor, Reader, Tensors};
 use crate::optim::{Optimizer, OptimizerState};
-use kiln_tensor::nn::Module;
+use kiln_tensor::nn::{LossScale, LossScaleState, Module};
 use kiln_tensor::{Backend, Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -31,6 +32,10 @@ const METADATA_CHECKSUM_KEY: &str = "kiln.state.checksum";
 const STATE_PREFIX: &str = "kiln.state.";
 const STEP_KEY: &str = "kiln.state.step";
 const SEEDS_KEY: &str = "kiln.state.seed_steps";
+/// A loss-scaled model's scale, its good steps in a row and the steps it skipped.
+const LOSS_SCALE_KEY: &str = "kiln.state.loss_scale";
+const SCALE_GOOD_KEY: &str = "kiln.state.loss_scale_good_steps";
+const SCALE_SKIPPED_KEY: &str = "kiln.state.loss_scale_skipped";
 const OPTIMIZER_KEY: &str = "kiln.state.optimizer";
 const COUNTER_KEY: &str = "kiln.state.counter.";
 const RUN_KEY: &str = "kiln.state.run.";
@@ -71,6 +76,12 @@ pub(crate) fn save_state<B: Backend>(
     ]);
     if let Some(seeds) = model.step_seeds() {
         meta.insert(SEEDS_KEY.to_string(), seeds.steps().to_string());
+    }
+    if let Some(scale) = model.loss_scale() {
+        let s = scale.state();
+        meta.insert(LOSS_SCALE_KEY.to_string(), s.scale.to_string());
+        meta.insert(SCALE_GOOD_KEY.to_string(), s.good_steps.to_string());
+        meta.insert(SCALE_SKIPPED_KEY.to_string(), s.skipped.to_string());
     }
     for ((slot, name), n) in &opt_state.counters {
         meta.insert(format!("{COUNTER_KEY}{slot}/{name}"), n.to_string());
@@ -150,6 +161,29 @@ pub(crate) fn load_state<B: Backend>(
         Some(_) => Some(number(SEEDS_KEY)?),
         None => None,
     };
+    let loss_scale = match model.loss_scale() {
+        Some(_) => {
+            let v = meta.get(LOSS_SCALE_KEY).ok_or_else(|| {
+                bad(format!(
+                    "lacks `{LOSS_SCALE_KEY}`: it was not written by a loss-scaled (f16) run"
+                ))
+            })?;
+            let scale: f32 = v
+                .parse()
+                .map_err(|_| bad(format!("has `{LOSS_SCALE_KEY}` = {v:?}, not a number")))?;
+            let state = LossScaleState {
+                scale,
+                good_steps: number(SCALE_GOOD_KEY)?,
+                skipped: number(SCALE_SKIPPED_KEY)?,
+            };
+            // Checked before anything changes, so that an error leaves the model as it was.
+            LossScale::<B>::new()
+                .load_state(state)
+                .map_err(|e| bad(format!("holds a loss scale that does not fit: {e}")))?;
+            Some(state)
+        }
+        None => None,
+    };
     let kind = meta.get(OPTIMIZER_KEY).map_or("", String::as_str);
     let expected_kind = opt.state().kind;
     if kind != expected_kind {
@@ -215,6 +249,9 @@ pub(crate) fn load_state<B: Backend>(
     checkpoint::apply_load(model, path, prepared)?;
     if let (Some(seeds), Some(n)) = (model.step_seeds(), seed_steps) {
         seeds.set_steps(n);
+    }
+    if let (Some(scale), Some(state)) = (model.loss_scale(), loss_scale) {
+        scale.load_state(state)?;
     }
     Ok(step)
 }

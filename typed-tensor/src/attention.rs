@@ -858,13 +858,13 @@ mod tests {
                 assert_eq!(found.spec, AttentionSpec::new(scale, causal));
                 let out = b.matmul(&w, &v).unwrap();
                 assert_eq!(b.meta(&out), TensorMeta::new(vec![2, 3, 5, 6], DType::F32));
-                // Under bf16 the op is the policy's: its inputs and result cast.
-                let fused = match policy {
-                    Precision::F32 => out,
-                    Precision::Bf16 => {
+                // Under bf16 or f16 the op is the policy's: its inputs and result cast.
+                let fused = match policy.half() {
+                    None => out,
+                    Some(half) => {
                         assert_eq!(op_of(&b, out), Op::Cast { dtype: DType::F32 });
                         let inner = b.graph.nodes[out].inputs[0];
-                        assert_eq!(b.meta(&inner).dtype, DType::BF16);
+                        assert_eq!(b.meta(&inner).dtype, half);
                         inner
                     }
                 };

@@ -10,6 +10,12 @@
 //! away. The products (the layers' and attention's) take bf16 operands; fused attention
 //! takes bf16 queries, keys and values and keeps its softmax statistics in f32 inside
 //! the kernel, as the unfused plan keeps its softmax in f32.
+//!
+//! `f16` narrows the same ops to f16, whose range ends at 65504 and whose smallest
+//! subnormal is 6e-8: a training step under it is loss-scaled
+//! ([`Precision::loss_scaled`]): the backward pass starts from the model's loss scale
+//! instead of 1 and each parameter's gradient is divided by it before it leaves the
+//! step ([`crate::nn::LossScale`] keeps the scale and the rule that moves it).
 
 use crate::builder::Builder;
 use crate::op::Op;
@@ -30,47 +36,59 @@ pub enum Precision {
     F32,
     /// Matrix products with bf16 operands (results cast back to f32); the rest in f32.
     Bf16,
+    /// Matrix products with f16 operands (results cast back to f32), the rest in f32,
+    /// and training steps loss-scaled.
+    F16,
 }
 
 impl Precision {
     /// The policies, as [`Precision::name`] writes them.
-    pub const ALL: [Precision; 2] = [Precision::F32, Precision::Bf16];
+    pub const ALL: [Precision; 3] = [Precision::F32, Precision::Bf16, Precision::F16];
 
-    /// The policy's name: `f32`, `bf16`.
+    /// The policy's name: `f32`, `bf16`, `f16`.
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
+            Precision::F16 => "f16",
         }
     }
 
-    /// The policy named `name` (`f32`, `bf16`); an error naming the ones there are.
+    /// The policy named `name` (`f32`, `bf16`, `f16`); an error naming the ones there are.
     pub fn parse(name: &str) -> Result<Self> {
         if let Some(p) = Self::ALL.into_iter().find(|p| p.name() == name) {
             return Ok(p);
         }
-        let why = match name {
-            "f16" => "f16 products need dynamic loss scaling, which Kiln does not have yet; use bf16 (same speed, f32's range)".to_string(),
-            _ => format!("`{name}` is not a precision"),
-        };
         Err(Error::invalid(
             "precision",
             format!(
-                "{why}: the precisions are {}",
+                "`{name}` is not a precision: the precisions are {}",
                 Self::ALL.map(Precision::name).join(", ")
             ),
         ))
     }
 
+    /// The dtype the narrowed ops compute in, `None` under `f32`.
+    pub fn half(self) -> Option<DType> {
+        match self {
+            Precision::F32 => None,
+            Precision::Bf16 => Some(DType::BF16),
+            Precision::F16 => Some(DType::F16),
+        }
+    }
+
+    /// Whether training steps under this policy scale the loss: gradients that f16
+    /// would flush to zero are kept in range by starting the backward pass from the
+    /// loss scale, and divided by it again before the optimizer sees them.
+    pub fn loss_scaled(self) -> bool {
+        self == Precision::F16
+    }
+
     /// The dtype `op` computes in under this policy when its inputs have the dtypes
     /// `inputs`, if narrower than theirs: its inputs are cast to it and its result back.
     pub fn narrowed<D: SymDim>(self, op: &Op<D>, inputs: &[DType]) -> Option<DType> {
-        match (self, op) {
-            (Precision::Bf16, Op::MatMul | Op::Attention(_))
-                if inputs.iter().all(|&d| d == DType::F32) =>
-            {
-                Some(DType::BF16)
-            }
+        match op {
+            Op::MatMul | Op::Attention(_) if inputs.iter().all(|&d| d == DType::F32) => self.half(),
             _ => None,
         }
     }
@@ -129,6 +147,14 @@ mod tests {
             Some(DType::BF16)
         );
         assert_eq!(Precision::F32.narrowed(&attention, &[DType::F32; 3]), None);
+        assert_eq!(
+            Precision::F16.narrowed(&attention, &[DType::F32; 3]),
+            Some(DType::F16)
+        );
+        assert_eq!(
+            Precision::F16.narrowed::<usize>(&Op::MatMul, &f),
+            Some(DType::F16)
+        );
         let softmax_part = Op::<usize>::Cast { dtype: DType::F32 };
         assert_eq!(Precision::Bf16.narrowed(&softmax_part, &[DType::F32]), None);
     }
@@ -138,12 +164,12 @@ mod tests {
         for p in Precision::ALL {
             assert_eq!(Precision::parse(p.name()).unwrap(), p);
         }
-        let e = Precision::parse("f16").unwrap_err().to_string();
+        let e = Precision::parse("fp8").unwrap_err().to_string();
         assert!(
-            e.contains("dynamic loss scaling") && e.contains("f32, bf16"),
+            e.contains("`fp8` is not a precision") && e.contains("f32, bf16, f16"),
             "{e}"
         );
-        let e = Precision::parse("fp8").unwrap_err().to_string();
-        assert!(e.contains("`fp8` is not a precision"), "{e}");
+        assert!(Precision::F16.loss_scaled());
+        assert!(!Precision::Bf16.loss_scaled() && !Precision::F32.loss_scaled());
     }
 }

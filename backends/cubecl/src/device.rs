@@ -40,6 +40,10 @@ pub struct Opened<R: KilnRuntime> {
 pub trait KilnRuntime: Runtime + Sized {
     /// The backend's name in messages (`wgpu`, `cuda`).
     const NAME: &'static str;
+    /// The 2-byte type that kernels moving bits unchanged (copies, fills, gathers)
+    /// read and write f16 and bf16 values as: `u16` where the runtime has it, `f16`
+    /// on WGSL, which has no 16-bit integer (a load and store keep an f16's bits).
+    type Bits16: cubecl::prelude::CubePrimitive;
     /// State a device of this runtime keeps beside CubeCL's client.
     type Extra: Send + Sync + 'static;
 

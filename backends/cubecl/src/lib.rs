@@ -24,7 +24,7 @@
 //!
 //! | runtime | dtypes |
 //! | --- | --- |
-//! | wgpu | f32, i32, u32, bool (WGSL has no f64 or bf16; f16 is an optional extension lavapipe lacks) |
+//! | wgpu | f32, i32, u32, bool; f16 where the adapter has `SHADER_F16` (WGSL has no f64 or bf16) |
 //! | cuda | every dtype: f32, f64, f16, bf16, i32, u32, bool |
 //!
 //! Half floats compute in f32 and round once, as on the CPU; bools are stored as u32.

@@ -46,6 +46,7 @@ impl KilnRuntime for WgpuRuntime {
     const NAME: &'static str = "wgpu";
     const GROUPS_FUSED_ELEMENTWISE: bool = true;
     type Extra = WgpuExtra;
+    type Bits16 = half::f16;
 
     fn open(ordinal: usize) -> Result<Opened<Self>> {
         let options = runtime_options()?;
@@ -117,6 +118,13 @@ impl KilnRuntime for WgpuRuntime {
             queue,
             backend,
         };
+        // f16 where the adapter computes and stores it (NVIDIA, AMD, Intel and Apple
+        // GPUs; lavapipe since Mesa 23): the half floats compute in f32 and round once,
+        // as on the CPU. WGSL has no bf16.
+        let mut dtypes = vec![DType::F32, DType::I32, DType::U32, DType::Bool];
+        if setup.device.features().contains(wgpu::Features::SHADER_F16) {
+            dtypes.push(DType::F16);
+        }
         let cube_device = init_device(setup, options);
         let max_buffer_bytes =
             (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
@@ -127,7 +135,7 @@ impl KilnRuntime for WgpuRuntime {
                 info.name, info.backend, info.device_type, info.driver, info.driver_info
             ),
             max_buffer_bytes,
-            dtypes: vec![DType::F32, DType::I32, DType::U32, DType::Bool],
+            dtypes,
             cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,
             default_memory_limit,
             extra,

@@ -33,7 +33,7 @@ struct Args {
     /// Workloads to run (comma-separated): w1, w2, w3, w4, dynamic (the dynamic path's own costs).
     #[arg(long, default_value = "w1,w2,w4")]
     workloads: String,
-    /// W3's configurations (comma-separated): small, small-bf16, w3, w3-bf16 (the bf16 lines on the CPU name the kernel their products ran on).
+    /// W3's configurations (comma-separated): small, small-bf16, small-f16, w3, w3-bf16, w3-f16 (the bf16 lines on the CPU name the kernel their products ran on).
     #[arg(long, default_value = "small")]
     w3_configs: String,
     /// W1 variants to run (comma-separated): static, static-unfused, dynamic, infer.
@@ -254,7 +254,7 @@ fn w1<Be: Backend>(dev: &Be::Device, name: &str, reps: usize, variants: &[&str])
 
 #[path = "../w3_instances.rs"]
 mod w3_instances;
-use w3_instances::{SmallGptBf16, W3Gpt, W3GptBf16};
+use w3_instances::{SmallGptBf16, SmallGptF16, W3Gpt, W3GptBf16, W3GptF16};
 
 /// W3 in one configuration: a GPT training step (loss and gradients over `B` windows
 /// of the model's context, then AdamW) on seeded windows of the Shakespeare text.
@@ -291,7 +291,8 @@ fn w3_config<Be: Backend, M: GptModel<Be> + Supervised<Be>, const B: usize, cons
         );
     };
     report("planned", ms);
-    if Be::captures(dev) {
+    // A loss-scaled step decides on the host whether to take each step: not replayed.
+    if Be::captures(dev) && model.loss_scale().is_none() {
         // The step as `kiln-train` runs it on a capturing device: captured on its
         // second run, then replayed with the windows written into the graph's inputs
         // (each replay reads its loss back, as training does).
@@ -375,11 +376,21 @@ fn w3<Be: Backend>(
                 reps.div_ceil(5),
                 &corpus,
             )?,
+            "small-f16" => {
+                w3_config::<Be, SmallGptF16<Be>, 32, 128>(dev, name, "small-f16", reps, &corpus)?
+            }
+            "w3-f16" => w3_config::<Be, W3GptF16<Be>, 32, 256>(
+                dev,
+                name,
+                "w3-f16",
+                reps.div_ceil(5),
+                &corpus,
+            )?,
             other => {
                 return Err(Error::invalid(
                     "kiln-bench",
                     format!(
-                        "unknown W3 configuration {other:?} (known: small, small-bf16, w3, w3-bf16)"
+                        "unknown W3 configuration {other:?} (known: small, small-bf16, small-f16, w3, w3-bf16, w3-f16)"
                     ),
                 ))
             }

@@ -127,9 +127,9 @@ struct Args {
     /// graph (CUDA replays the image models' static step by default).
     #[arg(long)]
     no_graph: bool,
-    /// How the GPT computes: f32 throughout, or bf16 matrix products with f32
+    /// How the GPT computes: f32 throughout, or bf16 or f16 matrix products with f32
     /// parameters, optimizer state, softmax, normalisation and loss
-    /// (`#[model(precision = bf16)]` instances).
+    /// (`#[model(precision = bf16)]` instances); f16 steps are loss-scaled.
     #[arg(long, value_enum, default_value = "f32")]
     precision: PrecisionArg,
     /// Data-parallel ranks, one process each, started by this one: every rank trains
@@ -152,6 +152,8 @@ enum PrecisionArg {
     F32,
     /// bf16 matrix products, the rest f32.
     Bf16,
+    /// f16 matrix products, the rest f32, training steps loss-scaled.
+    F16,
 }
 
 /// The training run, on whichever backend `--device` opens: the whole run, or one rank
@@ -175,7 +177,7 @@ impl OnDevice for Train<'_> {
         {
             return Err(Error::invalid(
                 "kiln-train",
-                "--precision bf16 is built for the GPT (--model gpt, gpt-tiny or gpt-w3); the image models train in f32",
+                "--precision bf16 and f16 are built for the GPT (--model gpt, gpt-tiny or gpt-w3); the image models train in f32",
             ));
         }
         let ranks = match self.1 {
@@ -530,7 +532,7 @@ mod w3_instances;
 mod gpt {
     use super::{Args, Files, Job, PrecisionArg, Ranks};
     use crate::gpt_instances::{SmallGpt, TinyGpt};
-    use crate::w3_instances::{SmallGptBf16, W3Gpt, W3GptBf16};
+    use crate::w3_instances::{SmallGptBf16, SmallGptF16, W3Gpt, W3GptBf16, W3GptF16};
     use kiln::data::{DataLoader, Dataset as _, LoaderConfig, TextWindows};
     use kiln::prelude::*;
     use kiln::train::learner::Supervised;
@@ -543,7 +545,11 @@ mod gpt {
     #[model(precision = bf16)]
     type TinyGptBf16 = kiln_models::gpt::Gpt<16, 2, 2, 32>;
 
-    kiln_models::gpt_model!(TinyGptBf16 as TinyGpt);
+    /// The tiny GPT with f16 matrix products (`--precision f16`).
+    #[model(precision = f16)]
+    type TinyGptF16 = kiln_models::gpt::Gpt<16, 2, 2, 32>;
+
+    kiln_models::gpt_model!(TinyGptBf16 as TinyGpt, TinyGptF16 as TinyGpt);
 
     /// Which GPT `--model` trains.
     #[derive(Clone, Copy, PartialEq, Eq)]
@@ -569,15 +575,18 @@ mod gpt {
                 "--dataset chooses the image models' data; the GPT trains on the Shakespeare text",
             ));
         }
-        let bf16 = args.precision == PrecisionArg::Bf16;
+        use PrecisionArg::{Bf16, F16, F32};
         use Size::{Small, Tiny, W3};
-        match (size, bf16) {
-            (Tiny, false) => train::<Be, TinyGpt<Be>>(args, dev, ranks),
-            (Small, false) => train::<Be, SmallGpt<Be>>(args, dev, ranks),
-            (Tiny, true) => train::<Be, TinyGptBf16<Be>>(args, dev, ranks),
-            (Small, true) => train::<Be, SmallGptBf16<Be>>(args, dev, ranks),
-            (W3, false) => train::<Be, W3Gpt<Be>>(args, dev, ranks),
-            (W3, true) => train::<Be, W3GptBf16<Be>>(args, dev, ranks),
+        match (size, args.precision) {
+            (Tiny, F32) => train::<Be, TinyGpt<Be>>(args, dev, ranks),
+            (Small, F32) => train::<Be, SmallGpt<Be>>(args, dev, ranks),
+            (W3, F32) => train::<Be, W3Gpt<Be>>(args, dev, ranks),
+            (Tiny, Bf16) => train::<Be, TinyGptBf16<Be>>(args, dev, ranks),
+            (Small, Bf16) => train::<Be, SmallGptBf16<Be>>(args, dev, ranks),
+            (W3, Bf16) => train::<Be, W3GptBf16<Be>>(args, dev, ranks),
+            (Tiny, F16) => train::<Be, TinyGptF16<Be>>(args, dev, ranks),
+            (Small, F16) => train::<Be, SmallGptF16<Be>>(args, dev, ranks),
+            (W3, F16) => train::<Be, W3GptF16<Be>>(args, dev, ranks),
         }
     }
 

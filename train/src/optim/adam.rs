@@ -731,7 +731,9 @@ macro_rules! adam_optimizer {
                 model: &mut M,
                 grads: &M::Grads,
             ) -> Result<()> {
-                self.prepare_clip(model, grads)?;
+                if !super::begin_step(self, model, grads)? {
+                    return Ok(());
+                }
                 let h = self.hyper();
                 match self.state.step_grouped($name, h, model, grads)? {
                     true => Ok(()),

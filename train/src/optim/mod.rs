@@ -189,9 +189,32 @@ pub trait Optimizer<B: Backend> {
     where
         Self: Sized,
     {
-        self.prepare_clip(model, grads)?;
+        if !begin_step(self, model, grads)? {
+            return Ok(());
+        }
         step_one_by_one(self, model, grads)
     }
+}
+
+/// What every optimizer's step does first: for a loss-scaled model, whether the step's
+/// gradients are finite, which [`kiln_tensor::nn::LossScale::record`] turns into
+/// taking the step or skipping it (`false`: nothing is updated, no state advances);
+/// then clipping's preparation. Reading that answer waits for the step's device work.
+pub(crate) fn begin_step<B: Backend, O: Optimizer<B>, M: Module<B>>(
+    opt: &mut O,
+    model: &mut M,
+    grads: &M::Grads,
+) -> Result<bool> {
+    if model.loss_scale().is_some() {
+        // Any gradient that is infinite or NaN makes the norm so.
+        let norm = global_norm(model, grads)?.to_vec::<f32>()?[0];
+        let scale = model.loss_scale().expect("checked above");
+        if !scale.record(norm.is_finite())? {
+            return Ok(false);
+        }
+    }
+    opt.prepare_clip(model, grads)?;
+    Ok(true)
 }
 
 /// [`Optimizer::step`] after clipping's preparation, one parameter at a time (each

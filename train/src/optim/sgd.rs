@@ -351,7 +351,9 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
 
     #[inline(never)]
     fn step<M: Module<B>>(&mut self, model: &mut M, grads: &M::Grads) -> Result<()> {
-        self.prepare_clip(model, grads)?;
+        if !super::begin_step(self, model, grads)? {
+            return Ok(());
+        }
         match self.step_grouped(model, grads)? {
             true => Ok(()),
             false => super::step_one_by_one(self, model, grads),

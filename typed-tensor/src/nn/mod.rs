@@ -3,12 +3,14 @@
 //! a learned tensor held without a layer.
 
 pub mod layers;
+pub mod loss_scale;
 pub mod module;
 pub mod param;
 pub mod seeds;
 pub mod spec;
 
 pub use layers::*;
+pub use loss_scale::{LossScale, LossScaleState};
 pub use module::{join, seed_for, with_name, LoadFn, Module, Slot, UpdateFn};
 pub use param::{learned_spec, Param};
 pub use seeds::{step_seed, StepSeed, StepSeeds};

@@ -66,6 +66,12 @@ pub trait Module<B: Backend>: Sized {
         None
     }
 
+    /// Its dynamic loss scale, for a model whose training steps are loss-scaled (an
+    /// instance under `#[model(precision = f16)]`); the default has none.
+    fn loss_scale(&self) -> Option<&super::LossScale<B>> {
+        None
+    }
+
     /// Builds it on `device` from `seed`.
     fn init(device: &B::Device, seed: u64) -> Result<Self> {
         Self::init_named(device, seed, "")

@@ -116,6 +116,7 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 impl KilnRuntime for CudaRuntime {
     const NAME: &'static str = "cuda";
     type Extra = CudaExtra;
+    type Bits16 = u16;
 
     fn open(ordinal: usize) -> Result<Opened<Self>> {
         guarded("opening a CUDA device", || {

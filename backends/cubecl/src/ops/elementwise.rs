@@ -283,7 +283,15 @@ pub fn copy_strided<R: KilnRuntime>(
             k::copy::launch_unchecked::<u64, R>(c, count, dim, arg(src), arg(out), arg(&m), rank)
         },
         2 => unsafe {
-            k::copy::launch_unchecked::<u16, R>(c, count, dim, arg(src), arg(out), arg(&m), rank)
+            k::copy::launch_unchecked::<R::Bits16, R>(
+                c,
+                count,
+                dim,
+                arg(src),
+                arg(out),
+                arg(&m),
+                rank,
+            )
         },
         4 => unsafe {
             k::copy::launch_unchecked::<u32, R>(c, count, dim, arg(src), arg(out), arg(&m), rank)
@@ -312,7 +320,9 @@ pub fn fill<R: KilnRuntime>(
     let c = &dev.client;
     match crate::storage::device_size(out.dtype) {
         8 => unsafe { k::fill::launch_unchecked::<u64, R>(c, count, dim, arg(&v), arg(out), n) },
-        2 => unsafe { k::fill::launch_unchecked::<u16, R>(c, count, dim, arg(&v), arg(out), n) },
+        2 => unsafe {
+            k::fill::launch_unchecked::<R::Bits16, R>(c, count, dim, arg(&v), arg(out), n)
+        },
         _ => unsafe { k::fill::launch_unchecked::<u32, R>(c, count, dim, arg(&v), arg(out), n) },
     }
     Ok(())

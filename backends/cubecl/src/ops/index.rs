@@ -84,8 +84,8 @@ pub fn gather<R: KilnRuntime>(
     match (device_size(out.dtype), signed) {
         (8, true) => go!(u64, i32),
         (8, false) => go!(u64, u32),
-        (2, true) => go!(u16, i32),
-        (2, false) => go!(u16, u32),
+        (2, true) => go!(R::Bits16, i32),
+        (2, false) => go!(R::Bits16, u32),
         (_, true) => go!(u32, i32),
         (_, false) => go!(u32, u32),
     }

@@ -81,7 +81,7 @@ pub fn unfold2d<R: KilnRuntime>(
             )
         },
         2 => unsafe {
-            k::unfold2d::launch_unchecked::<u16, R>(
+            k::unfold2d::launch_unchecked::<R::Bits16, R>(
                 c,
                 count,
                 dim,

@@ -12,10 +12,6 @@ impl Mlp {
     }
 }
 
-// f16 needs loss scaling, which Kiln lacks.
-#[model(precision = f16)]
-type MlpF16 = Mlp;
-
 // Not a precision.
 #[model(precision = fp8)]
 type MlpFp8 = Mlp;

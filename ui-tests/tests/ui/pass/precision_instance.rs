@@ -1,4 +1,5 @@
-//! A precision is set per instance: the same definition in f32 and with bf16 products.
+//! A precision is set per instance: the same definition in f32, with bf16 products and
+//! with f16 products (whose training steps are loss-scaled).
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
 
@@ -18,10 +19,15 @@ impl Block {
 type Block8 = Block<8>;
 #[model(precision = bf16)]
 type Block8Bf16 = Block<8>;
+#[model(precision = f16)]
+type Block8F16 = Block<8>;
 
 fn main() {
     let x = Tensor::<Cpu, Rank2<2, 8>>::normal(0.0, 1.0, 1, &CpuDevice).unwrap();
     let exact = Block8::<Cpu>::init(&CpuDevice, 3).unwrap().forward(&x).unwrap();
     let mixed = Block8Bf16::<Cpu>::init(&CpuDevice, 3).unwrap().forward(&x).unwrap();
     assert_eq!(exact.dims(), mixed.dims());
+    let half = Block8F16::<Cpu>::init(&CpuDevice, 3).unwrap();
+    assert_eq!(half.forward(&x).unwrap().dims(), exact.dims());
+    assert_eq!(half.loss_scale().scale(), 65536.0);
 }
