@@ -166,8 +166,7 @@ def train(a):
     print(f"training torch {a.config} ({params} parameters), {b} windows of {ctx} per step, "
           f"{total} steps, AdamW lr {a.lr}, dropout {a.dropout}, on {a.device} "
           f"({torch.get_num_threads()} threads)", flush=True)
-    autocast = torch.autocast(device_type=a.device.split(":")[0], dtype=torch.bfloat16,
-                              enabled=a.precision == "bf16")
+    autocast, scaler = mixed(a.device, a.precision)
     loss_fn = torch.compile(model.loss) if a.compile else model.loss
     start, avg, reached = time.perf_counter(), float("nan"), None
     order = []
@@ -183,8 +182,9 @@ def train(a):
         opt.zero_grad(set_to_none=True)
         with autocast:
             loss = loss_fn(ids, nxt)
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         v = loss.item()
         avg = v if math.isnan(avg) else 0.98 * avg + 0.02 * v
         if (step + 1) % per_epoch == 0:
@@ -207,10 +207,22 @@ def train(a):
           f"train loss {avg:.3f}, held-out loss {held_loss:.3f} nats/byte over the whole held-out text")
 
 
+def mixed(device, precision):
+    """The autocast context of `precision` (bf16 or f16 products, f32 parameters; off for
+    f32) and its gradient scaler: f16's dynamic loss scaling (torch.amp.GradScaler's
+    defaults, as Kiln's), a pass-through otherwise."""
+    kind = device.split(":")[0]
+    half = {"bf16": torch.bfloat16, "f16": torch.float16}.get(precision)
+    autocast = torch.autocast(device_type=kind, dtype=half or torch.bfloat16,
+                              enabled=half is not None)
+    return autocast, torch.amp.GradScaler(kind, enabled=precision == "f16")
+
+
 def step_ms(config, batch, reps, seed=0, device="cpu", precision="f32", compile=False,
             ddp=False):
     """Median milliseconds of one AdamW training step (the W3 step); `precision` bf16
-    runs the forward pass under autocast (bf16 products, f32 parameters), `compile`
+    or f16 runs the forward pass under autocast (half products, f32 parameters; f16
+    loss-scaled), `compile`
     through torch.compile (the warm-up steps compile first); `ddp` as one rank of
     DistributedDataParallel over NCCL (under torchrun, or alone as a world of 1), each
     rank on `batch` windows of its own."""
@@ -239,15 +251,15 @@ def step_ms(config, batch, reps, seed=0, device="cpu", precision="f32", compile=
         loss_fn = torch.compile(ddp_loss) if compile else ddp_loss
     else:
         loss_fn = torch.compile(model.loss) if compile else model.loss
-    autocast = torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
-                              enabled=precision == "bf16")
+    autocast, scaler = mixed(device, precision)
 
     def step():
         opt.zero_grad(set_to_none=True)
         with autocast:
             loss = loss_fn(ids, nxt)
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         if device != "cpu":
             torch.cuda.synchronize()
     for _ in range(3 if compile else 1):
@@ -276,7 +288,7 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", choices=["f32", "bf16"], default="f32")
+    p.add_argument("--precision", choices=["f32", "bf16", "f16"], default="f32")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--ddp", action="store_true",
                    help="bench: one rank of DistributedDataParallel over NCCL (under torchrun, or a world of 1)")

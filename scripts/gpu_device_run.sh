@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -156,6 +156,22 @@ case $W in
     for p in bf16 f32; do
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
       run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
+    done ;;
+  f16)
+    # f16 mixed precision with dynamic loss scaling (issue 32, item 3) on CUDA and on the
+    # H200's Vulkan: the fused-models tests (the f16 MLP planned against op by op and the
+    # CPU, the tiny GPT's f16 loss curve against f32 with overflowing steps skipped, on
+    # both backends), the small GPT's and W3's steps in f32, bf16 and f16 (kiln-bench,
+    # planned; Vulkan has no bf16), and PyTorch's eager W3 steps in f32, bf16 and f16
+    # (autocast, GradScaler) beside them.
+    models_data
+    [ -x $B/fused_models_test ] && run 400 $B/fused_models_test --test-threads 1
+    run 300 $B/kiln-bench --device cuda --data models/data --workloads w3 \
+      --w3-configs small,small-bf16,small-f16,w3,w3-bf16,w3-f16 --reps 20
+    run 300 $B/kiln-bench --device wgpu --data models/data --workloads w3 \
+      --w3-configs small,small-f16,w3,w3-f16 --reps 10
+    for p in f32 bf16 f16; do
+      run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
     done ;;
   casts)
     # Issue 31's planner change on CUDA (casts moved across views, widening casts

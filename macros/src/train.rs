@@ -31,7 +31,10 @@ pub fn backward(
         Some(scale) => mg.cast(&scale, dtype)?,
         None => mg.full(vec![], 1.0, dtype)?,
     };
-    mg.name(d_loss, "d_loss");
+    // The scale's own leaf keeps its name (the input the plan reads).
+    if seed != Some(d_loss) {
+        mg.name(d_loss, "d_loss");
+    }
     let mut grads: HashMap<NodeId, NodeId> = HashMap::new();
     grads.insert(loss, d_loss);
     for id in (0..=loss).rev() {

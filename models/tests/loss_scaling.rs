@@ -24,7 +24,7 @@ type MlpF16 = Mlp;
 
 #[path = "support/gpt_batches.rs"]
 mod gpt_batches;
-use gpt_batches::{batch, scalar};
+use gpt_batches::{assert_curves_agree, batch, scalar, train_curve};
 
 /// An f16 MLP holding the f32 one's parameters.
 fn f16_copy_of(f32_mlp: &Mlp<Cpu>) -> MlpF16<Cpu> {
@@ -218,42 +218,8 @@ fn a_training_state_keeps_the_scale_and_refuses_one_without_it() {
 #[test]
 fn f16_training_follows_the_f32_loss_curve() {
     let corpus = Corpus::shakespeare().unwrap();
-    let cfg = AdamWConfig {
-        lr: 1e-2,
-        ..AdamWConfig::default()
-    };
-    let mut exact = Vec::new();
-    let mut opt = AdamW::<Cpu>::new(cfg.clone()).unwrap();
-    let mut model = TinyGpt::<Cpu>::init(&CpuDevice, 1).unwrap();
-    for step in 0..60u64 {
-        let (x, y) = batch(&corpus.train, step);
-        let (loss, grads) = model.loss_and_grad(&x, &y).unwrap();
-        exact.push(scalar(&loss));
-        opt.step(&mut model, &grads).unwrap();
-    }
-    let mut mixed = Vec::new();
-    let mut opt = AdamW::<Cpu>::new(cfg).unwrap();
-    let mut model = TinyGptF16::<Cpu>::init(&CpuDevice, 1).unwrap();
-    for step in 0..60u64 {
-        let (x, y) = batch(&corpus.train, step);
-        let (loss, grads) = model.loss_and_grad(&x, &y).unwrap();
-        mixed.push(scalar(&loss));
-        opt.step(&mut model, &grads).unwrap();
-    }
-    let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
-    for (i, (a, b)) in exact.chunks(10).zip(mixed.chunks(10)).enumerate() {
-        let (a, b) = (mean(a), mean(b));
-        println!("steps {}..{}: f32 {a:.4}, f16 {b:.4}", i * 10, i * 10 + 10);
-        assert!(
-            (a - b).abs() <= 0.05 * a,
-            "steps {}..{}: f16 {b} strays from f32 {a} by more than 5%",
-            i * 10,
-            i * 10 + 10
-        );
-    }
-    assert!(
-        mean(&mixed[50..]) < mean(&mixed[..10]) - 1.0,
-        "f16 did not learn"
-    );
+    let (exact, _) = train_curve!(TinyGpt<Cpu>, corpus, 60u64);
+    let (mixed, model) = train_curve!(TinyGptF16<Cpu>, corpus, 60u64);
+    assert_curves_agree(&exact, &mixed, "f16");
     println!("loss scale at the end: {:?}", model.loss_scale().state());
 }

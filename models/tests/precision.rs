@@ -5,7 +5,6 @@
 
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
-use kiln::train::optim::{AdamW, AdamWConfig, Optimizer};
 use kiln_models::gpt::Gpt;
 use kiln_models::mlp::Mlp;
 use kiln_models::text::Corpus;
@@ -23,7 +22,7 @@ type MlpBf16 = Mlp;
 
 #[path = "support/gpt_batches.rs"]
 mod gpt_batches;
-use gpt_batches::{batch, scalar};
+use gpt_batches::{assert_curves_agree, batch, scalar, train_curve};
 
 /// The plan lines of `plans` that hold `what`.
 fn plan_lines<'a>(plan: &'a str, what: &str) -> Vec<&'a str> {
@@ -123,49 +122,9 @@ fn bf16_products_round_as_bf16_and_no_further() {
 #[test]
 fn bf16_training_follows_the_f32_loss_curve() {
     let corpus = Corpus::shakespeare().unwrap();
-    let curve = |bf16: bool| -> Vec<f32> {
-        let cfg = AdamWConfig {
-            lr: 1e-2,
-            ..AdamWConfig::default()
-        };
-        let mut opt = AdamW::<Cpu>::new(cfg).unwrap();
-        let mut losses = Vec::new();
-        if bf16 {
-            let mut model = TinyGptBf16::<Cpu>::init(&CpuDevice, 1).unwrap();
-            for step in 0..60u64 {
-                let (x, y) = batch(&corpus.train, step);
-                let (loss, grads) = model.loss_and_grad(&x, &y).unwrap();
-                losses.push(scalar(&loss));
-                opt.step(&mut model, &grads).unwrap();
-            }
-        } else {
-            let mut model = TinyGpt::<Cpu>::init(&CpuDevice, 1).unwrap();
-            for step in 0..60u64 {
-                let (x, y) = batch(&corpus.train, step);
-                let (loss, grads) = model.loss_and_grad(&x, &y).unwrap();
-                losses.push(scalar(&loss));
-                opt.step(&mut model, &grads).unwrap();
-            }
-        }
-        losses
-    };
-    let (exact, mixed) = (curve(false), curve(true));
-    // Mean over windows of ten steps, so single noisy steps do not decide.
-    let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
-    for (i, (a, b)) in exact.chunks(10).zip(mixed.chunks(10)).enumerate() {
-        let (a, b) = (mean(a), mean(b));
-        println!("steps {}..{}: f32 {a:.4}, bf16 {b:.4}", i * 10, i * 10 + 10);
-        assert!(
-            (a - b).abs() <= 0.05 * a,
-            "steps {}..{}: bf16 {b} strays from f32 {a} by more than 5%",
-            i * 10,
-            i * 10 + 10
-        );
-    }
-    assert!(
-        mean(&mixed[50..]) < mean(&mixed[..10]) - 1.0,
-        "bf16 did not learn"
-    );
+    let (exact, _) = train_curve!(TinyGpt<Cpu>, corpus, 60u64);
+    let (mixed, _) = train_curve!(TinyGptBf16<Cpu>, corpus, 60u64);
+    assert_curves_agree(&exact, &mixed, "bf16");
 }
 
 #[test]

@@ -27,7 +27,7 @@ use crate::state;
 use kiln_data::{
     Batches, DataLoader, Dataset, DeviceBatch, Field, HostBatch, LastBatch, LoaderConfig, Values,
 };
-use kiln_tensor::nn::Module;
+use kiln_tensor::nn::{LossScaleState, Module};
 use kiln_tensor::{Backend, Collective, Error, HostData, RawTensor, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -113,6 +113,9 @@ pub struct EpochReport {
     pub eval_loss: Option<f64>,
     /// The metrics on the evaluation data, by name.
     pub metrics: Vec<(String, f64)>,
+    /// A loss-scaled (f16) model's loss scale at the epoch's end, with the steps it
+    /// skipped so far; `None` for other models.
+    pub loss_scale: Option<LossScaleState>,
 }
 
 impl std::fmt::Display for EpochReport {
@@ -131,6 +134,12 @@ impl std::fmt::Display for EpochReport {
         }
         for (name, v) in &self.metrics {
             write!(f, ", {name} {v:.4}")?;
+        }
+        if let Some(s) = &self.loss_scale {
+            write!(f, "; loss scale {}", s.scale)?;
+            if s.skipped > 0 {
+                write!(f, " ({} steps skipped for overflow)", s.skipped)?;
+            }
         }
         write!(f, "; {:.1} s", self.seconds)?;
         if self.epoch + 1 < self.epochs {
@@ -861,6 +870,7 @@ impl<'a, B: Backend> Run<'a, B> {
                 eta_seconds: seconds * (self.epochs - epoch - 1) as f64,
                 eval_loss,
                 metrics,
+                loss_scale: trainee.tensors().loss_scale().map(|s| s.state()),
             };
             if rank == 0 {
                 if let Some(curve) = record.curve.as_mut() {

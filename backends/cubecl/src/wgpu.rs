@@ -4,8 +4,9 @@
 //! software adapters: hardware adapters come first, then software ones, so Mesa's
 //! lavapipe (a CPU Vulkan driver) serves CI machines without a GPU. The WGSL path is
 //! used because CubeCL's SPIR-V path crashed lavapipe (Mesa 22.3) while building a
-//! matmul pipeline. wgpu has no f64, bf16 or (portably) f16 in compute shaders, so
-//! this runtime holds f32, i32, u32 and bool.
+//! matmul pipeline. wgpu has no f64 or bf16 in compute shaders, so this runtime holds
+//! f32, i32, u32 and bool, and f16 where the adapter offers `SHADER_F16` (GPUs, and
+//! lavapipe from Mesa 23: `scripts/test.sh` installs one).
 //!
 //! Running out of memory is caught twice over: a GPU opens limited to 90% of its
 //! largest device-local Vulkan heap (Kiln's own [`Error::OutOfMemory`], before the

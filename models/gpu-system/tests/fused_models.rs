@@ -1,7 +1,8 @@
 //! A whole model's fused plans on the GPU backends (wgpu in CI; CUDA where a GPU is)
 //! agree with its op-by-op path and with the CPU: the MNIST MLP (values, gradients,
-//! SGD steps), causal self-attention, mixed precision on CUDA, and steady-state steps
-//! that take no new device memory. The fused kernel itself is tested op by op in
+//! SGD steps), causal self-attention, mixed precision (bf16 on CUDA; f16 with loss
+//! scaling on both, its loss curve against f32), and steady-state steps that take no
+//! new device memory. The fused kernel itself is tested op by op in
 //! kiln-cubecl (`tests/fused.rs`).
 
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -29,6 +30,20 @@ macro_rules! fused_model_tests {
             #[test]
             fn steady_state_steps_take_no_new_device_memory() -> Result<()> {
                 super::steady_state_steps_take_no_new_device_memory(&$device)
+            }
+            #[test]
+            fn f16_plans_match_the_op_by_op_path_and_the_cpu() -> Result<()> {
+                let dev = $device;
+                assert!(
+                    dev.dtypes().contains(&DType::F16),
+                    "this device holds no f16: {}",
+                    dev.name()
+                );
+                super::f16_plans_match_the_op_by_op_path_and_the_cpu::<$B>(&dev)
+            }
+            #[test]
+            fn f16_training_follows_the_f32_loss_curve() -> Result<()> {
+                super::f16_training_follows_the_f32_loss_curve::<$B>(&$device)
             }
         }
     };
@@ -413,48 +428,38 @@ fn steady_state_steps_take_no_new_device_memory<R: kiln_cubecl::KilnRuntime>(
     Ok(())
 }
 
-/// The MNIST MLP with f16 products and loss scaling (wgpu where the adapter has f16).
+/// The MNIST MLP with f16 products and loss scaling.
 #[kiln::model(precision = f16)]
 type MlpF16 = kiln_models::mlp::Mlp;
 
-/// f16 mixed precision on wgpu: planned against op by op on the device and against the
+/// f16 mixed precision on the device: planned against op by op there and against the
 /// CPU's f16 instance, forward, loss and unscaled gradients.
-#[cfg(feature = "wgpu")]
-#[test]
-fn wgpu_f16_plans_match_the_op_by_op_path_and_the_cpu() -> Result<()> {
+fn f16_plans_match_the_op_by_op_path_and_the_cpu<G: Backend>(dev: &G::Device) -> Result<()> {
     use kiln_tensor::{Const, Rank2, Tensor};
-    let dev = kiln_cubecl::WgpuDevice::first()
-        .unwrap_or_else(|e| panic!("no wgpu device for the fused tests: {e}"));
-    assert!(
-        dev.dtypes().contains(&DType::F16),
-        "this wgpu adapter has no f16: {}",
-        dev.name()
-    );
-    type G = kiln_cubecl::Wgpu;
-    let (fused, unfused) = (MlpF16::<G>::init(&dev, 3)?, MlpF16::<G>::init(&dev, 3)?);
+    let (fused, unfused) = (MlpF16::<G>::init(dev, 3)?, MlpF16::<G>::init(dev, 3)?);
     unfused.set_fused(false);
     let cpu = MlpF16::<Cpu>::init(&CpuDevice, 3)?;
     let xs: Vec<f32> = (0..16 * 784)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
         .collect();
     let labels: Vec<i32> = (0..16).map(|i| i % 10).collect();
-    let x = Tensor::<G, Rank2<16, 784>>::from_vec(xs.clone(), &[16, 784], &dev)?;
-    let y = Tensor::<G, (Const<16>,), i32>::from_vec(labels.clone(), &[16], &dev)?;
+    let x = Tensor::<G, Rank2<16, 784>>::from_vec(xs.clone(), &[16, 784], dev)?;
+    let y = Tensor::<G, (Const<16>,), i32>::from_vec(labels.clone(), &[16], dev)?;
     let xc = Tensor::<Cpu, Rank2<16, 784>>::from_vec(xs, &[16, 784], &CpuDevice)?;
     let yc = Tensor::<Cpu, (Const<16>,), i32>::from_vec(labels, &[16], &CpuDevice)?;
     let f = fused.forward(&x)?.raw().to_vec::<f32>()?;
     let u = unfused.forward(&x)?.raw().to_vec::<f32>()?;
     let c = cpu.forward(&xc)?.raw().to_vec::<f32>()?;
     let scale = c.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = max_diff(&f, &u);
     assert!(
-        max_diff(&f, &u) <= 1e-6 * (1.0 + scale),
-        "fused and op by op differ by {}",
-        max_diff(&f, &u)
+        d <= 1e-6 * (1.0 + scale),
+        "fused and op by op differ by {d}"
     );
+    let d = max_diff(&f, &c);
     assert!(
-        max_diff(&f, &c) <= 2e-3 * (1.0 + scale),
-        "wgpu and the CPU differ by {}",
-        max_diff(&f, &c)
+        d <= 2e-3 * (1.0 + scale),
+        "the device and the CPU differ by {d}"
     );
     let (lf, gf) = fused.loss_and_grad(&x, &y)?;
     let (lu, gu) = unfused.loss_and_grad(&x, &y)?;
@@ -462,50 +467,45 @@ fn wgpu_f16_plans_match_the_op_by_op_path_and_the_cpu() -> Result<()> {
     let d = max_diff(&lf.raw().to_vec::<f32>()?, &lu.raw().to_vec::<f32>()?);
     assert!(d <= 1e-5, "losses differ by {d}");
     let d = max_diff(&lf.raw().to_vec::<f32>()?, &lc.raw().to_vec::<f32>()?);
-    assert!(d <= 2e-3, "the loss on wgpu and the CPU differ by {d}");
+    assert!(
+        d <= 2e-3,
+        "the loss on the device and the CPU differ by {d}"
+    );
+    assert_eq!(gf.fc1.weight.raw().dtype(), DType::F32);
     let (gf, gu, gc) = (
         gf.fc1.weight.raw().to_vec::<f32>()?,
         gu.fc1.weight.raw().to_vec::<f32>()?,
         gc.fc1.weight.raw().to_vec::<f32>()?,
     );
     let g_scale = gc.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = max_diff(&gf, &gu);
+    assert!(d <= 1e-5 * (1.0 + g_scale), "fc1's gradients differ by {d}");
+    let d = max_diff(&gf, &gc);
     assert!(
-        max_diff(&gf, &gu) <= 1e-5 * (1.0 + g_scale),
-        "fc1's gradients differ by {}",
-        max_diff(&gf, &gu)
-    );
-    assert!(
-        max_diff(&gf, &gc) <= 1e-2 * g_scale,
-        "fc1's gradients on wgpu and the CPU differ by {} (largest {g_scale})",
-        max_diff(&gf, &gc)
+        d <= 1e-2 * g_scale,
+        "fc1's gradients on the device and the CPU differ by {d} (largest {g_scale})"
     );
     Ok(())
 }
 
 /// The tiny GPT in f32 and with f16 products.
-#[cfg(feature = "wgpu")]
 #[kiln::model]
 type TinyGpt = kiln_models::gpt::Gpt<16, 2, 2, 32>;
-#[cfg(feature = "wgpu")]
 #[kiln::model(precision = f16)]
 type TinyGptF16 = kiln_models::gpt::Gpt<16, 2, 2, 32>;
 
-/// f16 training on wgpu follows f32's loss curve (the tiny GPT on Shakespeare, AdamW),
-/// and a step whose scaled gradients overflow f16 is skipped there as on the CPU.
-#[cfg(feature = "wgpu")]
-#[test]
-fn wgpu_f16_training_follows_the_f32_loss_curve() -> Result<()> {
+/// f16 training on the device follows f32's loss curve (the tiny GPT on Shakespeare,
+/// AdamW), and a step whose scaled gradients overflow f16 is skipped there as on the
+/// CPU.
+fn f16_training_follows_the_f32_loss_curve<G: Backend>(dev: &G::Device) -> Result<()> {
     use kiln_models::gpt::Ids;
     use kiln_train::optim::{AdamW, AdamWConfig, Optimizer};
-    type G = kiln_cubecl::Wgpu;
-    let dev = kiln_cubecl::WgpuDevice::first()
-        .unwrap_or_else(|e| panic!("no wgpu device for the fused tests: {e}"));
     let corpus = kiln_models::text::Corpus::shakespeare()?;
     let batch = |step: u64| -> Result<(Ids<G, 8, 32>, Ids<G, 8, 32>)> {
         let (ids, next) = kiln_models::text::windows(&corpus.train, 8, 32, step)?;
         Ok((
-            Ids::from_vec(ids, &[8, 32], &dev)?,
-            Ids::from_vec(next, &[8, 32], &dev)?,
+            Ids::from_vec(ids, &[8, 32], dev)?,
+            Ids::from_vec(next, &[8, 32], dev)?,
         ))
     };
     let cfg = AdamWConfig {
@@ -514,8 +514,8 @@ fn wgpu_f16_training_follows_the_f32_loss_curve() -> Result<()> {
     };
     const STEPS: u64 = 40;
     let mut exact = Vec::new();
-    let mut opt = AdamW::<G>::new(cfg.clone())?;
-    let mut model = TinyGpt::<G>::init(&dev, 1)?;
+    let mut opt = AdamW::<G>::new(cfg)?;
+    let mut model = TinyGpt::<G>::init(dev, 1)?;
     for step in 0..STEPS {
         let (x, y) = batch(step)?;
         let (loss, grads) = model.loss_and_grad(&x, &y)?;
@@ -524,7 +524,7 @@ fn wgpu_f16_training_follows_the_f32_loss_curve() -> Result<()> {
     }
     let mut mixed = Vec::new();
     let mut opt = AdamW::<G>::new(cfg)?;
-    let mut model = TinyGptF16::<G>::init(&dev, 1)?;
+    let mut model = TinyGptF16::<G>::init(dev, 1)?;
     // Start too high: the first steps overflow, are skipped, and halve the scale.
     model.loss_scale().set_scale(2f32.powi(26))?;
     for step in 0..STEPS {
@@ -537,12 +537,11 @@ fn wgpu_f16_training_follows_the_f32_loss_curve() -> Result<()> {
     println!("loss scale at the end: {state:?}");
     assert!(state.skipped >= 4 && state.skipped < STEPS / 2, "{state:?}");
     // The skipped steps trained nothing: compare the curves from where f16's began.
-    let skipped = state.skipped as usize;
+    let taken = (STEPS - state.skipped) as usize;
     let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
-    let taken = STEPS as usize - skipped;
     let (a, b) = (
         mean(&exact[taken - 8..taken]),
-        mean(&mixed[STEPS as usize - 8..]),
+        mean(&mixed[mixed.len() - 8..]),
     );
     println!("f32 after {taken} steps {a:.4}, f16 after {taken} taken {b:.4}");
     assert!(
