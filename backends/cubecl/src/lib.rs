@@ -466,8 +466,8 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
         // The native loop is host code; the device runs the expression as one kernel.
         let _ = native;
         // A group at whose edges mixed precision casts (bf16 or f16 in or out, the
-        // rest f32) has a kernel of its own for bf16 and runs op by op for f16; any
-        // other dtype is refused by the f32 kernel's checks.
+        // rest f32) has a kernel of its own (op by op where bf16 meets f16); any other
+        // dtype is refused by the f32 kernel's checks.
         let edge = |d: DType| matches!(d, DType::F32 | DType::BF16 | DType::F16);
         let mixed = inputs.iter().all(|v| edge(v.storage.dtype))
             && outputs.iter().all(|o| edge(o.dtype))

@@ -472,26 +472,27 @@ pub fn prologue_value(
     *regs.index(comptime!(config.results[0] as usize))
 }
 
-/// Which inputs and outputs of [`fused_mixed()`] are bf16 (the others are f32).
+/// Which inputs and outputs of [`fused_mixed()`] are half floats, all of one type `Half`
+/// (the others are f32).
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct HalfEdges {
-    /// For each input, whether it is bf16.
+    /// For each input, whether it is a half float.
     pub inputs: Vec<bool>,
-    /// For each output, whether it is bf16.
+    /// For each output, whether it is a half float.
     pub outputs: Vec<bool>,
 }
 
 /// [`fused_strided()`] for a group at whose edges mixed precision casts: each input and
-/// output is f32 or bf16 (`halves` says which; each kind is numbered in its own
-/// sequence). bf16 values widen as they load and round to nearest even as they store,
-/// as the unfused casts do; everything between is f32.
+/// output is f32 or the half float `Half`, bf16 or f16 (`halves` says which; each kind is
+/// numbered in its own sequence). Half values widen as they load and round to nearest
+/// even as they store, as the unfused casts do; everything between is f32.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub fn fused_mixed(
+pub fn fused_mixed<Half: Float>(
     inputs: &Sequence<Array<f32>>,
-    half_inputs: &Sequence<Array<half::bf16>>,
+    half_inputs: &Sequence<Array<Half>>,
     outputs: &mut Sequence<Array<f32>>,
-    half_outputs: &mut Sequence<Array<half::bf16>>,
+    half_outputs: &mut Sequence<Array<Half>>,
     meta: &Sequence<u32>,
     zero: f32,
     consts: &Sequence<f32>,
@@ -534,7 +535,7 @@ pub fn fused_mixed(
             let at = comptime!(slot(&halves.outputs, o));
             if comptime!(halves.outputs[o]) {
                 let out = half_outputs.index_mut(at);
-                out[pos as usize] = half::bf16::cast_from(v);
+                out[pos as usize] = Half::cast_from(v);
             } else {
                 let out = outputs.index_mut(at);
                 out[pos as usize] = v;
@@ -544,18 +545,18 @@ pub fn fused_mixed(
 }
 
 /// [`fused_vectorized()`] for a group at whose edges mixed precision casts: inputs read
-/// as vectors, and outputs, are f32 or bf16 vectors of `N` (`halves` says which; inputs
+/// as vectors, and outputs, are f32 or `Half` vectors of `N` (`halves` says which; inputs
 /// read as single values are f32; `vectors`, `half_vectors` and `scalars` are each
-/// numbered in their own sequence, in input order). bf16 lanes widen as they load and
+/// numbered in their own sequence, in input order). Half lanes widen as they load and
 /// round to nearest even as they store, as in [`fused_mixed()`].
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub fn fused_mixed_vectorized<N: Size>(
+pub fn fused_mixed_vectorized<Half: Float, N: Size>(
     vectors: &Sequence<Array<Vector<f32, N>>>,
-    half_vectors: &Sequence<Array<Vector<half::bf16, N>>>,
+    half_vectors: &Sequence<Array<Vector<Half, N>>>,
     scalars: &Sequence<Array<f32>>,
     outputs: &mut Sequence<Array<Vector<f32, N>>>,
-    half_outputs: &mut Sequence<Array<Vector<half::bf16, N>>>,
+    half_outputs: &mut Sequence<Array<Vector<Half, N>>>,
     shape: &Sequence<u32>,
     units: u32,
     zero: f32,
@@ -580,7 +581,7 @@ pub fn fused_mixed_vectorized<N: Size>(
             let kind = comptime!(config.kinds[k]);
             let at = comptime!(kind_slot(&config.kinds, &halves.inputs, k));
             if comptime!(halves.inputs[k]) {
-                loaded.push(load_input::<half::bf16, N>(
+                loaded.push(load_input::<Half, N>(
                     half_vectors,
                     scalars,
                     shape,
@@ -632,7 +633,7 @@ pub fn fused_mixed_vectorized<N: Size>(
                 let at = comptime!(slot(&halves.outputs, o));
                 if comptime!(halves.outputs[o]) {
                     let out = half_outputs.index_mut(at);
-                    out[pos as usize] = Vector::<half::bf16, N>::cast_from(line);
+                    out[pos as usize] = Vector::<Half, N>::cast_from(line);
                 } else {
                     let out = outputs.index_mut(at);
                     out[pos as usize] = line;

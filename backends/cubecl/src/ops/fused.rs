@@ -240,11 +240,11 @@ fn launch_groups<R: KilnRuntime>(
     Ok(())
 }
 
-/// [`fused_elementwise`] for a group at whose edges mixed precision casts (bf16 inputs
-/// or outputs beside f32 ones): one kernel that widens and narrows at the edges,
+/// [`fused_elementwise`] for a group at whose edges mixed precision casts (bf16 or f16
+/// inputs or outputs beside f32 ones): one kernel that widens and narrows at the edges,
 /// vectorised where the operands allow ([`k::fused_mixed_vectorized()`]), else strided
 /// ([`k::fused_mixed()`]). Returns `false`, having done nothing, for operands of
-/// other dtypes (f16, bool), which the caller runs another way.
+/// other dtypes (bool), or bf16 beside f16, which the caller runs another way.
 pub fn fused_mixed<R: KilnRuntime>(
     device: &CubeDevice<R>,
     expr: &FusedExpr,
@@ -252,31 +252,42 @@ pub fn fused_mixed<R: KilnRuntime>(
     dims: &Dims,
     outputs: &mut [&mut CubeStorage<R>],
 ) -> Result<bool> {
-    let edge = |d: DType| d == DType::F32 || d == DType::BF16;
-    if !inputs.iter().all(|v| edge(v.storage.dtype)) || !outputs.iter().all(|o| edge(o.dtype)) {
+    let dtypes = || {
+        inputs
+            .iter()
+            .map(|v| v.storage.dtype)
+            .chain(outputs.iter().map(|o| o.dtype))
+    };
+    let mut halves = dtypes().filter(|&d| d != DType::F32);
+    let half = halves.next().unwrap_or(DType::BF16);
+    if !matches!(half, DType::BF16 | DType::F16) || halves.any(|d| d != half) {
         return Ok(false);
     }
+    match half {
+        DType::F16 => fused_mixed_of::<R, half::f16>(device, expr, inputs, dims, outputs, half),
+        _ => fused_mixed_of::<R, half::bf16>(device, expr, inputs, dims, outputs, half),
+    }
+}
+
+/// [`fused_mixed`] with half operands of type `Half` (dtype `half`).
+fn fused_mixed_of<R: KilnRuntime, Half: Float>(
+    device: &CubeDevice<R>,
+    expr: &FusedExpr,
+    inputs: &[V<'_, R>],
+    dims: &Dims,
+    outputs: &mut [&mut CubeStorage<R>],
+    half: DType,
+) -> Result<bool> {
     let dev = &device.state;
     let n: usize = dims.iter().product();
-    check_operands(
-        device,
-        expr,
-        inputs,
-        dims,
-        outputs,
-        n,
-        &[DType::F32, DType::BF16],
-    )?;
+    check_operands(device, expr, inputs, dims, outputs, n, &[DType::F32, half])?;
     if n == 0 {
         return Ok(true);
     }
     note_overwritten(dev, expr, inputs, outputs);
     let halves = HalfEdges {
-        inputs: inputs
-            .iter()
-            .map(|v| v.storage.dtype == DType::BF16)
-            .collect(),
-        outputs: outputs.iter().map(|o| o.dtype == DType::BF16).collect(),
+        inputs: inputs.iter().map(|v| v.storage.dtype == half).collect(),
+        outputs: outputs.iter().map(|o| o.dtype == half).collect(),
     };
     // Inputs read as single values must be f32 (the kernel's value arrays).
     let kinds: Option<Vec<(InputKind, u32)>> = inputs
@@ -295,7 +306,7 @@ pub fn fused_mixed<R: KilnRuntime>(
         for (v, &(kind, extent)) in inputs.iter().zip(&kinds) {
             match (kind.vectors(), v.storage.dtype) {
                 (false, _) => scalars.push(arg(v.storage)),
-                (true, DType::BF16) => half_vectors.push(vector_arg(v.storage)),
+                (true, d) if d == half => half_vectors.push(vector_arg(v.storage)),
                 (true, _) => vectors.push(vector_arg(v.storage)),
             }
             shape.push(extent);
@@ -303,7 +314,7 @@ pub fn fused_mixed<R: KilnRuntime>(
         let (mut outs, mut half_outs) = (SequenceArg::new(), SequenceArg::new());
         for o in outputs.iter() {
             match o.dtype {
-                DType::BF16 => half_outs.push(vector_arg(o)),
+                d if d == half => half_outs.push(vector_arg(o)),
                 _ => outs.push(vector_arg(o)),
             }
         }
@@ -312,7 +323,7 @@ pub fn fused_mixed<R: KilnRuntime>(
         // kind: vector arrays cover at least `units` vectors of their dtype, broadcast
         // inputs hold their element 0, and stores stay below `units`.
         unsafe {
-            k::fused_mixed_vectorized::launch_unchecked::<R>(
+            k::fused_mixed_vectorized::launch_unchecked::<Half, R>(
                 &dev.client,
                 count,
                 dim,
@@ -343,14 +354,14 @@ pub fn fused_mixed<R: KilnRuntime>(
     let (mut ins, mut half_ins) = (SequenceArg::new(), SequenceArg::new());
     for v in inputs {
         match v.storage.dtype {
-            DType::BF16 => half_ins.push(arg(v.storage)),
+            d if d == half => half_ins.push(arg(v.storage)),
             _ => ins.push(arg(v.storage)),
         }
     }
     let (mut outs, mut half_outs) = (SequenceArg::new(), SequenceArg::new());
     for o in outputs.iter() {
         match o.dtype {
-            DType::BF16 => half_outs.push(arg(o)),
+            d if d == half => half_outs.push(arg(o)),
             _ => outs.push(arg(o)),
         }
     }
@@ -359,7 +370,7 @@ pub fn fused_mixed<R: KilnRuntime>(
     // at least `n` elements, each operand is bound in the sequence of its dtype, and the
     // kernel checks `pos < n`.
     unsafe {
-        k::fused_mixed::launch_unchecked::<R>(
+        k::fused_mixed::launch_unchecked::<Half, R>(
             &dev.client,
             count,
             dim,
