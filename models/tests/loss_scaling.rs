@@ -152,6 +152,35 @@ fn a_step_that_overflows_is_skipped_and_the_scale_halved_until_one_is_taken() {
 }
 
 #[test]
+fn gradients_that_no_scale_makes_finite_stop_training_with_one_error() {
+    // A NaN in the batch makes every gradient NaN at any scale: the steps are skipped
+    // and the scale halved down to 2^-24, where the next one is an error, not a silent
+    // run of skipped steps.
+    let mut model = MlpF16::<Cpu>::init(&CpuDevice, 9).unwrap();
+    let mut opt = Sgd::<Cpu>::new(SgdConfig::default()).unwrap();
+    let (x, y) = mlp_batch(2);
+    let mut values = x.raw().to_vec::<f32>().unwrap();
+    values[5] = f32::NAN;
+    let x = Tensor::<Cpu, Rank2<16, 784>>::from_vec(values, &[16, 784], &CpuDevice).unwrap();
+    model.loss_scale().set_scale(2f32.powi(-22)).unwrap();
+    let before = params_of(&model);
+    let mut results = Vec::new();
+    for _ in 0..3 {
+        let (_, grads) = model.loss_and_grad(&x, &y).unwrap();
+        results.push(opt.step(&mut model, &grads).map_err(|e| e.to_string()));
+    }
+    assert_eq!(results[0], Ok(()));
+    assert_eq!(results[1], Ok(()));
+    let e = results[2].clone().unwrap_err();
+    assert!(
+        e.contains("not finite even with the loss scaled by 5.9604645e-8"),
+        "{e}"
+    );
+    assert_eq!(model.loss_scale().state().skipped, 2);
+    assert_eq!(params_of(&model), before);
+}
+
+#[test]
 fn the_scale_doubles_after_its_growth_interval() {
     let mut model = MlpF16::<Cpu>::init(&CpuDevice, 6).unwrap();
     let mut opt = Sgd::<Cpu>::new(SgdConfig::default()).unwrap();

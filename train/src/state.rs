@@ -6,10 +6,10 @@
 //! counters included), the optimizer's under `optimizer/<slot>/<parameter>`
 //! (`optimizer/exp_avg/fc1.weight`), and in its metadata: the steps taken, the model's
 //! step-seed counter (its dropout masks), a loss-scaled model's loss scale, the
-//! optimizer's kind and counters, and the
-//! settings of the run that wrote it (`kiln.state.run.<key>`), which a resume must
-//! repeat. What else a loop needs is a function of those: a [`Schedule`] is a function
-//! of the step, and a loop's data order a function of its seed and the step.
+//! optimizer's kind and counters, and the settings of the run that wrote it
+//! (`kiln.state.run.<key>`), which a resume must repeat. What else a loop needs is a
+//! function of those: a [`Schedule`] is a function of the step, and a loop's data
+//! order a function of its seed and the step.
 //! Every tensor's checksum is verified on load, and so is one over that metadata: the
 //! counts in it decide the steps a resume takes as much as the tensors do.
 //!
@@ -17,7 +17,7 @@
 
 use crate::checkpoint::{self, Checksums, Encoded, ReadTensor, Reader, Tensors};
 use crate::optim::{Optimizer, OptimizerState};
-use kiln_tensor::nn::{LossScale, LossScaleState, Module};
+use kiln_tensor::nn::{LossScaleState, Module};
 use kiln_tensor::{Backend, Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -177,8 +177,8 @@ pub(crate) fn load_state<B: Backend>(
                 skipped: number(SCALE_SKIPPED_KEY)?,
             };
             // Checked before anything changes, so that an error leaves the model as it was.
-            LossScale::<B>::new()
-                .load_state(state)
+            state
+                .check()
                 .map_err(|e| bad(format!("holds a loss scale that does not fit: {e}")))?;
             Some(state)
         }

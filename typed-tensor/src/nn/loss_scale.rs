@@ -43,6 +43,14 @@ pub struct LossScaleState {
     pub skipped: u64,
 }
 
+impl LossScaleState {
+    /// An error unless the scale is one [`LossScale::set_scale`] takes (a training state
+    /// that was edited or damaged).
+    pub fn check(&self) -> Result<()> {
+        check_scale(self.scale)
+    }
+}
+
 struct Scaler<B: Backend> {
     state: LossScaleState,
     growth_interval: u64,
@@ -133,7 +141,7 @@ impl<B: Backend> LossScale<B> {
     /// Restores a state [`LossScale::state`] gave (a resumed run); an error for a scale
     /// [`LossScale::set_scale`] would refuse.
     pub fn load_state(&self, state: LossScaleState) -> Result<()> {
-        check_scale(state.scale)?;
+        state.check()?;
         let mut s = self.lock();
         s.state = state;
         s.on_device = None;
