@@ -468,7 +468,7 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
         // A group at whose edges mixed precision casts (bf16 or f16 in or out, the
         // rest f32) has a kernel of its own (op by op where bf16 meets f16); any other
         // dtype is refused by the f32 kernel's checks.
-        let edge = |d: DType| matches!(d, DType::F32 | DType::BF16 | DType::F16);
+        let edge = |d: DType| d == DType::F32 || d.is_half();
         let mixed = inputs.iter().all(|v| edge(v.storage.dtype))
             && outputs.iter().all(|o| edge(o.dtype))
             && (inputs.iter().any(|v| v.storage.dtype != DType::F32)

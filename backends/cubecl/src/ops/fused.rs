@@ -260,7 +260,7 @@ pub fn fused_mixed<R: KilnRuntime>(
     };
     let mut halves = dtypes().filter(|&d| d != DType::F32);
     let half = halves.next().unwrap_or(DType::BF16);
-    if !matches!(half, DType::BF16 | DType::F16) || halves.any(|d| d != half) {
+    if !half.is_half() || halves.any(|d| d != half) {
         return Ok(false);
     }
     match half {
