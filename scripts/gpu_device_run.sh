@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -356,6 +356,16 @@ case $W in
     run 150 $B/gpu_bench --backend wgpu --workloads w1,w2,dynamic --reps 10
     [ -x $B/dynamic_equal_test ] && run 200 $B/dynamic_equal_test --test-threads 1
     run 200 python3 $B/bench_gpu.py --reps 20 --compile ;;
+  dynreplay)
+    # Dynamic programs replayed as CUDA graphs (issue 32, item 4): kiln-dynamic's replay
+    # scenarios and the dynamic MLP's training replayed against plain runs
+    # (dynamic_replay_test: `-p kiln-gpu-system --features cuda --test dynamic_replay`),
+    # the graph tests (a graph sent to another thread refuses to replay there), then W1's
+    # step static (planned, graphed) beside dynamic with replay on and off, batch 256
+    # and 4096.
+    run 300 $B/dynamic_replay_test --test-threads 1
+    run 300 $B/cuda_graph_test --test-threads 1
+    run 300 $B/gpu_bench --backend cuda --workloads w1,w1graph,dynamic --reps 50 ;;
   binaries)
     # The user-facing binaries with --device (`cargo build -p kiln-models --features
     # cuda,wgpu --bin kiln-train --bin kiln-infer --bin kiln-generate`, stripped): they

@@ -14,6 +14,7 @@
 //! constant, axis, slice bound, dtype or output set — is another key.
 
 use crate::lazy::{Kind, LazyTensor};
+use crate::replay::{self, Lengths};
 use kiln_fusion::{plan, Program, RunContext, SDim, Seeds};
 use kiln_tensor::ir::{Graph, Node as IrNode, NodeId, NodeKind};
 use kiln_tensor::{Backend, Builder, Eager, Error, Op, RawTensor, Result, SymDim, TensorMeta};
@@ -38,17 +39,23 @@ pub struct CacheStats {
     pub planning: Duration,
     /// Time the first run of each new program took (kernels compiled there).
     pub first_runs: Duration,
+    /// Programs captured as graphs at one set of input sizes (see [`crate::replay`]).
+    pub captures: u64,
+    /// Materialisations that replayed a captured graph instead of launching kernels.
+    pub replays: u64,
 }
 
 impl std::fmt::Display for CacheStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} hits, {} misses, {} evictions, {} programs; planning {:.1} ms, first runs {:.1} ms",
+            "{} hits, {} misses, {} evictions, {} programs, {} captures, {} replays; planning {:.1} ms, first runs {:.1} ms",
             self.hits,
             self.misses,
             self.evictions,
             self.programs,
+            self.captures,
+            self.replays,
             self.planning.as_secs_f64() * 1e3,
             self.first_runs.as_secs_f64() * 1e3
         )
@@ -64,6 +71,8 @@ struct Entry<B: Backend> {
     outputs: Vec<NodeId>,
     device: B::Device,
     program: Program<B>,
+    /// Its captures, per set of input sizes (on backends that capture).
+    lengths: Lengths<B>,
     last_used: u64,
 }
 
@@ -490,6 +499,7 @@ fn eval_on<B: Backend>(device: &B::Device, targets: Vec<LazyTensor<B>>) -> Resul
                 outputs: rec.outputs.clone(),
                 device: device.clone(),
                 program: Program::new(p, &[]),
+                lengths: Lengths::default(),
                 last_used: clock,
             });
             c.entries.len() - 1
@@ -497,18 +507,20 @@ fn eval_on<B: Backend>(device: &B::Device, targets: Vec<LazyTensor<B>>) -> Resul
     };
     let first = found.is_none();
     let start = Instant::now();
-    let entry = &mut c.entries[at];
+    let Cache { entries, stats, .. } = &mut *c;
+    let entry = &mut entries[at];
     entry.last_used = clock;
-    let mut cx = RunContext::new(device).seeds(Seeds::Table(&rec.seeds));
-    let planned = entry
-        .program
-        .run(&mut cx, &inputs)?
-        .map(|outs| outs.collect::<Vec<RawTensor<B>>>());
-    let results = match planned {
-        Some(results) => results,
-        // The key fixes every size the plan names, so this is a broken invariant; the
-        // op-by-op run still computes the right values.
-        None => entry.program.run_op_by_op(&mut cx, &inputs)?,
+    // A replay would repeat the draws of the run it captured.
+    let results = if rec.seeds.is_empty() && replay::applies::<B>(device) {
+        replay::run(
+            &mut entry.lengths,
+            &mut entry.program,
+            stats,
+            device,
+            &inputs,
+        )?
+    } else {
+        run_plain(&mut entry.program, device, &rec.seeds, &inputs)?
     };
     if first {
         c.stats.first_runs += start.elapsed();
@@ -518,6 +530,24 @@ fn eval_on<B: Backend>(device: &B::Device, targets: Vec<LazyTensor<B>>) -> Resul
         store(t, v);
     }
     Ok(())
+}
+
+/// Runs `program` on `inputs`, random ops drawing with `seeds` (indexed by the seeds
+/// their ops hold), launching its kernels.
+pub(crate) fn run_plain<B: Backend>(
+    program: &mut Program<B>,
+    device: &B::Device,
+    seeds: &[u64],
+    inputs: &[&RawTensor<B>],
+) -> Result<Vec<RawTensor<B>>> {
+    let mut cx = RunContext::new(device).seeds(Seeds::Table(seeds));
+    let planned = (program.run(&mut cx, inputs)?).map(|outputs| outputs.collect());
+    match planned {
+        Some(outputs) => Ok(outputs),
+        // The key fixes every size the plan names, so this is a broken invariant; the
+        // op-by-op run still computes the right values.
+        None => program.run_op_by_op(&mut cx, inputs),
+    }
 }
 
 /// Keeps a computed value; a node that needs no gradient lets go of its inputs.

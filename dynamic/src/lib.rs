@@ -8,7 +8,8 @@
 //! same rules, planned and fused with the forward pass ([`grad`]); [`Param`], [`Layer`]
 //! and [`DynamicModule`] make modules that optimizers and checkpoints accept
 //! ([`module`]); a `#[model]` holds one in a `#[dynamic]` field and its plan calls
-//! out to it ([`parts`]).
+//! out to it ([`parts`]). Where the backend captures (CUDA), a cached program seen
+//! again at the same sizes is captured as a graph and replayed ([`replay`]).
 //!
 //! ```
 //! use kiln_cpu::{Cpu, CpuDevice};
@@ -29,9 +30,11 @@ pub mod jit;
 pub mod lazy;
 pub mod module;
 pub mod parts;
+pub mod replay;
 
 pub use grad::{value_and_grad, Gradients};
 pub use jit::{cache_stats, clear_cache, eval, set_cache_capacity, CacheStats};
 pub use lazy::{eager, no_grad, set_eager, Lazy, LazyTensor};
 pub use module::{DynamicModule, Layer, ModuleList, Param};
 pub use parts::{PartCalls, PartForward};
+pub use replay::{replay_enabled, set_replay};

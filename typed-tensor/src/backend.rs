@@ -243,6 +243,14 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether the calling thread is inside [`Backend::capture`] (or a check of a
+    /// capture's rules) on `device`: work it starts now becomes part of that capture.
+    /// The default never captures.
+    fn capturing(device: &Self::Device) -> bool {
+        let _ = device;
+        false
+    }
+
     /// Whether [`Backend::capture`] captures on `device` (CUDA graphs); the default
     /// never does.
     fn captures(device: &Self::Device) -> bool {
@@ -274,6 +282,15 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
         Ok(false)
     }
 
+    /// An id of `storage`'s buffer that no other buffer of its device gets while the
+    /// process runs, or `None` where the backend keeps none (the default): how a
+    /// captured program knows it is handed the buffer it captured, without holding it
+    /// (holding it would stop its owner updating it in place).
+    fn buffer_id(storage: &Self::Storage) -> Option<u64> {
+        let _ = storage;
+        None
+    }
+
     /// Writes `values` into `tensor`'s own buffer in place (a captured step's inputs,
     /// between replays). The default refuses: only capturing backends need it.
     fn write_host(tensor: &crate::RawTensor<Self>, values: &HostData) -> Result<()> {
@@ -290,7 +307,9 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
 
 /// A step captured on a device and replayed without the host issuing its work again
 /// (a CUDA graph): inputs are written in place before a replay, results read after.
-pub trait Replay {
+/// `Send`, so that a cache shared by threads can keep one (it replays on the thread
+/// that captured it).
+pub trait Replay: Send {
     /// Runs the captured work again.
     fn replay(&self) -> Result<()>;
 }

@@ -45,6 +45,11 @@ pub struct CudaGraph {
     checks: Vec<(u64, Handle, Report)>,
 }
 
+// SAFETY: the graph's handles are driver objects, not tied to a thread: `replay` refuses
+// every thread but the capturing one (whose stream and current context it was recorded
+// with), and destroying them is valid from any thread.
+unsafe impl Send for CudaGraph {}
+
 /// Ends a capture however the step leaves it (an error, a panic), so that the stream
 /// and the device leave capture mode.
 struct CaptureGuard<'a> {

@@ -268,6 +268,14 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
         Ok(true)
     }
 
+    fn buffer_id(storage: &CubeStorage<R>) -> Option<u64> {
+        Some(storage.id)
+    }
+
+    fn capturing(device: &CubeDevice<R>) -> bool {
+        device.state.recorder.recording_here()
+    }
+
     fn captures(device: &CubeDevice<R>) -> bool {
         let _ = device;
         R::CAPTURES

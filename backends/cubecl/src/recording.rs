@@ -106,7 +106,12 @@ impl Recorder {
         recordings.get_mut(&std::thread::current().id()).map(f)
     }
 
-    /// Whether a CUDA graph is being captured on the calling thread.
+    /// Whether the calling thread records (captures a graph or checks a capture's rules).
+    pub(crate) fn recording_here(&self) -> bool {
+        self.with_mine(|_| ()).is_some()
+    }
+
+    /// Whether the calling thread captures a CUDA graph (not only checks the rules).
     pub(crate) fn capturing_graph_here(&self) -> bool {
         self.with_mine(|r| r.graph).unwrap_or(false)
     }

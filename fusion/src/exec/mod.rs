@@ -65,6 +65,18 @@ impl<B: Backend> Program<B> {
         &self.plan
     }
 
+    /// The compiled loops it runs with (see [`Natives`]).
+    pub fn natives(&self) -> &'static Natives {
+        self.natives
+    }
+
+    /// Lets go of the buffers kept for the next run (a program whose work another one
+    /// now does, such as a captured copy of it): the next run allocates its own.
+    pub fn release_buffers(&mut self) {
+        self.buffers.arena.iter_mut().for_each(|slot| *slot = None);
+        self.buffers.scratch = None;
+    }
+
     /// Runs the plan on `inputs` (in the plan's input order) in the context `cx`.
     /// Returns the plan's outputs, in order, or `None` when the inputs are valid but
     /// the plan does not describe their shapes (see `resolve`): run them op by op.

@@ -183,20 +183,47 @@ fn w2_dynamic<B: Backend>(x: &kiln::dynamic::LazyTensor<B>) -> Result<RawTensor<
 fn dynamic<B: Backend>(dev: &B::Device, name: &str, reps: usize, n: usize) -> Result<()> {
     use kiln::dynamic::LazyTensor;
     use kiln_models::dynamic::DynamicMlp;
+    // Each step with its cached program replayed where the backend captures (CUDA),
+    // then with replay off; the counters say which ran.
     fn step<B: Backend, const BS: usize>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
-        let (_, mut opt, x, y) = w1_setup::<B, BS>(dev)?;
-        let mut model = DynamicMlp::<B>::new(784, 1024, 10, dev, 1)?;
-        let (x, y) = (
-            LazyTensor::from_raw(x.raw().clone()),
-            LazyTensor::from_raw(y.raw().clone()),
-        );
-        let ms = time_ms::<B>(dev, reps, || {
-            let grads = model.loss(&x, &y)?.backward()?;
-            opt.step(&mut model, &grads)
-        })?;
-        println!(
-            "bench=W1 impl=kiln backend={name} variant=dynamic task=train batch={BS} ms={ms:.3}"
-        );
+        for replay in [true, false] {
+            kiln::dynamic::set_replay(replay);
+            let (_, mut opt, x, y) = w1_setup::<B, BS>(dev)?;
+            let mut model = DynamicMlp::<B>::new(784, 1024, 10, dev, 1)?;
+            let (x, y) = (
+                LazyTensor::from_raw(x.raw().clone()),
+                LazyTensor::from_raw(y.raw().clone()),
+            );
+            let before = kiln::dynamic::cache_stats::<B>();
+            let ms = time_ms::<B>(dev, reps, || {
+                let grads = model.loss(&x, &y)?.backward()?;
+                opt.step(&mut model, &grads)
+            })?;
+            let after = kiln::dynamic::cache_stats::<B>();
+            let variant = if replay {
+                "dynamic"
+            } else {
+                "dynamic-noreplay"
+            };
+            println!(
+                "bench=W1 impl=kiln backend={name} variant={variant} task=train batch={BS} ms={ms:.3} captures={} replays={}",
+                after.captures - before.captures,
+                after.replays - before.replays
+            );
+            // Queued back to back, as `w1`'s static train-pipelined figure.
+            let steps = reps.max(1) * 5;
+            let ms = time_ms::<B>(dev, 3, || {
+                for _ in 0..steps {
+                    let grads = model.loss(&x, &y)?.backward()?;
+                    opt.step(&mut model, &grads)?;
+                }
+                Ok(())
+            })? / steps as f64;
+            println!(
+                "bench=W1 impl=kiln backend={name} variant={variant} task=train-pipelined batch={BS} ms={ms:.3}"
+            );
+        }
+        kiln::dynamic::set_replay(true);
         Ok(())
     }
     step::<B, 256>(dev, name, reps)?;

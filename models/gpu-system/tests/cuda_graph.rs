@@ -4,8 +4,8 @@
 //! could not repeat (a host copy, a synchronisation, state replaced instead of updated
 //! in place) makes the capture fail with an error and leaves the device usable; bad
 //! labels in a replay are reported at the next read, once, and the graph goes on.
-//! (A graph replays on the thread that captured it: `CudaGraph` is neither `Send` nor
-//! `Sync`, so the compiler holds that.)
+//! (A graph replays on the thread that captured it: `CudaGraph` is `Send`, so that a
+//! cache may keep one, and `replay` refuses any other thread.)
 
 #![cfg(feature = "cuda")]
 
@@ -102,6 +102,30 @@ fn replays_train_exactly_as_eager_steps() -> Result<()> {
     let first = Mlp::<Cuda>::init(&dev, 7)?.forward(&probe)?.to_vec()?;
     assert_ne!(first, eager.forward(&probe)?.to_vec()?);
     Ok(())
+}
+
+#[test]
+fn a_graph_sent_to_another_thread_refuses_to_replay_there() -> Result<()> {
+    let dev = device();
+    let mut model = Mlp::<Cuda>::init(&dev, 5)?;
+    let mut opt = sgd(0.9)?;
+    let (x0, y0) = batch(0, &dev)?;
+    let x = Images::from_vec(x0, &[BATCH, 784], &dev)?;
+    let y = Labels::from_vec(y0, &[BATCH], &dev)?;
+    eager_step(&mut model, &mut opt, &x, &y)?;
+    let (graph, _) = capture_step(&dev, &mut model, &mut opt, &x, &y)?;
+    let graph = std::thread::spawn(move || {
+        let refused = graph.replay().expect_err("replayed on another thread");
+        assert!(
+            refused.to_string().contains("thread that captured it"),
+            "{refused}"
+        );
+        graph
+    })
+    .join()
+    .expect("the other thread");
+    graph.replay()?;
+    Cuda::synchronize(&dev)
 }
 
 #[test]
