@@ -160,6 +160,18 @@ fn w2<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     let ms = time_ms::<B>(dev, reps, || model.forward(&typed).map(|_| ()))?;
     let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
     println!("bench=W2 impl=kiln backend={name} variant=fused n={n} ms={ms:.3} gbps={gbps:.1} max_rel_err={worst:.1e}");
+    // Ten passes queued before one synchronisation: the kernel's own rate, without the
+    // round trip of a synchronisation per pass in the figure above.
+    let ms = time_ms::<B>(dev, reps, || {
+        for _ in 0..10 {
+            model.forward(&typed)?;
+        }
+        Ok(())
+    })? / 10.0;
+    let gbps = (n * 8) as f64 / (ms * 1e-3) / 1e9;
+    println!(
+        "bench=W2 impl=kiln backend={name} variant=fused-queued n={n} ms={ms:.3} gbps={gbps:.1}"
+    );
     Ok(())
 }
 
@@ -513,7 +525,55 @@ fn ops<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
         let ms = time_ms::<B>(dev, reps, || f().map(|_| ()))?;
         println!("bench=op impl=kiln backend={name} op={label} ms={ms:.3}");
     }
+
     Ok(())
+}
+
+/// The host's cost per launch: a small op (relu of 64×1024) and one whose device work
+/// is nothing (relu of 16), each queued 200 times before one synchronisation, with the
+/// calling thread's CPU time per launch; then the round trip of one tiny launch and a
+/// synchronisation.
+fn launch<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
+    let dist = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    let r = |d: &[usize], seed| RawTensor::<B>::rand(d, dist, seed, DType::F32, dev);
+    let queued = 200;
+    for (label, x) in [
+        ("relu_64x1024", r(&[64, 1024], 4)?),
+        ("relu_16", r(&[16], 6)?),
+    ] {
+        let cpu_start = thread_cpu_ms();
+        let ms = time_ms::<B>(dev, reps, || {
+            for _ in 0..queued {
+                x.relu()?;
+            }
+            Ok(())
+        })? / queued as f64;
+        // The calling thread's CPU time per launch, over every rep and the warm-ups
+        // (synchronisations included: waits do not count).
+        let host_us = 1e3 * (thread_cpu_ms() - cpu_start) / ((reps.max(1) + 2) * queued) as f64;
+        println!(
+            "bench=op impl=kiln backend={name} op={label} task=amortised ms={ms:.4} host_us={host_us:.2}"
+        );
+    }
+    // One launch and a synchronisation: the round trip a read waits for at least.
+    let tiny = r(&[16], 6)?;
+    let ms = time_ms::<B>(dev, reps * 5, || tiny.relu().map(|_| ()))?;
+    println!("bench=op impl=kiln backend={name} op=relu_16 task=synchronised ms={ms:.4}");
+    Ok(())
+}
+
+/// The CPU time the calling thread has used, in milliseconds.
+fn thread_cpu_ms() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write and a clock every Linux has.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 * 1e3 + t.tv_nsec as f64 * 1e-6
 }
 
 /// Runs every family of the conformance suite (what `conformance_tests!` expands to),
@@ -642,6 +702,7 @@ fn run<B: Backend>(
             "dynamic-first" => dynamic_first::<B>(dev, name, reps),
             "mnist" => mnist::<B>(dev, name, epochs, data),
             "ops" => ops::<B>(dev, name, reps),
+            "launch" => launch::<B>(dev, name, reps),
             "attention" => attention::<B>(dev, name, reps),
             #[cfg(feature = "cuda")]
             "w1graph" if name == "cuda" => kiln_cubecl::CudaDevice::first().and_then(|d| {
@@ -677,7 +738,7 @@ fn run<B: Backend>(
             }
             other => Err(kiln_tensor::Error::invalid(
                 "gpu_bench",
-                format!("unknown workload {other:?} (known: w1, w2, w4, attention, dynamic, dynamic-first, mnist, ops, conformance; on cuda also w1graph, w1profile, dynprofile-w1, dynprofile-w2)"),
+                format!("unknown workload {other:?} (known: w1, w2, w4, attention, dynamic, dynamic-first, mnist, ops, launch, conformance; on cuda also w1graph, w1profile, dynprofile-w1, dynprofile-w2)"),
             )),
         };
         if let Err(e) = r {
