@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -356,6 +356,19 @@ case $W in
     run 150 $B/gpu_bench --backend wgpu --workloads w1,w2,dynamic --reps 10
     [ -x $B/dynamic_equal_test ] && run 200 $B/dynamic_equal_test --test-threads 1
     run 200 python3 $B/bench_gpu.py --reps 20 --compile ;;
+  hostcost)
+    # Issue 32's figures in one call, CUDA and Vulkan side by side: the kernel-cache
+    # tests on both (kernel_cache_test: `-p kiln-cubecl --features wgpu,cuda --test
+    # kernel_cache`; thousands of queued launches keep their constants), the conformance
+    # suite on Vulkan, then per backend the host cost per launch (`launch`), W1 (step,
+    # pipelined, batch-1 inference), W2 (with ten passes queued per synchronisation) and
+    # the dynamic path (replayed on CUDA), and PyTorch's figures for the same work.
+    run 120 $B/kernel_cache_test --test-threads 1
+    run 150 $B/gpu_bench --backend wgpu --workloads conformance
+    for d in cuda wgpu; do
+      run 300 $B/gpu_bench --backend $d --workloads launch,w1,w2,dynamic --reps 20
+    done
+    run 200 python3 $B/bench_gpu.py --reps 20 ;;
   dynreplay)
     # Dynamic programs replayed as CUDA graphs (issue 32, item 4): kiln-dynamic's replay
     # scenarios and the dynamic MLP's training replayed against plain runs

@@ -532,7 +532,7 @@ fn ops<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
 /// The host's cost per launch: a small op (relu of 64×1024) and one whose device work
 /// is nothing (relu of 16), each queued 200 times before one synchronisation, with the
 /// calling thread's CPU time per launch; then the round trip of one tiny launch and a
-/// synchronisation.
+/// synchronisation, and of one tiny launch and a read of its result.
 fn launch<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     let dist = RandDist::Normal {
         mean: 0.0,
@@ -562,6 +562,9 @@ fn launch<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     let tiny = r(&[16], 6)?;
     let ms = time_ms::<B>(dev, reps * 5, || tiny.relu().map(|_| ()))?;
     println!("bench=op impl=kiln backend={name} op=relu_16 task=synchronised ms={ms:.4}");
+    // One launch and its result read back (batch-1 inference's pattern).
+    let ms = time_ms::<B>(dev, reps * 5, || tiny.relu()?.to_vec::<f32>().map(|_| ()))?;
+    println!("bench=op impl=kiln backend={name} op=relu_16 task=read ms={ms:.4}");
     Ok(())
 }
 

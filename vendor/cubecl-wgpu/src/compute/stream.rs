@@ -242,6 +242,19 @@ impl WgpuStream {
             }
         }
 
+        // Kiln patch: on native targets the calling thread waits for the copies itself
+        // (which runs the mapping callbacks), instead of waking the polling thread.
+        #[cfg(not(target_family = "wasm"))]
+        let poll = if let Err(e) = self.device.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        }) {
+            log::warn!("wgpu: waiting for a read's copies failed ({e}); polling instead");
+            Some(self.poll.start_polling())
+        } else {
+            None
+        };
+        #[cfg(target_family = "wasm")]
         let poll = self.poll.start_polling();
 
         Box::pin(async move {
