@@ -363,11 +363,14 @@ case $W in
     # suite on Vulkan, then per backend the host cost per launch (`launch`), W1 (step,
     # pipelined, batch-1 inference), W2 (with ten passes queued per synchronisation) and
     # the dynamic path (replayed on CUDA), and PyTorch's figures for the same work.
-    run 120 $B/kernel_cache_test --test-threads 1
+    [ -x $B/kernel_cache_test ] && run 120 $B/kernel_cache_test --test-threads 1
     run 150 $B/gpu_bench --backend wgpu --workloads conformance
     for d in cuda wgpu; do
       run 300 $B/gpu_bench --backend $d --workloads launch,w1,w2,dynamic --reps 20
     done
+    # The baseline, where carried (gpu_bench_base.xz: the same source built without the
+    # cubecl-wgpu patch and with wgpu's debug assertions, as dev builds had them).
+    [ -x $B/gpu_bench_base ] && run 200 $B/gpu_bench_base --backend wgpu --workloads launch,w1,w2 --reps 20
     run 200 python3 $B/bench_gpu.py --reps 20 ;;
   dynreplay)
     # Dynamic programs replayed as CUDA graphs (issue 32, item 4): kiln-dynamic's replay
