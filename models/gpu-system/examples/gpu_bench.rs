@@ -657,7 +657,7 @@ fn attention<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()>
                 // The two spellings round differently (the fused kernel rounds bf16
                 // weights before their product with v); more than that is a wrong kernel.
                 let tolerance = if dtype == DType::F32 { 1e-4 } else { 0.1 };
-                if !(diff <= tolerance) {
+                if diff.is_nan() || diff > tolerance {
                     return Err(kiln_tensor::Error::Device(format!(
                         "attention {dtype} T={t} causal={causal}: fused differs from the primitives by {diff:e}"
                     )));
