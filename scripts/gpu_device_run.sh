@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -372,6 +372,17 @@ case $W in
     # cubecl-wgpu patch and with wgpu's debug assertions, as dev builds had them).
     [ -x $B/gpu_bench_base ] && run 200 $B/gpu_bench_base --backend wgpu --workloads launch,w1,w2 --reps 20
     run 200 python3 $B/bench_gpu.py --reps 20 ;;
+  submitab)
+    # The first submission after an idle wait sent after 4 tasks (doubling to 32)
+    # against always 32: W1 and the launch figures on Vulkan, the new build
+    # (gpu_bench.xz, `--features wgpu`) and the one before it (gpu_bench_prev.xz)
+    # alternating twice.
+    for i in 1 2; do
+      for b in gpu_bench_prev gpu_bench; do
+        echo "== $b (round $i)"
+        run 150 $B/$b --backend wgpu --workloads launch,w1 --reps 20 | grep -v "4096\|unfused"
+      done
+    done ;;
   dynreplay)
     # Dynamic programs replayed as CUDA graphs (issue 32, item 4): kiln-dynamic's replay
     # scenarios and the dynamic MLP's training replayed against plain runs

@@ -11,35 +11,54 @@ use kiln_tensor::fused::{ExprStep, FusedExpr};
 use kiln_tensor::{Backend, BinaryOp, DType, Dims, RawTensor, Result};
 
 #[cfg(feature = "wgpu")]
+fn wgpu() -> kiln_cubecl::WgpuDevice {
+    kiln_cubecl::WgpuDevice::first()
+        .unwrap_or_else(|e| panic!("no wgpu device for the kernel-cache test: {e}"))
+}
+
+#[cfg(feature = "cuda")]
+fn cuda() -> kiln_cubecl::CudaDevice {
+    kiln_cubecl::CudaDevice::first()
+        .unwrap_or_else(|e| panic!("no CUDA device for the kernel-cache test: {e}"))
+}
+
+#[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_new_constants_reuse_the_compiled_kernel() -> Result<()> {
-    let dev = kiln_cubecl::WgpuDevice::first()
-        .unwrap_or_else(|e| panic!("no wgpu device for the kernel-cache test: {e}"));
-    new_constants_reuse_the_compiled_kernel(&dev)
+    new_constants_reuse_the_compiled_kernel(&wgpu())
 }
 
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_new_constants_reuse_the_compiled_kernel() -> Result<()> {
-    let dev = kiln_cubecl::CudaDevice::first()
-        .unwrap_or_else(|e| panic!("no CUDA device for the kernel-cache test: {e}"));
-    new_constants_reuse_the_compiled_kernel(&dev)
+    new_constants_reuse_the_compiled_kernel(&cuda())
 }
 
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_queued_launches_keep_their_constants() -> Result<()> {
-    let dev = kiln_cubecl::WgpuDevice::first()
-        .unwrap_or_else(|e| panic!("no wgpu device for the kernel-cache test: {e}"));
-    queued_launches_keep_their_constants(&dev)
+    queued_launches_keep_their_constants(&wgpu())
 }
 
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_queued_launches_keep_their_constants() -> Result<()> {
-    let dev = kiln_cubecl::CudaDevice::first()
-        .unwrap_or_else(|e| panic!("no CUDA device for the kernel-cache test: {e}"));
-    queued_launches_keep_their_constants(&dev)
+    queued_launches_keep_their_constants(&cuda())
+}
+
+/// `x * c - 0.5`, an expression shape no other test uses.
+fn scaled_less_half(c: f32) -> FusedExpr {
+    FusedExpr {
+        inputs: 1,
+        steps: vec![
+            ExprStep::Input(0),
+            ExprStep::Const(c),
+            ExprStep::Binary(BinaryOp::Mul, 0, 1),
+            ExprStep::Const(0.5),
+            ExprStep::Binary(BinaryOp::Sub, 2, 3),
+        ],
+        results: vec![4],
+    }
 }
 
 /// `x * c - 0.5` for 5,000 constants queued before any read (more distinct kernel
@@ -52,17 +71,7 @@ fn queued_launches_keep_their_constants<R: kiln_cubecl::KilnRuntime>(
     type G<R> = kiln_cubecl::CubeBackend<R>;
     let x = RawTensor::<G<R>>::from_vec(vec![1f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], &[8], dev)?;
     let dims = Dims::new(&[8])?;
-    let expr = |c: f32| FusedExpr {
-        inputs: 1,
-        steps: vec![
-            ExprStep::Input(0),
-            ExprStep::Const(c),
-            ExprStep::Binary(BinaryOp::Mul, 0, 1),
-            ExprStep::Const(0.5),
-            ExprStep::Binary(BinaryOp::Sub, 2, 3),
-        ],
-        results: vec![4],
-    };
+    let expr = scaled_less_half;
     let n = 5000;
     let constant = |round: usize, i: usize| (i + round * n) as f32 * 0.25;
     let mut outs = (0..n)
@@ -108,18 +117,7 @@ fn new_constants_reuse_the_compiled_kernel<R: kiln_cubecl::KilnRuntime>(
     let x = RawTensor::<G<R>>::from_vec(vec![1f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], &[8], dev)?;
     let mut out = G::<R>::alloc(dev, DType::F32, 8)?;
     let dims = Dims::new(&[8])?;
-    // A shape of expression no other test uses: x * c - 0.5.
-    let expr = |c: f32| FusedExpr {
-        inputs: 1,
-        steps: vec![
-            ExprStep::Input(0),
-            ExprStep::Const(c),
-            ExprStep::Binary(BinaryOp::Mul, 0, 1),
-            ExprStep::Const(0.5),
-            ExprStep::Binary(BinaryOp::Sub, 2, 3),
-        ],
-        results: vec![4],
-    };
+    let expr = scaled_less_half;
     G::<R>::fused_elementwise(dev, &expr(1.0), None, &[x.view()], &dims, &mut [&mut out])?;
     let compiled = dev.fused_kernels();
     for step in 0..40 {

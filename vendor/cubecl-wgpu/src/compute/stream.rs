@@ -50,7 +50,16 @@ pub struct WgpuStream {
     /// written once and kept, so that launches with the same metadata bind the same
     /// buffer and their bind groups can be reused.
     uniforms: UniformCache,
+    /// Kiln patch: the tasks recorded before the next submission. After the host has
+    /// waited for the queue (a synchronisation, a read) the device is idle, so the
+    /// first submission goes after [`FIRST_SUBMISSION`] tasks and each next one after
+    /// twice as many, up to `tasks_max`: the device starts on a step while the host
+    /// records the rest of it.
+    submit_after: usize,
 }
+
+/// Kiln patch: tasks in the first submission after the device went idle.
+const FIRST_SUBMISSION: usize = 4;
 
 /// Kiln patch: what a bind group binds, which determines it wholly: the pipeline (its
 /// layout) and each entry's buffer, offset and size.
@@ -139,6 +148,7 @@ impl WgpuStream {
             pending_write_count: 0,
             bind_groups: BindGroupCache::default(),
             uniforms: UniformCache::default(),
+            submit_after: FIRST_SUBMISSION,
         }
     }
 
@@ -244,6 +254,9 @@ impl WgpuStream {
 
         // Kiln patch: on native targets the calling thread waits for the copies itself
         // (which runs the mapping callbacks), instead of waking the polling thread.
+        if cfg!(not(target_family = "wasm")) {
+            self.submit_after = FIRST_SUBMISSION;
+        }
         #[cfg(not(target_family = "wasm"))]
         let poll = if let Err(e) = self.device.poll(wgpu::PollType::Wait {
             submission_index: None,
@@ -408,6 +421,7 @@ impl WgpuStream {
                 submission_index: None,
                 timeout: None,
             });
+            self.submit_after = FIRST_SUBMISSION;
             return Box::pin(async move {
                 if let Err(e) = waited {
                     return Err(ServerError::Generic {
@@ -562,13 +576,15 @@ impl WgpuStream {
         // Flush when there are too many tasks, or when too many handles are locked.
         // Locked handles should only accumulate in rare circumstances (where uniforms
         // are being created but no work is submitted).
-        if self.tasks_count >= self.tasks_max {
+        // Kiln patch: the threshold grows from `FIRST_SUBMISSION` after an idle wait.
+        if self.tasks_count >= self.submit_after.min(self.tasks_max) {
             let _ = self
                 .flush(StreamErrorMode {
                     ignore: true,
                     flush: false,
                 })
                 .ok();
+            self.submit_after = (self.submit_after * 2).min(self.tasks_max);
         }
     }
 
