@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -372,6 +372,27 @@ case $W in
     # cubecl-wgpu patch and with wgpu's debug assertions, as dev builds had them).
     [ -x $B/gpu_bench_base ] && run 200 $B/gpu_bench_base --backend wgpu --workloads launch,w1,w2 --reps 20
     run 200 python3 $B/bench_gpu.py --reps 20 ;;
+  products)
+    # wgpu's products split over K with the next step's tiles loaded during the current
+    # one's arithmetic, and waits that poll before blocking (issue 32): each product of
+    # W1's batch-256 step and batch-1 inference on Vulkan, split (auto) and unsplit, each
+    # checked against an f64 reference; then W1 and the round trips on Vulkan with the
+    # new build (gpu_bench.xz, `--features wgpu,cuda`), the same with waits that block at
+    # once (--wait-spin-us 0), and the build before both (gpu_bench_prev.xz), alternating
+    # twice; W2 and W4 on Vulkan; CUDA's figures for the same work in the same call.
+    run 200 $B/gpu_bench --backend wgpu --workloads products --reps 10
+    for i in 1 2; do
+      for v in new spin0 prev; do
+        echo "== $v (round $i)"
+        case $v in
+          new) run 150 $B/gpu_bench --backend wgpu --workloads launch,w1 --reps 20 ;;
+          spin0) run 150 $B/gpu_bench --backend wgpu --wait-spin-us 0 --workloads launch,w1 --reps 20 ;;
+          prev) run 150 $B/gpu_bench_prev --backend wgpu --workloads launch,w1 --reps 20 ;;
+        esac | grep -v "relu_64x1024\|unfused"
+      done
+    done
+    run 150 $B/gpu_bench --backend wgpu --workloads w2,w4 --reps 20
+    run 200 $B/gpu_bench --backend cuda --workloads products,launch,w1,w2 --reps 20 ;;
   submitab)
     # The first submission after an idle wait sent after 4 tasks (doubling to 32)
     # against always 32: W1 and the launch figures on Vulkan, the new build

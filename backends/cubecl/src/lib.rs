@@ -112,6 +112,7 @@ pub mod wgpu;
 pub use device::{CubeDevice, DeviceState, KilnRuntime};
 #[cfg(feature = "cuda")]
 pub use graph::{write_into, CudaGraph};
+pub use ops::matmul::{product_kernel, set_product_kernel, ProductKernel};
 pub use storage::CubeStorage;
 
 use crate::strided::Operand;

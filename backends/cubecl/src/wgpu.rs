@@ -15,6 +15,13 @@
 //! refusal into the same error. Any other error the driver reports outside a scope is
 //! kept and returned at the next synchronisation, instead of wgpu's default handler
 //! panicking.
+//!
+//! A synchronisation or a read waits on the calling thread, polling the queue for up to
+//! [`wait_spin_us`] microseconds before it blocks (GPU adapters; lavapipe blocks at
+//! once, its work needing the cores): a short step's end is seen as it happens rather
+//! than after a blocked thread's wake-up.
+
+pub use cubecl::wgpu::{set_wait_spin_us, wait_spin_us, DEFAULT_WAIT_SPIN_US};
 
 use crate::device::{CubeDevice, DeviceState, KilnRuntime, Opened};
 use cubecl::server::Handle;

@@ -6,7 +6,9 @@
 //! `cargo run --release -p kiln-gpu-system --features cuda,wgpu --example gpu_bench -- \
 //!     --backend cuda --workloads w1,w2,w4,mnist`
 //! (`dynamic` and `dynamic-first`: the same work on the dynamic path, and its first
-//! compile; run `dynamic-first` first in its process).
+//! compile; run `dynamic-first` first in its process). On wgpu, `--product-kernel
+//! auto|unsplit|direct` pins the product kernel and `--wait-spin-us N` sets how long a
+//! wait polls before it blocks, for A/B runs of one binary.
 
 #![cfg_attr(
     not(any(feature = "cuda", feature = "wgpu")),
@@ -529,6 +531,101 @@ fn ops<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
     Ok(())
 }
 
+/// Each matrix product of W1's batch-256 training step and of its batch-1 inference
+/// (`m×k×n`; `t` marks an operand read transposed), queued 20 times before one
+/// synchronisation: the device time per product. On wgpu, once with the kernel Kiln
+/// picks (split over K where the output has few tiles) and once pinned to the unsplit
+/// tiled kernel; CUDA's products are cuBLASLt's either way.
+fn products<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> {
+    let dist = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    let r = |d: &[usize], seed| RawTensor::<B>::rand(d, dist, seed, DType::F32, dev);
+    // (label, a's stored dims, transposed, b's stored dims, transposed)
+    let shapes: [(&str, [usize; 2], bool, [usize; 2], bool); 11] = [
+        ("256x784x1024", [256, 784], false, [784, 1024], false),
+        ("256x1024x1024", [256, 1024], false, [1024, 1024], false),
+        ("256x1024x10", [256, 1024], false, [1024, 10], false),
+        ("256x10x1024_bt", [256, 10], false, [1024, 10], true),
+        ("256x1024x1024_bt", [256, 1024], false, [1024, 1024], true),
+        ("1024x256x10_at", [256, 1024], true, [256, 10], false),
+        ("1024x256x1024_at", [256, 1024], true, [256, 1024], false),
+        ("784x256x1024_at", [256, 784], true, [256, 1024], false),
+        ("1x784x1024", [1, 784], false, [784, 1024], false),
+        ("1x1024x1024", [1, 1024], false, [1024, 1024], false),
+        ("1x1024x10", [1, 1024], false, [1024, 10], false),
+    ];
+    let queued = 20;
+    let pins: &[(&str, kiln_cubecl::ProductKernel)] = if name == "wgpu" {
+        &[
+            ("auto", kiln_cubecl::ProductKernel::Auto),
+            ("unsplit", kiln_cubecl::ProductKernel::Tiled { splits: 1 }),
+        ]
+    } else {
+        &[("auto", kiln_cubecl::ProductKernel::Auto)]
+    };
+    for (i, (label, ad, at, bd, bt)) in shapes.into_iter().enumerate() {
+        let view = |t: RawTensor<B>, transposed: bool| {
+            if transposed {
+                t.transpose(0, 1)
+            } else {
+                Ok(t)
+            }
+        };
+        let a = view(r(&ad, 10 + i as u64)?, at)?;
+        let b = view(r(&bd, 40 + i as u64)?, bt)?;
+        let (m, k, n) = (a.dims()[0], a.dims()[1], b.dims()[1]);
+        for &(kernel, pin) in pins {
+            kiln_cubecl::set_product_kernel(pin);
+            let ms = time_ms::<B>(dev, reps, || {
+                for _ in 0..queued {
+                    a.matmul(&b)?;
+                }
+                Ok(())
+            });
+            let checked = check_product(&a, &b);
+            kiln_cubecl::set_product_kernel(kiln_cubecl::ProductKernel::Auto);
+            checked.map_err(|e| {
+                kiln_tensor::Error::Device(format!("product {label} ({kernel}): {e}"))
+            })?;
+            let ms = ms? / queued as f64;
+            let tflops = 2.0 * (m * k * n) as f64 / (ms * 1e-3) / 1e12;
+            println!(
+                "bench=product impl=kiln backend={name} shape={label} kernel={kernel} ms={ms:.4} tflops={tflops:.2}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `a · b` against an f64 product on the host at 64 spread-out elements, each within
+/// the rounding of a K-term f32 sum: a benchmark of a wrong kernel fails.
+fn check_product<B: Backend>(a: &RawTensor<B>, b: &RawTensor<B>) -> Result<()> {
+    let (m, k, n) = (a.dims()[0], a.dims()[1], b.dims()[1]);
+    let got = a.matmul(b)?.to_vec::<f32>()?;
+    let (av, bv) = (
+        a.contiguous()?.to_vec::<f32>()?,
+        b.contiguous()?.to_vec::<f32>()?,
+    );
+    for s in 0..64 {
+        let (i, j) = ((s * 7919) % m, (s * 104_729) % n);
+        let (mut exact, mut magnitude) = (0f64, 0f64);
+        for kk in 0..k {
+            let p = av[i * k + kk] as f64 * bv[kk * n + j] as f64;
+            exact += p;
+            magnitude += p.abs();
+        }
+        let g = got[i * n + j] as f64;
+        if (g - exact).abs() > (k as f64 + 2.0) * 1.2e-7 * magnitude {
+            return Err(kiln_tensor::Error::Device(format!(
+                "[{i}, {j}] is {g}, the f64 reference {exact}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The host's cost per launch: a small op (relu of 64×1024) and one whose device work
 /// is nothing (relu of 16), each queued 200 times before one synchronisation, with the
 /// calling thread's CPU time per launch; then the round trip of one tiny launch and a
@@ -706,6 +803,7 @@ fn run<B: Backend>(
             "mnist" => mnist::<B>(dev, name, epochs, data),
             "ops" => ops::<B>(dev, name, reps),
             "launch" => launch::<B>(dev, name, reps),
+            "products" => products::<B>(dev, name, reps),
             "attention" => attention::<B>(dev, name, reps),
             #[cfg(feature = "cuda")]
             "w1graph" if name == "cuda" => kiln_cubecl::CudaDevice::first().and_then(|d| {
@@ -741,7 +839,7 @@ fn run<B: Backend>(
             }
             other => Err(kiln_tensor::Error::invalid(
                 "gpu_bench",
-                format!("unknown workload {other:?} (known: w1, w2, w4, attention, dynamic, dynamic-first, mnist, ops, launch, conformance; on cuda also w1graph, w1profile, dynprofile-w1, dynprofile-w2)"),
+                format!("unknown workload {other:?} (known: w1, w2, w4, attention, dynamic, dynamic-first, mnist, ops, launch, products, conformance; on cuda also w1graph, w1profile, dynprofile-w1, dynprofile-w2)"),
             )),
         };
         if let Err(e) = r {
@@ -790,6 +888,25 @@ fn main() {
             std::process::exit(2)
         }
     }
+    // `--wait-spin-us N`: how long wgpu's waits poll before blocking (A/B of the wait).
+    #[cfg(feature = "wgpu")]
+    if args.iter().any(|a| a == "--wait-spin-us") {
+        let us = number("--wait-spin-us", "0");
+        kiln_cubecl::wgpu::set_wait_spin_us(u32::try_from(us).unwrap_or_else(|_| {
+            eprintln!("error: --wait-spin-us takes at most {}, got {us}", u32::MAX);
+            std::process::exit(2)
+        }));
+    }
+    // `--product-kernel`: wgpu's product kernel for every workload (auto: Kiln's choice).
+    kiln_cubecl::set_product_kernel(match get("--product-kernel", "auto").as_str() {
+        "auto" => kiln_cubecl::ProductKernel::Auto,
+        "unsplit" => kiln_cubecl::ProductKernel::Tiled { splits: 1 },
+        "direct" => kiln_cubecl::ProductKernel::Direct,
+        other => {
+            eprintln!("error: --product-kernel takes auto, unsplit or direct, got {other:?}");
+            std::process::exit(2)
+        }
+    });
     // Every failure (a workload, a device that does not open, an unknown backend)
     // makes the exit status non-zero, so scripts and CI see it.
     let ok = match backend.as_str() {

@@ -56,6 +56,32 @@ pub struct WgpuStream {
     /// twice as many, up to `tasks_max`: the device starts on a step while the host
     /// records the rest of it.
     submit_after: usize,
+    /// Kiln patch: whether the adapter is a CPU driver (lavapipe), whose work runs on
+    /// the cores a spinning wait would take: waits there block at once.
+    cpu_adapter: bool,
+}
+
+/// Kiln patch: how long a wait for the queue polls before it blocks, in microseconds
+/// (0: it blocks at once). Set by [`set_wait_spin_us`].
+static WAIT_SPIN_US: std::sync::atomic::AtomicU32 =
+    std::sync::atomic::AtomicU32::new(DEFAULT_WAIT_SPIN_US);
+
+/// Kiln patch: the default of [`WAIT_SPIN_US`]: a small model's step or inference ends
+/// within it and is seen at once; a blocked thread's wake-up cost 25–35 µs a wait on an
+/// H100's Vulkan. Spinning holds one core for at most this long per wait, as CUDA's
+/// default synchronisation does.
+pub const DEFAULT_WAIT_SPIN_US: u32 = 1000;
+
+/// Kiln patch: how long a wait for the queue (a synchronisation, a read) polls on the
+/// calling thread before it blocks, on GPU adapters (CPU adapters always block at
+/// once), for every device of the process. 0 blocks at once.
+pub fn set_wait_spin_us(us: u32) {
+    WAIT_SPIN_US.store(us, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Kiln patch: the time set by [`set_wait_spin_us`].
+pub fn wait_spin_us() -> u32 {
+    WAIT_SPIN_US.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Kiln patch: tasks in the first submission after the device went idle.
@@ -124,6 +150,7 @@ impl WgpuStream {
         };
 
         let poll = WgpuPoll::new(device.clone());
+        let cpu_adapter = device.adapter_info().device_type == wgpu::DeviceType::Cpu;
 
         #[allow(unused_mut)]
         let mut mem_manage =
@@ -149,7 +176,35 @@ impl WgpuStream {
             bind_groups: BindGroupCache::default(),
             uniforms: UniformCache::default(),
             submit_after: FIRST_SUBMISSION,
+            cpu_adapter,
         }
+    }
+
+    /// Kiln patch: waits on the calling thread until the queue is empty: polls for up to
+    /// [`wait_spin_us`] on a GPU adapter, then blocks. Polling sees the end of a short
+    /// step as it happens; a blocked thread is woken some tens of microseconds later.
+    #[cfg(not(target_family = "wasm"))]
+    fn wait_for_queue(&self) -> Result<(), wgpu::PollError> {
+        let spin = std::time::Duration::from_micros(if self.cpu_adapter {
+            0
+        } else {
+            wait_spin_us() as u64
+        });
+        if !spin.is_zero() {
+            let start = std::time::Instant::now();
+            while start.elapsed() < spin {
+                if self.device.poll(wgpu::PollType::Poll)?.is_queue_empty() {
+                    return Ok(());
+                }
+                std::hint::spin_loop();
+            }
+        }
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map(|_| ())
     }
 
     /// Enqueue a [`ScheduleTask`] on this stream.
@@ -258,10 +313,7 @@ impl WgpuStream {
             self.submit_after = FIRST_SUBMISSION;
         }
         #[cfg(not(target_family = "wasm"))]
-        let poll = if let Err(e) = self.device.poll(wgpu::PollType::Wait {
-            submission_index: None,
-            timeout: None,
-        }) {
+        let poll = if let Err(e) = self.wait_for_queue() {
             log::warn!("wgpu: waiting for a read's copies failed ({e}); polling instead");
             Some(self.poll.start_polling())
         } else {
@@ -417,10 +469,7 @@ impl WgpuStream {
         // handoffs fewer on every synchronisation.
         #[cfg(not(target_family = "wasm"))]
         {
-            let waited = self.device.poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: None,
-            });
+            let waited = self.wait_for_queue();
             self.submit_after = FIRST_SUBMISSION;
             return Box::pin(async move {
                 if let Err(e) = waited {
