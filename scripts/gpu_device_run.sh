@@ -357,21 +357,20 @@ case $W in
     [ -x $B/dynamic_equal_test ] && run 200 $B/dynamic_equal_test --test-threads 1
     run 200 python3 $B/bench_gpu.py --reps 20 --compile ;;
   hostcost)
-    # Issue 32's figures in one call, CUDA and Vulkan side by side: the kernel-cache
-    # tests on both (kernel_cache_test: `-p kiln-cubecl --features wgpu,cuda --test
-    # kernel_cache`; thousands of queued launches keep their constants), the conformance
-    # suite on Vulkan, then per backend the host cost per launch (`launch`), W1 (step,
-    # pipelined, batch-1 inference), W2 (with ten passes queued per synchronisation) and
-    # the dynamic path (replayed on CUDA), and PyTorch's figures for the same work.
-    [ -x $B/kernel_cache_test ] && run 120 $B/kernel_cache_test --test-threads 1
-    run 150 $B/gpu_bench --backend wgpu --workloads conformance
-    for d in cuda wgpu; do
-      run 300 $B/gpu_bench --backend $d --workloads launch,w1,w2,dynamic --reps 20
-    done
-    # The baseline, where carried (gpu_bench_base.xz: the same source built without the
-    # cubecl-wgpu patch and with wgpu's debug assertions, as dev builds had them).
-    [ -x $B/gpu_bench_base ] && run 200 $B/gpu_bench_base --backend wgpu --workloads launch,w1,w2 --reps 20
-    run 200 python3 $B/bench_gpu.py --reps 20 ;;
+    # Issue 32's figures in one call, CUDA and Vulkan side by side: wgpu's product
+    # kernels against f64 on Vulkan (products_test: `-p kiln-cubecl --features wgpu
+    # --test products_wgpu`, f32 and f16), the kernel-cache tests on both
+    # (kernel_cache_test: `--features wgpu,cuda --test kernel_cache`; thousands of queued
+    # launches keep their constants), the conformance suite on Vulkan, then per backend
+    # the host cost per launch (`launch`), W1 (step, pipelined, batch-1 inference), W2
+    # (with ten passes queued per synchronisation) and W1's products, and PyTorch's
+    # figures for the same work (`conformance` and `dynamic` in calls with more time).
+    [ -x $B/products_test ] && run 60 $B/products_test --test-threads 1
+    [ -x $B/kernel_cache_test ] && run 60 $B/kernel_cache_test --test-threads 1
+    run 60 $B/gpu_bench --backend wgpu --workloads launch,w1,w2,products --reps 20
+    run 60 $B/gpu_bench --backend cuda --workloads launch,w1,w2,products --reps 20
+    run 60 $B/gpu_bench --backend wgpu --workloads launch,w1 --reps 20
+    run 60 python3 $B/bench_gpu.py --reps 20 ;;
   products)
     # wgpu's products split over K with the next step's tiles loaded during the current
     # one's arithmetic, and waits that poll before blocking (issue 32): each product of
