@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Exports the ONNX fixtures of Kiln's importer tests (import/tests/fixtures) with
+PyTorch's TorchScript exporter: each model as `<name>.onnx`, beside it one input and
+PyTorch's output for it in ONNX's own test-data layout (`<name>/input_0.pb`,
+`<name>/output_0.pb`, serialised TensorProtos). Small models with fixed seeds, so the
+files are a few kilobytes and the same on every run of the same PyTorch.
+
+  python3 scripts/onnx_fixtures.py [--out import/tests/fixtures]
+
+Needs torch and onnx (pip install onnx). CI only reads the committed files.
+"""
+import argparse, os
+
+import torch
+import torch.nn as nn
+import onnx
+from onnx import numpy_helper
+
+
+class Mlp(nn.Module):
+    """W1's shape, small: Linear, ReLU, Linear, ReLU, Linear (exported as Gemm)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(20, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+class Cnn(nn.Module):
+    """Conv, batch norm, ReLU, max pool, conv, global average pool, flatten, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.conv2 = nn.Conv2d(4, 8, 3)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = nn.functional.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
+        h = nn.functional.adaptive_avg_pool2d(torch.relu(self.conv2(h)), 1)
+        return self.fc(torch.flatten(h, 1))
+
+
+class Encoder(nn.Module):
+    """Two post-norm transformer encoder blocks over embedded tokens (GELU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu", batch_first=True)
+        self.blocks = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 20)
+
+    def forward(self, tokens):
+        return self.head(self.blocks(self.embed(tokens)))
+
+
+class Decoder(nn.Module):
+    """A two-block causal decoder (a small GPT): learned positions, pre-norm blocks
+    with masked attention written out (the shape subgraphs PyTorch emits around it)."""
+
+    def __init__(self, vocab=20, d=16, heads=2, blocks=2, context=8):
+        super().__init__()
+        self.heads = heads
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
+        self.ln1 = nn.ModuleList(nn.LayerNorm(d) for _ in range(blocks))
+        self.qkv = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(blocks))
+        self.proj = nn.ModuleList(nn.Linear(d, d) for _ in range(blocks))
+        self.ln2 = nn.ModuleList(nn.LayerNorm(d) for _ in range(blocks))
+        self.up = nn.ModuleList(nn.Linear(d, 4 * d) for _ in range(blocks))
+        self.down = nn.ModuleList(nn.Linear(4 * d, d) for _ in range(blocks))
+        self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+    def forward(self, tokens):
+        b, t = tokens.shape
+        x = self.tok(tokens) + self.pos(torch.arange(t, device=tokens.device))
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        for i in range(len(self.qkv)):
+            q, k, v = self.qkv[i](self.ln1[i](x)).chunk(3, dim=-1)
+            split = lambda z: z.reshape(b, t, self.heads, -1).transpose(1, 2)
+            q, k, v = split(q), split(k), split(v)
+            att = (q @ k.transpose(-2, -1)) / (q.shape[-1] ** 0.5)
+            att = torch.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
+            y = (att @ v).transpose(1, 2).reshape(b, t, -1)
+            x = x + self.proj[i](y)
+            x = x + self.down[i](nn.functional.gelu(self.up[i](self.ln2[i](x))))
+        return self.head(self.ln_f(x))
+
+
+def export(name, model, example, out, dynamic, fold=True):
+    model.eval()
+    path = os.path.join(out, f"{name}.onnx")
+    names = ["input"]
+    torch.onnx.export(
+        model, (example,), path, dynamo=False, opset_version=17,
+        input_names=names, output_names=["output"],
+        dynamic_axes={"input": dynamic, "output": dynamic},
+        do_constant_folding=fold,
+    )
+    with torch.no_grad():
+        result = model(example)
+    data = os.path.join(out, name)
+    os.makedirs(data, exist_ok=True)
+    for file, t in (("input_0.pb", example), ("output_0.pb", result)):
+        with open(os.path.join(data, file), "wb") as f:
+            f.write(numpy_helper.from_array(t.numpy()).SerializeToString())
+    ops = onnx.load(path).graph.node
+    print(f"{path}: {len(ops)} nodes, {len({n.op_type for n in ops})} op types, {os.path.getsize(path)} bytes")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="import/tests/fixtures")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    torch.manual_seed(0)
+    export("mlp", Mlp(), torch.randn(3, 20), a.out, {0: "batch"})
+    cnn = Cnn()
+    # Running statistics of a model that has trained, not the initial zeros and ones.
+    cnn.bn1.running_mean.uniform_(-0.5, 0.5)
+    cnn.bn1.running_var.uniform_(0.5, 1.5)
+    # Unfolded, so that the batch norm stays a node of its own rather than folded into
+    # the convolution before it.
+    export("cnn", cnn, torch.randn(2, 1, 8, 8), a.out, {0: "batch"}, fold=False)
+    export("encoder", Encoder(), torch.randint(0, 20, (2, 8)), a.out, {0: "batch", 1: "sequence"})
+    export("decoder", Decoder(), torch.randint(0, 20, (2, 8)), a.out, {0: "batch", 1: "sequence"})
+
+
+if __name__ == "__main__":
+    main()
