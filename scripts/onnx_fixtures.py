@@ -28,6 +28,19 @@ class Mlp(nn.Module):
         return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
 
 
+class MatMulMlp(nn.Module):
+    """Layers written as products with bare parameters (exported as MatMul then Add),
+    with tanh and sigmoid between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.b1 = nn.Parameter(torch.randn(12, 8) / 4), nn.Parameter(torch.randn(8))
+        self.w2, self.b2 = nn.Parameter(torch.randn(8, 5) / 3), nn.Parameter(torch.randn(5))
+
+    def forward(self, x):
+        return torch.sigmoid(torch.tanh(x @ self.w1 + self.b1) @ self.w2 + self.b2)
+
+
 class Cnn(nn.Module):
     """Conv, batch norm, ReLU, max pool, conv, global average pool, flatten, linear."""
 
@@ -117,6 +130,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
     export("mlp", Mlp(), torch.randn(3, 20), a.out, {0: "batch"})
+    export("mlp_matmul", MatMulMlp(), torch.randn(2, 12), a.out, {0: "batch"})
     cnn = Cnn()
     # Running statistics of a model that has trained, not the initial zeros and ones.
     cnn.bn1.running_mean.uniform_(-0.5, 0.5)

@@ -498,10 +498,12 @@ fn in_dependency_order(
                     waiting[i] += 1;
                     readers[p].push(i);
                 }
-                None => return Err(ImportError::Invalid(format!(
+                None => {
+                    return Err(ImportError::Invalid(format!(
                     "node `{}` ({}) reads `{input}`, which no input, initializer or node produces",
                     n.name, n.op
-                ))),
+                )))
+                }
             }
         }
     }
