@@ -2,12 +2,15 @@
 //! writes is the committed one in `expected/`, which this test compiles (`include!`),
 //! loads with the checkpoint kiln-import writes, and runs on the fixture's input:
 //! PyTorch's output to within 1e-5, planned and op by op. The MLP's layers are `Gemm`s;
-//! `mlp_matmul`'s are `MatMul` then `Add`, with tanh and sigmoid. A caller's wrong
-//! input shape against an imported model is a ui case (`ui-tests`,
-//! `imported_model_wrong_input`).
+//! `mlp_matmul`'s are `MatMul` then `Add`, with tanh and sigmoid. The imported MLP is
+//! fine-tuned as a part of a model with a loss: its gradients match finite differences
+//! and training lowers the loss. A caller's wrong input shape against an imported
+//! model is a ui case (`ui-tests`, `imported_model_wrong_input`).
 
 use kiln::cpu::{Cpu, CpuDevice};
-use kiln::tensor::{Rank2, Tensor as Typed};
+use kiln::prelude::*;
+use kiln::tensor::nn::Module;
+use kiln::tensor::{Rank2, RawTensor, Tensor as Typed};
 use kiln::train::checkpoint;
 use kiln_import::{read, read_tensor, translate, TensorData};
 use std::path::PathBuf;
@@ -17,6 +20,19 @@ mod mlp {
 }
 mod mlp_matmul {
     include!("expected/mlp_matmul.rs");
+}
+
+/// The imported MLP fine-tuned for a 4-class task: a model holding it, with a loss.
+#[model]
+pub struct Tuned {
+    net: mlp::Mlp,
+}
+
+#[model]
+impl Tuned {
+    pub fn loss<const B: usize>(&self, x: Tensor<B, 20>, y: Tensor<B, i32>) -> Tensor {
+        self.net.forward(x).cross_entropy(y)
+    }
 }
 
 fn fixture(name: &str) -> PathBuf {
@@ -110,5 +126,83 @@ fn matmul_layers_give_pytorchs_outputs_planned_and_op_by_op() {
             fused,
         );
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Moves element `index` of the parameter `name` by `delta`, the way optimizers do.
+fn nudge(
+    model: &mut Tuned<Cpu>,
+    grads: &<Tuned<Cpu> as Module<Cpu>>::Grads,
+    name: &str,
+    index: usize,
+    delta: f32,
+) {
+    let mut f = |n: &str, p: &mut RawTensor<Cpu>, _g: &RawTensor<Cpu>| -> kiln::Result<()> {
+        if n == name {
+            let mut v = p.to_vec::<f32>()?;
+            v[index] += delta;
+            *p = RawTensor::from_vec(v, p.dims().as_slice(), p.device())?;
+        }
+        Ok(())
+    };
+    model.update_params(grads, "", &mut f).unwrap();
+}
+
+#[test]
+fn the_imported_mlp_fine_tunes_with_gradients_matching_finite_differences() {
+    use kiln::train::optim::{Optimizer, Sgd, SgdConfig};
+    let dir = out_dir("mlp-tuned");
+    let done = kiln_import::import(fixture("mlp.onnx"), &dir, None).expect("the import");
+    let mut model = Tuned::<Cpu>::init(&CpuDevice, 0).unwrap();
+    checkpoint::load(&mut model.net, &done.checkpoint).expect("the imported weights load");
+    let x = Typed::<Cpu, Rank2<8, 20>>::normal(0.0, 1.0, 5, &CpuDevice).unwrap();
+    let y = Typed::<Cpu, (kiln::tensor::Const<8>,), i32>::from_vec(
+        (0..8).map(|i| i % 4).collect(),
+        &[8],
+        &CpuDevice,
+    )
+    .unwrap();
+    let loss = |m: &Tuned<Cpu>| m.loss(&x, &y).unwrap().raw().to_vec::<f32>().unwrap()[0];
+    let (_, grads) = model.loss_and_grad(&x, &y).unwrap();
+    let mut analytic = std::collections::HashMap::new();
+    model
+        .update_params(&grads, "", &mut |n, _p, g| {
+            analytic.insert(n.to_string(), g.to_vec::<f32>()?);
+            Ok(())
+        })
+        .unwrap();
+    let eps = 1e-2;
+    for (name, index) in [
+        ("net.fc1.weight", 37),
+        ("net.fc2.bias", 3),
+        ("net.fc3.weight", 10),
+    ] {
+        nudge(&mut model, &grads, name, index, eps);
+        let up = loss(&model);
+        nudge(&mut model, &grads, name, index, -2.0 * eps);
+        let down = loss(&model);
+        nudge(&mut model, &grads, name, index, eps);
+        let numeric = (up - down) / (2.0 * eps);
+        let got = analytic[name][index];
+        assert!(
+            numeric.abs() > 1e-4 && (got - numeric).abs() <= 5e-5 + 0.02 * numeric.abs(),
+            "{name}[{index}]: gradient {got}, finite difference {numeric}"
+        );
+    }
+    let mut opt = Sgd::<Cpu>::new(SgdConfig {
+        lr: 0.3,
+        ..SgdConfig::default()
+    })
+    .unwrap();
+    let first = loss(&model);
+    for _ in 0..60 {
+        let (_, grads) = model.loss_and_grad(&x, &y).unwrap();
+        opt.step(&mut model, &grads).unwrap();
+    }
+    let last = loss(&model);
+    assert!(
+        last < first / 2.0,
+        "fine-tuning took the loss from {first} to {last}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
