@@ -1,14 +1,23 @@
 //! An ONNX graph as Kiln `#[model]` source: layers recognised where the graph has them
-//! (`Gemm`, or `MatMul` then `Add` of a bias, over initializers: a `Linear`), the
-//! forward pass as statements over them, and the layers' tensors in Kiln's checkpoint
+//! (`Gemm`, or `MatMul` then `Add` of a bias, over initializers: a `Linear`; `Conv`,
+//! `BatchNormalization`, `MaxPool`, `GlobalAveragePool`), elementwise ops as the
+//! tensor methods of Kiln's op table, and the layers' tensors in Kiln's checkpoint
 //! names and layout (PyTorch's: `fc1.weight` as `[out, in]`).
 //!
-//! The ops translated so far are an MLP's: `Gemm`, `MatMul` + `Add`, `Relu`,
-//! `Sigmoid`, `Tanh`, `Identity` and a `Flatten` that changes nothing. Any other op is
-//! one [`ImportError::Unsupported`] naming every such node.
+//! Shapes are not restated here: each layer is a `kiln_tensor::nn::LayerSpec` whose
+//! type, parameters and forward pass are the library's, recorded into the op IR with
+//! symbolic dims (`kiln_fusion::SDim`), so a size the generated source names is one the
+//! library computed and `#[model]` will check again. Any other op is one
+//! [`ImportError::Unsupported`] naming every such node (docs/onnx-import.md lists
+//! what is translated).
 
 use crate::error::{ImportError, Result, UnsupportedNode};
 use crate::model::{Attribute, Dim, Graph, Node, Tensor, TensorData};
+use kiln_fusion::SDim;
+use kiln_tensor::ir::{Graph as Ir, NodeId};
+use kiln_tensor::nn::spec::BATCH_NORM_EPS;
+use kiln_tensor::nn::{LayerSpec, Mode};
+use kiln_tensor::{BuilderExt, DType, SymDim, UnaryOp};
 use std::collections::{HashMap, HashSet};
 
 /// A translated model: its source and its checkpoint's tensors.
@@ -22,33 +31,140 @@ pub struct Translation {
     pub tensors: Vec<(String, Tensor)>,
 }
 
-/// One size of a tensor type in the source: a literal or a `const` parameter.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Size {
-    Fixed(usize),
-    Param(String),
-}
-
-impl std::fmt::Display for Size {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Size::Fixed(n) => write!(f, "{n}"),
-            Size::Param(p) => f.write_str(p),
-        }
-    }
-}
-
-/// A value of the forward pass: the expression computing it and its sizes.
+/// A value of the forward pass: the expression computing it and its node in the IR
+/// (which holds its dims).
 #[derive(Clone, Debug)]
 struct Expr {
     /// Source of the value: an identifier or a method-call chain.
     code: String,
     /// Whether `code` is a plain identifier.
     plain: bool,
+    /// Whether `code` is one layer applied (`self.conv1(x)`), which reads well as the
+    /// argument of the next layer.
+    layer_call: bool,
     /// A name for a `let` binding it (the layer it came from).
     hint: String,
-    /// Its sizes.
-    sizes: Vec<Size>,
+    /// Its node in the shape recording.
+    id: NodeId,
+}
+
+/// What translation builds: the struct's fields, the checkpoint, the forward pass's
+/// `let`s, and the op IR recording shapes.
+struct Translator {
+    ir: Ir<SDim>,
+    leaves: usize,
+    fields: Vec<(String, String)>,
+    field_names: HashSet<String>,
+    tensors: Vec<(String, Tensor)>,
+    lets: Vec<String>,
+    locals: HashSet<String>,
+    opset: i64,
+}
+
+impl Translator {
+    /// A new leaf of the shape recording.
+    fn leaf(&mut self, dims: Vec<SDim>) -> NodeId {
+        self.leaves += 1;
+        self.ir.leaf(self.leaves, dims, DType::F32)
+    }
+
+    /// The dims of a recorded value.
+    fn dims(&self, id: NodeId) -> Vec<SDim> {
+        self.ir.dims(&id)
+    }
+
+    /// `x` as a layer's argument: itself if an identifier or one layer applied, else
+    /// bound by a new `let`.
+    fn bind(&mut self, x: &Expr) -> String {
+        if x.plain || x.layer_call {
+            return x.code.clone();
+        }
+        let name = unique(x.hint.clone(), &mut self.locals);
+        self.lets.push(format!("let {name} = {};", x.code));
+        name
+    }
+
+    /// `x` through a new layer field `spec` named after `named_after`, holding
+    /// `tensors` (checked against the spec's parameters and buffers, in order).
+    fn layer(
+        &mut self,
+        node: &Node,
+        spec: LayerSpec,
+        named_after: &str,
+        tensors: Vec<(&'static str, Tensor)>,
+        x: &Expr,
+    ) -> Result<Expr> {
+        let x_dims = self.dims(x.id);
+        spec.check_input(&x_dims)
+            .map_err(|e| unsupported(node, &e, self.opset))?;
+        let wanted: Vec<_> = spec.params().into_iter().chain(spec.buffers()).collect();
+        let fits = wanted.len() == tensors.len()
+            && wanted
+                .iter()
+                .zip(&tensors)
+                .all(|(w, (n, t))| w.name == *n && w.dims == t.dims);
+        if !fits {
+            let held: Vec<String> = tensors
+                .iter()
+                .map(|(n, t)| format!("{n} {:?}", t.dims))
+                .collect();
+            return Err(unsupported(
+                node,
+                &format!("its tensors ({}) are not a {spec}'s", held.join(", ")),
+                self.opset,
+            ));
+        }
+        let params: Vec<NodeId> = wanted
+            .iter()
+            .map(|w| {
+                let dims = w.dims.iter().map(|&d| SDim::lit(d)).collect();
+                self.leaf(dims)
+            })
+            .collect();
+        let refs: Vec<&NodeId> = params.iter().collect();
+        let y = spec
+            .forward(&mut self.ir, &refs, &x.id, Mode::Eval)
+            .map_err(|e| unsupported(node, &e.to_string(), self.opset))?
+            .y;
+        let kind = spec.to_string();
+        let kind = kind.split('<').next().unwrap_or("layer").to_string();
+        let same_kind = self
+            .fields
+            .iter()
+            .filter(|(_, ty)| ty.split('<').next() == Some(kind.as_str()))
+            .count();
+        let field = unique(
+            field_name(named_after, &kind, same_kind),
+            &mut self.field_names,
+        );
+        self.fields.push((field.clone(), spec.to_string()));
+        for (name, t) in tensors {
+            self.tensors.push((format!("{field}.{name}"), t));
+        }
+        let arg = self.bind(x);
+        Ok(Expr {
+            code: format!("self.{field}({arg})"),
+            plain: false,
+            layer_call: true,
+            hint: field,
+            id: y,
+        })
+    }
+
+    /// `x.method()` for an elementwise op of Kiln's table.
+    fn unary(&mut self, node: &Node, op: UnaryOp, x: &Expr) -> Result<Expr> {
+        let id = self
+            .ir
+            .unary(op, &x.id)
+            .map_err(|e| unsupported(node, &e.to_string(), self.opset))?;
+        Ok(Expr {
+            code: format!("{}.{}()", x.code, op.method()),
+            plain: false,
+            layer_call: false,
+            hint: x.hint.clone(),
+            id,
+        })
+    }
 }
 
 /// Translates `graph` into a `#[model]` struct named `name` (an identifier; from the
@@ -72,25 +188,31 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
         )));
     };
     let mut params = Vec::new();
-    let input_sizes = input_sizes(input.name.as_str(), input.dims.as_deref(), &mut params)?;
+    let input_dims = input_dims(input.name.as_str(), input.dims.as_deref(), &mut params)?;
     let readers = readers(graph);
     let arg = identifier(&input.name, "input");
+    let mut b = Translator {
+        ir: Ir::new(),
+        leaves: 0,
+        fields: Vec::new(),
+        field_names: HashSet::new(),
+        tensors: Vec::new(),
+        lets: Vec::new(),
+        locals: HashSet::from([arg.clone(), "self".to_string()]),
+        opset: graph.opset,
+    };
+    let input_id = b.leaf(input_dims.clone());
     let mut values: HashMap<&str, Expr> = HashMap::new();
     values.insert(
         input.name.as_str(),
         Expr {
             code: arg.clone(),
             plain: true,
+            layer_call: false,
             hint: arg.clone(),
-            sizes: input_sizes.clone(),
+            id: input_id,
         },
     );
-    let mut fields: Vec<(String, String)> = Vec::new();
-    // Fields and locals are separate namespaces (`self.fc1` and `fc1`).
-    let mut field_names: HashSet<String> = HashSet::new();
-    let mut tensors = Vec::new();
-    let mut lets: Vec<String> = Vec::new();
-    let mut taken: HashSet<String> = HashSet::from([arg.clone(), "self".to_string()]);
     // A MatMul whose only reader adds a bias becomes the Linear at that Add.
     let mut pending_matmul: HashMap<&str, (&Node, Expr)> = HashMap::new();
     for node in &graph.nodes {
@@ -102,37 +224,32 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
                 ))
             })
         };
+        let why = |what: &str| unsupported(node, what, graph.opset);
         let out = node.outputs.first().map(String::as_str).unwrap_or("");
         let result = match node.op.as_str() {
-            "Relu" | "Sigmoid" | "Tanh" => {
-                let x = get(&node.inputs[0], &values)?;
-                Expr {
-                    code: format!("{}.{}()", x.code, node.op.to_lowercase()),
-                    plain: false,
-                    ..x
-                }
-            }
             "Identity" => get(&node.inputs[0], &values)?,
             "Flatten" => {
                 let x = get(&node.inputs[0], &values)?;
-                let axis = int_attr(node, "axis", 1)?;
-                if x.sizes.len() != 2 || axis != 1 {
-                    return Err(unsupported(node, "a Flatten that reshapes (only a no-op Flatten of a rank-2 value is translated so far)", graph.opset));
+                if int_attr(node, "axis", 1)? != 1 {
+                    return Err(why("a Flatten at an axis other than 1"));
                 }
-                x
+                if b.dims(x.id).len() == 2 {
+                    x
+                } else {
+                    let id = b.ir.flatten(&x.id).map_err(|e| why(&e.to_string()))?;
+                    Expr {
+                        code: format!("{}.flatten()", x.code),
+                        plain: false,
+                        layer_call: false,
+                        id,
+                        ..x
+                    }
+                }
             }
             "Gemm" => {
                 let x = get(&node.inputs[0], &values)?;
-                let linear = gemm_linear(graph, node)?;
-                apply_linear(
-                    node,
-                    linear,
-                    x,
-                    (&mut fields, &mut field_names),
-                    &mut tensors,
-                    (&mut lets, &mut taken),
-                    graph.opset,
-                )?
+                let (spec, tensors) = gemm_linear(graph, node)?;
+                b.layer(node, spec, &node.inputs[1], tensors, &x)?
             }
             "MatMul" => {
                 let x = get(&node.inputs[0], &values)?;
@@ -141,46 +258,72 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
                     .map(Vec::as_slice)
                     .is_some_and(|r| matches!(r, [add] if add.op == "Add"));
                 if !adds_bias || !graph.initializers.contains_key(&node.inputs[1]) {
-                    return Err(unsupported(node, "a MatMul that is not a layer's weight product followed by its bias (only layers are translated so far)", graph.opset));
+                    return Err(why("a MatMul that is not a layer's weight product followed by its bias (only layers are translated so far)"));
                 }
                 pending_matmul.insert(out, (node, x));
                 continue;
             }
             "Add" => {
-                let (matmul, bias) =
+                let ((mm, x), bias) =
                     match (
                         pending_matmul.remove(node.inputs[0].as_str()),
                         pending_matmul.remove(node.inputs[1].as_str()),
                     ) {
                         (Some(m), None) => (m, &node.inputs[1]),
                         (None, Some(m)) => (m, &node.inputs[0]),
-                        _ => return Err(unsupported(
-                            node,
+                        _ => return Err(why(
                             "an Add that is not a layer's bias (only layers are translated so far)",
-                            graph.opset,
                         )),
                     };
-                let ((mm, x), bias) = (matmul, bias);
-                let linear = matmul_linear(graph, mm, bias)?;
-                apply_linear(
-                    mm,
-                    linear,
-                    x,
-                    (&mut fields, &mut field_names),
-                    &mut tensors,
-                    (&mut lets, &mut taken),
-                    graph.opset,
-                )?
+                let (spec, tensors) = matmul_linear(graph, mm, bias)?;
+                b.layer(mm, spec, &mm.inputs[1], tensors, &x)?
             }
-            other => unreachable!("unsupported op {other} passed the check"),
+            "Conv" => {
+                let x = get(&node.inputs[0], &values)?;
+                let (spec, tensors) = conv(graph, node)?;
+                b.layer(node, spec, &node.inputs[1], tensors, &x)?
+            }
+            "BatchNormalization" => {
+                let x = get(&node.inputs[0], &values)?;
+                let (spec, tensors) = batch_norm(graph, node)?;
+                b.layer(node, spec, &node.inputs[1], tensors, &x)?
+            }
+            "MaxPool" => {
+                let x = get(&node.inputs[0], &values)?;
+                let spec = max_pool(graph, node)?;
+                b.layer(node, spec, &node.name, vec![], &x)?
+            }
+            "GlobalAveragePool" => {
+                let x = get(&node.inputs[0], &values)?;
+                let dims = b.dims(x.id);
+                let side = match dims.as_slice() {
+                    [_, _, h, w] if h.as_lit().is_some() && h.as_lit() == w.as_lit() => h.as_lit(),
+                    _ => None,
+                };
+                let Some(side) = side else {
+                    return Err(why(
+                        "a global average pool of a value that is not [N, C, S, S] with a fixed S",
+                    ));
+                };
+                let spec = layer_spec(node, "AvgPool2d", &[side, side], graph.opset)?;
+                b.layer(node, spec, &node.name, vec![], &x)?
+            }
+            op => match elementwise(op) {
+                Some(u) => {
+                    let x = get(&node.inputs[0], &values)?;
+                    b.unary(node, u, &x)?
+                }
+                None => unreachable!("untranslated op {op} passed the check"),
+            },
         };
         values.insert(out, result);
     }
     let result = values.get(output.name.as_str()).cloned().ok_or_else(|| {
         ImportError::Invalid(format!("the output `{}` is never computed", output.name))
     })?;
+    let result_dims = b.dims(result.id);
     if let Some(declared) = &output.dims {
-        check_declared(&output.name, declared, &result.sizes)?;
+        check_declared(&output.name, declared, &result_dims)?;
     }
     let name = name.to_string();
     let source = source(
@@ -188,21 +331,44 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
         file,
         graph,
         &params,
-        (&arg, &input_sizes),
-        &fields,
-        &lets,
-        &result,
+        (&arg, &input_dims),
+        &b,
+        (&result, &result_dims),
     );
     Ok(Translation {
         name,
         source,
-        tensors,
+        tensors: b.tensors,
     })
+}
+
+/// The ONNX ops that are one elementwise op of Kiln's table with the same meaning.
+const ELEMENTWISE: &[&str] = &[
+    "Relu", "Sigmoid", "Tanh", "Sqrt", "Erf", "Abs", "Neg", "Exp", "Log",
+];
+
+/// Kiln's op for an ONNX elementwise op, found in Kiln's op table by name.
+fn elementwise(op: &str) -> Option<UnaryOp> {
+    if !ELEMENTWISE.contains(&op) {
+        return None;
+    }
+    UnaryOp::ALL
+        .iter()
+        .copied()
+        .find(|u| u.name().eq_ignore_ascii_case(op))
 }
 
 /// The ops translated so far.
 const TRANSLATED: &[&str] = &[
-    "Gemm", "MatMul", "Add", "Relu", "Sigmoid", "Tanh", "Identity", "Flatten",
+    "Gemm",
+    "MatMul",
+    "Add",
+    "Identity",
+    "Flatten",
+    "Conv",
+    "BatchNormalization",
+    "MaxPool",
+    "GlobalAveragePool",
 ];
 
 /// Every node whose op is not translated.
@@ -210,7 +376,7 @@ fn unsupported_nodes(graph: &Graph) -> Vec<UnsupportedNode> {
     graph
         .nodes
         .iter()
-        .filter(|n| !TRANSLATED.contains(&n.op.as_str()))
+        .filter(|n| !TRANSLATED.contains(&n.op.as_str()) && elementwise(&n.op).is_none())
         .map(|n| UnsupportedNode {
             node: n.name.clone(),
             op: n.op.clone(),
@@ -266,17 +432,55 @@ fn float_attr(node: &Node, name: &str, default: f32) -> Result<f32> {
     }
 }
 
-/// A linear layer read from the graph: its weight `[out, in]` and bias `[out]`, and
-/// the initializer name its field is named after.
-struct LinearLayer {
-    weight: Tensor,
-    bias: Tensor,
-    named_after: String,
+/// Kiln's layer `name<args>`, by the library's own rules for its sizes.
+fn layer_spec(node: &Node, name: &str, args: &[usize], opset: i64) -> Result<LayerSpec> {
+    LayerSpec::from_type(name, args).map_err(|e| unsupported(node, &e, opset))
+}
+
+/// An initializer of `node`'s input `i`, or why not.
+fn initializer<'g>(graph: &'g Graph, node: &Node, i: usize, what: &str) -> Result<&'g Tensor> {
+    node.inputs
+        .get(i)
+        .and_then(|n| graph.initializers.get(n))
+        .ok_or_else(|| {
+            unsupported(
+                node,
+                &format!("a {} whose {what} is not an initializer", node.op),
+                graph.opset,
+            )
+        })
+}
+
+/// An integer-list attribute, `default` where absent.
+fn ints_attr(node: &Node, name: &str, default: &[i64]) -> Result<Vec<i64>> {
+    match node.attributes.get(name) {
+        None => Ok(default.to_vec()),
+        Some(Attribute::Ints(v)) => Ok(v.clone()),
+        Some(other) => Err(ImportError::Invalid(format!(
+            "attribute `{name}` of node `{}` ({}) is {other:?}, not integers",
+            node.name, node.op
+        ))),
+    }
+}
+
+/// The one value of a list whose entries are all equal (a square window, the same
+/// padding on every side), or why not.
+fn square(node: &Node, name: &str, v: &[i64], len: usize, opset: i64) -> Result<usize> {
+    match v {
+        [first, rest @ ..] if v.len() == len && rest.iter().all(|x| x == first) && *first >= 0 => {
+            Ok(*first as usize)
+        }
+        _ => Err(unsupported(
+            node,
+            &format!("`{name}` {v:?} (Kiln's layers take square windows and the same padding on every side)"),
+            opset,
+        )),
+    }
 }
 
 /// The `Linear` a `Gemm` over initializers is: `y = x·Bᵀ + C` (PyTorch's export,
 /// `transB = 1`) or `y = x·B + C`.
-fn gemm_linear(graph: &Graph, node: &Node) -> Result<LinearLayer> {
+fn gemm_linear(graph: &Graph, node: &Node) -> Result<(LayerSpec, Vec<(&'static str, Tensor)>)> {
     let why = |what: &str| unsupported(node, what, graph.opset);
     if float_attr(node, "alpha", 1.0)? != 1.0 || float_attr(node, "beta", 1.0)? != 1.0 {
         return Err(why("a Gemm with alpha or beta other than 1"));
@@ -284,57 +488,188 @@ fn gemm_linear(graph: &Graph, node: &Node) -> Result<LinearLayer> {
     if int_attr(node, "transA", 0)? != 0 {
         return Err(why("a Gemm with its input transposed"));
     }
-    let (Some(b), Some(c)) = (
-        node.inputs.get(1).and_then(|n| graph.initializers.get(n)),
-        node.inputs.get(2).and_then(|n| graph.initializers.get(n)),
-    ) else {
-        return Err(why("a Gemm whose weight or bias is not an initializer"));
-    };
+    let (b, c) = (
+        initializer(graph, node, 1, "weight")?,
+        initializer(graph, node, 2, "bias")?,
+    );
     let weight = match int_attr(node, "transB", 0)? {
         0 => transposed(b).ok_or_else(|| why("a Gemm whose weight is not a matrix of floats"))?,
         _ => b.clone(),
     };
-    linear(node, weight, c, &node.inputs[1], graph.opset)
+    linear(node, weight, c, graph.opset)
 }
 
 /// The `Linear` a `MatMul` by an initializer `[in, out]` and the `Add` of `bias` are.
-fn matmul_linear(graph: &Graph, node: &Node, bias: &str) -> Result<LinearLayer> {
+fn matmul_linear(
+    graph: &Graph,
+    node: &Node,
+    bias: &str,
+) -> Result<(LayerSpec, Vec<(&'static str, Tensor)>)> {
     let why = |what: &str| unsupported(node, what, graph.opset);
-    let b = &graph.initializers[&node.inputs[1]];
+    let b = initializer(graph, node, 1, "weight")?;
     let c = graph
         .initializers
         .get(bias)
         .ok_or_else(|| why("a MatMul whose added bias is not an initializer"))?;
     let weight =
         transposed(b).ok_or_else(|| why("a MatMul whose weight is not a matrix of floats"))?;
-    linear(node, weight, c, &node.inputs[1], graph.opset)
+    linear(node, weight, c, graph.opset)
 }
 
-/// A linear layer, its weight `[out, in]` checked against its bias.
+/// A `Linear` of weight `[out, in]` and a bias of `out` values (`[out]` or `[1, out]`).
 fn linear(
     node: &Node,
     weight: Tensor,
     bias: &Tensor,
-    named_after: &str,
     opset: i64,
-) -> Result<LinearLayer> {
-    let out = weight.dims[0];
-    let bias_dims_fit = bias.dims == [out] || bias.dims == [1, out];
-    if !bias_dims_fit || !matches!(bias.data, TensorData::F32(_)) {
-        return Err(unsupported(
-            node,
-            &format!("a layer whose bias {:?} is not {out} floats", bias.dims),
-            opset,
-        ));
+) -> Result<(LayerSpec, Vec<(&'static str, Tensor)>)> {
+    let [outputs, inputs] = weight.dims[..] else {
+        return Err(unsupported(node, "a weight that is not a matrix", opset));
+    };
+    let bias = Tensor {
+        dims: vec![bias.dims.iter().product()],
+        data: bias.data.clone(),
+    };
+    let spec = layer_spec(node, "Linear", &[inputs, outputs], opset)?;
+    Ok((spec, vec![("weight", weight), ("bias", bias)]))
+}
+
+/// The `Conv2d` a `Conv` over initializers is (square kernel and stride, the same
+/// padding on every side, no dilation; a missing bias is zeros).
+fn conv(graph: &Graph, node: &Node) -> Result<(LayerSpec, Vec<(&'static str, Tensor)>)> {
+    let opset = graph.opset;
+    let why = |what: &str| unsupported(node, what, opset);
+    let weight = initializer(graph, node, 1, "weight")?.clone();
+    let [outputs, per_group, kh, _] = weight.dims[..] else {
+        return Err(why("a Conv that is not 2-d"));
+    };
+    if let Some(Attribute::String(pad)) = node.attributes.get("auto_pad") {
+        if pad != "NOTSET" {
+            return Err(why(&format!("auto_pad {pad} (explicit pads only)")));
+        }
     }
-    Ok(LinearLayer {
-        weight,
-        bias: Tensor {
-            dims: vec![out],
-            data: bias.data.clone(),
+    let kernel = square(
+        node,
+        "kernel_shape",
+        &ints_attr(node, "kernel_shape", &[kh as i64, kh as i64])?,
+        2,
+        opset,
+    )?;
+    let stride = square(
+        node,
+        "strides",
+        &ints_attr(node, "strides", &[1, 1])?,
+        2,
+        opset,
+    )?;
+    let padding = square(
+        node,
+        "pads",
+        &ints_attr(node, "pads", &[0, 0, 0, 0])?,
+        4,
+        opset,
+    )?;
+    if square(
+        node,
+        "dilations",
+        &ints_attr(node, "dilations", &[1, 1])?,
+        2,
+        opset,
+    )? != 1
+    {
+        return Err(why("a dilated Conv"));
+    }
+    let groups =
+        usize::try_from(int_attr(node, "group", 1)?).map_err(|_| why("a negative group"))?;
+    let bias = match node.inputs.get(2).filter(|n| !n.is_empty()) {
+        Some(_) => initializer(graph, node, 2, "bias")?.clone(),
+        None => Tensor {
+            dims: vec![outputs],
+            data: TensorData::F32(vec![0.0; outputs]),
         },
-        named_after: named_after.to_string(),
-    })
+    };
+    let args = [per_group * groups, outputs, kernel, stride, padding, groups];
+    Ok((
+        layer_spec(node, "Conv2d", &args, opset)?,
+        vec![("weight", weight), ("bias", bias)],
+    ))
+}
+
+/// The `BatchNorm2d` a `BatchNormalization` over initializers is, in inference (its
+/// running statistics as buffers); its ε must be Kiln's (PyTorch's 1e-5).
+fn batch_norm(graph: &Graph, node: &Node) -> Result<(LayerSpec, Vec<(&'static str, Tensor)>)> {
+    let why = |what: &str| unsupported(node, what, graph.opset);
+    let eps = float_attr(node, "epsilon", 1e-5)? as f64;
+    if (eps - BATCH_NORM_EPS).abs() > 1e-9 {
+        return Err(why(&format!(
+            "epsilon {eps} (Kiln's batch norm uses {BATCH_NORM_EPS})"
+        )));
+    }
+    if int_attr(node, "training_mode", 0)? != 0 || node.outputs.len() > 1 {
+        return Err(why("a batch norm exported in training mode"));
+    }
+    let [scale, bias, mean, var] =
+        [1, 2, 3, 4].map(|i| initializer(graph, node, i, "scale, bias or statistics"));
+    let (scale, bias, mean, var) = (scale?.clone(), bias?.clone(), mean?.clone(), var?.clone());
+    let spec = layer_spec(
+        node,
+        "BatchNorm2d",
+        &[scale.dims.iter().product()],
+        graph.opset,
+    )?;
+    Ok((
+        spec,
+        vec![
+            ("weight", scale),
+            ("bias", bias),
+            ("running_mean", mean),
+            ("running_var", var),
+        ],
+    ))
+}
+
+/// The `MaxPool2d` a `MaxPool` is (square window and stride, no padding, dilation or
+/// ceiling, no index output).
+fn max_pool(graph: &Graph, node: &Node) -> Result<LayerSpec> {
+    let opset = graph.opset;
+    let why = |what: &str| unsupported(node, what, opset);
+    let kernel = square(
+        node,
+        "kernel_shape",
+        &ints_attr(node, "kernel_shape", &[])?,
+        2,
+        opset,
+    )?;
+    let stride = square(
+        node,
+        "strides",
+        &ints_attr(node, "strides", &[1, 1])?,
+        2,
+        opset,
+    )?;
+    if square(
+        node,
+        "pads",
+        &ints_attr(node, "pads", &[0, 0, 0, 0])?,
+        4,
+        opset,
+    )? != 0
+    {
+        return Err(why("a padded MaxPool"));
+    }
+    if square(
+        node,
+        "dilations",
+        &ints_attr(node, "dilations", &[1, 1])?,
+        2,
+        opset,
+    )? != 1
+        || int_attr(node, "ceil_mode", 0)? != 0
+        || node.outputs.len() > 1
+    {
+        return Err(why("a MaxPool with dilation, ceil_mode or an index output"));
+    }
+    layer_spec(node, "MaxPool2d", &[kernel, stride], opset)
 }
 
 /// A float matrix transposed, `None` for anything else.
@@ -355,63 +690,30 @@ fn transposed(t: &Tensor) -> Option<Tensor> {
     })
 }
 
-/// `x` through a new `Linear` field: the field declared (`fields` and their names),
-/// its tensors kept, `x` bound to a `let` first unless it is a plain identifier
-/// (`lets` and the locals' names).
-fn apply_linear(
-    node: &Node,
-    layer: LinearLayer,
-    x: Expr,
-    (fields, field_names): (&mut Vec<(String, String)>, &mut HashSet<String>),
-    tensors: &mut Vec<(String, Tensor)>,
-    (lets, taken): (&mut Vec<String>, &mut HashSet<String>),
-    opset: i64,
-) -> Result<Expr> {
-    let (out, inn) = (layer.weight.dims[0], layer.weight.dims[1]);
-    if x.sizes.last() != Some(&Size::Fixed(inn)) {
-        return Err(unsupported(
-            node,
-            &format!(
-                "a layer of {inn} inputs applied to a value of sizes [{}]",
-                x.sizes
-                    .iter()
-                    .map(Size::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            opset,
-        ));
+/// The field a layer is named after: its weight's initializer (`fc1.weight` → `fc1`,
+/// `blocks.0.fc.weight` → `blocks_0_fc`) or, for a layer without one, its node
+/// (`/pool1/MaxPool` → `pool1`); the layer's kind and position where the name says
+/// nothing (`onnx::MatMul_12`, `/MaxPool`): `max_pool1` for the first unnamed
+/// `MaxPool2d` (`same_kind` layers of its kind come before it).
+fn field_name(named_after: &str, kind: &str, same_kind: usize) -> String {
+    let mut snake = String::new();
+    for (i, c) in kind.trim_end_matches("2d").chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            snake.push('_');
+        }
+        snake.push(c.to_ascii_lowercase());
     }
-    let field = unique(field_name(&layer.named_after, fields.len()), field_names);
-    fields.push((field.clone(), format!("Linear<{inn}, {out}>")));
-    tensors.push((format!("{field}.weight"), layer.weight));
-    tensors.push((format!("{field}.bias"), layer.bias));
-    let arg = if x.plain {
-        x.code
-    } else {
-        let name = unique(x.hint.clone(), taken);
-        lets.push(format!("let {name} = {};", x.code));
-        name
+    let fallback = format!("{snake}{}", same_kind + 1);
+    let stem = named_after.strip_suffix(".weight").unwrap_or(named_after);
+    // A node name `/pool1/MaxPool`: the scope before the op's own name.
+    let stem = match stem.rsplit_once('/') {
+        Some((scope, _)) => scope.trim_start_matches('/'),
+        None => stem,
     };
-    let mut sizes = x.sizes;
-    *sizes.last_mut().expect("a rank of at least 1") = Size::Fixed(out);
-    Ok(Expr {
-        code: format!("self.{field}({arg})"),
-        plain: false,
-        hint: field,
-        sizes,
-    })
-}
-
-/// The field a layer is named after its weight's initializer: `fc1.weight` → `fc1`,
-/// `blocks.0.fc.weight` → `blocks_0_fc`; `linear<n>` where the name says nothing
-/// (`onnx::MatMul_12`).
-fn field_name(initializer: &str, position: usize) -> String {
-    let stem = initializer.strip_suffix(".weight").unwrap_or(initializer);
     if stem.contains("::") || stem.starts_with("onnx") || stem.is_empty() {
-        return format!("linear{}", position + 1);
+        return fallback;
     }
-    identifier(stem, &format!("linear{}", position + 1))
+    identifier(stem, &fallback)
 }
 
 /// `name` as a snake-case Rust identifier (`fallback` where nothing of it is left).
@@ -481,9 +783,9 @@ pub fn model_name(stem: &str) -> String {
     }
 }
 
-/// The input's sizes: fixed dims as literals, symbolic ones as `const` parameters
+/// The input's dims: fixed ones as literals, symbolic ones as `const` parameters
 /// (`batch` → `BATCH`, pushed to `params` once each).
-fn input_sizes(name: &str, dims: Option<&[Dim]>, params: &mut Vec<String>) -> Result<Vec<Size>> {
+fn input_dims(name: &str, dims: Option<&[Dim]>, params: &mut Vec<String>) -> Result<Vec<SDim>> {
     let dims =
         dims.ok_or_else(|| ImportError::Feature(format!("the input `{name}` declares no shape")))?;
     if dims.is_empty() {
@@ -491,33 +793,28 @@ fn input_sizes(name: &str, dims: Option<&[Dim]>, params: &mut Vec<String>) -> Re
             "the input `{name}` is a scalar"
         )));
     }
+    let mut param = |p: String| {
+        if !params.contains(&p) {
+            params.push(p.clone());
+        }
+        SDim::param(&p)
+    };
     Ok(dims
         .iter()
         .enumerate()
         .map(|(i, d)| match d {
-            Dim::Fixed(n) => Size::Fixed(*n),
-            Dim::Named(s) => {
-                let p = identifier(s, &format!("d{i}")).to_ascii_uppercase();
-                if !params.contains(&p) {
-                    params.push(p.clone());
-                }
-                Size::Param(p)
-            }
-            Dim::Unknown => {
-                let p = format!("D{i}");
-                params.push(p.clone());
-                Size::Param(p)
-            }
+            Dim::Fixed(n) => SDim::lit(*n),
+            Dim::Named(s) => param(identifier(s, &format!("d{i}")).to_ascii_uppercase()),
+            Dim::Unknown => param(format!("D{i}")),
         })
         .collect())
 }
 
-/// The translated sizes of an output checked against its declaration.
-fn check_declared(name: &str, declared: &[Dim], sizes: &[Size]) -> Result<()> {
-    let fits = declared.len() == sizes.len()
-        && declared.iter().zip(sizes).all(|(d, s)| match (d, s) {
-            (Dim::Fixed(a), Size::Fixed(b)) => a == b,
-            (Dim::Fixed(_), Size::Param(_)) => false,
+/// The translated dims of an output checked against its declaration.
+fn check_declared(name: &str, declared: &[Dim], dims: &[SDim]) -> Result<()> {
+    let fits = declared.len() == dims.len()
+        && declared.iter().zip(dims).all(|(d, s)| match d {
+            Dim::Fixed(a) => s.as_lit() == Some(*a),
             _ => true,
         });
     if fits {
@@ -525,28 +822,29 @@ fn check_declared(name: &str, declared: &[Dim], sizes: &[Size]) -> Result<()> {
     } else {
         Err(ImportError::Invalid(format!(
             "the output `{name}` is declared {declared:?} but computes [{}]",
-            sizes
-                .iter()
-                .map(Size::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
+            list(dims)
         )))
     }
 }
 
+/// Dims as a type's argument list: `BATCH, 4`.
+fn list(dims: &[SDim]) -> String {
+    dims.iter()
+        .map(SDim::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The generated file.
-#[allow(clippy::too_many_arguments)]
 fn source(
     name: &str,
     file: &str,
     graph: &Graph,
     params: &[String],
-    (arg, input): (&str, &[Size]),
-    fields: &[(String, String)],
-    lets: &[String],
-    result: &Expr,
+    (arg, input): (&str, &[SDim]),
+    b: &Translator,
+    (result, result_dims): (&Expr, &[SDim]),
 ) -> String {
-    let list = |s: &[Size]| s.iter().map(Size::to_string).collect::<Vec<_>>().join(", ");
     let generics = if params.is_empty() {
         String::new()
     } else {
@@ -569,7 +867,7 @@ fn source(
         graph.opset
     );
     s += &format!("/// The model of `{file}`.\n#[model]\npub struct {name} {{\n");
-    for (field, ty) in fields {
+    for (field, ty) in &b.fields {
         s += &format!("    {field}: {ty},\n");
     }
     s += "}\n\n#[model]\n";
@@ -578,12 +876,17 @@ fn source(
         "    /// The graph's output `{}` of its input `{}`.\n",
         graph.outputs[0].name, graph.inputs[0].name
     );
-    s += &format!(
-        "    pub fn forward{generics}(&self, {arg}: Tensor<{}>) -> Tensor<{}> {{\n",
-        list(input),
-        list(&result.sizes)
+    let (input, output) = (list(input), list(result_dims));
+    let signature = format!(
+        "    pub fn forward{generics}(&self, {arg}: Tensor<{input}>) -> Tensor<{output}> {{\n"
     );
-    for l in lets {
+    // Wrapped as rustfmt wraps a signature past 100 columns.
+    s += &if signature.len() <= 101 {
+        signature
+    } else {
+        format!("    pub fn forward{generics}(\n        &self,\n        {arg}: Tensor<{input}>,\n    ) -> Tensor<{output}> {{\n")
+    };
+    for l in &b.lets {
         s += &format!("        {l}\n");
     }
     s += &format!("        {}\n    }}\n}}\n", result.code);

@@ -2,7 +2,9 @@
 //! writes is the committed one in `expected/`, which this test compiles (`include!`),
 //! loads with the checkpoint kiln-import writes, and runs on the fixture's input:
 //! PyTorch's output to within 1e-5, planned and op by op. The MLP's layers are `Gemm`s;
-//! `mlp_matmul`'s are `MatMul` then `Add`, with tanh and sigmoid. The imported MLP is
+//! `mlp_matmul`'s are `MatMul` then `Add`, with tanh and sigmoid; the CNN's are
+//! convolutions, a batch norm with its running statistics, max and global average
+//! pooling and a flatten. The imported MLP is
 //! fine-tuned as a part of a model with a loss: its gradients match finite differences
 //! and training lowers the loss. A caller's wrong input shape against an imported
 //! model is a ui case (`ui-tests`, `imported_model_wrong_input`).
@@ -20,6 +22,9 @@ mod mlp {
 }
 mod mlp_matmul {
     include!("expected/mlp_matmul.rs");
+}
+mod cnn {
+    include!("expected/cnn.rs");
 }
 
 /// The imported MLP fine-tuned for a 4-class task: a model holding it, with a loss.
@@ -125,6 +130,27 @@ fn matmul_layers_give_pytorchs_outputs_planned_and_op_by_op() {
             &model.forward(&x).unwrap().to_vec().unwrap(),
             fused,
         );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_imported_cnn_gives_pytorchs_outputs_planned_and_op_by_op() {
+    let dir = out_dir("cnn");
+    let done = kiln_import::import(fixture("cnn.onnx"), &dir, None).expect("the import");
+    let mut model = cnn::Cnn::<Cpu>::init(&CpuDevice, 0).unwrap();
+    checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
+    // `forward` is inference: batch norm normalises with the running statistics
+    // PyTorch exported (training would use the batch's).
+    let x = Typed::<Cpu, kiln::tensor::Rank4<2, 1, 8, 8>>::from_vec(
+        floats("cnn/input_0.pb"),
+        &[2, 1, 8, 8],
+        &CpuDevice,
+    )
+    .unwrap();
+    for fused in [true, false] {
+        model.set_fused(fused);
+        assert_pytorchs("cnn", &model.forward(&x).unwrap().to_vec().unwrap(), fused);
     }
     std::fs::remove_dir_all(&dir).ok();
 }
