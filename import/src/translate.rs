@@ -97,6 +97,16 @@ impl Translator {
         let x_dims = self.dims(x.id);
         spec.check_input(&x_dims)
             .map_err(|e| unsupported(node, &e, self.opset))?;
+        if let Some((name, _)) = tensors
+            .iter()
+            .find(|(_, t)| !matches!(t.data, TensorData::F32(_)))
+        {
+            return Err(unsupported(
+                node,
+                &format!("its {name} is not f32 (Kiln's layers hold f32)"),
+                self.opset,
+            ));
+        }
         let wanted: Vec<_> = spec.params().into_iter().chain(spec.buffers()).collect();
         let fits = wanted.len() == tensors.len()
             && wanted

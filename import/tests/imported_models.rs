@@ -6,7 +6,8 @@
 //! convolutions, a batch norm with its running statistics, max and global average
 //! pooling and a flatten. The imported MLP is
 //! fine-tuned as a part of a model with a loss: its gradients match finite differences
-//! and training lowers the loss. A caller's wrong input shape against an imported
+//! and training lowers the loss. Its checkpoint is the committed one byte for byte,
+//! and `kiln::embed!` builds it in, checked against the model at build time. A caller's wrong input shape against an imported
 //! model is a ui case (`ui-tests`, `imported_model_wrong_input`).
 
 use kiln::cpu::{Cpu, CpuDevice};
@@ -131,6 +132,27 @@ fn matmul_layers_give_pytorchs_outputs_planned_and_op_by_op() {
             fused,
         );
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn an_imported_checkpoint_is_checked_and_built_in_by_embed() {
+    // `expected/mlp.safetensors` is kiln-import's checkpoint of the MLP, byte for byte.
+    let dir = out_dir("mlp-embed");
+    let done = kiln_import::import(fixture("mlp.onnx"), &dir, None).expect("the import");
+    assert_eq!(
+        std::fs::read(&done.checkpoint).unwrap(),
+        include_bytes!("expected/mlp.safetensors"),
+        "kiln-import's checkpoint changed: if on purpose, `cargo run -p kiln-import -- \
+         import/tests/fixtures/mlp.onnx --out-dir import/tests/expected`"
+    );
+    // Checked against the model when this test compiled, checksums verified on load.
+    let model = kiln::embed!(mlp::Mlp, "expected/mlp.safetensors")
+        .load::<Cpu>(&CpuDevice)
+        .unwrap();
+    let x = Typed::<Cpu, Rank2<3, 20>>::from_vec(floats("mlp/input_0.pb"), &[3, 20], &CpuDevice)
+        .unwrap();
+    assert_pytorchs("mlp", &model.forward(&x).unwrap().to_vec().unwrap(), true);
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -115,6 +115,23 @@ fn convolution_and_pooling_uses_kiln_has_no_layer_for_say_why() {
 }
 
 #[test]
+fn a_layer_whose_weights_are_not_floats_says_so() {
+    let bytes = std::fs::read(fixture("mlp.onnx")).unwrap();
+    let mut m = onnx::ModelProto::decode(bytes.as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    let bias = g
+        .initializer
+        .iter_mut()
+        .find(|t| t.name() == "fc2.bias")
+        .unwrap();
+    bias.data_type = Some(onnx::tensor_proto::DataType::Int64 as i32);
+    bias.raw_data = Some(vec![0; 16 * 8]);
+    let g = decode(&m.encode_to_vec()).unwrap();
+    let e = translate(&g, "Mlp", "mlp.onnx").unwrap_err().to_string();
+    assert!(e.contains("Gemm (`/fc2/Gemm`: its bias is not f32"), "{e}");
+}
+
+#[test]
 fn the_command_line_refuses_nonsense_in_one_line() {
     let run = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_kiln-import"))
