@@ -2,8 +2,8 @@
 //! transformer encoder and a causal decoder (`scripts/onnx_fixtures.py`) read into
 //! graphs whose nodes come after what they read; and malformed or hostile files (every
 //! truncation of a real one, garbage, a cycle, a missing initializer, huge or negative
-//! declared dims, an opset out of range, external data) each give one error, quickly
-//! and without allocating what they declare.
+//! declared dims, an opset out of range, external data, subgraphs nested 1,000 deep)
+//! each give one error, quickly and without allocating what they declare.
 
 use kiln_import::onnx::{self, tensor_proto::DataLocation};
 use kiln_import::{decode, read, read_tensor, Dim, Graph, ImportError, TensorData};
@@ -112,6 +112,40 @@ fn every_truncation_and_garbage_is_an_error() {
         let e = decode(garbage).expect_err("garbage read");
         assert!(matches!(e, ImportError::NotOnnx(_)), "{e}");
     }
+}
+
+#[test]
+fn subgraphs_nested_past_protobufs_recursion_limit_are_an_error_not_a_crash() {
+    // An `If` node whose branch holds an `If` node whose branch... 1,000 deep: each
+    // level a few bytes of file, decoded recursively by protobuf.
+    let mut graph = onnx::GraphProto::default();
+    for _ in 0..1_000 {
+        let node = onnx::NodeProto {
+            op_type: Some("If".into()),
+            attribute: vec![onnx::AttributeProto {
+                name: Some("then_branch".into()),
+                r#type: Some(onnx::attribute_proto::AttributeType::Graph as i32),
+                g: Some(graph),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        graph = onnx::GraphProto {
+            node: vec![node],
+            ..Default::default()
+        };
+    }
+    let mut m = mlp();
+    m.graph = Some(graph);
+    // Encoding is recursive too: on a thread with room for it.
+    let bytes = std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(move || m.encode_to_vec())
+        .unwrap()
+        .join()
+        .unwrap();
+    let e = decode(&bytes).expect_err("a 1,000-deep model read");
+    assert!(matches!(e, ImportError::NotOnnx(_)), "{e}");
 }
 
 #[test]
