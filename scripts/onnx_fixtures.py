@@ -56,6 +56,32 @@ class Cnn(nn.Module):
         return self.fc(torch.flatten(h, 1))
 
 
+class Attention(nn.Module):
+    """One pre-norm transformer block over embedded tokens, attention written out:
+    heads split by reshape and transpose (the shape subgraphs PyTorch emits around
+    them), scaled scores, softmax, exact GELU; separate q, k and v layers."""
+
+    def __init__(self, vocab=20, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Embedding(vocab, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q, self.k, self.v, self.proj = (nn.Linear(d, d) for _ in range(4))
+        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        h = self.ln1(x)
+        b, t, d = h.shape
+        split = lambda z: z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
+        q, k, v = split(self.q(h)), split(self.k(h)), split(self.v(h))
+        att = torch.softmax((q @ k.transpose(-2, -1)) / (d // self.heads) ** 0.5, dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        x = x + self.down(nn.functional.gelu(self.up(self.ln2(x))))
+        return self.head(x)
+
+
 class Encoder(nn.Module):
     """Two post-norm transformer encoder blocks over embedded tokens (GELU)."""
 
@@ -138,6 +164,7 @@ def main():
     # Unfolded, so that the batch norm stays a node of its own rather than folded into
     # the convolution before it.
     export("cnn", cnn, torch.randn(2, 1, 8, 8), a.out, {0: "batch"}, fold=False)
+    export("attention", Attention(), torch.randint(0, 20, (2, 6)), a.out, {0: "batch", 1: "sequence"})
     export("encoder", Encoder(), torch.randint(0, 20, (2, 8)), a.out, {0: "batch", 1: "sequence"})
     export("decoder", Decoder(), torch.randint(0, 20, (2, 8)), a.out, {0: "batch", 1: "sequence"})
 

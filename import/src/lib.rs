@@ -11,6 +11,7 @@
 
 mod error;
 mod files;
+mod fold;
 mod model;
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod onnx;

@@ -12,7 +12,8 @@
 //! what is translated).
 
 use crate::error::{ImportError, Result, UnsupportedNode};
-use crate::model::{Attribute, Dim, Graph, Node, Tensor, TensorData};
+use crate::fold::{fold, Folded, FOLDED};
+use crate::model::{Attribute, Dim, ElementType, Graph, Node, Tensor, TensorData};
 use kiln_fusion::SDim;
 use kiln_tensor::ir::{Graph as Ir, NodeId};
 use kiln_tensor::nn::spec::BATCH_NORM_EPS;
@@ -48,6 +49,21 @@ struct Expr {
     id: NodeId,
 }
 
+/// A value of the graph as translation sees it: computed by the generated code, or
+/// known at import time (folded).
+#[derive(Clone, Debug)]
+enum Val {
+    Dyn(Expr),
+    Static(Folded),
+}
+
+/// How translation reads a computed value by name.
+type ValueOf<'g> = dyn Fn(&str, &HashMap<&'g str, Val>) -> Result<Expr> + 'g;
+
+/// Initializers this small are folded when an op reads them as values (the constants
+/// of shape subgraphs); a layer's weights are read as its tensors instead.
+const FOLDED_INITIALIZER: usize = 4096;
+
 /// What translation builds: the struct's fields, the checkpoint, the forward pass's
 /// `let`s, and the op IR recording shapes.
 struct Translator {
@@ -56,16 +72,16 @@ struct Translator {
     fields: Vec<(String, String)>,
     field_names: HashSet<String>,
     tensors: Vec<(String, Tensor)>,
-    lets: Vec<String>,
+    lets: Vec<(String, String)>,
     locals: HashSet<String>,
     opset: i64,
 }
 
 impl Translator {
     /// A new leaf of the shape recording.
-    fn leaf(&mut self, dims: Vec<SDim>) -> NodeId {
+    fn leaf(&mut self, dims: Vec<SDim>, dtype: DType) -> NodeId {
         self.leaves += 1;
-        self.ir.leaf(self.leaves, dims, DType::F32)
+        self.ir.leaf(self.leaves, dims, dtype)
     }
 
     /// The dims of a recorded value.
@@ -80,7 +96,8 @@ impl Translator {
             return x.code.clone();
         }
         let name = unique(x.hint.clone(), &mut self.locals);
-        self.lets.push(format!("let {name} = {};", x.code));
+        self.lets
+            .push((name.clone(), without_outer_parens(&x.code).to_string()));
         name
     }
 
@@ -128,7 +145,7 @@ impl Translator {
             .iter()
             .map(|w| {
                 let dims = w.dims.iter().map(|&d| SDim::lit(d)).collect();
-                self.leaf(dims)
+                self.leaf(dims, DType::F32)
             })
             .collect();
         let refs: Vec<&NodeId> = params.iter().collect();
@@ -143,10 +160,16 @@ impl Translator {
             .iter()
             .filter(|(_, ty)| ty.split('<').next() == Some(kind.as_str()))
             .count();
-        let field = unique(
-            field_name(named_after, &kind, same_kind),
-            &mut self.field_names,
-        );
+        let named = field_name(named_after, &kind, same_kind);
+        let fallback = field_name("", &kind, same_kind);
+        // A weight named by the exporter (`onnx::MatMul_12`) says nothing: the node's
+        // scope (`/q/MatMul` → `q`) may.
+        let named = if named == fallback {
+            field_name(&node.name, &kind, same_kind)
+        } else {
+            named
+        };
+        let field = unique(named, &mut self.field_names);
         self.fields.push((field.clone(), spec.to_string()));
         for (name, t) in tensors {
             self.tensors.push((format!("{field}.{name}"), t));
@@ -181,6 +204,7 @@ impl Translator {
 /// file's stem by [`model_name`]) and its checkpoint, `file` naming the source in
 /// the generated header.
 pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
+    let graph = &with_aliases(graph);
     let untranslated = unsupported_nodes(graph);
     if !untranslated.is_empty() {
         return Err(ImportError::Unsupported(untranslated, graph.opset));
@@ -211,28 +235,70 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
         locals: HashSet::from([arg.clone(), "self".to_string()]),
         opset: graph.opset,
     };
-    let input_id = b.leaf(input_dims.clone());
-    let mut values: HashMap<&str, Expr> = HashMap::new();
+    // Integer inputs (ONNX's int64 ids) are Kiln's i32.
+    let (input_dtype, input_suffix) = match input.dtype {
+        None | Some(ElementType::F32) => (DType::F32, ""),
+        Some(ElementType::I64 | ElementType::I32) => (DType::I32, ", i32"),
+        Some(other) => {
+            return Err(ImportError::Feature(format!(
+            "the input `{}` is {other:?} (Kiln's imported models take f32 values or integer ids)",
+            input.name
+        )))
+        }
+    };
+    let input_id = b.leaf(input_dims.clone(), input_dtype);
+    let mut values: HashMap<&str, Val> = HashMap::new();
     values.insert(
         input.name.as_str(),
-        Expr {
+        Val::Dyn(Expr {
             code: arg.clone(),
             plain: true,
             layer_call: false,
             hint: arg.clone(),
             id: input_id,
-        },
+        }),
     );
+    for (name, t) in &graph.initializers {
+        if t.data.len() <= FOLDED_INITIALIZER {
+            values.insert(name.as_str(), Val::Static(Folded::of(t)));
+        }
+    }
     // A MatMul whose only reader adds a bias becomes the Linear at that Add.
     let mut pending_matmul: HashMap<&str, (&Node, Expr)> = HashMap::new();
     for node in &graph.nodes {
-        let get = |v: &str, values: &HashMap<&str, Expr>| {
-            values.get(v).cloned().ok_or_else(|| {
-                ImportError::Invalid(format!(
-                    "node `{}` reads `{v}` before it is computed",
-                    node.name
-                ))
+        // Folded at import time where every input is known (or, for `Shape`, its dims).
+        let known: Vec<Option<&Folded>> = node
+            .inputs
+            .iter()
+            .map(|i| match values.get(i.as_str()) {
+                Some(Val::Static(f)) => Some(f),
+                _ => None,
             })
+            .collect();
+        let dims_of = |i: usize| match node.inputs.get(i).and_then(|v| values.get(v.as_str())) {
+            Some(Val::Dyn(e)) => Some(b.dims(e.id)),
+            _ => None,
+        };
+        if let Some(folded) = fold(node, &known, &dims_of) {
+            let folded = folded.map_err(|why| unsupported(node, &why, graph.opset))?;
+            if let Some(out) = node.outputs.first() {
+                values.insert(out.as_str(), Val::Static(folded));
+            }
+            continue;
+        }
+        let get = |v: &str, values: &HashMap<&str, Val>| {
+            match values.get(v) {
+            Some(Val::Dyn(e)) => Ok(e.clone()),
+            Some(Val::Static(_)) => Err(unsupported(
+                node,
+                &format!("`{v}` is known at import time, and a computed constant used as a tensor is not translated yet"),
+                graph.opset,
+            )),
+            None => Err(ImportError::Invalid(format!(
+                "node `{}` reads `{v}` before it is computed",
+                node.name
+            ))),
+        }
         };
         let why = |what: &str| unsupported(node, what, graph.opset);
         let out = node.outputs.first().map(String::as_str).unwrap_or("");
@@ -261,33 +327,132 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
                 let (spec, tensors) = gemm_linear(graph, node)?;
                 b.layer(node, spec, &node.inputs[1], tensors, &x)?
             }
-            "MatMul" => {
+            "MatMul" if pending_matmul_ok(graph, node, &readers, out) => {
                 let x = get(&node.inputs[0], &values)?;
-                let adds_bias = readers
-                    .get(out)
-                    .map(Vec::as_slice)
-                    .is_some_and(|r| matches!(r, [add] if add.op == "Add"));
-                if !adds_bias || !graph.initializers.contains_key(&node.inputs[1]) {
-                    return Err(why("a MatMul that is not a layer's weight product followed by its bias (only layers are translated so far)"));
-                }
                 pending_matmul.insert(out, (node, x));
                 continue;
             }
-            "Add" => {
-                let ((mm, x), bias) =
-                    match (
-                        pending_matmul.remove(node.inputs[0].as_str()),
-                        pending_matmul.remove(node.inputs[1].as_str()),
-                    ) {
-                        (Some(m), None) => (m, &node.inputs[1]),
-                        (None, Some(m)) => (m, &node.inputs[0]),
-                        _ => return Err(why(
-                            "an Add that is not a layer's bias (only layers are translated so far)",
-                        )),
-                    };
+            "Add"
+                if node
+                    .inputs
+                    .iter()
+                    .any(|i| pending_matmul.contains_key(i.as_str())) =>
+            {
+                let ((mm, x), bias) = match (
+                    pending_matmul.remove(node.inputs[0].as_str()),
+                    pending_matmul.remove(node.inputs[1].as_str()),
+                ) {
+                    (Some(m), None) => (m, &node.inputs[1]),
+                    (None, Some(m)) => (m, &node.inputs[0]),
+                    _ => return Err(why("an Add of two layers' products")),
+                };
                 let (spec, tensors) = matmul_linear(graph, mm, bias)?;
                 b.layer(mm, spec, &mm.inputs[1], tensors, &x)?
             }
+            "Reshape" => {
+                let x = get(&node.inputs[0], &values)?;
+                let Some(Val::Static(shape)) =
+                    node.inputs.get(1).and_then(|v| values.get(v.as_str()))
+                else {
+                    return Err(why("a Reshape to a shape computed at run time"));
+                };
+                let dims = reshape_target(&b.dims(x.id), shape).map_err(|e| why(&e))?;
+                let args = type_args(&dims)
+                    .ok_or_else(|| why("a Reshape to a size that is a product of sizes"))?;
+                let id = b.ir.reshape(&x.id, dims).map_err(|e| why(&e.to_string()))?;
+                method(x, format!("reshape::<{args}>()"), id)
+            }
+            "Transpose" => {
+                let x = get(&node.inputs[0], &values)?;
+                let rank = b.dims(x.id).len();
+                let perm: Vec<usize> = match node.attributes.get("perm") {
+                    Some(Attribute::Ints(p)) => p.iter().map(|&a| a as usize).collect(),
+                    _ => (0..rank).rev().collect(),
+                };
+                let id =
+                    b.ir.permute(&x.id, &perm)
+                        .map_err(|e| why(&e.to_string()))?;
+                let args = perm
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                method(x, format!("permute::<{args}>()"), id)
+            }
+            "Softmax" => {
+                let x = get(&node.inputs[0], &values)?;
+                let rank = b.dims(x.id).len() as i64;
+                let axis = int_attr(node, "axis", -1)?;
+                let axis = if axis < 0 { axis + rank } else { axis };
+                if !(0..rank).contains(&axis) {
+                    return Err(why(&format!(
+                        "a Softmax at axis {axis} of a rank-{rank} value"
+                    )));
+                }
+                let id =
+                    b.ir.softmax(&x.id, axis as usize)
+                        .map_err(|e| why(&e.to_string()))?;
+                let call = if axis == rank - 1 {
+                    "softmax()".to_string()
+                } else {
+                    format!("softmax({axis})")
+                };
+                method(x, call, id)
+            }
+            "LayerNormalization" => {
+                let x = get(&node.inputs[0], &values)?;
+                let (spec, tensors) = layer_norm(graph, node, b.dims(x.id).len())?;
+                b.layer(node, spec, &node.inputs[1], tensors, &x)?
+            }
+            "Gather" => {
+                let ids = get(&node.inputs[1], &values)?;
+                let table = graph
+                    .initializers
+                    .get(&node.inputs[0])
+                    .filter(|t| t.dims.len() == 2 && int_attr(node, "axis", 0).ok() == Some(0))
+                    .ok_or_else(|| {
+                        why("a Gather that is not a lookup in a table of rows (an embedding)")
+                    })?;
+                let spec = layer_spec(
+                    node,
+                    "Embedding",
+                    &[table.dims[0], table.dims[1]],
+                    graph.opset,
+                )?;
+                b.layer(
+                    node,
+                    spec,
+                    &node.inputs[0],
+                    vec![("weight", table.clone())],
+                    &ids,
+                )?
+            }
+            "MatMul" => {
+                let (x, y) = (
+                    get(&node.inputs[0], &values)?,
+                    get(&node.inputs[1], &values)?,
+                );
+                let id = b.ir.matmul(&x.id, &y.id).map_err(|e| why(&e.to_string()))?;
+                // Both operands named, as a product of two computed values is written.
+                let (xs, ys) = (
+                    b.bind(&Expr {
+                        layer_call: false,
+                        ..x
+                    }),
+                    b.bind(&Expr {
+                        layer_call: false,
+                        ..y
+                    }),
+                );
+                Expr {
+                    code: format!("{xs}.matmul({ys})"),
+                    plain: false,
+                    layer_call: false,
+                    hint: "h".into(),
+                    id,
+                }
+            }
+            "Add" | "Sub" | "Mul" | "Div" => arithmetic(&mut b, node, &values, &get)?,
             "Conv" => {
                 let x = get(&node.inputs[0], &values)?;
                 let (spec, tensors) = conv(graph, node)?;
@@ -323,25 +488,55 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
                     let x = get(&node.inputs[0], &values)?;
                     b.unary(node, u, &x)?
                 }
-                None => unreachable!("untranslated op {op} passed the check"),
+                // Folded where its inputs are known at import time; on computed tensors
+                // not translated yet.
+                None => return Err(why(&format!("a {op} of tensors computed at run time"))),
             },
         };
-        values.insert(out, result);
+        // A value read more than once is computed once, in a `let`.
+        let result = if readers.get(out).is_some_and(|r| r.len() > 1) && !result.plain {
+            let name = b.bind(&Expr {
+                layer_call: false,
+                ..result.clone()
+            });
+            Expr {
+                code: name,
+                plain: true,
+                layer_call: false,
+                ..result
+            }
+        } else {
+            result
+        };
+        values.insert(out, Val::Dyn(result));
     }
-    let result = values.get(output.name.as_str()).cloned().ok_or_else(|| {
-        ImportError::Invalid(format!("the output `{}` is never computed", output.name))
-    })?;
+    let result = match values.get(output.name.as_str()) {
+        Some(Val::Dyn(e)) => e.clone(),
+        Some(Val::Static(_)) => {
+            return Err(ImportError::Feature(format!(
+                "the output `{}` is a constant (nothing of it depends on the input)",
+                output.name
+            )))
+        }
+        None => {
+            return Err(ImportError::Invalid(format!(
+                "the output `{}` is never computed",
+                output.name
+            )))
+        }
+    };
     let result_dims = b.dims(result.id);
     if let Some(declared) = &output.dims {
         check_declared(&output.name, declared, &result_dims)?;
     }
     let name = name.to_string();
+    let input_type = format!("{}{input_suffix}", list(&input_dims));
     let source = source(
         &name,
         file,
         graph,
         &params,
-        (&arg, &input_dims),
+        (&arg, &input_type),
         &b,
         (&result, &result_dims),
     );
@@ -350,6 +545,258 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
         source,
         tensors: b.tensors,
     })
+}
+
+/// Whether a `MatMul` is a layer's weight product: by an initializer matrix, its only
+/// reader an `Add` (of the layer's bias).
+fn pending_matmul_ok(
+    graph: &Graph,
+    node: &Node,
+    readers: &HashMap<&str, Vec<&Node>>,
+    out: &str,
+) -> bool {
+    let adds_bias = readers
+        .get(out)
+        .map(Vec::as_slice)
+        .is_some_and(|r| matches!(r, [add] if add.op == "Add"));
+    adds_bias
+        && graph
+            .initializers
+            .get(&node.inputs[1])
+            .is_some_and(|w| w.dims.len() == 2)
+}
+
+/// A method chain longer than rustfmt's 60-column chain width, one call a line as
+/// rustfmt writes it (`self` / `.q(x)` / `.reshape::<..>()`); anything else as is.
+fn chain_lines(code: &str) -> String {
+    if code.len() <= 60 {
+        return code.to_string();
+    }
+    // Split at the dots outside brackets.
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in code.char_indices() {
+        match c {
+            '(' | '[' | '<' => depth += 1,
+            ')' | ']' | '>' => depth -= 1,
+            '.' if depth == 0 => {
+                parts.push(&code[start..i]);
+                start = i;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&code[start..]);
+    let ident = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let calls = parts[1..].iter().all(|p| {
+        p.chars()
+            .nth(1)
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+    });
+    if parts.len() < 3 || !ident(parts[0]) || !calls {
+        return code.to_string();
+    }
+    let mut out = parts[0].to_string();
+    for p in &parts[1..] {
+        out += "\n            ";
+        out += p;
+    }
+    out
+}
+
+/// `code` without parentheses around all of it (`(a + b)` as a statement's value).
+fn without_outer_parens(code: &str) -> &str {
+    let Some(inner) = code.strip_prefix('(').and_then(|c| c.strip_suffix(')')) else {
+        return code;
+    };
+    // Only if the first parenthesis closes at the end.
+    let mut depth = 0i32;
+    for c in inner.chars() {
+        depth += match c {
+            '(' => 1,
+            ')' => -1,
+            _ => 0,
+        };
+        if depth < 0 {
+            return code;
+        }
+    }
+    inner
+}
+
+/// `x.<call>` recorded as `id`.
+fn method(x: Expr, call: String, id: NodeId) -> Expr {
+    Expr {
+        code: format!("{}.{call}", x.code),
+        plain: false,
+        layer_call: false,
+        hint: x.hint,
+        id,
+    }
+}
+
+/// Elementwise arithmetic of two computed values (`(a + b)`, broadcasting as Kiln
+/// does), or of a computed value and an import-time scalar (`(a * 0.5)`).
+fn arithmetic<'g>(
+    b: &mut Translator,
+    node: &Node,
+    values: &HashMap<&'g str, Val>,
+    get: &ValueOf<'g>,
+) -> Result<Expr> {
+    use kiln_tensor::BinaryOp;
+    let why = |what: &str| unsupported(node, what, b.opset);
+    let op = match node.op.as_str() {
+        "Add" => (BinaryOp::Add, "+"),
+        "Sub" => (BinaryOp::Sub, "-"),
+        "Mul" => (BinaryOp::Mul, "*"),
+        _ => (BinaryOp::Div, "/"),
+    };
+    let scalar = |v: &str| match values.get(v) {
+        Some(Val::Static(f)) if f.dims.iter().product::<usize>() == 1 => {
+            f.scalar().filter(|x| x.is_finite())
+        }
+        _ => None,
+    };
+    let (a, c) = (&node.inputs[0], &node.inputs[1]);
+    // A scalar on the left of + and * moves to the right; of - and / it cannot.
+    let (x, s) = match (scalar(a), scalar(c)) {
+        (None, Some(s)) => (get(a, values)?, Some(s)),
+        (Some(s), None) if matches!(op.0, BinaryOp::Add | BinaryOp::Mul) => {
+            (get(c, values)?, Some(s))
+        }
+        (Some(_), None) => return Err(why("a scalar minus or over a tensor")),
+        _ => (get(a, values)?, None),
+    };
+    let (id, code) = match s {
+        Some(s) => {
+            let k =
+                b.ir.scalar_like(&x.id, s)
+                    .map_err(|e| why(&e.to_string()))?;
+            let id =
+                b.ir.binary(op.0, &x.id, &k)
+                    .map_err(|e| why(&e.to_string()))?;
+            (id, format!("({} {} {})", x.code, op.1, float_literal(s)))
+        }
+        None => {
+            let y = get(c, values)?;
+            let id =
+                b.ir.binary(op.0, &x.id, &y.id)
+                    .map_err(|e| why(&e.to_string()))?;
+            (id, format!("({} {} {})", x.code, op.1, y.code))
+        }
+    };
+    Ok(Expr {
+        code,
+        plain: false,
+        layer_call: false,
+        hint: x.hint,
+        id,
+    })
+}
+
+/// A float as a Rust literal that reads back to the same f32 (`0.5`, `2.0`).
+fn float_literal(v: f64) -> String {
+    let f = v as f32;
+    let s = format!("{f:?}");
+    if s.contains('.') || s.contains('e') {
+        s
+    } else {
+        format!("{s}.0")
+    }
+}
+
+/// ONNX `Reshape`'s target against the input's dims: `0` copies the input's dim, one
+/// `-1` is solved from the element count (after cancelling the sizes both sides name).
+fn reshape_target(input: &[SDim], shape: &Folded) -> std::result::Result<Vec<SDim>, String> {
+    let target = shape
+        .ints()
+        .ok_or("a Reshape to a shape that is not integers")?;
+    let mut dims: Vec<Option<SDim>> = Vec::with_capacity(target.len());
+    for (i, d) in target.iter().enumerate() {
+        match crate::fold::signed(d) {
+            Some(0) => dims.push(Some(
+                input
+                    .get(i)
+                    .cloned()
+                    .ok_or("a Reshape copying a dim the input lacks")?,
+            )),
+            Some(-1) => dims.push(None),
+            Some(n) if n < 0 => return Err(format!("a Reshape to a dim of {n}")),
+            _ => dims.push(Some(d.clone())),
+        }
+    }
+    let open = dims.iter().filter(|d| d.is_none()).count();
+    if open > 1 {
+        return Err("a Reshape with two open dims".into());
+    }
+    if open == 1 {
+        // Cancel the sizes named on both sides; what is left must be literal.
+        let mut left: Vec<SDim> = input.to_vec();
+        let mut right = Vec::new();
+        for d in dims.iter().flatten() {
+            match left.iter().position(|l| l == d) {
+                Some(p) => {
+                    left.remove(p);
+                }
+                None => right.push(d.clone()),
+            }
+        }
+        let product = |v: &[SDim]| {
+            v.iter()
+                .try_fold(1usize, |p, d| d.as_lit().and_then(|n| p.checked_mul(n)))
+        };
+        let (l, r) = (product(&left), product(&right));
+        let solved = match (l, r) {
+            (Some(l), Some(r)) if r > 0 && l % r == 0 => l / r,
+            _ => return Err("a Reshape whose open dim is not a whole number of the others".into()),
+        };
+        for d in dims.iter_mut().filter(|d| d.is_none()) {
+            *d = Some(SDim::lit(solved));
+        }
+    }
+    Ok(dims.into_iter().flatten().collect())
+}
+
+/// Dims as a method's const arguments (`BATCH, 2, 8`), `None` where one is a product
+/// or sum of sizes.
+fn type_args(dims: &[SDim]) -> Option<String> {
+    dims.iter()
+        .map(|d| match (d.as_lit(), d.as_param()) {
+            (Some(n), _) => Some(n.to_string()),
+            (_, Some(p)) => Some(p.to_string()),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()
+        .map(|v| v.join(", "))
+}
+
+/// The `LayerNorm` a `LayerNormalization` over the last axis with initializer scale
+/// and bias is (ε Kiln's, 1e-5).
+fn layer_norm(
+    graph: &Graph,
+    node: &Node,
+    rank: usize,
+) -> Result<(LayerSpec, Vec<(&'static str, Tensor)>)> {
+    let why = |what: &str| unsupported(node, what, graph.opset);
+    let axis = int_attr(node, "axis", -1)?;
+    if axis != -1 && axis != rank as i64 - 1 {
+        return Err(why("a layer norm over more than the last axis"));
+    }
+    let eps = float_attr(node, "epsilon", 1e-5)? as f64;
+    if (eps - kiln_tensor::nn::spec::LAYER_NORM_EPS).abs() > 1e-9 || node.outputs.len() > 1 {
+        return Err(why(&format!(
+            "epsilon {eps} or statistics outputs (Kiln's layer norm uses 1e-5)"
+        )));
+    }
+    let scale = initializer(graph, node, 1, "scale")?.clone();
+    let bias = match node.inputs.get(2).filter(|n| !n.is_empty()) {
+        Some(_) => initializer(graph, node, 2, "bias")?.clone(),
+        None => Tensor {
+            dims: scale.dims.clone(),
+            data: TensorData::F32(vec![0.0; scale.data.len()]),
+        },
+    };
+    let spec = layer_spec(node, "LayerNorm", &[scale.data.len()], graph.opset)?;
+    Ok((spec, vec![("weight", scale), ("bias", bias)]))
 }
 
 /// The ONNX ops that are one elementwise op of Kiln's table with the same meaning.
@@ -368,6 +815,24 @@ fn elementwise(op: &str) -> Option<UnaryOp> {
         .find(|u| u.name().eq_ignore_ascii_case(op))
 }
 
+/// `graph` with each `Identity` of an initializer (exporters alias equal
+/// initializers so: a second layer norm's ones) an initializer of its own name too.
+fn with_aliases(graph: &Graph) -> Graph {
+    let mut g = graph.clone();
+    for n in &graph.nodes {
+        if let (true, [input], [output]) = (
+            n.op == "Identity",
+            n.inputs.as_slice(),
+            n.outputs.as_slice(),
+        ) {
+            if let Some(t) = g.initializers.get(input).cloned() {
+                g.initializers.entry(output.clone()).or_insert(t);
+            }
+        }
+    }
+    g
+}
+
 /// The ops translated so far.
 const TRANSLATED: &[&str] = &[
     "Gemm",
@@ -379,6 +844,10 @@ const TRANSLATED: &[&str] = &[
     "BatchNormalization",
     "MaxPool",
     "GlobalAveragePool",
+    "Reshape",
+    "Transpose",
+    "Softmax",
+    "LayerNormalization",
 ];
 
 /// Every node whose op is not translated.
@@ -386,7 +855,10 @@ fn unsupported_nodes(graph: &Graph) -> Vec<UnsupportedNode> {
     graph
         .nodes
         .iter()
-        .filter(|n| !TRANSLATED.contains(&n.op.as_str()) && elementwise(&n.op).is_none())
+        .filter(|n| {
+            let op = n.op.as_str();
+            !TRANSLATED.contains(&op) && !FOLDED.contains(&op) && elementwise(op).is_none()
+        })
         .map(|n| UnsupportedNode {
             node: n.name.clone(),
             op: n.op.clone(),
@@ -851,7 +1323,7 @@ fn source(
     file: &str,
     graph: &Graph,
     params: &[String],
-    (arg, input): (&str, &[SDim]),
+    (arg, input): (&str, &str),
     b: &Translator,
     (result, result_dims): (&Expr, &[SDim]),
 ) -> String {
@@ -886,7 +1358,7 @@ fn source(
         "    /// The graph's output `{}` of its input `{}`.\n",
         graph.outputs[0].name, graph.inputs[0].name
     );
-    let (input, output) = (list(input), list(result_dims));
+    let output = list(result_dims);
     let signature = format!(
         "    pub fn forward{generics}(&self, {arg}: Tensor<{input}>) -> Tensor<{output}> {{\n"
     );
@@ -896,9 +1368,12 @@ fn source(
     } else {
         format!("    pub fn forward{generics}(\n        &self,\n        {arg}: Tensor<{input}>,\n    ) -> Tensor<{output}> {{\n")
     };
-    for l in &b.lets {
-        s += &format!("        {l}\n");
+    for (name, code) in &b.lets {
+        s += &format!("        let {name} = {};\n", chain_lines(code));
     }
-    s += &format!("        {}\n    }}\n}}\n", result.code);
+    s += &format!(
+        "        {}\n    }}\n}}\n",
+        chain_lines(without_outer_parens(&result.code))
+    );
     s
 }

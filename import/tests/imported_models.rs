@@ -4,7 +4,9 @@
 //! PyTorch's output to within 1e-5, planned and op by op. The MLP's layers are `Gemm`s;
 //! `mlp_matmul`'s are `MatMul` then `Add`, with tanh and sigmoid; the CNN's are
 //! convolutions, a batch norm with its running statistics, max and global average
-//! pooling and a flatten. The imported MLP is
+//! pooling and a flatten; the attention block's are an embedding, layer norms, heads
+//! split by reshapes whose sizes fold from the graph's shape subgraphs, products of
+//! activations, a softmax and an exact GELU written out. The imported MLP is
 //! fine-tuned as a part of a model with a loss: its gradients match finite differences
 //! and training lowers the loss. Its checkpoint is the committed one byte for byte,
 //! and `kiln::embed!` builds it in, checked against the model at build time. A caller's wrong input shape against an imported
@@ -26,6 +28,9 @@ mod mlp_matmul {
 }
 mod cnn {
     include!("expected/cnn.rs");
+}
+mod attention {
+    include!("expected/attention.rs");
 }
 
 /// The imported MLP fine-tuned for a 4-class task: a model holding it, with a loss.
@@ -173,6 +178,34 @@ fn the_imported_cnn_gives_pytorchs_outputs_planned_and_op_by_op() {
     for fused in [true, false] {
         model.set_fused(fused);
         assert_pytorchs("cnn", &model.forward(&x).unwrap().to_vec().unwrap(), fused);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_imported_attention_block_gives_pytorchs_outputs_planned_and_op_by_op() {
+    let dir = out_dir("attention");
+    let done = kiln_import::import(fixture("attention.onnx"), &dir, None).expect("the import");
+    let mut model = attention::Attention::<Cpu>::init(&CpuDevice, 0).unwrap();
+    checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
+    // PyTorch's int64 token ids as Kiln's i32.
+    let ids: Vec<i32> = match read_tensor(fixture("attention/input_0.pb")).unwrap().data {
+        TensorData::I64(v) => v.iter().map(|&i| i as i32).collect(),
+        other => panic!("token ids held as {other:?}"),
+    };
+    let x = Typed::<Cpu, (kiln::tensor::Const<2>, kiln::tensor::Const<6>), i32>::from_vec(
+        ids,
+        &[2, 6],
+        &CpuDevice,
+    )
+    .unwrap();
+    for fused in [true, false] {
+        model.set_fused(fused);
+        assert_pytorchs(
+            "attention",
+            &model.forward(&x).unwrap().to_vec().unwrap(),
+            fused,
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -17,27 +17,50 @@ fn fixture(name: &str) -> PathBuf {
 
 #[test]
 fn untranslated_ops_are_one_error_naming_each() {
-    let encoder = read(fixture("encoder.onnx")).unwrap();
-    let e = translate(&encoder, "Encoder", "encoder.onnx")
-        .expect_err("attention is not translated yet");
+    let decoder = read(fixture("decoder.onnx")).unwrap();
+    let e =
+        translate(&decoder, "Decoder", "decoder.onnx").expect_err("masks are not translated yet");
     let ImportError::Unsupported(ref nodes, 17) = e else {
         panic!("{e}");
     };
-    // Everything but the layers, the elementwise ops Kiln has and the identities.
-    assert_eq!(nodes.len(), 294, "{e}");
+    // The shape subgraphs (Shape, Gather, Unsqueeze, Concat, Constant, Cast, Slice,
+    // Squeeze, Pow and their arithmetic) fold at import time, and the layers, products,
+    // reshapes, softmax and GELU translate: what is left is the causal mask.
+    assert_eq!(nodes.len(), 5, "{e}");
     let text = e.to_string();
     for wanted in [
-        "cannot translate 294 nodes at opset 17",
-        "Gather (`/embed/Gather`, ",
-        "LayerNormalization (`/blocks/layers.0/norm1/LayerNormalization`, ",
-        "Softmax (`/blocks/layers.0/self_attn/Softmax`, `/blocks/layers.1/self_attn/Softmax`)",
+        "cannot translate 5 nodes at opset 17",
+        "Range (`/Range`)",
+        "ConstantOfShape (`/ConstantOfShape`)",
+        "Trilu (`/Trilu`)",
+        "Where (`/Where`, `/Where_1`)",
     ] {
         assert!(text.contains(wanted), "wanted `{wanted}` in: {text}");
     }
-    // A big graph's error stays readable: each op once, three nodes named.
-    assert_eq!(text.matches("Constant (").count(), 1, "{text}");
-    assert!(text.contains("108 more"), "{text}");
-    assert!(text.len() < 4000, "{} characters", text.len());
+    for folded in [
+        "Shape (",
+        "Gather (",
+        "Unsqueeze (",
+        "Concat (",
+        "Constant (",
+        "Cast (",
+    ] {
+        // After a space, so that `ConstantOfShape (` is not `Shape (`.
+        assert!(
+            !text.contains(&format!(" {folded}")),
+            "`{folded}` is folded, yet in: {text}"
+        );
+    }
+    // PyTorch's own attention layer splits q, k and v by indexing a computed tensor,
+    // which Kiln's methods cannot say yet: the node and why.
+    let encoder = read(fixture("encoder.onnx")).unwrap();
+    let text = translate(&encoder, "Encoder", "encoder.onnx")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("Unsqueeze (`/blocks/layers.0/self_attn/Unsqueeze_1`: a Unsqueeze of tensors computed at run time)"),
+        "{text}"
+    );
 }
 
 #[test]
