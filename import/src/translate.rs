@@ -1025,42 +1025,11 @@ fn conv(graph: &Graph, node: &Node) -> Result<(LayerSpec, Vec<(&'static str, Ten
     let [outputs, per_group, kh, _] = weight.dims[..] else {
         return Err(why("a Conv that is not 2-d"));
     };
-    if let Some(Attribute::String(pad)) = node.attributes.get("auto_pad") {
-        if pad != "NOTSET" {
-            return Err(why(&format!("auto_pad {pad} (explicit pads only)")));
-        }
-    }
-    let kernel = square(
-        node,
-        "kernel_shape",
-        &ints_attr(node, "kernel_shape", &[kh as i64, kh as i64])?,
-        2,
-        opset,
-    )?;
-    let stride = square(
-        node,
-        "strides",
-        &ints_attr(node, "strides", &[1, 1])?,
-        2,
-        opset,
-    )?;
-    let padding = square(
-        node,
-        "pads",
-        &ints_attr(node, "pads", &[0, 0, 0, 0])?,
-        4,
-        opset,
-    )?;
-    if square(
-        node,
-        "dilations",
-        &ints_attr(node, "dilations", &[1, 1])?,
-        2,
-        opset,
-    )? != 1
-    {
+    let w = window(node, kh, opset)?;
+    if w.dilation != 1 {
         return Err(why("a dilated Conv"));
     }
+    let (kernel, stride, padding) = (w.kernel, w.stride, w.padding);
     let groups =
         usize::try_from(int_attr(node, "group", 1)?).map_err(|_| why("a negative group"))?;
     let bias = match node.inputs.get(2).filter(|n| !n.is_empty()) {
@@ -1110,47 +1079,53 @@ fn batch_norm(graph: &Graph, node: &Node) -> Result<(LayerSpec, Vec<(&'static st
     ))
 }
 
+/// A square window as a convolution's or a pool's attributes give it.
+struct Window {
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+    dilation: usize,
+}
+
+/// The window of a `Conv` or a pool: `kernel_shape` (`default_kernel` where absent: a
+/// convolution's weight gives it), `strides`, `pads` and `dilations`, each the same
+/// along both axes (and on every side), and explicit padding.
+fn window(node: &Node, default_kernel: usize, opset: i64) -> Result<Window> {
+    if let Some(Attribute::String(pad)) = node.attributes.get("auto_pad") {
+        if pad != "NOTSET" {
+            return Err(unsupported(
+                node,
+                &format!("auto_pad {pad} (explicit pads only)"),
+                opset,
+            ));
+        }
+    }
+    let k = default_kernel as i64;
+    let kernel_default: &[i64] = if k > 0 { &[k, k] } else { &[] };
+    let get = |name: &str, default: &[i64], len: usize| {
+        square(node, name, &ints_attr(node, name, default)?, len, opset)
+    };
+    Ok(Window {
+        kernel: get("kernel_shape", kernel_default, 2)?,
+        stride: get("strides", &[1, 1], 2)?,
+        padding: get("pads", &[0, 0, 0, 0], 4)?,
+        dilation: get("dilations", &[1, 1], 2)?,
+    })
+}
+
 /// The `MaxPool2d` a `MaxPool` is (square window and stride, no padding, dilation or
 /// ceiling, no index output).
 fn max_pool(graph: &Graph, node: &Node) -> Result<LayerSpec> {
     let opset = graph.opset;
     let why = |what: &str| unsupported(node, what, opset);
-    let kernel = square(
-        node,
-        "kernel_shape",
-        &ints_attr(node, "kernel_shape", &[])?,
-        2,
-        opset,
-    )?;
-    let stride = square(
-        node,
-        "strides",
-        &ints_attr(node, "strides", &[1, 1])?,
-        2,
-        opset,
-    )?;
-    if square(
-        node,
-        "pads",
-        &ints_attr(node, "pads", &[0, 0, 0, 0])?,
-        4,
-        opset,
-    )? != 0
-    {
+    let w = window(node, 0, opset)?;
+    if w.padding != 0 {
         return Err(why("a padded MaxPool"));
     }
-    if square(
-        node,
-        "dilations",
-        &ints_attr(node, "dilations", &[1, 1])?,
-        2,
-        opset,
-    )? != 1
-        || int_attr(node, "ceil_mode", 0)? != 0
-        || node.outputs.len() > 1
-    {
+    if w.dilation != 1 || int_attr(node, "ceil_mode", 0)? != 0 || node.outputs.len() > 1 {
         return Err(why("a MaxPool with dilation, ceil_mode or an index output"));
     }
+    let (kernel, stride) = (w.kernel, w.stride);
     layer_spec(node, "MaxPool2d", &[kernel, stride], opset)
 }
 
