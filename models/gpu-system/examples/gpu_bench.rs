@@ -543,7 +543,8 @@ fn products<B: Backend>(dev: &B::Device, name: &str, reps: usize) -> Result<()> 
     };
     let r = |d: &[usize], seed| RawTensor::<B>::rand(d, dist, seed, DType::F32, dev);
     // (label, a's stored dims, transposed, b's stored dims, transposed)
-    let shapes: [(&str, [usize; 2], bool, [usize; 2], bool); 11] = [
+    type Case = (&'static str, [usize; 2], bool, [usize; 2], bool);
+    let shapes: [Case; 11] = [
         ("256x784x1024", [256, 784], false, [784, 1024], false),
         ("256x1024x1024", [256, 1024], false, [1024, 1024], false),
         ("256x1024x10", [256, 1024], false, [1024, 10], false),
