@@ -1,8 +1,11 @@
 //! An ONNX graph as Kiln `#[model]` source: layers recognised where the graph has them
 //! (`Gemm`, or `MatMul` then `Add` of a bias, over initializers: a `Linear`; `Conv`,
-//! `BatchNormalization`, `MaxPool`, `GlobalAveragePool`), elementwise ops as the
-//! tensor methods of Kiln's op table, and the layers' tensors in Kiln's checkpoint
-//! names and layout (PyTorch's: `fc1.weight` as `[out, in]`).
+//! `BatchNormalization`, `MaxPool`, `GlobalAveragePool`, `LayerNormalization`, a
+//! `Gather` of table rows: an `Embedding`), what the graph computes from constants and
+//! shapes folded at import time (`fold.rs`), the rest as tensor methods (elementwise
+//! ops of Kiln's op table, products, reshapes, transposes, softmax, arithmetic), and
+//! the layers' tensors in Kiln's checkpoint names and layout (PyTorch's: `fc1.weight`
+//! as `[out, in]`).
 //!
 //! Shapes are not restated here: each layer is a `kiln_tensor::nn::LayerSpec` whose
 //! type, parameters and forward pass are the library's, recorded into the op IR with
@@ -53,7 +56,9 @@ struct Expr {
 /// known at import time (folded).
 #[derive(Clone, Debug)]
 enum Val {
+    /// Computed by the generated code.
     Dyn(Expr),
+    /// Known at import time.
     Static(Folded),
 }
 
