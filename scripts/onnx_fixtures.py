@@ -128,16 +128,20 @@ class Decoder(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def export(name, model, example, out, dynamic, fold=True):
+def export(name, model, example, out, dynamic, fold=True, opset=17, data=True):
     model.eval()
     path = os.path.join(out, f"{name}.onnx")
     names = ["input"]
     torch.onnx.export(
-        model, (example,), path, dynamo=False, opset_version=17,
+        model, (example,), path, dynamo=False, opset_version=opset,
         input_names=names, output_names=["output"],
         dynamic_axes={"input": dynamic, "output": dynamic},
         do_constant_folding=fold,
     )
+    ops = onnx.load(path).graph.node
+    print(f"{path}: {len(ops)} nodes, {len({n.op_type for n in ops})} op types, {os.path.getsize(path)} bytes")
+    if not data:
+        return
     with torch.no_grad():
         result = model(example)
     data = os.path.join(out, name)
@@ -145,8 +149,6 @@ def export(name, model, example, out, dynamic, fold=True):
     for file, t in (("input_0.pb", example), ("output_0.pb", result)):
         with open(os.path.join(data, file), "wb") as f:
             f.write(numpy_helper.from_array(t.numpy()).SerializeToString())
-    ops = onnx.load(path).graph.node
-    print(f"{path}: {len(ops)} nodes, {len({n.op_type for n in ops})} op types, {os.path.getsize(path)} bytes")
 
 
 def main():
@@ -155,7 +157,11 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
-    export("mlp", Mlp(), torch.randn(3, 20), a.out, {0: "batch"})
+    mlp, x = Mlp(), torch.randn(3, 20)
+    export("mlp", mlp, x, a.out, {0: "batch"})
+    # The same model at the oldest and newest opsets Kiln imports (its data is mlp's).
+    for opset in (13, 21):
+        export(f"mlp_opset{opset}", mlp, x, a.out, {0: "batch"}, opset=opset, data=False)
     export("mlp_matmul", MatMulMlp(), torch.randn(2, 12), a.out, {0: "batch"})
     cnn = Cnn()
     # Running statistics of a model that has trained, not the initial zeros and ones.

@@ -270,7 +270,32 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
     }
     // A MatMul whose only reader adds a bias becomes the Linear at that Add.
     let mut pending_matmul: HashMap<&str, (&Node, Expr)> = HashMap::new();
+    let (gelus, inside_gelus) = exact_gelus(graph, &readers);
     for node in &graph.nodes {
+        // The exact GELU written out is `x.gelu()`: its inner nodes write nothing.
+        if inside_gelus.contains(node.name.as_str()) {
+            continue;
+        }
+        if let Some(x) = node.outputs.first().and_then(|o| gelus.get(o.as_str())) {
+            let x = match values.get(x) {
+                Some(Val::Dyn(e)) => e.clone(),
+                _ => {
+                    return Err(unsupported(
+                        node,
+                        "a GELU of a value known at import time",
+                        graph.opset,
+                    ))
+                }
+            };
+            let id =
+                b.ir.gelu_erf(&x.id)
+                    .map_err(|e| unsupported(node, &e.to_string(), graph.opset))?;
+            values.insert(
+                node.outputs[0].as_str(),
+                Val::Dyn(method(x, "gelu()".into(), id)),
+            );
+            continue;
+        }
         // Folded at import time where every input is known (or, for `Shape`, its dims).
         let known: Vec<Option<&Folded>> = node
             .inputs
@@ -498,8 +523,14 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
                 None => return Err(why(&format!("a {op} of tensors computed at run time"))),
             },
         };
-        // A value read more than once is computed once, in a `let`.
-        let result = if readers.get(out).is_some_and(|r| r.len() > 1) && !result.plain {
+        // A value read more than once is computed once, in a `let` (a GELU written out
+        // reads its input twice inside; `.gelu()` once).
+        let reads = readers.get(out).map_or(0, |r| {
+            r.iter()
+                .filter(|n| !inside_gelus.contains(n.name.as_str()))
+                .count()
+        }) + gelus.values().filter(|&&x| x == out).count();
+        let result = if reads > 1 && !result.plain {
             let name = b.bind(&Expr {
                 layer_call: false,
                 ..result.clone()
@@ -626,6 +657,83 @@ fn without_outer_parens(code: &str) -> &str {
         }
     }
     inner
+}
+
+/// The exact GELUs PyTorch writes out, `(x * (erf(x / √2) + 1)) * 0.5`, each operand
+/// order: each result's value mapped to its `x`, and the names of the nodes inside
+/// (whose values nothing else reads).
+fn exact_gelus<'g>(
+    graph: &'g Graph,
+    readers: &HashMap<&str, Vec<&'g Node>>,
+) -> (HashMap<&'g str, &'g str>, HashSet<&'g str>) {
+    let constant = |v: &str| scalar_constant(graph, v);
+    let near =
+        |v: &str, want: f64| constant(v).is_some_and(|c| (c - want).abs() <= 1e-6 * want.abs());
+    // The only reader of `v`, if it has one and it is an `op`.
+    let only = |v: &str, op: &str| match readers.get(v).map(Vec::as_slice) {
+        Some([n]) if n.op == op => Some(*n),
+        _ => None,
+    };
+    // The operand of a two-input node that is not `v`.
+    let other = |n: &'g Node, v: &str| -> Option<&'g str> {
+        match n.inputs.as_slice() {
+            [a, b] if a == v => Some(b.as_str()),
+            [a, b] if b == v => Some(a.as_str()),
+            _ => None,
+        }
+    };
+    let (mut gelus, mut inside) = (HashMap::new(), HashSet::new());
+    for erf in graph.nodes.iter().filter(|n| n.op == "Erf") {
+        let found = (|| {
+            let div = graph
+                .nodes
+                .iter()
+                .find(|n| n.op == "Div" && n.outputs.first() == erf.inputs.first())?;
+            let x = div.inputs.first()?.as_str();
+            if !near(div.inputs.get(1)?, std::f64::consts::SQRT_2)
+                || only(&div.outputs[0], "Erf")?.name != erf.name
+            {
+                return None;
+            }
+            let add = only(&erf.outputs[0], "Add")?;
+            if !near(other(add, &erf.outputs[0])?, 1.0) {
+                return None;
+            }
+            let times_x = only(&add.outputs[0], "Mul")?;
+            if other(times_x, &add.outputs[0])? != x {
+                return None;
+            }
+            let half = only(&times_x.outputs[0], "Mul")?;
+            if !near(other(half, &times_x.outputs[0])?, 0.5) {
+                return None;
+            }
+            Some((x, [div, erf, add, times_x], half))
+        })();
+        if let Some((x, nodes, half)) = found {
+            gelus.insert(half.outputs[0].as_str(), x);
+            inside.extend(nodes.iter().map(|n| n.name.as_str()));
+        }
+    }
+    (gelus, inside)
+}
+
+/// The value of `v` if it is one number held in the file: an initializer or a
+/// `Constant`'s.
+fn scalar_constant(graph: &Graph, v: &str) -> Option<f64> {
+    let held = match graph.initializers.get(v) {
+        Some(t) => t.clone(),
+        None => {
+            let node = graph
+                .nodes
+                .iter()
+                .find(|n| n.op == "Constant" && n.outputs.first().map(String::as_str) == Some(v))?;
+            match node.attributes.get("value") {
+                Some(Attribute::Tensor(t)) => t.clone(),
+                _ => return None,
+            }
+        }
+    };
+    Folded::of(&held).scalar().filter(|_| held.data.len() == 1)
 }
 
 /// `x.<call>` recorded as `id`.

@@ -104,6 +104,25 @@ fn the_sources_written_are_the_committed_ones() {
 }
 
 #[test]
+fn the_oldest_and_newest_opsets_translate_alike() {
+    // PyTorch's MLP exported at opsets 13 and 21 (the range Kiln imports) is the opset
+    // 17 one: the same source but for its header, the same tensors.
+    let at17 = translate(&read(fixture("mlp.onnx")).unwrap(), "Mlp", "mlp.onnx").unwrap();
+    for opset in [13, 21] {
+        let graph = read(fixture(&format!("mlp_opset{opset}.onnx"))).unwrap();
+        assert_eq!(graph.opset, opset);
+        let t = translate(&graph, "Mlp", "mlp.onnx").unwrap();
+        assert_eq!(
+            t.source,
+            at17.source
+                .replace("ONNX opset 17", &format!("ONNX opset {opset}")),
+            "opset {opset}"
+        );
+        assert_eq!(t.tensors, at17.tensors, "opset {opset}");
+    }
+}
+
+#[test]
 fn the_imported_mlp_gives_pytorchs_outputs_planned_and_op_by_op() {
     let dir = out_dir("mlp");
     let done = kiln_import::import(fixture("mlp.onnx"), &dir, None).expect("the import");

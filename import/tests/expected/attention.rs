@@ -44,9 +44,8 @@ impl Attention {
             .permute::<0, 2, 1, 3>()
             .reshape::<BATCH, SEQUENCE, 16>();
         let embed_2 = embed + self.proj(h_2);
-        let up = self.up(self.ln2(embed_2));
-        let up_2 = (up * ((up / 1.4142135).erf() + 1.0)) * 0.5;
-        let embed_3 = embed_2 + self.down(up_2);
+        let up = self.up(self.ln2(embed_2)).gelu();
+        let embed_3 = embed_2 + self.down(up);
         self.head(embed_3)
     }
 }
