@@ -9,6 +9,7 @@ use crate::onnx;
 use prost::Message;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 
 /// The oldest ONNX opset Kiln imports.
 pub const MIN_OPSET: i64 = 13;
@@ -28,8 +29,9 @@ pub struct Graph {
     pub inputs: Vec<Value>,
     /// The model's outputs, in order.
     pub outputs: Vec<Value>,
-    /// The initializers (weights and constants) by name.
-    pub initializers: BTreeMap<String, Tensor>,
+    /// The initializers (weights and constants) by name, shared so that a copy of the
+    /// graph does not copy its weights.
+    pub initializers: BTreeMap<String, Arc<Tensor>>,
     /// The nodes, each after every node whose output it reads.
     pub nodes: Vec<Node>,
 }
@@ -217,7 +219,10 @@ pub fn decode(bytes: &[u8]) -> Result<Graph> {
             return Err(ImportError::Invalid("an initializer has no name".into()));
         }
         let tensor = tensor(t, &format!("initializer `{name}`"))?;
-        if initializers.insert(name.clone(), tensor).is_some() {
+        if initializers
+            .insert(name.clone(), Arc::new(tensor))
+            .is_some()
+        {
             return Err(ImportError::Invalid(format!(
                 "two initializers are named `{name}`"
             )));
@@ -466,7 +471,7 @@ fn from_raw(ty: ElementType, raw: &[u8]) -> TensorData {
 fn in_dependency_order(
     nodes: Vec<Node>,
     inputs: &[Value],
-    initializers: &BTreeMap<String, Tensor>,
+    initializers: &BTreeMap<String, Arc<Tensor>>,
 ) -> Result<Vec<Node>> {
     // Which node produces each value, and the values there from the start.
     let mut producer: HashMap<&str, usize> = HashMap::new();

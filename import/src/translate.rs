@@ -453,7 +453,7 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
                     node,
                     spec,
                     &node.inputs[0],
-                    vec![("weight", table.clone())],
+                    vec![("weight", (**table).clone())],
                     &ids,
                 )?
             }
@@ -720,20 +720,23 @@ fn exact_gelus<'g>(
 /// The value of `v` if it is one number held in the file: an initializer or a
 /// `Constant`'s.
 fn scalar_constant(graph: &Graph, v: &str) -> Option<f64> {
-    let held = match graph.initializers.get(v) {
-        Some(t) => t.clone(),
+    let held: &Tensor = match graph.initializers.get(v) {
+        Some(t) => t,
         None => {
             let node = graph
                 .nodes
                 .iter()
                 .find(|n| n.op == "Constant" && n.outputs.first().map(String::as_str) == Some(v))?;
             match node.attributes.get("value") {
-                Some(Attribute::Tensor(t)) => t.clone(),
+                Some(Attribute::Tensor(t)) => t,
                 _ => return None,
             }
         }
     };
-    Folded::of(&held).scalar().filter(|_| held.data.len() == 1)
+    // Only a single value is converted (a weight read here is not).
+    (held.data.len() == 1)
+        .then(|| Folded::of(held).scalar())
+        .flatten()
 }
 
 /// `x.<call>` recorded as `id`.
@@ -930,6 +933,7 @@ fn elementwise(op: &str) -> Option<UnaryOp> {
 
 /// `graph` with each `Identity` of an initializer (exporters alias equal
 /// initializers so: a second layer norm's ones) an initializer of its own name too.
+/// Initializers are shared, so the copy holds no second copy of the weights.
 fn with_aliases(graph: &Graph) -> Graph {
     let mut g = graph.clone();
     for n in &graph.nodes {
@@ -1037,6 +1041,7 @@ fn initializer<'g>(graph: &'g Graph, node: &Node, i: usize, what: &str) -> Resul
     node.inputs
         .get(i)
         .and_then(|n| graph.initializers.get(n))
+        .map(|t| &**t)
         .ok_or_else(|| {
             unsupported(
                 node,
