@@ -72,6 +72,9 @@ impl Paths {
     pub fn permute(&self, x: Tensor<Dyn, Dyn, Dyn>) -> Tensor<Dyn, Dyn, Dyn> {
         x.permute::<2, 0, 1>()
     }
+    pub fn narrow(&self, x: Tensor<Dyn, Dyn>) -> Tensor<Dyn, 2> {
+        x.narrow::<1, 1, 2>()
+    }
     pub fn cast(&self, x: Tensor<Dyn, Dyn>) -> Tensor<Dyn, Dyn, f64> {
         x.cast::<f64>()
     }
@@ -209,6 +212,7 @@ macro_rules! runtime_call {
                 MethodArgs::Dims(vec![None, Some(6)]),
             ),
             Method::Permute => t[0].permute(&[2, 0, 1]),
+            Method::Narrow => t[0].narrow(1, 1, 2),
             Method::Cast => t[0].cast(DType::F64),
             Method::Matmul => t[0].matmul(&t[1]),
             Method::Mse => t[0].mse(&t[1]),
@@ -243,6 +247,7 @@ fn model_call(m: &Paths<Cpu>, method: Method, t: &[RawTensor<Cpu>]) -> Outcome {
         Method::Argmax => read(m.argmax(&x2())),
         Method::Reshape => read(m.reshape(&x2())),
         Method::Permute => read(m.permute(&x3())),
+        Method::Narrow => read(m.narrow(&x2())),
         Method::Cast => read(m.cast(&x2())),
         Method::Matmul => read(m.matmul(&x2(), &y2())),
         Method::Mse => read(m.mse(&x2(), &y2())),
@@ -280,9 +285,9 @@ fn typed_call(method: Method, t: &[RawTensor<Cpu>]) -> Option<Outcome> {
         Method::Mse => read(x2().mse(&y2())),
         Method::CrossEntropy => read(x2().cross_entropy(&labels(), 0.0)),
         Method::CrossEntropySmoothed => read(x2().cross_entropy(&labels(), 0.1)),
-        // No typed form: `flatten` and `concat` change a size the types would have
-        // to compute.
-        Method::Flatten | Method::Concat => return None,
+        // No typed form: `flatten`, `narrow` and `concat` change a size the types
+        // would have to compute.
+        Method::Flatten | Method::Narrow | Method::Concat => return None,
     })
 }
 

@@ -280,6 +280,19 @@ pub trait BuilderExt: Builder {
             &[x],
         )
     }
+    /// `len` elements from `start` along `axis` (`x.narrow::<AXIS, START, LEN>()`).
+    fn narrow(
+        &mut self,
+        x: &Self::Value,
+        axis: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<Self::Value> {
+        let end = start
+            .checked_add(len)
+            .ok_or_else(|| Error::invalid("narrow", format!("{start} + {len} overflows a size")))?;
+        self.slice(x, axis, start, end)
+    }
     /// Joins values along `axis`.
     fn concat(&mut self, xs: &[&Self::Value], axis: usize) -> Result<Self::Value> {
         self.apply(Op::Concat { axis }, xs)

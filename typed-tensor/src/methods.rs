@@ -27,7 +27,8 @@ use crate::error::{Error, Result};
 /// Forms: `plain()` (`x.gelu()`), `axis_arg(axis)` (`x.softmax()` or `x.softmax(AXIS)`,
 /// the last axis by default), `axis_turbofish(axis)` (`x.sum::<AXIS>()`),
 /// `dims(dims)` (`x.reshape::<D0, D1>()`, at most one `Dyn`), `perm(perm)`
-/// (`x.permute::<P0, P1>()`), `dtype(dtype)` (`x.cast::<bf16>()`), `tensor(rhs)`
+/// (`x.permute::<P0, P1>()`), `axis_range(axis, start, len)`
+/// (`x.narrow::<AXIS, START, LEN>()`), `dtype(dtype)` (`x.cast::<bf16>()`), `tensor(rhs)`
 /// (`a.mse(b)`), `axis_tensor(axis, rhs)` (`a.concat::<AXIS>(b)`) and
 /// `tensor_scalar(rhs, s)` (`logits.cross_entropy_smoothed(labels, 0.1)`).
 #[macro_export]
@@ -68,6 +69,8 @@ macro_rules! for_each_method {
             Reshape reshape dims(dims) -> custom => |b, x| b.reshape_open(x, dims);
             #[doc = "Reorders the axes (a view; run time: `permute(&perm)`)."]
             Permute permute perm(perm) -> custom => |b, x| b.permute(x, &perm);
+            #[doc = "`LEN` elements from `START` along `AXIS` (a view; run time: `slice(axis, start, start + len, 1)`)."]
+            Narrow narrow axis_range(axis, start, len) -> custom => |b, x| b.narrow(x, axis, start, len);
             #[doc = "Converts the dtype (run time: `cast(dtype)`)."]
             Cast cast dtype(dtype) -> custom => |b, x| b.cast(x, dtype);
             #[doc = "Matrix product, batched over leading axes (`[.., M, K] × [.., K, N]` or `× [K, N]`)."]
@@ -97,6 +100,8 @@ pub enum Form {
     Dims,
     /// `x.permute::<P0, P1>()`: an order of the axes in the turbofish.
     Perm,
+    /// `x.narrow::<AXIS, START, LEN>()`: an axis and a range of it in the turbofish.
+    AxisRange,
     /// `x.cast::<bf16>()`: a dtype in the turbofish.
     DType,
     /// `a.mse(b)`: one tensor argument.
@@ -116,6 +121,7 @@ impl Form {
             Form::AxisTurbofish => format!(".{name}::<AXIS>()"),
             Form::Dims => format!(".{name}::<D0, D1, ..>()"),
             Form::Perm => format!(".{name}::<P0, P1, ..>()"),
+            Form::AxisRange => format!(".{name}::<AXIS, START, LEN>()"),
             Form::DType => format!(".{name}::<DTYPE>()"),
             Form::Tensor => format!(".{name}(other)"),
             Form::AxisTensor => format!(".{name}::<AXIS>(other)"),
@@ -127,14 +133,24 @@ impl Form {
     pub fn takes_turbofish(self) -> bool {
         matches!(
             self,
-            Form::AxisTurbofish | Form::Dims | Form::Perm | Form::DType | Form::AxisTensor
+            Form::AxisTurbofish
+                | Form::Dims
+                | Form::Perm
+                | Form::AxisRange
+                | Form::DType
+                | Form::AxisTensor
         )
     }
 
     /// How many arguments the call takes (at most; `AxisArg`'s is optional).
     pub fn arguments(self) -> usize {
         match self {
-            Form::Plain | Form::AxisTurbofish | Form::Dims | Form::Perm | Form::DType => 0,
+            Form::Plain
+            | Form::AxisTurbofish
+            | Form::Dims
+            | Form::Perm
+            | Form::AxisRange
+            | Form::DType => 0,
             Form::AxisArg | Form::Tensor | Form::AxisTensor => 1,
             Form::TensorScalar => 2,
         }
@@ -152,6 +168,8 @@ pub enum MethodArgs<'a, V, D> {
     Dims(Vec<Option<D>>),
     /// [`Form::Perm`].
     Perm(Vec<usize>),
+    /// [`Form::AxisRange`]: the axis, the first index and the count.
+    AxisRange(usize, usize, usize),
     /// [`Form::DType`].
     DType(DType),
     /// [`Form::Tensor`].
@@ -190,6 +208,11 @@ macro_rules! __method_args {
     };
     (perm, $a:expr, $x:expr, $b:expr, ($perm:ident)) => {
         let $crate::MethodArgs::Perm($perm) = $a else {
+            return Err($crate::methods::misfit());
+        };
+    };
+    (axis_range, $a:expr, $x:expr, $b:expr, ($axis:ident, $start:ident, $len:ident)) => {
+        let $crate::MethodArgs::AxisRange($axis, $start, $len) = $a else {
             return Err($crate::methods::misfit());
         };
     };
@@ -233,6 +256,9 @@ macro_rules! __method_form {
     };
     (perm) => {
         $crate::methods::Form::Perm
+    };
+    (axis_range) => {
+        $crate::methods::Form::AxisRange
     };
     (dtype) => {
         $crate::methods::Form::DType
@@ -500,6 +526,16 @@ macro_rules! __tensor_table_method {
         #[doc = $doc]
         pub fn $name(&self, $rhs: &Self) -> $crate::Result<Self> {
             $crate::Method::$v.apply(&mut self.ops(), self, $crate::MethodArgs::Tensor($rhs))
+        }
+    };
+    (#[doc = $doc:literal] $v:ident $name:ident axis_range ($axis:ident, $start:ident, $len:ident)) => {
+        #[doc = $doc]
+        pub fn $name(&self, $axis: usize, $start: usize, $len: usize) -> $crate::Result<Self> {
+            $crate::Method::$v.apply(
+                &mut self.ops(),
+                self,
+                $crate::MethodArgs::AxisRange($axis, $start, $len),
+            )
         }
     };
     (#[doc = $doc:literal] $v:ident $name:ident tensor_scalar ($rhs:ident, $s:ident)) => {

@@ -197,6 +197,17 @@ impl<'a> Lower<'a> {
                     .map(|a| self.const_usize(a))
                     .collect::<LResult<_>>()?,
             ),
+            Form::AxisRange => match turbofish.as_slice() {
+                [axis, start, len] => MethodArgs::AxisRange(
+                    self.const_usize(axis)?,
+                    self.const_usize(start)?,
+                    self.const_usize(len)?,
+                ),
+                _ => {
+                    self.err(span, format!("write `{}`", form.spelling(&name)));
+                    return Err(());
+                }
+            },
             Form::DType => {
                 let dt = match turbofish.as_slice() {
                     [syn::GenericArgument::Type(Type::Path(p))] => p

@@ -28,6 +28,16 @@ impl Net {
         x.mean(1)
     }
 
+    // Elements 4..12 of an axis of 8.
+    fn window<const B: usize>(&self, x: Tensor<B, 8, 4>) -> Tensor<B, 8, 4> {
+        x.narrow::<1, 4, 8>()
+    }
+
+    // `narrow` takes the axis, the start and the count.
+    fn head<const B: usize>(&self, x: Tensor<B, 8, 4>) -> Tensor<B, 4, 4> {
+        x.narrow::<1, 4>()
+    }
+
     // `argmax` has no `_all` form to suggest.
     fn best<const B: usize>(&self, x: Tensor<B, 4>) -> Tensor<B, i32> {
         x.argmax()
