@@ -60,6 +60,41 @@ enum Val {
     Dyn(Expr),
     /// Known at import time.
     Static(Folded),
+    /// The positions `0..n` of a sequence (`Range(0, n, 1)`), for a position table.
+    Positions(SDim),
+    /// A 0/1 matrix known at import time by its rule (a causal mask's triangle).
+    Band(Band),
+}
+
+/// A 0/1 matrix `[rows, cols]` of symbolic size, known by its rule: entry `(i, j)` is
+/// set where `j - i >= k` (`Some((true, k))`, an upper triangle), `j - i <= k`
+/// (`Some((false, k))`, a lower one) or everywhere (`None`), the opposite where
+/// `negated`. What `ConstantOfShape`, `Trilu`, `Cast`, `Not` and `Equal` to 0 build a
+/// causal mask from.
+#[derive(Clone, Debug)]
+struct Band {
+    dims: [SDim; 2],
+    rule: Option<(bool, i64)>,
+    negated: bool,
+}
+
+impl Band {
+    /// Whether the set entries are exactly those above the diagonal (`j > i`): the
+    /// keys a causal mask hides from each query.
+    fn is_above_diagonal(&self) -> bool {
+        matches!(
+            (self.rule, self.negated),
+            (Some((true, 1)), false) | (Some((false, 0)), true)
+        )
+    }
+
+    /// The complement.
+    fn negated(self) -> Band {
+        Band {
+            negated: !self.negated,
+            ..self
+        }
+    }
 }
 
 /// How translation reads a computed value by name.
@@ -80,6 +115,9 @@ struct Translator {
     lets: Vec<(String, String)>,
     locals: HashSet<String>,
     opset: i64,
+    /// Each reshape written, by its node: its code, and the code and node it reshapes
+    /// (a reshape of a reshape is written as one).
+    reshapes: HashMap<NodeId, (String, String, NodeId)>,
 }
 
 impl Translator {
@@ -115,6 +153,20 @@ impl Translator {
         named_after: &str,
         tensors: Vec<(&'static str, Tensor)>,
         x: &Expr,
+    ) -> Result<Expr> {
+        self.layer_via(node, spec, named_after, tensors, x, None)
+    }
+
+    /// [`Translator::layer`], called through the layer's method `via` where given
+    /// (`self.pos.positions(ids)`, `x` then recording what the method feeds the layer).
+    fn layer_via(
+        &mut self,
+        node: &Node,
+        spec: LayerSpec,
+        named_after: &str,
+        tensors: Vec<(&'static str, Tensor)>,
+        x: &Expr,
+        via: Option<&str>,
     ) -> Result<Expr> {
         let x_dims = self.dims(x.id);
         spec.check_input(&x_dims)
@@ -180,13 +232,30 @@ impl Translator {
             self.tensors.push((format!("{field}.{name}"), t));
         }
         let arg = self.bind(x);
+        let call = match via {
+            Some(method) => format!("self.{field}.{method}({arg})"),
+            None => format!("self.{field}({arg})"),
+        };
         Ok(Expr {
-            code: format!("self.{field}({arg})"),
+            code: call,
             plain: false,
             layer_call: true,
-            hint: field,
+            hint: local_hint(&field),
             id: y,
         })
+    }
+
+    /// `x`'s code, bound by a new `let` where it is longer than a chain rustfmt keeps
+    /// on one line (an operand of `a + b`).
+    fn bind_long(&mut self, x: &Expr) -> String {
+        if x.code.len() > 60 && !x.plain {
+            self.bind(&Expr {
+                layer_call: false,
+                ..x.clone()
+            })
+        } else {
+            x.code.clone()
+        }
     }
 
     /// `x.method()` for an elementwise op of Kiln's table.
@@ -239,6 +308,7 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
         lets: Vec::new(),
         locals: HashSet::from([arg.clone(), "self".to_string()]),
         opset: graph.opset,
+        reshapes: HashMap::new(),
     };
     // Integer inputs (ONNX's int64 ids) are Kiln's i32.
     let (input_dtype, input_suffix) = match input.dtype {
@@ -296,6 +366,14 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
             );
             continue;
         }
+        // Positions and the triangles of causal masks, by their rules.
+        if let Some(v) = pattern(node, &values, graph.opset) {
+            let v = v?;
+            if let Some(out) = node.outputs.first() {
+                values.insert(out.as_str(), v);
+            }
+            continue;
+        }
         // Folded at import time where every input is known (or, for `Shape`, its dims).
         let known: Vec<Option<&Folded>> = node
             .inputs
@@ -322,6 +400,16 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
             Some(Val::Static(_)) => Err(unsupported(
                 node,
                 &format!("`{v}` is known at import time, and a computed constant used as a tensor is not translated yet"),
+                graph.opset,
+            )),
+            Some(Val::Positions(_)) => Err(unsupported(
+                node,
+                &format!("`{v}` is a Range 0..n, which is translated only as the positions a position table embeds"),
+                graph.opset,
+            )),
+            Some(Val::Band(_)) => Err(unsupported(
+                node,
+                &format!("`{v}` is a triangle of ones, which is translated only as a causal mask chosen by a Where"),
                 graph.opset,
             )),
             None => Err(ImportError::Invalid(format!(
@@ -387,10 +475,49 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
                     return Err(why("a Reshape to a shape computed at run time"));
                 };
                 let dims = reshape_target(&b.dims(x.id), shape).map_err(|e| why(&e))?;
-                let args = type_args(&dims)
-                    .ok_or_else(|| why("a Reshape to a size that is a product of sizes"))?;
-                let id = b.ir.reshape(&x.id, dims).map_err(|e| why(&e.to_string()))?;
-                method(x, format!("reshape::<{args}>()"), id)
+                reshaped(&mut b, node, x, dims)?
+            }
+            "Unsqueeze" | "Squeeze" => {
+                let x = get(&node.inputs[0], &values)?;
+                let dims = squeezed(node, &b.dims(x.id), &values, graph.opset)?;
+                reshaped(&mut b, node, x, dims)?
+            }
+            "Slice" => {
+                let x = get(&node.inputs[0], &values)?;
+                sliced(&mut b, node, x, &values)?
+            }
+            "Gather" if matches!(values.get(node.inputs[0].as_str()), Some(Val::Dyn(_))) => {
+                let x = get(&node.inputs[0], &values)?;
+                picked(&mut b, node, x, &values)?
+            }
+            "Cast" => {
+                let x = get(&node.inputs[0], &values)?;
+                let to = int_attr(node, "to", 0)?;
+                let dtype =
+                    onnx_dtype(to).ok_or_else(|| why(&format!("a Cast to ONNX type {to}")))?;
+                if b.ir.dtype(&x.id) == dtype {
+                    x
+                } else {
+                    let id = b.ir.cast(&x.id, dtype).map_err(|e| why(&e.to_string()))?;
+                    method(x, format!("cast::<{}>()", dtype.name()), id)
+                }
+            }
+            "Where" => {
+                let scores = causal_mask_of(node, &values, &readers, graph.opset)?;
+                let x = get(scores, &values)?;
+                let dims = b.dims(x.id);
+                let Some(Val::Band(mask)) = values.get(node.inputs[0].as_str()) else {
+                    unreachable!("causal_mask_of checked the condition")
+                };
+                if dims.len() < 2 || mask.dims[..] != dims[dims.len() - 2..] {
+                    return Err(why(&format!(
+                        "a causal mask of [{}] over scores [{}]",
+                        list(&mask.dims),
+                        list(&dims)
+                    )));
+                }
+                let id = b.ir.causal_mask(&x.id).map_err(|e| why(&e.to_string()))?;
+                method(x, "causal_mask()".into(), id)
             }
             "Transpose" => {
                 let x = get(&node.inputs[0], &values)?;
@@ -435,7 +562,6 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
                 b.layer(node, spec, &node.inputs[1], tensors, &x)?
             }
             "Gather" => {
-                let ids = get(&node.inputs[1], &values)?;
                 let table = graph
                     .initializers
                     .get(&node.inputs[0])
@@ -449,12 +575,32 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
                     &[table.dims[0], table.dims[1]],
                     graph.opset,
                 )?;
-                b.layer(
+                // A table read at the positions 0..T is `self.pos.positions(ids)`, `ids`
+                // the input whose last size is T.
+                let (ids, via) = match values.get(node.inputs[1].as_str()) {
+                    Some(Val::Positions(n)) => {
+                        let ids = match values.get(input.name.as_str()) {
+                            Some(Val::Dyn(e)) if b.dims(e.id).last() == Some(n) => e.clone(),
+                            _ => {
+                                return Err(why(&format!(
+                                    "positions 0..{n}, and {n} is not the input's last size"
+                                )))
+                            }
+                        };
+                        let at =
+                            b.ir.positions(&ids.id, table.dims[0])
+                                .map_err(|e| why(&e.to_string()))?;
+                        (Expr { id: at, ..ids }, Some("positions"))
+                    }
+                    _ => (get(&node.inputs[1], &values)?, None),
+                };
+                b.layer_via(
                     node,
                     spec,
                     &node.inputs[0],
                     vec![("weight", (**table).clone())],
                     &ids,
+                    via,
                 )?
             }
             "MatMul" => {
@@ -548,7 +694,7 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
     }
     let result = match values.get(output.name.as_str()) {
         Some(Val::Dyn(e)) => e.clone(),
-        Some(Val::Static(_)) => {
+        Some(Val::Static(_) | Val::Positions(_) | Val::Band(_)) => {
             return Err(ImportError::Feature(format!(
                 "the output `{}` is a constant (nothing of it depends on the input)",
                 output.name
@@ -739,6 +885,19 @@ fn scalar_constant(graph: &Graph, v: &str) -> Option<f64> {
         .flatten()
 }
 
+/// The name for `let`s of a layer's results: its field's name after the index of the
+/// block it is in (`blocks_layers_0_self_attn` → `self_attn`), or all of it (`qkv_0`).
+fn local_hint(field: &str) -> String {
+    let parts: Vec<&str> = field.split('_').collect();
+    match parts
+        .iter()
+        .rposition(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+    {
+        Some(i) if i + 1 < parts.len() => parts[i + 1..].join("_"),
+        _ => field.to_string(),
+    }
+}
+
 /// `x.<call>` recorded as `id`.
 fn method(x: Expr, call: String, id: NodeId) -> Expr {
     Expr {
@@ -759,7 +918,8 @@ fn arithmetic<'g>(
     get: &ValueOf<'g>,
 ) -> Result<Expr> {
     use kiln_tensor::BinaryOp;
-    let why = |what: &str| unsupported(node, what, b.opset);
+    let opset = b.opset;
+    let why = |what: &str| unsupported(node, what, opset);
     let op = match node.op.as_str() {
         "Add" => (BinaryOp::Add, "+"),
         "Sub" => (BinaryOp::Sub, "-"),
@@ -782,6 +942,11 @@ fn arithmetic<'g>(
         (Some(_), None) => return Err(why("a scalar minus or over a tensor")),
         _ => (get(a, values)?, None),
     };
+    // Operands too long for one line of `a + b` are named by `let`s.
+    let x = Expr {
+        code: b.bind_long(&x),
+        ..x
+    };
     let (id, code) = match s {
         Some(s) => {
             let k =
@@ -797,7 +962,8 @@ fn arithmetic<'g>(
             let id =
                 b.ir.binary(op.0, &x.id, &y.id)
                     .map_err(|e| why(&e.to_string()))?;
-            (id, format!("({} {} {})", x.code, op.1, y.code))
+            let y = b.bind_long(&y);
+            (id, format!("({} {} {})", x.code, op.1, y))
         }
     };
     Ok(Expr {
@@ -807,6 +973,419 @@ fn arithmetic<'g>(
         hint: x.hint,
         id,
     })
+}
+
+/// `Range` and the ops building a causal mask's triangle, where they read values known
+/// at import time (`None` for any other node, which translation takes as usual):
+/// `Range(0, n, 1)` is the positions `0..n`; `ConstantOfShape` of a matrix, `Trilu` of
+/// ones, and `Cast`, `Identity`, `Not` or `Equal` to a number of a triangle are
+/// [`Band`]s.
+fn pattern(node: &Node, values: &HashMap<&str, Val>, opset: i64) -> Option<Result<Val>> {
+    let why = |what: &str| unsupported(node, what, opset);
+    let input = |i: usize| {
+        node.inputs
+            .get(i)
+            .filter(|n| !n.is_empty())
+            .and_then(|n| values.get(n.as_str()))
+    };
+    let band = |i: usize| match input(i) {
+        Some(Val::Band(b)) => Some(b.clone()),
+        _ => None,
+    };
+    let known = |i: usize| match input(i) {
+        Some(Val::Static(f)) => Some(f),
+        _ => None,
+    };
+    // A folded value of one integer.
+    let one = |f: &Folded| match f.ints() {
+        Some([d]) => Some(d.clone()),
+        _ => None,
+    };
+    Some(match node.op.as_str() {
+        "Range" => {
+            let (start, limit, delta) = (known(0)?, known(1)?, known(2)?);
+            match (one(start), one(limit), one(delta)) {
+                (Some(s), Some(n), Some(d)) if s.as_lit() == Some(0) && d.as_lit() == Some(1) => {
+                    Ok(Val::Positions(n))
+                }
+                _ => Err(why(
+                    "a Range other than 0..n by 1 (translated as the positions of a sequence)",
+                )),
+            }
+        }
+        "ConstantOfShape" => {
+            let shape = known(0)?;
+            let value = match node.attributes.get("value") {
+                None => Some(false),
+                Some(Attribute::Tensor(t)) if t.data.len() == 1 => nonzero(&Folded::of(t)),
+                Some(_) => None,
+            };
+            match (shape.ints(), value) {
+                (Some([rows, cols]), Some(set)) => Ok(Val::Band(Band {
+                    dims: [rows.clone(), cols.clone()],
+                    rule: None,
+                    negated: !set,
+                })),
+                _ => Err(why(
+                    "a ConstantOfShape that is not a matrix of one number (translated as the ones of a causal mask)",
+                )),
+            }
+        }
+        "Trilu" => {
+            let b = band(0)?;
+            let k = match input(1) {
+                None => Some(0),
+                Some(Val::Static(f)) => one(f).as_ref().and_then(crate::fold::signed),
+                Some(_) => None,
+            };
+            let upper = match int_attr(node, "upper", 1) {
+                Ok(u) => u != 0,
+                Err(e) => return Some(Err(e)),
+            };
+            match (k, b.rule, b.negated) {
+                (Some(k), None, false) => Ok(Val::Band(Band {
+                    rule: Some((upper, k)),
+                    ..b
+                })),
+                (Some(_), None, true) => Ok(Val::Band(b)),
+                _ => Err(why(
+                    "a Trilu of a triangle, or by a diagonal known only at run time",
+                )),
+            }
+        }
+        "Cast" | "Identity" => Ok(Val::Band(band(0)?)),
+        "Not" => Ok(Val::Band(band(0)?.negated())),
+        "Equal" => {
+            let (b, other) = match (band(0), band(1)) {
+                (Some(b), None) => (b, known(1)),
+                (None, Some(b)) => (b, known(0)),
+                _ => return None,
+            };
+            match other.and_then(nonzero) {
+                Some(true) => Ok(Val::Band(b)),
+                Some(false) => Ok(Val::Band(b.negated())),
+                None => Err(why(
+                    "an Equal of a triangle to something other than a number",
+                )),
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// Whether a folded value of one element is not zero (`None`: not one number).
+fn nonzero(f: &Folded) -> Option<bool> {
+    match &f.data {
+        crate::fold::FoldedData::Bools(v) if v.len() == 1 => Some(v[0]),
+        _ => f.scalar().map(|x| x != 0.0),
+    }
+}
+
+/// The scores a `Where` masks causally: `Where(mask, fill, scores)` with `mask` the
+/// triangle above the diagonal (or `Where(keep, scores, fill)` with its complement),
+/// `fill` −∞ or a number at most −1e9, and the result read only by softmaxes over
+/// its last axis. Kiln's `.causal_mask()` pushes scores down by the largest finite
+/// float instead of filling them, which a softmax cannot tell apart.
+fn causal_mask_of<'v>(
+    node: &'v Node,
+    values: &HashMap<&str, Val>,
+    readers: &HashMap<&str, Vec<&Node>>,
+    opset: i64,
+) -> Result<&'v str> {
+    let why = |what: &str| unsupported(node, what, opset);
+    let [cond, a, c] = node.inputs.as_slice() else {
+        return Err(why("a Where without three inputs"));
+    };
+    let Some(Val::Band(mask)) = values.get(cond.as_str()) else {
+        return Err(why(
+            "a Where whose condition is not a triangle of ones (only causal masks are translated)",
+        ));
+    };
+    let fill = |v: &str| match values.get(v) {
+        Some(Val::Static(f)) => f.scalar().is_some_and(|x| x <= -1e9),
+        _ => false,
+    };
+    let (hidden, scores) = match (fill(a), fill(c)) {
+        (true, false) => (mask.clone(), c),
+        (false, true) => (mask.clone().negated(), a),
+        _ => return Err(why(
+            "a Where that does not choose between scores and −∞ (only causal masks are translated)",
+        )),
+    };
+    if !hidden.is_above_diagonal() {
+        return Err(why(
+            "a Where that hides another triangle than the keys after each query (a causal mask hides j > i)",
+        ));
+    }
+    let out = node.outputs.first().map(String::as_str).unwrap_or("");
+    let softmax_last = |n: &&Node| n.op == "Softmax" && matches!(int_attr(n, "axis", -1), Ok(-1));
+    if !readers
+        .get(out)
+        .is_some_and(|r| !r.is_empty() && r.iter().all(softmax_last))
+    {
+        return Err(why(
+            "a causal mask read by something other than a softmax over the last axis",
+        ));
+    }
+    Ok(scores)
+}
+
+/// The ONNX element type `to` as Kiln's dtype (int64 as i32, as integer inputs are).
+fn onnx_dtype(to: i64) -> Option<DType> {
+    Some(match to {
+        1 => DType::F32,
+        6 | 7 => DType::I32,
+        9 => DType::Bool,
+        10 => DType::F16,
+        11 => DType::F64,
+        12 => DType::U32,
+        16 => DType::BF16,
+        _ => return None,
+    })
+}
+
+/// `x` reshaped to `dims` (`x` itself where they are its dims): `.reshape::<..>()`,
+/// a size that is a product of sizes written `Dyn` (solved from the element count).
+fn reshaped(b: &mut Translator, node: &Node, x: Expr, dims: Vec<SDim>) -> Result<Expr> {
+    if b.dims(x.id) == dims {
+        return Ok(x);
+    }
+    // A reshape of a reshape just written reshapes what that one read.
+    let x = match b.reshapes.get(&x.id) {
+        Some((code, before, id)) if *code == x.code => Expr {
+            code: before.clone(),
+            id: *id,
+            ..x
+        },
+        _ => x,
+    };
+    if b.dims(x.id) == dims {
+        return Ok(x);
+    }
+    let args = reshape_args(&dims).ok_or_else(|| {
+        unsupported(
+            node,
+            &format!(
+                "a reshape to [{}], with more than one size that is a product of sizes",
+                list(&dims)
+            ),
+            b.opset,
+        )
+    })?;
+    let id =
+        b.ir.reshape(&x.id, dims)
+            .map_err(|e| unsupported(node, &e.to_string(), b.opset))?;
+    let (before, before_id) = (x.code.clone(), x.id);
+    let y = method(x, format!("reshape::<{args}>()"), id);
+    b.reshapes.insert(id, (y.code.clone(), before, before_id));
+    Ok(y)
+}
+
+/// `len` elements of `x` from `start` along `axis`: `.narrow::<AXIS, START, LEN>()`.
+fn narrowed(
+    b: &mut Translator,
+    node: &Node,
+    x: Expr,
+    (axis, start, len): (usize, usize, usize),
+) -> Result<Expr> {
+    let id =
+        b.ir.narrow(&x.id, axis, start, len)
+            .map_err(|e| unsupported(node, &e.to_string(), b.opset))?;
+    Ok(method(x, format!("narrow::<{axis}, {start}, {len}>()"), id))
+}
+
+/// A list of integers known at import time, input `i` of `node` (`None` where absent).
+fn known_ints(
+    node: &Node,
+    i: usize,
+    values: &HashMap<&str, Val>,
+    opset: i64,
+) -> Result<Option<Vec<i64>>> {
+    let Some(v) = node.inputs.get(i).filter(|n| !n.is_empty()) else {
+        return Ok(None);
+    };
+    match values.get(v.as_str()) {
+        Some(Val::Static(f)) => f
+            .ints()
+            .and_then(|d| {
+                d.iter()
+                    .map(crate::fold::signed)
+                    .collect::<Option<Vec<_>>>()
+            })
+            .map(Some)
+            .ok_or_else(|| {
+                unsupported(
+                    node,
+                    &format!("`{v}` is not integers known at import time"),
+                    opset,
+                )
+            }),
+        _ => Err(unsupported(
+            node,
+            &format!("`{v}` is computed at run time (translated where it is known at import time)"),
+            opset,
+        )),
+    }
+}
+
+/// An axis counted from the end where negative, checked against `rank`.
+fn axis_of(node: &Node, axis: i64, rank: usize, opset: i64) -> Result<usize> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if (0..r).contains(&a) {
+        Ok(a as usize)
+    } else {
+        Err(unsupported(
+            node,
+            &format!("axis {axis} of a rank-{rank} value"),
+            opset,
+        ))
+    }
+}
+
+/// The dims after an `Unsqueeze` (ones inserted at its axes) or a `Squeeze` (its
+/// axes, each of size 1, removed; without axes every literal 1).
+fn squeezed(
+    node: &Node,
+    dims: &[SDim],
+    values: &HashMap<&str, Val>,
+    opset: i64,
+) -> Result<Vec<SDim>> {
+    let axes = known_ints(node, 1, values, opset)?;
+    let mut out = dims.to_vec();
+    if node.op == "Unsqueeze" {
+        let axes = axes.ok_or_else(|| unsupported(node, "an Unsqueeze without axes", opset))?;
+        let rank = dims.len() + axes.len();
+        let mut at = axes
+            .iter()
+            .map(|&a| axis_of(node, a, rank, opset))
+            .collect::<Result<Vec<_>>>()?;
+        at.sort_unstable();
+        at.dedup();
+        if at.len() != axes.len() {
+            return Err(unsupported(
+                node,
+                "an Unsqueeze naming an axis twice",
+                opset,
+            ));
+        }
+        for a in at {
+            out.insert(a, SDim::lit(1));
+        }
+        return Ok(out);
+    }
+    let mut at = match axes {
+        Some(axes) => axes
+            .iter()
+            .map(|&a| axis_of(node, a, dims.len(), opset))
+            .collect::<Result<Vec<_>>>()?,
+        None => (0..dims.len())
+            .filter(|&i| dims[i].as_lit() == Some(1))
+            .collect(),
+    };
+    at.sort_unstable();
+    at.dedup();
+    for &a in at.iter().rev() {
+        if dims[a].as_lit() != Some(1) {
+            return Err(unsupported(
+                node,
+                &format!("a Squeeze of axis {a} of [{}], which is not 1", list(dims)),
+                opset,
+            ));
+        }
+        out.remove(a);
+    }
+    Ok(out)
+}
+
+/// A `Slice` of a computed value with bounds known at import time, step 1: one
+/// `.narrow::<AXIS, START, LEN>()` per axis it shortens (ONNX's negative bounds count
+/// from the end; bounds past the end are the end).
+fn sliced(b: &mut Translator, node: &Node, x: Expr, values: &HashMap<&str, Val>) -> Result<Expr> {
+    let opset = b.opset;
+    let why = |what: &str| unsupported(node, what, opset);
+    let ints = |i: usize| known_ints(node, i, values, opset);
+    let starts = ints(1)?.ok_or_else(|| why("a Slice without starts"))?;
+    let ends = ints(2)?.ok_or_else(|| why("a Slice without ends"))?;
+    let axes = ints(3)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = ints(4)?.unwrap_or_else(|| vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err(why(
+            "a Slice whose starts, ends, axes and steps differ in length",
+        ));
+    }
+    let dims = b.dims(x.id);
+    let mut x = x;
+    for (((&a, &s), &e), &step) in axes.iter().zip(&starts).zip(&ends).zip(&steps) {
+        if step != 1 {
+            return Err(why("a Slice with a step other than 1"));
+        }
+        let axis = axis_of(node, a, dims.len(), opset)?;
+        // ONNX writes "to the end" as the largest int64.
+        let to_end = e >= i64::MAX / 2;
+        let (start, end) = match dims[axis].as_lit() {
+            Some(n) => {
+                let n = n as i64;
+                let clamp = |v: i64| if v < 0 { (v + n).max(0) } else { v.min(n) };
+                (clamp(s), clamp(e))
+            }
+            None if s == 0 && to_end => continue,
+            None if s >= 0 && e >= 0 && !to_end => (s, e),
+            None => {
+                return Err(why(&format!(
+                    "a Slice {s}..{e} of axis {axis} of [{}], counted from its end, whose size is known only at run time",
+                    list(&dims)
+                )))
+            }
+        };
+        if start == 0 && dims[axis].as_lit() == Some(end as usize) {
+            continue;
+        }
+        let len = (end - start).max(0) as usize;
+        x = narrowed(b, node, x, (axis, start as usize, len))?;
+    }
+    Ok(x)
+}
+
+/// A `Gather` of one index known at import time from a computed value: that slice
+/// along the axis (`.narrow::<AXIS, I, 1>()`), the axis removed for a scalar index.
+fn picked(b: &mut Translator, node: &Node, x: Expr, values: &HashMap<&str, Val>) -> Result<Expr> {
+    let opset = b.opset;
+    let why = |what: &str| unsupported(node, what, opset);
+    let dims = b.dims(x.id);
+    let axis = axis_of(node, int_attr(node, "axis", 0)?, dims.len(), opset)?;
+    let index = match node.inputs.get(1).and_then(|v| values.get(v.as_str())) {
+        Some(Val::Static(f)) => f,
+        _ => {
+            return Err(why(
+                "a Gather from a computed value at indices computed at run time (an embedding's table must be an initializer)",
+            ))
+        }
+    };
+    let i = match index.ints() {
+        Some([i]) => crate::fold::signed(i),
+        _ => None,
+    }
+    .ok_or_else(|| why("a Gather of more than one index from a computed value"))?;
+    let n = dims[axis].as_lit();
+    let i = match (i, n) {
+        (i, Some(n)) if i < 0 && i + n as i64 >= 0 => (i + n as i64) as usize,
+        (i, _) if i >= 0 => i as usize,
+        _ => {
+            return Err(why(&format!(
+                "a Gather at index {i} of axis {axis} of [{}]",
+                list(&dims)
+            )))
+        }
+    };
+    let x = narrowed(b, node, x, (axis, i, 1))?;
+    if index.dims.is_empty() {
+        let mut out = dims;
+        out.remove(axis);
+        reshaped(b, node, x, out)
+    } else {
+        Ok(x)
+    }
 }
 
 /// A float as a Rust literal that reads back to the same f32 (`0.5`, `2.0`).
@@ -872,17 +1451,26 @@ fn reshape_target(input: &[SDim], shape: &Folded) -> std::result::Result<Vec<SDi
     Ok(dims.into_iter().flatten().collect())
 }
 
-/// Dims as a method's const arguments (`BATCH, 2, 8`), `None` where one is a product
-/// or sum of sizes.
-fn type_args(dims: &[SDim]) -> Option<String> {
-    dims.iter()
-        .map(|d| match (d.as_lit(), d.as_param()) {
-            (Some(n), _) => Some(n.to_string()),
-            (_, Some(p)) => Some(p.to_string()),
-            _ => None,
-        })
-        .collect::<Option<Vec<_>>>()
-        .map(|v| v.join(", "))
+/// Dims as `reshape`'s const arguments (`BATCH, 2, 8`), one size that is a product or
+/// sum of sizes as `Dyn` (`None` where more are).
+fn reshape_args(dims: &[SDim]) -> Option<String> {
+    let open = dims
+        .iter()
+        .filter(|d| d.as_lit().is_none() && d.as_param().is_none())
+        .count();
+    if open > 1 {
+        return None;
+    }
+    Some(
+        dims.iter()
+            .map(|d| match (d.as_lit(), d.as_param()) {
+                (Some(n), _) => n.to_string(),
+                (_, Some(p)) => p.to_string(),
+                _ => "Dyn".to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+    )
 }
 
 /// The `LayerNorm` a `LayerNormalization` over the last axis with initializer scale
@@ -952,6 +1540,12 @@ fn with_aliases(graph: &Graph) -> Graph {
 
 /// The ops translated so far.
 const TRANSLATED: &[&str] = &[
+    "Range",
+    "ConstantOfShape",
+    "Trilu",
+    "Where",
+    "Equal",
+    "Not",
     "Gemm",
     "MatMul",
     "Add",

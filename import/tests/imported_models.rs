@@ -32,6 +32,12 @@ mod cnn {
 mod attention {
     include!("expected/attention.rs");
 }
+mod decoder {
+    include!("expected/decoder.rs");
+}
+mod encoder {
+    include!("expected/encoder.rs");
+}
 
 /// The imported MLP fine-tuned for a 4-class task: a model holding it, with a loss.
 #[model]
@@ -43,6 +49,23 @@ pub struct Tuned {
 impl Tuned {
     pub fn loss<const B: usize>(&self, x: Tensor<B, 20>, y: Tensor<B, i32>) -> Tensor {
         self.net.forward(x).cross_entropy(y)
+    }
+}
+
+/// The imported decoder fine-tuned on next tokens: a model holding it, with a loss.
+#[model]
+pub struct TunedDecoder {
+    net: decoder::Decoder,
+}
+
+#[model]
+impl TunedDecoder {
+    pub fn loss<const B: usize, const T: usize>(
+        &self,
+        x: Tensor<B, T, i32>,
+        y: Tensor<Dyn, i32>,
+    ) -> Tensor {
+        self.net.forward(x).reshape::<Dyn, 20>().cross_entropy(y)
     }
 }
 
@@ -90,6 +113,25 @@ fn the_sources_written_are_the_committed_ones() {
             "MlpMatmul",
             include_str!("expected/mlp_matmul.rs"),
             4,
+        ),
+        ("cnn", "Cnn", include_str!("expected/cnn.rs"), 10),
+        (
+            "attention",
+            "Attention",
+            include_str!("expected/attention.rs"),
+            19,
+        ),
+        (
+            "decoder",
+            "Decoder",
+            include_str!("expected/decoder.rs"),
+            30,
+        ),
+        (
+            "encoder",
+            "Encoder",
+            include_str!("expected/encoder.rs"),
+            27,
         ),
     ] {
         let graph = read(fixture(&format!("{stem}.onnx"))).expect("the fixture reads");
@@ -208,16 +250,7 @@ fn the_imported_attention_block_gives_pytorchs_outputs_planned_and_op_by_op() {
     let mut model = attention::Attention::<Cpu>::init(&CpuDevice, 0).unwrap();
     checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
     // PyTorch's int64 token ids as Kiln's i32.
-    let ids: Vec<i32> = match read_tensor(fixture("attention/input_0.pb")).unwrap().data {
-        TensorData::I64(v) => v.iter().map(|&i| i as i32).collect(),
-        other => panic!("token ids held as {other:?}"),
-    };
-    let x = Typed::<Cpu, (kiln::tensor::Const<2>, kiln::tensor::Const<6>), i32>::from_vec(
-        ids,
-        &[2, 6],
-        &CpuDevice,
-    )
-    .unwrap();
+    let x = token_ids::<2, 6>("attention");
     for fused in [true, false] {
         model.set_fused(fused);
         assert_pytorchs(
@@ -229,14 +262,63 @@ fn the_imported_attention_block_gives_pytorchs_outputs_planned_and_op_by_op() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The token ids of fixture `stem`'s input: PyTorch's int64 as Kiln's i32.
+fn token_ids<const B: usize, const T: usize>(
+    stem: &str,
+) -> Typed<Cpu, (kiln::tensor::Const<B>, kiln::tensor::Const<T>), i32> {
+    let ids: Vec<i32> = match read_tensor(fixture(&format!("{stem}/input_0.pb")))
+        .unwrap()
+        .data
+    {
+        TensorData::I64(v) => v.iter().map(|&i| i as i32).collect(),
+        other => panic!("token ids held as {other:?}"),
+    };
+    Typed::from_vec(ids, &[B, T], &CpuDevice).unwrap()
+}
+
+#[test]
+fn the_imported_causal_decoder_gives_pytorchs_outputs_planned_and_op_by_op() {
+    // Learned positions (`Range` into a table: `.positions()`), q, k and v cut from
+    // one layer's output (`Slice`: `.narrow()`), the mask PyTorch builds from
+    // `Trilu` and `Where` (`.causal_mask()`), two pre-norm blocks.
+    let dir = out_dir("decoder");
+    let done = kiln_import::import(fixture("decoder.onnx"), &dir, None).expect("the import");
+    let mut model = decoder::Decoder::<Cpu>::init(&CpuDevice, 0).unwrap();
+    checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
+    let x = token_ids::<2, 8>("decoder");
+    for fused in [true, false] {
+        model.set_fused(fused);
+        assert_pytorchs(
+            "decoder",
+            &model.forward(&x).unwrap().to_vec().unwrap(),
+            fused,
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_imported_transformer_encoder_gives_pytorchs_outputs_planned_and_op_by_op() {
+    // PyTorch's own nn.TransformerEncoder: nn.MultiheadAttention's packed projection
+    // split by `Unsqueeze`, `Squeeze` and `Gather` of computed values.
+    let dir = out_dir("encoder");
+    let done = kiln_import::import(fixture("encoder.onnx"), &dir, None).expect("the import");
+    let mut model = encoder::Encoder::<Cpu>::init(&CpuDevice, 0).unwrap();
+    checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
+    let x = token_ids::<2, 8>("encoder");
+    for fused in [true, false] {
+        model.set_fused(fused);
+        assert_pytorchs(
+            "encoder",
+            &model.forward(&x).unwrap().to_vec().unwrap(),
+            fused,
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Moves element `index` of the parameter `name` by `delta`, the way optimizers do.
-fn nudge(
-    model: &mut Tuned<Cpu>,
-    grads: &<Tuned<Cpu> as Module<Cpu>>::Grads,
-    name: &str,
-    index: usize,
-    delta: f32,
-) {
+fn nudge<M: Module<Cpu>>(model: &mut M, grads: &M::Grads, name: &str, index: usize, delta: f32) {
     let mut f = |n: &str, p: &mut RawTensor<Cpu>, _g: &RawTensor<Cpu>| -> kiln::Result<()> {
         if n == name {
             let mut v = p.to_vec::<f32>()?;
@@ -304,5 +386,64 @@ fn the_imported_mlp_fine_tunes_with_gradients_matching_finite_differences() {
         last < first / 2.0,
         "fine-tuning took the loss from {first} to {last}"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_imported_decoder_has_gradients_matching_finite_differences() {
+    // Through the positions, the slices of q, k and v and the causal mask.
+    let dir = out_dir("decoder-tuned");
+    let done = kiln_import::import(fixture("decoder.onnx"), &dir, None).expect("the import");
+    let mut model = TunedDecoder::<Cpu>::init(&CpuDevice, 0).unwrap();
+    checkpoint::load(&mut model.net, &done.checkpoint).expect("the imported weights load");
+    let x = token_ids::<2, 8>("decoder");
+    let next: Vec<i32> = x
+        .raw()
+        .to_vec::<i32>()
+        .unwrap()
+        .iter()
+        .map(|t| (t + 1) % 20)
+        .collect();
+    let y = Typed::<Cpu, (Dyn,), i32>::from_vec(next, &[16], &CpuDevice).unwrap();
+    let loss = |m: &TunedDecoder<Cpu>| m.loss(&x, &y).unwrap().raw().to_vec::<f32>().unwrap()[0];
+    let (_, grads) = model.loss_and_grad(&x, &y).unwrap();
+    let mut analytic = std::collections::HashMap::new();
+    model
+        .update_params(&grads, "", &mut |n, _p, g| {
+            analytic.insert(n.to_string(), g.to_vec::<f32>()?);
+            Ok(())
+        })
+        .unwrap();
+    let eps = 1e-2;
+    // The query, key and value rows of each block's packed projection (rows 0..16,
+    // 16..32 and 32..48 of its [48, 16] weight), the positions, a layer norm: in each,
+    // the element of the largest gradient, which f32 differences resolve.
+    let largest = |name: &str, range: std::ops::Range<usize>| {
+        let g = &analytic[name];
+        range
+            .max_by(|&a, &b| g[a].abs().total_cmp(&g[b].abs()))
+            .unwrap()
+    };
+    let mut checked = Vec::new();
+    for block in ["net.qkv_0.weight", "net.qkv_1.weight"] {
+        for rows in [0..16, 16..32, 32..48] {
+            checked.push((block, largest(block, rows.start * 16..rows.end * 16)));
+        }
+    }
+    checked.push(("net.pos.weight", largest("net.pos.weight", 0..8 * 16)));
+    checked.push(("net.ln1_1.weight", largest("net.ln1_1.weight", 0..16)));
+    for (name, index) in checked {
+        nudge(&mut model, &grads, name, index, eps);
+        let up = loss(&model);
+        nudge(&mut model, &grads, name, index, -2.0 * eps);
+        let down = loss(&model);
+        nudge(&mut model, &grads, name, index, eps);
+        let numeric = (up - down) / (2.0 * eps);
+        let got = analytic[name][index];
+        assert!(
+            numeric.abs() > 1e-4 && (got - numeric).abs() <= 5e-5 + 0.03 * numeric.abs(),
+            "{name}[{index}]: gradient {got}, finite difference {numeric}"
+        );
+    }
     std::fs::remove_dir_all(&dir).ok();
 }

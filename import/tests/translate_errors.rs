@@ -15,50 +15,79 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The fixture `stem` with `edit` applied to its nodes: the translation's error.
+fn edited_error(stem: &str, edit: impl Fn(&mut Vec<onnx::NodeProto>)) -> String {
+    let bytes = std::fs::read(fixture(&format!("{stem}.onnx"))).unwrap();
+    let mut m = onnx::ModelProto::decode(bytes.as_slice()).unwrap();
+    edit(&mut m.graph.as_mut().unwrap().node);
+    let g = decode(&m.encode_to_vec()).unwrap();
+    translate(&g, "Edited", "edited.onnx")
+        .unwrap_err()
+        .to_string()
+}
+
 #[test]
 fn untranslated_ops_are_one_error_naming_each() {
-    let decoder = read(fixture("decoder.onnx")).unwrap();
-    let e =
-        translate(&decoder, "Decoder", "decoder.onnx").expect_err("masks are not translated yet");
-    let ImportError::Unsupported(ref nodes, 17) = e else {
-        panic!("{e}");
-    };
-    // The shape subgraphs (Shape, Gather, Unsqueeze, Concat, Constant, Cast, Slice,
-    // Squeeze, Pow and their arithmetic) fold at import time, and the layers, products,
-    // reshapes, softmax and GELU translate: what is left is the causal mask.
-    assert_eq!(nodes.len(), 5, "{e}");
-    let text = e.to_string();
+    // The MLP with its ReLUs made SELUs and its last layer a Hardmax.
+    let text = edited_error("mlp", |nodes| {
+        for n in nodes.iter_mut() {
+            match n.op_type() {
+                "Relu" => n.op_type = Some("Selu".into()),
+                "Gemm" if n.name() == "/fc3/Gemm" => n.op_type = Some("Hardmax".into()),
+                _ => {}
+            }
+        }
+    });
     for wanted in [
-        "cannot translate 5 nodes at opset 17",
-        "Range (`/Range`)",
-        "ConstantOfShape (`/ConstantOfShape`)",
-        "Trilu (`/Trilu`)",
-        "Where (`/Where`, `/Where_1`)",
+        "cannot translate 3 nodes at opset 17",
+        "Selu (`/Relu`, `/Relu_1`)",
+        "Hardmax (`/fc3/Gemm`)",
     ] {
         assert!(text.contains(wanted), "wanted `{wanted}` in: {text}");
     }
-    for folded in [
-        "Shape (",
-        "Gather (",
-        "Unsqueeze (",
-        "Concat (",
-        "Constant (",
-        "Cast (",
-    ] {
-        // After a space, so that `ConstantOfShape (` is not `Shape (`.
-        assert!(
-            !text.contains(&format!(" {folded}")),
-            "`{folded}` is folded, yet in: {text}"
-        );
-    }
-    // PyTorch's own attention layer splits q, k and v by indexing a computed tensor,
-    // which Kiln's methods cannot say yet: the node and why.
-    let encoder = read(fixture("encoder.onnx")).unwrap();
-    let text = translate(&encoder, "Encoder", "encoder.onnx")
-        .unwrap_err()
-        .to_string();
+}
+
+#[test]
+fn a_mask_that_is_not_causal_says_why() {
+    // The decoder's mask made the lower triangle: each query would see only the
+    // keys after it, which `.causal_mask()` is not.
+    let text = edited_error("decoder", |nodes| {
+        let trilu = nodes.iter_mut().find(|n| n.op_type() == "Trilu").unwrap();
+        for a in &mut trilu.attribute {
+            if a.name() == "upper" {
+                a.i = Some(0);
+            }
+        }
+    });
     assert!(
-        text.contains("Unsqueeze (`/blocks/layers.0/self_attn/Unsqueeze_1`: a Unsqueeze of tensors computed at run time)"),
+        text.contains("Where (`/Where`: a Where that hides another triangle"),
+        "{text}"
+    );
+    // The masked scores read by something other than a softmax: −∞ and Kiln's
+    // finite mask would differ.
+    let text = edited_error("decoder", |nodes| {
+        let softmax = nodes.iter_mut().find(|n| n.op_type() == "Softmax").unwrap();
+        softmax.op_type = Some("Exp".into());
+        softmax.attribute.clear();
+    });
+    assert!(
+        text.contains("a causal mask read by something other than a softmax over the last axis"),
+        "{text}"
+    );
+    // Positions that are not 0..T.
+    let text = edited_error("decoder", |nodes| {
+        let range = nodes
+            .iter()
+            .find(|n| n.op_type() == "Range")
+            .unwrap()
+            .clone();
+        // The Range's start made its step (1).
+        let step = range.input[2].clone();
+        let r = nodes.iter_mut().find(|n| n.op_type() == "Range").unwrap();
+        r.input[0] = step;
+    });
+    assert!(
+        text.contains("Range (`/Range`: a Range other than 0..n by 1"),
         "{text}"
     );
 }
