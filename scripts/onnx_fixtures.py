@@ -128,6 +128,21 @@ class Decoder(nn.Module):
         return self.head(self.ln_f(x))
 
 
+class Ops(nn.Module):
+    """The ops the other fixtures lack, at opset 21: a tanh GELU (a `Gelu` op), average
+    pooling, means over an axis with and without keepdims, a square and a square root
+    of computed values (an RMS norm written out), log-softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.pool, self.fc = nn.Conv2d(1, 4, 3, padding=1), nn.AvgPool2d(2), nn.Linear(16, 5)
+
+    def forward(self, x):
+        h = self.pool(nn.functional.gelu(self.conv(x), approximate="tanh")).mean(dim=3)
+        h = h / torch.sqrt((h ** 2).mean(dim=-1, keepdim=True) + 1e-3)
+        return torch.log_softmax(self.fc(torch.flatten(h, 1)), dim=-1)
+
+
 def export(name, model, example, out, dynamic, fold=True, opset=17, data=True):
     model.eval()
     path = os.path.join(out, f"{name}.onnx")
@@ -170,11 +185,19 @@ def main():
     # Unfolded, so that the batch norm stays a node of its own rather than folded into
     # the convolution before it.
     export("cnn", cnn, torch.randn(2, 1, 8, 8), a.out, {0: "batch"}, fold=False)
-    export("attention", Attention(), torch.randint(0, 20, (2, 6)), a.out, {0: "batch", 1: "sequence"})
+    attention, x = Attention(), torch.randint(0, 20, (2, 6))
+    export("attention", attention, x, a.out, {0: "batch", 1: "sequence"})
+    # Before opset 17 layer norms are written out (ReduceMean, Sub, Pow, Sqrt, Div...).
+    export("attention_opset13", attention, x, a.out, {0: "batch", 1: "sequence"}, opset=13, data=False)
     # Only the batch is dynamic: PyTorch's export of nn.MultiheadAttention traces
     # `k.shape[0]` (the sequence length) as a constant, so the graph holds for 8 only.
     export("encoder", Encoder(), torch.randint(0, 20, (2, 8)), a.out, {0: "batch"})
-    export("decoder", Decoder(), torch.randint(0, 20, (2, 8)), a.out, {0: "batch", 1: "sequence"})
+    decoder, x = Decoder(), torch.randint(0, 20, (2, 8))
+    export("decoder", decoder, x, a.out, {0: "batch", 1: "sequence"})
+    # Trilu is opset 14's; from opset 20 GELU is an op of its own.
+    for opset in (14, 21):
+        export(f"decoder_opset{opset}", decoder, x, a.out, {0: "batch", 1: "sequence"}, opset=opset, data=False)
+    export("ops", Ops(), torch.randn(2, 1, 8, 8), a.out, {0: "batch"}, opset=21)
 
 
 if __name__ == "__main__":

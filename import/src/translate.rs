@@ -1,17 +1,18 @@
 //! An ONNX graph as Kiln `#[model]` source: layers recognised where the graph has them
 //! (`Gemm`, or `MatMul` then `Add` of a bias, over initializers: a `Linear`; `Conv`,
-//! `BatchNormalization`, `MaxPool`, `GlobalAveragePool`, `LayerNormalization`, a
-//! `Gather` of table rows: an `Embedding`), what the graph computes from constants and
-//! shapes folded at import time (`fold.rs`), the rest as tensor methods (elementwise
-//! ops of Kiln's op table, products, reshapes, transposes, softmax, arithmetic), and
-//! the layers' tensors in Kiln's checkpoint names and layout (PyTorch's: `fc1.weight`
-//! as `[out, in]`).
+//! `BatchNormalization`, `MaxPool`, `AveragePool`, `GlobalAveragePool`,
+//! `LayerNormalization` or a layer norm written out, a `Gather` of table rows: an
+//! `Embedding`), what the graph computes from constants and shapes folded at import
+//! time (`fold.rs`), causal masks and positions recognised by their rules, the rest as
+//! tensor methods (elementwise ops of Kiln's op table, products, reshapes, slices,
+//! transposes, softmax, means, arithmetic), and the layers' tensors in Kiln's
+//! checkpoint names and layout (PyTorch's: `fc1.weight` as `[out, in]`).
 //!
 //! Shapes are not restated here: each layer is a `kiln_tensor::nn::LayerSpec` whose
-//! type, parameters and forward pass are the library's, recorded into the op IR with
-//! symbolic dims (`kiln_fusion::SDim`), so a size the generated source names is one the
-//! library computed and `#[model]` will check again. Any other op is one
-//! [`ImportError::Unsupported`] naming every such node (docs/onnx-import.md lists
+//! type, parameters and forward pass are the library's, and each method the op IR's,
+//! recorded with symbolic dims (`kiln_fusion::SDim`), so a size the generated source
+//! names is one the library computed and `#[model]` will check again. Any other op is
+//! one [`ImportError::Unsupported`] naming every such node (docs/onnx-import.md lists
 //! what is translated).
 
 use crate::error::{ImportError, Result, UnsupportedNode};
@@ -340,34 +341,22 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
     }
     // A MatMul whose only reader adds a bias becomes the Linear at that Add.
     let mut pending_matmul: HashMap<&str, (&Node, Expr)> = HashMap::new();
-    let (gelus, inside_gelus) = exact_gelus(graph, &readers);
+    let (gelus, mut inside) = exact_gelus(graph, &readers);
+    let (norms, inside_norms) = written_out_layer_norms(graph, &readers);
+    inside.extend(inside_norms);
     for node in &graph.nodes {
-        // The exact GELU written out is `x.gelu()`: its inner nodes write nothing.
-        if inside_gelus.contains(node.name.as_str()) {
+        // The exact GELU and the layer norm written out are `x.gelu()` and a
+        // `LayerNorm`: their inner nodes write nothing.
+        if inside.contains(node.name.as_str()) {
             continue;
         }
-        if let Some(x) = node.outputs.first().and_then(|o| gelus.get(o.as_str())) {
-            let x = match values.get(x) {
-                Some(Val::Dyn(e)) => e.clone(),
-                _ => {
-                    return Err(unsupported(
-                        node,
-                        "a GELU of a value known at import time",
-                        graph.opset,
-                    ))
-                }
-            };
-            let id =
-                b.ir.gelu_erf(&x.id)
-                    .map_err(|e| unsupported(node, &e.to_string(), graph.opset))?;
-            values.insert(
-                node.outputs[0].as_str(),
-                Val::Dyn(method(x, "gelu()".into(), id)),
-            );
-            continue;
-        }
+        let composite = written_out(node, &norms, &gelus, &values, &mut b, graph)?;
         // Positions and the triangles of causal masks, by their rules.
-        if let Some(v) = pattern(node, &values, graph.opset) {
+        if let Some(v) = composite
+            .is_none()
+            .then(|| pattern(node, &values, graph.opset))
+            .flatten()
+        {
             let v = v?;
             if let Some(out) = node.outputs.first() {
                 values.insert(out.as_str(), v);
@@ -387,7 +376,11 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
             Some(Val::Dyn(e)) => Some(b.dims(e.id)),
             _ => None,
         };
-        if let Some(folded) = fold(node, &known, &dims_of) {
+        if let Some(folded) = composite
+            .is_none()
+            .then(|| fold(node, &known, &dims_of))
+            .flatten()
+        {
             let folded = folded.map_err(|why| unsupported(node, &why, graph.opset))?;
             if let Some(out) = node.outputs.first() {
                 values.insert(out.as_str(), Val::Static(folded));
@@ -420,262 +413,331 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
         };
         let why = |what: &str| unsupported(node, what, graph.opset);
         let out = node.outputs.first().map(String::as_str).unwrap_or("");
-        let result = match node.op.as_str() {
-            "Identity" => get(&node.inputs[0], &values)?,
-            "Flatten" => {
-                let x = get(&node.inputs[0], &values)?;
-                if int_attr(node, "axis", 1)? != 1 {
-                    return Err(why("a Flatten at an axis other than 1"));
-                }
-                if b.dims(x.id).len() == 2 {
-                    x
-                } else {
-                    let id = b.ir.flatten(&x.id).map_err(|e| why(&e.to_string()))?;
-                    Expr {
-                        code: format!("{}.flatten()", x.code),
-                        plain: false,
-                        layer_call: false,
-                        id,
-                        ..x
+        let result = match (composite, node.op.as_str()) {
+            (Some(e), _) => e,
+            (None, op) => match op {
+                "Identity" => get(&node.inputs[0], &values)?,
+                "Flatten" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    if int_attr(node, "axis", 1)? != 1 {
+                        return Err(why("a Flatten at an axis other than 1"));
+                    }
+                    if b.dims(x.id).len() == 2 {
+                        x
+                    } else {
+                        let id = b.ir.flatten(&x.id).map_err(|e| why(&e.to_string()))?;
+                        Expr {
+                            code: format!("{}.flatten()", x.code),
+                            plain: false,
+                            layer_call: false,
+                            id,
+                            ..x
+                        }
                     }
                 }
-            }
-            "Gemm" => {
-                let x = get(&node.inputs[0], &values)?;
-                let (spec, tensors) = gemm_linear(graph, node)?;
-                b.layer(node, spec, &node.inputs[1], tensors, &x)?
-            }
-            "MatMul" if pending_matmul_ok(graph, node, &readers, out) => {
-                let x = get(&node.inputs[0], &values)?;
-                pending_matmul.insert(out, (node, x));
-                continue;
-            }
-            "Add"
-                if node
-                    .inputs
-                    .iter()
-                    .any(|i| pending_matmul.contains_key(i.as_str())) =>
-            {
-                let ((mm, x), bias) = match (
-                    pending_matmul.remove(node.inputs[0].as_str()),
-                    pending_matmul.remove(node.inputs[1].as_str()),
-                ) {
-                    (Some(m), None) => (m, &node.inputs[1]),
-                    (None, Some(m)) => (m, &node.inputs[0]),
-                    _ => return Err(why("an Add of two layers' products")),
-                };
-                let (spec, tensors) = matmul_linear(graph, mm, bias)?;
-                b.layer(mm, spec, &mm.inputs[1], tensors, &x)?
-            }
-            "Reshape" => {
-                let x = get(&node.inputs[0], &values)?;
-                let Some(Val::Static(shape)) =
-                    node.inputs.get(1).and_then(|v| values.get(v.as_str()))
-                else {
-                    return Err(why("a Reshape to a shape computed at run time"));
-                };
-                let dims = reshape_target(&b.dims(x.id), shape).map_err(|e| why(&e))?;
-                reshaped(&mut b, node, x, dims)?
-            }
-            "Unsqueeze" | "Squeeze" => {
-                let x = get(&node.inputs[0], &values)?;
-                let dims = squeezed(node, &b.dims(x.id), &values, graph.opset)?;
-                reshaped(&mut b, node, x, dims)?
-            }
-            "Slice" => {
-                let x = get(&node.inputs[0], &values)?;
-                sliced(&mut b, node, x, &values)?
-            }
-            "Gather" if matches!(values.get(node.inputs[0].as_str()), Some(Val::Dyn(_))) => {
-                let x = get(&node.inputs[0], &values)?;
-                picked(&mut b, node, x, &values)?
-            }
-            "Cast" => {
-                let x = get(&node.inputs[0], &values)?;
-                let to = int_attr(node, "to", 0)?;
-                let dtype =
-                    onnx_dtype(to).ok_or_else(|| why(&format!("a Cast to ONNX type {to}")))?;
-                if b.ir.dtype(&x.id) == dtype {
-                    x
-                } else {
-                    let id = b.ir.cast(&x.id, dtype).map_err(|e| why(&e.to_string()))?;
-                    method(x, format!("cast::<{}>()", dtype.name()), id)
+                "Gemm" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let (spec, tensors) = gemm_linear(graph, node)?;
+                    b.layer(node, spec, &node.inputs[1], tensors, &x)?
                 }
-            }
-            "Where" => {
-                let scores = causal_mask_of(node, &values, &readers, graph.opset)?;
-                let x = get(scores, &values)?;
-                let dims = b.dims(x.id);
-                let Some(Val::Band(mask)) = values.get(node.inputs[0].as_str()) else {
-                    unreachable!("causal_mask_of checked the condition")
-                };
-                if dims.len() < 2 || mask.dims[..] != dims[dims.len() - 2..] {
-                    return Err(why(&format!(
-                        "a causal mask of [{}] over scores [{}]",
-                        list(&mask.dims),
+                "MatMul" if pending_matmul_ok(graph, node, &readers, out) => {
+                    let x = get(&node.inputs[0], &values)?;
+                    pending_matmul.insert(out, (node, x));
+                    continue;
+                }
+                "Add"
+                    if node
+                        .inputs
+                        .iter()
+                        .any(|i| pending_matmul.contains_key(i.as_str())) =>
+                {
+                    let ((mm, x), bias) = match (
+                        pending_matmul.remove(node.inputs[0].as_str()),
+                        pending_matmul.remove(node.inputs[1].as_str()),
+                    ) {
+                        (Some(m), None) => (m, &node.inputs[1]),
+                        (None, Some(m)) => (m, &node.inputs[0]),
+                        _ => return Err(why("an Add of two layers' products")),
+                    };
+                    let (spec, tensors) = matmul_linear(graph, mm, bias)?;
+                    b.layer(mm, spec, &mm.inputs[1], tensors, &x)?
+                }
+                "Reshape" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let Some(Val::Static(shape)) =
+                        node.inputs.get(1).and_then(|v| values.get(v.as_str()))
+                    else {
+                        return Err(why("a Reshape to a shape computed at run time"));
+                    };
+                    let dims = reshape_target(&b.dims(x.id), shape).map_err(|e| why(&e))?;
+                    reshaped(&mut b, node, x, dims)?
+                }
+                "Unsqueeze" | "Squeeze" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let dims = squeezed(node, &b.dims(x.id), &values, graph.opset)?;
+                    reshaped(&mut b, node, x, dims)?
+                }
+                "Slice" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    sliced(&mut b, node, x, &values)?
+                }
+                "Gather" if matches!(values.get(node.inputs[0].as_str()), Some(Val::Dyn(_))) => {
+                    let x = get(&node.inputs[0], &values)?;
+                    picked(&mut b, node, x, &values)?
+                }
+                "Cast" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let to = int_attr(node, "to", 0)?;
+                    let dtype =
+                        onnx_dtype(to).ok_or_else(|| why(&format!("a Cast to ONNX type {to}")))?;
+                    if b.ir.dtype(&x.id) == dtype {
+                        x
+                    } else {
+                        let id = b.ir.cast(&x.id, dtype).map_err(|e| why(&e.to_string()))?;
+                        method(x, format!("cast::<{}>()", dtype.name()), id)
+                    }
+                }
+                "Where" => {
+                    let scores = causal_mask_of(node, &values, &readers, graph.opset)?;
+                    let x = get(scores, &values)?;
+                    let dims = b.dims(x.id);
+                    let Some(Val::Band(mask)) = values.get(node.inputs[0].as_str()) else {
+                        unreachable!("causal_mask_of checked the condition")
+                    };
+                    if dims.len() < 2 || mask.dims[..] != dims[dims.len() - 2..] {
+                        return Err(why(&format!(
+                            "a causal mask of [{}] over scores [{}]",
+                            list(&mask.dims),
+                            list(&dims)
+                        )));
+                    }
+                    let id = b.ir.causal_mask(&x.id).map_err(|e| why(&e.to_string()))?;
+                    method(x, "causal_mask()".into(), id)
+                }
+                "Transpose" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let rank = b.dims(x.id).len();
+                    let perm: Vec<usize> = match node.attributes.get("perm") {
+                        Some(Attribute::Ints(p)) => p.iter().map(|&a| a as usize).collect(),
+                        _ => (0..rank).rev().collect(),
+                    };
+                    let id =
+                        b.ir.permute(&x.id, &perm)
+                            .map_err(|e| why(&e.to_string()))?;
+                    let args = perm
+                        .iter()
+                        .map(usize::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    method(x, format!("permute::<{args}>()"), id)
+                }
+                "Softmax" | "LogSoftmax" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let rank = b.dims(x.id).len();
+                    let axis = axis_of(node, int_attr(node, "axis", -1)?, rank, graph.opset)?;
+                    let (id, name) = if node.op == "Softmax" {
+                        (b.ir.softmax(&x.id, axis), "softmax")
+                    } else {
+                        (b.ir.log_softmax(&x.id, axis), "log_softmax")
+                    };
+                    let id = id.map_err(|e| why(&e.to_string()))?;
+                    let call = if axis + 1 == rank {
+                        format!("{name}()")
+                    } else {
+                        format!("{name}({axis})")
+                    };
+                    method(x, call, id)
+                }
+                "Gelu" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let (id, call) = match node.attributes.get("approximate") {
+                        None => (b.ir.gelu_erf(&x.id), "gelu()"),
+                        Some(Attribute::String(a)) if a == "none" => {
+                            (b.ir.gelu_erf(&x.id), "gelu()")
+                        }
+                        Some(Attribute::String(a)) if a == "tanh" => {
+                            (b.ir.gelu_tanh(&x.id), "gelu_tanh()")
+                        }
+                        Some(other) => {
+                            return Err(why(&format!("a Gelu approximated by {other:?}")))
+                        }
+                    };
+                    let id = id.map_err(|e| why(&e.to_string()))?;
+                    method(x, call.into(), id)
+                }
+                "ReduceMean" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    mean_of(&mut b, node, x, &values)?
+                }
+                "Pow" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let exponent = match node.inputs.get(1).and_then(|v| values.get(v.as_str())) {
+                        Some(Val::Static(f)) => f.scalar(),
+                        _ => None,
+                    };
+                    match exponent {
+                    Some(e) if e == 1.0 => x,
+                    Some(e) if e == 2.0 => {
+                        let id = b.ir.square(&x.id).map_err(|e| why(&e.to_string()))?;
+                        method(x, "square()".into(), id)
+                    }
+                    Some(e) if e == 0.5 => b.unary(node, UnaryOp::Sqrt, &x)?,
+                    _ => {
+                        return Err(why(
+                            "a Pow of a computed value by other than 2, ½ or 1 (translated as .square() and .sqrt())",
+                        ))
+                    }
+                }
+                }
+                "Expand" => {
+                    // Only where it changes nothing: Kiln's arithmetic broadcasts by itself,
+                    // but an expanded value of its own has no method yet.
+                    let x = get(&node.inputs[0], &values)?;
+                    let dims = b.dims(x.id);
+                    let target = known_ints(node, 1, &values, graph.opset)?.unwrap_or_default();
+                    let same = target.len() <= dims.len()
+                        && target
+                            .iter()
+                            .rev()
+                            .zip(dims.iter().rev())
+                            .all(|(&t, d)| t == 1 || d.as_lit() == Some(t as usize));
+                    if !same {
+                        return Err(why(&format!(
+                        "an Expand of [{}] to {target:?}, which makes it larger (Kiln's arithmetic broadcasts; other uses are not translated)",
                         list(&dims)
                     )));
-                }
-                let id = b.ir.causal_mask(&x.id).map_err(|e| why(&e.to_string()))?;
-                method(x, "causal_mask()".into(), id)
-            }
-            "Transpose" => {
-                let x = get(&node.inputs[0], &values)?;
-                let rank = b.dims(x.id).len();
-                let perm: Vec<usize> = match node.attributes.get("perm") {
-                    Some(Attribute::Ints(p)) => p.iter().map(|&a| a as usize).collect(),
-                    _ => (0..rank).rev().collect(),
-                };
-                let id =
-                    b.ir.permute(&x.id, &perm)
-                        .map_err(|e| why(&e.to_string()))?;
-                let args = perm
-                    .iter()
-                    .map(usize::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                method(x, format!("permute::<{args}>()"), id)
-            }
-            "Softmax" => {
-                let x = get(&node.inputs[0], &values)?;
-                let rank = b.dims(x.id).len() as i64;
-                let axis = int_attr(node, "axis", -1)?;
-                let axis = if axis < 0 { axis + rank } else { axis };
-                if !(0..rank).contains(&axis) {
-                    return Err(why(&format!(
-                        "a Softmax at axis {axis} of a rank-{rank} value"
-                    )));
-                }
-                let id =
-                    b.ir.softmax(&x.id, axis as usize)
-                        .map_err(|e| why(&e.to_string()))?;
-                let call = if axis == rank - 1 {
-                    "softmax()".to_string()
-                } else {
-                    format!("softmax({axis})")
-                };
-                method(x, call, id)
-            }
-            "LayerNormalization" => {
-                let x = get(&node.inputs[0], &values)?;
-                let (spec, tensors) = layer_norm(graph, node, b.dims(x.id).len())?;
-                b.layer(node, spec, &node.inputs[1], tensors, &x)?
-            }
-            "Gather" => {
-                let table = graph
-                    .initializers
-                    .get(&node.inputs[0])
-                    .filter(|t| t.dims.len() == 2 && int_attr(node, "axis", 0).ok() == Some(0))
-                    .ok_or_else(|| {
-                        why("a Gather that is not a lookup in a table of rows (an embedding)")
-                    })?;
-                let spec = layer_spec(
-                    node,
-                    "Embedding",
-                    &[table.dims[0], table.dims[1]],
-                    graph.opset,
-                )?;
-                // A table read at the positions 0..T is `self.pos.positions(ids)`, `ids`
-                // the input whose last size is T.
-                let (ids, via) = match values.get(node.inputs[1].as_str()) {
-                    Some(Val::Positions(n)) => {
-                        let ids = match values.get(input.name.as_str()) {
-                            Some(Val::Dyn(e)) if b.dims(e.id).last() == Some(n) => e.clone(),
-                            _ => {
-                                return Err(why(&format!(
-                                    "positions 0..{n}, and {n} is not the input's last size"
-                                )))
-                            }
-                        };
-                        let at =
-                            b.ir.positions(&ids.id, table.dims[0])
-                                .map_err(|e| why(&e.to_string()))?;
-                        (Expr { id: at, ..ids }, Some("positions"))
                     }
-                    _ => (get(&node.inputs[1], &values)?, None),
-                };
-                b.layer_via(
-                    node,
-                    spec,
-                    &node.inputs[0],
-                    vec![("weight", (**table).clone())],
-                    &ids,
-                    via,
-                )?
-            }
-            "MatMul" => {
-                let (x, y) = (
-                    get(&node.inputs[0], &values)?,
-                    get(&node.inputs[1], &values)?,
-                );
-                let id = b.ir.matmul(&x.id, &y.id).map_err(|e| why(&e.to_string()))?;
-                // Both operands named, as a product of two computed values is written.
-                let (xs, ys) = (
-                    b.bind(&Expr {
-                        layer_call: false,
-                        ..x
-                    }),
-                    b.bind(&Expr {
-                        layer_call: false,
-                        ..y
-                    }),
-                );
-                Expr {
-                    code: format!("{xs}.matmul({ys})"),
-                    plain: false,
-                    layer_call: false,
-                    hint: "h".into(),
-                    id,
+                    x
                 }
-            }
-            "Add" | "Sub" | "Mul" | "Div" => arithmetic(&mut b, node, &values, &get)?,
-            "Conv" => {
-                let x = get(&node.inputs[0], &values)?;
-                let (spec, tensors) = conv(graph, node)?;
-                b.layer(node, spec, &node.inputs[1], tensors, &x)?
-            }
-            "BatchNormalization" => {
-                let x = get(&node.inputs[0], &values)?;
-                let (spec, tensors) = batch_norm(graph, node)?;
-                b.layer(node, spec, &node.inputs[1], tensors, &x)?
-            }
-            "MaxPool" => {
-                let x = get(&node.inputs[0], &values)?;
-                let spec = max_pool(graph, node)?;
-                b.layer(node, spec, &node.name, vec![], &x)?
-            }
-            "GlobalAveragePool" => {
-                let x = get(&node.inputs[0], &values)?;
-                let dims = b.dims(x.id);
-                let side = match dims.as_slice() {
-                    [_, _, h, w] if h.as_lit().is_some() && h.as_lit() == w.as_lit() => h.as_lit(),
-                    _ => None,
-                };
-                let Some(side) = side else {
-                    return Err(why(
+                "AveragePool" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let spec = average_pool(graph, node)?;
+                    b.layer(node, spec, &node.name, vec![], &x)?
+                }
+                "LayerNormalization" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let (spec, tensors) = layer_norm(graph, node, b.dims(x.id).len())?;
+                    b.layer(node, spec, &node.inputs[1], tensors, &x)?
+                }
+                "Gather" => {
+                    let table = graph
+                        .initializers
+                        .get(&node.inputs[0])
+                        .filter(|t| t.dims.len() == 2 && int_attr(node, "axis", 0).ok() == Some(0))
+                        .ok_or_else(|| {
+                            why("a Gather that is not a lookup in a table of rows (an embedding)")
+                        })?;
+                    let spec = layer_spec(
+                        node,
+                        "Embedding",
+                        &[table.dims[0], table.dims[1]],
+                        graph.opset,
+                    )?;
+                    // A table read at the positions 0..T is `self.pos.positions(ids)`, `ids`
+                    // the input whose last size is T.
+                    let (ids, via) = match values.get(node.inputs[1].as_str()) {
+                        Some(Val::Positions(n)) => {
+                            let ids = match values.get(input.name.as_str()) {
+                                Some(Val::Dyn(e)) if b.dims(e.id).last() == Some(n) => e.clone(),
+                                _ => {
+                                    return Err(why(&format!(
+                                        "positions 0..{n}, and {n} is not the input's last size"
+                                    )))
+                                }
+                            };
+                            let at =
+                                b.ir.positions(&ids.id, table.dims[0])
+                                    .map_err(|e| why(&e.to_string()))?;
+                            (Expr { id: at, ..ids }, Some("positions"))
+                        }
+                        _ => (get(&node.inputs[1], &values)?, None),
+                    };
+                    b.layer_via(
+                        node,
+                        spec,
+                        &node.inputs[0],
+                        vec![("weight", (**table).clone())],
+                        &ids,
+                        via,
+                    )?
+                }
+                "MatMul" => {
+                    let (x, y) = (
+                        get(&node.inputs[0], &values)?,
+                        get(&node.inputs[1], &values)?,
+                    );
+                    let id = b.ir.matmul(&x.id, &y.id).map_err(|e| why(&e.to_string()))?;
+                    // Both operands named, as a product of two computed values is written.
+                    let (xs, ys) = (
+                        b.bind(&Expr {
+                            layer_call: false,
+                            ..x
+                        }),
+                        b.bind(&Expr {
+                            layer_call: false,
+                            ..y
+                        }),
+                    );
+                    Expr {
+                        code: format!("{xs}.matmul({ys})"),
+                        plain: false,
+                        layer_call: false,
+                        hint: "h".into(),
+                        id,
+                    }
+                }
+                "Add" | "Sub" | "Mul" | "Div" => arithmetic(&mut b, node, &values, &get)?,
+                "Conv" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let (spec, tensors) = conv(graph, node)?;
+                    b.layer(node, spec, &node.inputs[1], tensors, &x)?
+                }
+                "BatchNormalization" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let (spec, tensors) = batch_norm(graph, node)?;
+                    b.layer(node, spec, &node.inputs[1], tensors, &x)?
+                }
+                "MaxPool" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let spec = max_pool(graph, node)?;
+                    b.layer(node, spec, &node.name, vec![], &x)?
+                }
+                "GlobalAveragePool" => {
+                    let x = get(&node.inputs[0], &values)?;
+                    let dims = b.dims(x.id);
+                    let side = match dims.as_slice() {
+                        [_, _, h, w] if h.as_lit().is_some() && h.as_lit() == w.as_lit() => {
+                            h.as_lit()
+                        }
+                        _ => None,
+                    };
+                    let Some(side) = side else {
+                        return Err(why(
                         "a global average pool of a value that is not [N, C, S, S] with a fixed S",
                     ));
-                };
-                let spec = layer_spec(node, "AvgPool2d", &[side, side], graph.opset)?;
-                b.layer(node, spec, &node.name, vec![], &x)?
-            }
-            op => match elementwise(op) {
-                Some(u) => {
-                    let x = get(&node.inputs[0], &values)?;
-                    b.unary(node, u, &x)?
+                    };
+                    let spec = layer_spec(node, "AvgPool2d", &[side, side], graph.opset)?;
+                    b.layer(node, spec, &node.name, vec![], &x)?
                 }
-                // Folded where its inputs are known at import time; on computed tensors
-                // not translated yet.
-                None => return Err(why(&format!("a {op} of tensors computed at run time"))),
+                op => match elementwise(op) {
+                    Some(u) => {
+                        let x = get(&node.inputs[0], &values)?;
+                        b.unary(node, u, &x)?
+                    }
+                    // Folded where its inputs are known at import time; on computed tensors
+                    // not translated yet.
+                    None => return Err(why(&format!("a {op} of tensors computed at run time"))),
+                },
             },
         };
         // A value read more than once is computed once, in a `let` (a GELU written out
         // reads its input twice inside; `.gelu()` once).
         let reads = readers.get(out).map_or(0, |r| {
             r.iter()
-                .filter(|n| !inside_gelus.contains(n.name.as_str()))
+                .filter(|n| !inside.contains(n.name.as_str()))
                 .count()
-        }) + gelus.values().filter(|&&x| x == out).count();
+        }) + gelus.values().filter(|&&x| x == out).count()
+            + norms.values().filter(|n| n.x == out).count();
         let result = if reads > 1 && !result.plain {
             let name = b.bind(&Expr {
                 layer_call: false,
@@ -863,26 +925,201 @@ fn exact_gelus<'g>(
     (gelus, inside)
 }
 
+/// What `node` computes if it ends an exact GELU or a layer norm written out (the
+/// nodes inside them write nothing): `x.gelu()`, or the `LayerNorm` layer applied.
+fn written_out<'g>(
+    node: &Node,
+    norms: &HashMap<&str, WrittenLayerNorm<'g>>,
+    gelus: &HashMap<&str, &'g str>,
+    values: &HashMap<&str, Val>,
+    b: &mut Translator,
+    graph: &Graph,
+) -> Result<Option<Expr>> {
+    let Some(out) = node.outputs.first().map(String::as_str) else {
+        return Ok(None);
+    };
+    let (x, what) = match (norms.get(out), gelus.get(out)) {
+        (Some(norm), _) => (norm.x, "layer norm"),
+        (None, Some(x)) => (*x, "GELU"),
+        (None, None) => return Ok(None),
+    };
+    let why = |what: &str| unsupported(node, what, graph.opset);
+    let Some(Val::Dyn(x)) = values.get(x) else {
+        return Err(why(&format!("a {what} of a value known at import time")));
+    };
+    let x = x.clone();
+    Ok(Some(match norms.get(out) {
+        Some(norm) => {
+            let (spec, tensors) = norm.layer(graph, node, b.dims(x.id).len())?;
+            b.layer(node, spec, norm.weight, tensors, &x)?
+        }
+        None => {
+            let id = b.ir.gelu_erf(&x.id).map_err(|e| why(&e.to_string()))?;
+            method(x, "gelu()".into(), id)
+        }
+    }))
+}
+
+/// A layer norm over the last axis as exporters write it out before opset 17:
+/// `d = x - mean(x)`, `d / sqrt(mean(d²) + ε) * weight + bias`.
+struct WrittenLayerNorm<'g> {
+    x: &'g str,
+    weight: &'g str,
+    bias: &'g str,
+    eps: f64,
+}
+
+impl WrittenLayerNorm<'_> {
+    /// Its `LayerNorm` and tensors, as `LayerNormalization`'s.
+    fn layer(
+        &self,
+        graph: &Graph,
+        node: &Node,
+        rank: usize,
+    ) -> Result<(LayerSpec, Vec<(&'static str, Tensor)>)> {
+        let why = |what: &str| unsupported(node, what, graph.opset);
+        if (self.eps - kiln_tensor::nn::spec::LAYER_NORM_EPS).abs() > 1e-9 {
+            return Err(why(&format!(
+                "a layer norm written out with epsilon {} (Kiln's uses 1e-5)",
+                self.eps
+            )));
+        }
+        let tensor = |name: &str| {
+            graph
+                .initializers
+                .get(name)
+                .map(|t| (**t).clone())
+                .ok_or_else(|| why("a layer norm whose scale or bias is not an initializer"))
+        };
+        let (weight, bias) = (tensor(self.weight)?, tensor(self.bias)?);
+        if rank == 0 || weight.dims.len() != 1 || bias.dims != weight.dims {
+            return Err(why(
+                "a layer norm whose scale and bias are not one vector each",
+            ));
+        }
+        let spec = layer_spec(node, "LayerNorm", &[weight.data.len()], graph.opset)?;
+        Ok((spec, vec![("weight", weight), ("bias", bias)]))
+    }
+}
+
+/// The layer norms written out (opsets before 17: `ReduceMean`, `Sub`, `Pow` by 2,
+/// `ReduceMean`, `Add` of ε, `Sqrt`, `Div`, `Mul` by the scale, `Add` of the bias),
+/// each by its result's value, and the names of the nodes inside them.
+fn written_out_layer_norms<'g>(
+    graph: &'g Graph,
+    readers: &HashMap<&str, Vec<&'g Node>>,
+) -> (HashMap<&'g str, WrittenLayerNorm<'g>>, HashSet<&'g str>) {
+    let constant = |v: &str| scalar_constant(graph, v);
+    let only = |v: &str, op: &str| match readers.get(v).map(Vec::as_slice) {
+        Some([n]) if n.op == op => Some(*n),
+        _ => None,
+    };
+    let other = |n: &'g Node, v: &str| -> Option<&'g str> {
+        match n.inputs.as_slice() {
+            [a, b] if a == v => Some(b.as_str()),
+            [a, b] if b == v => Some(a.as_str()),
+            _ => None,
+        }
+    };
+    // A mean over the last axis, its axes an attribute (before opset 18) or an input.
+    let last_axis_mean = |n: &Node| {
+        let axes: Option<Vec<i64>> = match n.inputs.get(1) {
+            Some(a) => held_constant(graph, a).and_then(|t| match &t.data {
+                TensorData::I64(v) => Some(v.clone()),
+                _ => None,
+            }),
+            None => match n.attributes.get("axes") {
+                Some(Attribute::Ints(v)) => Some(v.clone()),
+                _ => None,
+            },
+        };
+        n.op == "ReduceMean"
+            && axes.as_deref() == Some(&[-1])
+            && int_attr(n, "keepdims", 1).ok() == Some(1)
+    };
+    let (mut norms, mut inside) = (HashMap::new(), HashSet::new());
+    for mean in graph.nodes.iter().filter(|n| last_axis_mean(n)) {
+        let found = (|| {
+            let x = mean.inputs.first()?.as_str();
+            let sub = graph.nodes.iter().find(|n| {
+                n.op == "Sub"
+                    && n.inputs.first().map(String::as_str) == Some(x)
+                    && n.inputs.get(1) == mean.outputs.first()
+            })?;
+            let d = sub.outputs.first()?.as_str();
+            let mean_readers = readers.get(mean.outputs.first()?.as_str())?;
+            let d_readers = readers.get(d)?;
+            let pow = d_readers.iter().find(|n| n.op == "Pow")?;
+            let div = d_readers.iter().find(|n| n.op == "Div")?;
+            if mean_readers.len() != 1
+                || d_readers.len() != 2
+                || pow.inputs.first().map(String::as_str) != Some(d)
+                || constant(pow.inputs.get(1)?) != Some(2.0)
+            {
+                return None;
+            }
+            let var = only(&pow.outputs[0], "ReduceMean").filter(|n| last_axis_mean(n))?;
+            let add_eps = only(&var.outputs[0], "Add")?;
+            let eps = constant(other(add_eps, &var.outputs[0])?)?;
+            let sqrt = only(&add_eps.outputs[0], "Sqrt")?;
+            if div.inputs.first().map(String::as_str) != Some(d)
+                || div.inputs.get(1) != sqrt.outputs.first()
+                || only(&sqrt.outputs[0], "Div")?.name != div.name
+            {
+                return None;
+            }
+            let scale = only(&div.outputs[0], "Mul")?;
+            let weight = other(scale, &div.outputs[0])?;
+            let shift = only(&scale.outputs[0], "Add")?;
+            let bias = other(shift, &scale.outputs[0])?;
+            if !graph.initializers.contains_key(weight) || !graph.initializers.contains_key(bias) {
+                return None;
+            }
+            let parts = [mean, sub, *pow, var, add_eps, sqrt, *div, scale];
+            Some((
+                shift,
+                parts,
+                WrittenLayerNorm {
+                    x,
+                    weight,
+                    bias,
+                    eps,
+                },
+            ))
+        })();
+        if let Some((shift, parts, norm)) = found {
+            norms.insert(shift.outputs[0].as_str(), norm);
+            inside.extend(parts.iter().map(|n| n.name.as_str()));
+        }
+    }
+    (norms, inside)
+}
+
 /// The value of `v` if it is one number held in the file: an initializer or a
 /// `Constant`'s.
 fn scalar_constant(graph: &Graph, v: &str) -> Option<f64> {
-    let held: &Tensor = match graph.initializers.get(v) {
-        Some(t) => t,
+    let held = held_constant(graph, v)?;
+    // Only a single value is converted (a weight read here is not).
+    (held.data.len() == 1)
+        .then(|| Folded::of(held).scalar())
+        .flatten()
+}
+
+/// The tensor `v` is if the file holds it: an initializer or a `Constant`'s value.
+fn held_constant<'g>(graph: &'g Graph, v: &str) -> Option<&'g Tensor> {
+    match graph.initializers.get(v) {
+        Some(t) => Some(t),
         None => {
             let node = graph
                 .nodes
                 .iter()
                 .find(|n| n.op == "Constant" && n.outputs.first().map(String::as_str) == Some(v))?;
             match node.attributes.get("value") {
-                Some(Attribute::Tensor(t)) => t,
-                _ => return None,
+                Some(Attribute::Tensor(t)) => Some(t),
+                _ => None,
             }
         }
-    };
-    // Only a single value is converted (a weight read here is not).
-    (held.data.len() == 1)
-        .then(|| Folded::of(held).scalar())
-        .flatten()
+    }
 }
 
 /// The name for `let`s of a layer's results: its field's name after the index of the
@@ -1540,6 +1777,11 @@ fn with_aliases(graph: &Graph) -> Graph {
 
 /// The ops translated so far.
 const TRANSLATED: &[&str] = &[
+    "Expand",
+    "LogSoftmax",
+    "Gelu",
+    "ReduceMean",
+    "AveragePool",
     "Range",
     "ConstantOfShape",
     "Trilu",
@@ -1839,6 +2081,65 @@ fn max_pool(graph: &Graph, node: &Node) -> Result<LayerSpec> {
     }
     let (kernel, stride) = (w.kernel, w.stride);
     layer_spec(node, "MaxPool2d", &[kernel, stride], opset)
+}
+
+/// The `AvgPool2d` an `AveragePool` is (square window and stride, no padding or
+/// ceiling).
+fn average_pool(graph: &Graph, node: &Node) -> Result<LayerSpec> {
+    let opset = graph.opset;
+    let w = window(node, 0, opset)?;
+    if w.padding != 0 || w.dilation != 1 || int_attr(node, "ceil_mode", 0)? != 0 {
+        return Err(unsupported(
+            node,
+            "an AveragePool with padding, dilation or ceil_mode",
+            opset,
+        ));
+    }
+    layer_spec(node, "AvgPool2d", &[w.kernel, w.stride], opset)
+}
+
+/// A `ReduceMean` of a computed value over axes known at import time: one
+/// `.mean::<AXIS>()` per axis (the last first), then the kept axes as ones by a
+/// reshape; over every axis without `keepdims`, `.mean_all()`.
+fn mean_of(b: &mut Translator, node: &Node, x: Expr, values: &HashMap<&str, Val>) -> Result<Expr> {
+    let opset = b.opset;
+    let dims = b.dims(x.id);
+    let axes = match node.attributes.get("axes") {
+        Some(Attribute::Ints(v)) => Some(v.clone()),
+        _ => known_ints(node, 1, values, opset)?,
+    };
+    let keep = int_attr(node, "keepdims", 1)? != 0;
+    let mut at = match axes {
+        Some(axes) if !axes.is_empty() => axes
+            .iter()
+            .map(|&a| axis_of(node, a, dims.len(), opset))
+            .collect::<Result<Vec<_>>>()?,
+        _ if int_attr(node, "noop_with_empty_axes", 0)? != 0 => return Ok(x),
+        _ => (0..dims.len()).collect(),
+    };
+    at.sort_unstable();
+    at.dedup();
+    if at.len() == dims.len() && !keep {
+        let id =
+            b.ir.mean_all(&x.id)
+                .map_err(|e| unsupported(node, &e.to_string(), opset))?;
+        return Ok(method(x, "mean_all()".into(), id));
+    }
+    let mut y = x;
+    for &a in at.iter().rev() {
+        let id =
+            b.ir.mean(&y.id, &[a], false)
+                .map_err(|e| unsupported(node, &e.to_string(), opset))?;
+        y = method(y, format!("mean::<{a}>()"), id);
+    }
+    if keep {
+        let mut kept = dims;
+        for &a in &at {
+            kept[a] = SDim::lit(1);
+        }
+        y = reshaped(b, node, y, kept)?;
+    }
+    Ok(y)
 }
 
 /// A float matrix transposed, `None` for anything else.

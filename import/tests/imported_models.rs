@@ -6,11 +6,16 @@
 //! convolutions, a batch norm with its running statistics, max and global average
 //! pooling and a flatten; the attention block's are an embedding, layer norms, heads
 //! split by reshapes whose sizes fold from the graph's shape subgraphs, products of
-//! activations, a softmax and an exact GELU written out. The imported MLP is
-//! fine-tuned as a part of a model with a loss: its gradients match finite differences
-//! and training lowers the loss. Its checkpoint is the committed one byte for byte,
-//! and `kiln::embed!` builds it in, checked against the model at build time. A caller's wrong input shape against an imported
-//! model is a ui case (`ui-tests`, `imported_model_wrong_input`).
+//! activations, a softmax and an exact GELU written out; the causal decoder adds
+//! learned positions, q, k and v sliced from one projection and PyTorch's causal mask;
+//! the encoder is PyTorch's own `nn.TransformerEncoder`; `ops` holds a tanh GELU,
+//! average pooling, means, powers and log-softmax. The same models exported at other
+//! opsets translate to the same source. The imported MLP is fine-tuned as a part of a
+//! model with a loss: its gradients match finite differences and training lowers the
+//! loss; the decoder's gradients match too. The MLP's checkpoint is the committed one byte for byte,
+//! and `kiln::embed!` builds it in, checked against the model at build time. A caller's
+//! wrong input shape against an imported model is a ui case (`ui-tests`,
+//! `imported_model_wrong_input`).
 
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
@@ -37,6 +42,9 @@ mod decoder {
 }
 mod encoder {
     include!("expected/encoder.rs");
+}
+mod ops {
+    include!("expected/ops.rs");
 }
 
 /// The imported MLP fine-tuned for a 4-class task: a model holding it, with a loss.
@@ -147,20 +155,29 @@ fn the_sources_written_are_the_committed_ones() {
 
 #[test]
 fn the_oldest_and_newest_opsets_translate_alike() {
-    // PyTorch's MLP exported at opsets 13 and 21 (the range Kiln imports) is the opset
-    // 17 one: the same source but for its header, the same tensors.
-    let at17 = translate(&read(fixture("mlp.onnx")).unwrap(), "Mlp", "mlp.onnx").unwrap();
-    for opset in [13, 21] {
-        let graph = read(fixture(&format!("mlp_opset{opset}.onnx"))).unwrap();
-        assert_eq!(graph.opset, opset);
-        let t = translate(&graph, "Mlp", "mlp.onnx").unwrap();
-        assert_eq!(
-            t.source,
-            at17.source
-                .replace("ONNX opset 17", &format!("ONNX opset {opset}")),
-            "opset {opset}"
-        );
-        assert_eq!(t.tensors, at17.tensors, "opset {opset}");
+    // PyTorch's models exported at other opsets in 13..=21 (the range Kiln imports)
+    // are the opset 17 ones: the same source but for its header, the same tensors.
+    // At opset 13 the attention block's layer norms are written out (ReduceMean, Sub,
+    // Pow, Sqrt, Div, Mul, Add); at 21 the decoder's GELU is a `Gelu` op.
+    for (stem, name, opsets) in [
+        ("mlp", "Mlp", &[13, 21][..]),
+        ("attention", "Attention", &[13]),
+        ("decoder", "Decoder", &[14, 21]),
+    ] {
+        let file = format!("{stem}.onnx");
+        let at17 = translate(&read(fixture(&file)).unwrap(), name, &file).unwrap();
+        for &opset in opsets {
+            let graph = read(fixture(&format!("{stem}_opset{opset}.onnx"))).unwrap();
+            assert_eq!(graph.opset, opset);
+            let t = translate(&graph, name, &file).unwrap();
+            assert_eq!(
+                t.source,
+                at17.source
+                    .replace("ONNX opset 17", &format!("ONNX opset {opset}")),
+                "{stem} at opset {opset}"
+            );
+            assert_eq!(t.tensors, at17.tensors, "{stem} at opset {opset}");
+        }
     }
 }
 
@@ -274,6 +291,27 @@ fn token_ids<const B: usize, const T: usize>(
         other => panic!("token ids held as {other:?}"),
     };
     Typed::from_vec(ids, &[B, T], &CpuDevice).unwrap()
+}
+
+#[test]
+fn pooling_means_powers_and_log_softmax_give_pytorchs_outputs_planned_and_op_by_op() {
+    // Opset 21's `Gelu` op (tanh), `AveragePool`, `ReduceMean` with and without
+    // keepdims (axes as an input), `Pow` by 2, `Sqrt` of a computed value, `LogSoftmax`.
+    let dir = out_dir("ops");
+    let done = kiln_import::import(fixture("ops.onnx"), &dir, None).expect("the import");
+    let mut model = ops::Ops::<Cpu>::init(&CpuDevice, 0).unwrap();
+    checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
+    let x = Typed::<Cpu, kiln::tensor::Rank4<2, 1, 8, 8>>::from_vec(
+        floats("ops/input_0.pb"),
+        &[2, 1, 8, 8],
+        &CpuDevice,
+    )
+    .unwrap();
+    for fused in [true, false] {
+        model.set_fused(fused);
+        assert_pytorchs("ops", &model.forward(&x).unwrap().to_vec().unwrap(), fused);
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

@@ -219,3 +219,57 @@ fn the_command_line_refuses_nonsense_in_one_line() {
     assert_eq!(code, Some(1));
     assert!(err.contains("/nonexistent/folder/mlp.rs"), "{err}");
 }
+
+/// The MLP with an `Expand` of its first ReLU's output to `shape` put before the
+/// second layer: the translation's source, or its error.
+fn mlp_with_expand(shape: &[i64]) -> Result<String, String> {
+    let bytes = std::fs::read(fixture("mlp.onnx")).unwrap();
+    let mut m = onnx::ModelProto::decode(bytes.as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    g.initializer.push(onnx::TensorProto {
+        name: Some("expand_to".into()),
+        dims: vec![shape.len() as i64],
+        data_type: Some(onnx::tensor_proto::DataType::Int64 as i32),
+        int64_data: shape.to_vec(),
+        ..Default::default()
+    });
+    let relu = g.node.iter().position(|n| n.name() == "/Relu").unwrap();
+    let relu_out = g.node[relu].output[0].clone();
+    for n in &mut g.node {
+        for i in &mut n.input {
+            if *i == relu_out {
+                *i = "expanded".into();
+            }
+        }
+    }
+    g.node.insert(
+        relu + 1,
+        onnx::NodeProto {
+            name: Some("/Expand".into()),
+            op_type: Some("Expand".into()),
+            input: vec![relu_out, "expand_to".into()],
+            output: vec!["expanded".into()],
+            ..Default::default()
+        },
+    );
+    let g = decode(&m.encode_to_vec()).unwrap();
+    translate(&g, "Mlp", "mlp.onnx")
+        .map(|t| t.source)
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn an_expand_that_changes_nothing_is_dropped_and_one_that_does_says_why() {
+    let plain = translate(&read(fixture("mlp.onnx")).unwrap(), "Mlp", "mlp.onnx")
+        .unwrap()
+        .source;
+    assert_eq!(mlp_with_expand(&[1, 16]).unwrap(), plain);
+    assert_eq!(mlp_with_expand(&[16]).unwrap(), plain);
+    let e = mlp_with_expand(&[5, 3, 16]).unwrap_err();
+    assert!(
+        e.contains(
+            "Expand (`/Expand`: an Expand of [BATCH, 16] to [5, 3, 16], which makes it larger"
+        ),
+        "{e}"
+    );
+}
