@@ -5,7 +5,8 @@
 //! missing, extra or mis-shaped tensor is a compile error naming it and both sides.
 //!
 //! `embed!` resolves the path (relative to the file that calls it, as
-//! `include_bytes!` does) and asks the model's definition macro for the model, which
+//! `include_bytes!` does; `concat!` of literals and `env!`, for a build script's
+//! `OUT_DIR`, read as it expands) and asks the model's definition macro for the model, which
 //! calls `model_impl!` back with `embed { .. }` and the definitions of the model and
 //! its nested models; [`expand_embed`] does the rest.
 
@@ -18,6 +19,7 @@ use kiln_tensor::DType;
 use proc_macro2::TokenStream;
 use quote::quote;
 use syn::parse::{Parse, ParseStream};
+use syn::spanned::Spanned;
 use syn::{LitStr, Token};
 
 /// `embed!`'s arguments: the model's path, the file, and `foreign` for a file
@@ -44,11 +46,51 @@ fn parse_foreign(input: ParseStream) -> syn::Result<Option<syn::Ident>> {
     Ok(Some(option))
 }
 
+/// The file's path: a string literal, or `concat!` of literals and `env!("VAR")`
+/// (`concat!(env!("OUT_DIR"), "/model.safetensors")` for a checkpoint a build script
+/// wrote), read when the macro expands as `include_bytes!` would.
+fn parse_file(input: ParseStream) -> syn::Result<LitStr> {
+    if input.peek(LitStr) {
+        return input.parse();
+    }
+    let call: syn::Macro = input.parse()?;
+    let wanted = "`embed!` takes the checkpoint's path as a string literal or `concat!(env!(\"OUT_DIR\"), \"/model.safetensors\")`";
+    if !call.path.is_ident("concat") {
+        return Err(syn::Error::new_spanned(&call, wanted));
+    }
+    let parts = call
+        .parse_body_with(syn::punctuated::Punctuated::<syn::Expr, Token![,]>::parse_terminated)?;
+    let mut path = String::new();
+    for part in &parts {
+        match part {
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(s),
+                ..
+            }) => path.push_str(&s.value()),
+            syn::Expr::Macro(m) if m.mac.path.is_ident("env") => {
+                let var: LitStr = m.mac.parse_body()?;
+                let value = std::env::var(var.value()).map_err(|_| {
+                    syn::Error::new_spanned(
+                        m,
+                        format!(
+                            "environment variable `{}` is not set when this compiles (cargo sets `OUT_DIR` for a crate with a build script)",
+                            var.value()
+                        ),
+                    )
+                })?;
+                path.push_str(&value);
+            }
+            other => return Err(syn::Error::new_spanned(other, wanted)),
+        }
+    }
+    Ok(LitStr::new(&path, call.path.span()))
+}
+
 impl Parse for EmbedArgs {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let model = input.parse()?;
         input.parse::<Token![,]>()?;
-        let file = input.parse()?;
+        let file = parse_file(input)?;
         let foreign = parse_foreign(input)?;
         Ok(EmbedArgs {
             model,

@@ -333,7 +333,8 @@ impl Parse for ImplInput {
 
 /// Builds a safetensors checkpoint into the program, checked against a `#[model]`
 /// when the program compiles: `kiln::embed!(Mlp, "weights/mlp.safetensors")`, the
-/// path relative to the file that calls it (as `include_bytes!`). A tensor the model
+/// path relative to the file that calls it (as `include_bytes!`), or a checkpoint a
+/// build script wrote: `concat!(env!("OUT_DIR"), "/mlp.safetensors")`. A tensor the model
 /// lacks or the file lacks, or of other dims or dtype, is a compile error naming it
 /// and both sides. The value's `load::<B>(&device)` builds the model with the weights.
 /// A file written by another tool (PyTorch's `save_file`) has no checksums to verify
