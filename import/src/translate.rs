@@ -576,12 +576,12 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
                         _ => None,
                     };
                     match exponent {
-                    Some(e) if e == 1.0 => x,
-                    Some(e) if e == 2.0 => {
+                    Some(1.0) => x,
+                    Some(2.0) => {
                         let id = b.ir.square(&x.id).map_err(|e| why(&e.to_string()))?;
                         method(x, "square()".into(), id)
                     }
-                    Some(e) if e == 0.5 => b.unary(node, UnaryOp::Sqrt, &x)?,
+                    Some(0.5) => b.unary(node, UnaryOp::Sqrt, &x)?,
                     _ => {
                         return Err(why(
                             "a Pow of a computed value by other than 2, ½ or 1 (translated as .square() and .sqrt())",

@@ -4,7 +4,7 @@
 //! refuses nonsense in one line.
 
 use kiln_import::onnx;
-use kiln_import::{decode, read, translate, ImportError};
+use kiln_import::{decode, read, translate};
 use prost::Message;
 use std::path::PathBuf;
 use std::process::Command;

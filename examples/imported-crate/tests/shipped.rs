@@ -45,7 +45,7 @@ fn the_embedded_decoder_gives_pytorchs_outputs() {
 #[test]
 fn fine_tuning_learns_and_ships() {
     // Each token's successor is the next one mod 20.
-    let tokens: Vec<i32> = (0..16).map(|i| (i * 7 % 20) as i32).collect();
+    let tokens: Vec<i32> = (0..16).map(|i| i * 7 % 20).collect();
     let next: Vec<i32> = tokens.iter().map(|t| (t + 1) % 20).collect();
     let x = Tokens::from_vec(tokens, &[2, 8], &CpuDevice).unwrap();
     let y = Tensor::<Cpu, (Dyn,), i32>::from_vec(next, &[16], &CpuDevice).unwrap();
