@@ -197,6 +197,8 @@ def main():
     # Trilu is opset 14's; from opset 20 GELU is an op of its own.
     for opset in (14, 21):
         export(f"decoder_opset{opset}", decoder, x, a.out, {0: "batch", 1: "sequence"}, opset=opset, data=False)
+    # Without constant folding: the weights' transposes stay nodes (`x · Wᵀ`).
+    export("decoder_unfolded", decoder, x, a.out, {0: "batch", 1: "sequence"}, fold=False, data=False)
     export("ops", Ops(), torch.randn(2, 1, 8, 8), a.out, {0: "batch"}, opset=21)
 
 

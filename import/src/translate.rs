@@ -279,7 +279,7 @@ impl Translator {
 /// file's stem by [`model_name`]) and its checkpoint, `file` naming the source in
 /// the generated header.
 pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
-    let graph = &with_aliases(graph);
+    let graph = &with_weights_resolved(graph);
     let untranslated = unsupported_nodes(graph);
     if !untranslated.is_empty() {
         return Err(ImportError::Unsupported(untranslated, graph.opset));
@@ -1756,23 +1756,77 @@ fn elementwise(op: &str) -> Option<UnaryOp> {
         .find(|u| u.name().eq_ignore_ascii_case(op))
 }
 
-/// `graph` with each `Identity` of an initializer (exporters alias equal
-/// initializers so: a second layer norm's ones) an initializer of its own name too.
-/// Initializers are shared, so the copy holds no second copy of the weights.
-fn with_aliases(graph: &Graph) -> Graph {
+/// `graph` with what exporters compute from weights alone made initializers: an
+/// `Identity` of an initializer (exporters alias equal initializers so: a second layer
+/// norm's ones) an alias of it, a `Transpose` of a float initializer (an unfolded
+/// export's `x · Wᵀ`) the transposed tensor; those nodes removed. Initializers are
+/// shared, so the copy holds no second copy of the weights.
+fn with_weights_resolved(graph: &Graph) -> Graph {
     let mut g = graph.clone();
+    g.nodes.clear();
     for n in &graph.nodes {
-        if let (true, [input], [output]) = (
-            n.op == "Identity",
-            n.inputs.as_slice(),
-            n.outputs.as_slice(),
-        ) {
-            if let Some(t) = g.initializers.get(input).cloned() {
-                g.initializers.entry(output.clone()).or_insert(t);
+        let (Some(input), [output]) = (n.inputs.first(), n.outputs.as_slice()) else {
+            g.nodes.push(n.clone());
+            continue;
+        };
+        let resolved = match (n.op.as_str(), g.initializers.get(input)) {
+            ("Identity", Some(t)) if n.inputs.len() == 1 => Some(t.clone()),
+            ("Transpose", Some(t)) => {
+                let perm: Vec<usize> = match n.attributes.get("perm") {
+                    Some(Attribute::Ints(p)) => p.iter().map(|&a| a as usize).collect(),
+                    _ => (0..t.dims.len()).rev().collect(),
+                };
+                permuted(t, &perm).map(std::sync::Arc::new)
             }
+            _ => None,
+        };
+        match resolved {
+            Some(t) if !g.initializers.contains_key(output) => {
+                g.initializers.insert(output.clone(), t);
+            }
+            _ => g.nodes.push(n.clone()),
         }
     }
     g
+}
+
+/// A float tensor with its axes reordered by `perm`, `None` for anything else.
+fn permuted(t: &Tensor, perm: &[usize]) -> Option<Tensor> {
+    let TensorData::F32(v) = &t.data else {
+        return None;
+    };
+    let rank = t.dims.len();
+    let mut seen = vec![false; rank];
+    if perm.len() != rank
+        || perm
+            .iter()
+            .any(|&a| a >= rank || std::mem::replace(&mut seen[a], true))
+    {
+        return None;
+    }
+    let dims: Vec<usize> = perm.iter().map(|&a| t.dims[a]).collect();
+    // Row-major strides of the input, read in the output's axis order.
+    let mut strides = vec![1usize; rank];
+    for a in (0..rank.saturating_sub(1)).rev() {
+        strides[a] = strides[a + 1] * t.dims[a + 1];
+    }
+    let read: Vec<usize> = perm.iter().map(|&a| strides[a]).collect();
+    let mut out = Vec::with_capacity(v.len());
+    let mut at = vec![0usize; rank];
+    for _ in 0..v.len() {
+        out.push(v[at.iter().zip(&read).map(|(i, s)| i * s).sum::<usize>()]);
+        for a in (0..rank).rev() {
+            at[a] += 1;
+            if at[a] < dims[a] {
+                break;
+            }
+            at[a] = 0;
+        }
+    }
+    Some(Tensor {
+        dims,
+        data: TensorData::F32(out),
+    })
 }
 
 /// The ops translated so far.
@@ -2364,4 +2418,37 @@ fn source(
         chain_lines(without_outer_parens(&result.code))
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_permuted_tensor_reads_each_element_from_its_place() {
+        // [2, 3, 4] holding its own flat index, axes reordered to [4, 2, 3].
+        let t = Tensor {
+            dims: vec![2, 3, 4],
+            data: TensorData::F32((0..24).map(|i| i as f32).collect()),
+        };
+        let p = permuted(&t, &[2, 0, 1]).unwrap();
+        assert_eq!(p.dims, vec![4, 2, 3]);
+        let TensorData::F32(v) = p.data else {
+            unreachable!()
+        };
+        for (k, i, j) in
+            (0..4).flat_map(|k| (0..2).flat_map(move |i| (0..3).map(move |j| (k, i, j))))
+        {
+            assert_eq!(v[k * 6 + i * 3 + j], (i * 12 + j * 4 + k) as f32);
+        }
+        assert!(permuted(&t, &[0, 0, 1]).is_none());
+        assert!(permuted(&t, &[0, 1]).is_none());
+    }
+
+    #[test]
+    fn layer_hints_drop_the_block_they_are_in() {
+        assert_eq!(local_hint("blocks_layers_0_self_attn"), "self_attn");
+        assert_eq!(local_hint("qkv_0"), "qkv_0");
+        assert_eq!(local_hint("fc1"), "fc1");
+    }
 }

@@ -154,6 +154,17 @@ fn the_sources_written_are_the_committed_ones() {
 }
 
 #[test]
+fn the_same_model_exported_otherwise_translates_alike() {
+    // The decoder exported without constant folding: its weights' transposes are
+    // nodes of the graph, folded at import time into the same tensors.
+    let file = "decoder.onnx";
+    let folded = translate(&read(fixture(file)).unwrap(), "Decoder", file).unwrap();
+    let unfolded = read(fixture("decoder_unfolded.onnx")).unwrap();
+    assert!(unfolded.nodes.len() > read(fixture(file)).unwrap().nodes.len());
+    assert_eq!(translate(&unfolded, "Decoder", file).unwrap(), folded);
+}
+
+#[test]
 fn the_oldest_and_newest_opsets_translate_alike() {
     // PyTorch's models exported at other opsets in 13..=21 (the range Kiln imports)
     // are the opset 17 ones: the same source but for its header, the same tensors.
