@@ -1,7 +1,9 @@
-//! What kiln-import cannot translate yet is one error naming each op with its nodes
-//! and the opset; uses of a translated op it cannot express say why (a scaled Gemm, a
-//! dilated convolution, a batch norm of another ε, a padded pool); the command line
-//! refuses nonsense in one line.
+//! What kiln-import cannot translate is one error naming each op with its nodes and
+//! the opset; uses of a translated op it cannot express say why (a scaled Gemm, a
+//! dilated convolution, a batch norm of another ε, a padded pool, a mask that is not
+//! causal, positions that are not 0..T, an Expand that enlarges); hostile attributes
+//! and constants give a model or an error, never a panic; the command line refuses
+//! nonsense in one line.
 
 use kiln_import::onnx;
 use kiln_import::{decode, read, translate};
@@ -272,4 +274,74 @@ fn an_expand_that_changes_nothing_is_dropped_and_one_that_does_says_why() {
         ),
         "{e}"
     );
+}
+
+/// Hostile integers for attributes and integer constants.
+const HOSTILE: [i64; 6] = [-1, 0, 3, i64::MAX, i64::MIN, 1 << 40];
+
+#[test]
+fn hostile_attributes_and_constants_give_an_error_or_a_model_never_a_panic() {
+    // Every integer attribute and every int64 constant of the decoder, the encoder and
+    // the ops fixture set in turn to each hostile value: translation returns (a model,
+    // or an error), whatever the file says.
+    let (mut cases, mut refused) = (0, 0);
+    for stem in ["decoder", "encoder", "ops"] {
+        let bytes = std::fs::read(fixture(&format!("{stem}.onnx"))).unwrap();
+        let model = onnx::ModelProto::decode(bytes.as_slice()).unwrap();
+        let nodes = model.graph.as_ref().unwrap().node.len();
+        for at in 0..nodes {
+            let node = &model.graph.as_ref().unwrap().node[at];
+            let attributes = node.attribute.len();
+            for a in 0..attributes {
+                for v in HOSTILE {
+                    let mut m = model.clone();
+                    let attr = &mut m.graph.as_mut().unwrap().node[at].attribute[a];
+                    let Some(t) = attr.t.as_mut().filter(|t| {
+                        !t.int64_data.is_empty()
+                            || t.raw_data
+                                .as_ref()
+                                .is_some_and(|r| r.len() % 8 == 0 && t.data_type == Some(7))
+                    }) else {
+                        if attr.i.is_some() {
+                            attr.i = Some(v);
+                        } else if !attr.ints.is_empty() {
+                            attr.ints[0] = v;
+                        } else {
+                            continue;
+                        }
+                        refused += usize::from(!translate_survives(&m, stem, at));
+                        cases += 1;
+                        continue;
+                    };
+                    // An int64 constant: its first value.
+                    if let Some(raw) = t.raw_data.as_mut() {
+                        raw[..8].copy_from_slice(&v.to_le_bytes());
+                    } else {
+                        t.int64_data[0] = v;
+                    }
+                    refused += usize::from(!translate_survives(&m, stem, at));
+                    cases += 1;
+                }
+            }
+        }
+    }
+    // Most mutations break the model (some, of unread attributes, do not).
+    assert!(
+        cases > 1000 && refused > cases / 2,
+        "{refused} of {cases} refused"
+    );
+}
+
+/// Decodes and translates `m`, which must return rather than panic: whether it gave
+/// a model.
+fn translate_survives(m: &onnx::ModelProto, stem: &str, node: usize) -> bool {
+    let bytes = m.encode_to_vec();
+    let outcome = std::panic::catch_unwind(|| {
+        decode(&bytes).is_ok_and(|g| translate(&g, "Hostile", "hostile.onnx").is_ok())
+    });
+    assert!(
+        outcome.is_ok(),
+        "{stem}: a mutation of node {node} panicked"
+    );
+    outcome.unwrap()
 }
