@@ -16,6 +16,7 @@ pub mod instances;
 pub mod math;
 pub mod matmul;
 pub mod movement;
+pub mod quant;
 pub mod reduce;
 pub mod rows;
 pub mod source;
