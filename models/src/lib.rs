@@ -17,6 +17,7 @@ pub mod gpt;
 pub mod hybrid;
 pub mod lenet;
 pub mod mlp;
+pub mod mlp_int8;
 pub mod parts;
 mod short_run;
 

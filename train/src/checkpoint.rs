@@ -23,6 +23,7 @@
 //! is refused before any data is read; then tensors are streamed one at a time
 //! (its `read` module).
 
+pub mod int8;
 mod read;
 
 use kiln_safetensors::{
@@ -498,6 +499,16 @@ pub(crate) struct Encoded {
 }
 
 impl Encoded {
+    /// Bytes already encoded as `dtype` of `shape` (a file's tensor, or int8 values).
+    pub(crate) fn raw(dtype: Dtype, shape: Vec<usize>, data: Vec<u8>) -> Self {
+        Encoded { dtype, shape, data }
+    }
+
+    /// Its data's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.data.len()
+    }
+
     /// `t`'s values, read to the host and encoded.
     pub(crate) fn of<B: Backend>(t: &RawTensor<B>) -> Result<Self> {
         Ok(Encoded {

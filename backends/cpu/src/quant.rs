@@ -340,9 +340,7 @@ pub fn linear_with(
         let (i, block) = (t / blocks, t % blocks);
         let rows = block * ROWS_PER_TASK..((block + 1) * ROWS_PER_TASK).min(n);
         // SAFETY: task `t` writes row `i`'s outputs `rows` only, inside `out`.
-        let y = unsafe {
-            std::slice::from_raw_parts_mut(dst.at(i * n + rows.start), rows.len())
-        };
+        let y = unsafe { std::slice::from_raw_parts_mut(dst.at(i * n + rows.start), rows.len()) };
         let xs = &x[i * k..(i + 1) * k];
         let epilogue = |v: f32, r: usize| {
             let v = v + bias.map_or(0.0, |b| b[r]);
@@ -354,15 +352,27 @@ pub fn linear_with(
         if !finite[i] {
             for (o, r) in y.iter_mut().zip(rows.clone()) {
                 let s = w.scales[r];
-                let dot: f32 = xs.iter().zip(w.row(r)).map(|(v, &q)| v * (q as f32 * s)).sum();
+                let dot: f32 = xs
+                    .iter()
+                    .zip(w.row(r))
+                    .map(|(v, &q)| v * (q as f32 * s))
+                    .sum();
                 *o = epilogue(dot, r);
             }
             return;
         }
-        let (ai, au) = (&a[i * stride..(i + 1) * stride], &a_u8[i * stride..(i + 1) * stride]);
+        let (ai, au) = (
+            &a[i * stride..(i + 1) * stride],
+            &a_u8[i * stride..(i + 1) * stride],
+        );
         let mut r = rows.start;
         while r < rows.end {
-            let four = [r, (r + 1).min(n - 1), (r + 2).min(n - 1), (r + 3).min(n - 1)];
+            let four = [
+                r,
+                (r + 1).min(n - 1),
+                (r + 2).min(n - 1),
+                (r + 3).min(n - 1),
+            ];
             let dots = kernel.dot4(
                 ai,
                 au,

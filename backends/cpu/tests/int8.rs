@@ -19,7 +19,13 @@ fn reference(x: &[f32], m: usize, w: &Int8Matrix, bias: Option<&[f32]>, relu: bo
         let sa = if max == 0.0 { 0.0 } else { max / 127.0 };
         let qa: Vec<f64> = row
             .iter()
-            .map(|v| if sa == 0.0 { 0.0 } else { (v / sa).round().clamp(-127.0, 127.0) as f64 })
+            .map(|v| {
+                if sa == 0.0 {
+                    0.0
+                } else {
+                    (v / sa).round().clamp(-127.0, 127.0) as f64
+                }
+            })
             .collect();
         for r in 0..n {
             let dot: f64 = qa.iter().zip(w.row(r)).map(|(a, &q)| a * q as f64).sum();
@@ -32,17 +38,24 @@ fn reference(x: &[f32], m: usize, w: &Int8Matrix, bias: Option<&[f32]>, relu: bo
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
     // A small deterministic generator, spread over magnitudes.
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 4.0
         })
         .collect()
 }
 
 fn kernels() -> Vec<Int8Kernel> {
-    Int8Kernel::ALL.into_iter().filter(|k| k.available()).collect()
+    Int8Kernel::ALL
+        .into_iter()
+        .filter(|k| k.available())
+        .collect()
 }
 
 fn check(m: usize, k: usize, n: usize, seed: u64, with_bias: bool, relu: bool) {
@@ -50,7 +63,11 @@ fn check(m: usize, k: usize, n: usize, seed: u64, with_bias: bool, relu: bool) {
     let w = Int8Matrix::quantize(&values(n * k, seed + 1), n, k).unwrap();
     let bias = with_bias.then(|| values(n, seed + 2));
     let want = reference(&x, m, &w, bias.as_deref(), relu);
-    let act = if relu { Activation::Relu } else { Activation::None };
+    let act = if relu {
+        Activation::Relu
+    } else {
+        Activation::None
+    };
     for kernel in kernels() {
         let mut out = vec![f32::NAN; m * n];
         linear_with(kernel, &x, m, &w, bias.as_deref(), act, &mut out).unwrap();
@@ -94,13 +111,29 @@ fn the_quantised_product_is_near_the_f32_product() {
     let (x, wf) = (values(m * k, 7), values(n * k, 8));
     let w = Int8Matrix::quantize(&wf, n, k).unwrap();
     let mut out = vec![0.0; m * n];
-    linear_with(Int8Kernel::detect(), &x, m, &w, None, Activation::None, &mut out).unwrap();
+    linear_with(
+        Int8Kernel::detect(),
+        &x,
+        m,
+        &w,
+        None,
+        Activation::None,
+        &mut out,
+    )
+    .unwrap();
     for i in 0..m {
         for r in 0..n {
-            let exact: f64 = (0..k).map(|c| x[i * k + c] as f64 * wf[r * k + c] as f64).sum();
-            let scale: f64 = (0..k).map(|c| (x[i * k + c] * wf[r * k + c]).abs() as f64).sum();
+            let exact: f64 = (0..k)
+                .map(|c| x[i * k + c] as f64 * wf[r * k + c] as f64)
+                .sum();
+            let scale: f64 = (0..k)
+                .map(|c| (x[i * k + c] * wf[r * k + c]).abs() as f64)
+                .sum();
             let got = out[i * n + r] as f64;
-            assert!((got - exact).abs() <= 0.01 * scale, "[{i}, {r}]: {got} against {exact}");
+            assert!(
+                (got - exact).abs() <= 0.01 * scale,
+                "[{i}, {r}]: {got} against {exact}"
+            );
         }
     }
 }
@@ -112,7 +145,10 @@ fn quantising_and_dequantising_keeps_each_row_within_half_a_step() {
     let back = w.dequantize();
     for (r, (row, back)) in wf.chunks(91).zip(back.chunks(91)).enumerate() {
         let step = w.scales()[r];
-        assert!(row.iter().zip(back).all(|(a, b)| (a - b).abs() <= step / 2.0 + 1e-6));
+        assert!(row
+            .iter()
+            .zip(back)
+            .all(|(a, b)| (a - b).abs() <= step / 2.0 + 1e-6));
     }
     let zeros = Int8Matrix::quantize(&[0.0; 6], 2, 3).unwrap();
     assert_eq!(zeros.scales(), [0.0, 0.0]);
@@ -130,7 +166,11 @@ fn rows_holding_inf_or_nan_give_what_f32_gives() {
         for r in 0..4 {
             let q = w.row(r)[3];
             assert!(
-                if q == 0 { out[r].is_nan() } else { out[r].is_infinite() },
+                if q == 0 {
+                    out[r].is_nan()
+                } else {
+                    out[r].is_infinite()
+                },
                 "{}: {}",
                 kernel.name(),
                 out[r]
@@ -153,13 +193,28 @@ fn bad_sizes_scales_and_values_are_errors() {
     let mut out = vec![0.0; 2];
     let k = Int8Kernel::Portable;
     let err = linear_with(k, &[1.0; 4], 1, &w, None, Activation::None, &mut out).unwrap_err();
-    assert!(err.to_string().contains("4 inputs and 2 outputs for 1 rows"), "{err}");
-    let err = linear_with(k, &[1.0; 3], 1, &w, Some(&[0.0; 3]), Activation::None, &mut out)
-        .unwrap_err();
-    assert!(err.to_string().contains("a bias of 3 for 2 outputs"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("4 inputs and 2 outputs for 1 rows"),
+        "{err}"
+    );
+    let err = linear_with(
+        k,
+        &[1.0; 3],
+        1,
+        &w,
+        Some(&[0.0; 3]),
+        Activation::None,
+        &mut out,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("a bias of 3 for 2 outputs"),
+        "{err}"
+    );
     for kernel in Int8Kernel::ALL.into_iter().filter(|k| !k.available()) {
-        let err = linear_with(kernel, &[1.0; 3], 1, &w, None, Activation::None, &mut out)
-            .unwrap_err();
+        let err =
+            linear_with(kernel, &[1.0; 3], 1, &w, None, Activation::None, &mut out).unwrap_err();
         assert!(err.to_string().contains("this CPU has no"), "{err}");
     }
 }

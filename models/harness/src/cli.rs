@@ -201,6 +201,12 @@ impl ClassifierCheckpoint {
         })
     }
 
+    /// An error unless what `kiln-train` recorded in the checkpoint (model, data set)
+    /// agrees with the flags.
+    pub fn check_recorded(&self) -> Result<()> {
+        check_recorded(&self.path(), self.model, self.dataset)
+    }
+
     /// The model it holds, on `device`, once what `kiln-train` recorded (model, data
     /// set) agrees with the flags.
     pub fn load<B: Backend, M: Module<B>>(&self, device: &B::Device) -> Result<M> {

@@ -1,0 +1,41 @@
+//! `kiln-quantize`: writes the int8 checkpoint of an f32 checkpoint Kiln wrote. Each
+//! linear layer's and embedding's weight becomes int8 values with one f32 scale per
+//! row (per output channel); the rest is kept; every tensor gets its checksum
+//! (`kiln::train::checkpoint::int8`).
+
+use clap::Parser;
+use kiln::train::checkpoint::int8::quantize_int8;
+use std::path::PathBuf;
+
+/// Quantise a checkpoint's weights to int8 (per-row symmetric scales).
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// The f32 checkpoint (written by kiln-train or `checkpoint::save`).
+    input: PathBuf,
+    /// Where to write the int8 checkpoint.
+    output: PathBuf,
+}
+
+fn main() {
+    let args = Args::parse();
+    if args.input == args.output {
+        eprintln!("error: the int8 checkpoint would overwrite its input; name another file");
+        std::process::exit(2);
+    }
+    match quantize_int8(&args.input, &args.output) {
+        Ok(r) => println!(
+            "{}: {} weights as int8 ({}), {} tensors kept; {:.2} MB of tensors, was {:.2} MB",
+            args.output.display(),
+            r.quantized.len(),
+            r.quantized.join(", "),
+            r.kept.len(),
+            r.bytes_after as f64 / 1e6,
+            r.bytes_before as f64 / 1e6
+        ),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    }
+}

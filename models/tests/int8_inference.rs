@@ -1,0 +1,146 @@
+//! The MLP from an int8 checkpoint (`kiln-quantize`, then `MlpInt8` on the CPU's int8
+//! products): its logits are the f32 model's to within the quantisation's error and
+//! pick the same classes; `kiln-infer` evaluates such a file; and the binaries refuse
+//! what they cannot do in one line (a CNN's or a GPU's int8 run, a file quantised
+//! twice, an output over its input, layers that do not chain).
+
+#[path = "support/output.rs"]
+mod output;
+use kiln::cpu::{Cpu, CpuDevice};
+use kiln::prelude::*;
+use kiln::train::checkpoint::{int8::quantize_int8, save, save_with_metadata, write_tensors};
+use kiln_models::mlp::Mlp;
+use kiln_models::mlp_int8::MlpInt8;
+use output::{assert_refused, run};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+const QUANTIZE: &str = env!("CARGO_BIN_EXE_kiln-quantize");
+const INFER: &str = env!("CARGO_BIN_EXE_kiln-infer");
+
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-int8-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn int8_logits_are_the_f32_models_to_within_quantisation() {
+    let dir = scratch("logits");
+    let model = Mlp::<Cpu>::init(&CpuDevice, 3).unwrap();
+    let (f32_file, int8_file) = (
+        dir.join("mlp.safetensors"),
+        dir.join("mlp-int8.safetensors"),
+    );
+    save(&model, &f32_file).unwrap();
+    quantize_int8(&f32_file, &int8_file).unwrap();
+    let int8 = MlpInt8::load(&int8_file).unwrap();
+    let x = Tensor::<Cpu, Rank2<16, 784>>::normal(0.0, 1.0, 4, &CpuDevice).unwrap();
+    let want = model.forward(&x).unwrap().to_vec().unwrap();
+    let got = int8.logits(&x.to_vec().unwrap(), 16).unwrap();
+    let spread = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let mut same_class = 0;
+    for (g, w) in got.chunks(10).zip(want.chunks(10)) {
+        for (a, b) in g.iter().zip(w) {
+            assert!(
+                (a - b).abs() <= 0.02 * spread,
+                "int8 {a} against f32 {b} (logits up to {spread})"
+            );
+        }
+        let top = |r: &[f32]| (0..10).max_by(|&i, &j| r[i].total_cmp(&r[j]));
+        same_class += usize::from(top(g) == top(w));
+    }
+    assert!(
+        same_class >= 15,
+        "{same_class} of 16 rows pick the f32 model's class"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn kiln_quantize_writes_a_quarter_and_refuses_nonsense_in_one_line() {
+    let dir = scratch("cli");
+    let f32_file = dir.join("mlp.safetensors");
+    let meta = BTreeMap::from([
+        ("model".to_string(), "mlp".to_string()),
+        ("dataset".to_string(), "mnist".to_string()),
+    ]);
+    save_with_metadata(&Mlp::<Cpu>::init(&CpuDevice, 1).unwrap(), &f32_file, &meta).unwrap();
+    let int8_file = dir.join("mlp-int8.safetensors");
+    let (f, i) = (f32_file.to_str().unwrap(), int8_file.to_str().unwrap());
+    let (code, out, err) = run(QUANTIZE, &[f, i]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("3 weights as int8 (fc1.weight, fc2.weight, fc3.weight), 3 tensors kept; 1.88 MB of tensors, was 7.45 MB"),
+        "{out}"
+    );
+    assert_refused(
+        QUANTIZE,
+        &[i, dir.join("again.safetensors").to_str().unwrap()],
+        "is quantised already",
+    );
+    assert_refused(
+        QUANTIZE,
+        &["/nowhere/mlp.safetensors", i],
+        "cannot read `/nowhere/mlp.safetensors`",
+    );
+    let (code, _, err) = run(QUANTIZE, &[f, f]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("would overwrite its input"), "{err}");
+
+    // kiln-infer runs the int8 file on the CPU's int8 products: the MLP only, so far.
+    let (code, out, err) = run(INFER, &["--checkpoint", i, "--latency-images", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("int8 products on"), "{out}");
+    assert!(
+        out.contains("test accuracy") && out.contains("on 10000 images"),
+        "{out}"
+    );
+    assert!(
+        out.contains("latency per image (batch 1, 3 images)"),
+        "{out}"
+    );
+    assert_refused(
+        INFER,
+        &["--checkpoint", i, "--model", "cnn"],
+        "int8 checkpoints run the MLP on the CPU so far",
+    );
+    assert_refused(
+        INFER,
+        &["--checkpoint", i, "--dataset", "fashion"],
+        "was trained as dataset mnist, not fashion",
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn layers_that_do_not_chain_are_refused_by_name() {
+    let dir = scratch("chain");
+    let t = |dims: &[usize]| {
+        RawTensor::<Cpu>::from_vec(vec![0.5f32; dims.iter().product()], dims, &CpuDevice).unwrap()
+    };
+    let tensors = [
+        ("fc1.weight", t(&[1024, 784])),
+        ("fc1.bias", t(&[1024])),
+        ("fc2.weight", t(&[1024, 512])),
+        ("fc2.bias", t(&[1024])),
+        ("fc3.weight", t(&[10, 1024])),
+        ("fc3.bias", t(&[10])),
+    ];
+    let refs: Vec<_> = tensors.iter().map(|(n, t)| (*n, t)).collect();
+    let (f32_file, int8_file) = (
+        dir.join("bad.safetensors"),
+        dir.join("bad-int8.safetensors"),
+    );
+    write_tensors(&f32_file, &refs).unwrap();
+    quantize_int8(&f32_file, &int8_file).unwrap();
+    let e = MlpInt8::load(&int8_file)
+        .err()
+        .expect("fc2 does not chain")
+        .to_string();
+    assert!(
+        e.contains("`fc2` is [1024, 512] with 1024 biases, after 1024 outputs"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
