@@ -61,5 +61,7 @@ train() { ./target/debug/kiln-train --epochs 1 --save-every 0 "$@" >/dev/null; }
 train --model mlp --dataset mnist --limit 2048 --out models/weights/mlp-mnist.safetensors
 train --model cnn --dataset fashion --limit 2048 --out models/weights/cnn-fashion.safetensors
 train --model gpt --batch-size 16 --limit 8192 --out models/weights/gpt-shakespeare.safetensors
+./target/debug/kiln-quantize models/weights/mlp-mnist.safetensors \
+    models/weights/mlp-mnist-int8.safetensors >/dev/null
 cargo build -p kiln-models --features embedded-weights,wgpu --examples
 cargo test -p kiln-models --features embedded-weights,wgpu --test embedded --no-fail-fast "$@"

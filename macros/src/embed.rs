@@ -13,7 +13,7 @@
 use crate::dsl::{model_name, FieldKind};
 use crate::model::parse_fields;
 use crate::model::Def;
-use kiln_safetensors::{fit_problems, header_entries, TensorEntry};
+use kiln_safetensors::{fit_problems, header_entries, int8_entries, TensorEntry};
 use kiln_tensor::nn::join;
 use kiln_tensor::DType;
 use proc_macro2::TokenStream;
@@ -22,24 +22,25 @@ use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{LitStr, Token};
 
-/// `embed!`'s arguments: the model's path, the file, and `foreign` for a file
-/// written by another tool (PyTorch), which has no checksums to verify.
+/// `embed!`'s arguments: the model's path, the file, and an option: `foreign` for a
+/// file written by another tool (PyTorch), which has no checksums to verify, or `int8`
+/// for the model's int8 checkpoint (`kiln-quantize`'s).
 pub struct EmbedArgs {
     model: syn::Path,
     file: LitStr,
-    foreign: Option<syn::Ident>,
+    option: Option<syn::Ident>,
 }
 
-/// `, foreign` (the only option), if given.
-fn parse_foreign(input: ParseStream) -> syn::Result<Option<syn::Ident>> {
+/// `, foreign` or `, int8`, if given.
+fn parse_option(input: ParseStream) -> syn::Result<Option<syn::Ident>> {
     if input.parse::<Option<Token![,]>>()?.is_none() || input.is_empty() {
         return Ok(None);
     }
     let option: syn::Ident = input.parse()?;
-    if option != "foreign" {
+    if option != "foreign" && option != "int8" {
         return Err(syn::Error::new(
             option.span(),
-            format!("`{option}` is not an option of embed!: the only one is `foreign`, for a file another tool wrote (no checksums)"),
+            format!("`{option}` is not an option of embed!: the options are `foreign`, for a file another tool wrote (no checksums), and `int8`, for kiln-quantize's int8 checkpoint"),
         ));
     }
     input.parse::<Option<Token![,]>>()?;
@@ -91,21 +92,21 @@ impl Parse for EmbedArgs {
         let model = input.parse()?;
         input.parse::<Token![,]>()?;
         let file = parse_file(input)?;
-        let foreign = parse_foreign(input)?;
+        let option = parse_option(input)?;
         Ok(EmbedArgs {
             model,
             file,
-            foreign,
+            option,
         })
     }
 }
 
-/// What `model_impl!` receives: `embed { Model, "/abs/path", "as written" [, foreign] }`.
+/// What `model_impl!` receives: `embed { Model, "/abs/path", "as written" [, option] }`.
 pub struct EmbedRequest {
     model: syn::Path,
     resolved: LitStr,
     written: LitStr,
-    foreign: Option<syn::Ident>,
+    option: Option<syn::Ident>,
 }
 
 impl Parse for EmbedRequest {
@@ -115,12 +116,12 @@ impl Parse for EmbedRequest {
         let resolved = input.parse()?;
         input.parse::<Token![,]>()?;
         let written = input.parse()?;
-        let foreign = parse_foreign(input)?;
+        let option = parse_option(input)?;
         Ok(EmbedRequest {
             model,
             resolved,
             written,
-            foreign,
+            option,
         })
     }
 }
@@ -131,12 +132,12 @@ pub fn request(args: EmbedArgs, resolve: impl FnOnce(&str) -> String) -> TokenSt
     let EmbedArgs {
         model,
         file,
-        foreign,
+        option,
     } = args;
     let resolved = LitStr::new(&resolve(&file.value()), file.span());
     let callee = crate::model::bare_path(&model);
-    let foreign = foreign.map(|f| quote!(, #f));
-    quote!(#callee! { embed { #model, #resolved, #file #foreign } })
+    let option = option.map(|f| quote!(, #f));
+    quote!(#callee! { embed { #model, #resolved, #file #option } })
 }
 
 /// The embedded checkpoint of the model `defs[0]` (its nested models after it), or
@@ -146,7 +147,7 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
         model,
         resolved,
         written,
-        foreign,
+        option,
     } = req;
     let fail = |msg: String| syn::Error::new(written.span(), msg).to_compile_error();
     let name = model_name(&model);
@@ -173,7 +174,10 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
             return fail(format!("cannot embed `{shown}`: {e}"));
         }
     };
-    let problems = fit_problems(&params, &held);
+    let int8 = option.as_ref().is_some_and(|o| o == "int8");
+    // An int8 checkpoint holds the model's weights as int8 with their scales.
+    let wanted = if int8 { int8_entries(&params) } else { params };
+    let problems = fit_problems(&wanted, &held);
     // One error naming every mismatch: several `compile_error!`s in expression
     // position would not parse as one expression.
     match problems.as_slice() {
@@ -189,7 +193,26 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
         }
     }
     let doc = format!("The weights of `{shown}`, checked against `{name}` at build time.");
-    let load = match foreign {
+    if int8 {
+        return quote! {
+            {
+                #[doc = #doc]
+                struct EmbeddedInt8Weights;
+                impl EmbeddedInt8Weights {
+                    /// The int8 checkpoint built into the program, each tensor checked
+                    /// against its checksum and each weight against its scales.
+                    fn checkpoint(
+                        &self,
+                    ) -> ::kiln::tensor::Result<::kiln::train::checkpoint::int8::Int8Checkpoint> {
+                        static BYTES: &[u8] = include_bytes!(#resolved);
+                        ::kiln::train::checkpoint::int8::read_int8_bytes(#written, BYTES)
+                    }
+                }
+                EmbeddedInt8Weights
+            }
+        };
+    }
+    let load = match option {
         Some(_) => quote!(::kiln::train::checkpoint::load_bytes_foreign),
         None => quote!(::kiln::train::checkpoint::load_bytes),
     };

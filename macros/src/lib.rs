@@ -338,7 +338,10 @@ impl Parse for ImplInput {
 /// lacks or the file lacks, or of other dims or dtype, is a compile error naming it
 /// and both sides. The value's `load::<B>(&device)` builds the model with the weights.
 /// A file written by another tool (PyTorch's `save_file`) has no checksums to verify
-/// when it loads: `kiln::embed!(Mlp, "torch.safetensors", foreign)`.
+/// when it loads: `kiln::embed!(Mlp, "torch.safetensors", foreign)`. The model's int8
+/// checkpoint (`kiln-quantize`'s) is checked against the model's weights as int8 with
+/// their scales: `kiln::embed!(Mlp, "mlp-int8.safetensors", int8)`, whose
+/// `checkpoint()` reads it.
 #[proc_macro]
 pub fn embed(input: TokenStream) -> TokenStream {
     let args = syn::parse_macro_input!(input as embed::EmbedArgs);

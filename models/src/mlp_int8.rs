@@ -25,7 +25,8 @@ impl MlpInt8 {
             .map_err(|e| Error::invalid("int8 MLP", format!("`{}`: {e}", path.display())))
     }
 
-    fn from_checkpoint(c: &Int8Checkpoint) -> Result<Self> {
+    /// The MLP of an int8 checkpoint read already (`kiln::embed!(Mlp, .., int8)`'s).
+    pub fn from_checkpoint(c: &Int8Checkpoint) -> Result<Self> {
         let mut layers = Vec::new();
         let mut inputs = 784;
         for name in LAYERS {

@@ -152,3 +152,29 @@ fn the_embedded_gpt_continues_a_prompt_as_kiln_generate_does() {
     assert_eq!(code, Some(0), "{err}");
     assert!(help.contains("usage: <this program> [PROMPT]"), "{help}");
 }
+
+#[test]
+fn the_embedded_int8_checkpoint_is_kiln_quantizes_and_classifies_as_kiln_infer_does() {
+    use kiln::train::checkpoint::int8::read_int8;
+    let embedded = kiln::embed!(Mlp, "../weights/mlp-mnist-int8.safetensors", int8);
+    let built_in = embedded.checkpoint().unwrap();
+    let file = read_int8(&weights("mlp-mnist-int8.safetensors")).unwrap();
+    assert_eq!(built_in.weights, file.weights);
+    assert_eq!(built_in.tensors, file.tensors);
+    // The example binary's accuracy is kiln-infer's on the same file.
+    let (code, out, err) = output::run(example("mlp_int8_embedded").to_str().unwrap(), &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let path = weights("mlp-mnist-int8.safetensors");
+    let (code, infer, err) = output::run(
+        env!("CARGO_BIN_EXE_kiln-infer"),
+        &[
+            "--checkpoint",
+            path.to_str().unwrap(),
+            "--latency-images",
+            "1",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let accuracy = |s: &str| output::number_after(s, "test accuracy");
+    assert_eq!(accuracy(&out), accuracy(&infer), "{out}\n{infer}");
+}

@@ -7,20 +7,13 @@
 
 use super::{write_file, Encoded};
 use kiln_cpu::quant::Int8Matrix;
-use kiln_safetensors::{Checksums, Reader};
+use kiln_safetensors::{from_st_dtype, int8_quantizes, Checksums, Reader};
 use kiln_tensor::{Error, Result};
 use safetensors::Dtype;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// The metadata key naming a checkpoint's quantisation.
-pub const QUANTIZATION_KEY: &str = "kiln.quantization";
-
-/// [`QUANTIZATION_KEY`]'s value for int8 weights with one scale per row.
-pub const INT8_PER_ROW: &str = "int8-per-row";
-
-/// What follows a quantised weight's name in its scales' name (`fc1.weight_scale`).
-pub const SCALE_SUFFIX: &str = "_scale";
+pub use kiln_safetensors::{INT8_PER_ROW, QUANTIZATION_KEY, SCALE_SUFFIX};
 
 /// What [`quantize_int8`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,11 +26,6 @@ pub struct QuantizeReport {
     pub bytes_before: usize,
     /// The output file's tensor bytes.
     pub bytes_after: usize,
-}
-
-/// Whether a tensor of the input is quantised: a rank-2 f32 `*.weight`.
-fn quantizes(name: &str, dtype: Dtype, shape: &[usize]) -> bool {
-    name.ends_with(".weight") && dtype == Dtype::F32 && shape.len() == 2
 }
 
 /// Writes `output`, the int8 checkpoint of the f32 checkpoint `input` (which Kiln
@@ -65,7 +53,7 @@ pub fn quantize_int8(input: &Path, output: &Path) -> Result<QuantizeReport> {
         let (dtype, shape) = (info.dtype, info.shape.clone());
         let bytes = file.bytes(name, Checksums::Required)?;
         report.bytes_before += bytes.len();
-        if !quantizes(name, dtype, &shape) {
+        if !int8_quantizes(name, &shape, from_st_dtype(dtype)) {
             report.kept.push(name.clone());
             entries.push((name.clone(), Encoded::raw(dtype, shape, bytes)));
             continue;
@@ -145,7 +133,16 @@ impl Int8Checkpoint {
 /// checksum and every weight against its scales (one finite, non-negative scale per
 /// row; values in −127..=127).
 pub fn read_int8(path: &Path) -> Result<Int8Checkpoint> {
-    let file = Reader::open(path)?;
+    read_from(&Reader::open(path)?, path)
+}
+
+/// [`read_int8`] of a file built into the program (`kiln::embed!(.., int8)`), named
+/// `name` in errors.
+pub fn read_int8_bytes(name: &str, bytes: &'static [u8]) -> Result<Int8Checkpoint> {
+    read_from(&Reader::from_bytes(name, bytes)?, Path::new(name))
+}
+
+fn read_from(file: &Reader, path: &Path) -> Result<Int8Checkpoint> {
     file.require(Checksums::Required)?;
     let bad = |why: String| Error::Format(format!("`{}`: {why}", path.display()));
     match file.metadata().get(QUANTIZATION_KEY).map(String::as_str) {
