@@ -867,6 +867,23 @@ fn without_outer_parens(code: &str) -> &str {
     inner
 }
 
+/// The only reader of `v`, if it has one and it is an `op`.
+fn only_reader<'g>(readers: &HashMap<&str, Vec<&'g Node>>, v: &str, op: &str) -> Option<&'g Node> {
+    match readers.get(v).map(Vec::as_slice) {
+        Some([n]) if n.op == op => Some(*n),
+        _ => None,
+    }
+}
+
+/// The operand of a two-input node that is not `v`.
+fn other_operand<'g>(n: &'g Node, v: &str) -> Option<&'g str> {
+    match n.inputs.as_slice() {
+        [a, b] if a == v => Some(b.as_str()),
+        [a, b] if b == v => Some(a.as_str()),
+        _ => None,
+    }
+}
+
 /// The exact GELUs PyTorch writes out, `(x * (erf(x / √2) + 1)) * 0.5`, each operand
 /// order: each result's value mapped to its `x`, and the names of the nodes inside
 /// (whose values nothing else reads).
@@ -877,19 +894,7 @@ fn exact_gelus<'g>(
     let constant = |v: &str| scalar_constant(graph, v);
     let near =
         |v: &str, want: f64| constant(v).is_some_and(|c| (c - want).abs() <= 1e-6 * want.abs());
-    // The only reader of `v`, if it has one and it is an `op`.
-    let only = |v: &str, op: &str| match readers.get(v).map(Vec::as_slice) {
-        Some([n]) if n.op == op => Some(*n),
-        _ => None,
-    };
-    // The operand of a two-input node that is not `v`.
-    let other = |n: &'g Node, v: &str| -> Option<&'g str> {
-        match n.inputs.as_slice() {
-            [a, b] if a == v => Some(b.as_str()),
-            [a, b] if b == v => Some(a.as_str()),
-            _ => None,
-        }
-    };
+    let only = |v: &str, op: &str| only_reader(readers, v, op);
     let (mut gelus, mut inside) = (HashMap::new(), HashSet::new());
     for erf in graph.nodes.iter().filter(|n| n.op == "Erf") {
         let found = (|| {
@@ -904,15 +909,15 @@ fn exact_gelus<'g>(
                 return None;
             }
             let add = only(&erf.outputs[0], "Add")?;
-            if !near(other(add, &erf.outputs[0])?, 1.0) {
+            if !near(other_operand(add, &erf.outputs[0])?, 1.0) {
                 return None;
             }
             let times_x = only(&add.outputs[0], "Mul")?;
-            if other(times_x, &add.outputs[0])? != x {
+            if other_operand(times_x, &add.outputs[0])? != x {
                 return None;
             }
             let half = only(&times_x.outputs[0], "Mul")?;
-            if !near(other(half, &times_x.outputs[0])?, 0.5) {
+            if !near(other_operand(half, &times_x.outputs[0])?, 0.5) {
                 return None;
             }
             Some((x, [div, erf, add, times_x], half))
@@ -1010,17 +1015,7 @@ fn written_out_layer_norms<'g>(
     readers: &HashMap<&str, Vec<&'g Node>>,
 ) -> (HashMap<&'g str, WrittenLayerNorm<'g>>, HashSet<&'g str>) {
     let constant = |v: &str| scalar_constant(graph, v);
-    let only = |v: &str, op: &str| match readers.get(v).map(Vec::as_slice) {
-        Some([n]) if n.op == op => Some(*n),
-        _ => None,
-    };
-    let other = |n: &'g Node, v: &str| -> Option<&'g str> {
-        match n.inputs.as_slice() {
-            [a, b] if a == v => Some(b.as_str()),
-            [a, b] if b == v => Some(a.as_str()),
-            _ => None,
-        }
-    };
+    let only = |v: &str, op: &str| only_reader(readers, v, op);
     // A mean over the last axis, its axes an attribute (before opset 18) or an input.
     let last_axis_mean = |n: &Node| {
         let axes: Option<Vec<i64>> = match n.inputs.get(1) {
@@ -1060,7 +1055,7 @@ fn written_out_layer_norms<'g>(
             }
             let var = only(&pow.outputs[0], "ReduceMean").filter(|n| last_axis_mean(n))?;
             let add_eps = only(&var.outputs[0], "Add")?;
-            let eps = constant(other(add_eps, &var.outputs[0])?)?;
+            let eps = constant(other_operand(add_eps, &var.outputs[0])?)?;
             let sqrt = only(&add_eps.outputs[0], "Sqrt")?;
             if div.inputs.first().map(String::as_str) != Some(d)
                 || div.inputs.get(1) != sqrt.outputs.first()
@@ -1069,9 +1064,9 @@ fn written_out_layer_norms<'g>(
                 return None;
             }
             let scale = only(&div.outputs[0], "Mul")?;
-            let weight = other(scale, &div.outputs[0])?;
+            let weight = other_operand(scale, &div.outputs[0])?;
             let shift = only(&scale.outputs[0], "Add")?;
-            let bias = other(shift, &scale.outputs[0])?;
+            let bias = other_operand(shift, &scale.outputs[0])?;
             if !graph.initializers.contains_key(weight) || !graph.initializers.contains_key(bias) {
                 return None;
             }

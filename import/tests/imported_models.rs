@@ -105,6 +105,29 @@ fn assert_pytorchs(stem: &str, got: &[f32], fused: bool) {
     }
 }
 
+/// Imports fixture `$stem` into a fresh folder and loads the checkpoint written
+/// there into a new `$model`: the model, and the folder to remove.
+macro_rules! imported {
+    ($stem:literal, $model:ty) => {{
+        let dir = out_dir($stem);
+        let done =
+            kiln_import::import(fixture(concat!($stem, ".onnx")), &dir, None).expect("the import");
+        let mut model = <$model>::init(&CpuDevice, 0).unwrap();
+        checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
+        (model, dir)
+    }};
+}
+
+/// `$model.forward($x)` gives PyTorch's output of fixture `$stem`, planned and op by op.
+macro_rules! gives_pytorchs {
+    ($stem:literal, $model:expr, $x:expr) => {
+        for fused in [true, false] {
+            $model.set_fused(fused);
+            assert_pytorchs($stem, &$model.forward($x).unwrap().to_vec().unwrap(), fused);
+        }
+    };
+}
+
 /// A fresh folder for one import.
 fn out_dir(stem: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kiln-import-{stem}-{}", std::process::id()));
@@ -194,38 +217,20 @@ fn the_oldest_and_newest_opsets_translate_alike() {
 
 #[test]
 fn the_imported_mlp_gives_pytorchs_outputs_planned_and_op_by_op() {
-    let dir = out_dir("mlp");
-    let done = kiln_import::import(fixture("mlp.onnx"), &dir, None).expect("the import");
-    assert_eq!(done.name, "Mlp");
-    let mut model = mlp::Mlp::<Cpu>::init(&CpuDevice, 0).unwrap();
-    checkpoint::load(&mut model, &done.checkpoint)
-        .expect("the checkpoint loads, checksums and all");
+    let (model, dir) = imported!("mlp", mlp::Mlp<Cpu>);
     let x = Typed::<Cpu, Rank2<3, 20>>::from_vec(floats("mlp/input_0.pb"), &[3, 20], &CpuDevice)
         .unwrap();
-    for fused in [true, false] {
-        model.set_fused(fused);
-        assert_pytorchs("mlp", &model.forward(&x).unwrap().to_vec().unwrap(), fused);
-    }
+    gives_pytorchs!("mlp", model, &x);
     std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn matmul_layers_give_pytorchs_outputs_planned_and_op_by_op() {
-    let dir = out_dir("mlp_matmul");
-    let done = kiln_import::import(fixture("mlp_matmul.onnx"), &dir, None).expect("the import");
-    let mut model = mlp_matmul::MlpMatmul::<Cpu>::init(&CpuDevice, 0).unwrap();
-    checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
+    let (model, dir) = imported!("mlp_matmul", mlp_matmul::MlpMatmul<Cpu>);
     let x =
         Typed::<Cpu, Rank2<2, 12>>::from_vec(floats("mlp_matmul/input_0.pb"), &[2, 12], &CpuDevice)
             .unwrap();
-    for fused in [true, false] {
-        model.set_fused(fused);
-        assert_pytorchs(
-            "mlp_matmul",
-            &model.forward(&x).unwrap().to_vec().unwrap(),
-            fused,
-        );
-    }
+    gives_pytorchs!("mlp_matmul", model, &x);
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -234,6 +239,7 @@ fn an_imported_checkpoint_is_checked_and_built_in_by_embed() {
     // `expected/mlp.safetensors` is kiln-import's checkpoint of the MLP, byte for byte.
     let dir = out_dir("mlp-embed");
     let done = kiln_import::import(fixture("mlp.onnx"), &dir, None).expect("the import");
+    assert_eq!(done.name, "Mlp", "named after the file's stem");
     assert_eq!(
         std::fs::read(&done.checkpoint).unwrap(),
         include_bytes!("expected/mlp.safetensors"),
@@ -252,10 +258,7 @@ fn an_imported_checkpoint_is_checked_and_built_in_by_embed() {
 
 #[test]
 fn the_imported_cnn_gives_pytorchs_outputs_planned_and_op_by_op() {
-    let dir = out_dir("cnn");
-    let done = kiln_import::import(fixture("cnn.onnx"), &dir, None).expect("the import");
-    let mut model = cnn::Cnn::<Cpu>::init(&CpuDevice, 0).unwrap();
-    checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
+    let (model, dir) = imported!("cnn", cnn::Cnn<Cpu>);
     // `forward` is inference: batch norm normalises with the running statistics
     // PyTorch exported (training would use the batch's).
     let x = Typed::<Cpu, kiln::tensor::Rank4<2, 1, 8, 8>>::from_vec(
@@ -264,29 +267,16 @@ fn the_imported_cnn_gives_pytorchs_outputs_planned_and_op_by_op() {
         &CpuDevice,
     )
     .unwrap();
-    for fused in [true, false] {
-        model.set_fused(fused);
-        assert_pytorchs("cnn", &model.forward(&x).unwrap().to_vec().unwrap(), fused);
-    }
+    gives_pytorchs!("cnn", model, &x);
     std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn the_imported_attention_block_gives_pytorchs_outputs_planned_and_op_by_op() {
-    let dir = out_dir("attention");
-    let done = kiln_import::import(fixture("attention.onnx"), &dir, None).expect("the import");
-    let mut model = attention::Attention::<Cpu>::init(&CpuDevice, 0).unwrap();
-    checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
+    let (model, dir) = imported!("attention", attention::Attention<Cpu>);
     // PyTorch's int64 token ids as Kiln's i32.
     let x = token_ids::<2, 6>("attention");
-    for fused in [true, false] {
-        model.set_fused(fused);
-        assert_pytorchs(
-            "attention",
-            &model.forward(&x).unwrap().to_vec().unwrap(),
-            fused,
-        );
-    }
+    gives_pytorchs!("attention", model, &x);
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -308,20 +298,14 @@ fn token_ids<const B: usize, const T: usize>(
 fn pooling_means_powers_and_log_softmax_give_pytorchs_outputs_planned_and_op_by_op() {
     // Opset 21's `Gelu` op (tanh), `AveragePool`, `ReduceMean` with and without
     // keepdims (axes as an input), `Pow` by 2, `Sqrt` of a computed value, `LogSoftmax`.
-    let dir = out_dir("ops");
-    let done = kiln_import::import(fixture("ops.onnx"), &dir, None).expect("the import");
-    let mut model = ops::Ops::<Cpu>::init(&CpuDevice, 0).unwrap();
-    checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
+    let (model, dir) = imported!("ops", ops::Ops<Cpu>);
     let x = Typed::<Cpu, kiln::tensor::Rank4<2, 1, 8, 8>>::from_vec(
         floats("ops/input_0.pb"),
         &[2, 1, 8, 8],
         &CpuDevice,
     )
     .unwrap();
-    for fused in [true, false] {
-        model.set_fused(fused);
-        assert_pytorchs("ops", &model.forward(&x).unwrap().to_vec().unwrap(), fused);
-    }
+    gives_pytorchs!("ops", model, &x);
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -330,19 +314,9 @@ fn the_imported_causal_decoder_gives_pytorchs_outputs_planned_and_op_by_op() {
     // Learned positions (`Range` into a table: `.positions()`), q, k and v cut from
     // one layer's output (`Slice`: `.narrow()`), the mask PyTorch builds from
     // `Trilu` and `Where` (`.causal_mask()`), two pre-norm blocks.
-    let dir = out_dir("decoder");
-    let done = kiln_import::import(fixture("decoder.onnx"), &dir, None).expect("the import");
-    let mut model = decoder::Decoder::<Cpu>::init(&CpuDevice, 0).unwrap();
-    checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
+    let (model, dir) = imported!("decoder", decoder::Decoder<Cpu>);
     let x = token_ids::<2, 8>("decoder");
-    for fused in [true, false] {
-        model.set_fused(fused);
-        assert_pytorchs(
-            "decoder",
-            &model.forward(&x).unwrap().to_vec().unwrap(),
-            fused,
-        );
-    }
+    gives_pytorchs!("decoder", model, &x);
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -350,19 +324,9 @@ fn the_imported_causal_decoder_gives_pytorchs_outputs_planned_and_op_by_op() {
 fn the_imported_transformer_encoder_gives_pytorchs_outputs_planned_and_op_by_op() {
     // PyTorch's own nn.TransformerEncoder: nn.MultiheadAttention's packed projection
     // split by `Unsqueeze`, `Squeeze` and `Gather` of computed values.
-    let dir = out_dir("encoder");
-    let done = kiln_import::import(fixture("encoder.onnx"), &dir, None).expect("the import");
-    let mut model = encoder::Encoder::<Cpu>::init(&CpuDevice, 0).unwrap();
-    checkpoint::load(&mut model, &done.checkpoint).expect("the checkpoint loads");
+    let (model, dir) = imported!("encoder", encoder::Encoder<Cpu>);
     let x = token_ids::<2, 8>("encoder");
-    for fused in [true, false] {
-        model.set_fused(fused);
-        assert_pytorchs(
-            "encoder",
-            &model.forward(&x).unwrap().to_vec().unwrap(),
-            fused,
-        );
-    }
+    gives_pytorchs!("encoder", model, &x);
     std::fs::remove_dir_all(&dir).ok();
 }
 
