@@ -217,3 +217,25 @@ fn scales_missing_or_mis_shaped_and_values_of_minus_128_are_errors() {
         assert!(e.contains(wanted), "{file}: wanted `{wanted}` in: {e}");
     }
 }
+
+#[test]
+fn a_file_pytorch_wrote_is_quantised_on_request_only() -> Result<()> {
+    use kiln_train::checkpoint::int8::quantize_int8_foreign;
+    // `linear_3_2.safetensors`: PyTorch's `save_file` of a Linear(3, 2), no checksums.
+    let torch = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/linear_3_2.safetensors");
+    let dir = scratch("foreign");
+    let output = dir.join("int8.safetensors");
+    let e = quantize_int8(&torch, &output).unwrap_err().to_string();
+    assert!(e.contains("has no tensor checksums"), "{e}");
+    let report = quantize_int8_foreign(&torch, &output)?;
+    assert_eq!(report.quantized, ["weight"]);
+    assert_eq!(report.kept, ["bias"]);
+    // Written with Kiln's checksums, which reading it back verifies.
+    let read = read_int8(&output)?;
+    let weights = [0.5, -1.25, 2.0, 0.125, 3.0, -0.75];
+    assert_eq!(
+        read.weights["weight"],
+        Int8Matrix::quantize(&weights, 2, 3)?
+    );
+    Ok(())
+}

@@ -4,7 +4,7 @@
 //! (`kiln::train::checkpoint::int8`).
 
 use clap::Parser;
-use kiln::train::checkpoint::int8::quantize_int8;
+use kiln::train::checkpoint::int8::{quantize_int8, quantize_int8_foreign};
 use std::path::PathBuf;
 
 /// Quantise a checkpoint's weights to int8 (per-row symmetric scales).
@@ -15,6 +15,10 @@ struct Args {
     input: PathBuf,
     /// Where to write the int8 checkpoint.
     output: PathBuf,
+    /// The checkpoint was written by another tool (PyTorch's save_file) and has no
+    /// Kiln checksums: read it unverified (checksums it has are still verified).
+    #[arg(long)]
+    foreign: bool,
 }
 
 fn main() {
@@ -23,7 +27,12 @@ fn main() {
         eprintln!("error: the int8 checkpoint would overwrite its input; name another file");
         std::process::exit(2);
     }
-    match quantize_int8(&args.input, &args.output) {
+    let quantize = if args.foreign {
+        quantize_int8_foreign
+    } else {
+        quantize_int8
+    };
+    match quantize(&args.input, &args.output) {
         Ok(r) => println!(
             "{}: {} weights as int8 ({}), {} tensors kept; {:.2} MB of tensors, was {:.2} MB",
             args.output.display(),

@@ -64,11 +64,11 @@ pub const INT8_PER_ROW: &str = "int8-per-row";
 pub const SCALE_SUFFIX: &str = "_scale";
 
 /// Whether an int8 checkpoint holds tensor `name` of `dims` as int8 with per-row
-/// scales: an f32 matrix named `*.weight` (a linear layer's `[out, in]`, an
+/// scales: an f32 matrix named `weight` or `*.weight` (a linear layer's `[out, in]`, an
 /// embedding's table). The one rule `kiln-quantize` writes by and `embed!(.., int8)`
 /// checks by.
 pub fn int8_quantizes(name: &str, dims: &[usize], dtype: Option<DType>) -> bool {
-    name.ends_with(".weight") && dims.len() == 2 && dtype == Some(DType::F32)
+    (name == "weight" || name.ends_with(".weight")) && dims.len() == 2 && dtype == Some(DType::F32)
 }
 
 /// The tensors the int8 checkpoint of a checkpoint of `entries` holds: each weight

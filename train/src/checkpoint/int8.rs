@@ -1,6 +1,6 @@
-//! Int8 checkpoints: weight-only quantisation of an f32 checkpoint. Each rank-2 f32
-//! tensor named `*.weight` (a linear layer's `[out, in]`, an embedding's table) is
-//! stored as int8 values of the same dims beside `*.weight_scale`, one f32 scale per
+//! Int8 checkpoints: weight-only quantisation of an f32 checkpoint. Each tensor
+//! `kiln_safetensors::int8_quantizes` picks (an f32 matrix named `weight` or `*.weight`:
+//! a linear layer's `[out, in]`, an embedding's table) is stored as int8 values of the same dims beside `*.weight_scale`, one f32 scale per
 //! row (per output channel; `kiln_cpu::quant::Int8Matrix`'s symmetric rule); every
 //! other tensor is kept as it is. The file carries `kiln.quantization = int8-per-row`
 //! and a checksum for every tensor, as any checkpoint Kiln writes.
@@ -32,8 +32,18 @@ pub struct QuantizeReport {
 /// wrote: its checksums are verified). A file already quantised, or one whose
 /// quantised weights' scale names are taken, is refused.
 pub fn quantize_int8(input: &Path, output: &Path) -> Result<QuantizeReport> {
+    quantize_int8_from(input, output, Checksums::Required)
+}
+
+/// [`quantize_int8`] of a file another tool wrote (PyTorch's `save_file`), which has no
+/// checksums to verify (those it has are verified); the output has Kiln's.
+pub fn quantize_int8_foreign(input: &Path, output: &Path) -> Result<QuantizeReport> {
+    quantize_int8_from(input, output, Checksums::IfPresent)
+}
+
+fn quantize_int8_from(input: &Path, output: &Path, checksums: Checksums) -> Result<QuantizeReport> {
     let file = Reader::open(input)?;
-    file.require(Checksums::Required)?;
+    file.require(checksums)?;
     if let Some(q) = file.metadata().get(QUANTIZATION_KEY) {
         return Err(Error::invalid(
             "quantize",
@@ -51,7 +61,7 @@ pub fn quantize_int8(input: &Path, output: &Path) -> Result<QuantizeReport> {
     for name in &names {
         let info = file.info(name).expect("a name the file listed");
         let (dtype, shape) = (info.dtype, info.shape.clone());
-        let bytes = file.bytes(name, Checksums::Required)?;
+        let bytes = file.bytes(name, checksums)?;
         report.bytes_before += bytes.len();
         if !int8_quantizes(name, &shape, from_st_dtype(dtype)) {
             report.kept.push(name.clone());
