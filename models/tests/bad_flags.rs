@@ -125,6 +125,11 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
             vec!["--workloads", "w3", "--data", crafted],
             "shakespeare_7plays.txt",
         ),
+        (
+            BENCH,
+            vec!["--workloads", "w1", "--variants", "infer,int8"],
+            "unknown W1 variant \"int8\" (known: static, static-unfused, dynamic, infer, infer-int8)",
+        ),
     ] {
         let mut all = args.clone();
         if bin == TRAIN {

@@ -447,6 +447,13 @@ impl OnDevice for Bench<'_> {
         let args = self.0;
         println!("# device {device}");
         let name = Be::NAME;
+        const VARIANTS: [&str; 5] = ["static", "static-unfused", "dynamic", "infer", "infer-int8"];
+        if let Some(v) = list(&args.variants).iter().find(|v| !VARIANTS.contains(v)) {
+            return Err(Error::invalid(
+                "kiln-bench",
+                format!("unknown W1 variant {v:?} (known: {})", VARIANTS.join(", ")),
+            ));
+        }
         for w in args.workloads.split(',') {
             match w.trim() {
                 "w1" => w1::<Be>(dev, name, args.reps, &list(&args.variants))?,
