@@ -17,6 +17,45 @@ const PAD: usize = 64;
 /// The most columns whose products are summed in one i32: 127 · 127 · 65,536 < 2³¹.
 const CHUNK: usize = 65_536;
 
+/// One 64-byte line, aligned to its size.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C, align(64))]
+struct Line([u8; PAD]);
+
+/// Bytes in whole lines starting on a 64-byte boundary, so that no register the
+/// kernels load straddles two cache lines (an unaligned 64-byte load always does).
+#[derive(Clone, Debug, PartialEq)]
+struct Lines(Vec<Line>);
+
+impl Lines {
+    /// At least `len` bytes, each `byte`.
+    fn filled(len: usize, byte: u8) -> Self {
+        Lines(vec![Line([byte; PAD]); len.div_ceil(PAD)])
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `Line` is `repr(C)` over `PAD` bytes (its size is its alignment, so
+        // there is no padding): the vector holds `len * PAD` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), self.0.len() * PAD) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), self.0.len() * PAD) }
+    }
+
+    fn signed(&self) -> &[i8] {
+        // SAFETY: i8 and u8 have the same size and alignment, every bit pattern valid.
+        unsafe { std::slice::from_raw_parts(self.bytes().as_ptr().cast(), self.0.len() * PAD) }
+    }
+
+    fn signed_mut(&mut self) -> &mut [i8] {
+        let len = self.0.len() * PAD;
+        // SAFETY: as in `signed`, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.bytes_mut().as_mut_ptr().cast(), len) }
+    }
+}
+
 /// A matrix `[rows, cols]` quantised per row: `data[r][c] · scales[r]` approximates the
 /// f32 value it came from.
 #[derive(Clone, Debug, PartialEq)]
@@ -24,7 +63,7 @@ pub struct Int8Matrix {
     rows: usize,
     cols: usize,
     stride: usize,
-    data: Vec<i8>,
+    data: Lines,
     scales: Vec<f32>,
     /// Σ of each row's values, for the VNNI kernel's unsigned activations.
     row_sums: Vec<i32>,
@@ -79,11 +118,11 @@ impl Int8Matrix {
             ));
         }
         let stride = cols.div_ceil(PAD).max(1) * PAD;
-        let mut padded = vec![0i8; rows * stride];
+        let mut padded = Lines::filled(rows * stride, 0);
         let mut row_sums = Vec::with_capacity(rows);
         for r in 0..rows {
             let row = &data[r * cols..(r + 1) * cols];
-            padded[r * stride..r * stride + cols].copy_from_slice(row);
+            padded.signed_mut()[r * stride..r * stride + cols].copy_from_slice(row);
             row_sums.push(row.iter().map(|&q| q as i32).sum());
         }
         Ok(Int8Matrix {
@@ -113,7 +152,7 @@ impl Int8Matrix {
 
     /// Row `r`'s int8 values.
     pub fn row(&self, r: usize) -> &[i8] {
-        &self.data[r * self.stride..r * self.stride + self.cols]
+        &self.data.signed()[r * self.stride..r * self.stride + self.cols]
     }
 
     /// The values it stands for, `q · s`, row-major.
@@ -128,7 +167,7 @@ impl Int8Matrix {
 
     /// The padded row `r`.
     fn padded(&self, r: usize) -> &[i8] {
-        &self.data[r * self.stride..(r + 1) * self.stride]
+        &self.data.signed()[r * self.stride..(r + 1) * self.stride]
     }
 }
 
@@ -317,8 +356,9 @@ pub fn linear_with(
     // over 127); a row holding inf or NaN is computed in f32 instead, so that it
     // gives what the f32 product would.
     let stride = w.stride;
-    let mut a = vec![0i8; m * stride];
-    let mut a_u8 = vec![128u8; m * stride];
+    let mut a_lines = Lines::filled(m * stride, 0);
+    let mut u8_lines = Lines::filled(m * stride, 128);
+    let (a, a_u8) = (a_lines.signed_mut(), u8_lines.bytes_mut());
     let mut a_scale = vec![0f32; m];
     let mut finite = vec![true; m];
     for i in 0..m {
@@ -334,11 +374,16 @@ pub fn linear_with(
             a_u8[i * stride + c] = (v as i16 + 128) as u8;
         }
     }
-    let blocks = n.div_ceil(ROWS_PER_TASK);
+    // One block of rows per thread, the same rows on each call: each core keeps its
+    // share of the weights in its own L2 (handed out in small blocks, every core would
+    // stream all of them through its cache).
+    let per_task = n.div_ceil(crate::spin::width()).div_ceil(4).max(1) * 4;
+    let per_task = per_task.max(ROWS_PER_TASK);
+    let blocks = n.div_ceil(per_task);
     let dst = Out(out.as_mut_ptr());
     let task = |t: usize| {
         let (i, block) = (t / blocks, t % blocks);
-        let rows = block * ROWS_PER_TASK..((block + 1) * ROWS_PER_TASK).min(n);
+        let rows = block * per_task..((block + 1) * per_task).min(n);
         // SAFETY: task `t` writes row `i`'s outputs `rows` only, inside `out`.
         let y = unsafe { std::slice::from_raw_parts_mut(dst.at(i * n + rows.start), rows.len()) };
         let xs = &x[i * k..(i + 1) * k];
