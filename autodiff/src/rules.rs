@@ -117,6 +117,10 @@ pub fn vjp<G: Builder>(
             };
             Ok(vec![Some(unbroadcast(b, &ga, a)?), Some(gc)])
         }
+        Op::MatMulInt8 => Err(Error::invalid(
+            op.name(),
+            "int8 products are for inference: train the f32 model and quantise its checkpoint (kiln-quantize)",
+        )),
         Op::Attention(spec) => kiln_tensor::attention::attention_vjp(b, spec, x, y, g),
         Op::AttentionLse(_) | Op::AttentionGrad { .. } => Err(Error::invalid(
             op.name(),

@@ -39,7 +39,9 @@ fn window(w: &Window2d) -> String {
 pub fn op_text(op: &Op<SDim>) -> String {
     let name = op.name();
     match op {
-        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Where | Op::MatMul => name.to_string(),
+        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Where | Op::MatMul | Op::MatMulInt8 => {
+            name.to_string()
+        }
         Op::Reduce { axes, .. } => format!("{name}{{axes={}}}", list(axes)),
         Op::Reshape { dims: d } | Op::Expand { dims: d } => format!("{name}{{dims={}}}", dims(d)),
         Op::Permute { perm } => format!("{name}{{perm={}}}", list(perm)),
@@ -218,6 +220,7 @@ pub fn parse_op(s: &str) -> Result<Op<SDim>> {
     Ok(match name {
         "where" => Op::Where,
         "matmul" => Op::MatMul,
+        "matmul_int8" => Op::MatMulInt8,
         "reshape" => Op::Reshape {
             dims: parse_dims(get("dims")?)?,
         },

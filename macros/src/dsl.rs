@@ -56,6 +56,7 @@ pub fn dtype_type(d: DType) -> TokenStream {
         DType::I32 => quote!(i32),
         DType::U32 => quote!(u32),
         DType::Bool => quote!(bool),
+        DType::I8 => quote!(i8),
     }
 }
 

@@ -543,6 +543,7 @@ fn to_st_dtype(d: DType) -> Dtype {
         DType::I32 => Dtype::I32,
         DType::U32 => Dtype::U32,
         DType::Bool => Dtype::BOOL,
+        DType::I8 => Dtype::I8,
     }
 }
 
@@ -556,6 +557,7 @@ fn encode(h: &HostData) -> Vec<u8> {
         HostData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostData::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostData::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+        HostData::I8(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
     }
 }
 

@@ -240,6 +240,7 @@ fn bits(h: &HostData) -> Vec<u64> {
         HostData::I32(v) => v.iter().map(|&x| x as u32 as u64).collect(),
         HostData::U32(v) => v.iter().map(|&x| x as u64).collect(),
         HostData::Bool(v) => v.iter().map(|&x| x as u64).collect(),
+        HostData::I8(v) => v.iter().map(|&x| x as u8 as u64).collect(),
     }
 }
 

@@ -21,11 +21,14 @@ pub enum DType {
     U32,
     /// Boolean (comparison results, masks).
     Bool,
+    /// 8-bit signed integer: quantised weights. A storage dtype: views, copies, casts
+    /// to floats and [`crate::Op::MatMulInt8`] take it, no arithmetic op does.
+    I8,
 }
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 7] = [
+    pub const ALL: [DType; 8] = [
         DType::F32,
         DType::F64,
         DType::F16,
@@ -33,6 +36,7 @@ impl DType {
         DType::I32,
         DType::U32,
         DType::Bool,
+        DType::I8,
     ];
 
     /// Bytes per element as stored.
@@ -41,8 +45,14 @@ impl DType {
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 => 8,
             DType::F16 | DType::BF16 => 2,
-            DType::Bool => 1,
+            DType::Bool | DType::I8 => 1,
         }
+    }
+
+    /// Whether this dtype is only stored, never computed with: ops other than views,
+    /// copies, casts to a float and the int8 product refuse it ([`DType::I8`]).
+    pub const fn is_storage_only(self) -> bool {
+        matches!(self, DType::I8)
     }
 
     /// Whether this is a 16-bit float (bf16 or f16): the dtypes of mixed precision,
@@ -82,6 +92,7 @@ impl DType {
             DType::I32 => "i32",
             DType::U32 => "u32",
             DType::Bool => "bool",
+            DType::I8 => "i8",
         }
     }
 }
@@ -142,6 +153,7 @@ element!(f16, F16, |x| x.to_f64(), f16_from_f64);
 element!(bf16, BF16, |x| x.to_f64(), bf16_from_f64);
 element!(i32, I32, |x| x as f64, |v| v as i32);
 element!(u32, U32, |x| x as f64, |v| v as u32);
+element!(i8, I8, |x| x as f64, |v| v as i8);
 element!(bool, Bool, |x| if x { 1.0 } else { 0.0 }, |v| v != 0.0);
 
 /// f64 to f16, rounded to nearest (ties to even). `half`'s own `from_f64` misrounds
@@ -196,6 +208,8 @@ pub enum HostData {
     U32(Vec<u32>),
     /// bool values.
     Bool(Vec<bool>),
+    /// i8 values (quantised weights).
+    I8(Vec<i8>),
 }
 
 /// Runs `$body` with `$v` bound to the vector inside a `HostData`, whatever its dtype.
@@ -210,6 +224,7 @@ macro_rules! with_host_data {
             $crate::HostData::I32($v) => $body,
             $crate::HostData::U32($v) => $body,
             $crate::HostData::Bool($v) => $body,
+            $crate::HostData::I8($v) => $body,
         }
     };
 }
@@ -225,6 +240,7 @@ impl HostData {
             HostData::I32(_) => DType::I32,
             HostData::U32(_) => DType::U32,
             HostData::Bool(_) => DType::Bool,
+            HostData::I8(_) => DType::I8,
         }
     }
 
@@ -256,6 +272,7 @@ impl HostData {
             DType::I32 => conv::<i32>(values),
             DType::U32 => conv::<u32>(values),
             DType::Bool => conv::<bool>(values),
+            DType::I8 => conv::<i8>(values),
         }
     }
 }

@@ -378,6 +378,13 @@ pub enum Op<D = usize> {
     },
     /// Batched matrix product `[.., M, K] × [.., K, N]`, broadcasting batch dims.
     MatMul,
+    /// A product with int8 weights, `x [.., K]` (f32) by `w [N, K]` (i8, one row per
+    /// output, as a linear layer holds it) scaled per row by `scale [N]` (f32) →
+    /// `[.., N]` f32: `out[.., n] = Σ_k x[.., k] · w[n, k] · scale[n]`. Inference only
+    /// (no gradient). Backends may round each row of `x` to int8 with a scale of its
+    /// own to keep the product in integers ([`matmul_int8_error_bound`] is how far
+    /// that may move a result).
+    MatMulInt8,
     /// Scaled dot-product attention with no `Tq×Tk` scores in memory
     /// ([`crate::attention`]): `q [.., Tq, E]`, `k [.., Tk, E]`, `v [.., Tk, Ev]` →
     /// `[.., Tq, Ev]`, batch dims identical.
@@ -529,6 +536,7 @@ impl<D> Op<D> {
                 value: *value,
             },
             Op::MatMul => Op::MatMul,
+            Op::MatMulInt8 => Op::MatMulInt8,
             Op::Attention(spec) => Op::Attention(*spec),
             Op::AttentionLse(spec) => Op::AttentionLse(*spec),
             Op::AttentionGrad { spec, wrt } => Op::AttentionGrad {
@@ -657,6 +665,7 @@ impl<D> Op<D> {
             Op::Concat { .. } => "concat",
             Op::Pad { .. } => "pad",
             Op::MatMul => "matmul",
+            Op::MatMulInt8 => "matmul_int8",
             Op::Attention(_) => "attention",
             Op::AttentionLse(_) => "attention_lse",
             Op::AttentionGrad { .. } => "attention_grad",
@@ -687,7 +696,7 @@ impl<D> Op<D> {
             | Op::Fold2d { .. } => Arity::Exact(1),
             Op::Binary(_) | Op::Compare(_) | Op::MatMul | Op::Gather { .. } => Arity::Exact(2),
             Op::ScatterAdd { .. } => Arity::Exact(2),
-            Op::Where | Op::Attention(_) => Arity::Exact(3),
+            Op::Where | Op::Attention(_) | Op::MatMulInt8 => Arity::Exact(3),
             Op::AttentionLse(_) => Arity::Exact(2),
             Op::AttentionGrad { .. } => Arity::Exact(6),
             Op::Concat { .. } => Arity::AtLeast(1),
@@ -709,7 +718,7 @@ impl<D> Op<D> {
             | Op::Pad { .. }
             | Op::Unfold2d(_)
             | Op::Fold2d { .. } => OpClass::Movement,
-            Op::MatMul => OpClass::Contraction,
+            Op::MatMul | Op::MatMulInt8 => OpClass::Contraction,
             Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. } => OpClass::Attention,
             Op::Gather { .. } | Op::ScatterAdd { .. } => OpClass::Indexing,
             Op::Full { .. } | Op::Iota { .. } | Op::Rand { .. } => OpClass::Source,
@@ -754,6 +763,7 @@ impl<D: SymDim> Op<D> {
             }
             _ => {}
         }
+        check_storage_only(self, inputs)?;
         match self {
             Op::Unary(u) => {
                 let x = inputs[0];
@@ -935,6 +945,7 @@ impl<D: SymDim> Op<D> {
                 Ok(TensorMeta::new(dims, x.dtype))
             }
             Op::MatMul => matmul_meta(inputs[0], inputs[1]),
+            Op::MatMulInt8 => matmul_int8_meta(inputs[0], inputs[1], inputs[2]),
             Op::Attention(spec) => {
                 crate::attention::attention_meta(name, spec, inputs[0], inputs[1], inputs[2])
             }
@@ -1249,6 +1260,80 @@ pub fn broadcast_dims<D: SymDim>(op: &'static str, a: &[D], b: &[D]) -> Result<V
         out.push(d);
     }
     Ok(out)
+}
+
+/// Storage-only dtypes ([`DType::is_storage_only`]) reach views, casts to a float and
+/// the int8 product's weight; every other op refuses them here, once.
+fn check_storage_only<D: SymDim>(op: &Op<D>, inputs: &[&TensorMeta<D>]) -> Result<()> {
+    let takes = |i: usize| match op {
+        Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. } => true,
+        Op::Cast { dtype } => dtype.is_float(),
+        Op::MatMulInt8 => i == 1,
+        _ => false,
+    };
+    if let Op::Cast { dtype } | Op::Full { dtype, .. } | Op::Rand { dtype, .. } = op {
+        if dtype.is_storage_only() {
+            return Err(Error::dtype(
+                op.name(),
+                format!(
+                    "{dtype} is a storage dtype, made only by quantising a checkpoint (kiln-quantize)"
+                ),
+            ));
+        }
+    }
+    for (i, x) in inputs.iter().enumerate() {
+        if x.dtype.is_storage_only() && !takes(i) {
+            return Err(Error::dtype(
+                op.name(),
+                format!(
+                    "does not accept {}: a storage dtype, which only views, casts to a float and matmul_int8's weight take",
+                    x.dtype
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The int8 product's rule: `x [.., K]` f32, `w [N, K]` i8, `scale [N]` f32 → `[.., N]`.
+fn matmul_int8_meta<D: SymDim>(
+    x: &TensorMeta<D>,
+    w: &TensorMeta<D>,
+    scale: &TensorMeta<D>,
+) -> Result<TensorMeta<D>> {
+    let name = "matmul_int8";
+    let wanted = [
+        (x, DType::F32, "input"),
+        (w, DType::I8, "weight"),
+        (scale, DType::F32, "scale"),
+    ];
+    for (meta, dtype, what) in wanted {
+        if meta.dtype != dtype {
+            return Err(Error::dtype(
+                name,
+                format!("its {what} must be {dtype}, not {}", meta.dtype),
+            ));
+        }
+    }
+    let fits = !x.dims.is_empty()
+        && w.dims.len() == 2
+        && scale.dims.len() == 1
+        && x.dims[x.dims.len() - 1].matches(&w.dims[1]) != Some(false)
+        && scale.dims[0].matches(&w.dims[0]) != Some(false);
+    if !fits {
+        return Err(Error::shape(
+            name,
+            format!(
+                "takes x [.., K], weight [N, K] and scale [N], got {}, {} and {}",
+                fmt_dims(&x.dims),
+                fmt_dims(&w.dims),
+                fmt_dims(&scale.dims)
+            ),
+        ));
+    }
+    let mut dims = x.dims.clone();
+    *dims.last_mut().expect("checked not empty") = w.dims[0].clone();
+    Ok(TensorMeta::new(dims, DType::F32))
 }
 
 fn matmul_meta<D: SymDim>(a: &TensorMeta<D>, b: &TensorMeta<D>) -> Result<TensorMeta<D>> {

@@ -285,7 +285,8 @@ pub fn fit_views<B: Backend>(op: &Op, views: &mut [View<'_, B>], out_dims: &Dims
                 }
             }
         }
-        OpClass::Contraction => {
+        // The int8 product takes its operands as they are (a weight is never broadcast).
+        OpClass::Contraction if matches!(op, Op::MatMul) => {
             let r = out_dims.rank();
             for v in views.iter_mut() {
                 let d = v.layout.dims();

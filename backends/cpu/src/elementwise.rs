@@ -221,6 +221,7 @@ pub fn unary(op: UnaryOp, x: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
             }
             .into(),
         ),
+        CpuStorage::I8(_) => return Err(unsupported(op.name(), x)),
     })
 }
 
@@ -468,6 +469,8 @@ pub fn cast(x: &CpuStorage, l: &Layout, dtype: kiln_tensor::DType) -> Result<Cpu
         D::I32 => to::<T, i32>(v, l),
         D::U32 => to::<T, u32>(v, l),
         D::Bool => to::<T, bool>(v, l),
+        // The op's rule refuses casts to a storage dtype.
+        D::I8 => return Err(unsupported("cast", x)),
     }))
 }
 

@@ -387,6 +387,7 @@ impl Backend for Cpu {
                 value,
             } => movement::pad(x(0).0, x(0).1, *axis, *before, *after, *value),
             Op::MatMul => matmul::matmul(x(0).0, x(0).1, x(1).0, x(1).1)?,
+            Op::MatMulInt8 => quant::matmul_int8(x(0), x(1), x(2))?,
             Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. } => {
                 let parts: Vec<_> = (0..inputs.len()).map(x).collect();
                 attention::attention(op, &parts)?

@@ -51,7 +51,7 @@ pub fn concat(
             }
         };
     }
-    Ok(go!(F32, F64, F16, BF16, I32, U32, Bool))
+    Ok(go!(F32, F64, F16, BF16, I32, U32, Bool, I8))
 }
 
 /// Pads `axis` of a view with `before`/`after` elements of `value`.

@@ -8,7 +8,10 @@
 //! The weights are a quarter of their f32 size, so a model whose f32 weights stream
 //! from L3 on every call (W1's MLP: 7.5 MB) fits in L2 (1.9 MB).
 
-use kiln_tensor::{Error, Result};
+use crate::storage::CpuStorage;
+use crate::strided::gather;
+use kiln_tensor::{Error, Layout, Result};
+use std::sync::Arc;
 
 /// Rows are stored padded to a multiple of this many columns (one AVX-512 register of
 /// int8), the padding zeros, so the kernels read whole registers.
@@ -56,17 +59,63 @@ impl Lines {
     }
 }
 
-/// A matrix `[rows, cols]` quantised per row: `data[r][c] · scales[r]` approximates the
-/// f32 value it came from.
+/// An int8 matrix `[rows, cols]` laid out for the products: rows padded to whole
+/// 64-byte lines, with each row's sum. Made once per weight and shared
+/// ([`Int8Matrix::from_packed`]): a CPU buffer of i8 caches its packed form.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Int8Matrix {
+pub struct PackedInt8 {
     rows: usize,
     cols: usize,
     stride: usize,
     data: Lines,
-    scales: Vec<f32>,
     /// Σ of each row's values, for the VNNI kernel's unsigned activations.
     row_sums: Vec<i32>,
+    /// Whether a value is −128, whose negation the AVX2 kernel's sign trick cannot hold.
+    has_min: bool,
+}
+
+impl PackedInt8 {
+    /// Packs `data`, `rows × cols` int8 values, row-major.
+    pub fn pack(rows: usize, cols: usize, data: &[i8]) -> Result<Self> {
+        check_size(rows, cols, data.len())?;
+        let stride = cols.div_ceil(PAD).max(1) * PAD;
+        let len = rows.checked_mul(stride).ok_or_else(|| {
+            Error::invalid("int8 matrix", format!("[{rows}, {cols}] is too large"))
+        })?;
+        let mut padded = Lines::filled(len, 0);
+        let mut row_sums = Vec::with_capacity(rows);
+        for r in 0..rows {
+            let row = &data[r * cols..(r + 1) * cols];
+            padded.signed_mut()[r * stride..r * stride + cols].copy_from_slice(row);
+            row_sums.push(row.iter().map(|&q| q as i32).sum());
+        }
+        Ok(PackedInt8 {
+            rows,
+            cols,
+            stride,
+            data: padded,
+            row_sums,
+            has_min: data.contains(&i8::MIN),
+        })
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+/// A matrix `[rows, cols]` quantised per row: `data[r][c] · scales[r]` approximates the
+/// f32 value it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Int8Matrix {
+    packed: Arc<PackedInt8>,
+    scales: Vec<f32>,
 }
 
 impl Int8Matrix {
@@ -95,12 +144,6 @@ impl Int8Matrix {
     /// values in −127..=127 (−128 has no positive twin under a symmetric scale).
     pub fn from_parts(rows: usize, cols: usize, data: &[i8], scales: &[f32]) -> Result<Self> {
         check_size(rows, cols, data.len())?;
-        if scales.len() != rows {
-            return Err(Error::invalid(
-                "int8 matrix",
-                format!("{} scales for {rows} rows", scales.len()),
-            ));
-        }
         if let Some(r) = scales.iter().position(|s| !s.is_finite() || *s < 0.0) {
             return Err(Error::invalid(
                 "int8 matrix",
@@ -117,32 +160,32 @@ impl Int8Matrix {
                 ),
             ));
         }
-        let stride = cols.div_ceil(PAD).max(1) * PAD;
-        let mut padded = Lines::filled(rows * stride, 0);
-        let mut row_sums = Vec::with_capacity(rows);
-        for r in 0..rows {
-            let row = &data[r * cols..(r + 1) * cols];
-            padded.signed_mut()[r * stride..r * stride + cols].copy_from_slice(row);
-            row_sums.push(row.iter().map(|&q| q as i32).sum());
+        Self::from_packed(Arc::new(PackedInt8::pack(rows, cols, data)?), scales)
+    }
+
+    /// The matrix of packed values and one scale per row, any scales (the product op's
+    /// operands, which a checkpoint's rules do not constrain).
+    pub fn from_packed(packed: Arc<PackedInt8>, scales: &[f32]) -> Result<Self> {
+        if scales.len() != packed.rows {
+            return Err(Error::invalid(
+                "int8 matrix",
+                format!("{} scales for {} rows", scales.len(), packed.rows),
+            ));
         }
         Ok(Int8Matrix {
-            rows,
-            cols,
-            stride,
-            data: padded,
+            packed,
             scales: scales.to_vec(),
-            row_sums,
         })
     }
 
     /// Rows (outputs of a layer).
     pub fn rows(&self) -> usize {
-        self.rows
+        self.packed.rows
     }
 
     /// Columns (inputs of a layer).
     pub fn cols(&self) -> usize {
-        self.cols
+        self.packed.cols
     }
 
     /// Each row's scale.
@@ -152,12 +195,13 @@ impl Int8Matrix {
 
     /// Row `r`'s int8 values.
     pub fn row(&self, r: usize) -> &[i8] {
-        &self.data.signed()[r * self.stride..r * self.stride + self.cols]
+        let p = &self.packed;
+        &p.data.signed()[r * p.stride..r * p.stride + p.cols]
     }
 
     /// The values it stands for, `q · s`, row-major.
     pub fn dequantize(&self) -> Vec<f32> {
-        (0..self.rows)
+        (0..self.rows())
             .flat_map(|r| {
                 let s = self.scales[r];
                 self.row(r).iter().map(move |&q| q as f32 * s)
@@ -167,7 +211,8 @@ impl Int8Matrix {
 
     /// The padded row `r`.
     fn padded(&self, r: usize) -> &[i8] {
-        &self.data.signed()[r * self.stride..(r + 1) * self.stride]
+        let p = &self.packed;
+        &p.data.signed()[r * p.stride..(r + 1) * p.stride]
     }
 }
 
@@ -335,7 +380,13 @@ pub fn linear_with(
             format!("this CPU has no {} instructions", kernel.name()),
         ));
     }
-    let (k, n) = (w.cols, w.rows);
+    let (k, n) = (w.cols(), w.rows());
+    // The AVX2 kernel negates weights by the activations' signs, which −128 survives
+    // only in wider lanes: such a matrix takes the next kernel this CPU runs.
+    let kernel = match kernel {
+        Int8Kernel::Avx2 if w.packed.has_min => Int8Kernel::Portable,
+        k => k,
+    };
     if m.checked_mul(k) != Some(x.len()) || m.checked_mul(n) != Some(out.len()) {
         return Err(Error::shape(
             "int8 linear",
@@ -355,7 +406,7 @@ pub fn linear_with(
     // Each row of activations quantised with its own scale (its largest magnitude
     // over 127); a row holding inf or NaN is computed in f32 instead, so that it
     // gives what the f32 product would.
-    let stride = w.stride;
+    let stride = w.packed.stride;
     let mut a_lines = Lines::filled(m * stride, 0);
     let mut u8_lines = Lines::filled(m * stride, 128);
     let (a, a_u8) = (a_lines.signed_mut(), u8_lines.bytes_mut());
@@ -422,7 +473,7 @@ pub fn linear_with(
                 ai,
                 au,
                 four.map(|q| w.padded(q)),
-                four.map(|q| w.row_sums[q]),
+                four.map(|q| w.packed.row_sums[q]),
             );
             for (j, &q) in four.iter().enumerate().take(rows.end - r) {
                 let v = dots[j] as f32 * (a_scale[i] * w.scales[q]);
@@ -480,4 +531,37 @@ mod x86 {
         }
         acc.map(|v| _mm512_reduce_add_epi32(v))
     }
+}
+
+/// Runs `Op::MatMulInt8`: `x [.., K]` f32 by the i8 weight `w [N, K]` scaled by
+/// `scale [N]`, each view as the backend receives it (the op's rule checked dtypes and
+/// sizes). A weight that is a whole buffer is packed once and kept with it.
+pub fn matmul_int8(
+    (x, lx): (&CpuStorage, &Layout),
+    (w, lw): (&CpuStorage, &Layout),
+    (scale, ls): (&CpuStorage, &Layout),
+) -> Result<CpuStorage> {
+    let unexpected = |what: &str, s: &CpuStorage| {
+        Error::dtype("matmul_int8", format!("its {what} is {}", s.dtype()))
+    };
+    let (CpuStorage::F32(xv), CpuStorage::I8(wv), CpuStorage::F32(sv)) = (x, w, scale) else {
+        return Err(match (x, w) {
+            (CpuStorage::F32(_), CpuStorage::I8(_)) => unexpected("scale", scale),
+            (CpuStorage::F32(_), _) => unexpected("weight", w),
+            _ => unexpected("input", x),
+        });
+    };
+    let (n, k) = (lw.dims()[0], lw.dims()[1]);
+    let whole = lw.is_contiguous() && lw.offset() == 0 && wv.len() == n * k;
+    let packed = if whole {
+        wv.packed(n, k)?
+    } else {
+        Arc::new(PackedInt8::pack(n, k, &gather(wv, lw))?)
+    };
+    let matrix = Int8Matrix::from_packed(packed, &gather(sv, ls))?;
+    let xs = gather(xv, lx);
+    let m: usize = lx.dims()[..lx.rank() - 1].iter().product();
+    let mut out = vec![0f32; m * n];
+    linear(&xs, m, &matrix, None, Activation::None, &mut out)?;
+    Ok(CpuStorage::F32(out.into()))
 }

@@ -183,7 +183,9 @@ pub fn reduce(op: ReduceOp, x: &CpuStorage, layout: &Layout, axes: &[usize]) -> 
         CpuStorage::BF16(v) => reduce_float(op, v, layout, axes)?,
         CpuStorage::I32(v) => reduce_int!(i32, op, v, layout, axes),
         CpuStorage::U32(v) => reduce_int!(u32, op, v, layout, axes),
-        CpuStorage::Bool(_) => return Err(crate::elementwise::unsupported(op.name(), x)),
+        CpuStorage::Bool(_) | CpuStorage::I8(_) => {
+            return Err(crate::elementwise::unsupported(op.name(), x))
+        }
     })
 }
 

@@ -18,6 +18,7 @@ pub fn full(n: usize, value: f64, dtype: DType) -> CpuStorage {
         DType::I32 => go::<i32>(n, value),
         DType::U32 => go::<u32>(n, value),
         DType::Bool => go::<bool>(n, value),
+        DType::I8 => go::<i8>(n, value),
     }
 }
 

@@ -2,9 +2,12 @@
 //! from memory that lives as long as the program), and the element traits the kernels
 //! are generic over (how each dtype loads into and stores from its compute type).
 
+use crate::quant::PackedInt8;
 use half::{bf16, f16};
+use kiln_tensor::Result;
 use kiln_tensor::{DType, Element, HostData};
 use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, OnceLock};
 
 /// The elements of a CPU buffer: a vector the buffer owns, or elements that live as
 /// long as the program (weights built into the binary), read in place and copied into
@@ -80,6 +83,91 @@ impl<T: Copy + std::fmt::Debug + 'static> std::fmt::Debug for Buf<T> {
     }
 }
 
+/// The elements of an i8 buffer (quantised weights) and, once a product has read them
+/// as a matrix, that matrix packed for the int8 kernels: weights are packed once, not
+/// on every call. Writing the elements drops the packed form.
+#[derive(Clone)]
+pub struct Int8Buf {
+    values: Buf<i8>,
+    packed: OnceLock<Arc<PackedInt8>>,
+}
+
+impl Int8Buf {
+    /// Whether the elements are read in place (see [`Buf::Static`]).
+    pub fn is_static(&self) -> bool {
+        self.values.is_static()
+    }
+
+    /// The elements as a vector.
+    pub fn into_vec(self) -> Vec<i8> {
+        self.values.into_vec()
+    }
+
+    /// The elements as a `rows × cols` matrix packed for the int8 products, packed on
+    /// the first call for these sizes and kept.
+    pub fn packed(&self, rows: usize, cols: usize) -> Result<Arc<PackedInt8>> {
+        if let Some(p) = self
+            .packed
+            .get()
+            .filter(|p| p.rows() == rows && p.cols() == cols)
+        {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(PackedInt8::pack(rows, cols, &self.values)?);
+        // Another thread may have packed it first; either copy is the same.
+        let _ = self.packed.set(p.clone());
+        Ok(p)
+    }
+}
+
+impl From<Buf<i8>> for Int8Buf {
+    fn from(values: Buf<i8>) -> Self {
+        Int8Buf {
+            values,
+            packed: OnceLock::new(),
+        }
+    }
+}
+
+impl From<Vec<i8>> for Int8Buf {
+    fn from(v: Vec<i8>) -> Self {
+        Buf::Owned(v).into()
+    }
+}
+
+impl FromIterator<i8> for Int8Buf {
+    fn from_iter<I: IntoIterator<Item = i8>>(iter: I) -> Self {
+        iter.into_iter().collect::<Vec<i8>>().into()
+    }
+}
+
+impl Deref for Int8Buf {
+    type Target = [i8];
+    fn deref(&self) -> &[i8] {
+        &self.values
+    }
+}
+
+impl DerefMut for Int8Buf {
+    /// The elements, writable; their packed form is dropped.
+    fn deref_mut(&mut self) -> &mut [i8] {
+        self.packed = OnceLock::new();
+        &mut self.values
+    }
+}
+
+impl PartialEq for Int8Buf {
+    fn eq(&self, other: &Self) -> bool {
+        *self.values == *other.values
+    }
+}
+
+impl std::fmt::Debug for Int8Buf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.values.fmt(f)
+    }
+}
+
 /// A CPU buffer: the elements of one dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CpuStorage {
@@ -97,6 +185,8 @@ pub enum CpuStorage {
     U32(Buf<u32>),
     /// bool values.
     Bool(Buf<bool>),
+    /// i8 values (quantised weights).
+    I8(Int8Buf),
 }
 
 impl CpuStorage {
@@ -110,6 +200,7 @@ impl CpuStorage {
             CpuStorage::I32(_) => DType::I32,
             CpuStorage::U32(_) => DType::U32,
             CpuStorage::Bool(_) => DType::Bool,
+            CpuStorage::I8(_) => DType::I8,
         }
     }
 
@@ -123,6 +214,7 @@ impl CpuStorage {
             CpuStorage::I32(v) => v.len(),
             CpuStorage::U32(v) => v.len(),
             CpuStorage::Bool(v) => v.len(),
+            CpuStorage::I8(v) => v.len(),
         }
     }
 
@@ -141,6 +233,7 @@ impl CpuStorage {
             HostData::I32(v) => CpuStorage::I32(v.into()),
             HostData::U32(v) => CpuStorage::U32(v.into()),
             HostData::Bool(v) => CpuStorage::Bool(v.into()),
+            HostData::I8(v) => CpuStorage::I8(v.into()),
         }
     }
 
@@ -172,6 +265,7 @@ impl CpuStorage {
             DType::BF16 => CpuStorage::BF16(Buf::Static(view(bytes)?)),
             DType::I32 => CpuStorage::I32(Buf::Static(view(bytes)?)),
             DType::U32 => CpuStorage::U32(Buf::Static(view(bytes)?)),
+            DType::I8 => CpuStorage::I8(Buf::Static(view(bytes)?).into()),
             DType::Bool => return None,
         })
     }
@@ -186,6 +280,7 @@ impl CpuStorage {
             CpuStorage::I32(v) => HostData::I32(v.into_vec()),
             CpuStorage::U32(v) => HostData::U32(v.into_vec()),
             CpuStorage::Bool(v) => HostData::Bool(v.into_vec()),
+            CpuStorage::I8(v) => HostData::I8(v.into_vec()),
         }
     }
 }
@@ -220,6 +315,10 @@ macro_rules! with_storage {
             }
             $crate::storage::CpuStorage::Bool($v) => {
                 type $T = bool;
+                $body
+            }
+            $crate::storage::CpuStorage::I8($v) => {
+                type $T = i8;
                 $body
             }
         }
@@ -275,7 +374,7 @@ macro_rules! cpu_element {
         }
     )*};
 }
-cpu_element!(f32 => F32, f64 => F64, f16 => F16, bf16 => BF16, i32 => I32, u32 => U32, bool => Bool);
+cpu_element!(f32 => F32, f64 => F64, f16 => F16, bf16 => BF16, i32 => I32, u32 => U32, bool => Bool, i8 => I8);
 
 /// A float dtype and the type it computes in (f32 for the 16-bit floats).
 pub trait FloatKernel: CpuElement {

@@ -92,6 +92,10 @@ macro_rules! with_device_type {
                 type $T = u32;
                 $body
             }
+            kiln_tensor::DType::I8 => {
+                type $T = i8;
+                $body
+            }
         }
     };
 }
@@ -140,6 +144,7 @@ pub fn host_to_bytes(data: &HostData) -> Vec<u8> {
         HostData::BF16(v) => le(v, |x: bf16| x.to_bits().to_le_bytes()),
         HostData::I32(v) => le(v, i32::to_le_bytes),
         HostData::U32(v) => le(v, u32::to_le_bytes),
+        HostData::I8(v) => le(v, i8::to_le_bytes),
         HostData::Bool(v) => le(v, |x: bool| (x as u32).to_le_bytes()),
     }
 }
@@ -190,6 +195,7 @@ pub fn bytes_to_host(dtype: DType, bytes: &[u8], len: usize) -> Result<HostData>
                 .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) != 0)
                 .collect(),
         ),
+        DType::I8 => HostData::I8(chunks.map(|c| c[0] as i8).collect()),
     })
 }
 

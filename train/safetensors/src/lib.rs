@@ -78,11 +78,7 @@ pub fn int8_entries(entries: &[TensorEntry]) -> Vec<TensorEntry> {
     let mut out = Vec::with_capacity(entries.len());
     for e in entries {
         if int8_quantizes(&e.name, &e.dims, e.dtype) {
-            out.push(TensorEntry {
-                dtype: None,
-                dtype_name: st_dtype_name(Dtype::I8),
-                ..e.clone()
-            });
+            out.push(TensorEntry::new(&e.name, &e.dims, DType::I8));
             out.push(TensorEntry::new(
                 &format!("{}{SCALE_SUFFIX}", e.name),
                 &e.dims[..1],
@@ -172,8 +168,7 @@ mod tests {
             TensorEntry::new("half.weight", &[2, 2], DType::F16),
         ];
         let int8 = int8_entries(&model);
-        let i8_name = st_dtype_name(Dtype::I8);
-        assert_eq!(int8[0].dtype_name, i8_name);
+        assert_eq!(int8[0].dtype_name, "i8");
         assert_eq!(int8[0].dims, [3, 4]);
         assert_eq!(
             int8[1],
@@ -182,6 +177,7 @@ mod tests {
         assert_eq!(int8[2..], model[1..]);
         // A file whose tensor is another dtype Kiln lacks does not pass for int8.
         let held_i64 = TensorEntry {
+            dtype: None,
             dtype_name: st_dtype_name(Dtype::I64),
             ..int8[0].clone()
         };
@@ -191,7 +187,7 @@ mod tests {
         assert_eq!(
             fit_problems(&int8, &held),
             [format!(
-                "tensor `fc.weight`: the model has [3, 4] {i8_name}, the file has [3, 4] {}",
+                "tensor `fc.weight`: the model has [3, 4] i8, the file has [3, 4] {}",
                 st_dtype_name(Dtype::I64)
             )]
         );

@@ -250,6 +250,7 @@ pub fn from_st_dtype(d: Dtype) -> Option<DType> {
         Dtype::I32 => DType::I32,
         Dtype::U32 => DType::U32,
         Dtype::BOOL => DType::Bool,
+        Dtype::I8 => DType::I8,
         _ => return None,
     })
 }

@@ -67,6 +67,7 @@ fn decode<B: Backend>(
         DType::BF16 => HostData::BF16(decode_le(bytes, bf16::from_le_bytes)),
         DType::I32 => HostData::I32(decode_le(bytes, i32::from_le_bytes)),
         DType::U32 => HostData::U32(decode_le(bytes, u32::from_le_bytes)),
+        DType::I8 => HostData::I8(decode_le(bytes, i8::from_le_bytes)),
         DType::Bool => {
             if let Some(b) = bytes.iter().find(|&&b| b > 1) {
                 return Err(bad(format!(

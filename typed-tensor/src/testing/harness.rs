@@ -117,6 +117,15 @@ pub fn op_tolerance(op: &Op, dtype: crate::DType) -> Tol {
             atol: one.atol.max(one.rtol * scale),
         };
     }
+    if let Op::MatMulInt8 = op {
+        // Rows of `x` may be rounded to int8, by at most half their scale: the bound
+        // the op declares, which `magnitude` gives per element for `rtol` to scale.
+        let one = Tol::for_dtype(dtype);
+        return Tol {
+            rtol: one.rtol + 1.0 / 254.0,
+            atol: one.atol,
+        };
+    }
     let exact = match op {
         Op::Unary(u) => matches!(
             u,
@@ -142,6 +151,12 @@ pub fn op_tolerance(op: &Op, dtype: crate::DType) -> Tol {
 /// The per-element magnitude of the terms an accumulating op adds up: the same op on
 /// the absolute values of its inputs (`Σ|x|`, `Σ|a||b|`). `None` for other ops.
 pub fn magnitude(op: &Op, inputs: &[RefTensor]) -> Option<Vec<f64>> {
+    if let (Op::MatMulInt8, [x, w, scale]) = (op, inputs) {
+        let metas = [x.meta(), w.meta(), scale.meta()];
+        // Only where the rule accepts the operands (a refused case has no result).
+        let fits = op.infer(&[&metas[0], &metas[1], &metas[2]]).is_ok();
+        return fits.then(|| int8_magnitude(x, w, scale));
+    }
     let accumulates = matches!(
         op,
         Op::Reduce {
@@ -174,6 +189,30 @@ pub fn magnitude(op: &Op, inputs: &[RefTensor]) -> Option<Vec<f64>> {
         .collect();
     let refs: Vec<&RefTensor> = terms.iter().collect();
     eval(op, &refs).ok().map(|t| t.data)
+}
+
+/// `max|x row| · Σ_k |w[n, k] · scale[n]|` for each element of an int8 product: what
+/// rounding its row of `x` to int8 may move it by, over 254.
+fn int8_magnitude(x: &RefTensor, w: &RefTensor, scale: &RefTensor) -> Vec<f64> {
+    let (n, k) = (w.dims[0], w.dims[1]);
+    let rows: usize = x.dims[..x.dims.len() - 1].iter().product();
+    let l1: Vec<f64> = (0..n)
+        .map(|j| {
+            w.data[j * k..(j + 1) * k]
+                .iter()
+                .map(|v| v.abs())
+                .sum::<f64>()
+                * scale.data[j].abs()
+        })
+        .collect();
+    (0..rows)
+        .flat_map(|i| {
+            let max = x.data[i * k..(i + 1) * k]
+                .iter()
+                .fold(0f64, |m, v| m.max(v.abs()));
+            l1.iter().map(move |l| max * l)
+        })
+        .collect()
 }
 
 /// Applies one primitive to uploaded inputs on a backend and downloads the result.

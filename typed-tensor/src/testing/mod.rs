@@ -42,8 +42,11 @@ use crate::op::UnaryOp;
 /// What a backend runs the suite with.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    /// The dtypes the backend implements; cases use only these.
+    /// The dtypes the backend computes with; cases use only these.
     pub dtypes: Vec<DType>,
+    /// Whether the backend holds i8 weights and runs `matmul_int8` on them; where it
+    /// does not, the suite checks that it refuses them with one clear error.
+    pub int8: bool,
     /// Overrides every property's own case count when set.
     pub cases: Option<u32>,
     /// Tolerances that replace a unary op's own on this backend, where the device's
@@ -55,7 +58,11 @@ impl Config {
     /// Every dtype, each property with its own case count and tolerance.
     pub fn all() -> Self {
         Config {
-            dtypes: DType::ALL.to_vec(),
+            dtypes: DType::ALL
+                .into_iter()
+                .filter(|d| !d.is_storage_only())
+                .collect(),
+            int8: true,
             cases: None,
             unary_tolerances: Vec::new(),
         }
@@ -77,6 +84,7 @@ impl Config {
             .without(DType::BF16)
             .with_unary_tolerance(UnaryOp::Sin, trig)
             .with_unary_tolerance(UnaryOp::Cos, trig)
+            .without_int8()
     }
 
     /// The same with `op` held to `tol` instead of its own tolerance.
@@ -92,6 +100,12 @@ impl Config {
             .iter()
             .find(|(u, _)| *u == op)
             .map(|(_, t)| *t)
+    }
+
+    /// The same without int8 weights and products (refused instead).
+    pub fn without_int8(mut self) -> Self {
+        self.int8 = false;
+        self
     }
 
     /// The same without `dtype`.
@@ -130,7 +144,7 @@ macro_rules! __conformance_families {
     (($($callback:tt)*) $($args:tt)*) => {
         $($callback)*! { $($args)*;
             primitives: unary, binary, compare, select_where, reduce, views, concat, pad,
-                matmul, gather, scatter_add, cast, unfold2d, fold2d, full, iota, rand,
+                matmul, matmul_int8, gather, scatter_add, cast, unfold2d, fold2d, full, iota, rand,
                 rand_device_seed;
             composites: softmax, norms, activations, cross_entropy, mse, linear, conv2d,
                 pool2d, embedding, dropout;

@@ -543,6 +543,64 @@ pub fn matmul<B: Backend>(device: &B::Device, config: &Config) {
     });
 }
 
+/// Int8 products `x [..batch, M, K]` (f32, views) by `w [N, K]` (i8, now and then a
+/// view) and `scale [N]` (f32 of either sign, zeros included); rows with NaN now and
+/// then. One case in 10 is refused by the rule: `x` not f32, `w` not i8, K that differs.
+pub fn matmul_int8_cases() -> BoxedStrategy<OpCase> {
+    (
+        0..10u8,
+        vec(dim(), 0..=2),
+        matrix_dim(),
+        matrix_dim(),
+        matrix_dim(),
+        any::<bool>(),
+    )
+        .prop_flat_map(|(flaw, batch, m, k, n, nan)| {
+            let mut dx = batch;
+            dx.extend([m, k]);
+            let (xt, wt) = match flaw {
+                0 => (DType::I32, DType::I8),
+                1 => (DType::F32, DType::F32),
+                _ => (DType::F32, DType::I8),
+            };
+            let wk = if flaw == 2 { k + 1 } else { k };
+            let domain = if nan { Domain::WithNan } else { Domain::Any };
+            (
+                input(dx, xt, domain),
+                input(vec![n, wk], wt, Domain::Any),
+                input(vec![n], DType::F32, Domain::Any),
+            )
+                .prop_map(|(x, w, s)| OpCase {
+                    op: Op::MatMulInt8,
+                    inputs: vec![x, w, s],
+                })
+        })
+        .boxed()
+}
+
+/// `matmul_int8`: against the exact product within the rounding the op allows; a
+/// backend without int8 weights must refuse them with an unsupported-dtype error.
+pub fn matmul_int8<B: Backend>(device: &B::Device, config: &Config) {
+    if !config.int8 {
+        let refused =
+            crate::RawTensor::<B>::from_host(crate::HostData::I8(vec![1, -2]), &[1, 2], device)
+                .and_then(|w| {
+                    let x = crate::RawTensor::<B>::from_vec(vec![1.0f32, 2.0], &[1, 2], device)?;
+                    let s = crate::RawTensor::<B>::from_vec(vec![0.5f32], &[1], device)?;
+                    run_op::<B>(device, &Op::MatMulInt8, &[x, w, s])
+                });
+        match refused {
+            Err(crate::Error::Unsupported {
+                dtype: DType::I8, ..
+            }) => return,
+            other => panic!("a backend without int8 weights gave {other:?} for an int8 product"),
+        }
+    }
+    run_property("matmul_int8", config.cases(128), matmul_int8_cases(), |c| {
+        check_op::<B>(device, &c)
+    });
+}
+
 /// Index dims that fit inside `outer` on every axis but `axis` (any size there).
 fn inner_dims(outer: &[usize], axis: usize, sizes: &[usize]) -> Vec<usize> {
     outer

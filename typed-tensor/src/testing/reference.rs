@@ -292,6 +292,7 @@ pub fn eval(op: &Op, inputs: &[&RefTensor]) -> Result<RefTensor> {
                 }
             })
             .collect(),
+        Op::MatMulInt8 => matmul_int8(inputs[0], inputs[1], inputs[2]),
         Op::Reduce { op: r, axes } => reduce(*r, x.expect("arity checked"), axes, &out.dims)?,
         Op::Reshape { .. } => x.expect("arity checked").data.clone(),
         Op::Permute { perm } => {
@@ -512,6 +513,26 @@ fn matmul(a: &RefTensor, b: &RefTensor, out_dims: &[usize]) -> Vec<f64> {
         .map(|idx| {
             let (batch, i, j) = (&idx[..r - 2], idx[r - 2], idx[r - 1]);
             Sum::of((0..k).map(|p| at(a, batch, i, p) * at(b, batch, p, j)))
+        })
+        .collect()
+}
+
+/// `x [.., K]` by int8 `w [N, K]` scaled per row by `scale [N]`, exactly: the op's
+/// definition, without the rounding of `x` a backend may add.
+fn matmul_int8(x: &RefTensor, w: &RefTensor, scale: &RefTensor) -> Vec<f64> {
+    let (n, k) = (w.dims[0], w.dims[1]);
+    let rows: usize = x.dims[..x.dims.len() - 1].iter().product();
+    (0..rows)
+        .flat_map(|i| {
+            let row = &x.data[i * k..(i + 1) * k];
+            (0..n).map(move |j| {
+                let dot = Sum::of(
+                    row.iter()
+                        .zip(&w.data[j * k..(j + 1) * k])
+                        .map(|(a, b)| a * b),
+                );
+                dot * scale.data[j]
+            })
         })
         .collect()
 }

@@ -62,6 +62,9 @@ pub fn scalar(dtype: DType, domain: Domain) -> BoxedStrategy<f64> {
                 .prop_map(f64::from)
                 .boxed(),
         },
+        DType::I8 => prop_oneof![4 => -9..=9i8, 1 => any::<i8>()]
+            .prop_map(f64::from)
+            .boxed(),
         DType::U32 => match domain {
             Domain::Positive | Domain::NonZero => prop_oneof![4 => 1..=9u32, 1 => 1..=u32::MAX]
                 .prop_map(f64::from)

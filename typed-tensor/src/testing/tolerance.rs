@@ -46,7 +46,7 @@ impl Tol {
                 rtol: 1e-2,
                 atol: 1e-5,
             },
-            DType::I32 | DType::U32 | DType::Bool => Tol::EXACT,
+            DType::I32 | DType::U32 | DType::Bool | DType::I8 => Tol::EXACT,
         }
     }
 

@@ -193,8 +193,11 @@ pub fn scatter_add<R: KilnRuntime>(
         DType::BF16 => by_index!(half::bf16, f32),
         DType::I32 => by_index!(i32, i32),
         DType::U32 => by_index!(u32, u32),
-        DType::Bool => {
-            return Err(Error::dtype("scatter_add", "does not accept bool"));
+        DType::Bool | DType::I8 => {
+            return Err(Error::dtype(
+                "scatter_add",
+                format!("does not accept {}", out.dtype),
+            ));
         }
     }
     let signed = index.storage.dtype == DType::I32;

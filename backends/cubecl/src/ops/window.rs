@@ -154,7 +154,12 @@ pub fn fold2d<R: KilnRuntime>(
         DType::BF16 => go!(half::bf16, f32),
         DType::I32 => go!(i32, i32),
         DType::U32 => go!(u32, u32),
-        DType::Bool => return Err(Error::dtype("fold2d", "does not accept bool")),
+        DType::Bool | DType::I8 => {
+            return Err(Error::dtype(
+                "fold2d",
+                format!("does not accept {}", out.dtype),
+            ))
+        }
     }
     Ok(result)
 }
