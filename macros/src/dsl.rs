@@ -200,10 +200,11 @@ pub enum FieldKind {
 }
 
 impl FieldKind {
-    /// The real field type.
-    pub fn real_type(&self) -> TokenStream {
+    /// The real field type in a model of `precision` (an int8 instance holds the int8
+    /// form of each layer whose weights the policy quantises).
+    pub fn real_type_in(&self, precision: kiln_tensor::Precision) -> TokenStream {
         match self {
-            FieldKind::Layer(spec) => layer_type(spec),
+            FieldKind::Layer(spec) => layer_type_in(spec, precision),
             FieldKind::Model(path) | FieldKind::Dynamic(path) => model_type(path),
             FieldKind::Param(dims) => {
                 let dims = dims
@@ -212,7 +213,7 @@ impl FieldKind {
                 quote!(::kiln::tensor::nn::Param<Be, (#(::kiln::tensor::Const<#dims>,)*)>)
             }
             FieldKind::Array(inner, n) => {
-                let t = inner.real_type();
+                let t = inner.real_type_in(precision);
                 let n = proc_macro2::Literal::usize_unsuffixed(*n);
                 quote!([#t; #n])
             }
@@ -236,6 +237,27 @@ pub fn model_name(path: &syn::Path) -> String {
         .last()
         .map(|s| s.ident.to_string())
         .unwrap_or_default()
+}
+
+/// The type of a built-in layer in a model of `precision`: its int8 form
+/// (`kiln_tensor::nn::LinearInt8`) where the policy holds its weight as int8.
+pub fn layer_type_in(spec: &LayerSpec, precision: kiln_tensor::Precision) -> TokenStream {
+    let int8 = spec
+        .params_in(precision)
+        .iter()
+        .any(|p| p.dtype == DType::I8);
+    let l = |n: usize| proc_macro2::Literal::usize_unsuffixed(n);
+    match *spec {
+        LayerSpec::Linear { inputs, outputs } if int8 => {
+            let (i, o) = (l(inputs), l(outputs));
+            quote!(::kiln::tensor::nn::LinearInt8<Be, #i, #o>)
+        }
+        LayerSpec::Embedding { vocab, features } if int8 => {
+            let (v, d) = (l(vocab), l(features));
+            quote!(::kiln::tensor::nn::EmbeddingInt8<Be, #v, #d>)
+        }
+        _ => layer_type(spec),
+    }
 }
 
 /// The runtime type of a layer spec, with every const argument spelled out.

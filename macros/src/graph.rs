@@ -157,7 +157,7 @@ impl MGraph {
             .iter()
             .map(|&d| kiln_tensor::SymDim::lit(d))
             .collect();
-        let n = self.g.leaf(self.leaves.len() - 1, dims, DType::F32);
+        let n = self.g.leaf(self.leaves.len() - 1, dims, spec.dtype);
         self.grow_names();
         self.names[n] = Some(key.replace('.', "_"));
         self.param_nodes.insert(key, n);

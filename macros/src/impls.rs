@@ -242,7 +242,8 @@ pub(crate) fn expand_impl_in(
                     })
                     .collect();
                 out.push(planned_method(m, &fused, outputs.len(), &picks, &fields));
-                if m.is_scalar_loss() {
+                // An int8 instance is for inference: its losses evaluate, nothing trains.
+                if m.is_scalar_loss() && precision.trains() {
                     match value_and_grad(
                         model,
                         &fields,
@@ -274,7 +275,7 @@ pub(crate) fn expand_impl_in(
         }
         errors.extend(method_errors);
         out.push(stub_method(m));
-        if m.is_scalar_loss() {
+        if m.is_scalar_loss() && precision.trains() {
             out.push(stub_and_grad(model, m));
         }
     }
@@ -298,7 +299,7 @@ pub(crate) fn expand_impl_in(
     let titles: Vec<String> = plans.iter().map(|(t, _)| format!("{model}::{t}")).collect();
     let consts: Vec<&syn::Ident> = plans.iter().map(|(_, c)| c).collect();
     let clean = errors.is_empty();
-    let supervised = if clean {
+    let supervised = if clean && precision.trains() {
         supervised_impl(model, &methods)
     } else {
         None

@@ -534,8 +534,14 @@ pub fn expand_instance(
     }
     item.attrs.push(syn::parse_quote!(#[doc = #doc]));
     item.vis = alias.vis.clone();
+    // The nested models hold the int8 forms of their layers too; a loss scale is the
+    // top model's alone.
+    let parts_precision = match precision {
+        kiln_tensor::Precision::Int8 => precision,
+        _ => kiln_tensor::Precision::F32,
+    };
     let parts = inst.made.iter().map(|d| {
-        crate::structs::expand_struct(d.item.clone(), kiln_tensor::Precision::F32)
+        crate::structs::expand_struct(d.item.clone(), parts_precision)
             .unwrap_or_else(|e| e.to_compile_error())
     });
     let top_struct = crate::structs::expand_struct(item.clone(), precision)

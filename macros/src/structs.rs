@@ -16,7 +16,7 @@ pub fn callback_name(model: &Ident) -> Ident {
 }
 
 /// Expands `#[model] struct`; an instance under a loss-scaled `precision` also holds
-/// its loss scale.
+/// its loss scale, one under int8 the int8 form of its layers.
 pub fn expand_struct(item: ItemStruct, precision: Precision) -> syn::Result<TokenStream> {
     if !item.generics.params.is_empty() {
         return Ok(definition(&item));
@@ -40,12 +40,12 @@ pub fn expand_struct(item: ItemStruct, precision: Precision) -> syn::Result<Toke
     let field_defs = named.named.iter().zip(&fields).map(|(f, mf)| {
         let (fvis, id) = (&f.vis, &mf.ident);
         let fattrs = f.attrs.iter().filter(|a| !is_dynamic(a));
-        let ty = mf.kind.real_type();
+        let ty = mf.kind.real_type_in(precision);
         quote!(#(#fattrs)* #fvis #id: #ty)
     });
     let grad_defs = fields.iter().map(|mf| {
         let id = &mf.ident;
-        let ty = mf.kind.real_type();
+        let ty = mf.kind.real_type_in(precision);
         let doc = format!("Gradients of `{id}`.");
         match mf.kind {
             FieldKind::Dynamic(_) => quote!(#[doc = #doc] pub #id: ::kiln::dynamic::Gradients<Be>),
@@ -53,7 +53,10 @@ pub fn expand_struct(item: ItemStruct, precision: Precision) -> syn::Result<Toke
         }
     });
     let ids: Vec<&Ident> = fields.iter().map(|f| &f.ident).collect();
-    let types: Vec<TokenStream> = fields.iter().map(|f| f.kind.real_type()).collect();
+    let types: Vec<TokenStream> = fields
+        .iter()
+        .map(|f| f.kind.real_type_in(precision))
+        .collect();
     // How a model that holds this one reaches its fields, which may be private here.
     let accessors: Vec<Ident> = ids
         .iter()

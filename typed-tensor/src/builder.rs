@@ -421,7 +421,13 @@ pub trait BuilderExt: Builder {
 
     /// Scores of rows `h [.., D]` against every row of an embedding table `[V, D]`:
     /// `h · tableᵀ`, an output head tied to the embedding (`tok.attend(h)`).
-    fn tied_scores(&mut self, h: &Self::Value, table: &Self::Value) -> Result<Self::Value> {
+    /// `scale` is the table's int8 scales where it is held as int8 (one per row).
+    fn tied_scores(
+        &mut self,
+        h: &Self::Value,
+        table: &Self::Value,
+        scale: Option<&Self::Value>,
+    ) -> Result<Self::Value> {
         let td = self.dims(table);
         let (Some(vocab), Some(features)) = (
             td.first().and_then(|d| d.as_lit()),
@@ -436,8 +442,38 @@ pub trait BuilderExt: Builder {
             ));
         };
         self.guard(Guard::TiedHead { vocab, features }, &[h])?;
+        if let Some(scale) = scale {
+            return self.matmul_int8(h, table, scale);
+        }
         let wt = self.transpose(table, 0, 1)?;
         self.matmul(h, &wt)
+    }
+
+    /// `x [.., K]` by the int8 weight `w [N, K]` scaled per row by `scale [N]`
+    /// ([`Op::MatMulInt8`]): `x · (w · scale)ᵀ`.
+    fn matmul_int8(
+        &mut self,
+        x: &Self::Value,
+        w: &Self::Value,
+        scale: &Self::Value,
+    ) -> Result<Self::Value> {
+        self.apply(Op::MatMulInt8, &[x, w, scale])
+    }
+
+    /// The rows of an int8 embedding table `[V, D]` with its scales `[V]`, as f32:
+    /// each row taken as int8, then cast and scaled by its own scale.
+    fn embedding_int8(
+        &mut self,
+        ids: &Self::Value,
+        table: &Self::Value,
+        scale: &Self::Value,
+    ) -> Result<Self::Value> {
+        let rows = self.embedding(ids, table)?;
+        let rows = self.cast(&rows, DType::F32)?;
+        let vocab = self.dims(scale);
+        let column = self.reshape(scale, vec![vocab[0].clone(), Self::Dim::lit(1)])?;
+        let scales = self.embedding(ids, &column)?;
+        self.mul(&rows, &scales)
     }
 
     /// x + s

@@ -62,7 +62,7 @@ pub use methods::{Form, Method, MethodArgs};
 pub use op::{
     Arity, BinaryOp, CmpOp, Op, OpClass, RandDist, ReduceOp, SymDim, TensorMeta, UnaryOp, Window2d,
 };
-pub use precision::Precision;
+pub use precision::{Precision, INT8_SCALE_SUFFIX};
 pub use raw::{fit_views, Eager, RawTensor};
 pub use shape::{
     Batch, Dims, LastDim, Rank0, Rank1, Rank2, Rank3, Rank4, ReduceAxis, SameShape, Shape,

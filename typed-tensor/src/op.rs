@@ -1269,6 +1269,8 @@ fn check_storage_only<D: SymDim>(op: &Op<D>, inputs: &[&TensorMeta<D>]) -> Resul
         Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. } => true,
         Op::Cast { dtype } => dtype.is_float(),
         Op::MatMulInt8 => i == 1,
+        // Taking rows moves values without arithmetic: an int8 table's lookups.
+        Op::Gather { .. } => i == 0,
         _ => false,
     };
     if let Op::Cast { dtype } | Op::Full { dtype, .. } | Op::Rand { dtype, .. } = op {

@@ -21,6 +21,26 @@ use crate::builder::Builder;
 use crate::op::Op;
 use crate::{DType, Error, Result, SymDim};
 
+/// What follows a weight's name in the name of its int8 scales (`fc1.weight_scale`).
+pub const INT8_SCALE_SUFFIX: &str = "_scale";
+
+/// A row of weights as int8 with its scale, the int8 policy's one rounding rule: the
+/// scale is the row's largest magnitude over 127 (0 for a row of zeros) and each value
+/// `round(v / scale)`, so values lie in −127..=127 and `q · scale` is within half a
+/// scale of `v`. Finite values only: the caller refuses others.
+pub fn quantize_int8_row(row: &[f32]) -> (Vec<i8>, f32) {
+    let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if max == 0.0 {
+        return (vec![0; row.len()], 0.0);
+    }
+    let s = max / 127.0;
+    let q = row
+        .iter()
+        .map(|v| (v / s).round().clamp(-127.0, 127.0) as i8)
+        .collect();
+    (q, s)
+}
+
 /// A builder's own op application, which [`Precision::apply`] wraps.
 pub type ApplyFn<Bu> = fn(
     &mut Bu,
@@ -39,11 +59,21 @@ pub enum Precision {
     /// Matrix products with f16 operands (results cast back to f32), the rest in f32,
     /// and training steps loss-scaled.
     F16,
+    /// Inference with int8 weights: each weight [`Precision::quantizes`] is held as i8
+    /// with one f32 scale per row (`*.weight_scale`), its products are
+    /// [`Op::MatMulInt8`] and its lookups dequantise the rows they take; the rest in
+    /// f32. Nothing trains under it.
+    Int8,
 }
 
 impl Precision {
     /// The policies, as [`Precision::name`] writes them.
-    pub const ALL: [Precision; 3] = [Precision::F32, Precision::Bf16, Precision::F16];
+    pub const ALL: [Precision; 4] = [
+        Precision::F32,
+        Precision::Bf16,
+        Precision::F16,
+        Precision::Int8,
+    ];
 
     /// The policy's name: `f32`, `bf16`, `f16`.
     pub fn name(self) -> &'static str {
@@ -51,10 +81,12 @@ impl Precision {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
             Precision::F16 => "f16",
+            Precision::Int8 => "int8",
         }
     }
 
-    /// The policy named `name` (`f32`, `bf16`, `f16`); an error naming the ones there are.
+    /// The policy named `name` (`f32`, `bf16`, `f16`, `int8`); an error naming the ones
+    /// there are.
     pub fn parse(name: &str) -> Result<Self> {
         if let Some(p) = Self::ALL.into_iter().find(|p| p.name() == name) {
             return Ok(p);
@@ -71,10 +103,27 @@ impl Precision {
     /// The dtype the narrowed ops compute in, `None` under `f32`.
     pub fn half(self) -> Option<DType> {
         match self {
-            Precision::F32 => None,
+            Precision::F32 | Precision::Int8 => None,
             Precision::Bf16 => Some(DType::BF16),
             Precision::F16 => Some(DType::F16),
         }
+    }
+
+    /// Whether models under this policy train (int8 instances are for inference).
+    pub fn trains(self) -> bool {
+        self != Precision::Int8
+    }
+
+    /// Whether this policy holds the tensor `name` of `dims` and `dtype` (of a layer or
+    /// a checkpoint) as int8 with per-row scales: under [`Precision::Int8`], an f32
+    /// matrix named `weight` or `*.weight` (a linear layer's `[out, in]`, an
+    /// embedding's table). The one rule the layers, `kiln-quantize` and
+    /// `embed!(.., int8)` follow.
+    pub fn quantizes(self, name: &str, dims: &[usize], dtype: DType) -> bool {
+        self == Precision::Int8
+            && (name == "weight" || name.ends_with(".weight"))
+            && dims.len() == 2
+            && dtype == DType::F32
     }
 
     /// Whether training steps under this policy scale the loss: gradients that f16
@@ -166,7 +215,7 @@ mod tests {
         }
         let e = Precision::parse("fp8").unwrap_err().to_string();
         assert!(
-            e.contains("`fp8` is not a precision") && e.contains("f32, bf16, f16"),
+            e.contains("`fp8` is not a precision") && e.contains("f32, bf16, f16, int8"),
             "{e}"
         );
         assert!(Precision::F16.loss_scaled());

@@ -10,6 +10,7 @@
 
 use crate::storage::CpuStorage;
 use crate::strided::gather;
+use kiln_tensor::precision::quantize_int8_row;
 use kiln_tensor::{Error, Layout, Result};
 use std::sync::Arc;
 
@@ -132,7 +133,7 @@ impl Int8Matrix {
                     format!("weight [{r}, {c}] is {}, which has no int8 value", row[c]),
                 ));
             }
-            let (q, s) = quantize_row(row);
+            let (q, s) = quantize_int8_row(row);
             data.extend_from_slice(&q);
             scales.push(s);
         }
@@ -224,20 +225,6 @@ fn check_size(rows: usize, cols: usize, len: usize) -> Result<()> {
             format!("{len} values for [{rows}, {cols}]"),
         )),
     }
-}
-
-/// A row's int8 values and scale: `round(v / s)` with `s` its largest magnitude / 127.
-fn quantize_row(row: &[f32]) -> (Vec<i8>, f32) {
-    let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-    if max == 0.0 {
-        return (vec![0; row.len()], 0.0);
-    }
-    let s = max / 127.0;
-    let q = row
-        .iter()
-        .map(|v| (v / s).round().clamp(-127.0, 127.0) as i8)
-        .collect();
-    (q, s)
 }
 
 /// What follows the scaled product and the bias.
@@ -418,7 +405,7 @@ pub fn linear_with(
             finite[i] = false;
             continue;
         }
-        let (q, s) = quantize_row(row);
+        let (q, s) = quantize_int8_row(row);
         a_scale[i] = s;
         for (c, &v) in q.iter().enumerate() {
             a[i * stride + c] = v;

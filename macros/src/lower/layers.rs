@@ -121,7 +121,7 @@ impl<'a> Lower<'a> {
             }
         }
         let mut leaves = Vec::new();
-        for p in spec.params() {
+        for p in spec.params_in(self.mg.precision) {
             leaves.push(self.mg.param(&l.path, &l.key, &p, false));
         }
         for b in spec.buffers() {
@@ -340,13 +340,12 @@ impl<'a> Lower<'a> {
             self.err(&mc.args[0], "`.attend()` takes a tensor");
             return Err(());
         };
-        let weight = spec
-            .params()
-            .into_iter()
-            .next()
-            .expect("an embedding has its table");
-        let w = self.mg.param(&l.path, &l.key, &weight, false);
-        let y = self.mg.tied_scores(&h, &w);
+        let tensors = spec.params_in(self.mg.precision);
+        let w = self.mg.param(&l.path, &l.key, &tensors[0], false);
+        // An int8 table comes with its scales, after the table.
+        let scale = (tensors[0].dtype == DType::I8)
+            .then(|| self.mg.param(&l.path, &l.key, &tensors[1], false));
+        let y = self.mg.tied_scores(&h, &w, scale.as_ref());
         match y {
             Ok(y) => {
                 self.calls.push(Call {

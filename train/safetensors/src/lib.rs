@@ -61,14 +61,14 @@ pub const QUANTIZATION_KEY: &str = "kiln.quantization";
 pub const INT8_PER_ROW: &str = "int8-per-row";
 
 /// What follows a quantised weight's name in its scales' name (`fc1.weight_scale`).
-pub const SCALE_SUFFIX: &str = "_scale";
+pub const SCALE_SUFFIX: &str = kiln_tensor::INT8_SCALE_SUFFIX;
 
 /// Whether an int8 checkpoint holds tensor `name` of `dims` as int8 with per-row
-/// scales: an f32 matrix named `weight` or `*.weight` (a linear layer's `[out, in]`, an
-/// embedding's table). The one rule `kiln-quantize` writes by and `embed!(.., int8)`
-/// checks by.
+/// scales: [`kiln_tensor::Precision::quantizes`] under int8 (an f32 matrix named
+/// `weight` or `*.weight`), the rule the int8 layers hold their weights by, seen
+/// from a file's entries.
 pub fn int8_quantizes(name: &str, dims: &[usize], dtype: Option<DType>) -> bool {
-    (name == "weight" || name.ends_with(".weight")) && dims.len() == 2 && dtype == Some(DType::F32)
+    dtype.is_some_and(|d| kiln_tensor::Precision::Int8.quantizes(name, dims, d))
 }
 
 /// The tensors the int8 checkpoint of a checkpoint of `entries` holds: each weight

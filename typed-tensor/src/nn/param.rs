@@ -35,6 +35,7 @@ pub fn learned_spec(dims: &[usize]) -> ParamSpec {
         name: "value",
         dims: dims.to_vec(),
         init: Init::Normal(0.02),
+        dtype: crate::DType::F32,
     }
 }
 

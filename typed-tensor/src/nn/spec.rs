@@ -8,6 +8,8 @@ use crate::builder::{Builder, BuilderExt, Conv2dOptions};
 use crate::error::Result;
 use crate::guard::Guard;
 use crate::op::{fmt_dims, SymDim};
+use crate::precision::{Precision, INT8_SCALE_SUFFIX};
+use crate::DType;
 
 /// Whether a forward pass trains (dropout active, batch statistics) or evaluates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +43,24 @@ pub struct ParamSpec {
     pub dims: Vec<usize>,
     /// How it starts.
     pub init: Init,
+    /// Its dtype (f32 but for int8 weights and their scales' rows).
+    pub dtype: DType,
 }
+
+/// The scales of an int8 weight: the last of a layer's tensors under the int8 policy
+/// ([`LayerSpec::params_in`]).
+fn int8_scale<'v, V>(params: &[&'v V]) -> Result<&'v V> {
+    match params {
+        [_, .., scale] => Ok(*scale),
+        _ => Err(crate::Error::invalid(
+            "int8 layer",
+            "an int8 weight comes with its scales, and none were given",
+        )),
+    }
+}
+
+/// The field of a layer's int8 weight scales.
+const WEIGHT_SCALE: &str = "weight_scale";
 
 /// A built-in layer with its sizes.
 #[derive(Clone, Debug, PartialEq)]
@@ -280,7 +299,12 @@ impl LayerSpec {
 
     /// The trainable parameters, in PyTorch's order and layout.
     pub fn params(&self) -> Vec<ParamSpec> {
-        let p = |name, dims: Vec<usize>, init| ParamSpec { name, dims, init };
+        let p = |name, dims: Vec<usize>, init| ParamSpec {
+            name,
+            dims,
+            init,
+            dtype: DType::F32,
+        };
         match *self {
             LayerSpec::Linear { inputs, outputs } => {
                 let bound = 1.0 / (inputs as f64).sqrt();
@@ -322,6 +346,30 @@ impl LayerSpec {
         }
     }
 
+    /// The tensors the layer holds under `precision`, in [`LayerSpec::forward`]'s
+    /// order: its parameters, each weight the policy [quantizes](Precision::quantizes)
+    /// as i8, then those weights' scales (`weight_scale`, f32, one per row).
+    pub fn params_in(&self, precision: Precision) -> Vec<ParamSpec> {
+        let mut params = self.params();
+        let mut scales = Vec::new();
+        for p in &mut params {
+            if precision.quantizes(p.name, &p.dims, p.dtype) {
+                p.dtype = DType::I8;
+                // A layer's tensors are named by their fields, without dots: the
+                // rule's only match among them is `weight`.
+                debug_assert_eq!(format!("weight{INT8_SCALE_SUFFIX}"), WEIGHT_SCALE);
+                scales.push(ParamSpec {
+                    name: WEIGHT_SCALE,
+                    dims: p.dims[..1].to_vec(),
+                    init: Init::Constant(1.0),
+                    dtype: DType::F32,
+                });
+            }
+        }
+        params.extend(scales);
+        params
+    }
+
     /// State that is saved but not trained (batch-norm's running statistics).
     pub fn buffers(&self) -> Vec<ParamSpec> {
         match *self {
@@ -330,11 +378,13 @@ impl LayerSpec {
                     name: "running_mean",
                     dims: vec![channels],
                     init: Init::Constant(0.0),
+                    dtype: DType::F32,
                 },
                 ParamSpec {
                     name: "running_var",
                     dims: vec![channels],
                     init: Init::Constant(1.0),
+                    dtype: DType::F32,
                 },
             ],
             _ => vec![],
@@ -397,6 +447,10 @@ impl LayerSpec {
         let dims = g.dims(x);
         g.guard(Guard::LayerInput(self.clone()), &[x])?;
         match *self {
+            LayerSpec::Linear { .. } if g.dtype(params[0]) == DType::I8 => {
+                let y = g.matmul_int8(x, params[0], int8_scale(params)?)?;
+                out(g.add(&y, params[1])?)
+            }
             LayerSpec::Linear { .. } => out(g.linear(x, params[0], Some(params[1]))?),
             LayerSpec::Conv2d {
                 stride,
@@ -420,6 +474,9 @@ impl LayerSpec {
             }
             LayerSpec::LayerNorm { .. } => {
                 out(g.layer_norm(x, 1, Some(params[0]), Some(params[1]), LAYER_NORM_EPS)?)
+            }
+            LayerSpec::Embedding { .. } if g.dtype(params[0]) == DType::I8 => {
+                out(g.embedding_int8(x, params[0], int8_scale(params)?)?)
             }
             LayerSpec::Embedding { .. } => out(g.embedding(x, params[0])?),
             LayerSpec::Dropout { percent } => match mode {
