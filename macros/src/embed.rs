@@ -13,34 +13,63 @@
 use crate::dsl::{model_name, FieldKind};
 use crate::model::parse_fields;
 use crate::model::Def;
-use kiln_safetensors::{fit_problems, header_entries, int8_entries, TensorEntry};
+use kiln_safetensors::{fit_problems, header_entries, TensorEntry};
 use kiln_tensor::nn::join;
-use kiln_tensor::DType;
+use kiln_tensor::{DType, Precision};
 use proc_macro2::TokenStream;
 use quote::quote;
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{LitStr, Token};
 
+/// The attribute an instance's definition carries its precision in
+/// (`#[kiln_precision = "int8"]`), so that `embed!` into it expects the tensors that
+/// precision holds.
+pub const PRECISION_MARK: &str = "kiln_precision";
+
+/// The precision a definition was marked with (f32 when unmarked).
+fn marked_precision(item: &syn::ItemStruct) -> Result<Precision, String> {
+    let Some(attr) = item
+        .attrs
+        .iter()
+        .find(|a| a.path().is_ident(PRECISION_MARK))
+    else {
+        return Ok(Precision::F32);
+    };
+    let value = match &attr.meta {
+        syn::Meta::NameValue(syn::MetaNameValue {
+            value:
+                syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(s),
+                    ..
+                }),
+            ..
+        }) => s.value(),
+        _ => return Err("a malformed precision mark".into()),
+    };
+    Precision::parse(&value).map_err(|e| e.to_string())
+}
+
 /// `embed!`'s arguments: the model's path, the file, and an option: `foreign` for a
-/// file written by another tool (PyTorch), which has no checksums to verify, or `int8`
-/// for the model's int8 checkpoint (`kiln-quantize`'s).
+/// file written by another tool (PyTorch), which has no checksums to verify.
 pub struct EmbedArgs {
     model: syn::Path,
     file: LitStr,
     option: Option<syn::Ident>,
 }
 
-/// `, foreign` or `, int8`, if given.
+/// `, foreign`, if given (or `, int8`, which `request` refuses with what to write
+/// instead).
 fn parse_option(input: ParseStream) -> syn::Result<Option<syn::Ident>> {
     if input.parse::<Option<Token![,]>>()?.is_none() || input.is_empty() {
         return Ok(None);
     }
     let option: syn::Ident = input.parse()?;
+    // `int8` is answered by `request`, which knows the model's name.
     if option != "foreign" && option != "int8" {
         return Err(syn::Error::new(
             option.span(),
-            format!("`{option}` is not an option of embed!: the options are `foreign`, for a file another tool wrote (no checksums), and `int8`, for kiln-quantize's int8 checkpoint"),
+            format!("`{option}` is not an option of embed!: the option is `foreign`, for a file another tool wrote (no checksums)"),
         ));
     }
     input.parse::<Option<Token![,]>>()?;
@@ -134,6 +163,14 @@ pub fn request(args: EmbedArgs, resolve: impl FnOnce(&str) -> String) -> TokenSt
         file,
         option,
     } = args;
+    if let Some(int8) = option.as_ref().filter(|o| *o == "int8") {
+        let name = model_name(&model);
+        let msg = format!(
+            "an int8 checkpoint is embedded into the model's int8 instance: declare `#[model(precision = int8)] type {name}Int8 = {name};` and write `kiln::embed!({name}Int8, {:?})`",
+            file.value()
+        );
+        return syn::Error::new(int8.span(), msg).to_compile_error();
+    }
     let resolved = LitStr::new(&resolve(&file.value()), file.span());
     let callee = crate::model::bare_path(&model);
     let option = option.map(|f| quote!(, #f));
@@ -159,9 +196,17 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
             "`{name}` is a model definition with sizes; embed weights into one of its instances"
         ));
     }
+    let precision = match marked_precision(&def.item) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
     let mut params = Vec::new();
     let mut buffers = Vec::new();
-    if let Err(e) = model_tensors(&def.item, "", &defs, &mut params, &mut buffers) {
+    let tensors = Tensors {
+        defs: &defs,
+        precision,
+    };
+    if let Err(e) = tensors.of_model(&def.item, "", &mut params, &mut buffers) {
         return fail(e);
     }
     params.extend(buffers);
@@ -174,10 +219,7 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
             return fail(format!("cannot embed `{shown}`: {e}"));
         }
     };
-    let int8 = option.as_ref().is_some_and(|o| o == "int8");
-    // An int8 checkpoint holds the model's weights as int8 with their scales.
-    let wanted = if int8 { int8_entries(&params) } else { params };
-    let problems = fit_problems(&wanted, &held);
+    let problems = fit_problems(&params, &held);
     // One error naming every mismatch: several `compile_error!`s in expression
     // position would not parse as one expression.
     match problems.as_slice() {
@@ -193,25 +235,6 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
         }
     }
     let doc = format!("The weights of `{shown}`, checked against `{name}` at build time.");
-    if int8 {
-        return quote! {
-            {
-                #[doc = #doc]
-                struct EmbeddedInt8Weights;
-                impl EmbeddedInt8Weights {
-                    /// The int8 checkpoint built into the program, each tensor checked
-                    /// against its checksum and each weight against its scales.
-                    fn checkpoint(
-                        &self,
-                    ) -> ::kiln::tensor::Result<::kiln::train::checkpoint::int8::Int8Checkpoint> {
-                        static BYTES: &[u8] = include_bytes!(#resolved);
-                        ::kiln::train::checkpoint::int8::read_int8_bytes(#written, BYTES)
-                    }
-                }
-                EmbeddedInt8Weights
-            }
-        };
-    }
     let load = match option {
         Some(_) => quote!(::kiln::train::checkpoint::load_bytes_foreign),
         None => quote!(::kiln::train::checkpoint::load_bytes),
@@ -242,64 +265,75 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
     }
 }
 
-/// The parameters and buffers of the model `item` under `prefix`, as a checkpoint
-/// names them, nested models through their definitions in `defs`.
-fn model_tensors(
-    item: &syn::ItemStruct,
-    prefix: &str,
-    defs: &[Def],
-    params: &mut Vec<TensorEntry>,
-    buffers: &mut Vec<TensorEntry>,
-) -> Result<(), String> {
-    let fields = parse_fields(item).map_err(|e| e.to_string())?;
-    for f in fields {
-        field_tensors(
-            &f.kind,
-            &join(prefix, &f.ident.to_string()),
-            defs,
-            params,
-            buffers,
-        )?;
-    }
-    Ok(())
+/// What a model's checkpoint holds: its tensors and their nested models' (through
+/// their definitions), as its precision holds them.
+struct Tensors<'a> {
+    defs: &'a [Def],
+    precision: Precision,
 }
 
-fn field_tensors(
-    kind: &FieldKind,
-    key: &str,
-    defs: &[Def],
-    params: &mut Vec<TensorEntry>,
-    buffers: &mut Vec<TensorEntry>,
-) -> Result<(), String> {
-    match kind {
-        FieldKind::Layer(spec) => {
-            for p in spec.params() {
-                params.push(TensorEntry::new(&join(key, p.name), &p.dims, DType::F32));
-            }
-            for b in spec.buffers() {
-                buffers.push(TensorEntry::new(&join(key, b.name), &b.dims, DType::F32));
-            }
+impl Tensors<'_> {
+    /// The parameters and buffers of the model `item` under `prefix`, as a checkpoint
+    /// names them.
+    fn of_model(
+        &self,
+        item: &syn::ItemStruct,
+        prefix: &str,
+        params: &mut Vec<TensorEntry>,
+        buffers: &mut Vec<TensorEntry>,
+    ) -> Result<(), String> {
+        let fields = parse_fields(item).map_err(|e| e.to_string())?;
+        for f in fields {
+            self.of_field(
+                &f.kind,
+                &join(prefix, &f.ident.to_string()),
+                params,
+                buffers,
+            )?;
         }
-        FieldKind::Param(dims) => params.push(TensorEntry::new(key, dims, DType::F32)),
-        FieldKind::Array(inner, n) => {
-            for i in 0..*n {
-                field_tensors(inner, &join(key, &i.to_string()), defs, params, buffers)?;
-            }
-        }
-        FieldKind::Model(path) => {
-            let name = model_name(path);
-            let def = defs
-                .iter()
-                .find(|d| d.item.ident == name)
-                .ok_or_else(|| format!("the definition of `{name}` (field `{key}`) did not arrive"))?;
-            model_tensors(&def.item, key, defs, params, buffers)?;
-        }
-        FieldKind::Dynamic(path) => {
-            return Err(format!(
-                "`{key}` is a part on the dynamic path (`{}`), whose tensors are known only when it is built; embed! checks models planned at build time",
-                model_name(path)
-            ))
-        }
+        Ok(())
     }
-    Ok(())
+
+    fn of_field(
+        &self,
+        kind: &FieldKind,
+        key: &str,
+        params: &mut Vec<TensorEntry>,
+        buffers: &mut Vec<TensorEntry>,
+    ) -> Result<(), String> {
+        match kind {
+            FieldKind::Layer(spec) => {
+                for p in spec.params_in(self.precision) {
+                    params.push(TensorEntry::new(&join(key, p.name), &p.dims, p.dtype));
+                }
+                for b in spec.buffers() {
+                    buffers.push(TensorEntry::new(&join(key, b.name), &b.dims, b.dtype));
+                }
+            }
+            FieldKind::Param(dims) => params.push(TensorEntry::new(key, dims, DType::F32)),
+            FieldKind::Array(inner, n) => {
+                for i in 0..*n {
+                    self.of_field(inner, &join(key, &i.to_string()), params, buffers)?;
+                }
+            }
+            FieldKind::Model(path) => {
+                let name = model_name(path);
+                let def = self
+                    .defs
+                    .iter()
+                    .find(|d| d.item.ident == name)
+                    .ok_or_else(|| {
+                        format!("the definition of `{name}` (field `{key}`) did not arrive")
+                    })?;
+                self.of_model(&def.item, key, params, buffers)?;
+            }
+            FieldKind::Dynamic(path) => {
+                return Err(format!(
+                    "`{key}` is a part on the dynamic path (`{}`), whose tensors are known only when it is built; embed! checks models planned at build time",
+                    model_name(path)
+                ))
+            }
+        }
+        Ok(())
+    }
 }

@@ -287,7 +287,21 @@ pub(crate) fn expand_impl_in(
         Mistakes::Silent => Vec::new(),
     };
     let natives = natives.module();
-    let def = def_macro(&item, &imp, &def_items, !errors.is_empty());
+    // What `embed!` into this model needs to know of its precision (the tensors an
+    // int8 instance holds) travels with its definition, as an attribute only the
+    // macro reads.
+    let mut marked = item.clone();
+    if precision != Precision::F32 {
+        let name = precision.name();
+        marked
+            .attrs
+            .push(syn::parse_quote!(#[kiln_precision = #name]));
+        debug_assert!(marked
+            .attrs
+            .last()
+            .is_some_and(|a| a.path().is_ident(crate::embed::PRECISION_MARK)));
+    }
+    let def = def_macro(&marked, &imp, &def_items, !errors.is_empty());
     let summary = summary_text(
         model,
         crate::lower::model_params(&fields, &defs),
@@ -299,8 +313,8 @@ pub(crate) fn expand_impl_in(
     let titles: Vec<String> = plans.iter().map(|(t, _)| format!("{model}::{t}")).collect();
     let consts: Vec<&syn::Ident> = plans.iter().map(|(_, c)| c).collect();
     let clean = errors.is_empty();
-    let supervised = if clean && precision.trains() {
-        supervised_impl(model, &methods)
+    let supervised = if clean {
+        supervised_impl(model, &methods, precision)
     } else {
         None
     };
@@ -377,7 +391,11 @@ fn size_binding(model: &Ident, m: &MethodSig, values: &[TokenStream]) -> Option<
 /// `Supervised` for a model whose impl has `loss(input, target)` returning a scalar
 /// (and, for metrics, `forward(input)`), calling their planned raw methods with the
 /// sizes read from the batch; `None` for a model without such a `loss`.
-fn supervised_impl(model: &Ident, methods: &[MethodSig]) -> Option<TokenStream> {
+fn supervised_impl(
+    model: &Ident,
+    methods: &[MethodSig],
+    precision: Precision,
+) -> Option<TokenStream> {
     let loss = methods
         .iter()
         .find(|m| *m.name() == "loss" && m.is_scalar_loss() && m.args.len() == 2)?;
@@ -394,6 +412,19 @@ fn supervised_impl(model: &Ident, methods: &[MethodSig]) -> Option<TokenStream> 
         None => quote!(Ok(None)),
     };
     let raw = quote!(::kiln::tensor::RawTensor<Be>);
+    // An instance that does not train evaluates its loss and scores, and refuses steps.
+    let loss_and_grads = match precision.trains() {
+        true => quote!(self.#raw_and_grad(&Self::__kiln_loss_sizes(input, target)?, input, target)),
+        false => {
+            let why = format!(
+                "`{model}` is an {precision} instance, for inference: train the f32 model and quantise its checkpoint (kiln-quantize)"
+            );
+            quote! {
+                let _ = (input, target);
+                Err(::kiln::tensor::Error::invalid("loss_and_grads", #why))
+            }
+        }
+    };
     Some(quote! {
         impl<Be: ::kiln::tensor::Backend> #model<Be> {
             #[doc(hidden)]
@@ -408,7 +439,7 @@ fn supervised_impl(model: &Ident, methods: &[MethodSig]) -> Option<TokenStream> 
                 input: &#raw,
                 target: &#raw,
             ) -> ::kiln::tensor::Result<(#raw, <Self as ::kiln::tensor::nn::Module<Be>>::Grads)> {
-                self.#raw_and_grad(&Self::__kiln_loss_sizes(input, target)?, input, target)
+                #loss_and_grads
             }
 
             fn eval_loss(&self, input: &#raw, target: &#raw) -> ::kiln::tensor::Result<#raw> {

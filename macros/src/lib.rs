@@ -154,12 +154,15 @@ pub fn derive_module(item: TokenStream) -> TokenStream {
 /// }
 /// #[model] type Small = Gpt<128, 4>;           // an instance of a model with sizes
 /// #[model(precision = bf16)] type SmallBf16 = Gpt<128, 4>;
+/// #[model(precision = int8)] type MlpInt8 = Mlp;  // int8 weights, for inference
 /// ```
 ///
 /// Shapes are checked when the program compiles; each method becomes a planned,
 /// fused method (evaluation mode), each scalar method also `<name>_and_grad`
 /// (training mode), and a `loss(input, target)` makes the model trainable by
-/// `kiln::train::learner::Learner`. The grammar (fields, layers, signatures, bodies,
+/// `kiln::train::learner::Learner`. An int8 instance holds each linear layer's and
+/// embedding's weight as int8 with per-row scales (what `kiln-quantize` writes) and
+/// runs their products as `matmul_int8`: it evaluates, and does not train. The grammar (fields, layers, signatures, bodies,
 /// named sizes) is in this crate's documentation; the guide, with an example of every
 /// construct, training and evaluation behaviour and translations from PyTorch, is
 /// `docs/guide.md` in the repository, and every tensor method is in `docs/methods.md`.
@@ -338,10 +341,9 @@ impl Parse for ImplInput {
 /// lacks or the file lacks, or of other dims or dtype, is a compile error naming it
 /// and both sides. The value's `load::<B>(&device)` builds the model with the weights.
 /// A file written by another tool (PyTorch's `save_file`) has no checksums to verify
-/// when it loads: `kiln::embed!(Mlp, "torch.safetensors", foreign)`. The model's int8
-/// checkpoint (`kiln-quantize`'s) is checked against the model's weights as int8 with
-/// their scales: `kiln::embed!(Mlp, "mlp-int8.safetensors", int8)`, whose
-/// `checkpoint()` reads it.
+/// when it loads: `kiln::embed!(Mlp, "torch.safetensors", foreign)`. An int8 checkpoint
+/// (`kiln-quantize`'s) goes into an int8 instance, checked against the int8 weights and
+/// scales it holds: `kiln::embed!(MlpInt8, "mlp-int8.safetensors")`.
 #[proc_macro]
 pub fn embed(input: TokenStream) -> TokenStream {
     let args = syn::parse_macro_input!(input as embed::EmbedArgs);

@@ -27,7 +27,12 @@ pub fn expand_struct(item: ItemStruct, precision: Precision) -> syn::Result<Toke
     };
     let name = &item.ident;
     let vis = &item.vis;
-    let attrs = &item.attrs;
+    // The precision mark a definition carries for `embed!` is the macro's own.
+    let attrs: Vec<&syn::Attribute> = item
+        .attrs
+        .iter()
+        .filter(|a| !a.path().is_ident(crate::embed::PRECISION_MARK))
+        .collect();
     let grads = format_ident!("{}Grads", name);
     let callback_macro = callback_macro(
         name,

@@ -34,3 +34,8 @@ impl LeNet {
         self.forward(x).cross_entropy(y)
     }
 }
+
+/// The CNN with its linear layers' weights in int8 (the convolutions stay f32), for
+/// inference: what `kiln-quantize` makes of a [`LeNet`] checkpoint loads into it.
+#[model(precision = int8)]
+pub type LeNetInt8 = LeNet;

@@ -17,7 +17,6 @@ pub mod gpt;
 pub mod hybrid;
 pub mod lenet;
 pub mod mlp;
-pub mod mlp_int8;
 pub mod parts;
 mod short_run;
 

@@ -24,3 +24,8 @@ impl Mlp {
         self.forward(x).cross_entropy(y)
     }
 }
+
+/// The MLP with int8 weights (one scale per output row), for inference: what
+/// `kiln-quantize` makes of an [`Mlp`] checkpoint loads into it.
+#[model(precision = int8)]
+pub type MlpInt8 = Mlp;

@@ -1,14 +1,17 @@
-//! The zoo's image classifiers ([`Classifier`] for the MLP and the CNN) and the short
+//! The zoo's image classifiers ([`Classifier`] for the MLP and the CNN, and their int8
+//! instances) and the short
 //! MNIST recipe every backend's test suite runs.
 
-use crate::lenet::LeNet;
-use crate::mlp::Mlp;
+use crate::lenet::{LeNet, LeNetInt8};
+use crate::mlp::{Mlp, MlpInt8};
 use kiln::prelude::*;
 use kiln_harness::classifier;
 use kiln_harness::classify::accuracy;
 
 classifier!(Mlp, [784]);
 classifier!(LeNet, [1, 28, 28]);
+classifier!(MlpInt8, [784]);
+classifier!(LeNetInt8, [1, 28, 28]);
 
 /// What [`short_mnist_run`] and [`mnist_mlp_run`] leave: the trained MLP, the loss of every step and the
 /// test accuracy.

@@ -155,12 +155,19 @@ fn the_embedded_gpt_continues_a_prompt_as_kiln_generate_does() {
 
 #[test]
 fn the_embedded_int8_checkpoint_is_kiln_quantizes_and_classifies_as_kiln_infer_does() {
-    use kiln::train::checkpoint::int8::read_int8;
-    let embedded = kiln::embed!(Mlp, "../weights/mlp-mnist-int8.safetensors", int8);
-    let built_in = embedded.checkpoint().unwrap();
-    let file = read_int8(&weights("mlp-mnist-int8.safetensors")).unwrap();
-    assert_eq!(built_in.weights, file.weights);
-    assert_eq!(built_in.tensors, file.tensors);
+    use kiln_models::mlp::MlpInt8;
+    let embedded = kiln::embed!(MlpInt8, "../weights/mlp-mnist-int8.safetensors");
+    let built_in: MlpInt8<Cpu> = embedded.load(&CpuDevice).unwrap();
+    let from_file: MlpInt8<Cpu> =
+        checkpoint::load_new(weights("mlp-mnist-int8.safetensors"), &CpuDevice, false).unwrap();
+    let tensors = |m: &MlpInt8<Cpu>| {
+        let mut all = Vec::new();
+        m.visit_buffers("", &mut |s| {
+            all.push((s.name.to_string(), s.value.to_host().unwrap()))
+        });
+        all
+    };
+    assert_eq!(tensors(&built_in), tensors(&from_file));
     // The example binary's accuracy is kiln-infer's on the same file.
     let (code, out, err) = output::run(example("mlp_int8_embedded").to_str().unwrap(), &[]);
     assert_eq!(code, Some(0), "{err}");

@@ -1,16 +1,19 @@
-//! The MLP from an int8 checkpoint (`kiln-quantize`, then `MlpInt8` on the CPU's int8
-//! products): its logits are the f32 model's to within the quantisation's error and
-//! pick the same classes; `kiln-infer` evaluates such a file; and the binaries refuse
-//! what they cannot do in one line (a CNN's or a GPU's int8 run, a file quantised
-//! twice, an output over its input, layers that do not chain).
+//! The classifiers from their int8 checkpoints (`kiln-quantize`, then the int8
+//! instances `MlpInt8` and `LeNetInt8` on the CPU's int8 products): the MLP's logits
+//! are the f32 model's to within the quantisation's error and pick the same classes;
+//! `kiln-infer` evaluates such files; and the binaries refuse what they cannot do in
+//! one line (a file quantised twice, an output over its input, flags that contradict
+//! the file, tensors of other shapes).
 
 #[path = "support/output.rs"]
 mod output;
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
-use kiln::train::checkpoint::{int8::quantize_int8, save, save_with_metadata, write_tensors};
-use kiln_models::mlp::Mlp;
-use kiln_models::mlp_int8::MlpInt8;
+use kiln::train::checkpoint::{
+    int8::quantize_int8, load_new, save, save_with_metadata, write_tensors,
+};
+use kiln_models::lenet::LeNet;
+use kiln_models::mlp::{Mlp, MlpInt8};
 use output::{assert_refused, run};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -34,10 +37,10 @@ fn int8_logits_are_the_f32_models_to_within_quantisation() {
     );
     save(&model, &f32_file).unwrap();
     quantize_int8(&f32_file, &int8_file).unwrap();
-    let int8 = MlpInt8::load(&int8_file).unwrap();
+    let int8: MlpInt8<Cpu> = load_new(&int8_file, &CpuDevice, false).unwrap();
     let x = Tensor::<Cpu, Rank2<16, 784>>::normal(0.0, 1.0, 4, &CpuDevice).unwrap();
     let want = model.forward(&x).unwrap().to_vec().unwrap();
-    let got = int8.logits(&x.to_vec().unwrap(), 16).unwrap();
+    let got = int8.forward(&x).unwrap().to_vec().unwrap();
     let spread = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     let mut same_class = 0;
     for (g, w) in got.chunks(10).zip(want.chunks(10)) {
@@ -88,7 +91,7 @@ fn kiln_quantize_writes_a_quarter_and_refuses_nonsense_in_one_line() {
     assert_eq!(code, Some(2));
     assert!(err.contains("would overwrite its input"), "{err}");
 
-    // kiln-infer runs the int8 file on the CPU's int8 products: the MLP only, so far.
+    // kiln-infer runs the int8 file through the MLP's int8 instance.
     let (code, out, err) = run(INFER, &["--checkpoint", i, "--latency-images", "3"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("int8 products on"), "{out}");
@@ -103,7 +106,43 @@ fn kiln_quantize_writes_a_quarter_and_refuses_nonsense_in_one_line() {
     assert_refused(
         INFER,
         &["--checkpoint", i, "--model", "cnn"],
-        "int8 checkpoints run the MLP on the CPU so far",
+        "was trained as model mlp, not cnn",
+    );
+    // And the CNN's, whose linear layers are int8 and convolutions f32.
+    let cnn_file = dir.join("cnn.safetensors");
+    let cnn_meta = BTreeMap::from([
+        ("model".to_string(), "cnn".to_string()),
+        ("dataset".to_string(), "mnist".to_string()),
+    ]);
+    save_with_metadata(
+        &LeNet::<Cpu>::init(&CpuDevice, 1).unwrap(),
+        &cnn_file,
+        &cnn_meta,
+    )
+    .unwrap();
+    let cnn_int8 = dir.join("cnn-int8.safetensors");
+    let (c, ci) = (cnn_file.to_str().unwrap(), cnn_int8.to_str().unwrap());
+    let (code, out, err) = run(QUANTIZE, &[c, ci]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("2 weights as int8 (fc1.weight, fc2.weight)"),
+        "{out}"
+    );
+    let (code, out, err) = run(
+        INFER,
+        &[
+            "--checkpoint",
+            ci,
+            "--model",
+            "cnn",
+            "--latency-images",
+            "2",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("test accuracy") && out.contains("int8 products on"),
+        "{out}"
     );
     assert_refused(
         INFER,
@@ -114,8 +153,8 @@ fn kiln_quantize_writes_a_quarter_and_refuses_nonsense_in_one_line() {
 }
 
 #[test]
-fn layers_that_do_not_chain_are_refused_by_name() {
-    let dir = scratch("chain");
+fn tensors_of_other_shapes_are_refused_by_name() {
+    let dir = scratch("shapes");
     let t = |dims: &[usize]| {
         RawTensor::<Cpu>::from_vec(vec![0.5f32; dims.iter().product()], dims, &CpuDevice).unwrap()
     };
@@ -134,13 +173,10 @@ fn layers_that_do_not_chain_are_refused_by_name() {
     );
     write_tensors(&f32_file, &refs).unwrap();
     quantize_int8(&f32_file, &int8_file).unwrap();
-    let e = MlpInt8::load(&int8_file)
+    let e = load_new::<Cpu, MlpInt8<Cpu>>(&int8_file, &CpuDevice, false)
         .err()
-        .expect("fc2 does not chain")
+        .expect("fc2 is not the model's")
         .to_string();
-    assert!(
-        e.contains("`fc2` is [1024, 512] with 1024 biases, after 1024 outputs"),
-        "{e}"
-    );
+    assert!(e.contains("fc2.weight") && e.contains("[1024, 512]"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }

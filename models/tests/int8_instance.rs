@@ -1,21 +1,19 @@
 //! `#[model(precision = int8)]`: an int8 instance holds the int8 form of each linear
 //! layer and embedding (`LinearInt8`, `EmbeddingInt8`) and runs their products as
 //! `matmul_int8`; it loads what `kiln-quantize` writes from the f32 model's
-//! checkpoint, gives the hand-written int8 MLP's logits bit for bit, the f32 model's
-//! to within the quantisation, the same values planned and op by op, and refuses an
-//! f32 checkpoint by name.
+//! checkpoint, gives the logits of the CPU's int8 products chained by hand bit for bit,
+//! the f32 model's to within the quantisation, the same values planned and op by op,
+//! refuses an f32 checkpoint by name, and refuses to train.
 
+use kiln::cpu::quant::{linear, Activation};
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
-use kiln::train::checkpoint::{int8::quantize_int8, load, save};
+use kiln::train::checkpoint::int8::{quantize_int8, read_int8};
+use kiln::train::checkpoint::{load, save};
+use kiln::train::learner::Supervised;
 use kiln_models::gpt::Gpt;
-use kiln_models::mlp::Mlp;
-use kiln_models::mlp_int8::MlpInt8 as HandWrittenMlpInt8;
+use kiln_models::mlp::{Mlp, MlpInt8};
 use std::path::{Path, PathBuf};
-
-/// W1's MLP with int8 weights.
-#[model(precision = int8)]
-type MlpInt8 = Mlp;
 
 #[model]
 type TinyGpt = Gpt<16, 2, 2, 32>;
@@ -44,7 +42,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[test]
-fn the_int8_mlp_is_the_hand_written_one_bit_for_bit_planned_and_op_by_op() {
+fn the_int8_mlp_is_the_int8_products_chained_bit_for_bit_planned_and_op_by_op() {
     let dir = scratch("mlp");
     let f32_model = Mlp::<Cpu>::init(&CpuDevice, 3).unwrap();
     let file = quantized(&f32_model, &dir);
@@ -55,14 +53,55 @@ fn the_int8_mlp_is_the_hand_written_one_bit_for_bit_planned_and_op_by_op() {
     int8.set_fused(false);
     let op_by_op = int8.forward(&x).unwrap().to_vec().unwrap();
     assert_eq!(planned, op_by_op);
-    let hand = HandWrittenMlpInt8::load(&file).unwrap();
-    assert_eq!(planned, hand.logits(&x.to_vec().unwrap(), 16).unwrap());
+    // The same products, bias and ReLUs chained by hand on the checkpoint's matrices.
+    let c = read_int8(&file).unwrap();
+    let mut h: Vec<f32> = x.to_vec().unwrap();
+    for (i, layer) in ["fc1", "fc2", "fc3"].iter().enumerate() {
+        let w = c.weight(&format!("{layer}.weight")).unwrap();
+        let b = c.values(&format!("{layer}.bias")).unwrap();
+        let act = if i < 2 {
+            Activation::Relu
+        } else {
+            Activation::None
+        };
+        let mut y = vec![0.0; 16 * w.rows()];
+        linear(&h, 16, w, Some(b), act, &mut y).unwrap();
+        h = y;
+    }
+    assert_eq!(planned, h);
     let want = f32_model.forward(&x).unwrap().to_vec().unwrap();
     let spread = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     assert!(max_diff(&planned, &want) <= 0.02 * spread);
     // Its layers hold int8 weights and nothing it holds trains.
-    assert_eq!(int8.fc1.weight.raw().dtype(), DType::I8);
+    let mut held = Vec::new();
+    int8.visit_buffers("", &mut |s| {
+        held.push((s.name.to_string(), s.value.dtype()))
+    });
+    assert_eq!(
+        held[..3],
+        [
+            ("fc1.weight".to_string(), DType::I8),
+            ("fc1.bias".to_string(), DType::F32),
+            ("fc1.weight_scale".to_string(), DType::F32),
+        ]
+    );
     assert_eq!(int8.num_params(), 0);
+    let labels = Tensor::<Cpu, Rank1<16>, i32>::from_vec(vec![3; 16], &[16], &CpuDevice).unwrap();
+    let loss = int8
+        .eval_loss(x.raw(), labels.raw())
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert!(loss[0].is_finite());
+    let e = int8
+        .loss_and_grads(x.raw(), labels.raw())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("`MlpInt8` is an int8 instance, for inference"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -239,6 +239,7 @@ fn nccl_dtype(op: &'static str, dtype: DType) -> Result<ncsys::ncclDataType_t> {
         DType::U32 => T::ncclUint32,
         DType::Bool if device_size(DType::Bool) == 4 => T::ncclUint32,
         DType::Bool => T::ncclUint8,
+        DType::I8 => T::ncclInt8,
     })
     .and_then(|t| match op {
         "all_reduce_mean" if !dtype.is_float() => Err(Error::dtype(

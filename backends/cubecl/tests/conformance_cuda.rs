@@ -11,4 +11,4 @@ fn device() -> CudaDevice {
     CudaDevice::first().unwrap_or_else(|e| panic!("no CUDA device for the conformance suite: {e}"))
 }
 
-kiln_tensor::conformance_tests!(Cuda, device(), Config::all().without_int8());
+kiln_tensor::conformance_tests!(Cuda, device(), Config::all());

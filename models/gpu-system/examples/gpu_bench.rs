@@ -834,7 +834,7 @@ fn run<B: Backend>(
                 let config = if name == "wgpu" {
                     Config::vulkan()
                 } else {
-                    Config::all().without_int8()
+                    Config::all()
                 };
                 conformance::<B>(dev, name, &config)
             }

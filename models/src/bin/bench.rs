@@ -36,7 +36,7 @@ struct Args {
     /// W3's configurations (comma-separated): small, small-bf16, small-f16, w3, w3-bf16, w3-f16 (the bf16 lines on the CPU name the kernel their products ran on).
     #[arg(long, default_value = "small")]
     w3_configs: String,
-    /// W1 variants to run (comma-separated): static, static-unfused, dynamic, infer, infer-int8 (batch-1 inference of the MLP's int8 checkpoint, `kiln-quantize`'s, on the CPU's int8 products; the line names the kernel).
+    /// W1 variants to run (comma-separated): static, static-unfused, dynamic, infer, infer-int8 (batch-1 inference of the MLP's int8 checkpoint, `kiln-quantize`'s, through its int8 instance; on the CPU the line names the int8 kernel).
     #[arg(long, default_value = "static,static-unfused,dynamic,infer")]
     variants: String,
     /// Timed repetitions per figure (the median is printed).
@@ -240,9 +240,10 @@ fn w1_batch<Be: Backend, const B: usize>(
 }
 
 /// Batch-1 inference of the MLP (seed 1, as the f32 figure's) from its int8 checkpoint
-/// on the CPU's int8 products, the logits in host memory.
-fn w1_int8(reps: usize) -> Result<()> {
-    use kiln::train::checkpoint::{int8::quantize_int8, save};
+/// (`kiln-quantize`'s), through its int8 instance, the logits in host memory; on the
+/// CPU the line names the int8 kernel.
+fn w1_int8<Be: Backend>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
+    use kiln::train::checkpoint::{int8::quantize_int8, load_new, save};
     let dir = std::env::temp_dir().join(format!("kiln-bench-int8-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let (f32_file, int8_file) = (
@@ -250,15 +251,18 @@ fn w1_int8(reps: usize) -> Result<()> {
         dir.join("mlp-int8.safetensors"),
     );
     save(&Mlp::<Cpu>::init(&CpuDevice, 1)?, &f32_file)?;
-    quantize_int8(&f32_file, &int8_file)?;
-    let model = kiln_models::mlp_int8::MlpInt8::load(&int8_file);
+    let model = quantize_int8(&f32_file, &int8_file)
+        .and_then(|_| load_new::<Be, kiln_models::mlp::MlpInt8<Be>>(&int8_file, dev, false));
     std::fs::remove_dir_all(&dir).ok();
     let model = model?;
-    let x = Tensor::<Cpu, Rank2<1, 784>>::normal(0.0, 1.0, 6, &CpuDevice)?.to_vec()?;
-    let ms = time_ms::<Cpu>(&CpuDevice, reps * 20, || model.logits(&x, 1).map(|_| ()))?;
-    let kernel = kiln::cpu::quant::Int8Kernel::detect().name();
+    let x = Tensor::<Be, Rank2<1, 784>>::normal(0.0, 1.0, 6, dev)?;
+    let ms = time_ms::<Be>(dev, reps * 20, || model.forward(&x)?.to_vec().map(|_| ()))?;
+    let kernel = match name {
+        "cpu" => format!(" kernel={}", kiln::cpu::quant::Int8Kernel::detect().name()),
+        _ => String::new(),
+    };
     println!(
-        "bench=W1 impl=kiln backend=cpu variant=int8 task=infer-int8 batch=1 kernel={kernel} ms={ms:.4}"
+        "bench=W1 impl=kiln backend={name} variant=int8 task=infer-int8 batch=1{kernel} ms={ms:.4}"
     );
     Ok(())
 }
@@ -266,13 +270,7 @@ fn w1_int8(reps: usize) -> Result<()> {
 fn w1<Be: Backend>(dev: &Be::Device, name: &str, reps: usize, variants: &[&str]) -> Result<()> {
     w1_batch::<Be, 256>(dev, name, reps, variants)?;
     if variants.contains(&"infer-int8") {
-        if name != "cpu" {
-            return Err(kiln::Error::invalid(
-                "kiln-bench",
-                "infer-int8 runs on the CPU so far (--device cpu)",
-            ));
-        }
-        w1_int8(reps)?;
+        w1_int8::<Be>(dev, name, reps)?;
     }
     if !variants.contains(&"infer") {
         return Ok(());

@@ -1,18 +1,18 @@
-//! `kiln-infer`: loads a checkpoint written by `kiln-train`, reports test accuracy and
-//! the latency of classifying one image at a time, on the CPU or a GPU (`--device`).
+//! `kiln-infer`: loads a checkpoint written by `kiln-train` (or its int8 form,
+//! `kiln-quantize`'s, into the model's int8 instance), reports test accuracy and the
+//! latency of classifying one image at a time, on the CPU or a GPU (`--device`).
 
 use clap::Parser;
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use kiln::device::DeviceChoice;
 use kiln::device::{run_on, OnDevice};
 use kiln::prelude::*;
 use kiln_models::classify::{accuracy, images, Classifier};
 use kiln_models::cli::{ClassifierCheckpoint, ClassifierKind};
 use kiln_models::data::{Split, SplitName};
-use kiln_models::mlp_int8::MlpInt8;
-use kiln_models::{lenet::LeNet, mlp::Mlp};
+use kiln_models::lenet::{LeNet, LeNetInt8};
+use kiln_models::mlp::{Mlp, MlpInt8};
 use std::time::Instant;
 
 /// Evaluate an image classifier's checkpoint on its data set's test split: accuracy
@@ -31,17 +31,30 @@ struct Args {
     data: kiln_models::cli::DataArg,
 }
 
-/// The evaluation, on whichever backend `--device` opens.
-struct Infer<'a>(&'a Args);
+/// The evaluation, on whichever backend `--device` opens; `int8`: the checkpoint is
+/// `kiln-quantize`'s, which the model's int8 instance holds.
+struct Infer<'a> {
+    args: &'a Args,
+    int8: bool,
+}
 
 impl OnDevice for Infer<'_> {
     type Output = ();
 
     fn run<Be: Backend>(self, dev: &Be::Device, name: &str) -> Result<()> {
         println!("device: {name}");
-        match self.0.classifier.model {
-            ClassifierKind::Mlp => run::<Be, Mlp<Be>>(self.0, dev),
-            ClassifierKind::Cnn => run::<Be, LeNet<Be>>(self.0, dev),
+        if self.int8 && Be::NAME == "cpu" {
+            println!(
+                "int8 products on {}",
+                kiln::cpu::quant::Int8Kernel::detect().name()
+            );
+        }
+        let args = self.args;
+        match (args.classifier.model, self.int8) {
+            (ClassifierKind::Mlp, false) => run::<Be, Mlp<Be>>(args, dev),
+            (ClassifierKind::Cnn, false) => run::<Be, LeNet<Be>>(args, dev),
+            (ClassifierKind::Mlp, true) => run::<Be, MlpInt8<Be>>(args, dev),
+            (ClassifierKind::Cnn, true) => run::<Be, LeNetInt8<Be>>(args, dev),
         }
     }
 }
@@ -88,83 +101,12 @@ fn run<Be: Backend, M: Classifier<Be>>(args: &Args, dev: &Be::Device) -> Result<
     Ok(())
 }
 
-/// An int8 checkpoint (`kiln-quantize`): the MLP's int8 products on the CPU.
-fn run_int8(args: &Args) -> Result<()> {
-    let classifier = &args.classifier;
-    if classifier.model != ClassifierKind::Mlp || args.device.device != DeviceChoice::Cpu {
-        return Err(kiln::Error::invalid(
-            "kiln-infer",
-            "int8 checkpoints run the MLP on the CPU so far (--model mlp --device cpu)",
-        ));
-    }
-    classifier.check_recorded()?;
-    let path = classifier.path();
-    let model = MlpInt8::load(&path)?;
-    println!(
-        "device: cpu, int8 products on {}",
-        kiln::cpu::quant::Int8Kernel::detect().name()
-    );
-    let test = Split::load(
-        &args.data.dir()?.join(classifier.dataset.folder()),
-        SplitName::Test,
-        classifier.dataset.norm(),
-    )?;
-    if test.is_empty() {
-        return Err(kiln::Error::invalid(
-            "accuracy",
-            "the split holds no examples: an accuracy over none is undefined",
-        ));
-    }
-    let predict = |from: usize, n: usize| -> Result<Vec<i32>> {
-        let px = &test.images[from * test.pixels..(from + n) * test.pixels];
-        let logits = model.logits(px, n)?;
-        Ok(logits
-            .chunks(10)
-            .map(|r| (0..10).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap_or(0) as i32)
-            .collect())
-    };
-    let mut correct = 0;
-    for from in (0..test.len()).step_by(1000) {
-        let n = 1000.min(test.len() - from);
-        let p = predict(from, n)?;
-        correct += p
-            .iter()
-            .zip(&test.labels[from..from + n])
-            .filter(|(a, b)| a == b)
-            .count();
-    }
-    println!(
-        "{}: test accuracy {:.2}% on {} images",
-        path.display(),
-        100.0 * correct as f64 / test.len().max(1) as f64,
-        test.len()
-    );
-    let n = args.latency_images.min(test.len());
-    let mut times = Vec::with_capacity(n);
-    for i in 0..n {
-        let start = Instant::now();
-        std::hint::black_box(predict(i, 1)?);
-        times.push(start.elapsed().as_secs_f64() * 1e6);
-    }
-    times.sort_by(f64::total_cmp);
-    if n > 0 {
-        println!(
-            "latency per image (batch 1, {n} images): median {:.1} µs, p90 {:.1} µs",
-            times[n / 2],
-            times[n * 9 / 10]
-        );
-    }
-    Ok(())
-}
-
 fn main() {
     let args = Args::parse();
-    let int8 = kiln::train::checkpoint::int8::quantization(&args.classifier.path());
-    let r = match int8 {
-        Ok(Some(_)) => run_int8(&args),
-        // An unreadable file is reported by the f32 path's load, as before.
-        _ => run_on(args.device.device, Infer(&args)),
-    };
+    // An unreadable file is reported by the load, as any other.
+    let int8 = kiln::train::checkpoint::int8::quantization(&args.classifier.path())
+        .is_ok_and(|q| q.is_some());
+    let r = run_on(args.device.device, Infer { args: &args, int8 });
     if let Err(e) = r {
         eprintln!("error: {e}");
         std::process::exit(1);

@@ -149,11 +149,7 @@ impl KilnRuntime for CudaRuntime {
                 name: format!("{name} (CUDA device {ordinal})"),
                 // CubeCL's CUDA memory pages are a quarter of the device memory.
                 max_buffer_bytes: total as u64 / 4,
-                // Int8 weights have no CUDA product yet: i8 is refused on upload.
-                dtypes: DType::ALL
-                    .into_iter()
-                    .filter(|d| !d.is_storage_only())
-                    .collect(),
+                dtypes: DType::ALL.to_vec(),
                 cpu_adapter: false,
                 // Kiln's own limit refuses an allocation before the driver would fail
                 // it (deep inside CubeCL's deferred allocation); the tenth left over

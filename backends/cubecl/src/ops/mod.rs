@@ -46,12 +46,7 @@ pub fn execute<R: KilnRuntime>(
             ..
         } => pad(dev, inputs[0], *axis, *before, *value, out),
         Op::MatMul => product(device, inputs[0], inputs[1], out),
-        // No CubeCL device holds i8 yet (`check_dtype` above refuses the weight).
-        Op::MatMulInt8 => Err(Error::Unsupported {
-            op: op.name().to_string(),
-            backend: R::NAME,
-            dtype: DType::I8,
-        }),
+        Op::MatMulInt8 => matmul::matmul_int8(dev, inputs[0], inputs[1], inputs[2]),
         Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. } => {
             attention::attention(device, op, inputs, out)
         }

@@ -1,4 +1,4 @@
-// `kiln::embed!` takes two options, `foreign` and `int8`: anything else is refused by name.
+// `kiln::embed!` takes one option, `foreign`: anything else is refused by name.
 
 use kiln::prelude::*;
 

@@ -1,5 +1,6 @@
-// `kiln::embed!(.., int8)` checks the file against the model's weights as int8 with
-// per-row scales: an f32 checkpoint is not one, and says so tensor by tensor.
+// `kiln::embed!` into an int8 instance checks the file against the int8 weights and
+// per-row scales the instance holds: an f32 checkpoint is not one, and says so tensor
+// by tensor.
 
 use kiln::prelude::*;
 
@@ -15,6 +16,9 @@ impl Tiny {
     }
 }
 
+#[model(precision = int8)]
+type TinyInt8 = Tiny;
+
 fn main() {
-    let _weights = kiln::embed!(Tiny, "../fixtures/tiny.safetensors", int8);
+    let _weights = kiln::embed!(TinyInt8, "../fixtures/tiny.safetensors");
 }
