@@ -11,6 +11,10 @@ every epoch) as `kiln-train --model gpt`.
 
   python3 scripts/gpt_torch.py train --config small --batch-size 32 --epochs 20 --lr 0.003
   python3 scripts/gpt_torch.py bench --config small --batch-size 32 --reps 5
+  python3 scripts/gpt_torch.py latency --config w3 --device cuda --reps 50
+
+`latency` times one full-context window's logits at batch 1 in evaluation mode, read
+back to the host (the example `gpt_int8`'s figure).
 
 Only the initial weights differ (PyTorch's default initialisation).
 """
@@ -273,9 +277,31 @@ def step_ms(config, batch, reps, seed=0, device="cpu", precision="f32", compile=
     return ts[len(ts) // 2]
 
 
+def logits_ms(config, reps, device="cpu", precision="f32", tokens=0):
+    """Median milliseconds of one window's next-byte logits (batch 1, `tokens` bytes or
+    the whole context, evaluation mode, no gradients), read back to the host."""
+    torch.manual_seed(0)
+    d, h, l, ctx = CONFIGS[config]
+    model = Gpt(d, h, l, ctx).to(device).eval()
+    t = tokens or ctx
+    ids = (torch.arange(t) * 31 % 256).reshape(1, t).to(device)
+    autocast, _ = mixed(device, precision)
+    def run():
+        with torch.no_grad(), autocast:
+            return model(ids).float().cpu()
+    run()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        run()
+        ts.append((time.perf_counter() - t) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["train", "bench"])
+    p.add_argument("mode", choices=["train", "bench", "latency"])
     p.add_argument("--config", choices=sorted(CONFIGS), default="small")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--epochs", type=int, default=1)
@@ -290,6 +316,8 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", choices=["f32", "bf16", "f16"], default="f32")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--tokens", type=int, default=0,
+                   help="latency: bytes in the window (0: the whole context)")
     p.add_argument("--ddp", action="store_true",
                    help="bench: one rank of DistributedDataParallel over NCCL (under torchrun, or a world of 1)")
     p.add_argument("--target", type=float, default=0.0,
@@ -298,6 +326,10 @@ def main():
     torch.set_num_threads(a.threads)
     if a.mode == "train":
         train(a)
+    elif a.mode == "latency":
+        ms = logits_ms(a.config, a.reps, device=a.device, precision=a.precision, tokens=a.tokens)
+        t = a.tokens or CONFIGS[a.config][3]
+        print(f"gpt={a.config} impl=torch precision={a.precision} task=logits batch=1 tokens={t} ms={ms:.4f}")
     else:
         ms = step_ms(a.config, a.batch_size, a.reps, device=a.device, precision=a.precision,
                      compile=a.compile, ddp=a.ddp)

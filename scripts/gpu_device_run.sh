@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|int8|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -371,6 +371,24 @@ case $W in
     run 60 $B/gpu_bench --backend cuda --workloads launch,w1,w2,products --reps 20
     run 60 $B/gpu_bench --backend wgpu --workloads launch,w1 --reps 20
     run 60 python3 $B/bench_gpu.py --reps 20 ;;
+  int8)
+    # Int8 weights on CUDA (issue 36): the conformance families int8 touches (matmul_int8
+    # against the exact product, products, gathers, casts, embeddings, refusals;
+    # conformance_test.xz), the int8 GPT beside the f32 one (gpt_int8.xz, `cargo build
+    # -p kiln-models --features cuda --example gpt_int8`: the held-out loss of the small
+    # GPT's seeded weights, which the CPU's run gives too, and batch-1 logits latency of
+    # the small and W3 configurations), W1's batch-1 inference in f32 and int8 (kiln-bench.xz,
+    # `--features cuda --bin kiln-bench`), and PyTorch's GPT logits (f32, bf16) in the
+    # same call.
+    run 300 $B/conformance_test --test-threads 1 matmul gather cast embedding bad_shapes 2>&1 | tail -40
+    run 240 $B/gpt_int8 --device cuda --data models/data --reps 50
+    run 120 $B/kiln-bench --device cuda --workloads w1 --variants infer,infer-int8 --reps 50
+    for c in small w3; do
+      for p in f32 bf16; do
+        run 120 python3 scripts/gpt_torch.py latency --config $c --device cuda --precision $p --reps 50
+      done
+    done
+    run 120 python3 scripts/gpt_torch.py latency --config w3 --tokens 1 --device cuda --reps 50 ;;
   products)
     # wgpu's products split over K with the next step's tiles loaded during the current
     # one's arithmetic, and waits that poll before blocking (issue 32): each product of

@@ -1,6 +1,6 @@
 //! Device buffers: [`CubeStorage`] (a CubeCL handle with its dtype and length), how each
-//! dtype is laid out on the device (bool as u32 0/1, the rest native), and the
-//! host <-> device conversions.
+//! dtype is laid out on the device (bool as u32 0/1, i8 as bytes that kernels read four
+//! to a u32 word, the rest native), and the host <-> device conversions.
 
 use crate::device::{server_error, DeviceState, KilnRuntime};
 use cubecl::server::Handle;
@@ -64,6 +64,16 @@ pub fn device_size(dtype: DType) -> usize {
     }
 }
 
+/// The bytes a buffer of `len` elements of `dtype` takes on the device: i8 buffers are
+/// whole u32 words (kernels read them a word at a time: WGSL has no 8-bit type, and
+/// CubeCL's CUDA kernels are not trusted with one).
+pub fn device_bytes(dtype: DType, len: usize) -> usize {
+    match dtype {
+        DType::I8 => len.div_ceil(4) * 4,
+        d => len * device_size(d),
+    }
+}
+
 /// Runs `$body` with `$T` bound to the device element type of a dtype.
 macro_rules! with_device_type {
     ($dtype:expr, $T:ident => $body:expr) => {
@@ -92,10 +102,8 @@ macro_rules! with_device_type {
                 type $T = u32;
                 $body
             }
-            kiln_tensor::DType::I8 => {
-                type $T = i8;
-                $body
-            }
+            // Generic kernels never see i8: `ops::int8` routes its buffers.
+            kiln_tensor::DType::I8 => unreachable!("i8 buffers reach only ops::int8's kernels"),
         }
     };
 }
@@ -221,7 +229,7 @@ impl<R: KilnRuntime> DeviceState<R> {
         len: usize,
     ) -> Result<CubeStorage<R>> {
         self.check_dtype(op, dtype)?;
-        let bytes = (len * device_size(dtype)) as u64;
+        let bytes = device_bytes(dtype, len) as u64;
         self.check_size(op, bytes)?;
         if len > u32::MAX as usize {
             return Err(Error::invalid(
@@ -241,6 +249,7 @@ impl<R: KilnRuntime> DeviceState<R> {
         self.check_dtype("upload", dtype)?;
         self.refuse_in_capture("copying host values to the device")?;
         let mut bytes = host_to_bytes(data);
+        bytes.resize(device_bytes(dtype, data.len()), 0);
         self.check_size("upload", bytes.len() as u64)?;
         self.check_memory(bytes.len() as u64)?;
         if bytes.is_empty() {

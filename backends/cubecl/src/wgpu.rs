@@ -129,7 +129,8 @@ impl KilnRuntime for WgpuRuntime {
         // f16 where the adapter computes and stores it (NVIDIA, AMD, Intel and Apple
         // GPUs; lavapipe since Mesa 23): the half floats compute in f32 and round once,
         // as on the CPU. WGSL has no bf16.
-        let mut dtypes = vec![DType::F32, DType::I32, DType::U32, DType::Bool];
+        // i8 as bytes read four to a word (int8 weights): WGSL has no 8-bit type.
+        let mut dtypes = vec![DType::F32, DType::I32, DType::U32, DType::Bool, DType::I8];
         if setup.device.features().contains(wgpu::Features::SHADER_F16) {
             dtypes.push(DType::F16);
         }

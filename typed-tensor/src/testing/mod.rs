@@ -42,11 +42,9 @@ use crate::op::UnaryOp;
 /// What a backend runs the suite with.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    /// The dtypes the backend computes with; cases use only these.
+    /// The dtypes the backend computes with; cases use only these (every backend holds
+    /// int8 weights for `matmul_int8` besides).
     pub dtypes: Vec<DType>,
-    /// Whether the backend holds i8 weights and runs `matmul_int8` on them; where it
-    /// does not, the suite checks that it refuses them with one clear error.
-    pub int8: bool,
     /// Overrides every property's own case count when set.
     pub cases: Option<u32>,
     /// Tolerances that replace a unary op's own on this backend, where the device's
@@ -62,14 +60,13 @@ impl Config {
                 .into_iter()
                 .filter(|d| !d.is_storage_only())
                 .collect(),
-            int8: true,
             cases: None,
             unary_tolerances: Vec::new(),
         }
     }
 
     /// What a backend on Vulkan (wgpu) is held to: the dtypes its compute shaders
-    /// hold (f32, i32, u32, bool), and `sin` and `cos` to the absolute error Vulkan
+    /// hold (f32, i32, u32, bool; int8 weights besides), and `sin` and `cos` to the absolute error Vulkan
     /// allows their SPIR-V instructions (2^-11, DESIGN.md): drivers may compute them
     /// with the GPU's fast approximations (NVIDIA's missed the f32 tolerance by a few
     /// ulps at arguments near ±100).
@@ -84,7 +81,6 @@ impl Config {
             .without(DType::BF16)
             .with_unary_tolerance(UnaryOp::Sin, trig)
             .with_unary_tolerance(UnaryOp::Cos, trig)
-            .without_int8()
     }
 
     /// The same with `op` held to `tol` instead of its own tolerance.
@@ -100,12 +96,6 @@ impl Config {
             .iter()
             .find(|(u, _)| *u == op)
             .map(|(_, t)| *t)
-    }
-
-    /// The same without int8 weights and products (refused instead).
-    pub fn without_int8(mut self) -> Self {
-        self.int8 = false;
-        self
     }
 
     /// The same without `dtype`.

@@ -252,31 +252,3 @@ pub fn matmul_direct<F: Float, A: Float>(
         }
     }
 }
-
-/// `out[r, c] = scale[c] · Σ_k x[r, k] · w[c, k]`: the int8 product
-/// (`Op::MatMulInt8`) with its weight dequantised in registers, `rows × cols` outputs of
-/// contiguous `x [rows, depth]` (f32), `w [cols, depth]` (`W`, i8 where the device holds
-/// it) and `scale [cols]`. One unit per output, accumulating in f32 in the order of K;
-/// neighbouring units take neighbouring columns, each walking its own row of `w`
-/// (read once per row of `x`, from the cache after the first).
-#[cube(launch_unchecked)]
-pub fn matmul_int8<W: Numeric>(
-    x: &Array<f32>,
-    w: &Array<W>,
-    scale: &Array<f32>,
-    out: &mut Array<f32>,
-    rows: u32,
-    cols: u32,
-    depth: u32,
-) {
-    let pos = crate::kernels::common::linear_pos();
-    if pos < rows * cols {
-        let (r, c) = (pos / cols, pos % cols);
-        let (x_at, w_at) = (r * depth, c * depth);
-        let mut acc = 0.0f32;
-        for k in 0..depth {
-            acc += x[(x_at + k) as usize] * f32::cast_from(w[(w_at + k) as usize]);
-        }
-        out[pos as usize] = acc * scale[c as usize];
-    }
-}

@@ -10,6 +10,7 @@ pub mod common;
 pub mod elementwise;
 pub mod fused;
 pub mod index;
+pub mod int8;
 pub mod matmul;
 pub mod random;
 pub mod reduce;

@@ -4,7 +4,7 @@
 use super::elementwise::arg;
 use crate::device::{DeviceState, KilnRuntime};
 use crate::kernels::matmul as k;
-use crate::storage::{with_device_type, with_float_type, CubeStorage};
+use crate::storage::{with_float_type, CubeStorage};
 use crate::strided::{coalesce, word, Operand, MAX_GRID};
 use crate::CubeBackend;
 use cubecl::prelude::*;
@@ -325,110 +325,6 @@ mod tests {
         assert!(!is_broadcast_row(&column, &[4, 8]));
         let batched = Layout::from_parts(d(&[2, 4, 8])?, &[0, 0, 1], 0);
         assert!(is_broadcast_row(&batched, &[2, 4, 8]));
-        Ok(())
-    }
-}
-
-/// `Op::MatMulInt8`: `x [.., K]` (f32) by the int8 weight `w [N, K]` scaled per row by
-/// `scale [N]`, each operand made contiguous first where it is a view.
-pub fn matmul_int8<R: KilnRuntime>(
-    dev: &Arc<DeviceState<R>>,
-    x: V<'_, R>,
-    w: V<'_, R>,
-    scale: V<'_, R>,
-) -> Result<CubeStorage<R>> {
-    let plain = |v: &V<'_, R>| v.layout.offset() == 0 && v.layout.is_contiguous();
-    let copy = |v: V<'_, R>| match plain(&v) {
-        true => Ok(None),
-        false => super::contiguous(dev, v).map(Some),
-    };
-    let (cx, cw, cs) = (copy(x)?, copy(w)?, copy(scale)?);
-    let (n, kdim) = (w.layout.dims()[0], w.layout.dims()[1]);
-    let xd = x.layout.dims();
-    let m: usize = xd[..xd.rank() - 1].iter().product();
-    let result = dev.alloc("matmul_int8", DType::F32, m * n)?;
-    if m * n == 0 {
-        return Ok(result);
-    }
-    let (count, dim) = crate::strided::grid(m * n, crate::strided::BLOCK);
-    let (xs, ws, ss) = (
-        cx.as_ref().unwrap_or(x.storage),
-        cw.as_ref().unwrap_or(w.storage),
-        cs.as_ref().unwrap_or(scale.storage),
-    );
-    let (rows, cols, depth) = (word(m)?, word(n)?, word(kdim)?);
-    word(m * n)?;
-    let c = &dev.client;
-    with_device_type!(w.storage.dtype, W => unsafe {
-        k::matmul_int8::launch_unchecked::<W, R>(c, count, dim, arg(xs), arg(ws), arg(ss), arg(&result), rows, cols, depth)
-    });
-    Ok(result)
-}
-
-/// The int8 product's kernel on lavapipe, which holds no i8: the same kernel over a
-/// weight widened to i32 (`W` is the only difference from the i8 one CUDA runs),
-/// against an f64 reference, with views that need copies first.
-#[cfg(all(test, feature = "wgpu"))]
-mod int8_tests {
-    use super::*;
-    use kiln_tensor::{Dims, HostData, Layout, RawTensor};
-
-    type Wg = crate::Wgpu;
-
-    fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                scale * (2.0 * ((s >> 40) as f32 / (1u64 << 24) as f32) - 1.0)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_dequantising_kernel_is_the_exact_product() -> Result<()> {
-        let device = crate::WgpuDevice::first()?;
-        for (m, n, k) in [(1, 70, 300), (3, 10, 1), (5, 33, 64), (2, 4, 0), (0, 3, 5)] {
-            let xv = values(m * k, 1, 3.0);
-            let wv: Vec<i32> = values(n * k, 2, 127.0)
-                .iter()
-                .map(|v| v.round() as i32)
-                .collect();
-            let sv = values(n, 3, 0.01);
-            let x = RawTensor::<Wg>::from_vec(xv.clone(), &[m, k], &device)?;
-            // The weight stored transposed, so the kernel reads a copy.
-            let w = RawTensor::<Wg>::from_host(HostData::I32(wv.clone()), &[k, n], &device)?;
-            let mut wl = w.view();
-            wl.layout = w.layout().permute(&[1, 0])?;
-            let s = RawTensor::<Wg>::from_vec(sv.clone(), &[n], &device)?;
-            let out = matmul_int8(&device.state, x.view(), wl, s.view())?;
-            let got = <Wg as kiln_tensor::Backend>::download(
-                &out,
-                &Layout::contiguous(Dims::new(&[m * n])?),
-            )?
-            .to_f64_vec();
-            for r in 0..m {
-                for c in 0..n {
-                    let exact: f64 = (0..k)
-                        .map(|j| xv[r * k + j] as f64 * wv[j * n + c] as f64)
-                        .sum::<f64>()
-                        * sv[c] as f64;
-                    let bound: f64 = (0..k)
-                        .map(|j| (xv[r * k + j] as f64 * wv[j * n + c] as f64).abs())
-                        .sum::<f64>()
-                        * (sv[c] as f64).abs()
-                        * 1e-5
-                        + 1e-6;
-                    let g = got[r * n + c];
-                    assert!(
-                        (g - exact).abs() <= bound,
-                        "[{r}, {c}] of {m}×{n}×{k}: {g} vs {exact}"
-                    );
-                }
-            }
-        }
         Ok(())
     }
 }

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod fused;
 pub mod index;
+pub mod int8;
 pub mod matmul;
 pub mod reduce;
 pub mod window;
@@ -17,7 +18,7 @@ use crate::CubeBackend;
 use kiln_tensor::{rng, DType, Error, HostData, Op, RandDist, Result, TensorMeta, View};
 use std::sync::Arc;
 
-type V<'a, R> = View<'a, CubeBackend<R>>;
+pub(crate) type V<'a, R> = View<'a, CubeBackend<R>>;
 
 /// Runs one primitive op (the `Backend::execute` contract).
 pub fn execute<R: KilnRuntime>(
@@ -30,6 +31,9 @@ pub fn execute<R: KilnRuntime>(
     let dims = &out.dims[..];
     for v in inputs {
         dev.check_dtype(op.name(), v.storage.dtype)?;
+    }
+    if *op != Op::MatMulInt8 && inputs.iter().any(|v| v.storage.dtype == DType::I8) {
+        return int8::execute_widened(device, op, inputs, out);
     }
     match op {
         Op::Unary(u) => elementwise::unary(dev, *u, inputs[0], dims),
@@ -46,7 +50,7 @@ pub fn execute<R: KilnRuntime>(
             ..
         } => pad(dev, inputs[0], *axis, *before, *value, out),
         Op::MatMul => product(device, inputs[0], inputs[1], out),
-        Op::MatMulInt8 => matmul::matmul_int8(dev, inputs[0], inputs[1], inputs[2]),
+        Op::MatMulInt8 => int8::matmul_int8(device, inputs[0], inputs[1], inputs[2]),
         Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. } => {
             attention::attention(device, op, inputs, out)
         }
@@ -133,6 +137,9 @@ pub fn contiguous<R: KilnRuntime>(
     dev: &Arc<DeviceState<R>>,
     x: V<'_, R>,
 ) -> Result<CubeStorage<R>> {
+    if x.storage.dtype == DType::I8 {
+        return int8::contiguous(dev, x);
+    }
     let dims = x.layout.dims().to_vec();
     let out = dev.alloc("contiguous", x.storage.dtype, x.layout.numel())?;
     elementwise::copy_into(dev, x.storage, &Operand::of(&x.layout), out, &dims)
