@@ -190,12 +190,12 @@ fn attention_case() -> impl Strategy<Value = (Vec<Case>, AttentionSpec)> {
         )
 }
 
+/// Attention built on a tape from its leaves (q, k, v).
+type BuildAttention<'a> = &'a dyn Fn(&mut Tape<Cpu>, &[Var<Cpu>]) -> Result<Var<Cpu>>;
+
 /// The output and the gradients of q, k and v (of `Σ out·c` for a fixed cotangent `c`)
 /// of attention built by `build` on a tape, in f64.
-fn attention_values(
-    inputs: &[Case],
-    build: &dyn Fn(&mut Tape<Cpu>, &[Var<Cpu>]) -> Result<Var<Cpu>>,
-) -> Vec<Vec<f64>> {
+fn attention_values(inputs: &[Case], build: BuildAttention<'_>) -> Vec<Vec<f64>> {
     let mut tape = Tape::<Cpu>::new(CpuDevice);
     let leaves: Vec<Var<Cpu>> = inputs
         .iter()

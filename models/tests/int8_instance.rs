@@ -112,7 +112,7 @@ fn the_int8_gpt_follows_the_f32_one_planned_and_op_by_op() {
     let file = quantized(&f32_model, &dir);
     let mut int8 = TinyGptInt8::<Cpu>::init(&CpuDevice, 0).unwrap();
     load(&mut int8, &file).unwrap();
-    let ids: Vec<i32> = (0..2 * 32).map(|i| (i * 37 % 256) as i32).collect();
+    let ids: Vec<i32> = (0..2 * 32).map(|i| i * 37 % 256).collect();
     let ids = Tensor::<Cpu, Rank2<2, 32>, i32>::from_vec(ids, &[2, 32], &CpuDevice).unwrap();
     let planned = int8.logits(&ids).unwrap().to_vec().unwrap();
     int8.set_fused(false);

@@ -382,8 +382,8 @@ pub enum Op<D = usize> {
     /// output, as a linear layer holds it) scaled per row by `scale [N]` (f32) →
     /// `[.., N]` f32: `out[.., n] = Σ_k x[.., k] · w[n, k] · scale[n]`. Inference only
     /// (no gradient). Backends may round each row of `x` to int8 with a scale of its
-    /// own to keep the product in integers ([`matmul_int8_error_bound`] is how far
-    /// that may move a result).
+    /// own (its largest magnitude over 127) to keep the product in integers, which
+    /// moves `out[.., n]` by at most `max|x| / 254 · Σ_k |w[n, k] · scale[n]|`.
     MatMulInt8,
     /// Scaled dot-product attention with no `Tq×Tk` scores in memory
     /// ([`crate::attention`]): `q [.., Tq, E]`, `k [.., Tk, E]`, `v [.., Tk, Ev]` →

@@ -14,7 +14,7 @@ pub fn int8_at(words: &Array<u32>, i: u32) -> i32 {
     i32::cast_from(byte) - select(byte >= 128, 256i32, 0i32)
 }
 
-/// Units of a cube of [`matvec_int8`].
+/// Units of a cube of [`matvec_int8()`].
 pub const MATVEC_BLOCK: u32 = 64;
 
 /// `out[r, c] = scale[c] · Σ_k x[r, k] · w[c, k]`: the int8 product

@@ -200,16 +200,10 @@ mod tests {
 
     type Wg = crate::Wgpu;
 
-    fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                scale * (2.0 * ((s >> 40) as f32 / (1u64 << 24) as f32) - 1.0)
-            })
-            .collect()
+    /// `n` values in [-scale, scale) from the suite's seeded generator.
+    fn values(n: usize, seed: u64, scale: f32, device: &crate::WgpuDevice) -> Result<Vec<f32>> {
+        let t = kiln_tensor::testing::lcg_tensor::<Wg>(&[n], seed, device)?;
+        Ok(t.to_vec::<f32>()?.iter().map(|v| v * scale).collect())
     }
 
     #[test]
@@ -227,12 +221,12 @@ mod tests {
             (16, 9, 40),
             (37, 65, 130),
         ] {
-            let xv = values(m * k, 1, 3.0);
-            let wv: Vec<i8> = values(n * k, 2, 128.0)
+            let xv = values(m * k, 1, 3.0, &device)?;
+            let wv: Vec<i8> = values(n * k, 2, 128.0, &device)?
                 .iter()
                 .map(|v| v.round().clamp(-128.0, 127.0) as i8)
                 .collect();
-            let sv = values(n, 3, 0.01);
+            let sv = values(n, 3, 0.01, &device)?;
             let x = RawTensor::<Wg>::from_vec(xv.clone(), &[m, k], &device)?;
             // The weight stored transposed, so the product reads a copy.
             let w = RawTensor::<Wg>::from_host(HostData::I8(wv.clone()), &[k, n], &device)?;
