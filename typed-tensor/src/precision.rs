@@ -118,7 +118,7 @@ impl Precision {
     /// a checkpoint) as int8 with per-row scales: under [`Precision::Int8`], an f32
     /// matrix named `weight` or `*.weight` (a linear layer's `[out, in]`, an
     /// embedding's table). The one rule the layers, `kiln-quantize` and
-    /// `embed!(.., int8)` follow.
+    /// `embed!` into an int8 instance follow.
     pub fn quantizes(self, name: &str, dims: &[usize], dtype: DType) -> bool {
         self == Precision::Int8
             && (name == "weight" || name.ends_with(".weight"))

@@ -71,26 +71,6 @@ pub fn int8_quantizes(name: &str, dims: &[usize], dtype: Option<DType>) -> bool 
     dtype.is_some_and(|d| kiln_tensor::Precision::Int8.quantizes(name, dims, d))
 }
 
-/// The tensors the int8 checkpoint of a checkpoint of `entries` holds: each weight
-/// [`int8_quantizes`] as int8 of its dims and its `*_scale` (f32, one per row), the
-/// rest as they are.
-pub fn int8_entries(entries: &[TensorEntry]) -> Vec<TensorEntry> {
-    let mut out = Vec::with_capacity(entries.len());
-    for e in entries {
-        if int8_quantizes(&e.name, &e.dims, e.dtype) {
-            out.push(TensorEntry::new(&e.name, &e.dims, DType::I8));
-            out.push(TensorEntry::new(
-                &format!("{}{SCALE_SUFFIX}", e.name),
-                &e.dims[..1],
-                DType::F32,
-            ));
-        } else {
-            out.push(e.clone());
-        }
-    }
-    out
-}
-
 /// What keeps the tensors a file `held` from loading into a model that `wanted`
 /// them, one line each: a tensor missing, extra, or of other dims or dtype, and a name
 /// the model has twice. PyTorch's batch-norm counters beside a model's running
@@ -153,43 +133,4 @@ pub fn is_batch_norm_counter(t: &TensorEntry, model: &BTreeSet<&str>) -> bool {
         && model.contains(running_mean.as_str())
         && t.dtype_name == st_dtype_name(Dtype::I64)
         && t.dims.iter().product::<usize>() == 1
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_int8_checkpoint_holds_matrices_as_int8_with_scales_and_the_rest_as_is() {
-        let model = [
-            TensorEntry::new("fc.weight", &[3, 4], DType::F32),
-            TensorEntry::new("fc.bias", &[3], DType::F32),
-            TensorEntry::new("conv.weight", &[2, 1, 3, 3], DType::F32),
-            TensorEntry::new("half.weight", &[2, 2], DType::F16),
-        ];
-        let int8 = int8_entries(&model);
-        assert_eq!(int8[0].dtype_name, "i8");
-        assert_eq!(int8[0].dims, [3, 4]);
-        assert_eq!(
-            int8[1],
-            TensorEntry::new("fc.weight_scale", &[3], DType::F32)
-        );
-        assert_eq!(int8[2..], model[1..]);
-        // A file whose tensor is another dtype Kiln lacks does not pass for int8.
-        let held_i64 = TensorEntry {
-            dtype: None,
-            dtype_name: st_dtype_name(Dtype::I64),
-            ..int8[0].clone()
-        };
-        let mut held: Vec<TensorEntry> = int8.clone();
-        assert!(fit_problems(&int8, &held).is_empty());
-        held[0] = held_i64;
-        assert_eq!(
-            fit_problems(&int8, &held),
-            [format!(
-                "tensor `fc.weight`: the model has [3, 4] i8, the file has [3, 4] {}",
-                st_dtype_name(Dtype::I64)
-            )]
-        );
-    }
 }

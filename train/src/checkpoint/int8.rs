@@ -146,12 +146,6 @@ pub fn read_int8(path: &Path) -> Result<Int8Checkpoint> {
     read_from(&Reader::open(path)?, path)
 }
 
-/// [`read_int8`] of a file built into the program (`kiln::embed!(.., int8)`), named
-/// `name` in errors.
-pub fn read_int8_bytes(name: &str, bytes: &'static [u8]) -> Result<Int8Checkpoint> {
-    read_from(&Reader::from_bytes(name, bytes)?, Path::new(name))
-}
-
 fn read_from(file: &Reader, path: &Path) -> Result<Int8Checkpoint> {
     file.require(Checksums::Required)?;
     let bad = |why: String| Error::Format(format!("`{}`: {why}", path.display()));
