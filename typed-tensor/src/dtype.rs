@@ -21,8 +21,8 @@ pub enum DType {
     U32,
     /// Boolean (comparison results, masks).
     Bool,
-    /// 8-bit signed integer: quantised weights. A storage dtype: views, copies, casts
-    /// to floats and [`crate::Op::MatMulInt8`] take it, no arithmetic op does.
+    /// 8-bit signed integer: quantised weights. A storage dtype: views, copies, gathers,
+    /// casts to floats and [`crate::Op::MatMulInt8`] take it, no arithmetic op does.
     I8,
 }
 

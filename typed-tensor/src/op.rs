@@ -1288,7 +1288,7 @@ fn check_storage_only<D: SymDim>(op: &Op<D>, inputs: &[&TensorMeta<D>]) -> Resul
             return Err(Error::dtype(
                 op.name(),
                 format!(
-                    "does not accept {}: a storage dtype, which only views, casts to a float and matmul_int8's weight take",
+                    "does not accept {}: a storage dtype, which only views, gathers, casts to a float and matmul_int8's weight take",
                     x.dtype
                 ),
             ));
@@ -1420,6 +1420,51 @@ mod tests {
                 from.reseed_into(77, &mut out);
                 assert_eq!(out, from.with_seed(77), "{from:?} over {over:?}");
             }
+        }
+    }
+
+    #[test]
+    fn int8_is_stored_viewed_gathered_cast_and_multiplied_and_refused_elsewhere() {
+        let i8m = |d: &[usize]| TensorMeta::new(d.to_vec(), DType::I8);
+        let product = Op::<usize>::MatMulInt8
+            .infer(&[&m(&[2, 3, 4]), &i8m(&[5, 4]), &m(&[5])])
+            .unwrap();
+        assert_eq!(product, m(&[2, 3, 5]));
+        let e = Op::<usize>::MatMulInt8
+            .infer(&[&m(&[2, 4]), &i8m(&[5, 3]), &m(&[5])])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("x [.., K], weight [N, K] and scale [N]"), "{e}");
+        let e = Op::<usize>::MatMulInt8
+            .infer(&[&m(&[2, 4]), &m(&[5, 4]), &m(&[5])])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("its weight must be i8, not f32"), "{e}");
+        let cast = Op::<usize>::Cast { dtype: DType::F32 };
+        assert_eq!(cast.infer(&[&i8m(&[3])]).unwrap(), m(&[3]));
+        let index = TensorMeta::new(vec![2, 4], DType::I32);
+        let rows = Op::<usize>::Gather { axis: 0 }
+            .infer(&[&i8m(&[5, 4]), &index])
+            .unwrap();
+        assert_eq!(rows.dtype, DType::I8);
+        let add = Op::<usize>::Binary(BinaryOp::Add).infer(&[&i8m(&[3]), &i8m(&[3])]);
+        let e = add.unwrap_err().to_string();
+        assert!(e.contains("does not accept i8: a storage dtype"), "{e}");
+        for made in [
+            Op::<usize>::Cast { dtype: DType::I8 },
+            Op::Full {
+                dims: vec![2],
+                value: 1.0,
+                dtype: DType::I8,
+            },
+        ] {
+            let inputs: Vec<TensorMeta> = match made {
+                Op::Cast { .. } => vec![m(&[2])],
+                _ => vec![],
+            };
+            let refs: Vec<&TensorMeta> = inputs.iter().collect();
+            let e = made.infer(&refs).unwrap_err().to_string();
+            assert!(e.contains("made only by quantising a checkpoint"), "{e}");
         }
     }
 
