@@ -24,8 +24,8 @@
 //! - **Reductions** take an elementwise group as a *prologue* when the group's root
 //!   feeds only the reduction, and an elementwise group as an *epilogue* when the
 //!   reduction feeds only that group and the group runs over the reduced shape.
-//! - **Matrix products** take an elementwise *epilogue* over their output (bias,
-//!   activation) on the same condition.
+//! - **Matrix products** (float and int8 alike) take an elementwise *epilogue* over
+//!   their output (bias, activation) on the same condition.
 //! - **Views** (permute, expand, slice, reshape) are not kernels: they re-read their
 //!   input's buffer with another layout (a reshape of a layout that cannot be viewed
 //!   copies into its own slot).
@@ -48,7 +48,7 @@ pub enum KernelKind {
     Elementwise,
     /// A reduction, with an optional elementwise prologue and epilogue.
     Reduce,
-    /// A matrix product, with an optional elementwise epilogue.
+    /// A matrix product (float or int8), with an optional elementwise epilogue.
     MatMul,
     /// One primitive op, unfused.
     Single,
@@ -522,7 +522,7 @@ fn plan_graph<D: SymDim + 'static>(
         let NodeKind::Op(op) = &node.kind else {
             continue;
         };
-        let main = matches!(op, Op::Reduce { .. }) || matches!(op, Op::MatMul);
+        let main = matches!(op, Op::Reduce { .. }) || op.class() == OpClass::Contraction;
         if !main || node.meta.dtype != DType::F32 {
             continue;
         }
@@ -587,7 +587,7 @@ fn plan_graph<D: SymDim + 'static>(
             NodeKind::Call(_) | NodeKind::CallGrad(_) => KernelKind::Call,
             NodeKind::Op(op) if is_view(op) => KernelKind::View,
             NodeKind::Op(Op::Reduce { .. }) if node.meta.dtype == DType::F32 => KernelKind::Reduce,
-            NodeKind::Op(Op::MatMul) => KernelKind::MatMul,
+            NodeKind::Op(op) if op.class() == OpClass::Contraction => KernelKind::MatMul,
             NodeKind::Op(_) => KernelKind::Single,
         };
         let mut nodes = Vec::new();

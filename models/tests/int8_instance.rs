@@ -5,9 +5,10 @@
 //! the f32 model's to within the quantisation, the same values planned and op by op,
 //! refuses an f32 checkpoint by name, and refuses to train.
 
-use kiln::cpu::quant::{linear, Activation};
+use kiln::cpu::quant::linear;
 use kiln::cpu::{Cpu, CpuDevice};
 use kiln::prelude::*;
+use kiln::tensor::UnaryOp;
 use kiln::train::checkpoint::int8::{quantize_int8, read_int8};
 use kiln::train::checkpoint::{load, save};
 use kiln::train::learner::Supervised;
@@ -59,11 +60,7 @@ fn the_int8_mlp_is_the_int8_products_chained_bit_for_bit_planned_and_op_by_op() 
     for (i, layer) in ["fc1", "fc2", "fc3"].iter().enumerate() {
         let w = c.weight(&format!("{layer}.weight")).unwrap();
         let b = c.values(&format!("{layer}.bias")).unwrap();
-        let act = if i < 2 {
-            Activation::Relu
-        } else {
-            Activation::None
-        };
+        let act = (i < 2).then_some(UnaryOp::Relu);
         let mut y = vec![0.0; 16 * w.rows()];
         linear(&h, 16, w, Some(b), act, &mut y).unwrap();
         h = y;

@@ -121,20 +121,21 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
         one_pass_by_ops::<Self>(device, ops, inputs, metas, outs)
     }
 
-    /// Runs a matrix product (`a` and `b` as [`Backend::execute`] takes them for
-    /// `Op::MatMul`, result `out`) followed by `epilogue` over its result, as one call
-    /// where the device fuses the two (cuBLASLt's bias and ReLU epilogues). The product's
-    /// result is the epilogue's `Output(0)`, `inputs` its inputs (with `out`'s dims).
-    /// `Ok(None)` leaves both to the caller; the default never fuses.
-    fn matmul_with_epilogue(
+    /// Runs a product (`op`, `Op::MatMul` or `Op::MatMulInt8`, over `operands` as
+    /// [`Backend::execute`] takes them, result `out`) followed by `epilogue` over its
+    /// result, as one call where the device fuses the two (cuBLASLt's bias epilogue, the
+    /// CPU's int8 products with their bias and activation). The product's result is the
+    /// epilogue's `Output(0)`, `inputs` its inputs (with `out`'s dims). `Ok(None)` leaves
+    /// both to the caller; the default never fuses.
+    fn product_with_epilogue(
         device: &Self::Device,
-        a: View<'_, Self>,
-        b: View<'_, Self>,
+        op: &Op,
+        operands: &[View<'_, Self>],
         out: &TensorMeta,
         epilogue: &FusedExpr,
         inputs: &[View<'_, Self>],
     ) -> Result<Option<Self::Storage>> {
-        let _ = (device, a, b, out, epilogue, inputs);
+        let _ = (device, op, operands, out, epilogue, inputs);
         Ok(None)
     }
 

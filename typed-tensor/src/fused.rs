@@ -43,6 +43,58 @@ pub struct FusedExpr {
     pub inputs: usize,
 }
 
+/// A product's epilogue in the form a device can compute inside the product (a linear
+/// layer's): a bias added to the result, then at most one unary op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProductEpilogue {
+    /// The epilogue's input added to the product's result (either order), if any.
+    pub bias: Option<usize>,
+    /// The unary op applied last (a ReLU), if any.
+    pub activation: Option<UnaryOp>,
+}
+
+impl ProductEpilogue {
+    /// `expr` (an epilogue, the product's result its `Output(0)`) as a bias and an
+    /// activation, or `None` when it computes anything else.
+    pub fn of(expr: &FusedExpr) -> Option<Self> {
+        use ExprStep::{Binary, Input, Output, Unary};
+        let [last] = expr.results[..] else {
+            return None;
+        };
+        if last + 1 != expr.steps.len() {
+            return None;
+        }
+        // The steps up to the activation: the result alone, or the result plus input 0.
+        let (body, activation) = match expr.steps[..] {
+            [.., Unary(op, a)] if a + 2 == expr.steps.len() => (&expr.steps[..=a], Some(op)),
+            _ => (&expr.steps[..], None),
+        };
+        let bias = match *body {
+            [Output(0)] if activation.is_some() => None,
+            [Output(0), Input(0), Binary(BinaryOp::Add, x, y)]
+            | [Input(0), Output(0), Binary(BinaryOp::Add, x, y)]
+                if (x, y) == (0, 1) || (x, y) == (1, 0) =>
+            {
+                Some(0)
+            }
+            _ => return None,
+        };
+        (expr.inputs == usize::from(bias.is_some())).then_some(ProductEpilogue { bias, activation })
+    }
+
+    /// `v`, a result of the product, through the epilogue, `bias` the added value: the
+    /// same f32 operations the unfused kernels run.
+    #[inline(always)]
+    pub fn apply(&self, v: f32, bias: f32) -> f32 {
+        let v = if self.bias.is_some() {
+            binary_f32(BinaryOp::Add, v, bias)
+        } else {
+            v
+        };
+        self.activation.map_or(v, |op| unary_f32(op, v))
+    }
+}
+
 /// Expressions up to this many steps are interpreted without copying operands.
 const MAX_DIRECT_STEPS: usize = 64;
 
@@ -286,6 +338,76 @@ impl FusedExpr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn epilogue(steps: Vec<ExprStep>, inputs: usize) -> FusedExpr {
+        let last = steps.len() - 1;
+        FusedExpr {
+            steps,
+            results: vec![last],
+            inputs,
+        }
+    }
+
+    #[test]
+    fn a_bias_and_one_activation_are_a_product_epilogue() {
+        use ExprStep::*;
+        let of = |steps, inputs| ProductEpilogue::of(&epilogue(steps, inputs));
+        let bias = |activation| ProductEpilogue {
+            bias: Some(0),
+            activation,
+        };
+        let add = |a, b| vec![a, b, Binary(BinaryOp::Add, 0, 1)];
+        assert_eq!(of(add(Output(0), Input(0)), 1), Some(bias(None)));
+        assert_eq!(of(add(Input(0), Output(0)), 1), Some(bias(None)));
+        let mut relu = add(Output(0), Input(0));
+        relu.push(Unary(UnaryOp::Relu, 2));
+        assert_eq!(of(relu.clone(), 1), Some(bias(Some(UnaryOp::Relu))));
+        let alone = ProductEpilogue {
+            bias: None,
+            activation: Some(UnaryOp::Tanh),
+        };
+        assert_eq!(of(vec![Output(0), Unary(UnaryOp::Tanh, 0)], 0), Some(alone));
+        // Anything else is not one.
+        let sub = vec![Output(0), Input(0), Binary(BinaryOp::Sub, 0, 1)];
+        assert_eq!(of(sub, 1), None);
+        assert_eq!(of(vec![Output(0)], 0), None);
+        assert_eq!(of(add(Output(0), Output(0)), 0), None);
+        assert_eq!(of(add(Input(0), Input(0)), 1), None);
+        assert_eq!(of(add(Output(0), Input(1)), 2), None);
+        assert_eq!(of(add(Output(0), Input(0)), 2), None);
+        let mut twice = relu.clone();
+        twice.push(Unary(UnaryOp::Relu, 3));
+        assert_eq!(of(twice, 1), None);
+        let mut earlier = relu.clone();
+        earlier[3] = Unary(UnaryOp::Relu, 0);
+        assert_eq!(of(earlier, 1), None);
+        let two_results = FusedExpr {
+            results: vec![2, 2],
+            ..epilogue(add(Output(0), Input(0)), 1)
+        };
+        assert_eq!(ProductEpilogue::of(&two_results), None);
+        // It computes what the expression does, NaN included.
+        for v in [-2.0f32, 0.0, 3.5, f32::NAN, f32::INFINITY] {
+            let want = epilogue(relu.clone(), 1).eval_element(&[0.25], &[v])[0];
+            let got = bias(Some(UnaryOp::Relu)).apply(v, 0.25);
+            assert_eq!(got.to_bits(), want.to_bits(), "{v}");
+        }
+    }
+
+    #[test]
+    fn a_bias_is_one_row_broadcast() -> crate::Result<()> {
+        use crate::{Dims, Layout};
+        let d = |v: &[usize]| Dims::new(v);
+        let row = Layout::from_parts(d(&[4, 8])?, &[0, 1], 3);
+        assert!(row.is_broadcast_row(&[4, 8]));
+        assert!(!row.is_broadcast_row(&[4, 9]));
+        assert!(!Layout::contiguous(d(&[4, 8])?).is_broadcast_row(&[4, 8]));
+        let column = Layout::from_parts(d(&[4, 8])?, &[1, 0], 0);
+        assert!(!column.is_broadcast_row(&[4, 8]));
+        let batched = Layout::from_parts(d(&[2, 4, 8])?, &[0, 0, 1], 0);
+        assert!(batched.is_broadcast_row(&[2, 4, 8]));
+        Ok(())
+    }
 
     #[test]
     fn chunk_interpreter_matches_elements() {

@@ -72,6 +72,16 @@ impl Layout {
         true
     }
 
+    /// Whether this view over `out_dims` is one row broadcast over every other dim
+    /// (strides 0, a unit stride along the last dim), as a bias added to a product is.
+    pub fn is_broadcast_row(&self, out_dims: &[usize]) -> bool {
+        let r = out_dims.len();
+        self.dims.as_slice() == out_dims
+            && r >= 1
+            && self.strides()[..r - 1].iter().all(|&s| s == 0)
+            && (self.strides()[r - 1] == 1 || out_dims[r - 1] == 1)
+    }
+
     /// One past the largest storage index this layout touches (0 when empty).
     pub fn storage_extent(&self) -> usize {
         if self.numel() == 0 {

@@ -7,7 +7,8 @@
 //!
 //!   cargo run --release -p kiln-cpu --example int8_mlp [-- --reps 2000 --rounds 5]
 
-use kiln_cpu::quant::{linear_with, Activation, Int8Kernel, Int8Matrix};
+use kiln_cpu::quant::{linear_with, Int8Kernel, Int8Matrix};
+use kiln_tensor::UnaryOp;
 use std::time::Instant;
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -56,9 +57,9 @@ fn main() {
             let run = |x: &[f32], (w, b): &(Int8Matrix, Vec<f32>), act, out: &mut [f32]| {
                 linear_with(kernel, x, 1, w, Some(b), act, out).expect("the product")
             };
-            run(&x, &layers[0], Activation::Relu, &mut h1);
-            run(&h1, &layers[1], Activation::Relu, &mut h2);
-            run(&h2, &layers[2], Activation::None, &mut logits);
+            run(&x, &layers[0], Some(UnaryOp::Relu), &mut h1);
+            run(&h1, &layers[1], Some(UnaryOp::Relu), &mut h2);
+            run(&h2, &layers[2], None, &mut logits);
             logits[0]
         };
         for _ in 0..reps / 10 {

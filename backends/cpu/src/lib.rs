@@ -27,6 +27,7 @@ pub mod window;
 
 pub use storage::CpuStorage;
 
+use kiln_tensor::fused::ProductEpilogue;
 use kiln_tensor::{Backend, DType, Dims, Error, HostData, Layout, Op, Result, TensorMeta, View};
 
 /// The CPU backend.
@@ -342,6 +343,48 @@ impl Backend for Cpu {
         rows::fused_rows(pass, inputs, outputs)
     }
 
+    fn product_with_epilogue(
+        _: &CpuDevice,
+        op: &Op,
+        operands: &[View<'_, Cpu>],
+        out: &TensorMeta,
+        epilogue: &kiln_tensor::fused::FusedExpr,
+        inputs: &[View<'_, Cpu>],
+    ) -> Result<Option<CpuStorage>> {
+        // The int8 products add a bias row and apply an activation as they store each
+        // result (float products leave their epilogue to the fused kernel after them).
+        let (Op::MatMulInt8, [x, w, scale]) = (op, operands) else {
+            return Ok(None);
+        };
+        let Some(ProductEpilogue { bias, activation }) = ProductEpilogue::of(epilogue) else {
+            return Ok(None);
+        };
+        let bias = match bias.map(|k| inputs[k]) {
+            None => None,
+            Some(b) => {
+                let CpuStorage::F32(values) = b.storage else {
+                    return Ok(None);
+                };
+                if !b.layout.is_broadcast_row(&out.dims) {
+                    return Ok(None);
+                }
+                check_extent(b.storage, &b.layout)?;
+                let n = out.dims.last().copied().unwrap_or(1);
+                Some(&values[b.layout.offset()..b.layout.offset() + n])
+            }
+        };
+        for v in operands {
+            check_extent(v.storage, &v.layout)?;
+        }
+        let (x, w, scale) = (
+            (x.storage, &x.layout),
+            (w.storage, &w.layout),
+            (scale.storage, &scale.layout),
+        );
+        let product = quant::matmul_int8(x, w, scale, bias, activation)?;
+        Ok(Some(product))
+    }
+
     fn fused_elementwise(
         device: &CpuDevice,
         expr: &kiln_tensor::fused::FusedExpr,
@@ -387,7 +430,7 @@ impl Backend for Cpu {
                 value,
             } => movement::pad(x(0).0, x(0).1, *axis, *before, *after, *value),
             Op::MatMul => matmul::matmul(x(0).0, x(0).1, x(1).0, x(1).1)?,
-            Op::MatMulInt8 => quant::matmul_int8(x(0), x(1), x(2))?,
+            Op::MatMulInt8 => quant::matmul_int8(x(0), x(1), x(2), None, None)?,
             Op::Attention(_) | Op::AttentionLse(_) | Op::AttentionGrad { .. } => {
                 let parts: Vec<_> = (0..inputs.len()).map(x).collect();
                 attention::attention(op, &parts)?

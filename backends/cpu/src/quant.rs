@@ -10,8 +10,9 @@
 
 use crate::storage::CpuStorage;
 use crate::strided::gather;
+use kiln_tensor::fused::ProductEpilogue;
 use kiln_tensor::precision::quantize_int8_row;
-use kiln_tensor::{Error, Layout, Result};
+use kiln_tensor::{Error, Layout, Result, UnaryOp};
 use std::sync::Arc;
 
 /// Rows are stored padded to a multiple of this many columns (one AVX-512 register of
@@ -108,6 +109,11 @@ impl PackedInt8 {
     /// Columns.
     pub fn cols(&self) -> usize {
         self.cols
+    }
+
+    /// The padded row `r`.
+    fn padded(&self, r: usize) -> &[i8] {
+        &self.data.signed()[r * self.stride..(r + 1) * self.stride]
     }
 }
 
@@ -209,12 +215,6 @@ impl Int8Matrix {
             })
             .collect()
     }
-
-    /// The padded row `r`.
-    fn padded(&self, r: usize) -> &[i8] {
-        let p = &self.packed;
-        &p.data.signed()[r * p.stride..(r + 1) * p.stride]
-    }
 }
 
 fn check_size(rows: usize, cols: usize, len: usize) -> Result<()> {
@@ -225,15 +225,6 @@ fn check_size(rows: usize, cols: usize, len: usize) -> Result<()> {
             format!("{len} values for [{rows}, {cols}]"),
         )),
     }
-}
-
-/// What follows the scaled product and the bias.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    /// Nothing.
-    None,
-    /// `max(x, 0)`.
-    Relu,
 }
 
 /// The dot-product kernel of an int8 product.
@@ -286,54 +277,85 @@ impl Int8Kernel {
         }
     }
 
-    /// Four rows' dot products with `a` (signed) and `a_u8` (`a + 128`), over whole
-    /// padded registers.
-    fn dot4(self, a: &[i8], a_u8: &[u8], w: [&[i8]; 4], sums: [i32; 4]) -> [i64; 4] {
-        let mut out = [0i64; 4];
-        for start in (0..a.len()).step_by(CHUNK) {
-            let end = (start + CHUNK).min(a.len());
-            let rows = w.map(|r| &r[start..end]);
-            let part = match self {
-                // SAFETY: `available` was checked when the kernel was chosen
-                // (`linear_with` refuses one this CPU lacks); lengths are equal
-                // multiples of `PAD`.
-                #[cfg(target_arch = "x86_64")]
-                Int8Kernel::Vnni512 => unsafe { x86::dot4_vnni512(&a_u8[start..end], rows) },
-                #[cfg(target_arch = "x86_64")]
-                Int8Kernel::Avx2 => unsafe { x86::dot4_avx2(&a[start..end], rows) },
-                _ => rows.map(|r| {
-                    a[start..end]
-                        .iter()
-                        .zip(r)
-                        .map(|(&x, &y)| x as i32 * y as i32)
-                        .sum::<i32>()
-                }),
-            };
-            for i in 0..4 {
-                out[i] += part[i] as i64;
+    /// The dot products of `R` rows of activations (`a` signed, `a_u8` the same plus
+    /// 128) with four weight rows (`sums` their sums), over whole padded registers:
+    /// `[i][j]` is activation row `i`'s with weight row `j`.
+    fn dots<const R: usize>(
+        self,
+        a: [&[i8]; R],
+        a_u8: [&[u8]; R],
+        w: [&[i8]; 4],
+        sums: [i32; 4],
+    ) -> [[i64; 4]; R] {
+        let len = w[0].len();
+        let mut out = [[0i64; 4]; R];
+        let mut add = |part: [[i32; 4]; R]| {
+            for (o, p) in out.iter_mut().zip(part) {
+                for (o, p) in o.iter_mut().zip(p) {
+                    *o += p as i64;
+                }
+            }
+        };
+        if len <= CHUNK {
+            add(self.chunk(a, a_u8, w));
+        } else {
+            for start in (0..len).step_by(CHUNK) {
+                let end = (start + CHUNK).min(len);
+                add(self.chunk(
+                    a.map(|x| &x[start..end]),
+                    a_u8.map(|x| &x[start..end]),
+                    w.map(|r| &r[start..end]),
+                ));
             }
         }
         if self == Int8Kernel::Vnni512 {
             // Σ (a + 128) · w = Σ a · w + 128 · Σ w.
-            for i in 0..4 {
-                out[i] -= 128 * sums[i] as i64;
+            for o in out.iter_mut() {
+                for (o, s) in o.iter_mut().zip(sums) {
+                    *o -= 128 * s as i64;
+                }
             }
         }
         out
     }
+
+    /// [`Int8Kernel::dots`] over at most `CHUNK` columns, whose sums fit in i32.
+    #[inline(always)]
+    fn chunk<const R: usize>(
+        self,
+        a: [&[i8]; R],
+        a_u8: [&[u8]; R],
+        w: [&[i8]; 4],
+    ) -> [[i32; 4]; R] {
+        match self {
+            // SAFETY: `available` was checked when the kernel was chosen (`linear_with`
+            // refuses one this CPU lacks); lengths are equal multiples of `PAD`.
+            #[cfg(target_arch = "x86_64")]
+            Int8Kernel::Vnni512 => unsafe { x86::dots_vnni512(a_u8, w) },
+            #[cfg(target_arch = "x86_64")]
+            Int8Kernel::Avx2 => a.map(|x| unsafe { x86::dot4_avx2(x, w) }),
+            _ => a.map(|x| {
+                w.map(|r| {
+                    (x.iter().zip(r))
+                        .map(|(&x, &y)| x as i32 * y as i32)
+                        .sum::<i32>()
+                })
+            }),
+        }
+    }
 }
 
-/// `act(x · Wᵀ + bias)` for `x` of `m` rows of `w.cols()` values, into `out` (`m` rows
-/// of `w.rows()`), on the fastest kernel this CPU runs.
+/// `activation(x · Wᵀ + bias)` for `x` of `m` rows of `w.cols()` values, into `out`
+/// (`m` rows of `w.rows()`), on the fastest kernel this CPU runs.
 pub fn linear(
     x: &[f32],
     m: usize,
     w: &Int8Matrix,
     bias: Option<&[f32]>,
-    act: Activation,
+    activation: Option<UnaryOp>,
     out: &mut [f32],
 ) -> Result<()> {
-    linear_with(Int8Kernel::detect(), x, m, w, bias, act, out)
+    linear_with(Int8Kernel::detect(), x, m, w, bias, activation, out)
 }
 
 /// Output rows computed by one task.
@@ -358,7 +380,52 @@ pub fn linear_with(
     m: usize,
     w: &Int8Matrix,
     bias: Option<&[f32]>,
-    act: Activation,
+    activation: Option<UnaryOp>,
+    out: &mut [f32],
+) -> Result<()> {
+    linear_packed(
+        kernel,
+        x,
+        m,
+        &w.packed,
+        &w.scales,
+        Epilogue::new(bias, activation),
+        out,
+    )
+}
+
+/// What follows each scaled dot product: a bias (one per output) and an activation,
+/// computed as [`ProductEpilogue::apply`] does.
+#[derive(Clone, Copy)]
+struct Epilogue<'a> {
+    bias: Option<&'a [f32]>,
+    rule: ProductEpilogue,
+}
+
+impl<'a> Epilogue<'a> {
+    fn new(bias: Option<&'a [f32]>, activation: Option<UnaryOp>) -> Self {
+        let rule = ProductEpilogue {
+            bias: bias.map(|_| 0),
+            activation,
+        };
+        Epilogue { bias, rule }
+    }
+
+    /// Output `r`'s value `v` through the bias and the activation.
+    #[inline(always)]
+    fn apply(&self, v: f32, r: usize) -> f32 {
+        self.rule.apply(v, self.bias.map_or(0.0, |b| b[r]))
+    }
+}
+
+/// [`linear_with`] over a packed weight and its scales (`scales[r]` row `r`'s).
+fn linear_packed(
+    kernel: Int8Kernel,
+    x: &[f32],
+    m: usize,
+    w: &PackedInt8,
+    scales: &[f32],
+    epilogue: Epilogue<'_>,
     out: &mut [f32],
 ) -> Result<()> {
     if !kernel.available() {
@@ -367,11 +434,11 @@ pub fn linear_with(
             format!("this CPU has no {} instructions", kernel.name()),
         ));
     }
-    let (k, n) = (w.cols(), w.rows());
+    let (k, n) = (w.cols, w.rows);
     // The AVX2 kernel negates weights by the activations' signs, which −128 survives
     // only in wider lanes: such a matrix takes the next kernel this CPU runs.
     let kernel = match kernel {
-        Int8Kernel::Avx2 if w.packed.has_min => Int8Kernel::Portable,
+        Int8Kernel::Avx2 if w.has_min => Int8Kernel::Portable,
         k => k,
     };
     if m.checked_mul(k) != Some(x.len()) || m.checked_mul(n) != Some(out.len()) {
@@ -384,7 +451,13 @@ pub fn linear_with(
             ),
         ));
     }
-    if let Some(b) = bias.filter(|b| b.len() != n) {
+    if scales.len() != n {
+        return Err(Error::invalid(
+            "int8 matrix",
+            format!("{} scales for {n} rows", scales.len()),
+        ));
+    }
+    if let Some(b) = epilogue.bias.filter(|b| b.len() != n) {
         return Err(Error::shape(
             "int8 linear",
             format!("a bias of {} for {n} outputs", b.len()),
@@ -393,7 +466,7 @@ pub fn linear_with(
     // Each row of activations quantised with its own scale (its largest magnitude
     // over 127); a row holding inf or NaN is computed in f32 instead, so that it
     // gives what the f32 product would.
-    let stride = w.packed.stride;
+    let stride = w.stride;
     let mut a_lines = Lines::filled(m * stride, 0);
     let mut u8_lines = Lines::filled(m * stride, 128);
     let (a, a_u8) = (a_lines.signed_mut(), u8_lines.bytes_mut());
@@ -412,68 +485,128 @@ pub fn linear_with(
             a_u8[i * stride + c] = (v as i16 + 128) as u8;
         }
     }
-    // One block of rows per thread, the same rows on each call: each core keeps its
-    // share of the weights in its own L2 (handed out in small blocks, every core would
-    // stream all of them through its cache).
+    // One block of weight rows per thread, the same rows on each call: each core keeps
+    // its share of the weights in its own L2 (handed out in small blocks, every core
+    // would stream all of them through its cache). A task takes up to `TILE_ROWS` rows
+    // of activations through its block, each weight register loaded once for them.
     let per_task = n.div_ceil(crate::spin::width()).div_ceil(4).max(1) * 4;
     let per_task = per_task.max(ROWS_PER_TASK);
     let blocks = n.div_ceil(per_task);
-    let dst = Out(out.as_mut_ptr());
+    let tiles = m.div_ceil(TILE_ROWS);
+    let products = Products {
+        kernel,
+        w,
+        scales,
+        a: &*a,
+        a_u8: &*a_u8,
+        a_scale: &a_scale,
+        epilogue,
+        out: Out(out.as_mut_ptr()),
+    };
     let task = |t: usize| {
-        let (i, block) = (t / blocks, t % blocks);
-        let rows = block * per_task..((block + 1) * per_task).min(n);
-        // SAFETY: task `t` writes row `i`'s outputs `rows` only, inside `out`.
-        let y = unsafe { std::slice::from_raw_parts_mut(dst.at(i * n + rows.start), rows.len()) };
-        let xs = &x[i * k..(i + 1) * k];
-        let epilogue = |v: f32, r: usize| {
-            let v = v + bias.map_or(0.0, |b| b[r]);
-            match act {
-                Activation::None => v,
-                Activation::Relu => v.max(0.0),
+        let (tile, block) = (t / blocks, t % blocks);
+        let cols = block * per_task..((block + 1) * per_task).min(n);
+        let rows = tile * TILE_ROWS..((tile + 1) * TILE_ROWS).min(m);
+        // A row holding inf or NaN is computed in f32 instead, so that it gives what
+        // the f32 product would.
+        let mut quantised = [0usize; TILE_ROWS];
+        let mut count = 0;
+        for i in rows {
+            if finite[i] {
+                quantised[count] = i;
+                count += 1;
+            } else {
+                // SAFETY: task `t` writes its rows' outputs `cols` only, inside `out`.
+                unsafe { products.in_f32(&x[i * k..(i + 1) * k], i, cols.clone()) };
             }
-        };
-        if !finite[i] {
-            for (o, r) in y.iter_mut().zip(rows.clone()) {
-                let s = w.scales[r];
-                let dot: f32 = xs
-                    .iter()
-                    .zip(w.row(r))
-                    .map(|(v, &q)| v * (q as f32 * s))
-                    .sum();
-                *o = epilogue(dot, r);
-            }
-            return;
         }
-        let (ai, au) = (
-            &a[i * stride..(i + 1) * stride],
-            &a_u8[i * stride..(i + 1) * stride],
-        );
-        let mut r = rows.start;
-        while r < rows.end {
+        // SAFETY: as above.
+        unsafe {
+            match quantised[..count] {
+                [i] => products.tile([i], cols),
+                [i, j] => products.tile([i, j], cols),
+                [i, j, l] => products.tile([i, j, l], cols),
+                [i, j, l, o] => products.tile([i, j, l, o], cols),
+                _ => {}
+            }
+        }
+    };
+    let tasks = tiles * blocks;
+    if tasks < 2 || !crate::spin::split(tasks, &task) {
+        (0..tasks).for_each(task);
+    }
+    Ok(())
+}
+
+/// Rows of activations one task takes through its block of weight rows together.
+const TILE_ROWS: usize = 4;
+
+/// What the tasks of one product share: the weights, the quantised activations (rows
+/// `stride` apart) with their scales, the epilogue and the output.
+struct Products<'a> {
+    kernel: Int8Kernel,
+    w: &'a PackedInt8,
+    scales: &'a [f32],
+    a: &'a [i8],
+    a_u8: &'a [u8],
+    a_scale: &'a [f32],
+    epilogue: Epilogue<'a>,
+    out: Out,
+}
+
+impl Products<'_> {
+    /// Rows `rows` of activations (quantised) by weight rows `cols`, into their outputs.
+    ///
+    /// # Safety
+    /// No other task writes those outputs at the same time.
+    unsafe fn tile<const R: usize>(&self, rows: [usize; R], cols: std::ops::Range<usize>) {
+        let (n, stride) = (self.w.rows, self.w.stride);
+        let a = rows.map(|i| &self.a[i * stride..(i + 1) * stride]);
+        let a_u8 = rows.map(|i| &self.a_u8[i * stride..(i + 1) * stride]);
+        for r in cols.clone().step_by(4) {
             let four = [
                 r,
                 (r + 1).min(n - 1),
                 (r + 2).min(n - 1),
                 (r + 3).min(n - 1),
             ];
-            let dots = kernel.dot4(
-                ai,
-                au,
-                four.map(|q| w.padded(q)),
-                four.map(|q| w.packed.row_sums[q]),
+            let (w, sums) = (self.w, &self.w.row_sums);
+            let dots = self.kernel.dots(
+                a,
+                a_u8,
+                [
+                    w.padded(four[0]),
+                    w.padded(four[1]),
+                    w.padded(four[2]),
+                    w.padded(four[3]),
+                ],
+                [sums[four[0]], sums[four[1]], sums[four[2]], sums[four[3]]],
             );
-            for (j, &q) in four.iter().enumerate().take(rows.end - r) {
-                let v = dots[j] as f32 * (a_scale[i] * w.scales[q]);
-                y[q - rows.start] = epilogue(v, q);
+            for (&i, dots) in rows.iter().zip(dots) {
+                for (&q, dot) in four.iter().zip(dots).take(cols.end - r) {
+                    let v = dot as f32 * (self.a_scale[i] * self.scales[q]);
+                    // SAFETY: `(i, q)` is inside `out`, and the caller's to write.
+                    unsafe { *self.out.at(i * n + q) = self.epilogue.apply(v, q) };
+                }
             }
-            r += 4;
         }
-    };
-    let tasks = m * blocks;
-    if tasks < 2 || !crate::spin::split(tasks, &task) {
-        (0..tasks).for_each(task);
     }
-    Ok(())
+
+    /// Row `i` of activations, `x` in f32, by weight rows `cols`, into its outputs.
+    ///
+    /// # Safety
+    /// As for [`Products::tile`].
+    unsafe fn in_f32(&self, x: &[f32], i: usize, cols: std::ops::Range<usize>) {
+        let (n, k) = (self.w.rows, self.w.cols);
+        for r in cols {
+            let s = self.scales[r];
+            let dot: f32 = (x.iter().zip(&self.w.padded(r)[..k]))
+                .map(|(v, &q)| v * (q as f32 * s))
+                .sum();
+            // SAFETY: as in `tile`.
+            unsafe { *self.out.at(i * n + r) = self.epilogue.apply(dot, r) };
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -496,37 +629,59 @@ mod x86 {
                 *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(p, ones));
             }
         }
-        acc.map(|v| {
+        // A loop, not `acc.map`: a closure does not inherit the target features, so its
+        // intrinsics would not inline (a call per intrinsic, registers through memory).
+        let mut out = [0i32; 4];
+        for (o, v) in out.iter_mut().zip(acc) {
             let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
             let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
             let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-            _mm_cvtsi128_si32(s)
-        })
+            *o = _mm_cvtsi128_si32(s);
+        }
+        out
     }
 
-    /// Four dot products of `a + 128` (unsigned) with signed weight rows by `vpdpbusd`.
+    /// The dot products of `R` rows of `a + 128` (unsigned) with four signed weight
+    /// rows by `vpdpbusd`, each weight register loaded once for all `R` rows.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn dot4_vnni512(a: &[u8], w: [&[i8]; 4]) -> [i32; 4] {
-        let mut acc = [_mm512_setzero_si512(); 4];
-        for c in (0..a.len()).step_by(64) {
-            // SAFETY: `c + 64 <= len` for lengths that are multiples of 64.
-            let va = unsafe { _mm512_loadu_si512(a.as_ptr().add(c).cast()) };
-            for (acc, row) in acc.iter_mut().zip(w) {
-                let vw = unsafe { _mm512_loadu_si512(row.as_ptr().add(c).cast()) };
-                *acc = _mm512_dpbusd_epi32(*acc, va, vw);
+    pub unsafe fn dots_vnni512<const R: usize>(a: [&[u8]; R], w: [&[i8]; 4]) -> [[i32; 4]; R] {
+        let mut acc = [[_mm512_setzero_si512(); 4]; R];
+        for c in (0..w[0].len()).step_by(64) {
+            // SAFETY: `c + 64 <= len` for lengths that are equal multiples of 64.
+            let mut vw = [_mm512_setzero_si512(); 4];
+            for j in 0..4 {
+                vw[j] = unsafe { _mm512_loadu_si512(w[j].as_ptr().add(c).cast()) };
+            }
+            for i in 0..R {
+                let va = unsafe { _mm512_loadu_si512(a[i].as_ptr().add(c).cast()) };
+                for j in 0..4 {
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], va, vw[j]);
+                }
             }
         }
-        acc.map(|v| _mm512_reduce_add_epi32(v))
+        // Loops, not `map`: a closure does not inherit the target features, so its
+        // intrinsics would not inline (a call per intrinsic, registers through memory).
+        let mut out = [[0i32; 4]; R];
+        for i in 0..R {
+            for j in 0..4 {
+                out[i][j] = _mm512_reduce_add_epi32(acc[i][j]);
+            }
+        }
+        out
     }
 }
 
 /// Runs `Op::MatMulInt8`: `x [.., K]` f32 by the i8 weight `w [N, K]` scaled by
 /// `scale [N]`, each view as the backend receives it (the op's rule checked dtypes and
-/// sizes). A weight that is a whole buffer is packed once and kept with it.
+/// sizes), then `bias` (`N` values) and `activation` over each result, as the
+/// product's epilogue would compute them. A weight that is a whole buffer is packed
+/// once and kept with it.
 pub fn matmul_int8(
     (x, lx): (&CpuStorage, &Layout),
     (w, lw): (&CpuStorage, &Layout),
     (scale, ls): (&CpuStorage, &Layout),
+    bias: Option<&[f32]>,
+    activation: Option<UnaryOp>,
 ) -> Result<CpuStorage> {
     let unexpected = |what: &str, s: &CpuStorage| {
         Error::dtype("matmul_int8", format!("its {what} is {}", s.dtype()))
@@ -545,10 +700,11 @@ pub fn matmul_int8(
     } else {
         Arc::new(PackedInt8::pack(n, k, &gather(wv, lw))?)
     };
-    let matrix = Int8Matrix::from_packed(packed, &gather(sv, ls))?;
     let xs = gather(xv, lx);
     let m: usize = lx.dims()[..lx.rank() - 1].iter().product();
     let mut out = vec![0f32; m * n];
-    linear(&xs, m, &matrix, None, Activation::None, &mut out)?;
+    let epilogue = Epilogue::new(bias, activation);
+    let kernel = Int8Kernel::detect();
+    linear_packed(kernel, &xs, m, &packed, &gather(sv, ls), epilogue, &mut out)?;
     Ok(CpuStorage::F32(out.into()))
 }

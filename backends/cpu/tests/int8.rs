@@ -2,10 +2,11 @@
 //! the i32 dot products are exact, so each kernel gives the reference's
 //! `Σ qa·qw · sa·sw` (then bias and activation) to f32 rounding; and the quantised
 //! product stays within the quantisation's error of the f32 product. Sizes cross the
-//! kernels' steps (4 rows, 32 and 64 columns, 64-row tasks, the 65,536-column i32
-//! chunk); bad sizes, bad scales and a kernel the CPU lacks are errors.
+//! kernels' steps (4 weight rows, tiles of 4 activation rows, 32 and 64 columns, 64-row
+//! tasks, the 65,536-column i32 chunk); bad sizes, bad scales and a kernel the CPU lacks are errors.
 
-use kiln_cpu::quant::{linear_with, Activation, Int8Kernel, Int8Matrix};
+use kiln_cpu::quant::{linear_with, Int8Kernel, Int8Matrix};
+use kiln_tensor::UnaryOp;
 use proptest::prelude::*;
 
 /// The reference: activations quantised per row as the product does, dot products in
@@ -63,11 +64,7 @@ fn check(m: usize, k: usize, n: usize, seed: u64, with_bias: bool, relu: bool) {
     let w = Int8Matrix::quantize(&values(n * k, seed + 1), n, k).unwrap();
     let bias = with_bias.then(|| values(n, seed + 2));
     let want = reference(&x, m, &w, bias.as_deref(), relu);
-    let act = if relu {
-        Activation::Relu
-    } else {
-        Activation::None
-    };
+    let act = relu.then_some(UnaryOp::Relu);
     for kernel in kernels() {
         let mut out = vec![f32::NAN; m * n];
         linear_with(kernel, &x, m, &w, bias.as_deref(), act, &mut out).unwrap();
@@ -85,7 +82,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
     fn every_kernel_gives_the_exact_integer_products(
-        m in 1usize..4,
+        m in 1usize..11,
         k in 1usize..300,
         n in 1usize..140,
         seed in 0u64..1000,
@@ -101,6 +98,9 @@ fn the_layers_of_w1_and_a_row_longer_than_an_i32_chunk() {
     check(1, 784, 1024, 1, true, true);
     check(3, 1024, 10, 2, true, false);
     check(1, 70_000, 5, 3, false, false);
+    // Tiles of four rows and a tail, through 64-row tasks and across i32 chunks.
+    check(9, 300, 130, 4, true, true);
+    check(6, 70_000, 5, 5, true, false);
 }
 
 #[test]
@@ -111,16 +111,7 @@ fn the_quantised_product_is_near_the_f32_product() {
     let (x, wf) = (values(m * k, 7), values(n * k, 8));
     let w = Int8Matrix::quantize(&wf, n, k).unwrap();
     let mut out = vec![0.0; m * n];
-    linear_with(
-        Int8Kernel::detect(),
-        &x,
-        m,
-        &w,
-        None,
-        Activation::None,
-        &mut out,
-    )
-    .unwrap();
+    linear_with(Int8Kernel::detect(), &x, m, &w, None, None, &mut out).unwrap();
     for i in 0..m {
         for r in 0..n {
             let exact: f64 = (0..k)
@@ -162,7 +153,7 @@ fn rows_holding_inf_or_nan_give_what_f32_gives() {
     x[8 + 5] = f32::NAN;
     for kernel in kernels() {
         let mut out = vec![0.0; 8];
-        linear_with(kernel, &x, 2, &w, None, Activation::None, &mut out).unwrap();
+        linear_with(kernel, &x, 2, &w, None, None, &mut out).unwrap();
         for r in 0..4 {
             let q = w.row(r)[3];
             assert!(
@@ -192,29 +183,19 @@ fn bad_sizes_scales_and_values_are_errors() {
     let w = Int8Matrix::quantize(&[1.0; 6], 2, 3).unwrap();
     let mut out = vec![0.0; 2];
     let k = Int8Kernel::Portable;
-    let err = linear_with(k, &[1.0; 4], 1, &w, None, Activation::None, &mut out).unwrap_err();
+    let err = linear_with(k, &[1.0; 4], 1, &w, None, None, &mut out).unwrap_err();
     assert!(
         err.to_string()
             .contains("4 inputs and 2 outputs for 1 rows"),
         "{err}"
     );
-    let err = linear_with(
-        k,
-        &[1.0; 3],
-        1,
-        &w,
-        Some(&[0.0; 3]),
-        Activation::None,
-        &mut out,
-    )
-    .unwrap_err();
+    let err = linear_with(k, &[1.0; 3], 1, &w, Some(&[0.0; 3]), None, &mut out).unwrap_err();
     assert!(
         err.to_string().contains("a bias of 3 for 2 outputs"),
         "{err}"
     );
     for kernel in Int8Kernel::ALL.into_iter().filter(|k| !k.available()) {
-        let err =
-            linear_with(kernel, &[1.0; 3], 1, &w, None, Activation::None, &mut out).unwrap_err();
+        let err = linear_with(kernel, &[1.0; 3], 1, &w, None, None, &mut out).unwrap_err();
         assert!(err.to_string().contains("this CPU has no"), "{err}");
     }
 }

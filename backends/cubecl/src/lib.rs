@@ -116,7 +116,7 @@ pub use ops::matmul::{product_kernel, set_product_kernel, ProductKernel};
 pub use storage::CubeStorage;
 
 use crate::strided::Operand;
-use kiln_tensor::fused::{FusedExpr, NativeFn};
+use kiln_tensor::fused::{FusedExpr, NativeFn, ProductEpilogue};
 use kiln_tensor::{
     AttentionInput, Backend, DType, Dims, Error, HostData, Layout, Op, Result, TensorMeta, View,
 };
@@ -433,21 +433,31 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
         device.state.alloc("alloc", dtype, len)
     }
 
-    fn matmul_with_epilogue(
+    fn product_with_epilogue(
         device: &CubeDevice<R>,
-        a: View<'_, Self>,
-        b: View<'_, Self>,
+        op: &Op,
+        operands: &[View<'_, Self>],
         out: &TensorMeta,
         epilogue: &FusedExpr,
         inputs: &[View<'_, Self>],
     ) -> Result<Option<CubeStorage<R>>> {
-        let Some(k) = ops::matmul::bias_epilogue_input(epilogue) else {
+        // cuBLASLt's bias epilogue alone: its ReLU epilogues turn NaN into 0, where
+        // Kiln's `relu` keeps NaN, so a diverging model would look healthy.
+        let (
+            Op::MatMul,
+            [a, b],
+            Some(ProductEpilogue {
+                bias: Some(k),
+                activation: None,
+            }),
+        ) = (op, operands, ProductEpilogue::of(epilogue))
+        else {
             return Ok(None);
         };
-        let bias = inputs[k];
+        let (a, b, bias) = (*a, *b, inputs[k]);
         if out.dtype != DType::F32
             || bias.storage.dtype != DType::F32
-            || !ops::matmul::is_broadcast_row(&bias.layout, &out.dims)
+            || !bias.layout.is_broadcast_row(&out.dims)
         {
             return Ok(None);
         }

@@ -10,7 +10,8 @@ use crate::sym::SDim;
 use kiln_tensor::fused::{ExprStep, FusedExpr};
 use kiln_tensor::ir::{NodeId, NodeKind};
 use kiln_tensor::{
-    fit_views, Backend, DType, Dims, Error, Layout, Op, RawTensor, Result, TensorMeta, View,
+    fit_views, Backend, DType, Dims, Error, Layout, Op, OpClass, RawTensor, Result, TensorMeta,
+    View,
 };
 use smallvec::SmallVec;
 use std::sync::{Arc, LazyLock};
@@ -264,12 +265,12 @@ impl<B: Backend> Buffers<B> {
                 self.write_slot(run, *output, |b, out| {
                     let views = b.op_views(run, *main, op)?;
                     // A product whose epilogue the device fuses into it (one call).
-                    if let (Op::MatMul, Some((expr, _, ins))) = (op, epilogue) {
+                    if let (OpClass::Contraction, Some((expr, _, ins))) = (op.class(), epilogue) {
                         let epilogue_views = b.views(run, ins, &r.dims[*output])?;
-                        if let Some(fused) = B::matmul_with_epilogue(
+                        if let Some(fused) = B::product_with_epilogue(
                             device,
-                            views[0],
-                            views[1],
+                            op,
+                            &views,
                             &r.metas[*main],
                             expr,
                             &epilogue_views,

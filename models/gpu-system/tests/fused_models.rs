@@ -1,6 +1,6 @@
 //! A whole model's fused plans on the GPU backends (wgpu in CI; CUDA where a GPU is)
 //! agree with its op-by-op path and with the CPU: the MNIST MLP (values, gradients,
-//! SGD steps), causal self-attention, mixed precision (bf16 on CUDA; f16 with loss
+//! SGD steps), its int8 instance (products whose bias and ReLU are epilogues), causal self-attention, mixed precision (bf16 on CUDA; f16 with loss
 //! scaling on both, its loss curve against f32), and steady-state steps that take no
 //! new device memory. The fused kernel itself is tested op by op in
 //! kiln-cubecl (`tests/fused.rs`).
@@ -22,6 +22,10 @@ macro_rules! fused_model_tests {
             #[test]
             fn mlp_plans_match_the_op_by_op_path() -> Result<()> {
                 super::mlp_plans_match_the_op_by_op_path::<$B>(&$device)
+            }
+            #[test]
+            fn int8_plans_match_the_op_by_op_path() -> Result<()> {
+                super::int8_plans_match_the_op_by_op_path::<$B>(&$device)
             }
             #[test]
             fn attention_plans_match_the_op_by_op_path() -> Result<()> {
@@ -282,6 +286,40 @@ fn mlp_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> 
             let d = max_diff(a, b);
             assert!(d <= 1e-5, "step {step}: `{name}` differs by {d}");
         }
+    }
+    Ok(())
+}
+
+fn int8_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> {
+    use kiln_models::mlp::MlpInt8;
+    use kiln_tensor::{RandDist, Rank2, Tensor};
+    let (fused, mut unfused) = (MlpInt8::<G>::init(dev, 3)?, MlpInt8::<G>::init(dev, 3)?);
+    unfused.set_fused(false);
+    let normal = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    let x = |rows: usize| RawTensor::rand(&[rows, 784], normal, 1, DType::F32, dev);
+    // Under 16 rows the device's matrix-vector kernel, from 16 a dequantised product.
+    let few = Tensor::<G, Rank2<2, 784>>::from_raw(x(2)?)?;
+    let many = Tensor::<G, Rank2<16, 784>>::from_raw(x(16)?)?;
+    let pairs = [
+        (
+            fused.forward(&few)?.raw().to_vec::<f32>()?,
+            unfused.forward(&few)?.raw().to_vec::<f32>()?,
+        ),
+        (
+            fused.forward(&many)?.raw().to_vec::<f32>()?,
+            unfused.forward(&many)?.raw().to_vec::<f32>()?,
+        ),
+    ];
+    for (f, u) in pairs {
+        assert!(
+            f.iter().all(|v| v.is_finite()) && f.iter().any(|&v| v != 0.0),
+            "{f:?}"
+        );
+        let d = max_diff(&f, &u);
+        assert!(d <= 1e-5, "int8 forward differs by {d}");
     }
     Ok(())
 }

@@ -224,76 +224,9 @@ pub fn matmul<R: KilnRuntime>(
     Ok(result)
 }
 
-/// The input of `expr` that is a bias added to a product's result, if `expr` is exactly
-/// `result + bias` (either order): the one epilogue Kiln hands to cuBLASLt. (Its ReLU
-/// epilogues are not used: they turn NaN into 0, where Kiln's `relu` keeps NaN, so a
-/// diverging model would look healthy.)
-pub fn bias_epilogue_input(expr: &kiln_tensor::fused::FusedExpr) -> Option<usize> {
-    use kiln_tensor::fused::ExprStep::{Binary, Input, Output};
-    if expr.results != [2] || expr.inputs != 1 || expr.steps.len() != 3 {
-        return None;
-    }
-    match (&expr.steps[0], &expr.steps[1], &expr.steps[2]) {
-        (Output(0), Input(0), Binary(kiln_tensor::BinaryOp::Add, x, y))
-        | (Input(0), Output(0), Binary(kiln_tensor::BinaryOp::Add, x, y))
-            if (*x, *y) == (0, 1) || (*x, *y) == (1, 0) =>
-        {
-            Some(0)
-        }
-        _ => None,
-    }
-}
-
-/// Whether a view over a product's result dims is one row broadcast over every other
-/// dim (strides 0 but a unit stride along the last dim), as a library bias is.
-pub fn is_broadcast_row(layout: &kiln_tensor::Layout, out_dims: &[usize]) -> bool {
-    let r = out_dims.len();
-    layout.dims().as_slice() == out_dims
-        && r >= 1
-        && layout.strides()[..r - 1].iter().all(|&s| s == 0)
-        && (layout.strides()[r - 1] == 1 || out_dims[r - 1] == 1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_tensor::fused::{ExprStep::*, FusedExpr};
-    use kiln_tensor::{BinaryOp, Dims, Layout, UnaryOp};
-
-    fn expr(steps: Vec<kiln_tensor::fused::ExprStep>, inputs: usize) -> FusedExpr {
-        let last = steps.len() - 1;
-        FusedExpr {
-            steps,
-            results: vec![last],
-            inputs,
-        }
-    }
-
-    #[test]
-    fn only_a_plain_bias_add_is_a_library_epilogue() {
-        let add = |a, b| expr(vec![a, b, Binary(BinaryOp::Add, 0, 1)], 1);
-        assert_eq!(bias_epilogue_input(&add(Output(0), Input(0))), Some(0));
-        assert_eq!(bias_epilogue_input(&add(Input(0), Output(0))), Some(0));
-        let sub = expr(vec![Output(0), Input(0), Binary(BinaryOp::Sub, 0, 1)], 1);
-        assert_eq!(bias_epilogue_input(&sub), None);
-        let relu = expr(
-            vec![
-                Output(0),
-                Input(0),
-                Binary(BinaryOp::Add, 0, 1),
-                Unary(UnaryOp::Relu, 2),
-            ],
-            1,
-        );
-        assert_eq!(bias_epilogue_input(&relu), None);
-        let twice = expr(vec![Output(0), Output(0), Binary(BinaryOp::Add, 0, 1)], 0);
-        assert_eq!(bias_epilogue_input(&twice), None);
-        let two_results = FusedExpr {
-            results: vec![2, 2],
-            ..add(Output(0), Input(0))
-        };
-        assert_eq!(bias_epilogue_input(&two_results), None);
-    }
 
     #[test]
     fn products_with_few_tiles_are_split_over_k() {
@@ -312,19 +245,5 @@ mod tests {
             let splits = auto_splits(t, 1 << 20) as usize;
             assert!(splits * t < 384, "{t} tiles: {splits} ranges");
         }
-    }
-
-    #[test]
-    fn a_bias_is_one_row_broadcast() -> kiln_tensor::Result<()> {
-        let d = |v: &[usize]| Dims::new(v);
-        let row = Layout::from_parts(d(&[4, 8])?, &[0, 1], 3);
-        assert!(is_broadcast_row(&row, &[4, 8]));
-        assert!(!is_broadcast_row(&row, &[4, 9]));
-        assert!(!is_broadcast_row(&Layout::contiguous(d(&[4, 8])?), &[4, 8]));
-        let column = Layout::from_parts(d(&[4, 8])?, &[1, 0], 0);
-        assert!(!is_broadcast_row(&column, &[4, 8]));
-        let batched = Layout::from_parts(d(&[2, 4, 8])?, &[0, 0, 1], 0);
-        assert!(is_broadcast_row(&batched, &[2, 4, 8]));
-        Ok(())
     }
 }
