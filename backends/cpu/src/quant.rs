@@ -11,7 +11,7 @@
 use crate::storage::CpuStorage;
 use crate::strided::gather;
 use kiln_tensor::fused::ProductEpilogue;
-use kiln_tensor::precision::quantize_int8_row;
+use kiln_tensor::precision::{quantize_int8_row, quantize_int8_row_into};
 use kiln_tensor::{Error, Layout, Result, UnaryOp};
 use std::sync::Arc;
 
@@ -478,11 +478,10 @@ fn linear_packed(
             finite[i] = false;
             continue;
         }
-        let (q, s) = quantize_int8_row(row);
-        a_scale[i] = s;
-        for (c, &v) in q.iter().enumerate() {
-            a[i * stride + c] = v;
-            a_u8[i * stride + c] = (v as i16 + 128) as u8;
+        let q = &mut a[i * stride..i * stride + k];
+        a_scale[i] = quantize_int8_row_into(row, q);
+        for (u, &v) in a_u8[i * stride..i * stride + k].iter_mut().zip(&*q) {
+            *u = (v as u8) ^ 0x80; // v + 128
         }
     }
     // One block of weight rows per thread, the same rows on each call: each core keeps
