@@ -5,7 +5,7 @@
 //! forward pass is the spec's. They are for inference: every tensor is saved and
 //! loaded, none is trained.
 
-use super::layers::init_tensor;
+use super::layers::{init_tensor, initialising_zeros};
 use super::module::{join, Module, Slot, UpdateFn};
 use super::spec::{LayerSpec, Mode, ParamSpec};
 use crate::backend::Backend;
@@ -35,15 +35,21 @@ fn init_int8<B: Backend>(
         .iter()
         .find(|p| Precision::Int8.quantizes(p.name, &p.dims, p.dtype))
         .ok_or_else(|| Error::invalid("int8 layer", format!("{spec} has no int8 weight")))?;
-    let drawn = init_tensor::<B>(weight, device, seed, &join(prefix, weight.name))?;
-    let values: Vec<f32> = drawn.to_vec()?;
-    let cols = weight.dims[1].max(1);
-    let (mut q, mut scales) = (Vec::with_capacity(values.len()), Vec::new());
-    for row in values.chunks(cols).take(weight.dims[0]) {
-        let (qr, s) = quantize_int8_row(row);
-        q.extend(qr);
-        scales.push(s);
-    }
+    let (rows, cols) = (weight.dims[0], weight.dims[1]);
+    let (q, scales) = if initialising_zeros() {
+        // A model whose every value is about to be loaded: no draw to quantise.
+        (vec![0; rows * cols], vec![0.0; rows])
+    } else {
+        let drawn = init_tensor::<B>(weight, device, seed, &join(prefix, weight.name))?;
+        let values: Vec<f32> = drawn.to_vec()?;
+        let (mut q, mut scales) = (Vec::with_capacity(values.len()), Vec::new());
+        for row in values.chunks(cols.max(1)).take(rows) {
+            let (qr, s) = quantize_int8_row(row);
+            q.extend(qr);
+            scales.push(s);
+        }
+        (q, scales)
+    };
     spec.params_in(Precision::Int8)
         .iter()
         .map(|p: &ParamSpec| match (p.name, p.dtype) {

@@ -32,6 +32,11 @@ pub fn zero_initialised<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Whether this thread is inside [`zero_initialised`].
+pub(crate) fn initialising_zeros() -> bool {
+    ZEROS.with(|z| z.get())
+}
+
 /// A tensor initialised as `spec` says, seeded by its full name (zeros inside
 /// [`zero_initialised`]).
 #[inline(never)]
