@@ -62,50 +62,52 @@ fn int8_products_fuse_their_epilogues_and_match_op_by_op() -> Result<()> {
     }
 
     let mut program = Program::<Cpu>::new(Plan::parse(&p.to_text())?, &[]);
-    let rows = 5;
-    let mut xs = values(rows * K, 1, 3.0);
-    xs[2 * K + 4] = f32::NAN; // a row computed in f32, whose NaN every epilogue keeps
-    xs[3 * K..4 * K].fill(0.0); // a row of zeros: scale 0
-    let ws: Vec<i8> = (0..N * K)
-        .map(|i| ((i * 37 % 255) as i32 - 127) as i8)
-        .collect();
-    let tensor = |v: Vec<f32>, dims: &[usize]| RawTensor::<Cpu>::from_vec(v, dims, &CpuDevice);
-    let x = tensor(xs, &[rows, K])?;
-    let w = RawTensor::<Cpu>::from_host(HostData::I8(ws), &[N, K], &CpuDevice)?;
-    let scales: Vec<RawTensor<Cpu>> = (0..4)
-        .map(|i| {
-            tensor(
-                values(N, 2 + i, 0.01).iter().map(|s| s.abs()).collect(),
-                &[N],
-            )
-        })
-        .collect::<Result<_>>()?;
-    let bias = tensor(values(N, 8, 0.5), &[N])?;
-    let full = tensor(values(rows * N, 9, 0.5), &[rows, N])?;
-    let mut args = vec![&x, &w];
-    args.extend(&scales);
-    args.extend([&bias, &full]);
-    let params = [("B", rows)];
-    let fused: Vec<RawTensor<Cpu>> = program
-        .run(&mut RunContext::new(&CpuDevice).sizes(&params), &args)?
-        .expect("the plan describes these inputs")
-        .collect();
-    let eager = program.run_op_by_op(&mut RunContext::new(&CpuDevice).sizes(&params), &args)?;
-    assert_eq!(fused.len(), 4);
-    for (i, (f, e)) in fused.iter().zip(&eager).enumerate() {
-        let (f, e): (Vec<f32>, Vec<f32>) = (f.to_vec()?, e.to_vec()?);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(
-            bits(&f),
-            bits(&e),
-            "output {i}: fused {f:?}, op by op {e:?}"
-        );
-        // The NaN row stays NaN through the ReLU; other rows are not all NaN.
-        assert!(
-            f[2 * N..3 * N].iter().all(|v| v.is_nan()),
-            "output {i}: {f:?}"
-        );
-        assert!(f[..N].iter().all(|v| !v.is_nan()), "output {i}: {f:?}");
+    // Few rows (weights split between threads) and many (rows split between them).
+    for rows in [5, 21] {
+        let mut xs = values(rows * K, 1, 3.0);
+        xs[2 * K + 4] = f32::NAN; // a row computed in f32, whose NaN every epilogue keeps
+        xs[3 * K..4 * K].fill(0.0); // a row of zeros: scale 0
+        let ws: Vec<i8> = (0..N * K)
+            .map(|i| ((i * 37 % 255) as i32 - 127) as i8)
+            .collect();
+        let tensor = |v: Vec<f32>, dims: &[usize]| RawTensor::<Cpu>::from_vec(v, dims, &CpuDevice);
+        let x = tensor(xs, &[rows, K])?;
+        let w = RawTensor::<Cpu>::from_host(HostData::I8(ws), &[N, K], &CpuDevice)?;
+        let scales: Vec<RawTensor<Cpu>> = (0..4)
+            .map(|i| {
+                tensor(
+                    values(N, 2 + i, 0.01).iter().map(|s| s.abs()).collect(),
+                    &[N],
+                )
+            })
+            .collect::<Result<_>>()?;
+        let bias = tensor(values(N, 8, 0.5), &[N])?;
+        let full = tensor(values(rows * N, 9, 0.5), &[rows, N])?;
+        let mut args = vec![&x, &w];
+        args.extend(&scales);
+        args.extend([&bias, &full]);
+        let params = [("B", rows)];
+        let fused: Vec<RawTensor<Cpu>> = program
+            .run(&mut RunContext::new(&CpuDevice).sizes(&params), &args)?
+            .expect("the plan describes these inputs")
+            .collect();
+        let eager = program.run_op_by_op(&mut RunContext::new(&CpuDevice).sizes(&params), &args)?;
+        assert_eq!(fused.len(), 4);
+        for (i, (f, e)) in fused.iter().zip(&eager).enumerate() {
+            let (f, e): (Vec<f32>, Vec<f32>) = (f.to_vec()?, e.to_vec()?);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&f),
+                bits(&e),
+                "output {i}: fused {f:?}, op by op {e:?}"
+            );
+            // The NaN row stays NaN through the ReLU; other rows are not all NaN.
+            assert!(
+                f[2 * N..3 * N].iter().all(|v| v.is_nan()),
+                "output {i}: {f:?}"
+            );
+            assert!(f[..N].iter().all(|v| !v.is_nan()), "output {i}: {f:?}");
+        }
     }
     Ok(())
 }

@@ -91,7 +91,10 @@ impl ProductEpilogue {
         } else {
             v
         };
-        self.activation.map_or(v, |op| unary_f32(op, v))
+        match self.activation {
+            Some(op) => unary_f32(op, v),
+            None => v,
+        }
     }
 }
 

@@ -15,9 +15,15 @@ use kiln_tensor::precision::{quantize_int8_row, quantize_int8_row_into};
 use kiln_tensor::{Error, Layout, Result, UnaryOp};
 use std::sync::Arc;
 
-/// Rows are stored padded to a multiple of this many columns (one AVX-512 register of
-/// int8), the padding zeros, so the kernels read whole registers.
+/// Bytes in one cache line and one AVX-512 register.
 const PAD: usize = 64;
+
+/// Weight rows (outputs) per panel: the sixteen i32 sums one AVX-512 register holds.
+const PANEL: usize = 16;
+
+/// Columns per group: the four bytes `vpdpbusd` (and `maddubs` + `madd`) sum into one
+/// i32.
+const GROUP: usize = 4;
 
 /// The most columns whose products are summed in one i32: 127 · 127 · 65,536 < 2³¹.
 const CHUNK: usize = 65_536;
@@ -61,16 +67,21 @@ impl Lines {
     }
 }
 
-/// An int8 matrix `[rows, cols]` laid out for the products: rows padded to whole
-/// 64-byte lines, with each row's sum. Made once per weight and shared
-/// ([`Int8Matrix::from_packed`]): a CPU buffer of i8 caches its packed form.
+/// An int8 matrix `[rows, cols]` laid out for the products, made once per weight (a
+/// CPU buffer of i8 caches its packed form). Rows go in panels of [`PANEL`]; a panel
+/// holds, for each group of [`GROUP`] columns, its rows' four bytes in turn: one
+/// 64-byte line, which one register loads. A product then keeps sixteen outputs' sums
+/// in one register, each lane one output, with no horizontal sums. Rows past the last
+/// and columns past the last are zeros.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PackedInt8 {
     rows: usize,
     cols: usize,
-    stride: usize,
+    /// Groups of [`GROUP`] columns (the last one padded).
+    groups: usize,
     data: Lines,
-    /// Σ of each row's values, for the VNNI kernel's unsigned activations.
+    /// Σ of each row's values (zeros for the padding rows), for the VNNI kernel's
+    /// unsigned activations.
     row_sums: Vec<i32>,
     /// Whether a value is −128, whose negation the AVX2 kernel's sign trick cannot hold.
     has_min: bool,
@@ -80,22 +91,27 @@ impl PackedInt8 {
     /// Packs `data`, `rows × cols` int8 values, row-major.
     pub fn pack(rows: usize, cols: usize, data: &[i8]) -> Result<Self> {
         check_size(rows, cols, data.len())?;
-        let stride = cols.div_ceil(PAD).max(1) * PAD;
-        let len = rows.checked_mul(stride).ok_or_else(|| {
-            Error::invalid("int8 matrix", format!("[{rows}, {cols}] is too large"))
-        })?;
-        let mut padded = Lines::filled(len, 0);
-        let mut row_sums = Vec::with_capacity(rows);
+        let groups = cols.div_ceil(GROUP);
+        let panels = rows.div_ceil(PANEL);
+        let too_large = || Error::invalid("int8 matrix", format!("[{rows}, {cols}] is too large"));
+        let len = (panels.checked_mul(groups))
+            .and_then(|n| n.checked_mul(PANEL * GROUP))
+            .ok_or_else(too_large)?;
+        let mut packed = Lines::filled(len, 0);
+        let bytes = packed.signed_mut();
+        let mut row_sums = vec![0; panels * PANEL];
         for r in 0..rows {
             let row = &data[r * cols..(r + 1) * cols];
-            padded.signed_mut()[r * stride..r * stride + cols].copy_from_slice(row);
-            row_sums.push(row.iter().map(|&q| q as i32).sum());
+            for (c, &q) in row.iter().enumerate() {
+                bytes[Self::at(groups, r, c)] = q;
+            }
+            row_sums[r] = row.iter().map(|&q| q as i32).sum();
         }
         Ok(PackedInt8 {
             rows,
             cols,
-            stride,
-            data: padded,
+            groups,
+            data: packed,
             row_sums,
             has_min: data.contains(&i8::MIN),
         })
@@ -111,9 +127,20 @@ impl PackedInt8 {
         self.cols
     }
 
-    /// The padded row `r`.
-    fn padded(&self, r: usize) -> &[i8] {
-        &self.data.signed()[r * self.stride..(r + 1) * self.stride]
+    /// Where value `[r, c]` lies in the packed bytes of a matrix of `groups` groups.
+    fn at(groups: usize, r: usize, c: usize) -> usize {
+        ((r / PANEL * groups + c / GROUP) * PANEL + r % PANEL) * GROUP + c % GROUP
+    }
+
+    /// Value `[r, c]`.
+    fn value(&self, r: usize, c: usize) -> i8 {
+        self.data.signed()[Self::at(self.groups, r, c)]
+    }
+
+    /// Panel `p`'s bytes: its groups' lines in order.
+    fn panel(&self, p: usize) -> &[u8] {
+        let len = self.groups * PANEL * GROUP;
+        &self.data.bytes()[p * len..(p + 1) * len]
     }
 }
 
@@ -121,6 +148,8 @@ impl PackedInt8 {
 /// f32 value it came from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Int8Matrix {
+    /// The values, row-major.
+    values: Vec<i8>,
     packed: Arc<PackedInt8>,
     scales: Vec<f32>,
 }
@@ -151,6 +180,12 @@ impl Int8Matrix {
     /// values in −127..=127 (−128 has no positive twin under a symmetric scale).
     pub fn from_parts(rows: usize, cols: usize, data: &[i8], scales: &[f32]) -> Result<Self> {
         check_size(rows, cols, data.len())?;
+        if scales.len() != rows {
+            return Err(Error::invalid(
+                "int8 matrix",
+                format!("{} scales for {rows} rows", scales.len()),
+            ));
+        }
         if let Some(r) = scales.iter().position(|s| !s.is_finite() || *s < 0.0) {
             return Err(Error::invalid(
                 "int8 matrix",
@@ -167,20 +202,9 @@ impl Int8Matrix {
                 ),
             ));
         }
-        Self::from_packed(Arc::new(PackedInt8::pack(rows, cols, data)?), scales)
-    }
-
-    /// The matrix of packed values and one scale per row, any scales (the product op's
-    /// operands, which a checkpoint's rules do not constrain).
-    pub fn from_packed(packed: Arc<PackedInt8>, scales: &[f32]) -> Result<Self> {
-        if scales.len() != packed.rows {
-            return Err(Error::invalid(
-                "int8 matrix",
-                format!("{} scales for {} rows", scales.len(), packed.rows),
-            ));
-        }
         Ok(Int8Matrix {
-            packed,
+            values: data.to_vec(),
+            packed: Arc::new(PackedInt8::pack(rows, cols, data)?),
             scales: scales.to_vec(),
         })
     }
@@ -202,8 +226,8 @@ impl Int8Matrix {
 
     /// Row `r`'s int8 values.
     pub fn row(&self, r: usize) -> &[i8] {
-        let p = &self.packed;
-        &p.data.signed()[r * p.stride..r * p.stride + p.cols]
+        let cols = self.cols();
+        &self.values[r * cols..(r + 1) * cols]
     }
 
     /// The values it stands for, `q · s`, row-major.
@@ -278,68 +302,88 @@ impl Int8Kernel {
     }
 
     /// The dot products of `R` rows of activations (`a` signed, `a_u8` the same plus
-    /// 128) with four weight rows (`sums` their sums), over whole padded registers:
-    /// `[i][j]` is activation row `i`'s with weight row `j`.
-    fn dots<const R: usize>(
+    /// 128, each `groups · GROUP` bytes) with the [`PANEL`] weight rows of `panel`
+    /// (`sums` their sums), as f32: `[i][j]` is activation row `i`'s with the panel's
+    /// row `j`.
+    fn panel_dots<const R: usize>(
         self,
         a: [&[i8]; R],
         a_u8: [&[u8]; R],
-        w: [&[i8]; 4],
-        sums: [i32; 4],
-    ) -> [[i64; 4]; R] {
-        let len = w[0].len();
-        let mut out = [[0i64; 4]; R];
-        let mut add = |part: [[i32; 4]; R]| {
-            for (o, p) in out.iter_mut().zip(part) {
+        panel: &[u8],
+        sums: &[i32],
+    ) -> [[f32; PANEL]; R] {
+        let groups = panel.len() / (PANEL * GROUP);
+        let vnni = self == Int8Kernel::Vnni512;
+        if groups * GROUP <= CHUNK {
+            // The sums, and Σ a · w, fit in i32.
+            let mut dots = self.panel_chunk(a, a_u8, panel, 0..groups);
+            if vnni {
+                // Σ (a + 128) · w = Σ a · w + 128 · Σ w.
+                for row in dots.iter_mut() {
+                    for (d, s) in row.iter_mut().zip(sums) {
+                        *d = d.wrapping_sub(s.wrapping_mul(128));
+                    }
+                }
+            }
+            return dots.map(|row| row.map(|d| d as f32));
+        }
+        // Longer rows: at most CHUNK columns summed in i32 at a time.
+        let mut dots = [[0i64; PANEL]; R];
+        for start in (0..groups).step_by(CHUNK / GROUP) {
+            let range = start..(start + CHUNK / GROUP).min(groups);
+            let part = self.panel_chunk(a, a_u8, panel, range);
+            for (o, p) in dots.iter_mut().zip(part) {
                 for (o, p) in o.iter_mut().zip(p) {
                     *o += p as i64;
                 }
             }
-        };
-        if len <= CHUNK {
-            add(self.chunk(a, a_u8, w));
-        } else {
-            for start in (0..len).step_by(CHUNK) {
-                let end = (start + CHUNK).min(len);
-                add(self.chunk(
-                    a.map(|x| &x[start..end]),
-                    a_u8.map(|x| &x[start..end]),
-                    w.map(|r| &r[start..end]),
-                ));
-            }
         }
-        if self == Int8Kernel::Vnni512 {
-            // Σ (a + 128) · w = Σ a · w + 128 · Σ w.
-            for o in out.iter_mut() {
-                for (o, s) in o.iter_mut().zip(sums) {
-                    *o -= 128 * s as i64;
+        if vnni {
+            for row in dots.iter_mut() {
+                for (d, s) in row.iter_mut().zip(sums) {
+                    *d -= 128 * *s as i64;
                 }
             }
         }
-        out
+        dots.map(|row| row.map(|d| d as f32))
     }
 
-    /// [`Int8Kernel::dots`] over at most `CHUNK` columns, whose sums fit in i32.
+    /// [`Int8Kernel::panel_dots`] over the column groups `groups`, whose sums fit in i32.
     #[inline(always)]
-    fn chunk<const R: usize>(
+    fn panel_chunk<const R: usize>(
         self,
         a: [&[i8]; R],
         a_u8: [&[u8]; R],
-        w: [&[i8]; 4],
-    ) -> [[i32; 4]; R] {
+        panel: &[u8],
+        groups: std::ops::Range<usize>,
+    ) -> [[i32; PANEL]; R] {
+        debug_assert!(groups.end * PANEL * GROUP <= panel.len());
+        debug_assert!(a.iter().all(|a| a.len() >= groups.end * GROUP));
         match self {
             // SAFETY: `available` was checked when the kernel was chosen (`linear_with`
-            // refuses one this CPU lacks); lengths are equal multiples of `PAD`.
+            // refuses one this CPU lacks); the panel holds `groups.end` lines and each
+            // row of activations `groups.end * GROUP` bytes, as `PackedInt8::pack` and
+            // `linear_packed` lay them out (the debug assertions above).
             #[cfg(target_arch = "x86_64")]
-            Int8Kernel::Vnni512 => unsafe { x86::dots_vnni512(a_u8, w) },
+            Int8Kernel::Vnni512 => unsafe {
+                x86::panel_vnni512(a_u8.map(|a| a.as_ptr()), panel.as_ptr(), groups)
+            },
             #[cfg(target_arch = "x86_64")]
-            Int8Kernel::Avx2 => a.map(|x| unsafe { x86::dot4_avx2(x, w) }),
-            _ => a.map(|x| {
-                w.map(|r| {
-                    (x.iter().zip(r))
-                        .map(|(&x, &y)| x as i32 * y as i32)
-                        .sum::<i32>()
-                })
+            Int8Kernel::Avx2 => unsafe {
+                x86::panel_avx2(a.map(|a| a.as_ptr()), panel.as_ptr(), groups)
+            },
+            _ => a.map(|a| {
+                let mut sums = [0i32; PANEL];
+                for g in groups.clone() {
+                    let line = &panel[g * PANEL * GROUP..(g + 1) * PANEL * GROUP];
+                    for (j, sum) in sums.iter_mut().enumerate() {
+                        for t in 0..GROUP {
+                            let w = line[j * GROUP + t] as i8;
+                            *sum += a[g * GROUP + t] as i32 * w as i32;
+                        }
+                    }
+                }
+                sums
             }),
         }
     }
@@ -360,18 +404,6 @@ pub fn linear(
 
 /// Output rows computed by one task.
 const ROWS_PER_TASK: usize = 64;
-
-/// A pointer to the output shared by the tasks, each writing rows of its own.
-struct Out(*mut f32);
-// SAFETY: tasks write disjoint elements, and `linear_with` waits for all of them.
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// The output's element `at`.
-    fn at(&self, at: usize) -> *mut f32 {
-        self.0.wrapping_add(at)
-    }
-}
 
 /// [`linear`] on a given kernel; an error if this CPU lacks it or the sizes disagree.
 pub fn linear_with(
@@ -415,6 +447,23 @@ impl<'a> Epilogue<'a> {
     #[inline(always)]
     fn apply(&self, v: f32, r: usize) -> f32 {
         self.rule.apply(v, self.bias.map_or(0.0, |b| b[r]))
+    }
+
+    /// Outputs `first..` (`values`) through the bias and the activation, in place.
+    #[inline(always)]
+    fn apply_to(&self, values: &mut [f32], first: usize) {
+        match self.bias {
+            Some(b) => {
+                for (v, &b) in values.iter_mut().zip(&b[first..]) {
+                    *v = self.rule.apply(*v, b);
+                }
+            }
+            None => {
+                for v in values.iter_mut() {
+                    *v = self.rule.apply(*v, 0.0);
+                }
+            }
+        }
     }
 }
 
@@ -463,72 +512,57 @@ fn linear_packed(
             format!("a bias of {} for {n} outputs", b.len()),
         ));
     }
-    // Each row of activations quantised with its own scale (its largest magnitude
-    // over 127); a row holding inf or NaN is computed in f32 instead, so that it
-    // gives what the f32 product would.
-    let stride = w.stride;
+    let stride = w.groups * GROUP;
     let mut a_lines = Lines::filled(m * stride, 0);
     let mut u8_lines = Lines::filled(m * stride, 128);
-    let (a, a_u8) = (a_lines.signed_mut(), u8_lines.bytes_mut());
     let mut a_scale = vec![0f32; m];
     let mut finite = vec![true; m];
-    for i in 0..m {
-        let row = &x[i * k..(i + 1) * k];
-        if row.iter().any(|v| !v.is_finite()) {
-            finite[i] = false;
-            continue;
-        }
-        let q = &mut a[i * stride..i * stride + k];
-        a_scale[i] = quantize_int8_row_into(row, q);
-        for (u, &v) in a_u8[i * stride..i * stride + k].iter_mut().zip(&*q) {
-            *u = (v as u8) ^ 0x80; // v + 128
-        }
-    }
-    // One block of weight rows per thread, the same rows on each call: each core keeps
-    // its share of the weights in its own L2 (handed out in small blocks, every core
-    // would stream all of them through its cache). A task takes up to `TILE_ROWS` rows
-    // of activations through its block, each weight register loaded once for them.
-    let per_task = n.div_ceil(crate::spin::width()).div_ceil(4).max(1) * 4;
-    let per_task = per_task.max(ROWS_PER_TASK);
-    let blocks = n.div_ceil(per_task);
-    let tiles = m.div_ceil(TILE_ROWS);
     let products = Products {
         kernel,
         w,
         scales,
-        a: &*a,
-        a_u8: &*a_u8,
-        a_scale: &a_scale,
+        x,
+        a: Shared(a_lines.signed_mut().as_mut_ptr()),
+        a_u8: Shared(u8_lines.bytes_mut().as_mut_ptr()),
+        a_scale: Shared(a_scale.as_mut_ptr()),
+        finite: Shared(finite.as_mut_ptr()),
         epilogue,
-        out: Out(out.as_mut_ptr()),
+        out: Shared(out.as_mut_ptr()),
     };
+    let tiles = m.div_ceil(TILE_ROWS);
+    let width = crate::spin::width();
+    let tile_rows = |tile: usize| tile * TILE_ROWS..((tile + 1) * TILE_ROWS).min(m);
+    if tiles >= 2 * width {
+        // Many rows (a window of tokens, a batch): a task quantises its tile of rows and
+        // takes it through every weight row; the cores read the weights from their
+        // caches.
+        let task = |tile: usize| {
+            let rows = tile_rows(tile);
+            // SAFETY: task `tile` writes its rows' quantised values and outputs only.
+            unsafe {
+                products.quantise(rows.clone());
+                products.rows(rows, 0..n);
+            }
+        };
+        if !crate::spin::split(tiles, &task) {
+            (0..tiles).for_each(task);
+        }
+        return Ok(());
+    }
+    // Few rows (batch 1): quantised here, then one block of weight rows per thread, the
+    // same rows on each call: each core keeps its share of the weights in its own L2
+    // (handed out in small blocks, every core would stream all of them through its
+    // cache).
+    // SAFETY: no task runs yet.
+    unsafe { products.quantise(0..m) };
+    let per_task = n.div_ceil(width).div_ceil(PANEL).max(1) * PANEL;
+    let per_task = per_task.max(ROWS_PER_TASK);
+    let blocks = n.div_ceil(per_task);
     let task = |t: usize| {
         let (tile, block) = (t / blocks, t % blocks);
         let cols = block * per_task..((block + 1) * per_task).min(n);
-        let rows = tile * TILE_ROWS..((tile + 1) * TILE_ROWS).min(m);
-        // A row holding inf or NaN is computed in f32 instead, so that it gives what
-        // the f32 product would.
-        let mut quantised = [0usize; TILE_ROWS];
-        let mut count = 0;
-        for i in rows {
-            if finite[i] {
-                quantised[count] = i;
-                count += 1;
-            } else {
-                // SAFETY: task `t` writes its rows' outputs `cols` only, inside `out`.
-                unsafe { products.in_f32(&x[i * k..(i + 1) * k], i, cols.clone()) };
-            }
-        }
-        // SAFETY: as above.
-        unsafe {
-            match quantised[..count] {
-                [i] => products.tile([i], cols),
-                [i, j] => products.tile([i, j], cols),
-                [i, j, l] => products.tile([i, j, l], cols),
-                [i, j, l, o] => products.tile([i, j, l, o], cols),
-                _ => {}
-            }
-        }
+        // SAFETY: task `t` writes its rows' outputs `cols` only.
+        unsafe { products.rows(tile_rows(tile), cols) };
     };
     let tasks = tiles * blocks;
     if tasks < 2 || !crate::spin::split(tasks, &task) {
@@ -537,72 +571,145 @@ fn linear_packed(
     Ok(())
 }
 
-/// Rows of activations one task takes through its block of weight rows together.
+/// Rows of activations a task takes through each weight register together.
 const TILE_ROWS: usize = 4;
 
-/// What the tasks of one product share: the weights, the quantised activations (rows
-/// `stride` apart) with their scales, the epilogue and the output.
+/// A buffer the tasks of one product share, each writing elements of its own.
+struct Shared<T>(*mut T);
+// SAFETY: tasks write disjoint elements and read only what was written before the
+// split or by themselves; `linear_packed` waits for all of them.
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    /// Element `at`.
+    fn at(&self, at: usize) -> *mut T {
+        self.0.wrapping_add(at)
+    }
+
+    /// `len` elements from `start`.
+    ///
+    /// # Safety
+    /// They are inside the buffer, and no one else writes them while this lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        // SAFETY: as the caller promises.
+        unsafe { std::slice::from_raw_parts_mut(self.at(start), len) }
+    }
+}
+
+/// One product's operands and results, which its tasks share: the weights and their
+/// scales, the activations `x` and their quantised rows (`a`, and `a_u8` = `a + 128`,
+/// rows `groups · GROUP` bytes apart, with their scales and whether they are finite),
+/// the epilogue and the output.
 struct Products<'a> {
     kernel: Int8Kernel,
     w: &'a PackedInt8,
     scales: &'a [f32],
-    a: &'a [i8],
-    a_u8: &'a [u8],
-    a_scale: &'a [f32],
+    x: &'a [f32],
+    a: Shared<i8>,
+    a_u8: Shared<u8>,
+    a_scale: Shared<f32>,
+    finite: Shared<bool>,
     epilogue: Epilogue<'a>,
-    out: Out,
+    out: Shared<f32>,
 }
 
 impl Products<'_> {
-    /// Rows `rows` of activations (quantised) by weight rows `cols`, into their outputs.
+    /// Quantises rows `rows` of activations, each with its own scale (its largest
+    /// magnitude over 127); a row holding inf or NaN is marked to be computed in f32
+    /// instead, so that it gives what the f32 product would.
     ///
     /// # Safety
-    /// No other task writes those outputs at the same time.
-    unsafe fn tile<const R: usize>(&self, rows: [usize; R], cols: std::ops::Range<usize>) {
-        let (n, stride) = (self.w.rows, self.w.stride);
-        let a = rows.map(|i| &self.a[i * stride..(i + 1) * stride]);
-        let a_u8 = rows.map(|i| &self.a_u8[i * stride..(i + 1) * stride]);
-        for r in cols.clone().step_by(4) {
-            let four = [
-                r,
-                (r + 1).min(n - 1),
-                (r + 2).min(n - 1),
-                (r + 3).min(n - 1),
-            ];
-            let (w, sums) = (self.w, &self.w.row_sums);
-            let dots = self.kernel.dots(
-                a,
-                a_u8,
-                [
-                    w.padded(four[0]),
-                    w.padded(four[1]),
-                    w.padded(four[2]),
-                    w.padded(four[3]),
-                ],
-                [sums[four[0]], sums[four[1]], sums[four[2]], sums[four[3]]],
-            );
-            for (&i, dots) in rows.iter().zip(dots) {
-                for (&q, dot) in four.iter().zip(dots).take(cols.end - r) {
-                    let v = dot as f32 * (self.a_scale[i] * self.scales[q]);
-                    // SAFETY: `(i, q)` is inside `out`, and the caller's to write.
-                    unsafe { *self.out.at(i * n + q) = self.epilogue.apply(v, q) };
+    /// No other task reads or writes these rows' quantised values at the same time.
+    unsafe fn quantise(&self, rows: std::ops::Range<usize>) {
+        let (k, stride) = (self.w.cols, self.w.groups * GROUP);
+        for i in rows {
+            let row = &self.x[i * k..(i + 1) * k];
+            // SAFETY: row `i`'s entries, the caller's.
+            unsafe {
+                if row.iter().any(|v| !v.is_finite()) {
+                    *self.finite.at(i) = false;
+                    continue;
+                }
+                let q = self.a.slice(i * stride, k);
+                *self.a_scale.at(i) = quantize_int8_row_into(row, q);
+                for (u, &v) in self.a_u8.slice(i * stride, k).iter_mut().zip(&*q) {
+                    *u = (v as u8) ^ 0x80; // v + 128
                 }
             }
         }
     }
 
-    /// Row `i` of activations, `x` in f32, by weight rows `cols`, into its outputs.
+    /// Rows `rows` of activations (quantised) by weight rows `cols` (starting at a
+    /// panel), into their outputs.
     ///
     /// # Safety
-    /// As for [`Products::tile`].
-    unsafe fn in_f32(&self, x: &[f32], i: usize, cols: std::ops::Range<usize>) {
+    /// The rows are quantised, and no other task writes these outputs at the same time.
+    unsafe fn rows(&self, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>) {
+        let mut quantised = [0usize; TILE_ROWS];
+        let mut count = 0;
+        for i in rows {
+            // SAFETY: written by `quantise` before.
+            if unsafe { *self.finite.at(i) } {
+                quantised[count] = i;
+                count += 1;
+            } else {
+                // SAFETY: as the caller promises.
+                unsafe { self.in_f32(i, cols.clone()) };
+            }
+        }
+        // SAFETY: as the caller promises.
+        unsafe {
+            match quantised[..count] {
+                [i] => self.tile([i], cols),
+                [i, j] => self.tile([i, j], cols),
+                [i, j, l] => self.tile([i, j, l], cols),
+                [i, j, l, o] => self.tile([i, j, l, o], cols),
+                _ => {}
+            }
+        }
+    }
+
+    /// [`Products::rows`] for `R` quantised rows.
+    unsafe fn tile<const R: usize>(&self, rows: [usize; R], cols: std::ops::Range<usize>) {
+        let (n, stride) = (self.w.rows, self.w.groups * GROUP);
+        // SAFETY: these rows were quantised before, and nothing writes them now.
+        let a = rows.map(|i| unsafe { &*self.a.slice(i * stride, stride) });
+        let a_u8 = rows.map(|i| unsafe { &*self.a_u8.slice(i * stride, stride) });
+        for first in cols.clone().step_by(PANEL) {
+            let p = first / PANEL;
+            let sums = &self.w.row_sums[first..first + PANEL];
+            let dots = self.kernel.panel_dots(a, a_u8, self.w.panel(p), sums);
+            let outputs = first..(first + PANEL).min(cols.end);
+            for (&i, dots) in rows.iter().zip(dots) {
+                // SAFETY: inside `out` and the caller's to write; the scale as above.
+                let (y, a_scale) = unsafe {
+                    (
+                        self.out.slice(i * n + first, outputs.len()),
+                        *self.a_scale.at(i),
+                    )
+                };
+                for ((y, dot), s) in y.iter_mut().zip(dots).zip(&self.scales[outputs.clone()]) {
+                    *y = dot * (a_scale * s);
+                }
+                self.epilogue.apply_to(y, first);
+            }
+        }
+    }
+
+    /// Row `i` of activations in f32 by weight rows `cols`, into its outputs.
+    ///
+    /// # Safety
+    /// As for [`Products::rows`].
+    unsafe fn in_f32(&self, i: usize, cols: std::ops::Range<usize>) {
         let (n, k) = (self.w.rows, self.w.cols);
+        let x = &self.x[i * k..(i + 1) * k];
         for r in cols {
             let s = self.scales[r];
-            let dot: f32 = (x.iter().zip(&self.w.padded(r)[..k]))
-                .map(|(v, &q)| v * (q as f32 * s))
+            let dot: f32 = (x.iter().enumerate())
+                .map(|(c, v)| v * (self.w.value(r, c) as f32 * s))
                 .sum();
-            // SAFETY: as in `tile`.
+            // SAFETY: as the caller promises.
             unsafe { *self.out.at(i * n + r) = self.epilogue.apply(dot, r) };
         }
     }
@@ -610,61 +717,81 @@ impl Products<'_> {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::{GROUP, PANEL};
     use std::arch::x86_64::*;
 
-    /// Four dot products of signed `a` with signed weight rows: `maddubs` of `|a|`
-    /// (unsigned) and each row signed by `a`, pairs summed to i32 by `madd`.
+    /// Sixteen weight rows' dot products with each of `R` rows of activations, signed
+    /// (`a`), over the column groups `groups` of `panel` (a packed panel's lines): each
+    /// group's four activation bytes broadcast, `maddubs` of their magnitudes with the
+    /// weights signed by them, pairs summed to i32 by `madd`; two registers of eight
+    /// sums per row.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2; `panel` holds `groups.end` lines and each `a` row
+    /// `groups.end * GROUP` bytes.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn dot4_avx2(a: &[i8], w: [&[i8]; 4]) -> [i32; 4] {
+    pub unsafe fn panel_avx2<const R: usize>(
+        a: [*const i8; R],
+        panel: *const u8,
+        groups: std::ops::Range<usize>,
+    ) -> [[i32; PANEL]; R] {
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_si256(); 4];
-        for c in (0..a.len()).step_by(32) {
-            // SAFETY: `c + 32 <= len` for lengths that are multiples of 64.
-            let va = unsafe { _mm256_loadu_si256(a.as_ptr().add(c).cast()) };
-            let abs = _mm256_abs_epi8(va);
-            for (acc, row) in acc.iter_mut().zip(w) {
-                let vw = unsafe { _mm256_loadu_si256(row.as_ptr().add(c).cast()) };
-                let p = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(vw, va));
-                *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(p, ones));
-            }
-        }
-        // A loop, not `acc.map`: a closure does not inherit the target features, so its
-        // intrinsics would not inline (a call per intrinsic, registers through memory).
-        let mut out = [0i32; 4];
-        for (o, v) in out.iter_mut().zip(acc) {
-            let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-            *o = _mm_cvtsi128_si32(s);
-        }
-        out
-    }
-
-    /// The dot products of `R` rows of `a + 128` (unsigned) with four signed weight
-    /// rows by `vpdpbusd`, each weight register loaded once for all `R` rows.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn dots_vnni512<const R: usize>(a: [&[u8]; R], w: [&[i8]; 4]) -> [[i32; 4]; R] {
-        let mut acc = [[_mm512_setzero_si512(); 4]; R];
-        for c in (0..w[0].len()).step_by(64) {
-            // SAFETY: `c + 64 <= len` for lengths that are equal multiples of 64.
-            let mut vw = [_mm512_setzero_si512(); 4];
-            for j in 0..4 {
-                vw[j] = unsafe { _mm512_loadu_si512(w[j].as_ptr().add(c).cast()) };
-            }
+        let mut acc = [[_mm256_setzero_si256(); 2]; R];
+        for g in groups {
+            // SAFETY: inside the panel and the rows, as the caller promises.
+            let line = unsafe { panel.add(g * PANEL * GROUP) };
+            let w0 = unsafe { _mm256_loadu_si256(line.cast()) };
+            let w1 = unsafe { _mm256_loadu_si256(line.add(32).cast()) };
             for i in 0..R {
-                let va = unsafe { _mm512_loadu_si512(a[i].as_ptr().add(c).cast()) };
-                for j in 0..4 {
-                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], va, vw[j]);
-                }
+                let four = unsafe { a[i].add(g * GROUP).cast::<i32>().read_unaligned() };
+                let va = _mm256_set1_epi32(four);
+                let abs = _mm256_abs_epi8(va);
+                let p0 = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(w0, va));
+                let p1 = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(w1, va));
+                acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(p0, ones));
+                acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(p1, ones));
             }
         }
         // Loops, not `map`: a closure does not inherit the target features, so its
         // intrinsics would not inline (a call per intrinsic, registers through memory).
-        let mut out = [[0i32; 4]; R];
+        let mut out = [[0i32; PANEL]; R];
         for i in 0..R {
-            for j in 0..4 {
-                out[i][j] = _mm512_reduce_add_epi32(acc[i][j]);
+            // SAFETY: each row of `out` holds sixteen i32, two registers' worth.
+            unsafe {
+                _mm256_storeu_si256(out[i].as_mut_ptr().cast(), acc[i][0]);
+                _mm256_storeu_si256(out[i].as_mut_ptr().add(8).cast(), acc[i][1]);
             }
+        }
+        out
+    }
+
+    /// Sixteen weight rows' dot products with each of `R` rows of activations plus 128
+    /// (unsigned, `a_u8`), over the column groups `groups` of `panel`: each group's
+    /// four activation bytes broadcast and `vpdpbusd` into one register of sixteen sums
+    /// per row.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 VNNI; `panel` holds `groups.end` lines and each `a_u8` row
+    /// `groups.end * GROUP` bytes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn panel_vnni512<const R: usize>(
+        a_u8: [*const u8; R],
+        panel: *const u8,
+        groups: std::ops::Range<usize>,
+    ) -> [[i32; PANEL]; R] {
+        let mut acc = [_mm512_setzero_si512(); R];
+        for g in groups {
+            // SAFETY: inside the panel and the rows, as the caller promises.
+            let vw = unsafe { _mm512_loadu_si512(panel.add(g * PANEL * GROUP).cast()) };
+            for i in 0..R {
+                let four = unsafe { a_u8[i].add(g * GROUP).cast::<i32>().read_unaligned() };
+                acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_set1_epi32(four), vw);
+            }
+        }
+        let mut out = [[0i32; PANEL]; R];
+        for i in 0..R {
+            // SAFETY: each row of `out` holds sixteen i32, one register's worth.
+            unsafe { _mm512_storeu_si512(out[i].as_mut_ptr().cast(), acc[i]) };
         }
         out
     }

@@ -2,8 +2,9 @@
 //! the i32 dot products are exact, so each kernel gives the reference's
 //! `Σ qa·qw · sa·sw` (then bias and activation) to f32 rounding; and the quantised
 //! product stays within the quantisation's error of the f32 product. Sizes cross the
-//! kernels' steps (4 weight rows, tiles of 4 activation rows, 32 and 64 columns, 64-row
-//! tasks, the 65,536-column i32 chunk); bad sizes, bad scales and a kernel the CPU lacks are errors.
+//! kernels' steps (panels of 16 weight rows, groups of 4 columns, tiles of 4 activation
+//! rows, 64-row tasks, tasks of their own tiles for many rows, the 65,536-column i32
+//! chunk); bad sizes, bad scales and a kernel the CPU lacks are errors.
 
 use kiln_cpu::quant::{linear_with, Int8Kernel, Int8Matrix};
 use kiln_tensor::UnaryOp;
@@ -82,7 +83,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
     fn every_kernel_gives_the_exact_integer_products(
-        m in 1usize..11,
+        m in 1usize..40,
         k in 1usize..300,
         n in 1usize..140,
         seed in 0u64..1000,
@@ -101,6 +102,9 @@ fn the_layers_of_w1_and_a_row_longer_than_an_i32_chunk() {
     // Tiles of four rows and a tail, through 64-row tasks and across i32 chunks.
     check(9, 300, 130, 4, true, true);
     check(6, 70_000, 5, 5, true, false);
+    // Enough rows that each task quantises a tile of its own and takes every weight row.
+    check(17, 300, 70, 6, true, true);
+    check(14, 70_000, 3, 7, false, true);
 }
 
 #[test]
