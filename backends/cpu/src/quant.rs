@@ -325,7 +325,7 @@ impl Int8Kernel {
                     }
                 }
             }
-            return dots.map(|row| row.map(|d| d as f32));
+            return to_f32s(dots);
         }
         // Longer rows: at most CHUNK columns summed in i32 at a time.
         let mut dots = [[0i64; PANEL]; R];
@@ -345,7 +345,7 @@ impl Int8Kernel {
                 }
             }
         }
-        dots.map(|row| row.map(|d| d as f32))
+        to_f32s(dots)
     }
 
     /// [`Int8Kernel::panel_dots`] over the column groups `groups`, whose sums fit in i32.
@@ -366,12 +366,10 @@ impl Int8Kernel {
             // `linear_packed` lay them out (the debug assertions above).
             #[cfg(target_arch = "x86_64")]
             Int8Kernel::Vnni512 => unsafe {
-                x86::panel_vnni512(a_u8.map(|a| a.as_ptr()), panel.as_ptr(), groups)
+                x86::panel_vnni512(pointers(a_u8), panel.as_ptr(), groups)
             },
             #[cfg(target_arch = "x86_64")]
-            Int8Kernel::Avx2 => unsafe {
-                x86::panel_avx2(a.map(|a| a.as_ptr()), panel.as_ptr(), groups)
-            },
+            Int8Kernel::Avx2 => unsafe { x86::panel_avx2(pointers(a), panel.as_ptr(), groups) },
             _ => a.map(|a| {
                 let mut sums = [0i32; PANEL];
                 for g in groups.clone() {
@@ -387,6 +385,47 @@ impl Int8Kernel {
             }),
         }
     }
+}
+
+/// Each integer as the nearest f32. (Loops rather than `map`, which did not inline on
+/// this hot path.)
+#[inline(always)]
+fn to_f32s<T: Copy + ToF32, const R: usize>(dots: [[T; PANEL]; R]) -> [[f32; PANEL]; R] {
+    let mut out = [[0f32; PANEL]; R];
+    for (o, d) in out.iter_mut().zip(&dots) {
+        for (o, &d) in o.iter_mut().zip(d) {
+            *o = d.to_f32();
+        }
+    }
+    out
+}
+
+/// An integer's nearest f32.
+trait ToF32 {
+    /// The nearest f32.
+    fn to_f32(self) -> f32;
+}
+
+impl ToF32 for i32 {
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+}
+
+impl ToF32 for i64 {
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+}
+
+/// The start of each slice.
+#[inline(always)]
+fn pointers<T, const R: usize>(rows: [&[T]; R]) -> [*const T; R] {
+    let mut out = [std::ptr::null(); R];
+    for (o, r) in out.iter_mut().zip(rows) {
+        *o = r.as_ptr();
+    }
+    out
 }
 
 /// `activation(x · Wᵀ + bias)` for `x` of `m` rows of `w.cols()` values, into `out`
@@ -673,9 +712,14 @@ impl Products<'_> {
     /// [`Products::rows`] for `R` quantised rows.
     unsafe fn tile<const R: usize>(&self, rows: [usize; R], cols: std::ops::Range<usize>) {
         let (n, stride) = (self.w.rows, self.w.groups * GROUP);
-        // SAFETY: these rows were quantised before, and nothing writes them now.
-        let a = rows.map(|i| unsafe { &*self.a.slice(i * stride, stride) });
-        let a_u8 = rows.map(|i| unsafe { &*self.a_u8.slice(i * stride, stride) });
+        let (mut a, mut a_u8) = ([&[][..]; R], [&[][..]; R]);
+        for ((a, a_u8), &i) in a.iter_mut().zip(&mut a_u8).zip(&rows) {
+            // SAFETY: these rows were quantised before, and nothing writes them now.
+            unsafe {
+                *a = &*self.a.slice(i * stride, stride);
+                *a_u8 = &*self.a_u8.slice(i * stride, stride);
+            }
+        }
         for first in cols.clone().step_by(PANEL) {
             let p = first / PANEL;
             let sums = &self.w.row_sums[first..first + PANEL];
