@@ -378,9 +378,12 @@ case $W in
     # -p kiln-models --features cuda --example gpt_int8`: the held-out loss of the small
     # GPT's seeded weights, which the CPU's run gives too, and batch-1 logits latency of
     # the small and W3 configurations), W1's batch-1 inference in f32 and int8 (kiln-bench.xz,
-    # `--features cuda --bin kiln-bench`), and PyTorch's GPT logits (f32, bf16) in the
-    # same call.
+    # `--features cuda --bin kiln-bench`), the int8 MLP's fused plans against its
+    # op-by-op path (fused_models_test.xz, `cargo test -p kiln-gpu-system --features cuda
+    # --test fused_models --no-run`), and PyTorch's GPT logits (f32, bf16) in the same
+    # call.
     run 300 $B/conformance_test --test-threads 1 matmul gather cast embedding bad_shapes 2>&1 | tail -40
+    [ -x $B/fused_models_test ] && run 120 $B/fused_models_test --test-threads 1 cuda::int8
     run 240 $B/gpt_int8 --device cuda --data models/data --reps 50
     run 120 $B/kiln-bench --device cuda --workloads w1 --variants infer,infer-int8 --reps 50
     for c in small w3; do
