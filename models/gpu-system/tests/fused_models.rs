@@ -293,7 +293,7 @@ fn mlp_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> 
 fn int8_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> {
     use kiln_models::mlp::MlpInt8;
     use kiln_tensor::{RandDist, Rank2, Tensor};
-    let (fused, mut unfused) = (MlpInt8::<G>::init(dev, 3)?, MlpInt8::<G>::init(dev, 3)?);
+    let (fused, unfused) = (MlpInt8::<G>::init(dev, 3)?, MlpInt8::<G>::init(dev, 3)?);
     unfused.set_fused(false);
     let normal = RandDist::Normal {
         mean: 0.0,
