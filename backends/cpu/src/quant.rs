@@ -68,8 +68,8 @@ impl Lines {
 }
 
 /// An int8 matrix `[rows, cols]` laid out for the products, made once per weight (a
-/// CPU buffer of i8 caches its packed form). Rows go in panels of [`PANEL`]; a panel
-/// holds, for each group of [`GROUP`] columns, its rows' four bytes in turn: one
+/// CPU buffer of i8 caches its packed form). Rows go in panels of sixteen; a panel
+/// holds, for each group of four columns, its rows' four bytes in turn: one
 /// 64-byte line, which one register loads. A product then keeps sixteen outputs' sums
 /// in one register, each lane one output, with no horizontal sums. Rows past the last
 /// and columns past the last are zeros.
