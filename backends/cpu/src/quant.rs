@@ -634,6 +634,15 @@ impl<T> Shared<T> {
         // SAFETY: as the caller promises.
         unsafe { std::slice::from_raw_parts_mut(self.at(start), len) }
     }
+
+    /// `len` elements from `start`, to read (several tasks may read them at once).
+    ///
+    /// # Safety
+    /// They are inside the buffer, and no one writes them while this lives.
+    unsafe fn slice_ref(&self, start: usize, len: usize) -> &[T] {
+        // SAFETY: as the caller promises.
+        unsafe { std::slice::from_raw_parts(self.at(start), len) }
+    }
 }
 
 /// One product's operands and results, which its tasks share: the weights and their
@@ -716,8 +725,8 @@ impl Products<'_> {
         for ((a, a_u8), &i) in a.iter_mut().zip(&mut a_u8).zip(&rows) {
             // SAFETY: these rows were quantised before, and nothing writes them now.
             unsafe {
-                *a = &*self.a.slice(i * stride, stride);
-                *a_u8 = &*self.a_u8.slice(i * stride, stride);
+                *a = self.a.slice_ref(i * stride, stride);
+                *a_u8 = self.a_u8.slice_ref(i * stride, stride);
             }
         }
         for first in cols.clone().step_by(PANEL) {
