@@ -36,7 +36,7 @@ fn init_int8<B: Backend>(
         .find(|p| Precision::Int8.quantizes(p.name, &p.dims, p.dtype))
         .ok_or_else(|| Error::invalid("int8 layer", format!("{spec} has no int8 weight")))?;
     let (rows, cols) = (weight.dims[0], weight.dims[1]);
-    let (q, scales) = if initialising_zeros() {
+    let (mut q, mut scales) = if initialising_zeros() {
         // A model whose every value is about to be loaded: no draw to quantise.
         (vec![0; rows * cols], vec![0.0; rows])
     } else {
@@ -53,8 +53,13 @@ fn init_int8<B: Backend>(
     spec.params_in(Precision::Int8)
         .iter()
         .map(|p: &ParamSpec| match (p.name, p.dtype) {
-            (_, DType::I8) => RawTensor::from_host(HostData::I8(q.clone()), &p.dims, device),
-            ("weight_scale", _) => RawTensor::from_vec(scales.clone(), &p.dims, device),
+            // Moved, not copied: the policy gives one int8 weight and one scale each.
+            (_, DType::I8) => {
+                RawTensor::from_host(HostData::I8(std::mem::take(&mut q)), &p.dims, device)
+            }
+            ("weight_scale", _) => {
+                RawTensor::from_vec(std::mem::take(&mut scales), &p.dims, device)
+            }
             _ => init_tensor::<B>(p, device, seed, &join(prefix, p.name)),
         })
         .collect()

@@ -46,7 +46,7 @@ pub fn init_tensor<B: Backend>(
     seed: u64,
     name: &str,
 ) -> Result<RawTensor<B>> {
-    if ZEROS.with(|z| z.get()) {
+    if initialising_zeros() {
         return RawTensor::zeros(&spec.dims, DType::F32, device);
     }
     let s = seed_for(seed, name);
