@@ -21,21 +21,40 @@ old_mesa() {
     v=$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || true)
     [ -n "$v" ] && dpkg --compare-versions "$v" lt 23
 }
+# Ranks started by mpirun exchange through the system's MPI (the `mpi` feature): Open
+# MPI's launcher and development files, and libclang for the crate's bindings.
+has_mpi() {
+    command -v mpirun >/dev/null && command -v mpicc >/dev/null &&
+        ldconfig -p 2>/dev/null | grep -q 'libclang'
+}
+can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
+updated=
+apt_install() {
+    [ -n "$updated" ] || { apt-get update -qq && updated=1; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
+}
 if ! has_vulkan || old_mesa; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    if can_install; then
         from=()
         if grep -q '^VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null; then
             echo "deb http://deb.debian.org/debian bookworm-backports main" \
                 >/etc/apt/sources.list.d/kiln-bookworm-backports.list
             from=(-t bookworm-backports)
         fi
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${from[@]}" \
-            mesa-vulkan-drivers libvulkan1
+        apt_install "${from[@]}" mesa-vulkan-drivers libvulkan1
     else
         echo "warning: no Vulkan driver with f16 found and cannot install one (needs root" \
             "and apt-get): install mesa-vulkan-drivers (Mesa 23 or later) and libvulkan1;" \
             "the wgpu tests will fail" >&2
+    fi
+fi
+if ! has_mpi; then
+    if can_install; then
+        apt_install openmpi-bin libopenmpi-dev libclang-dev
+    else
+        echo "warning: no Open MPI or libclang and cannot install them (needs root and" \
+            "apt-get): install openmpi-bin, libopenmpi-dev and libclang-dev; the build" \
+            "with the mpi feature will fail" >&2
     fi
 fi
 
@@ -43,14 +62,15 @@ fi
 # build of the workspace, with the wgpu backend on: the backend's tests on wgpu, the zoo
 # on wgpu (kiln-gpu-system: fused plans against op by op, capture rules, the dynamic
 # path) and the binaries with `--device wgpu` (models/tests/devices.rs) run beside
-# everything else, and every crate above kiln-cubecl compiles once.
+# everything else, and every crate above kiln-cubecl compiles once. MPI is on too:
+# the multi-node tests run ranks under mpirun (models/tests/multi_node.rs).
 export CARGO_TERM_COLOR=never
 # trybuild builds its cases in a project of its own, under cargo's default dev profile
 # (full debug info): 162 MB per ui pass case and 3.4 GB in all, which once filled a
 # CI machine's disk. The workspace's dev profile has no debug info either, so this
 # changes only trybuild's build (1.0 GB, and its build is faster).
 export CARGO_PROFILE_DEV_DEBUG=false
-features=(--features kiln-gpu-system/wgpu,kiln-models/wgpu)
+features=(--features kiln-gpu-system/wgpu,kiln-models/wgpu,kiln-models/mpi)
 cargo test --workspace "${features[@]}" --no-fail-fast "$@"
 
 # Inference binaries with their weights built in (`kiln::embed!`, checked against the
@@ -63,5 +83,5 @@ train --model cnn --dataset fashion --limit 2048 --out models/weights/cnn-fashio
 train --model gpt --batch-size 16 --limit 8192 --out models/weights/gpt-shakespeare.safetensors
 ./target/debug/kiln-quantize models/weights/mlp-mnist.safetensors \
     models/weights/mlp-mnist-int8.safetensors >/dev/null
-cargo build -p kiln-models --features embedded-weights,wgpu --examples
-cargo test -p kiln-models --features embedded-weights,wgpu --test embedded --no-fail-fast "$@"
+cargo build -p kiln-models --features embedded-weights,wgpu,mpi --examples
+cargo test -p kiln-models --features embedded-weights,wgpu,mpi --test embedded --no-fail-fast "$@"

@@ -137,31 +137,48 @@ fn not_built(feature: &str) -> Error {
     )
 }
 
-/// Joins this process's rank of a data-parallel run started by
-/// [`kiln_train::launch::launch`], on `device`: through NCCL between CUDA devices (rank
-/// 0 makes the group's id and publishes it in the rendezvous folder), through loopback
-/// sockets between processes on other backends. Waits at most `timeout` for the other
-/// ranks, to meet and in every exchange.
+/// Joins this process's rank of a data-parallel job, on `device`, wherever its
+/// starter placed it ([`kiln_train::rank_env::RankEnv`]): through NCCL between CUDA
+/// devices (rank 0 makes the group's id and hands it out where the ranks meet, over
+/// TCP or MPI), through MPI between CPU ranks that an MPI launcher started, and through
+/// TCP otherwise. Waits at most `timeout` for the other ranks, to meet and in every
+/// exchange.
 pub fn join_ranks<B: Backend>(
     device: &B::Device,
-    env: &kiln_train::launch::RankEnv,
+    env: &kiln_train::rank_env::RankEnv,
     timeout: std::time::Duration,
 ) -> Result<Box<dyn kiln_tensor::Collective<B>>> {
+    use kiln_train::rank_env::Meeting;
     let timeout = kiln_train::launch::check_timeout("the rank timeout", timeout)?;
     #[cfg(feature = "cuda")]
     {
         use std::any::Any;
         if let Some(cuda) = (device as &dyn Any).downcast_ref::<kiln_cubecl::CudaDevice>() {
             use kiln_cubecl::nccl::{NcclId, NcclRank};
-            const ID_FILE: &str = "nccl-id";
-            let id = if env.rank == 0 {
-                let id = NcclId::new()?;
-                env.publish(ID_FILE, &id.to_bytes())?;
-                id
-            } else {
-                NcclId::from_bytes(&env.wait_for(ID_FILE, timeout)?)?
+            let made = match env.rank {
+                0 => NcclId::new()?.to_bytes(),
+                _ => Vec::new(),
             };
-            let rank = NcclRank::join(cuda, &id, env.rank, env.world, timeout)?;
+            let shared = match env.meeting {
+                Meeting::Mpi => {
+                    #[cfg(feature = "mpi")]
+                    {
+                        kiln_train::mpi_rank::MpiRank::join(env, timeout)?.share_from_root(&made)?
+                    }
+                    #[cfg(not(feature = "mpi"))]
+                    {
+                        return Err(mpi_not_built(env));
+                    }
+                }
+                _ => kiln_train::tcp::meet(env, timeout, &made)?.shared,
+            };
+            let rank = NcclRank::join(
+                cuda,
+                &NcclId::from_bytes(&shared)?,
+                env.rank,
+                env.world,
+                timeout,
+            )?;
             let boxed: Box<dyn kiln_tensor::Collective<kiln_cubecl::Cuda>> = Box::new(rank);
             let any: Box<dyn Any> = Box::new(boxed);
             return any
@@ -171,7 +188,39 @@ pub fn join_ranks<B: Backend>(
         }
     }
     let _ = device;
-    Ok(Box::new(kiln_train::launch::TcpRank::join(env, timeout)?))
+    match env.meeting {
+        Meeting::Mpi => {
+            #[cfg(feature = "mpi")]
+            {
+                Ok(Box::new(kiln_train::mpi_rank::MpiRank::join(env, timeout)?))
+            }
+            #[cfg(not(feature = "mpi"))]
+            {
+                Err(mpi_not_built(env))
+            }
+        }
+        _ => Ok(Box::new(kiln_train::tcp::TcpRank::join(env, timeout)?)),
+    }
+}
+
+/// The error for a rank that an MPI launcher started, in a build without MPI.
+#[cfg(not(feature = "mpi"))]
+fn mpi_not_built(env: &kiln_train::rank_env::RankEnv) -> Error {
+    Error::invalid(
+        "ranks",
+        format!(
+            "{} was started by an MPI launcher, but this program was built without MPI: rebuild it with `--features mpi` (it needs Open MPI or MPICH with its development files, and libclang), or start the ranks with torchrun or srun",
+            env.describe()
+        ),
+    )
+}
+
+/// Ends this process's part in a job of ranks: an MPI job is finalised when the rank
+/// succeeded and aborted (every rank of it) when it failed; nothing otherwise.
+pub fn end_ranks(succeeded: bool) {
+    #[cfg(feature = "mpi")]
+    kiln_train::mpi_rank::end_job(succeeded);
+    let _ = succeeded;
 }
 
 #[cfg(test)]

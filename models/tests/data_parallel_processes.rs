@@ -266,7 +266,7 @@ fn rank_settings_that_make_no_sense_are_refused() {
         .unwrap();
     let err = String::from_utf8_lossy(&partial.stderr);
     assert!(
-        err.contains("are set together (by a launch), not some of them"),
+        err.contains("are set together (by kiln-train --ranks), not some of them"),
         "{err}"
     );
     let outside = Command::new(TRAIN)

@@ -6,7 +6,8 @@
 //! ([`checkpoint`]), training states a crashed run resumes from ([`state`]), training
 //! steps replayed as graphs ([`replay`]), evaluation metrics on the device
 //! ([`metrics`]), and data parallelism ([`parallel`]): ranks
-//! that average their gradients, started as processes by [`launch`]. Everything here
+//! that average their gradients, started as processes by [`launch`], torchrun, Slurm
+//! or MPI ([`rank_env`]), meeting and exchanging over TCP ([`tcp`]) or MPI. Everything here
 //! works on any
 //! [`kiln_tensor::nn::Module`] through
 //! its named parameter visits, so a `#[model]` struct and a hand-written one are
@@ -38,12 +39,17 @@ pub mod instances;
 pub mod launch;
 pub mod learner;
 pub mod metrics;
+#[cfg(feature = "mpi")]
+pub mod mpi_rank;
 pub mod optim;
 pub mod parallel;
 pub mod progress;
+pub mod rank_env;
 pub mod replay;
 pub mod schedule;
 pub mod state;
+pub mod tcp;
+pub mod torch_store;
 
 pub use optim::{
     Adam, AdamConfig, AdamW, AdamWConfig, GradClip, Optimizer, OptimizerState, Sgd, SgdConfig,

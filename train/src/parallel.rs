@@ -9,9 +9,8 @@
 //! hang the others: each waits at most the group's timeout, then fails with an error
 //! naming the ranks it waited for, and the group stays failed.
 
-use crate::launch::{describe, mean_in_rank_order, tensors_like};
 use kiln_tensor::nn::Module;
-use kiln_tensor::{Backend, Collective, Error, RawTensor, Result};
+use kiln_tensor::{Backend, Collective, Error, HostData, RawTensor, Result};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -579,4 +578,51 @@ fn each_grad<B: Backend, M: Module<B>>(
         f(name, g);
         Ok(())
     })
+}
+
+/// `tensors` as an exchange's description (op, dims and dtypes, which every rank must
+/// agree on) and values.
+pub(crate) fn describe<B: Backend>(
+    op: &'static str,
+    tensors: &[RawTensor<B>],
+    floats_only: bool,
+) -> Result<(String, Vec<f64>)> {
+    let mut kinds = Vec::with_capacity(tensors.len());
+    let mut values = Vec::new();
+    for t in tensors {
+        if floats_only && !t.dtype().is_float() {
+            return Err(Error::dtype(
+                op,
+                format!("averages float tensors, not {}", t.dtype()),
+            ));
+        }
+        kinds.push(format!("{}{:?}", t.dtype(), &t.dims()[..]));
+        values.extend(t.to_f64_vec()?);
+    }
+    Ok((format!("[{}]", kinds.join(", ")), values))
+}
+
+/// `values` cut back into tensors of the dims, dtypes and devices of `like`.
+pub(crate) fn tensors_like<B: Backend>(
+    values: &[f64],
+    like: &[RawTensor<B>],
+) -> Result<Vec<RawTensor<B>>> {
+    let mut at = 0;
+    like.iter()
+        .map(|t| {
+            let n = t.numel();
+            let host = HostData::from_f64_slice(t.dtype(), &values[at..at + n]);
+            at += n;
+            RawTensor::from_host(host, &t.dims()[..], t.device())
+        })
+        .collect()
+}
+
+/// The element-wise mean of every rank's values, summed in rank order.
+pub(crate) fn mean_in_rank_order(all: &[Vec<f64>]) -> Vec<f64> {
+    let scale = 1.0 / all.len() as f64;
+    let n = all.first().map_or(0, Vec::len);
+    (0..n)
+        .map(|i| all.iter().map(|r| r[i]).sum::<f64>() * scale)
+        .collect()
 }

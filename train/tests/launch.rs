@@ -1,11 +1,14 @@
-//! Ranks as processes: the launcher stops every rank when one fails and names it, and
-//! the loopback collective (`TcpRank`) agrees with the in-process one bit for bit and
-//! turns a rank that never comes, dies or gives other tensors into one error on the
-//! others, within the timeout.
+//! Ranks as processes: the launcher stops every rank when one fails and names it; the
+//! TCP meeting (in Kiln's rendezvous folder or on `MASTER_ADDR:MASTER_PORT`) hands out
+//! rank 0's bytes and refuses ranks that disagree; the TCP collective (`TcpRank`)
+//! agrees with the in-process one bit for bit and turns a rank that never comes, dies
+//! or gives other tensors into one error on the others, within the timeout.
 
 use kiln_cpu::{Cpu, CpuDevice};
 use kiln_tensor::{Collective, RawTensor};
-use kiln_train::launch::{launch, RankEnv, TcpRank};
+use kiln_train::launch::launch;
+use kiln_train::rank_env::{Meeting, RankEnv, Starter};
+use kiln_train::tcp::{meet, Member, TcpRank};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -18,11 +21,14 @@ fn envs(name: &str, world: usize) -> Vec<RankEnv> {
     std::fs::create_dir_all(&dir).unwrap();
     (0..world)
         .map(|rank| RankEnv {
-            launcher: None,
             rank,
             world,
-            rendezvous: dir.clone(),
+            local_rank: rank,
+            node: None,
+            starter: Starter::Kiln,
+            meeting: Meeting::Folder(dir.clone()),
             launched: false,
+            launcher: None,
         })
         .collect()
 }
@@ -190,4 +196,261 @@ fn ranks_that_disagree_on_the_tensors_fail_together_and_stay_failed() {
             "{again:?}"
         );
     }
+}
+
+/// A port of loopback nobody listens on (as far as anyone can tell).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// torchrun's places for `world` ranks, two a node, meeting on `port` of loopback.
+fn torchrun_envs(world: usize, port: u16) -> Vec<RankEnv> {
+    (0..world)
+        .map(|rank| RankEnv {
+            rank,
+            world,
+            local_rank: rank % 2,
+            node: Some(rank / 2),
+            starter: Starter::Torchrun,
+            meeting: Meeting::Tcp {
+                host: "127.0.0.1".into(),
+                port,
+                store_key: None,
+            },
+            launched: false,
+            launcher: None,
+        })
+        .collect()
+}
+
+#[test]
+fn ranks_meet_on_master_port_and_get_rank_0s_bytes_and_roll() {
+    let port = free_port();
+    // Something that is not a rank connects first: rank 0 ignores it.
+    let stray = std::thread::spawn(move || {
+        for _ in 0..100 {
+            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                use std::io::Write;
+                let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    let results = on_ranks(torchrun_envs(4, port), |env| {
+        let mine = format!("from rank {}", env.rank);
+        let met = meet(&env, Duration::from_secs(20), mine.as_bytes()).unwrap();
+        (met.members, met.shared)
+    });
+    stray.join().unwrap();
+    for (members, shared) in &results {
+        assert_eq!(shared, b"from rank 0");
+        let nodes: Vec<Option<usize>> = members.iter().map(|m| m.node).collect();
+        assert_eq!(nodes, [Some(0), Some(0), Some(1), Some(1)]);
+        assert!(members.iter().all(|m| m.host.is_some()));
+        assert_eq!(members, &results[0].0);
+    }
+    let member = Member {
+        rank: 2,
+        node: Some(1),
+        host: Some("gpu7".into()),
+    };
+    assert_eq!(member.describe(), "rank 2 (node 1 on gpu7)");
+}
+
+#[test]
+fn torchrun_ranks_exchange_bit_for_bit_with_the_folder_ones() {
+    let port = free_port();
+    let run = |envs: Vec<RankEnv>| {
+        on_ranks(envs, |env| {
+            let rank = TcpRank::join(&env, Duration::from_secs(20)).unwrap();
+            let me = env.rank as f32;
+            let t = tensor(vec![0.1 + me, 1e8 * (me - 1.0), 3.0 * me]);
+            rank.all_reduce_mean(&[t]).unwrap()[0]
+                .to_vec::<f32>()
+                .unwrap()
+        })
+    };
+    let over_tcp = run(torchrun_envs(4, port));
+    let in_folder = run(envs("same-bits", 4));
+    assert_eq!(over_tcp, in_folder);
+    assert!(over_tcp.iter().all(|r| r == &over_tcp[0]));
+}
+
+#[test]
+fn ranks_that_disagree_on_the_world_or_their_number_are_refused() {
+    // Rank 1 was told of a world of 3, rank 0 of 2.
+    let port = free_port();
+    let mut envs = torchrun_envs(2, port);
+    envs[1].world = 3;
+    let results = on_ranks(envs, |env| {
+        meet(&env, Duration::from_secs(20), &[])
+            .err()
+            .unwrap()
+            .to_string()
+    });
+    for err in &results {
+        assert!(
+            err.contains("rank 1 (node 0 on ")
+                && err.contains("belongs to a job of 3 ranks, and rank 0 to one of 2: every rank must be given the same world size (RANK, WORLD_SIZE)"),
+            "{err}"
+        );
+    }
+    assert!(
+        results[1].contains("rank 0 ended the meeting: "),
+        "{}",
+        results[1]
+    );
+    // Two processes told they are rank 1.
+    let port = free_port();
+    let mut envs = torchrun_envs(3, port);
+    envs[2].rank = 1;
+    let results = on_ranks(envs, |env| {
+        meet(&env, Duration::from_secs(20), &[])
+            .err()
+            .map(|e| e.to_string())
+    });
+    let err = results[0].as_ref().unwrap();
+    assert!(
+        err.contains("two processes joined as rank 1: rank 1 (node"),
+        "{err}"
+    );
+    assert!(results.iter().all(Option::is_some), "{results:?}");
+}
+
+#[test]
+fn a_rank_0_that_never_comes_is_named_with_its_address() {
+    let port = free_port();
+    let env = torchrun_envs(2, port).remove(1);
+    let started = Instant::now();
+    let err = meet(&env, Duration::from_secs(1), &[])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        err.contains(&format!(
+            "rank 1 (node 0): waited 1 s for rank 0 at 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT) (did rank 0 start there?)"
+        )),
+        "{err}"
+    );
+    // And rank 0 names the ranks that never came.
+    let env = torchrun_envs(4, free_port()).remove(0);
+    let err = meet(&env, Duration::from_secs(1), &[])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("waited 1 s for rank(s) 1, 2, 3 to join"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_taken_master_port_is_named() {
+    let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let env = torchrun_envs(2, port).remove(0);
+    let err = meet(&env, Duration::from_secs(1), &[])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "port {port} (MASTER_PORT) is taken on this machine"
+        )),
+        "{err}"
+    );
+}
+
+/// A stand-in for torchrun's agent store speaking the part of PyTorch's TCP store
+/// protocol Kiln uses (checked against torch 2.15's `TCPStore` and torchrun; see
+/// `kiln_train::torch_store`): serves every connection until the test ends.
+fn agent_store() -> u16 {
+    use std::collections::HashMap;
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let keys: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>> = Arc::default();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let (mut s, keys) = (stream.unwrap(), keys.clone());
+            std::thread::spawn(move || {
+                let u8s = |s: &mut std::net::TcpStream, n: usize| {
+                    let mut b = vec![0u8; n];
+                    s.read_exact(&mut b).map(|_| b)
+                };
+                let word = |b: Vec<u8>| u64::from_le_bytes(b.try_into().unwrap()) as usize;
+                let string = |s: &mut std::net::TcpStream| {
+                    let n = word(u8s(s, 8)?);
+                    u8s(s, n)
+                };
+                let hello = u8s(&mut s, 5).unwrap();
+                assert_eq!(hello, [0, 0xCE, 0xF7, 0x85, 0x3C], "the store's handshake");
+                while let Ok(query) = u8s(&mut s, 1) {
+                    match query[0] {
+                        1 => {
+                            let (k, v) = (string(&mut s).unwrap(), string(&mut s).unwrap());
+                            keys.lock().unwrap().insert(k, v);
+                        }
+                        5 => {
+                            assert_eq!(word(u8s(&mut s, 8).unwrap()), 1);
+                            let k = string(&mut s).unwrap();
+                            let ready = keys.lock().unwrap().contains_key(&k);
+                            s.write_all(&[if ready { 0 } else { 1 }]).unwrap();
+                        }
+                        3 => {
+                            let k = string(&mut s).unwrap();
+                            let v = keys.lock().unwrap()[&k].clone();
+                            s.write_all(&(v.len() as u64).to_le_bytes()).unwrap();
+                            s.write_all(&v).unwrap();
+                        }
+                        other => panic!("a query the store was not asked for: {other}"),
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn under_torchruns_agent_rank_0_publishes_its_port_in_the_agents_store() {
+    let store = agent_store();
+    let mut envs = torchrun_envs(3, store);
+    for env in &mut envs {
+        let Meeting::Tcp { store_key, .. } = &mut env.meeting else {
+            unreachable!()
+        };
+        *store_key = Some("/kiln/run/0/rank-0-port".into());
+    }
+    let results = on_ranks(envs, |env| {
+        let rank = TcpRank::join(&env, Duration::from_secs(20)).unwrap();
+        let t = tensor(vec![env.rank as f32]);
+        rank.all_reduce_mean(&[t]).unwrap()[0]
+            .to_vec::<f32>()
+            .unwrap()
+    });
+    assert!(results.iter().all(|r| r == &[1.0]), "{results:?}");
+    // A rank 0 that never publishes is waited for, then named.
+    let mut env = torchrun_envs(2, store).remove(1);
+    let Meeting::Tcp { store_key, .. } = &mut env.meeting else {
+        unreachable!()
+    };
+    *store_key = Some("/kiln/run/1/rank-0-port".into());
+    let err = meet(&env, Duration::from_secs(1), &[])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "waited 1 s for rank 0 to publish its port in torchrun's store at 127.0.0.1:{store}"
+        )),
+        "{err}"
+    );
 }

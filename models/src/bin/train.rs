@@ -12,10 +12,11 @@ use kiln::device::{run_on, DeviceChoice, OnDevice};
 use kiln::prelude::*;
 use kiln::tensor::Collective;
 use kiln::train::checkpoint;
-use kiln::train::launch::{launch, RankEnv};
+use kiln::train::launch::launch;
 use kiln::train::learner::{Learner, Resume, Supervised};
 use kiln::train::metrics::TopK;
 use kiln::train::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+use kiln::train::rank_env::{RankEnv, Starter};
 use kiln::train::schedule::CosineWithWarmup;
 use kiln_models::classify::{Classifier, Examples, EVAL_BATCH};
 use kiln_models::data::{ImageDataset, FASHION_NORM, MNIST_NORM};
@@ -132,11 +133,13 @@ struct Args {
     /// (`#[model(precision = bf16)]` instances); f16 steps are loss-scaled.
     #[arg(long, value_enum, default_value = "f32")]
     precision: PrecisionArg,
-    /// Data-parallel ranks, one process each, started by this one: every rank trains
-    /// on --batch-size examples of each step (a step's batch is ranks × --batch-size)
-    /// and the gradients are averaged, through NCCL between CUDA GPUs (rank r on GPU
-    /// N + r of --device cuda:N) and loopback sockets elsewhere; rank 0 prints and
-    /// writes the checkpoint and training state. Without it: one process, no exchange.
+    /// Data-parallel ranks on this machine, one process each, started by this one:
+    /// every rank trains on --batch-size examples of each step (a step's batch is
+    /// ranks × --batch-size) and the gradients are averaged, through NCCL between CUDA
+    /// GPUs (rank r on GPU N + r of --device cuda:N) and loopback sockets elsewhere;
+    /// rank 0 prints and writes the checkpoint and training state. Without it: one
+    /// process, or one rank of a job that torchrun, srun or mpirun started (read from
+    /// their variables; a rank takes GPU N + LOCAL_RANK).
     #[arg(long)]
     ranks: Option<usize>,
     /// Seconds a rank waits for the others, to start and in each exchange, before the
@@ -740,19 +743,25 @@ fn check_args(args: &Args) -> Result<()> {
 fn main() {
     let args = Args::parse();
     args.anomaly.apply();
-    if let Err(e) = check_args(&args).and_then(|()| start(&args)) {
-        // A launched rank leaves its error to the launcher, which prints one line.
+    let outcome = check_args(&args).and_then(|()| start(&args));
+    if let Err(e) = &outcome {
+        // A rank Kiln's launcher started leaves its error to it, which prints one line.
         let told =
             matches!(RankEnv::from_env(), Ok(Some(env)) if env.report_failure(&e.to_string()));
         if !told {
             eprintln!("error: {e}");
         }
+    }
+    // A failed rank of an MPI job aborts the job, so that no rank waits on it.
+    kiln::device::end_ranks(outcome.is_ok());
+    if outcome.is_err() {
         std::process::exit(1);
     }
 }
 
 /// Runs the training: in this process, as the launcher of `--ranks` processes, or as
-/// one of those ranks (started by a launcher, which set the rank's environment).
+/// one rank of a job (started by that launcher, torchrun, srun or mpirun, which set
+/// the rank's environment).
 fn start(args: &Args) -> Result<()> {
     match (RankEnv::from_env()?, args.ranks) {
         (None, None) => run_on(args.device.device, Train(args, None)),
@@ -763,10 +772,22 @@ fn start(args: &Args) -> Result<()> {
             let argv: Vec<String> = std::env::args().skip(1).collect();
             launch(world, &me, &argv)
         }
-        (Some(env), Some(world)) if env.world == world => {
+        (Some(env), ranks) if env.starter != Starter::Kiln && ranks.is_some() => {
+            Err(Error::invalid(
+                "kiln-train",
+                format!(
+                    "this process is rank {} of {} started by {} ({}), but its command line says --ranks, which starts ranks of its own on this machine: leave --ranks out",
+                    env.rank,
+                    env.world,
+                    env.starter.name(),
+                    env.starter.variables()
+                ),
+            ))
+        }
+        (Some(env), ranks) if env.starter != Starter::Kiln || ranks == Some(env.world) => {
             env.watch_launcher();
             let device = match args.device.device {
-                DeviceChoice::Cuda(first) => DeviceChoice::Cuda(first + env.rank),
+                DeviceChoice::Cuda(first) => DeviceChoice::Cuda(first + env.local_rank),
                 other => other,
             };
             run_on(device, Train(args, Some(&env)))

@@ -1,0 +1,140 @@
+//! A client of PyTorch's TCP store, the key-value store that torchrun's agent holds on
+//! `MASTER_ADDR:MASTER_PORT` for its workers (it says so with
+//! `TORCHELASTIC_USE_AGENT_STORE=True`). Kiln's rank 0 cannot listen on that port, so
+//! it listens on a port of its own and publishes it under a key of the store, where the
+//! other ranks read it. Only what that needs is spoken: the store's handshake, `SET`,
+//! `CHECK` and `GET`, each a one-byte query type followed by length-prefixed keys and
+//! values (lengths as little-endian u64, as PyTorch's `size_t` on the machines it
+//! runs on).
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// The number a client sends first, which the store checks.
+const VALIDATION_MAGIC: u32 = 0x3C85_F7CE;
+
+/// The store's query types that Kiln sends (their numbers in PyTorch's protocol).
+#[derive(Clone, Copy)]
+#[repr(u8)]
+enum Query {
+    Validate = 0,
+    Set = 1,
+    Get = 3,
+    Check = 5,
+}
+
+/// The store's answer to `CHECK` when every key is set.
+const READY: u8 = 0;
+
+/// A connection to the store.
+pub struct TorchStore {
+    stream: TcpStream,
+    address: String,
+}
+
+/// The error of a store operation, naming the store.
+fn failed(address: &str, what: &str, e: std::io::Error) -> String {
+    format!("torchrun's store at {address} (MASTER_ADDR:MASTER_PORT): {what}: {e}")
+}
+
+impl TorchStore {
+    /// Connects to the store at `host:port`, trying again until `deadline` (the agent
+    /// starts its store before its workers, but a node's agent may come late).
+    pub fn connect(host: &str, port: u16, deadline: Instant) -> Result<TorchStore, String> {
+        let address = format!("{host}:{port}");
+        let mut last = String::from("no try");
+        let stream = loop {
+            let addrs: Vec<_> = match address.to_socket_addrs() {
+                Ok(a) => a.collect(),
+                Err(e) => {
+                    last = format!("looking it up: {e}");
+                    Vec::new()
+                }
+            };
+            if let Some(stream) = addrs.iter().find_map(|a| {
+                TcpStream::connect_timeout(a, Duration::from_secs(2))
+                    .map_err(|e| last = e.to_string())
+                    .ok()
+            }) {
+                break stream;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "could not reach torchrun's store at {address} (MASTER_ADDR:MASTER_PORT): {last}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let _ = stream.set_nodelay(true);
+        let left = deadline.saturating_duration_since(Instant::now());
+        stream
+            .set_read_timeout(Some(left.max(Duration::from_secs(1))))
+            .map_err(|e| failed(&address, "setting a timeout", e))?;
+        let mut store = TorchStore { stream, address };
+        let mut hello = vec![Query::Validate as u8];
+        hello.extend(VALIDATION_MAGIC.to_le_bytes());
+        store
+            .stream
+            .write_all(&hello)
+            .map_err(|e| failed(&store.address, "greeting it", e))?;
+        Ok(store)
+    }
+
+    /// A query with its length-prefixed parts, sent in one write.
+    fn send(&mut self, query: Query, parts: &[&[u8]], what: &str) -> Result<(), String> {
+        let mut message = vec![query as u8];
+        if let Query::Check = query {
+            message.extend(1u64.to_le_bytes());
+        }
+        for part in parts {
+            message.extend((part.len() as u64).to_le_bytes());
+            message.extend(*part);
+        }
+        self.stream
+            .write_all(&message)
+            .map_err(|e| failed(&self.address, what, e))
+    }
+
+    /// Sets `key` to `value`.
+    pub fn set(&mut self, key: &str, value: &[u8]) -> Result<(), String> {
+        self.send(Query::Set, &[key.as_bytes(), value], "setting a key")
+    }
+
+    /// Whether `key` is set.
+    pub fn check(&mut self, key: &str) -> Result<bool, String> {
+        self.send(Query::Check, &[key.as_bytes()], "checking a key")?;
+        let mut answer = [0u8; 1];
+        self.stream
+            .read_exact(&mut answer)
+            .map_err(|e| failed(&self.address, "reading its answer", e))?;
+        Ok(answer[0] == READY)
+    }
+
+    /// The value of `key` once it is set, waiting until `deadline`; `None` past it.
+    pub fn wait_get(&mut self, key: &str, deadline: Instant) -> Result<Option<Vec<u8>>, String> {
+        while !self.check(key)? {
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.send(Query::Get, &[key.as_bytes()], "reading a key")?;
+        let mut len = [0u8; 8];
+        self.stream
+            .read_exact(&mut len)
+            .map_err(|e| failed(&self.address, "reading a value", e))?;
+        let len = u64::from_le_bytes(len) as usize;
+        if len > 1 << 20 {
+            return Err(format!(
+                "torchrun's store at {} answered with a value of {len} bytes",
+                self.address
+            ));
+        }
+        let mut value = vec![0u8; len];
+        self.stream
+            .read_exact(&mut value)
+            .map_err(|e| failed(&self.address, "reading a value", e))?;
+        Ok(Some(value))
+    }
+}
