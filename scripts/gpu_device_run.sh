@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|int8|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|int8|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|nodes|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -236,6 +236,59 @@ case $W in
       # Whether sending buckets during the backward pass pays once a link is crossed.
       KILN_OVERLAP=0 run 150 $B/kiln-train --device cuda $W --ranks 2 --out "$OUT/w3r2after.safetensors"
       run 200 python3 -m torch.distributed.run --nproc_per_node 2 scripts/gpt_torch.py bench --config w3 --reps 20 --precision bf16 --ddp --compile
+    fi
+    rm -f "$OUT"/*.safetensors ;;
+  nodes)
+    # Ranks placed by torchrun's variables and by torchrun itself (issue 37): the NCCL
+    # tests, then the MLP as one plain process, as `--ranks 1` (the NCCL id through the
+    # TCP meeting), as rank 0 of 1 from hand-set torchrun variables (MASTER_PORT held by
+    # rank 0) and under torchrun (whose agent holds MASTER_PORT: rank 0 publishes its own
+    # port in the agent's store), each the same bits as the plain run. With two GPUs:
+    # the two-GPU NCCL tests, two simulated nodes of one GPU each under torchrun against
+    # one GPU at the total batch, and W3 from 1 to 2 GPUs (during and after the backward
+    # pass) with PyTorch's DDP over 1 and 2 beside it.
+    models_data
+    nccl_env
+    GPUS=$(nvidia-smi -L | wc -l)
+    if [ "$GPUS" -ge 2 ]; then I=--include-ignored; else I=; fi
+    [ -x $B/nccl_test ] && run 120 $B/nccl_test --test-threads 1 $I --skip an_exchange_stalled
+    TR="python3 -m torch.distributed.run"
+    C="--model mlp --epochs 2 --save-every 0 --no-graph --batch-size 128"
+    run 120 $B/kiln-train --device cuda $C --out "$OUT/plain.safetensors"
+    run 120 $B/kiln-train --device cuda $C --ranks 1 --out "$OUT/ranks1.safetensors"
+    same "$OUT/plain.safetensors" "$OUT/ranks1.safetensors"
+    RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29731 \
+      run 120 $B/kiln-train --device cuda $C --out "$OUT/env1.safetensors"
+    same "$OUT/plain.safetensors" "$OUT/env1.safetensors"
+    run 150 $TR --nnodes 1 --nproc-per-node 1 --master-port 29732 --no-python \
+      $B/kiln-train --device cuda $C --out "$OUT/torchrun1.safetensors"
+    same "$OUT/plain.safetensors" "$OUT/torchrun1.safetensors"
+    if [ "$GPUS" -ge 2 ]; then
+      for node in 1 0; do
+        CUDA_VISIBLE_DEVICES=$node timeout 200 $TR --nnodes 2 --nproc-per-node 1 --node-rank $node \
+          --master-addr 127.0.0.1 --master-port 29733 --no-python \
+          $B/kiln-train --device cuda --model mlp --epochs 2 --save-every 0 --no-graph --batch-size 64 \
+          --out "$OUT/nodes2.safetensors" > "$OUT/node$node.log" 2>&1 &
+      done
+      wait; cat "$OUT/node0.log" "$OUT/node1.log" | grep -v "^W1"
+      python3 - "$OUT/plain.safetensors" "$OUT/nodes2.safetensors" <<'PY'
+import json, struct, sys
+def tensors(path):
+    b = open(path, "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n]); head.pop("__metadata__", None)
+    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
+            b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]) for k, v in head.items()}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+worst = max(max(abs(x - y) for x, y in zip(a[k], b[k])) / max(1e-6, max(abs(x) for x in a[k])) for k in a)
+print("two nodes against one GPU at the total batch: worst relative difference %.3g" % worst)
+PY
+      W="--model gpt-w3 --precision bf16 --optimizer adamw --lr 0.001 --warmup 20 --epochs 1 --batch-size 32 --save-every 0"
+      run 150 $B/kiln-train --device cuda $W --out "$OUT/w3.safetensors"
+      run 150 $B/kiln-train --device cuda $W --ranks 2 --batch-size 16 --out "$OUT/w3r2half.safetensors"
+      run 150 $B/kiln-train --device cuda $W --ranks 2 --out "$OUT/w3r2.safetensors"
+      KILN_OVERLAP=0 run 150 $B/kiln-train --device cuda $W --ranks 2 --out "$OUT/w3r2after.safetensors"
+      run 200 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 20 --precision bf16 --compile
+      run 200 $TR --nproc_per_node 2 scripts/gpt_torch.py bench --config w3 --reps 20 --precision bf16 --ddp --compile
     fi
     rm -f "$OUT"/*.safetensors ;;
   ranksteps)

@@ -9,7 +9,7 @@
 
 use crate::launch::check_timeout;
 use crate::parallel::{describe, mean_in_rank_order, tensors_like};
-use crate::rank_env::{Meeting, RankEnv};
+use crate::rank_env::{Meeting, RankEnv, Starter};
 use crate::torch_store::TorchStore;
 use kiln_tensor::{Backend, Collective, Error, RawTensor, Result};
 use std::io::{Read, Write};
@@ -248,8 +248,12 @@ fn host_meeting(
                         .filter(|r| joined[r - 1].is_none())
                         .map(|r| r.to_string())
                         .collect();
+                    let hint = match env.starter {
+                        Starter::Slurm => " (a batch script starts its tasks with srun)",
+                        _ => "",
+                    };
                     let why = format!(
-                        "waited {:.0} s for rank(s) {} to join",
+                        "waited {:.0} s for rank(s) {} to join{hint}",
                         timeout.as_secs_f64(),
                         missing.join(", ")
                     );
