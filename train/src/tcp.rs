@@ -265,6 +265,9 @@ fn host_meeting(
             Err(e) => return Err(refuse(&mut joined, format!("accepting a rank: {e}"))),
         };
         let _ = stream.set_nonblocking(false);
+        // Exchanges write a header and then the values: with Nagle's algorithm the
+        // second write would wait for the peer's delayed acknowledgement (40 ms).
+        let _ = stream.set_nodelay(true);
         let _ = stream.set_read_timeout(Some(INTRODUCTION_TIMEOUT));
         // Whatever connects and does not introduce itself as a rank is no rank.
         let Some(intro) = read_introduction(&mut stream) else {
@@ -404,6 +407,7 @@ fn join_meeting(
     let deadline = Instant::now() + timeout;
     let (address, named) = rank_0_address(env, timeout, deadline)?;
     let mut stream = connect(&address, &named, timeout, deadline)?;
+    let _ = stream.set_nodelay(true);
     write_introduction(&mut stream, &me, env.world)
         .map_err(|e| format!("introducing itself to rank 0 at {named}: {e}"))?;
     // Rank 0 answers once every rank has come, or its own timeout has passed.
