@@ -6,11 +6,11 @@
 
 #[path = "support/output.rs"]
 mod output;
+#[path = "support/ranks.rs"]
+mod ranks;
 use output::assert_refused;
+use ranks::{assert_same_training, finish};
 
-use kiln::cpu::{Cpu, CpuDevice};
-use kiln::tensor::nn::Module;
-use kiln_models::mlp::Mlp;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -19,20 +19,7 @@ use std::time::{Duration, Instant};
 const TRAIN: &str = env!("CARGO_BIN_EXE_kiln-train");
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-dp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Every parameter of the MLP checkpoint at `path`, in visit order.
-fn params(path: &Path) -> Vec<(String, Vec<f32>)> {
-    let m: Mlp<Cpu> = kiln::train::checkpoint::load_new(path, &CpuDevice, false).unwrap();
-    let mut out = Vec::new();
-    m.visit_params("", &mut |s| {
-        out.push((s.name.to_string(), s.value.to_vec::<f32>().unwrap()))
-    });
-    out
+    ranks::scratch("kiln-dp", name)
 }
 
 /// `kiln-train` with `args`, its output, after checking it succeeded.
@@ -85,20 +72,8 @@ fn two_rank_processes_train_the_mlp_of_one_on_the_whole_batch() {
     );
     assert!(log.contains("batch 128 (2 ranks of 64)"), "{log}");
     assert_eq!(log.matches("saved ").count(), 1, "only rank 0 saves: {log}");
-    let (a, b) = (params(&one), params(&two));
-    for ((name, x), (_, y)) in a.iter().zip(&b) {
-        let scale = x.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-        let worst = x
-            .iter()
-            .zip(y)
-            .map(|(p, q)| (p - q).abs())
-            .fold(0.0f32, f32::max);
-        // Summation orders differ (halves of the batch, then their mean): rounding.
-        assert!(
-            worst <= 1e-5 * scale,
-            "{name}: {worst} apart (scale {scale})"
-        );
-    }
+    // Summation orders differ (halves of the batch, then their mean): rounding.
+    assert_same_training(&one, &two);
     // Rank 0's files and nothing else.
     let mut files: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
@@ -131,24 +106,6 @@ fn rank_process(
         .unwrap()
 }
 
-/// A child's exit code and standard error once it ends, failing the test if it runs
-/// past `limit`.
-fn finish(mut child: std::process::Child, limit: Duration) -> (Option<i32>, String) {
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            panic!("the rank still ran after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn a_rank_that_never_comes_fails_rank_0_within_the_timeout() {
     let dir = scratch("never");
@@ -164,7 +121,7 @@ fn a_rank_that_never_comes_fails_rank_0_within_the_timeout() {
         out.to_str().unwrap(),
     ];
     let rank0 = rank_process(0, 2, &dir, &args);
-    let (code, err) = finish(rank0, Duration::from_secs(30));
+    let (code, _, err) = finish(rank0, Duration::from_secs(30));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("waited 2 s for rank(s) 1 to join"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
@@ -199,7 +156,7 @@ fn a_rank_that_dies_mid_run_fails_the_other_at_once() {
     rank1.kill().unwrap();
     rank1.wait().unwrap();
     let killed = Instant::now();
-    let (code, err) = finish(rank0, Duration::from_secs(60));
+    let (code, _, err) = finish(rank0, Duration::from_secs(60));
     assert!(
         killed.elapsed() < Duration::from_secs(20),
         "rank 0 waited for the timeout"

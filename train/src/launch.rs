@@ -54,11 +54,11 @@ pub fn max_ranks() -> usize {
 /// How long ranks wait for one another (to meet, and in each exchange) by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Runs `program` with `args` as `world` ranks, each with its [`RankEnv`] in the
-/// environment and the launcher's stdout and stderr, and waits for all of them. When
-/// one fails, the others are stopped and the error names the rank and how it ended;
-/// when the launcher dies, ranks that watch it stop ([`RankEnv::watch_launcher`]).
-/// At most [`max_ranks`] ranks.
+/// Runs `program` with `args` as `world` ranks, each with its place
+/// ([`crate::rank_env::RankEnv`]) in the environment and the launcher's stdout and
+/// stderr, and waits for all of them. When one fails, the others are stopped and the
+/// error names the rank and how it ended; when the launcher dies, ranks that watch it
+/// stop ([`crate::rank_env::RankEnv::watch_launcher`]). At most [`max_ranks`] ranks.
 pub fn launch(world: usize, program: &Path, args: &[String]) -> Result<()> {
     if world == 0 {
         return Err(Error::invalid("launch", "a run needs at least one rank"));

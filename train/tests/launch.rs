@@ -227,6 +227,14 @@ fn torchrun_envs(world: usize, port: u16) -> Vec<RankEnv> {
         .collect()
 }
 
+/// Why `env`'s rank could not meet the others within a second.
+fn meet_error(env: &RankEnv) -> String {
+    meet(env, Duration::from_secs(1), &[])
+        .err()
+        .expect("the meeting fails")
+        .to_string()
+}
+
 #[test]
 fn ranks_meet_on_master_port_and_get_rank_0s_bytes_and_roll() {
     let port = free_port();
@@ -327,10 +335,7 @@ fn a_rank_0_that_never_comes_is_named_with_its_address() {
     let port = free_port();
     let env = torchrun_envs(2, port).remove(1);
     let started = Instant::now();
-    let err = meet(&env, Duration::from_secs(1), &[])
-        .err()
-        .unwrap()
-        .to_string();
+    let err = meet_error(&env);
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(
         err.contains(&format!(
@@ -340,10 +345,7 @@ fn a_rank_0_that_never_comes_is_named_with_its_address() {
     );
     // And rank 0 names the ranks that never came.
     let env = torchrun_envs(4, free_port()).remove(0);
-    let err = meet(&env, Duration::from_secs(1), &[])
-        .err()
-        .unwrap()
-        .to_string();
+    let err = meet_error(&env);
     assert!(
         err.contains("waited 1 s for rank(s) 1, 2, 3 to join"),
         "{err}"
@@ -355,10 +357,7 @@ fn a_taken_master_port_is_named() {
     let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let env = torchrun_envs(2, port).remove(0);
-    let err = meet(&env, Duration::from_secs(1), &[])
-        .err()
-        .unwrap()
-        .to_string();
+    let err = meet_error(&env);
     assert!(
         err.contains(&format!(
             "port {port} (MASTER_PORT) is taken on this machine"
@@ -443,10 +442,7 @@ fn under_torchruns_agent_rank_0_publishes_its_port_in_the_agents_store() {
         unreachable!()
     };
     *store_key = Some("/kiln/run/1/rank-0-port".into());
-    let err = meet(&env, Duration::from_secs(1), &[])
-        .err()
-        .unwrap()
-        .to_string();
+    let err = meet_error(&env);
     assert!(
         err.contains(&format!(
             "waited 1 s for rank 0 to publish its port in torchrun's store at 127.0.0.1:{store}"

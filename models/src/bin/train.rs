@@ -749,7 +749,10 @@ fn main() {
         let told =
             matches!(RankEnv::from_env(), Ok(Some(env)) if env.report_failure(&e.to_string()));
         if !told {
-            eprintln!("error: {e}");
+            // One write, so that a launcher merging its ranks' output (mpirun) keeps
+            // the line whole.
+            use std::io::Write;
+            let _ = std::io::stderr().write_all(format!("error: {e}\n").as_bytes());
         }
     }
     // A failed rank of an MPI job aborts the job, so that no rank waits on it.
