@@ -1,6 +1,6 @@
 //! Jobs across machines, simulated on this one: ranks that torchrun (or anything
-//! setting its variables) and `mpirun` start. Two nodes of two ranks each train the
-//! MLP as one process does on the whole batch; a killed node, a node that never
+//! setting its variables), `srun` and `mpirun` start. Two nodes of two ranks each
+//! train the MLP as one process does on the whole batch, as do two Slurm tasks; a killed node, a node that never
 //! arrives and a world size that differs between ranks each stop every rank within
 //! the timeout with an error naming the rank.
 
@@ -110,6 +110,59 @@ fn two_torchrun_nodes_of_two_ranks_train_as_one_process_on_the_whole_batch() {
         "only rank 0 prints"
     );
     assert_same_training(&one, &four);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A port of 20000 to 29999 (where Slurm's tasks meet without `MASTER_PORT`) that
+/// nothing listens on now.
+fn free_slurm_port() -> u16 {
+    let start = 20000 + (std::process::id() % 10000) as u16;
+    (0..10000u16)
+        .map(|i| 20000 + (start - 20000 + i) % 10000)
+        .find(|&p| std::net::TcpListener::bind(("0.0.0.0", p)).is_ok())
+        .expect("a free port from 20000 to 29999")
+}
+
+#[test]
+fn srun_tasks_meet_on_the_jobs_first_node_and_train_as_one_process() {
+    let dir = scratch("srun");
+    let one = train_alone(&dir);
+    let two = dir.join("two.safetensors");
+    let port = free_slurm_port();
+    // Without MASTER_ADDR and MASTER_PORT: the node list's first host, and the port
+    // 20000 + the job id modulo 10000.
+    let job = (30000 + (port - 20000) as u32).to_string();
+    let tasks: Vec<Child> = (0..2)
+        .map(|task| {
+            Command::new(TRAIN)
+                .args(COMMON)
+                .args(["--batch-size", "64", "--out", two.to_str().unwrap()])
+                .env("SLURM_PROCID", task.to_string())
+                .env("SLURM_NTASKS", "2")
+                .env("SLURM_LOCALID", "0")
+                .env("SLURM_NODEID", task.to_string())
+                .env("SLURM_JOB_NODELIST", "localhost,kiln-nowhere-node")
+                .env("SLURM_JOB_ID", &job)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outcomes: Vec<_> = tasks
+        .into_iter()
+        .map(|c| finish(c, Duration::from_secs(120)))
+        .collect();
+    for (task, (code, _, err)) in outcomes.iter().enumerate() {
+        assert_eq!(*code, Some(0), "task {task}: {err}");
+    }
+    assert!(
+        outcomes[0].1.contains("batch 128 (2 ranks of 64)"),
+        "{}",
+        outcomes[0].1
+    );
+    assert_same_training(&one, &two);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
