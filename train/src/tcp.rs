@@ -11,7 +11,7 @@ use crate::launch::check_timeout;
 use crate::parallel::{describe, mean_in_rank_order, tensors_like};
 use crate::rank_env::{Meeting, RankEnv, Starter};
 use crate::torch_store::TorchStore;
-use kiln_tensor::{Backend, Collective, Error, RawTensor, Result};
+use kiln_tensor::{Backend, Collective, DType, Error, RawTensor, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -493,6 +493,7 @@ impl TcpRank {
         &self,
         op: &'static str,
         kinds: String,
+        wire: Wire,
         values: Vec<f64>,
         combine: &dyn Fn(&[Vec<f64>]) -> Vec<f64>,
     ) -> Result<Vec<f64>> {
@@ -501,9 +502,9 @@ impl TcpRank {
             return Err(fail(format!("the group has failed ({why})")));
         }
         let result = if self.rank == 0 {
-            self.gather(&kinds, values, combine)
+            self.gather(&kinds, wire, values, combine)
         } else {
-            self.ask(&kinds, values)
+            self.ask(&kinds, wire, values)
         };
         result.map_err(|why| {
             *self.failed.borrow_mut() = Some(why.clone());
@@ -515,6 +516,7 @@ impl TcpRank {
     fn gather(
         &self,
         kinds: &str,
+        wire: Wire,
         values: Vec<f64>,
         combine: &dyn Fn(&[Vec<f64>]) -> Vec<f64>,
     ) -> std::result::Result<Vec<f64>, String> {
@@ -522,11 +524,12 @@ impl TcpRank {
         let mut outcome = Ok(());
         for (i, mut stream) in self.peers.iter().enumerate() {
             let rank = i + 1;
-            match read_part(&mut stream) {
+            match read_part(&mut stream, wire) {
                 Ok((theirs, v)) if theirs == kinds => all.push(v),
                 Ok((theirs, _)) => {
                     outcome = Err(format!(
-                        "rank {rank} gave {theirs} where rank 0 gave {kinds}"
+                        "{} gave {theirs} where rank 0 gave {kinds}",
+                        self.members[rank].describe()
                     ));
                     break;
                 }
@@ -539,16 +542,21 @@ impl TcpRank {
         let answer = outcome.map(|()| combine(&all));
         for mut stream in &self.peers {
             // A rank that is gone cannot be told; the error is already the others'.
-            let _ = write_answer(&mut stream, &answer);
+            let _ = write_answer(&mut stream, wire, &answer);
         }
         answer
     }
 
     /// Another rank's side: its values sent to rank 0, the result read back.
-    fn ask(&self, kinds: &str, values: Vec<f64>) -> std::result::Result<Vec<f64>, String> {
+    fn ask(
+        &self,
+        kinds: &str,
+        wire: Wire,
+        values: Vec<f64>,
+    ) -> std::result::Result<Vec<f64>, String> {
         let mut stream = &self.peers[0];
-        write_part(&mut stream, kinds, &values).map_err(|e| self.lost(0, &e))?;
-        match read_answer(&mut stream) {
+        write_part(&mut stream, kinds, wire, &values).map_err(|e| self.lost(0, &e))?;
+        match read_answer(&mut stream, wire) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(why)) => Err(format!("the group has failed ({why})")),
             Err(e) => Err(self.lost(0, &e)),
@@ -598,35 +606,70 @@ fn read_bytes(r: &mut impl Read, limit: usize) -> std::io::Result<Vec<u8>> {
 /// The most bytes one exchange may send (a bucket of f64 values, with room).
 const MESSAGE_LIMIT: usize = 1 << 34;
 
-fn f64_bytes(values: &[f64]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+/// How an exchange's values travel: as f32 when every tensor is f32, which holds them
+/// and the mean's rounding to f32 exactly (half the bytes of f64), else as f64. A bf16
+/// or f16 mean is not sent as f32, which would round it twice.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    F32,
+    F64,
 }
 
-fn f64_values(bytes: &[u8]) -> Vec<f64> {
-    bytes
-        .chunks_exact(8)
-        .map(|c| f64::from_le_bytes(c.try_into().expect("chunks of 8")))
-        .collect()
+impl Wire {
+    /// The wire for an exchange of `tensors`; every rank picks the same one, since
+    /// the ranks agree on the dtypes (which the exchange checks).
+    fn for_tensors<B: Backend>(tensors: &[RawTensor<B>]) -> Wire {
+        match tensors.iter().all(|t| t.dtype() == DType::F32) {
+            true => Wire::F32,
+            false => Wire::F64,
+        }
+    }
+
+    /// `values` as bytes; f32 rounds as `Element::from_f64` does (to nearest).
+    fn encode(self, values: &[f64]) -> Vec<u8> {
+        match self {
+            Wire::F32 => values
+                .iter()
+                .flat_map(|&v| (v as f32).to_le_bytes())
+                .collect(),
+            Wire::F64 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        }
+    }
+
+    /// The values in `bytes`.
+    fn decode(self, bytes: &[u8]) -> Vec<f64> {
+        match self {
+            Wire::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("chunks of 4")) as f64)
+                .collect(),
+            Wire::F64 => bytes
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("chunks of 8")))
+                .collect(),
+        }
+    }
 }
 
-fn write_part(w: &mut impl Write, kinds: &str, values: &[f64]) -> std::io::Result<()> {
+fn write_part(w: &mut impl Write, kinds: &str, wire: Wire, values: &[f64]) -> std::io::Result<()> {
     write_bytes(w, kinds.as_bytes())?;
-    write_bytes(w, &f64_bytes(values))
+    write_bytes(w, &wire.encode(values))
 }
 
-fn read_part(r: &mut impl Read) -> std::io::Result<(String, Vec<f64>)> {
+fn read_part(r: &mut impl Read, wire: Wire) -> std::io::Result<(String, Vec<f64>)> {
     let kinds = String::from_utf8_lossy(&read_bytes(r, 1 << 20)?).into_owned();
-    Ok((kinds, f64_values(&read_bytes(r, MESSAGE_LIMIT)?)))
+    Ok((kinds, wire.decode(&read_bytes(r, MESSAGE_LIMIT)?)))
 }
 
 fn write_answer(
     w: &mut impl Write,
+    wire: Wire,
     answer: &std::result::Result<Vec<f64>, String>,
 ) -> std::io::Result<()> {
     match answer {
         Ok(v) => {
             w.write_all(&[0])?;
-            write_bytes(w, &f64_bytes(v))
+            write_bytes(w, &wire.encode(v))
         }
         Err(why) => {
             w.write_all(&[1])?;
@@ -635,12 +678,15 @@ fn write_answer(
     }
 }
 
-fn read_answer(r: &mut impl Read) -> std::io::Result<std::result::Result<Vec<f64>, String>> {
+fn read_answer(
+    r: &mut impl Read,
+    wire: Wire,
+) -> std::io::Result<std::result::Result<Vec<f64>, String>> {
     let mut tag = [0u8; 1];
     r.read_exact(&mut tag)?;
     let body = read_bytes(r, MESSAGE_LIMIT)?;
     Ok(match tag[0] {
-        0 => Ok(f64_values(&body)),
+        0 => Ok(wire.decode(&body)),
         _ => Err(String::from_utf8_lossy(&body).into_owned()),
     })
 }
@@ -659,6 +705,7 @@ impl<B: Backend> Collective<B> for TcpRank {
         let mean = self.exchange(
             "all_reduce_mean",
             format!("mean {kinds}"),
+            Wire::for_tensors(tensors),
             values,
             &mean_in_rank_order,
         )?;
@@ -676,6 +723,7 @@ impl<B: Backend> Collective<B> for TcpRank {
         let all = self.exchange(
             "broadcast",
             format!("broadcast from {root} {kinds}"),
+            Wire::for_tensors(tensors),
             values,
             &|all| all[root].clone(),
         )?;

@@ -450,3 +450,49 @@ fn under_torchruns_agent_rank_0_publishes_its_port_in_the_agents_store() {
         "{err}"
     );
 }
+
+#[test]
+fn tcp_ranks_give_the_in_process_collectives_bits_for_f32_and_bf16() {
+    use kiln_tensor::bf16;
+    use kiln_train::parallel::ThreadGroup;
+    // f32 values travel as f32, a bucket holding bf16 as f64: both must give what the
+    // in-process collective gives (f64 sums in rank order, rounded once).
+    let bucket = |me: usize| {
+        let me = me as f32;
+        let wide: Vec<f32> = (0..64)
+            .map(|i| (i as f32 + 0.1) * (1.0 + me) / 3.0)
+            .collect();
+        let narrow: Vec<bf16> = (0..9)
+            .map(|i| bf16::from_f32((i as f32 - 4.3) * (me + 0.7) / 7.0))
+            .collect();
+        vec![
+            tensor(wide),
+            RawTensor::from_vec(narrow, &[9], &DEV).unwrap(),
+        ]
+    };
+    let read = |out: Vec<RawTensor<Cpu>>| -> Vec<Vec<f64>> {
+        out.iter().map(|t| t.to_f64_vec().unwrap()).collect()
+    };
+    let over_tcp = on_ranks(envs("wire", 3), |env| {
+        let rank = TcpRank::join(&env, Duration::from_secs(20)).unwrap();
+        let f32_only = rank.all_reduce_mean(&bucket(env.rank)[..1]).unwrap();
+        let mixed = rank.all_reduce_mean(&bucket(env.rank)).unwrap();
+        (read(f32_only), read(mixed))
+    });
+    let ranks = ThreadGroup::new(3, Duration::from_secs(20)).unwrap();
+    let in_process: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .enumerate()
+            .map(|(me, rank)| {
+                s.spawn(move || {
+                    let f32_only = Collective::<Cpu>::all_reduce_mean(&rank, &bucket(me)[..1]);
+                    let mixed = Collective::<Cpu>::all_reduce_mean(&rank, &bucket(me));
+                    (read(f32_only.unwrap()), read(mixed.unwrap()))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(over_tcp, in_process);
+}
