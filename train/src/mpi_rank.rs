@@ -12,7 +12,7 @@
 //! names the rank and its node.
 
 use crate::parallel::{describe, tensors_like};
-use crate::rank_env::{Meeting, RankEnv};
+use crate::rank_env::{rank_name, Meeting, RankEnv};
 use kiln_tensor::{Backend, Collective, Error, RawTensor, Result};
 use mpi::collective::SystemOperation;
 use mpi::point_to_point::{Destination, Source};
@@ -110,10 +110,8 @@ impl MpiRank {
 
     /// Rank `rank` as errors name it.
     fn who(&self, rank: usize) -> String {
-        match self.hosts.get(rank).filter(|h| !h.is_empty()) {
-            Some(host) => format!("rank {rank} (on {host})"),
-            None => format!("rank {rank}"),
-        }
+        let host = self.hosts.get(rank).filter(|h| !h.is_empty());
+        rank_name(rank, None, host.map(String::as_str))
     }
 
     /// Rank 0's `bytes`, on every rank (an NCCL unique id, say).

@@ -187,6 +187,17 @@ pub fn first_slurm_host(list: &str) -> Option<String> {
     (!host.is_empty()).then_some(host)
 }
 
+/// A rank as errors name it, with its node and host where known:
+/// `rank 2 (node 1 on gpu7)`.
+pub fn rank_name(rank: usize, node: Option<usize>, host: Option<&str>) -> String {
+    match (node, host) {
+        (Some(node), Some(host)) => format!("rank {rank} (node {node} on {host})"),
+        (Some(node), None) => format!("rank {rank} (node {node})"),
+        (None, Some(host)) => format!("rank {rank} (on {host})"),
+        (None, None) => format!("rank {rank}"),
+    }
+}
+
 impl RankEnv {
     /// The place this process's starter gave it, or `None` when no starter did; an
     /// error when the variables are there but make no sense.
@@ -412,10 +423,7 @@ impl RankEnv {
 
     /// The rank as errors name it: its number, and its node when known.
     pub fn describe(&self) -> String {
-        match self.node {
-            Some(node) => format!("rank {} (node {node})", self.rank),
-            None => format!("rank {}", self.rank),
-        }
+        rank_name(self.rank, self.node, None)
     }
 
     /// The rendezvous folder of a rank started by Kiln's launcher.

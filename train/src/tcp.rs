@@ -9,11 +9,11 @@
 
 use crate::launch::check_timeout;
 use crate::parallel::{describe, mean_in_rank_order, tensors_like};
-use crate::rank_env::{Meeting, RankEnv, Starter};
+use crate::rank_env::{rank_name, Meeting, RankEnv, Starter};
 use crate::torch_store::TorchStore;
 use kiln_tensor::{Backend, Collective, DType, Error, RawTensor, Result};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// The rendezvous file holding rank 0's port, in Kiln's rendezvous folder.
@@ -41,12 +41,7 @@ pub struct Member {
 impl Member {
     /// The rank as errors name it: `rank 2 (node 1 on gpu7)`.
     pub fn describe(&self) -> String {
-        match (&self.node, &self.host) {
-            (Some(node), Some(host)) => format!("rank {} (node {node} on {host})", self.rank),
-            (Some(node), None) => format!("rank {} (node {node})", self.rank),
-            (None, Some(host)) => format!("rank {} (on {host})", self.rank),
-            (None, None) => format!("rank {}", self.rank),
-        }
+        rank_name(self.rank, self.node, self.host.as_deref())
     }
 }
 
@@ -140,8 +135,13 @@ fn write_introduction(w: &mut impl Write, me: &Member, world: usize) -> std::io:
     w.write_all(HELLO)?;
     w.write_all(&(me.rank as u64).to_le_bytes())?;
     w.write_all(&(world as u64).to_le_bytes())?;
-    w.write_all(&me.node.map_or(0, |n| n as u64 + 1).to_le_bytes())?;
-    write_bytes(w, me.host.as_deref().unwrap_or("").as_bytes())
+    write_member(w, me)
+}
+
+/// A member's node and host as they travel ([`read_member`] reads them back).
+fn write_member(w: &mut impl Write, m: &Member) -> std::io::Result<()> {
+    w.write_all(&m.node.map_or(0, |n| n as u64 + 1).to_le_bytes())?;
+    write_bytes(w, m.host.as_deref().unwrap_or("").as_bytes())
 }
 
 fn read_u64(r: &mut impl Read) -> std::io::Result<u64> {
@@ -184,8 +184,7 @@ fn write_welcome(
             w.write_all(&[0])?;
             w.write_all(&(members.len() as u64).to_le_bytes())?;
             for m in *members {
-                w.write_all(&m.node.map_or(0, |n| n as u64 + 1).to_le_bytes())?;
-                write_bytes(w, m.host.as_deref().unwrap_or("").as_bytes())?;
+                write_member(w, m)?;
             }
             write_bytes(w, shared)
         }
@@ -265,8 +264,8 @@ fn host_meeting(
             Err(e) => return Err(refuse(&mut joined, format!("accepting a rank: {e}"))),
         };
         let _ = stream.set_nonblocking(false);
-        // Exchanges write a header and then the values: with Nagle's algorithm the
-        // second write would wait for the peer's delayed acknowledgement (40 ms).
+        // As in `connect_until`: parts of a message are not held back for an
+        // acknowledgement.
         let _ = stream.set_nodelay(true);
         let _ = stream.set_read_timeout(Some(INTRODUCTION_TIMEOUT));
         // Whatever connects and does not introduce itself as a rank is no rank.
@@ -365,11 +364,10 @@ fn rank_0_address(
     }
 }
 
-/// Connects to `address`, trying again until `deadline` (rank 0 may start later).
-fn connect(
+/// A connection to `address`, trying again every 100 ms until `deadline` (what
+/// listens there may start later); past it, what the last try said.
+pub(crate) fn connect_until(
     address: &str,
-    named: &str,
-    timeout: Duration,
     deadline: Instant,
 ) -> std::result::Result<TcpStream, String> {
     let mut last = String::from("no try");
@@ -377,11 +375,16 @@ fn connect(
         let left = deadline.saturating_duration_since(Instant::now());
         match address.to_socket_addrs() {
             Ok(addrs) => {
-                let addrs: Vec<SocketAddr> = addrs.collect();
-                for addr in &addrs {
+                for addr in addrs {
                     let limit = left.clamp(Duration::from_millis(10), Duration::from_secs(2));
-                    match TcpStream::connect_timeout(addr, limit) {
-                        Ok(stream) => return Ok(stream),
+                    match TcpStream::connect_timeout(&addr, limit) {
+                        Ok(stream) => {
+                            // Messages are written in parts (a header, then values):
+                            // with Nagle's algorithm a part would wait for the peer's
+                            // delayed acknowledgement (40 ms).
+                            let _ = stream.set_nodelay(true);
+                            return Ok(stream);
+                        }
                         Err(e) => last = e.to_string(),
                     }
                 }
@@ -389,10 +392,7 @@ fn connect(
             Err(e) => last = format!("looking up {address}: {e}"),
         }
         if Instant::now() >= deadline {
-            return Err(format!(
-                "waited {:.0} s for rank 0 at {named} (did rank 0 start there?); the last try said: {last}",
-                timeout.as_secs_f64()
-            ));
+            return Err(last);
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -406,8 +406,12 @@ fn join_meeting(
 ) -> std::result::Result<Gathering, String> {
     let deadline = Instant::now() + timeout;
     let (address, named) = rank_0_address(env, timeout, deadline)?;
-    let mut stream = connect(&address, &named, timeout, deadline)?;
-    let _ = stream.set_nodelay(true);
+    let mut stream = connect_until(&address, deadline).map_err(|last| {
+        format!(
+            "waited {:.0} s for rank 0 at {named} (did rank 0 start there?); the last try said: {last}",
+            timeout.as_secs_f64()
+        )
+    })?;
     write_introduction(&mut stream, &me, env.world)
         .map_err(|e| format!("introducing itself to rank 0 at {named}: {e}"))?;
     // Rank 0 answers once every rank has come, or its own timeout has passed.

@@ -8,7 +8,7 @@
 //! runs on).
 
 use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 /// The number a client sends first, which the store checks.
@@ -43,30 +43,11 @@ impl TorchStore {
     /// starts its store before its workers, but a node's agent may come late).
     pub fn connect(host: &str, port: u16, deadline: Instant) -> Result<TorchStore, String> {
         let address = format!("{host}:{port}");
-        let mut last = String::from("no try");
-        let stream = loop {
-            let addrs: Vec<_> = match address.to_socket_addrs() {
-                Ok(a) => a.collect(),
-                Err(e) => {
-                    last = format!("looking it up: {e}");
-                    Vec::new()
-                }
-            };
-            if let Some(stream) = addrs.iter().find_map(|a| {
-                TcpStream::connect_timeout(a, Duration::from_secs(2))
-                    .map_err(|e| last = e.to_string())
-                    .ok()
-            }) {
-                break stream;
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "could not reach torchrun's store at {address} (MASTER_ADDR:MASTER_PORT): {last}"
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        let _ = stream.set_nodelay(true);
+        let stream = crate::tcp::connect_until(&address, deadline).map_err(|last| {
+            format!(
+                "could not reach torchrun's store at {address} (MASTER_ADDR:MASTER_PORT): {last}"
+            )
+        })?;
         let left = deadline.saturating_duration_since(Instant::now());
         stream
             .set_read_timeout(Some(left.max(Duration::from_secs(1))))
