@@ -107,6 +107,12 @@ fn metadata_checksum(meta: &BTreeMap<String, String>) -> String {
     kiln_safetensors::checksum(text.as_bytes())
 }
 
+/// Whether `meta`, a file's metadata, is a training state's (any version's): the
+/// tools that take a checkpoint refuse one by it.
+pub(crate) fn is_training_state(meta: &BTreeMap<String, String>) -> bool {
+    meta.keys().any(|k| k.starts_with(STATE_PREFIX))
+}
+
 /// Refuses a version-1 or foreign state, and one whose metadata does not match its
 /// checksum (an edited step count, counter or setting).
 fn check_metadata(path: &Path, meta: &BTreeMap<String, String>) -> Result<()> {

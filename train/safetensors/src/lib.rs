@@ -2,11 +2,14 @@
 //! against the file before any tensor data is read, tensors streamed one at a time and
 //! verified against their checksums), the checksum Kiln records for each tensor, and
 //! the fit of a file to the tensors a model declares ([`fit_problems`]), which
-//! `kiln::embed!` checks at build time and a load checks at run time. Turning bytes
+//! `kiln::embed!` checks at build time and a load checks at run time, and the int8
+//! format's rules ([`check_int8`]), which the same two check. Turning bytes
 //! into tensors on a device is kiln-train's (`checkpoint`).
 
+mod int8;
 mod reader;
 
+pub use int8::{check_int8, check_int8_label, shown};
 pub use reader::{checked_dtype, checksum, from_st_dtype, io_error, st_dtype_name, Reader};
 
 use kiln_tensor::{DType, Result};
