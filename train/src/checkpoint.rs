@@ -27,7 +27,8 @@ pub mod int8;
 mod read;
 
 use kiln_safetensors::{
-    checksum, io_error, is_batch_norm_counter, BATCH_NORM_COUNTER, CHECKSUM_KEY,
+    check_int8, check_int8_label, checksum, io_error, is_batch_norm_counter,
+    BATCH_NORM_COUNTER, CHECKSUM_KEY, QUANTIZATION_KEY,
 };
 pub use kiln_safetensors::{fit_problems, header_entries, TensorEntry};
 pub(crate) use kiln_safetensors::{Checksums, Reader};
@@ -256,6 +257,14 @@ pub(crate) fn prepare_load<B: Backend>(
     model.visit_params("", &mut push);
     model.visit_buffers("", &mut push);
 
+    // An int8 instance, or a file that says it is quantised: the int8 format's rules
+    // apply, checked by the one function `int8::read_int8` checks them with; a label
+    // this Kiln does not read is refused first, so such a file is never read as int8.
+    let labelled = file.metadata().contains_key(QUANTIZATION_KEY);
+    if labelled {
+        check_int8_label(file)?;
+    }
+    let int8 = labelled || expected.iter().any(|(_, _, dtype, _)| *dtype == DType::I8);
     let wanted: Vec<TensorEntry> = expected
         .iter()
         .map(|(name, dims, dtype, _)| TensorEntry::new(name, dims, *dtype))
@@ -301,6 +310,9 @@ pub(crate) fn prepare_load<B: Backend>(
         )));
     }
     file.require(checksums)?;
+    if int8 {
+        check_int8(file, checksums)?;
+    }
 
     // Read, verify and decode everything before replacing anything, so a tensor that
     // fails (a flipped byte, a bool byte that is not 0 or 1) cannot leave the model
@@ -564,9 +576,13 @@ fn encode(h: &HostData) -> Vec<u8> {
 /// Writes `bytes` to `path` through a temporary sibling, fsync and rename. A symbolic
 /// link at `path` is followed: the file it names is replaced and the link stays.
 /// Temporary files that earlier saves to the same path left behind when their process
-/// was killed are removed first.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+/// was killed are removed first. A special file at `path` (a device, a FIFO, a
+/// socket, a folder) is refused, naming it, before anything is written: the rename
+/// would replace it (`/dev/null`, saving as root). Every file Kiln writes goes through
+/// here: checkpoints, training states, int8 checkpoints, imports' checkpoints.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
+    check_output("file", path)?;
     let path = &follow_links(path)?;
     let file_name = path.file_name().ok_or_else(|| {
         Error::invalid("save", format!("`{}` does not name a file", path.display()))
@@ -618,6 +634,113 @@ fn follow_links(path: &Path) -> Result<PathBuf> {
         "save",
         format!("`{}`: too many levels of symbolic links", path.display()),
     ))
+}
+
+/// What the special file at `path` is (`a character device`, `a FIFO`), `None` for a
+/// regular file or a path where nothing is. Links are followed twice over: as the
+/// kernel follows them, and as [`write_atomically`] does, whose rename replaces the
+/// file the last link names.
+fn special_file(path: &Path) -> Option<&'static str> {
+    let kind = |m: fs::Metadata| -> Option<&'static str> {
+        let t = m.file_type();
+        if t.is_file() || t.is_symlink() {
+            return None;
+        }
+        if t.is_dir() {
+            return Some("a folder");
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileTypeExt;
+            if t.is_char_device() {
+                return Some("a character device");
+            }
+            if t.is_block_device() {
+                return Some("a block device");
+            }
+            if t.is_fifo() {
+                return Some("a FIFO (named pipe)");
+            }
+            if t.is_socket() {
+                return Some("a socket");
+            }
+        }
+        Some("a special file")
+    };
+    fs::metadata(path).ok().and_then(kind).or_else(|| {
+        follow_links(path)
+            .ok()
+            .and_then(|p| fs::symlink_metadata(p).ok())
+            .and_then(kind)
+    })
+}
+
+/// Refuses `path` as where the `what` (`checkpoint`, `int8 checkpoint`) is written
+/// unless it is a regular file or a new path (links followed): Kiln never writes over
+/// a device, a FIFO, a socket or a folder, which its atomic rename would replace
+/// (`--out /dev/null` as root would replace `/dev/null`). Every write checks it; tools
+/// call it before their work, so that a run is not lost to it.
+pub fn check_output(what: &str, path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    match special_file(path) {
+        Some(kind) => Err(Error::invalid(
+            "save",
+            format!(
+                "the {what} path `{}` is {kind}, not a regular file: Kiln writes only to regular files or new paths; name a file",
+                path.display()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Whether `a` and `b` name one file once symbolic links are followed: the same
+/// device and inode where both exist (a hard link is the same file), otherwise the
+/// same path once links and the folders above are resolved (a link to where the other
+/// will be written).
+pub fn same_file(a: impl AsRef<Path>, b: impl AsRef<Path>) -> bool {
+    let (a, b) = (a.as_ref(), b.as_ref());
+    #[cfg(unix)]
+    if let (Ok(x), Ok(y)) = (fs::metadata(a), fs::metadata(b)) {
+        use std::os::unix::fs::MetadataExt;
+        return x.dev() == y.dev() && x.ino() == y.ino();
+    }
+    match (resolved(a), resolved(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// `path` with its links followed and its folder made absolute and canonical (the
+/// file itself need not exist); `None` when its folder does not exist.
+fn resolved(path: &Path) -> Option<PathBuf> {
+    let p = follow_links(path).ok()?;
+    if let Ok(c) = p.canonicalize() {
+        return Some(c);
+    }
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Some(dir.canonicalize().ok()?.join(p.file_name()?))
+}
+
+/// Refuses an `output` (the `what`: `int8 checkpoint`) that is the `input` a tool
+/// reads ([`same_file`]: links followed), naming both: writing it would replace the
+/// input before, or while, it is read.
+pub fn check_not_input(what: &str, output: impl AsRef<Path>, input: impl AsRef<Path>) -> Result<()> {
+    let (output, input) = (output.as_ref(), input.as_ref());
+    if same_file(output, input) {
+        return Err(Error::invalid(
+            "save",
+            format!(
+                "the {what} `{}` would overwrite its input `{}` (the same file once links are followed); name another file",
+                output.display(),
+                input.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Removes the temporary files of saves to `file_name` in `dir` whose process no
@@ -682,7 +805,7 @@ fn sync_dir(_dir: &Path) -> Result<()> {
 /// Creates `path`'s folder and checks that a file can be written there, so that a run
 /// is not lost to a path it cannot save to: an error naming `what` (`checkpoint`,
 /// `training state`) and the path when the folder cannot be made or written, or when
-/// `path` is a folder.
+/// `path` is a folder or another special file ([`check_output`]).
 pub fn check_writable(what: &str, path: impl AsRef<Path>) -> Result<()> {
     writable(what, path.as_ref())
 }
@@ -706,6 +829,7 @@ fn writable(what: &str, path: &Path) -> Result<()> {
             format!("the {what} path {} is a folder", path.display()),
         ));
     }
+    check_output(what, path)?;
     // A name of its own per call: two checks in one process (two Learners on two
     // threads, tests side by side) must not remove each other's probe.
     static PROBES: AtomicU64 = AtomicU64::new(0);

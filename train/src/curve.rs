@@ -32,8 +32,12 @@ impl Curve {
         }
     }
 
-    /// Writes the curve to `path` as a 960×720 PNG titled `title`.
+    /// Writes the curve to `path` as a 960×720 PNG titled `title`; a special file at
+    /// `path` (a device, a FIFO, a folder) is refused, as every file Kiln writes.
     pub fn write_png(&self, path: &Path, title: &str) -> Result<()> {
+        // The drawing library opens `path` itself, so the rule every save applies is
+        // checked here (`checkpoint::check_output`).
+        crate::checkpoint::check_output("training curve", path)?;
         static FONT_ONCE: Once = Once::new();
         FONT_ONCE.call_once(|| {
             // The font is compiled in and known to parse; a failure would only lose text.

@@ -1017,3 +1017,64 @@ fn built_in_bytes_are_read_in_place_where_aligned() -> Result<()> {
     );
     Ok(())
 }
+
+/// A device, a FIFO (named or reached through a link), a socket and a folder named as
+/// where a file goes are refused by name before anything is written, by every writer
+/// (checkpoints, training states' writer, the early check and the training curve), and
+/// are left as they were: the atomic rename would have replaced them (`/dev/null`, as
+/// root).
+#[cfg(unix)]
+#[test]
+fn special_files_as_outputs_are_refused_by_name_and_left_alone() -> Result<()> {
+    use kiln_train::checkpoint::{check_output, check_writable};
+    use kiln_train::curve::Curve;
+    use std::os::unix::fs::FileTypeExt;
+    let dir = scratch("special_files");
+    let fifo = dir.join("fifo.safetensors");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    let to_fifo = dir.join("to-fifo.safetensors");
+    std::os::unix::fs::symlink(&fifo, &to_fifo).unwrap();
+    let socket = dir.join("socket");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let folder = dir.join("folder");
+    fs::create_dir(&folder).unwrap();
+    let t = RawTensor::<Cpu>::from_vec(vec![1f32, 2.0], &[2], &DEV)?;
+    let mut curve = Curve::new("accuracy");
+    curve.loss.push((1, 0.5));
+    let cases = [
+        (Path::new("/dev/null"), "a character device"),
+        (&fifo, "a FIFO"),
+        (&to_fifo, "a FIFO"),
+        (&socket, "a socket"),
+        (&folder, "a folder"),
+    ];
+    for (path, kind) in cases {
+        let want = format!("`{}` is {kind}", path.display());
+        let errors = [
+            write_tensors(path, &[("x", &t)]).err(),
+            save(&net(1)?, path).err(),
+            check_output("checkpoint", path).err(),
+            curve.write_png(path, "run").err(),
+        ];
+        for e in errors {
+            let e = e.map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains(&want), "{}: {e}", path.display());
+        }
+        // The early check says so too (a folder in its own words).
+        let e = check_writable("checkpoint", path).unwrap_err().to_string();
+        assert!(e.contains(kind), "{e}");
+    }
+    assert!(fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+    assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    assert!(fs::symlink_metadata(&to_fifo).unwrap().file_type().is_symlink());
+    assert!(fs::symlink_metadata(&socket).unwrap().file_type().is_socket());
+    // A regular file and a new path are written as ever.
+    let file = dir.join("model.safetensors");
+    save(&net(1)?, &file)?;
+    save(&net(2)?, &file)?;
+    Ok(())
+}
