@@ -18,6 +18,11 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
     let out = dir.join("model.safetensors");
     let out = out.to_str().unwrap();
     let folder = dir.to_str().unwrap();
+    // A --state that is a link to where --out will be written: one file for both.
+    let linked = dir.join("linked.state.safetensors");
+    let _ = std::fs::remove_file(&linked);
+    std::os::unix::fs::symlink(out, &linked).unwrap();
+    let linked = linked.to_str().unwrap();
     let cases: &[(&[&str], &str)] = &[
         (&["--epochs", "0"], "--epochs 0 trains nothing"),
         (&["--lr", "0"], "--lr must be a positive number, got 0"),
@@ -41,6 +46,11 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
             "cannot write the checkpoint /proc/kiln-nowhere/model.safetensors",
         ),
         (&["--out", folder], "is a folder"),
+        (
+            &["--out", "/dev/null"],
+            "the checkpoint path `/dev/null` is a character device, not a regular file",
+        ),
+        (&["--state", linked], "--state and --out both name"),
         (
             &["--lr", "1e30", "--limit", "1024"],
             "the loss became NaN at step 2 (anomaly mode, KILN_ANOMALY=1, finds the op",

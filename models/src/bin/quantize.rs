@@ -5,6 +5,7 @@
 
 use clap::Parser;
 use kiln::train::checkpoint::int8::{quantize_int8, quantize_int8_foreign};
+use kiln::train::checkpoint::{check_not_input, check_output};
 use std::path::PathBuf;
 
 /// Quantise a checkpoint's weights to int8 (per-row symmetric scales).
@@ -23,8 +24,13 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    if args.input == args.output {
-        eprintln!("error: the int8 checkpoint would overwrite its input; name another file");
+    // The output's own mistakes, before any reading: the input itself (through a
+    // link too), or a device or FIFO the write would replace. The library checks
+    // them as well; here they are usage errors.
+    let usage = check_not_input("int8 checkpoint", &args.output, &args.input)
+        .and_then(|()| check_output("int8 checkpoint", &args.output));
+    if let Err(e) = usage {
+        eprintln!("error: {e}");
         std::process::exit(2);
     }
     let quantize = if args.foreign {
@@ -37,7 +43,12 @@ fn main() {
             "{}: {} weights as int8 ({}), {} tensors kept; {:.2} MB of tensors, was {:.2} MB",
             args.output.display(),
             r.quantized.len(),
-            r.quantized.join(", "),
+            // Names from the file, escaped: they reach the terminal.
+            r.quantized
+                .iter()
+                .map(|n| n.escape_debug().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
             r.kept.len(),
             r.bytes_after as f64 / 1e6,
             r.bytes_before as f64 / 1e6

@@ -491,9 +491,9 @@ fn state_path(args: &Args, out: &Path) -> Result<PathBuf> {
         .state
         .clone()
         .unwrap_or_else(|| out.with_extension("state.safetensors"));
-    let same = state == out
-        || matches!((state.canonicalize(), out.canonicalize()), (Ok(a), Ok(b)) if a == b);
-    if same {
+    // Links followed, also to a file not written yet: a --state linked to --out would
+    // be replaced by the checkpoint at the end.
+    if state == out || checkpoint::same_file(&state, out) {
         return Err(Error::invalid(
             "kiln-train",
             format!(
