@@ -13,7 +13,9 @@
 use crate::dsl::{model_name, FieldKind};
 use crate::model::parse_fields;
 use crate::model::Def;
-use kiln_safetensors::{fit_problems, header_entries, TensorEntry};
+use kiln_safetensors::{
+    check_int8, fit_problems, header_entries, Checksums, Reader, TensorEntry, QUANTIZATION_KEY,
+};
 use kiln_tensor::nn::join;
 use kiln_tensor::{DType, Precision};
 use proc_macro2::TokenStream;
@@ -234,6 +236,14 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
             ));
         }
     }
+    // The int8 format's rules (label, scales, values, finite floats), by the check
+    // every load applies: a bad file is a compile error, not a load error.
+    if let Err(e) = check_quantized(&resolved.value(), precision, option.is_some()) {
+        // The file is named once, as written.
+        let e = e.to_string().replace(&format!("`{}`: ", resolved.value()), "");
+        let e = e.replace(&resolved.value(), &shown);
+        return fail(format!("cannot embed `{shown}` into `{name}`: {e}"));
+    }
     let doc = format!("The weights of `{shown}`, checked against `{name}` at build time.");
     let load = match option {
         Some(_) => quote!(::kiln::train::checkpoint::load_bytes_foreign),
@@ -263,6 +273,23 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
             EmbeddedWeights
         }
     }
+}
+
+/// Checks the checkpoint at `file` by the int8 format's rules
+/// (`kiln_safetensors::check_int8`) when it goes into an int8 instance or says it is
+/// quantised; `foreign`: a file without checksums, as `embed!(.., foreign)` takes.
+fn check_quantized(file: &str, precision: Precision, foreign: bool) -> kiln_tensor::Result<()> {
+    let reader = Reader::open(std::path::Path::new(file))?;
+    if precision != Precision::Int8 && !reader.metadata().contains_key(QUANTIZATION_KEY) {
+        return Ok(());
+    }
+    let checksums = if foreign {
+        Checksums::IfPresent
+    } else {
+        Checksums::Required
+    };
+    reader.require(checksums)?;
+    check_int8(&reader, checksums)
 }
 
 /// What a model's checkpoint holds: its tensors and their nested models' (through
