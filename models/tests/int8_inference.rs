@@ -190,9 +190,15 @@ fn patched(file: &Path, name: &str, first: &[u8], label: Option<&str>, out: &Pat
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     let at = |i: usize| 8 + n + header[name]["data_offsets"][i].as_u64().unwrap() as usize;
     let (start, end) = (at(0), at(1));
-    let old = format!("\"kiln.crc32.{name}\":\"{:08x}\"", crc32fast::hash(&bytes[start..end]));
+    let old = format!(
+        "\"kiln.crc32.{name}\":\"{:08x}\"",
+        crc32fast::hash(&bytes[start..end])
+    );
     bytes[start..start + first.len()].copy_from_slice(first);
-    let new = format!("\"kiln.crc32.{name}\":\"{:08x}\"", crc32fast::hash(&bytes[start..end]));
+    let new = format!(
+        "\"kiln.crc32.{name}\":\"{:08x}\"",
+        crc32fast::hash(&bytes[start..end])
+    );
     let mut text = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
     assert!(text.contains(&old), "{name}'s checksum in the header");
     // Eight hex digits for eight: the header keeps its length, so no offset moves.
@@ -229,11 +235,31 @@ fn hostile_int8_files_and_outputs_are_refused_in_one_line() {
     let nan = f32::NAN.to_le_bytes();
     let cases: [(&str, &[u8], Option<&str>, &str); 6] = [
         ("fc1.weight_scale", &nan, None, "row 0's scale is NaN"),
-        ("fc2.weight_scale", &(-1f32).to_le_bytes(), None, "row 0's scale is -1"),
-        ("fc3.weight_scale", &f32::INFINITY.to_le_bytes(), None, "row 0's scale is inf"),
-        ("fc1.bias", &nan, None, "tensor `fc1.bias` holds NaN at element 0"),
+        (
+            "fc2.weight_scale",
+            &(-1f32).to_le_bytes(),
+            None,
+            "row 0's scale is -1",
+        ),
+        (
+            "fc3.weight_scale",
+            &f32::INFINITY.to_le_bytes(),
+            None,
+            "row 0's scale is inf",
+        ),
+        (
+            "fc1.bias",
+            &nan,
+            None,
+            "tensor `fc1.bias` holds NaN at element 0",
+        ),
         ("fc2.weight", &[0x80], None, "value [0, 0] is -128"),
-        ("fc1.bias", &0.5f32.to_le_bytes(), Some("int4-per-row"), "its quantisation is `int4-per-row`"),
+        (
+            "fc1.bias",
+            &0.5f32.to_le_bytes(),
+            Some("int4-per-row"),
+            "its quantisation is `int4-per-row`",
+        ),
     ];
     let bad = dir.join("bad-int8.safetensors");
     for (name, first, label, want) in cases {
@@ -255,7 +281,10 @@ fn hostile_int8_files_and_outputs_are_refused_in_one_line() {
         assert!(e.contains(want), "{name}, embedded: {e}");
     }
 
-    let (f, before) = (f32_file.to_str().unwrap(), std::fs::read(&f32_file).unwrap());
+    let (f, before) = (
+        f32_file.to_str().unwrap(),
+        std::fs::read(&f32_file).unwrap(),
+    );
     let link = dir.join("link.safetensors");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&f32_file, &link).unwrap();
@@ -266,14 +295,20 @@ fn hostile_int8_files_and_outputs_are_refused_in_one_line() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("`/dev/null` is a character device"), "{err}");
     assert_eq!(std::fs::read(&f32_file).unwrap(), before);
-    assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+    assert!(std::fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
 
     let state = dir.join("mlp.state.safetensors");
     let opt = kiln::train::optim::Sgd::new(kiln::train::optim::SgdConfig::default()).unwrap();
     kiln::train::state::save(&state, &mlp, &opt, 5, &BTreeMap::new()).unwrap();
     assert_refused(
         QUANTIZE,
-        &[state.to_str().unwrap(), dir.join("state-int8.safetensors").to_str().unwrap()],
+        &[
+            state.to_str().unwrap(),
+            dir.join("state-int8.safetensors").to_str().unwrap(),
+        ],
         "is a training state",
     );
     std::fs::remove_dir_all(&dir).ok();

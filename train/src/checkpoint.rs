@@ -27,8 +27,8 @@ pub mod int8;
 mod read;
 
 use kiln_safetensors::{
-    check_int8, check_int8_label, checksum, io_error, is_batch_norm_counter,
-    BATCH_NORM_COUNTER, CHECKSUM_KEY, QUANTIZATION_KEY,
+    check_int8, check_int8_label, checksum, io_error, is_batch_norm_counter, BATCH_NORM_COUNTER,
+    CHECKSUM_KEY, QUANTIZATION_KEY,
 };
 pub use kiln_safetensors::{fit_problems, header_entries, TensorEntry};
 pub(crate) use kiln_safetensors::{Checksums, Reader};
@@ -728,7 +728,11 @@ fn resolved(path: &Path) -> Option<PathBuf> {
 /// Refuses an `output` (the `what`: `int8 checkpoint`) that is the `input` a tool
 /// reads ([`same_file`]: links followed), naming both: writing it would replace the
 /// input before, or while, it is read.
-pub fn check_not_input(what: &str, output: impl AsRef<Path>, input: impl AsRef<Path>) -> Result<()> {
+pub fn check_not_input(
+    what: &str,
+    output: impl AsRef<Path>,
+    input: impl AsRef<Path>,
+) -> Result<()> {
     let (output, input) = (output.as_ref(), input.as_ref());
     if same_file(output, input) {
         return Err(Error::invalid(

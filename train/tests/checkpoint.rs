@@ -1068,10 +1068,19 @@ fn special_files_as_outputs_are_refused_by_name_and_left_alone() -> Result<()> {
         let e = check_writable("checkpoint", path).unwrap_err().to_string();
         assert!(e.contains(kind), "{e}");
     }
-    assert!(fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+    assert!(fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
     assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
-    assert!(fs::symlink_metadata(&to_fifo).unwrap().file_type().is_symlink());
-    assert!(fs::symlink_metadata(&socket).unwrap().file_type().is_socket());
+    assert!(fs::symlink_metadata(&to_fifo)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(fs::symlink_metadata(&socket)
+        .unwrap()
+        .file_type()
+        .is_socket());
     // A regular file and a new path are written as ever.
     let file = dir.join("model.safetensors");
     save(&net(1)?, &file)?;

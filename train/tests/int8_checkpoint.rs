@@ -260,7 +260,13 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 
 /// A `LinearInt8<3, 2>`'s file (`weight` [2, 3] int8, `weight_scale`, `bias`) with
 /// the given values, as `kiln-quantize` labels it.
-fn linear_int8_file(dir: &Path, name: &str, q: [u8; 6], scales: [f32; 2], bias: [f32; 2]) -> PathBuf {
+fn linear_int8_file(
+    dir: &Path,
+    name: &str,
+    q: [u8; 6],
+    scales: [f32; 2],
+    bias: [f32; 2],
+) -> PathBuf {
     int8_file(
         dir,
         name,
@@ -292,16 +298,52 @@ fn load_errors(path: &Path) -> [String; 2] {
 #[test]
 fn an_int8_instance_loads_by_the_rules_the_reader_checks() {
     let dir = scratch("instance_rules");
-    let good = linear_int8_file(&dir, "good.safetensors", [1, 2, 3, 4, 5, 6], [0.5, 0.25], [0.1, -0.1]);
+    let good = linear_int8_file(
+        &dir,
+        "good.safetensors",
+        [1, 2, 3, 4, 5, 6],
+        [0.5, 0.25],
+        [0.1, -0.1],
+    );
     assert!(read_int8(&good).is_ok());
     assert_eq!(load_errors(&good), ["loaded", "loaded"]);
     let q = [1, 2, 3, 4, 5, 6];
     for (file, values, scales, bias, wanted) in [
-        ("nan_scale", q, [f32::NAN, 0.25], [0.1, 0.1], "row 0's scale is NaN"),
-        ("negative_scale", q, [0.5, -0.25], [0.1, 0.1], "row 1's scale is -0.25"),
-        ("infinite_scale", q, [f32::INFINITY, 0.25], [0.1, 0.1], "row 0's scale is inf"),
-        ("nan_bias", q, [0.5, 0.25], [0.1, f32::NAN], "tensor `bias` holds NaN at element 1"),
-        ("minus_128", [1, 2, 3, 4, 0x80, 6], [0.5, 0.25], [0.1, 0.1], "value [1, 1] is -128"),
+        (
+            "nan_scale",
+            q,
+            [f32::NAN, 0.25],
+            [0.1, 0.1],
+            "row 0's scale is NaN",
+        ),
+        (
+            "negative_scale",
+            q,
+            [0.5, -0.25],
+            [0.1, 0.1],
+            "row 1's scale is -0.25",
+        ),
+        (
+            "infinite_scale",
+            q,
+            [f32::INFINITY, 0.25],
+            [0.1, 0.1],
+            "row 0's scale is inf",
+        ),
+        (
+            "nan_bias",
+            q,
+            [0.5, 0.25],
+            [0.1, f32::NAN],
+            "tensor `bias` holds NaN at element 1",
+        ),
+        (
+            "minus_128",
+            [1, 2, 3, 4, 0x80, 6],
+            [0.5, 0.25],
+            [0.1, 0.1],
+            "value [1, 1] is -128",
+        ),
     ] {
         let path = linear_int8_file(&dir, &format!("{file}.safetensors"), values, scales, bias);
         let read = read_int8(&path).unwrap_err().to_string();
@@ -321,13 +363,20 @@ fn a_quantisation_label_other_than_int8_per_row_is_refused_naming_it() {
         ("weight_scale", "F32", vec![2], f32_bytes(&[0.5, 0.25])),
     ];
     for label in ["int4-per-row", "int8-per-tensor", "int4\u{1b}[31m\nred"] {
-        let path = labelled_file(&dir, "labelled.safetensors", &[("kiln.quantization", label)], &tensors);
+        let path = labelled_file(
+            &dir,
+            "labelled.safetensors",
+            &[("kiln.quantization", label)],
+            &tensors,
+        );
         let shown = label.escape_debug().to_string();
         let mut errors = load_errors(&path).to_vec();
         errors.push(read_int8(&path).unwrap_err().to_string());
         for e in errors {
             assert!(
-                e.contains(&format!("its quantisation is `{shown}`, not `int8-per-row`")),
+                e.contains(&format!(
+                    "its quantisation is `{shown}`, not `int8-per-row`"
+                )),
                 "{label:?}: {e}"
             );
             assert!(!e.contains('\u{1b}') && !e.contains('\n'), "unescaped: {e}");

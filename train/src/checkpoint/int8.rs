@@ -11,9 +11,7 @@
 use super::{check_not_input, check_output, write_file, Encoded};
 use crate::state::is_training_state;
 use kiln_cpu::quant::Int8Matrix;
-use kiln_safetensors::{
-    check_int8, int8_quantizes, shown, st_dtype_name, Checksums, Reader,
-};
+use kiln_safetensors::{check_int8, int8_quantizes, shown, st_dtype_name, Checksums, Reader};
 use kiln_tensor::{bf16, f16, DType, Error, Result};
 use safetensors::Dtype;
 use std::collections::BTreeMap;
@@ -222,7 +220,8 @@ fn read_from(file: &Reader, path: &Path) -> Result<Int8Checkpoint> {
             Dtype::I8 => {
                 // `check_int8` found a matrix with its scales.
                 let (rows, cols) = (shape[0], shape[1]);
-                let scales = f32s(&file.bytes(&format!("{name}{SCALE_SUFFIX}"), Checksums::Required)?);
+                let scales =
+                    f32s(&file.bytes(&format!("{name}{SCALE_SUFFIX}"), Checksums::Required)?);
                 let q: Vec<i8> = file
                     .bytes(name, Checksums::Required)?
                     .into_iter()
