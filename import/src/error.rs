@@ -1,5 +1,7 @@
 //! What can go wrong reading an ONNX file, each error naming where: the file, the node
-//! (its name and op), the initializer or value.
+//! (its name and op), the initializer or value. Names come from the file, so every
+//! message shows them through [`shown`]: a hostile name cannot move a terminal's
+//! cursor, clear its screen or forge a second line.
 
 use std::path::PathBuf;
 
@@ -7,26 +9,35 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
     /// The file could not be read.
-    #[error("cannot read `{path}`: {source}")]
+    #[error("cannot read `{}`: {source}", shown(&path.display().to_string()))]
     Io {
         /// The file.
         path: PathBuf,
         /// Why.
         source: std::io::Error,
     },
+    /// An output file could not be written (the source, the checkpoint, or the folder
+    /// holding them); no output of the import is left half-written.
+    #[error("cannot write `{}`: {}", shown(&path.display().to_string()), shown(why))]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
     /// The bytes are not an ONNX model (truncated, or not protobuf at all).
-    #[error("not an ONNX model: {0}")]
+    #[error("not an ONNX model: {}", shown(.0))]
     NotOnnx(String),
     /// The model is well-formed protobuf but breaks ONNX's rules or Kiln's limits (a
     /// cycle, a value nobody produces, an initializer whose dims and data disagree).
-    #[error("invalid ONNX model: {0}")]
+    #[error("invalid ONNX model: {}", shown(.0))]
     Invalid(String),
     /// Nodes Kiln cannot translate (at the model's opset), each named.
     #[error("{}", unsupported_message(.0, *.1))]
     Unsupported(Vec<UnsupportedNode>, i64),
     /// The model uses a feature Kiln does not import (an opset outside 13–21, external
     /// tensor data, a data type).
-    #[error("cannot import: {0}")]
+    #[error("cannot import: {}", shown(.0))]
     Feature(String),
 }
 
@@ -72,8 +83,35 @@ fn unsupported_message(nodes: &[UnsupportedNode], opset: i64) -> String {
         "cannot translate {} node{} at opset {opset}: {} (docs/onnx-import.md lists what is translated)",
         nodes.len(),
         if nodes.len() == 1 { "" } else { "s" },
-        listed.join("; ")
+        shown(&listed.join("; "))
     )
+}
+
+/// `text` safe to print: control characters (newlines, escape codes), Unicode's line
+/// and paragraph separators and its bidirectional overrides escaped as `\u{..}`
+/// (`\n`, `\t`, `\r` as such), everything else as it is.
+pub fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if needs_escape(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Whether a terminal or an editor could take `c` for something other than a
+/// character of a name: a control character, a line or paragraph separator, or a
+/// bidirectional formatting character (which can reorder what a reader sees).
+pub(crate) fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}'
+                | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
 }
 
 /// An import's result.

@@ -24,6 +24,12 @@ pub struct Imported {
 /// `#[model]` struct (named `name`, or after the file's stem) and `<stem>.safetensors`
 /// its checkpoint. For build scripts: `include!` the source from `OUT_DIR`, load or
 /// `kiln::embed!` the checkpoint.
+///
+/// Both files are written to temporary siblings first and renamed into place only
+/// when both are whole, so a failed write (a full disk, a folder that is not one)
+/// leaves neither a source without its checkpoint nor a torn file. An output path
+/// that exists as something other than a regular file (a device, a FIFO, a folder)
+/// is refused by name.
 pub fn import(
     onnx: impl AsRef<Path>,
     out_dir: impl AsRef<Path>,
@@ -35,7 +41,7 @@ pub fn import(
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let name = match name {
-        Some(n) => valid_name(n)?,
+        Some(n) => n.to_string(),
         None => model_name(&stem),
     };
     let file = onnx
@@ -50,11 +56,36 @@ pub fn import(
     };
     let source = out_dir.join(format!("{stem}.rs"));
     let checkpoint = out_dir.join(format!("{stem}.safetensors"));
-    std::fs::write(&source, &translation.source).map_err(|e| ImportError::Io {
-        path: source.clone(),
-        source: e,
-    })?;
-    write_checkpoint(&translation, &checkpoint)?;
+    for out in [&source, &checkpoint] {
+        refuse_special(out)?;
+        refuse_input(out, onnx)?;
+    }
+    let staged_checkpoint = staging_path(&checkpoint);
+    let staged_source = staging_path(&source);
+    // Staged in the order the files are named to a user: the source, then its
+    // checkpoint; an error names the file it was for, not its staging name.
+    let written = std::fs::write(&staged_source, &translation.source)
+        .map_err(|e| write_error(&source, &e.to_string()))
+        .and_then(|()| {
+            write_checkpoint(&translation, &staged_checkpoint).map_err(|e| match e {
+                ImportError::Write { why, .. } => write_error(&checkpoint, &why),
+                other => other,
+            })
+        })
+        .and_then(|()| {
+            std::fs::rename(&staged_checkpoint, &checkpoint)
+                .map_err(|e| write_error(&checkpoint, &e.to_string()))
+        })
+        .and_then(|()| {
+            std::fs::rename(&staged_source, &source)
+                .map_err(|e| write_error(&source, &e.to_string()))
+        });
+    if written.is_err() {
+        // Best effort: the write's own error is the one to report.
+        let _ = std::fs::remove_file(&staged_checkpoint);
+        let _ = std::fs::remove_file(&staged_source);
+    }
+    written?;
     Ok(Imported {
         name,
         source,
@@ -71,8 +102,56 @@ pub fn write_checkpoint(translation: &Translation, path: &Path) -> Result<()> {
         .map(|(name, t)| Ok((name.as_str(), on_cpu(t)?)))
         .collect::<Result<Vec<_>>>()?;
     let refs: Vec<(&str, &RawTensor<Cpu>)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
-    kiln_train::checkpoint::write_tensors(path, &refs)
-        .map_err(|e| ImportError::Invalid(format!("cannot write `{}`: {e}", path.display())))
+    kiln_train::checkpoint::write_tensors(path, &refs).map_err(|e| ImportError::Write {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    })
+}
+
+/// An error writing `path`.
+fn write_error(path: &Path, why: &str) -> ImportError {
+    ImportError::Write {
+        path: path.to_path_buf(),
+        why: why.to_string(),
+    }
+}
+
+/// The temporary sibling `path` is written to before it is renamed into place
+/// (hidden, and named after this process so that two imports never share one).
+fn staging_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.import-tmp", std::process::id()))
+}
+
+/// Refuses an output path that exists as something a rename would destroy rather
+/// than replace: a device, a FIFO, a socket or a folder. A symbolic link is replaced
+/// by the new file, not written through.
+fn refuse_special(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !(m.is_file() || m.file_type().is_symlink()) => Err(ImportError::Write {
+            path: path.to_path_buf(),
+            why: "it exists and is not a regular file (a device, a FIFO or a folder): \
+                  name another --out-dir"
+                .into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses an output that is the input itself (`kiln-import model.rs` would write
+/// `model.rs` over the file it read), through links or not.
+fn refuse_input(out: &Path, input: &Path) -> Result<()> {
+    match (std::fs::canonicalize(out), std::fs::canonicalize(input)) {
+        (Ok(a), Ok(b)) if a == b => Err(ImportError::Write {
+            path: out.to_path_buf(),
+            why: "it is the model being imported: rename the model or name another --out-dir"
+                .into(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A held tensor on the CPU backend.
@@ -90,18 +169,4 @@ fn on_cpu(t: &Tensor) -> Result<RawTensor<Cpu>> {
     };
     RawTensor::from_host(data, &t.dims, &CpuDevice)
         .map_err(|e| ImportError::Invalid(format!("a parameter of dims {:?}: {e}", t.dims)))
-}
-
-/// `name` if it is a Rust type name (`Mlp`, `MnistNet`).
-fn valid_name(name: &str) -> Result<String> {
-    let mut chars = name.chars();
-    let ok = chars.next().is_some_and(|c| c.is_ascii_uppercase())
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if ok {
-        Ok(name.to_string())
-    } else {
-        Err(ImportError::Feature(format!(
-            "`{name}` is not a model name (a Rust type name: a capital letter, then letters, digits or _)"
-        )))
-    }
 }

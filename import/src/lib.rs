@@ -17,7 +17,7 @@ mod model;
 pub mod onnx;
 mod translate;
 
-pub use error::{ImportError, Result, UnsupportedNode};
+pub use error::{shown, ImportError, Result, UnsupportedNode};
 pub use files::{import, write_checkpoint, Imported};
 pub use model::{
     decode, read, read_tensor, Attribute, Dim, ElementType, Graph, Node, Tensor, TensorData, Value,

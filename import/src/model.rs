@@ -8,6 +8,7 @@ use crate::error::{ImportError, Result};
 use crate::onnx;
 use prost::Message;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -177,31 +178,44 @@ impl TensorData {
 
 /// Reads and checks the ONNX model at `path`.
 pub fn read(path: impl AsRef<Path>) -> Result<Graph> {
+    decode(&file_bytes(path.as_ref())?)
+}
+
+/// Reads one serialised tensor (ONNX's test-data layout: `test_data_set_0/input_0.pb`).
+pub fn read_tensor(path: impl AsRef<Path>) -> Result<Tensor> {
     let path = path.as_ref();
+    let bytes = file_bytes(path)?;
+    let t = onnx::TensorProto::decode(bytes.as_slice())
+        .map_err(|e| ImportError::NotOnnx(format!("`{}`: {e}", path.display())))?;
+    tensor(&t, &format!("the tensor in `{}`", path.display()))
+}
+
+/// The bytes of the regular file at `path`, read no further than the size it had when
+/// opened: a device (`/dev/zero`), a FIFO or a folder is refused by name rather than
+/// read until memory runs out, and so is a file over protobuf's limit.
+fn file_bytes(path: &Path) -> Result<Vec<u8>> {
     let io = |source| ImportError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let len = std::fs::metadata(path).map_err(io)?.len();
+    let file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(ImportError::Feature(format!(
+            "`{}` is not a regular file (a device, a FIFO or a folder): an ONNX model is read from a file",
+            path.display()
+        )));
+    }
+    let len = meta.len();
     if len > MAX_FILE_BYTES {
         return Err(ImportError::Feature(format!(
             "`{}` is {len} bytes, over protobuf's 2 GiB limit (a model with external data files is not imported)",
             path.display()
         )));
     }
-    decode(&std::fs::read(path).map_err(io)?)
-}
-
-/// Reads one serialised tensor (ONNX's test-data layout: `test_data_set_0/input_0.pb`).
-pub fn read_tensor(path: impl AsRef<Path>) -> Result<Tensor> {
-    let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| ImportError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let t = onnx::TensorProto::decode(bytes.as_slice())
-        .map_err(|e| ImportError::NotOnnx(format!("`{}`: {e}", path.display())))?;
-    tensor(&t, &format!("the tensor in `{}`", path.display()))
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(len).read_to_end(&mut bytes).map_err(io)?;
+    Ok(bytes)
 }
 
 /// Checks the ONNX model in `bytes` (a file's contents).

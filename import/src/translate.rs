@@ -98,6 +98,10 @@ impl Band {
     }
 }
 
+/// The longest code a value carries inline before it is bound by a `let`: far past
+/// what reads well, so only machine-made chains meet it.
+const LONGEST_INLINE_CODE: usize = 400;
+
 /// How translation reads a computed value by name.
 type ValueOf<'g> = dyn Fn(&str, &HashMap<&'g str, Val>) -> Result<Expr> + 'g;
 
@@ -111,10 +115,12 @@ struct Translator {
     ir: Ir<SDim>,
     leaves: usize,
     fields: Vec<(String, String)>,
-    field_names: HashSet<String>,
+    field_names: Names,
+    /// How many layers of each kind (`Linear`) are fields so far.
+    kinds: HashMap<String, usize>,
     tensors: Vec<(String, Tensor)>,
     lets: Vec<(String, String)>,
-    locals: HashSet<String>,
+    locals: Names,
     opset: i64,
     /// Each reshape written, by its node: its code, and the code and node it reshapes
     /// (a reshape of a reshape is written as one).
@@ -139,7 +145,7 @@ impl Translator {
         if x.plain || x.layer_call {
             return x.code.clone();
         }
-        let name = unique(x.hint.clone(), &mut self.locals);
+        let name = self.locals.unique(x.hint.clone());
         self.lets
             .push((name.clone(), without_outer_parens(&x.code).to_string()));
         name
@@ -213,11 +219,8 @@ impl Translator {
             .y;
         let kind = spec.to_string();
         let kind = kind.split('<').next().unwrap_or("layer").to_string();
-        let same_kind = self
-            .fields
-            .iter()
-            .filter(|(_, ty)| ty.split('<').next() == Some(kind.as_str()))
-            .count();
+        let same_kind = self.kinds.get(&kind).copied().unwrap_or(0);
+        *self.kinds.entry(kind.clone()).or_default() += 1;
         let named = field_name(named_after, &kind, same_kind);
         let fallback = field_name("", &kind, same_kind);
         // A weight named by the exporter (`onnx::MatMul_12`) says nothing: the node's
@@ -227,7 +230,7 @@ impl Translator {
         } else {
             named
         };
-        let field = unique(named, &mut self.field_names);
+        let field = self.field_names.unique(named);
         self.fields.push((field.clone(), spec.to_string()));
         for (name, t) in tensors {
             self.tensors.push((format!("{field}.{name}"), t));
@@ -279,6 +282,7 @@ impl Translator {
 /// file's stem by [`model_name`]) and its checkpoint, `file` naming the source in
 /// the generated header.
 pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
+    check_model_name(name)?;
     let graph = &with_weights_resolved(graph);
     let untranslated = unsupported_nodes(graph);
     if !untranslated.is_empty() {
@@ -304,10 +308,11 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
         ir: Ir::new(),
         leaves: 0,
         fields: Vec::new(),
-        field_names: HashSet::new(),
+        field_names: Names::default(),
+        kinds: HashMap::new(),
         tensors: Vec::new(),
         lets: Vec::new(),
-        locals: HashSet::from([arg.clone(), "self".to_string()]),
+        locals: Names::taken([arg.clone(), "self".to_string()]),
         opset: graph.opset,
         reshapes: HashMap::new(),
     };
@@ -344,6 +349,12 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
     let (gelus, mut inside) = exact_gelus(graph, &readers);
     let (norms, inside_norms) = written_out_layer_norms(graph, &readers);
     inside.extend(inside_norms);
+    // How often the GELUs and layer norms written out read each value (counted once,
+    // not per node).
+    let mut composite_reads: HashMap<&str, usize> = HashMap::new();
+    for x in gelus.values().copied().chain(norms.values().map(|n| n.x)) {
+        *composite_reads.entry(x).or_default() += 1;
+    }
     for node in &graph.nodes {
         // The exact GELU and the layer norm written out are `x.gelu()` and a
         // `LayerNorm`: their inner nodes write nothing.
@@ -736,9 +747,10 @@ pub fn translate(graph: &Graph, name: &str, file: &str) -> Result<Translation> {
             r.iter()
                 .filter(|n| !inside.contains(n.name.as_str()))
                 .count()
-        }) + gelus.values().filter(|&&x| x == out).count()
-            + norms.values().filter(|n| n.x == out).count();
-        let result = if reads > 1 && !result.plain {
+        }) + composite_reads.get(out).copied().unwrap_or(0);
+        // A long chain (a thousand ops in a row) is bound too: each value holds its own
+        // code, so unbound chains would cost memory quadratic in their length.
+        let result = if (reads > 1 || result.code.len() > LONGEST_INLINE_CODE) && !result.plain {
             let name = b.bind(&Expr {
                 layer_call: false,
                 ..result.clone()
@@ -2270,19 +2282,43 @@ fn is_keyword(s: &str) -> bool {
     KEYWORDS.contains(&s)
 }
 
-/// `name`, or `name_2`, `name_3`… where it is taken; then taken.
-fn unique(name: String, taken: &mut HashSet<String>) -> String {
-    let mut candidate = name.clone();
-    let mut n = 2;
-    while taken.contains(&candidate) {
-        candidate = format!("{name}_{n}");
-        n += 1;
-    }
-    taken.insert(candidate.clone());
-    candidate
+/// Names given out in one scope (fields, or the forward pass's locals).
+#[derive(Default)]
+struct Names {
+    taken: HashSet<String>,
+    /// The next suffix to try for each name asked for: every `name_k` below it is
+    /// taken, so a thousand layers of one name cost a thousand steps, not a million.
+    next: HashMap<String, usize>,
 }
 
-/// The model name of a file stem: `mlp` → `Mlp`, `resnet-18` → `Resnet18`.
+impl Names {
+    /// A scope where `names` are taken already.
+    fn taken(names: impl IntoIterator<Item = String>) -> Self {
+        Self {
+            taken: names.into_iter().collect(),
+            next: HashMap::new(),
+        }
+    }
+
+    /// `name`, or `name_2`, `name_3`… where it is taken; then taken.
+    fn unique(&mut self, name: String) -> String {
+        if self.taken.insert(name.clone()) {
+            return name;
+        }
+        let n = self.next.entry(name.clone()).or_insert(2);
+        loop {
+            let candidate = format!("{name}_{n}");
+            *n += 1;
+            if self.taken.insert(candidate.clone()) {
+                return candidate;
+            }
+        }
+    }
+}
+
+/// The model name of a file stem: `mlp` → `Mlp`, `resnet-18` → `Resnet18`; a name
+/// the generated source needs for something else (`self` → `Self`, `linear` →
+/// `Linear`) gets `Model` after it.
 pub fn model_name(stem: &str) -> String {
     let mut out = String::new();
     for part in stem
@@ -2298,8 +2334,53 @@ pub fn model_name(stem: &str) -> String {
     match out.chars().next() {
         None => "Imported".to_string(),
         Some(c) if c.is_ascii_digit() => format!("Model{out}"),
+        _ if is_reserved_name(&out) => format!("{out}Model"),
         _ => out,
     }
+}
+
+/// Type names the generated source already uses or Rust reserves: a model of one of
+/// these names would not compile (`pub struct Self`) or would shadow what its own
+/// fields and signature mean (`pub struct Tensor`, `pub struct Linear`).
+fn is_reserved_name(name: &str) -> bool {
+    ["Self", "Tensor", "Dyn", "Param"].contains(&name) || LayerSpec::NAMES.contains(&name)
+}
+
+/// `name` if it can name the generated struct: a Rust type name (a capital letter,
+/// then letters, digits or `_`) that the generated source does not need for
+/// something else.
+fn check_model_name(name: &str) -> Result<()> {
+    let mut chars = name.chars();
+    let form = chars.next().is_some_and(|c| c.is_ascii_uppercase())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !form {
+        return Err(ImportError::Feature(format!(
+            "`{name}` is not a model name (a Rust type name: a capital letter, then letters, digits or _)"
+        )));
+    }
+    if is_reserved_name(name) {
+        return Err(ImportError::Feature(format!(
+            "`{name}` cannot name the model: Rust or the generated source uses it for something else (try `{name}Model`)"
+        )));
+    }
+    Ok(())
+}
+
+/// `text` from the file (its name, producer, value names) as it may appear in a
+/// generated comment: every character outside printable ASCII escaped (`\n`,
+/// `\u{2028}`), and backquotes and backslashes too, so nothing it holds can end the
+/// comment, start a line of code, or hide from a reader (bidirectional overrides).
+fn comment_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            ' '..='~' if c != '`' && c != '\\' => out.push(c),
+            // Not `\``: a backslash escapes nothing inside a Markdown code span.
+            '`' => out.push_str("\\u{60}"),
+            _ => out.extend(c.escape_default()),
+        }
+    }
+    out
 }
 
 /// The input's dims: fixed ones as literals, symbolic ones as `const` parameters
@@ -2379,8 +2460,9 @@ fn source(
     let producer = if graph.producer.is_empty() {
         String::new()
     } else {
-        format!("{}, ", graph.producer)
+        format!("{}, ", comment_text(&graph.producer))
     };
+    let file = comment_text(file);
     let mut s = format!(
         "// `{name}`, imported from `{file}` ({producer}ONNX opset {}) by kiln-import.\n\nuse kiln::prelude::*;\n\n",
         graph.opset
@@ -2393,7 +2475,8 @@ fn source(
     s += &format!("impl {name} {{\n");
     s += &format!(
         "    /// The graph's output `{}` of its input `{}`.\n",
-        graph.outputs[0].name, graph.inputs[0].name
+        comment_text(&graph.outputs[0].name),
+        comment_text(&graph.inputs[0].name)
     );
     let output = list(result_dims);
     let signature = format!(

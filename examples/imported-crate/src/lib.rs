@@ -40,3 +40,11 @@ pub fn shipped<B: Backend>(device: &B::Device) -> kiln::Result<Decoder<B>> {
 
 /// Where the build script wrote the imported checkpoint.
 pub const CHECKPOINT: &str = concat!(env!("OUT_DIR"), "/decoder.safetensors");
+
+/// The same decoder imported from a copy whose file name, producer and graph input and
+/// output names are hostile text (newlines, comment ends, quotes, line separators,
+/// escape codes: build.rs): the generated source compiles to the same model, every
+/// such name escaped in its comments.
+pub mod hostile {
+    include!(concat!(env!("OUT_DIR"), "/hostile.rs"));
+}

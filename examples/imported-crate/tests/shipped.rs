@@ -81,3 +81,18 @@ fn fine_tuning_learns_and_ships() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_model_whose_names_are_hostile_imports_as_the_same_model() {
+    // The struct's name is the hostile file stem's letters and digits.
+    type Hostile = kiln_example_imported::hostile::HostilexPubFnInjectedPubFnAlso2J<Cpu>;
+    let ids: Vec<i32> = (0..16).map(|i| (i * 7) % 20).collect();
+    let tokens = Tokens::from_vec(ids, &[2, 8], &CpuDevice).unwrap();
+    let plain = shipped::<Cpu>(&CpuDevice).unwrap();
+    let mut hostile = Hostile::init(&CpuDevice, 1).unwrap();
+    checkpoint::load(&mut hostile, CHECKPOINT).unwrap();
+    assert_eq!(
+        hostile.forward(&tokens).unwrap().to_vec().unwrap(),
+        plain.forward(&tokens).unwrap().to_vec().unwrap()
+    );
+}

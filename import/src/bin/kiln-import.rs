@@ -1,6 +1,7 @@
 //! `kiln-import MODEL.onnx [--name NAME] [--out-dir DIR]`: writes `#[model]` source
 //! (`<stem>.rs`) and its checkpoint (`<stem>.safetensors`) for an ONNX model.
 
+use kiln_import::shown;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -18,12 +19,12 @@ fn main() -> ExitCode {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;
             }
-            flag if flag.starts_with('-') => Err(format!("unknown flag `{flag}`")),
+            flag if flag.starts_with('-') => Err(format!("unknown flag `{}`", shown(flag))),
             path if model.is_none() => {
                 model = Some(PathBuf::from(path));
                 Ok(())
             }
-            extra => Err(format!("one model at a time (`{extra}` is a second)")),
+            extra => Err(format!("one model at a time (`{}` is a second)", shown(extra))),
         };
         if let Err(e) = parsed {
             eprintln!("error: {e}\n{USAGE}");
@@ -38,15 +39,15 @@ fn main() -> ExitCode {
         Ok(done) => {
             println!(
                 "{}: `{}` in {}, its checkpoint {}",
-                model.display(),
+                shown(&model.display().to_string()),
                 done.name,
-                done.source.display(),
-                done.checkpoint.display()
+                shown(&done.source.display().to_string()),
+                shown(&done.checkpoint.display().to_string())
             );
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {}: {e}", model.display());
+            eprintln!("error: {}: {e}", shown(&model.display().to_string()));
             ExitCode::FAILURE
         }
     }
