@@ -240,7 +240,9 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
     // every load applies: a bad file is a compile error, not a load error.
     if let Err(e) = check_quantized(&resolved.value(), precision, option.is_some()) {
         // The file is named once, as written.
-        let e = e.to_string().replace(&format!("`{}`: ", resolved.value()), "");
+        let e = e
+            .to_string()
+            .replace(&format!("`{}`: ", resolved.value()), "");
         let e = e.replace(&resolved.value(), &shown);
         return fail(format!("cannot embed `{shown}` into `{name}`: {e}"));
     }
