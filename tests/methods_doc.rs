@@ -33,8 +33,10 @@ fn render() -> String {
     }
     s.push_str(
         "\n## Elementwise ops of two tensors\n\n\
-         `a + b`, `a - b`, `a * b`, `a / b` in model bodies, with NumPy broadcasting, or \
-         with a number on either side; the others as methods.\n\n\
+         `a + b`, `a - b`, `a * b`, `a / b` in model bodies, or with a number on either \
+         side; the others as methods. They broadcast as NumPy does, expanding one operand \
+         at most: `[B, 1] - [B]`, an outer product, is an error (write it with \
+         `broadcast_to`).\n\n\
          | method | dtypes |\n|---|---|\n",
     );
     for op in BinaryOp::ALL {

@@ -25,7 +25,25 @@ impl DynNet {
     }
 
     pub fn rows_of_twelve(&self, x: Tensor<Dyn, 16>) -> Tensor<Dyn, 12> {
-        (x * 2.0).reshape::<Dyn, 12>()
+        (x * 2.0).regroup::<Dyn, 12>()
+    }
+
+    pub fn rows_of_four(&self, x: Tensor<Dyn, Dyn>) -> Tensor<Dyn, 4> {
+        x.reshape::<Dyn, 4>()
+    }
+
+    pub fn regrouped_rows_of_four(&self, x: Tensor<Dyn, Dyn>) -> Tensor<Dyn, 4> {
+        x.regroup::<Dyn, 4>()
+    }
+
+    /// A hand-written mean squared error of a `[N, 1]` prediction against `[N]` targets.
+    pub fn squared_error(&self, pred: Tensor<Dyn, 1>, target: Tensor<Dyn>) -> Tensor {
+        (pred - target).square().mean_all()
+    }
+
+    /// The outer difference written out: one operand broadcast explicitly.
+    pub fn outer_difference<const N: usize>(&self, a: Tensor<N, 1>, b: Tensor<N>) -> Tensor<N, N> {
+        a.broadcast_to::<N, N>() - b
     }
 
     pub fn pair_sum(&self, a: Tensor<Dyn, 4>, b: Tensor<Dyn, 4>) -> Tensor {
@@ -213,4 +231,82 @@ fn a_tied_head_takes_a_dyn_width_and_checks_it_when_it_runs() {
         e,
         "shape mismatch in `attend`: scores rows of 8 features against its table [16, 8], got [3, 7]"
     );
+}
+
+fn raw(dims: &[usize], seed: u64) -> RawTensor<Cpu> {
+    let dist = kiln::tensor::RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    RawTensor::<Cpu>::rand(dims, dist, seed, kiln::tensor::DType::F32, &CpuDevice).unwrap()
+}
+
+#[test]
+fn a_broadcast_that_expands_both_operands_is_refused_when_it_runs() {
+    let model = DynNet::<Cpu>::init(&CpuDevice, 1).unwrap();
+    let pred = |n: usize| Tensor::<Cpu, (Dyn, Const<1>)>::from_raw(raw(&[n, 1], 3)).unwrap();
+    let target = |n: usize| Tensor::<Cpu, (Dyn,)>::from_raw(raw(&[n], 4)).unwrap();
+    let e = both(&model, |m| m.squared_error(&pred(3), &target(3)), flat).unwrap_err();
+    assert_eq!(
+        e,
+        "shape mismatch in `sub`: broadcasting [3, 1] with [3] expands both operands, to [3, 3], an outer product: give them one shape (`.reshape::<..>()` adds the size-1 axis where it belongs), or, if the outer product is meant, write it with `.broadcast_to::<..>()` on one operand"
+    );
+    let e = both(&model, |m| m.squared_error(&pred(2), &target(5)), flat).unwrap_err();
+    assert!(e.contains("expands both operands, to [2, 5]"), "{e}");
+    // One row: nothing is expanded past size 1.
+    let one = both(&model, |m| m.squared_error(&pred(1), &target(1)), flat).unwrap();
+    assert_eq!(one.len(), 1);
+    // The dynamic path refuses it with the same words.
+    let lazy = |t: RawTensor<Cpu>| kiln::dynamic::LazyTensor::<Cpu>::from_raw(t);
+    let e = lazy(raw(&[3, 1], 3))
+        .sub(&lazy(raw(&[3], 4)))
+        .err()
+        .expect("the dynamic path refuses an outer broadcast")
+        .to_string();
+    assert!(e.contains("broadcasting [3, 1] with [3] expands both operands"), "{e}");
+}
+
+#[test]
+fn an_outer_product_written_with_broadcast_to_runs() {
+    let model = DynNet::<Cpu>::init(&CpuDevice, 1).unwrap();
+    let a = Tensor::<Cpu, (Const<3>, Const<1>)>::from_raw(
+        RawTensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3, 1], &CpuDevice).unwrap(),
+    )
+    .unwrap();
+    let b = Tensor::<Cpu, (Const<3>,)>::from_raw(
+        RawTensor::from_vec(vec![10.0f32, 20.0, 30.0], &[3], &CpuDevice).unwrap(),
+    )
+    .unwrap();
+    for fused in [true, false] {
+        model.set_fused(fused);
+        let d = model.outer_difference::<3>(&a, &b).unwrap();
+        assert_eq!(
+            flat(&d),
+            vec![-9.0, -19.0, -29.0, -8.0, -18.0, -28.0, -7.0, -17.0, -27.0]
+        );
+    }
+    model.set_fused(true);
+}
+
+#[test]
+fn a_dyn_reshape_keeps_rows_whole_unless_it_regroups() {
+    let model = DynNet::<Cpu>::init(&CpuDevice, 1).unwrap();
+    let x = |rows: usize, cols: usize| {
+        Tensor::<Cpu, (Dyn, Dyn)>::from_raw(raw(&[rows, cols], 8)).unwrap()
+    };
+    let e = both(&model, |m| m.rows_of_four(&x(2, 10)), flat).unwrap_err();
+    assert_eq!(
+        e,
+        "shape mismatch in `reshape`: reshaping [2, 10] into [5, 4] regroups rows: the result's rows of 4 elements cut across the input's rows of 10 (neither count divides the other); keep rows whole (a count per row that divides 10 or is a multiple of it), or write `.regroup::<..>()` if regrouping rows is meant"
+    );
+    // Rows split whole, or merged whole, are kept.
+    assert_eq!(both(&model, |m| m.rows_of_four(&x(2, 12)), flat).unwrap().len(), 24);
+    assert_eq!(both(&model, |m| m.rows_of_four(&x(4, 2)), flat).unwrap().len(), 8);
+    // Written as a regroup, the same reshape runs, on both paths alike.
+    let got = both(&model, |m| m.regrouped_rows_of_four(&x(2, 10)), flat).unwrap();
+    assert_eq!(got, flat(&x(2, 10)));
+    // The typed API keeps the same rule.
+    let e = x(2, 10).reshape::<(Dyn, Const<4>)>().unwrap_err().to_string();
+    assert!(e.contains("regroups rows"), "{e}");
+    x(2, 10).regroup::<(Dyn, Const<4>)>().unwrap();
 }

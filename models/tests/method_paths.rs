@@ -69,6 +69,12 @@ impl Paths {
     pub fn reshape(&self, x: Tensor<Dyn, Dyn>) -> Tensor<Dyn, 6> {
         x.reshape::<Dyn, 6>()
     }
+    pub fn regroup(&self, x: Tensor<Dyn, Dyn>) -> Tensor<Dyn, 6> {
+        x.regroup::<Dyn, 6>()
+    }
+    pub fn broadcast_to(&self, x: Tensor<Dyn, Dyn>) -> Tensor<Dyn, 4> {
+        x.broadcast_to::<Dyn, 4>()
+    }
     pub fn permute(&self, x: Tensor<Dyn, Dyn, Dyn>) -> Tensor<Dyn, Dyn, Dyn> {
         x.permute::<2, 0, 1>()
     }
@@ -211,6 +217,17 @@ macro_rules! runtime_call {
                 &t[0],
                 MethodArgs::Dims(vec![None, Some(6)]),
             ),
+            Method::Regroup => Method::Regroup.apply(
+                &mut t[0].ops(),
+                &t[0],
+                MethodArgs::Dims(vec![None, Some(6)]),
+            ),
+            // `broadcast_to::<Dyn, 4>()`: `Dyn` keeps the input's size.
+            Method::BroadcastTo => Method::BroadcastTo.apply(
+                &mut t[0].ops(),
+                &t[0],
+                MethodArgs::Dims(vec![None, Some(4)]),
+            ),
             Method::Permute => t[0].permute(&[2, 0, 1]),
             Method::Narrow => t[0].narrow(1, 1, 2),
             Method::Cast => t[0].cast(DType::F64),
@@ -246,6 +263,8 @@ fn model_call(m: &Paths<Cpu>, method: Method, t: &[RawTensor<Cpu>]) -> Outcome {
         Method::Max => read(m.max(&x2())),
         Method::Argmax => read(m.argmax(&x2())),
         Method::Reshape => read(m.reshape(&x2())),
+        Method::Regroup => read(m.regroup(&x2())),
+        Method::BroadcastTo => read(m.broadcast_to(&x2())),
         Method::Permute => read(m.permute(&x3())),
         Method::Narrow => read(m.narrow(&x2())),
         Method::Cast => read(m.cast(&x2())),
@@ -279,6 +298,7 @@ fn typed_call(method: Method, t: &[RawTensor<Cpu>]) -> Option<Outcome> {
         Method::Max => read(x2().max::<1>()),
         Method::Argmax => read(x2().argmax::<1>()),
         Method::Reshape => read(x2().reshape::<(Dyn, Const<6>)>()),
+        Method::Regroup => read(x2().regroup::<(Dyn, Const<6>)>()),
         Method::Permute => read(x3().permute::<R3>(&[2, 0, 1])),
         Method::Cast => read(x2().cast::<f64>()),
         Method::Matmul => read(x2().matmul(&y2())),
@@ -288,6 +308,8 @@ fn typed_call(method: Method, t: &[RawTensor<Cpu>]) -> Option<Outcome> {
         // No typed form: `flatten`, `narrow` and `concat` change a size the types
         // would have to compute.
         Method::Flatten | Method::Narrow | Method::Concat => return None,
+        // The typed `broadcast_to::<S>()` takes static dims only.
+        Method::BroadcastTo => return None,
     })
 }
 
@@ -390,7 +412,18 @@ fn each_method_on_fitting_and_misfitting_shapes() {
                 vec![(two(&[3, 4], &[3]), Some(4)), (two(&[3, 4], &[2]), Some(4))]
             }
             Method::CausalMask => vec![(vec![vec![3, 3]], None), (vec![vec![3, 4]], None)],
-            Method::Reshape => vec![(vec![vec![2, 6]], None), (vec![vec![2, 5]], None)],
+            // [2, 9] into rows of 6 regroups rows: `reshape` refuses it, `regroup` takes it.
+            Method::Reshape | Method::Regroup => vec![
+                (vec![vec![2, 6]], None),
+                (vec![vec![2, 5]], None),
+                (vec![vec![2, 9]], None),
+                (vec![vec![3, 2]], None),
+            ],
+            Method::BroadcastTo => vec![
+                (vec![vec![3, 1]], None),
+                (vec![vec![3, 4]], None),
+                (vec![vec![3, 2]], None),
+            ],
             _ => vec![(vec![vec![3, 4]], None)],
         };
         for (shapes, labels) in cases {
@@ -420,4 +453,25 @@ fn mse_refuses_operands_of_different_shapes_on_every_path() {
         "shape mismatch in `mse`: the operands have shapes [3, 1] and [3, 3]; they must be equal (broadcast one explicitly if that is meant)"
     );
     all_paths_agree(Method::Mse, &ops).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// `reshape` with an open leading size keeps rows whole on every path; `regroup` is
+/// the same reshape written to regroup them.
+#[test]
+fn reshape_keeps_rows_whole_and_regroup_regroups_on_every_path() {
+    let ops = Operands {
+        shapes: vec![vec![2, 9]],
+        labels: None,
+        seed: 3,
+    };
+    let t = ops.tensors();
+    let e = read_raw(runtime_call!(Method::Reshape, &t, RawTensor<Cpu>)).unwrap_err();
+    assert!(
+        e.contains("reshaping [2, 9] into [3, 6] regroups rows"),
+        "{e}"
+    );
+    let regrouped = read_raw(runtime_call!(Method::Regroup, &t, RawTensor<Cpu>)).unwrap();
+    assert_eq!(regrouped.len(), 18);
+    all_paths_agree(Method::Reshape, &ops).unwrap_or_else(|e| panic!("{e}"));
+    all_paths_agree(Method::Regroup, &ops).unwrap_or_else(|e| panic!("{e}"));
 }

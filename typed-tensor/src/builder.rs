@@ -89,6 +89,19 @@ pub trait BuilderExt: Builder {
     fn binary(&mut self, op: BinaryOp, a: &Self::Value, b: &Self::Value) -> Result<Self::Value> {
         self.apply(Op::Binary(op), &[a, b])
     }
+    /// An elementwise binary op as a user writes it (`a - b` in a model body,
+    /// `a.sub(&b)` on a tensor): broadcasting as [`BuilderExt::binary`], but never
+    /// expanding both operands ([`Guard::Broadcast`], checked again at run time where a
+    /// `Dyn` leaves it open). Compositions call `binary`.
+    fn checked_binary(
+        &mut self,
+        op: BinaryOp,
+        a: &Self::Value,
+        b: &Self::Value,
+    ) -> Result<Self::Value> {
+        self.guard(Guard::Broadcast { op }, &[a, b])?;
+        self.binary(op, a, b)
+    }
     /// a + b
     fn add(&mut self, a: &Self::Value, b: &Self::Value) -> Result<Self::Value> {
         self.binary(BinaryOp::Add, a, b)
@@ -165,12 +178,24 @@ pub trait BuilderExt: Builder {
     }
     /// Same elements, new dims, at most one of them open (`None`): solved from the
     /// element count (`op::solve_reshape`'s rule; a symbolic builder leaves it to the
-    /// run when the sizes are not numbers yet).
+    /// run when the sizes are not numbers yet). An open leading size keeps rows whole
+    /// ([`Guard::WholeRows`]); [`BuilderExt::regroup`] is the reshape that regroups them.
     fn reshape_open(
         &mut self,
         x: &Self::Value,
         dims: Vec<Option<Self::Dim>>,
     ) -> Result<Self::Value> {
+        let leading_open = dims.first().is_some_and(Option::is_none);
+        let y = self.regroup(x, dims)?;
+        if leading_open {
+            self.guard(Guard::WholeRows, &[x, &y])?;
+        }
+        Ok(y)
+    }
+    /// Same elements, new dims, at most one of them open: [`BuilderExt::reshape_open`]
+    /// without its whole-rows rule, for a reshape that regroups rows on purpose
+    /// (`[2, 10]` into `[5, 4]`).
+    fn regroup(&mut self, x: &Self::Value, dims: Vec<Option<Self::Dim>>) -> Result<Self::Value> {
         let from = self.dims(x);
         let open = dims.iter().filter(|d| d.is_none()).count();
         let known: Vec<Self::Dim> = dims.iter().flatten().cloned().collect();
@@ -191,6 +216,7 @@ pub trait BuilderExt: Builder {
                 ),
             ));
         }
+        crate::op::check_kept_rows(&from, &dims)?;
         let inputs: Vec<&Self::Dim> = from.iter().chain(&known).collect();
         let lits: Vec<Option<usize>> = dims.iter().map(|d| d.as_ref().map(|_| 0)).collect();
         let solved = Self::Dim::derive(&inputs, "reshape", |sizes| {
@@ -261,6 +287,34 @@ pub trait BuilderExt: Builder {
     /// Broadcasts to `dims`.
     fn expand(&mut self, x: &Self::Value, dims: Vec<Self::Dim>) -> Result<Self::Value> {
         self.apply(Op::Expand { dims }, &[x])
+    }
+    /// Broadcasts to `dims`, where `None` keeps the input's size on that axis (axes
+    /// aligned on the right, PyTorch's `expand(-1, ..)`): the explicit form of an
+    /// expansion, such as one side of an outer product.
+    fn expand_open(
+        &mut self,
+        x: &Self::Value,
+        dims: Vec<Option<Self::Dim>>,
+    ) -> Result<Self::Value> {
+        let from = self.dims(x);
+        let new = dims.len().saturating_sub(from.len());
+        let mut to = Vec::with_capacity(dims.len());
+        for (i, d) in dims.iter().enumerate() {
+            match (d, i.checked_sub(new)) {
+                (Some(d), _) => to.push(d.clone()),
+                (None, Some(j)) => to.push(from[j].clone()),
+                (None, None) => {
+                    return Err(Error::shape(
+                        "broadcast_to",
+                        format!(
+                            "axis {i} of the target is new to {}, so it needs a size, not `Dyn`",
+                            fmt_dims(&from)
+                        ),
+                    ))
+                }
+            }
+        }
+        self.expand(x, to)
     }
     /// Elements `start..end` along `axis`.
     fn slice(

@@ -9,7 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::nn::LayerSpec;
-use crate::op::{fmt_dims, SymDim, TensorMeta};
+use crate::op::{broadcast_dims, fmt_dims, product, BinaryOp, SymDim, TensorMeta};
 
 /// One input check of a composite op or a layer.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,6 +46,180 @@ pub enum Guard {
         /// The table's width.
         features: usize,
     },
+    /// The operands of an elementwise op a user wrote (`a - b`, `a.sub(&b)`):
+    /// broadcasting may expand one of them, never both (`[B, 1] - [B]` would be the
+    /// outer product `[B, B]`), and an operand that lost an axis must not line up with
+    /// another axis of the same size (`x - x.mean::<1>()`). See [`check_broadcast`].
+    Broadcast {
+        /// The elementwise op.
+        op: BinaryOp,
+    },
+    /// A reshape whose leading size is solved from the element count, against its
+    /// result: rows may be split or merged whole, never cut across (`[2, 10]` into
+    /// `[5, 4]`); `regroup` is the reshape that means to. Inputs: the reshaped tensor
+    /// and the result.
+    WholeRows,
+}
+
+/// How surely one operand of a broadcast is expanded (has size 1, or no axis, where the
+/// other is larger).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Expanded {
+    No,
+    /// Only if a `Dyn` turns out to be 1, or larger than 1.
+    Maybe,
+    Yes,
+}
+
+/// Whether `mine` (an operand's size on one axis, `None` where it has no such axis)
+/// is expanded to `other`'s size there.
+fn expanded_on<D: SymDim>(mine: Option<&D>, other: Option<&D>) -> Expanded {
+    let Some(other) = other else {
+        return Expanded::No;
+    };
+    let larger = match other.as_lit() {
+        Some(n) => {
+            if n > 1 {
+                Expanded::Yes
+            } else {
+                return Expanded::No;
+            }
+        }
+        None if other.is_runtime() => Expanded::Maybe,
+        // A size parameter: the definition must hold for sizes above 1.
+        None => Expanded::Yes,
+    };
+    match mine {
+        None => larger,
+        Some(m) => match m.as_lit() {
+            Some(1) => larger,
+            Some(_) => Expanded::No,
+            None if m.is_runtime() => larger.min(Expanded::Maybe),
+            None => Expanded::No,
+        },
+    }
+}
+
+/// Whether operands of different ranks line up sizes that only the run time can tell
+/// apart, so that [`check_broadcast`]'s rule for an axis lost to a reduction may
+/// refuse them on numbers.
+fn lines_up_open<D: SymDim>(a: &[D], b: &[D]) -> bool {
+    a.len() != b.len()
+        && a.iter().rev().zip(b.iter().rev()).any(|(x, y)| {
+            (x.is_runtime() || y.is_runtime())
+                && x.as_lit() != Some(1)
+                && y.as_lit() != Some(1)
+                && x.matches(y) != Some(true)
+        })
+}
+
+/// How surely each operand of `a op b` is expanded by broadcasting.
+fn expansions<D: SymDim>(a: &[D], b: &[D]) -> (Expanded, Expanded) {
+    let n = a.len().max(b.len());
+    fn at<D>(d: &[D], n: usize, i: usize) -> Option<&D> {
+        (i + d.len()).checked_sub(n).map(|j| &d[j])
+    }
+    (0..n).fold((Expanded::No, Expanded::No), |(ea, eb), i| {
+        let (x, y) = (at(a, n, i), at(b, n, i));
+        (ea.max(expanded_on(x, y)), eb.max(expanded_on(y, x)))
+    })
+}
+
+/// The rule of [`Guard::WholeRows`]: `from` reshaped into `to`, whose leading size was
+/// solved from the element count, keeps rows whole: each row of `to` lies within one
+/// row of `from` (`[B, T, D]` into `[B·T, D]`) or is made of whole rows of it
+/// (`[B·T, D]` into `[B, T·D]`). Otherwise the reshape regroups rows (`[2, 10]` into
+/// `[5, 4]`: a row of the result takes the end of one input row and the start of the
+/// next), which `regroup` writes on purpose. On symbolic sizes, per-row counts that
+/// are not numbers pass; the kept guard runs again on numbers.
+pub fn check_whole_rows<D: SymDim>(from: &[D], to: &[D]) -> Result<()> {
+    if from.is_empty() || to.is_empty() {
+        return Ok(());
+    }
+    let (row_in, row_out) = (product(&from[1..]), product(&to[1..]));
+    let (Some(n), Some(m)) = (row_in.as_lit(), row_out.as_lit()) else {
+        return Ok(());
+    };
+    if n == 0 || m == 0 || n % m == 0 || m % n == 0 {
+        return Ok(());
+    }
+    Err(Error::shape(
+        "reshape",
+        format!(
+            "reshaping {} into {} regroups rows: the result's rows of {m} elements cut across the input's rows of {n} (neither count divides the other); keep rows whole (a count per row that divides {n} or is a multiple of it), or write `.regroup::<..>()` if regrouping rows is meant",
+            fmt_dims(from),
+            fmt_dims(to),
+        ),
+    ))
+}
+
+/// `short`'s sizes placed on the axes of `long` they equal, in order, with 1 on the
+/// others: the shape an operand that lost an axis to a reduction has when it keeps it.
+fn kept_axes<D: SymDim>(long: &[D], short: &[D]) -> Option<Vec<D>> {
+    let mut out = Vec::with_capacity(long.len());
+    let mut rest = short.iter().peekable();
+    for l in long {
+        match rest.peek() {
+            Some(s) if s.matches(l) == Some(true) || s.as_lit() == Some(1) => {
+                out.push((*s).clone());
+                rest.next();
+            }
+            _ => out.push(D::lit(1)),
+        }
+    }
+    rest.peek().is_none().then_some(out)
+}
+
+/// The rule of [`Guard::Broadcast`], the one home of what a user's elementwise op may
+/// broadcast: one operand may be expanded (a bias `[B, N] + [N]`, a mask
+/// `[B, T, T] + [T, T]`, a row statistic `[B, N] - [B, 1]`, a number), never both
+/// (`[B, 1] - [B]` is `[B, B]`: one size on two axes, an outer product nobody wrote);
+/// and an operand of lower rank whose size lines up with an axis of another size while
+/// it is the other operand's size on another axis (`[B, N] - [B]`, where `[B]` is a
+/// mean over axis 1) is refused, saying to keep the reduced axis. On symbolic sizes a
+/// `Dyn` passes where only its value can tell; the kept guard runs again on numbers.
+pub fn check_broadcast<D: SymDim>(op: BinaryOp, a: &[D], b: &[D]) -> Result<()> {
+    let name = op.name();
+    if a.len() != b.len() {
+        let (long, short) = if a.len() > b.len() { (a, b) } else { (b, a) };
+        let off = long.len() - short.len();
+        for (j, s) in short.iter().enumerate() {
+            let i = j + off;
+            let l = &long[i];
+            if s.as_lit() == Some(1) || l.as_lit() == Some(1) || s.matches(l) == Some(true) {
+                continue;
+            }
+            let elsewhere = (0..long.len()).find(|&k| k != i && long[k].matches(s) == Some(true));
+            if let Some(k) = elsewhere {
+                let fix = kept_axes(long, short)
+                    .map(|d| format!("; reshape it to {} (`.reshape::<..>()`)", fmt_dims(&d)))
+                    .unwrap_or_default();
+                return Err(Error::shape(
+                    name,
+                    format!(
+                        "{} lines up its axis {j} ({s}) with axis {i} of {}, but {s} is axis {k} of {}: an axis removed by a reduction must be kept as size 1 so that the axes line up{fix}",
+                        fmt_dims(short),
+                        fmt_dims(long),
+                        fmt_dims(long),
+                    ),
+                ));
+            }
+        }
+    }
+    if expansions(a, b) == (Expanded::Yes, Expanded::Yes) {
+        let out = broadcast_dims(name, a, b)
+            .map(|d| format!(", to {}", fmt_dims(&d)))
+            .unwrap_or_default();
+        return Err(Error::shape(
+            name,
+            format!(
+                "broadcasting {} with {} expands both operands{out}, an outer product: give them one shape (`.reshape::<..>()` adds the size-1 axis where it belongs), or, if the outer product is meant, write it with `.broadcast_to::<..>()` on one operand",
+                fmt_dims(a),
+                fmt_dims(b)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The composites whose two operands must have one shape.
@@ -80,6 +254,8 @@ impl Guard {
             Guard::EqualShapes { op } => op.name(),
             Guard::SquareScores => "causal_mask",
             Guard::TiedHead { .. } => "attend",
+            Guard::Broadcast { op } => op.name(),
+            Guard::WholeRows => "reshape",
         }
     }
 
@@ -94,6 +270,15 @@ impl Guard {
                 .and_then(|m| m.dims.last())
                 .is_some_and(numeric),
             Guard::BatchNormTraining => inputs.first().is_some_and(|m| m.dims.iter().any(numeric)),
+            // Only where both operands may be expanded: a bias add over a `Dyn` batch
+            // keeps nothing.
+            Guard::Broadcast { .. } => match inputs {
+                [a, b] => {
+                    let (ea, eb) = expansions(&a.dims, &b.dims);
+                    ea.min(eb) == Expanded::Maybe || lines_up_open(&a.dims, &b.dims)
+                }
+                _ => false,
+            },
             _ => inputs.iter().any(|m| m.dims.iter().any(|d| d.is_runtime())),
         }
     }
@@ -107,7 +292,11 @@ impl Guard {
             | Guard::Positions { .. }
             | Guard::SquareScores
             | Guard::TiedHead { .. } => 1,
-            Guard::CrossEntropy | Guard::Conv2d { .. } | Guard::EqualShapes { .. } => 2,
+            Guard::CrossEntropy
+            | Guard::Conv2d { .. }
+            | Guard::EqualShapes { .. }
+            | Guard::Broadcast { .. }
+            | Guard::WholeRows => 2,
         };
         if inputs.len() != want {
             return Err(Error::invalid(
@@ -177,6 +366,18 @@ impl Guard {
             }
             Guard::Positions { table } => {
                 let d = &inputs[0].dims;
+                // The count of positions is read from token ids, not from what they
+                // became: embeddings [.., T, D] would read D as the length.
+                if !inputs[0].dtype.is_int() {
+                    return Err(Error::dtype(
+                        "positions",
+                        format!(
+                            "positions are read from the token ids [.., T] (integers), but this is a {} tensor {}: pass the ids the token embedding reads, not the embeddings",
+                            inputs[0].dtype,
+                            fmt_dims(d)
+                        ),
+                    ));
+                }
                 let Some(t) = d.last() else {
                     return Err(Error::shape(
                         "positions",
@@ -257,6 +458,8 @@ impl Guard {
                 }
                 Ok(())
             }
+            Guard::Broadcast { op } => check_broadcast(*op, &inputs[0].dims, &inputs[1].dims),
+            Guard::WholeRows => check_whole_rows(&inputs[0].dims, &inputs[1].dims),
             Guard::TiedHead { vocab, features } => {
                 let (d, dtype) = (&inputs[0].dims, inputs[0].dtype);
                 if !dtype.is_float() {
@@ -291,6 +494,8 @@ impl Guard {
             Guard::EqualShapes { op } => format!("same_shape {}", op.name()),
             Guard::SquareScores => "square_scores".into(),
             Guard::TiedHead { vocab, features } => format!("tied_head {vocab} {features}"),
+            Guard::Broadcast { op } => format!("broadcast {}", op.name()),
+            Guard::WholeRows => "whole_rows".into(),
         }
     }
 
@@ -314,6 +519,12 @@ impl Guard {
                 op: SameShapeOp::parse(rest).ok_or_else(bad)?,
             }),
             "square_scores" if rest.is_empty() => Ok(Guard::SquareScores),
+            "whole_rows" if rest.is_empty() => Ok(Guard::WholeRows),
+            "broadcast" => BinaryOp::ALL
+                .iter()
+                .find(|o| o.name() == rest)
+                .map(|&op| Guard::Broadcast { op })
+                .ok_or_else(bad),
             "tied_head" => {
                 let (v, f) = rest.split_once(' ').ok_or_else(bad)?;
                 Ok(Guard::TiedHead {
@@ -359,11 +570,102 @@ mod tests {
                 groups: 2,
             }),
             Guard::LayerInput(LayerSpec::Flatten),
+            Guard::Broadcast { op: BinaryOp::Sub },
+            Guard::Broadcast { op: BinaryOp::Max },
+            Guard::WholeRows,
         ] {
             assert_eq!(Guard::parse(&g.to_text()).unwrap(), g);
         }
         assert!(Guard::parse("layer Linear<3>").is_err());
         assert!(Guard::parse("sideways").is_err());
+    }
+
+    fn f32(d: &[usize]) -> TensorMeta {
+        TensorMeta::new(d.to_vec(), DType::F32)
+    }
+
+    fn sub(a: &[usize], b: &[usize]) -> std::result::Result<(), String> {
+        Guard::Broadcast { op: BinaryOp::Sub }
+            .check(&[&f32(a), &f32(b)])
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_broadcast_expands_one_operand_at_most() {
+        // Bias adds, masks, row statistics, numbers and rank promotion.
+        for (a, b) in [
+            (&[3, 4][..], &[4][..]),
+            (&[2, 3, 3], &[3, 3]),
+            (&[3, 4], &[3, 1]),
+            (&[], &[3, 4]),
+            (&[1, 4], &[4]),
+            (&[3, 4], &[3, 4]),
+            (&[1, 1], &[1]),
+            // Numbers cannot tell a dropped axis on a square batch.
+            (&[4, 4], &[4]),
+        ] {
+            sub(a, b).unwrap_or_else(|e| panic!("{a:?} - {b:?}: {e}"));
+            sub(b, a).unwrap_or_else(|e| panic!("{b:?} - {a:?}: {e}"));
+        }
+        for (a, b, out) in [
+            (&[3, 1][..], &[3][..], "[3, 3]"),
+            (&[3, 1], &[1, 4], "[3, 4]"),
+            (&[2, 1, 5], &[3, 1], "[2, 3, 5]"),
+        ] {
+            let e = sub(a, b).unwrap_err();
+            assert!(
+                e.contains(&format!("expands both operands, to {out}, an outer product"))
+                    && e.contains("`.broadcast_to::<..>()`"),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            sub(&[3, 1], &[3]).unwrap_err(),
+            "shape mismatch in `sub`: broadcasting [3, 1] with [3] expands both operands, to [3, 3], an outer product: give them one shape (`.reshape::<..>()` adds the size-1 axis where it belongs), or, if the outer product is meant, write it with `.broadcast_to::<..>()` on one operand"
+        );
+    }
+
+    #[test]
+    fn an_operand_that_lost_an_axis_is_told_to_keep_it() {
+        let e = sub(&[3, 4], &[3]).unwrap_err();
+        assert_eq!(
+            e,
+            "shape mismatch in `sub`: [3] lines up its axis 0 (3) with axis 1 of [3, 4], but 3 is axis 0 of [3, 4]: an axis removed by a reduction must be kept as size 1 so that the axes line up; reshape it to [3, 1] (`.reshape::<..>()`)"
+        );
+        let e = sub(&[2, 5], &[2, 3, 5]).unwrap_err();
+        assert!(e.contains("reshape it to [2, 1, 5]"), "{e}");
+    }
+
+    #[test]
+    fn a_reshape_keeps_rows_whole() {
+        let rows = |a: &[usize], b: &[usize]| {
+            Guard::WholeRows
+                .check(&[&f32(a), &f32(b)])
+                .map_err(|e| e.to_string())
+        };
+        for (a, b) in [
+            (&[2, 12][..], &[6, 4][..]),
+            (&[6, 4], &[2, 12]),
+            (&[2, 3, 4], &[6, 4]),
+            (&[5, 4], &[5, 2, 2]),
+        ] {
+            rows(a, b).unwrap_or_else(|e| panic!("{a:?} into {b:?}: {e}"));
+        }
+        assert_eq!(
+            rows(&[2, 10], &[5, 4]).unwrap_err(),
+            "shape mismatch in `reshape`: reshaping [2, 10] into [5, 4] regroups rows: the result's rows of 4 elements cut across the input's rows of 10 (neither count divides the other); keep rows whole (a count per row that divides 10 or is a multiple of it), or write `.regroup::<..>()` if regrouping rows is meant"
+        );
+    }
+
+    #[test]
+    fn a_kept_row_must_divide_into_the_known_sizes() {
+        let e = crate::op::check_kept_rows(&[2usize, 10], &[Some(2), None, Some(4)]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "shape mismatch in `reshape`: cannot reshape [2, 10] into [2, ?, 4]: it keeps the leading [2], and the 10 elements under each of those are not a multiple of 4, so no size fits the open one"
+        );
+        crate::op::check_kept_rows(&[2usize, 12], &[Some(2), None, Some(4)]).unwrap();
+        crate::op::check_kept_rows(&[2usize, 10], &[None, Some(4)]).unwrap();
     }
 
     #[test]

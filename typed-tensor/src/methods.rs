@@ -65,8 +65,12 @@ macro_rules! for_each_method {
             Max max axis_turbofish(axis) -> custom => |b, x| b.max(x, &[axis], false);
             #[doc = "Index of the maximum along one axis, removing it (i32; run time: `argmax(axis, false)`)."]
             Argmax argmax axis_turbofish(axis) -> custom => |b, x| b.argmax(x, axis, false);
-            #[doc = "Same elements, new dims; one may be `Dyn`, solved from the element count (run time: `reshape(&dims)`)."]
+            #[doc = "Same elements, new dims; one may be `Dyn`, solved from the element count, and a `Dyn` leading size keeps rows whole (run time: `reshape(&dims)`)."]
             Reshape reshape dims(dims) -> custom => |b, x| b.reshape_open(x, dims);
+            #[doc = "Same elements, new dims, regrouping rows on purpose: `reshape` whose open leading size may cut across the input's rows (`[2, 10]` into `[5, 4]`; run time: `reshape(&dims)`)."]
+            Regroup regroup dims(dims) -> custom => |b, x| b.regroup(x, dims);
+            #[doc = "Broadcasts to new dims (a view), `Dyn` keeping the input's size on that axis: an expansion written out, such as one side of an outer product (run time: `broadcast_to(&dims)`)."]
+            BroadcastTo broadcast_to dims(dims) -> custom => |b, x| b.expand_open(x, dims);
             #[doc = "Reorders the axes (a view; run time: `permute(&perm)`)."]
             Permute permute perm(perm) -> custom => |b, x| b.permute(x, &perm);
             #[doc = "`LEN` elements from `START` along `AXIS` (a view; run time: `slice(axis, start, start + len, 1)`)."]
@@ -479,7 +483,8 @@ macro_rules! __tensor_unary_methods {
     };
 }
 
-/// One method per binary op of the op table (`a.add(&b)`, `a.maximum(&b)`), broadcasting.
+/// One method per binary op of the op table (`a.add(&b)`, `a.maximum(&b)`), broadcasting
+/// one operand at most ([`BuilderExt::checked_binary`](crate::BuilderExt::checked_binary)).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __tensor_binary_methods {
@@ -489,7 +494,7 @@ macro_rules! __tensor_binary_methods {
         $(
             $(#[$doc])*
             pub fn $method(&self, rhs: &Self) -> $crate::Result<Self> {
-                $crate::BuilderExt::binary(&mut self.ops(), $crate::BinaryOp::$v, self, rhs)
+                $crate::BuilderExt::checked_binary(&mut self.ops(), $crate::BinaryOp::$v, self, rhs)
             }
         )*
     };

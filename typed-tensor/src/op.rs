@@ -869,11 +869,22 @@ impl<D: SymDim> Op<D> {
             } => {
                 let x = inputs[0];
                 let (axis, start, end, step) = (*axis, *start, *end, *step);
-                if axis >= x.dims.len() || step == 0 || start > end {
+                if axis >= x.dims.len() {
                     return Err(Error::invalid(
                         name,
                         format!(
-                            "{start}..{end} step {step} on axis {axis} of {}",
+                            "axis {axis} is past the last axis of {}, a rank-{} tensor (its axes are 0..{})",
+                            fmt_dims(&x.dims),
+                            x.dims.len(),
+                            x.dims.len()
+                        ),
+                    ));
+                }
+                if step == 0 || start > end {
+                    return Err(Error::invalid(
+                        name,
+                        format!(
+                            "{start}..{end} step {step} on axis {axis} of {} is no range: it needs a start at most its end and a step of at least 1",
                             fmt_dims(&x.dims)
                         ),
                     ));
@@ -1208,6 +1219,45 @@ pub fn solve_reshape(from: &[usize], to: &[Option<usize>]) -> Result<Vec<usize>>
         }
     };
     Ok(to.iter().map(|d| d.or(solved).unwrap_or(0)).collect())
+}
+
+/// A reshape's rule for the rows it keeps, before its open size is solved: where the
+/// target keeps the input's leading sizes (`[B, 10]` into `[B, ?, 4]`), the elements
+/// under them must be a multiple of the target's known sizes after them, or no open
+/// size fits any call. Checked on symbolic sizes too, so a per-row count known at
+/// build time is refused there; sizes that are not numbers pass.
+pub fn check_kept_rows<D: SymDim>(from: &[D], to: &[Option<D>]) -> Result<()> {
+    let kept = from
+        .iter()
+        .zip(to)
+        .take_while(|(f, t)| t.as_ref().is_some_and(|t| t.matches(f) == Some(true)))
+        .count();
+    if kept == 0 || to[kept..].iter().all(Option::is_some) {
+        return Ok(());
+    }
+    let row = product(&from[kept..]);
+    let known = to[kept..]
+        .iter()
+        .flatten()
+        .fold(D::lit(1), |acc, d| acc.mul(d));
+    match (row.as_lit(), known.as_lit()) {
+        (Some(n), Some(m)) if m > 0 && n % m != 0 => {
+            let target: Vec<String> = to
+                .iter()
+                .map(|d| d.as_ref().map_or("?".to_string(), |d| d.to_string()))
+                .collect();
+            Err(Error::shape(
+                "reshape",
+                format!(
+                    "cannot reshape {} into [{}]: it keeps the leading {}, and the {n} elements under each of those are not a multiple of {m}, so no size fits the open one",
+                    fmt_dims(from),
+                    target.join(", "),
+                    fmt_dims(&from[..kept]),
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The product of dims (1 for none).

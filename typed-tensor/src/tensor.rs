@@ -187,8 +187,17 @@ impl<B: Backend, S: Shape, E: Element> Tensor<B, S, E> {
     /// for static shapes, at run time for `Dyn`).
     pub fn reshape<S2: Shape>(&self) -> Result<Tensor<B, S2, E>> {
         let () = ReshapeCheck::<S, S2>::OK;
-        let dims = resolve_dims::<S2>(self.raw.dims())?;
-        Ok(Tensor::wrap(self.raw.reshape(&dims)?))
+        let dims = S2::DIMS[..S2::RANK].to_vec();
+        let y = BuilderExt::reshape_open(&mut self.raw.ops(), &self.raw, dims)?;
+        Ok(Tensor::wrap(y))
+    }
+
+    /// [`Tensor::reshape`] regrouping rows on purpose: a `Dyn` leading size may cut
+    /// across the input's rows (`[2, 10]` into `[5, 4]`), which `reshape` refuses.
+    pub fn regroup<S2: Shape>(&self) -> Result<Tensor<B, S2, E>> {
+        let () = ReshapeCheck::<S, S2>::OK;
+        let dims = S2::DIMS[..S2::RANK].to_vec();
+        Ok(Tensor::wrap(BuilderExt::regroup(&mut self.raw.ops(), &self.raw, dims)?))
     }
 
     /// Same elements in run-time `dims` (checked against `S2`).
@@ -601,10 +610,6 @@ impl<B: Backend, N: Dim, C: Dim, const H: usize, const W: usize, E: FloatElement
 
 /// Run-time dims for shape type `S2` holding `numel` elements: static dims as they
 /// are, one `Dyn` dim solved from the element count.
-fn resolve_dims<S2: Shape>(from: &Dims) -> Result<Vec<usize>> {
-    crate::op::solve_reshape(from, &S2::DIMS[..S2::RANK])
-}
-
 fn same_dims(op: &'static str, a: &Dims, b: &Dims) -> Result<()> {
     if a == b {
         Ok(())

@@ -297,7 +297,7 @@ impl<'a> Lower<'a> {
                 };
                 self.scalar_result(y, span)
             }
-            (Val::T(a), Val::T(bn)) => match self.mg.binary(op, &a, &bn) {
+            (Val::T(a), Val::T(bn)) => match self.mg.checked_binary(op, &a, &bn) {
                 Ok(y) => Ok(Val::T(y)),
                 Err(e) => {
                     let operands = [src(&b.left), src(&b.right)];
