@@ -107,8 +107,8 @@ fn metadata_checksum(meta: &BTreeMap<String, String>) -> String {
     kiln_safetensors::checksum(text.as_bytes())
 }
 
-/// Whether `meta`, a file's metadata, is a training state's (any version's): the
-/// tools that take a checkpoint refuse one by it.
+/// Whether `meta`, a file's metadata, is a training state's (any version's):
+/// quantising refuses one by it, its optimizer's moments being no weights.
 pub(crate) fn is_training_state(meta: &BTreeMap<String, String>) -> bool {
     meta.keys().any(|k| k.starts_with(STATE_PREFIX))
 }
