@@ -33,6 +33,15 @@ pub use kiln_macros::{embed, model, Module};
 #[doc(hidden)]
 pub mod __private {
     pub use kiln_macros::model_impl;
+
+    /// Met by no model: the bound of the `<name>_and_grad` an instance that does not
+    /// train (int8) keeps, so that calling it is a compile error saying so.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` is an instance for inference (int8): it has no training entry such as `loss_and_grad`",
+        label = "this instance evaluates only",
+        note = "train the f32 model (its `loss_and_grad`, or the Learner) and quantise its checkpoint with kiln-quantize; an int8 instance's losses evaluate, as `loss`"
+    )]
+    pub trait Trains {}
 }
 
 /// Everything a model author needs in scope.

@@ -156,8 +156,10 @@ pub(crate) fn expand_impl_in(
     let model = &item.ident;
     let fields = match parse_fields(&item) {
         Ok(f) => f,
-        // The struct's own expansion already reports these.
-        Err(_) => return (quote!(), false),
+        // The struct's own expansion already reports these; where its fields' types
+        // were fine (two nested models of one name), the struct holds its fields and
+        // the methods keep their signatures, so callers see no second error.
+        Err(_) => return (stubs_only(&item, &imp, &def_items, precision), false),
     };
     let defs = parse_defs(&def_items);
     let mut errors: Vec<syn::Error> = Vec::new();
@@ -242,6 +244,9 @@ pub(crate) fn expand_impl_in(
                     })
                     .collect();
                 out.push(planned_method(m, &fused, outputs.len(), &picks, &fields));
+                if m.is_scalar_loss() && !precision.trains() {
+                    out.push(untrained_and_grad(model, m, precision));
+                }
                 // An int8 instance is for inference: its losses evaluate, nothing trains.
                 if m.is_scalar_loss() && precision.trains() {
                     match value_and_grad(
@@ -275,8 +280,11 @@ pub(crate) fn expand_impl_in(
         }
         errors.extend(method_errors);
         out.push(stub_method(m));
-        if m.is_scalar_loss() && precision.trains() {
-            out.push(stub_and_grad(model, m));
+        if m.is_scalar_loss() {
+            out.push(match precision.trains() {
+                true => stub_and_grad(model, m),
+                false => untrained_and_grad(model, m, precision),
+            });
         }
     }
     let compile_errors: Vec<TokenStream> = match mistakes {
@@ -313,11 +321,9 @@ pub(crate) fn expand_impl_in(
     let titles: Vec<String> = plans.iter().map(|(t, _)| format!("{model}::{t}")).collect();
     let consts: Vec<&syn::Ident> = plans.iter().map(|(_, c)| c).collect();
     let clean = errors.is_empty();
-    let supervised = if clean {
-        supervised_impl(model, &methods, precision)
-    } else {
-        None
-    };
+    // Emitted whatever the mistakes: a stubbed `loss` keeps its raw method, so a model
+    // with a shape error is still one the Learner takes, and its uses add no error.
+    let supervised = supervised_impl(model, &methods, precision);
     let expanded = quote! {
         impl<Be: ::kiln::tensor::Backend> #model<Be> {
             #(#out)*
@@ -551,32 +557,161 @@ fn planned_method(
     }
 }
 
-/// A method whose body did not lower keeps its signature (so callers do not see a
-/// second error) and a body that never runs: the build has already failed.
+/// The error a stub returns. It never runs: the build has already failed with the
+/// macro's message, and the stub only keeps callers free of a second error.
+fn not_compiled(m: &MethodSig) -> TokenStream {
+    let name = m.name().to_string();
+    quote!(Err(::kiln::tensor::Error::invalid(#name, "this model method did not compile")))
+}
+
+/// A method whose body did not lower keeps its signature and its hidden raw method
+/// (which `Supervised` calls), so callers do not see a second error; both bodies
+/// return an error and never run: the build has already failed.
 fn stub_method(m: &MethodSig) -> TokenStream {
     let sig = signature(m);
+    let raw = raw_name(m.name());
+    let args: Vec<&Ident> = m.args.iter().map(|(n, _)| n).collect();
+    let raw_ty = quote!(::kiln::tensor::RawTensor<Be>);
+    let raw_ret = match m.ret_tuple {
+        true => {
+            let tys = m.ret.iter().map(|_| &raw_ty);
+            quote!((#(#tys,)*))
+        }
+        false => raw_ty.clone(),
+    };
+    let fail = not_compiled(m);
     quote! {
         #[allow(unused_variables)]
         #sig {
-            ::core::panic!("this model method did not compile")
+            #fail
+        }
+
+        #[doc(hidden)]
+        #[allow(unused_variables, dead_code, clippy::too_many_arguments)]
+        fn #raw(&self, __sizes: &[(&str, usize)], #(#args: &#raw_ty),*) -> ::kiln::tensor::Result<#raw_ret> {
+            #fail
         }
     }
 }
 
-/// `<name>_and_grad` of a scalar method that did not lower, with its signature, so that
-/// a caller of the training entry sees no second error.
+/// `<name>_and_grad` of a scalar method that did not lower, with its signature and its
+/// hidden raw method, so that a caller of the training entry (or the Learner) sees no
+/// second error.
 fn stub_and_grad(model: &Ident, m: &MethodSig) -> TokenStream {
+    let fname = quote::format_ident!("{}_and_grad", m.name());
+    let raw = quote::format_ident!("__kiln_{}_and_grad", m.name());
+    let consts = &m.consts;
+    let arg_names: Vec<&Ident> = m.args.iter().map(|(n, _)| n).collect();
+    let arg_tys: Vec<TokenStream> = m.args.iter().map(|(_, t)| t.real_type()).collect();
+    let grads_ty = quote::format_ident!("{}Grads", model);
+    let ret = m.ret[0].real_type();
+    let fail = not_compiled(m);
+    quote! {
+        #[allow(unused_variables)]
+        pub fn #fname<#(const #consts: usize),*>(&self, #(#arg_names: &#arg_tys),*) -> ::kiln::tensor::Result<(#ret, #grads_ty<Be>)> {
+            #fail
+        }
+
+        #[doc(hidden)]
+        #[allow(unused_variables, dead_code, clippy::too_many_arguments)]
+        fn #raw(&self, __sizes: &[(&str, usize)], #(#arg_names: &::kiln::tensor::RawTensor<Be>),*) -> ::kiln::tensor::Result<(::kiln::tensor::RawTensor<Be>, #grads_ty<Be>)> {
+            #fail
+        }
+    }
+}
+
+/// `<name>_and_grad` of an instance that does not train (int8): there, so a call is not
+/// read as a misspelling of `Supervised::loss_and_grads`, and refused when the program
+/// compiles by a bound only training models meet (`kiln::__private::Trains`), whose
+/// message says what the instance is for.
+fn untrained_and_grad(model: &Ident, m: &MethodSig, precision: Precision) -> TokenStream {
     let fname = quote::format_ident!("{}_and_grad", m.name());
     let consts = &m.consts;
     let arg_names: Vec<&Ident> = m.args.iter().map(|(n, _)| n).collect();
     let arg_tys: Vec<TokenStream> = m.args.iter().map(|(_, t)| t.real_type()).collect();
     let grads_ty = quote::format_ident!("{}Grads", model);
     let ret = m.ret[0].real_type();
+    let doc = format!(
+        "Not available: `{model}` is an {precision} instance, for inference (calling this is a compile error). Train the f32 model and quantise its checkpoint (kiln-quantize)."
+    );
+    let why = format!(
+        "`{model}` is an {precision} instance, for inference: train the f32 model and quantise its checkpoint (kiln-quantize)"
+    );
+    let name = fname.to_string();
     quote! {
+        #[doc = #doc]
         #[allow(unused_variables)]
-        pub fn #fname<#(const #consts: usize),*>(&self, #(#arg_names: &#arg_tys),*) -> ::kiln::tensor::Result<(#ret, #grads_ty<Be>)> {
-            ::core::panic!("this model method did not compile")
+        pub fn #fname<#(const #consts: usize),*>(&self, #(#arg_names: &#arg_tys),*) -> ::kiln::tensor::Result<(#ret, #grads_ty<Be>)>
+        where
+            Self: ::kiln::__private::Trains,
+        {
+            Err(::kiln::tensor::Error::invalid(#name, #why))
         }
+    }
+}
+
+/// The impl of a model whose struct reported a mistake of its own while keeping its
+/// fields (two nested models of one name): every method with its signature, its
+/// training entry and `Supervised`, bodies stubbed and no error repeated.
+fn stubs_only(
+    item: &ItemStruct,
+    imp: &ItemImpl,
+    defs: &[Def],
+    precision: Precision,
+) -> TokenStream {
+    if crate::model::parse_field_types(item).is_err() {
+        // The struct is a placeholder without fields: its callback drops this impl.
+        return quote!();
+    }
+    let model = &item.ident;
+    let methods: Vec<MethodSig> = imp
+        .items
+        .iter()
+        .filter_map(|it| match it {
+            ImplItem::Fn(f) => parse_method(f).ok(),
+            _ => None,
+        })
+        .collect();
+    let mut out = Vec::new();
+    for m in &methods {
+        out.push(stub_method(m));
+        if m.is_scalar_loss() {
+            out.push(match precision.trains() {
+                true => stub_and_grad(model, m),
+                false => untrained_and_grad(model, m, precision),
+            });
+        }
+    }
+    let supervised = supervised_impl(model, &methods, precision);
+    // Models holding this one find its definition, marked broken: they report nothing
+    // more about it.
+    let def = def_macro(item, imp, defs, true);
+    quote! {
+        #def
+        impl<Be: ::kiln::tensor::Backend> #model<Be> {
+            #(#out)*
+
+            /// No plans: this model did not compile.
+            pub fn fusion_plans() -> &'static [(&'static str, &'static str)] {
+                &[]
+            }
+
+            /// No plans to print: this model did not compile.
+            pub fn fusion_report() -> ::kiln::tensor::Result<::std::string::String> {
+                ::kiln::fusion::report::report_all(Self::fusion_plans())
+            }
+
+            /// No plans to draw: this model did not compile.
+            pub fn fusion_dot() -> ::kiln::tensor::Result<::std::string::String> {
+                ::kiln::fusion::report::dot_all(Self::fusion_plans())
+            }
+
+            /// Nothing to summarise: this model did not compile.
+            pub fn summary() -> &'static str {
+                ""
+            }
+        }
+        #supervised
     }
 }
 

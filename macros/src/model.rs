@@ -22,8 +22,17 @@ pub struct ModelField {
     pub kind: FieldKind,
 }
 
-/// Parses the fields of a model struct.
+/// Parses the fields of a model struct, and checks that its nested models can be told
+/// apart by name.
 pub fn parse_fields(item: &ItemStruct) -> syn::Result<Vec<ModelField>> {
+    let out = parse_field_types(item)?;
+    one_model_per_name(&out)?;
+    Ok(out)
+}
+
+/// Parses the fields of a model struct, each one's type on its own (what the struct
+/// needs to be emitted with its fields).
+pub fn parse_field_types(item: &ItemStruct) -> syn::Result<Vec<ModelField>> {
     if !item.generics.params.is_empty() {
         return Err(syn::Error::new(
             item.generics.span(),
@@ -56,12 +65,6 @@ pub fn parse_fields(item: &ItemStruct) -> syn::Result<Vec<ModelField>> {
                 Some(all) => all.combine(e),
                 None => errors = Some(e),
             },
-        }
-    }
-    if let Err(e) = one_model_per_name(&out) {
-        match &mut errors {
-            Some(all) => all.combine(e),
-            None => errors = Some(e),
         }
     }
     match errors {

@@ -21,9 +21,14 @@ pub fn expand_struct(item: ItemStruct, precision: Precision) -> syn::Result<Toke
     if !item.generics.params.is_empty() {
         return Ok(definition(&item));
     }
-    let fields = match parse_fields(&item) {
-        Ok(f) => f,
-        Err(e) => return Ok(placeholder(&item, e.to_compile_error())),
+    // Two nested models of one name are refused, but the struct keeps its fields (their
+    // types are fine), so code that reads them sees no second error.
+    let (fields, refused) = match parse_fields(&item) {
+        Ok(f) => (f, None),
+        Err(e) => match crate::model::parse_field_types(&item) {
+            Ok(f) => (f, Some(e.to_compile_error())),
+            Err(_) => return Ok(placeholder(&item, e.to_compile_error())),
+        },
     };
     let name = &item.ident;
     let vis = &item.vis;
@@ -105,6 +110,7 @@ pub fn expand_struct(item: ItemStruct, precision: Precision) -> syn::Result<Toke
     };
 
     Ok(quote! {
+        #refused
         #(#attrs)*
         #vis struct #name<Be: ::kiln::tensor::Backend> {
             #(#field_defs,)*
