@@ -216,13 +216,32 @@ pub(crate) struct Subst<'a> {
     pub(crate) env: &'a Env,
     /// What could not be substituted (an uneven division, a size out of range).
     pub(crate) errors: Vec<syn::Error>,
+    /// Each whole number substituted, with the size expression it came from (`D`,
+    /// `4 * D`): how messages name a number of a definition checked at stand-in sizes.
+    pub(crate) written: Vec<(u64, String)>,
 }
 
 impl Subst<'_> {
+    /// Records that `e` came out as `v`, as the expression was written, without its
+    /// braces.
+    fn note(&mut self, v: u64, e: &Expr) {
+        let written = text(e);
+        let written = written
+            .strip_prefix('{')
+            .and_then(|w| w.strip_suffix('}'))
+            .unwrap_or(&written)
+            .trim()
+            .to_string();
+        if !self.written.contains(&(v, written.clone())) {
+            self.written.push((v, written));
+        }
+    }
+
     /// A size in a type (`Linear<D, {4 * D}>`, `[Block; L]`): a whole number from 1 up.
     fn size(&mut self, e: &Expr) -> Option<Expr> {
         match eval(e, self.env)? {
             Ok(Num::Int(v)) if (1..=MAX_SIZE as i128).contains(&v) => {
+                self.note(v as u64, e);
                 let lit = proc_macro2::Literal::u64_unsuffixed(v as u64);
                 Some(syn::parse_quote_spanned!(e.span()=> #lit))
             }
@@ -256,6 +275,11 @@ impl VisitMut for Subst<'_> {
         if mentions_size(e, self.env) {
             match eval(e, self.env) {
                 Some(Ok(n)) => {
+                    if let Num::Int(v) = n {
+                        if let Ok(v) = u64::try_from(v) {
+                            self.note(v, e);
+                        }
+                    }
                     let span = e.span();
                     let (neg, lit) = match n {
                         Num::Int(i) => (

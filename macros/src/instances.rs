@@ -136,6 +136,8 @@ struct Instantiator<'a> {
     /// Keys being made now (a definition that holds itself is refused).
     making: Vec<Ident>,
     errors: Vec<syn::Error>,
+    /// The top model's size expressions and the numbers they came out as.
+    written: Vec<(u64, String)>,
 }
 
 impl Instantiator<'_> {
@@ -189,10 +191,16 @@ impl Instantiator<'_> {
         let mut subst = Subst {
             env: &env,
             errors: Vec::new(),
+            written: Vec::new(),
         };
         subst.visit_item_struct_mut(&mut item);
         subst.visit_item_impl_mut(&mut imp);
         self.errors.extend(subst.errors);
+        // The numbers of the model being checked (not of its parts, whose sizes have
+        // names of their own), for messages.
+        if self.making.len() == 1 {
+            self.written = subst.written;
+        }
         if let syn::Fields::Named(named) = &mut item.fields {
             for f in named.named.iter_mut() {
                 if crate::model::is_dynamic_field(f) {
@@ -248,6 +256,14 @@ impl Instantiator<'_> {
 /// How much a size is scaled to vary it: odd, so powers of two (the usual sizes) part.
 const VARIED: u64 = 3;
 
+/// What a variation's twin scales by instead of [`VARIED`], to tell the numbers of
+/// sizes (which change) from the definition's literals (which do not) in messages.
+const TWIN: u64 = 5;
+
+/// What a twin scales every size by besides, so that a size left at its power 0 changes
+/// too (prime to 3 and 5, so no relation of the sizes is lost).
+const TWIN_WHOLE: u64 = 7;
+
 /// Mistakes that the instance's numbers hide. A definition must hold for any sizes, but
 /// it is checked at an instance's numbers, where sizes the code keeps apart may happen
 /// to be equal: `q.matmul(k)` without the transpose checks when `T` equals `D / H`. So
@@ -270,25 +286,27 @@ fn coincidences(
     if params.is_empty() {
         return None;
     }
-    let check = |values: &[u64]| mistakes_at(def, defs, values, &alias.ident, precision);
     // Every size x3; then each size by a different power of 3, rising and falling
     // along the parameters, so that any two sizes part in one of them while a quotient
-    // of the two stays whole in the other.
-    let scaled = |power: &dyn Fn(usize) -> u32| -> Vec<u64> {
+    // of the two stays whole in the other. Each with its twin in powers of 5, which
+    // tells a size's numbers from the literals in the messages.
+    let scaled = |power: &dyn Fn(usize) -> u32, by: u64| -> Vec<u64> {
+        let whole = if by == TWIN { TWIN_WHOLE } else { 1 };
         values
             .iter()
             .enumerate()
-            .map(|(i, v)| v.saturating_mul(VARIED.pow(power(i))))
+            .map(|(i, v)| v.saturating_mul(whole * by.pow(power(i))))
             .collect()
     };
     let n = values.len() as u32;
-    let mut variations = vec![scaled(&|_| 1)];
+    let mut powers: Vec<Box<dyn Fn(usize) -> u32>> = vec![Box::new(|_| 1)];
     if values.len() > 1 {
-        variations.push(scaled(&|i| i as u32 + 1));
-        variations.push(scaled(&|i| n - i as u32));
+        powers.push(Box::new(|i| i as u32 + 1));
+        powers.push(Box::new(move |i| n - i as u32));
     }
-    for varied in variations {
-        let Some(mistakes) = check(&varied) else {
+    for power in powers {
+        let (varied, twin) = (scaled(&*power, VARIED), scaled(&*power, TWIN));
+        let Some(mistakes) = mistakes_at(def, defs, &varied, &twin, &alias.ident, precision) else {
             continue;
         };
         let Some(first) = mistakes.first() else {
@@ -312,20 +330,75 @@ fn coincidences(
 }
 
 /// The shape mistakes of `def` with its sizes set to `values` (named `name`), found by
-/// lowering its methods without planning; `None` when those sizes are refused by the
-/// definition's own arithmetic (an uneven `D / H`) or its parts do not parse.
+/// lowering its methods without planning, their numbers named as the size expressions
+/// they came from ([`Symbols`]); `twin` is the same variation with its powers of 3 made
+/// powers of 5, lowered too where its arithmetic allows, so a number that changes
+/// between the two is known to be a size's even where the definition also writes it
+/// as a literal (the `3` of `D / H` beside a literal `3`). `None` when those sizes are
+/// refused by the definition's own arithmetic (an uneven `D / H`) or its parts do not
+/// parse.
 fn mistakes_at(
+    def: &Def,
+    defs: &[Def],
+    values: &[u64],
+    twin: &[u64],
+    name: &Ident,
+    precision: kiln_tensor::Precision,
+) -> Option<Vec<syn::Error>> {
+    let (mistakes, written) = lowered_at(def, defs, values, name, precision)?;
+    if mistakes.is_empty() {
+        return Some(mistakes);
+    }
+    let symbols = Symbols::new(written, def);
+    let twin = lowered_at(def, defs, twin, name, precision).map(|(m, w)| {
+        let singles: Vec<String> = m
+            .iter()
+            .flat_map(|e| e.clone())
+            .map(|e| e.to_string())
+            .collect();
+        (singles, Symbols::new(w, def))
+    });
+    let mut k = 0;
+    Some(
+        mistakes
+            .iter()
+            .map(|e| {
+                let mut out: Option<syn::Error> = None;
+                for one in e.clone() {
+                    let message = one.to_string();
+                    let paired = twin.as_ref().and_then(|(singles, other)| {
+                        symbols.text_paired(&message, singles.get(k)?, other)
+                    });
+                    k += 1;
+                    let text = paired.unwrap_or_else(|| symbols.text(&message));
+                    // The same span, start to end, with the message named.
+                    let one = syn::Error::new_spanned(one.to_compile_error(), text);
+                    match &mut out {
+                        Some(all) => all.combine(one),
+                        None => out = Some(one),
+                    }
+                }
+                out.unwrap_or_else(|| e.clone())
+            })
+            .collect(),
+    )
+}
+
+/// The shape mistakes of `def` at `values` as the lowering words them, and the size
+/// expressions of `def` with the numbers they came out as.
+fn lowered_at(
     def: &Def,
     defs: &[Def],
     values: &[u64],
     name: &Ident,
     precision: kiln_tensor::Precision,
-) -> Option<Vec<syn::Error>> {
+) -> Option<(Vec<syn::Error>, Vec<(u64, String)>)> {
     let mut inst = Instantiator {
         defs,
         made: Vec::new(),
         making: vec![name.clone()],
         errors: Vec::new(),
+        written: Vec::new(),
     };
     let top = inst.instantiate(def, values, name, None, name.span())?;
     if !inst.errors.is_empty()
@@ -337,7 +410,213 @@ fn mistakes_at(
     {
         return None;
     }
-    crate::impls::shape_mistakes(&top.item, &top.imp, &inst.made, precision)
+    let mistakes = crate::impls::shape_mistakes(&top.item, &top.imp, &inst.made, precision)?;
+    Some((mistakes, inst.written))
+}
+
+/// How a message of a definition checked at sizes other than the user's (stand-ins,
+/// or an instance's varied) names its numbers: each number that one size expression of
+/// the definition came out as is shown as that expression (`Linear<4 * D, D>`,
+/// `[B, T, D / H]`), an element count as a product (`H*64`), so no stand-in reads as
+/// the user's. A number two expressions gave stays a number, and so does one the
+/// definition also writes as a literal, unless a twin run at other sizes shows it to
+/// be a size's.
+struct Symbols {
+    /// Each number one size expression gave, that no literal of the definition wrote.
+    names: std::collections::HashMap<u64, String>,
+    /// Each number one size expression gave, literal or not.
+    any: std::collections::HashMap<u64, String>,
+    /// The definition's own numbers.
+    literals: std::collections::HashSet<u64>,
+}
+
+/// A piece of a message: text, or a whole number standing on its own (not inside a
+/// word, not a rank-2 or 2^40).
+enum Piece {
+    Text(String),
+    Number(String),
+}
+
+/// `message` cut into text and whole numbers.
+fn pieces(message: &str) -> Vec<Piece> {
+    let chars: Vec<char> = message.chars().collect();
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let in_word = i > 0 && (word(chars[i - 1]) || matches!(chars[i - 1], '-' | '^'));
+        if !c.is_ascii_digit() || in_word {
+            text.push(c);
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < chars.len() && chars[i].is_ascii_digit() {
+            i += 1;
+        }
+        let digits: String = chars[start..i].iter().collect();
+        if i < chars.len() && (word(chars[i]) || chars[i] == '.') {
+            text.push_str(&digits);
+            continue;
+        }
+        out.push(Piece::Text(std::mem::take(&mut text)));
+        out.push(Piece::Number(digits));
+    }
+    out.push(Piece::Text(text));
+    out
+}
+
+impl Symbols {
+    fn new(written: Vec<(u64, String)>, def: &Def) -> Self {
+        let literals = literals_of(def);
+        // A count (`L` in `[Block; L]`) is a small number that messages use for other
+        // things (arguments, axes): left as a number.
+        let counts: Vec<String> = match size_params(&def.item.generics) {
+            Ok(params) => {
+                let counted = counted_sizes(&def.item, &params);
+                params
+                    .iter()
+                    .zip(counted)
+                    .filter(|(_, c)| *c)
+                    .map(|(p, _)| p.to_string())
+                    .collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        let mut any = std::collections::HashMap::new();
+        let mut clashing = std::collections::HashSet::new();
+        for (v, w) in written.into_iter().filter(|(_, w)| !counts.contains(w)) {
+            if clashing.contains(&v) {
+                continue;
+            }
+            match any.get(&v) {
+                Some(prev) if *prev != w => {
+                    any.remove(&v);
+                    clashing.insert(v);
+                }
+                _ => {
+                    any.insert(v, w);
+                }
+            }
+        }
+        let names = any
+            .iter()
+            .filter(|(v, _)| !literals.contains(v))
+            .map(|(v, w)| (*v, w.clone()))
+            .collect();
+        Symbols {
+            names,
+            any,
+            literals,
+        }
+    }
+
+    /// How a number is shown: the size expression it came out as; else, for a number
+    /// above the stand-ins' base, a product of such an expression and another one or a
+    /// small literal (an element count, `H*64`); else `None` (the number). `sure`: the
+    /// number is known to be a size's, even where a literal of the definition is too.
+    fn show(&self, v: u64, sure: bool) -> Option<String> {
+        let names = if sure { &self.any } else { &self.names };
+        if let Some(name) = names.get(&v) {
+            return Some(name.clone());
+        }
+        if v <= STAND_IN_BASE || (!sure && self.literals.contains(&v)) {
+            return None;
+        }
+        let factor = |w: &str| match w.contains(' ') {
+            true => format!("({w})"),
+            false => w.to_string(),
+        };
+        let mut by_size: Vec<(u64, &String)> = names
+            .iter()
+            .filter(|(n, _)| **n > 1)
+            .map(|(n, w)| (*n, w))
+            .collect();
+        by_size.sort();
+        for (n, w) in by_size.into_iter().rev() {
+            if v % n != 0 {
+                continue;
+            }
+            let q = v / n;
+            if let Some(other) = names.get(&q) {
+                return Some(format!("{}*{}", factor(w), factor(other)));
+            }
+            if q < STAND_IN_BASE || self.literals.contains(&q) {
+                return Some(format!("{}*{q}", factor(w)));
+            }
+        }
+        None
+    }
+
+    /// `message` with each whole number that is a size expression's value written as
+    /// that expression.
+    fn text(&self, message: &str) -> String {
+        pieces(message)
+            .into_iter()
+            .map(|p| match p {
+                Piece::Text(t) => t,
+                Piece::Number(d) => d
+                    .parse()
+                    .ok()
+                    .and_then(|v| self.show(v, false))
+                    .unwrap_or(d),
+            })
+            .collect()
+    }
+
+    /// `message` named by comparing it with `twin`, the same message at other sizes
+    /// (named by `other`): a number that is the same in both is the user's, one that
+    /// differs is a size's and is named. `None` when the two are not the same message.
+    fn text_paired(&self, message: &str, twin: &str, other: &Symbols) -> Option<String> {
+        let (mine, theirs) = (pieces(message), pieces(twin));
+        if mine.len() != theirs.len() {
+            return None;
+        }
+        let mut out = String::new();
+        for (a, b) in mine.into_iter().zip(theirs) {
+            match (a, b) {
+                (Piece::Text(a), Piece::Text(b)) if a == b => out.push_str(&a),
+                // The same at both sizes: the user's number, unless it is one the
+                // definition writes nowhere as a literal and one size expression gave.
+                (Piece::Number(a), Piece::Number(b)) if a == b => {
+                    let named = a.parse().ok().and_then(|v| self.show(v, false));
+                    out.push_str(&named.unwrap_or(a));
+                }
+                (Piece::Number(a), Piece::Number(b)) => {
+                    let (x, y): (u64, u64) = (a.parse().ok()?, b.parse().ok()?);
+                    let named = self.show(x, true).or_else(|| other.show(y, true));
+                    out.push_str(&named.unwrap_or(a));
+                }
+                _ => return None,
+            }
+        }
+        Some(out)
+    }
+}
+
+/// Every whole number written as a literal in a definition (its struct and impl).
+fn literals_of(def: &Def) -> std::collections::HashSet<u64> {
+    fn walk(ts: TokenStream, out: &mut std::collections::HashSet<u64>) {
+        for t in ts {
+            match t {
+                proc_macro2::TokenTree::Group(g) => walk(g.stream(), out),
+                proc_macro2::TokenTree::Literal(l) => {
+                    if let Ok(syn::Lit::Int(i)) = syn::parse_str::<syn::Lit>(&l.to_string()) {
+                        if let Ok(v) = i.base10_parse::<u64>() {
+                            out.insert(v);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out = std::collections::HashSet::new();
+    walk(def.item.to_token_stream(), &mut out);
+    walk(def.imp.to_token_stream(), &mut out);
+    out
 }
 
 /// The size a stand-in gives a count (`L` in `blocks: [Block<D>; L]`): two parts, so
@@ -350,14 +629,25 @@ const STAND_IN_COUNT: u64 = 2;
 /// definition's layers need would be a mistake of the stand-in, not of the definition).
 const STAND_IN_BASE: u64 = 64;
 
+/// The bases tried for stand-ins, in order: multiples of [`STAND_IN_BASE`] by factors
+/// prime to 3 (so the powers of 3 that vary them keep every size apart).
+const STAND_IN_BASES: [u64; 4] = [
+    STAND_IN_BASE,
+    5 * STAND_IN_BASE,
+    7 * STAND_IN_BASE,
+    11 * STAND_IN_BASE,
+];
+
 /// Shape mistakes a definition holds whatever its sizes, found where it is written,
 /// before any instance (a library may hold definitions that only its users
 /// instantiate). The definition is checked at stand-in sizes, as its instances are
 /// checked with theirs varied: `64 * 3^k` by falling powers along the parameters (every
 /// two sizes part, and a quotient of an earlier size by a later one stays whole), else
-/// by rising ones, else all equal; a count (an array's length) is 2. The first stand-in
-/// the definition's own arithmetic allows is the check: its mistakes are reported with
-/// a note naming its sizes.
+/// by rising ones, else all equal; a count (an array's length) is 2. Where the
+/// definition writes one of those numbers itself, the base 64 gives way to 320, 448 or
+/// 704. The first stand-in the definition's own arithmetic allows is the check: its
+/// mistakes are reported with its numbers named as the size expressions they came from
+/// ([`Symbols`]) and a note naming its sizes.
 pub(crate) fn definition_mistakes(def: &Def, defs: &[Def]) -> Option<Vec<TokenStream>> {
     let params = size_params(&def.item.generics).ok()?;
     if params.is_empty() || def.broken {
@@ -366,22 +656,38 @@ pub(crate) fn definition_mistakes(def: &Def, defs: &[Def]) -> Option<Vec<TokenSt
     let counts = counted_sizes(&def.item, &params);
     let sized: Vec<usize> = (0..params.len()).filter(|i| !counts[*i]).collect();
     let m = sized.len() as u32;
-    let stand_in = |power: &dyn Fn(u32) -> u32| -> Vec<u64> {
-        (0..params.len())
-            .map(|i| match sized.iter().position(|&j| j == i) {
-                None => STAND_IN_COUNT,
-                Some(k) => STAND_IN_BASE * VARIED.pow(power(k as u32)),
-            })
-            .collect()
-    };
-    let mut stand_ins = vec![stand_in(&|k| m - 1 - k)];
-    if m > 1 {
-        stand_ins.push(stand_in(&|k| k));
-        stand_ins.push(stand_in(&|_| 1));
+    // Bases whose stand-ins are no number written in the definition come first, so a
+    // message's numbers can be told apart (`Linear<64, D>`); the others stay, last, for
+    // a definition whose arithmetic only they allow.
+    let literals = literals_of(def);
+    let mut bases = STAND_IN_BASES.to_vec();
+    bases.sort_by_key(|b| (0..=m.max(1)).any(|p| literals.contains(&(b * VARIED.pow(p)))));
+    // Each stand-in with its twin in powers of 5 (see `mistakes_at`).
+    let mut stand_ins = Vec::new();
+    for base in bases {
+        let stand_in = |power: &dyn Fn(u32) -> u32, by: u64| -> Vec<u64> {
+            (0..params.len())
+                .map(|i| match sized.iter().position(|&j| j == i) {
+                    None => STAND_IN_COUNT,
+                    Some(k) if by == TWIN => TWIN_WHOLE * base * by.pow(power(k as u32)),
+                    Some(k) => base * by.pow(power(k as u32)),
+                })
+                .collect()
+        };
+        let (falling, rising, equal) = (|k| m - 1 - k, |k| k, |_| 1);
+        let mut powers: Vec<&dyn Fn(u32) -> u32> = vec![&falling];
+        if m > 1 {
+            powers.push(&rising);
+            powers.push(&equal);
+        }
+        for power in powers {
+            stand_ins.push((stand_in(power, VARIED), stand_in(power, TWIN)));
+        }
     }
     let name = &def.item.ident;
-    for values in stand_ins {
-        let Some(mistakes) = mistakes_at(def, defs, &values, name, kiln_tensor::Precision::F32)
+    for (values, twin) in stand_ins {
+        let Some(mistakes) =
+            mistakes_at(def, defs, &values, &twin, name, kiln_tensor::Precision::F32)
         else {
             continue;
         };
@@ -481,6 +787,7 @@ pub fn expand_instance(
         made: Vec::new(),
         making: vec![alias.ident.clone()],
         errors,
+        written: Vec::new(),
     };
     let top = inst.instantiate(def, &values, &alias.ident, Some(&hidden), target.span());
     let sizes: Vec<String> = params

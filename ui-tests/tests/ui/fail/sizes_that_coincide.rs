@@ -54,23 +54,23 @@ impl<const N: usize> Square<N> {
 #[model]
 type Sixteen = Square<16>;
 
-// Stand-in sizes (multiples of 64 and of powers of 3) cannot give `D / 5` whole, so this
-// definition is checked at its instance only: there `D / 5` and `T` are both 16, and
-// the instance is checked again with its sizes varied, which parts them.
+// Stand-in sizes (64, 320, 448 or 704 times powers of 3) cannot give `D / 13` whole,
+// so this definition is checked at its instance only: there `D / 13` and `T` are both
+// 16, and the instance is checked again with its sizes varied, which parts them.
 #[model]
-struct Fifths<const T: usize, const D: usize> {
-    fc: Linear<{ D / 5 }, D>,
+struct Thirteenths<const T: usize, const D: usize> {
+    fc: Linear<{ D / 13 }, D>,
 }
 
 #[model]
-impl Fifths {
+impl Thirteenths {
     fn widen<const B: usize>(&self, x: Tensor<B, T>) -> Tensor<B, D> {
         self.fc(x)
     }
 }
 
 #[model]
-type SixteenAndEighty = Fifths<16, 80>;
+type SixteenAnd208 = Thirteenths<16, 208>;
 
 // The instances still work at their own numbers: their callers get no errors.
 fn main() {
@@ -78,7 +78,7 @@ fn main() {
     let model = Coinciding::<Cpu>::init(&CpuDevice, 0).unwrap();
     let x = Tensor::<Cpu, Rank3<2, 32, 128>>::zeros(&CpuDevice).unwrap();
     let _scores = model.scores(&x).unwrap();
-    let model = SixteenAndEighty::<Cpu>::init(&CpuDevice, 0).unwrap();
+    let model = SixteenAnd208::<Cpu>::init(&CpuDevice, 0).unwrap();
     let x = Tensor::<Cpu, Rank2<2, 16>>::zeros(&CpuDevice).unwrap();
     let _wide = model.widen(&x).unwrap();
 }
