@@ -213,6 +213,10 @@ pub fn expand_embed(req: EmbedRequest, defs: Vec<Def>) -> TokenStream {
     }
     params.extend(buffers);
     let shown = written.value();
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from);
+    if let Some(msg) = missing_file(&shown, &resolved.value(), manifest.as_deref()) {
+        return fail(msg);
+    }
     let held = match header_entries(resolved.value()) {
         Ok(h) => h,
         // Named as written: the resolved path depends on where the source lies.
@@ -364,5 +368,78 @@ impl Tensors<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// Where `embed!` looked for a file that is not there, and where it is if the path was
+/// written from the crate's root: `None` when `resolved` (the path as written, read
+/// from the calling file's folder) exists.
+fn missing_file(
+    written: &str,
+    resolved: &str,
+    manifest: Option<&std::path::Path>,
+) -> Option<String> {
+    let path = std::path::Path::new(resolved);
+    if path.exists() {
+        return None;
+    }
+    let shown = match std::path::Path::new(written).is_absolute() {
+        true => format!("there is no file at `{written}`"),
+        false => {
+            let folder = resolved.strip_suffix(written).unwrap_or(resolved);
+            format!(
+                "there is no file at `{resolved}`: a relative path is read from the folder of the file that calls `embed!` (`{folder}`), as `include_bytes!` reads it"
+            )
+        }
+    };
+    let from_root = manifest
+        .map(|m| m.join(written))
+        .filter(|p| !std::path::Path::new(written).is_absolute() && p.is_file());
+    let hint = match from_root {
+        Some(_) => format!(
+            "; `{written}` is in the crate's root folder: write `concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/{written}\")`"
+        ),
+        None => String::new(),
+    };
+    Some(format!("cannot embed `{written}`: {shown}{hint}"))
+}
+
+#[cfg(test)]
+mod missing_file_tests {
+    use super::missing_file;
+
+    #[test]
+    fn a_path_from_the_crate_root_is_named_with_where_it_was_looked_for_and_what_to_write() {
+        let root = std::env::temp_dir().join(format!("kiln-embed-root-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("weights")).unwrap();
+        std::fs::write(root.join("weights/mlp.safetensors"), b"x").unwrap();
+        let resolved = format!("{}/src/bin/weights/mlp.safetensors", root.display());
+        let msg = missing_file("weights/mlp.safetensors", &resolved, Some(&root)).unwrap();
+        assert!(
+            msg.contains(&format!("there is no file at `{resolved}`")),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(&format!("(`{}/src/bin/`)", root.display())),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(
+                r#"write `concat!(env!("CARGO_MANIFEST_DIR"), "/weights/mlp.safetensors")`"#
+            ),
+            "{msg}"
+        );
+        // A path that is nowhere gets no advice about the root.
+        let msg = missing_file(
+            "weights/other.safetensors",
+            &resolved.replace("mlp", "other"),
+            Some(&root),
+        )
+        .unwrap();
+        assert!(!msg.contains("CARGO_MANIFEST_DIR"), "{msg}");
+        // A file that is there is no mistake.
+        let there = root.join("weights/mlp.safetensors");
+        assert!(missing_file("x", there.to_str().unwrap(), Some(&root)).is_none());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
