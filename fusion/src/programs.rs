@@ -129,13 +129,22 @@ impl<B: Backend> Programs<B> {
                 },
             };
             self.with(id, plan_text, natives, |p| {
+                // A gather's index out of range is named as the id or label it was.
+                let named = |p: &Program<B>, e| crate::exec::name_index_error(p.plan(), e);
                 if fused {
-                    if let Some(mut outputs) = p.run(&mut cx, inputs)? {
-                        take(&mut outputs);
-                        return Ok(());
+                    let failed = match p.run(&mut cx, inputs) {
+                        Ok(Some(mut outputs)) => {
+                            take(&mut outputs);
+                            return Ok(());
+                        }
+                        Ok(None) => None,
+                        Err(e) => Some(e),
+                    };
+                    if let Some(e) = failed {
+                        return Err(named(p, e));
                     }
                 }
-                let outputs = p.run_op_by_op(&mut cx, inputs)?;
+                let outputs = p.run_op_by_op(&mut cx, inputs).map_err(|e| named(p, e))?;
                 take(&mut outputs.into_iter());
                 Ok(())
             })

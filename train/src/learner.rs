@@ -599,6 +599,11 @@ impl<'a, B: Backend> Run<'a, B> {
                 }
             }
         }
+        // Before any step: a metric that cannot read this model's output is refused
+        // now, not after an epoch of training.
+        if let (Some(data), false, 0) = (eval, self.metrics.is_empty(), rank) {
+            check_metrics(trainee.evaluated(), &self.device, data, &mut self.metrics)?;
+        }
         let console = Console::new(rank == 0, self.progress, total);
         let mut step = 0;
         if let Some(path) = self.resume_from()? {
@@ -929,6 +934,51 @@ impl<B: Backend, M: Supervised<B>> Evaluated<B> for M {
     fn evaluation_scores(&self, input: &RawTensor<B>) -> Result<Option<RawTensor<B>>> {
         self.scores(input)
     }
+}
+
+/// Each metric given the first evaluation batch's scores and targets, then reset: a
+/// metric that cannot read them (accuracy of a regression model's one output) is an
+/// error naming the metric and the model's output, before the run trains.
+fn check_metrics<B: Backend>(
+    model: &dyn Evaluated<B>,
+    device: &B::Device,
+    data: &dyn Loader,
+    metrics: &mut [Box<dyn Metric<B> + '_>],
+) -> Result<()> {
+    let Some(batch) = data.epoch(0).next() else {
+        return Ok(());
+    };
+    let batch = batch?;
+    let n = batch.len();
+    let DeviceBatch { input, target } = batch.to_device::<B>(device)?;
+    let loss = model.evaluation_loss(&input, &target)?;
+    let scores = model.evaluation_scores(&input)?;
+    let outputs = Outputs {
+        scores: scores.as_ref(),
+        targets: Some(&target),
+        loss: Some((&loss, n)),
+    };
+    let output = match &scores {
+        Some(s) => format!("scores {} {:?}", s.dtype(), s.dims().to_vec()),
+        None => "no scores (its impl has no `forward(input)`)".to_string(),
+    };
+    for m in metrics.iter_mut() {
+        let checked = m.update(&outputs);
+        m.reset();
+        if let Err(e) = checked {
+            return Err(Error::invalid(
+                "Learner::metric",
+                format!(
+                    "the metric `{}` cannot read this model's output, so the run is refused before training: the model gives {output} for targets {} {:?}; {}",
+                    m.name(),
+                    target.dtype(),
+                    target.dims().to_vec(),
+                    crate::metrics::why(&e)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// [`evaluate`] of any model over one pass of `batches`.

@@ -53,6 +53,16 @@ struct Flat<B: Backend> {
     classes: usize,
 }
 
+/// The words of a metric's refusal, without the op it came from.
+pub(crate) fn why(e: &Error) -> String {
+    match e {
+        Error::Shape { msg, .. } | Error::DType { msg, .. } | Error::Invalid { msg, .. } => {
+            msg.clone()
+        }
+        other => other.to_string(),
+    }
+}
+
 fn flat<B: Backend>(metric: &str, o: &Outputs<'_, B>) -> Result<Flat<B>> {
     let (Some(scores), Some(targets)) = (o.scores, o.targets) else {
         return Err(Error::invalid(
@@ -65,12 +75,17 @@ fn flat<B: Backend>(metric: &str, o: &Outputs<'_, B>) -> Result<Flat<B>> {
         Error::shape(
             "Metric::update",
             format!(
-                "{metric}: scores {} {:?} and targets {} {:?} do not pair up (targets have \
-                 the scores' dims without the last, classes)",
+                "{metric} is a classification metric: it reads class scores [.., classes] \
+                 (floats) and integer class ids with the scores' dims without the last, \
+                 but got scores {} {:?} and targets {} {:?}{}",
                 scores.dtype(),
                 dims,
                 targets.dtype(),
-                targets.dims().to_vec()
+                targets.dims().to_vec(),
+                match targets.dtype().is_float() {
+                    true => " (float targets: a regression model, measured by its loss)",
+                    false => "",
+                }
             ),
         )
     };

@@ -175,23 +175,23 @@ fn sequences_nan_scores_and_bad_targets() {
         let e = m.value().unwrap_err().to_string();
         assert!(e.contains("2 target(s) outside the 3 classes 0..3"), "{e}");
     }
-    // Shapes and dtypes that do not pair up.
+    // Shapes and dtypes that do not pair up: named as what a classification metric reads.
     let mut acc = Accuracy::<Cpu>::accuracy();
     for (s, t, want) in [
         (
             scores(vec![0.0; 6], &[2, 3]),
             targets(vec![0; 3], &[3]),
-            "do not pair up",
+            "is a classification metric",
         ),
         (
             scores(vec![0.0; 6], &[2, 3]),
             scores(vec![0.0; 2], &[2]),
-            "do not pair up",
+            "is a classification metric",
         ),
         (
             targets(vec![0; 6], &[2, 3]),
             targets(vec![0; 2], &[2]),
-            "do not pair up",
+            "is a classification metric",
         ),
     ] {
         let e = feed(&mut acc, &s, &t).unwrap_err().to_string();

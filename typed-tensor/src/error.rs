@@ -85,6 +85,19 @@ impl Error {
         )
     }
 
+    /// The index and the axis's size of a gather's [`Error::index_out_of_range`], so a
+    /// caller that knows what the gather read (an embedding's ids, cross-entropy's
+    /// labels) can say so; `None` for any other error.
+    pub fn gather_index_out_of_range(&self) -> Option<(i64, usize)> {
+        let Error::Invalid { op: "gather", msg } = self else {
+            return None;
+        };
+        let (index, bound) = msg
+            .strip_prefix("index ")?
+            .split_once(" is out of range for an axis of size ")?;
+        Some((index.parse().ok()?, bound.parse().ok()?))
+    }
+
     /// A shape error for `op`.
     pub fn shape(op: &'static str, msg: impl Into<String>) -> Self {
         Error::Shape {

@@ -17,11 +17,13 @@
 
 mod buffers;
 mod context;
+mod named;
 mod op_by_op;
 mod resolve;
 mod rows;
 
 pub use context::{RunContext, Seeds, Watcher};
+pub(crate) use named::name_index_error;
 pub use resolve::Natives;
 
 use crate::parts::{NoParts, Parts};
