@@ -142,11 +142,14 @@ fn not_built(feature: &str) -> Error {
 /// devices (rank 0 makes the group's id and hands it out where the ranks meet, over
 /// TCP or MPI), through MPI between CPU ranks that an MPI launcher started, and through
 /// TCP otherwise. Waits at most `timeout` for the other ranks, to meet and in every
-/// exchange.
+/// exchange. Ranks that meet over TCP compare their `settings` (what decides the
+/// values of the steps: a learning rate, a batch size, a seed) and stop, naming those
+/// that differ; MPI ranks, which one command line starts, do not.
 pub fn join_ranks<B: Backend>(
     device: &B::Device,
     env: &kiln_train::rank_env::RankEnv,
     timeout: std::time::Duration,
+    settings: &std::collections::BTreeMap<String, String>,
 ) -> Result<Box<dyn kiln_tensor::Collective<B>>> {
     use kiln_train::rank_env::Meeting;
     let timeout = kiln_train::launch::check_timeout("the rank timeout", timeout)?;
@@ -170,7 +173,7 @@ pub fn join_ranks<B: Backend>(
                         return Err(mpi_not_built(env));
                     }
                 }
-                _ => kiln_train::tcp::meet(env, timeout, &made)?.shared,
+                _ => kiln_train::tcp::meet(env, timeout, settings, &made)?.shared,
             };
             let rank = NcclRank::join(
                 cuda,
@@ -199,7 +202,9 @@ pub fn join_ranks<B: Backend>(
                 Err(mpi_not_built(env))
             }
         }
-        _ => Ok(Box::new(kiln_train::tcp::TcpRank::join(env, timeout)?)),
+        _ => Ok(Box::new(kiln_train::tcp::TcpRank::join(
+            env, timeout, settings,
+        )?)),
     }
 }
 

@@ -1,8 +1,8 @@
 //! Jobs across machines, simulated on this one: ranks that torchrun (or anything
 //! setting its variables), `srun` and `mpirun` start. Two nodes of two ranks each
 //! train the MLP as one process does on the whole batch, as do two Slurm tasks; a killed node, a node that never
-//! arrives and a world size that differs between ranks each stop every rank within
-//! the timeout with an error naming the rank.
+//! arrives, and a world size or flags that differ between ranks each stop every rank
+//! within the timeout with an error naming the rank (and the flags).
 
 #[path = "support/ranks.rs"]
 mod ranks;
@@ -297,6 +297,43 @@ fn ranks_told_other_world_sizes_are_refused_naming_the_rank() {
         "this process is rank 0 of 2 started by torchrun (RANK, WORLD_SIZE), but its command line says --ranks",
     );
     assert!(!out.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn ranks_started_with_another_lr_or_batch_size_stop_naming_the_flags() {
+    let dir = scratch("settings");
+    let out = dir.join("m.safetensors");
+    let out = out.to_str().unwrap();
+    let port = free_port();
+    let rank0 = torchrun_rank(0, 2, port, &["--rank-timeout", "20", "--out", out]);
+    let rank1 = torchrun_rank(
+        1,
+        2,
+        port,
+        &[
+            "--rank-timeout",
+            "20",
+            "--out",
+            out,
+            "--lr",
+            "0.1",
+            "--batch-size",
+            "32",
+        ],
+    );
+    let outcomes = [
+        finish(rank0, Duration::from_secs(60)),
+        finish(rank1, Duration::from_secs(60)),
+    ];
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        assert_failed(
+            rank,
+            outcome,
+            "was started with other settings than rank 0: --batch-size 32 where rank 0 has 64, --lr 0.1 where rank 0 has 0.05 (every rank must be given the same)",
+        );
+    }
+    assert!(!Path::new(out).exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -2,29 +2,147 @@
 //! they meet ([`meet`]): rank 0 listens (on `MASTER_PORT`; on a port it publishes in
 //! torchrun's store where torchrun's agent holds `MASTER_PORT`; or on a loopback port
 //! it publishes in Kiln's rendezvous folder), every other rank connects and introduces
-//! itself, rank 0 checks that the introductions agree and answers each rank with the
-//! roll of ranks and what rank 0 hands out (NCCL's unique id). And [`TcpRank`], the
-//! collective of ranks without NCCL or MPI, which keeps the meeting's connections:
-//! rank 0 gathers every exchange in rank order and sends every rank the result.
+//! itself with the settings the ranks must share, rank 0 checks that the introductions
+//! agree and answers each rank with the roll of ranks and what rank 0 hands out
+//! (NCCL's unique id). And [`TcpRank`], the collective of ranks without NCCL or MPI,
+//! which keeps the meeting's connections: rank 0 gathers every exchange in rank order
+//! and sends every rank the result.
+//!
+//! Whatever connects to rank 0's port may be no rank at all, and whatever answers on
+//! it may be no rank 0: every read has a deadline for the whole message (not for each
+//! byte), rank 0 reads every connection's introduction at once (one silent client
+//! holds up no other), and text from another process is printed escaped
+//! ([`remote_text`]).
 
 use crate::launch::check_timeout;
 use crate::parallel::{describe, mean_in_rank_order, tensors_like};
 use crate::rank_env::{rank_name, Meeting, RankEnv, Starter};
 use crate::torch_store::TorchStore;
 use kiln_tensor::{Backend, Collective, DType, Error, RawTensor, Result};
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The rendezvous file holding rank 0's port, in Kiln's rendezvous folder.
 const PORT_FILE: &str = "tcp-port";
 
 /// What a joining rank sends first, so that rank 0 tells a Kiln rank from anything
-/// else that connects to its port.
-const HELLO: &[u8; 8] = b"KILNRDV1";
+/// else that connects to its port. The last byte is the version of the meeting's
+/// messages (2: introductions carry the settings), so that a rank of another Kiln is
+/// told so instead of being taken for a stranger.
+const HELLO: &[u8; 8] = b"KILNRDV2";
 
-/// How long rank 0 waits for a connected process to introduce itself.
+/// How long rank 0 gives a connection to send its whole introduction (a rank writes
+/// it as soon as it connects): past it the connection is dropped, however it spaced
+/// its bytes.
 const INTRODUCTION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most connections whose introductions rank 0 reads at once; more wait in the
+/// listener's backlog until one of these is done (so a flood of connections holds a
+/// bounded memory).
+const MAX_PENDING: usize = 256;
+
+/// The most bytes an introduction takes: its fixed part, a host name and the
+/// settings.
+const INTRODUCTION_BYTES: usize = 64 + HOST_BYTES + SETTINGS_BYTES;
+
+/// The most bytes of a host name on the wire.
+const HOST_BYTES: usize = 1 << 10;
+
+/// The most bytes the settings take on the wire, and the most settings.
+const SETTINGS_BYTES: usize = 1 << 16;
+const MAX_SETTINGS: usize = 1 << 10;
+
+/// How many characters of a host name, a setting or a reason from another process
+/// are printed.
+const HOST_CHARS: usize = 255;
+const SETTING_CHARS: usize = 200;
+const REASON_CHARS: usize = 4096;
+
+/// How often rank 0 looks at its port while the ranks meet, and after they met.
+const MEETING_POLL: Duration = Duration::from_millis(5);
+const LATE_POLL: Duration = Duration::from_millis(50);
+
+/// How long a joining rank waits for rank 0's answer past its own timeout. Rank 0's
+/// wait began before this rank connected, so its answer (the roll, or why the
+/// meeting failed) is due within the timeout; this is time for it to arrive.
+const ANSWER_GRACE: Duration = Duration::from_secs(1);
+
+/// Text that came from another process (a rank, or whatever answers on its port) as
+/// it may be printed: control and other invisible characters escaped as `\u{1b}` (so
+/// that no terminal escape sequence reaches the user's terminal), cut after about
+/// `limit` bytes with the number of bytes left out.
+pub fn remote_text(bytes: &[u8], limit: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::new();
+    for (at, c) in text.char_indices() {
+        if out.len() >= limit {
+            out.push_str(&format!("… ({} more bytes)", text.len() - at));
+            break;
+        }
+        // `escape_debug` escapes what does not print (controls, format characters
+        // such as bidirectional overrides); quotes and backslashes stay as they are.
+        match c {
+            '\\' | '"' | '\'' => out.push(c),
+            _ => out.extend(c.escape_debug()),
+        }
+    }
+    out
+}
+
+/// A stream read and written under one deadline for everything that passes: each
+/// call waits at most for what is left until the deadline, so a peer that sends a
+/// byte now and then cannot stretch the wait.
+struct Until<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl Until<'_> {
+    /// What is left until the deadline, or a timeout error past it.
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        match left.is_zero() {
+            true => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "past the deadline",
+            )),
+            false => Ok(left),
+        }
+    }
+}
+
+impl Read for Until<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        let mut stream = self.stream;
+        stream.read(buf)
+    }
+}
+
+impl Write for Until<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.left()?))?;
+        let mut stream = self.stream;
+        stream.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads `stream` with one deadline for the whole message (see [`Until`]).
+pub(crate) fn read_until(
+    stream: &TcpStream,
+    deadline: Instant,
+    buf: &mut [u8],
+) -> std::io::Result<()> {
+    Until { stream, deadline }.read_exact(buf)
+}
 
 /// One rank of a meeting, as errors name it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,7 +152,7 @@ pub struct Member {
     /// Its machine's number, when its starter said.
     pub node: Option<usize>,
     /// Its machine's name, for ranks that met over the network (all of Kiln's
-    /// launcher's ranks are on one machine).
+    /// launcher's ranks are on one machine); escaped when another rank sent it.
     pub host: Option<String>,
 }
 
@@ -54,6 +172,8 @@ pub struct Gathering {
     /// Rank 0: the connections of ranks `1..world`, in rank order; other ranks: the
     /// connection to rank 0.
     streams: Vec<TcpStream>,
+    /// Rank 0: its port, still answering late ranks while the gathering lives.
+    door: Option<LateDoor>,
 }
 
 /// This machine's name, as the kernel has it.
@@ -67,25 +187,47 @@ fn host_name() -> String {
 }
 
 /// Meets the other ranks of `env`'s job: rank 0 hands `shared` out (what the others
-/// pass is ignored). Waits at most `timeout` for every rank to come; a rank that
-/// never comes, a world size that differs between ranks or a rank number taken twice
-/// fails every rank that came, naming the ranks.
-pub fn meet(env: &RankEnv, timeout: Duration, shared: &[u8]) -> Result<Gathering> {
+/// pass is ignored), and every rank must have been given the same `settings` (what
+/// decides the values of the run's steps: a learning rate, a batch size, a seed).
+/// Waits at most `timeout` for every rank to come. A rank that never comes, a world
+/// size or settings that differ between ranks, or a rank number taken twice fail
+/// every rank that came, naming the ranks and the settings that differ; a connection
+/// that is no Kiln rank is dropped within 5 s, and delays no rank. While the
+/// [`Gathering`] lives, rank 0 turns away a rank that comes late, naming why.
+pub fn meet(
+    env: &RankEnv,
+    timeout: Duration,
+    settings: &BTreeMap<String, String>,
+    shared: &[u8],
+) -> Result<Gathering> {
     let timeout = check_timeout("the rank timeout", timeout)?;
     let fail = |why: String| Error::invalid("ranks", format!("{}: {why}", env.describe()));
+    check_settings(settings).map_err(fail)?;
     let me = Member {
         rank: env.rank,
         node: env.node,
         host: match env.meeting {
             Meeting::Folder(_) => None,
-            _ => Some(host_name()),
+            _ => Some(remote_text(host_name().as_bytes(), HOST_CHARS)),
         },
     };
     if env.rank == 0 {
-        host_meeting(env, me, timeout, shared).map_err(fail)
+        host_meeting(env, me, timeout, settings, shared).map_err(fail)
     } else {
-        join_meeting(env, me, timeout).map_err(fail)
+        join_meeting(env, me, timeout, settings).map_err(fail)
     }
+}
+
+/// Refuses settings that cannot travel in an introduction.
+fn check_settings(settings: &BTreeMap<String, String>) -> std::result::Result<(), String> {
+    let bytes: usize = settings.iter().map(|(k, v)| 16 + k.len() + v.len()).sum();
+    if settings.len() > MAX_SETTINGS || bytes > SETTINGS_BYTES {
+        return Err(format!(
+            "{} settings of {bytes} bytes are more than ranks compare when they meet (at most {MAX_SETTINGS} settings of {SETTINGS_BYTES} bytes in all): pass a fingerprint of the longest",
+            settings.len()
+        ));
+    }
+    Ok(())
 }
 
 /// Rank 0's listener: on MASTER_PORT of every interface (on a port of its own,
@@ -129,13 +271,27 @@ fn listen(env: &RankEnv, deadline: Instant) -> std::result::Result<TcpListener, 
 struct Introduction {
     member: Member,
     world: usize,
+    /// Its settings, as it sent them (escaped only when printed).
+    settings: BTreeMap<String, String>,
 }
 
-fn write_introduction(w: &mut impl Write, me: &Member, world: usize) -> std::io::Result<()> {
-    w.write_all(HELLO)?;
-    w.write_all(&(me.rank as u64).to_le_bytes())?;
-    w.write_all(&(world as u64).to_le_bytes())?;
-    write_member(w, me)
+fn write_introduction(
+    w: &mut impl Write,
+    me: &Member,
+    world: usize,
+    settings: &BTreeMap<String, String>,
+) -> std::io::Result<()> {
+    // One write, so that rank 0 gets it whole at once.
+    let mut message = HELLO.to_vec();
+    message.extend((me.rank as u64).to_le_bytes());
+    message.extend((world as u64).to_le_bytes());
+    write_member(&mut message, me)?;
+    message.extend((settings.len() as u64).to_le_bytes());
+    for (key, value) in settings {
+        write_bytes(&mut message, key.as_bytes())?;
+        write_bytes(&mut message, value.as_bytes())?;
+    }
+    w.write_all(&message)
 }
 
 /// A member's node and host as they travel ([`read_member`] reads them back).
@@ -153,71 +309,319 @@ fn read_u64(r: &mut impl Read) -> std::io::Result<u64> {
 /// A member's node and host as they travel: node + 1 (0 for none), then the host.
 fn read_member(r: &mut impl Read, rank: usize) -> std::io::Result<Member> {
     let node = read_u64(r)?;
-    let host = String::from_utf8_lossy(&read_bytes(r, 1 << 10)?).into_owned();
+    let host = remote_text(&read_bytes(r, HOST_BYTES)?, HOST_CHARS);
     Ok(Member {
         rank,
-        node: node.checked_sub(1).map(|n| n as usize),
+        node: node
+            .checked_sub(1)
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
         host: (!host.is_empty()).then_some(host),
     })
 }
 
-/// The introduction on `stream`, or `None` when what connected is no Kiln rank.
-fn read_introduction(stream: &mut TcpStream) -> Option<Introduction> {
-    let mut hello = [0u8; 8];
-    stream.read_exact(&mut hello).ok()?;
-    if &hello != HELLO {
-        return None;
+/// The introduction in `r`'s bytes after the hello: `UnexpectedEof` while it is not
+/// whole, another error when it is no introduction.
+fn read_introduction(r: &mut impl Read) -> std::io::Result<Introduction> {
+    let rank = usize::try_from(read_u64(r)?).unwrap_or(usize::MAX);
+    let world = usize::try_from(read_u64(r)?).unwrap_or(usize::MAX);
+    let member = read_member(r, rank)?;
+    let count = read_u64(r)?;
+    if count > MAX_SETTINGS as u64 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "more settings than a rank sends",
+        ));
     }
-    let rank = read_u64(stream).ok()? as usize;
-    let world = read_u64(stream).ok()? as usize;
-    let member = read_member(stream, rank).ok()?;
-    Some(Introduction { member, world })
+    let mut settings = BTreeMap::new();
+    for _ in 0..count {
+        let key = String::from_utf8_lossy(&read_bytes(r, SETTINGS_BYTES)?).into_owned();
+        let value = String::from_utf8_lossy(&read_bytes(r, SETTINGS_BYTES)?).into_owned();
+        settings.insert(key, value);
+    }
+    Ok(Introduction {
+        member,
+        world,
+        settings,
+    })
 }
+
+/// What a connection has sent rank 0 so far.
+enum Heard {
+    /// The start of an introduction.
+    Partial,
+    /// A whole introduction.
+    Rank(Introduction),
+    /// A Kiln rank speaking another version of the meeting's messages.
+    OtherVersion(u8),
+    /// Something that is no Kiln rank.
+    Stranger,
+}
+
+/// What `bytes`, all that a connection sent so far, are.
+fn hear(bytes: &[u8]) -> Heard {
+    let start = bytes.len().min(HELLO.len());
+    if bytes[..start] != HELLO[..start] {
+        return match start == HELLO.len() && bytes[..start - 1] == HELLO[..start - 1] {
+            true => Heard::OtherVersion(bytes[start - 1]),
+            false => Heard::Stranger,
+        };
+    }
+    if bytes.len() > INTRODUCTION_BYTES {
+        return Heard::Stranger;
+    }
+    match read_introduction(&mut &bytes[start..]) {
+        Ok(intro) => Heard::Rank(intro),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Heard::Partial,
+        Err(_) => Heard::Stranger,
+    }
+}
+
+/// A connection to rank 0's port that has not introduced itself yet.
+struct Pending {
+    /// Non-blocking.
+    stream: TcpStream,
+    /// What it sent so far.
+    heard: Vec<u8>,
+    /// When it is dropped if its introduction is not whole.
+    until: Instant,
+}
+
+impl Pending {
+    /// Reads what the connection sent since the last look: false once it closed,
+    /// failed or sent more than any introduction.
+    fn read_more(&mut self) -> bool {
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    self.heard.extend_from_slice(&buf[..n]);
+                    if self.heard.len() > INTRODUCTION_BYTES {
+                        return false;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// Rank 0's port, and the connections that have not yet introduced themselves, read
+/// side by side without blocking: a connection that stays silent, trickles or sends
+/// something else holds up no other.
+struct Door {
+    listener: TcpListener,
+    pending: Vec<Pending>,
+    /// How long a connection has to introduce itself ([`INTRODUCTION_TIMEOUT`]).
+    patience: Duration,
+}
+
+impl Door {
+    fn new(listener: TcpListener, patience: Duration) -> std::result::Result<Door, String> {
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("listening for the ranks: {e}"))?;
+        Ok(Door {
+            listener,
+            pending: Vec::new(),
+            patience,
+        })
+    }
+
+    /// The ranks whose introductions are whole now, with their connections (blocking
+    /// again), after accepting what waits at the port and reading what every pending
+    /// connection sent. A connection is given the door's patience from when it came,
+    /// or until `last`, whichever is sooner; one past it, closed or sending something
+    /// that is no introduction is dropped, and a rank of another version is told why.
+    fn poll(&mut self, last: Instant) -> std::io::Result<Vec<(Introduction, TcpStream)>> {
+        let now = Instant::now();
+        while self.pending.len() < MAX_PENDING {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if stream.set_nonblocking(true).is_ok() {
+                        // As in `connect_until`: parts of a message are not held
+                        // back for an acknowledgement.
+                        let _ = stream.set_nodelay(true);
+                        self.pending.push(Pending {
+                            stream,
+                            heard: Vec::new(),
+                            until: (now + self.patience).min(last),
+                        });
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                // A connection that went before it was accepted is no rank's loss.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionAborted
+                            | std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut whole = Vec::new();
+        for mut p in std::mem::take(&mut self.pending) {
+            if !p.read_more() {
+                continue;
+            }
+            match hear(&p.heard) {
+                Heard::Partial if now < p.until => self.pending.push(p),
+                Heard::Partial | Heard::Stranger => {}
+                Heard::Rank(intro) => {
+                    if p.stream.set_nonblocking(false).is_ok() {
+                        whole.push((intro, p.stream));
+                    }
+                }
+                Heard::OtherVersion(v) => {
+                    let why = format!(
+                        "it speaks version {} of Kiln's meeting and rank 0 version {}: every rank must run the same Kiln",
+                        char::from(v).escape_debug(),
+                        char::from(HELLO[7])
+                    );
+                    let _ = p.stream.set_nonblocking(false);
+                    let _ = turn_away(&p.stream, &why);
+                }
+            }
+        }
+        Ok(whole)
+    }
+}
+
+/// How rank 0's answer starts: the roll follows, or why the meeting failed, or why
+/// this one process was turned away (the others meet, or met, without it).
+const WELCOME: u8 = 0;
+const ENDED: u8 = 1;
+const TURNED_AWAY: u8 = 2;
 
 /// Rank 0's answer: the roll and what it hands out, or why the meeting failed.
 fn write_welcome(
     w: &mut impl Write,
     answer: &std::result::Result<(&[Member], &[u8]), String>,
 ) -> std::io::Result<()> {
+    // One write, after which the peer has all it reads.
+    let mut message = Vec::new();
     match answer {
         Ok((members, shared)) => {
-            w.write_all(&[0])?;
-            w.write_all(&(members.len() as u64).to_le_bytes())?;
+            message.push(WELCOME);
+            message.extend((members.len() as u64).to_le_bytes());
             for m in *members {
-                write_member(w, m)?;
+                write_member(&mut message, m)?;
             }
-            write_bytes(w, shared)
+            write_bytes(&mut message, shared)?;
         }
         Err(why) => {
-            w.write_all(&[1])?;
-            write_bytes(w, why.as_bytes())
+            message.push(ENDED);
+            write_bytes(&mut message, why.as_bytes())?;
         }
     }
+    w.write_all(&message)
 }
 
-/// Rank 0's answer as a joining rank reads it: the roll and what rank 0 hands out, or
-/// why the meeting failed.
-type Welcome = std::result::Result<(Vec<Member>, Vec<u8>), String>;
+/// Tells one process why rank 0 turns it away, waiting at most a second for it to
+/// take the message.
+fn turn_away(stream: &TcpStream, why: &str) -> std::io::Result<()> {
+    let mut message = vec![TURNED_AWAY];
+    write_bytes(&mut message, why.as_bytes())?;
+    let deadline = Instant::now() + Duration::from_secs(1);
+    Until { stream, deadline }.write_all(&message)
+}
 
-fn read_welcome(r: &mut impl Read) -> std::io::Result<Welcome> {
+/// Rank 0's answer as a joining rank reads it.
+enum Welcome {
+    /// The roll and what rank 0 hands out.
+    Roll(Vec<Member>, Vec<u8>),
+    /// Why the meeting failed.
+    Ended(String),
+    /// Why rank 0 turned this process away.
+    TurnedAway(String),
+}
+
+/// Rank 0's answer, for a rank of a job of `world` ranks; its text escaped.
+fn read_welcome(r: &mut impl Read, world: usize) -> std::io::Result<Welcome> {
+    let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
     let mut tag = [0u8; 1];
     r.read_exact(&mut tag)?;
-    if tag[0] != 0 {
-        return Ok(Err(
-            String::from_utf8_lossy(&read_bytes(r, 1 << 20)?).into_owned()
-        ));
+    match tag[0] {
+        WELCOME => {}
+        ENDED => return Ok(Welcome::Ended(read_reason(r)?)),
+        TURNED_AWAY => return Ok(Welcome::TurnedAway(read_reason(r)?)),
+        other => return Err(invalid(format!("an answer starting with byte {other}"))),
     }
-    let n = read_u64(r)? as usize;
-    if n > 1 << 24 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "a roll of more ranks than any job has",
-        ));
+    let n = read_u64(r)?;
+    if n != world as u64 {
+        return Err(invalid(format!("a roll of {n} ranks, not {world}")));
     }
-    let members = (0..n)
+    let members = (0..world)
         .map(|rank| read_member(r, rank))
         .collect::<std::io::Result<Vec<_>>>()?;
-    Ok(Ok((members, read_bytes(r, 1 << 20)?)))
+    Ok(Welcome::Roll(members, read_bytes(r, 1 << 20)?))
+}
+
+/// A reason another process sent, escaped and cut for printing.
+fn read_reason(r: &mut impl Read) -> std::io::Result<String> {
+    Ok(remote_text(&read_bytes(r, 1 << 20)?, REASON_CHARS))
+}
+
+/// Why a rank's introduction cannot join a job of `world` ranks with rank 0's
+/// `settings`, whoever else came: another world size, a rank number outside the
+/// job, or other settings (each named with both values). `variables` names where
+/// the ranks' places come from.
+fn mismatch(
+    intro: &Introduction,
+    world: usize,
+    settings: &BTreeMap<String, String>,
+    variables: &str,
+) -> Option<String> {
+    let who = intro.member.describe();
+    if intro.world != world {
+        return Some(format!(
+            "{who} belongs to a job of {} ranks, and rank 0 to one of {world}: every rank must be given the same world size ({variables})",
+            intro.world
+        ));
+    }
+    if intro.member.rank == 0 || intro.member.rank >= world {
+        return Some(format!(
+            "a process joined as rank {}, which is not a rank 1 to {} of a job of {world}",
+            intro.member.rank,
+            world - 1
+        ));
+    }
+    let show = |v: Option<&String>| match v {
+        Some(v) => remote_text(v.as_bytes(), SETTING_CHARS),
+        None => "none".to_string(),
+    };
+    let differ: Vec<String> = settings
+        .keys()
+        .chain(intro.settings.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| settings.get(*k) != intro.settings.get(*k))
+        .map(|k| {
+            format!(
+                "{} {} where rank 0 has {}",
+                remote_text(k.as_bytes(), SETTING_CHARS),
+                show(intro.settings.get(k)),
+                show(settings.get(k))
+            )
+        })
+        .collect();
+    if differ.is_empty() {
+        return None;
+    }
+    // A few name the mistake; a rank of another program may differ in all.
+    const SHOWN: usize = 8;
+    let more = match differ.len() > SHOWN {
+        true => format!(", and {} more", differ.len() - SHOWN),
+        false => String::new(),
+    };
+    Some(format!(
+        "{who} was started with other settings than rank 0: {}{more} (every rank must be given the same)",
+        differ[..differ.len().min(SHOWN)].join(", ")
+    ))
 }
 
 /// Rank 0's side of [`meet`].
@@ -225,83 +629,74 @@ fn host_meeting(
     env: &RankEnv,
     me: Member,
     timeout: Duration,
+    settings: &BTreeMap<String, String>,
     shared: &[u8],
 ) -> std::result::Result<Gathering, String> {
     let deadline = Instant::now() + timeout;
-    let listener = listen(env, deadline)?;
-    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let mut door = Door::new(listen(env, deadline)?, INTRODUCTION_TIMEOUT)?;
     let mut joined: Vec<Option<(Member, TcpStream)>> = (1..env.world).map(|_| None).collect();
     // Tells every rank that came why the meeting failed, and returns that reason.
     let refuse = |joined: &mut Vec<Option<(Member, TcpStream)>>, why: String| {
-        for (_, stream) in joined.iter_mut().flatten() {
-            let _ = write_welcome(stream, &Err(why.clone()));
+        let answered_by = Instant::now() + Duration::from_secs(1);
+        for (_, stream) in joined.iter().flatten() {
+            let mut until = Until {
+                stream,
+                deadline: answered_by,
+            };
+            let _ = write_welcome(&mut until, &Err(why.clone()));
         }
         why
     };
-    while joined.iter().any(Option::is_none) {
-        let mut stream = match listener.accept() {
-            Ok((stream, _)) => stream,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let missing: Vec<String> = (1..env.world)
-                        .filter(|r| joined[r - 1].is_none())
-                        .map(|r| r.to_string())
-                        .collect();
-                    let hint = match env.starter {
-                        Starter::Slurm => " (a batch script starts its tasks with srun)",
-                        _ => "",
-                    };
-                    let why = format!(
-                        "waited {:.0} s for rank(s) {} to join{hint}",
-                        timeout.as_secs_f64(),
-                        missing.join(", ")
-                    );
-                    return Err(refuse(&mut joined, why));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
-            }
+    loop {
+        let arrived = match door.poll(deadline) {
+            Ok(arrived) => arrived,
             Err(e) => return Err(refuse(&mut joined, format!("accepting a rank: {e}"))),
         };
-        let _ = stream.set_nonblocking(false);
-        // As in `connect_until`: parts of a message are not held back for an
-        // acknowledgement.
-        let _ = stream.set_nodelay(true);
-        let _ = stream.set_read_timeout(Some(INTRODUCTION_TIMEOUT));
-        // Whatever connects and does not introduce itself as a rank is no rank.
-        let Some(intro) = read_introduction(&mut stream) else {
-            continue;
-        };
-        let who = intro.member.describe();
-        let why = if intro.world != env.world {
-            Some(format!(
-                "{who} belongs to a job of {} ranks, and rank 0 to one of {}: every rank must be given the same world size ({})",
-                intro.world,
-                env.world,
-                env.starter.variables()
-            ))
-        } else if intro.member.rank == 0 || intro.member.rank >= env.world {
-            Some(format!(
-                "a process joined as rank {}, which is not a rank 1 to {} of a job of {}",
-                intro.member.rank,
-                env.world - 1,
-                env.world
-            ))
-        } else if let Some((first, _)) = &joined[intro.member.rank - 1] {
-            Some(format!(
-                "two processes joined as rank {}: {} and {who}",
-                intro.member.rank,
-                first.describe()
-            ))
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            let _ = write_welcome(&mut stream, &Err(why.clone()));
+        for (intro, stream) in arrived {
+            let taken = intro
+                .member
+                .rank
+                .checked_sub(1)
+                .and_then(|slot| joined.get(slot))
+                .and_then(|slot| slot.as_ref());
+            let why =
+                mismatch(&intro, env.world, settings, env.starter.variables()).or_else(|| {
+                    taken.map(|(first, _)| {
+                        format!(
+                            "two processes joined as rank {}: {} and {}",
+                            intro.member.rank,
+                            first.describe(),
+                            intro.member.describe()
+                        )
+                    })
+                });
+            if let Some(why) = why {
+                joined.push(Some((intro.member, stream)));
+                return Err(refuse(&mut joined, why));
+            }
+            let slot = intro.member.rank - 1;
+            joined[slot] = Some((intro.member, stream));
+        }
+        if joined.iter().all(Option::is_some) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let missing: Vec<String> = (1..env.world)
+                .filter(|r| joined[r - 1].is_none())
+                .map(|r| r.to_string())
+                .collect();
+            let hint = match env.starter {
+                Starter::Slurm => " (a batch script starts its tasks with srun)",
+                _ => "",
+            };
+            let why = format!(
+                "waited {:.0} s for rank(s) {} to join{hint}",
+                timeout.as_secs_f64(),
+                missing.join(", ")
+            );
             return Err(refuse(&mut joined, why));
         }
-        let slot = intro.member.rank - 1;
-        joined[slot] = Some((intro.member, stream));
+        std::thread::sleep(MEETING_POLL);
     }
     let mut members = vec![me];
     let mut streams = Vec::with_capacity(env.world - 1);
@@ -309,18 +704,124 @@ fn host_meeting(
         members.push(member);
         streams.push(stream);
     }
-    for (i, stream) in streams.iter_mut().enumerate() {
-        write_welcome(stream, &Ok((&members, shared)))
-            .map_err(|e| format!("answering {}: {e}", members[i + 1].describe()))?;
+    // A rank that does not take its answer (it hangs, or is no rank) fails the
+    // meeting within seconds, not after the others trained.
+    let answered_by = Instant::now() + INTRODUCTION_TIMEOUT;
+    for (i, stream) in streams.iter().enumerate() {
+        let mut until = Until {
+            stream,
+            deadline: answered_by,
+        };
+        if let Err(e) = write_welcome(&mut until, &Ok((&members, shared))) {
+            let why = format!("answering {}: {e}", members[i + 1].describe());
+            // The ranks not answered yet are told why; those answered find rank 0
+            // gone at their first exchange.
+            for stream in &streams[i + 1..] {
+                let mut until = Until {
+                    stream,
+                    deadline: Instant::now() + Duration::from_secs(1),
+                };
+                let _ = write_welcome(&mut until, &Err(why.clone()));
+            }
+            return Err(why);
+        }
+    }
+    for stream in &streams {
         stream
             .set_read_timeout(Some(timeout))
             .map_err(|e| e.to_string())?;
+        stream.set_write_timeout(None).map_err(|e| e.to_string())?;
     }
+    let door = LateDoor::open(
+        door,
+        members.clone(),
+        settings.clone(),
+        env.starter.variables(),
+    );
     Ok(Gathering {
         members,
         shared: shared.to_vec(),
         streams,
+        door: Some(door),
     })
+}
+
+/// Rank 0's port once the ranks have met: a thread answers whatever comes late, until
+/// dropped. A rank of another job (other world size or settings) is turned away
+/// naming why; a second process of a rank that met is turned away too, and is why
+/// the group must stop: which of the two is the job's rank was chance.
+struct LateDoor {
+    stop: Arc<AtomicBool>,
+    /// Why the group must stop, once a second process of one of its ranks came.
+    duplicate: Arc<Mutex<Option<String>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LateDoor {
+    fn open(
+        mut door: Door,
+        members: Vec<Member>,
+        settings: BTreeMap<String, String>,
+        variables: &'static str,
+    ) -> LateDoor {
+        let stop = Arc::new(AtomicBool::new(false));
+        let duplicate = Arc::new(Mutex::new(None));
+        let (stopped, found) = (stop.clone(), duplicate.clone());
+        let thread = std::thread::Builder::new()
+            .name("kiln-rank-0-door".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    // A port that fails to accept turns nobody away: late ranks then
+                    // find it closed.
+                    let Ok(arrived) = door.poll(Instant::now() + INTRODUCTION_TIMEOUT) else {
+                        return;
+                    };
+                    for (intro, stream) in arrived {
+                        let world = members.len();
+                        let why = match mismatch(&intro, world, &settings, variables) {
+                            Some(why) => format!("the ranks met without it: {why}"),
+                            None => {
+                                let first = &members[intro.member.rank];
+                                let why = format!(
+                                    "two processes joined as rank {}: {}, which met the others, and {}, which came after (every rank must be started once)",
+                                    intro.member.rank,
+                                    first.describe(),
+                                    intro.member.describe()
+                                );
+                                let mut found = found.lock().unwrap_or_else(|e| e.into_inner());
+                                found.get_or_insert_with(|| why.clone());
+                                why
+                            }
+                        };
+                        let _ = turn_away(&stream, &why);
+                    }
+                    std::thread::sleep(LATE_POLL);
+                }
+            })
+            .ok();
+        LateDoor {
+            stop,
+            duplicate,
+            thread,
+        }
+    }
+
+    /// Why the group must stop: a second process of one of its ranks came late.
+    fn duplicate(&self) -> Option<String> {
+        self.duplicate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for LateDoor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Where a joining rank finds rank 0, and that place as its error names it.
@@ -350,7 +851,15 @@ fn rank_0_address(
                         timeout.as_secs_f64()
                     )
                 })?;
-            let mine = String::from_utf8_lossy(&published).trim().to_string();
+            let mine: u16 = String::from_utf8_lossy(&published)
+                .trim()
+                .parse()
+                .map_err(|_| {
+                    format!(
+                        "torchrun's store at {host}:{port} holds `{}` under {key}, where rank 0 publishes its port",
+                        remote_text(&published, SETTING_CHARS)
+                    )
+                })?;
             Ok((
                 format!("{host}:{mine}"),
                 format!("{host}:{mine} (the port rank 0 published in torchrun's store)"),
@@ -403,29 +912,39 @@ fn join_meeting(
     env: &RankEnv,
     me: Member,
     timeout: Duration,
+    settings: &BTreeMap<String, String>,
 ) -> std::result::Result<Gathering, String> {
     let deadline = Instant::now() + timeout;
     let (address, named) = rank_0_address(env, timeout, deadline)?;
-    let mut stream = connect_until(&address, deadline).map_err(|last| {
+    let stream = connect_until(&address, deadline).map_err(|last| {
         format!(
             "waited {:.0} s for rank 0 at {named} (did rank 0 start there?); the last try said: {last}",
             timeout.as_secs_f64()
         )
     })?;
-    write_introduction(&mut stream, &me, env.world)
+    // Rank 0 answers once every rank has come, or once its own timeout, which began
+    // before this rank connected, has passed: one deadline for the whole answer,
+    // however rank 0 (or whatever answers in its place) spaces its bytes.
+    let mut until = Until {
+        stream: &stream,
+        deadline: Instant::now() + timeout + ANSWER_GRACE,
+    };
+    write_introduction(&mut until, &me, env.world, settings)
         .map_err(|e| format!("introducing itself to rank 0 at {named}: {e}"))?;
-    // Rank 0 answers once every rank has come, or its own timeout has passed.
-    stream
-        .set_read_timeout(Some(timeout + Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
-    let (members, shared) = match read_welcome(&mut stream) {
-        Ok(Ok(welcome)) => welcome,
-        Ok(Err(why)) => return Err(format!("rank 0 ended the meeting: {why}")),
+    let (members, shared) = match read_welcome(&mut until, env.world) {
+        Ok(Welcome::Roll(members, shared)) => (members, shared),
+        Ok(Welcome::Ended(why)) => return Err(format!("rank 0 ended the meeting: {why}")),
+        Ok(Welcome::TurnedAway(why)) => {
+            return Err(format!("rank 0 at {named} turned it away: {why}"))
+        }
         Err(e) => {
             return Err(match e.kind() {
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
                     "rank 0 at {named} did not answer within {:.0} s",
                     timeout.as_secs_f64()
+                ),
+                std::io::ErrorKind::InvalidData => format!(
+                    "what answered at {named} is no Kiln rank 0 (it sent {e})"
                 ),
                 _ => format!(
                     "rank 0 at {named} closed the meeting without answering ({e}): is something other than a Kiln rank 0 listening there?"
@@ -433,21 +952,16 @@ fn join_meeting(
             })
         }
     };
-    if members.len() != env.world {
-        return Err(format!(
-            "rank 0 answered with a roll of {} ranks, not {}",
-            members.len(),
-            env.world
-        ));
-    }
     // Rank 0 may wait a timeout for a slow rank before it answers an exchange.
     stream
         .set_read_timeout(Some(timeout * 2))
         .map_err(|e| e.to_string())?;
+    stream.set_write_timeout(None).map_err(|e| e.to_string())?;
     Ok(Gathering {
         members,
         shared,
         streams: vec![stream],
+        door: None,
     })
 }
 
@@ -464,13 +978,21 @@ pub struct TcpRank {
     peers: Vec<TcpStream>,
     /// Why the group cannot go on: later calls fail at once.
     failed: std::cell::RefCell<Option<String>>,
+    /// Rank 0: its port, turning late ranks away.
+    door: Option<LateDoor>,
 }
 
 impl TcpRank {
-    /// Joins the group `env` describes ([`meet`]), keeping the meeting's connections.
-    /// Waits at most `timeout` for the others, here and in every exchange.
-    pub fn join(env: &RankEnv, timeout: Duration) -> Result<TcpRank> {
-        let gathering = meet(env, timeout, &[])?;
+    /// Joins the group `env` describes ([`meet`]), keeping the meeting's connections;
+    /// every rank must be given the same `settings`. Waits at most `timeout` for the
+    /// others, here and in every exchange. A second process of a rank that comes
+    /// after the meeting fails the group's next exchange, on every rank.
+    pub fn join(
+        env: &RankEnv,
+        timeout: Duration,
+        settings: &BTreeMap<String, String>,
+    ) -> Result<TcpRank> {
+        let gathering = meet(env, timeout, settings, &[])?;
         Ok(TcpRank {
             rank: env.rank,
             world: env.world,
@@ -478,6 +1000,7 @@ impl TcpRank {
             members: gathering.members,
             peers: gathering.streams,
             failed: std::cell::RefCell::new(None),
+            door: gathering.door,
         })
     }
 
@@ -532,8 +1055,10 @@ impl TcpRank {
                 Ok((theirs, v)) if theirs == kinds => all.push(v),
                 Ok((theirs, _)) => {
                     outcome = Err(format!(
-                        "{} gave {theirs} where rank 0 gave {kinds}",
-                        self.members[rank].describe()
+                        "{} gave {} where rank 0 gave {}",
+                        self.members[rank].describe(),
+                        remote_text(theirs.as_bytes(), REASON_CHARS),
+                        remote_text(kinds.as_bytes(), REASON_CHARS)
                     ));
                     break;
                 }
@@ -542,6 +1067,12 @@ impl TcpRank {
                     break;
                 }
             }
+        }
+        // A second process of a rank came: which of the two trains was chance. (Told
+        // after every part is read, so that no rank's unread bytes reset its
+        // connection before it reads why.)
+        if let (Ok(()), Some(why)) = (&outcome, self.door.as_ref().and_then(LateDoor::duplicate)) {
+            outcome = Err(why);
         }
         let answer = outcome.map(|()| combine(&all));
         for mut stream in &self.peers {
@@ -691,7 +1222,7 @@ fn read_answer(
     let body = read_bytes(r, MESSAGE_LIMIT)?;
     Ok(match tag[0] {
         0 => Ok(wire.decode(&body)),
-        _ => Err(String::from_utf8_lossy(&body).into_owned()),
+        _ => Err(remote_text(&body, REASON_CHARS)),
     })
 }
 
@@ -732,5 +1263,75 @@ impl<B: Backend> Collective<B> for TcpRank {
             &|all| all[root].clone(),
         )?;
         tensors_like(&all, tensors)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_text_escapes_what_does_not_print_and_is_cut() {
+        assert_eq!(remote_text(b"gpu7.cluster-a", 100), "gpu7.cluster-a");
+        assert_eq!(
+            remote_text("a\x1b[31m\nb\u{202e}c \"d\" \\ é\t".as_bytes(), 100),
+            r#"a\u{1b}[31m\nb\u{202e}c "d" \ é\t"#
+        );
+        assert_eq!(remote_text(&[0xff, b'x'], 100), "\u{fffd}x");
+        assert_eq!(remote_text(b"abcdef", 3), "abc… (3 more bytes)");
+    }
+
+    #[test]
+    fn connections_that_do_not_introduce_themselves_in_time_are_dropped() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut door = Door::new(listener, Duration::from_millis(300)).unwrap();
+        let connect = || TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (mut silent, mut trickler, mut http) = (connect(), connect(), connect());
+        http.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        // A rank that comes after them, its introduction sent at once.
+        let mut rank = connect();
+        let me = Member {
+            rank: 1,
+            node: Some(0),
+            host: Some("gpu7".into()),
+        };
+        let settings = BTreeMap::from([("--lr".to_string(), "0.05".to_string())]);
+        write_introduction(&mut rank, &me, 2, &settings).unwrap();
+        let started = Instant::now();
+        let far = started + Duration::from_secs(60);
+        let (mut whole, mut left) = (Vec::new(), usize::MAX);
+        // A byte of a rank's hello, then zeros, every 20 ms: never whole in time.
+        let mut trickle = HELLO.iter().copied().chain(std::iter::repeat(0));
+        for _ in 0..100 {
+            let _ = trickler.write_all(&[trickle.next().unwrap()]);
+            whole.extend(door.poll(far).unwrap());
+            left = door.pending.len();
+            if left == 0 && started.elapsed() > Duration::from_millis(300) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(left, 0, "connections held past the door's patience");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(whole.len(), 1);
+        let (intro, _) = &whole[0];
+        assert_eq!((&intro.member, intro.world), (&me, 2));
+        assert_eq!(intro.settings, settings);
+        // The strays' connections are closed.
+        for stray in [&mut silent, &mut http] {
+            stray
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .unwrap();
+            match stray.read(&mut [0u8; 1]) {
+                Ok(0) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+                other => panic!("a stray still connected: {other:?}"),
+            }
+        }
     }
 }

@@ -7,7 +7,7 @@
 //! values (lengths as little-endian u64, as PyTorch's `size_t` on the machines it
 //! runs on).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -27,10 +27,16 @@ enum Query {
 /// The store's answer to `CHECK` when every key is set.
 const READY: u8 = 0;
 
+/// How long past its caller's deadline an answer of the store may take to arrive.
+const ANSWER_GRACE: Duration = Duration::from_secs(1);
+
 /// A connection to the store.
 pub struct TorchStore {
     stream: TcpStream,
     address: String,
+    /// When every answer must have come, whole: a store (or whatever answers in its
+    /// place) that sends a byte now and then cannot stretch the wait.
+    deadline: Instant,
 }
 
 /// The error of a store operation, naming the store.
@@ -48,11 +54,18 @@ impl TorchStore {
                 "could not reach torchrun's store at {address} (MASTER_ADDR:MASTER_PORT): {last}"
             )
         })?;
-        let left = deadline.saturating_duration_since(Instant::now());
+        // Writes are a few bytes, which the kernel takes at once; a stalled store
+        // cannot hold one past a second.
         stream
-            .set_read_timeout(Some(left.max(Duration::from_secs(1))))
+            .set_write_timeout(Some(Duration::from_secs(1)))
             .map_err(|e| failed(&address, "setting a timeout", e))?;
-        let mut store = TorchStore { stream, address };
+        // An answer to a question asked just before the deadline has a second more.
+        let deadline = deadline.max(Instant::now()) + ANSWER_GRACE;
+        let mut store = TorchStore {
+            stream,
+            address,
+            deadline,
+        };
         let mut hello = vec![Query::Validate as u8];
         hello.extend(VALIDATION_MAGIC.to_le_bytes());
         store
@@ -86,14 +99,13 @@ impl TorchStore {
     pub fn check(&mut self, key: &str) -> Result<bool, String> {
         self.send(Query::Check, &[key.as_bytes()], "checking a key")?;
         let mut answer = [0u8; 1];
-        self.stream
-            .read_exact(&mut answer)
-            .map_err(|e| failed(&self.address, "reading its answer", e))?;
+        self.read(&mut answer, "reading its answer")?;
         Ok(answer[0] == READY)
     }
 
     /// The value of `key` once it is set, waiting until `deadline`; `None` past it.
     pub fn wait_get(&mut self, key: &str, deadline: Instant) -> Result<Option<Vec<u8>>, String> {
+        self.deadline = deadline.max(Instant::now()) + ANSWER_GRACE;
         while !self.check(key)? {
             if Instant::now() >= deadline {
                 return Ok(None);
@@ -102,9 +114,7 @@ impl TorchStore {
         }
         self.send(Query::Get, &[key.as_bytes()], "reading a key")?;
         let mut len = [0u8; 8];
-        self.stream
-            .read_exact(&mut len)
-            .map_err(|e| failed(&self.address, "reading a value", e))?;
+        self.read(&mut len, "reading a value")?;
         let len = u64::from_le_bytes(len) as usize;
         if len > 1 << 20 {
             return Err(format!(
@@ -113,9 +123,13 @@ impl TorchStore {
             ));
         }
         let mut value = vec![0u8; len];
-        self.stream
-            .read_exact(&mut value)
-            .map_err(|e| failed(&self.address, "reading a value", e))?;
+        self.read(&mut value, "reading a value")?;
         Ok(Some(value))
+    }
+
+    /// Fills `buf` from the store by the deadline.
+    fn read(&mut self, buf: &mut [u8], what: &str) -> Result<(), String> {
+        crate::tcp::read_until(&self.stream, self.deadline, buf)
+            .map_err(|e| failed(&self.address, what, e))
     }
 }

@@ -187,10 +187,13 @@ impl OnDevice for Train<'_> {
             Some(env) => Some(Ranks {
                 rank: env.rank,
                 world: env.world,
+                // Ranks started with another --lr or --batch-size would train
+                // together on other steps: they stop when they meet instead.
                 collective: kiln::device::join_ranks::<Be>(
                     dev,
                     env,
                     Duration::from_secs(args.rank_timeout),
+                    &flag_settings(args),
                 )?,
             }),
             None => None,
@@ -444,7 +447,7 @@ fn run<Be: Backend, M: Classifier<Be>>(
         eval,
         accuracy: true,
         schedule,
-        settings: run_settings(args, &format!("{dataset:?}"), &fingerprint),
+        settings: run_settings(args, &fingerprint),
         files,
         title: format!("{:?} on {dataset:?}", args.model),
         metadata: BTreeMap::from([
@@ -506,12 +509,26 @@ fn state_path(args: &Args, out: &Path) -> Result<PathBuf> {
 }
 
 /// The settings a resumed run must share with the one it continues, keyed by flag:
-/// everything that decides the steps' values, and a fingerprint of the training data.
-fn run_settings(args: &Args, dataset: &str, data: &str) -> BTreeMap<String, String> {
+/// everything that decides the steps' values ([`flag_settings`]), and a fingerprint
+/// of the training data.
+fn run_settings(args: &Args, data: &str) -> BTreeMap<String, String> {
+    let mut settings = flag_settings(args);
+    settings.insert("training data".into(), data.to_string());
+    settings
+}
+
+/// The flags that decide the steps' values, keyed by flag: what the ranks of a
+/// data-parallel run compare when they meet (before any reads its data), and a
+/// resumed run with the run it continues.
+fn flag_settings(args: &Args) -> BTreeMap<String, String> {
     let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
+    let dataset = match args.model {
+        ModelKind::Mlp | ModelKind::Cnn => lower(&args.dataset.unwrap_or(Dataset::Mnist)),
+        ModelKind::Gpt | ModelKind::GptTiny | ModelKind::GptW3 => "shakespeare".into(),
+    };
     BTreeMap::from([
         ("--model".into(), lower(&args.model)),
-        ("--dataset".into(), dataset.to_lowercase()),
+        ("--dataset".into(), dataset),
         ("--epochs".into(), args.epochs.to_string()),
         ("--batch-size".into(), args.batch_size.to_string()),
         ("--optimizer".into(), lower(&args.optimizer)),
@@ -522,7 +539,6 @@ fn run_settings(args: &Args, dataset: &str, data: &str) -> BTreeMap<String, Stri
         ("--limit".into(), args.limit.to_string()),
         ("--seed".into(), args.seed.to_string()),
         ("--precision".into(), lower(&args.precision)),
-        ("training data".into(), data.to_string()),
     ])
 }
 
@@ -676,7 +692,7 @@ mod gpt {
             eval,
             accuracy: false,
             schedule,
-            settings: super::run_settings(args, "shakespeare", &data),
+            settings: super::run_settings(args, &data),
             files,
             title: format!("{} on Shakespeare (evaluation loss in nats/byte)", M::NAME),
             metadata: BTreeMap::from([
