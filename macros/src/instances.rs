@@ -384,6 +384,10 @@ fn mistakes_at(
     )
 }
 
+/// Each whole number a size expression came out as, with the expression (`D`,
+/// `4 * D`).
+type Written = Vec<(u64, String)>;
+
 /// The shape mistakes of `def` at `values` as the lowering words them, and the size
 /// expressions of `def` with the numbers they came out as.
 fn lowered_at(
@@ -392,7 +396,7 @@ fn lowered_at(
     values: &[u64],
     name: &Ident,
     precision: kiln_tensor::Precision,
-) -> Option<(Vec<syn::Error>, Vec<(u64, String)>)> {
+) -> Option<(Vec<syn::Error>, Written)> {
     let mut inst = Instantiator {
         defs,
         made: Vec::new(),
@@ -536,7 +540,7 @@ impl Symbols {
             .collect();
         by_size.sort();
         for (n, w) in by_size.into_iter().rev() {
-            if v % n != 0 {
+            if !v.is_multiple_of(n) {
                 continue;
             }
             let q = v / n;
