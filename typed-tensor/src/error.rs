@@ -85,17 +85,24 @@ impl Error {
         )
     }
 
-    /// The index and the axis's size of a gather's [`Error::index_out_of_range`], so a
-    /// caller that knows what the gather read (an embedding's ids, cross-entropy's
+    /// The index and the axis's size of a gather's index out of range (the CPU's
+    /// [`Error::index_out_of_range`], or a GPU kernel's report, which names the axis),
+    /// so a caller that knows what the gather read (an embedding's ids, cross-entropy's
     /// labels) can say so; `None` for any other error.
     pub fn gather_index_out_of_range(&self) -> Option<(i64, usize)> {
         let Error::Invalid { op: "gather", msg } = self else {
             return None;
         };
-        let (index, bound) = msg
+        let (index, rest) = msg
             .strip_prefix("index ")?
-            .split_once(" is out of range for an axis of size ")?;
-        Some((index.parse().ok()?, bound.parse().ok()?))
+            .split_once(" is out of range for ")?;
+        let bound = match rest.strip_prefix("an axis of size ") {
+            Some(bound) => bound,
+            // `axis 1 of size 3 (kernels run asynchronously: ..)`
+            None => rest.strip_prefix("axis ")?.split_once(" of size ")?.1,
+        };
+        let digits = bound.split(|c: char| !c.is_ascii_digit()).next()?;
+        Some((index.parse().ok()?, digits.parse().ok()?))
     }
 
     /// A shape error for `op`.
@@ -140,5 +147,32 @@ impl Error {
             Error::Format(msg) => Error::Format(format!("{msg} ({context})")),
             e => e,
         }
+    }
+}
+
+#[cfg(test)]
+mod gather_index_tests {
+    use super::Error;
+
+    #[test]
+    fn a_gathers_index_out_of_range_is_read_back_from_either_backends_words() {
+        let cpu = Error::index_out_of_range("gather", 12, 10);
+        assert_eq!(cpu.gather_index_out_of_range(), Some((12, 10)));
+        let gpu = Error::invalid(
+            "gather",
+            "index -1 is out of range for axis 1 of size 3 (kernels run asynchronously: \
+             reported at the next read or synchronisation)",
+        );
+        assert_eq!(gpu.gather_index_out_of_range(), Some((-1, 3)));
+        // Another op's, or another error of a gather, is not one.
+        assert_eq!(
+            Error::index_out_of_range("scatter_add", 1, 1).gather_index_out_of_range(),
+            None
+        );
+        assert_eq!(
+            Error::invalid("gather", "indices must be i32 or u32, not f32")
+                .gather_index_out_of_range(),
+            None
+        );
     }
 }
