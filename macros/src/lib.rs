@@ -104,7 +104,9 @@
 //! path, or a `use` of it, reaches both), which calls `model_impl!` again with the
 //! definition appended, once per nested model not yet known; a definition carries its
 //! own nested ones. A nested model whose expansion failed is marked so, and calls into
-//! it report nothing more.
+//! it report nothing more: the holder's methods that call it keep their signatures,
+//! their training entries and `Supervised` (stubbed), so the one error is the nested
+//! model's.
 //!
 //! Shape mistakes are errors on the exact sub-expression, naming both shapes; every
 //! independent mistake of a method is reported, without a cascade. A `#[model] impl`
