@@ -28,8 +28,10 @@ pub struct Imported {
 /// Both files are written to temporary siblings first and renamed into place only
 /// when both are whole, so a failed write (a full disk, a folder that is not one)
 /// leaves neither a source without its checkpoint nor a torn file. An output path
-/// that exists as something other than a regular file (a device, a FIFO, a folder)
-/// is refused by name.
+/// that exists as something other than a regular file (a device, a FIFO, a folder,
+/// or a link to one) or that is the model itself is refused by name
+/// (`kiln_train::checkpoint::check_output`, `check_not_input`); a link to a regular
+/// file is replaced by the new file.
 pub fn import(
     onnx: impl AsRef<Path>,
     out_dir: impl AsRef<Path>,
@@ -56,9 +58,12 @@ pub fn import(
     };
     let source = out_dir.join(format!("{stem}.rs"));
     let checkpoint = out_dir.join(format!("{stem}.safetensors"));
-    for out in [&source, &checkpoint] {
-        refuse_special(out)?;
-        refuse_input(out, onnx)?;
+    // Kiln's rules for every file it writes: never over a device, a FIFO or a folder
+    // (a rename would replace it), never over the input.
+    for (what, out) in [("source", &source), ("checkpoint", &checkpoint)] {
+        kiln_train::checkpoint::check_output(what, out)
+            .and_then(|()| kiln_train::checkpoint::check_not_input(what, out, onnx))
+            .map_err(|e| write_error(out, &e.to_string()))?;
     }
     let staged_checkpoint = staging_path(&checkpoint);
     let staged_source = staging_path(&source);
@@ -124,34 +129,6 @@ fn staging_path(path: &Path) -> PathBuf {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     path.with_file_name(format!(".{name}.{}.import-tmp", std::process::id()))
-}
-
-/// Refuses an output path that exists as something a rename would destroy rather
-/// than replace: a device, a FIFO, a socket or a folder. A symbolic link is replaced
-/// by the new file, not written through.
-fn refuse_special(path: &Path) -> Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if !(m.is_file() || m.file_type().is_symlink()) => Err(ImportError::Write {
-            path: path.to_path_buf(),
-            why: "it exists and is not a regular file (a device, a FIFO or a folder): \
-                  name another --out-dir"
-                .into(),
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// Refuses an output that is the input itself (`kiln-import model.rs` would write
-/// `model.rs` over the file it read), through links or not.
-fn refuse_input(out: &Path, input: &Path) -> Result<()> {
-    match (std::fs::canonicalize(out), std::fs::canonicalize(input)) {
-        (Ok(a), Ok(b)) if a == b => Err(ImportError::Write {
-            path: out.to_path_buf(),
-            why: "it is the model being imported: rename the model or name another --out-dir"
-                .into(),
-        }),
-        _ => Ok(()),
-    }
 }
 
 /// A held tensor on the CPU backend.
