@@ -39,7 +39,10 @@ fn import_hostile(out: &Path) -> Result<(), String> {
     m.producer_name = Some(HOSTILE.into());
     m.producer_version = Some(HOSTILE.into());
     let g = m.graph.as_mut().ok_or("no graph")?;
-    let (input, output) = (g.input[0].name().to_string(), g.output[0].name().to_string());
+    let (input, output) = (
+        g.input[0].name().to_string(),
+        g.output[0].name().to_string(),
+    );
     let rename = |name: &mut String| {
         if *name == input || *name == output {
             *name = format!("{name}{HOSTILE}");
@@ -51,7 +54,10 @@ fn import_hostile(out: &Path) -> Result<(), String> {
         }
     }
     for node in &mut g.node {
-        node.input.iter_mut().chain(node.output.iter_mut()).for_each(rename);
+        node.input
+            .iter_mut()
+            .chain(node.output.iter_mut())
+            .for_each(rename);
     }
     let dir = out.join("hostile");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;

@@ -43,7 +43,10 @@ fn hostile_mlp(dir: &Path, stem: &str) -> PathBuf {
     m.producer_name = Some(all.clone());
     m.producer_version = Some(all.clone());
     let g = m.graph.as_mut().unwrap();
-    let (input, output) = (g.input[0].name().to_string(), g.output[0].name().to_string());
+    let (input, output) = (
+        g.input[0].name().to_string(),
+        g.output[0].name().to_string(),
+    );
     let rename = |name: &mut String| {
         if *name == input || *name == output {
             *name = format!("{name}{all}");
@@ -53,7 +56,10 @@ fn hostile_mlp(dir: &Path, stem: &str) -> PathBuf {
         rename(v.name.as_mut().unwrap());
     }
     for node in &mut g.node {
-        node.input.iter_mut().chain(node.output.iter_mut()).for_each(rename);
+        node.input
+            .iter_mut()
+            .chain(node.output.iter_mut())
+            .for_each(rename);
     }
     let path = dir.join(format!("{stem}.onnx"));
     std::fs::write(&path, m.encode_to_vec()).unwrap();
@@ -74,7 +80,10 @@ fn names_from_the_file_never_leave_the_generated_comments() {
             "a line with a character outside printable ASCII: {line:?}"
         );
         if line.contains("injected()") {
-            assert!(line.trim_start().starts_with("//"), "code from the file: {line:?}");
+            assert!(
+                line.trim_start().starts_with("//"),
+                "code from the file: {line:?}"
+            );
         }
     }
     assert!(!source.contains('\r'));
@@ -107,10 +116,13 @@ fn errors_print_names_from_the_file_escaped() {
     let mut m = onnx::ModelProto::decode(bytes.as_slice()).unwrap();
     let node = &mut m.graph.as_mut().unwrap().node[0];
     node.input[0] = format!("missing{}", HOSTILE.concat());
-    let e = kiln_import::decode(&m.encode_to_vec()).unwrap_err().to_string();
+    let e = kiln_import::decode(&m.encode_to_vec())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("reads `missing"), "{e}");
     assert!(
-        !e.chars().any(|c| c.is_control() || c == '\u{2028}' || c == '\u{202e}'),
+        !e.chars()
+            .any(|c| c.is_control() || c == '\u{2028}' || c == '\u{202e}'),
         "{e:?}"
     );
     assert!(e.contains("\\u{1b}[2J"), "{e}");
@@ -152,7 +164,10 @@ fn the_model_is_never_named_what_rust_or_its_source_needs() {
     assert!(source.contains("pub struct SelfModel {"), "{source}");
     for name in ["Self", "Tensor", "Linear", "Dyn"] {
         let e = import(&path, &dir, Some(name)).unwrap_err().to_string();
-        assert!(e.contains(&format!("`{name}` cannot name the model")), "{e}");
+        assert!(
+            e.contains(&format!("`{name}` cannot name the model")),
+            "{e}"
+        );
     }
 }
 
@@ -169,14 +184,19 @@ fn a_write_that_fails_leaves_no_source_without_its_checkpoint() {
     assert!(matches!(e, ImportError::Write { .. }), "{e:?}");
     let e = e.to_string();
     assert!(e.starts_with("cannot write `"), "{e}");
-    assert!(e.contains("mlp.safetensors` is a folder, not a regular file"), "{e}");
+    assert!(
+        e.contains("mlp.safetensors` is a folder, not a regular file"),
+        "{e}"
+    );
     let left: Vec<_> = std::fs::read_dir(&out)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(left, ["mlp.safetensors"], "nothing else written");
     // A folder that does not exist: a write error naming the source, nothing left.
-    let e = import(&path, dir.join("missing"), None).unwrap_err().to_string();
+    let e = import(&path, dir.join("missing"), None)
+        .unwrap_err()
+        .to_string();
     assert!(e.starts_with("cannot write `"), "{e}");
     assert!(e.contains("missing/mlp.rs"), "{e}");
     // An output that is the input itself.
@@ -184,15 +204,26 @@ fn a_write_that_fails_leaves_no_source_without_its_checkpoint() {
     std::fs::copy(fixture("mlp.onnx"), &as_rs).unwrap();
     let e = import(&as_rs, &dir, None).unwrap_err().to_string();
     assert!(e.contains("would overwrite its input"), "{e}");
-    assert_eq!(std::fs::read(&as_rs).unwrap(), std::fs::read(fixture("mlp.onnx")).unwrap());
+    assert_eq!(
+        std::fs::read(&as_rs).unwrap(),
+        std::fs::read(fixture("mlp.onnx")).unwrap()
+    );
     // A FIFO as an output is refused, never replaced (as root, a rename would
     // replace a device node just as well).
     let fifo_dir = dir.join("fifo");
     std::fs::create_dir_all(&fifo_dir).unwrap();
-    let made = Command::new("mkfifo").arg(fifo_dir.join("mlp.rs")).status().unwrap();
+    let made = Command::new("mkfifo")
+        .arg(fifo_dir.join("mlp.rs"))
+        .status()
+        .unwrap();
     assert!(made.success());
     let e = import(&path, &fifo_dir, None).unwrap_err().to_string();
-    assert!(e.contains("mlp.rs` is a FIFO (named pipe), not a regular file"), "{e}");
-    let kind = std::fs::symlink_metadata(fifo_dir.join("mlp.rs")).unwrap().file_type();
+    assert!(
+        e.contains("mlp.rs` is a FIFO (named pipe), not a regular file"),
+        "{e}"
+    );
+    let kind = std::fs::symlink_metadata(fifo_dir.join("mlp.rs"))
+        .unwrap()
+        .file_type();
     assert!(std::os::unix::fs::FileTypeExt::is_fifo(&kind));
 }

@@ -14,9 +14,9 @@ fn shown_source(source: &str) -> String {
     let is_model = source.lines().any(|l| l.starts_with("#[model]"));
     let mut lines: Vec<&str> = Vec::new();
     for line in source.lines() {
-        let dropped =
-            line == "fn main() {}" || (is_model && line == "use kiln::prelude::*;");
-        let blank_again = line.trim().is_empty() && lines.last().is_none_or(|l| l.trim().is_empty());
+        let dropped = line == "fn main() {}" || (is_model && line == "use kiln::prelude::*;");
+        let blank_again =
+            line.trim().is_empty() && lines.last().is_none_or(|l| l.trim().is_empty());
         if !dropped && !blank_again {
             lines.push(line);
         }
@@ -88,7 +88,10 @@ fn errors_md_shows_each_case_as_its_stderr_pins_it() {
     let page_path = root.join("../docs/errors.md");
     let page = std::fs::read_to_string(&page_path).unwrap();
     let want = generated(&page, &root.join("tests/ui/fail"));
-    assert!(want.matches(MARKER.0).count() >= 10, "the page shows the cases");
+    assert!(
+        want.matches(MARKER.0).count() >= 10,
+        "the page shows the cases"
+    );
     if std::env::var_os("KILN_BLESS").is_some() {
         std::fs::write(&page_path, &want).unwrap();
         return;

@@ -24,7 +24,10 @@ fn main() -> ExitCode {
                 model = Some(PathBuf::from(path));
                 Ok(())
             }
-            extra => Err(format!("one model at a time (`{}` is a second)", shown(extra))),
+            extra => Err(format!(
+                "one model at a time (`{}` is a second)",
+                shown(extra)
+            )),
         };
         if let Err(e) = parsed {
             eprintln!("error: {e}\n{USAGE}");
