@@ -139,7 +139,8 @@ case $W in
     # steps against planned ones, then W3 (planned, replayed; ncu of one bf16 step) and
     # PyTorch's eager and compiled W3 steps beside it (SHORT=1: bf16 PyTorch only, no ncu).
     models_data
-    [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1 groups
+    [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1 cuda::groups
+    [ -x $B/fused_models_test ] && run 200 $B/fused_models_test --test-threads 1 cuda_optimizers_update
     [ -x $B/cuda_graph_test ] && run 200 $B/cuda_graph_test --test-threads 1 replayed_steps_train_every_model
     run 300 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-bf16,w3 --reps 30
     if [ -n "${SHORT:-}" ]; then

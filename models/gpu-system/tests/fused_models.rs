@@ -324,8 +324,16 @@ fn int8_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()>
     Ok(())
 }
 
-/// The optimizers' grouped steps on wgpu (CUDA runs them one parameter at a time until
-/// its multi-tensor kernel is checked there: `KilnRuntime::GROUPS_FUSED_ELEMENTWISE`).
+/// The optimizers' grouped steps on CUDA (`KilnRuntime::GROUPS_FUSED_ELEMENTWISE`).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_optimizers_update_parameters_together_as_one_by_one() -> Result<()> {
+    let dev = kiln_cubecl::CudaDevice::first()
+        .unwrap_or_else(|e| panic!("no CUDA device for the fused tests: {e}"));
+    optimizers_update_parameters_together_as_one_by_one::<kiln_cubecl::Cuda>(&dev)
+}
+
+/// The optimizers' grouped steps on wgpu.
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_optimizers_update_parameters_together_as_one_by_one() -> Result<()> {
@@ -339,7 +347,7 @@ fn wgpu_optimizers_update_parameters_together_as_one_by_one() -> Result<()> {
 /// give the values and state (moments and step counts, momentum buffers) of the same
 /// updates made one parameter at a time, bit for bit: with weight decay, clipping, and
 /// a learning rate changed between steps.
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn optimizers_update_parameters_together_as_one_by_one<G: Backend>(dev: &G::Device) -> Result<()> {
     use kiln_train::optim::{AdamW, AdamWConfig, GradClip, Optimizer, Sgd, SgdConfig};
     assert!(
@@ -372,7 +380,7 @@ fn optimizers_update_parameters_together_as_one_by_one<G: Backend>(dev: &G::Devi
 
 /// Four steps of two optimizers from `make` on two copies of the MLP, one through
 /// `Optimizer::step` (grouped), one a parameter at a time, compared after each.
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn together_as_one_by_one<G: Backend, O: kiln_train::optim::Optimizer<G>>(
     dev: &G::Device,
     what: &str,
