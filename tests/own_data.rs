@@ -40,7 +40,8 @@ fn the_csv_example_names_what_does_not_fit() {
     assert!(
         // The first batch that meets the model (a metric's probe of the evaluation
         // data, or the first step's) is the one refused.
-        e.contains("Iris::loss: `x` is f32 [") && e.contains(", 5] but the method takes f32 [?, 4]"),
+        e.contains("Iris::loss: `x` is f32 [")
+            && e.contains(", 5] but the method takes f32 [?, 4]"),
         "{e}"
     );
     let e = own_csv::train_csv(&wide, "species", 1)

@@ -263,7 +263,10 @@ fn a_broadcast_that_expands_both_operands_is_refused_when_it_runs() {
         .err()
         .expect("the dynamic path refuses an outer broadcast")
         .to_string();
-    assert!(e.contains("broadcasting [3, 1] with [3] expands both operands"), "{e}");
+    assert!(
+        e.contains("broadcasting [3, 1] with [3] expands both operands"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -300,13 +303,26 @@ fn a_dyn_reshape_keeps_rows_whole_unless_it_regroups() {
         "shape mismatch in `reshape`: reshaping [2, 10] into [5, 4] regroups rows: the result's rows of 4 elements cut across the input's rows of 10 (neither count divides the other); keep rows whole (a count per row that divides 10 or is a multiple of it), or write `.regroup::<..>()` if regrouping rows is meant"
     );
     // Rows split whole, or merged whole, are kept.
-    assert_eq!(both(&model, |m| m.rows_of_four(&x(2, 12)), flat).unwrap().len(), 24);
-    assert_eq!(both(&model, |m| m.rows_of_four(&x(4, 2)), flat).unwrap().len(), 8);
+    assert_eq!(
+        both(&model, |m| m.rows_of_four(&x(2, 12)), flat)
+            .unwrap()
+            .len(),
+        24
+    );
+    assert_eq!(
+        both(&model, |m| m.rows_of_four(&x(4, 2)), flat)
+            .unwrap()
+            .len(),
+        8
+    );
     // Written as a regroup, the same reshape runs, on both paths alike.
     let got = both(&model, |m| m.regrouped_rows_of_four(&x(2, 10)), flat).unwrap();
     assert_eq!(got, flat(&x(2, 10)));
     // The typed API keeps the same rule.
-    let e = x(2, 10).reshape::<(Dyn, Const<4>)>().unwrap_err().to_string();
+    let e = x(2, 10)
+        .reshape::<(Dyn, Const<4>)>()
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("regroups rows"), "{e}");
     x(2, 10).regroup::<(Dyn, Const<4>)>().unwrap();
 }

@@ -614,8 +614,9 @@ mod tests {
         ] {
             let e = sub(a, b).unwrap_err();
             assert!(
-                e.contains(&format!("expands both operands, to {out}, an outer product"))
-                    && e.contains("`.broadcast_to::<..>()`"),
+                e.contains(&format!(
+                    "expands both operands, to {out}, an outer product"
+                )) && e.contains("`.broadcast_to::<..>()`"),
                 "{e}"
             );
         }

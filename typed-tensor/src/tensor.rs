@@ -197,7 +197,11 @@ impl<B: Backend, S: Shape, E: Element> Tensor<B, S, E> {
     pub fn regroup<S2: Shape>(&self) -> Result<Tensor<B, S2, E>> {
         let () = ReshapeCheck::<S, S2>::OK;
         let dims = S2::DIMS[..S2::RANK].to_vec();
-        Ok(Tensor::wrap(BuilderExt::regroup(&mut self.raw.ops(), &self.raw, dims)?))
+        Ok(Tensor::wrap(BuilderExt::regroup(
+            &mut self.raw.ops(),
+            &self.raw,
+            dims,
+        )?))
     }
 
     /// Same elements in run-time `dims` (checked against `S2`).
