@@ -81,3 +81,68 @@ pub struct RowPass {
     /// For each output, whether it holds whole rows (else one value per row).
     pub whole_rows: Vec<bool>,
 }
+
+impl RowPass {
+    /// Checks what the phases read and write, for inputs of which `per_row_inputs`
+    /// says which hold one value per row: each expression matches its operands, an
+    /// output is read only once an earlier phase wrote it, and at its own width; the
+    /// scratch block only right after it is written; no phase reads as an operand what
+    /// it writes; a reduction writes an output of one value per row. Every backend
+    /// that runs passes checks them here, so that a malformed pass is the same error
+    /// on each.
+    pub fn check(&self, per_row_inputs: &[bool]) -> crate::Result<()> {
+        let bad = |why: &str| Err(crate::Error::invalid("row pass", why.to_string()));
+        let outputs = self.whole_rows.len();
+        let mut written = vec![false; outputs];
+        let mut scratch = false;
+        for phase in &self.phases {
+            // What it reads, whether over whole rows, and where it writes (whole rows?).
+            let (reads, whole, target): (&[RowRead], bool, RowTarget) = match phase {
+                RowPhase::Map {
+                    expr,
+                    inputs,
+                    target,
+                    per_row,
+                    ..
+                } => {
+                    if expr.results.len() != 1 || expr.inputs != inputs.len() {
+                        return bad("a phase's expression does not match its operands");
+                    }
+                    (inputs, !per_row, *target)
+                }
+                RowPhase::Reduce { input, out, .. } => {
+                    if self.whole_rows.get(*out) != Some(&false) {
+                        return bad("a reduction writes no output of one value per row");
+                    }
+                    (std::slice::from_ref(input), true, RowTarget::Output(*out))
+                }
+            };
+            // A reduction reads whole rows but writes one value per row.
+            let whole_target = whole && matches!(phase, RowPhase::Map { .. });
+            for r in reads {
+                let fits = match *r {
+                    RowRead::Input(k) => per_row_inputs.get(k).is_some_and(|&one| one != whole),
+                    RowRead::Output { k, broadcast } => {
+                        written.get(k) == Some(&true)
+                            && target != RowTarget::Output(k)
+                            && !self.whole_rows[k] == (broadcast || !whole)
+                            && (!broadcast || whole)
+                    }
+                    RowRead::Scratch => scratch && whole && target != RowTarget::Scratch,
+                };
+                if !fits {
+                    return bad("a phase reads a value it cannot read there");
+                }
+            }
+            scratch = false;
+            match target {
+                RowTarget::Scratch if whole_target => scratch = true,
+                RowTarget::Output(k) if self.whole_rows.get(k) == Some(&whole_target) => {
+                    written[k] = true
+                }
+                _ => return bad("a phase writes where it cannot"),
+            }
+        }
+        Ok(())
+    }
+}

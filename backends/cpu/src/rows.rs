@@ -202,67 +202,22 @@ pub fn fused_rows(
     Ok(true)
 }
 
-/// Checks what the phases read and write: an output is read only once an earlier phase
-/// wrote it, and at its own width; the scratch block only right after it is written;
-/// no phase reads as an operand what it writes; reductions write one f32 per row.
-/// `Ok(false)` for expressions with more operands than the fused kernels take.
+/// Checks the pass ([`RowPass::check`]) and what this backend adds: reductions write
+/// f32 values. `Ok(false)` for expressions with more operands than the fused kernels
+/// take.
 fn check_phases(pass: &RowPass, ins: &[Input<'_>], outs: &[Output]) -> Result<bool> {
-    let bad = |why: &str| Err(Error::invalid("row pass", why.to_string()));
-    let mut written = [false; MAX_OUTPUTS];
-    let mut scratch = false;
+    let per_row: SmallVec<[bool; MAX_INPUTS]> = ins.iter().map(|i| i.width == 1).collect();
+    pass.check(&per_row)?;
     for phase in &pass.phases {
-        // What it reads, whether over whole rows, and where it writes (whole rows?).
-        let (reads, whole, target, whole_target): (&[RowRead], bool, RowTarget, bool) = match phase
-        {
-            RowPhase::Map {
-                expr,
-                inputs,
-                target,
-                per_row,
-                ..
-            } => {
-                if expr.results.len() != 1 || expr.inputs != inputs.len() {
-                    return bad("a phase's expression does not match its operands");
-                }
-                if inputs.len() > MAX_OPERANDS {
-                    return Ok(false);
-                }
-                (inputs, !per_row, *target, !per_row)
+        match phase {
+            RowPhase::Map { inputs, .. } if inputs.len() > MAX_OPERANDS => return Ok(false),
+            RowPhase::Reduce { out, .. } if !matches!(outs[*out].ptr, OutPtr::F32(_)) => {
+                return Err(Error::invalid(
+                    "row pass",
+                    "a reduction writes no f32 values".to_string(),
+                ))
             }
-            RowPhase::Reduce { input, out, .. } => {
-                if !matches!(outs.get(*out), Some(o) if matches!(o.ptr, OutPtr::F32(_))) {
-                    return bad("a reduction writes no f32 values");
-                }
-                (
-                    std::slice::from_ref(input),
-                    true,
-                    RowTarget::Output(*out),
-                    false,
-                )
-            }
-        };
-        for r in reads {
-            let fits = match *r {
-                RowRead::Input(k) => ins.get(k).is_some_and(|i| (i.width == 1) != whole),
-                RowRead::Output { k, broadcast } => {
-                    written.get(k) == Some(&true)
-                        && target != RowTarget::Output(k)
-                        && (outs[k].width == 1) == (broadcast || !whole)
-                        && (!broadcast || whole)
-                }
-                RowRead::Scratch => scratch && whole && target != RowTarget::Scratch,
-            };
-            if !fits {
-                return bad("a phase reads a value it cannot read there");
-            }
-        }
-        scratch = false;
-        match target {
-            RowTarget::Scratch if whole_target => scratch = true,
-            RowTarget::Output(k) if outs.get(k).is_some_and(|o| (o.width == 1) != whole_target) => {
-                written[k] = true
-            }
-            _ => return bad("a phase writes where it cannot"),
+            _ => {}
         }
     }
     Ok(true)
