@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|int8|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|nodes|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|int8|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|w3rows|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|nodes|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -131,6 +131,21 @@ case $W in
     for p in bf16 f32; do
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
       run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
+    done ;;
+  w3rows)
+    # Issue 64, items 2 and 5: the row-pass kernel against its kernels run apart and the
+    # CPU (row_pass_test: `cargo test -p kiln-cubecl --features cuda --test row_pass`),
+    # the zoo's plans on CUDA against op by op, the grouped AdamW and SGD bit for bit
+    # against one-by-one (fused_models_test), CUDA's fused-kernel tests where carried,
+    # then W3's planned and replayed steps and PyTorch's eager and compiled steps beside.
+    models_data
+    [ -x $B/row_pass_test ] && run 200 $B/row_pass_test --test-threads 1 cuda::
+    [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1 cuda::
+    [ -x $B/fused_models_test ] && run 400 $B/fused_models_test --test-threads 1 cuda
+    run 300 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-bf16,w3 --reps 30
+    for p in bf16 f32; do
+      run 100 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
+      run 200 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
     done ;;
   w3groups)
     # Issue 30's multi-tensor kernel on CUDA: groups of random expressions against the

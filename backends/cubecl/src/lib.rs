@@ -501,6 +501,15 @@ impl<R: KilnRuntime> Backend for CubeBackend<R> {
         ops::fused::fused_elementwise(device, expr, inputs, dims, outputs)
     }
 
+    fn fused_rows(
+        device: &CubeDevice<R>,
+        pass: &kiln_tensor::rows::RowPass,
+        inputs: &[View<'_, Self>],
+        outputs: &mut [&mut CubeStorage<R>],
+    ) -> Result<bool> {
+        ops::rows::fused_rows(device, pass, inputs, outputs)
+    }
+
     fn groups_fused_elementwise(_: &CubeDevice<R>) -> bool {
         R::GROUPS_FUSED_ELEMENTWISE
     }

@@ -123,7 +123,7 @@ impl FusedConfig {
 /// constants; `operand` is the step's value when it reads an input or an output (the
 /// caller loads it, each variant its own way).
 #[cube]
-fn eval_step(
+pub(crate) fn eval_step(
     regs: &Sequence<f32>,
     consts: &Sequence<f32>,
     operand: f32,

@@ -14,4 +14,5 @@ pub mod int8;
 pub mod matmul;
 pub mod random;
 pub mod reduce;
+pub mod rows;
 pub mod window;

@@ -161,7 +161,7 @@ fn float_better<A: Float>(v: A, best: A, #[comptime] wants_max: bool) -> bool {
 /// `i` over `inputs` ([`prologue_value()`]; `pmeta` their strided metadata, `consts` its
 /// constants), so that a plan's reduction of a fused group's result stores nothing
 /// between the two.
-#[allow(clippy::collapsible_if, clippy::too_many_arguments, unused_assignments)]
+#[allow(clippy::too_many_arguments, unused_assignments)]
 #[cube(launch_unchecked)]
 pub fn reduce_float<F: Float, A: Float>(
     x: &Array<F>,
@@ -180,9 +180,7 @@ pub fn reduce_float<F: Float, A: Float>(
     #[comptime] prologue: Option<FusedConfig>,
 ) {
     let w = work(meta, kr, rr, block, lanes, items_inner);
-    let mut acc = A::new(0.0);
-    let mut comp = A::new(0.0);
-    let mut any = false;
+    let mut fold = fold_start::<A>();
     let mut r = w.first + w.lane;
     while r < w.end {
         let at = w.base + reduced_offset(meta, r, kr, rr);
@@ -193,38 +191,88 @@ pub fn reduce_float<F: Float, A: Float>(
         } else {
             v = A::cast_from(x[at as usize]);
         }
-        if comptime!(op == SUM) {
-            // Neumaier's compensated sum (the reference's), skipping the correction
-            // once the sum is infinite or NaN.
-            let t = acc + v;
-            if !is_special::<A>(t) {
-                if acc.abs() >= v.abs() {
-                    comp += (acc - t) + v;
-                } else {
-                    comp += (v - t) + acc;
-                }
-            }
-            acc = t;
-        } else if !any || float_better::<A>(v, acc, comptime!(op == MAX)) {
-            acc = v;
-        }
-        any = true;
+        fold_value::<A>(&mut fold, v, op);
         r += lanes;
-    }
-    if comptime!(op == SUM) {
-        if !is_special::<A>(acc) {
-            acc += comp;
-        }
     }
     let mut shared = SharedMemory::<A>::new(block as usize);
     let mut has = SharedMemory::<u32>::new(block as usize);
-    let at = w.at as usize;
+    combine_lanes::<A>(&mut shared, &mut has, fold, w.at, w.lane, lanes, op);
+    if w.lane == 0 && w.real {
+        out[w.item as usize] = F::cast_from(shared[w.at as usize]);
+    }
+}
+
+/// A unit's running fold of an item's values: the sum (or the best value so far), the
+/// sum's compensation, and whether any value was folded.
+#[derive(CubeType)]
+pub struct Fold<A: Float> {
+    acc: A,
+    comp: A,
+    any: bool,
+}
+
+/// A fold of no values.
+#[cube]
+pub fn fold_start<A: Float>() -> Fold<A> {
+    Fold::<A> {
+        acc: A::new(0.0),
+        comp: A::new(0.0),
+        any: false,
+    }
+}
+
+/// Folds `v` into `fold`: Neumaier's compensated sum (the reference's), which skips
+/// the correction once the sum is infinite or NaN; or the max or min that lets NaN
+/// win. Every float reduction folds through here (the reductions and the row passes),
+/// so that the two give the same bits.
+#[cube]
+pub fn fold_value<A: Float>(fold: &mut Fold<A>, v: A, #[comptime] op: u32) {
+    if comptime!(op == SUM) {
+        let acc = fold.acc;
+        let t = acc + v;
+        if !is_special::<A>(t) {
+            if acc.abs() >= v.abs() {
+                fold.comp += (acc - t) + v;
+            } else {
+                fold.comp += (v - t) + acc;
+            }
+        }
+        fold.acc = t;
+    } else if !fold.any || float_better::<A>(v, fold.acc, comptime!(op == MAX)) {
+        fold.acc = v;
+    }
+    fold.any = true;
+}
+
+/// Combines the folds of each item's `lanes` units (this unit's `fold`, at slot `at`
+/// of `shared`, lane `lane`) into the item's first slot, `shared[at - lane]`, halving
+/// the active lanes each round; `has` marks partials that folded any value. Ends on a
+/// barrier, so every unit of the cube may then read its item's result; every unit of
+/// the cube must call it (WGSL wants barriers in uniform control flow).
+#[allow(clippy::collapsible_if)]
+#[cube]
+pub fn combine_lanes<A: Float>(
+    shared: &mut SharedMemory<A>,
+    has: &mut SharedMemory<u32>,
+    fold: Fold<A>,
+    at: u32,
+    lane: u32,
+    #[comptime] lanes: u32,
+    #[comptime] op: u32,
+) {
+    let mut acc = fold.acc;
+    if comptime!(op == SUM) {
+        if !is_special::<A>(acc) {
+            acc += fold.comp;
+        }
+    }
+    let at = at as usize;
     shared[at] = acc;
-    has[at] = u32::cast_from(any);
+    has[at] = u32::cast_from(fold.any);
     sync_cube();
     let mut s = comptime!(lanes / 2).runtime();
     while s > 0 {
-        if w.lane < s {
+        if lane < s {
             let a = shared[at];
             let b = shared[at + s as usize];
             if comptime!(op == SUM) {
@@ -239,9 +287,6 @@ pub fn reduce_float<F: Float, A: Float>(
         }
         sync_cube();
         s /= 2;
-    }
-    if w.lane == 0 && w.real {
-        out[w.item as usize] = F::cast_from(shared[at]);
     }
 }
 

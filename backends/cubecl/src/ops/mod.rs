@@ -9,6 +9,7 @@ pub mod index;
 pub mod int8;
 pub mod matmul;
 pub mod reduce;
+pub mod rows;
 pub mod window;
 
 use crate::device::{CubeDevice, DeviceState, KilnRuntime};

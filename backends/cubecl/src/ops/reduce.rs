@@ -175,7 +175,23 @@ fn reduce_source<R: KilnRuntime>(
 }
 
 /// Units per cube of every reduction.
-const BLOCK: u32 = 256;
+pub(crate) const BLOCK: u32 = 256;
+
+/// The units per row of [`reduce`] over `rows` contiguous rows of `width` elements, or
+/// `None` where it would cut the rows into chunks: the split a row pass must keep to
+/// give a reduction's bits.
+pub(crate) fn row_lanes(rows: usize, width: usize) -> Option<u32> {
+    let rows_of = Geometry {
+        n_out: rows,
+        kept_dims: vec![rows],
+        reduced_dims: vec![width],
+        offset: 0,
+        kept_strides: vec![width],
+        reduced_strides: vec![1],
+    };
+    let pass = Pass::plan(&rows_of, width, true);
+    (pass.chunks == 1 && !pass.items_inner).then_some(pass.lanes)
+}
 /// Cubes a reduction should give the device before its sums are cut into chunks.
 const FILL_CUBES: usize = 256;
 /// The fewest elements each lane of a chunk folds.

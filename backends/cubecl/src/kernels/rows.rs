@@ -1,0 +1,395 @@
+//! The row-pass kernel ([`kiln_tensor::rows`]): a chain of a plan's kernels over the
+//! same rows (a layer norm's statistics and normalisation, its gradient's row sums and
+//! input gradient, a softmax) as one launch, so that each row is read from memory
+//! once and its statistics never leave the cube.
+//!
+//! The work is spread as the reduction kernel spreads a row reduction: a cube of
+//! `block` units takes `block / lanes` rows, `lanes` units per row, and lane `l` of a
+//! row owns its elements `l, l + lanes, …`. Every phase keeps that split, so a unit
+//! reads back only the elements of a whole-row output that it wrote itself; values
+//! of one per row (a reduction's result, its epilogue) go through shared memory
+//! behind a barrier. A reduction folds and combines its lanes through the reduction
+//! kernel's own functions ([`super::reduce`]), and a map evaluates the fused kernel's
+//! steps ([`super::fused`]), so a pass gives the bits of its kernels run apart. The
+//! scratch block of whole rows is never stored: the phase that reads it computes the
+//! producing expression where it needs a value.
+//!
+//! Rows past the last (in the last cube) compute a clamped copy of the last row and
+//! write nothing, so that every barrier stays in uniform control flow.
+
+use super::common::cube_index;
+use super::fused::{eval_step, FusedConfig, Step};
+use super::reduce::{combine_lanes, fold_start, fold_value};
+use cubecl::prelude::*;
+
+/// Where a phase reads one operand.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Read {
+    /// Input `k` of the pass at this element (one value per row: elements share it).
+    Input(u32),
+    /// Whole-row output `k` at this element, written earlier by this same unit.
+    Output(u32),
+    /// Output `k` of one value per row, from the cube's shared copy.
+    RowValue(u32),
+    /// The scratch value at this element: the phase's `scratch` expression.
+    Scratch,
+}
+
+/// One fused expression of a pass and where its operands come from.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct MapConfig {
+    /// The expression (one result; its constants numbered within the launch's).
+    pub expr: FusedConfig,
+    /// For each of its inputs, where it is read.
+    pub reads: Vec<Read>,
+}
+
+/// One phase of the pass as the kernel runs it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub enum Phase {
+    /// `map` over whole rows into output `out` (whole rows).
+    Map {
+        /// The expression.
+        map: MapConfig,
+        /// Its output.
+        out: u32,
+        /// The producer of the scratch values it reads, if it reads them.
+        scratch: Option<MapConfig>,
+    },
+    /// `map` once per row into output `out` (one value per row); `written`: whether
+    /// an earlier phase wrote `out` (its current value is then the shared copy).
+    RowMap {
+        /// The expression.
+        map: MapConfig,
+        /// Its output.
+        out: u32,
+        /// Whether an earlier phase wrote the output.
+        written: bool,
+    },
+    /// Each row of `input` folded by the reduction `op` into output `out`.
+    Reduce {
+        /// The reduction's code (`kernels::reduce::SUM`, `MAX` or `MIN`).
+        op: u32,
+        /// What it reduces.
+        input: Read,
+        /// Its output (one value per row).
+        out: u32,
+        /// The producer of the scratch values it reads, if it reads them.
+        scratch: Option<MapConfig>,
+    },
+}
+
+impl Phase {
+    fn is_map(&self) -> bool {
+        matches!(self, Phase::Map { .. })
+    }
+
+    fn is_row_map(&self) -> bool {
+        matches!(self, Phase::RowMap { .. })
+    }
+
+    fn map(&self) -> MapConfig {
+        match self {
+            Phase::Map { map, .. } | Phase::RowMap { map, .. } => map.clone(),
+            Phase::Reduce { .. } => unreachable!("a reduction has no expression"),
+        }
+    }
+
+    fn out(&self) -> u32 {
+        match self {
+            Phase::Map { out, .. } | Phase::RowMap { out, .. } | Phase::Reduce { out, .. } => *out,
+        }
+    }
+
+    fn scratch(&self) -> Option<MapConfig> {
+        match self {
+            Phase::Map { scratch, .. } | Phase::Reduce { scratch, .. } => scratch.clone(),
+            Phase::RowMap { .. } => None,
+        }
+    }
+
+    fn written(&self) -> bool {
+        matches!(self, Phase::RowMap { written: true, .. })
+    }
+
+    fn reduce_op(&self) -> u32 {
+        match self {
+            Phase::Reduce { op, .. } => *op,
+            _ => unreachable!("only a reduction has an op"),
+        }
+    }
+
+    fn reduce_input(&self) -> Read {
+        match self {
+            Phase::Reduce { input, .. } => *input,
+            _ => unreachable!("only a reduction reduces an input"),
+        }
+    }
+}
+
+/// A pass as the kernel's comptime configuration.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct RowsConfig {
+    /// The phases, in order.
+    pub phases: Vec<Phase>,
+    /// How many outputs the pass writes (the shared copies are per row and output).
+    pub outputs: u32,
+    /// Units per cube.
+    pub block: u32,
+    /// Units per row (a power of two: the reduction kernel's for rows of this width).
+    pub lanes: u32,
+}
+
+/// Whether `map`'s expression reads its target's current value.
+fn reads_target(map: &MapConfig) -> bool {
+    map.expr.steps.iter().any(|s| matches!(s, Step::Output(_)))
+}
+
+/// Operand `read` at element `r` of row `row` (shared slot `slot`), where it is
+/// stored: metadata per input `[offset, row stride, element stride]` from word 0.
+#[allow(unused_assignments, clippy::too_many_arguments)]
+#[cube]
+fn load_stored(
+    inputs: &Sequence<Array<f32>>,
+    outputs: &Sequence<Array<f32>>,
+    meta: &Sequence<u32>,
+    values: &SharedMemory<f32>,
+    row: u32,
+    slot: u32,
+    r: u32,
+    width: u32,
+    zero: f32,
+    #[comptime] read: Read,
+    #[comptime] outs: u32,
+) -> f32 {
+    let mut v = zero;
+    match read {
+        Read::Input(k) => {
+            let offset = *meta.index(comptime!(3 * k as usize));
+            let row_stride = *meta.index(comptime!(3 * k as usize + 1));
+            let elem_stride = *meta.index(comptime!(3 * k as usize + 2));
+            v = inputs.index(comptime!(k as usize))
+                [(offset + row * row_stride + r * elem_stride) as usize];
+        }
+        Read::Output(k) => {
+            v = outputs.index(comptime!(k as usize))[(row * width + r) as usize];
+        }
+        Read::RowValue(k) => {
+            v = values[(slot * outs + k) as usize];
+        }
+        Read::Scratch => {}
+    }
+    v
+}
+
+/// `map`'s value at element `r` of row `row`; `current` is its target's current value,
+/// `scratch` the producer of the scratch values it reads.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn eval_map(
+    inputs: &Sequence<Array<f32>>,
+    outputs: &Sequence<Array<f32>>,
+    meta: &Sequence<u32>,
+    values: &SharedMemory<f32>,
+    consts: &Sequence<f32>,
+    row: u32,
+    slot: u32,
+    r: u32,
+    width: u32,
+    zero: f32,
+    current: f32,
+    #[comptime] map: MapConfig,
+    #[comptime] scratch: Option<MapConfig>,
+    #[comptime] outs: u32,
+) -> f32 {
+    let mut regs = Sequence::<f32>::new();
+    #[unroll]
+    for i in 0..map.expr.steps.len() {
+        let step = comptime!(map.expr.steps[i]);
+        let mut operand = zero;
+        match step {
+            Step::Input(k) => {
+                let read = comptime!(map.reads[k as usize]);
+                operand = load(
+                    inputs,
+                    outputs,
+                    meta,
+                    values,
+                    consts,
+                    row,
+                    slot,
+                    r,
+                    width,
+                    zero,
+                    read,
+                    comptime!(scratch.clone()),
+                    outs,
+                );
+            }
+            Step::Output(_) => {
+                operand = current;
+            }
+            _ => {}
+        }
+        let v = eval_step(&regs, consts, operand, step);
+        regs.push(v);
+    }
+    *regs.index(comptime!(map.expr.results[0] as usize))
+}
+
+/// Operand `read` at element `r` of row `row`, computing a scratch value with
+/// `scratch` (which reads no scratch itself).
+#[allow(unused_assignments, clippy::too_many_arguments)]
+#[cube]
+fn load(
+    inputs: &Sequence<Array<f32>>,
+    outputs: &Sequence<Array<f32>>,
+    meta: &Sequence<u32>,
+    values: &SharedMemory<f32>,
+    consts: &Sequence<f32>,
+    row: u32,
+    slot: u32,
+    r: u32,
+    width: u32,
+    zero: f32,
+    #[comptime] read: Read,
+    #[comptime] scratch: Option<MapConfig>,
+    #[comptime] outs: u32,
+) -> f32 {
+    let mut v = zero;
+    if comptime!(read == Read::Scratch) {
+        let producer = comptime!(scratch.clone().expect("a producer for scratch reads"));
+        v = eval_map(
+            inputs, outputs, meta, values, consts, row, slot, r, width, zero, zero, producer, None,
+            outs,
+        );
+    } else {
+        v = load_stored(
+            inputs, outputs, meta, values, row, slot, r, width, zero, read, outs,
+        );
+    }
+    v
+}
+
+/// The row pass over `rows` rows of `width` elements: `inputs` in the pass's order
+/// (metadata in `meta`, three words each), `outputs` contiguous (whole rows, or one
+/// value per row), `consts` every phase's constants, `zero` a run-time 0.0.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch_unchecked)]
+pub fn row_pass(
+    inputs: &Sequence<Array<f32>>,
+    outputs: &mut Sequence<Array<f32>>,
+    meta: &Sequence<u32>,
+    consts: &Sequence<f32>,
+    rows: u32,
+    width: u32,
+    zero: f32,
+    #[comptime] config: RowsConfig,
+) {
+    let lanes = comptime!(config.lanes);
+    let block = comptime!(config.block);
+    let outs = comptime!(config.outputs);
+    let slot = UNIT_POS_X / lanes;
+    let lane = UNIT_POS_X % lanes;
+    let wanted = cube_index() * comptime!(block / lanes) + slot;
+    let real = wanted < rows;
+    let row = select(real, wanted, rows - 1);
+    let mut values = SharedMemory::<f32>::new(comptime!((block / lanes * outs.max(1)) as usize));
+    let mut shared = SharedMemory::<f32>::new(block as usize);
+    let mut has = SharedMemory::<u32>::new(block as usize);
+    #[unroll]
+    for p in 0..config.phases.len() {
+        let phase = comptime!(config.phases[p].clone());
+        let out = comptime!(phase.out());
+        if comptime!(phase.is_map()) {
+            let map = comptime!(phase.map());
+            let scratch = comptime!(phase.scratch());
+            let mut r = lane;
+            while r < width {
+                let mut current = zero;
+                if comptime!(reads_target(&map)) {
+                    current = outputs.index(comptime!(out as usize))[(row * width + r) as usize];
+                }
+                let v = eval_map(
+                    inputs,
+                    outputs,
+                    meta,
+                    &values,
+                    consts,
+                    row,
+                    slot,
+                    r,
+                    width,
+                    zero,
+                    current,
+                    comptime!(map.clone()),
+                    comptime!(scratch.clone()),
+                    outs,
+                );
+                if real {
+                    let o = outputs.index_mut(comptime!(out as usize));
+                    o[(row * width + r) as usize] = v;
+                }
+                r += lanes;
+            }
+        } else if comptime!(phase.is_row_map()) {
+            let map = comptime!(phase.map());
+            if lane == 0 {
+                let mut current = zero;
+                if comptime!(reads_target(&map)) {
+                    if comptime!(phase.written()) {
+                        current = values[(slot * outs + out) as usize];
+                    } else {
+                        current = outputs.index(comptime!(out as usize))[row as usize];
+                    }
+                }
+                let v = eval_map(
+                    inputs, outputs, meta, &values, consts, row, slot, 0u32, width, zero, current,
+                    map, None, outs,
+                );
+                values[(slot * outs + out) as usize] = v;
+                if real {
+                    let o = outputs.index_mut(comptime!(out as usize));
+                    o[row as usize] = v;
+                }
+            }
+            sync_cube();
+        } else {
+            let op = comptime!(phase.reduce_op());
+            let input = comptime!(phase.reduce_input());
+            let scratch = comptime!(phase.scratch());
+            let mut fold = fold_start::<f32>();
+            let mut r = lane;
+            while r < width {
+                let v = load(
+                    inputs,
+                    outputs,
+                    meta,
+                    &values,
+                    consts,
+                    row,
+                    slot,
+                    r,
+                    width,
+                    zero,
+                    input,
+                    comptime!(scratch.clone()),
+                    outs,
+                );
+                fold_value::<f32>(&mut fold, v, op);
+                r += lanes;
+            }
+            combine_lanes::<f32>(&mut shared, &mut has, fold, UNIT_POS_X, lane, lanes, op);
+            if lane == 0 {
+                let v = shared[UNIT_POS_X as usize];
+                values[(slot * outs + out) as usize] = v;
+                if real {
+                    let o = outputs.index_mut(comptime!(out as usize));
+                    o[row as usize] = v;
+                }
+            }
+            // The shared partials are free again, and the row value is visible.
+            sync_cube();
+        }
+    }
+}
