@@ -20,7 +20,7 @@ use kiln_tensor::{
 
 /// The checks below for one backend, as tests named after it.
 macro_rules! row_pass_tests {
-    ($module:ident, $B:ty, $device:expr) => {
+    ($module:ident, $B:ty, $device:expr, $half:expr) => {
         mod $module {
             use super::*;
             #[test]
@@ -31,6 +31,10 @@ macro_rules! row_pass_tests {
             fn malformed_passes_are_the_cpus_errors() -> Result<()> {
                 super::malformed_passes_are_the_cpus_errors::<$B>(&$device)
             }
+            #[test]
+            fn half_edges_round_as_their_kernels_apart() -> Result<()> {
+                super::half_edges_round_as_their_kernels_apart::<$B>(&$device, $half)
+            }
         }
     };
 }
@@ -40,14 +44,17 @@ row_pass_tests!(
     wgpu,
     kiln_cubecl::Wgpu,
     kiln_cubecl::WgpuDevice::first()
-        .unwrap_or_else(|e| panic!("no wgpu device for the row-pass tests: {e}"))
+        .unwrap_or_else(|e| panic!("no wgpu device for the row-pass tests: {e}")),
+    // WGSL has no bf16; lavapipe has f16 from Mesa 23 on (scripts/test.sh installs it).
+    DType::F16
 );
 #[cfg(feature = "cuda")]
 row_pass_tests!(
     cuda,
     kiln_cubecl::Cuda,
     kiln_cubecl::CudaDevice::first()
-        .unwrap_or_else(|e| panic!("no CUDA device for the row-pass tests: {e}"))
+        .unwrap_or_else(|e| panic!("no CUDA device for the row-pass tests: {e}")),
+    DType::BF16
 );
 
 fn map(steps: Vec<ExprStep>, inputs: Vec<RowRead>, target: RowTarget, per_row: bool) -> RowPhase {
@@ -249,6 +256,7 @@ struct Input {
     buffer: Vec<f32>,
     pass: Layout,
     flat: Layout,
+    dtype: DType,
 }
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -317,6 +325,7 @@ fn x_input(kind: Rows, rows: usize, width: usize, seed: u64) -> Input {
         buffer: values(buffer_len, seed),
         pass,
         flat,
+        dtype: DType::F32,
     }
 }
 
@@ -330,6 +339,7 @@ fn plain_input(kind: Rows, rows: usize, w: usize, seed: u64) -> Input {
         buffer: values(rows * w, seed),
         pass,
         flat: layout(&[rows, w], &[w, 1], 0),
+        dtype: DType::F32,
     }
 }
 
@@ -344,6 +354,7 @@ fn across_rows(kind: Rows, rows: usize, width: usize, one: &Input) -> Input {
         buffer: one.buffer.clone(),
         pass: layout(&dims, &strides, 0),
         flat: layout(&[rows, width], &[1, 0], 0),
+        dtype: DType::F32,
     }
 }
 
@@ -358,6 +369,7 @@ fn broadcast_input(kind: Rows, rows: usize, width: usize, seed: u64) -> Input {
         buffer: values(width, seed),
         pass: layout(&dims, &strides, 0),
         flat: layout(&[rows, width], &[0, 1], 0),
+        dtype: DType::F32,
     }
 }
 
@@ -367,6 +379,8 @@ fn run_pass<B: Backend>(
     dev: &B::Device,
     pass: &RowPass,
     inputs: &[Input],
+    halves: &[usize],
+    half: DType,
 ) -> Result<Option<Vec<Vec<f32>>>> {
     let buffers = upload::<B>(dev, inputs)?;
     let views: Vec<View<'_, B>> = (buffers.iter().zip(inputs))
@@ -375,7 +389,7 @@ fn run_pass<B: Backend>(
             layout: i.pass,
         })
         .collect();
-    let mut outs = outputs::<B>(dev, pass)?;
+    let mut outs = outputs::<B>(dev, pass, halves, half)?;
     let mut refs: Vec<&mut B::Storage> = outs
         .iter_mut()
         .map(|t| t.storage_mut().expect("a fresh tensor owns its buffer"))
@@ -383,25 +397,52 @@ fn run_pass<B: Backend>(
     if !B::fused_rows(dev, pass, &views, &mut refs)? {
         return Ok(None);
     }
-    outs.iter()
-        .map(|t| t.to_vec::<f32>())
-        .collect::<Result<_>>()
-        .map(Some)
+    outs.iter().map(values_of).collect::<Result<_>>().map(Some)
 }
 
 fn upload<B: Backend>(dev: &B::Device, inputs: &[Input]) -> Result<Vec<RawTensor<B>>> {
     (inputs.iter())
-        .map(|i| RawTensor::<B>::from_vec(i.buffer.clone(), &[i.buffer.len()], dev))
+        .map(|i| {
+            let (v, n) = (&i.buffer, &[i.buffer.len()]);
+            match i.dtype {
+                DType::BF16 => RawTensor::<B>::from_vec(
+                    v.iter().map(|&x| half::bf16::from_f32(x)).collect(),
+                    n,
+                    dev,
+                ),
+                DType::F16 => RawTensor::<B>::from_vec(
+                    v.iter().map(|&x| half::f16::from_f32(x)).collect(),
+                    n,
+                    dev,
+                ),
+                _ => RawTensor::<B>::from_vec(v.clone(), n, dev),
+            }
+        })
         .collect()
 }
 
-fn outputs<B: Backend>(dev: &B::Device, pass: &RowPass) -> Result<Vec<RawTensor<B>>> {
-    (pass.whole_rows.iter())
-        .map(|&whole| {
+/// The pass's outputs, zeroed: f32, or `half` for those `halves` names.
+fn outputs<B: Backend>(
+    dev: &B::Device,
+    pass: &RowPass,
+    halves: &[usize],
+    half: DType,
+) -> Result<Vec<RawTensor<B>>> {
+    (pass.whole_rows.iter().enumerate())
+        .map(|(k, &whole)| {
             let n = pass.rows * if whole { pass.width } else { 1 };
-            RawTensor::<B>::zeros(&[n], DType::F32, dev)
+            let dtype = if halves.contains(&k) {
+                half
+            } else {
+                DType::F32
+            };
+            RawTensor::<B>::zeros(&[n], dtype, dev)
         })
         .collect()
+}
+
+fn values_of<B: Backend>(t: &RawTensor<B>) -> Result<Vec<f32>> {
+    Ok(t.to_f64_vec()?.into_iter().map(|v| v as f32).collect())
 }
 
 /// Runs `pass`'s phases on backend `B` one kernel at a time, as a plan runs them when
@@ -411,11 +452,15 @@ fn run_apart<B: Backend>(
     dev: &B::Device,
     pass: &RowPass,
     inputs: &[Input],
+    halves: &[usize],
+    half: DType,
 ) -> Result<Vec<Vec<f32>>> {
     let (rows, width) = (pass.rows, pass.width);
     let buffers = upload::<B>(dev, inputs)?;
-    let mut outs: Vec<Option<RawTensor<B>>> =
-        outputs::<B>(dev, pass)?.into_iter().map(Some).collect();
+    let mut outs: Vec<Option<RawTensor<B>>> = outputs::<B>(dev, pass, halves, half)?
+        .into_iter()
+        .map(Some)
+        .collect();
     let mut scratch = Some(RawTensor::<B>::zeros(&[rows * width], DType::F32, dev)?);
     let whole = layout(&[rows, width], &[width, 1], 0);
     for phase in &pass.phases {
@@ -495,7 +540,7 @@ fn run_apart<B: Backend>(
         }
     }
     outs.into_iter()
-        .map(|t| t.expect("every output written").to_vec::<f32>())
+        .map(|t| values_of(&t.expect("every output written")))
         .collect()
 }
 
@@ -556,9 +601,9 @@ fn passes_give_the_bits_of_their_kernels_run_apart<G: Backend>(dev: &G::Device) 
                 let expected = width < 16384
                     && !(kind == Rows::SwappedLeads && rows > 2)
                     && !(kind == Rows::Transposed && reduces_x && rows > 1);
-                let cpu =
-                    run_pass::<Cpu>(&CpuDevice, &pass, &inputs)?.expect("the CPU runs passes");
-                let Some(gpu) = run_pass::<G>(dev, &pass, &inputs)? else {
+                let cpu = run_pass::<Cpu>(&CpuDevice, &pass, &inputs, &[], DType::F32)?
+                    .expect("the CPU runs passes");
+                let Some(gpu) = run_pass::<G>(dev, &pass, &inputs, &[], DType::F32)? else {
                     assert!(!expected, "{what}: left to its kernels");
                     continue;
                 };
@@ -567,7 +612,7 @@ fn passes_give_the_bits_of_their_kernels_run_apart<G: Backend>(dev: &G::Device) 
                     "{what}: ran as one launch where its kernels run apart"
                 );
                 ran += 1;
-                let apart = run_apart::<G>(dev, &pass, &inputs)?;
+                let apart = run_apart::<G>(dev, &pass, &inputs, &[], DType::F32)?;
                 for (k, ((g, a), c)) in gpu.iter().zip(&apart).zip(&cpu).enumerate() {
                     for (i, ((&g, &a), &c)) in g.iter().zip(a).zip(c).enumerate() {
                         assert!(
@@ -605,13 +650,65 @@ fn malformed_passes_are_the_cpus_errors<G: Backend>(dev: &G::Device) -> Result<(
         ("reduction into rows", into_rows),
         ("wrong width", narrow),
     ] {
-        let cpu = run_pass::<Cpu>(&CpuDevice, &pass, &inputs())
+        let cpu = run_pass::<Cpu>(&CpuDevice, &pass, &inputs(), &[], DType::F32)
             .expect_err(name)
             .to_string();
-        let gpu = run_pass::<G>(dev, &pass, &inputs())
+        let gpu = run_pass::<G>(dev, &pass, &inputs(), &[], DType::F32)
             .expect_err(name)
             .to_string();
         assert_eq!(gpu, cpu, "{name}");
+    }
+    Ok(())
+}
+
+/// A layer norm as a plan under mixed precision writes it: `x` in `half`, widened by
+/// the scratch expressions its sums read, and the result rounded to `half`; inputs `x`
+/// and `w` (f32), outputs the means, the sums of squared deviations and the result.
+fn half_layer_norm(rows: usize, width: usize) -> RowPass {
+    use ExprStep::*;
+    let mut pass = layer_norm(rows, width);
+    pass.phases.insert(
+        0,
+        map(
+            vec![Input(0)],
+            vec![RowRead::Input(0)],
+            RowTarget::Scratch,
+            false,
+        ),
+    );
+    pass.phases[1] = RowPhase::Reduce {
+        op: ReduceOp::Sum,
+        input: RowRead::Scratch,
+        out: 0,
+    };
+    pass
+}
+
+/// Half inputs are widened where they are read and half outputs rounded once where
+/// they are stored, as the mixed-precision kernels run apart do, bit for bit; the
+/// CPU's pass within the half float's rounding.
+fn half_edges_round_as_their_kernels_apart<G: Backend>(dev: &G::Device, half: DType) -> Result<()> {
+    for (rows, width) in [(5, 3), (64, 100), (34, 512), (4, 1000)] {
+        let mut x = x_input(Rows::Contiguous, rows, width, 7);
+        x.dtype = half;
+        let inputs = vec![x, broadcast_input(Rows::Contiguous, rows, width, 8)];
+        let pass = half_layer_norm(rows, width);
+        let what = format!("{half:?} layer norm over {rows} rows of {width}");
+        let gpu = run_pass::<G>(dev, &pass, &inputs, &[2], half)?
+            .unwrap_or_else(|| panic!("{what}: left to its kernels"));
+        let apart = run_apart::<G>(dev, &pass, &inputs, &[2], half)?;
+        let cpu =
+            run_pass::<Cpu>(&CpuDevice, &pass, &inputs, &[2], half)?.expect("the CPU runs passes");
+        for (k, ((g, a), c)) in gpu.iter().zip(&apart).zip(&cpu).enumerate() {
+            for (i, ((&g, &a), &c)) in g.iter().zip(a).zip(c).enumerate() {
+                assert!(
+                    same_bits(g, a),
+                    "{what}: output {k}[{i}] {g:e} as a pass, {a:e} apart"
+                );
+                let near = (g - c).abs() <= 1e-2 * (1.0 + c.abs());
+                assert!(near, "{what}: output {k}[{i}] {g:e}, the CPU {c:e}");
+            }
+        }
     }
     Ok(())
 }

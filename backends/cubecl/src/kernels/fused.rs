@@ -673,7 +673,7 @@ fn reads_output(steps: &[Step], o: usize) -> bool {
 }
 
 /// Operand `k`'s index among the operands of its dtype (`kinds[k]`: bf16 or f32).
-fn slot(kinds: &[bool], k: usize) -> usize {
+pub(crate) fn slot(kinds: &[bool], k: usize) -> usize {
     kinds[..k].iter().filter(|&&b| b == kinds[k]).count()
 }
 

@@ -14,11 +14,16 @@
 //! scratch block of whole rows is never stored: the phase that reads it computes the
 //! producing expression where it needs a value.
 //!
+//! Operands are f32 or one half float `Half` (bf16 or f16, where mixed precision casts at
+//! the pass's edges): a half input is widened as it is read and a half output rounded
+//! once as it is stored, and a later phase reads the rounded value back, as the
+//! mixed-precision kernels run apart do.
+//!
 //! Rows past the last (in the last cube) compute a clamped copy of the last row and
 //! write nothing, so that every barrier stays in uniform control flow.
 
 use super::common::cube_index;
-use super::fused::{eval_step, FusedConfig, Step};
+use super::fused::{eval_step, slot, FusedConfig, HalfEdges, Step};
 use super::reduce::{combine_lanes, fold_start, fold_value};
 use cubecl::prelude::*;
 
@@ -132,8 +137,9 @@ impl Phase {
 pub struct RowsConfig {
     /// The phases, in order.
     pub phases: Vec<Phase>,
-    /// How many outputs the pass writes (the shared copies are per row and output).
-    pub outputs: u32,
+    /// Which inputs and outputs are half floats (each bound in the sequence of its
+    /// type, in order).
+    pub edges: HalfEdges,
     /// Units per cube.
     pub block: u32,
     /// Units per row (a power of two: the reduction kernel's for rows of this width).
@@ -145,13 +151,64 @@ fn reads_target(map: &MapConfig) -> bool {
     map.expr.steps.iter().any(|s| matches!(s, Step::Output(_)))
 }
 
+/// Element `at` of output `k`, widened to f32 where it is a half float.
+#[allow(unused_assignments)]
+#[cube]
+fn load_output<Half: Float>(
+    outputs: &Sequence<Array<f32>>,
+    half_outputs: &Sequence<Array<Half>>,
+    at: u32,
+    #[comptime] k: u32,
+    #[comptime] edges: HalfEdges,
+) -> f32 {
+    let bound = comptime!(slot(&edges.outputs, k as usize));
+    let mut v = f32::new(0.0);
+    if comptime!(edges.outputs[k as usize]) {
+        v = f32::cast_from(half_outputs.index(bound)[at as usize]);
+    } else {
+        v = outputs.index(bound)[at as usize];
+    }
+    v
+}
+
+/// Stores `v` at element `at` of output `k`, rounded once where it is a half float;
+/// returns the value stored, as a later phase reads it back.
+#[allow(unused_assignments)]
+#[cube]
+fn store_output<Half: Float>(
+    outputs: &mut Sequence<Array<f32>>,
+    half_outputs: &mut Sequence<Array<Half>>,
+    at: u32,
+    v: f32,
+    write: bool,
+    #[comptime] k: u32,
+    #[comptime] edges: HalfEdges,
+) -> f32 {
+    let bound = comptime!(slot(&edges.outputs, k as usize));
+    let mut stored = v;
+    if comptime!(edges.outputs[k as usize]) {
+        let h = Half::cast_from(v);
+        stored = f32::cast_from(h);
+        if write {
+            let o = half_outputs.index_mut(bound);
+            o[at as usize] = h;
+        }
+    } else if write {
+        let o = outputs.index_mut(bound);
+        o[at as usize] = v;
+    }
+    stored
+}
+
 /// Operand `read` at element `r` of row `row` (shared slot `slot`), where it is
 /// stored: metadata per input `[offset, row stride, element stride]` from word 0.
 #[allow(unused_assignments, clippy::too_many_arguments)]
 #[cube]
-fn load_stored(
+fn load_stored<Half: Float>(
     inputs: &Sequence<Array<f32>>,
+    halves: &Sequence<Array<Half>>,
     outputs: &Sequence<Array<f32>>,
+    half_outputs: &Sequence<Array<Half>>,
     meta: &Sequence<u32>,
     values: &SharedMemory<f32>,
     row: u32,
@@ -160,19 +217,25 @@ fn load_stored(
     width: u32,
     zero: f32,
     #[comptime] read: Read,
-    #[comptime] outs: u32,
+    #[comptime] edges: HalfEdges,
 ) -> f32 {
+    let outs = comptime!(edges.outputs.len() as u32);
     let mut v = zero;
     match read {
         Read::Input(k) => {
             let offset = *meta.index(comptime!(3 * k as usize));
             let row_stride = *meta.index(comptime!(3 * k as usize + 1));
             let elem_stride = *meta.index(comptime!(3 * k as usize + 2));
-            v = inputs.index(comptime!(k as usize))
-                [(offset + row * row_stride + r * elem_stride) as usize];
+            let at = offset + row * row_stride + r * elem_stride;
+            let bound = comptime!(crate::kernels::fused::slot(&edges.inputs, k as usize));
+            if comptime!(edges.inputs[k as usize]) {
+                v = f32::cast_from(halves.index(bound)[at as usize]);
+            } else {
+                v = inputs.index(bound)[at as usize];
+            }
         }
         Read::Output(k) => {
-            v = outputs.index(comptime!(k as usize))[(row * width + r) as usize];
+            v = load_output::<Half>(outputs, half_outputs, row * width + r, k, edges);
         }
         Read::RowValue(k) => {
             v = values[(slot * outs + k) as usize];
@@ -186,9 +249,11 @@ fn load_stored(
 /// `scratch` the producer of the scratch values it reads.
 #[allow(clippy::too_many_arguments)]
 #[cube]
-fn eval_map(
+fn eval_map<Half: Float>(
     inputs: &Sequence<Array<f32>>,
+    halves: &Sequence<Array<Half>>,
     outputs: &Sequence<Array<f32>>,
+    half_outputs: &Sequence<Array<Half>>,
     meta: &Sequence<u32>,
     values: &SharedMemory<f32>,
     consts: &Sequence<f32>,
@@ -200,7 +265,7 @@ fn eval_map(
     current: f32,
     #[comptime] map: MapConfig,
     #[comptime] scratch: Option<MapConfig>,
-    #[comptime] outs: u32,
+    #[comptime] edges: HalfEdges,
 ) -> f32 {
     let mut regs = Sequence::<f32>::new();
     #[unroll]
@@ -210,9 +275,11 @@ fn eval_map(
         match step {
             Step::Input(k) => {
                 let read = comptime!(map.reads[k as usize]);
-                operand = load(
+                operand = load::<Half>(
                     inputs,
+                    halves,
                     outputs,
+                    half_outputs,
                     meta,
                     values,
                     consts,
@@ -223,7 +290,7 @@ fn eval_map(
                     zero,
                     read,
                     comptime!(scratch.clone()),
-                    outs,
+                    comptime!(edges.clone()),
                 );
             }
             Step::Output(_) => {
@@ -241,9 +308,11 @@ fn eval_map(
 /// `scratch` (which reads no scratch itself).
 #[allow(unused_assignments, clippy::too_many_arguments)]
 #[cube]
-fn load(
+fn load<Half: Float>(
     inputs: &Sequence<Array<f32>>,
+    halves: &Sequence<Array<Half>>,
     outputs: &Sequence<Array<f32>>,
+    half_outputs: &Sequence<Array<Half>>,
     meta: &Sequence<u32>,
     values: &SharedMemory<f32>,
     consts: &Sequence<f32>,
@@ -254,31 +323,60 @@ fn load(
     zero: f32,
     #[comptime] read: Read,
     #[comptime] scratch: Option<MapConfig>,
-    #[comptime] outs: u32,
+    #[comptime] edges: HalfEdges,
 ) -> f32 {
     let mut v = zero;
     if comptime!(read == Read::Scratch) {
         let producer = comptime!(scratch.clone().expect("a producer for scratch reads"));
-        v = eval_map(
-            inputs, outputs, meta, values, consts, row, slot, r, width, zero, zero, producer, None,
-            outs,
+        v = eval_map::<Half>(
+            inputs,
+            halves,
+            outputs,
+            half_outputs,
+            meta,
+            values,
+            consts,
+            row,
+            slot,
+            r,
+            width,
+            zero,
+            zero,
+            producer,
+            None,
+            edges,
         );
     } else {
-        v = load_stored(
-            inputs, outputs, meta, values, row, slot, r, width, zero, read, outs,
+        v = load_stored::<Half>(
+            inputs,
+            halves,
+            outputs,
+            half_outputs,
+            meta,
+            values,
+            row,
+            slot,
+            r,
+            width,
+            zero,
+            read,
+            edges,
         );
     }
     v
 }
 
-/// The row pass over `rows` rows of `width` elements: `inputs` in the pass's order
-/// (metadata in `meta`, three words each), `outputs` contiguous (whole rows, or one
-/// value per row), `consts` every phase's constants, `zero` a run-time 0.0.
+/// The row pass over `rows` rows of `width` elements: `inputs` and `halves` the pass's
+/// f32 and half inputs in its order (metadata in `meta`, three words each),
+/// `outputs` and `half_outputs` its outputs (contiguous: whole rows, or one value per
+/// row), `consts` every phase's constants, `zero` a run-time 0.0.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch_unchecked)]
-pub fn row_pass(
+pub fn row_pass<Half: Float>(
     inputs: &Sequence<Array<f32>>,
+    halves: &Sequence<Array<Half>>,
     outputs: &mut Sequence<Array<f32>>,
+    half_outputs: &mut Sequence<Array<Half>>,
     meta: &Sequence<u32>,
     consts: &Sequence<f32>,
     rows: u32,
@@ -288,7 +386,8 @@ pub fn row_pass(
 ) {
     let lanes = comptime!(config.lanes);
     let block = comptime!(config.block);
-    let outs = comptime!(config.outputs);
+    let edges = comptime!(config.edges.clone());
+    let outs = comptime!(edges.outputs.len() as u32);
     let slot = UNIT_POS_X / lanes;
     let lane = UNIT_POS_X % lanes;
     let wanted = cube_index() * comptime!(block / lanes) + slot;
@@ -306,13 +405,16 @@ pub fn row_pass(
             let scratch = comptime!(phase.scratch());
             let mut r = lane;
             while r < width {
+                let at = row * width + r;
                 let mut current = zero;
                 if comptime!(reads_target(&map)) {
-                    current = outputs.index(comptime!(out as usize))[(row * width + r) as usize];
+                    current = load_output::<Half>(outputs, half_outputs, at, out, edges.clone());
                 }
-                let v = eval_map(
+                let v = eval_map::<Half>(
                     inputs,
+                    halves,
                     outputs,
+                    half_outputs,
                     meta,
                     &values,
                     consts,
@@ -324,12 +426,9 @@ pub fn row_pass(
                     current,
                     comptime!(map.clone()),
                     comptime!(scratch.clone()),
-                    outs,
+                    comptime!(edges.clone()),
                 );
-                if real {
-                    let o = outputs.index_mut(comptime!(out as usize));
-                    o[(row * width + r) as usize] = v;
-                }
+                store_output::<Half>(outputs, half_outputs, at, v, real, out, edges.clone());
                 r += lanes;
             }
         } else if comptime!(phase.is_row_map()) {
@@ -340,18 +439,31 @@ pub fn row_pass(
                     if comptime!(phase.written()) {
                         current = values[(slot * outs + out) as usize];
                     } else {
-                        current = outputs.index(comptime!(out as usize))[row as usize];
+                        current =
+                            load_output::<Half>(outputs, half_outputs, row, out, edges.clone());
                     }
                 }
-                let v = eval_map(
-                    inputs, outputs, meta, &values, consts, row, slot, 0u32, width, zero, current,
-                    map, None, outs,
+                let v = eval_map::<Half>(
+                    inputs,
+                    halves,
+                    outputs,
+                    half_outputs,
+                    meta,
+                    &values,
+                    consts,
+                    row,
+                    slot,
+                    0u32,
+                    width,
+                    zero,
+                    current,
+                    map,
+                    None,
+                    comptime!(edges.clone()),
                 );
-                values[(slot * outs + out) as usize] = v;
-                if real {
-                    let o = outputs.index_mut(comptime!(out as usize));
-                    o[row as usize] = v;
-                }
+                let stored =
+                    store_output::<Half>(outputs, half_outputs, row, v, real, out, edges.clone());
+                values[(slot * outs + out) as usize] = stored;
             }
             sync_cube();
         } else {
@@ -361,9 +473,11 @@ pub fn row_pass(
             let mut fold = fold_start::<f32>();
             let mut r = lane;
             while r < width {
-                let v = load(
+                let v = load::<Half>(
                     inputs,
+                    halves,
                     outputs,
+                    half_outputs,
                     meta,
                     &values,
                     consts,
@@ -374,19 +488,17 @@ pub fn row_pass(
                     zero,
                     input,
                     comptime!(scratch.clone()),
-                    outs,
+                    comptime!(edges.clone()),
                 );
                 fold_value::<f32>(&mut fold, v, op);
                 r += lanes;
             }
             combine_lanes::<f32>(&mut shared, &mut has, fold, UNIT_POS_X, lane, lanes, op);
             if lane == 0 {
+                // Reductions write f32 outputs (the launcher checks).
                 let v = shared[UNIT_POS_X as usize];
                 values[(slot * outs + out) as usize] = v;
-                if real {
-                    let o = outputs.index_mut(comptime!(out as usize));
-                    o[row as usize] = v;
-                }
+                store_output::<Half>(outputs, half_outputs, row, v, real, out, edges.clone());
             }
             // The shared partials are free again, and the row value is visible.
             sync_cube();

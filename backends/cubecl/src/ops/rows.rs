@@ -2,13 +2,13 @@
 //! turns its phases into the row-pass kernel's configuration
 //! ([`crate::kernels::rows`]) and launches it once. Passes the kernel cannot give the
 //! bits of its kernels run apart for are left to the caller (`Ok(false)`): operands
-//! other than f32, rows whose starts are not evenly apart, a reduction of elements that
-//! lie apart, or rows long and few enough that the reduction kernel would cut them
-//! into chunks.
+//! other than f32 and one half float, rows whose starts are not evenly apart, a
+//! reduction of elements that lie apart, or rows long and few enough that the
+//! reduction kernel would cut them into chunks.
 
 use super::reduce::{row_lanes, BLOCK};
 use crate::device::CubeDevice;
-use crate::kernels::fused::{FusedConfig, Step};
+use crate::kernels::fused::{FusedConfig, HalfEdges, Step};
 use crate::kernels::rows::{self as k, MapConfig, Phase, Read, RowsConfig};
 use crate::ops::elementwise::arg;
 use crate::storage::CubeStorage;
@@ -73,9 +73,6 @@ pub fn fused_rows<R: crate::device::KilnRuntime>(
             return bad(format!("input {i} is on another device"));
         }
         crate::check_extent(v.storage, &v.layout)?;
-        if v.storage.dtype != DType::F32 {
-            return Ok(false);
-        }
         let lead_strides = Operand {
             offset: 0,
             strides: st[..r - 1].to_vec(),
@@ -102,15 +99,29 @@ pub fn fused_rows<R: crate::device::KilnRuntime>(
             return bad(format!("output {k} is on another device"));
         }
         word(n)?;
-        if o.dtype != DType::F32 {
-            let reduced = (pass.phases.iter())
-                .any(|p| matches!(p, RowPhase::Reduce { out, .. } if *out == k));
-            if reduced {
-                return bad("a reduction writes no f32 values".to_string());
-            }
-            return Ok(false);
+        let reduced =
+            (pass.phases.iter()).any(|p| matches!(p, RowPhase::Reduce { out, .. } if *out == k));
+        if reduced && o.dtype != DType::F32 {
+            return bad("a reduction writes no f32 values".to_string());
         }
     }
+    // f32 operands beside at most one half float type.
+    let dtypes = (inputs.iter().map(|v| v.storage.dtype)).chain(outputs.iter().map(|o| o.dtype));
+    let mut half = None;
+    for d in dtypes {
+        match d {
+            DType::F32 => {}
+            DType::BF16 | DType::F16 if *half.get_or_insert(d) == d => {}
+            _ => return Ok(false),
+        }
+    }
+    let edges = HalfEdges {
+        inputs: inputs
+            .iter()
+            .map(|v| v.storage.dtype != DType::F32)
+            .collect(),
+        outputs: outputs.iter().map(|o| o.dtype != DType::F32).collect(),
+    };
     let per_row: Vec<bool> = placed.iter().map(|p| p.per_row).collect();
     pass.check(&per_row)?;
     let Some(lanes) = row_lanes(rows, width) else {
@@ -120,7 +131,7 @@ pub fn fused_rows<R: crate::device::KilnRuntime>(
     if inputs.len() + outputs.len() + 4 > bindings {
         return Ok(false);
     }
-    let Some((config, consts)) = configure(pass, &placed, lanes) else {
+    let Some((config, consts)) = configure(pass, &placed, edges, lanes) else {
         return Ok(false);
     };
     for (k, o) in outputs.iter().enumerate() {
@@ -128,16 +139,47 @@ pub fn fused_rows<R: crate::device::KilnRuntime>(
             dev.note_overwritten(o);
         }
     }
-    let mut ins = SequenceArg::new();
+    match half {
+        Some(DType::BF16) => {
+            launch::<R, half::bf16>(device, pass, inputs, outputs, &placed, consts, config)
+        }
+        Some(DType::F16) => {
+            launch::<R, half::f16>(device, pass, inputs, outputs, &placed, consts, config)
+        }
+        _ => launch::<R, f32>(device, pass, inputs, outputs, &placed, consts, config),
+    }?;
+    Ok(true)
+}
+
+/// One launch of the row-pass kernel with half floats of type `Half` (f32 where there
+/// are none): each operand bound in the sequence of its type.
+fn launch<R: crate::device::KilnRuntime, Half: Float>(
+    device: &CubeDevice<R>,
+    pass: &RowPass,
+    inputs: &[V<'_, R>],
+    outputs: &mut [&mut CubeStorage<R>],
+    placed: &[RowsOf],
+    consts: Vec<f32>,
+    config: RowsConfig,
+) -> Result<()> {
+    let dev = &device.state;
+    let (rows, width) = (pass.rows, pass.width);
+    let (mut ins, mut halves) = (SequenceArg::new(), SequenceArg::new());
     for v in inputs {
-        ins.push(arg(v.storage));
+        match v.storage.dtype {
+            DType::F32 => ins.push(arg(v.storage)),
+            _ => halves.push(arg(v.storage)),
+        }
     }
-    let mut outs = SequenceArg::new();
+    let (mut outs, mut half_outs) = (SequenceArg::new(), SequenceArg::new());
     for o in outputs.iter() {
-        outs.push(arg(o));
+        match o.dtype {
+            DType::F32 => outs.push(arg(o)),
+            _ => half_outs.push(arg(o)),
+        }
     }
     let mut meta = SequenceArg::new();
-    for p in &placed {
+    for p in placed {
         meta.push(p.offset);
         meta.push(p.row_stride);
         meta.push(p.elem_stride);
@@ -146,18 +188,20 @@ pub fn fused_rows<R: crate::device::KilnRuntime>(
     for c in consts {
         values.push(c);
     }
-    let per_cube = (BLOCK / lanes) as usize;
+    let per_cube = (BLOCK / config.lanes) as usize;
     let (count, dim) = grid_per_item(rows.div_ceil(per_cube), BLOCK);
     // SAFETY: every input's rows lie inside its buffer (checked extent, rows of the
     // pass's width or one value), every output holds its rows, units past the last row
     // write nothing, and all indices fit in 32 bits (`word`).
     unsafe {
-        k::row_pass::launch_unchecked::<R>(
+        k::row_pass::launch_unchecked::<Half, R>(
             &dev.client,
             count,
             dim,
             ins,
+            halves,
             outs,
+            half_outs,
             meta,
             values,
             word(rows)?,
@@ -166,7 +210,7 @@ pub fn fused_rows<R: crate::device::KilnRuntime>(
             config,
         )
     }
-    Ok(true)
+    Ok(())
 }
 
 /// Whether any phase's expression reads the current value of output `k` (so a launch
@@ -183,7 +227,12 @@ fn reads_output(pass: &RowPass, k: usize) -> bool {
 
 /// The kernel's configuration of `pass` and every phase's constants, or `None` for a
 /// pass it does not run (a scratch expression that reads its own target).
-fn configure(pass: &RowPass, placed: &[RowsOf], lanes: u32) -> Option<(RowsConfig, Vec<f32>)> {
+fn configure(
+    pass: &RowPass,
+    placed: &[RowsOf],
+    edges: HalfEdges,
+    lanes: u32,
+) -> Option<(RowsConfig, Vec<f32>)> {
     let mut consts = Vec::new();
     let mut phases = Vec::with_capacity(pass.phases.len());
     let mut written = vec![false; pass.whole_rows.len()];
@@ -260,7 +309,7 @@ fn configure(pass: &RowPass, placed: &[RowsOf], lanes: u32) -> Option<(RowsConfi
     }
     let config = RowsConfig {
         phases,
-        outputs: pass.whole_rows.len() as u32,
+        edges,
         block: BLOCK,
         lanes,
     };
