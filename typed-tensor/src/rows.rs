@@ -93,7 +93,14 @@ impl RowPass {
     pub fn check(&self, per_row_inputs: &[bool]) -> crate::Result<()> {
         let bad = |why: &str| Err(crate::Error::invalid("row pass", why.to_string()));
         let outputs = self.whole_rows.len();
-        let mut written = vec![false; outputs];
+        // On the stack for the passes plans make: a planned step allocates nothing.
+        let (mut inline, mut spilled) = ([false; 32], Vec::new());
+        let written: &mut [bool] = if outputs <= inline.len() {
+            &mut inline[..outputs]
+        } else {
+            spilled.resize(outputs, false);
+            &mut spilled
+        };
         let mut scratch = false;
         for phase in &self.phases {
             // What it reads, whether over whole rows, and where it writes (whole rows?).
