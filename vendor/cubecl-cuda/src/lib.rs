@@ -9,6 +9,16 @@ mod runtime;
 pub use device::*;
 pub use runtime::*;
 
+/// Kiln patch: the kernels NVRTC compiles without contracting a product and a sum into
+/// one fused multiply-add (`--fmad=false`), named by the start of their entrypoint
+/// name. Set once by the caller before its first launch; kernels of other names keep
+/// NVRTC's default. Contraction depends on how the compiler schedules the code around
+/// an expression, so two kernels that evaluate the same steps (an expression fused
+/// alone and among others) can round differently; uncontracted, each step rounds on
+/// its own, as on the CPU.
+pub static UNCONTRACTED_KERNELS: std::sync::OnceLock<&'static [&'static str]> =
+    std::sync::OnceLock::new();
+
 #[cfg(feature = "ptx-wmma")]
 pub(crate) type WmmaCompiler = cubecl_cpp::cuda::mma::PtxWmmaCompiler;
 

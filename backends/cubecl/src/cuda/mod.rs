@@ -113,6 +113,23 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     })
 }
 
+/// The kernels NVRTC compiles without fused multiply-adds (by the start of their
+/// entrypoint names): the elementwise family (op by op, fused, grouped, mixed
+/// precision), the float reductions (whose prologues are fused expressions) and the
+/// row passes. NVRTC contracts `a · b + c` where its scheduling of the surrounding
+/// code allows, so the same steps fused alone and among other groups rounded
+/// differently on an H100 (AdamW's moments, one ulp apart); uncontracted, every step
+/// rounds on its own in each of them, as on the CPU, and a plan gives the bits of its
+/// ops run one by one. These kernels are bound by memory; products and attention keep
+/// their fused multiply-adds.
+const UNCONTRACTED: &[&str] = &[
+    "unary_float",
+    "binary_float",
+    "fused_",
+    "reduce_float",
+    "row_pass",
+];
+
 impl KilnRuntime for CudaRuntime {
     const NAME: &'static str = "cuda";
     type Extra = CudaExtra;
@@ -144,6 +161,7 @@ impl KilnRuntime for CudaRuntime {
                      found (CUDA_PATH unset and /usr/local/cuda missing): {INSTALL_HINT}"
                 )));
             }
+            cubecl::cuda::UNCONTRACTED_KERNELS.get_or_init(|| UNCONTRACTED);
             Ok(Opened {
                 device: cubecl::cuda::CudaDevice::new(ordinal),
                 name: format!("{name} (CUDA device {ordinal})"),
@@ -199,6 +217,8 @@ impl KilnRuntime for CudaRuntime {
     }
 
     const VENDOR_MATMUL: bool = true;
+
+    const GROUPS_FUSED_ELEMENTWISE: bool = true;
 
     fn vendor_matmul(
         device: &CubeDevice<Self>,

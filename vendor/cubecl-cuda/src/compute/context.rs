@@ -158,6 +158,15 @@ impl CudaContext {
         if cccl_include_path.exists() {
             options.push(&cccl_include_option);
         }
+        // Kiln patch: see `crate::UNCONTRACTED_KERNELS`.
+        let uncontracted = crate::UNCONTRACTED_KERNELS.get().is_some_and(|names| {
+            names
+                .iter()
+                .any(|n| kernel_compiled.entrypoint_name.starts_with(n))
+        });
+        if uncontracted {
+            options.push("--fmad=false");
+        }
 
         logger.log_compilation(&kernel_compiled);
 
