@@ -143,8 +143,10 @@ case $W in
     [ -x $B/fused_test ] && run 300 $B/fused_test --test-threads 1 cuda::
     [ -x $B/fused_models_test ] && run 400 $B/fused_models_test --test-threads 1 cuda
     run 300 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-bf16,w3 --reps 30
+    # SHORT=1: torch.compile's steps only (a call short of device time).
     for p in bf16 f32; do
-      run 100 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
+      [ -n "${SHORT:-}" ] ||
+        run 100 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
       run 200 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
     done ;;
   w3groups)
