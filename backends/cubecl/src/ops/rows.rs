@@ -45,9 +45,11 @@ pub fn fused_rows<R: crate::device::KilnRuntime>(
     }
     if device.state.capturing() {
         // A captured W3 f32 step with passes was refused by the capture's check (a
-        // buffer made before the capture read and then released in it) on an H100,
-        // for a cause not found yet; the kernels apart give the same bits and capture
-        // as before, so a captured step runs them until it is.
+        // buffer made before the capture read and then released in it) on an H100.
+        // One possible cause, outputs noted as read where a pass overwrote them first, is
+        // fixed in `reads_output`, but no GPU has run the fix yet. The kernels apart
+        // give the same bits and capture as before, so a captured step runs them until
+        // a GPU has replayed passes.
         return Ok(false);
     }
     if outputs.len() != pass.whole_rows.len() {
@@ -220,16 +222,22 @@ fn launch<R: crate::device::KilnRuntime, Half: Float>(
     Ok(())
 }
 
-/// Whether any phase's expression reads the current value of output `k` (so a launch
-/// does not overwrite all of it without reading it).
+/// Whether the pass reads output `k`'s current value before any phase has written it
+/// (an expression of a phase writing `k` that reads its target, first): then the launch
+/// does not overwrite all of `k` without reading it. Output `k` read back only after a
+/// phase wrote it is overwritten, as the first of its kernels apart overwrites it.
 fn reads_output(pass: &RowPass, k: usize) -> bool {
-    pass.phases.iter().any(|p| match p {
-        RowPhase::Map { expr, target, .. } => {
-            *target == RowTarget::Output(k)
-                && expr.steps.iter().any(|s| matches!(s, ExprStep::Output(_)))
+    for phase in &pass.phases {
+        match phase {
+            RowPhase::Map { expr, target, .. } if *target == RowTarget::Output(k) => {
+                return (expr.steps.iter()).any(|s| matches!(s, ExprStep::Output(_)));
+            }
+            RowPhase::Reduce { out, .. } if *out == k => return false,
+            _ => {}
         }
-        RowPhase::Reduce { .. } => false,
-    })
+    }
+    // Never written: its contents stay as they were.
+    true
 }
 
 /// The kernel's configuration of `pass` and every phase's constants, or `None` for a
