@@ -132,7 +132,7 @@ impl RowPass {
                     RowRead::Output { k, broadcast } => {
                         written.get(k) == Some(&true)
                             && target != RowTarget::Output(k)
-                            && !self.whole_rows[k] == (broadcast || !whole)
+                            && self.whole_rows[k] != (broadcast || !whole)
                             && (!broadcast || whole)
                     }
                     RowRead::Scratch => scratch && whole && target != RowTarget::Scratch,
