@@ -11,6 +11,7 @@
 
 use crate::fused::{FusedExpr, NativeFn};
 use crate::op::ReduceOp;
+use crate::Layout;
 
 /// Where a phase reads one operand, for the rows of the current block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +84,32 @@ pub struct RowPass {
 }
 
 impl RowPass {
+    /// Checks input `i` of the pass, seen through `layout`: rows of the pass's width or
+    /// of one value, under the same lead dims as `first` (input 0's layout). Returns
+    /// whether it holds one value per row. Every backend that runs passes checks its
+    /// inputs here, so that a bad view is the same error on each.
+    pub fn check_input(&self, i: usize, layout: &Layout, first: &Layout) -> crate::Result<bool> {
+        let d = layout.dims();
+        let w = d.last().copied().unwrap_or(1);
+        let lead_here = &d[..d.len().saturating_sub(1)];
+        let first_dims = first.dims();
+        let first_lead = &first_dims[..first_dims.len().saturating_sub(1)];
+        if d.is_empty()
+            || lead_here.iter().product::<usize>() != self.rows
+            || (w != self.width && w != 1)
+            || lead_here != first_lead
+        {
+            return Err(crate::Error::invalid(
+                "row pass",
+                format!(
+                    "input {i} with layout {layout:?} is not {} rows of {} or 1",
+                    self.rows, self.width
+                ),
+            ));
+        }
+        Ok(w == 1)
+    }
+
     /// Checks what the phases read and write, for inputs of which `per_row_inputs`
     /// says which hold one value per row: each expression matches its operands, an
     /// output is read only once an earlier phase wrote it, and at its own width; the

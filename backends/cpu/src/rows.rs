@@ -119,27 +119,23 @@ pub fn fused_rows(
         return Ok(false);
     }
     let mut outs: SmallVec<[Output; MAX_OUTPUTS]> = SmallVec::new();
-    let mut lead_dims: Option<&[usize]> = None;
     let mut ins: SmallVec<[Input<'_>; MAX_INPUTS]> = SmallVec::new();
     for (i, v) in inputs.iter().enumerate() {
         let Some(data) = Operand::of(v.storage) else {
             return Ok(false);
         };
-        let (d, st) = (v.layout.dims(), v.layout.strides());
-        let r = d.len();
-        let lead = &d[..r.saturating_sub(1)];
-        let w = d.last().copied().unwrap_or(1);
-        if r == 0
-            || lead.iter().product::<usize>() != rows
-            || (w != width && w != 1)
-            || *lead_dims.get_or_insert(lead) != lead
-            || v.layout.storage_extent() > data.len()
-        {
+        pass.check_input(i, &v.layout, &inputs[0].layout)?;
+        if v.layout.storage_extent() > data.len() {
             return bad(format!(
-                "input {i} with layout {:?} is not {rows} rows of {width} or 1",
-                v.layout
+                "input {i} with layout {:?} reaches past its {} elements",
+                v.layout,
+                data.len()
             ));
         }
+        let (d, st) = (v.layout.dims(), v.layout.strides());
+        let r = d.len();
+        let lead = &d[..r - 1];
+        let w = d[r - 1];
         let mut input = Input {
             data,
             width: w,

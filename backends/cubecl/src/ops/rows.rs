@@ -61,23 +61,12 @@ pub fn fused_rows<R: crate::device::KilnRuntime>(
     }
     let dev = &device.state;
     let same_device = |s: &CubeStorage<R>| std::sync::Arc::ptr_eq(&s.device, dev);
-    let mut lead_dims: Option<&[usize]> = None;
     let mut placed = Vec::with_capacity(inputs.len());
     for (i, v) in inputs.iter().enumerate() {
+        let per_row = pass.check_input(i, &v.layout, &inputs[0].layout)?;
         let (d, st) = (v.layout.dims(), v.layout.strides());
         let r = d.len();
-        let lead = &d[..r.saturating_sub(1)];
-        let w = d.last().copied().unwrap_or(1);
-        if r == 0
-            || lead.iter().product::<usize>() != rows
-            || (w != width && w != 1)
-            || *lead_dims.get_or_insert(lead) != lead
-        {
-            return bad(format!(
-                "input {i} with layout {:?} is not {rows} rows of {width} or 1",
-                v.layout
-            ));
-        }
+        let lead = &d[..r - 1];
         if !same_device(v.storage) {
             return bad(format!("input {i} is on another device"));
         }
@@ -95,8 +84,8 @@ pub fn fused_rows<R: crate::device::KilnRuntime>(
         placed.push(RowsOf {
             offset: word(v.layout.offset())?,
             row_stride: word(strides[0].strides.first().copied().unwrap_or(0))?,
-            elem_stride: if w == 1 { 0 } else { word(st[r - 1])? },
-            per_row: w == 1,
+            elem_stride: if per_row { 0 } else { word(st[r - 1])? },
+            per_row,
         });
     }
     for (k, (o, &whole)) in outputs.iter().zip(&pass.whole_rows).enumerate() {
