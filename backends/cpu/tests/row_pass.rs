@@ -7,86 +7,13 @@
 //! refused.
 
 use kiln_cpu::{Cpu, CpuDevice, CpuStorage};
-use kiln_tensor::fused::{ExprStep, FusedExpr};
-use kiln_tensor::rows::{RowPass, RowPhase, RowRead, RowTarget};
-use kiln_tensor::{Backend, BinaryOp, DType, RawTensor, ReduceOp, Result, View};
+
+use kiln_tensor::rows::{RowPass, RowPhase, RowRead};
+use kiln_tensor::testing::rows::layer_norm;
+use kiln_tensor::{Backend, DType, RawTensor, ReduceOp, Result, View};
 
 fn random(dims: &[usize], seed: u64) -> Result<RawTensor<Cpu>> {
     kiln_tensor::testing::lcg_tensor(dims, seed, &CpuDevice)
-}
-
-fn map(steps: Vec<ExprStep>, inputs: Vec<RowRead>, target: RowTarget, per_row: bool) -> RowPhase {
-    let n = steps.len();
-    RowPhase::Map {
-        expr: FusedExpr {
-            steps,
-            results: vec![n - 1],
-            inputs: inputs.len(),
-        },
-        native: None,
-        inputs,
-        target,
-        per_row,
-    }
-}
-
-/// Outputs: the row means, the rows' sums of squared deviations, and `(x − mean) · w`.
-fn pass(rows: usize, width: usize) -> RowPass {
-    use ExprStep::*;
-    let mean = RowRead::Output {
-        k: 0,
-        broadcast: true,
-    };
-    RowPass {
-        rows,
-        width,
-        phases: vec![
-            RowPhase::Reduce {
-                op: ReduceOp::Sum,
-                input: RowRead::Input(0),
-                out: 0,
-            },
-            map(
-                vec![
-                    Output(0),
-                    Const(1.0 / width as f32),
-                    Binary(BinaryOp::Mul, 0, 1),
-                ],
-                vec![],
-                RowTarget::Output(0),
-                true,
-            ),
-            map(
-                vec![
-                    Input(0),
-                    Input(1),
-                    Binary(BinaryOp::Sub, 0, 1),
-                    Binary(BinaryOp::Mul, 2, 2),
-                ],
-                vec![RowRead::Input(0), mean],
-                RowTarget::Scratch,
-                false,
-            ),
-            RowPhase::Reduce {
-                op: ReduceOp::Sum,
-                input: RowRead::Scratch,
-                out: 1,
-            },
-            map(
-                vec![
-                    Input(0),
-                    Input(1),
-                    Input(2),
-                    Binary(BinaryOp::Sub, 0, 1),
-                    Binary(BinaryOp::Mul, 3, 2),
-                ],
-                vec![RowRead::Input(0), mean, RowRead::Input(1)],
-                RowTarget::Output(2),
-                false,
-            ),
-        ],
-        whole_rows: vec![false, false, true],
-    }
 }
 
 /// Runs `pass` on `x` (`[.., W]`, any layout) and `w` (`[W]`), checks it ran as a pass,
@@ -123,7 +50,7 @@ fn check(x: &RawTensor<Cpu>, w: &RawTensor<Cpu>) -> Result<()> {
     let dims = x.dims().to_vec();
     let width = *dims.last().expect("rank 3");
     let rows = x.numel() / width;
-    let got = run(&pass(rows, width), x, w)?;
+    let got = run(&layer_norm(rows, width), x, w)?;
     let (xs, ws) = (x.to_vec::<f32>()?, w.to_vec::<f32>()?);
     for r in 0..rows {
         let row: Vec<f64> = xs[r * width..(r + 1) * width]
@@ -177,15 +104,15 @@ fn a_pass_computes_each_phase_for_every_row() -> Result<()> {
 fn a_pass_that_reads_what_is_not_written_or_reduces_into_rows_is_refused() -> Result<()> {
     let x = random(&[4, 8], 5)?;
     let w = random(&[8], 6)?;
-    let mut early = pass(4, 8);
+    let mut early = layer_norm(4, 8);
     early.phases.swap(0, 2);
-    let mut into_rows = pass(4, 8);
+    let mut into_rows = layer_norm(4, 8);
     into_rows.phases[0] = RowPhase::Reduce {
         op: ReduceOp::Sum,
         input: RowRead::Input(0),
         out: 2,
     };
-    let mut scratch_late = pass(4, 8);
+    let mut scratch_late = layer_norm(4, 8);
     scratch_late.phases.swap(2, 1);
     for (name, bad) in [
         ("reads a mean not yet computed", early),

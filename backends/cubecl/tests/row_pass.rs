@@ -11,8 +11,9 @@
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use kiln_cpu::{Cpu, CpuDevice};
-use kiln_tensor::fused::{ExprStep, FusedExpr};
+use kiln_tensor::fused::ExprStep;
 use kiln_tensor::rows::{RowPass, RowPhase, RowRead, RowTarget};
+use kiln_tensor::testing::rows::{layer_norm, map};
 use kiln_tensor::{
     Backend, BinaryOp, DType, Dims, Layout, Op, RawTensor, ReduceOp, Result, TensorMeta, UnaryOp,
     View,
@@ -57,79 +58,8 @@ row_pass_tests!(
     DType::BF16
 );
 
-fn map(steps: Vec<ExprStep>, inputs: Vec<RowRead>, target: RowTarget, per_row: bool) -> RowPhase {
-    let n = steps.len();
-    RowPhase::Map {
-        expr: FusedExpr {
-            steps,
-            results: vec![n - 1],
-            inputs: inputs.len(),
-        },
-        native: None,
-        inputs,
-        target,
-        per_row,
-    }
-}
-
 fn row_value(k: usize) -> RowRead {
     RowRead::Output { k, broadcast: true }
-}
-
-/// A layer norm's statistics and `(x − mean) · w`: inputs `x`, `w`; outputs the means,
-/// the sums of squared deviations and the result.
-fn layer_norm(rows: usize, width: usize) -> RowPass {
-    use ExprStep::*;
-    RowPass {
-        rows,
-        width,
-        phases: vec![
-            RowPhase::Reduce {
-                op: ReduceOp::Sum,
-                input: RowRead::Input(0),
-                out: 0,
-            },
-            map(
-                vec![
-                    Output(0),
-                    Const(1.0 / width as f32),
-                    Binary(BinaryOp::Mul, 0, 1),
-                ],
-                vec![],
-                RowTarget::Output(0),
-                true,
-            ),
-            map(
-                vec![
-                    Input(0),
-                    Input(1),
-                    Binary(BinaryOp::Sub, 0, 1),
-                    Binary(BinaryOp::Mul, 2, 2),
-                ],
-                vec![RowRead::Input(0), row_value(0)],
-                RowTarget::Scratch,
-                false,
-            ),
-            RowPhase::Reduce {
-                op: ReduceOp::Sum,
-                input: RowRead::Scratch,
-                out: 1,
-            },
-            map(
-                vec![
-                    Input(0),
-                    Input(1),
-                    Input(2),
-                    Binary(BinaryOp::Sub, 0, 1),
-                    Binary(BinaryOp::Mul, 3, 2),
-                ],
-                vec![RowRead::Input(0), row_value(0), RowRead::Input(1)],
-                RowTarget::Output(2),
-                false,
-            ),
-        ],
-        whole_rows: vec![false, false, true],
-    }
 }
 
 /// A softmax of `x`: outputs the maxima, the sums of exponentials and the result.

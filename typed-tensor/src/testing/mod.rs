@@ -28,6 +28,7 @@ pub mod formulas;
 pub mod harness;
 pub mod primitives;
 pub mod reference;
+pub mod rows;
 pub mod strategy;
 pub mod tolerance;
 
