@@ -245,11 +245,6 @@ impl<R: KilnRuntime> DeviceState<R> {
         self.recorder.refuse(what)
     }
 
-    /// Whether some thread is capturing a step into a CUDA graph.
-    pub(crate) fn capturing(&self) -> bool {
-        self.recorder.is_active()
-    }
-
     /// [`DeviceState::refuse_in_capture`] with the words written only while some thread
     /// records (the check is lock-free otherwise).
     pub(crate) fn refuse_in_capture_with(&self, what: &dyn Fn() -> String) -> Result<()> {

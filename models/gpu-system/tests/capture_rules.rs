@@ -38,6 +38,10 @@ macro_rules! capture_rule_tests {
                 super::a_step_calling_a_dynamic_part_is_refused::<$R>(&$device)
             }
             #[test]
+            fn a_gpt_step_with_adamw_follows_the_rules() -> Result<()> {
+                super::a_gpt_step_with_adamw_follows_the_rules::<$R>(&$device)
+            }
+            #[test]
             fn clipped_steps_follow_the_rules_and_metrics_read_once() -> Result<()> {
                 super::clipped_steps_follow_the_rules_and_metrics_read_once::<$R>(&$device)
             }
@@ -383,5 +387,59 @@ fn attention_dropout_reads_its_seed_from_device_memory<R: KilnRuntime>(
     );
     let next = values(model.loss_and_grad(&x, &target)?)?;
     assert_ne!(next, on_host, "the next step drew the same mask");
+    Ok(())
+}
+
+/// The test suite's GPT (layer norms as row passes, attention, dropout).
+#[kiln::model]
+type TinyGpt = kiln_models::gpt::Gpt<16, 2, 2, 32>;
+
+/// W3's step, a GPT's loss and gradients then AdamW, follows the rules once warm with
+/// its seeds and Adam's step values in device memory, as a replayed step runs it, and
+/// trains exactly as the same steps planned.
+fn a_gpt_step_with_adamw_follows_the_rules<R: KilnRuntime>(dev: &CubeDevice<R>) -> Result<()> {
+    use kiln_models::gpt::Ids;
+    use kiln_tensor::nn::Module;
+    use kiln_train::optim::{AdamW, AdamWConfig};
+    type B<R> = CubeBackend<R>;
+    let corpus = kiln_models::text::Corpus::shakespeare()?;
+    let (ids, next) = kiln_models::text::windows(&corpus.train, 4, 32, 3)?;
+    let x = Ids::<B<R>, 4, 32>::from_vec(ids, &[4, 32], dev)?;
+    let y = Ids::<B<R>, 4, 32>::from_vec(next, &[4, 32], dev)?;
+    let adamw = || {
+        AdamW::<B<R>>::new(AdamWConfig {
+            lr: 1e-3,
+            ..AdamWConfig::default()
+        })
+    };
+    let (mut checked, mut planned) = (
+        TinyGpt::<B<R>>::init(dev, 1)?,
+        TinyGpt::<B<R>>::init(dev, 1)?,
+    );
+    let (mut opt_checked, mut opt_planned) = (adamw()?, adamw()?);
+    let step = |model: &mut TinyGpt<B<R>>, opt: &mut AdamW<B<R>>| -> Result<()> {
+        let (_, grads) = model.loss_and_grad(&x, &y)?;
+        opt.step(model, &grads)
+    };
+    // The first step runs by value (it starts Adam's moments), as a replayed run's does.
+    step(&mut checked, &mut opt_checked)?;
+    step(&mut planned, &mut opt_planned)?;
+    for _ in 0..3 {
+        opt_checked.prepare_step()?;
+        checked.step_seeds().advance_on_device(dev)?;
+        dev.check_capturable(|| step(&mut checked, &mut opt_checked))?;
+        step(&mut planned, &mut opt_planned)?;
+    }
+    checked.step_seeds().keep_on_host();
+    let params = |m: &TinyGpt<B<R>>| {
+        let mut all = Vec::new();
+        m.visit_params("", &mut |s| {
+            all.push((s.name.to_string(), s.value.to_vec::<f32>()))
+        });
+        all
+    };
+    for ((name, a), (_, b)) in params(&checked).into_iter().zip(params(&planned)) {
+        assert_eq!(a?, b?, "`{name}` differs between checked and planned steps");
+    }
     Ok(())
 }

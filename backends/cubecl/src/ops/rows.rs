@@ -43,15 +43,6 @@ pub fn fused_rows<R: crate::device::KilnRuntime>(
         // As on the CPU: nothing to gain, or empty rows whose kernels say what is wrong.
         return Ok(false);
     }
-    if device.state.capturing() {
-        // A captured W3 f32 step with passes was refused by the capture's check (a
-        // buffer made before the capture read and then released in it) on an H100.
-        // One possible cause, outputs noted as read where a pass overwrote them first, is
-        // fixed in `reads_output`, but no GPU has run the fix yet. The kernels apart
-        // give the same bits and capture as before, so a captured step runs them until
-        // a GPU has replayed passes.
-        return Ok(false);
-    }
     if outputs.len() != pass.whole_rows.len() {
         return bad(format!(
             "{} outputs for a pass that writes {}",
