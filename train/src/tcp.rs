@@ -64,6 +64,9 @@ const REASON_CHARS: usize = 4096;
 
 /// How often rank 0 looks at its port while the ranks meet, and after they met.
 const MEETING_POLL: Duration = Duration::from_millis(5);
+/// How long rank 0, having refused the meeting, waits for ranks not yet arrived to
+/// tell them why (a rank started a moment after the others).
+const LATE_RANKS_TOLD: Duration = Duration::from_secs(2);
 const LATE_POLL: Duration = Duration::from_millis(50);
 
 /// How long a joining rank waits for rank 0's answer past its own timeout. Rank 0's
@@ -635,24 +638,55 @@ fn host_meeting(
     let deadline = Instant::now() + timeout;
     let mut door = Door::new(listen(env, deadline)?, INTRODUCTION_TIMEOUT)?;
     let mut joined: Vec<Option<(Member, TcpStream)>> = (1..env.world).map(|_| None).collect();
-    // Tells every rank that came why the meeting failed, and returns that reason.
-    let refuse = |joined: &mut Vec<Option<(Member, TcpStream)>>, why: String| {
+    // Tells every rank that came why the meeting failed, and returns that reason. Ranks
+    // still on their way (connected but not yet introduced, or started a moment later)
+    // are waited for a short while and told too, so each rank of the job stops naming
+    // the cause rather than finding rank 0 gone.
+    let refuse = |door: &mut Door, joined: &mut Vec<Option<(Member, TcpStream)>>, why: String| {
         let answered_by = Instant::now() + Duration::from_secs(1);
-        for (_, stream) in joined.iter().flatten() {
+        let mut told = vec![false; env.world];
+        for (member, stream) in joined.iter().flatten() {
             let mut until = Until {
                 stream,
                 deadline: answered_by,
             };
             let _ = write_welcome(&mut until, &Err(why.clone()));
+            if let Some(t) = told.get_mut(member.rank) {
+                *t = true;
+            }
+        }
+        let waited_until = (Instant::now() + LATE_RANKS_TOLD).min(deadline);
+        while told[1..].iter().any(|t| !t) && Instant::now() < waited_until {
+            let Ok(arrived) = door.poll(waited_until) else {
+                break;
+            };
+            for (intro, stream) in arrived {
+                let mut until = Until {
+                    stream: &stream,
+                    deadline: Instant::now() + Duration::from_secs(1),
+                };
+                let _ = write_welcome(&mut until, &Err(why.clone()));
+                if let Some(t) = told.get_mut(intro.member.rank) {
+                    *t = true;
+                }
+            }
+            std::thread::sleep(MEETING_POLL);
         }
         why
     };
     loop {
         let arrived = match door.poll(deadline) {
             Ok(arrived) => arrived,
-            Err(e) => return Err(refuse(&mut joined, format!("accepting a rank: {e}"))),
+            Err(e) => {
+                return Err(refuse(
+                    &mut door,
+                    &mut joined,
+                    format!("accepting a rank: {e}"),
+                ))
+            }
         };
-        for (intro, stream) in arrived {
+        let mut arrived = arrived.into_iter();
+        while let Some((intro, stream)) = arrived.next() {
             let taken = intro
                 .member
                 .rank
@@ -671,8 +705,10 @@ fn host_meeting(
                     })
                 });
             if let Some(why) = why {
+                // The ranks that arrived with it are told as well.
                 joined.push(Some((intro.member, stream)));
-                return Err(refuse(&mut joined, why));
+                joined.extend(arrived.map(|(intro, stream)| Some((intro.member, stream))));
+                return Err(refuse(&mut door, &mut joined, why));
             }
             let slot = intro.member.rank - 1;
             joined[slot] = Some((intro.member, stream));
@@ -694,7 +730,7 @@ fn host_meeting(
                 timeout.as_secs_f64(),
                 missing.join(", ")
             );
-            return Err(refuse(&mut joined, why));
+            return Err(refuse(&mut door, &mut joined, why));
         }
         std::thread::sleep(MEETING_POLL);
     }
