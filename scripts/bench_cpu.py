@@ -3,7 +3,7 @@
 both see the same machine load, and prints each figure's median and the ratio to
 PyTorch (a ratio above 1 means Kiln is faster).
 
-Usage: python3 scripts/bench_cpu.py [--rounds 3] [--threads 2] [--workloads w1,w2,w4]
+Usage: python3 scripts/bench_cpu.py [--rounds 3] [--threads 2] [--workloads w1,w2,w4,cnn]
        python3 scripts/bench_cpu.py --workloads w3 [--w3-configs small,small-bf16,w3,w3-bf16]
 (build first: cargo build --release -p kiln-models)
 """
@@ -52,6 +52,9 @@ def torch_figures(workloads, reps, threads, w3_configs=()):
             precision = "f32" if base == config else "bf16"
             r = reps if base == "small" else -(-reps // 5)
             out[("W3", config, "32")] = gpt_torch.step_ms(base, 32, r, precision=precision)
+    if "cnn" in workloads:
+        for (task, batch), ms in lenet_figures(reps).items():
+            out[("LeNet", task, str(batch))] = ms
     if "w4" in workloads:
         n = 1024
         a, b = torch.randn(n, n), torch.randn(n, n)
@@ -59,6 +62,42 @@ def torch_figures(workloads, reps, threads, w3_configs=()):
     if "w2" in workloads:
         x = torch.randn(1 << 26)
         out[("W2", "", "")] = median_ms(lambda: torch.relu(x * 1.5 + 0.5) * torch.sigmoid(x), reps)
+    return out
+
+
+def lenet():
+    """The zoo's LeNet (models/src/lenet.rs) in PyTorch: Conv(1->32, 5x5, pad 2) -> BN ->
+    ReLU -> pool -> Conv(32->64, 5x5) -> BN -> ReLU -> pool -> Linear(1600->128) -> ReLU
+    -> Dropout(0.25) -> Linear(128->10)."""
+    import torch
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 5, padding=2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(1600, 128), nn.ReLU(), nn.Dropout(0.25), nn.Linear(128, 10))
+
+
+def lenet_figures(reps):
+    """{(task, batch): ms}: LeNet's training step (SGD with momentum) at batch 64 and
+    128, and inference (eval mode, no autograd) at batch 1 and 256, as kiln-bench's."""
+    import torch
+    torch.manual_seed(0)
+    out = {}
+    for batch in (64, 128):
+        model = lenet().train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x, y = torch.randn(batch, 1, 28, 28), torch.arange(batch) % 10
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        out[("train", batch)] = median_ms(step, reps)
+    model = lenet().eval()
+    for batch, r in ((1, reps * 20), (256, reps)):
+        x = torch.randn(batch, 1, 28, 28)
+        with torch.no_grad():
+            out[("infer", batch)] = median_ms(lambda: model(x).tolist(), r)
     return out
 
 

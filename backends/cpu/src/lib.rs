@@ -220,6 +220,27 @@ impl Backend for Cpu {
                     return Ok(());
                 }
             }
+            (Op::Unfold2d(w), CpuStorage::F32(o)) if o.len() >= numel => {
+                let x = &inputs[0];
+                check_extent(x.storage, &x.layout)?;
+                if window::unfold2d_f32_into(x.storage, &x.layout, w, o)? {
+                    return Ok(());
+                }
+            }
+            (
+                Op::Fold2d {
+                    window: w,
+                    height,
+                    width,
+                },
+                CpuStorage::F32(o),
+            ) if o.len() >= numel => {
+                let x = &inputs[0];
+                check_extent(x.storage, &x.layout)?;
+                if window::fold2d_f32_into(x.storage, &x.layout, w, *height, *width, o)? {
+                    return Ok(());
+                }
+            }
             (Op::Iota { axis, .. }, CpuStorage::I32(o)) if o.len() >= numel => {
                 source::iota_into(meta.dims.as_slice(), *axis, o);
                 return Ok(());

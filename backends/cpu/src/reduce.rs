@@ -176,6 +176,20 @@ macro_rules! reduce_int {
 
 /// Runs a reduction over `axes` (keepdim layout of the result is the caller's).
 pub fn reduce(op: ReduceOp, x: &CpuStorage, layout: &Layout, axes: &[usize]) -> Result<CpuStorage> {
+    if matches!(x, CpuStorage::F32(_)) {
+        // Where a planned step's in-place reduction applies, the same code: the op gives
+        // the same bits whichever path runs it.
+        let kept = layout.numel()
+            / axes
+                .iter()
+                .map(|&a| layout.dims()[a])
+                .product::<usize>()
+                .max(1);
+        let mut out = vec![0f32; kept];
+        if reduce_f32_into(op, x, layout, axes, &mut out) {
+            return Ok(CpuStorage::F32(out.into()));
+        }
+    }
     Ok(match x {
         CpuStorage::F32(v) => reduce_float(op, v, layout, axes)?,
         CpuStorage::F64(v) => reduce_float(op, v, layout, axes)?,
@@ -206,7 +220,8 @@ pub(crate) fn reduce_row_f32(op: ReduceOp, row: &[f32]) -> f32 {
 
 /// An f32 sum, max or min written into `out` without staging copies, when `layout` is
 /// contiguous and `axes` are its leading or its trailing axes (bias gradients, row
-/// statistics); `false` for every other case, which [`reduce`] handles.
+/// statistics), one run of axes between kept ones (pooling's taps) or all but one run
+/// (batch norm's statistics); `false` for every other case, which [`reduce`] handles.
 pub fn reduce_f32_into(
     op: ReduceOp,
     x: &CpuStorage,
@@ -248,6 +263,33 @@ pub fn reduce_f32_into(
         }
         return true;
     }
+    if !prefix {
+        // Kept and reduced axes alternating as [kept, reduced, kept] (a pooling window's
+        // taps) or [reduced, kept, reduced] (batch norm's statistics over N, H, W).
+        let reduced = |a: usize| sorted[..k].contains(&a);
+        let mut runs: [(bool, usize); kiln_tensor::shape::MAX_RANK] =
+            [(false, 1); kiln_tensor::shape::MAX_RANK];
+        let mut count = 0;
+        for a in 0..r {
+            if count > 0 && runs[count - 1].0 == reduced(a) {
+                runs[count - 1].1 *= d[a];
+            } else {
+                runs[count] = (reduced(a), d[a]);
+                count += 1;
+            }
+        }
+        match &runs[..count] {
+            &[(false, outer), (true, taps), (false, inner)] => {
+                reduce_middle_f32(op, x, outer, taps, inner, &mut out[..outer * inner]);
+                return true;
+            }
+            &[(true, outer), (false, kept), (true, inner)] => {
+                reduce_around_f32(op, x, outer, kept, inner, &mut out[..kept]);
+                return true;
+            }
+            _ => {}
+        }
+    }
     if prefix {
         let inner: usize = d[k..].iter().product();
         let outer = n / inner;
@@ -272,6 +314,78 @@ pub fn reduce_f32_into(
         return true;
     }
     false
+}
+
+/// `x` as `[outer, taps, inner]` reduced over `taps` into `out [outer, inner]`: each
+/// output row starts as the first tap's row and takes the others in order.
+fn reduce_middle_f32(
+    op: ReduceOp,
+    x: &[f32],
+    outer: usize,
+    taps: usize,
+    inner: usize,
+    out: &mut [f32],
+) {
+    let row = |(o, acc): (usize, &mut [f32])| {
+        let block = &x[o * taps * inner..(o + 1) * taps * inner];
+        acc.copy_from_slice(&block[..inner]);
+        for t in 1..taps {
+            let src = &block[t * inner..(t + 1) * inner];
+            match op {
+                ReduceOp::Sum => acc.iter_mut().zip(src).for_each(|(a, &v)| *a += v),
+                ReduceOp::Max => acc.iter_mut().zip(src).for_each(|(a, &v)| {
+                    if v > *a || v.is_nan() {
+                        *a = v
+                    }
+                }),
+                _ => acc.iter_mut().zip(src).for_each(|(a, &v)| {
+                    if v < *a || v.is_nan() {
+                        *a = v
+                    }
+                }),
+            }
+        }
+    };
+    if inner == 0 || outer == 0 {
+        return;
+    }
+    if outer * taps * inner >= crate::elementwise::GRAIN && outer > 1 {
+        out.par_chunks_mut(inner).enumerate().for_each(row);
+    } else {
+        out.chunks_mut(inner).enumerate().for_each(row);
+    }
+}
+
+/// `x` as `[outer, kept, inner]` reduced over `outer` and `inner` into `out [kept]`:
+/// each contiguous inner row reduced as a row is (pairwise sums), then the rows taken
+/// in order.
+fn reduce_around_f32(
+    op: ReduceOp,
+    x: &[f32],
+    outer: usize,
+    kept: usize,
+    inner: usize,
+    out: &mut [f32],
+) {
+    let one = |(c, o): (usize, &mut f32)| {
+        let at = |i: usize| &x[(i * kept + c) * inner..(i * kept + c + 1) * inner];
+        let mut acc = reduce_row_f32(op, at(0));
+        for i in 1..outer {
+            let v = reduce_row_f32(op, at(i));
+            acc = match op {
+                ReduceOp::Sum => acc + v,
+                ReduceOp::Max if v > acc || v.is_nan() => v,
+                ReduceOp::Min if v < acc || v.is_nan() => v,
+                _ => acc,
+            };
+        }
+        *o = acc;
+    };
+    if outer * kept * inner >= crate::elementwise::GRAIN && kept > 1 {
+        out.par_iter_mut().enumerate().for_each(one);
+    } else {
+        out.iter_mut().enumerate().for_each(one);
+    }
 }
 
 /// Columns per task of a reduction over leading axes.

@@ -246,6 +246,76 @@ fn comparisons_and_selections_into_their_slots_are_the_allocating_ops() -> Resul
     Ok(())
 }
 
+/// Unfolds and folds (padding, strides, dilation, windows wider than the image, a
+/// strided input) and reductions over every pattern of axes a convolution network
+/// reduces (leading, trailing, a run between kept axes, all but one run, and others
+/// that stage a copy) into their slots are the allocating ops, with signed zeros and
+/// NaN in the data.
+#[test]
+fn windows_and_reductions_into_their_slots_are_the_allocating_ops() -> Result<()> {
+    use kiln_tensor::{ReduceOp, Window2d};
+    let x = random(&[2, 3, 9, 7], 41)?;
+    let strided = random(&[2, 9, 7, 3], 42)?.permute(&[0, 3, 1, 2])?;
+    let windows = [
+        ([3, 3], [1, 1], [1, 1], [1, 1]),
+        ([5, 5], [1, 1], [0, 0], [1, 1]),
+        ([2, 2], [2, 2], [0, 0], [1, 1]),
+        ([3, 2], [2, 3], [1, 0], [2, 1]),
+        ([3, 3], [1, 1], [4, 4], [1, 1]),
+    ];
+    for (kernel, stride, padding, dilation) in windows {
+        let w = Window2d {
+            kernel,
+            stride,
+            padding,
+            dilation,
+        };
+        let (oh, ow) = (w.out_size(0, 9)?, w.out_size(1, 7)?);
+        let taps = 3 * kernel[0] * kernel[1];
+        for input in [&x, &strided] {
+            same_both_ways(&Op::Unfold2d(w), &[input], &[2, taps, oh * ow], DType::F32)?;
+        }
+        let cols = random(&[2, taps, oh * ow], 43)?;
+        let fold = Op::Fold2d {
+            window: w,
+            height: 9,
+            width: 7,
+        };
+        same_both_ways(&fold, &[&cols], &[2, 3, 9, 7], DType::F32)?;
+    }
+    let mut values = random(&[4, 6, 5, 9], 44)?.to_vec::<f32>()?;
+    values[7] = -0.0;
+    values[100] = f32::NAN;
+    values[301] = -0.0;
+    let x = RawTensor::<Cpu>::from_vec(values, &[4, 6, 5, 9], &CpuDevice)?;
+    let dims = [4usize, 6, 5, 9];
+    let patterns: [&[usize]; 9] = [
+        &[0],
+        &[0, 1],
+        &[3],
+        &[2, 3],
+        &[2],
+        &[1, 2],
+        &[0, 2, 3],
+        &[0, 3],
+        &[0, 1, 2, 3],
+    ];
+    for axes in patterns {
+        let kept: Vec<usize> = (0..4)
+            .filter(|a| !axes.contains(a))
+            .map(|a| dims[a])
+            .collect();
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+            let reduce = Op::Reduce {
+                op,
+                axes: axes.to_vec(),
+            };
+            same_both_ways(&reduce, &[&x], &kept, DType::F32)?;
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn embedding_lookups_and_their_gradients_into_their_slots_are_the_allocating_ops() -> Result<()> {
     let (vocab, width, rows) = (50, 16, 37);

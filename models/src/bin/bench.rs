@@ -22,6 +22,7 @@ use kiln_models::gpt::{GptModel, Ids};
 #[path = "../gpt_instances.rs"]
 mod gpt_instances;
 use gpt_instances::SmallGpt;
+use kiln_models::lenet::LeNet;
 use kiln_models::mlp::Mlp;
 use kiln_models::text::{windows, Corpus};
 use std::time::Instant;
@@ -30,7 +31,7 @@ use std::time::Instant;
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Workloads to run (comma-separated): w1, w2, w3, w4, dynamic (the dynamic path's own costs).
+    /// Workloads to run (comma-separated): w1, w2, w3, w4, cnn (LeNet's training step at batch 64 and 128, its inference at batch 1 and 256), dynamic (the dynamic path's own costs).
     #[arg(long, default_value = "w1,w2,w4")]
     workloads: String,
     /// W3's configurations (comma-separated): small, small-bf16, small-f16, w3, w3-bf16, w3-f16 (the bf16 lines on the CPU name the kernel their products ran on).
@@ -430,6 +431,41 @@ fn w3<Be: Backend>(
     Ok(())
 }
 
+/// The CNN workload: the zoo's LeNet (two convolution + batch-norm + ReLU + max-pool
+/// stages, two linear layers with dropout) on random 28×28 images. A training step
+/// (loss, gradients, SGD with momentum) at batch 64 and 128, and inference (batch-norm
+/// on its running statistics, the logits read back to the host) at batch 1 and 256.
+fn cnn<Be: Backend>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
+    fn train<Be: Backend, const B: usize>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
+        let mut model = LeNet::<Be>::init(dev, 1)?;
+        let mut opt = Sgd::<Be>::new(SgdConfig {
+            lr: 0.01,
+            momentum: 0.9,
+            ..SgdConfig::default()
+        })?;
+        let x = Tensor::<Be, (Const<B>, Const<1>, Const<28>, Const<28>)>::normal(0.0, 1.0, 5, dev)?;
+        let labels: Vec<i32> = (0..B as i32).map(|i| i % 10).collect();
+        let y = Tensor::<Be, (Const<B>,), i32>::from_vec(labels, &[B], dev)?;
+        let ms = time_ms::<Be>(dev, reps, || {
+            let (_, grads) = model.loss_and_grad(&x, &y)?;
+            opt.step(&mut model, &grads)
+        })?;
+        println!("bench=LeNet impl=kiln backend={name} task=train batch={B} ms={ms:.3}");
+        Ok(())
+    }
+    fn infer<Be: Backend, const B: usize>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
+        let model = LeNet::<Be>::init(dev, 1)?;
+        let x = Tensor::<Be, (Const<B>, Const<1>, Const<28>, Const<28>)>::normal(0.0, 1.0, 6, dev)?;
+        let ms = time_ms::<Be>(dev, reps, || model.forward(&x)?.to_vec().map(|_| ()))?;
+        println!("bench=LeNet impl=kiln backend={name} task=infer batch={B} ms={ms:.3}");
+        Ok(())
+    }
+    train::<Be, 64>(dev, name, reps)?;
+    train::<Be, 128>(dev, name, reps)?;
+    infer::<Be, 1>(dev, name, reps * 20)?;
+    infer::<Be, 256>(dev, name, reps)
+}
+
 /// The items of a comma-separated list.
 fn list(s: &str) -> Vec<&str> {
     s.split(',').map(str::trim).collect()
@@ -458,6 +494,7 @@ impl OnDevice for Bench<'_> {
                 "w2" => w2::<Be>(dev, name, args.reps)?,
                 "dynamic" => dynamic_costs::<Be>(dev, name, args.reps)?,
                 "w4" => w4::<Be>(dev, name, args.reps)?,
+                "cnn" => cnn::<Be>(dev, name, args.reps)?,
                 "w3" => w3::<Be>(
                     dev,
                     name,
@@ -468,7 +505,7 @@ impl OnDevice for Bench<'_> {
                 other => {
                     return Err(Error::invalid(
                         "kiln-bench",
-                        format!("unknown workload {other:?} (known: w1, w2, w3, w4, dynamic)"),
+                        format!("unknown workload {other:?} (known: w1, w2, w3, w4, cnn, dynamic)"),
                     ))
                 }
             }
