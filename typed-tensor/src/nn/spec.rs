@@ -502,9 +502,14 @@ impl LayerSpec {
                         let var = g.mean(&sq, &[0, 2, 3], true)?;
                         let ve = g.add_scalar(&var, BATCH_NORM_EPS)?;
                         let inv = g.unary(crate::op::UnaryOp::Rsqrt, &ve)?;
-                        let xn = g.mul(&centered, &inv)?;
-                        let y = g.mul(&xn, &w)?;
-                        let y = g.add(&y, &b)?;
+                        // `x · scale + shift` with one scale and shift per channel (as
+                        // PyTorch's kernels apply it): the backward pass then reduces
+                        // `dy · x` and `dy` over the activations once each, and the
+                        // mean's gradient is per-channel arithmetic; `(x - mean) · inv ·
+                        // w + b` made it reduce three sums of products over them.
+                        let (scale, shift) = batch_norm_affine(g, &mean, &inv, &w, &b)?;
+                        let y = g.mul(x, &scale)?;
+                        let y = g.add(&y, &shift)?;
                         // Running statistics use the unbiased variance, as PyTorch does:
                         // var · n/(n-1), written 1/(1 - 1/n) so a symbolic n works too.
                         let n = dims[0].mul(&dims[2]).mul(&dims[3]);
@@ -539,15 +544,29 @@ impl LayerSpec {
                         let var = g.reshape(params[3], shape)?;
                         let ve = g.add_scalar(&var, BATCH_NORM_EPS)?;
                         let inv = g.unary(crate::op::UnaryOp::Rsqrt, &ve)?;
-                        let centered = g.sub(x, &mean)?;
-                        let xn = g.mul(&centered, &inv)?;
-                        let y = g.mul(&xn, &w)?;
-                        out(g.add(&y, &b)?)
+                        let (scale, shift) = batch_norm_affine(g, &mean, &inv, &w, &b)?;
+                        let y = g.mul(x, &scale)?;
+                        out(g.add(&y, &shift)?)
                     }
                 }
             }
         }
     }
+}
+
+/// Batch norm's per-channel `scale = inv · w` and `shift = b - mean · scale`, which
+/// training and evaluation apply to `x` alike.
+fn batch_norm_affine<G: Builder + ?Sized>(
+    g: &mut G,
+    mean: &G::Value,
+    inv: &G::Value,
+    w: &G::Value,
+    b: &G::Value,
+) -> Result<(G::Value, G::Value)> {
+    let scale = g.mul(inv, w)?;
+    let moved = g.mul(mean, &scale)?;
+    let shift = g.sub(b, &moved)?;
+    Ok((scale, shift))
 }
 
 impl std::fmt::Display for LayerSpec {
