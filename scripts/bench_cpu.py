@@ -53,8 +53,9 @@ def torch_figures(workloads, reps, threads, w3_configs=()):
             r = reps if base == "small" else -(-reps // 5)
             out[("W3", config, "32")] = gpt_torch.step_ms(base, 32, r, precision=precision)
     if "cnn" in workloads:
-        for (task, batch), ms in lenet_figures(reps).items():
-            out[("LeNet", task, str(batch))] = ms
+        for name, make in (("LeNet", lenet), ("ResNet", small_resnet)):
+            for (task, batch), ms in cnn_figures(make, reps).items():
+                out[(name, task, str(batch))] = ms
     if "w4" in workloads:
         n = 1024
         a, b = torch.randn(n, n), torch.randn(n, n)
@@ -77,14 +78,42 @@ def lenet():
         nn.Flatten(), nn.Linear(1600, 128), nn.ReLU(), nn.Dropout(0.25), nn.Linear(128, 10))
 
 
-def lenet_figures(reps):
-    """{(task, batch): ms}: LeNet's training step (SGD with momentum) at batch 64 and
+def small_resnet():
+    """kiln-bench's SmallResNet in PyTorch: a 3x3 stem of 16 channels, basic blocks of
+    16, 32 and 64 channels (the last two strided, with a 1x1 convolution and batch
+    norm on the shortcut), global average pooling and a linear head."""
+    import torch
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.short = None if stride == 1 else nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, 0), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            h = torch.relu(self.b1(self.c1(x)))
+            s = x if self.short is None else self.short(x)
+            return torch.relu(self.b2(self.c2(h)) + s)
+
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, 1, 1), nn.BatchNorm2d(16), nn.ReLU(),
+        Block(16, 16, 1), Block(16, 32, 2), Block(32, 64, 2),
+        nn.AvgPool2d(7), nn.Flatten(), nn.Linear(64, 10))
+
+
+def cnn_figures(make, reps):
+    """{(task, batch): ms}: a CNN's training step (SGD with momentum) at batch 64 and
     128, and inference (eval mode, no autograd) at batch 1 and 256, as kiln-bench's."""
     import torch
     torch.manual_seed(0)
     out = {}
     for batch in (64, 128):
-        model = lenet().train()
+        model = make().train()
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         x, y = torch.randn(batch, 1, 28, 28), torch.arange(batch) % 10
 
@@ -93,7 +122,7 @@ def lenet_figures(reps):
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
         out[("train", batch)] = median_ms(step, reps)
-    model = lenet().eval()
+    model = make().eval()
     for batch, r in ((1, reps * 20), (256, reps)):
         x = torch.randn(batch, 1, 28, 28)
         with torch.no_grad():

@@ -75,11 +75,13 @@ fn int_literal(e: &Expr) -> Option<usize> {
 
 pub use crate::arith::MAX_SIZE;
 
-/// One size argument of a layer type: an integer literal, not zero, not absurd.
-fn layer_size(arg: &GenericArgument) -> syn::Result<usize> {
+/// One size argument of a layer type: an integer literal, not absurd, and not zero
+/// unless `may_be_zero` (a convolution's padding).
+fn layer_size(arg: &GenericArgument, may_be_zero: bool) -> syn::Result<usize> {
     let err = |m: String| Err(syn::Error::new(arg.span(), m));
     match arg {
         GenericArgument::Const(e) => match crate::arith::const_int(e) {
+            Some(Ok(0)) if may_be_zero => Ok(0),
             Some(Ok(n)) if (1..=MAX_SIZE as i128).contains(&n) => Ok(n as usize),
             Some(Ok(0)) => err("a size is at least 1".into()),
             Some(Ok(n)) if n < 0 => err(format!("the size {n} is negative")),
@@ -390,7 +392,7 @@ fn param_dims(ty: &Type, args: &PathArguments) -> syn::Result<Vec<usize>> {
                     "a learned tensor is stored in f32 (a model's `precision` casts it where its ops run in bf16 or f16): write only its dims",
                 ))
             }
-            _ => dims.push(layer_size(arg)?),
+            _ => dims.push(layer_size(arg, false)?),
         }
     }
     let count = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
@@ -487,8 +489,11 @@ pub fn parse_field_type(ty: &Type) -> syn::Result<FieldKind> {
             match &seg.arguments {
                 PathArguments::None => {}
                 PathArguments::AngleBracketed(a) => {
-                    for arg in &a.args {
-                        args.push(layer_size(arg)?);
+                    for (i, arg) in a.args.iter().enumerate() {
+                        // `Conv2d<IN, OUT, KERNEL, STRIDE, PADDING, GROUPS>`: no padding
+                        // is 0.
+                        let padding = name == "Conv2d" && i == 4;
+                        args.push(layer_size(arg, padding)?);
                     }
                 }
                 PathArguments::Parenthesized(x) => {

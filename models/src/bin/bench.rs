@@ -31,7 +31,7 @@ use std::time::Instant;
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Workloads to run (comma-separated): w1, w2, w3, w4, cnn (LeNet's training step at batch 64 and 128, its inference at batch 1 and 256), dynamic (the dynamic path's own costs).
+    /// Workloads to run (comma-separated): w1, w2, w3, w4, cnn (LeNet's and a small ResNet's training steps at batch 64 and 128, their inference at batch 1 and 256), dynamic (the dynamic path's own costs).
     #[arg(long, default_value = "w1,w2,w4")]
     workloads: String,
     /// W3's configurations (comma-separated): small, small-bf16, small-f16, w3, w3-bf16, w3-f16 (the bf16 lines on the CPU name the kernel their products ran on).
@@ -432,38 +432,121 @@ fn w3<Be: Backend>(
 }
 
 /// The CNN workload: the zoo's LeNet (two convolution + batch-norm + ReLU + max-pool
-/// stages, two linear layers with dropout) on random 28×28 images. A training step
-/// (loss, gradients, SGD with momentum) at batch 64 and 128, and inference (batch-norm
-/// on its running statistics, the logits read back to the host) at batch 1 and 256.
+/// stages, two linear layers with dropout) and [`SmallResNet`] on random 28×28 images.
+/// For each, a training step (loss, gradients, SGD with momentum) at batch 64 and 128,
+/// and inference (batch norm on its running statistics, the logits read back to the
+/// host) at batch 1 and 256.
 fn cnn<Be: Backend>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
-    fn train<Be: Backend, const B: usize>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
-        let mut model = LeNet::<Be>::init(dev, 1)?;
-        let mut opt = Sgd::<Be>::new(SgdConfig {
-            lr: 0.01,
-            momentum: 0.9,
-            ..SgdConfig::default()
-        })?;
-        let x = Tensor::<Be, (Const<B>, Const<1>, Const<28>, Const<28>)>::normal(0.0, 1.0, 5, dev)?;
-        let labels: Vec<i32> = (0..B as i32).map(|i| i % 10).collect();
-        let y = Tensor::<Be, (Const<B>,), i32>::from_vec(labels, &[B], dev)?;
-        let ms = time_ms::<Be>(dev, reps, || {
-            let (_, grads) = model.loss_and_grad(&x, &y)?;
-            opt.step(&mut model, &grads)
-        })?;
-        println!("bench=LeNet impl=kiln backend={name} task=train batch={B} ms={ms:.3}");
-        Ok(())
+    /// The four figures of one model.
+    macro_rules! cnn_figures {
+        ($model:ident, $label:literal) => {{
+            fn train<Be: Backend, const B: usize>(
+                dev: &Be::Device,
+                name: &str,
+                reps: usize,
+            ) -> Result<()> {
+                let mut model = $model::<Be>::init(dev, 1)?;
+                let mut opt = Sgd::<Be>::new(SgdConfig {
+                    lr: 0.01,
+                    momentum: 0.9,
+                    ..SgdConfig::default()
+                })?;
+                let x = Tensor::<Be, (Const<B>, Const<1>, Const<28>, Const<28>)>::normal(
+                    0.0, 1.0, 5, dev,
+                )?;
+                let labels: Vec<i32> = (0..B as i32).map(|i| i % 10).collect();
+                let y = Tensor::<Be, (Const<B>,), i32>::from_vec(labels, &[B], dev)?;
+                let ms = time_ms::<Be>(dev, reps, || {
+                    let (_, grads) = model.loss_and_grad(&x, &y)?;
+                    opt.step(&mut model, &grads)
+                })?;
+                println!(
+                    concat!(
+                        "bench=",
+                        $label,
+                        " impl=kiln backend={} task=train batch={} ms={:.3}"
+                    ),
+                    name, B, ms
+                );
+                Ok(())
+            }
+            fn infer<Be: Backend, const B: usize>(
+                dev: &Be::Device,
+                name: &str,
+                reps: usize,
+            ) -> Result<()> {
+                let model = $model::<Be>::init(dev, 1)?;
+                let x = Tensor::<Be, (Const<B>, Const<1>, Const<28>, Const<28>)>::normal(
+                    0.0, 1.0, 6, dev,
+                )?;
+                let ms = time_ms::<Be>(dev, reps, || model.forward(&x)?.to_vec().map(|_| ()))?;
+                println!(
+                    concat!(
+                        "bench=",
+                        $label,
+                        " impl=kiln backend={} task=infer batch={} ms={:.3}"
+                    ),
+                    name, B, ms
+                );
+                Ok(())
+            }
+            train::<Be, 64>(dev, name, reps)?;
+            train::<Be, 128>(dev, name, reps)?;
+            infer::<Be, 1>(dev, name, reps * 20)?;
+            infer::<Be, 256>(dev, name, reps)?;
+        }};
     }
-    fn infer<Be: Backend, const B: usize>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
-        let model = LeNet::<Be>::init(dev, 1)?;
-        let x = Tensor::<Be, (Const<B>, Const<1>, Const<28>, Const<28>)>::normal(0.0, 1.0, 6, dev)?;
-        let ms = time_ms::<Be>(dev, reps, || model.forward(&x)?.to_vec().map(|_| ()))?;
-        println!("bench=LeNet impl=kiln backend={name} task=infer batch={B} ms={ms:.3}");
-        Ok(())
+    cnn_figures!(LeNet, "LeNet");
+    cnn_figures!(SmallResNet, "ResNet");
+    Ok(())
+}
+
+/// The CNN workload's small ResNet for 28×28 grey images: a 3×3 stem of 16 channels,
+/// three basic blocks (two 3×3 convolutions with batch norm, the input added back)
+/// of 16, 32 and 64 channels, the last two halving the image with a strided 1×1
+/// convolution on their shortcut, global average pooling and a linear head.
+#[model]
+pub struct SmallResNet {
+    stem: Conv2d<1, 16, 3, 1, 1>,
+    stem_bn: BatchNorm2d<16>,
+    a1: Conv2d<16, 16, 3, 1, 1>,
+    a1_bn: BatchNorm2d<16>,
+    a2: Conv2d<16, 16, 3, 1, 1>,
+    a2_bn: BatchNorm2d<16>,
+    b1: Conv2d<16, 32, 3, 2, 1>,
+    b1_bn: BatchNorm2d<32>,
+    b2: Conv2d<32, 32, 3, 1, 1>,
+    b2_bn: BatchNorm2d<32>,
+    b_short: Conv2d<16, 32, 1, 2, 0>,
+    b_short_bn: BatchNorm2d<32>,
+    c1: Conv2d<32, 64, 3, 2, 1>,
+    c1_bn: BatchNorm2d<64>,
+    c2: Conv2d<64, 64, 3, 1, 1>,
+    c2_bn: BatchNorm2d<64>,
+    c_short: Conv2d<32, 64, 1, 2, 0>,
+    c_short_bn: BatchNorm2d<64>,
+    pool: AvgPool2d<7>,
+    head: Linear<64, 10>,
+}
+
+#[model]
+impl SmallResNet {
+    /// Class logits of a batch of images.
+    pub fn forward<const B: usize>(&self, x: Tensor<B, 1, 28, 28>) -> Tensor<B, 10> {
+        let h = self.stem_bn(self.stem(x)).relu();
+        let a = self.a1_bn(self.a1(h)).relu();
+        let h = (self.a2_bn(self.a2(a)) + h).relu();
+        let b = self.b1_bn(self.b1(h)).relu();
+        let h = (self.b2_bn(self.b2(b)) + self.b_short_bn(self.b_short(h))).relu();
+        let c = self.c1_bn(self.c1(h)).relu();
+        let h = (self.c2_bn(self.c2(c)) + self.c_short_bn(self.c_short(h))).relu();
+        self.head(self.pool(h).flatten())
     }
-    train::<Be, 64>(dev, name, reps)?;
-    train::<Be, 128>(dev, name, reps)?;
-    infer::<Be, 1>(dev, name, reps * 20)?;
-    infer::<Be, 256>(dev, name, reps)
+
+    /// Mean cross-entropy of the logits against integer labels.
+    pub fn loss<const B: usize>(&self, x: Tensor<B, 1, 28, 28>, y: Tensor<B, i32>) -> Tensor {
+        self.forward(x).cross_entropy(y)
+    }
 }
 
 /// The items of a comma-separated list.
