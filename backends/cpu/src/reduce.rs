@@ -331,18 +331,31 @@ fn reduce_middle_f32(
         acc.copy_from_slice(&block[..inner]);
         for t in 1..taps {
             let src = &block[t * inner..(t + 1) * inner];
+            let acc = &mut acc[..src.len()];
+            // Index loops over equal lengths: no iterator set-up per short row (a
+            // pooling window's rows are 25 to 200 elements).
             match op {
-                ReduceOp::Sum => acc.iter_mut().zip(src).for_each(|(a, &v)| *a += v),
-                ReduceOp::Max => acc.iter_mut().zip(src).for_each(|(a, &v)| {
-                    if v > *a || v.is_nan() {
-                        *a = v
+                ReduceOp::Sum => {
+                    for j in 0..src.len() {
+                        acc[j] += src[j];
                     }
-                }),
-                _ => acc.iter_mut().zip(src).for_each(|(a, &v)| {
-                    if v < *a || v.is_nan() {
-                        *a = v
+                }
+                ReduceOp::Max => {
+                    for j in 0..src.len() {
+                        let v = src[j];
+                        if v > acc[j] || v.is_nan() {
+                            acc[j] = v;
+                        }
                     }
-                }),
+                }
+                _ => {
+                    for j in 0..src.len() {
+                        let v = src[j];
+                        if v < acc[j] || v.is_nan() {
+                            acc[j] = v;
+                        }
+                    }
+                }
             }
         }
     };

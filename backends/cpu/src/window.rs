@@ -113,11 +113,8 @@ fn unfold_planes<T: CpuElement>(x: &[T], w: &Window2d, dims: [usize; 7], out: &m
                     let start = si * wd + first as usize;
                     let dst = &mut out_row[lo..hi];
                     if sw == 1 {
-                        // Short rows (a 10-wide output): an inlined loop, not a call.
                         let n = dst.len();
-                        for (o, &v) in dst.iter_mut().zip(&img[start..start + n]) {
-                            *o = v;
-                        }
+                        dst.copy_from_slice(&img[start..start + n]);
                     } else {
                         for (j, o) in dst.iter_mut().enumerate() {
                             *o = img[start + j * sw];
@@ -214,8 +211,9 @@ fn fold_planes<T: Accumulate>(cols: &[T], w: &Window2d, dims: [usize; 7], acc: &
                     let first = si * wd + shift + lo * sw - w.padding[1];
                     let src_row = &row[oi * ow + lo..oi * ow + hi];
                     if sw == 1 {
-                        for (dst, &v) in img[first..first + (hi - lo)].iter_mut().zip(src_row) {
-                            *dst = T::add(*dst, v);
+                        let dst = &mut img[first..first + src_row.len()];
+                        for j in 0..dst.len() {
+                            dst[j] = T::add(dst[j], src_row[j]);
                         }
                     } else {
                         for (j, &v) in src_row.iter().enumerate() {
