@@ -852,10 +852,18 @@ fn assign_slots<D: SymDim>(
             }
             let meta = &g.nodes[o].meta;
             let same_dtype = |s: &usize| slots[*s] == meta.dtype;
-            let pick = free
+            let same_dims = free
                 .iter()
-                .position(|(s, d)| same_dtype(s) && *d == meta.dims)
-                .or_else(|| free.iter().position(|(s, _)| same_dtype(s)));
+                .position(|(s, d)| same_dtype(s) && *d == meta.dims);
+            // An output leaves with its buffer, which the caller may keep past the
+            // next step (batch norm's running statistics, which a model holds): it
+            // takes a slot of its own, so that what it keeps is never the buffer of a
+            // larger value planned before it (a slot is as large as the largest value
+            // it ever holds), which the next step would have to allocate again.
+            let pick = match pinned[o] {
+                true => None,
+                false => same_dims.or_else(|| free.iter().position(|(s, _)| same_dtype(s))),
+            };
             let s = match pick {
                 Some(p) => free.swap_remove(p).0,
                 None => {
