@@ -437,12 +437,18 @@ fn w3<Be: Backend>(
 /// and inference (batch norm on its running statistics, the logits read back to the
 /// host) at batch 1 and 256.
 fn cnn<Be: Backend>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
+    // On the CPU the lines name the f32 product kernel that ran.
+    let kernel = match name {
+        "cpu" => format!(" gemm={}", kiln::cpu::gemm::f32_kernel()),
+        _ => String::new(),
+    };
     /// The four figures of one model.
     macro_rules! cnn_figures {
         ($model:ident, $label:literal) => {{
             fn train<Be: Backend, const B: usize>(
                 dev: &Be::Device,
                 name: &str,
+                kernel: &str,
                 reps: usize,
             ) -> Result<()> {
                 let mut model = $model::<Be>::init(dev, 1)?;
@@ -464,15 +470,16 @@ fn cnn<Be: Backend>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
                     concat!(
                         "bench=",
                         $label,
-                        " impl=kiln backend={} task=train batch={} ms={:.3}"
+                        " impl=kiln backend={} task=train batch={} ms={:.3}{}"
                     ),
-                    name, B, ms
+                    name, B, ms, kernel
                 );
                 Ok(())
             }
             fn infer<Be: Backend, const B: usize>(
                 dev: &Be::Device,
                 name: &str,
+                kernel: &str,
                 reps: usize,
             ) -> Result<()> {
                 let model = $model::<Be>::init(dev, 1)?;
@@ -484,16 +491,16 @@ fn cnn<Be: Backend>(dev: &Be::Device, name: &str, reps: usize) -> Result<()> {
                     concat!(
                         "bench=",
                         $label,
-                        " impl=kiln backend={} task=infer batch={} ms={:.3}"
+                        " impl=kiln backend={} task=infer batch={} ms={:.3}{}"
                     ),
-                    name, B, ms
+                    name, B, ms, kernel
                 );
                 Ok(())
             }
-            train::<Be, 64>(dev, name, reps)?;
-            train::<Be, 128>(dev, name, reps)?;
-            infer::<Be, 1>(dev, name, reps * 20)?;
-            infer::<Be, 256>(dev, name, reps)?;
+            train::<Be, 64>(dev, name, &kernel, reps)?;
+            train::<Be, 128>(dev, name, &kernel, reps)?;
+            infer::<Be, 1>(dev, name, &kernel, reps * 20)?;
+            infer::<Be, 256>(dev, name, &kernel, reps)?;
         }};
     }
     cnn_figures!(LeNet, "LeNet");

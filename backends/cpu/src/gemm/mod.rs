@@ -535,6 +535,18 @@ fn split_reduction<A: Load<f32>, B: Load<f32>>(
     });
 }
 
+/// The kernel an f32 product runs on this CPU, named by its instruction set and tile:
+/// `"avx512-14x32"`, `"avx2-6x16"` or `"portable-4x8"` (what benchmark lines report).
+pub fn f32_kernel() -> String {
+    let spec = kernels::f32_kernel(Isa::detect());
+    let isa = match spec.isa {
+        Isa::Avx512 => "avx512",
+        Isa::Avx2 => "avx2",
+        Isa::Portable => "portable",
+    };
+    format!("{isa}-{}x{}", spec.mr, spec.nr)
+}
+
 /// The kernel a product of two bf16 operands runs on this CPU: `"avx512-bf16"` (bf16
 /// pairs, f32 accumulation) or `"widened"` (the f32 kernel on operands widened while
 /// packing). Skinny products take the in-place paths, which widen, either way.
