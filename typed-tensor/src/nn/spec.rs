@@ -504,9 +504,9 @@ impl LayerSpec {
                         let inv = g.unary(crate::op::UnaryOp::Rsqrt, &ve)?;
                         // `x · scale + shift` with one scale and shift per channel (as
                         // PyTorch's kernels apply it): the backward pass then reduces
-                        // `dy · x` and `dy` over the activations once each, and the
-                        // mean's gradient is per-channel arithmetic; `(x - mean) · inv ·
-                        // w + b` made it reduce three sums of products over them.
+                        // `dy`, `dy · x` and the variance's own term over the
+                        // activations, three passes where `(x - mean) · inv · w + b`
+                        // made four, the largest of them reading five tensors.
                         let (scale, shift) = batch_norm_affine(g, &mean, &inv, &w, &b)?;
                         let y = g.mul(x, &scale)?;
                         let y = g.add(&y, &shift)?;
