@@ -9,6 +9,7 @@
 
 use kiln_cubecl::{CubeBackend, CubeDevice, KilnRuntime};
 use kiln_models::mlp::Mlp;
+use kiln_tensor::nn::Module;
 use kiln_tensor::{Backend, Const, Rank2, Result, Tensor};
 use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
 
@@ -269,7 +270,6 @@ fn dropout_and_adam_read_their_step_values_from_device_memory<R: KilnRuntime>(
     dev: &CubeDevice<R>,
 ) -> Result<()> {
     use kiln_models::lenet::LeNet;
-    use kiln_tensor::nn::Module;
     use kiln_tensor::RawTensor;
     use kiln_train::learner::Supervised;
     use kiln_train::optim::{AdamW, AdamWConfig};
@@ -326,18 +326,21 @@ fn dropout_and_adam_read_their_step_values_from_device_memory<R: KilnRuntime>(
         step(&mut planned, &mut opt_planned)?;
     }
     checked.step_seeds().keep_on_host();
-    let params = |m: &LeNet<B<R>>| {
+    same_params(&checked, &planned, "device-held and host step values")
+}
+
+/// Asserts that two models' parameters are equal bit for bit; `what` names the two
+/// ways they were trained.
+fn same_params<Be: Backend, M: Module<Be>>(a: &M, b: &M, what: &str) -> Result<()> {
+    let params = |m: &M| {
         let mut all = Vec::new();
         m.visit_params("", &mut |s| {
             all.push((s.name.to_string(), s.value.to_vec::<f32>()))
         });
         all
     };
-    for ((name, a), (_, b)) in params(&checked).into_iter().zip(params(&planned)) {
-        assert_eq!(
-            a?, b?,
-            "`{name}` differs between device-held and host step values"
-        );
+    for ((name, x), (_, y)) in params(a).into_iter().zip(params(b)) {
+        assert_eq!(x?, y?, "`{name}` differs between {what}");
     }
     Ok(())
 }
@@ -399,7 +402,6 @@ type TinyGpt = kiln_models::gpt::Gpt<16, 2, 2, 32>;
 /// trains exactly as the same steps planned.
 fn a_gpt_step_with_adamw_follows_the_rules<R: KilnRuntime>(dev: &CubeDevice<R>) -> Result<()> {
     use kiln_models::gpt::Ids;
-    use kiln_tensor::nn::Module;
     use kiln_train::optim::{AdamW, AdamWConfig};
     type B<R> = CubeBackend<R>;
     let corpus = kiln_models::text::Corpus::shakespeare()?;
@@ -431,15 +433,5 @@ fn a_gpt_step_with_adamw_follows_the_rules<R: KilnRuntime>(dev: &CubeDevice<R>) 
         step(&mut planned, &mut opt_planned)?;
     }
     checked.step_seeds().keep_on_host();
-    let params = |m: &TinyGpt<B<R>>| {
-        let mut all = Vec::new();
-        m.visit_params("", &mut |s| {
-            all.push((s.name.to_string(), s.value.to_vec::<f32>()))
-        });
-        all
-    };
-    for ((name, a), (_, b)) in params(&checked).into_iter().zip(params(&planned)) {
-        assert_eq!(a?, b?, "`{name}` differs between checked and planned steps");
-    }
-    Ok(())
+    same_params(&checked, &planned, "checked and planned steps")
 }
