@@ -4,8 +4,10 @@
 //!
 //! Usage: bench_gemm [--filter SUBSTR] [--threads N] [--portable|--avx2] [--samples N]
 //!                   [--cputime] [--efficiency] [--best] [--dtype f16|bf16] [--shape MxNxK:ll]
+//!                   [--packed]
 //! Layout letters: first for A, second for B; `n` = row-major, `t` = a transposed
 //! view of a row-major buffer (as in torch's `x.t()`).
+//! `--packed` turns the skinny shortcuts off (every shape through the packed kernels).
 //! `--dtype f16|bf16` feeds both inputs in that type (lines then say `gemm f16 ...`).
 //! `--cputime` times with process CPU time instead of wall time; `--efficiency`
 //! prints the best GFLOP/s relative to a single-core FMA-loop peak measured in
@@ -182,6 +184,9 @@ fn main() {
     }
     if flag("--avx2") {
         opts.isa = opts.isa.min(Isa::Avx2);
+    }
+    if flag("--packed") {
+        opts.allow_gemv = false;
     }
     if let Some(t) = get("--threads").and_then(|s| s.parse().ok()) {
         opts.threads = Some(t);

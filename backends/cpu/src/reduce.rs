@@ -278,12 +278,12 @@ pub fn reduce_f32_into(
                 count += 1;
             }
         }
-        match &runs[..count] {
-            &[(false, outer), (true, taps), (false, inner)] => {
+        match runs[..count] {
+            [(false, outer), (true, taps), (false, inner)] => {
                 reduce_middle_f32(op, x, outer, taps, inner, &mut out[..outer * inner]);
                 return true;
             }
-            &[(true, outer), (false, kept), (true, inner)] => {
+            [(true, outer), (false, kept), (true, inner)] => {
                 reduce_around_f32(op, x, outer, kept, inner, &mut out[..kept]);
                 return true;
             }

@@ -69,6 +69,8 @@ pub(crate) fn try_skinny<A: GemmInput, B: GemmInput>(
                 ldw: b.col_stride,
                 nw: n,
                 x: &x,
+                x_off: 0,
+                ldx: k,
                 nx: m,
                 k,
             };
@@ -93,6 +95,8 @@ pub(crate) fn try_skinny<A: GemmInput, B: GemmInput>(
                 ldw: a.row_stride,
                 nw: m,
                 x: &x,
+                x_off: 0,
+                ldx: k,
                 nx: n,
                 k,
             };
@@ -290,16 +294,24 @@ unsafe impl Send for YOut {}
 unsafe impl Sync for YOut {}
 
 /// Y[r][s] (+)= dot(W row r, X row s) for r < nw, s < nx, where W row r is
-/// `w[w_off + r*ldw ..][..k]` and X row s is `x[s*k ..][..k]`.
+/// `w[w_off + r*ldw ..][..k]` and X row s is `x[x_off + s*ldx ..][..k]`.
+#[derive(Clone, Copy)]
 struct Dot<'a> {
     w: &'a [f32],
     w_off: usize,
     ldw: usize,
     nw: usize,
     x: &'a [f32],
+    x_off: usize,
+    ldx: usize,
     nx: usize,
     k: usize,
 }
+
+/// The X rows of a dot product are read in blocks of this many elements along k when
+/// all of them together would not stay in the core's L2 cache (a convolution's weight
+/// gradient sums over every position of the batch: k is tens of thousands).
+const DOT_K_BLOCK: usize = 4096;
 
 impl Dot<'_> {
     /// W row r as a checked slice.
@@ -309,7 +321,17 @@ impl Dot<'_> {
 
     /// X row s as a checked slice.
     fn x_row(&self, s: usize) -> &[f32] {
-        &self.x[s * self.k..][..self.k]
+        &self.x[self.x_off + s * self.ldx..][..self.k]
+    }
+
+    /// The same products over k's elements `k0..k0 + len` only.
+    fn k_block(&self, k0: usize, len: usize) -> Self {
+        Dot {
+            w_off: self.w_off + k0,
+            x_off: self.x_off + k0,
+            k: len,
+            ..*self
+        }
     }
 
     /// Stores one result, adding to what is there when accumulating.
@@ -330,16 +352,29 @@ impl Dot<'_> {
         if self.nw == 0 || self.nx == 0 {
             return;
         }
-        let range = |r0: usize, r1: usize| match isa {
+        let rows = |d: &Dot<'_>, r0: usize, r1: usize, accumulate: bool| match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `isa` was clamped to what the CPU supports; rows r0..r1 are
             // this task's own.
-            Isa::Avx512 => unsafe { x86::dot_rows_avx512(self, r0, r1, y, accumulate) },
+            Isa::Avx512 => unsafe { x86::dot_rows_avx512(d, r0, r1, y, accumulate) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            Isa::Avx2 => unsafe { x86::dot_rows_avx2(self, r0, r1, y, accumulate) },
+            Isa::Avx2 => unsafe { x86::dot_rows_avx2(d, r0, r1, y, accumulate) },
             // SAFETY: rows r0..r1 are this task's own.
-            _ => unsafe { dot_rows_generic::<false>(self, r0, r1, y, accumulate) },
+            _ => unsafe { dot_rows_generic::<false>(d, r0, r1, y, accumulate) },
+        };
+        // Long rows go by blocks of k, each block's X rows kept in cache across the
+        // W rows; the first block stores (or adds, when asked) and the rest add.
+        let block = if self.nx * self.k * 4 > 512 << 10 {
+            DOT_K_BLOCK
+        } else {
+            self.k.max(1)
+        };
+        let range = |r0: usize, r1: usize| {
+            for k0 in (0..self.k.max(1)).step_by(block) {
+                let d = self.k_block(k0, block.min(self.k - k0));
+                rows(&d, r0, r1, accumulate || k0 > 0);
+            }
         };
         if threads > 1 && self.nw >= 8 {
             // A few tasks per thread, handed out as threads come free: a core slowed
@@ -447,7 +482,37 @@ mod x86 {
             });
             let xs: [__m512; ROWS] =
                 std::array::from_fn(|r| _mm512_set1_ps(if r < nrows { x[p + r] } else { 0.0 }));
-            for blk in 0..full + (rem > 0) as usize {
+            let mut blk = 0;
+            if nrows == ROWS {
+                // Four blocks of y at a time: four independent chains of eight FMAs
+                // rather than one, so the adds overlap instead of waiting on each other.
+                while blk + 4 <= full {
+                    let j = blk * 16;
+                    // SAFETY: lanes j..j+64 lie inside y and inside every row slice
+                    // (each of length len >= (blk + 4)·16).
+                    unsafe {
+                        let (mut a0, mut a1, mut a2, mut a3) = (
+                            _mm512_loadu_ps(yp.add(j)),
+                            _mm512_loadu_ps(yp.add(j + 16)),
+                            _mm512_loadu_ps(yp.add(j + 32)),
+                            _mm512_loadu_ps(yp.add(j + 48)),
+                        );
+                        for r in 0..ROWS {
+                            let (row, xr) = (rows[r].as_ptr().add(j), xs[r]);
+                            a0 = _mm512_fmadd_ps(xr, _mm512_loadu_ps(row), a0);
+                            a1 = _mm512_fmadd_ps(xr, _mm512_loadu_ps(row.add(16)), a1);
+                            a2 = _mm512_fmadd_ps(xr, _mm512_loadu_ps(row.add(32)), a2);
+                            a3 = _mm512_fmadd_ps(xr, _mm512_loadu_ps(row.add(48)), a3);
+                        }
+                        _mm512_storeu_ps(yp.add(j), a0);
+                        _mm512_storeu_ps(yp.add(j + 16), a1);
+                        _mm512_storeu_ps(yp.add(j + 32), a2);
+                        _mm512_storeu_ps(yp.add(j + 48), a3);
+                    }
+                    blk += 4;
+                }
+            }
+            for blk in blk..full + (rem > 0) as usize {
                 let j = blk * 16;
                 let m = if blk < full { 0xffff } else { tm };
                 // SAFETY: lanes j..j+16 masked to < len lie inside y and inside every
@@ -493,33 +558,34 @@ mod x86 {
         while r < r1 {
             let wr = 4.min(r1 - r);
             // Rows past the end repeat the last real one: computed, never stored.
-            let w: [&[f32]; 4] = std::array::from_fn(|i| d.w_row(r + i.min(wr - 1)));
+            let w = [0, 1, 2, 3].map(|i| d.w_row(r + i.min(wr - 1)).as_ptr());
             let mut s = 0;
             while s < d.nx {
                 let xr = 4.min(d.nx - s);
-                let x: [&[f32]; 4] = std::array::from_fn(|j| d.x_row(s + j.min(xr - 1)));
+                let x = [0, 1, 2, 3].map(|j| d.x_row(s + j.min(xr - 1)).as_ptr());
                 let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-                // Full blocks unmasked, then one masked tail block.
-                let mut step = |p: usize, m: u16| {
-                    // SAFETY: lanes p..p+16 masked to < k lie inside every row slice
-                    // (each of length k); masked-off lanes are not read.
+                // One loop over the full blocks and the masked tail, its body written
+                // once so that the sixteen sums stay in registers.
+                for blk in 0..full + (rem > 0) as usize {
+                    let (p, m) = (blk * 16, if blk < full { 0xffff } else { tm });
+                    // SAFETY: lanes p..p+16 masked to < k lie inside every row (each
+                    // of length k); masked-off lanes are not read.
                     unsafe {
-                        let wv: [__m512; 4] =
-                            std::array::from_fn(|i| _mm512_maskz_loadu_ps(m, w[i].as_ptr().add(p)));
-                        let xv: [__m512; 4] =
-                            std::array::from_fn(|j| _mm512_maskz_loadu_ps(m, x[j].as_ptr().add(p)));
-                        for i in 0..4 {
-                            for j in 0..4 {
-                                acc[i][j] = _mm512_fmadd_ps(wv[i], xv[j], acc[i][j]);
-                            }
+                        let (w0, w1, w2, w3) = (
+                            _mm512_maskz_loadu_ps(m, w[0].add(p)),
+                            _mm512_maskz_loadu_ps(m, w[1].add(p)),
+                            _mm512_maskz_loadu_ps(m, w[2].add(p)),
+                            _mm512_maskz_loadu_ps(m, w[3].add(p)),
+                        );
+                        // Indexed, not iterated: see `dot_rows_one_avx512`.
+                        for j in 0..4 {
+                            let xv = _mm512_maskz_loadu_ps(m, x[j].add(p));
+                            acc[0][j] = _mm512_fmadd_ps(w0, xv, acc[0][j]);
+                            acc[1][j] = _mm512_fmadd_ps(w1, xv, acc[1][j]);
+                            acc[2][j] = _mm512_fmadd_ps(w2, xv, acc[2][j]);
+                            acc[3][j] = _mm512_fmadd_ps(w3, xv, acc[3][j]);
                         }
                     }
-                };
-                for blk in 0..full {
-                    step(blk * 16, 0xffff);
-                }
-                if rem > 0 {
-                    step(full * 16, tm);
                 }
                 for (i, acc) in acc.iter().enumerate().take(wr) {
                     for (j, acc) in acc.iter().enumerate().take(xr) {
@@ -552,24 +618,23 @@ mod x86 {
         while r < r1 {
             let wr = ROWS.min(r1 - r);
             // Rows past the end repeat the last real one: computed, never stored.
-            let w: [&[f32]; ROWS] = std::array::from_fn(|i| d.w_row(r + i.min(wr - 1)));
+            let w: [*const f32; ROWS] =
+                std::array::from_fn(|i| d.w_row(r + i.min(wr - 1)).as_ptr());
             let mut acc = [_mm512_setzero_ps(); ROWS];
-            let mut step = |p: usize, m: u16| {
-                // SAFETY: lanes p..p+16 masked to < k lie inside every row slice
-                // (each of length k); masked-off lanes are not read.
+            // One loop over the full blocks and the masked tail, its body written once
+            // so that the sums stay in registers.
+            for blk in 0..full + (rem > 0) as usize {
+                let (p, m) = (blk * 16, if blk < full { 0xffff } else { tm });
+                // SAFETY: lanes p..p+16 masked to < k lie inside every row (each of
+                // length k); masked-off lanes are not read.
                 unsafe {
                     let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
-                    for (acc, w) in acc.iter_mut().zip(&w) {
-                        *acc =
-                            _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w.as_ptr().add(p)), xv, *acc);
+                    // Indexed, not zipped: an iterator's helpers are not inlined into
+                    // this AVX-512 function and would take the sums out of registers.
+                    for i in 0..ROWS {
+                        acc[i] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w[i].add(p)), xv, acc[i]);
                     }
                 }
-            };
-            for blk in 0..full {
-                step(blk * 16, 0xffff);
-            }
-            if rem > 0 {
-                step(full * 16, tm);
             }
             for (i, acc) in acc.iter().enumerate().take(wr) {
                 // SAFETY: r + i < r1 <= nw; rows are this task's.

@@ -459,6 +459,30 @@ fn sgemm_huge_k() {
             false,
             3,
         );
+        // The dot form by blocks of k (its small side too big for the cache whole), a
+        // tail block and partial blocks of four rows on both sides, storing and adding.
+        for accumulate in [false, true] {
+            check_sgemm(
+                &opts,
+                15,
+                18,
+                12_325,
+                Layout::RowMajor,
+                Layout::Transposed,
+                accumulate,
+                4,
+            );
+            check_sgemm(
+                &opts,
+                19,
+                9,
+                20_011,
+                Layout::RowMajor,
+                Layout::Transposed,
+                accumulate,
+                5,
+            );
+        }
     }
 }
 
