@@ -141,7 +141,7 @@ proptest! {
         let oh = win.out_size(0, h).unwrap();
         let ow = win.out_size(1, w).unwrap();
         let cols: Vec<f64> = (0..2 * k * k * oh * ow).map(|i| kiln::tensor::rng::uniform(seed ^ 9, i as u32, -1.0, 1.0)).collect();
-        check(vec![(cols, vec![1, 2 * k * k, oh * ow])], &move |g, x| g.apply(Op::Fold2d { window: win, height: h, width: w }, &[&x[0]]))?;
+        check(vec![(cols, vec![2 * k * k, 1, oh * ow])], &move |g, x| g.apply(Op::Fold2d { window: win, height: h, width: w }, &[&x[0]]))?;
     }
 }
 

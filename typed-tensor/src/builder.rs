@@ -888,13 +888,11 @@ pub trait BuilderExt: Builder {
             padding,
             dilation,
         };
-        let cols = self.apply(Op::Unfold2d(window), &[x])?; // [N, Cin·kh·kw, L]
+        // Columns `[Cin·kh·kw, N, L]`: the whole batch in one product per group.
+        let cols = self.apply(Op::Unfold2d(window), &[x])?;
         let cd = self.dims(&cols);
         let per_group = cin_g.mul(&Self::Dim::lit(kh * kw));
-        let cols = self.reshape(
-            &cols,
-            vec![cd[0].clone(), g.clone(), per_group.clone(), cd[2].clone()],
-        )?;
+        let cols = self.reshape(&cols, vec![g.clone(), per_group.clone(), cd[1].mul(&cd[2])])?;
         let cout_g = Self::Dim::derive(&[&wd[0]], "output channels per group", |d| {
             if d[0] % groups != 0 {
                 return Err(Error::shape(
@@ -905,9 +903,11 @@ pub trait BuilderExt: Builder {
             Ok(d[0] / groups)
         })?;
         let wm = self.reshape(w, vec![g, cout_g, per_group])?; // [g, O/g, C/g·kh·kw]
-        let y = self.matmul(&wm, &cols)?; // [N, g, O/g, L]
+        let y = self.matmul(&wm, &cols)?; // [g, O/g, N·L]
         let (oh, ow) = out_hw::<Self::Dim>(&xd, &window)?;
-        let mut y = self.reshape(&y, vec![xd[0].clone(), wd[0].clone(), oh, ow])?;
+        let y = self.reshape(&y, vec![wd[0].clone(), xd[0].clone(), oh, ow])?;
+        // Back to `[N, O, OH, OW]` as a view: readers take the strides.
+        let mut y = self.permute(&y, &[1, 0, 2, 3])?;
         if let Some(b) = b {
             let b4 = self.reshape(b, vec![wd[0].clone(), Self::Dim::lit(1), Self::Dim::lit(1)])?;
             y = self.add(&y, &b4)?;
@@ -988,26 +988,29 @@ pub trait BuilderExt: Builder {
         } else {
             (x.clone(), window)
         };
-        let cols = self.apply(Op::Unfold2d(window), &[&x])?; // [N, C·k·k, L]
+        // Columns `[C·k·k, N, L]`, reduced over the taps and put back as `[N, C, OH, OW]`
+        // (a view).
+        let cols = self.apply(Op::Unfold2d(window), &[&x])?;
         let taps = kernel[0] * kernel[1];
         let cd = self.dims(&cols);
         let cols = self.reshape(
             &cols,
             vec![
-                cd[0].clone(),
                 xd[1].clone(),
                 Self::Dim::lit(taps),
+                cd[1].clone(),
                 cd[2].clone(),
             ],
         )?;
         let r = match op {
             ReduceOp::Sum => {
-                let s = self.sum(&cols, &[2], false)?;
+                let s = self.sum(&cols, &[1], false)?;
                 self.mul_scalar(&s, 1.0 / taps as f64)?
             }
-            _ => self.reduce(op, &cols, &[2], false)?,
+            _ => self.reduce(op, &cols, &[1], false)?,
         };
-        self.reshape(&r, vec![xd[0].clone(), xd[1].clone(), oh, ow])
+        let r = self.reshape(&r, vec![xd[1].clone(), xd[0].clone(), oh, ow])?;
+        self.permute(&r, &[1, 0, 2, 3])
     }
 }
 

@@ -418,9 +418,12 @@ pub enum Op<D = usize> {
         /// The target dtype.
         dtype: DType,
     },
-    /// Sliding windows as columns: `[N, C, H, W] -> [N, C·kh·kw, OH·OW]` (im2col).
+    /// Sliding windows as columns: `[N, C, H, W] -> [C·kh·kw, N, OH·OW]` (im2col, the
+    /// batch inside the rows so that a convolution and both its gradients are each one
+    /// product over the whole batch).
     Unfold2d(Window2d),
-    /// The adjoint of unfold2d (col2im, summing overlaps) back to `[N, C, H, W]`.
+    /// The adjoint of unfold2d (col2im, summing overlaps): `[C·kh·kw, N, OH·OW]` back
+    /// to `[N, C, H, W]`.
     Fold2d {
         /// The window.
         window: Window2d,
@@ -1026,7 +1029,7 @@ impl<D: SymDim> Op<D> {
                     .map_err(with_input)?;
                 let taps = D::lit(w.kernel[0] * w.kernel[1]);
                 Ok(TensorMeta::new(
-                    vec![x.dims[0].clone(), x.dims[1].mul(&taps), oh.mul(&ow)],
+                    vec![x.dims[1].mul(&taps), x.dims[0].clone(), oh.mul(&ow)],
                     x.dtype,
                 ))
             }
@@ -1041,11 +1044,11 @@ impl<D: SymDim> Op<D> {
                 if x.dims.len() != 3 {
                     return Err(Error::shape(
                         name,
-                        format!("expects [N, C·kh·kw, L], got {}", fmt_dims(&x.dims)),
+                        format!("expects [C·kh·kw, N, L], got {}", fmt_dims(&x.dims)),
                     ));
                 }
                 let taps = window.kernel[0] * window.kernel[1];
-                let c = D::derive(&[&x.dims[1]], "channels", |d| {
+                let c = D::derive(&[&x.dims[0]], "channels", |d| {
                     if d[0] % taps != 0 {
                         return Err(Error::shape(
                             "fold2d",
@@ -1070,7 +1073,7 @@ impl<D: SymDim> Op<D> {
                     ));
                 }
                 Ok(TensorMeta::new(
-                    vec![x.dims[0].clone(), c, height.clone(), width.clone()],
+                    vec![x.dims[1].clone(), c, height.clone(), width.clone()],
                     x.dtype,
                 ))
             }
@@ -1536,7 +1539,7 @@ mod tests {
         let r = Op::<usize>::Unfold2d(w)
             .infer(&[&m(&[2, 3, 28, 28])])
             .unwrap();
-        assert_eq!(r.dims, vec![2, 75, 576]);
+        assert_eq!(r.dims, vec![75, 2, 576]);
         let e = Op::<usize>::Unfold2d(w)
             .infer(&[&m(&[2, 3, 4, 4])])
             .unwrap_err();

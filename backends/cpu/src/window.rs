@@ -5,6 +5,7 @@ use crate::storage::{with_storage, with_sum_storage, Accumulate, CpuElement, Cpu
 use crate::strided::gather;
 use kiln_tensor::{Layout, Result, Window2d};
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 /// The input coordinate of output position `o` and tap `k` along one axis, if inside.
 #[inline]
@@ -32,14 +33,13 @@ fn valid(k: usize, w: &Window2d, ax: usize, n: usize, out_n: usize) -> (usize, u
     (lo, (hi as usize).clamp(lo, out_n))
 }
 
-/// `[N, C, H, W] -> [N, C·kh·kw, OH·OW]`.
+/// `[N, C, H, W] -> [C·kh·kw, N, OH·OW]`.
 pub fn unfold2d(x: &CpuStorage, l: &Layout, w: &Window2d) -> Result<CpuStorage> {
     let dims = unfold_dims(l, w)?;
     // Pure data movement, so every dtype; `T::default()` is the zero of padding.
-    fn go<T: CpuElement>(v: &[T], l: &Layout, w: &Window2d, dims: [usize; 7]) -> CpuStorage {
-        let [images, _, _, oh, ow, kh, kw] = dims;
-        let mut out = vec![T::default(); images * kh * kw * oh * ow];
-        unfold_planes(&gather(v, l), w, dims, &mut out);
+    fn go<T: CpuElement>(v: &[T], l: &Layout, w: &Window2d, dims: WindowDims) -> CpuStorage {
+        let mut out = vec![T::default(); dims.columns_len()];
+        unfold_planes(&Images::new(v, l), w, dims, &mut out);
         T::wrap(out)
     }
     Ok(with_storage!(x, v, T => go::<T>(v, l, w, dims)))
@@ -58,85 +58,159 @@ pub fn unfold2d_f32_into(
         return Ok(false);
     };
     let dims = unfold_dims(l, w)?;
-    let [images, _, _, oh, ow, kh, kw] = dims;
-    let len = images * kh * kw * oh * ow;
-    if out.len() < len {
+    let Some(out) = out.get_mut(..dims.columns_len()) else {
         return Ok(false);
-    }
-    unfold_planes(&gather(v, l), w, dims, &mut out[..len]);
+    };
+    unfold_planes(&Images::new(v, l), w, dims, out);
     Ok(true)
 }
 
-/// `[images, H, W, OH, OW, kh, kw]` of an unfold of `l` (images = N·C).
-fn unfold_dims(l: &Layout, w: &Window2d) -> Result<[usize; 7]> {
-    let d = l.dims();
-    let (h, wd) = (d[2], d[3]);
-    let (oh, ow) = (w.out_size(0, h)?, w.out_size(1, wd)?);
-    Ok([d[0] * d[1], h, wd, oh, ow, w.kernel[0], w.kernel[1]])
+/// The sizes an unfold or a fold works with: images `[N, C, H, W]`, `OH × OW` windows
+/// of `kh × kw` taps.
+#[derive(Clone, Copy)]
+struct WindowDims {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    kh: usize,
+    kw: usize,
 }
 
-/// Writes every element of the unfolded planes of the contiguous images `x` into
-/// `out`: each tap's row of output positions, zero where the tap reads padding.
-fn unfold_planes<T: CpuElement>(x: &[T], w: &Window2d, dims: [usize; 7], out: &mut [T]) {
-    let [_, h, wd, oh, ow, kh, kw] = dims;
-    let plane = kh * kw * oh * ow;
-    if plane == 0 {
+impl WindowDims {
+    /// Elements of the columns `[C·kh·kw, N, OH·OW]`.
+    fn columns_len(&self) -> usize {
+        self.c * self.kh * self.kw * self.n * self.oh * self.ow
+    }
+
+    /// Where the row of window positions of image `n`, channel `c`, tap `tap` starts
+    /// in the columns.
+    fn row_start(&self, n: usize, c: usize, tap: usize) -> usize {
+        ((c * self.kh * self.kw + tap) * self.n + n) * self.oh * self.ow
+    }
+}
+
+/// The input of an unfold read in place through its strides: a convolution's input is
+/// often the previous layer's output seen as `[N, C, H, W]` through a permutation.
+/// Rows whose elements are not adjacent are gathered first.
+struct Images<'a, T: Clone> {
+    data: Cow<'a, [T]>,
+    offset: usize,
+    /// Strides of N, C and H; W's is 1.
+    strides: [usize; 3],
+}
+
+impl<'a, T: Copy + Send + Sync> Images<'a, T> {
+    fn new(data: &'a [T], l: &Layout) -> Self {
+        let s = l.strides();
+        if s[3] == 1 || l.dims()[3] <= 1 {
+            Images {
+                data: Cow::Borrowed(data),
+                offset: l.offset(),
+                strides: [s[0], s[1], s[2]],
+            }
+        } else {
+            let d = l.dims();
+            Images {
+                data: gather(data, l),
+                offset: 0,
+                strides: [d[1] * d[2] * d[3], d[2] * d[3], d[3]],
+            }
+        }
+    }
+
+    /// Row `i` of channel `c` of image `n`, `width` elements long.
+    #[inline]
+    fn row(&self, n: usize, c: usize, i: usize, width: usize) -> &[T] {
+        let [sn, sc, sh] = self.strides;
+        &self.data[self.offset + n * sn + c * sc + i * sh..][..width]
+    }
+}
+
+/// The sizes of an unfold of `l`.
+fn unfold_dims(l: &Layout, w: &Window2d) -> Result<WindowDims> {
+    let d = l.dims();
+    let (h, wd) = (d[2], d[3]);
+    Ok(WindowDims {
+        n: d[0],
+        c: d[1],
+        h,
+        w: wd,
+        oh: w.out_size(0, h)?,
+        ow: w.out_size(1, wd)?,
+        kh: w.kernel[0],
+        kw: w.kernel[1],
+    })
+}
+
+/// Writes every element of the columns of the contiguous images `x` into `out`: for
+/// each channel and tap (a block of `N·OH·OW`), each image's row of window positions,
+/// zero where the tap reads padding.
+fn unfold_planes<T: CpuElement>(x: &Images<'_, T>, w: &Window2d, dims: WindowDims, out: &mut [T]) {
+    let WindowDims {
+        n: images,
+        h,
+        w: wd,
+        oh,
+        ow,
+        kh,
+        kw,
+        ..
+    } = dims;
+    let block = images * oh * ow;
+    if block == 0 || out.is_empty() {
         return;
     }
-    // Each kj's range of output columns whose tap lands inside the image, and where
-    // the first of them reads (computed per tap, not per row; no list, so a planned
-    // step allocates nothing here).
-    let columns = |kj: usize| {
-        let (lo, hi) = valid(kj, w, 1, wd, ow);
-        let first = (lo * w.stride[1] + kj * w.dilation[1]) as isize - w.padding[1] as isize;
-        (lo, hi, first)
-    };
     let sw = w.stride[1];
-    let fill = |cols: &mut [T], img: &[T]| {
-        for ki in 0..kh {
-            for kj in 0..kw {
-                let (lo, hi, first) = columns(kj);
-                let tap = &mut cols[(ki * kw + kj) * oh * ow..][..oh * ow];
-                for (oi, out_row) in tap.chunks_exact_mut(ow).enumerate() {
-                    let Some(si) = src(oi, ki, w, 0, h) else {
-                        out_row.fill(T::default());
-                        continue;
-                    };
-                    out_row[..lo].fill(T::default());
-                    out_row[hi..].fill(T::default());
-                    if lo == hi {
-                        // Every tap of this row reads padding; `first` would point
-                        // before the image.
-                        continue;
-                    }
-                    // Input column of output position `oj` is oj·sw + kj·dil − pad.
-                    let start = si * wd + first as usize;
-                    let dst = &mut out_row[lo..hi];
-                    if sw == 1 {
-                        let n = dst.len();
-                        dst.copy_from_slice(&img[start..start + n]);
-                    } else {
-                        for (j, o) in dst.iter_mut().enumerate() {
-                            *o = img[start + j * sw];
-                        }
+    // One channel's tap over every image: `rows` is `[N, OH·OW]`.
+    let fill = |ct: usize, rows: &mut [T]| {
+        let (c, tap) = (ct / (kh * kw), ct % (kh * kw));
+        let (ki, kj) = (tap / kw, tap % kw);
+        // The range of output columns whose tap lands inside the image, and where the
+        // first of them reads.
+        let (lo, hi) = valid(kj, w, 1, wd, ow);
+        let first = (lo * sw + kj * w.dilation[1]) as isize - w.padding[1] as isize;
+        for (n, positions) in rows.chunks_exact_mut(oh * ow).enumerate() {
+            for (oi, out_row) in positions.chunks_exact_mut(ow).enumerate() {
+                let Some(si) = src(oi, ki, w, 0, h) else {
+                    out_row.fill(T::default());
+                    continue;
+                };
+                out_row[..lo].fill(T::default());
+                out_row[hi..].fill(T::default());
+                if lo == hi {
+                    // Every tap of this row reads padding; `first` would point before
+                    // the image.
+                    continue;
+                }
+                // Input column of output position `oj` is oj·sw + kj·dil − pad.
+                let src_row = &x.row(n, c, si, wd)[first as usize..];
+                let dst = &mut out_row[lo..hi];
+                if sw == 1 {
+                    let n = dst.len();
+                    dst.copy_from_slice(&src_row[..n]);
+                } else {
+                    for (j, o) in dst.iter_mut().enumerate() {
+                        *o = src_row[j * sw];
                     }
                 }
             }
         }
     };
-    let images = out.len() / plane;
-    if images * plane >= crate::elementwise::GRAIN && images > 1 {
-        out.par_chunks_mut(plane)
+    if out.len() >= crate::elementwise::GRAIN && out.len() > block {
+        out.par_chunks_mut(block)
             .enumerate()
-            .for_each(|(nc, cols)| fill(cols, &x[nc * h * wd..(nc + 1) * h * wd]));
+            .for_each(|(ct, rows)| fill(ct, rows));
     } else {
-        for (nc, cols) in out.chunks_mut(plane).enumerate() {
-            fill(cols, &x[nc * h * wd..(nc + 1) * h * wd]);
+        for (ct, rows) in out.chunks_mut(block).enumerate() {
+            fill(ct, rows);
         }
     }
 }
 
-/// `[N, C·kh·kw, OH·OW] -> [N, C, H, W]`, summing where windows overlap.
+/// `[C·kh·kw, N, OH·OW] -> [N, C, H, W]`, summing where windows overlap.
 pub fn fold2d(
     x: &CpuStorage,
     l: &Layout,
@@ -145,9 +219,8 @@ pub fn fold2d(
     width: usize,
 ) -> Result<CpuStorage> {
     let dims = fold_dims(l, w, height, width)?;
-    fn go<T: Accumulate>(v: &[T], l: &Layout, w: &Window2d, dims: [usize; 7]) -> CpuStorage {
-        let [nc, h, wd, ..] = dims;
-        let mut acc = vec![T::zero(); nc * h * wd];
+    fn go<T: Accumulate>(v: &[T], l: &Layout, w: &Window2d, dims: WindowDims) -> CpuStorage {
+        let mut acc = vec![T::zero(); dims.n * dims.c * dims.h * dims.w];
         fold_planes::<T>(&gather(v, l), w, dims, &mut acc);
         T::wrap(acc.into_iter().map(T::finish).collect())
     }
@@ -168,8 +241,7 @@ pub fn fold2d_f32_into(
         return Ok(false);
     };
     let dims = fold_dims(l, w, height, width)?;
-    let [nc, h, wd, ..] = dims;
-    let Some(out) = out.get_mut(..nc * h * wd) else {
+    let Some(out) = out.get_mut(..dims.n * dims.c * dims.h * dims.w) else {
         return Ok(false);
     };
     out.fill(0.0);
@@ -177,28 +249,44 @@ pub fn fold2d_f32_into(
     Ok(true)
 }
 
-/// `[images, H, W, OH, OW, kh, kw]` of a fold of `l` into `height × width` images.
-fn fold_dims(l: &Layout, w: &Window2d, height: usize, width: usize) -> Result<[usize; 7]> {
-    let (oh, ow) = (w.out_size(0, height)?, w.out_size(1, width)?);
+/// The sizes of a fold of the columns `l` into `height × width` images.
+fn fold_dims(l: &Layout, w: &Window2d, height: usize, width: usize) -> Result<WindowDims> {
     let (kh, kw) = (w.kernel[0], w.kernel[1]);
     let d = l.dims();
-    let nc = d[0] * d[1] / (kh * kw);
-    Ok([nc, height, width, oh, ow, kh, kw])
+    Ok(WindowDims {
+        n: d[1],
+        c: d[0] / (kh * kw),
+        h: height,
+        w: width,
+        oh: w.out_size(0, height)?,
+        ow: w.out_size(1, width)?,
+        kh,
+        kw,
+    })
 }
 
 /// Adds the contiguous columns `cols` into the zeroed images `acc`, each tap's row of
 /// output positions onto the image row it was read from.
-fn fold_planes<T: Accumulate>(cols: &[T], w: &Window2d, dims: [usize; 7], acc: &mut [T::Acc]) {
-    let [_, h, wd, oh, ow, kh, kw] = dims;
-    let plane = kh * kw * oh * ow;
+fn fold_planes<T: Accumulate>(cols: &[T], w: &Window2d, dims: WindowDims, acc: &mut [T::Acc]) {
+    let WindowDims {
+        c: channels,
+        h,
+        w: wd,
+        oh,
+        ow,
+        kh,
+        kw,
+        ..
+    } = dims;
     if h * wd == 0 {
         return;
     }
+    // Image `p` is channel `p % C` of batch entry `p / C`.
     let fold = |p: usize, img: &mut [T::Acc]| {
-        let cols = &cols[p * plane..(p + 1) * plane];
+        let (n, c) = (p / channels, p % channels);
         for ki in 0..kh {
             for kj in 0..kw {
-                let row = &cols[(ki * kw + kj) * oh * ow..][..oh * ow];
+                let row = &cols[dims.row_start(n, c, ki * kw + kj)..][..oh * ow];
                 let (lo, hi) = valid(kj, w, 1, wd, ow);
                 let (sw, shift) = (w.stride[1], kj * w.dilation[1]);
                 if lo == hi {
@@ -226,7 +314,7 @@ fn fold_planes<T: Accumulate>(cols: &[T], w: &Window2d, dims: [usize; 7], acc: &
         }
     };
     let images = acc.len() / (h * wd);
-    if images * plane >= crate::elementwise::GRAIN && images > 1 {
+    if images * kh * kw * oh * ow >= crate::elementwise::GRAIN && images > 1 {
         acc.par_chunks_mut(h * wd)
             .enumerate()
             .for_each(|(p, img)| fold(p, img));

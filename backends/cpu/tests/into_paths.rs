@@ -256,6 +256,10 @@ fn windows_and_reductions_into_their_slots_are_the_allocating_ops() -> Result<()
     use kiln_tensor::{ReduceOp, Window2d};
     let x = random(&[2, 3, 9, 7], 41)?;
     let strided = random(&[2, 9, 7, 3], 42)?.permute(&[0, 3, 1, 2])?;
+    // A convolution's output as the next layer reads it: `[C, N, H, W]` seen as
+    // `[N, C, H, W]`, rows contiguous (read in place).
+    let channels_first = random(&[3, 2, 9, 7], 45)?.permute(&[1, 0, 2, 3])?;
+    let channels_first_copy = channels_first.contiguous()?;
     let windows = [
         ([3, 3], [1, 1], [1, 1], [1, 1]),
         ([5, 5], [1, 1], [0, 0], [1, 1]),
@@ -272,10 +276,19 @@ fn windows_and_reductions_into_their_slots_are_the_allocating_ops() -> Result<()
         };
         let (oh, ow) = (w.out_size(0, 9)?, w.out_size(1, 7)?);
         let taps = 3 * kernel[0] * kernel[1];
-        for input in [&x, &strided] {
-            same_both_ways(&Op::Unfold2d(w), &[input], &[2, taps, oh * ow], DType::F32)?;
+        for input in [&x, &strided, &channels_first] {
+            same_both_ways(&Op::Unfold2d(w), &[input], &[taps, 2, oh * ow], DType::F32)?;
         }
-        let cols = random(&[2, taps, oh * ow], 43)?;
+        let unfold = |x: &RawTensor<Cpu>| {
+            x.apply(Op::Unfold2d(w), &[])
+                .and_then(|c| c.to_vec::<f32>())
+        };
+        assert_eq!(
+            unfold(&channels_first)?,
+            unfold(&channels_first_copy)?,
+            "unfold read through strides"
+        );
+        let cols = random(&[taps, 2, oh * ow], 43)?;
         let fold = Op::Fold2d {
             window: w,
             height: 9,

@@ -100,7 +100,7 @@ fn windows_whose_rows_read_only_padding() {
                 width: w,
             },
             inputs: vec![Input::fresh(RefTensor::new(
-                vec![1, 12, oh * ow],
+                vec![12, 1, oh * ow],
                 cols,
                 dtype,
             ))],

@@ -834,7 +834,7 @@ pub fn fold2d_cases(config: &Config) -> BoxedStrategy<OpCase> {
             };
             let l = windows + wrong as usize;
             let rows = c * win.kernel[0] * win.kernel[1];
-            input(vec![n, rows, l], dt, Domain::Any).prop_map(move |x| OpCase {
+            input(vec![rows, n, l], dt, Domain::Any).prop_map(move |x| OpCase {
                 op: Op::Fold2d {
                     window: win,
                     height: h,

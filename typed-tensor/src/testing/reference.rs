@@ -537,8 +537,8 @@ fn matmul_int8(x: &RefTensor, w: &RefTensor, scale: &RefTensor) -> Vec<f64> {
         .collect()
 }
 
-/// im2col: row `c·kh·kw + ki·kw + kj`, column `oi·OW + oj`, zeros where the window
-/// reaches into the padding.
+/// im2col: row `c·kh·kw + ki·kw + kj`, image `n`, column `oi·OW + oj`, zeros where the
+/// window reaches into the padding.
 fn unfold2d(x: &RefTensor, w: &Window2d, out_dims: &[usize]) -> Vec<f64> {
     let (h, wd) = (x.dims[2], x.dims[3]);
     let (oh, ow) = (
@@ -559,7 +559,7 @@ fn unfold2d(x: &RefTensor, w: &Window2d, out_dims: &[usize]) -> Vec<f64> {
                                 continue;
                             };
                             let row = c * kh * kw + ki * kw + kj;
-                            out[flat(out_dims, &[n, row, oi * ow + oj])] = x.at(&[n, c, si, sj]);
+                            out[flat(out_dims, &[row, n, oi * ow + oj])] = x.at(&[n, c, si, sj]);
                         }
                     }
                 }
@@ -579,7 +579,7 @@ fn fold2d(x: &RefTensor, w: &Window2d, out_dims: &[usize]) -> Vec<f64> {
     );
     let (kh, kw) = (w.kernel[0], w.kernel[1]);
     let mut acc = Accumulator::new(x.dtype, out_dims.iter().product());
-    for n in 0..x.dims[0] {
+    for n in 0..x.dims[1] {
         for c in 0..c_out {
             for ki in 0..kh {
                 for kj in 0..kw {
@@ -593,7 +593,7 @@ fn fold2d(x: &RefTensor, w: &Window2d, out_dims: &[usize]) -> Vec<f64> {
                             let row = c * kh * kw + ki * kw + kj;
                             acc.add(
                                 flat(out_dims, &[n, c, si, sj]),
-                                x.at(&[n, row, oi * ow + oj]),
+                                x.at(&[row, n, oi * ow + oj]),
                             );
                         }
                     }
@@ -661,7 +661,7 @@ mod tests {
     }
 
     #[test]
-    fn unfold_orders_rows_channel_then_kernel() {
+    fn unfold_orders_rows_channel_then_kernel_then_image() {
         // One image, two channels of 2×2, a 2×1 kernel: two windows per channel.
         let x = t(&[1, 2, 2, 2], &[1., 2., 3., 4., 5., 6., 7., 8.], DType::F64);
         let w = Window2d {
@@ -671,18 +671,21 @@ mod tests {
             dilation: [1, 1],
         };
         let u = eval(&Op::Unfold2d(w), &[&x]).unwrap();
-        assert_eq!(u.dims, vec![1, 4, 2]);
+        assert_eq!(u.dims, vec![4, 1, 2]);
         assert_eq!(u.data, vec![1., 2., 3., 4., 5., 6., 7., 8.]);
-        let f = eval(
-            &Op::Fold2d {
-                window: w,
-                height: 2,
-                width: 2,
-            },
-            &[&u],
-        )
-        .unwrap();
-        assert_eq!(f.data, x.data);
+        let fold = Op::Fold2d {
+            window: w,
+            height: 2,
+            width: 2,
+        };
+        assert_eq!(eval(&fold, &[&u]).unwrap().data, x.data);
+        // Two images of one channel: each tap's row holds both images' windows.
+        let x = t(&[2, 1, 2, 2], &[1., 2., 3., 4., 5., 6., 7., 8.], DType::F64);
+        let u = eval(&Op::Unfold2d(w), &[&x]).unwrap();
+        assert_eq!(u.dims, vec![2, 2, 2]);
+        assert_eq!(u.data, vec![1., 2., 5., 6., 3., 4., 7., 8.]);
+        let f = eval(&fold, &[&u]).unwrap();
+        assert_eq!((f.dims, f.data), (x.dims.clone(), x.data.clone()));
     }
 
     #[test]

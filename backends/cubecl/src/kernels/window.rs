@@ -7,7 +7,7 @@
 use super::common::linear_pos;
 use cubecl::prelude::*;
 
-/// `[N, C, H, W] -> [N, C·kh·kw, oh·ow]`, zeros where a window reaches into padding.
+/// `[N, C, H, W] -> [C·kh·kw, N, oh·ow]`, zeros where a window reaches into padding.
 #[cube(launch_unchecked)]
 pub fn unfold2d<T: CubePrimitive>(
     x: &Array<T>,
@@ -17,15 +17,14 @@ pub fn unfold2d<T: CubePrimitive>(
 ) {
     let pos = linear_pos();
     if pos < meta[0] {
-        let (c_in, h, w) = (meta[2], meta[3], meta[4]);
+        let (images, h, w) = (meta[1], meta[3], meta[4]);
         let (kh, kw) = (meta[5], meta[6]);
         let (sh, sw, ph, pw, dh, dw) = (meta[7], meta[8], meta[9], meta[10], meta[11], meta[12]);
         let (oh, ow) = (meta[13], meta[14]);
         let cols = oh * ow;
-        let rows = c_in * kh * kw;
         let col = pos % cols;
-        let row = (pos / cols) % rows;
-        let n = pos / (cols * rows);
+        let n = (pos / cols) % images;
+        let row = pos / (cols * images);
         let c = row / (kh * kw);
         let tap = row % (kh * kw);
         let (ki, kj) = (tap / kw, tap % kw);
@@ -45,7 +44,7 @@ pub fn unfold2d<T: CubePrimitive>(
     }
 }
 
-/// `[N, C·kh·kw, L] -> [N, C, H, W]`, summing every column entry that was read from a
+/// `[C·kh·kw, N, L] -> [N, C, H, W]`, summing every column entry that was read from a
 /// position (accumulated in `A`).
 // CubeCL's kernel language has `%` but not `is_multiple_of`.
 #[allow(clippy::manual_is_multiple_of)]
@@ -73,7 +72,7 @@ pub fn fold2d<T: Numeric, A: Numeric>(cols: &Array<T>, out: &mut Array<T>, meta:
                         let oj = (tx - kj * dw) / sw;
                         let row = c * kh * kw + ki * kw + kj;
                         let off =
-                            meta[15] + n * meta[16] + row * meta[17] + (oi * ow + oj) * meta[18];
+                            meta[15] + row * meta[16] + n * meta[17] + (oi * ow + oj) * meta[18];
                         acc += A::cast_from(cols[off as usize]);
                     }
                 }
