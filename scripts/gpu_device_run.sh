@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|int8|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|w3rows|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|nodes|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|int8|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|w3rows|w3replay|w3one|w3torch|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|nodes|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -131,6 +131,32 @@ case $W in
     for p in bf16 f32; do
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
       run 300 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
+    done ;;
+  w3replay)
+    # Issue 64: captured steps launch row passes (no fallback): replayed steps against
+    # planned ones on CUDA, the row-pass kernel against its kernels run apart, then W3's
+    # planned and replayed steps in bf16 and f32 (PyTorch's beside them: `torch` below).
+    models_data
+    [ -x $B/cuda_graph_test ] && run 200 $B/cuda_graph_test --test-threads 1 replayed_steps
+    [ -x $B/row_pass_test ] && run 150 $B/row_pass_test --test-threads 1 cuda::
+    run 240 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-bf16,w3 --reps 20 ;;
+  w3one)
+    # `w3replay` and `w3torch` in one call short of device time: replayed steps against
+    # planned ones, W3's planned and replayed steps, PyTorch's bf16 eager and compiled
+    # steps and its compiled f32 step.
+    models_data
+    [ -x $B/cuda_graph_test ] && run 150 $B/cuda_graph_test --test-threads 1 replayed_steps
+    run 180 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-bf16,w3 --reps 20
+    run 60 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision bf16
+    for p in bf16 f32; do
+      run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
+    done ;;
+  w3torch)
+    # PyTorch's W3 steps, eager and torch.compile, bf16 and f32: the peer for `w3replay`
+    # on the same warm machine.
+    for p in bf16 f32; do
+      run 100 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p
+      run 200 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
     done ;;
   w3rows)
     # Issue 64, items 2 and 5: the row-pass kernel against its kernels run apart and the
