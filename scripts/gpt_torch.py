@@ -213,9 +213,11 @@ def train(a):
 
 def mixed(device, precision):
     """The autocast context of `precision` (bf16 or f16 products, f32 parameters; off for
-    f32) and its gradient scaler: f16's dynamic loss scaling (torch.amp.GradScaler's
-    defaults, as Kiln's), a pass-through otherwise."""
+    f32 and tf32) and its gradient scaler: f16's dynamic loss scaling (torch.amp.GradScaler's
+    defaults, as Kiln's), a pass-through otherwise. tf32 lets CUDA's f32 products run on
+    TF32 tensor cores (`allow_tf32`, as Kiln's `w3-tf32`)."""
     kind = device.split(":")[0]
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     half = {"bf16": torch.bfloat16, "f16": torch.float16}.get(precision)
     autocast = torch.autocast(device_type=kind, dtype=half or torch.bfloat16,
                               enabled=half is not None)
@@ -314,7 +316,7 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", choices=["f32", "bf16", "f16"], default="f32")
+    p.add_argument("--precision", choices=["f32", "tf32", "bf16", "f16"], default="f32")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--tokens", type=int, default=0,
                    help="latency: bytes in the window (0: the whole context)")

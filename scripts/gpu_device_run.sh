@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|int8|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|w3rows|w3replay|w3one|w3torch|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|nodes|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|int8|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|w3rows|w3replay|w3one|w3tf32|w3torch|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|nodes|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -149,6 +149,15 @@ case $W in
     run 180 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-bf16,w3 --reps 20
     run 60 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision bf16
     for p in bf16 f32; do
+      run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
+    done ;;
+  w3tf32)
+    # Issue 64, item 6's TF32 row: W3's f32 step with its products on TF32 tensor cores
+    # (kiln-bench's w3-tf32) beside plain f32, and PyTorch's compiled steps with
+    # `allow_tf32` on and off.
+    models_data
+    run 150 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-tf32,w3 --reps 20
+    for p in tf32 f32; do
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
     done ;;
   w3torch)

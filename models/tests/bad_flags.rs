@@ -140,6 +140,13 @@ fn nonsense_flags_and_paths_are_refused_in_one_line() {
             vec!["--workloads", "w1", "--variants", "infer,int8"],
             "unknown W1 variant \"int8\" (known: static, static-unfused, dynamic, infer, infer-int8)",
         ),
+        // TF32 is CUDA's: asked for on the CPU, the configuration is refused, not run as
+        // plain f32 under its name.
+        (
+            BENCH,
+            vec!["--workloads", "w3", "--w3-configs", "w3-tf32"],
+            "w3-tf32 runs W3's f32 products on CUDA's TF32 tensor cores, which the device cpu does not have",
+        ),
     ] {
         let mut all = args.clone();
         if bin == TRAIN {

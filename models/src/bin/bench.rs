@@ -34,7 +34,7 @@ struct Args {
     /// Workloads to run (comma-separated): w1, w2, w3, w4, cnn (LeNet's and a small ResNet's training steps at batch 64 and 128, their inference at batch 1 and 256), dynamic (the dynamic path's own costs).
     #[arg(long, default_value = "w1,w2,w4")]
     workloads: String,
-    /// W3's configurations (comma-separated): small, small-bf16, small-f16, w3, w3-bf16, w3-f16 (the bf16 lines on the CPU name the kernel their products ran on).
+    /// W3's configurations (comma-separated): small, small-bf16, small-f16, w3, w3-bf16, w3-f16, w3-tf32 (f32 with TF32 products, CUDA only; the bf16 lines on the CPU name the kernel their products ran on).
     #[arg(long, default_value = "small")]
     w3_configs: String,
     /// W1 variants to run (comma-separated): static, static-unfused, dynamic, infer, infer-int8 (batch-1 inference of the MLP's int8 checkpoint, `kiln-quantize`'s, through its int8 instance; on the CPU the line names the int8 kernel).
@@ -364,6 +364,27 @@ fn w3_config<Be: Backend, M: GptModel<Be> + Supervised<Be>, const B: usize, cons
     Ok(())
 }
 
+/// Runs `run` with CUDA's f32 products allowed onto TF32 tensor cores (PyTorch's
+/// `allow_tf32`), then turns them back off; TF32 is a CUDA setting, refused elsewhere.
+fn with_tf32(name: &str, run: impl FnOnce() -> Result<()>) -> Result<()> {
+    match name {
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            kiln::cubecl::cuda::set_allow_tf32(true);
+            let result = run();
+            kiln::cubecl::cuda::set_allow_tf32(false);
+            result
+        }
+        _ => {
+            drop(run);
+            Err(Error::invalid(
+                "kiln-bench",
+                format!("w3-tf32 runs W3's f32 products on CUDA's TF32 tensor cores, which the device {name} does not have"),
+            ))
+        }
+    }
+}
+
 /// With `KILN_PROFILE_STEP` set, one more planned step of each W3 configuration runs
 /// inside a CUDA profiler range, for `ncu --profile-from-start off`: exactly one
 /// step's kernels (the planned step launches what a replay does).
@@ -418,11 +439,14 @@ fn w3<Be: Backend>(
                 reps.div_ceil(5),
                 &corpus,
             )?,
+            "w3-tf32" => with_tf32(name, || {
+                w3_config::<Be, W3Gpt<Be>, 32, 256>(dev, name, "w3-tf32", reps.div_ceil(5), &corpus)
+            })?,
             other => {
                 return Err(Error::invalid(
                     "kiln-bench",
                     format!(
-                        "unknown W3 configuration {other:?} (known: small, small-bf16, small-f16, w3, w3-bf16, w3-f16)"
+                        "unknown W3 configuration {other:?} (known: small, small-bf16, small-f16, w3, w3-bf16, w3-f16, w3-tf32)"
                     ),
                 ))
             }
