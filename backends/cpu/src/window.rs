@@ -145,9 +145,9 @@ fn unfold_dims(l: &Layout, w: &Window2d) -> Result<WindowDims> {
     })
 }
 
-/// Writes every element of the columns of the contiguous images `x` into `out`: for
-/// each channel and tap (a block of `N·OH·OW`), each image's row of window positions,
-/// zero where the tap reads padding.
+/// Writes every element of the columns of the images `x` (read through their strides)
+/// into `out`: for each channel and tap (a block of `N·OH·OW`), each image's row of
+/// window positions, zero where the tap reads padding.
 fn unfold_planes<T: CpuElement>(x: &Images<'_, T>, w: &Window2d, dims: WindowDims, out: &mut [T]) {
     let WindowDims {
         n: images,

@@ -313,6 +313,10 @@ struct Dot<'a> {
 /// gradient sums over every position of the batch: k is tens of thousands).
 const DOT_K_BLOCK: usize = 4096;
 
+/// X rows taking more bytes than this together are read by blocks of k (half of a
+/// 1 MiB L2, leaving room for the W rows streamed past them).
+const DOT_X_CACHED_BYTES: usize = 512 << 10;
+
 impl Dot<'_> {
     /// W row r as a checked slice.
     fn w_row(&self, r: usize) -> &[f32] {
@@ -365,7 +369,7 @@ impl Dot<'_> {
         };
         // Long rows go by blocks of k, each block's X rows kept in cache across the
         // W rows; the first block stores (or adds, when asked) and the rest add.
-        let block = if self.nx * self.k * 4 > 512 << 10 {
+        let block = if self.nx * self.k * 4 > DOT_X_CACHED_BYTES {
             DOT_K_BLOCK
         } else {
             self.k.max(1)
