@@ -26,6 +26,9 @@ use super::common::{cube_index, nan};
 use super::random::{dropout_factor, dropout_key};
 use cubecl::prelude::*;
 
+/// Four consecutive elements of a row: the unit of the tiles' shared-memory traffic.
+pub(super) type Quad<A> = Vector<A, Const<4>>;
+
 /// Rows per cube, one per unit.
 pub const TILE_ROWS: u32 = 64;
 /// The widest head (`E` or `Ev`) the tiled kernels hold in registers.
@@ -62,32 +65,39 @@ pub(super) fn key_of(
 }
 
 /// Copies rows `first..first + tile` of `src` (rows of `width` elements) into `dst` as
-/// rows of `padded` in `A` (converted once here, not by each unit that reads them),
-/// zeros past the row's end and for the rows at or past `end`; every unit of the cube
-/// takes part.
+/// rows of `padded` in `A`, four to a [`Quad`] (converted once here, not by each unit
+/// that reads them), zeros past the row's end and for the rows at or past `end`; every
+/// unit of the cube takes part.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn load_tile<F: Float, A: Float>(
     src: &Array<F>,
-    dst: &mut SharedMemory<A>,
+    dst: &mut SharedMemory<Quad<A>>,
     first: u32,
     end: u32,
     width: u32,
     #[comptime] tile: u32,
     #[comptime] padded: u32,
 ) {
-    let n = comptime!(tile * padded);
-    let steps = comptime!((tile * padded).div_ceil(TILE_ROWS));
+    let quads = comptime!(padded / 4);
+    let n = comptime!(tile * quads);
+    let steps = comptime!((tile * quads).div_ceil(TILE_ROWS));
     // Not unrolled: on the H200 the unrolled loads cost more registers than the overlap
     // gained (0.63 against 0.52 ms at T 256, f32).
     for s in 0..steps {
         let idx = UNIT_POS_X + s * TILE_ROWS;
         if idx < n {
-            let r = idx / padded;
-            let c = idx % padded;
-            let mut x = A::new(0.0);
-            if first + r < end && c < width {
-                x = A::cast_from(src[((first + r) * width + c) as usize]);
+            let r = idx / quads;
+            let c0 = (idx % quads) * 4;
+            let mut x = Quad::<A>::new(A::new(0.0));
+            if first + r < end {
+                let at = (first + r) * width + c0;
+                #[unroll]
+                for lane in 0..4u32 {
+                    if c0 + lane < width {
+                        x[lane as usize] = A::cast_from(src[(at + lane) as usize]);
+                    }
+                }
             }
             dst[idx as usize] = x;
         }
@@ -113,8 +123,8 @@ pub(super) fn load_stats<A: Float>(
     }
 }
 
-/// Row `row` of `src` (rows of `width`) in registers padded to `padded`, times
-/// `factor`; zeros for a unit past the last row.
+/// Row `row` of `src` (rows of `width`) in registers padded to `padded`, four to a
+/// [`Quad`], times `factor`; zeros for a unit past the last row.
 #[cube]
 fn load_row<F: Float, A: Float>(
     src: &Array<F>,
@@ -123,50 +133,68 @@ fn load_row<F: Float, A: Float>(
     factor: A,
     width: u32,
     #[comptime] padded: u32,
-) -> Array<A> {
-    let mut r = Array::<A>::new(padded as usize);
+) -> Array<Quad<A>> {
+    let mut r = Array::<Quad<A>>::new((padded / 4) as usize);
     #[unroll]
-    for c in 0..padded {
-        let mut x = A::new(0.0);
-        if live && c < width {
-            x = A::cast_from(src[(row * width + c) as usize]) * factor;
+    for c4 in 0..padded / 4 {
+        let mut x = Quad::<A>::new(A::new(0.0));
+        #[unroll]
+        for lane in 0..4u32 {
+            let c = c4 * 4 + lane;
+            if live && c < width {
+                x[lane as usize] = A::cast_from(src[(row * width + c) as usize]) * factor;
+            }
         }
-        r[c as usize] = x;
+        r[c4 as usize] = x;
     }
     r
 }
 
-/// `Σ_c row_c · tile[at + c]`, in four interleaved partial sums: one chain of dependent
-/// FMAs would make each unit wait out the FMA latency `width` times.
+/// `padded / 4` zero [`Quad`]s: an accumulator row.
 #[cube]
-fn dot<A: Float>(row: &Array<A>, tile: &SharedMemory<A>, at: u32, #[comptime] width: u32) -> A {
-    let mut s0 = A::new(0.0);
-    let mut s1 = A::new(0.0);
-    let mut s2 = A::new(0.0);
-    let mut s3 = A::new(0.0);
+fn zero_row<A: Float>(#[comptime] padded: u32) -> Array<Quad<A>> {
+    let mut r = Array::<Quad<A>>::new((padded / 4) as usize);
     #[unroll]
-    for c4 in 0..width / 4 {
-        let c = c4 * 4;
-        s0 += row[c as usize] * tile[(at + c) as usize];
-        s1 += row[(c + 1) as usize] * tile[(at + c + 1) as usize];
-        s2 += row[(c + 2) as usize] * tile[(at + c + 2) as usize];
-        s3 += row[(c + 3) as usize] * tile[(at + c + 3) as usize];
+    for c4 in 0..padded / 4 {
+        r[c4 as usize] = Quad::<A>::new(A::new(0.0));
     }
-    (s0 + s1) + (s2 + s3)
+    r
 }
 
-/// `acc += w · tile[at..at + width]`.
+/// `Σ_c row_c · tile_c` over the `width` elements of the tile's row starting at quad
+/// `at`. Lane `l` of the running [`Quad`] sums the elements `c ≡ l (mod 4)`: four
+/// independent chains (one would make each unit wait out the FMA latency `width`
+/// times), added pairwise at the end. A quad is one 16-byte shared-memory load, which
+/// every unit of a warp reads at once (a broadcast): a load per four FMAs, not per one.
+#[cube]
+fn dot<A: Float>(
+    row: &Array<Quad<A>>,
+    tile: &SharedMemory<Quad<A>>,
+    at: u32,
+    #[comptime] width: u32,
+) -> A {
+    let mut s = Quad::<A>::new(A::new(0.0));
+    #[unroll]
+    for c4 in 0..width / 4 {
+        s += row[c4 as usize] * tile[(at + c4) as usize];
+    }
+    (s[0usize] + s[1usize]) + (s[2usize] + s[3usize])
+}
+
+/// `acc += w · tile[at..]` over the `width` elements of the tile's row starting at quad
+/// `at`.
 #[cube]
 fn add_scaled<A: Float>(
-    acc: &mut Array<A>,
+    acc: &mut Array<Quad<A>>,
     w: A,
-    tile: &SharedMemory<A>,
+    tile: &SharedMemory<Quad<A>>,
     at: u32,
     #[comptime] width: u32,
 ) {
+    let ws = Quad::<A>::new(w);
     #[unroll]
-    for c in 0..width {
-        acc[c as usize] += w * tile[(at + c) as usize];
+    for c4 in 0..width / 4 {
+        acc[c4 as usize] += ws * tile[(at + c4) as usize];
     }
 }
 
@@ -174,16 +202,21 @@ fn add_scaled<A: Float>(
 #[cube]
 fn store_row<F: Float, A: Float>(
     dst: &mut Array<F>,
-    acc: &Array<A>,
+    acc: &Array<Quad<A>>,
     row: u32,
     factor: A,
     width: u32,
     #[comptime] padded: u32,
 ) {
     #[unroll]
-    for c in 0..padded {
-        if c < width {
-            dst[(row * width + c) as usize] = F::cast_from(acc[c as usize] * factor);
+    for c4 in 0..padded / 4 {
+        let x = acc[c4 as usize];
+        #[unroll]
+        for lane in 0..4u32 {
+            let c = c4 * 4 + lane;
+            if c < width {
+                dst[(row * width + c) as usize] = F::cast_from(x[lane as usize] * factor);
+            }
         }
     }
 }
@@ -226,19 +259,15 @@ pub fn flash_forward<F: Float, A: Float + CubeElement>(
         let row = b * tq + i;
         let key = key_of(seed, own_lo, own_hi, dropout);
         let qr = load_row::<F, A>(q, row, live, scale, we, e);
-        let mut o = Array::<A>::new(ev as usize);
-        #[unroll]
-        for c in 0..ev {
-            o[c as usize] = A::new(0.0);
-        }
+        let mut o = zero_row::<A>(ev);
         let mut m = neg_inf;
         let mut l = A::new(0.0);
         let mut keys = tk;
         if causal {
             keys = min(tk, i0 + TILE_ROWS);
         }
-        let mut ks = SharedMemory::<A>::new((tile * e) as usize);
-        let mut vs = SharedMemory::<A>::new((tile * ev) as usize);
+        let mut ks = SharedMemory::<Quad<A>>::new((tile * e / 4) as usize);
+        let mut vs = SharedMemory::<Quad<A>>::new((tile * ev / 4) as usize);
         let mut j0 = 0u32;
         while j0 < keys {
             load_tile::<F, A>(k, &mut ks, b * tk + j0, b * tk + tk, we, tile, e);
@@ -249,14 +278,15 @@ pub fn flash_forward<F: Float, A: Float + CubeElement>(
             for jj in 0..tile {
                 let j = j0 + jj;
                 if j < tk && (!causal || j <= i) {
-                    let s = dot::<A>(&qr, &ks, jj * e, e);
+                    let s = dot::<A>(&qr, &ks, jj * e / 4, e);
                     if s > m {
                         // The maximum grows: what was summed so far is rescaled to it.
                         let alpha = (m - s).exp();
                         l *= alpha;
+                        let alphas = Quad::<A>::new(alpha);
                         #[unroll]
-                        for c in 0..ev {
-                            o[c as usize] *= alpha;
+                        for c4 in 0..ev / 4 {
+                            o[c4 as usize] *= alphas;
                         }
                         m = s;
                     }
@@ -268,7 +298,7 @@ pub fn flash_forward<F: Float, A: Float + CubeElement>(
                             if dropout {
                                 w *= dropout_factor::<A>(key, threshold, row * tk + j, keep);
                             }
-                            add_scaled::<A>(&mut o, w, &vs, jj * ev, ev);
+                            add_scaled::<A>(&mut o, w, &vs, jj * ev / 4, ev);
                         }
                     } else if nan::<A>(s) {
                         l = s;
@@ -336,17 +366,13 @@ pub fn flash_grad_q<F: Float, A: Float + CubeElement>(
             row_lse = lse[row as usize];
             row_delta = delta[row as usize];
         }
-        let mut acc = Array::<A>::new(e as usize);
-        #[unroll]
-        for c in 0..e {
-            acc[c as usize] = A::new(0.0);
-        }
+        let mut acc = zero_row::<A>(e);
         let mut keys = tk;
         if causal {
             keys = min(tk, i0 + TILE_ROWS);
         }
-        let mut ks = SharedMemory::<A>::new((tile * e) as usize);
-        let mut vs = SharedMemory::<A>::new((tile * ev) as usize);
+        let mut ks = SharedMemory::<Quad<A>>::new((tile * e / 4) as usize);
+        let mut vs = SharedMemory::<Quad<A>>::new((tile * ev / 4) as usize);
         let mut j0 = 0u32;
         while j0 < keys {
             load_tile::<F, A>(k, &mut ks, b * tk + j0, b * tk + tk, we, tile, e);
@@ -355,12 +381,12 @@ pub fn flash_grad_q<F: Float, A: Float + CubeElement>(
             for jj in 0..tile {
                 let j = j0 + jj;
                 if j < tk && (!causal || j <= i) {
-                    let p = (dot::<A>(&qr, &ks, jj * e, e) - row_lse).exp();
-                    let mut dp = dot::<A>(&gr, &vs, jj * ev, ev);
+                    let p = (dot::<A>(&qr, &ks, jj * e / 4, e) - row_lse).exp();
+                    let mut dp = dot::<A>(&gr, &vs, jj * ev / 4, ev);
                     if dropout {
                         dp *= dropout_factor::<A>(key, threshold, row * tk + j, keep);
                     }
-                    add_scaled::<A>(&mut acc, p * (dp - row_delta), &ks, jj * e, e);
+                    add_scaled::<A>(&mut acc, p * (dp - row_delta), &ks, jj * e / 4, e);
                 }
             }
             sync_cube();
@@ -413,13 +439,9 @@ pub fn flash_grad_kv<F: Float, A: Float + CubeElement>(
         let width = comptime!(if values { ev } else { e });
         // Unused for `dv` (the compiler drops the loads).
         let vr = load_row::<F, A>(v, row, live, A::new(1.0), wv, ev);
-        let mut acc = Array::<A>::new(width as usize);
-        #[unroll]
-        for c in 0..width {
-            acc[c as usize] = A::new(0.0);
-        }
-        let mut qs = SharedMemory::<A>::new((tile * e) as usize);
-        let mut gs = SharedMemory::<A>::new((tile * ev) as usize);
+        let mut acc = zero_row::<A>(width);
+        let mut qs = SharedMemory::<Quad<A>>::new((tile * e / 4) as usize);
+        let mut gs = SharedMemory::<Quad<A>>::new((tile * ev / 4) as usize);
         let mut ls = SharedMemory::<A>::new(tile as usize);
         let mut ds = SharedMemory::<A>::new(tile as usize);
         // Causal: the cube's first key is seen from its own row on.
@@ -438,16 +460,16 @@ pub fn flash_grad_kv<F: Float, A: Float + CubeElement>(
             for ii in 0..tile {
                 let i = i0 + ii;
                 if i < tq && (!causal || j <= i) {
-                    let p = (dot::<A>(&kr, &qs, ii * e, e) - ls[ii as usize]).exp();
+                    let p = (dot::<A>(&kr, &qs, ii * e / 4, e) - ls[ii as usize]).exp();
                     let mut z = A::new(1.0);
                     if dropout {
                         z = dropout_factor::<A>(key, threshold, (b * tq + i) * tk + j, keep);
                     }
                     if values {
-                        add_scaled::<A>(&mut acc, p * z, &gs, ii * ev, ev);
+                        add_scaled::<A>(&mut acc, p * z, &gs, ii * ev / 4, ev);
                     } else {
-                        let dp = z * dot::<A>(&vr, &gs, ii * ev, ev);
-                        add_scaled::<A>(&mut acc, p * (dp - ds[ii as usize]), &qs, ii * e, e);
+                        let dp = z * dot::<A>(&vr, &gs, ii * ev / 4, ev);
+                        add_scaled::<A>(&mut acc, p * (dp - ds[ii as usize]), &qs, ii * e / 4, e);
                     }
                 }
             }
