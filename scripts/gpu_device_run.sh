@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kiln GPU backend run on the H200: op tests and benchmarks on CUDA and Vulkan, PyTorch
-# beside them. Usage: bash .device-bin/run.sh <what: all|int8|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|w3rows|w3replay|w3one|w3tf32|w3torch|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|nodes|ranksteps|ranksgraph|overlap|overlapab>
+# beside them. Usage: bash .device-bin/run.sh <what: all|int8|f16|attention|dropout|oom|w3step|w3profile|w3check|w3groups|w3rows|w3replay|w3one|w3tf32|flash|w3peers|w3torch|second|cuda|wgpu|torch|mnist|fused|graph|dynamic|dynreplay|hostcost|products|submitab|dynprofile|binaries|replay|same|steps|vulkan|mixed|w3train|ranks|nodes|ranksteps|ranksgraph|overlap|overlapab>
 #
 # .device-bin holds what the run carries: gpu_bench.xz (the stripped example
 # `cargo build -p kiln-gpu-system --features wgpu,cuda --example gpu_bench`, xz-compressed),
@@ -158,6 +158,21 @@ case $W in
     models_data
     run 150 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-tf32,w3 --reps 20
     for p in tf32 f32; do
+      run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
+    done ;;
+  flash)
+    # Issue 64, item 1: FlashAttention-2's kernels (fragments in registers) against the
+    # f64 reference on CUDA, attention's timings beside SDPA's, then W3's steps in bf16,
+    # TF32 and f32 (PyTorch's in `w3peers`, on the same warm machine).
+    models_data
+    [ -x $B/conformance_test ] && run 240 $B/conformance_test --test-threads 1 attention
+    run 120 $B/gpu_bench --backend cuda --workloads attention --reps 20
+    run 90 python3 scripts/bench_attention.py --reps 20
+    run 200 $B/kiln-bench --device cuda --data models/data --workloads w3 --w3-configs w3-bf16,w3-tf32,w3 --reps 20 ;;
+  w3peers)
+    # PyTorch's W3 steps beside `flash`'s: bf16 eager, compiled bf16, TF32 and f32.
+    run 60 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision bf16
+    for p in bf16 tf32 f32; do
       run 150 python3 scripts/gpt_torch.py bench --config w3 --device cuda --reps 10 --precision $p --compile
     done ;;
   w3torch)

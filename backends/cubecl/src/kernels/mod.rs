@@ -4,6 +4,7 @@
 //! kernel per op, dtype and rank and caches it.
 
 pub mod attention;
+pub mod attention_flash;
 pub mod attention_mma;
 pub mod attention_rows;
 pub mod common;

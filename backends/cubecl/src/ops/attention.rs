@@ -1,7 +1,9 @@
 //! Launching attention's kernels: the inputs made contiguous rows where they are views,
 //! the sizes as metadata, one launch per op. Half-float heads up to
-//! [`mma::MAX_MMA_WIDTH`] wide on a device with 16×16×16 cooperative matrices (CUDA's
-//! tensor cores) run the tensor-core kernel ([`crate::kernels::attention_mma`]); other
+//! [`flash::MAX_WIDTH`] wide on a device whose tensor cores take fragments in registers
+//! (CUDA, sm80 on) run FlashAttention-2's kernels ([`crate::kernels::attention_flash`]);
+//! elsewhere, on a device with 16×16×16 cooperative matrices, the tensor-core kernel
+//! ([`crate::kernels::attention_mma`]); other
 //! heads up to [`k::MAX_TILED_WIDTH`] wide the tiled kernels
 //! ([`crate::kernels::attention`]); wider ones (and empty ones) the per-row kernels
 //! ([`crate::kernels::attention_rows`]), whose running sums live in an f32 (f64) scratch
@@ -12,6 +14,7 @@ use super::contiguous;
 use super::elementwise::arg;
 use crate::device::{CubeDevice, DeviceState, KilnRuntime};
 use crate::kernels::attention as k;
+use crate::kernels::attention_flash as flash;
 use crate::kernels::attention_mma as mma;
 use crate::kernels::attention_rows as rows_k;
 use crate::storage::{with_float_type, CubeStorage};
@@ -181,6 +184,69 @@ fn launch<R: KilnRuntime>(
         own_rows: if per_key { tk } else { tq },
         result_len: rows * width,
     };
+    let flash_fits = (1..=flash::MAX_WIDTH).contains(&e) && (1..=flash::MAX_WIDTH).contains(&ev);
+    if flash_fits && dropout.is_none() && has_half_mma_registers(dev, dtype) {
+        let (ew, evw) = (k::padded(e), k::padded(ev));
+        let (meta, count, dim) = tiles.launch(dev, flash::WARPS * 16, flash::WARPS * 32)?;
+        let tile = flash::grad_tile(ew, evw);
+        // Unused operands bind one element of scratch (writable bindings must not
+        // alias).
+        let scratch_f = dev.alloc(op.name(), dtype, 1)?;
+        let scratch_a = dev.alloc(op.name(), stats, 1)?;
+        let both = beside == Beside::ValueGrad;
+        // The values' gradient beside the keys': one row of `ev` per key.
+        let dv = match both {
+            true => Some(dev.alloc(op.name(), dtype, rows * ev)?),
+            false => None,
+        };
+        let c = &dev.client;
+        let (scale, neg_inf) = (spec.scale as f32, f32::NEG_INFINITY);
+        with_float_type!(dtype, F, _A => {
+            match op {
+                Op::Attention(_) | Op::AttentionLse(_) => {
+                    let with_values = matches!(op, Op::Attention(_));
+                    // The log-sum-exp alone reads no values and writes no output; the
+                    // output's statistics go to scratch unless kept.
+                    let (v, out, lse_out) = if with_values {
+                        (x[2], &result, kept_lse.as_ref().unwrap_or(&scratch_a))
+                    } else {
+                        (x[1], &scratch_f, &result)
+                    };
+                    unsafe {
+                        flash::flash_forward_mma::launch_unchecked::<F, R>(
+                            c, count, dim, arg(x[0]), arg(x[1]), arg(v), arg(out), arg(lse_out),
+                            arg(&meta), scale, neg_inf, ew, evw, with_values, kept_lse.is_some(),
+                        )
+                    }
+                }
+                Op::AttentionGrad { wrt: AttentionInput::Query, .. } => unsafe {
+                    flash::flash_grad_q_mma::launch_unchecked::<F, R>(
+                        c, count, dim, arg(x[0]), arg(x[1]), arg(x[2]), arg(x[3]), arg(x[4]),
+                        arg(x[5]), arg(&result), arg(&meta), scale, neg_inf, ew, evw, tile,
+                    )
+                },
+                Op::AttentionGrad { wrt, .. } => {
+                    let keys = *wrt == AttentionInput::Key;
+                    let (dk, dv_out) = match (keys, &dv) {
+                        (true, Some(dv)) => (&result, dv),
+                        (true, None) => (&result, &scratch_f),
+                        (false, _) => (&scratch_f, &result),
+                    };
+                    unsafe {
+                        flash::flash_grad_kv_mma::launch_unchecked::<F, R>(
+                            c, count, dim, arg(x[0]), arg(x[1]), arg(x[2]), arg(x[3]), arg(x[4]),
+                            arg(x[5]), arg(dk), arg(dv_out), arg(&meta), scale, neg_inf, ew, evw,
+                            tile, keys, !keys || both,
+                        )
+                    }
+                }
+                _ => unreachable!("matched above"),
+            }
+        }, {
+            return Err(Error::dtype(op.name(), format!("attends over floats, not {dtype}")));
+        });
+        return Ok((result, kept_lse.or(dv)));
+    }
     let widths_fit =
         (1..=mma::MAX_MMA_WIDTH).contains(&e) && (1..=mma::MAX_MMA_WIDTH).contains(&ev);
     if widths_fit && dropout.is_none() && has_half_mma(dev, dtype) {
@@ -376,6 +442,27 @@ fn has_half_mma<R: KilnRuntime>(dev: &DeviceState<R>, dtype: DType) -> bool {
         k: 16,
     };
     dev.client.features().matmul.cmma.contains(&config)
+}
+
+/// Whether `dev` multiplies `dtype` (bf16 or f16) on tensor cores through fragments in
+/// registers (PTX `mma.sync` m16n8k16 with f32 accumulators: CUDA on sm80 and later),
+/// which [`flash::flash_forward_mma`] needs.
+fn has_half_mma_registers<R: KilnRuntime>(dev: &DeviceState<R>, dtype: DType) -> bool {
+    let kind = match dtype {
+        DType::BF16 => FloatKind::BF16,
+        DType::F16 => FloatKind::F16,
+        _ => return false,
+    };
+    let half = StorageType::Scalar(ElemType::Float(kind));
+    let config = MmaConfig {
+        a_type: half,
+        b_type: half,
+        cd_type: StorageType::Scalar(ElemType::Float(FloatKind::F32)),
+        m: 16,
+        n: 8,
+        k: 16,
+    };
+    dev.client.features().matmul.mma.contains(&config)
 }
 
 /// What the kernels draw dropout's factors with: the seed buffer (two words the kernels
