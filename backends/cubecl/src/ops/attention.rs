@@ -425,44 +425,34 @@ fn launch<R: KilnRuntime>(
 }
 
 /// Whether the device multiplies 16×16×16 tiles of `dtype` (a half float) into f32 on
-/// its tensor cores.
+/// its tensor cores as cooperative matrices.
 fn has_half_mma<R: KilnRuntime>(dev: &DeviceState<R>, dtype: DType) -> bool {
-    let kind = match dtype {
-        DType::BF16 => FloatKind::BF16,
-        DType::F16 => FloatKind::F16,
-        _ => return false,
-    };
-    let half = StorageType::Scalar(ElemType::Float(kind));
-    let config = MmaConfig {
-        a_type: half,
-        b_type: half,
-        cd_type: StorageType::Scalar(ElemType::Float(FloatKind::F32)),
-        m: 16,
-        n: 16,
-        k: 16,
-    };
-    dev.client.features().matmul.cmma.contains(&config)
+    half_mma_config(dtype, 16).is_some_and(|c| dev.client.features().matmul.cmma.contains(&c))
 }
 
 /// Whether `dev` multiplies `dtype` (bf16 or f16) on tensor cores through fragments in
 /// registers (PTX `mma.sync` m16n8k16 with f32 accumulators: CUDA on sm80 and later),
 /// which [`flash::flash_forward_mma`] needs.
 fn has_half_mma_registers<R: KilnRuntime>(dev: &DeviceState<R>, dtype: DType) -> bool {
+    half_mma_config(dtype, 8).is_some_and(|c| dev.client.features().matmul.mma.contains(&c))
+}
+
+/// The 16×`n`×16 product of `dtype` (bf16 or f16) into f32; `None` for other dtypes.
+fn half_mma_config(dtype: DType, n: u32) -> Option<MmaConfig> {
     let kind = match dtype {
         DType::BF16 => FloatKind::BF16,
         DType::F16 => FloatKind::F16,
-        _ => return false,
+        _ => return None,
     };
     let half = StorageType::Scalar(ElemType::Float(kind));
-    let config = MmaConfig {
+    Some(MmaConfig {
         a_type: half,
         b_type: half,
         cd_type: StorageType::Scalar(ElemType::Float(FloatKind::F32)),
         m: 16,
-        n: 8,
+        n,
         k: 16,
-    };
-    dev.client.features().matmul.mma.contains(&config)
+    })
 }
 
 /// What the kernels draw dropout's factors with: the seed buffer (two words the kernels
