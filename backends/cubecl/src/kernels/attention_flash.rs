@@ -507,7 +507,7 @@ pub fn grad_tile(e: u32, ev: u32) -> u32 {
 /// weighs 0.
 #[cube]
 #[allow(clippy::too_many_arguments, unused_assignments)]
-fn weights_of<F: Float>(
+fn weights_of(
     s: &mut Sequence<Array<Pair<f32>>>,
     dp: &Sequence<Array<Pair<f32>>>,
     own_stats: &SharedMemory<f32>,
@@ -656,7 +656,7 @@ pub fn flash_grad_q_mma<F: Float>(
             sync_cube();
             let mut w = products::<F>(&queries, &keys, tile, e, key_stride);
             let dp = products::<F>(&grads, &values, tile, ev, value_stride);
-            weights_of::<F>(
+            weights_of(
                 &mut w,
                 &dp,
                 &own_stats,
@@ -789,7 +789,7 @@ pub fn flash_grad_kv_mma<F: Float>(
                     y[0usize] = x[0usize];
                     y[1usize] = x[1usize];
                 }
-                weights_of::<F>(
+                weights_of(
                     &mut p,
                     &s,
                     &own_stats,
@@ -810,7 +810,7 @@ pub fn flash_grad_kv_mma<F: Float>(
             if with_dk {
                 let mut w = s;
                 let dp = products::<F>(&values, &grads, tile, ev, grad_stride);
-                weights_of::<F>(
+                weights_of(
                     &mut w,
                     &dp,
                     &own_stats,
