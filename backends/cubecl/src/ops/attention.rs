@@ -8,7 +8,7 @@
 //! ([`crate::kernels::attention`]); wider ones (and empty ones) the per-row kernels
 //! ([`crate::kernels::attention_rows`]), whose running sums live in an f32 (f64) scratch
 //! row of global memory. Dropout on the weights runs on the tiled (or per-row) kernels:
-//! the tensor-core kernel does not draw.
+//! the tensor-core kernels do not draw.
 
 use super::contiguous;
 use super::elementwise::arg;
