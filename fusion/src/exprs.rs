@@ -190,32 +190,30 @@ fn split_main<G, D>(
 ) -> (Vec<NodeId>, NodeId, Vec<NodeId>) {
     let main = k.main.expect("reduce and matmul kernels have a main node");
     let is_const = |j: NodeId| matches!(&ops[j], Some(Op::Full { dims, .. }) if dims.is_empty());
+    // Convolution columns the kernel reads or folds are no part of either expression.
+    let (read, fold) = crate::windows::of_kernel(graph, k);
+    let windowed = crate::windows::window_nodes(&read, &fold);
+    let inside = |n: &NodeId| k.nodes.contains(n) && !windowed.contains(n);
     let mut pro: Vec<NodeId> = Vec::new();
     let mut stack: Vec<NodeId> = graph.nodes[main]
         .inputs
         .iter()
         .copied()
-        .filter(|n| k.nodes.contains(n))
+        .filter(inside)
         .collect();
     while let Some(n) = stack.pop() {
         if pro.contains(&n) || is_const(n) {
             continue;
         }
         pro.push(n);
-        stack.extend(
-            graph.nodes[n]
-                .inputs
-                .iter()
-                .copied()
-                .filter(|j| k.nodes.contains(j)),
-        );
+        stack.extend(graph.nodes[n].inputs.iter().copied().filter(inside));
     }
     pro.sort_unstable();
     let mut epi: Vec<NodeId> = k
         .nodes
         .iter()
         .copied()
-        .filter(|&n| n != main && !pro.contains(&n) && !is_const(n))
+        .filter(|&n| n != main && inside(&n) && !pro.contains(&n) && !is_const(n))
         .collect();
     // A value both parts read (a value groups recompute where they read it) is
     // computed in each: the prologue's values are gone when the epilogue runs.

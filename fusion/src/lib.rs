@@ -19,6 +19,7 @@ pub mod report;
 mod rows;
 pub mod sym;
 pub mod text;
+pub mod windows;
 
 pub use exec::{Natives, Program, RunContext, Seeds};
 pub use exprs::native_exprs;

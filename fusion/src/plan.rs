@@ -32,6 +32,10 @@
 //! - **One-pass groups**: ops that one kernel pass computes together over the same
 //!   values (`kiln_tensor::attention::one_pass`: an attention and its row statistics,
 //!   an attention's gradients) are one kernel, run where the first of them is.
+//! - **Convolution columns** (`crate::windows`): an unfold that only products read
+//!   (through reshapes and permutes) is computed inside each of those products'
+//!   kernels, and a fold of a product's result inside the product's kernel, so the
+//!   columns between them are never stored.
 //! - Everything else runs as a single-op kernel.
 //! - **Row passes**: consecutive kernels over the same rows (a layer norm's reductions
 //!   and normalisation) are marked to run as one pass over blocks of rows (`rows.rs`);
@@ -551,6 +555,22 @@ fn plan_graph<D: SymDim + 'static>(
         }
     }
 
+    // Convolution columns never stored (`crate::windows`): unfolds that only products
+    // read go into those products' kernels, and folds of products into theirs.
+    let reads = crate::windows::window_reads(&g, &consumers, is_output);
+    let folds = crate::windows::fold_writes(&g, &consumers, is_output, |p| {
+        epilogue_of.contains_key(&p) || reads.contains_key(&p)
+    });
+    let mut in_product = vec![false; n];
+    for r in reads.values() {
+        in_product[r.unfold] = true;
+        r.views.iter().for_each(|&v| in_product[v] = true);
+    }
+    for f in folds.values() {
+        f.views.iter().for_each(|&v| in_product[v] = true);
+        in_product[f.fold] = true;
+    }
+
     // Assemble kernels; the order of their last node is a valid execution order.
     let mut kernels: Vec<Kernel> = Vec::new();
     for (gi, nodes) in groups.iter().enumerate() {
@@ -567,7 +587,7 @@ fn plan_graph<D: SymDim + 'static>(
         });
     }
     for (i, node) in g.nodes.iter().enumerate() {
-        if group[i].is_some() {
+        if group[i].is_some() || in_product[i] {
             continue;
         }
         let kind = match &node.kind {
@@ -594,11 +614,20 @@ fn plan_graph<D: SymDim + 'static>(
         if let Some(&gi) = prologue_of.get(&i) {
             nodes.extend(groups[gi].iter().copied());
         }
+        if let Some(r) = reads.get(&i) {
+            nodes.push(r.unfold);
+            nodes.extend(&r.views);
+        }
         nodes.push(i);
         let mut out = i;
         if let Some(&gi) = epilogue_of.get(&i) {
             nodes.extend(groups[gi].iter().copied());
             out = root(gi);
+        }
+        if let Some(f) = folds.get(&i) {
+            nodes.extend(&f.views);
+            nodes.push(f.fold);
+            out = f.fold;
         }
         let main = matches!(kind, KernelKind::Reduce | KernelKind::MatMul).then_some(i);
         kernels.push(Kernel {

@@ -104,10 +104,27 @@ fn mlp_fused_equals_unfused() -> Result<()> {
 
 #[test]
 fn lenet_fused_equals_unfused() -> Result<()> {
+    lenet_fused_equals_unfused_at::<4>()
+}
+
+/// At batch 32 in a pool of two threads, the CPU runs the convolutions' products over
+/// blocks of images whose columns are never stored (`kiln_cpu::conv`); at batch 4 there
+/// are too few blocks, and the plan writes the columns to scratch first.
+#[test]
+fn lenet_fused_over_image_blocks_equals_unfused() -> Result<()> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("a pool");
+    pool.install(lenet_fused_equals_unfused_at::<32>)
+}
+
+fn lenet_fused_equals_unfused_at<const B: usize>() -> Result<()> {
     let dev = CpuDevice;
     let (mut a, mut b) = (LeNet::<Cpu>::init(&dev, 5)?, LeNet::<Cpu>::init(&dev, 5)?);
-    let x = Tensor::<Cpu, Rank4<4, 1, 28, 28>>::from_raw(normal(&[4, 1, 28, 28], 2)?)?;
-    let y = Tensor::<Cpu, (Const<4>,), i32>::from_vec(vec![3, 1, 4, 1], &[4], &dev)?;
+    let x = Tensor::<Cpu, Rank4<B, 1, 28, 28>>::from_raw(normal(&[B, 1, 28, 28], 2)?)?;
+    let labels = (0..B as i32).map(|i| (i * 7 + 3) % 10).collect();
+    let y = Tensor::<Cpu, (Const<B>,), i32>::from_vec(labels, &[B], &dev)?;
     let fa = a.forward(&x)?;
     b.set_fused(false);
     let fb = b.forward(&x)?;

@@ -7,7 +7,7 @@ use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::fused::{ExprStep, FusedExpr, NativeFn};
 use crate::layout::Layout;
-use crate::op::{Arity, CmpOp, Op, TensorMeta};
+use crate::op::{Arity, CmpOp, Op, TensorMeta, Window2d};
 use crate::shape::Dims;
 use std::fmt::Debug;
 
@@ -26,6 +26,61 @@ impl<B: Backend> Clone for View<'_, B> {
     }
 }
 impl<B: Backend> Copy for View<'_, B> {}
+
+/// Columns that an `Op::Unfold2d` would write, read by a product without being stored
+/// (a convolution's forward product and its weight gradient).
+#[derive(Debug)]
+pub struct WindowView<'a, B: Backend> {
+    /// The images `[N, C, H, W]` the unfold reads.
+    pub image: View<'a, B>,
+    /// The unfold's window.
+    pub window: Window2d,
+    /// The columns' dims, `[C·kh·kw, N, OH·OW]`, as the unfold writes them contiguously.
+    pub columns: Dims,
+    /// How the product's operand reads those contiguous columns.
+    pub layout: Layout,
+}
+
+impl<B: Backend> Clone for WindowView<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Backend> Copy for WindowView<'_, B> {}
+
+/// One operand of a product whose other operand may be read through a window.
+// Passed by value once per product; boxing the larger variant would allocate in every
+// step.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum ProductOperand<'a, B: Backend> {
+    /// A value in memory.
+    Stored(View<'a, B>),
+    /// Columns read through a window ([`WindowView`]).
+    Window(WindowView<'a, B>),
+}
+
+impl<B: Backend> Clone for ProductOperand<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Backend> Copy for ProductOperand<'_, B> {}
+
+/// Where a product's result goes when a fold takes it without storing it (a
+/// convolution's input gradient): the result, contiguous, seen as the fold's columns
+/// through `columns`, folded by `window` into `height × width` images.
+#[derive(Clone, Copy, Debug)]
+pub struct FoldInto {
+    /// How the fold reads the product's contiguous result as `[C·kh·kw, N, L]`.
+    pub columns: Layout,
+    /// The fold's window.
+    pub window: Window2d,
+    /// The images' height.
+    pub height: usize,
+    /// The images' width.
+    pub width: usize,
+}
 
 /// A device Kiln can run on.
 ///
@@ -137,6 +192,40 @@ pub trait Backend: Clone + Copy + Debug + Default + Send + Sync + 'static {
     ) -> Result<Option<Self::Storage>> {
         let _ = (device, op, operands, out, epilogue, inputs);
         Ok(None)
+    }
+
+    /// Runs `op` (`Op::MatMul`) over `lhs` and `rhs`, one of which may be columns read
+    /// through a window, into `out` (a contiguous buffer of at least `meta`'s element
+    /// count), without storing the columns. `Ok(false)` leaves it to the caller, who
+    /// writes the columns to memory first (the default).
+    fn windowed_product_into(
+        device: &Self::Device,
+        op: &Op,
+        lhs: ProductOperand<'_, Self>,
+        rhs: ProductOperand<'_, Self>,
+        meta: &TensorMeta,
+        out: &mut Self::Storage,
+    ) -> Result<bool> {
+        let _ = (device, op, lhs, rhs, meta, out);
+        Ok(false)
+    }
+
+    /// Runs `op` (`Op::MatMul`) over `operands` (as [`Backend::execute`] takes them,
+    /// result `product`) and folds the result as `fold` says into `out` (a contiguous
+    /// buffer of at least `meta`'s element count, the fold's result), without storing
+    /// the product. `Ok(false)` leaves it to the caller, who stores the product first
+    /// (the default).
+    fn folded_product_into(
+        device: &Self::Device,
+        op: &Op,
+        operands: &[View<'_, Self>],
+        product: &TensorMeta,
+        fold: &FoldInto,
+        meta: &TensorMeta,
+        out: &mut Self::Storage,
+    ) -> Result<bool> {
+        let _ = (device, op, operands, product, fold, meta, out);
+        Ok(false)
     }
 
     /// Runs `op`, a reduction, over the result of `prologue` (a fused expression of one

@@ -49,7 +49,7 @@ pub mod testing;
 pub mod unary;
 
 pub use attention::{AttentionDropout, AttentionInput, AttentionSpec};
-pub use backend::{Backend, Replay, View};
+pub use backend::{Backend, FoldInto, ProductOperand, Replay, View, WindowView};
 pub use builder::{Builder, BuilderExt, Conv2dOptions};
 pub use collective::Collective;
 pub use dim::{Const, Dim, Dyn, SameDim};
@@ -63,7 +63,7 @@ pub use op::{
     Arity, BinaryOp, CmpOp, Op, OpClass, RandDist, ReduceOp, SymDim, TensorMeta, UnaryOp, Window2d,
 };
 pub use precision::{Precision, INT8_SCALE_SUFFIX};
-pub use raw::{fit_views, Eager, RawTensor};
+pub use raw::{fit_product_operand, fit_views, Eager, RawTensor};
 pub use shape::{
     Batch, Dims, LastDim, Rank0, Rank1, Rank2, Rank3, Rank4, ReduceAxis, SameShape, Shape,
 };

@@ -287,20 +287,26 @@ pub fn fit_views<B: Backend>(op: &Op, views: &mut [View<'_, B>], out_dims: &Dims
         }
         // The int8 product takes its operands as they are (a weight is never broadcast).
         OpClass::Contraction if matches!(op, Op::MatMul) => {
-            let r = out_dims.rank();
             for v in views.iter_mut() {
-                let d = v.layout.dims();
-                let mut target = *out_dims;
-                target.as_mut_slice()[r - 2] = d[d.rank() - 2];
-                target.as_mut_slice()[r - 1] = d[d.rank() - 1];
-                if *d != target {
-                    v.layout = v.layout.broadcast_to(&target)?;
-                }
+                v.layout = fit_product_operand(v.layout, out_dims)?;
             }
         }
         _ => {}
     }
     Ok(())
+}
+
+/// A float product's operand `layout` broadcast over the batch dims of its result
+/// `out_dims` (its own last two dims kept).
+pub fn fit_product_operand(layout: Layout, out_dims: &Dims) -> Result<Layout> {
+    let (r, d) = (out_dims.rank(), layout.dims());
+    let mut target = *out_dims;
+    target.as_mut_slice()[r - 2] = d[d.rank() - 2];
+    target.as_mut_slice()[r - 1] = d[d.rank() - 1];
+    match *d == target {
+        true => Ok(layout),
+        false => layout.broadcast_to(&target),
+    }
 }
 
 /// The builder that runs each op immediately on backend `B`.

@@ -3,11 +3,12 @@
 //! Kiln's pure-Rust CPU backend: one `Vec` per buffer, kernels generic over dtypes
 //! (f16 and bf16 compute in f32), threads through `rayon`, matrix products through the
 //! packed GEMM of [`gemm`]. Each concern has its module: `elementwise`, `reduce`,
-//! `movement`, `index`, `window` (unfold/fold), `source` (constants, random numbers),
-//! `matmul`; `spin` keeps a few threads awake between the short parallel products of
-//! batch-1 inference.
+//! `movement`, `index`, `window` (unfold/fold), `conv` (convolution products whose
+//! columns are never stored), `source` (constants, random numbers), `matmul`; `spin`
+//! keeps a few threads awake between the short parallel products of batch-1 inference.
 
 pub mod attention;
+pub mod conv;
 pub mod elementwise;
 pub mod fused;
 pub mod gemm;
@@ -28,7 +29,10 @@ pub mod window;
 pub use storage::CpuStorage;
 
 use kiln_tensor::fused::ProductEpilogue;
-use kiln_tensor::{Backend, DType, Dims, Error, HostData, Layout, Op, Result, TensorMeta, View};
+use kiln_tensor::{
+    Backend, DType, Dims, Error, FoldInto, HostData, Layout, Op, ProductOperand, Result,
+    TensorMeta, View,
+};
 
 /// The CPU backend.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -362,6 +366,70 @@ impl Backend for Cpu {
         outputs: &mut [&mut CpuStorage],
     ) -> Result<bool> {
         rows::fused_rows(pass, inputs, outputs)
+    }
+
+    fn windowed_product_into(
+        _: &CpuDevice,
+        op: &Op,
+        lhs: ProductOperand<'_, Cpu>,
+        rhs: ProductOperand<'_, Cpu>,
+        meta: &TensorMeta,
+        out: &mut CpuStorage,
+    ) -> Result<bool> {
+        // A convolution's products read their columns as the right operand.
+        let (Op::MatMul, ProductOperand::Stored(a), ProductOperand::Window(w)) = (op, lhs, rhs)
+        else {
+            return Ok(false);
+        };
+        let numel: usize = meta.dims.iter().product();
+        let CpuStorage::F32(o) = out else {
+            return Ok(false);
+        };
+        if o.len() < numel {
+            return Ok(false);
+        }
+        check_extent(a.storage, &a.layout)?;
+        check_extent(w.image.storage, &w.image.layout)?;
+        let columns = conv::Columns {
+            image: (w.image.storage, &w.image.layout),
+            window: &w.window,
+            dims: &w.columns,
+            layout: &w.layout,
+        };
+        let blocking = conv::Blocking::CACHE;
+        conv::windowed_product_f32((a.storage, &a.layout), columns, &mut o[..numel], blocking)
+    }
+
+    fn folded_product_into(
+        _: &CpuDevice,
+        op: &Op,
+        operands: &[View<'_, Cpu>],
+        _product: &TensorMeta,
+        fold: &FoldInto,
+        meta: &TensorMeta,
+        out: &mut CpuStorage,
+    ) -> Result<bool> {
+        let (Op::MatMul, [a, b]) = (op, operands) else {
+            return Ok(false);
+        };
+        let numel: usize = meta.dims.iter().product();
+        let CpuStorage::F32(o) = out else {
+            return Ok(false);
+        };
+        if o.len() < numel {
+            return Ok(false);
+        }
+        check_extent(a.storage, &a.layout)?;
+        check_extent(b.storage, &b.layout)?;
+        conv::folded_product_f32(
+            (a.storage, &a.layout),
+            (b.storage, &b.layout),
+            &fold.columns,
+            &fold.window,
+            [fold.height, fold.width],
+            &mut o[..numel],
+            conv::Blocking::CACHE,
+        )
     }
 
     fn product_with_epilogue(

@@ -39,7 +39,7 @@ pub fn unfold2d(x: &CpuStorage, l: &Layout, w: &Window2d) -> Result<CpuStorage> 
     // Pure data movement, so every dtype; `T::default()` is the zero of padding.
     fn go<T: CpuElement>(v: &[T], l: &Layout, w: &Window2d, dims: WindowDims) -> CpuStorage {
         let mut out = vec![T::default(); dims.columns_len()];
-        unfold_planes(&Images::new(v, l), w, dims, &mut out);
+        unfold_planes(&Images::new(v, l), w, dims, &mut out, true);
         T::wrap(out)
     }
     Ok(with_storage!(x, v, T => go::<T>(v, l, w, dims)))
@@ -61,7 +61,62 @@ pub fn unfold2d_f32_into(
     let Some(out) = out.get_mut(..dims.columns_len()) else {
         return Ok(false);
     };
-    unfold_planes(&Images::new(v, l), w, dims, out);
+    unfold_planes(&Images::new(v, l), w, dims, out, true);
+    Ok(true)
+}
+
+/// [`unfold2d`] of the f32 images `first..first + count` of `x` (`[N, C, H, W]` seen
+/// through `l`, rows contiguous) into `out` as `[C·kh·kw, count, OH·OW]`, on this
+/// thread (a block of a convolution whose columns are never stored, `crate::conv`).
+/// `false` when `out` is too short or the rows are not contiguous.
+pub(crate) fn unfold_block_f32(
+    x: &[f32],
+    l: &Layout,
+    w: &Window2d,
+    first: usize,
+    count: usize,
+    out: &mut [f32],
+) -> Result<bool> {
+    let block = l.slice(0, first, first + count, 1)?;
+    let dims = unfold_dims(&block, w)?;
+    let rows_contiguous = block.strides()[3] == 1 || block.dims()[3] <= 1;
+    let Some(out) = out.get_mut(..dims.columns_len()) else {
+        return Ok(false);
+    };
+    if !rows_contiguous {
+        return Ok(false);
+    }
+    unfold_planes(&Images::new(x, &block), w, dims, out, false);
+    Ok(true)
+}
+
+/// [`fold2d`] of contiguous f32 columns `[C·kh·kw, count, OH·OW]` into `count` images
+/// `[count, C, height, width]` (`out`, overwritten), on this thread (the block form of
+/// [`unfold_block_f32`]'s adjoint). `false` when a slice is too short.
+pub(crate) fn fold_block_f32(
+    cols: &[f32],
+    w: &Window2d,
+    [count, channels, height, width]: [usize; 4],
+    out: &mut [f32],
+) -> Result<bool> {
+    let dims = WindowDims {
+        n: count,
+        c: channels,
+        h: height,
+        w: width,
+        oh: w.out_size(0, height)?,
+        ow: w.out_size(1, width)?,
+        kh: w.kernel[0],
+        kw: w.kernel[1],
+    };
+    let (Some(cols), Some(out)) = (
+        cols.get(..dims.columns_len()),
+        out.get_mut(..count * channels * height * width),
+    ) else {
+        return Ok(false);
+    };
+    out.fill(0.0);
+    fold_planes::<f32>(cols, w, dims, out, false);
     Ok(true)
 }
 
@@ -147,8 +202,15 @@ fn unfold_dims(l: &Layout, w: &Window2d) -> Result<WindowDims> {
 
 /// Writes every element of the columns of the images `x` (read through their strides)
 /// into `out`: for each channel and tap (a block of `N·OH·OW`), each image's row of
-/// window positions, zero where the tap reads padding.
-fn unfold_planes<T: CpuElement>(x: &Images<'_, T>, w: &Window2d, dims: WindowDims, out: &mut [T]) {
+/// window positions, zero where the tap reads padding. `parallel`: split large
+/// columns across the pool's threads.
+fn unfold_planes<T: CpuElement>(
+    x: &Images<'_, T>,
+    w: &Window2d,
+    dims: WindowDims,
+    out: &mut [T],
+    parallel: bool,
+) {
     let WindowDims {
         n: images,
         h,
@@ -199,7 +261,7 @@ fn unfold_planes<T: CpuElement>(x: &Images<'_, T>, w: &Window2d, dims: WindowDim
             }
         }
     };
-    if out.len() >= crate::elementwise::GRAIN && out.len() > block {
+    if parallel && out.len() >= crate::elementwise::GRAIN && out.len() > block {
         out.par_chunks_mut(block)
             .enumerate()
             .for_each(|(ct, rows)| fill(ct, rows));
@@ -221,7 +283,7 @@ pub fn fold2d(
     let dims = fold_dims(l, w, height, width)?;
     fn go<T: Accumulate>(v: &[T], l: &Layout, w: &Window2d, dims: WindowDims) -> CpuStorage {
         let mut acc = vec![T::zero(); dims.n * dims.c * dims.h * dims.w];
-        fold_planes::<T>(&gather(v, l), w, dims, &mut acc);
+        fold_planes::<T>(&gather(v, l), w, dims, &mut acc, true);
         T::wrap(acc.into_iter().map(T::finish).collect())
     }
     with_sum_storage!(x, v, T => Ok(go::<T>(v, l, w, dims)), Err(crate::elementwise::unsupported("fold2d", x)))
@@ -245,7 +307,7 @@ pub fn fold2d_f32_into(
         return Ok(false);
     };
     out.fill(0.0);
-    fold_planes::<f32>(&gather(v, l), w, dims, out);
+    fold_planes::<f32>(&gather(v, l), w, dims, out, true);
     Ok(true)
 }
 
@@ -267,7 +329,13 @@ fn fold_dims(l: &Layout, w: &Window2d, height: usize, width: usize) -> Result<Wi
 
 /// Adds the contiguous columns `cols` into the zeroed images `acc`, each tap's row of
 /// output positions onto the image row it was read from.
-fn fold_planes<T: Accumulate>(cols: &[T], w: &Window2d, dims: WindowDims, acc: &mut [T::Acc]) {
+fn fold_planes<T: Accumulate>(
+    cols: &[T],
+    w: &Window2d,
+    dims: WindowDims,
+    acc: &mut [T::Acc],
+    parallel: bool,
+) {
     let WindowDims {
         c: channels,
         h,
@@ -314,7 +382,7 @@ fn fold_planes<T: Accumulate>(cols: &[T], w: &Window2d, dims: WindowDims, acc: &
         }
     };
     let images = acc.len() / (h * wd);
-    if images * kh * kw * oh * ow >= crate::elementwise::GRAIN && images > 1 {
+    if parallel && images * kh * kw * oh * ow >= crate::elementwise::GRAIN && images > 1 {
         acc.par_chunks_mut(h * wd)
             .enumerate()
             .for_each(|(p, img)| fold(p, img));

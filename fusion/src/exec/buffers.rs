@@ -7,11 +7,12 @@ use super::rows::RowsStep;
 use crate::parts::{call_part, Parts};
 use crate::plan::Plan;
 use crate::sym::SDim;
+use crate::windows::{FoldWrite, WindowRead};
 use kiln_tensor::fused::{ExprStep, FusedExpr};
 use kiln_tensor::ir::{NodeId, NodeKind};
 use kiln_tensor::{
-    fit_views, Backend, DType, Dims, Error, Layout, Op, OpClass, RawTensor, Result, TensorMeta,
-    View,
+    fit_product_operand, fit_views, Backend, DType, Dims, Error, FoldInto, Layout, Op, OpClass,
+    ProductOperand, RawTensor, Result, TensorMeta, View, WindowView,
 };
 use smallvec::SmallVec;
 use std::sync::{Arc, LazyLock};
@@ -253,9 +254,20 @@ impl<B: Backend> Buffers<B> {
                 main,
                 prologue,
                 epilogue,
+                window,
+                fold,
                 output,
             } => {
                 let op = r.ops[*main].as_ref().expect("main nodes are ops");
+                if let Some(read) = window {
+                    if self.windowed_product(run, *main, op, read, epilogue, *output)? {
+                        return Ok(());
+                    }
+                    self.columns_to_scratch(run, read)?;
+                }
+                if let Some(fold) = fold {
+                    return self.folded_product(run, *main, op, fold);
+                }
                 if let Some(prologue) = prologue {
                     if self.reduce_with_prologue(run, *main, op, prologue, epilogue, *output)? {
                         return Ok(());
@@ -467,6 +479,138 @@ impl<B: Backend> Buffers<B> {
         Ok(fused)
     }
 
+    /// A product that reads one operand's columns through a window, and its epilogue,
+    /// in one backend call ([`Backend::windowed_product_into`]); `false` when the
+    /// backend leaves them to the caller.
+    fn windowed_product(
+        &mut self,
+        run: &Run<'_, B>,
+        main: NodeId,
+        op: &Op,
+        read: &WindowRead,
+        epilogue: &Option<Epilogue>,
+        output: NodeId,
+    ) -> Result<bool> {
+        let r = run.r;
+        let Some(Op::Unfold2d(window)) = r.ops[read.unfold] else {
+            return Err(Error::invalid("run", "a window read starts at no unfold"));
+        };
+        let columns = r.dims[read.unfold];
+        let Some(layout) = viewed_through(run, Layout::contiguous(columns), &read.views)? else {
+            return Ok(false);
+        };
+        let out_dims = r.dims[main];
+        let image = run.plan.graph.nodes[read.unfold].inputs[0];
+        let stored = run.plan.graph.nodes[main].inputs[1 - read.operand];
+        let mut fused = false;
+        self.write_slot(run, output, |b, out| {
+            let window = ProductOperand::Window(WindowView {
+                image: View {
+                    storage: b.storage(run, image)?,
+                    layout: b.layout[image],
+                },
+                window,
+                columns,
+                layout: fit_product_operand(layout, &out_dims)?,
+            });
+            let stored = ProductOperand::Stored(View {
+                storage: b.storage(run, stored)?,
+                layout: fit_product_operand(b.layout[stored], &out_dims)?,
+            });
+            let (lhs, rhs) = match read.operand {
+                0 => (window, stored),
+                _ => (stored, window),
+            };
+            fused = B::windowed_product_into(run.device, op, lhs, rhs, &r.metas[main], out)?;
+            if let (true, Some((expr, native, ins))) = (fused, epilogue) {
+                let dims = r.dims[output];
+                let views = b.views(run, ins, &dims)?;
+                B::fused_elementwise(run.device, expr, *native, &views, &dims, &mut [out])?;
+            }
+            Ok(())
+        })?;
+        Ok(fused)
+    }
+
+    /// The columns a window read would not store, written to the scratch buffer (and
+    /// its views over them laid out) for a backend that reads them from memory.
+    fn columns_to_scratch(&mut self, run: &Run<'_, B>, read: &WindowRead) -> Result<()> {
+        let unfold = read.unfold;
+        let op = run.r.ops[unfold].as_ref().expect("unfolds are ops");
+        self.compute_in_scratch(run, unfold, op)?;
+        for &v in &read.views {
+            self.view(run, v)?;
+        }
+        Ok(())
+    }
+
+    /// Op node `node` (f32) computed into the scratch buffer.
+    fn compute_in_scratch(&mut self, run: &Run<'_, B>, node: NodeId, op: &Op) -> Result<()> {
+        let dims = run.r.dims[node];
+        let mut scratch = self.f32_scratch(run, dims.numel())?;
+        let result = self.op_views(run, node, op).and_then(|views| {
+            B::execute_into(run.device, op, &views, &run.r.metas[node], &mut scratch)
+        });
+        self.scratch = Some(scratch);
+        result?;
+        self.src[node] = Src::Scratch;
+        self.layout[node] = Layout::contiguous(dims);
+        Ok(())
+    }
+
+    /// The scratch buffer taken out to be written, at least `len` f32 values long.
+    fn f32_scratch(&mut self, run: &Run<'_, B>, len: usize) -> Result<B::Storage> {
+        match self.scratch.take() {
+            Some(s) if B::storage_len(&s) >= len && B::storage_dtype(&s) == DType::F32 => Ok(s),
+            _ => B::alloc(run.device, DType::F32, len),
+        }
+    }
+
+    /// A product whose result a fold takes: one backend call where the backend fuses
+    /// them ([`Backend::folded_product_into`]), else the product into the scratch
+    /// buffer, then the fold into its slot.
+    fn folded_product(
+        &mut self,
+        run: &Run<'_, B>,
+        main: NodeId,
+        op: &Op,
+        fold: &FoldWrite,
+    ) -> Result<()> {
+        let r = run.r;
+        let fold_op = r.ops[fold.fold].as_ref().expect("folds are ops");
+        let Op::Fold2d {
+            window,
+            height,
+            width,
+        } = *fold_op
+        else {
+            return Err(Error::invalid("run", "a folded product ends at no fold"));
+        };
+        if let Some(columns) = viewed_through(run, Layout::contiguous(r.dims[main]), &fold.views)? {
+            let into = FoldInto {
+                columns,
+                window,
+                height,
+                width,
+            };
+            let mut fused = false;
+            self.write_slot(run, fold.fold, |b, out| {
+                let views = b.op_views(run, main, op)?;
+                let (product, meta) = (&r.metas[main], &r.metas[fold.fold]);
+                fused = B::folded_product_into(run.device, op, &views, product, &into, meta, out)?;
+                Ok(())
+            })?;
+            if fused {
+                return Ok(());
+            }
+        }
+        self.compute_in_scratch(run, main, op)?;
+        for &v in &fold.views {
+            self.view(run, v)?;
+        }
+        self.single(run, fold.fold, fold_op)
+    }
+
     /// A reduction's or product's prologue, into the scratch buffer.
     pub(super) fn prologue(&mut self, run: &Run<'_, B>, prologue: &Prologue) -> Result<()> {
         let (expr, native, ins, root) = prologue;
@@ -502,24 +646,7 @@ impl<B: Backend> Buffers<B> {
         let input = run.plan.graph.nodes[node].inputs[0];
         let l = self.layout[input];
         let dims = run.r.dims[node];
-        let viewed = match run.r.ops[node].as_ref().expect("views are ops") {
-            Op::Permute { perm } => Some(l.permute(perm)?),
-            Op::Expand { .. } => Some(l.broadcast_to(&dims)?),
-            Op::Slice {
-                axis,
-                start,
-                end,
-                step,
-            } => Some(l.slice(*axis, *start, *end, *step)?),
-            Op::Reshape { .. } => l.reshape(&dims),
-            other => {
-                return Err(Error::invalid(
-                    "run",
-                    format!("{} is not a view", other.name()),
-                ))
-            }
-        };
-        match viewed {
+        match viewed(run.r.ops[node].as_ref().expect("views are ops"), l, dims)? {
             Some(layout) => {
                 self.src[node] = self.src[input];
                 self.layout[node] = layout;
@@ -559,4 +686,46 @@ impl<B: Backend> Buffers<B> {
         }
         Ok(())
     }
+}
+
+/// `layout` seen through the view nodes `views` in turn, or `None` where a reshape
+/// cannot view it.
+fn viewed_through<B: Backend>(
+    run: &Run<'_, B>,
+    mut layout: Layout,
+    views: &[NodeId],
+) -> Result<Option<Layout>> {
+    for &v in views {
+        match viewed(
+            run.r.ops[v].as_ref().expect("views are ops"),
+            layout,
+            run.r.dims[v],
+        )? {
+            Some(l) => layout = l,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(layout))
+}
+
+/// Layout `l` seen through view `op` (result `dims`), or `None` where a reshape
+/// cannot view it.
+fn viewed(op: &Op, l: Layout, dims: Dims) -> Result<Option<Layout>> {
+    Ok(match op {
+        Op::Permute { perm } => Some(l.permute(perm)?),
+        Op::Expand { .. } => Some(l.broadcast_to(&dims)?),
+        Op::Slice {
+            axis,
+            start,
+            end,
+            step,
+        } => Some(l.slice(*axis, *start, *end, *step)?),
+        Op::Reshape { .. } => l.reshape(&dims),
+        other => {
+            return Err(Error::invalid(
+                "run",
+                format!("{} is not a view", other.name()),
+            ))
+        }
+    })
 }

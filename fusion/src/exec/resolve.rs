@@ -6,6 +6,7 @@ use super::rows::{fold_row_passes, RowsStep};
 use crate::exprs::kernel_exprs;
 use crate::plan::{KernelKind, Plan};
 use crate::sym::SDim;
+use crate::windows::{FoldWrite, WindowRead};
 use kiln_tensor::fused::{FusedExpr, NativeFn};
 use kiln_tensor::ir::{KeptGuard, NodeId, NodeKind};
 use kiln_tensor::op::fmt_dims;
@@ -32,11 +33,14 @@ pub(super) enum Step {
         output: NodeId,
     },
     /// A reduction or product (`main`), its prologue written to scratch first, its
-    /// epilogue run in place on its output.
+    /// epilogue run in place on its output. A product may read one operand's columns
+    /// through a window, or fold its result (`crate::windows`).
     Main {
         main: NodeId,
         prologue: Option<Prologue>,
         epilogue: Option<Epilogue>,
+        window: Option<WindowRead>,
+        fold: Option<FoldWrite>,
         output: NodeId,
     },
     /// One op into its slot.
@@ -373,14 +377,19 @@ pub(super) fn resolve(
                 inputs: k.inputs.clone(),
                 output: k.outputs[0],
             },
-            KernelKind::Reduce | KernelKind::MatMul => Step::Main {
-                main: k.main.expect("reduce and matmul kernels have a main node"),
-                prologue: exprs
-                    .prologue
-                    .map(|(e, ins, root)| (e, native(0), ins, root)),
-                epilogue: exprs.epilogue.map(|(e, ins)| (e, native(1), ins)),
-                output: k.outputs[0],
-            },
+            KernelKind::Reduce | KernelKind::MatMul => {
+                let (window, fold) = crate::windows::of_kernel(&plan.graph, k);
+                Step::Main {
+                    main: k.main.expect("reduce and matmul kernels have a main node"),
+                    prologue: exprs
+                        .prologue
+                        .map(|(e, ins, root)| (e, native(0), ins, root)),
+                    epilogue: exprs.epilogue.map(|(e, ins)| (e, native(1), ins)),
+                    window,
+                    fold,
+                    output: k.outputs[0],
+                }
+            }
             KernelKind::Single => {
                 let node = k.outputs[0];
                 Step::Single {

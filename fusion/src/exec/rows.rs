@@ -219,6 +219,7 @@ fn resolve_pass(
                 prologue,
                 epilogue,
                 output,
+                ..
             } => {
                 let x = g.nodes[*main].inputs[0];
                 let op = match ops[*main].as_ref() {
