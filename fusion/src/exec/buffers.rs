@@ -39,6 +39,9 @@ pub(super) enum Src {
     Slot(usize),
     /// The program's prologue scratch buffer.
     Scratch,
+    /// The columns of this unfold node, stored for a backend that reads them from
+    /// memory ([`Buffers::columns`]).
+    Columns(NodeId),
 }
 
 /// The buffers of a program: one per slot, the prologue scratch, and where each node's
@@ -51,6 +54,13 @@ pub(super) struct Buffers<B: Backend> {
     pub(super) layout: Vec<Layout>,
     /// The last draw run, reseeded for the next one in place.
     pub(super) reseeded: Option<Op>,
+    /// Columns of unfolds that products read through windows, stored where the backend
+    /// reads them from memory: per unfold node, the buffer (kept between runs) and the
+    /// run that last wrote it, so that a convolution's forward product and its weight
+    /// gradient unfold once per run, as op-by-op execution does.
+    pub(super) columns: Vec<(NodeId, B::Storage, u64)>,
+    /// The number of the run in progress.
+    pub(super) run: u64,
 }
 
 /// What one run reads: the plan, its resolution, the inputs and the device.
@@ -79,6 +89,10 @@ impl<B: Backend> Buffers<B> {
                 .scratch
                 .as_ref()
                 .ok_or_else(|| Error::invalid("run", "scratch read before written")),
+            Src::Columns(u) => (self.columns.iter())
+                .find(|(node, _, _)| *node == u)
+                .map(|(_, columns, _)| columns)
+                .ok_or_else(|| Error::invalid("run", "columns read before written")),
             Src::None => Err(Error::invalid(
                 "run",
                 format!("node {n} read before it was computed"),
@@ -199,7 +213,7 @@ impl<B: Backend> Buffers<B> {
             Src::Slot(s) => self.arena[s]
                 .clone()
                 .ok_or_else(|| Error::invalid("run", "slot read before written"))?,
-            Src::Scratch | Src::None => {
+            Src::Scratch | Src::Columns(_) | Src::None => {
                 return Err(Error::invalid(
                     "run",
                     format!("node {n} read before it was computed"),
@@ -219,7 +233,7 @@ impl<B: Backend> Buffers<B> {
         let storage = match self.src[o] {
             Src::Input(k) => inputs[k].storage().clone(),
             Src::Slot(s) => self.arena[s].clone().expect("written slots hold a buffer"),
-            Src::None | Src::Scratch => {
+            Src::None | Src::Scratch | Src::Columns(_) => {
                 return Err(Error::invalid(
                     "run",
                     format!("output node {o} was not written"),
@@ -263,7 +277,7 @@ impl<B: Backend> Buffers<B> {
                     if self.windowed_product(run, *main, op, read, epilogue, *output)? {
                         return Ok(());
                     }
-                    self.columns_to_scratch(run, read)?;
+                    self.stored_columns(run, read)?;
                 }
                 if let Some(fold) = fold {
                     return self.folded_product(run, *main, op, fold);
@@ -532,12 +546,28 @@ impl<B: Backend> Buffers<B> {
         Ok(fused)
     }
 
-    /// The columns a window read would not store, written to the scratch buffer (and
-    /// its views over them laid out) for a backend that reads them from memory.
-    fn columns_to_scratch(&mut self, run: &Run<'_, B>, read: &WindowRead) -> Result<()> {
+    /// The columns a window read would not store, written to memory (once per run for
+    /// all the products that read them) and its views over them laid out, for a backend
+    /// that reads them from memory.
+    fn stored_columns(&mut self, run: &Run<'_, B>, read: &WindowRead) -> Result<()> {
         let unfold = read.unfold;
-        let op = run.r.ops[unfold].as_ref().expect("unfolds are ops");
-        self.compute_in_scratch(run, unfold, op)?;
+        let written = |c: &(NodeId, B::Storage, u64)| c.0 == unfold && c.2 == self.run;
+        if !self.columns.iter().any(written) {
+            let op = run.r.ops[unfold].as_ref().expect("unfolds are ops");
+            let len = run.r.dims[unfold].numel();
+            let at = self.columns.iter().position(|c| c.0 == unfold);
+            let mut columns = match at.map(|i| self.columns.swap_remove(i)) {
+                Some((_, s, _)) if B::storage_len(&s) >= len => s,
+                _ => B::alloc(run.device, DType::F32, len)?,
+            };
+            let result = (self.op_views(run, unfold, op)).and_then(|views| {
+                B::execute_into(run.device, op, &views, &run.r.metas[unfold], &mut columns)
+            });
+            self.columns.push((unfold, columns, self.run));
+            result?;
+        }
+        self.src[unfold] = Src::Columns(unfold);
+        self.layout[unfold] = Layout::contiguous(run.r.dims[unfold]);
         for &v in &read.views {
             self.view(run, v)?;
         }

@@ -51,6 +51,8 @@ impl<B: Backend> Program<B> {
             buffers: Buffers {
                 arena: (0..plan.slots.len()).map(|_| None).collect(),
                 scratch: None,
+                columns: Vec::new(),
+                run: 0,
                 src: vec![Src::None; n],
                 layout: vec![Layout::contiguous(Dims::scalar()); n],
                 reseeded: None,
@@ -77,6 +79,7 @@ impl<B: Backend> Program<B> {
     pub fn release_buffers(&mut self) {
         self.buffers.arena.iter_mut().for_each(|slot| *slot = None);
         self.buffers.scratch = None;
+        self.buffers.columns.clear();
     }
 
     /// Runs the plan on `inputs` (in the plan's input order) in the context `cx`.
@@ -127,6 +130,7 @@ impl<B: Backend> Program<B> {
             device,
             seeds: cx.seeds,
         };
+        buffers.run += 1;
         for (k, (&leaf, t)) in plan.inputs.iter().zip(inputs).enumerate() {
             buffers.src[leaf] = Src::Input(k);
             buffers.layout[leaf] = *t.layout();

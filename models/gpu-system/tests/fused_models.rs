@@ -1,6 +1,7 @@
 //! A whole model's fused plans on the GPU backends (wgpu in CI; CUDA where a GPU is)
 //! agree with its op-by-op path and with the CPU: the MNIST MLP (values, gradients,
-//! SGD steps), its int8 instance (products whose bias and ReLU are epilogues), causal self-attention, mixed precision (bf16 on CUDA; f16 with loss
+//! SGD steps), LeNet (whose convolutions' columns the plan never stores: these backends
+//! write them to memory once per step, `kiln_fusion::windows`), its int8 instance (products whose bias and ReLU are epilogues), causal self-attention, mixed precision (bf16 on CUDA; f16 with loss
 //! scaling on both, its loss curve against f32), and steady-state steps that take no
 //! new device memory. The fused kernel itself is tested op by op in
 //! kiln-cubecl (`tests/fused.rs`).
@@ -22,6 +23,10 @@ macro_rules! fused_model_tests {
             #[test]
             fn mlp_plans_match_the_op_by_op_path() -> Result<()> {
                 super::mlp_plans_match_the_op_by_op_path::<$B>(&$device)
+            }
+            #[test]
+            fn lenet_plans_match_the_op_by_op_path() -> Result<()> {
+                super::lenet_plans_match_the_op_by_op_path::<$B>(&$device)
             }
             #[test]
             fn int8_plans_match_the_op_by_op_path() -> Result<()> {
@@ -285,6 +290,47 @@ fn mlp_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> 
         for ((name, a), (_, b)) in state::<G, _>(&fused).iter().zip(&state::<G, _>(&unfused)) {
             let d = max_diff(a, b);
             assert!(d <= 1e-5, "step {step}: `{name}` differs by {d}");
+        }
+    }
+    Ok(())
+}
+
+fn lenet_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> {
+    use kiln_models::lenet::LeNet;
+    use kiln_tensor::{Const, RandDist, Rank4, Tensor};
+    use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
+    let (mut fused, mut unfused) = (LeNet::<G>::init(dev, 5)?, LeNet::<G>::init(dev, 5)?);
+    unfused.set_fused(false);
+    let normal = RandDist::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    let raw = RawTensor::rand(&[6, 1, 28, 28], normal, 2, DType::F32, dev)?;
+    let x = Tensor::<G, Rank4<6, 1, 28, 28>>::from_raw(raw)?;
+    let y = Tensor::<G, (Const<6>,), i32>::from_vec(vec![3, 1, 4, 1, 5, 9], &[6], dev)?;
+    let d = max_diff(
+        &fused.forward(&x)?.raw().to_vec::<f32>()?,
+        &unfused.forward(&x)?.raw().to_vec::<f32>()?,
+    );
+    assert!(d <= 1e-4, "forward differs by {d}");
+    let config = SgdConfig {
+        lr: 0.05,
+        momentum: 0.9,
+        weight_decay: 1e-4,
+        ..SgdConfig::default()
+    };
+    // Dropout draws the same masks on both paths: both models start at the same step.
+    let (mut opt_f, mut opt_u) = (Sgd::<G>::new(config)?, Sgd::<G>::new(config)?);
+    for step in 0..2 {
+        let (lf, gf) = fused.loss_and_grad(&x, &y)?;
+        let (lu, gu) = unfused.loss_and_grad(&x, &y)?;
+        let d = max_diff(&lf.raw().to_vec::<f32>()?, &lu.raw().to_vec::<f32>()?);
+        assert!(d <= 1e-4, "step {step}: losses differ by {d}");
+        opt_f.step(&mut fused, &gf)?;
+        opt_u.step(&mut unfused, &gu)?;
+        for ((name, a), (_, b)) in state::<G, _>(&fused).iter().zip(&state::<G, _>(&unfused)) {
+            let d = max_diff(a, b);
+            assert!(d <= 1e-4, "step {step}: `{name}` differs by {d}");
         }
     }
     Ok(())
