@@ -130,21 +130,21 @@ pub struct Columns<'a> {
     pub layout: &'a Layout,
 }
 
-/// The result of a product `[g, m, k] · [g, k, n]` written from many threads at
-/// disjoint places: its first element and length.
-struct SharedOut(*mut f32, usize);
+/// A result written from many threads at disjoint places (a product's blocks of
+/// columns, a bf16 product's rounded blocks): its first element and its length.
+pub(crate) struct DisjointOut<T>(pub(crate) *mut T, pub(crate) usize);
 
 // SAFETY: the threads write disjoint elements (see `slice`'s callers).
-unsafe impl Sync for SharedOut {}
+unsafe impl<T: Send> Sync for DisjointOut<T> {}
 
-impl SharedOut {
+impl<T> DisjointOut<T> {
     /// Elements `at..at + len`.
     ///
     /// # Safety
     /// No other live slice overlaps them.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, at: usize, len: usize) -> &mut [f32] {
-        assert!(at + len <= self.1, "a block inside the product");
+    pub(crate) unsafe fn slice(&self, at: usize, len: usize) -> &mut [T] {
+        assert!(at + len <= self.1, "a block inside the result");
         // SAFETY: in bounds (checked), not aliased (per the caller).
         unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
     }
@@ -205,7 +205,7 @@ pub fn windowed_product_f32(
     };
     let block_len = rows * per_block * positions;
     if forward {
-        let shared = SharedOut(out.as_mut_ptr(), out.len());
+        let shared = DisjointOut(out.as_mut_ptr(), out.len());
         let done = (0..count).into_par_iter().map(|b| {
             with_buffer(&BLOCK, block_len + m * per_block * positions, |buf| {
                 let (buf, tmp) = buf.split_at_mut(block_len);

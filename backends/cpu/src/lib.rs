@@ -34,6 +34,16 @@ use kiln_tensor::{
     TensorMeta, View,
 };
 
+/// The first `meta`-many elements of an f32 buffer a planned step reuses, or `None`
+/// where it is no f32 buffer or too short.
+fn f32_result<'a>(out: &'a mut CpuStorage, meta: &TensorMeta) -> Option<&'a mut [f32]> {
+    let numel: usize = meta.dims.iter().product();
+    match out {
+        CpuStorage::F32(o) if o.len() >= numel => Some(&mut o[..numel]),
+        _ => None,
+    }
+}
+
 /// The CPU backend.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cpu;
@@ -381,13 +391,9 @@ impl Backend for Cpu {
         else {
             return Ok(false);
         };
-        let numel: usize = meta.dims.iter().product();
-        let CpuStorage::F32(o) = out else {
+        let Some(o) = f32_result(out, meta) else {
             return Ok(false);
         };
-        if o.len() < numel {
-            return Ok(false);
-        }
         check_extent(a.storage, &a.layout)?;
         check_extent(w.image.storage, &w.image.layout)?;
         let columns = conv::Columns {
@@ -397,7 +403,7 @@ impl Backend for Cpu {
             layout: &w.layout,
         };
         let blocking = conv::Blocking::CACHE;
-        conv::windowed_product_f32((a.storage, &a.layout), columns, &mut o[..numel], blocking)
+        conv::windowed_product_f32((a.storage, &a.layout), columns, o, blocking)
     }
 
     fn folded_product_into(
@@ -412,13 +418,9 @@ impl Backend for Cpu {
         let (Op::MatMul, [a, b]) = (op, operands) else {
             return Ok(false);
         };
-        let numel: usize = meta.dims.iter().product();
-        let CpuStorage::F32(o) = out else {
+        let Some(o) = f32_result(out, meta) else {
             return Ok(false);
         };
-        if o.len() < numel {
-            return Ok(false);
-        }
         check_extent(a.storage, &a.layout)?;
         check_extent(b.storage, &b.layout)?;
         conv::folded_product_f32(
@@ -427,7 +429,7 @@ impl Backend for Cpu {
             &fold.columns,
             &fold.window,
             [fold.height, fold.width],
-            &mut o[..numel],
+            o,
             conv::Blocking::CACHE,
         )
     }

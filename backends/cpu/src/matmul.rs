@@ -1,6 +1,7 @@
 //! Batched matrix products over strided views: one GEMM call per batch element, the
 //! strides (transposes, broadcast batches) resolved by the GEMM's packing.
 
+use crate::conv::DisjointOut;
 use crate::gemm::{
     dgemm, sgemm_finishing, sgemm_with, FinalBlock, Finish, GemmInput, GemmOptions, MatRef,
 };
@@ -264,7 +265,8 @@ pub fn matmul_bf16_into(
         let (c, n) = (&mut c[..len], mkn[2]);
         // Each block of the products is rounded into `c` by the thread that computed
         // it, as soon as it is final (while it is in that core's cache).
-        let out = RoundedOut(c.as_mut_ptr(), len);
+        // The bf16 result, written block by block from the threads that finish the blocks.
+        let out = DisjointOut(c.as_mut_ptr(), len);
         let round = |base: usize, block: &FinalBlock<'_, f32>| {
             for r in 0..block.rows {
                 let at = base + (block.first_row + r) * n + block.first_col;
@@ -286,26 +288,6 @@ pub fn matmul_bf16_into(
         f32_into(x, la, &oa, y, lb, &ob, mkn, products, Some(&round));
         true
     })
-}
-
-/// The bf16 result of a product, written block by block from the threads that finish
-/// the blocks: a pointer to its first element and its length.
-struct RoundedOut(*mut bf16, usize);
-
-// SAFETY: the threads write disjoint elements (see `slice`'s callers).
-unsafe impl Sync for RoundedOut {}
-
-impl RoundedOut {
-    /// Elements `at..at + len`.
-    ///
-    /// # Safety
-    /// No other live slice overlaps them.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, at: usize, len: usize) -> &mut [bf16] {
-        assert!(at + len <= self.1, "a block inside the product");
-        // SAFETY: in bounds (checked), not aliased (per the caller).
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
-    }
 }
 
 #[cfg(test)]

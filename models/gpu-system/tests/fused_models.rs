@@ -252,7 +252,6 @@ fn attention_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Resul
 fn mlp_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> {
     use kiln_models::mlp::Mlp;
     use kiln_tensor::{Const, RandDist, Rank2, Tensor};
-    use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
     let (mut fused, mut unfused) = (Mlp::<G>::init(dev, 3)?, Mlp::<G>::init(dev, 3)?);
     unfused.set_fused(false);
     let normal = RandDist::Normal {
@@ -273,32 +272,17 @@ fn mlp_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> 
         &unfused.forward(&x)?.raw().to_vec::<f32>()?,
     );
     assert!(d <= 1e-5, "forward differs by {d}");
-    let config = SgdConfig {
-        lr: 0.05,
-        momentum: 0.9,
-        weight_decay: 1e-4,
-        ..SgdConfig::default()
-    };
-    let (mut opt_f, mut opt_u) = (Sgd::<G>::new(config)?, Sgd::<G>::new(config)?);
-    for step in 0..2 {
-        let (lf, gf) = fused.loss_and_grad(&x, &y)?;
-        let (lu, gu) = unfused.loss_and_grad(&x, &y)?;
-        let d = max_diff(&lf.raw().to_vec::<f32>()?, &lu.raw().to_vec::<f32>()?);
-        assert!(d <= 1e-5, "step {step}: losses differ by {d}");
-        opt_f.step(&mut fused, &gf)?;
-        opt_u.step(&mut unfused, &gu)?;
-        for ((name, a), (_, b)) in state::<G, _>(&fused).iter().zip(&state::<G, _>(&unfused)) {
-            let d = max_diff(a, b);
-            assert!(d <= 1e-5, "step {step}: `{name}` differs by {d}");
-        }
-    }
-    Ok(())
+    sgd_steps_agree(
+        &mut fused,
+        &mut unfused,
+        |m| m.loss_and_grad(&x, &y).map(|(l, g)| (l.into_raw(), g)),
+        1e-5,
+    )
 }
 
 fn lenet_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()> {
     use kiln_models::lenet::LeNet;
     use kiln_tensor::{Const, RandDist, Rank4, Tensor};
-    use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
     let (mut fused, mut unfused) = (LeNet::<G>::init(dev, 5)?, LeNet::<G>::init(dev, 5)?);
     unfused.set_fused(false);
     let normal = RandDist::Normal {
@@ -313,24 +297,41 @@ fn lenet_plans_match_the_op_by_op_path<G: Backend>(dev: &G::Device) -> Result<()
         &unfused.forward(&x)?.raw().to_vec::<f32>()?,
     );
     assert!(d <= 1e-4, "forward differs by {d}");
+    // Dropout draws the same masks on both paths: both models start at the same step.
+    sgd_steps_agree(
+        &mut fused,
+        &mut unfused,
+        |m| m.loss_and_grad(&x, &y).map(|(l, g)| (l.into_raw(), g)),
+        1e-4,
+    )
+}
+
+/// Two SGD steps (momentum, weight decay) of a fused model and an unfused copy, each
+/// taking `step`'s loss and gradients: losses, parameters and buffers within `tol`.
+fn sgd_steps_agree<G: Backend, M: kiln_tensor::nn::Module<G>>(
+    fused: &mut M,
+    unfused: &mut M,
+    step: impl Fn(&M) -> Result<(RawTensor<G>, M::Grads)>,
+    tol: f32,
+) -> Result<()> {
+    use kiln_train::optim::{Optimizer, Sgd, SgdConfig};
     let config = SgdConfig {
         lr: 0.05,
         momentum: 0.9,
         weight_decay: 1e-4,
         ..SgdConfig::default()
     };
-    // Dropout draws the same masks on both paths: both models start at the same step.
     let (mut opt_f, mut opt_u) = (Sgd::<G>::new(config)?, Sgd::<G>::new(config)?);
-    for step in 0..2 {
-        let (lf, gf) = fused.loss_and_grad(&x, &y)?;
-        let (lu, gu) = unfused.loss_and_grad(&x, &y)?;
-        let d = max_diff(&lf.raw().to_vec::<f32>()?, &lu.raw().to_vec::<f32>()?);
-        assert!(d <= 1e-4, "step {step}: losses differ by {d}");
-        opt_f.step(&mut fused, &gf)?;
-        opt_u.step(&mut unfused, &gu)?;
-        for ((name, a), (_, b)) in state::<G, _>(&fused).iter().zip(&state::<G, _>(&unfused)) {
+    for it in 0..2 {
+        let (lf, gf) = step(fused)?;
+        let (lu, gu) = step(unfused)?;
+        let d = max_diff(&lf.to_vec::<f32>()?, &lu.to_vec::<f32>()?);
+        assert!(d <= tol, "step {it}: losses differ by {d}");
+        opt_f.step(fused, &gf)?;
+        opt_u.step(unfused, &gu)?;
+        for ((name, a), (_, b)) in state::<G, _>(fused).iter().zip(&state::<G, _>(unfused)) {
             let d = max_diff(a, b);
-            assert!(d <= 1e-4, "step {step}: `{name}` differs by {d}");
+            assert!(d <= tol, "step {it}: `{name}` differs by {d}");
         }
     }
     Ok(())
