@@ -340,20 +340,17 @@ fn reduce_middle_f32(
                         acc[j] += src[j];
                     }
                 }
+                // Selections rather than conditional stores, so the loops vectorise.
                 ReduceOp::Max => {
                     for j in 0..src.len() {
-                        let v = src[j];
-                        if v > acc[j] || v.is_nan() {
-                            acc[j] = v;
-                        }
+                        let (v, a) = (src[j], acc[j]);
+                        acc[j] = if v > a || v.is_nan() { v } else { a };
                     }
                 }
                 _ => {
                     for j in 0..src.len() {
-                        let v = src[j];
-                        if v < acc[j] || v.is_nan() {
-                            acc[j] = v;
-                        }
+                        let (v, a) = (src[j], acc[j]);
+                        acc[j] = if v < a || v.is_nan() { v } else { a };
                     }
                 }
             }
