@@ -338,6 +338,7 @@ fn ranks_started_with_another_lr_or_batch_size_stop_naming_the_flags() {
 }
 
 /// `mpirun` as CI runs it: as root in a container, more ranks than cores.
+#[cfg(feature = "mpi")]
 fn mpirun(np: usize) -> Command {
     let mut cmd = Command::new("mpirun");
     cmd.args(["--oversubscribe", "-np", &np.to_string()])
@@ -351,6 +352,7 @@ fn mpirun(np: usize) -> Command {
 
 /// Fails naming what to install when the machine has no `mpirun` (the README's test
 /// command installs Open MPI).
+#[cfg(feature = "mpi")]
 fn check_mpirun() {
     let found = Command::new("mpirun").arg("--version").output();
     assert!(
