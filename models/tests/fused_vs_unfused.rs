@@ -102,9 +102,34 @@ fn mlp_fused_equals_unfused() -> Result<()> {
     )
 }
 
+/// A 28×28 image classifier (`$model`) fused against its unfused copy at batch `$b`:
+/// outputs, then three SGD steps (dropout draws the same masks on both paths: both
+/// models start at the same step).
+macro_rules! classifier_fused_equals_unfused {
+    ($model:ident, $b:literal) => {{
+        const B: usize = $b;
+        let dev = CpuDevice;
+        let (mut a, mut b) = ($model::<Cpu>::init(&dev, 5)?, $model::<Cpu>::init(&dev, 5)?);
+        let x = Tensor::<Cpu, Rank4<B, 1, 28, 28>>::from_raw(normal(&[B, 1, 28, 28], 2)?)?;
+        let labels = (0..B as i32).map(|i| (i * 7 + 3) % 10).collect();
+        let y = Tensor::<Cpu, (Const<B>,), i32>::from_vec(labels, &[B], &dev)?;
+        let fa = a.forward(&x)?;
+        b.set_fused(false);
+        let fb = b.forward(&x)?;
+        assert!(max_diff(fa.raw(), fb.raw())? <= 1e-5);
+        compare(
+            &mut a,
+            &mut b,
+            |m, on| m.set_fused(on),
+            |m| m.loss_and_grad(&x, &y).map(|(l, g)| (l.into_raw(), g)),
+            1e-4,
+        )
+    }};
+}
+
 #[test]
 fn lenet_fused_equals_unfused() -> Result<()> {
-    lenet_fused_equals_unfused_at::<4>()
+    classifier_fused_equals_unfused!(LeNet, 4)
 }
 
 /// Convolutions of 16 filters, one strided, with batch norm and a residual: the CPU runs
@@ -146,50 +171,8 @@ fn narrow_cnn_fused_over_image_blocks_equals_unfused() -> Result<()> {
         .num_threads(2)
         .build()
         .expect("a pool");
-    pool.install(narrow_cnn_fused_equals_unfused_at::<64>)?;
-    narrow_cnn_fused_equals_unfused_at::<4>()
-}
-
-fn narrow_cnn_fused_equals_unfused_at<const B: usize>() -> Result<()> {
-    let dev = CpuDevice;
-    let (mut a, mut b) = (
-        NarrowCnn::<Cpu>::init(&dev, 8)?,
-        NarrowCnn::<Cpu>::init(&dev, 8)?,
-    );
-    let x = Tensor::<Cpu, Rank4<B, 1, 28, 28>>::from_raw(normal(&[B, 1, 28, 28], 3)?)?;
-    let labels = (0..B as i32).map(|i| (i * 7 + 3) % 10).collect();
-    let y = Tensor::<Cpu, (Const<B>,), i32>::from_vec(labels, &[B], &dev)?;
-    let fa = a.forward(&x)?;
-    b.set_fused(false);
-    let fb = b.forward(&x)?;
-    assert!(max_diff(fa.raw(), fb.raw())? <= 1e-5);
-    compare(
-        &mut a,
-        &mut b,
-        |m, on| m.set_fused(on),
-        |m| m.loss_and_grad(&x, &y).map(|(l, g)| (l.into_raw(), g)),
-        1e-4,
-    )
-}
-
-fn lenet_fused_equals_unfused_at<const B: usize>() -> Result<()> {
-    let dev = CpuDevice;
-    let (mut a, mut b) = (LeNet::<Cpu>::init(&dev, 5)?, LeNet::<Cpu>::init(&dev, 5)?);
-    let x = Tensor::<Cpu, Rank4<B, 1, 28, 28>>::from_raw(normal(&[B, 1, 28, 28], 2)?)?;
-    let labels = (0..B as i32).map(|i| (i * 7 + 3) % 10).collect();
-    let y = Tensor::<Cpu, (Const<B>,), i32>::from_vec(labels, &[B], &dev)?;
-    let fa = a.forward(&x)?;
-    b.set_fused(false);
-    let fb = b.forward(&x)?;
-    assert!(max_diff(fa.raw(), fb.raw())? <= 1e-5);
-    // Dropout draws the same masks on both paths: both models start at the same step.
-    compare(
-        &mut a,
-        &mut b,
-        |m, on| m.set_fused(on),
-        |m| m.loss_and_grad(&x, &y).map(|(l, g)| (l.into_raw(), g)),
-        1e-4,
-    )
+    pool.install(|| -> Result<()> { classifier_fused_equals_unfused!(NarrowCnn, 64) })?;
+    classifier_fused_equals_unfused!(NarrowCnn, 4)
 }
 
 #[test]
